@@ -1,0 +1,290 @@
+"""The one schedule representation that the simulator and the runtime both execute.
+
+A :class:`Schedule` is, for every worker, an ordered tuple of :class:`Op`. Op kinds:
+
+* ``F``  forward of ``stage`` on ``microbatch``
+* ``B``  full backward (input gradient and weight gradient) of ``stage`` on ``microbatch``
+* ``BI`` input-gradient half of a split backward (zero bubble); ``BW`` its weight-gradient half
+* ``AR`` all-reduce of ``stage``'s gradients among ``schedule.stage_workers[stage]`` for ``step``
+* ``STEP`` optimizer step of ``stage`` on this worker (the ``step``-th update of that stage)
+
+Weight versions. Every F/B/BI/BW op carries ``version``: the number of optimizer steps that have
+been applied to its stage's weights *in the version it reads*. This makes the update rule of a
+schedule explicit data instead of executor behaviour:
+
+* sync (model parallel, GPipe, Flush, DP-BSP): every op of step t reads version t;
+* PipeDream weight stashing: B reads the same version as its F; F reads the newest local version;
+* vertical sync: every stage of microbatch b reads the version the input stage used for b;
+* 2BW: F/B read the version two-buffered from the previous batch (delay of one update);
+* no stashing: B reads the newest version (differs from its F: the failure mode).
+
+The gradient of optimizer step t of stage s is the *sum* over ``schedule.step_microbatches(s, t)``
+(the microbatches whose backward precedes that STEP on the stage's workers) of the per-microbatch
+gradients, each divided by ``microbatches_per_step`` (mean over the minibatch). Replicas of a stage
+average across replicas with the AR op.
+
+Sends and receives are implicit: F(s, b) needs the output of F(s-1, b), B(s, b) the gradient from
+B(s+1, b) (or BI(s+1, b)); when the two ops run on different workers a transfer follows.
+``weights_worker`` (master-schedule family) names the worker that owns the weights an op uses; a
+transfer of weights follows when it differs from the worker running the op.
+"""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+COMPUTE = ("F", "B", "BI", "BW")
+KINDS = COMPUTE + ("AR", "STEP")
+UPDATE_RULES = ("sync", "stash", "vertical-sync", "no-stash", "2bw", "async")
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str
+    stage: int
+    microbatch: int = -1  # -1 for AR / STEP
+    version: int = 0  # weight version read (F/B/BI/BW)
+    step: int = -1  # AR / STEP: index of the update of this stage
+    weights_worker: int | None = None  # None: the weights live on the worker running the op
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown op kind {self.kind!r}; expected one of {KINDS}")
+
+    def __str__(self) -> str:
+        if self.kind in COMPUTE:
+            return f"{self.kind}{self.stage}.{self.microbatch}@v{self.version}"
+        return f"{self.kind}{self.stage}#{self.step}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-worker op lists plus what an executor needs to know to run them.
+
+    ``stage_workers[s]``: the workers that hold (a replica of) stage s's weights.
+    ``microbatches``: number of distinct microbatch ids (0..microbatches-1) in the schedule.
+    ``microbatches_per_step``: how many microbatches' gradients make one update (per replica group).
+    ``update``: the weight rule (see module docstring), one of ``UPDATE_RULES``.
+    ``max_in_flight[w]``: bound on microbatches forwarded but not yet backwarded on worker w.
+    """
+
+    name: str
+    num_stages: int
+    num_workers: int
+    microbatches: int
+    ops: tuple[tuple[Op, ...], ...]
+    stage_workers: tuple[tuple[int, ...], ...]
+    update: str = "sync"
+    microbatches_per_step: int = 1
+    max_in_flight: tuple[int, ...] | None = None
+    options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "ops", tuple(tuple(o) for o in self.ops))
+        if len(self.ops) != self.num_workers:
+            raise ValueError(f"{len(self.ops)} op lists for {self.num_workers} workers")
+        if self.update not in UPDATE_RULES:
+            raise ValueError(f"unknown update rule {self.update!r}; expected one of {UPDATE_RULES}")
+
+    # ---- lookups ---------------------------------------------------------------------
+    def __iter__(self) -> Iterator[tuple[int, Op]]:
+        for w, ops in enumerate(self.ops):
+            for op in ops:
+                yield w, op
+
+    @property
+    def num_ops(self) -> int:
+        return sum(len(o) for o in self.ops)
+
+    def where(self) -> dict[tuple[str, int, int], int]:
+        """(kind, stage, microbatch) -> worker for every compute op."""
+        return {(op.kind, op.stage, op.microbatch): w for w, op in self if op.kind in COMPUTE}
+
+    def op_at(self, kind: str, stage: int, microbatch: int) -> tuple[int, Op]:
+        for w, op in self:
+            if (op.kind, op.stage, op.microbatch) == (kind, stage, microbatch):
+                return w, op
+        raise KeyError((kind, stage, microbatch))
+
+    @property
+    def split_backward(self) -> bool:
+        return any(op.kind == "BI" for _, op in self)
+
+    def step_microbatches(self, stage: int, step: int, worker: int | None = None) -> list[int]:
+        """Microbatches whose gradients the ``step``-th update of ``stage`` applies: those whose
+        backward (B or BW) of ``stage`` runs on the stage's workers after the previous STEP and
+        before this one (on ``worker`` only, if given; else on every replica)."""
+        out = []
+        workers = [worker] if worker is not None else self.stage_workers[stage]
+        for w in workers:
+            k = 0
+            for op in self.ops[w]:
+                if op.stage != stage:
+                    continue
+                if op.kind == "STEP":
+                    if k == step:
+                        break
+                    k += 1
+                elif op.kind in ("B", "BW") and k == step:
+                    out.append(op.microbatch)
+        return sorted(out)
+
+    def describe(self, width: int = 12) -> str:
+        """Compact text rendering, one line per worker."""
+        lines = [f"{self.name}: {self.num_workers} workers, {self.num_stages} stages, "
+                 f"{self.microbatches} microbatches, update={self.update}"]
+        for w, ops in enumerate(self.ops):
+            lines.append(f"w{w}: " + " ".join(str(o) for o in ops[: width * 4]) + (" ..." if len(ops) > width * 4 else ""))
+        return "\n".join(lines)
+
+
+def producers(schedule: Schedule, w: int, op: Op, index: dict) -> list[tuple[str, int, int]]:
+    """Compute-op keys (kind, stage, microbatch) that ``op`` (a compute op) must wait for."""
+    s, b = op.stage, op.microbatch
+    last = schedule.num_stages - 1
+    if op.kind == "F":
+        return [("F", s - 1, b)] if s > 0 else []
+    if op.kind == "BW":
+        return [("BI", s, b)]
+    # B or BI: own forward, and the gradient from the next stage
+    deps = [("F", s, b)]
+    if s < last:
+        nxt = ("BI", s + 1, b) if ("BI", s + 1, b) in index else ("B", s + 1, b)
+        deps.append(nxt)
+    return deps
+
+
+class ScheduleError(ValueError):
+    pass
+
+
+def validate(schedule: Schedule) -> None:
+    """Raise :class:`ScheduleError` unless the schedule is executable.
+
+    Checks: every op well-formed; every F has exactly one backward (B, or BI and BW) on the
+    worker that ran the F (it holds the stashed activations); every dependency exists; the
+    per-worker orders admit an execution without deadlock (a topological order of the union of
+    per-worker order edges and dataflow edges exists); per-worker in-flight limits hold; stash
+    rules: B reads its F's version under ``stash`` and ``vertical-sync``.
+    """
+    S, W, M = schedule.num_stages, schedule.num_workers, schedule.microbatches
+    index: dict[tuple[str, int, int], int] = {}
+    for w, op in schedule:
+        if not 0 <= op.stage < S:
+            raise ScheduleError(f"worker {w}: {op} has stage outside 0..{S - 1}")
+        if op.kind in COMPUTE:
+            if not 0 <= op.microbatch < M:
+                raise ScheduleError(f"worker {w}: {op} has microbatch outside 0..{M - 1}")
+            key = (op.kind, op.stage, op.microbatch)
+            if key in index:
+                raise ScheduleError(f"{op} appears twice (workers {index[key]} and {w})")
+            index[key] = w
+        if op.weights_worker is not None and not 0 <= op.weights_worker < W:
+            raise ScheduleError(f"worker {w}: {op} reads weights from unknown worker {op.weights_worker}")
+    by_key = {(op.kind, op.stage, op.microbatch): op for _, op in schedule if op.kind in COMPUTE}
+    for (kind, s, b), w in index.items():
+        if kind != "F":
+            continue
+        has_b = ("B", s, b) in index
+        has_split = ("BI", s, b) in index and ("BW", s, b) in index
+        if has_b == has_split:
+            raise ScheduleError(f"F{s}.{b} needs exactly one backward (B, or BI+BW); found "
+                                f"{'both' if has_b else 'none'}")
+        for k in (("B",) if has_b else ("BI", "BW")):
+            if index[(k, s, b)] != w:
+                raise ScheduleError(f"{k}{s}.{b} runs on worker {index[(k, s, b)]} but its forward (and "
+                                    f"stashed activations) is on worker {w}")
+            if schedule.update in ("stash", "vertical-sync", "sync") and by_key[(k, s, b)].version != by_key[(kind, s, b)].version:
+                raise ScheduleError(f"{k}{s}.{b} reads weight version {by_key[(k, s, b)].version} but its "
+                                    f"forward read {by_key[(kind, s, b)].version} (rule {schedule.update!r})")
+    for key, w in index.items():
+        if key[0] in ("B", "BI", "BW") and ("F", key[1], key[2]) not in index:
+            raise ScheduleError(f"{key[0]}{key[1]}.{key[2]} has no forward")
+    # every microbatch goes through every stage
+    for s in range(S):
+        for b in range(M):
+            if ("F", s, b) not in index:
+                raise ScheduleError(f"microbatch {b} never runs the forward of stage {s}")
+    _check_deadlock(schedule, index)
+    _check_in_flight(schedule)
+
+
+def _check_deadlock(schedule: Schedule, index: dict) -> None:
+    """Kahn's algorithm over per-worker order edges + dataflow edges (+ AR rendezvous)."""
+    nodes = [(w, i) for w, ops in enumerate(schedule.ops) for i in range(len(ops))]
+    pos = {}
+    for w, ops in enumerate(schedule.ops):
+        for i, op in enumerate(ops):
+            if op.kind in COMPUTE:
+                pos[(op.kind, op.stage, op.microbatch)] = (w, i)
+    succ = defaultdict(list)
+    indeg = {n: 0 for n in nodes}
+
+    def edge(a, b):
+        succ[a].append(b)
+        indeg[b] += 1
+
+    ar_groups = defaultdict(list)
+    for w, ops in enumerate(schedule.ops):
+        for i, op in enumerate(ops):
+            if i:
+                edge((w, i - 1), (w, i))
+            if op.kind in COMPUTE:
+                for dep in producers(schedule, w, op, index):
+                    if dep not in pos:
+                        raise ScheduleError(f"{op} on worker {w} depends on {dep[0]}{dep[1]}.{dep[2]}, which no worker runs")
+                    edge(pos[dep], (w, i))
+            elif op.kind == "AR":
+                ar_groups[(op.stage, op.step)].append((w, i))
+    # an all-reduce completes only when every participant has reached it: model as a barrier node
+    for key, members in ar_groups.items():
+        expect = set(schedule.stage_workers[key[0]])
+        got = {w for w, _ in members}
+        if got != expect:
+            raise ScheduleError(f"AR of stage {key[0]} step {key[1]} has workers {sorted(got)}, expected {sorted(expect)}")
+        barrier = ("AR", key)
+        indeg[barrier] = 0
+        for w, i in members:
+            if i:
+                edge((w, i - 1), barrier)
+            edge(barrier, (w, i))
+    ready = deque(n for n, d in indeg.items() if d == 0)
+    seen = 0
+    while ready:
+        n = ready.popleft()
+        seen += 1
+        for m in succ[n]:
+            indeg[m] -= 1
+            if indeg[m] == 0:
+                ready.append(m)
+    if seen != len(indeg):
+        stuck = [(w, schedule.ops[w][i]) for (w, i) in (n for n, d in indeg.items() if d > 0 and n[0] != "AR")][:4]
+        raise ScheduleError("schedule deadlocks; first ops that can never start: "
+                            + ", ".join(f"worker {w}: {op}" for w, op in stuck))
+
+
+def _check_in_flight(schedule: Schedule) -> None:
+    if schedule.max_in_flight is None:
+        return
+    for w, ops in enumerate(schedule.ops):
+        live, peak = set(), 0
+        for op in ops:
+            if op.kind == "F":
+                live.add((op.stage, op.microbatch))
+                peak = max(peak, len(live))
+            elif op.kind in ("B", "BW"):
+                live.discard((op.stage, op.microbatch))
+        if peak > schedule.max_in_flight[w]:
+            raise ScheduleError(f"worker {w} holds {peak} microbatches in flight; limit is {schedule.max_in_flight[w]}")
+
+
+def in_flight_peak(ops: Iterable[Op]) -> int:
+    live, peak = set(), 0
+    for op in ops:
+        if op.kind == "F":
+            live.add((op.stage, op.microbatch))
+            peak = max(peak, len(live))
+        elif op.kind in ("B", "BW"):
+            live.discard((op.stage, op.microbatch))
+    return peak
