@@ -120,3 +120,256 @@ def _jsonable(x):
     if isinstance(x, float) and math.isnan(x):
         return None
     return str(x)
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring a model
+# ---------------------------------------------------------------------------------------------
+def _tensors(x):
+    """Flatten a layer input/output (tensor or nested tuple/list of tensors) into a list."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for item in x for t in _tensors(item)]
+    raise TypeError(f"layer inputs/outputs must be tensors or tuples of tensors, got {type(x).__name__}")
+
+
+def _detach(x):
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+        return t.requires_grad_(True) if t.is_floating_point() else t
+    return type(x)(_detach(i) for i in x)
+
+
+def nbytes(x) -> int:
+    """Bytes of a tensor or a tuple of tensors."""
+    return sum(t.numel() * t.element_size() for t in _tensors(x))
+
+
+def _layers_and_input(model, example_input, batch_size):
+    import torch
+
+    if hasattr(model, "layers") and hasattr(model, "example_input"):  # a zoo LayerModel
+        layers = list(model.layers)
+        if example_input is None:
+            example_input = model.example_input(batch_size)
+        name = getattr(model, "name", type(model).__name__)
+        names = model.layer_names() if hasattr(model, "layer_names") else None
+    elif isinstance(model, torch.nn.Sequential) or isinstance(model, (list, tuple, torch.nn.ModuleList)):
+        layers = list(model)
+        name, names = type(model).__name__, None
+    else:
+        raise ValueError("profile() needs a layer-sequential model: a workbench.models LayerModel, an "
+                         "nn.Sequential or a list of modules")
+    if example_input is None:
+        raise ValueError("profile() needs example_input for a plain list of layers")
+    if not layers:
+        raise ValueError("the model has no layers to profile")
+    names = names or [f"{i}:{type(l).__name__}" for i, l in enumerate(layers)]
+    return name, layers, names, example_input
+
+
+def _backward_inputs(out):
+    import torch
+
+    outs = [t for t in _tensors(out) if t.requires_grad]
+    grads = [torch.ones_like(t) for t in outs]
+    return outs, grads
+
+
+def _flops(layer, x) -> tuple[float, float]:
+    """Forward and backward FLOPs of one layer via torch.utils.flop_counter."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = _detach(x)
+    with FlopCounterMode(display=False) as fc:
+        out = layer(x)
+    fwd = fc.get_total_flops()
+    outs, grads = _backward_inputs(out)
+    bwd = 0.0
+    if outs:
+        with FlopCounterMode(display=False) as fc:
+            torch.autograd.backward(outs, grads)
+        bwd = fc.get_total_flops()
+    layer.zero_grad(set_to_none=True)
+    return float(fwd), float(bwd)
+
+
+def profile(model, example_input=None, *, batch_size: int = 32, iterations: int = 10, warmup: int = 3,
+            device=None, flops: bool = True, progress: bool = True) -> Profile:
+    """Measure every layer of a layer-sequential model on ``device`` (default: CUDA if available).
+
+    For each layer l, with the output of layer l-1 as its (detached) input:
+    ``fwd_ms`` / ``bwd_ms`` are medians over ``iterations`` timed runs after ``warmup`` runs
+    (CUDA events on a GPU; ``time.perf_counter`` around synchronised calls on a CPU). The backward
+    is timed from a gradient of ones on every floating output and includes the input gradient and
+    the weight gradients. ``act_bytes`` counts every tensor the layer passes on (what crosses a cut
+    after it), ``param_bytes`` its parameters, ``flops_fwd``/``flops_bwd`` come from
+    ``torch.utils.flop_counter.FlopCounterMode``. ``meta["peak_memory_bytes"]``: the CUDA
+    allocator's peak on a GPU, the process's max resident set size on a CPU.
+    """
+    import resource
+    import statistics
+    import time
+
+    import torch
+    from tqdm.auto import tqdm
+
+    if iterations < 1 or warmup < 0:
+        raise ValueError(f"iterations must be >= 1 and warmup >= 0 (got {iterations}, {warmup})")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
+    name, layers, names, x = _layers_and_input(model, example_input, batch_size)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = dev.type == "cuda"
+    layers = [l.to(dev) for l in layers]
+    x = _to(x, dev)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    def timed(fn):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            r = fn()
+            end.record()
+            torch.cuda.synchronize(dev)
+            return r, start.elapsed_time(end)
+        sync()
+        t0 = time.perf_counter()
+        r = fn()
+        sync()
+        return r, (time.perf_counter() - t0) * 1e3
+
+    rows = []
+    for i, layer in enumerate(tqdm(layers, desc=f"profiling {name}", disable=not progress, leave=False)):
+        layer.train()
+        fwd_times, bwd_times = [], []
+        for it in range(warmup + iterations):
+            inp = _detach(x)
+            out, tf = timed(lambda: layer(inp))
+            outs, grads = _backward_inputs(out)
+            tb = 0.0
+            if outs:
+                _, tb = timed(lambda: torch.autograd.backward(outs, grads))
+            if it >= warmup:
+                fwd_times.append(tf)
+                bwd_times.append(tb)
+            layer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            out = layer(_detach(x))
+        row = dict(name=names[i], fwd_ms=statistics.median(fwd_times), bwd_ms=statistics.median(bwd_times),
+                   act_bytes=float(nbytes(out)),
+                   param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters())),
+                   input_bytes=float(nbytes(x)))
+        if flops:
+            row["flops_fwd"], row["flops_bwd"] = _flops(layer, x)
+        rows.append(row)
+        x = _detach(out).detach() if isinstance(out, torch.Tensor) else tuple(t.detach() for t in _tensors(out))
+        if not isinstance(out, torch.Tensor):
+            x = _regroup(out, x)
+    peak = (torch.cuda.max_memory_allocated(dev) if cuda
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    device_name = torch.cuda.get_device_name(dev) if cuda else f"CPU ({torch.get_num_threads()} threads)"
+    meta = dict(kind="measured", model=name, batch_size=batch_size, device=device_name,
+                iterations=iterations, warmup=warmup, peak_memory_bytes=int(peak),
+                timer="cuda events" if cuda else "time.perf_counter", torch=torch.__version__)
+    return Profile(pd.DataFrame(rows), meta)
+
+
+def _to(x, dev):
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x.to(dev)
+    return type(x)(_to(i, dev) for i in x)
+
+
+def _regroup(template, flat):
+    """Rebuild the (nested) tuple structure of ``template`` from a flat list of tensors."""
+    import torch
+
+    it = iter(flat)
+
+    def build(t):
+        if isinstance(t, torch.Tensor):
+            return next(it)
+        return type(t)(build(i) for i in t)
+
+    return build(template)
+
+
+# ---------------------------------------------------------------------------------------------
+# Modeled profiles for a target GPU
+# ---------------------------------------------------------------------------------------------
+#: Peak dense FP32 throughput (FLOP/s, non-tensor-core) and memory bandwidth (bytes/s) from the
+#: vendors' data sheets: V100 SXM2 15.7 TFLOP/s, 900 GB/s; GTX 1080 Ti 11.3 TFLOP/s, 484 GB/s;
+#: A100 SXM 19.5 TFLOP/s FP32 (156 TF32 tensor), 1555 GB/s (40 GB); H100 SXM 67 TFLOP/s FP32
+#: (495 dense TF32 tensor), 3350 GB/s. FP32 without tensor cores matches PipeDream's (2019) setting.
+GPUS = {
+    "V100": dict(flops=15.7e12, mem_bw=900e9),
+    "1080Ti": dict(flops=11.3e12, mem_bw=484e9),
+    "A100": dict(flops=19.5e12, mem_bw=1555e9),
+    "H100": dict(flops=67e12, mem_bw=3350e9),
+}
+#: Efficiency factors of the projection, chosen a priori (not fitted to the validation profiles):
+#: dense layers reach about half of peak FLOP/s in FP32 cuDNN/cuBLAS kernels and memory-bound
+#: layers about 70% of peak bandwidth; every kernel costs at least ~10 us of launch overhead.
+COMPUTE_EFFICIENCY = 0.5
+MEMORY_EFFICIENCY = 0.7
+LAUNCH_MS = 0.01
+
+
+def analyze(model, example_input=None, *, batch_size: int = 32) -> pd.DataFrame:
+    """FLOPs and bytes of every layer without timing (works on the meta device, so paper-size
+    models cost no memory): columns name, flops_fwd, flops_bwd, act_bytes, input_bytes,
+    param_bytes."""
+    name, layers, names, x = _layers_and_input(model, example_input, batch_size)
+    rows = []
+    for i, layer in enumerate(layers):
+        fwd, bwd = _flops(layer, x)
+        out = layer(_detach(x))
+        rows.append(dict(name=names[i], flops_fwd=fwd, flops_bwd=bwd, act_bytes=float(nbytes(out)),
+                         input_bytes=float(nbytes(x)),
+                         param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters()))))
+        x = _regroup(out, [t.detach() for t in _tensors(out)])
+    return pd.DataFrame(rows)
+
+
+def project(model_or_frame, gpu: str = "V100", *, batch_size: int = 32, example_input=None,
+            compute_efficiency: float = COMPUTE_EFFICIENCY, memory_efficiency: float = MEMORY_EFFICIENCY) -> Profile:
+    """A *modeled* profile for ``gpu`` (one of :data:`GPUS`), from FLOPs and bytes (roofline):
+
+    ``fwd_ms = max(flops_fwd / (peak · ce), (input + output + params) bytes / (bw · me)) + launch``
+    ``bwd_ms = max(flops_bwd / (peak · ce), 2 · (input + output) + 2 · params bytes / (bw · me)) + launch``
+
+    with ce = ``compute_efficiency`` and me = ``memory_efficiency``. Columns carry ``_modeled`` in
+    ``meta`` and the profile's ``meta["kind"]`` is ``"modeled"``.
+    """
+    if gpu not in GPUS:
+        raise ValueError(f"unknown GPU {gpu!r}; choose one of {sorted(GPUS)}")
+    if not (0 < compute_efficiency <= 1 and 0 < memory_efficiency <= 1):
+        raise ValueError("efficiency factors must be in (0, 1]")
+    df = model_or_frame if isinstance(model_or_frame, pd.DataFrame) else analyze(
+        model_or_frame, example_input, batch_size=batch_size)
+    spec = GPUS[gpu]
+    peak, bw = spec["flops"] * compute_efficiency, spec["mem_bw"] * memory_efficiency
+    io = df["input_bytes"] + df["act_bytes"]
+    out = df.copy()
+    out["fwd_ms"] = np.maximum(df["flops_fwd"] / peak, (io + df["param_bytes"]) / bw) * 1e3 + LAUNCH_MS
+    out["bwd_ms"] = np.maximum(df["flops_bwd"] / peak, (2 * io + 2 * df["param_bytes"]) / bw) * 1e3 + LAUNCH_MS
+    name = getattr(model_or_frame, "name", "frame")
+    meta = dict(kind="modeled", device=f"{gpu} (modeled)", model=name, batch_size=batch_size,
+                method="roofline from torch.utils.flop_counter FLOPs and tensor bytes",
+                compute_efficiency=compute_efficiency, memory_efficiency=memory_efficiency,
+                peak_flops=spec["flops"], mem_bw=spec["mem_bw"])
+    return Profile(out, meta)

@@ -1,0 +1,129 @@
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from workbench.profiler import GPUS, Profile, analyze, profile, project
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
+
+
+def frame(n=4):
+    return pd.DataFrame(dict(name=[f"l{i}" for i in range(n)], fwd_ms=np.arange(1, n + 1.0),
+                             bwd_ms=2 * np.arange(1, n + 1.0), act_bytes=[100.0] * n, param_bytes=[10.0] * n))
+
+
+@pytest.mark.parametrize("col,value", [("fwd_ms", -1.0), ("bwd_ms", float("nan")), ("act_bytes", float("inf"))])
+def test_bad_values_rejected(col, value):
+    df = frame()
+    df.loc[2, col] = value
+    with pytest.raises(ValueError, match=col):
+        Profile.from_frame(df)
+
+
+def test_missing_column_and_empty_rejected():
+    with pytest.raises(ValueError, match="missing column"):
+        Profile.from_frame(frame().drop(columns="act_bytes"))
+    with pytest.raises(ValueError, match="no layers"):
+        Profile.from_frame(frame().iloc[:0])
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".json"])
+def test_save_load_roundtrip(tmp_path, suffix):
+    p = Profile.from_frame(frame(), kind="measured", device="test")
+    q = Profile.load(p.save(tmp_path / f"p{suffix}"))
+    pd.testing.assert_frame_equal(p.layers, q.layers, check_dtype=False)
+    assert q.meta["kind"] == "measured"
+    assert q.compute_ms.tolist() == [3.0, 6.0, 9.0, 12.0]
+
+
+def test_load_garbage_is_clear(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not a profile"):
+        Profile.load(bad)
+    with pytest.raises(ValueError, match="does not exist"):
+        Profile.load(tmp_path / "missing.csv")
+
+
+def test_pipedream_branching_cut_bytes(tmp_path):
+    """a -> b -> d and a -> c -> d: cuts inside the diamond carry two tensors."""
+    g = tmp_path / "graph.txt"
+    line = "{n} -- {d} -- forward_compute_time={f}, backward_compute_time={b}, activation_size={a}, parameter_size={p}"
+    nodes = [("node1", "Input", 5, 0, 1000, 0), ("node2", "Conv2d(a)", 1, 2, 10, 4), ("node3", "ReLU()", 1, 1, 20, 0),
+             ("node4", "Conv2d(c)", 3, 4, 30, 8), ("node5", "Add(inplace)", 0, 0, 40, 0)]
+    text = [line.format(n=n, d=d, f=f, b=b, a=a, p=p) for n, d, f, b, a, p in reversed(nodes)]
+    text += ["\tnode1 -- node2", "\tnode2 -- node3", "\tnode2 -- node4", "\tnode3 -- node5", "\tnode4 -- node5"]
+    g.write_text("\n".join(text) + "\n")
+    p = Profile.from_pipedream(g)
+    df = p.layers
+    assert df["node"].tolist() == ["node2", "node3", "node4", "node5"]  # Input dropped, topological order
+    # after node2: only node2's output (10); after node3: node3 (20) and node2 (still needed by node4)
+    assert df["act_bytes"].tolist() == [10, 20 + 10, 20 + 30, 40]
+    assert df["fwd_ms"].tolist() == [1, 1, 3, 0]
+    assert p.meta["input_bytes"] == 1000 and p.meta["kind"] == "measured"
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason="../shared/pipedream-profiles not present")
+@pytest.mark.parametrize("model,layers,params_m", [("alexnet", 22, 61.1), ("vgg16", 40, 138.36), ("resnet50", 176, 25.56)])
+def test_pipedream_real_profiles(model, layers, params_m):
+    p = Profile.from_pipedream(SHARED / model / "graph.txt")
+    assert len(p) == layers
+    assert p.total_param_bytes / 4 / 1e6 == pytest.approx(params_m, rel=2e-3)  # fp32 parameters
+    assert (p.layers["act_bytes"] > 0).all()
+    if model == "resnet50":  # the skip connection crosses cuts inside every bottleneck block
+        assert (p.layers["crossing"] == 2).sum() > 30
+
+
+def test_profile_measures_a_sequential_exactly_where_it_can():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    p = profile(net, torch.randn(32, 64), iterations=3, warmup=1, progress=False)
+    df = p.layers
+    assert list(df["act_bytes"]) == [32 * 128 * 4, 32 * 128 * 4, 32 * 10 * 4]
+    assert list(df["param_bytes"]) == [(64 * 128 + 128) * 4, 0, (128 * 10 + 10) * 4]
+    assert df.loc[0, "flops_fwd"] == 2 * 32 * 64 * 128  # matmul FLOPs from torch.utils.flop_counter
+    assert df.loc[0, "flops_bwd"] == 2 * df.loc[0, "flops_fwd"]  # grad wrt input and weight
+    assert (df["fwd_ms"] > 0).all() and (df["bwd_ms"] >= 0).all()
+    assert p.meta["kind"] == "measured" and p.meta["peak_memory_bytes"] > 0
+
+
+class Skip(torch.nn.Module):
+    """Passes (h, x) on: the skip tensor crosses the next cut."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x), x
+
+
+class Join(torch.nn.Module):
+    def forward(self, hx):
+        h, x = hx
+        return h + x
+
+
+def test_profile_tuple_outputs_count_every_crossing_tensor():
+    p = profile([Skip(), Join()], torch.randn(4, 8), iterations=2, warmup=0, progress=False)
+    assert p.layers["act_bytes"].tolist() == [2 * 4 * 8 * 4, 4 * 8 * 4]
+
+
+def test_projection_is_modeled_and_ordered_by_gpu_speed():
+    net = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))
+    with torch.device("meta"):
+        x = torch.randn(512, 1024)
+    stats = analyze(net.to("meta"), x)
+    v100, h100 = project(stats, "V100"), project(stats, "H100")
+    assert v100.meta["kind"] == "modeled"
+    # a 512x1024x1024 matmul is compute bound: 2*512*1024*1024 FLOPs at 50% of 15.7 TFLOP/s
+    assert v100.layers.loc[0, "fwd_ms"] == pytest.approx(2 * 512 * 1024**2 / (0.5 * 15.7e12) * 1e3 + 0.01)
+    assert (h100.layers["fwd_ms"] < v100.layers["fwd_ms"]).all() or (h100.layers["fwd_ms"] <= v100.layers["fwd_ms"]).all()
+    with pytest.raises(ValueError, match="unknown GPU"):
+        project(stats, "TPU")
+    assert set(GPUS) >= {"V100", "1080Ti", "A100", "H100"}

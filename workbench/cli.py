@@ -1,0 +1,268 @@
+"""The ``workbench`` command: models, profile, partition, simulate, train, quickstart.
+
+Every subcommand writes files (CSV/JSON/HTML) and prints a readable table. Bad input prints one
+line on stderr and exits with status 2, without a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+class UsageError(ValueError):
+    pass
+
+
+def parse_topology(text: str):
+    """``"4x10e9,4x1.25e9"`` -> Topology levels [(4, 10e9), (4, 1.25e9)] (innermost first), or a
+    preset name (see ``workbench partition --list-presets``)."""
+    from .topology import Topology
+
+    if "x" not in text:
+        return Topology.preset(text)
+    levels = []
+    for part in text.split(","):
+        try:
+            count, bw = part.lower().split("x")
+            levels.append((int(count), float(bw)))
+        except ValueError:
+            raise UsageError(f"bad --topology level {part!r}: write COUNTxBANDWIDTH, e.g. 8x10e9,4x3.1e9 "
+                             "(bandwidth in bytes/s, innermost level first)") from None
+    return Topology(levels=levels)
+
+
+def _topology_from_args(args):
+    from .topology import Topology
+
+    if args.topology:
+        return parse_topology(args.topology)
+    return Topology.flat(args.workers, args.bandwidth)
+
+
+def _load_profile(args):
+    from .profiler import Profile
+
+    return Profile.load(args.profile)
+
+
+# ---- subcommands ----------------------------------------------------------------------------
+def cmd_models(args) -> int:
+    from .models import list_models
+    from .models.data import dataset_info
+
+    import pandas as pd
+
+    with pd.option_context("display.width", 160, "display.max_colwidth", 60):
+        print(list_models().to_string(index=False))
+        print()
+        print(dataset_info().to_string(index=False))
+    return 0
+
+
+def cmd_profile(args) -> int:
+    from . import models
+    from .profiler import profile, project
+
+    if args.pipedream:
+        from .profiler import Profile
+
+        prof = Profile.from_pipedream(args.pipedream)
+    elif args.gpu:
+        model = models.build(args.model, size=args.size, device="meta")
+        prof = project(model, args.gpu, batch_size=args.batch_size)
+    else:
+        model = models.build(args.model, size=args.size, seed=args.seed)
+        prof = profile(model, batch_size=args.batch_size, iterations=args.iterations, warmup=args.warmup,
+                       device=args.device)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prof.save(out)
+    print(prof.summary())
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_partition(args) -> int:
+    from .partition import partition, partition_balanced_time, partition_equal_layers
+    from .profiler import Profile
+
+    if args.profile:
+        prof = _load_profile(args)
+    else:
+        prof = _quick_profile(args.model, args.size, args.batch_size)
+    topo = _topology_from_args(args)
+    mem = args.memory_gb * 2**30 if args.memory_gb else None
+    plan = partition(prof, topo, straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers)
+    print(f"profile: {len(prof)} layers ({prof.meta.get('kind', 'unknown')}: {prof.meta.get('device', prof.meta.get('source', ''))})")
+    print(f"topology: {topo}")
+    print(plan.describe())
+    stages = plan.num_stages
+    if stages > 1 and stages <= len(prof):
+        for name, fn in (("equal layers", partition_equal_layers), ("balanced time", partition_balanced_time)):
+            base = fn(prof, stages, topology=topo)
+            print(f"baseline {name:>14} ({stages} straight stages): bottleneck {base.bottleneck_ms:.3f} ms (modeled)")
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        plan.save(out)
+        print(f"wrote {out}")
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    from . import schedules
+    from .io import run_folder
+    from .plan import Plan
+    from .simulate import simulate
+
+    if args.plan:
+        plan = Plan.load(args.plan)
+        source = plan
+    else:
+        source = args.stages
+    sched = schedules.build(args.schedule, source, args.microbatches)
+    kw = {}
+    if args.profile:
+        if not args.plan:
+            raise UsageError("--profile needs --plan (which layers form each stage)")
+        kw = dict(profile=_load_profile(args), plan=plan, topology=_topology_from_args(args) if (args.topology or args.workers) else None)
+    else:
+        kw = dict(fwd=args.fwd, bwd=args.bwd)
+    res = simulate(sched, **kw)
+    print(res.summary() if hasattr(res, "summary") else res)
+    with run_folder(args.out) as tmp:
+        res.save(tmp)
+    print(f"wrote {tmp.final}")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .runtime.cli import run_train
+
+    return run_train(args)
+
+
+def _quick_profile(model_name, size, batch_size):
+    from . import models
+    from .profiler import profile
+
+    return profile(models.build(model_name, size=size), batch_size=batch_size, iterations=5, warmup=2)
+
+
+def cmd_quickstart(args) -> int:
+    """Profile a built-in mini model on this CPU, partition it for a flat cluster, print the plan;
+    then do the same on a modeled paper-size profile for a paper cluster."""
+    from . import models
+    from .io import run_folder, run_id
+    from .partition import partition
+    from .profiler import profile, project
+    from .topology import Topology
+
+    with run_folder(Path(args.out) / run_id("quickstart")) as tmp:
+        model = models.build(args.model, size="mini", seed=0)
+        prof = profile(model, batch_size=args.batch_size, iterations=5, warmup=2)
+        prof.save(tmp / "profile_measured.csv")
+        topo = Topology.flat(args.workers, 10e9)
+        plan = partition(prof, topo)
+        plan.save(tmp / "plan_measured.json")
+        print(f"== {args.model} (mini), measured on {prof.meta['device']}, batch {args.batch_size}, "
+              f"{args.workers} workers at 10 GB/s (modeled plan)")
+        print(plan.describe())
+        paper = project(models.build(args.model, size="paper", device="meta"), "V100", batch_size=64)
+        paper.save(tmp / "profile_modeled_V100.csv")
+        topo = Topology.preset("4xV100-pcie-10g", servers=4) if hasattr(Topology, "preset") else topo
+        plan2 = partition(paper, topo)
+        plan2.save(tmp / "plan_modeled_V100.json")
+        print(f"\n== {args.model} (paper size), modeled V100 profile (roofline), topology {topo}")
+        print(plan2.describe())
+    print(f"\nwrote {tmp.final}")
+    return 0
+
+
+# ---- parser ---------------------------------------------------------------------------------
+def _add_topology(p):
+    p.add_argument("--workers", type=int, default=4, help="workers of a flat topology (default 4)")
+    p.add_argument("--bandwidth", type=float, default=10e9, help="bytes/s between workers of a flat topology")
+    p.add_argument("--topology", help="hierarchical levels COUNTxBW,... innermost first (e.g. 4x10e9,4x1.25e9) or a preset name")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="workbench", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("models", help="list the model zoo and the offline data sets")
+    p.set_defaults(fn=cmd_models)
+
+    p = sub.add_parser("profile", help="per-layer fwd/bwd ms, activation and parameter bytes, FLOPs")
+    p.add_argument("--model", default="vgg16")
+    p.add_argument("--size", default="mini", choices=["mini", "paper"])
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--device", help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--gpu", help="write a MODELED profile for this GPU (V100, 1080Ti, A100, H100) instead of measuring")
+    p.add_argument("--pipedream", help="import a PipeDream graph.txt instead of measuring")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="results/profile.csv", help="output .csv or .json")
+    p.set_defaults(fn=cmd_profile)
+
+    p = sub.add_parser("partition", help="PipeDream's dynamic program: stages, replicas, NOAM")
+    p.add_argument("--profile", help="profile CSV/JSON or PipeDream graph.txt (default: profile --model now)")
+    p.add_argument("--model", default="vgg16")
+    p.add_argument("--size", default="mini", choices=["mini", "paper"])
+    p.add_argument("--batch-size", type=int, default=32)
+    _add_topology(p)
+    p.add_argument("--straight", action="store_true", help="no stage replication")
+    p.add_argument("--memory-gb", type=float, help="memory limit per worker (GiB)")
+    p.add_argument("--fewer-workers", action="store_true", help="allow using fewer than all workers")
+    p.add_argument("--out", help="write the plan JSON here")
+    p.set_defaults(fn=cmd_partition)
+
+    p = sub.add_parser("simulate", help="discrete-event simulation of a schedule -> timeline CSV, metrics JSON, HTML")
+    p.add_argument("--schedule", default="pipedream")
+    p.add_argument("--microbatches", type=int, default=16)
+    p.add_argument("--plan", help="plan JSON (from `workbench partition --out`)")
+    p.add_argument("--stages", type=int, default=4, help="stages when no --plan is given (one worker each)")
+    p.add_argument("--profile", help="profile for modeled costs (needs --plan); without it unit costs are used")
+    p.add_argument("--fwd", type=float, default=1.0, help="unit forward cost")
+    p.add_argument("--bwd", type=float, default=2.0, help="unit backward cost")
+    p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--bandwidth", type=float, default=10e9)
+    p.add_argument("--topology")
+    p.add_argument("--out", default="results/simulate")
+    p.set_defaults(fn=cmd_simulate)
+
+    p = sub.add_parser("train", help="really train with a schedule (torch.distributed, one process per worker)")
+    try:
+        from .runtime.cli import add_train_arguments
+
+        add_train_arguments(p)
+    except ImportError:  # runtime not installed in this build
+        pass
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("quickstart", help="profile + partition + print a plan for a built-in model (no GPU, no download)")
+    p.add_argument("--model", default="vgg16")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--out", default="results/quickstart")
+    p.set_defaults(fn=cmd_quickstart)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args) or 0
+    except (ValueError, FileNotFoundError) as e:  # bad input: one line, status 2
+        print(f"workbench {args.command}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

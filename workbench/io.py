@@ -1,0 +1,52 @@
+"""Safe output folders: nothing already written under ``results/`` is ever lost.
+
+Every command writes into a fresh temporary folder beside its destination and renames it into
+place only when it finished; an existing destination is never overwritten (a new run folder with a
+numeric suffix is used instead).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+def fresh_path(dest) -> Path:
+    """``dest`` if it does not exist yet, else ``dest-2``, ``dest-3``, ..."""
+    dest = Path(dest)
+    if not dest.exists():
+        return dest
+    for k in range(2, 10_000):
+        cand = dest.with_name(f"{dest.name}-{k}")
+        if not cand.exists():
+            return cand
+    raise ValueError(f"too many runs named {dest}; choose another --out")
+
+
+def run_id(prefix: str) -> str:
+    return f"{prefix}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+
+
+@contextlib.contextmanager
+def run_folder(dest):
+    """Yield a temporary folder; on success move it to ``fresh_path(dest)``. The final path is
+    available as ``tmp.final`` after the block (``tmp`` is a :class:`RunFolder`)."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    box = RunFolder(tmp)
+    try:
+        yield box
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    final = fresh_path(dest)
+    os.rename(tmp, final)
+    box.final = final
+
+
+class RunFolder(type(Path())):  # a Path that also remembers where it ended up
+    final: Path | None = None
