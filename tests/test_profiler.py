@@ -87,7 +87,9 @@ def test_profile_measures_a_sequential_exactly_where_it_can():
     assert list(df["act_bytes"]) == [32 * 128 * 4, 32 * 128 * 4, 32 * 10 * 4]
     assert list(df["param_bytes"]) == [(64 * 128 + 128) * 4, 0, (128 * 10 + 10) * 4]
     assert df.loc[0, "flops_fwd"] == 2 * 32 * 64 * 128  # matmul FLOPs from torch.utils.flop_counter
-    assert df.loc[0, "flops_bwd"] == 2 * df.loc[0, "flops_fwd"]  # grad wrt input and weight
+    assert df.loc[0, "flops_bwd"] == df.loc[0, "flops_fwd"]  # first layer: weight grad only, no grad for data
+    assert df.loc[2, "flops_fwd"] == 2 * 32 * 128 * 10
+    assert df.loc[2, "flops_bwd"] == 2 * df.loc[2, "flops_fwd"]  # grad wrt input and weight
     assert (df["fwd_ms"] > 0).all() and (df["bwd_ms"] >= 0).all()
     assert p.meta["kind"] == "measured" and p.meta["peak_memory_bytes"] > 0
 

@@ -136,13 +136,16 @@ def _tensors(x):
     raise TypeError(f"layer inputs/outputs must be tensors or tuples of tensors, got {type(x).__name__}")
 
 
-def _detach(x):
+def _detach(x, requires_grad: bool = True):
+    """Detach a layer input from earlier layers; floating tensors require grad (the layer's backward
+    then includes its input gradient) unless ``requires_grad=False`` (the model's first layer: no
+    gradient is computed for the data)."""
     import torch
 
     if isinstance(x, torch.Tensor):
         t = x.detach()
-        return t.requires_grad_(True) if t.is_floating_point() else t
-    return type(x)(_detach(i) for i in x)
+        return t.requires_grad_(True) if requires_grad and t.is_floating_point() else t
+    return type(x)(_detach(i, requires_grad) for i in x)
 
 
 def nbytes(x) -> int:
@@ -181,12 +184,12 @@ def _backward_inputs(out):
     return outs, grads
 
 
-def _flops(layer, x) -> tuple[float, float]:
+def _flops(layer, x, first: bool = False) -> tuple[float, float]:
     """Forward and backward FLOPs of one layer via torch.utils.flop_counter."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    x = _detach(x)
+    x = _detach(x, not first)
     with FlopCounterMode(display=False) as fc:
         out = layer(x)
     fwd = fc.get_total_flops()
@@ -255,7 +258,7 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
         layer.train()
         fwd_times, bwd_times = [], []
         for it in range(warmup + iterations):
-            inp = _detach(x)
+            inp = _detach(x, i > 0)
             out, tf = timed(lambda: layer(inp))
             outs, grads = _backward_inputs(out)
             tb = 0.0
@@ -272,7 +275,7 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
                    param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters())),
                    input_bytes=float(nbytes(x)))
         if flops:
-            row["flops_fwd"], row["flops_bwd"] = _flops(layer, x)
+            row["flops_fwd"], row["flops_bwd"] = _flops(layer, x, first=i == 0)
         rows.append(row)
         x = _detach(out).detach() if isinstance(out, torch.Tensor) else tuple(t.detach() for t in _tensors(out))
         if not isinstance(out, torch.Tensor):
@@ -336,8 +339,8 @@ def analyze(model, example_input=None, *, batch_size: int = 32) -> pd.DataFrame:
     name, layers, names, x = _layers_and_input(model, example_input, batch_size)
     rows = []
     for i, layer in enumerate(layers):
-        fwd, bwd = _flops(layer, x)
-        out = layer(_detach(x))
+        fwd, bwd = _flops(layer, x, first=i == 0)
+        out = layer(_detach(x, i > 0))
         rows.append(dict(name=names[i], flops_fwd=fwd, flops_bwd=bwd, act_bytes=float(nbytes(out)),
                          input_bytes=float(nbytes(x)),
                          param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters()))))

@@ -18,10 +18,14 @@ schedule explicit data instead of executor behaviour:
 * 2BW: F/B read the version two-buffered from the previous batch (delay of one update);
 * no stashing: B reads the newest version (differs from its F: the failure mode).
 
-The gradient of optimizer step t of stage s is the *sum* over ``schedule.step_microbatches(s, t)``
-(the microbatches whose backward precedes that STEP on the stage's workers) of the per-microbatch
-gradients, each divided by ``microbatches_per_step`` (mean over the minibatch). Replicas of a stage
-average across replicas with the AR op.
+The gradient of optimizer step t of stage s is the *mean* over ``schedule.step_microbatches(s, t)``
+(the microbatches whose backward precedes that STEP on the stage's workers, all replicas together)
+of the per-microbatch gradients. For a stage on one worker that is the sum divided by
+``microbatches_per_step``; for a replicated stage an executor scales each local microbatch gradient
+by ``1 / len(step_microbatches(s, t))`` and the AR op sums across the replicas (a replica may hold
+fewer microbatches of a step than another, e.g. round robin with M not a multiple of r).
+Master-family schedules (``weights_worker`` set): a B/BW op computed on a worker that does not hold
+the stage pushes its gradient to ``weights_worker``; it belongs to the owner's step ``op.version``.
 
 Sends and receives are implicit: F(s, b) needs the output of F(s-1, b), B(s, b) the gradient from
 B(s+1, b) (or BI(s+1, b)); when the two ops run on different workers a transfer follows.
@@ -128,6 +132,14 @@ class Schedule:
                     k += 1
                 elif op.kind in ("B", "BW") and k == step:
                     out.append(op.microbatch)
+        holders = set(self.stage_workers[stage])
+        for w, ops in enumerate(self.ops):  # gradients pushed to the owners (master family)
+            if w in holders:
+                continue
+            for op in ops:
+                if (op.stage == stage and op.kind in ("B", "BW") and op.version == step
+                        and op.weights_worker in workers):
+                    out.append(op.microbatch)
         return sorted(out)
 
     def describe(self, width: int = 12) -> str:
@@ -211,57 +223,64 @@ def validate(schedule: Schedule) -> None:
 
 
 def _check_deadlock(schedule: Schedule, index: dict) -> None:
-    """Kahn's algorithm over per-worker order edges + dataflow edges (+ AR rendezvous)."""
-    nodes = [(w, i) for w, ops in enumerate(schedule.ops) for i in range(len(ops))]
-    pos = {}
-    for w, ops in enumerate(schedule.ops):
-        for i, op in enumerate(ops):
+    """Execute the per-worker orders symbolically: a worker advances while its next op is ready
+    (a compute op once its producers are done, STEP at once, AR once every holder of the stage has
+    reached it). The orders admit an execution iff every worker reaches its end; this is Kahn's
+    algorithm over per-worker order edges + dataflow edges + AR rendezvous, in O(ops)."""
+    ops = schedule.ops
+    deps: list[list] = []
+    ar_count: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for w, wops in enumerate(ops):
+        d = []
+        for op in wops:
             if op.kind in COMPUTE:
-                pos[(op.kind, op.stage, op.microbatch)] = (w, i)
-    succ = defaultdict(list)
-    indeg = {n: 0 for n in nodes}
-
-    def edge(a, b):
-        succ[a].append(b)
-        indeg[b] += 1
-
-    ar_groups = defaultdict(list)
-    for w, ops in enumerate(schedule.ops):
-        for i, op in enumerate(ops):
-            if i:
-                edge((w, i - 1), (w, i))
-            if op.kind in COMPUTE:
-                for dep in producers(schedule, w, op, index):
-                    if dep not in pos:
+                ds = producers(schedule, w, op, index)
+                for dep in ds:
+                    if dep not in index:
                         raise ScheduleError(f"{op} on worker {w} depends on {dep[0]}{dep[1]}.{dep[2]}, which no worker runs")
-                    edge(pos[dep], (w, i))
+                d.append(ds)
+            else:
+                d.append(None)
+                if op.kind == "AR":
+                    ar_count[(op.stage, op.step)].append(w)
+        deps.append(d)
+    for (s, step), members in ar_count.items():
+        expect = sorted(schedule.stage_workers[s])
+        if sorted(members) != expect:
+            raise ScheduleError(f"AR of stage {s} step {step} has workers {sorted(members)}, expected {expect}")
+    done: set = set()
+    ptr = [0] * len(ops)
+    waiting: dict = defaultdict(list)
+    parked: dict = defaultdict(list)
+    work = deque(range(len(ops)))
+    while work:
+        w = work.popleft()
+        wops, i = ops[w], ptr[w]
+        while i < len(wops):
+            op = wops[i]
+            if op.kind in COMPUTE:
+                blocked = next((dep for dep in deps[w][i] if dep not in done), None)
+                if blocked is not None:
+                    waiting[blocked].append(w)
+                    break
+                key = (op.kind, op.stage, op.microbatch)
+                done.add(key)
+                work.extend(waiting.pop(key, ()))
             elif op.kind == "AR":
-                ar_groups[(op.stage, op.step)].append((w, i))
-    # an all-reduce completes only when every participant has reached it: model as a barrier node
-    for key, members in ar_groups.items():
-        expect = set(schedule.stage_workers[key[0]])
-        got = {w for w, _ in members}
-        if got != expect:
-            raise ScheduleError(f"AR of stage {key[0]} step {key[1]} has workers {sorted(got)}, expected {sorted(expect)}")
-        barrier = ("AR", key)
-        indeg[barrier] = 0
-        for w, i in members:
-            if i:
-                edge((w, i - 1), barrier)
-            edge(barrier, (w, i))
-    ready = deque(n for n, d in indeg.items() if d == 0)
-    seen = 0
-    while ready:
-        n = ready.popleft()
-        seen += 1
-        for m in succ[n]:
-            indeg[m] -= 1
-            if indeg[m] == 0:
-                ready.append(m)
-    if seen != len(indeg):
-        stuck = [(w, schedule.ops[w][i]) for (w, i) in (n for n, d in indeg.items() if d > 0 and n[0] != "AR")][:4]
+                g = (op.stage, op.step)
+                parked[g].append(w)
+                if len(parked[g]) < len(schedule.stage_workers[op.stage]):
+                    break
+                for v in parked.pop(g):
+                    if v != w:
+                        ptr[v] += 1
+                        work.append(v)
+            i += 1
+        ptr[w] = i
+    stuck = [(w, ops[w][ptr[w]]) for w in range(len(ops)) if ptr[w] < len(ops[w])]
+    if stuck:
         raise ScheduleError("schedule deadlocks; first ops that can never start: "
-                            + ", ".join(f"worker {w}: {op}" for w, op in stuck))
+                            + ", ".join(f"worker {w}: {op}" for w, op in stuck[:4]))
 
 
 def _check_in_flight(schedule: Schedule) -> None:

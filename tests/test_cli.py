@@ -1,0 +1,57 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workbench.cli import main
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "workbench.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["profile", "--model", "no-such-model", "--out", "x.csv"], "no-such-model"),
+    (["partition", "--profile", "missing.csv", "--workers", "2"], "does not exist"),
+    (["partition", "--profile", "PROFILE", "--workers", "0"], "worker"),
+    (["partition", "--profile", "PROFILE", "--topology", "4y1e9"], "COUNTxBANDWIDTH"),
+    (["partition", "--profile", "PROFILE", "--workers", "2", "--bandwidth", "0"], "bandwidth"),
+])
+def test_bad_input_one_line_exit_2(tmp_path, args, needle):
+    prof = tmp_path / "p.csv"
+    prof.write_text("name,fwd_ms,bwd_ms,act_bytes,param_bytes\na,1,2,100,10\nb,1,2,100,10\n")
+    args = [str(prof) if a == "PROFILE" else a for a in args]
+    r = run_cli(*args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert needle.lower() in r.stderr.lower()
+
+
+def test_argparse_errors_are_status_2():
+    r = run_cli("partition", "--workers", "notanumber")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_partition_writes_plan(tmp_path, capsys):
+    prof = tmp_path / "p.csv"
+    prof.write_text("name,fwd_ms,bwd_ms,act_bytes,param_bytes\n" + "".join(f"l{i},{i + 1},{2 * i + 2},1000,100\n" for i in range(8)))
+    out = tmp_path / "plan.json"
+    assert main(["partition", "--profile", str(prof), "--workers", "4", "--out", str(out)]) == 0
+    from workbench.plan import Plan
+
+    plan = Plan.load(out)
+    assert plan.num_workers == 4
+    text = capsys.readouterr().out
+    assert "bottleneck" in text and "baseline" in text
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason="../shared not present")
+def test_profile_import_pipedream(tmp_path, capsys):
+    out = tmp_path / "vgg.csv"
+    assert main(["profile", "--pipedream", str(SHARED / "vgg16" / "graph.txt"), "--out", str(out)]) == 0
+    assert out.exists() and "40 layers" in capsys.readouterr().out

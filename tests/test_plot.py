@@ -1,0 +1,81 @@
+"""Tests of the plotly timelines (structure of the figure, not pixels)."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from workbench.plot import compare_figure, save_html, timeline_figure
+from workbench.schedules.core import Op, Schedule
+from workbench.simulate import simulate
+
+
+def _pipeline(S=3, M=4) -> Schedule:
+    """GPipe by hand: all forwards, then all backwards, then a STEP."""
+    ops = [[Op("F", s, b) for b in range(M)] + [Op("B", s, b) for b in range(M)] + [Op("STEP", s, step=0)]
+           for s in range(S)]
+    return Schedule("gpipe", S, S, M, ops, tuple((s,) for s in range(S)), microbatches_per_step=M)
+
+
+@pytest.fixture(scope="module")
+def timeline() -> pd.DataFrame:
+    return simulate(_pipeline(), fwd=1, bwd=2, transfer=0.25).timeline
+
+
+def test_one_trace_per_kind_and_lanes(timeline):
+    fig = timeline_figure(timeline, title="gpipe")
+    names = [t.name for t in fig.data]
+    assert sorted(names) == sorted(timeline["kind"].unique())  # F, B, STEP, send_act, send_grad
+    assert len(names) == len(set(names))
+    for t in fig.data:  # every op drawn exactly once, in its kind's trace
+        assert len(t.x) == (timeline["kind"] == t.name).sum()
+    # transfers sit on the sender's comm lane: activations leave w0, w1; gradients leave w2, w1
+    lanes = {t.name: set(t.y) for t in fig.data}
+    assert lanes["send_act"] == {"w0 comm", "w1 comm"} and lanes["send_grad"] == {"w1 comm", "w2 comm"}
+    assert all(not y.endswith("comm") for t in fig.data if t.name in ("F", "B") for y in t.y)
+    # boxes start at op start and last for the op's duration
+    f = next(t for t in fig.data if t.name == "F")
+    rows = timeline[timeline["kind"] == "F"]
+    assert list(f.base) == pytest.approx(list(rows["start"]))
+    assert list(f.x) == pytest.approx(list(rows["end"] - rows["start"]))
+
+
+def test_forward_and_backward_look_different(timeline):
+    fig = timeline_figure(timeline)
+    f = next(t for t in fig.data if t.name == "F")
+    b = next(t for t in fig.data if t.name == "B")
+    assert f.marker.pattern.shape != b.marker.pattern.shape
+    assert b.marker.line.width > f.marker.line.width
+    assert set(b.text) == {"B"} and f.text is None
+    # colour follows the microbatch: F and B of the same microbatch share a colour
+    fc = dict(zip(timeline.loc[timeline["kind"] == "F", "microbatch"], f.marker.color))
+    bc = dict(zip(timeline.loc[timeline["kind"] == "B", "microbatch"], b.marker.color))
+    assert fc == bc and len(set(fc.values())) == len(fc)
+    assert "microbatch" in f.hovertemplate and "version" in f.hovertemplate
+
+
+def test_html_is_standalone_and_mentions_op_count(timeline, tmp_path):
+    fig = timeline_figure(timeline, title="gpipe")
+    path = save_html(fig, tmp_path / "t.html")
+    html = path.read_text()
+    assert f"{len(timeline)} ops" in html
+    assert 'src="https://cdn.plot.ly' not in html and len(html) > 1_000_000  # plotly.js embedded: offline
+
+
+def test_compare_side_by_side_and_measured_schema(timeline):
+    measured = timeline[timeline["lane"] == "compute"][["worker", "stage", "microbatch", "kind", "start", "end"]].copy()
+    measured[["start", "end"]] *= 1.1
+    fig = compare_figure({"modeled": timeline, "measured": measured})
+    axes = {t.yaxis for t in fig.data}
+    assert axes == {"y", "y2"}
+    assert sum(t.showlegend is not False for t in fig.data) == timeline["kind"].nunique()
+
+
+def test_large_timeline_is_capped_with_warning(timeline):
+    with pytest.warns(UserWarning, match="drawing"):
+        fig = timeline_figure(timeline, max_ops=10)
+    assert sum(len(t.x) for t in fig.data) <= 12
+
+
+def test_bad_timeline_is_rejected():
+    with pytest.raises(ValueError, match="lacks columns"):
+        timeline_figure(pd.DataFrame({"worker": [0], "start": [0.0]}))

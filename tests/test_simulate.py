@@ -1,0 +1,330 @@
+"""Tests of the discrete-event simulator. Expected numbers are derived by hand in comments, from
+closed forms (GPipe bubble, ring all-reduce) or from bounds (memory-time), never from the code."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workbench import Profile
+from workbench.schedules.core import Op, Schedule, validate
+from workbench.simulate import simulate
+
+F_, B_ = 1.0, 2.0  # unit costs used throughout: forward 1, backward 2
+
+
+# ---- hand-built schedules (independent of the schedule generators) -------------------------
+def one_f_one_b(S: int, M: int) -> Schedule:
+    """PipeDream 1F1B, straight pipeline: stage s warms up with S - s forwards (NOAM = S at the
+    input stage), then alternates B and F; weight stashing with a STEP after every B."""
+    ops = []
+    for s in range(S):
+        lst, steps, fv = [], 0, {}
+
+        def fwd(b):
+            fv[b] = steps
+            lst.append(Op("F", s, b, version=steps))
+
+        def bwd(b):
+            nonlocal steps
+            lst.append(Op("B", s, b, version=fv[b]))
+            lst.append(Op("STEP", s, step=steps))
+            steps += 1
+
+        warm = min(S - s, M)
+        for b in range(warm):
+            fwd(b)
+        for b in range(warm, M):
+            bwd(b - warm)
+            fwd(b)
+        for b in range(M - warm, M):
+            bwd(b)
+        ops.append(lst)
+    return Schedule("1f1b", S, S, M, ops, tuple((s,) for s in range(S)), update="stash")
+
+
+def gpipe(S: int, M: int) -> Schedule:
+    ops = [[Op("F", s, b) for b in range(M)] + [Op("B", s, b) for b in range(M)] + [Op("STEP", s, step=0)]
+           for s in range(S)]
+    return Schedule("gpipe", S, S, M, ops, tuple((s,) for s in range(S)), microbatches_per_step=M)
+
+
+class FlatTopology:
+    """Duck-typed topology: every pair of distinct workers joined at ``bw`` bytes/s, one level."""
+
+    def __init__(self, n, bw):
+        self.num_workers, self.levels, self._bw = n, [(n, bw)], bw
+
+    def bandwidth_between(self, a, b):
+        return math.inf if a == b else self._bw
+
+
+def profile(fwd, bwd, act, params) -> Profile:
+    return Profile(pd.DataFrame({"name": [f"l{i}" for i in range(len(fwd))], "fwd_ms": fwd, "bwd_ms": bwd,
+                                 "act_bytes": act, "param_bytes": params}), {"name": "toy"})
+
+
+def compute_rows(tl: pd.DataFrame) -> pd.DataFrame:
+    return tl[tl["lane"] == "compute"]
+
+
+# ---- GPipe bubble ---------------------------------------------------------------------------
+@pytest.mark.parametrize("p,m", [(2, 1), (2, 4), (4, 4), (4, 16), (8, 3), (6, 32)])
+def test_gpipe_bubble_matches_closed_form(p, m):
+    """Fill-drain with equal stages: makespan (m + p - 1)(f + b), busy m (f + b) on every worker,
+    so the bubble fraction is (p - 1) / (m + p - 1)."""
+    res = simulate(gpipe(p, m), fwd=F_, bwd=B_)
+    assert res.makespan == pytest.approx((m + p - 1) * (F_ + B_))
+    assert res.metrics["bubble_fraction"] == pytest.approx([(p - 1) / (m + p - 1)] * p)
+
+
+def test_gpipe_bubble_with_generator():
+    build = pytest.importorskip("workbench.schedules").__dict__.get("build")
+    if build is None:
+        pytest.skip("workbench.schedules.build not available yet")
+    for p, m in [(3, 5), (4, 8)]:
+        res = simulate(build("gpipe", p, m), fwd=F_, bwd=B_)
+        assert res.metrics["bubble_fraction"] == pytest.approx([(p - 1) / (m + p - 1)] * p)
+
+
+# ---- 1F1B -------------------------------------------------------------------------------------
+def _idle_in_window(tl: pd.DataFrame, worker: int, lo: float, hi: float) -> float:
+    ops = compute_rows(tl)
+    ops = ops[ops["worker"] == worker]
+    covered = (np.minimum(ops["end"], hi) - np.maximum(ops["start"], lo)).clip(lower=0).sum()
+    return (hi - lo) - covered
+
+
+@pytest.mark.parametrize("S,M", [(4, 64), (6, 48)])
+def test_1f1b_steady_state_has_no_idle_time(S, M):
+    res = simulate(one_f_one_b(S, M), fwd=F_, bwd=B_)
+    L = res.makespan
+    for w in range(S):
+        assert _idle_in_window(res.timeline, w, L / 3, 2 * L / 3) == pytest.approx(0.0, abs=1e-9)
+    # and the whole run: (M + S - 1)(f + b) for balanced stages, like GPipe
+    assert L == pytest.approx((M + S - 1) * (F_ + B_))
+
+
+def test_pipedream_figure8_timeline():
+    """PipeDream (SOSP'19) Fig. 8: 4 stages, NOAM = 4, forward 1, backward 2. By hand:
+    w0: F0..F3 at 0,1,2,3; B0 waits for B1.0, which waits for B2.0 (8), B3.0 (4..6): B0 at 10.
+    w3: F0 at 3, B0 at 4, F1 at 6 (F2.1 done at 4), B1 at 7, F2 at 9 (F2.2 runs 8..9), B2 at 10.
+    w2: F0 2, F1 3, B0 6, F2 8, B1 9.   w1: F0 1, F1 2, F2 3, B0 8, F3 10, B1 11."""
+    expect = {
+        0: [("F", 0, 0), ("F", 1, 1), ("F", 2, 2), ("F", 3, 3), ("B", 0, 10), ("F", 4, 12), ("B", 1, 13)],
+        1: [("F", 0, 1), ("F", 1, 2), ("F", 2, 3), ("B", 0, 8), ("F", 3, 10), ("B", 1, 11)],
+        2: [("F", 0, 2), ("F", 1, 3), ("B", 0, 6), ("F", 2, 8), ("B", 1, 9)],
+        3: [("F", 0, 3), ("B", 0, 4), ("F", 1, 6), ("B", 1, 7), ("F", 2, 9), ("B", 2, 10)],
+    }
+    schedules = [one_f_one_b(4, 8)]
+    try:
+        from workbench.schedules import build
+        schedules.append(build("pipedream", 4, 8))
+    except ImportError:
+        pass
+    for sched in schedules:
+        res = simulate(sched, fwd=F_, bwd=B_)
+        comp = compute_rows(res.timeline)
+        for w, ops in expect.items():
+            got = comp[(comp["worker"] == w) & comp["kind"].isin(["F", "B"])].sort_values("start")
+            got = list(zip(got["kind"], got["microbatch"], got["start"]))[: len(ops)]
+            assert got == [(k, b, float(t)) for k, b, t in ops], (sched.name, w)
+        # NOAM: the input stage admits 4 minibatches before its first backward
+        w0 = comp[comp["worker"] == 0].sort_values("start")
+        first_b = list(w0["kind"]).index("B")
+        assert list(w0["kind"])[:first_b] == ["F"] * 4
+        assert res.metrics["peak_activations"] == [4, 3, 2, 1]
+        # weight stashing: stage 0 holds NOAM versions (steady state: one per in-flight minibatch)
+        assert res.metrics["weight_versions"] == [4, 3, 2, 1]
+
+
+# ---- the bound rho <= M / S for every schedule -----------------------------------------------
+def _chain(kinds_split: bool, S: int, s: int, f: float, b: float) -> float:
+    """Shortest time the input activation of stage s must live: F_s .. F_{S-1}, then the backward
+    chain down to stage s (BI halves and the final BW_s for a split backward)."""
+    if kinds_split:
+        return (S - s) * f + (S - s) * b / 2 + b / 2
+    return (S - s) * (f + b)
+
+
+def _names():
+    try:
+        from workbench.schedules import NAMES
+        return list(NAMES)
+    except ImportError:
+        return []
+
+
+@pytest.mark.parametrize("name", _names() or ["(schedules.build missing)"])
+def test_throughput_bounds_hold_for_every_schedule(name):
+    """With L the makespan, W workers, S stages, B microbatches, f = b = 1 (the "Unifying" doc's
+    unit: a forward or a backward takes one tick), and M_w the peak activations of worker w:
+      1. work fits: S B (f + b) <= L W, i.e. microbatches per unit time B / L <= W / (S (f + b));
+      2. memory-time: every activation x_s^b lives at least its dependency chain, so
+         B * sum_s chain(s) <= L * sum_w M_w;
+      3. hence, without a split backward (chain = 2(S - s)), rho = S B / (L W) <= M / S, M = max_w M_w."""
+    from workbench.schedules import build
+
+    for f, b in ((1.0, 1.0), (1.0, 2.0)):
+        sched = build(name, 4, 8)
+        validate(sched)
+        res = simulate(sched, fwd=f, bwd=b)
+        L, W, S, B = res.makespan, sched.num_workers, sched.num_stages, sched.microbatches
+        assert B / L <= W / (S * (f + b)) + 1e-9
+        peaks = res.metrics["peak_activations"]
+        split = sched.split_backward
+        assert B * sum(_chain(split, S, s, f, b) for s in range(S)) <= L * sum(peaks) + 1e-9
+        if f == b == 1.0 and not split:
+            assert S * B / (L * W) <= max(peaks) / S + 1e-9
+        assert 0 < res.metrics["rho"] <= 1 + 1e-9
+
+
+# ---- the "Unifying" table with unit costs ---------------------------------------------------
+def test_unifying_table_latency_and_columns():
+    """Latency in units of one stage's forward + backward: PP B + S - 1; LPP with R = S
+    (G independent pipelines of B/G microbatches) S + B/G - 1. Storage and transfer columns:
+    PP and DDP move no weights; FSDP fetches S - 1 stages' weights on workers that own one."""
+    try:
+        from workbench.schedules import build
+    except ImportError:
+        pytest.skip("workbench.schedules.build not available yet")
+    f, b = 1.0, 2.0
+    for S, B in [(4, 8), (3, 6)]:
+        res = simulate(build("pp", S, B), fwd=f, bwd=b)
+        assert res.makespan == pytest.approx((B + S - 1) * (f + b))
+        st = res.worker_stats
+        assert (st["weight_transfers"] == 0).all() and (st["weight_storage"] == 1).all()
+        G = 2
+        res = simulate(build("lpp", S, B, workers=G * S, group_size=S), fwd=f, bwd=b)
+        assert res.makespan == pytest.approx((S + B / G - 1) * (f + b))
+    S, B = 4, 8
+    ddp = simulate(build("ddp", S, B), fwd=f, bwd=b)
+    assert ddp.makespan == pytest.approx(S * (f + b))
+    assert (ddp.worker_stats["weight_transfers"] == 0).all()
+    assert (ddp.worker_stats["weight_storage"] == S).all()
+    fsdp = simulate(build("fsdp", S, B), fwd=f, bwd=b).worker_stats
+    assert list(fsdp["weight_transfers"][:S]) == [S - 1] * S
+
+
+# ---- profile-based costs ----------------------------------------------------------------------
+def _two_stage_model_parallel() -> Schedule:
+    ops = [[Op("F", 0, 0), Op("B", 0, 0)], [Op("F", 1, 0), Op("B", 1, 0)]]
+    return Schedule("mp2", 2, 2, 1, ops, ((0,), (1,)))
+
+
+def test_transfer_adds_exactly_its_latency():
+    """Stage 0 = layer 0 (fwd 3, bwd 5 ms), stage 1 = layer 1 (fwd 2, bwd 4 ms). The cut carries
+    act_bytes[0] = 2e6 bytes over a 1e9 B/s link: 2 ms forward and 2 ms for the gradient back."""
+    prof = profile([3.0, 2.0], [5.0, 4.0], [2e6, 1e3], [0.0, 0.0])
+    sched = _two_stage_model_parallel()
+    free = simulate(sched, profile=prof)
+    assert free.makespan == pytest.approx(3 + 2 + 4 + 5)
+    res = simulate(sched, profile=prof, topology=FlatTopology(2, 1e9))
+    assert res.makespan == pytest.approx(3 + 2 + 4 + 5 + 2 * 2.0)
+    comm = res.timeline[res.timeline["lane"] == "comm"].sort_values("start")
+    assert list(comm["kind"]) == ["send_act", "send_grad"]
+    assert list(comm["start"]) == pytest.approx([3.0, 3 + 2 + 2 + 4])
+    assert res.metrics["comm_stall"] == pytest.approx([2.0, 2.0])
+    assert sum(res.metrics["bytes_per_level"].values()) == pytest.approx(4e6)
+    assert res.label.startswith("modeled from profile toy")
+    assert free.metrics["peak_activation_bytes"] == pytest.approx([2e6, 1e3])
+
+
+def test_real_topology_levels_if_available():
+    topo_mod = pytest.importorskip("workbench.topology")
+    topo = topo_mod.Topology(levels=((2, 1e9), (2, 1e8)))
+    prof = profile([1.0] * 4, [1.0] * 4, [1e6] * 4, [0.0] * 4)
+    ops = [[Op("F", s, 0), Op("B", s, 0)] for s in range(4)]
+    res = simulate(Schedule("mp4", 4, 4, 1, ops, tuple((s,) for s in range(4))), profile=prof, topology=topo)
+    # cuts 0|1 and 2|3 inside a server (1 ms each way), cut 1|2 across servers (10 ms each way)
+    assert res.makespan == pytest.approx(8 * 1.0 + 2 * (1 + 10 + 1))
+    levels = res.metrics["bytes_per_level"]
+    assert sorted(levels.values()) == pytest.approx([2e6, 4e6])
+
+
+def _replicated(r: int, two_stages: bool) -> Schedule:
+    if two_stages:
+        ops = [[Op("F", 0, w), Op("F", 1, w), Op("B", 1, w), Op("AR", 1, step=0), Op("B", 0, w), Op("AR", 0, step=0),
+                Op("STEP", 1, step=0), Op("STEP", 0, step=0)] for w in range(r)]
+        return Schedule("dp", 2, r, r, ops, (tuple(range(r)),) * 2, microbatches_per_step=r)
+    ops = [[Op("F", 0, w), Op("B", 0, w), Op("AR", 0, step=0), Op("STEP", 0, step=0)] for w in range(r)]
+    return Schedule("dp", 1, r, r, ops, (tuple(range(r)),), microbatches_per_step=r)
+
+
+@pytest.mark.parametrize("r", [2, 4])
+def test_allreduce_time_of_replicated_stage(r):
+    """Ring all-reduce of P = 1e9 bytes over 1e9 B/s among r replicas: 2 (r - 1) / r * 1000 ms."""
+    prof = profile([1.0], [2.0], [0.0], [1e9])
+    res = simulate(_replicated(r, False), profile=prof, topology=FlatTopology(r, 1e9))
+    ar = 2 * (r - 1) / r * 1000.0
+    rows = res.timeline[res.timeline["kind"] == "allreduce"]
+    assert len(rows) == r
+    assert (rows["end"] - rows["start"]).to_numpy() == pytest.approx([ar] * r)
+    assert res.makespan == pytest.approx(1 + 2 + ar)
+    # each worker sends 2 (r - 1) / r * P bytes around the ring
+    assert sum(res.metrics["bytes_per_level"].values()) == pytest.approx(r * 2 * (r - 1) / r * 1e9)
+
+
+def test_allreduce_overlaps_backward_unless_disabled():
+    """Two stages per worker (DDP buckets): AR of stage 1 (A = 1000 ms) runs during B of stage 0
+    (D = 300 ms); AR of stage 0 queues behind it on the collective channel. Start of the
+    backward tail t1 = f0 + f1 + b1 = 1 + 1 + 2 = 4. Overlapped: t1 + max(D, A) + A = 2004;
+    not overlapped: t1 + A + D + A = 2304."""
+    prof = profile([1.0, 1.0], [300.0, 2.0], [0.0, 0.0], [1e9, 1e9])
+    sched = _replicated(2, True)
+    validate(sched)
+    kw = dict(profile=prof, topology=FlatTopology(2, 1e9), microbatch_fraction=1.0)
+    assert simulate(sched, **kw).makespan == pytest.approx(2004.0)
+    assert simulate(sched, overlap_comm=False, **kw).makespan == pytest.approx(2304.0)
+
+
+def test_weight_fetch_and_gradient_push_unit_costs():
+    """Worker 1 computes stage 0 whose weights live on worker 0 (weight_fetch = 5). F's fetch
+    runs 0..5, F 5..6; B's fetch may start with F (prefetch one op) but queues behind the first
+    fetch on the link: 5..10; B 10..12; its weight gradient goes back to worker 0 (5): STEP at 17."""
+    ops = [[Op("STEP", 0, step=0)], [Op("F", 0, 0, weights_worker=0), Op("B", 0, 0, weights_worker=0)]]
+    sched = Schedule("fetch", 1, 2, 1, ops, ((0,),))
+    res = simulate(sched, fwd=1, bwd=2, weight_fetch=5.0)
+    comp = compute_rows(res.timeline).set_index("kind")
+    assert comp.loc["F", "start"] == 5 and comp.loc["B", "start"] == 10 and comp.loc["STEP", "start"] == 17
+    assert res.metrics["weight_fetches"] == [0, 2]
+
+
+# ---- errors -----------------------------------------------------------------------------------
+def test_deadlock_is_detected_and_named():
+    ops = [[Op("F", 0, 0), Op("B", 0, 0)], [Op("B", 1, 0), Op("F", 1, 0)]]  # B1 before its own F1
+    sched = Schedule("bad", 2, 2, 1, ops, ((0,), (1,)))
+    with pytest.raises(ValueError, match=r"deadlock.*B1\.0"):
+        simulate(sched)
+
+
+def test_missing_allreduce_member_and_bad_costs():
+    ops = [[Op("F", 0, 0), Op("B", 0, 0), Op("AR", 0, step=0)], [Op("F", 0, 1), Op("B", 0, 1)]]
+    with pytest.raises(ValueError, match="AR of stage 0"):
+        simulate(Schedule("ar", 1, 2, 2, ops, ((0, 1),)))
+    with pytest.raises(ValueError, match="fwd has 3 values"):
+        simulate(gpipe(2, 2), fwd=[1, 2, 3])
+    with pytest.raises(ValueError, match="need a profile"):
+        simulate(gpipe(2, 2), topology=FlatTopology(2, 1e9))
+
+
+# ---- result object ----------------------------------------------------------------------------
+def test_result_schema_metrics_and_save(tmp_path):
+    res = simulate(one_f_one_b(3, 6), transfer=0.5)
+    tl = res.timeline
+    for col in ("worker", "stage", "microbatch", "kind", "start", "end", "version", "lane", "src", "dst"):
+        assert col in tl
+    assert set(tl["lane"]) == {"compute", "comm"}
+    assert set(tl.loc[tl["lane"] == "comm", "kind"]) == {"send_act", "send_grad"}
+    assert res.label == "modeled (unit costs)"
+    assert res.metrics["steps"] == 6 and res.metrics["iteration_time"] == pytest.approx(res.makespan / 6)
+    ws = res.worker_stats
+    assert list(ws.columns) == ["peak_activations", "activation_transfers", "weight_transfers",
+                                "weight_storage", "busy"]
+    assert ws["busy"].to_numpy() == pytest.approx([6 * 3.0] * 3)
+    assert "bubble_fraction" in res.summary()
+    out = res.save(tmp_path / "sim")
+    assert {p.name for p in out.iterdir()} == {"timeline.csv", "metrics.json", "timeline.html"}
+    assert len(pd.read_csv(out / "timeline.csv")) == len(tl)

@@ -1,0 +1,515 @@
+"""PipeDream's partitioner (Narayanan et al., SOSP 2019, §3.1) and two straight baselines.
+
+Cost model (per minibatch, per worker; ms; bytes; bandwidth B in bytes/s), exactly:
+
+* a stage of layers i..j replicated on m workers joined at bandwidth B::
+
+      T(i->j, m) = max( sum_l (fwd_l + bwd_l),  sum_l 2 (m-1)/m * w_l / B * 1000 ) / m
+
+* a cut after layer s (activations forward, gradients back): ``c(s) = 2 * a_s / B * 1000``;
+* a plan's bottleneck is the max over its stage and cut times; the DP minimises it using exactly
+  all workers (``use_fewer_workers=True``: at most all).
+
+Hierarchy (topology levels innermost first, ``(M_k, B_k)``). Level 0 is one worker:
+``A_0(i->j) = sum_{l=i..j} (fwd_l + bwd_l)``. At level k the "workers" are level-(k-1) components,
+and a stage of layers i..j on m of them costs::
+
+      T_k(i->j, m) = max( A_{k-1}(i->j, M_{k-1}),  2 (m-1)/m * sum_l w_l / B_k * 1000 ) / m
+
+      A_k(i->j, m) = min( T_k(i->j, m),
+                          min_{i <= s < j, 1 <= m' < m} max( A_k(i->s, m-m'), c_k(s), T_k(s+1->j, m') ) )
+
+with ``c_k(s) = 2 a_s / B_k * 1000``. Inner levels need ``A_k`` for every sub-range i..j; the top
+level only for the prefix 0..j. The answer is ``A_L(0->N-1, M_L)``.
+
+Speed. At level 1 ``T_1(s+1->j, m')`` does not grow with the split point s and does not shrink
+with j, so ``min_s max(g(s), T_1(s+1->j, m'))`` (g = prefix term) is the minimum of a valley:
+with ``G(q) = min_{q<=s<j} g(s)`` (non-decreasing in q) it is reached where ``G`` crosses
+``T_1``; the crossing only moves right as j grows (two pointers), and ``G`` comes from a
+block-decomposed suffix-minimum table. All starts i and all (m-m', m') pairs are one numpy
+array per j: about ``O(N^2 M^2)`` element work with ``O(N)`` numpy calls. Levels k >= 2 (whose
+``A_{k-1}`` need not be monotone) evaluate the minimum over s directly: ``O(N^2 M^2)`` for the
+top level, ``O(N^3 M^2)`` for a middle level of a 3+-level topology.
+
+Memory (``memory_bytes`` per worker). A stage's memory is::
+
+      mem = v * ( sum_{l in stage} w_l + sum_{l in stage} a_l )
+
+one stashed weight version and the stashed outputs of every layer of the stage for each of the
+``v`` minibatches in flight, with ``v = ceil(R / m)``: R = the level-k components from this stage
+to the end of its pipeline (counting this stage's m), as PipeDream's NOAM for that position (the
+input stage of a full pipeline gets ``ceil(M / m)``; the last stage gets 1). The limit is checked
+at level 1 (GPUs), with R counted inside the level-1 component. That is exact for a one-level
+topology; for several levels it ignores the extra minibatches the outer pipeline keeps in flight,
+and with ``use_fewer_workers`` it assumes all workers are used (conservative).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .plan import Plan, Stage
+from .profiler import Profile
+from .topology import Topology
+
+INF = math.inf
+
+
+# ---- inputs -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Layers:
+    compute: np.ndarray  # T_l = fwd + bwd, ms
+    act: np.ndarray  # a_l, bytes crossing the cut after layer l
+    param: np.ndarray  # w_l, bytes
+    Cp: np.ndarray  # prefix sums, length N + 1
+    Wp: np.ndarray
+    Ap: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.compute)
+
+
+def _layers(profile) -> _Layers:
+    if not isinstance(profile, Profile):
+        raise ValueError(f"partition needs a workbench Profile, got {type(profile).__name__}; "
+                         f"build one with Profile.from_frame(df)")
+    df = profile.layers
+    if len(df) == 0:
+        raise ValueError("profile has no layers; nothing to partition")
+    cols = {}
+    for c in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes"):
+        x = df[c].to_numpy(dtype=float)
+        if not np.all(np.isfinite(x)) or np.any(x < 0):
+            raise ValueError(f"profile column {c!r} must be finite and >= 0 for every layer")
+        cols[c] = x
+    compute = cols["fwd_ms"] + cols["bwd_ms"]
+    act, param = cols["act_bytes"], cols["param_bytes"]
+    z = np.zeros(1)
+    return _Layers(compute, act, param, np.concatenate([z, np.cumsum(compute)]),
+                   np.concatenate([z, np.cumsum(param)]), np.concatenate([z, np.cumsum(act)]))
+
+
+def _check_topology(topology) -> Topology:
+    if not isinstance(topology, Topology):
+        raise ValueError(f"topology must be a workbench Topology, e.g. Topology.flat(4, 12e9); got {topology!r}")
+    for k, (count, bw) in enumerate(topology.levels, start=1):
+        if count < 1:
+            raise ValueError(f"topology level {k} has {count} components; need at least 1 worker")
+        if not bw > 0:
+            raise ValueError(f"topology level {k} bandwidth must be > 0 bytes/s, got {bw}")
+    return topology
+
+
+def _allreduce_ms_per_byte(m, bandwidth: float):
+    """``2 (m-1)/m / B * 1000``: ms per parameter byte of the all-reduce among m replicas."""
+    m = np.asarray(m, dtype=float)
+    return 2.0 * (m - 1.0) / m * (1000.0 / bandwidth)
+
+
+# ---- one level of the dynamic program ---------------------------------------------------------
+@dataclass
+class _Level:
+    """Level k of the DP: ``M`` components at bandwidth ``B``; ``prev[j, i]`` is the time of the
+    range i..j on one level-(k-1) component (None at level 1: the compute sum)."""
+
+    k: int
+    M: int
+    B: float
+    L: _Layers
+    prev: np.ndarray | None
+    straight: bool
+    memory: float | None
+    rows_all: bool  # every start i (inner level) or only start 0 (top level)
+    A: np.ndarray | None = None  # A[m, j, r]: range start(r)..j on exactly m components
+
+    @property
+    def cut(self) -> np.ndarray:
+        return 2.0 * self.L.act / self.B * 1000.0
+
+    def T(self, first, last, m, v, alpha=None):
+        """``T_k(first->last, m)`` (numpy broadcasting), ``inf`` where not allowed; ``alpha`` is
+        ``_allreduce_ms_per_byte(m, B)`` when the caller has it already."""
+        L = self.L
+        par = L.Wp[last + 1] - L.Wp[first]
+        inner = L.Cp[last + 1] - L.Cp[first] if self.prev is None else self.prev[last, first]
+        m = np.asarray(m)
+        if alpha is None:
+            alpha = _allreduce_ms_per_byte(m, self.B)
+        t = np.maximum(inner, alpha * par) / m
+        if self.straight:
+            t = np.where(m > 1, INF, t)
+        if self.memory is not None and self.prev is None:
+            mem = np.asarray(v) * (par + L.Ap[last + 1] - L.Ap[first])
+            t = np.where(mem > self.memory, INF, t)
+        return t
+
+    def pairs(self):
+        """(p, m', v) for every split "prefix on p, last stage on m'", sorted by m = p + m'."""
+        out = [(p, mp, -(-(self.M - p) // mp)) for m in range(2, self.M + 1) for p in range(1, m)
+               for mp in [m - p] if not (self.straight and mp > 1)]
+        pp, mp, vv = (np.array([o[i] for o in out], dtype=np.int64) for i in range(3))
+        return pp, mp, vv
+
+    def v_single(self) -> np.ndarray:
+        m = np.arange(1, self.M + 1)
+        return -(-self.M // m)
+
+
+def _solve(lv: _Level, fast: bool) -> np.ndarray:
+    N, M = lv.L.n, lv.M
+    R = N if lv.rows_all else 1
+    starts = np.arange(R) if lv.rows_all else np.zeros(1, dtype=np.int64)
+    A = np.full((M + 1, N, R), INF)
+    pp, mp, vv = lv.pairs()
+    ms = np.arange(1, M + 1)
+    vs = lv.v_single()
+    cut = lv.cut
+    if pp.size:
+        m_of = pp + mp
+        gstart = np.flatnonzero(np.r_[True, m_of[1:] != m_of[:-1]])
+        gm = m_of[gstart]
+    P = M - 1
+    state = _CrossingState(lv, P, R, pp, mp, vv) if fast and pp.size else None
+    # G[p, s, r] = max(A[p, s, r], c(s)): the prefix term (only the direct path keeps all of it)
+    G = np.full((P + 1, N, R), INF) if state is None and pp.size else None
+    for j in range(N):
+        nr = j + 1 if lv.rows_all else 1
+        i_r = starts[:nr]
+        A[1:, j, :nr] = lv.T(i_r[None, :], j, ms[:, None], vs[:, None])
+        nv = j if lv.rows_all else int(j >= 1)
+        if nv and pp.size:
+            if state is not None:
+                vals = state.step(j, nv, starts)
+            else:
+                vals = _direct(lv, G, j, nv, starts, pp, mp, vv)
+            red = np.minimum.reduceat(vals, gstart, axis=0)
+            A[gm, j, :nv] = np.minimum(A[gm, j, :nv], red)
+        if j < N - 1 and pp.size:
+            gcol = np.maximum(A[1:M, j, :nr], cut[j])
+            if state is not None:
+                state.add_column(gcol, j, nr)
+            else:
+                G[1:, j, :nr] = gcol
+    return A
+
+
+def _direct(lv: _Level, G, j, nv, starts, pp, mp, vv) -> np.ndarray:
+    """``min_{s} max(G[p, s, r], T(s+1->j, m'))`` for every pair and row, evaluated in full."""
+    s = np.arange(j)
+    out = np.empty((pp.size, nv))
+    step = max(1, int(4e6 // max(1, j * nv)))
+    for a in range(0, pp.size, step):
+        b = min(pp.size, a + step)
+        h = lv.T(s[None, :] + 1, j, mp[a:b, None], vv[a:b, None])  # (pairs, s)
+        g = G[pp[a:b], :j, :nv]  # (pairs, s, rows)
+        out[a:b] = np.maximum(g, h[:, :, None]).min(axis=1)
+    return out
+
+
+class _CrossingState:
+    """Two-pointer crossing search over a block-decomposed suffix minimum of ``G``.
+
+    For row r and pair (p, m') the search needs ``Gmin(q) = min_{q <= s <= j-1} G[p, s, r]``.
+    ``TOT[p, q, r]`` holds the minimum from q to the end of the last completed block (for q in a
+    completed block) or to j-1 (for q in the current block ``cb``); so
+    ``Gmin(q) = min(TOT[q], TOT[cb * b])`` when q lies before block cb, else ``TOT[q]``. Adding a
+    column costs ``O(P b R)``, completing a block ``O(P j R)``: ``O(P N R (b + N / b))`` in all.
+    """
+
+    def __init__(self, lv: _Level, P, R, pp, mp, vv):
+        N = lv.L.n
+        self.N, self.R, self.lv = N, R, lv
+        self.b = max(8, int(math.isqrt(N // 2)))
+        self.TOT = np.full((P + 1, N, R), INF)
+        self.qptr = np.zeros((pp.size, R), dtype=np.int64)
+        self.pp, self.mp, self.vv = pp, mp, vv
+        self.alpha = _allreduce_ms_per_byte(mp, lv.B)
+
+    def add_column(self, gcol, j, nr):
+        """Append ``G[1:, j, :nr]`` (shape (P, nr))."""
+        b, TOT = self.b, self.TOT
+        b0 = (j // b) * b
+        np.minimum(TOT[1:, b0:j + 1, :nr], gcol[:, None, :], out=TOT[1:, b0:j + 1, :nr])
+        if j == b0 + b - 1 and b0:
+            np.minimum(TOT[1:, :b0, :nr], TOT[1:, b0, None, :nr], out=TOT[1:, :b0, :nr])
+
+    def step(self, j, nv, starts) -> np.ndarray:
+        N, R, b, lv = self.N, self.R, self.b, self.lv
+        pp, npairs = self.pp, self.pp.size
+        rr = np.arange(nv)
+        shape = (npairs, nv)
+        base = (pp[:, None] * (N * R) + rr[None, :]).ravel()
+        m_e = np.broadcast_to(self.mp[:, None], shape).ravel()
+        a_e = np.broadcast_to(self.alpha[:, None], shape).ravel()
+        v_e = np.broadcast_to(self.vv[:, None], shape).ravel()
+        i_e = np.broadcast_to(starts[None, :nv], shape).ravel()
+        cb = (j - 1) // b
+        cbpart = self.TOT[pp, cb * b, :nv].ravel()
+        tot = self.TOT.ravel()
+
+        def gmin(idx, q):
+            x = tot[base[idx] + q * R]
+            return np.where(q < cb * b, np.minimum(x, cbpart[idx]), x)
+
+        def h(idx, q):
+            return lv.T(q + 1, j, m_e[idx], v_e[idx], alpha=a_e[idx])
+
+        E = base.size
+        allx = slice(None)
+        lo = np.maximum(self.qptr[:, :nv].ravel(), i_e)
+        g_lo = gmin(allx, lo)
+        ok = g_lo >= h(allx, lo)
+        res = np.where(ok, lo, j)  # j: no crossing in [i, j-1] (yet)
+        act = np.flatnonzero(~ok & (lo < j - 1))
+        if act.size:
+            lo_a, step = lo[act], 1
+            bi, blo, bhi = [], [], []
+            while act.size:  # exponential search for a true predicate right of lo
+                probe = np.minimum(lo_a + step, j - 1)
+                t = gmin(act, probe) >= h(act, probe)
+                bi.append(act[t]), blo.append(lo_a[t]), bhi.append(probe[t])
+                keep = ~t & (probe < j - 1)
+                act, lo_a, step = act[keep], probe[keep], step * 2
+            idx, lo_b, hi_b = np.concatenate(bi), np.concatenate(blo), np.concatenate(bhi)
+            while idx.size:  # binary search in (lo, hi]: false at lo, true at hi
+                done = hi_b - lo_b <= 1
+                res[idx[done]] = hi_b[done]
+                keep = ~done
+                idx, lo_b, hi_b = idx[keep], lo_b[keep], hi_b[keep]
+                if idx.size:
+                    mid = (lo_b + hi_b) // 2
+                    t = gmin(idx, mid) >= h(idx, mid)
+                    hi_b, lo_b = np.where(t, mid, hi_b), np.where(t, lo_b, mid)
+        self.qptr[:, :nv] = res.reshape(shape)
+        c1 = np.where(res == lo, g_lo, INF)
+        moved = np.flatnonzero((res != lo) & (res <= j - 1))
+        if moved.size:
+            c1[moved] = gmin(moved, res[moved])
+        c2 = np.where(res - 1 >= i_e, h(allx, np.maximum(res - 1, i_e)), INF)
+        return np.minimum(c1, c2).reshape(shape)
+
+
+# ---- all levels, reconstruction -------------------------------------------------------------
+@dataclass
+class _Node:
+    first: int
+    last: int
+    m: int  # components of this level
+    time: float  # T_k(first->last, m)
+    child: list | None  # pipeline of the level below inside one component (None at level 1)
+
+
+def _build_levels(L: _Layers, topo: Topology, straight, memory, fewer, fast=True) -> list[_Level]:
+    levels, prev = [], None
+    nlev = topo.num_levels
+    for k, (M, B) in enumerate(topo.levels, start=1):
+        lv = _Level(k, M, B, L, prev, straight, memory, rows_all=k < nlev)
+        lv.A = _solve(lv, fast=fast and prev is None)
+        if k < nlev:
+            full = lv.A[1:].min(axis=0) if fewer else lv.A[M]
+            prev = full  # prev[j, i]: range i..j on one level-k component
+        levels.append(lv)
+    return levels
+
+
+def _best_m(lv: _Level, j: int, r: int, fewer: bool) -> int:
+    if not fewer:
+        return lv.M
+    col = lv.A[1:, j, r]
+    return int(np.argmin(col)) + 1
+
+
+def _rebuild(levels, k, i, j, m, fewer) -> list[_Node]:
+    """The level-k pipeline on range i..j with exactly m components that attains ``A_k``."""
+    lv = levels[k - 1]
+    r = i if lv.rows_all else 0
+    target = lv.A[m, j, r]
+    single = float(lv.T(i, j, m, -(-lv.M // m)))
+    if single == target:
+        return [_node(levels, k, i, j, m, single, fewer)]
+    best = None
+    for p in range(1, m):
+        mp = m - p
+        if lv.straight and mp > 1:
+            continue
+        s = np.arange(i, j)
+        g = np.maximum(lv.A[p, i:j, r], lv.cut[i:j])
+        h = lv.T(s + 1, j, mp, -(-(lv.M - p) // mp))
+        val = np.maximum(g, h)
+        hit = np.flatnonzero(val == target)
+        if hit.size:
+            best = (int(s[hit[0]]), p, mp, float(h[hit[0]]))
+            break
+    if best is None:
+        raise AssertionError("partition DP: could not reconstruct the optimum (please report)")
+    s, p, mp, tlast = best
+    return _rebuild(levels, k, i, s, p, fewer) + [_node(levels, k, s + 1, j, mp, tlast, fewer)]
+
+
+def _node(levels, k, i, j, m, t, fewer) -> _Node:
+    child = None
+    if k > 1:
+        below = levels[k - 2]
+        child = _rebuild(levels, k - 1, i, j, _best_m(below, j, i, fewer), fewer)
+    return _Node(i, j, m, t, child)
+
+
+def _flatten(levels, k, pipeline, L: _Layers, topo: Topology):
+    """Flat stages ``(first, last, workers, time_ms)`` and cuts ``(after_layer, level, time_ms)``
+    of a level-k pipeline inside one level-k component (worker ids from 0)."""
+    size = topo.component_size(k - 1)
+    lv = levels[k - 1]
+    stages, cuts, comp = [], [], 0
+    for t, nd in enumerate(pipeline):
+        comps = range(comp, comp + nd.m)
+        if nd.child is None:
+            stages.append((nd.first, nd.last, [c * size for c in comps], nd.time))
+        else:
+            cst, ccuts = _flatten(levels, k - 1, nd.child, L, topo)
+            par = L.Wp[nd.last + 1] - L.Wp[nd.first]
+            ar = float(_allreduce_ms_per_byte(nd.m, lv.B) * par)
+            for f, l, ws, tm in cst:
+                stages.append((f, l, [c * size + w for c in comps for w in ws], max(tm, ar) / nd.m))
+            cuts += [(a, lev, tm / nd.m) for a, lev, tm in ccuts]
+        if t + 1 < len(pipeline):
+            cuts.append((nd.last, k, float(lv.cut[nd.last])))
+        comp += nd.m
+    return stages, cuts
+
+
+def data_parallel_ms(profile: Profile, topology: Topology) -> float:
+    """One stage of all layers replicated on every worker, through the hierarchy:
+    ``t_0 = sum T_l``, ``t_k = max(t_{k-1}, 2 (M_k-1)/M_k * sum w / B_k * 1000) / M_k``."""
+    L = _layers(profile)
+    t, W = float(L.Cp[-1]), float(L.Wp[-1])
+    for M, B in _check_topology(topology).levels:
+        t = max(t, float(_allreduce_ms_per_byte(M, B)) * W) / M
+    return t
+
+
+def partition(profile: Profile, topology: Topology, straight: bool = False,
+              memory_bytes: float | None = None, use_fewer_workers: bool = False) -> Plan:
+    """PipeDream's optimal partition of ``profile`` onto ``topology`` (see the module docstring).
+
+    Returns a :class:`Plan` whose stages are flat (first, last, replicas, workers, time_ms): a
+    level-k stage replicated over m level-(k-1) components contributes each of its inner stages
+    once, with the workers of every replica component (ids ``c * S_{k-1} + w``), and
+    ``time_ms = max(inner time, all-reduce_k) / m``. ``bottleneck_ms`` is the DP optimum, equal to
+    the max of the stage times and ``meta["cuts"]`` (after_layer, level, time_ms).
+    """
+    L = _layers(profile)
+    topo = _check_topology(topology)
+    if memory_bytes is not None:
+        mb = float(memory_bytes)
+        if not (math.isfinite(mb) and mb > 0):
+            raise ValueError(f"memory_bytes must be a positive number of bytes per worker, got {memory_bytes!r}")
+        memory_bytes = mb
+    levels = _build_levels(L, topo, straight, memory_bytes, use_fewer_workers)
+    top = levels[-1]
+    m_top = _best_m(top, L.n - 1, 0, use_fewer_workers)
+    best = float(top.A[m_top, L.n - 1, 0])
+    if not math.isfinite(best):
+        raise ValueError(_infeasible_message(L, topo, straight, memory_bytes, use_fewer_workers))
+    pipeline = _rebuild(levels, topo.num_levels, 0, L.n - 1, m_top, use_fewer_workers)
+    flat, cuts = _flatten(levels, topo.num_levels, pipeline, L, topo)
+    stages = tuple(Stage(f, l, len(ws), tuple(ws), float(t)) for f, l, ws, t in flat)
+    meta = {"topology": topo.to_list(), "topology_name": topo.name, "straight": straight,
+            "memory_bytes": memory_bytes, "use_fewer_workers": use_fewer_workers,
+            "cuts": [[int(a), int(k), float(t)] for a, k, t in cuts],
+            "cost_model": "PipeDream SOSP'19 §3.1, T=max(compute, 2(m-1)/m*w/B)/m, cut=2a/B"}
+    return Plan(stages, bottleneck_ms=best, single_worker_ms=float(L.Cp[-1]),
+                data_parallel_ms=data_parallel_ms(profile, topo), method="pipedream", meta=meta)
+
+
+def _infeasible_message(L: _Layers, topo, straight, memory, fewer) -> str:
+    if memory is not None:
+        alone = L.param + L.act
+        worst = int(np.argmax(alone))
+        if alone[worst] > memory:
+            return (f"memory_bytes={memory:.4g} is too small: layer {worst} alone needs "
+                    f"{alone[worst]:.4g} bytes (weights + stashed activations of one minibatch)")
+        free = _build_levels(L, topo, straight, None, fewer)[-1]
+        if math.isfinite(free.A[1:, -1, 0].min() if fewer else free.A[topo.counts[-1], -1, 0]):
+            lo, hi = memory, float((L.Wp[-1] + L.Ap[-1]) * topo.num_workers)
+            for _ in range(12):  # geometric bisection: infeasible at lo, feasible at hi
+                mid = math.sqrt(lo * hi)
+                top = _build_levels(L, topo, straight, mid, fewer)[-1]
+                val = top.A[1:, -1, 0].min() if fewer else top.A[topo.counts[-1], -1, 0]
+                lo, hi = (lo, mid) if math.isfinite(val) else (mid, hi)
+            return (f"no partition fits in memory_bytes={memory:.4g} per worker; the smallest limit "
+                    f"that fits is about {hi:.4g} bytes (raise memory_bytes or add workers)")
+    if straight:
+        return (f"a straight pipeline needs at least one layer per worker: {L.n} layers cannot fill "
+                f"{topo.num_workers} workers ({topo.counts} per level); use use_fewer_workers=True, "
+                f"fewer workers, or allow replication (straight=False)")
+    return "no feasible partition for this profile and topology"
+
+
+# ---- baselines ------------------------------------------------------------------------------
+def _straight_plan(L: _Layers, lasts: list[int], method: str, topology: Topology | None) -> Plan:
+    S = len(lasts)
+    firsts = [0] + [l + 1 for l in lasts[:-1]]
+    times = [float(L.Cp[l + 1] - L.Cp[f]) for f, l in zip(firsts, lasts)]
+    cuts = []
+    if topology is not None:
+        topo = _check_topology(topology)
+        if S > topo.num_workers:
+            raise ValueError(f"{S} stages need {S} workers but the topology has {topo.num_workers}")
+        cuts = [(lasts[k], topo.level_between(k, k + 1),
+                 float(2 * L.act[lasts[k]] / topo.bandwidth_between(k, k + 1) * 1000)) for k in range(S - 1)]
+    stages = tuple(Stage(f, l, 1, (k,), t) for k, (f, l, t) in enumerate(zip(firsts, lasts, times)))
+    dp = math.nan
+    if topology is not None:
+        t, W = float(L.Cp[-1]), float(L.Wp[-1])
+        for M, B in topology.levels:
+            t = max(t, float(_allreduce_ms_per_byte(M, B)) * W) / M
+        dp = t
+    meta = {"topology": topology.to_list() if topology is not None else None,
+            "cuts": [[int(a), int(k), t] for a, k, t in cuts],
+            "note": "stage k on worker k" if topology is not None else "no topology: communication not modeled"}
+    return Plan(stages, bottleneck_ms=max(times + [c[2] for c in cuts]), single_worker_ms=float(L.Cp[-1]),
+                data_parallel_ms=dp, method=method, meta=meta)
+
+
+def _check_stages(L: _Layers, stages) -> int:
+    if isinstance(stages, bool) or not isinstance(stages, (int, np.integer)) or stages < 1:
+        raise ValueError(f"stages must be a positive integer, got {stages!r}")
+    if stages > L.n:
+        raise ValueError(f"cannot split {L.n} layers into {stages} non-empty stages; use at most {L.n}")
+    return int(stages)
+
+
+def partition_equal_layers(profile: Profile, stages: int, topology: Topology | None = None) -> Plan:
+    """Straight split into ``stages`` stages of equal layer counts (the first ``N mod S`` stages
+    get one more layer); stage k on worker k. Times modeled under ``topology`` when given."""
+    L = _layers(profile)
+    S = _check_stages(L, stages)
+    sizes = [L.n // S + (1 if k < L.n % S else 0) for k in range(S)]
+    return _straight_plan(L, list(np.cumsum(sizes) - 1), "equal-layers", topology)
+
+
+def partition_balanced_time(profile: Profile, stages: int, topology: Topology | None = None) -> Plan:
+    """Straight split minimising the largest stage compute ``max_k sum_{l in k} (fwd_l + bwd_l)``
+    (the goal of torchgpipe's ``balance_by_time``; solved exactly by a DP over prefixes:
+    ``D_k(j) = min_s max(D_{k-1}(s), C(s+1..j))``). Communication is not part of the objective;
+    it is modeled in the returned times when ``topology`` is given."""
+    L = _layers(profile)
+    S = _check_stages(L, stages)
+    N = L.n
+    D = L.Cp[1:].copy()  # D_1(j) = C(0..j)
+    arg = np.zeros((S + 1, N), dtype=np.int64)
+    jj = np.arange(N)
+    for k in range(2, S + 1):
+        # cand[s, j] = max(D_{k-1}(s), C(s+1..j)) for s < j
+        cand = np.maximum(D[:, None], L.Cp[jj[None, :] + 1] - L.Cp[jj[:, None] + 1])
+        cand[jj[:, None] >= jj[None, :]] = INF
+        arg[k] = np.argmin(cand, axis=0)
+        D = cand[arg[k], jj]
+    lasts, j = [N - 1], N - 1
+    for k in range(S, 1, -1):
+        j = int(arg[k, j])
+        lasts.append(j)
+    return _straight_plan(L, lasts[::-1], "balanced-time", topology)

@@ -1,0 +1,152 @@
+"""Stages as pure functions of their weights, and the deterministic microbatch data every rank derives.
+
+A stage ``s`` covers layers ``first..last`` of a layer-sequential model; as a function of its input
+``x`` and its parameters ``W_s`` it is ``f_s(x; W_s) = layer_last(... layer_first(x))``. The runtime
+and the semantic reference both evaluate it with :func:`torch.func.functional_call`, so that one
+module structure can be run with any stored weight version ``W_s^(v)``.
+
+Data: epoch ``e`` visits the training set in the order ``perm_e = randperm(n, seed, e)``; minibatch
+``r`` of the epoch is ``perm_e[r*B : (r+1)*B]`` and its microbatch ``b`` the ``b``-th of ``M`` equal
+slices. Every rank computes the same slices from ``(seed, e, r, b)``, so no data travels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+Bounds = list[tuple[int, int]]
+
+
+def even_bounds(num_layers: int, num_stages: int) -> Bounds:
+    """Contiguous split of ``num_layers`` layers into ``num_stages`` stages of near-equal layer count."""
+    if num_stages > num_layers:
+        raise ValueError(f"cannot split {num_layers} layers into {num_stages} stages; use fewer stages or a deeper model")
+    base, extra = divmod(num_layers, num_stages)
+    out, first = [], 0
+    for s in range(num_stages):
+        n = base + (1 if s < extra else 0)
+        out.append((first, first + n - 1))
+        first += n
+    return out
+
+
+def plan_bounds(plan) -> Bounds:
+    return [(st.first, st.last) for st in plan.stages]
+
+
+def stage_module(layers: list[nn.Module], first: int, last: int) -> nn.Sequential:
+    """The layers of one stage as a module (shares the layer objects)."""
+    return nn.Sequential(*layers[first:last + 1])
+
+
+def stage_params(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Detached copies of a stage's parameters, keyed by name (tied weights appear once)."""
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+def run_stage(module: nn.Module, params: dict[str, torch.Tensor], x):
+    """``f_s(x; W)``: the stage evaluated with the given parameter tensors (autograd sees them)."""
+    return functional_call(module, params, (x,))
+
+
+def as_tuple(x) -> tuple:
+    return x if isinstance(x, tuple) else (x,)
+
+
+def from_tuple(t: tuple, like_tuple: bool):
+    return t if like_tuple else t[0]
+
+
+@dataclass(frozen=True)
+class DataOrder:
+    """Which samples form microbatch ``b`` of minibatch ``r`` of epoch ``e`` (see module docstring)."""
+
+    num_samples: int
+    batch_size: int
+    microbatches: int
+    seed: int
+
+    def __post_init__(self):
+        if self.batch_size % self.microbatches:
+            raise ValueError(f"batch size {self.batch_size} is not divisible by {self.microbatches} microbatches; "
+                             "pick a batch size that is a multiple of --microbatches")
+        if self.batch_size > self.num_samples:
+            raise ValueError(f"batch size {self.batch_size} exceeds the {self.num_samples} training samples")
+
+    @property
+    def rounds_per_epoch(self) -> int:
+        return self.num_samples // self.batch_size
+
+    @property
+    def microbatch_size(self) -> int:
+        return self.batch_size // self.microbatches
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(int(self.seed) * 1_000_003 + int(epoch))
+        return torch.randperm(self.num_samples, generator=g)
+
+    def indices(self, perm: torch.Tensor, r: int, b: int) -> torch.Tensor:
+        start = r * self.batch_size + b * self.microbatch_size
+        return perm[start:start + self.microbatch_size]
+
+
+def microbatch(dataset, idx: torch.Tensor, device="cpu", dtype: torch.dtype | None = None):
+    """``(input, target)`` of the samples ``idx``; floating inputs cast to ``dtype`` if given."""
+    *xs, y = [t[idx] for t in dataset.tensors]
+    if dtype is not None:
+        xs = [x.to(dtype) if x.is_floating_point() else x for x in xs]
+    xs = [x.to(device) for x in xs]
+    return (xs[0] if len(xs) == 1 else tuple(xs)), y.to(device)
+
+
+def float_indices(t: tuple) -> list[int]:
+    """Positions of the floating tensors of a boundary tuple: the ones that carry gradients."""
+    return [i for i, v in enumerate(t) if torch.is_tensor(v) and v.is_floating_point()]
+
+
+def as_leaves(x, requires_grad: bool) -> tuple:
+    """Detached copies-by-reference of a stage input; floating ones become autograd leaves."""
+    out = []
+    for v in as_tuple(x):
+        v = v.detach()
+        if requires_grad and v.is_floating_point():
+            v.requires_grad_(True)
+        out.append(v)
+    return tuple(out)
+
+
+def vjp(module: nn.Module, params: dict[str, torch.Tensor], x_leaves: tuple, like_tuple: bool, y=None, *,
+        loss_fn=None, target=None, cot=None, want_input: bool = True, want_weights: bool = True,
+        retain_graph: bool = False):
+    """Vector-Jacobian product of stage ``f_s(x; W)`` at ``(x, W = params)``.
+
+    Returns ``(dL/dx for the floating inputs, dL/dW per parameter, y)``. For the last stage
+    ``L = loss_fn(y, target)``; otherwise ``L = <y, cot>`` with ``cot`` the gradient sent by the next
+    stage (one tensor per floating output). ``y`` is an already computed output whose graph reaches
+    ``params`` and ``x_leaves`` (reused, as a stashed forward); when None it is recomputed.
+    Missing gradients (an input that does not influence the output) are zeros.
+    """
+    if y is None:
+        with torch.enable_grad():
+            y = run_stage(module, params, from_tuple(x_leaves, like_tuple))
+    if loss_fn is not None:
+        outs, grads = [loss_fn(y, target)], None
+    else:
+        yt = as_tuple(y)
+        pairs = [(yt[i], c) for i, c in zip(float_indices(yt), cot) if yt[i].requires_grad]
+        outs, grads = [p[0] for p in pairs], [p[1] for p in pairs]
+    xin = [x_leaves[i] for i in float_indices(x_leaves)] if want_input else []
+    xin = [v for v in xin if v.requires_grad]
+    names = list(params) if want_weights else []
+    targets = xin + [params[n] for n in names]
+    if not targets or not outs:
+        res = [None] * len(targets)
+    else:
+        res = torch.autograd.grad(outs, targets, grads, allow_unused=True, retain_graph=retain_graph)
+    res = [torch.zeros_like(t) if r is None else r for t, r in zip(targets, res)]
+    dx = res[:len(xin)]
+    dw = dict(zip(names, res[len(xin):]))
+    return dx, dw, y

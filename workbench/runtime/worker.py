@@ -1,0 +1,439 @@
+"""One rank of the runtime: walks its op list of the schedule, round after round.
+
+Weights. Stage ``s`` keeps versioned parameter tensors ``W_s^(v)`` (``v`` = updates applied). ``F``
+evaluates ``f_s(x; W_s^(v))`` with :func:`torch.func.functional_call` on the tensors of the op's
+version, so the autograd graph it leaves behind holds exactly those tensors: that *is* weight
+stashing. A version is dropped from the table once no later op of this rank reads it (the op list
+says so); it stays alive only as long as a stashed graph still references it. ``B`` backpropagates the
+stashed graph (input gradient sent upstream, weight gradient added to the update buffer); when the
+schedule asks the backward to read another version than its forward (no stashing, some 2BW ops),
+the stage output is recomputed from the stashed input with that version and differentiated there;
+the forward then keeps no graph at all. ``BI``/``BW`` (zero bubble) split the VJP: input gradient
+first with ``retain_graph``, weight gradient later from the same graph and cotangent.
+
+Updates. The buffer of update ``t`` of stage ``s`` is the sum of the contributions of the
+microbatches of ``schedule.step_microbatches(s, t)`` on this rank; ``AR`` sums the buffers of the
+stage's replicas in their own process group; ``STEP`` creates ``W^(t+1) = W^(t) - lr * buffer / n``
+with ``n`` the number of microbatches the update covers (a mean over the minibatch).
+
+Executors: :class:`PipelineExecutor` (all pipeline schedules, replicated stages included),
+:class:`DDPExecutor` (single replicated stage with the ``sync`` rule: DistributedDataParallel with
+``no_sync`` accumulation, bucketed all-reduce overlapping the last backward), :class:`HogwildExecutor`
+(``async`` rule: every replica reads and writes shared-memory weights without locks).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..schedules.core import Schedule
+from .comm import P2P
+from .reference import updates_per_round
+from .stages import as_leaves, as_tuple, float_indices, from_tuple, run_stage, stage_module, vjp
+
+
+def _nbytes(ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts if torch.is_tensor(t))
+
+
+class RankProgram:
+    """What one rank needs to know about the schedule, precomputed once."""
+
+    def __init__(self, schedule: Schedule, rank: int):
+        self.schedule, self.rank = schedule, rank
+        self.ops = schedule.ops[rank]
+        self.where = schedule.where()
+        self.stages = sorted({op.stage for op in self.ops})
+        self.per_round = updates_per_round(schedule)
+        # microbatches averaged by update t of stage s (all replicas when the update is all-reduced)
+        has_ar = {(op.stage, op.step) for op in self.ops if op.kind == "AR"}
+        self.count = {}
+        for op in self.ops:
+            if op.kind == "STEP":
+                w = None if (op.stage, op.step) in has_ar else rank
+                n = len(schedule.step_microbatches(op.stage, op.step, worker=w))
+                if n == 0:
+                    raise ValueError(f"update {op.step} of stage {op.stage} covers no microbatch on rank {rank}")
+                self.count[(op.stage, op.step)] = n
+        # last index (in this rank's list) at which each (stage, relative version) is read
+        self.last_read = {}
+        for i, op in enumerate(self.ops):
+            if op.kind in ("F", "B", "BI", "BW"):
+                self.last_read[(op.stage, op.version)] = i
+        self.version = {(op.kind, op.stage, op.microbatch): op.version for _, op in schedule if op.kind in ("F", "B", "BI", "BW")}
+
+    def backward_version(self, s: int, b: int) -> int:
+        v = self.version
+        return v[("B", s, b)] if ("B", s, b) in v else v[("BI", s, b)]
+
+    def dst_of_activation(self, s: int, b: int) -> int:
+        return self.where[("F", s + 1, b)]
+
+    def src_of_gradient(self, s: int, b: int) -> int:
+        k = ("BI", s + 1, b) if ("BI", s + 1, b) in self.where else ("B", s + 1, b)
+        return self.where[k]
+
+
+class StageState:
+    """Versioned weights and the update buffer of one stage on one rank."""
+
+    def __init__(self, stage: int, module, weights: dict[str, torch.Tensor], device):
+        self.stage, self.module = stage, module
+        self.names = list(weights)
+        self.versions = {0: {n: w.detach().to(device).requires_grad_(True) for n, w in weights.items()}}
+        self.newest = 0
+        total = sum(w.numel() for w in weights.values())
+        dtype = next(iter(weights.values())).dtype if weights else torch.float32
+        self.flat = torch.zeros(total, dtype=dtype, device=device)
+        self.grad, k = {}, 0
+        for n, w in weights.items():
+            self.grad[n] = self.flat[k:k + w.numel()].view_as(w)
+            k += w.numel()
+        self.records: dict[int, dict] = {}
+        self.peak_versions = 1
+        self.peak_live = 0
+        self.peak_act_bytes = 0
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {n: t.detach().clone() for n, t in self.versions[self.newest].items()}
+
+    def note_memory(self) -> None:
+        live = set(self.versions) | {r["v"] for r in self.records.values() if r["y"] is not None}
+        self.peak_versions = max(self.peak_versions, len(live))
+        self.peak_live = max(self.peak_live, len(self.records))
+        self.peak_act_bytes = max(self.peak_act_bytes, sum(r["bytes"] for r in self.records.values()))
+
+
+class PipelineExecutor:
+    """Executes a rank's op list with exact versioned-weight semantics (module docstring)."""
+
+    def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], groups: dict):
+        self.ctx, self.schedule, self.model = ctx, schedule, model
+        self.rank, self.S, self.M = ctx.rank, schedule.num_stages, schedule.microbatches
+        self.prog = RankProgram(schedule, self.rank)
+        for w, op in schedule:
+            if op.weights_worker is not None and op.weights_worker != w:
+                raise ValueError(f"schedule {schedule.name!r}: {op} reads weights owned by worker {op.weights_worker}; "
+                                 "fetching remote weights (FSDP-style master schedules) is not supported by this runtime")
+        self.state = {s: StageState(s, stage_module(model.layers, *bounds[s]).to(ctx.device), init_weights[s], ctx.device)
+                      for s in self.prog.stages}
+        self.groups = groups
+        self.comm = P2P(self.rank, self.S, ctx.device, ctx.timeout_s)
+        self.specs = ctx.specs  # specs[s]: [(shape, dtype)] of stage s's output
+        self.like_tuple = ctx.like_tuple  # like_tuple[s]: stage s's input is a tuple
+
+    # ---- per epoch ----------------------------------------------------------------------
+    def receive_plan(self, rounds: list[int]) -> list:
+        plan = []
+        for k in rounds:
+            for op in self.prog.ops:
+                s, b = op.stage, op.microbatch
+                g = k * self.M + b
+                if op.kind == "F" and s > 0:
+                    src = self.prog.where[("F", s - 1, b)]
+                    if src != self.rank:
+                        plan.append(((0, s - 1, g), src, self.specs[s - 1]))
+                elif op.kind in ("B", "BI") and s < self.S - 1:
+                    src = self.prog.src_of_gradient(s, b)
+                    if src != self.rank:
+                        spec = self.specs[s]
+                        plan.append(((1, s, g), src, [spec[i] for i in _float_spec(spec)]))
+        return plan
+
+    def run_round(self, k: int, R: int, data, timeline: list, metrics: dict) -> None:
+        """Round ``k`` of the epoch (global minibatch ``R``); ``data(b)`` -> (input, target)."""
+        off = {s: R * self.prog.per_round[s] for s in self.state}
+        t0 = self.ctx.t0
+        for i, op in enumerate(self.prog.ops):
+            st = self.state[op.stage]
+            s, b = op.stage, op.microbatch
+            g = k * self.M + b
+            wait = 0.0
+            start = time.perf_counter()
+            if op.kind == "F":
+                if s == 0:
+                    x, _ = data(b)
+                else:
+                    bufs, wait = self.comm.recv((0, s - 1, g))
+                    x = from_tuple(tuple(bufs), self.like_tuple[s])
+                    start = time.perf_counter()
+                self._forward(st, op, off[s] + op.version, b, g, x, data, metrics)
+            elif op.kind in ("B", "BI", "BW"):
+                cot = None
+                if op.kind != "BW" and s < self.S - 1:
+                    cot, wait = self.comm.recv((1, s, g))
+                    start = time.perf_counter()
+                self._backward(st, op, off[s] + op.version, b, g, cot, data)
+            elif op.kind == "AR":
+                grp = self.groups.get(tuple(self.schedule.stage_workers[s]))
+                if grp is not None:
+                    work = dist.all_reduce(st.flat, op=dist.ReduceOp.SUM, group=grp, async_op=True)
+                    work.wait(timedelta(seconds=self.ctx.timeout_s))
+            elif op.kind == "STEP":
+                n = self.prog.count[(s, op.step)]
+                lr = self.ctx.lr
+                with torch.no_grad():
+                    old = st.versions[st.newest]
+                    new = {nm: (old[nm] - (lr / n) * st.grad[nm]).requires_grad_(True) for nm in st.names}
+                st.newest += 1
+                st.versions[st.newest] = new
+                st.flat.zero_()
+            end = time.perf_counter()
+            timeline.append((self.rank, s, R * self.M + b if b >= 0 else -1, op.kind, (start - t0) * 1e3,
+                             (end - t0) * 1e3, off[s] + op.version if op.kind in ("F", "B", "BI", "BW") else st.newest,
+                             R, wait))
+            self._free(st, off[s], i)
+            st.note_memory()
+
+    def _free(self, st: StageState, off: int, i: int) -> None:
+        for v in list(st.versions):
+            if v != st.newest and self.prog.last_read.get((st.stage, v - off), -1) <= i:
+                del st.versions[v]
+
+    def _forward(self, st, op, v, b, g, x, data, metrics) -> None:
+        s = op.stage
+        last = s == self.S - 1
+        keep_graph = self.prog.backward_version(s, b) == op.version
+        xl = as_leaves(x, requires_grad=s > 0)
+        params = st.versions[v]
+        with torch.set_grad_enabled(keep_graph):
+            y = run_stage(st.module, params, from_tuple(xl, self.like_tuple[s]))
+        rec = {"x": xl, "y": y if keep_graph else None, "v": v, "bytes": _nbytes(xl) + _nbytes(as_tuple(y))}
+        if last:
+            _, target = data(b)
+            with torch.no_grad():
+                loss = self.model.loss(y.detach() if torch.is_tensor(y) else y, target)
+                metrics["loss"] += float(loss)
+                metrics["n"] += 1
+                metrics["correct"] += self.model.correct(y.detach() if torch.is_tensor(y) else y, target)
+                metrics["samples"] += int(target.shape[0])
+            rec["target"] = target
+        else:
+            self.comm.send((0, s, g), list(as_tuple(y)), self.prog.dst_of_activation(s, b))
+        st.records[g] = rec
+
+    def _backward(self, st, op, v, b, g, cot, data) -> None:
+        s = op.stage
+        rec = st.records[g]
+        last = s == self.S - 1
+        kw = dict(loss_fn=self.model.loss, target=rec["target"]) if last else dict(cot=cot if cot is not None else rec.get("cot"))
+        y = rec["y"] if rec["v"] == v else None
+        params = st.versions[v] if v in st.versions else rec["params"]
+        if op.kind == "BI":
+            dx, _, y = vjp(st.module, params, rec["x"], self.like_tuple[s], y, **kw, want_weights=False, retain_graph=True)
+            rec.update(y=y, v=v, params=params, cot=cot)
+        else:
+            dx, dw, _ = vjp(st.module, params, rec["x"], self.like_tuple[s], y, **kw, want_input=op.kind == "B")
+            for n, d in dw.items():
+                st.grad[n].add_(d)
+            del st.records[g]
+        if op.kind != "BW" and s > 0:
+            self.comm.send((1, s - 1, g), dx, self.prog.where[("F", s - 1, b)])
+
+    def weights(self) -> dict[int, dict]:
+        return {s: st.weights() for s, st in self.state.items()}
+
+    def memory(self) -> dict:
+        return {s: dict(peak_versions=st.peak_versions, peak_live_microbatches=st.peak_live,
+                        peak_activation_bytes=st.peak_act_bytes) for s, st in self.state.items()}
+
+
+def _float_spec(spec) -> list[int]:
+    return [i for i, (_, dt) in enumerate(spec) if dt.is_floating_point]
+
+
+class DDPExecutor:
+    """Data-parallel BSP (``dp-bsp``) through :class:`torch.nn.parallel.DistributedDataParallel`.
+
+    Every worker holds all stages; stage ``s`` is wrapped in its own DDP module, so ``B(s, b)``
+    (one ``backward`` of the stage from its output cotangent) all-reduces stage ``s``'s gradient
+    buckets while the backward runs (DDP's reducer), and ``AR(s, t)`` has nothing left to do.
+    Microbatches other than a worker's last one of an update run their forward under ``no_sync``
+    (local accumulation). The loss of each microbatch is scaled by ``R / n`` so DDP's average over
+    the ``R`` replicas yields the mean over the ``n`` microbatches of the update.
+    """
+
+    def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], groups: dict):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        self.ctx, self.schedule, self.model, self.rank = ctx, schedule, model, ctx.rank
+        self.S, self.M = schedule.num_stages, schedule.microbatches
+        self.prog = RankProgram(schedule, self.rank)
+        self.R = schedule.num_workers
+        self.modules, self.ddp = [], []
+        for s, (a, z) in enumerate(bounds):
+            m = stage_module(model.layers, a, z).to(ctx.device)
+            with torch.no_grad():
+                for n, p in m.named_parameters():
+                    p.copy_(init_weights[s][n])
+            self.modules.append(m)
+            self.ddp.append(DDP(m, device_ids=None if ctx.device.type == "cpu" else [ctx.device.index]))
+        ops = self.prog.ops
+        # the microbatch whose backward completes each (stage, update) on this worker: forward with sync
+        self.sync, self.step_of = set(), {}
+        pending = defaultdict(list)
+        for op in ops:
+            if op.kind == "B":
+                pending[op.stage].append(op.microbatch)
+            elif op.kind in ("BI", "BW"):
+                raise ValueError("split backward (BI/BW) is not supported with DDP")
+            elif op.kind == "AR":
+                if pending[op.stage]:
+                    self.sync.add((op.stage, pending[op.stage][-1]))
+                for b in pending[op.stage]:
+                    self.step_of[(op.stage, b)] = op.step
+                pending[op.stage] = []
+        for s, b in self.sync:
+            i_f = next(i for i, o in enumerate(ops) if (o.kind, o.stage, o.microbatch) == ("F", s, b))
+            i_b = next(i for i, o in enumerate(ops) if (o.kind, o.stage, o.microbatch) == ("B", s, b))
+            if any(o.kind == "B" and o.stage == s for o in ops[i_f + 1:i_b]):
+                raise ValueError("DDP needs each update's last forward of a stage to be followed by its own backward "
+                                 "before any other backward of that stage")
+        self.records = {}
+        self.peak_live = 0
+        self.peak_act_bytes = 0
+
+    def receive_plan(self, rounds):
+        return []
+
+    def run_round(self, k, R, data, timeline, metrics):
+        t0 = self.ctx.t0
+        for op in self.prog.ops:
+            s, b = op.stage, op.microbatch
+            start = time.perf_counter()
+            if op.kind == "F":
+                x = data(b)[0] if s == 0 else self.records[(s - 1, b)]["y"].detach()
+                xl = as_leaves(x, requires_grad=s > 0)
+                sync = (s, b) in self.sync
+                with (contextlib.nullcontext() if sync else self.ddp[s].no_sync()):
+                    y = self.ddp[s](from_tuple(xl, isinstance(x, tuple)))
+                rec = {"x": xl, "y": y, "bytes": _nbytes(xl) + _nbytes(as_tuple(y))}
+                if s == self.S - 1:
+                    _, target = data(b)
+                    loss = self.model.loss(y, target)
+                    metrics["loss"] += float(loss)
+                    metrics["n"] += 1
+                    metrics["correct"] += self.model.correct(y.detach(), target)
+                    metrics["samples"] += int(target.shape[0])
+                    rec["loss"] = loss
+                self.records[(s, b)] = rec
+                self.peak_live = max(self.peak_live, len({bb for _, bb in self.records}))
+                self.peak_act_bytes = max(self.peak_act_bytes, sum(r["bytes"] for r in self.records.values()))
+            elif op.kind == "B":
+                rec = self.records.pop((s, b))
+                if s == self.S - 1:
+                    n = self.prog.count[(s, self.step_of[(s, b)])]
+                    (rec["loss"] * (self.R / n)).backward()
+                else:
+                    yt = as_tuple(rec["y"])
+                    cot = self.records.pop(("cot", s, b))
+                    pairs = [(yt[i], c) for i, c in zip(float_indices(yt), cot) if yt[i].requires_grad]
+                    torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])
+                if s > 0:
+                    xs = [rec["x"][i] for i in float_indices(rec["x"])]
+                    self.records[("cot", s - 1, b)] = [t.grad if t.grad is not None else torch.zeros_like(t) for t in xs]
+            elif op.kind == "STEP":
+                with torch.no_grad():
+                    for p in self.modules[s].parameters():
+                        if p.grad is not None:
+                            p.add_(p.grad, alpha=-self.ctx.lr)
+                            p.grad = None
+            end = time.perf_counter()
+            rel = op.step + 1 if op.kind == "STEP" else (op.step if op.kind == "AR" else op.version)
+            timeline.append((self.rank, s, R * self.M + b if b >= 0 else -1, op.kind,
+                             (start - t0) * 1e3, (end - t0) * 1e3, R * self.prog.per_round[s] + rel, R, 0.0))
+
+    def weights(self):
+        return {s: {n: p.detach().clone() for n, p in m.named_parameters()} for s, m in enumerate(self.modules)}
+
+    def memory(self):
+        return {s: dict(peak_versions=1, peak_live_microbatches=self.peak_live, peak_activation_bytes=self.peak_act_bytes)
+                for s in range(self.S)}
+
+
+class HogwildExecutor:
+    """Asynchronous data parallelism (``async`` rule) on shared-memory weights, without locks.
+
+    Every worker holds all stages. ``F(s, b)`` reads the current shared weights of stage ``s``;
+    ``STEP(s, t)`` writes ``W_s <- W_s - lr * mean gradient`` in place while the other replicas keep
+    running (Hogwild). Staleness of an update = updates of that stage written by the other replicas
+    between this replica's read (its first forward of the update) and its write, counted with a
+    shared per-(stage, replica) counter table whose slots only their owner writes.
+    """
+
+    def __init__(self, ctx, schedule: Schedule, model, bounds, shared: list[dict], counters: torch.Tensor):
+        self.ctx, self.schedule, self.model, self.rank = ctx, schedule, model, ctx.rank
+        self.S, self.M = schedule.num_stages, schedule.microbatches
+        self.prog = RankProgram(schedule, self.rank)
+        self.modules = [stage_module(model.layers, a, z).to(ctx.device) for a, z in bounds]
+        self.shared, self.counters = shared, counters  # counters[s, w]
+        self.buf = [{n: torch.zeros_like(t) for n, t in sh.items()} for sh in shared]
+        self.records = {}
+        self.read_at: dict[int, int] = {}
+        self.staleness: list[int] = []
+
+    def receive_plan(self, rounds):
+        return []
+
+    def _others(self, s: int) -> int:
+        return int(self.counters[s].sum().item() - self.counters[s, self.rank].item())
+
+    def run_round(self, k, R, data, timeline, metrics):
+        t0 = self.ctx.t0
+        for op in self.prog.ops:
+            s, b = op.stage, op.microbatch
+            start = time.perf_counter()
+            version = -1
+            if op.kind == "F":
+                x = data(b)[0] if s == 0 else self.records[(s - 1, b)]["y"].detach()
+                self.read_at.setdefault(s, self._others(s))
+                version = int(self.counters[s].sum().item())
+                params = {n: t.data.requires_grad_(True) for n, t in self.shared[s].items()}
+                xl = as_leaves(x, requires_grad=s > 0)
+                y = run_stage(self.modules[s], params, from_tuple(xl, isinstance(x, tuple)))
+                rec = {"x": xl, "y": y, "params": params, "like": isinstance(x, tuple)}
+                if s == self.S - 1:
+                    _, target = data(b)
+                    rec["loss"] = self.model.loss(y, target)
+                    rec["target"] = target
+                    metrics["loss"] += float(rec["loss"])
+                    metrics["n"] += 1
+                    metrics["correct"] += self.model.correct(y.detach(), target)
+                    metrics["samples"] += int(target.shape[0])
+                self.records[(s, b)] = rec
+            elif op.kind in ("B", "BW"):
+                rec = self.records.pop((s, b))
+                last = s == self.S - 1
+                kw = dict(loss_fn=self.model.loss, target=rec["target"]) if last else dict(cot=self.records.pop(("cot", s, b)))
+                dx, dw, _ = vjp(self.modules[s], rec["params"], rec["x"], rec["like"],
+                                rec["y"], **kw)
+                for n, g in dw.items():
+                    self.buf[s][n].add_(g)
+                if s > 0:
+                    self.records[("cot", s - 1, b)] = dx
+            elif op.kind == "STEP":
+                n = self.prog.count[(s, op.step)]
+                self.staleness.append(self._others(s) - self.read_at.pop(s, 0))
+                for name, t in self.shared[s].items():
+                    t.data.add_(self.buf[s][name], alpha=-self.ctx.lr / n)  # no lock: Hogwild
+                    self.buf[s][name].zero_()
+                self.counters[s, self.rank] += 1
+                version = int(self.counters[s].sum().item())
+            else:
+                raise ValueError(f"the async rule cannot run {op.kind} ops")
+            end = time.perf_counter()
+            timeline.append((self.rank, s, R * self.M + b if b >= 0 else -1, op.kind,
+                             (start - t0) * 1e3, (end - t0) * 1e3, version, R, 0.0))
+
+    def weights(self):
+        return {s: {n: t.detach().clone() for n, t in sh.items()} for s, sh in enumerate(self.shared)}
+
+    def memory(self):
+        st = self.staleness
+        return {s: dict(peak_versions=1, peak_live_microbatches=None, peak_activation_bytes=None,
+                        staleness_mean=(sum(st) / len(st)) if st else 0.0, staleness_max=max(st, default=0),
+                        updates=len(st)) for s in range(self.S)}

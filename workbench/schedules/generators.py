@@ -1,0 +1,382 @@
+"""Explicit schedule generators: per-worker op lists for the schedules of the pipeline papers.
+
+Notation: S stages, worker set of stage s ``stage_workers[s]`` with r_s replicas, M microbatches.
+Round robin: microbatch b of stage s runs on replica ``b mod r_s`` (PipeDream), for F and B alike.
+
+* 1F1B (PipeDream): a worker of stage s first admits K_s forwards (NOAM warm-up), then strictly
+  alternates one backward and one forward. For a straight pipeline K_s = S - s; with replicas
+  K_s = ceil(sum_{s' >= s} r_s' / r_s), so the input stage admits NOAM = ceil(W / r_0).
+* Updates are grouped: ``group(s, b)`` is the update (step) index whose gradient microbatch b's
+  backward of stage s contributes to. A worker emits ``AR`` (replicated stages only) and ``STEP``
+  of group g right after its last backward of g; a group with no backward on a worker is emitted
+  just before that worker's next op (F or B) of a later group of that stage (or at the end), so
+  that op reads the updated weights.
+* Weight versions (``Op.version`` = updates of the stage applied to the weights an op reads) are
+  assigned from the per-worker order by :func:`assign_versions` for the schedule's update rule.
+
+PipeDream with replicas groups updates by rounds: update t of stage s averages the gradients of
+microbatches t*r_s .. t*r_s + r_s - 1, one per replica (synchronous data parallelism inside a
+stage, as in the PipeDream paper), so every replica of a stage holds the same version.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from .core import Op, Schedule, validate
+
+Key = tuple[str, int, int]  # (kind, stage, microbatch)
+
+
+# ---- layout -----------------------------------------------------------------------------
+def stage_layout(plan_or_stage_count) -> tuple[tuple[int, ...], ...]:
+    """``stage_workers`` from a Plan (its stages' workers) or an int S (worker s runs stage s)."""
+    if isinstance(plan_or_stage_count, bool) or not hasattr(plan_or_stage_count, "stages"):
+        try:
+            S = int(plan_or_stage_count)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected a Plan or a stage count, got {plan_or_stage_count!r}") from None
+        if S < 1 or S != plan_or_stage_count:
+            raise ValueError(f"stage count must be a positive int, got {plan_or_stage_count!r}")
+        return tuple((s,) for s in range(S))
+    layout = tuple(tuple(int(w) for w in st.workers) for st in plan_or_stage_count.stages)
+    flat = sorted(w for ws in layout for w in ws)
+    if flat != list(range(len(flat))):
+        raise ValueError(f"plan workers must be 0..W-1, each on one stage; got {layout}")
+    return layout
+
+
+def noam_warmup(layout) -> list[int]:
+    """K_s = ceil(sum_{s' >= s} r_s' / r_s): forwards a worker of stage s admits before its first
+    backward (S - s for a straight pipeline; NOAM = ceil(W / r_0) for the input stage)."""
+    r = [len(ws) for ws in layout]
+    return [math.ceil(sum(r[s:]) / r[s]) for s in range(len(r))]
+
+
+def _share(M0: int, M: int, r: int, j: int) -> list[int]:
+    """Microbatches of ids M0..M0+M-1 that replica j of r runs (round robin b mod r)."""
+    return [b for b in range(M0, M0 + M) if b % r == j]
+
+
+def one_f_one_b(mbs: list[int], K: int, stage: int) -> list[Key]:
+    """PipeDream 1F1B order of one worker: K forwards, then B(oldest), F(next) alternately."""
+    K = min(K, len(mbs))
+    out: list[Key] = [("F", stage, b) for b in mbs[:K]]
+    for i, b in enumerate(mbs):
+        out.append(("B", stage, b))
+        if i + K < len(mbs):
+            out.append(("F", stage, mbs[i + K]))
+    return out
+
+
+def zb_h1_order(mbs: list[int], K: int, cap: int, stage: int) -> list[Key]:
+    """ZB-H1 order of one worker: K forwards (as 1F1B), then ``cap - K`` rounds of BI, F with the
+    weight-gradient BW deferred, then BI, BW, F; cool-down BI, BW; the deferred BWs last. At most
+    ``cap`` microbatches (F done, BW not) are held, the peak of 1F1B's input stage."""
+    n, K = len(mbs), min(K, len(mbs))
+    out: list[Key] = [("F", stage, b) for b in mbs[:K]]
+    f, bi, bw = K, 0, 0
+    for _ in range(cap - K):
+        if f >= n:
+            break
+        out += [("BI", stage, mbs[bi]), ("F", stage, mbs[f])]
+        bi, f = bi + 1, f + 1
+    while f < n:
+        out += [("BI", stage, mbs[bi]), ("BW", stage, mbs[bw]), ("F", stage, mbs[f])]
+        bi, bw, f = bi + 1, bw + 1, f + 1
+    while bi < n:
+        out += [("BI", stage, mbs[bi]), ("BW", stage, mbs[bw])]
+        bi, bw = bi + 1, bw + 1
+    out += [("BW", stage, b) for b in mbs[bw:]]
+    return out
+
+
+# ---- updates and versions ---------------------------------------------------------------
+def insert_updates(orders: list[list[Key]], layout, group: Callable[[int, int], int],
+                   n_groups: Callable[[int], int]) -> list[list[tuple]]:
+    """Insert ("AR", s, g) / ("STEP", s, g) into each worker's order (rule in module docstring)."""
+    out = []
+    for w, order in enumerate(orders):
+        stages = [s for s, ws in enumerate(layout) if w in ws]
+        left = {s: [0] * n_groups(s) for s in stages}
+        for kind, s, b in order:
+            if kind in ("B", "BW"):
+                left[s][group(s, b)] += 1
+        nxt = {s: 0 for s in stages}
+        res: list[tuple] = []
+
+        def emit(s, upto):
+            while nxt[s] <= upto and nxt[s] < len(left[s]):
+                if len(layout[s]) > 1:
+                    res.append(("AR", s, nxt[s]))
+                res.append(("STEP", s, nxt[s]))
+                nxt[s] += 1
+
+        for key in order:
+            kind, s, b = key
+            g = group(s, b)
+            while nxt[s] < g and left[s][nxt[s]] == 0:  # groups with nothing left on w
+                emit(s, nxt[s])
+            res.append(key)
+            if kind in ("B", "BW"):
+                left[s][g] -= 1
+                if left[s][g] == 0 and nxt[s] == g:
+                    emit(s, g)
+        for s in sorted(stages, reverse=True):
+            emit(s, len(left[s]) - 1)
+        out.append(res)
+    return out
+
+
+def assign_versions(orders: list[list[tuple]], rule: str, two_bw_batch: int = 0) -> list[list[Op]]:
+    """Turn (kind, stage, microbatch|step) tuples into Ops with ``version`` set for ``rule``.
+
+    local(op) = STEPs of op's stage earlier in the same worker's list (the newest local version).
+    sync, async: local; stash: F local, B/BI/BW = its F's; no-stash: every op local;
+    vertical-sync: every op of microbatch b reads the version the input stage's F used for b;
+    2bw: batch t = b // m reads W(t-1), version max(t - 1, 0); checked to be the newest local
+    version or the one before (two buffers suffice).
+    """
+    local: dict[tuple[str, int, int], int] = {}
+    for ops in orders:
+        count: dict[int, int] = {}
+        for kind, s, x in ops:
+            if kind == "STEP":
+                count[s] = count.get(s, 0) + 1
+            elif kind != "AR":
+                local[(kind, s, x)] = count.get(s, 0)
+
+    def version(kind, s, b):
+        if rule in ("sync", "async", "no-stash"):
+            return local[(kind, s, b)]
+        if rule == "stash":
+            return local[("F", s, b)]
+        if rule == "vertical-sync":
+            return local[("F", 0, b)]
+        if rule == "2bw":
+            v = max(b // two_bw_batch - 1, 0)
+            if local[(kind, s, b)] not in (v, v + 1):
+                raise ValueError(f"2BW needs at most two weight versions, but {kind}{s}.{b} would read "
+                                 f"version {v} while version {local[(kind, s, b)]} is current; use "
+                                 f"microbatches_per_step >= max_s K_s r_s (the number of stages if straight)")
+            return v
+        raise ValueError(f"unknown update rule {rule!r}")
+
+    return [[Op(k, s, x, version(k, s, x)) if k not in ("AR", "STEP") else Op(k, s, step=x)
+             for k, s, x in ops] for ops in orders]
+
+
+def _make(name, layout, orders, M, update, mps, group, n_groups, max_in_flight, options,
+          two_bw_batch=0) -> Schedule:
+    with_updates = insert_updates(orders, layout, group, n_groups)
+    ops = assign_versions(with_updates, update, two_bw_batch)
+    sched = Schedule(name=name, num_stages=len(layout), num_workers=len(orders), microbatches=M,
+                     ops=tuple(tuple(o) for o in ops), stage_workers=layout, update=update,
+                     microbatches_per_step=mps, max_in_flight=tuple(max_in_flight), options=dict(options))
+    validate(sched)
+    return sched
+
+
+def _per_worker(layout) -> list[tuple[int, int, int]]:
+    """(stage, replica index, replica count) of each worker of a pipeline layout."""
+    info = {}
+    for s, ws in enumerate(layout):
+        for j, w in enumerate(ws):
+            info[w] = (s, j, len(ws))
+    return [info[w] for w in range(len(info))]
+
+
+def _check_m(M, what="microbatches"):
+    if isinstance(M, bool) or int(M) != M or M < 1:
+        raise ValueError(f"{what} must be a positive int, got {M!r}")
+    return int(M)
+
+
+# ---- pipeline schedules -----------------------------------------------------------------
+def model_parallel(plan, microbatches: int) -> Schedule:
+    """One microbatch in flight: F0..F(S-1), B(S-1)..B0, then every stage updates (version b)."""
+    layout, M = stage_layout(plan), _check_m(microbatches)
+    orders: list[list[Key]] = [[] for _ in range(sum(map(len, layout)))]
+    for b in range(M):
+        for s, ws in enumerate(layout):
+            orders[ws[b % len(ws)]] += [("F", s, b), ("B", s, b)]
+    return _make("model-parallel", layout, orders, M, "sync", 1, lambda s, b: b, lambda s: M,
+                 [1] * len(orders), {})
+
+
+def gpipe(plan, microbatches: int, steps: int = 1) -> Schedule:
+    """Fill-drain: per iteration every worker runs all its forwards, then its backwards in reverse
+    order; the gradients of the M microbatches accumulate and each stage steps once at the flush."""
+    layout, M, T = stage_layout(plan), _check_m(microbatches), _check_m(steps, "steps")
+    orders, cap = [], []
+    for s, j, r in _per_worker(layout):
+        o = []
+        for t in range(T):
+            mbs = _share(t * M, M, r, j)
+            o += [("F", s, b) for b in mbs] + [("B", s, b) for b in reversed(mbs)]
+        orders.append(o)
+        cap.append(max(1, max(len(_share(t * M, M, r, j)) for t in range(T))))
+    return _make("gpipe", layout, orders, M * T, "sync", M, lambda s, b: b // M, lambda s: T, cap,
+                 {"steps": T})
+
+
+def pipedream(plan, microbatches: int, weights: str = "stash") -> Schedule:
+    """1F1B with NOAM warm-up, round robin over replicas, no flush, an update after every
+    microbatch (a replicated stage: every round of r_s microbatches, AR then STEP)."""
+    rules = {"stash": "stash", "vertical-sync": "vertical-sync", "no-stash": "no-stash"}
+    if weights not in rules:
+        raise ValueError(f"weights must be one of {sorted(rules)}, got {weights!r}")
+    layout, M = stage_layout(plan), _check_m(microbatches)
+    K = noam_warmup(layout)
+    orders, cap = [], []
+    for s, j, r in _per_worker(layout):
+        orders.append(one_f_one_b(_share(0, M, r, j), K[s], s))
+        cap.append(K[s])
+    r = [len(ws) for ws in layout]
+    return _make("pipedream", layout, orders, M, rules[weights], 1, lambda s, b: b // r[s],
+                 lambda s: math.ceil(M / r[s]), cap, {"weights": weights, "noam": K[0]})
+
+
+def pipedream_flush(plan, microbatches: int, steps: int = 1) -> Schedule:
+    """1F1B inside each iteration of M microbatches, then a flush and one synchronous update."""
+    layout, M, T = stage_layout(plan), _check_m(microbatches), _check_m(steps, "steps")
+    K = noam_warmup(layout)
+    orders, cap = [], []
+    for s, j, r in _per_worker(layout):
+        orders.append([k for t in range(T) for k in one_f_one_b(_share(t * M, M, r, j), K[s], s)])
+        cap.append(K[s])
+    return _make("pipedream-flush", layout, orders, M * T, "sync", M, lambda s, b: b // M,
+                 lambda s: T, cap, {"steps": T})
+
+
+def pipedream_2bw(plan, microbatches: int, microbatches_per_step: int | None = None) -> Schedule:
+    """1F1B without flush; gradients accumulate over batches of m microbatches (default
+    max_s K_s r_s, = S when straight: enough for two buffers); two weight buffers and a delay of one update: W(t+1) = W(t) - nu * grad f(W(t-1)), so batch t reads version
+    max(t-1, 0) for its forward and its backward."""
+    layout, M = stage_layout(plan), _check_m(microbatches)
+    K = noam_warmup(layout)
+    m_min = max(k * len(ws) for k, ws in zip(K, layout))  # = S for a straight pipeline
+    m = _check_m(microbatches_per_step if microbatches_per_step is not None else m_min,
+                 "microbatches_per_step")
+    if m < m_min:
+        raise ValueError(f"pipedream-2bw needs microbatches_per_step >= {m_min} (max_s K_s r_s; the number "
+                         f"of stages when straight) so that two weight buffers suffice; got {m}")
+    orders, cap = [], []
+    for s, j, r in _per_worker(layout):
+        orders.append(one_f_one_b(_share(0, M, r, j), K[s], s))
+        cap.append(K[s])
+    return _make("pipedream-2bw", layout, orders, M, "2bw", m, lambda s, b: b // m,
+                 lambda s: math.ceil(M / m), cap, {"microbatches_per_step": m}, two_bw_batch=m)
+
+
+def _straight(layout, name):
+    if any(len(ws) > 1 for ws in layout):
+        raise ValueError(f"{name} needs a straight pipeline (one worker per stage); the plan has replicas")
+
+
+def interleaved_1f1b(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> Schedule:
+    """Megatron interleaved 1F1B: S = P * v stages on P workers, stage s on worker s mod P.
+    Rank r warms up with min(2(P-r-1) + (v-1)P, Mv) forwards, then forward/backward pairs, the
+    k-th forward being chunk (k // P) mod v of microbatch P*(k // (P v)) + k mod P (backward:
+    chunk v-1-((k // P) mod v)). Needs M to be a multiple of P."""
+    base = stage_layout(plan)
+    _straight(base, "interleaved-1f1b")
+    S, M, T, v = len(base), _check_m(microbatches), _check_m(steps, "steps"), _check_m(chunks, "chunks")
+    if S % v:
+        raise ValueError(f"interleaved-1f1b: {S} stages do not split into chunks={v} per worker; "
+                         f"pass a stage count that is a multiple of chunks")
+    P = S // v
+    if M % P:
+        raise ValueError(f"interleaved-1f1b needs microbatches to be a multiple of the {P} workers, got {M}")
+    layout = tuple((s % P,) for s in range(S))
+    orders, cap = [], []
+    for rank in range(P):
+        total = M * v
+
+        def key(k, kind):
+            grp, i = divmod(k, P * v)
+            chunk = i // P if kind == "F" else v - 1 - i // P
+            return (kind, chunk * P + rank, grp * P + i % P)
+
+        warm = min((P - rank - 1) * 2 + (v - 1) * P if v > 1 else P - rank - 1, total)
+        o = []
+        for t in range(T):
+            it = [key(k, "F") for k in range(warm)]
+            for i in range(total - warm):
+                it += [key(warm + i, "F"), key(i, "B")]
+            it += [key(i, "B") for i in range(total - warm, total)]
+            o += [(kd, s, b + t * M) for kd, s, b in it]
+        orders.append(o)
+        cap.append(min(warm + 1, total))
+    return _make("interleaved-1f1b", layout, orders, M * T, "sync", M, lambda s, b: b // M,
+                 lambda s: T, cap, {"chunks": v, "steps": T})
+
+
+def zb_h1(plan, microbatches: int, steps: int = 1) -> Schedule:
+    """Zero-bubble H1: 1F1B with the backward split into BI (input gradient) and BW (weight
+    gradient); BW of later stages is deferred to fill the cool-down bubble while no worker holds
+    more microbatches than 1F1B's fullest worker (max_s K_s; K_0 = S for a straight pipeline)."""
+    layout, M, T = stage_layout(plan), _check_m(microbatches), _check_m(steps, "steps")
+    K = noam_warmup(layout)
+    orders, cap = [], []
+    for s, j, r in _per_worker(layout):
+        orders.append([k for t in range(T) for k in zb_h1_order(_share(t * M, M, r, j), K[s], max(K), s)])
+        cap.append(max(K))
+    return _make("zb-h1", layout, orders, M * T, "sync", M, lambda s, b: b // M, lambda s: T, cap,
+                 {"steps": T})
+
+
+# ---- data parallel ----------------------------------------------------------------------
+def _dp_shape(plan, workers):
+    S = len(stage_layout(plan))
+    W = _check_m(workers if workers is not None else getattr(plan, "num_workers", S), "workers")
+    return S, W
+
+
+def dp_bsp(plan, microbatches: int, workers: int | None = None) -> Schedule:
+    """Data parallel, bulk synchronous: every worker holds all S stages (gradient buckets); worker
+    w runs microbatches b = w mod W; each round, the AR of stage s follows B of s right away (it
+    overlaps the remaining backward, like DDP buckets); then every stage steps."""
+    S, W = _dp_shape(plan, workers)
+    M = _check_m(microbatches)
+    rounds = math.ceil(M / W)
+    orders = []
+    for w in range(W):
+        o = []
+        for t in range(rounds):
+            b = t * W + w
+            if b < M:
+                o += [("F", s, b) for s in range(S)]
+            for s in reversed(range(S)):
+                if b < M:
+                    o.append(("B", s, b))
+                o.append(("AR", s, t))
+            o += [("STEP", s, t) for s in reversed(range(S))]
+        orders.append(o)
+    layout = tuple(tuple(range(W)) for _ in range(S))
+    ops = assign_versions(orders, "sync")
+    sched = Schedule("dp-bsp", S, W, M, tuple(map(tuple, ops)), layout, "sync", W, (S,) * W, {"workers": W})
+    validate(sched)
+    return sched
+
+
+def dp_asp(plan, microbatches: int, workers: int | None = None) -> Schedule:
+    """Data parallel, asynchronous (parameter-server ASP): worker w runs microbatches b = w mod W,
+    and after B of stage s pushes its gradient and pulls the current weights (STEP, no AR).
+    Versions are the local update counts; the real staleness is decided at run time."""
+    S, W = _dp_shape(plan, workers)
+    M = _check_m(microbatches)
+    orders = []
+    for w in range(W):
+        o, t = [], 0
+        for b in range(w, M, W):
+            o += [("F", s, b) for s in range(S)]
+            for s in reversed(range(S)):
+                o += [("B", s, b), ("STEP", s, t)]
+            t += 1
+        orders.append(o)
+    layout = tuple(tuple(range(W)) for _ in range(S))
+    ops = assign_versions(orders, "async")
+    sched = Schedule("dp-asp", S, W, M, tuple(map(tuple, ops)), layout, "async", 1, (S,) * W, {"workers": W})
+    validate(sched)
+    return sched
