@@ -3,27 +3,19 @@ simulate it and run it for real with torch.distributed.
 
     model --profile()--> Profile --partition(topology)--> Plan --schedules.build()--> Schedule
           --simulate()--> Timeline (modeled)    --runtime.train()--> Timeline (measured)
+
+``import workbench`` does not import torch; :func:`profile` and the runtime do, when called.
 """
 from .plan import Plan, Stage
-from .profiler import Profile
+from .profiler import Profile, profile, project
+from .topology import Topology
+# The functions shadow their same-named submodules on purpose (``workbench.partition(...)``);
+# import submodule contents with ``from workbench.partition import ...``.
+from .partition import partition  # noqa: E402
+from .simulate import SimResult, simulate  # noqa: E402
+from . import schedules  # noqa: E402
 
 __version__ = "0.1.0"
 
-
-def __getattr__(name):  # lazy: keep `import workbench` light (no torch import)
-    if name == "partition":
-        from .partition import partition
-        return partition
-    if name == "Topology":
-        from .topology import Topology
-        return Topology
-    if name == "simulate":
-        from .simulate import simulate
-        return simulate
-    if name == "profile":
-        from .profiler import profile
-        return profile
-    raise AttributeError(f"module 'workbench' has no attribute {name!r}")
-
-
-__all__ = ["Plan", "Stage", "Profile", "partition", "Topology", "simulate", "profile"]
+__all__ = ["Plan", "Stage", "Profile", "profile", "project", "Topology", "partition", "simulate", "SimResult",
+           "schedules"]

@@ -17,19 +17,21 @@ class UsageError(ValueError):
 
 def parse_topology(text: str):
     """``"4x10e9,4x1.25e9"`` -> Topology levels [(4, 10e9), (4, 1.25e9)] (innermost first), or a
-    preset name (see ``workbench partition --list-presets``)."""
+    preset name (``Topology.presets()``), optionally with ``:SERVERS`` (e.g. ``4xV100-pcie-10g:4``)."""
     from .topology import Topology
 
-    if "x" not in text:
-        return Topology.preset(text)
+    name, _, servers = text.partition(":")
+    if name in Topology.presets():
+        return Topology.preset(name, servers=int(servers) if servers else 1)
     levels = []
     for part in text.split(","):
         try:
             count, bw = part.lower().split("x")
             levels.append((int(count), float(bw)))
         except ValueError:
-            raise UsageError(f"bad --topology level {part!r}: write COUNTxBANDWIDTH, e.g. 8x10e9,4x3.1e9 "
-                             "(bandwidth in bytes/s, innermost level first)") from None
+            raise UsageError(f"bad --topology {part!r}: write COUNTxBANDWIDTH levels, innermost first (e.g. "
+                             f"8x10e9,4x3.1e9; bandwidth in bytes/s) or a preset name[:servers] from "
+                             f"{sorted(Topology.presets())}") from None
     return Topology(levels=levels)
 
 
@@ -95,14 +97,17 @@ def cmd_partition(args) -> int:
     topo = _topology_from_args(args)
     mem = args.memory_gb * 2**30 if args.memory_gb else None
     plan = partition(prof, topo, straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers)
-    print(f"profile: {len(prof)} layers ({prof.meta.get('kind', 'unknown')}: {prof.meta.get('device', prof.meta.get('source', ''))})")
-    print(f"topology: {topo}")
+    label = prof.meta.get("kind", "kind not recorded")
+    where = prof.meta.get("device") or prof.meta.get("source")
+    print(f"profile: {len(prof)} layers ({label}{', ' + str(where) if where else ''})")
+    print(f"topology: {topo.describe() if hasattr(topo, 'describe') else topo}")
     print(plan.describe())
-    stages = plan.num_stages
-    if stages > 1 and stages <= len(prof):
+    k = min(topo.num_workers, len(prof))
+    if k > 1:
         for name, fn in (("equal layers", partition_equal_layers), ("balanced time", partition_balanced_time)):
-            base = fn(prof, stages, topology=topo)
-            print(f"baseline {name:>14} ({stages} straight stages): bottleneck {base.bottleneck_ms:.3f} ms (modeled)")
+            base = fn(prof, k, topology=topo)
+            print(f"baseline {name:>13} ({k} straight stages): bottleneck {base.bottleneck_ms:.3f} ms/minibatch "
+                  f"(modeled), x{plan.bottleneck_ms and base.bottleneck_ms / plan.bottleneck_ms:.2f} slower than the plan")
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -172,7 +177,7 @@ def cmd_quickstart(args) -> int:
         print(plan.describe())
         paper = project(models.build(args.model, size="paper", device="meta"), "V100", batch_size=64)
         paper.save(tmp / "profile_modeled_V100.csv")
-        topo = Topology.preset("4xV100-pcie-10g", servers=4) if hasattr(Topology, "preset") else topo
+        topo = Topology.preset("4xV100-pcie-10g", servers=4)
         plan2 = partition(paper, topo)
         plan2.save(tmp / "plan_modeled_V100.json")
         print(f"\n== {args.model} (paper size), modeled V100 profile (roofline), topology {topo}")

@@ -185,11 +185,11 @@ def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fracti
     elif not 0 < fraction <= 1:
         raise ValueError(f"microbatch_fraction must be in (0, 1], got {fraction!r}")
     fw, bw_, act, par = (df[c].to_numpy(float) for c in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes"))
-    f = [fraction * fw[a:b + 1].sum() for a, b in ranges]
-    b = [fraction * bw_[a:b + 1].sum() for a, b in ranges]
+    f = [float(fraction * fw[a:b + 1].sum()) for a, b in ranges]
+    b = [float(fraction * bw_[a:b + 1].sum()) for a, b in ranges]
     half = [x / 2 for x in b]
-    cut = [fraction * act[b] for _, b in ranges]
-    stash = [fraction * act[a:b + 1].sum() for a, b in ranges]
+    cut = [float(fraction * act[b]) for _, b in ranges]
+    stash = [float(fraction * act[a:b + 1].sum()) for a, b in ranges]
     params = [float(par[a:b + 1].sum()) for a, b in ranges]
     if topology is not None:
         n = int(getattr(topology, "num_workers", schedule.num_workers))
@@ -383,9 +383,9 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
     keys = (kc_a[cg] * S + st_a[cg]) * M + mb_a[cg]
     loc = np.full(4 * S * M, -1, dtype=np.int64)
     loc[keys] = cg
-    if len(np.unique(keys)) != len(keys):
-        uniq, first = np.unique(keys, return_index=True)
-        dup = int(cg[np.setdiff1d(np.arange(len(keys)), first)[0]])
+    counts = np.bincount(keys, minlength=4 * S * M)
+    if len(keys) and counts.max() > 1:
+        dup = int(cg[np.flatnonzero(counts[keys] > 1)[0]])
         raise ValueError(f"{flat[dup]} appears twice; validate() the schedule")
     ck, cs, cb = kc_a[cg], st_a[cg], mb_a[cg]
     # first producer: F(s-1) for F (s > 0), BI(s) for BW, F(s) for B/BI
@@ -451,8 +451,38 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
         dst = np.concatenate([dst, np.asarray(extra_dst, dtype=np.int64)])
     pending = np.bincount(dst, minlength=N).tolist()
     order = np.argsort(src, kind="stable")
-    cons_idx = dst[order].tolist()
-    cons_ptr = np.searchsorted(src[order], np.arange(N + 1)).tolist()
+    src, dst = src[order], dst[order]
+    cons_idx = dst.tolist()
+    cons_ptr = np.searchsorted(src, np.arange(N + 1)).tolist()
+    # edge types: 0 same worker; 1 activation/gradient transfer; 2 weight version ready on its
+    # owner; 3 weight gradient pushed to the owner's STEP; 4 cross-worker but free
+    w_a = np.asarray(wof, dtype=np.int64)
+    ws_, wd_ = w_a[src], w_a[dst]
+    ks, kd = kc_a[src], kc_a[dst]
+    etype = np.where(ws_ == wd_, 0, np.where(ks == _STEP, 2, np.where(kd == _STEP, 3, 1)))
+    etype[ks == _AR] = 0
+    ems = np.zeros(len(src))
+    ebytes = np.zeros(len(src))
+    xfer = etype == 1
+    if costs.transfer_ms is not None:
+        ems[xfer] = costs.transfer_ms
+        ems[etype == 3] = costs.fetch_ms
+    else:
+        cut = np.minimum(st_a[src], st_a[dst])
+        ebytes[xfer] = np.asarray(costs.cut_bytes, dtype=float)[cut[xfer]]
+        ebytes[etype == 3] = np.asarray(costs.param_bytes, dtype=float)[st_a[src][etype == 3]]
+        cross = np.flatnonzero(etype != 0)
+        if len(cross) and costs.topology is not None:
+            pairs, inv = np.unique(ws_[cross] * W + wd_[cross], return_inverse=True)
+            bw = np.array([costs.bandwidth(int(x) // W, int(x) % W) for x in pairs.tolist()])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ms = np.where(np.isinf(bw[inv]), 0.0, ebytes[cross] / bw[inv] * 1e3)
+            ems[cross] = ms
+    etype[(etype == 1) & (ems == 0) & (ebytes == 0)] = 4
+    xfer_count = np.bincount(wd_[xfer], minlength=W).tolist()
+    etype = etype.tolist()
+    ems = ems.tolist()
+    ebytes = ebytes.tolist()
 
     # ---- durations ----------------------------------------------------------------------
     comp = costs.compute
@@ -477,13 +507,10 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
     arrived = [False] * N
     comm_rows: list[tuple] = []  # (worker, stage, mb, kind, start, end, version, src, dst, step, bytes)
     level_bytes: dict[int, float] = {}
-    xfer_count = [0] * W
     fetch_count = [0] * W
-    unit_xfer = costs.transfer_ms
     topo = costs.topology
     ar_ms = costs.allreduce_ms
     level_cache: dict[int, int] = {}
-    xfer_cache: dict[tuple[int, int, int], tuple[float, float]] = {}
 
     def level(a: int, b: int) -> int:
         key = a * W + b
@@ -526,6 +553,8 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
         w = stack.pop()
         i, stop = ptr[w], wend[w]
         fw = free[w]
+        ps = prev_start[w]
+        stl = 0.0
         while i < stop:
             k = kc[i]
             if k == _AR:
@@ -544,7 +573,7 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
                 if end[i] == INF:
                     break
                 if end[i] > fw:
-                    stall[w] += end[i] - fw
+                    stl += end[i] - fw
                     fw = end[i]
                 i += 1
                 continue
@@ -552,85 +581,66 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
                 break
             ready = arrive[i]
             if is_fetch[i]:
-                src = wws[i]
-                ms, nbytes = costs.fetch(st[i], src, w)
-                lk = src * W + w
-                t0 = max(ver_ready[i], fetch_free.get(lk, 0.0), prev_start[w])
+                src_w = wws[i]
+                ms, nbytes = costs.fetch(st[i], src_w, w)
+                lk = src_w * W + w
+                t0 = max(ver_ready[i], fetch_free.get(lk, 0.0), ps)
                 t1 = t0 + ms
                 fetch_free[lk] = t1
                 fetch_count[w] += 1
                 if t1 > t0 or nbytes:
-                    comm_rows.append((w, st[i], mb[i], "fetch_weights", t0, t1, ver[i], src, w, -1, nbytes))
+                    comm_rows.append((w, st[i], mb[i], "fetch_weights", t0, t1, ver[i], src_w, w, -1, nbytes))
                     if nbytes and topo is not None:
-                        lv = level(src, w)
+                        lv = level(src_w, w)
                         level_bytes[lv] = level_bytes.get(lv, 0.0) + nbytes
                 if t1 > ready:
                     ready = t1
             t = fw if fw > ready else ready
-            base = fw if fw > nodep[i] else nodep[i]
+            nd = nodep[i]
+            base = fw if fw > nd else nd
             if t > base:
-                stall[w] += t - base
+                stl += t - base
             e = t + dur[i]
             start[i] = t
             end[i] = e
-            prev_start[w] = t
+            ps = t
             fw = e
-            c0, c1 = cons_ptr[i], cons_ptr[i + 1]
-            if c1 > c0:
-                for c in cons_idx[c0:c1]:
+            for j in range(cons_ptr[i], cons_ptr[i + 1]):
+                c = cons_idx[j]
+                typ = etype[j]
+                if typ == 0 or typ == 4:
+                    a = e
+                elif typ == 2:  # a weight version now exists for a remote reader to fetch
+                    a = e
+                    ver_ready[c] = e
+                else:  # 1: activation / gradient, 3: weight gradient to the owner
                     wc = wof[c]
-                    if wc == w:
-                        a = e
-                    elif k == _STEP:  # a weight version now exists for a remote reader to fetch
-                        a = e
-                        ver_ready[c] = e
-                    elif kc[c] == _STEP:  # weight gradient pushed to the stage's owner
-                        ms, nbytes = costs.fetch(st[i], w, wc)
-                        lk = w * W + wc
-                        lf = link_free.get(lk, 0.0)
-                        t0 = e if e > lf else lf
-                        a = t0 + ms
-                        link_free[lk] = a
-                        if ms > 0 or nbytes:
-                            comm_rows.append((w, st[i], mb[i], "send_wgrad", t0, a, ver[i], w, wc, -1, nbytes))
-                            if nbytes and topo is not None:
-                                lv = level(w, wc)
-                                level_bytes[lv] = level_bytes.get(lv, 0.0) + nbytes
-                    else:
-                        cut = st[c] if st[c] < st[i] else st[i]
-                        if unit_xfer is not None:
-                            ms, nbytes = unit_xfer, 0.0
-                        else:
-                            xk = (cut, w, wc)
-                            v = xfer_cache.get(xk)
-                            if v is None:
-                                v = xfer_cache[xk] = costs.xfer(cut, w, wc)
-                            ms, nbytes = v
-                        xfer_count[wc] += 1
-                        if ms > 0 or nbytes:
-                            lk = w * W + wc
-                            lf = link_free.get(lk, 0.0)
-                            t0 = e if e > lf else lf
-                            a = t0 + ms
-                            link_free[lk] = a
-                            comm_rows.append((w, st[i], mb[i], "send_act" if k == _F else "send_grad", t0, a,
-                                              ver[i], w, wc, -1, nbytes))
-                            if nbytes and topo is not None:
-                                lv = level(w, wc)
-                                level_bytes[lv] = level_bytes.get(lv, 0.0) + nbytes
-                        else:
-                            a = e
-                    if a > arrive[c]:
-                        arrive[c] = a
-                    if e > nodep[c]:
-                        nodep[c] = e
-                    pc = pending[c] - 1
-                    pending[c] = pc
-                    if pc == 0 and wc != w and ptr[wc] == c:
-                        stack.append(wc)
+                    ms = ems[j]
+                    nbytes = ebytes[j]
+                    lk = w * W + wc
+                    lf = link_free.get(lk, 0.0)
+                    t0 = e if e > lf else lf
+                    a = t0 + ms
+                    link_free[lk] = a
+                    if ms > 0 or nbytes:
+                        name = "send_wgrad" if typ == 3 else "send_act" if k == _F else "send_grad"
+                        comm_rows.append((w, st[i], mb[i], name, t0, a, ver[i], w, wc, -1, nbytes))
+                        if nbytes and topo is not None:
+                            lv = level(w, wc)
+                            level_bytes[lv] = level_bytes.get(lv, 0.0) + nbytes
+                if a > arrive[c]:
+                    arrive[c] = a
+                if e > nodep[c]:
+                    nodep[c] = e
+                pc = pending[c] - 1
+                pending[c] = pc
+                if pc == 0 and typ and ptr[wof[c]] == c:
+                    stack.append(wof[c])
             i += 1
         ptr[w] = i
         free[w] = fw
+        prev_start[w] = ps
+        stall[w] += stl
 
     stuck = [w for w in range(W) if ptr[w] < wend[w]]
     if stuck:
@@ -647,7 +657,8 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
         raise ValueError(f"schedule {schedule.name!r} deadlocks: no worker can make progress after "
                          f"{sum(ptr[w] - wbeg[w] for w in range(W))} of {N} ops; stuck: " + "; ".join(desc))
 
-    return _assemble(schedule, costs, kc, st, mb, ver, stp, wof, wbeg, wend, start, end, stall, comm_rows,
+    return _assemble(schedule, costs, kc_a, st_a, mb_a, np.fromiter(ver, np.int64, N), np.fromiter(stp, np.int64, N),
+                     w_a, wbeg, wend, np.fromiter(start, float, N), np.fromiter(end, float, N), stall, comm_rows,
                      level_bytes, xfer_count, fetch_count)
 
 

@@ -33,10 +33,16 @@ VGG16_CHANNELS = (1, 1, "M", 2, 2, "M", 4, 4, 4, "M", 8, 8, 8, "M", 8, 8, 8, "M"
 def vgg16(width: int = 64, hidden: int = 4096, image_size: int = 224, in_channels: int = 3,
           num_classes: int = 1000, dropout: float = 0.5, batch_norm: bool = False):
     """VGG-16 (config D): 13 conv3x3+ReLU layers (a 2x2 max-pool folded into the conv before it)
-    and 3 fully connected layers = 16 layers. Paper size: 138.4M parameters."""
+    and 3 fully connected layers = 16 layers. Paper size: 138.4M parameters.
+
+    An image of side n affords floor(log2 n) halvings; when that is fewer than VGG's 5 pools the
+    *first* pools are dropped (8x8 input: pools after blocks 3, 4, 5), so early layers keep the
+    resolution. ``batch_norm`` adds BatchNorm after each conv (the VGG-16-BN variant)."""
     layers, names = [], []
     c, side, block, idx = in_channels, image_size, 1, 1
     cfg = list(VGG16_CHANNELS)
+    pools = [i for i, v in enumerate(cfg) if v == "M"]
+    kept = set(pools[len(pools) - min(len(pools), max(image_size.bit_length() - 1, 0)):])
     for i, v in enumerate(cfg):
         if v == "M":
             continue
@@ -45,7 +51,7 @@ def vgg16(width: int = 64, hidden: int = 4096, image_size: int = 224, in_channel
         if batch_norm:
             mods.append(nn.BatchNorm2d(out))
         mods.append(nn.ReLU(inplace=False))
-        if i + 1 < len(cfg) and cfg[i + 1] == "M" and side > 1:
+        if i + 1 in kept:
             mods.append(nn.MaxPool2d(2))
             side //= 2
         layers.append(nn.Sequential(*mods))

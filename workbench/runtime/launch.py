@@ -100,6 +100,7 @@ class RankContext:
     lr: float
     timeout_s: float
     t0: float = 0.0
+    start_round: int = 0  # global minibatch index this process starts at (> 0 when resuming)
     specs: list = field(default_factory=list)
     like_tuple: list = field(default_factory=list)
 
@@ -203,7 +204,7 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
             rep = sched.stage_workers[s].index(rank) if rank in sched.stage_workers[s] else 0
             init[s] = {n: t.to(device) for n, t in load_stage(ckpt, s, rep)["weights"].items()}
         start_round = int(ckpt.name[len("round"):])
-    ctx = RankContext(rank, world, device, job.lr, job.timeout_s)
+    ctx = RankContext(rank, world, device, job.lr, job.timeout_s, start_round=start_round)
     x0, _ = microbatch(dataset, order.indices(order.permutation(0), 0, 0), device, dtype)
     ctx.specs, ctx.like_tuple = _boundary_specs(model, job.bounds, x0)
     if sched.update == "async":

@@ -82,11 +82,11 @@ class RankProgram:
 class StageState:
     """Versioned weights and the update buffer of one stage on one rank."""
 
-    def __init__(self, stage: int, module, weights: dict[str, torch.Tensor], device):
+    def __init__(self, stage: int, module, weights: dict[str, torch.Tensor], device, version: int = 0):
         self.stage, self.module = stage, module
         self.names = list(weights)
-        self.versions = {0: {n: w.detach().to(device).requires_grad_(True) for n, w in weights.items()}}
-        self.newest = 0
+        self.versions = {version: {n: w.detach().to(device).requires_grad_(True) for n, w in weights.items()}}
+        self.newest = version
         total = sum(w.numel() for w in weights.values())
         dtype = next(iter(weights.values())).dtype if weights else torch.float32
         self.flat = torch.zeros(total, dtype=dtype, device=device)
@@ -120,7 +120,8 @@ class PipelineExecutor:
             if op.weights_worker is not None and op.weights_worker != w:
                 raise ValueError(f"schedule {schedule.name!r}: {op} reads weights owned by worker {op.weights_worker}; "
                                  "fetching remote weights (FSDP-style master schedules) is not supported by this runtime")
-        self.state = {s: StageState(s, stage_module(model.layers, *bounds[s]).to(ctx.device), init_weights[s], ctx.device)
+        self.state = {s: StageState(s, stage_module(model.layers, *bounds[s]).to(ctx.device), init_weights[s], ctx.device,
+                                    ctx.start_round * self.prog.per_round[s])
                       for s in self.prog.stages}
         self.groups = groups
         self.comm = P2P(self.rank, self.S, ctx.device, ctx.timeout_s)
@@ -315,7 +316,7 @@ class DDPExecutor:
                 if s == self.S - 1:
                     _, target = data(b)
                     loss = self.model.loss(y, target)
-                    metrics["loss"] += float(loss)
+                    metrics["loss"] += float(loss.detach())
                     metrics["n"] += 1
                     metrics["correct"] += self.model.correct(y.detach(), target)
                     metrics["samples"] += int(target.shape[0])

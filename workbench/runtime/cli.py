@@ -1,0 +1,84 @@
+"""``workbench train``: the command-line face of :func:`workbench.runtime.train`.
+
+Exit status 0 on success, 2 on bad input (one line on stderr), 1 when a rank fails at run time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _kv(text: str) -> tuple[str, object]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    k, v = text.split("=", 1)
+    try:
+        return k, json.loads(v)
+    except json.JSONDecodeError:
+        return k, v
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="mlp", help="zoo model name (or toy-mlp)")
+    p.add_argument("--schedule", default="pipedream", help="schedule name (workbench.schedules.NAMES)")
+    p.add_argument("--weights", choices=["stash", "vertical-sync", "no-stash"], default=None,
+                   help="PipeDream weight rule (schedule pipedream only)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--microbatches", type=int, default=4, help="microbatches per minibatch (one pass of the schedule)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--epochs", type=int, default=1)
+    g.add_argument("--steps", type=int, default=None, help="minibatches to train (overrides --epochs)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plan", default=None, help="plan JSON written by `workbench partition` (default: even split)")
+    p.add_argument("--out", default="results/train/run")
+    p.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in --out")
+    p.add_argument("--fail-rank", type=int, default=None, help="fault injection: this rank raises ...")
+    p.add_argument("--fail-at-step", type=int, default=None, help="... at the start of this step")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when every rank gets its own GPU)")
+    p.add_argument("--backend", default=None, help="gloo or nccl (default from the device)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take before the job fails")
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch threads per worker")
+    p.add_argument("--allow-oversubscribe", action="store_true", help="allow more workers than cores/GPUs")
+    p.add_argument("--dtype", default=None, help="e.g. float64")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--model-option", type=_kv, action="append", default=[], metavar="KEY=VALUE",
+                   help="model override, e.g. depth=4 (repeatable)")
+
+
+def run_train(args) -> int:
+    from ..plan import Plan
+    from .launch import train
+    try:
+        plan = Plan.load(args.plan) if args.plan else None
+        sopts = {"weights": args.weights} if args.weights else {}
+        summary = train(model=args.model, schedule=args.schedule, workers=args.workers, microbatches=args.microbatches,
+                        steps=args.steps, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                        out=args.out, plan=plan, device=args.device, backend=args.backend, resume=args.resume,
+                        fail_rank=args.fail_rank, fail_at_step=args.fail_at_step, timeout_s=args.timeout,
+                        port=args.port, threads=args.threads, allow_oversubscribe=args.allow_oversubscribe,
+                        dtype=args.dtype, progress=not args.no_progress, schedule_options=sopts,
+                        **dict(args.model_option))
+    except ValueError as e:
+        print(f"workbench train: error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"workbench train: failed: {e}", file=sys.stderr)
+        return 1
+    print(f"{summary['schedule']}: {summary['steps']} steps in {summary['wall_s']:.1f} s, "
+          f"{summary['samples_per_s']:.0f} samples/s, final loss {summary['final_loss']:.4f}, "
+          f"accuracy {summary['final_accuracy']:.3f}; wrote {summary['out']}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="workbench-train", description=__doc__)
+    add_train_arguments(p)
+    return run_train(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
