@@ -55,3 +55,33 @@ def test_profile_import_pipedream(tmp_path, capsys):
     out = tmp_path / "vgg.csv"
     assert main(["profile", "--pipedream", str(SHARED / "vgg16" / "graph.txt"), "--out", str(out)]) == 0
     assert out.exists() and "40 layers" in capsys.readouterr().out
+
+
+def test_simulate_writes_timeline_metrics_html(tmp_path, capsys):
+    prof = tmp_path / "p.csv"
+    prof.write_text("name,fwd_ms,bwd_ms,act_bytes,param_bytes\n" + "".join(f"l{i},1,2,1e6,1e3\n" for i in range(8)))
+    plan = tmp_path / "plan.json"
+    assert main(["partition", "--profile", str(prof), "--workers", "4", "--straight", "--out", str(plan)]) == 0
+    out = tmp_path / "sim"
+    assert main(["simulate", "--profile", str(prof), "--plan", str(plan), "--workers", "4", "--schedule",
+                 "pipedream", "--microbatches", "16", "--out", str(out)]) == 0
+    import json
+
+    import pandas as pd
+
+    tl = pd.read_csv(out / "timeline.csv")
+    assert {"worker", "stage", "microbatch", "kind", "start", "end"} <= set(tl.columns)
+    assert (tl["kind"] == "F").sum() == 4 * 16
+    assert json.loads((out / "metrics.json").read_text())
+    assert (out / "timeline.html").stat().st_size > 10_000
+    # a second run never overwrites the first
+    assert main(["simulate", "--stages", "2", "--microbatches", "4", "--out", str(out)]) == 0
+    assert (tmp_path / "sim-2" / "timeline.csv").exists()
+    assert len(pd.read_csv(out / "timeline.csv")) == len(tl)
+
+
+def test_models_lists_zoo(capsys):
+    assert main(["models"]) == 0
+    text = capsys.readouterr().out
+    for name in ("vgg16", "resnet50", "alexnet", "gnmt", "awd-lstm", "gpt", "digits"):
+        assert name in text

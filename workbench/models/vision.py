@@ -129,10 +129,12 @@ class Bottleneck(nn.Module):
 
 
 def resnet50(width: int = 64, image_size: int = 224, in_channels: int = 3, num_classes: int = 1000,
-             blocks: tuple[int, ...] = (3, 4, 6, 3), small_input: bool = False):
+             blocks: tuple[int, ...] = (3, 4, 6, 3), small_input: bool = False,
+             zero_init_residual: bool = False):
     """ResNet-50 at bottleneck-block granularity: stem, 16 bottleneck blocks, head = 18 layers.
     Paper size: 25.6M parameters. The residual sum stays inside a block, so every layer boundary
-    carries one tensor. ``small_input`` uses a 3x3/1 stem without max-pool (for tiny images)."""
+    carries one tensor. ``small_input`` uses a 3x3/1 stem without max-pool (for tiny images).
+    ``zero_init_residual`` zeroes the last BN scale of every residual branch (Goyal et al. 2017)."""
     if small_input:
         stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
     else:
@@ -152,6 +154,8 @@ def resnet50(width: int = 64, image_size: int = 224, in_channels: int = 3, num_c
         for m in layer.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        if zero_init_residual and isinstance(layer, Bottleneck):
+            nn.init.zeros_(layer.residual[-1].weight)  # each block starts as (ReLU of) its shortcut
     return layers, names
 
 
