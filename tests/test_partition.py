@@ -197,6 +197,38 @@ def test_vectorised_crossing_search_equals_direct_minimum(M, rows_all):
             np.testing.assert_array_equal(a[0].A, b[0].A)
 
 
+def heavy_tailed_profile(rng, n):
+    """Integer-valued heavy-tailed costs (many exact ties), zero-cost runs, a late compute spike
+    and parameters growing towards the end (as in VGG): pointers jump far and often."""
+    fwd = np.round(rng.lognormal(0.0, 1.5, n))
+    bwd = np.round(rng.lognormal(0.5, 1.5, n))
+    par = np.round(rng.lognormal(0.0, 2.0, n)) * 1e6 * np.linspace(0.1, 10, n)
+    act = np.round(rng.uniform(0, 8, n)) * 1e6
+    z = rng.integers(0, n - 8)
+    fwd[z:z + 6] = bwd[z:z + 6] = par[z:z + 6] = 0.0
+    fwd[int(0.8 * n)] = 40.0 * fwd.mean() + 1
+    return make_profile(fwd, bwd, act, par)
+
+
+@pytest.mark.parametrize("M, rows_all, seed", [(8, True, 0), (8, False, 1), (6, True, 2)])
+def test_crossing_search_equals_direct_on_larger_inputs(M, rows_all, seed):
+    """Many blocks of the suffix-minimum structure, long pointer jumps (exponential and binary
+    search), ties: the optimised level-1 tables and every outer table equal the direct minimum
+    bit for bit, and so do the plans."""
+    rng = np.random.default_rng(seed)
+    p = heavy_tailed_profile(rng, 130)
+    L = _layers(p)
+    topo = Topology([(M, 2e10), (3, 1e9)]) if rows_all else Topology.flat(M, 2e9)
+    for kw in ({}, {"straight": True}, {"memory": float(L.Ap[-1] + L.Wp[-1]) / 4}):
+        a = _build_levels(L, topo, kw.get("straight", False), kw.get("memory"), False, fast=True)
+        b = _build_levels(L, topo, kw.get("straight", False), kw.get("memory"), False, fast=False)
+        if "memory" not in kw:  # a range of at least m layers always fits on exactly m workers
+            m, j, r = np.ogrid[:M + 1, :130, :a[0].A.shape[2]]
+            assert np.isfinite(a[0].A[(m >= 1) & (j - r + 1 >= m)]).all()
+        for la, lb in zip(a, b):
+            np.testing.assert_array_equal(la.A, lb.A)
+
+
 def test_larger_instance_is_consistent_and_beats_baselines():
     rng = np.random.default_rng(3)
     p = random_profile(rng, 60)

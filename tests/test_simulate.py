@@ -228,7 +228,7 @@ def test_transfer_adds_exactly_its_latency():
     assert list(comm["start"]) == pytest.approx([3.0, 3 + 2 + 2 + 4])
     assert res.metrics["comm_stall"] == pytest.approx([2.0, 2.0])
     assert sum(res.metrics["bytes_per_level"].values()) == pytest.approx(4e6)
-    assert res.label.startswith("modeled from profile toy")
+    assert res.label.startswith("modeled from the") and " of toy" in res.label
     assert free.metrics["peak_activation_bytes"] == pytest.approx([2e6, 1e3])
 
 

@@ -25,11 +25,15 @@ level only for the prefix 0..j. The answer is ``A_L(0->N-1, M_L)``.
 Speed. At level 1 ``T_1(s+1->j, m')`` does not grow with the split point s and does not shrink
 with j, so ``min_s max(g(s), T_1(s+1->j, m'))`` (g = prefix term) is the minimum of a valley:
 with ``G(q) = min_{q<=s<j} g(s)`` (non-decreasing in q) it is reached where ``G`` crosses
-``T_1``; the crossing only moves right as j grows (two pointers), and ``G`` comes from a
-block-decomposed suffix-minimum table. All starts i and all (m-m', m') pairs are one numpy
-array per j: about ``O(N^2 M^2)`` element work with ``O(N)`` numpy calls. Levels k >= 2 (whose
-``A_{k-1}`` need not be monotone) evaluate the minimum over s directly: ``O(N^2 M^2)`` for the
-top level, ``O(N^3 M^2)`` for a middle level of a 3+-level topology.
+``T_1``, and the crossing only moves right as j grows. Each (start i, pair (m-m', m')) keeps its
+crossing pointer and ``G`` there (a new column updates it in O(1)); the pointers that move (about
+half of them per column) mostly move by one place and are advanced together, the rest by an
+exponential and a binary search over a two-level block suffix minimum (``_CrossingState``). All
+starts and pairs are flat numpy arrays per j: ``O(N^2 M^2)`` element work with ``O(N)`` numpy
+calls and no ``O(N^3)`` term. Levels k >= 2 (whose ``A_{k-1}`` need not be monotone) evaluate the
+minimum over s directly (``_direct``, also the reference the tests compare the fast path with):
+``O(N^2 M^2)`` for the top level, ``O(N^3 M^2)`` for a middle level of a 3+-level topology.
+1000 layers on 8x8 take about 1 s on 2 shared CPU cores (benchmarks/bench_partition.py).
 
 Memory (``memory_bytes`` per worker). A stage's memory is::
 
@@ -173,6 +177,7 @@ def _solve(lv: _Level, fast: bool) -> np.ndarray:
         gm = m_of[gstart]
     P = M - 1
     state = _CrossingState(lv, P, R, pp, mp, vv) if fast and pp.size else None
+    distinct = _distinct_mv(lv, mp, vv) if state is None and pp.size else None
     # G[p, s, r] = max(A[p, s, r], c(s)): the prefix term (only the direct path keeps all of it)
     G = np.full((P + 1, N, R), INF) if state is None and pp.size else None
     for j in range(N):
@@ -182,11 +187,17 @@ def _solve(lv: _Level, fast: bool) -> np.ndarray:
         nv = j if lv.rows_all else int(j >= 1)
         if nv and pp.size:
             if state is not None:
-                vals = state.step(j, nv, starts)
+                vals = state.step(j, nv)  # (rows, pairs)
+                if pp.size <= 32:  # a few pairs: fold each into its row of A
+                    for c, m in enumerate(m_of):
+                        row = A[m, j, :nv]
+                        np.minimum(row, vals[:, c], out=row)
+                else:
+                    red = np.minimum.reduceat(vals, gstart, axis=1).T
+                    A[gm, j, :nv] = np.minimum(A[gm, j, :nv], red)
             else:
-                vals = _direct(lv, G, j, nv, starts, pp, mp, vv)
-            red = np.minimum.reduceat(vals, gstart, axis=0)
-            A[gm, j, :nv] = np.minimum(A[gm, j, :nv], red)
+                red = np.minimum.reduceat(_direct(lv, G, j, nv, pp, distinct), gstart, axis=0)
+                A[gm, j, :nv] = np.minimum(A[gm, j, :nv], red)
         if j < N - 1 and pp.size:
             gcol = np.maximum(A[1:M, j, :nr], cut[j])
             if state is not None:
@@ -196,100 +207,182 @@ def _solve(lv: _Level, fast: bool) -> np.ndarray:
     return A
 
 
-def _direct(lv: _Level, G, j, nv, starts, pp, mp, vv) -> np.ndarray:
+def _distinct_mv(lv: _Level, mp, vv):
+    """Distinct (m', v) of the pairs (v only matters under a memory limit at level 1) as column
+    vectors ``m, v`` and each pair's index among them: ``T(.., m', v)`` is computed once each."""
+    key = np.stack([mp, vv if lv.memory is not None and lv.prev is None else 0 * vv], axis=1)
+    uk, inv = np.unique(key, axis=0, return_inverse=True)
+    return uk[:, :1], uk[:, 1:], inv.reshape(-1)
+
+
+def _direct(lv: _Level, G, j, nv, pp, distinct) -> np.ndarray:
     """``min_{s} max(G[p, s, r], T(s+1->j, m'))`` for every pair and row, evaluated in full."""
     s = np.arange(j)
+    hm, hv, inv = distinct
+    hu = lv.T(s[None, :] + 1, j, hm, hv)  # (distinct (m', v), s)
     out = np.empty((pp.size, nv))
     step = max(1, int(4e6 // max(1, j * nv)))
     for a in range(0, pp.size, step):
         b = min(pp.size, a + step)
-        h = lv.T(s[None, :] + 1, j, mp[a:b, None], vv[a:b, None])  # (pairs, s)
+        h = hu[inv[a:b]]  # (pairs, s)
         g = G[pp[a:b], :j, :nv]  # (pairs, s, rows)
         out[a:b] = np.maximum(g, h[:, :, None]).min(axis=1)
     return out
 
 
 class _CrossingState:
-    """Two-pointer crossing search over a block-decomposed suffix minimum of ``G``.
+    """Two-pointer crossing search for level 1, one pointer per (pair, row).
 
-    For row r and pair (p, m') the search needs ``Gmin(q) = min_{q <= s <= j-1} G[p, s, r]``.
-    ``TOT[p, q, r]`` holds the minimum from q to the end of the last completed block (for q in a
-    completed block) or to j-1 (for q in the current block ``cb``); so
-    ``Gmin(q) = min(TOT[q], TOT[cb * b])`` when q lies before block cb, else ``TOT[q]``. Adding a
-    column costs ``O(P b R)``, completing a block ``O(P j R)``: ``O(P N R (b + N / b))`` in all.
+    Element ``e = r * npairs + pair`` (rows major, so the live rows 0..j-1 are a prefix of every
+    state array). For pair (p, m') and row r at step j the search needs::
+
+        Gmin(q) = min_{q <= s <= j-1} G[p, s, r]      (non-decreasing in q)
+        h(q)    = T_1(q+1 -> j, m')                    (non-increasing in q, the same for all r)
+
+    and the crossing ``q* = min{q >= r : Gmin(q) >= h(q)}`` (``j`` if none); the minimum over s is
+    then ``min(Gmin(q*), h(q*-1))`` (each term only where it exists). ``q*`` never moves left as
+    j grows (h grows, Gmin shrinks), so each element keeps its pointer ``qptr`` and
+    ``Gp = Gmin(qptr)``, which a new column updates in O(1): ``Gp = min(Gp, G[p, j-1, r])``.
+    Most pointers that move go one place (tested for all of them at once); the rest take an
+    exponential and then a binary search. ``Gmin`` at an arbitrary q comes from a two-level block
+    decomposition of the columns (blocks of ``b = 2**SHIFT``): ``TIB[p, q, r]`` is the minimum from
+    q to the end of q's block (to j-1 in the partial block), ``BSC[p, k, r]`` the minimum over the
+    completed blocks k, k+1, ..., and the partial block's minimum is ``TIB[p, b * (j // b), r]``::
+
+        Gmin(q) = min(TIB[q], BSC[q // b + 1], TIB[b * (j // b)])   q in a completed block
+        Gmin(q) = TIB[q]                                            q in the partial block
+
+    (the second case reads ``BSC`` of a block not yet completed and an all-``inf`` row ``N`` of
+    ``TIB``, so one formula serves both). ``h`` is one small table per step over the distinct
+    (m', v). Adding a column costs ``O(P b R)``, completing a block ``O(P (N / b) R)``.
     """
+
+    SHIFT = 4  # blocks of 16 columns
 
     def __init__(self, lv: _Level, P, R, pp, mp, vv):
         N = lv.L.n
         self.N, self.R, self.lv = N, R, lv
-        self.b = max(8, int(math.isqrt(N // 2)))
-        self.TOT = np.full((P + 1, N, R), INF)
-        self.qptr = np.zeros((pp.size, R), dtype=np.int64)
-        self.pp, self.mp, self.vv = pp, mp, vv
-        self.alpha = _allreduce_ms_per_byte(mp, lv.B)
+        self.b = b = 1 << self.SHIFT
+        nblk = -(-N // b)
+        # rows 0..N-1: TIB; row N: all inf (sentinel); rows N+1+k: BSC[k] (k = 0..nblk)
+        self.TIB = np.full((P, N + 2 + nblk, R), INF)
+        self.BSC = self.TIB[:, N + 1:, :]
+        npairs = pp.size
+        self.npairs, self.pp = npairs, pp
+        e_pair = np.tile(np.arange(npairs), R)
+        self.row = np.repeat(np.arange(R, dtype=np.int64), npairs)
+        self.tbase = (pp[e_pair] - 1) * ((N + 2 + nblk) * R) + self.row  # flat index of (p, 0, r)
+        self.hm, self.hv, inv = _distinct_mv(lv, mp, vv)
+        self.halpha = _allreduce_ms_per_byte(self.hm, lv.B)
+        self.H = np.full((len(self.hm), N), INF)
+        self.hoff = inv[e_pair] * N  # flat H index of (pair's row, q=0)
+        # per element (m', v, alpha), for steps where a table of h would cost more than probes
+        self.em, self.ev = self.hm[inv, 0][e_pair], self.hv[inv, 0][e_pair]
+        self.ealpha = self.halpha[inv, 0][e_pair]
+        self.qptr = self.row.copy()
+        self.Gp = np.full(R * npairs, INF)
 
     def add_column(self, gcol, j, nr):
         """Append ``G[1:, j, :nr]`` (shape (P, nr))."""
-        b, TOT = self.b, self.TOT
-        b0 = (j // b) * b
-        np.minimum(TOT[1:, b0:j + 1, :nr], gcol[:, None, :], out=TOT[1:, b0:j + 1, :nr])
-        if j == b0 + b - 1 and b0:
-            np.minimum(TOT[1:, :b0, :nr], TOT[1:, b0, None, :nr], out=TOT[1:, :b0, :nr])
+        b, TIB, BSC = self.b, self.TIB, self.BSC
+        k = j >> self.SHIFT
+        blk = TIB[:, k * b:j + 1, :nr]
+        np.minimum(blk, gcol[:, None, :], out=blk)
+        if j == k * b + b - 1:  # block k complete
+            bm = TIB[:, k * b, :nr]
+            BSC[:, k, :nr] = bm
+            if k:
+                np.minimum(BSC[:, :k, :nr], bm[:, None, :], out=BSC[:, :k, :nr])
+        En = nr * self.npairs
+        np.minimum(self.Gp[:En], gcol.T[:, self.pp - 1].reshape(-1), out=self.Gp[:En])
 
-    def step(self, j, nv, starts) -> np.ndarray:
-        N, R, b, lv = self.N, self.R, self.b, self.lv
-        pp, npairs = self.pp, self.pp.size
-        rr = np.arange(nv)
-        shape = (npairs, nv)
-        base = (pp[:, None] * (N * R) + rr[None, :]).ravel()
-        m_e = np.broadcast_to(self.mp[:, None], shape).ravel()
-        a_e = np.broadcast_to(self.alpha[:, None], shape).ravel()
-        v_e = np.broadcast_to(self.vv[:, None], shape).ravel()
-        i_e = np.broadcast_to(starts[None, :nv], shape).ravel()
-        cb = (j - 1) // b
-        cbpart = self.TOT[pp, cb * b, :nv].ravel()
-        tot = self.TOT.ravel()
+    def step(self, j, nv) -> np.ndarray:
+        """``min_s max(G[p, s, r], T(s+1->j, m'))`` for every row r < nv and pair: (nv, npairs)."""
+        E = nv * self.npairs
+        if len(self.hm) * j <= 4 * E:  # many rows (level 1 of a hierarchy): one table of h
+            H = self.H
+            H[:, :j] = self.lv.T(np.arange(1, j + 1)[None, :], j, self.hm, self.hv, alpha=self.halpha)
+            Hf, hoff = H.reshape(-1), self.hoff
+
+            def h(idx, q):
+                return Hf[hoff[idx] + q]
+        else:  # few elements (one row, many pairs): h only where probed
+            lv, em, ev, ea = self.lv, self.em, self.ev, self.ealpha
+
+            def h(idx, q):
+                return lv.T(q + 1, j, em[idx], ev[idx], alpha=ea[idx])
+        live = slice(0, E)
+        qptr, Gp = self.qptr[:E], self.Gp[:E]  # views: updated in place
+        bad = np.flatnonzero(Gp < h(live, qptr))
+        if bad.size:
+            self._search(bad, qptr[bad], j, h)
+        c2 = h(live, qptr - 1)
+        c2[qptr == self.row[:E]] = INF  # s = r - 1: no prefix
+        np.minimum(c2, Gp, out=c2)
+        return c2.reshape(nv, self.npairs)
+
+    def _search(self, act, lo, j, h):
+        """Move the pointers of elements ``act`` (predicate false at ``lo``) to the first q in
+        (lo, j-1] where ``Gmin(q) >= h(q)``, or to j; set ``Gp`` to ``Gmin`` there."""
+        R, S, N = self.R, self.SHIFT, self.N
+        nb0 = (j >> S) << S  # start of the partial block (columns nb0..j-1)
+        tib = self.TIB.reshape(-1)
+        tbase, qptr, Gp = self.tbase, self.qptr, self.Gp
+        part, sentinel, bsc1 = nb0 * R, N * R, (N + 2) * R
 
         def gmin(idx, q):
-            x = tot[base[idx] + q * R]
-            return np.where(q < cb * b, np.minimum(x, cbpart[idx]), x)
+            tb = tbase[idx]
+            x = tib[tb + q * R]
+            np.minimum(x, tib[tb + ((q >> S) * R + bsc1)], out=x)  # BSC[q // b + 1]
+            np.minimum(x, tib[tb + np.where(q < nb0, part, sentinel)], out=x)
+            return x
 
-        def h(idx, q):
-            return lv.T(q + 1, j, m_e[idx], v_e[idx], alpha=a_e[idx])
+        def pred(idx, q, g):
+            return g >= h(idx, q)
 
-        E = base.size
-        allx = slice(None)
-        lo = np.maximum(self.qptr[:, :nv].ravel(), i_e)
-        g_lo = gmin(allx, lo)
-        ok = g_lo >= h(allx, lo)
-        res = np.where(ok, lo, j)  # j: no crossing in [i, j-1] (yet)
-        act = np.flatnonzero(~ok & (lo < j - 1))
-        if act.size:
-            lo_a, step = lo[act], 1
-            bi, blo, bhi = [], [], []
-            while act.size:  # exponential search for a true predicate right of lo
-                probe = np.minimum(lo_a + step, j - 1)
-                t = gmin(act, probe) >= h(act, probe)
-                bi.append(act[t]), blo.append(lo_a[t]), bhi.append(probe[t])
-                keep = ~t & (probe < j - 1)
-                act, lo_a, step = act[keep], probe[keep], step * 2
-            idx, lo_b, hi_b = np.concatenate(bi), np.concatenate(blo), np.concatenate(bhi)
-            while idx.size:  # binary search in (lo, hi]: false at lo, true at hi
-                done = hi_b - lo_b <= 1
-                res[idx[done]] = hi_b[done]
-                keep = ~done
-                idx, lo_b, hi_b = idx[keep], lo_b[keep], hi_b[keep]
-                if idx.size:
-                    mid = (lo_b + hi_b) // 2
-                    t = gmin(idx, mid) >= h(idx, mid)
-                    hi_b, lo_b = np.where(t, mid, hi_b), np.where(t, lo_b, mid)
-        self.qptr[:, :nv] = res.reshape(shape)
-        c1 = np.where(res == lo, g_lo, INF)
-        moved = np.flatnonzero((res != lo) & (res <= j - 1))
-        if moved.size:
-            c1[moved] = gmin(moved, res[moved])
-        c2 = np.where(res - 1 >= i_e, h(allx, np.maximum(res - 1, i_e)), INF)
-        return np.minimum(c1, c2).reshape(shape)
+        def no_crossing(act, lo):  # the predicate is false at lo = j-1: q* = j, Gmin(j) = inf
+            end = lo == j - 1
+            if end.any():
+                qptr[act[end]] = j
+                Gp[act[end]] = INF
+                act, lo = act[~end], lo[~end]
+            return act, lo
+
+        act, lo = no_crossing(act, lo)
+        # one place to the right, for all at once; a pointer is final unless searched further
+        probe = lo + 1
+        g = gmin(act, probe)
+        qptr[act] = probe
+        Gp[act] = g
+        miss = ~pred(act, probe, g)
+        act, lo = no_crossing(act[miss], probe[miss])
+        step = 2
+        bi, blo, bhi = [], [], []
+        while act.size:  # exponential search for a true predicate right of lo
+            probe = np.minimum(lo + step, j - 1)
+            t = pred(act, probe, gmin(act, probe))
+            bi.append(act[t]), blo.append(lo[t]), bhi.append(probe[t])
+            last = ~t & (probe >= j - 1)
+            qptr[act[last]] = j
+            Gp[act[last]] = INF
+            keep = ~t & ~last
+            act, lo, step = act[keep], probe[keep], step * 2
+        if not bi:
+            return
+        idx, lo_b, hi_b = np.concatenate(bi), np.concatenate(blo), np.concatenate(bhi)
+        done_i, done_q = [idx[:0]], [idx[:0]]
+        while idx.size:  # binary search in (lo, hi]: false at lo, true at hi
+            done = hi_b - lo_b <= 1
+            done_i.append(idx[done]), done_q.append(hi_b[done])
+            keep = ~done
+            idx, lo_b, hi_b = idx[keep], lo_b[keep], hi_b[keep]
+            if idx.size:
+                mid = (lo_b + hi_b) // 2
+                t = pred(idx, mid, gmin(idx, mid))
+                hi_b, lo_b = np.where(t, mid, hi_b), np.where(t, lo_b, mid)
+        idx, q = np.concatenate(done_i), np.concatenate(done_q)
+        qptr[idx] = q
+        Gp[idx] = gmin(idx, q)
 
 
 # ---- all levels, reconstruction -------------------------------------------------------------

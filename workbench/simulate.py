@@ -210,9 +210,11 @@ def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fracti
             bmin = min(costs.bandwidth(ws[i], ws[(i + 1) % r]) for i in range(r))
             ar.append(0.0 if bmin == math.inf else 2 * (r - 1) / r * params[s] / bmin * 1e3)
     meta = profile.meta or {}
-    what = meta.get("name") or meta.get("model") or meta.get("kind") or "unnamed"
+    what = meta.get("model") or meta.get("name") or meta.get("source") or "unnamed"
+    kind = meta.get("kind", "kind not recorded")
+    dev = f" on {meta['device']}" if meta.get("device") else ""
     where = _topology_text(topology)
-    label = f"modeled from profile {what} and topology {where}"
+    label = f"modeled from the {kind} profile of {what}{dev} and topology {where}"
     return _Costs(costs.compute, cut, params, stash, None, None, ar, topology, label)
 
 
