@@ -167,13 +167,17 @@ def _need_root(name: str, root) -> Path:
 
 
 # --------------------------------------------------------------------------------------- text
-@functools.lru_cache(maxsize=1)
-def corpus_text() -> str:
-    """The ``pydocs`` corpus: docstrings of ``CORPUS_MODULES`` (module, then classes and
-    functions in ``ast.walk`` order), cleaned with ``inspect.cleandoc``, joined by blank lines."""
+@functools.lru_cache(maxsize=4)
+def corpus_text(max_chars: int | None = None) -> str:
+    """The ``pydocs`` corpus: docstrings of ``CORPUS_MODULES`` in that order (per module: the
+    module's, then its classes' and functions' in ``ast.walk`` order, cleaned by
+    ``ast.get_docstring``), joined by blank lines; the first ``max_chars`` characters if given
+    (then only as many modules are parsed as needed)."""
     stdlib = Path(sysconfig.get_paths()["stdlib"])
-    parts = []
+    parts, total = [], 0
     for mod in CORPUS_MODULES:
+        if max_chars is not None and total >= max_chars:
+            break
         path = stdlib / f"{mod}.py"
         if not path.exists():
             path = stdlib / mod / "__init__.py"
@@ -185,7 +189,11 @@ def corpus_text() -> str:
                 doc = ast.get_docstring(node)
                 if doc:
                     parts.append(doc)
+                    total += len(doc) + 2
     text = "\n\n".join(parts)
+    if max_chars is not None:
+        if len(text) >= max_chars:
+            return text[:max_chars]
     if len(text) < MIN_CORPUS_CHARS:
         raise ValueError(f"the standard library at {stdlib} yields only {len(text)} characters of docstrings "
                          f"(need {MIN_CORPUS_CHARS}); is this a stripped Python without .py sources?")
@@ -210,9 +218,7 @@ def build_vocab(tokens: list[str], vocab_size: int) -> list[str]:
 def _pydocs(split: str, seed: int, seq_len: int = 64, level: str = "char", vocab_size: int | None = None,
             test_fraction: float = 0.1, max_chars: int | None = None) -> TensorDataset:
     """``seed`` is not used (the split is contiguous). ``max_chars`` truncates the corpus first."""
-    text = corpus_text()
-    if max_chars is not None:
-        text = text[: int(max_chars)]
+    text = corpus_text(None if max_chars is None else int(max_chars))
     cut = int(len(text) * (1 - test_fraction))
     train_tokens = tokenize(text[:cut], level)
     vocab = build_vocab(train_tokens, int(vocab_size or (128 if level == "char" else 10000)))

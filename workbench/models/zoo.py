@@ -60,7 +60,7 @@ ZOO: dict[str, Entry] = {
     "awd-lstm": Entry(sequence.awd_lstm, "lm",
                       "AWD-LSTM-style LM: embedding 400, 3 LSTM layers (1150 hidden), vocab 33,278",
                       dict(vocab_size=33278, emb=400, hidden=1150, num_layers=3, dropout=0.4, seq_len=70),
-                      dict(vocab_size=128, emb=64, hidden=256, num_layers=3, dropout=0.0, seq_len=64),
+                      dict(vocab_size=128, emb=128, hidden=256, num_layers=3, dropout=0.0, seq_len=64),
                       {"paper": "wikitext-2", "mini": "pydocs"}, extra=("seq_len",)),
     "gpt": Entry(sequence.gpt, "lm",
                  "GPT-2-small-style transformer LM: 12 blocks x 768, 12 heads, context 1024, vocab 50,257",
