@@ -157,12 +157,14 @@ def _quick_profile(model_name, size, batch_size):
 
 
 def cmd_quickstart(args) -> int:
-    """Profile a built-in mini model on this CPU, partition it for a flat cluster, print the plan;
-    then do the same on a modeled paper-size profile for a paper cluster."""
-    from . import models
+    """Profile a built-in mini model on this CPU and partition it for a flat cluster; then take the
+    paper-size model's modeled V100 profile, partition it for PipeDream's Cluster-A (4 servers x 4
+    V100) and simulate PipeDream's 1F1B schedule on that plan. Everything lands in a new run folder."""
+    from . import models, schedules
     from .io import run_folder, run_id
     from .partition import partition
     from .profiler import profile, project
+    from .simulate import simulate
     from .topology import Topology
 
     with run_folder(Path(args.out) / run_id("quickstart")) as tmp:
@@ -172,17 +174,25 @@ def cmd_quickstart(args) -> int:
         topo = Topology.flat(args.workers, 10e9)
         plan = partition(prof, topo)
         plan.save(tmp / "plan_measured.json")
-        print(f"== {args.model} (mini), measured on {prof.meta['device']}, batch {args.batch_size}, "
-              f"{args.workers} workers at 10 GB/s (modeled plan)")
+        print(f"== {args.model} (mini): profile MEASURED on {prof.meta['device']}, batch {args.batch_size}; "
+              f"plan MODELED for {topo.describe()}")
         print(plan.describe())
+
         paper = project(models.build(args.model, size="paper", device="meta"), "V100", batch_size=64)
         paper.save(tmp / "profile_modeled_V100.csv")
-        topo = Topology.preset("4xV100-pcie-10g", servers=4)
-        plan2 = partition(paper, topo)
+        cluster = Topology.preset("4xV100-pcie-10g", servers=4)
+        plan2 = partition(paper, cluster)
         plan2.save(tmp / "plan_modeled_V100.json")
-        print(f"\n== {args.model} (paper size), modeled V100 profile (roofline), topology {topo}")
+        print(f"\n== {args.model} (paper size): profile MODELED for V100 (roofline from FLOPs/bytes, batch 64); "
+              f"plan MODELED for {cluster.describe()}")
         print(plan2.describe())
-    print(f"\nwrote {tmp.final}")
+
+        sched = schedules.build("pipedream", plan2, args.microbatches)
+        res = simulate(sched, profile=paper, plan=plan2, topology=cluster)
+        res.save(tmp / "simulation")
+        print(f"\n== PipeDream 1F1B on that plan, {args.microbatches} minibatches: {res.label}")
+        print(res.summary())
+    print(f"\nwrote {tmp.final} (profiles, plans, simulation/timeline.html)")
     return 0
 
 
@@ -252,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="vgg16")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--microbatches", type=int, default=32, help="minibatches in the simulated PipeDream run")
     p.add_argument("--out", default="results/quickstart")
     p.set_defaults(fn=cmd_quickstart)
     return ap
