@@ -122,33 +122,69 @@ def bench_workbench(schedule: str, steps: int, warmup: int, device="cpu") -> tup
     return len(timed) * BATCH / span * 1e3, s
 
 
+def fidelity(out: Path, schedule: str, warmup: int) -> dict:
+    """Modeled vs measured time per step: simulate the schedule with the per-stage F/B/STEP durations
+    measured in the run's own timeline (mean over the timed steps), communication free."""
+    import pandas as pd
+
+    from workbench.schedules import build
+    from workbench.simulate import simulate
+    sched = build(schedule, P, M)
+    tl = pd.read_csv(out / "timeline.csv")
+    tl = tl[tl.step >= warmup]
+    tl = tl.assign(dur=tl.end - tl.start)
+    mean = tl.groupby(["kind", "stage"]).dur.mean()
+    fwd = [float(mean[("F", s)]) for s in range(P)]
+    bwd = [float(mean[("B", s)]) if ("B", s) in mean.index else float(mean[("BI", s)] + mean[("BW", s)])
+           for s in range(P)]  # split backward: the simulator charges BI = BW = bwd / 2
+    step_ms = float(tl[tl.kind == "STEP"].dur.mean())
+    sim = simulate(sched, fwd=fwd, bwd=bwd, step_ms=step_ms)
+    modeled = sim.metrics["makespan"]
+    steps = tl.step.nunique()
+    measured = (tl.end.max() - tl.start.min()) / steps
+    return dict(modeled_ms=modeled, measured_ms=measured, error=modeled / measured - 1)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--schedules", default="gpipe,pipedream-flush,pipedream")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds over all configurations; medians are reported")
     ap.add_argument("--out", default="results/bench/runtime.csv")
     a = ap.parse_args(argv)
-    rows = []
-    single = bench_single(a.steps, a.warmup, a.device)
+    results: dict[str, list] = {}
+    fids: dict[str, list] = {}
+    for _ in range(a.repeat):  # interleaved repetitions: slow phases of a shared machine hit every row alike
+        results.setdefault("single", []).append(bench_single(a.steps, a.warmup, a.device))
+        for kind in ("gpipe", "1f1b"):
+            results.setdefault(f"torch-{kind}", []).append(bench_torch_pipelining(kind, a.steps, a.warmup, a.device))
+        for sch in a.schedules.split(","):
+            v, summary = bench_workbench(sch, a.steps, a.warmup, a.device)
+            results.setdefault(f"workbench-{sch}", []).append(v)
+            fids.setdefault(f"workbench-{sch}", []).append(fidelity(Path(summary["out"]), sch, a.warmup))
+    med = {k: statistics.median(v) for k, v in results.items()}
+    single = med["single"]
     ideal = P * single * M / (M + P - 1)
-    rows += [("single", single), ("ideal", ideal)]
-    for kind in ("gpipe", "1f1b"):
-        rows.append((f"torch-{kind}", bench_torch_pipelining(kind, a.steps, a.warmup, a.device)))
-    for sch in a.schedules.split(","):
-        rows.append((f"workbench-{sch}", bench_workbench(sch, a.steps, a.warmup, a.device)[0]))
+    rows = [("single", single), ("ideal", ideal)] + [(k, v) for k, v in med.items() if k != "single"]
+    fid = {k: {m: statistics.median(f[m] for f in v) for m in ("modeled_ms", "measured_ms")} for k, v in fids.items()}
     torch_best = max(v for k, v in rows if k.startswith("torch-"))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     with open(a.out, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["name", "samples_per_s", "of_ideal", "of_single", "vs_best_torch", "device", "cores"])
+        w.writerow(["name", "samples_per_s", "of_ideal", "of_single", "vs_best_torch", "step_ms_modeled",
+                    "step_ms_measured", "device", "cores", "load_avg_1min"])
         for k, v in rows:
-            w.writerow([k, f"{v:.1f}", f"{v / ideal:.3f}", f"{v / single:.3f}", f"{v / torch_best:.3f}", a.device,
-                        len(os.sched_getaffinity(0))])
-    print(f"{'name':<26}{'samples/s':>12}{'of ideal':>10}{'x single':>10}{'vs torch':>10}")
+            f = fid.get(k, {})
+            w.writerow([k, f"{v:.1f}", f"{v / ideal:.3f}", f"{v / single:.3f}", f"{v / torch_best:.3f}",
+                        f"{f['modeled_ms']:.2f}" if f else "", f"{f['measured_ms']:.2f}" if f else "", a.device,
+                        len(os.sched_getaffinity(0)), f"{os.getloadavg()[0]:.2f}"])
+    print(f"{'name':<26}{'samples/s':>12}{'of ideal':>10}{'x single':>10}{'vs torch':>10}{'model ms':>10}{'meas ms':>10}")
     for k, v in rows:
-        print(f"{k:<26}{v:>12.1f}{v / ideal:>10.2f}{v / single:>10.2f}{v / torch_best:>10.2f}")
+        f = fid.get(k)
+        extra = f"{f['modeled_ms']:>10.1f}{f['measured_ms']:>10.1f}" if f else ""
+        print(f"{k:<26}{v:>12.1f}{v / ideal:>10.2f}{v / single:>10.2f}{v / torch_best:>10.2f}{extra}")
     print(f"wrote {a.out}")
     return 0
 

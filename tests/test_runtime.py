@@ -12,20 +12,19 @@ import json
 import socket
 import time
 
-import psutil
 import pytest
 import torch
 
 from workbench.plan import Plan
 from workbench.runtime import prepare, reference_train, run_jobs, train
-from workbench.runtime.launch import latest_checkpoint
+from workbench.runtime.outputs import latest_checkpoint
 from workbench.runtime.stages import DataOrder, microbatch, run_stage, stage_module, stage_params
 from workbench.schedules import build
 
 WIDTHS = (8, 16, 16, 16, 4)  # 7 layers: Linear/ReLU alternating
 BATCH, LR = 16, 0.1
 COMMON = dict(batch_size=BATCH, lr=LR, dtype="float64", widths=WIDTHS, progress=False, return_weights=True,
-              timeout_s=30)
+              timeout_s=30, allow_oversubscribe=True)  # 2 ranks must run on a 1-core CI machine too
 
 
 def toy():
@@ -148,20 +147,31 @@ RULE_RUNS = {  # expected to equal the (separately tested) reference
     "2bw": ("pipedream-2bw", {}, 4),
 }
 STEPS = 3
+MU = 0.5  # momentum of the runs that also check the optimizer state (resume, DDP)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("rt")
     jobs, names = [], []
+    lookahead = {"flush": 0, "zb-h1": 1}  # just-in-time receives (NCCL's mode) and a short window; others: all ahead
     for key, (name, opts, m) in {**SYNC_RUNS, **RULE_RUNS}.items():
         jobs.append(prepare("toy-mlp", name, workers=2, microbatches=m, steps=STEPS, out=root / key,
-                            schedule_options=opts, **COMMON))
+                            schedule_options=opts, lookahead=lookahead.get(key), **COMMON))
         names.append(key)
     jobs.append(prepare("toy-mlp", "dp-asp", workers=2, microbatches=4, steps=12, out=root / "asp", **COMMON))
     names.append("asp")
-    jobs.append(prepare("toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=root / "full", **COMMON))
+    jobs.append(prepare("toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=root / "full", momentum=MU,
+                        **COMMON))
     names.append("full")
+    jobs.append(prepare("toy-mlp", "dp-bsp", workers=2, microbatches=2, steps=STEPS, out=root / "bsp-mom", momentum=MU,
+                        **COMMON))
+    names.append("bsp-mom")
+    zoo = dict(COMMON, dtype=None, widths=None)  # the zoo's MLP on the offline digits set, float32
+    zoo.pop("widths")
+    jobs.append(prepare("mlp", "pipedream-flush", workers=2, microbatches=4, epochs=2, out=root / "zoo", depth=4, width=32,
+                        in_features=64, **zoo))
+    names.append("zoo")
     t = time.time()
     res = run_jobs(jobs)
     return dict(zip(names, zip(jobs, res))), root, time.time() - t
@@ -227,13 +237,15 @@ def test_fault_stops_job_then_resume_matches_uninterrupted(runs):
     t = time.time()
     with pytest.raises(RuntimeError, match=r"rank 1 .*injected fault at step"):
         train("toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=out, fail_rank=1,
-              fail_at_step=rpe + 1, **COMMON)
+              fail_at_step=rpe + 1, momentum=MU, **COMMON)
     assert time.time() - t < 30
     time.sleep(0.5)
+    psutil = pytest.importorskip("psutil")
     left = [p for p in psutil.Process().children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
     assert left == []
     assert latest_checkpoint(out).name == f"round{rpe:06d}"  # epoch 1's checkpoint survived
-    resumed = train("toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=out, resume=True, **COMMON)
+    resumed = train("toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=out, resume=True, momentum=MU,
+                    **COMMON)
     assert max_diff(resumed["weights"], full["weights"]) < 1e-12
     rows = list(csv.DictReader(open(out / "metrics.csv")))
     assert [int(r["step"]) for r in rows] == list(range(2 * rpe))
@@ -243,15 +255,47 @@ def test_fault_stops_job_then_resume_matches_uninterrupted(runs):
 def test_replicated_stage_round_robin_matches_reference(tmp_path):
     plan = Plan.from_boundaries([2, 6], [2, 1])  # stage 0 on workers 0,1; stage 1 on worker 2
     job = prepare("toy-mlp", "pipedream", workers=3, microbatches=4, steps=2, out=tmp_path / "r", plan=plan,
-                  allow_oversubscribe=True, **COMMON)
+                  **COMMON)
     (summary,) = run_jobs([job])
     ref = reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR, rounds=2)
     assert max_diff(summary["weights"], ref) < 1e-5
 
 
+@pytest.mark.distributed
+def test_momentum_runs_match_reference_and_torch_sgd(runs):
+    job, summary = runs[0]["full"]  # PipeDream stash with momentum over two epochs
+    rounds = 2 * (len(job.dataset_fn()) // BATCH)
+    ref = reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR,
+                          rounds=rounds, momentum=MU)
+    assert max_diff(summary["weights"], ref) < 1e-5
+    job, summary = runs[0]["bsp-mom"]  # DDP with momentum against torch.optim.SGD on the whole model
+    model = job.model_fn()
+    net = torch.nn.Sequential(*model.layers)
+    opt = torch.optim.SGD(net.parameters(), lr=LR, momentum=MU)
+    ds = job.dataset_fn()
+    order = DataOrder(len(ds), BATCH, 2, 0)
+    for r in range(STEPS):
+        x, y = microbatch(ds, torch.cat([order.indices(order.permutation(0), r, b) for b in range(2)]))
+        opt.zero_grad()
+        model.loss(net(x), y).backward()
+        opt.step()
+    assert max_diff(summary["weights"], [stage_params(stage_module(model.layers, a, z)) for a, z in job.bounds]) < 1e-5
+
+
+@pytest.mark.distributed
+def test_zoo_model_learns_digits(runs):
+    job, summary = runs[0]["zoo"]
+    rows = list(csv.DictReader(open(runs[1] / "zoo" / "metrics.csv")))
+    evaluated = [r for r in rows if r["test_accuracy"]]
+    assert len(evaluated) == 2  # one evaluation per epoch
+    assert float(evaluated[-1]["test_accuracy"]) > 0.5  # 10 classes: chance is 0.1
+    assert summary["final_test_accuracy"] == pytest.approx(float(evaluated[-1]["test_accuracy"]))
+
+
 # ---- bad input ---------------------------------------------------------------------------
 def test_bad_inputs_raise_one_line_value_errors(tmp_path):
     kw = dict(COMMON, out=tmp_path / "x")
+    kw.pop("allow_oversubscribe")
     with pytest.raises(ValueError, match="plan covers 3 layers"):
         prepare("toy-mlp", "gpipe", workers=2, microbatches=4, plan=Plan.from_boundaries([1, 2]), **kw)
     with pytest.raises(ValueError, match="CPU cores"):
@@ -266,3 +310,15 @@ def test_bad_inputs_raise_one_line_value_errors(tmp_path):
         port = s.getsockname()[1]
         with pytest.raises(ValueError, match=f"port {port} is in use"):
             train("toy-mlp", "gpipe", workers=2, microbatches=4, steps=1, port=port, **kw)
+
+
+def test_cli_bad_input_exits_2(tmp_path, capsys):
+    import argparse
+
+    from workbench.runtime.cli import add_train_arguments, run_train
+    p = argparse.ArgumentParser()
+    add_train_arguments(p)
+    args = p.parse_args(["--model", "toy-mlp", "--workers", "512", "--out", str(tmp_path / "o"), "--no-progress"])
+    assert run_train(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "CPU cores" in err[0]

@@ -1,9 +1,16 @@
 """Real pipelined training: execute a :class:`~workbench.schedules.core.Schedule` with torch.distributed.
 
-``train(...)`` spawns one process per worker (or joins torchrun); ``reference_train(...)`` is the
-single-process semantic oracle the runtime is tested against.
+    train(model, schedule, workers, microbatches, ...)  -> summary dict   (launch.py: spawn or torchrun)
+    reference_train(schedule, model, bounds, dataset, ...) -> weights      (reference.py: the oracle)
+
+Modules: ``launch`` (parent side: validate, spawn, collect), ``rank`` (one rank's program), ``worker``
+(executors of a rank's op list: pipeline with versioned weights, DDP, Hogwild), ``comm`` (pre-posted
+point-to-point transfers), ``stages`` (stage functions, deterministic data order), ``outputs``
+(checkpoints, CSVs, summary), ``job`` (the picklable run description), ``cli`` (``workbench train``).
 """
-from .launch import Job, latest_checkpoint, prepare, run_job, run_jobs, train
+from .job import Job
+from .launch import prepare, run_job, run_jobs, train
+from .outputs import latest_checkpoint
 from .reference import reference_train, updates_per_round
 
 __all__ = ["train", "prepare", "run_job", "run_jobs", "Job", "latest_checkpoint", "reference_train", "updates_per_round"]

@@ -31,9 +31,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--steps", type=int, default=None, help="minibatches to train (overrides --epochs)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (heavy ball, no dampening)")
+    p.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation at each epoch end")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plan", default=None, help="plan JSON written by `workbench partition` (default: even split)")
-    p.add_argument("--out", default="results/train/run")
+    p.add_argument("--out", default=None, help="run folder (default: results/train/<model>-<schedule>-w<N>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue from the last complete checkpoint in --out")
     p.add_argument("--fail-rank", type=int, default=None, help="fault injection: this rank raises ...")
     p.add_argument("--fail-at-step", type=int, default=None, help="... at the start of this step")
@@ -61,6 +63,7 @@ def run_train(args) -> int:
                         fail_rank=args.fail_rank, fail_at_step=args.fail_at_step, timeout_s=args.timeout,
                         port=args.port, threads=args.threads, allow_oversubscribe=args.allow_oversubscribe,
                         dtype=args.dtype, progress=not args.no_progress, schedule_options=sopts,
+                        momentum=args.momentum, evaluate=not args.no_eval,
                         **dict(args.model_option))
     except ValueError as e:
         print(f"workbench train: error: {e}", file=sys.stderr)
@@ -68,9 +71,11 @@ def run_train(args) -> int:
     except RuntimeError as e:
         print(f"workbench train: failed: {e}", file=sys.stderr)
         return 1
+    test = summary.get("final_test_accuracy")
     print(f"{summary['schedule']}: {summary['steps']} steps in {summary['wall_s']:.1f} s, "
-          f"{summary['samples_per_s']:.0f} samples/s, final loss {summary['final_loss']:.4f}, "
-          f"accuracy {summary['final_accuracy']:.3f}; wrote {summary['out']}")
+          f"{summary['samples_per_s_steady'] or summary['samples_per_s']:.0f} samples/s (steady), "
+          f"final loss {summary['final_loss']:.4f}, train accuracy {summary['final_accuracy']:.3f}"
+          + (f", test accuracy {test:.3f}" if test is not None else "") + f"; wrote {summary['out']}")
     return 0
 
 

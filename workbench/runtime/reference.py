@@ -13,7 +13,9 @@ Microbatch ``b``'s gradient contribution to stage ``s`` is the vector-Jacobian p
 Update ``t`` of stage ``s`` applies the mean of the contributions of the microbatches
 ``schedule.step_microbatches(s, t)`` (all replicas of the stage: the all-reduce averages them):
 
-    W_s^(t+1) = W_s^(t) - lr * mean_{b in step t} g_s(b)
+    W_s^(t+1) = W_s^(t) - lr * d_s^(t),   d_s^(t) = mean_{b in step t} g_s(b) + mu * d_s^(t-1)
+
+(``mu = 0``: plain SGD; ``d^(-1) = 0``).
 
 With the versions of the sync rules this is minibatch SGD; with PipeDream's stash versions it is
 ``W(t+1) = W(t) - lr grad f(w_1^(t-n+1), ..., w_n^(t))``; 2BW and vertical sync follow from theirs.
@@ -26,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from ..schedules.core import Schedule
-from .stages import DataOrder, as_leaves, as_tuple, microbatch, run_stage, stage_module, stage_params, vjp
+from .stages import DataOrder, as_leaves, microbatch, run_stage, stage_module, stage_params, vjp
 
 
 def updates_per_round(schedule: Schedule) -> list[int]:
@@ -52,7 +54,7 @@ def backward_versions(v: dict, s: int, b: int) -> tuple[int, int]:
 
 def reference_train(schedule: Schedule, model, bounds, dataset, *, batch_size: int, lr: float, seed: int = 0,
                     rounds: int = 1, start_round: int = 0, init: list[dict] | None = None,
-                    dtype: torch.dtype | None = None) -> list[dict[str, torch.Tensor]]:
+                    dtype: torch.dtype | None = None, momentum: float = 0.0) -> list[dict[str, torch.Tensor]]:
     """Final weights of every stage after ``rounds`` minibatches starting at global minibatch ``start_round``.
 
     ``bounds[s] = (first, last)`` layers of stage ``s``; ``init`` optional starting weights per stage.
@@ -64,6 +66,7 @@ def reference_train(schedule: Schedule, model, bounds, dataset, *, batch_size: i
         raise ValueError(f"{len(bounds)} stage bounds for a schedule of {S} stages")
     modules = [stage_module(model.layers, a, z) for a, z in bounds]
     weights = [{0: (dict(init[s]) if init else stage_params(modules[s]))} for s in range(S)]
+    direction = [{0: {n: torch.zeros_like(p) for n, p in weights[s][0].items()}} for s in range(S)]
     per_round = updates_per_round(schedule)
     steps = [[schedule.step_microbatches(s, t) for t in range(per_round[s])] for s in range(S)]
     ver = versions_of(schedule)
@@ -82,7 +85,9 @@ def reference_train(schedule: Schedule, model, bounds, dataset, *, batch_size: i
                 prev = version(s, v - 1)
                 mbs = steps[s][t]
                 contrib = [grads(b)[s] for b in mbs]
-                weights[s][v] = {n: prev[n] - lr * sum(c[n] for c in contrib) / len(mbs) for n in prev}
+                d = {n: sum(c[n] for c in contrib) / len(mbs) + momentum * direction[s][v - 1][n] for n in prev}
+                direction[s][v] = d
+                weights[s][v] = {n: prev[n] - lr * d[n] for n in prev}
             return weights[s][v]
 
         def grads(b: int) -> list[dict]:
@@ -115,4 +120,5 @@ def reference_train(schedule: Schedule, model, bounds, dataset, *, batch_size: i
         for s in range(S):  # keep only the newest version for the next round
             newest = off[s] + per_round[s]
             weights[s] = {newest: weights[s][newest]}
+            direction[s] = {newest: direction[s][newest]}
     return [next(iter(w.values())) for w in weights]

@@ -47,9 +47,40 @@ def stage_params(module: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in module.named_parameters()}
 
 
+def _slots(module: nn.Module) -> list[tuple[nn.Module, str, str]]:
+    """(owning submodule, attribute, canonical parameter name) of every parameter slot; a tied
+    weight has several slots and one name (its first). Cached on the module."""
+    slots = module.__dict__.get("_wb_slots")
+    if slots is None:
+        if any(hasattr(m, "parametrizations") for m in module.modules()):
+            slots = []  # parametrized modules: use functional_call
+            module.__dict__["_wb_slots"] = slots
+            return slots
+        canon, slots = {}, []
+        for name, p in module.named_parameters(remove_duplicate=False):
+            path, _, attr = name.rpartition(".")
+            slots.append((module.get_submodule(path) if path else module, attr, canon.setdefault(id(p), name)))
+        module.__dict__["_wb_slots"] = slots
+    return slots
+
+
 def run_stage(module: nn.Module, params: dict[str, torch.Tensor], x):
-    """``f_s(x; W)``: the stage evaluated with the given parameter tensors (autograd sees them)."""
-    return functional_call(module, params, (x,))
+    """``f_s(x; W)``: the stage evaluated with the given parameter tensors (autograd sees them).
+
+    Same result as :func:`torch.func.functional_call` (which the reference falls back to for
+    modules with parametrizations); binding the tensors into the parameter slots directly and
+    restoring them afterwards costs microseconds instead of ~0.1 ms per call."""
+    slots = _slots(module)
+    if not slots:
+        return functional_call(module, params, (x,))
+    saved = [m._parameters[a] for m, a, _ in slots]
+    try:
+        for m, a, n in slots:
+            m._parameters[a] = params[n]
+        return module(x)
+    finally:
+        for (m, a, _), t in zip(slots, saved):
+            m._parameters[a] = t
 
 
 def as_tuple(x) -> tuple:
@@ -100,6 +131,11 @@ def microbatch(dataset, idx: torch.Tensor, device="cpu", dtype: torch.dtype | No
         xs = [x.to(dtype) if x.is_floating_point() else x for x in xs]
     xs = [x.to(device) for x in xs]
     return (xs[0] if len(xs) == 1 else tuple(xs)), y.to(device)
+
+
+def nbytes(ts) -> int:
+    """Bytes held by the tensors of a sequence (non-tensors count 0)."""
+    return sum(t.numel() * t.element_size() for t in ts if torch.is_tensor(t))
 
 
 def float_indices(t: tuple) -> list[int]:

@@ -34,8 +34,9 @@ def toy_mlp(widths=(8, 16, 16, 4), seed: int = 0, dtype: torch.dtype = torch.flo
 
 
 def toy_dataset(n: int = 256, features: int = 8, classes: int = 4, seed: int = 0,
-                dtype: torch.dtype = torch.float64) -> TensorDataset:
-    g = torch.Generator().manual_seed(10_000 + seed)
-    x = torch.randn(n, features, generator=g, dtype=dtype)
-    w = torch.randn(features, classes, generator=g, dtype=dtype)
+                dtype: torch.dtype = torch.float64, split: str = "train") -> TensorDataset:
+    """``n`` samples (``n // 4`` for ``split="test"``) of the task ``y = argmax(x @ w)``, ``w`` from ``seed``."""
+    w = torch.randn(features, classes, generator=torch.Generator().manual_seed(10_000 + seed), dtype=dtype)
+    g = torch.Generator().manual_seed(20_000 + seed + (0 if split == "train" else 1))
+    x = torch.randn(n if split == "train" else max(1, n // 4), features, generator=g, dtype=dtype)
     return TensorDataset(x, (x @ w).argmax(dim=1))

@@ -8,24 +8,28 @@ says so); it stays alive only as long as a stashed graph still references it. ``
 stashed graph (input gradient sent upstream, weight gradient added to the update buffer); when the
 schedule asks the backward to read another version than its forward (no stashing, some 2BW ops),
 the stage output is recomputed from the stashed input with that version and differentiated there;
-the forward then keeps no graph at all. ``BI``/``BW`` (zero bubble) split the VJP: input gradient
+the forward then keeps no graph at all. Under ``no-stash`` this is PipeDream's failure mode: the
+gradient of ``B(s, b)`` is the VJP at ``(x_s^(F version), W_s^(newest))``, weights the forward of
+``b`` never used, so the update is not the gradient of any single set of weights (the tests show
+the trajectory departs from the stashed one). ``BI``/``BW`` (zero bubble) split the VJP: input gradient
 first with ``retain_graph``, weight gradient later from the same graph and cotangent.
 
 Updates. The buffer of update ``t`` of stage ``s`` is the sum of the contributions of the
 microbatches of ``schedule.step_microbatches(s, t)`` on this rank; ``AR`` sums the buffers of the
-stage's replicas in their own process group; ``STEP`` creates ``W^(t+1) = W^(t) - lr * buffer / n``
-with ``n`` the number of microbatches the update covers (a mean over the minibatch).
+stage's replicas in their own process group; ``STEP`` creates ``W^(t+1) = W^(t) - lr * d_t`` with
+``g_t = buffer / n`` (``n`` the number of microbatches the update covers: a mean over the minibatch)
+and ``d_t = g_t``, or with momentum ``mu`` the heavy-ball direction ``d_t = mu * d_(t-1) + g_t``
+(``d_(-1) = 0``, as :class:`torch.optim.SGD` without dampening).
 
-Executors: :class:`PipelineExecutor` (all pipeline schedules, replicated stages included),
-:class:`DDPExecutor` (single replicated stage with the ``sync`` rule: DistributedDataParallel with
-``no_sync`` accumulation, bucketed all-reduce overlapping the last backward), :class:`HogwildExecutor`
-(``async`` rule: every replica reads and writes shared-memory weights without locks).
+Executors: :class:`PipelineExecutor` here (every pipeline schedule, replicated stages included);
+:class:`~workbench.runtime.ddp.DDPExecutor` (``dp-bsp`` through DistributedDataParallel) and
+:class:`~workbench.runtime.hogwild.HogwildExecutor` (``async`` rule, lock-free shared memory).
+An executor offers ``receive_plan(rounds)``, ``run_round(k, R, data, timeline, metrics)``,
+``weights()``, ``optimizer_state()``, ``load_optimizer_state(state)`` and ``memory()``.
 """
 from __future__ import annotations
 
-import contextlib
 import time
-from collections import defaultdict
 from datetime import timedelta
 
 import torch
@@ -34,11 +38,7 @@ import torch.distributed as dist
 from ..schedules.core import Schedule
 from .comm import P2P
 from .reference import updates_per_round
-from .stages import as_leaves, as_tuple, float_indices, from_tuple, run_stage, stage_module, vjp
-
-
-def _nbytes(ts) -> int:
-    return sum(t.numel() * t.element_size() for t in ts if torch.is_tensor(t))
+from .stages import as_leaves, as_tuple, from_tuple, nbytes, run_stage, stage_module, vjp
 
 
 class RankProgram:
@@ -94,6 +94,7 @@ class StageState:
         for n, w in weights.items():
             self.grad[n] = self.flat[k:k + w.numel()].view_as(w)
             k += w.numel()
+        self.momentum = {n: torch.zeros_like(w, device=device) for n, w in weights.items()}
         self.records: dict[int, dict] = {}
         self.peak_versions = 1
         self.peak_live = 0
@@ -124,9 +125,28 @@ class PipelineExecutor:
                                     ctx.start_round * self.prog.per_round[s])
                       for s in self.prog.stages}
         self.groups = groups
-        self.comm = P2P(self.rank, self.S, ctx.device, ctx.timeout_s)
+        self.comm = P2P(self.rank, self.S, ctx.device, ctx.timeout_s, lookahead=ctx.lookahead,
+                        groups=(groups.get("act"), groups.get("grad")), backend=ctx.backend)
         self.specs = ctx.specs  # specs[s]: [(shape, dtype)] of stage s's output
         self.like_tuple = ctx.like_tuple  # like_tuple[s]: stage s's input is a tuple
+
+    def warm_up(self) -> None:
+        """Exchange one small tensor with every peer this rank talks to, so that the transport's
+        connection set-up (about a second with gloo) is not charged to the first step."""
+        peers = set()
+        for op in self.prog.ops:
+            s, b = op.stage, op.microbatch
+            if op.kind == "F" and s > 0:
+                peers.add(self.prog.where[("F", s - 1, b)])
+            if op.kind == "F" and s < self.S - 1:
+                peers.add(self.prog.where[("F", s + 1, b)])
+        peers.discard(self.rank)
+        works = []
+        for p in sorted(peers):
+            works.append(dist.isend(torch.ones(1, device=self.ctx.device), p, tag=2 ** 30))
+            works.append(dist.irecv(torch.empty(1, device=self.ctx.device), p, tag=2 ** 30))
+        for w in works:
+            w.wait(timedelta(seconds=self.ctx.timeout_s))
 
     # ---- per epoch ----------------------------------------------------------------------
     def receive_plan(self, rounds: list[int]) -> list:
@@ -177,10 +197,16 @@ class PipelineExecutor:
                     work.wait(timedelta(seconds=self.ctx.timeout_s))
             elif op.kind == "STEP":
                 n = self.prog.count[(s, op.step)]
-                lr = self.ctx.lr
+                lr, mu = self.ctx.lr, self.ctx.momentum
                 with torch.no_grad():
                     old = st.versions[st.newest]
-                    new = {nm: (old[nm] - (lr / n) * st.grad[nm]).requires_grad_(True) for nm in st.names}
+                    if mu:
+                        for nm in st.names:
+                            st.momentum[nm].mul_(mu).add_(st.grad[nm], alpha=1.0 / n)
+                        d = st.momentum
+                    else:
+                        d = {nm: st.grad[nm] / n for nm in st.names}
+                    new = {nm: torch.add(old[nm], d[nm], alpha=-lr).requires_grad_(True) for nm in st.names}
                 st.newest += 1
                 st.versions[st.newest] = new
                 st.flat.zero_()
@@ -204,7 +230,7 @@ class PipelineExecutor:
         params = st.versions[v]
         with torch.set_grad_enabled(keep_graph):
             y = run_stage(st.module, params, from_tuple(xl, self.like_tuple[s]))
-        rec = {"x": xl, "y": y if keep_graph else None, "v": v, "bytes": _nbytes(xl) + _nbytes(as_tuple(y))}
+        rec = {"x": xl, "y": y if keep_graph else None, "v": v, "bytes": nbytes(xl) + nbytes(as_tuple(y))}
         if last:
             _, target = data(b)
             with torch.no_grad():
@@ -239,6 +265,15 @@ class PipelineExecutor:
     def weights(self) -> dict[int, dict]:
         return {s: st.weights() for s, st in self.state.items()}
 
+    def optimizer_state(self) -> dict[int, dict]:
+        return {s: {n: b.detach().clone() for n, b in st.momentum.items()} for s, st in self.state.items()}
+
+    def load_optimizer_state(self, state: dict[int, dict]) -> None:
+        for s, bufs in state.items():
+            if s in self.state:
+                for n, b in bufs.items():
+                    self.state[s].momentum[n].copy_(b)
+
     def memory(self) -> dict:
         return {s: dict(peak_versions=st.peak_versions, peak_live_microbatches=st.peak_live,
                         peak_activation_bytes=st.peak_act_bytes) for s, st in self.state.items()}
@@ -246,195 +281,3 @@ class PipelineExecutor:
 
 def _float_spec(spec) -> list[int]:
     return [i for i, (_, dt) in enumerate(spec) if dt.is_floating_point]
-
-
-class DDPExecutor:
-    """Data-parallel BSP (``dp-bsp``) through :class:`torch.nn.parallel.DistributedDataParallel`.
-
-    Every worker holds all stages; stage ``s`` is wrapped in its own DDP module, so ``B(s, b)``
-    (one ``backward`` of the stage from its output cotangent) all-reduces stage ``s``'s gradient
-    buckets while the backward runs (DDP's reducer), and ``AR(s, t)`` has nothing left to do.
-    Microbatches other than a worker's last one of an update run their forward under ``no_sync``
-    (local accumulation). The loss of each microbatch is scaled by ``R / n`` so DDP's average over
-    the ``R`` replicas yields the mean over the ``n`` microbatches of the update.
-    """
-
-    def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], groups: dict):
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        self.ctx, self.schedule, self.model, self.rank = ctx, schedule, model, ctx.rank
-        self.S, self.M = schedule.num_stages, schedule.microbatches
-        self.prog = RankProgram(schedule, self.rank)
-        self.R = schedule.num_workers
-        self.modules, self.ddp = [], []
-        for s, (a, z) in enumerate(bounds):
-            m = stage_module(model.layers, a, z).to(ctx.device)
-            with torch.no_grad():
-                for n, p in m.named_parameters():
-                    p.copy_(init_weights[s][n])
-            self.modules.append(m)
-            self.ddp.append(DDP(m, device_ids=None if ctx.device.type == "cpu" else [ctx.device.index]))
-        ops = self.prog.ops
-        # the microbatch whose backward completes each (stage, update) on this worker: forward with sync
-        self.sync, self.step_of = set(), {}
-        pending = defaultdict(list)
-        for op in ops:
-            if op.kind == "B":
-                pending[op.stage].append(op.microbatch)
-            elif op.kind in ("BI", "BW"):
-                raise ValueError("split backward (BI/BW) is not supported with DDP")
-            elif op.kind == "AR":
-                if pending[op.stage]:
-                    self.sync.add((op.stage, pending[op.stage][-1]))
-                for b in pending[op.stage]:
-                    self.step_of[(op.stage, b)] = op.step
-                pending[op.stage] = []
-        for s, b in self.sync:
-            i_f = next(i for i, o in enumerate(ops) if (o.kind, o.stage, o.microbatch) == ("F", s, b))
-            i_b = next(i for i, o in enumerate(ops) if (o.kind, o.stage, o.microbatch) == ("B", s, b))
-            if any(o.kind == "B" and o.stage == s for o in ops[i_f + 1:i_b]):
-                raise ValueError("DDP needs each update's last forward of a stage to be followed by its own backward "
-                                 "before any other backward of that stage")
-        self.records = {}
-        self.peak_live = 0
-        self.peak_act_bytes = 0
-
-    def receive_plan(self, rounds):
-        return []
-
-    def run_round(self, k, R, data, timeline, metrics):
-        t0 = self.ctx.t0
-        for op in self.prog.ops:
-            s, b = op.stage, op.microbatch
-            start = time.perf_counter()
-            if op.kind == "F":
-                x = data(b)[0] if s == 0 else self.records[(s - 1, b)]["y"].detach()
-                xl = as_leaves(x, requires_grad=s > 0)
-                sync = (s, b) in self.sync
-                with (contextlib.nullcontext() if sync else self.ddp[s].no_sync()):
-                    y = self.ddp[s](from_tuple(xl, isinstance(x, tuple)))
-                rec = {"x": xl, "y": y, "bytes": _nbytes(xl) + _nbytes(as_tuple(y))}
-                if s == self.S - 1:
-                    _, target = data(b)
-                    loss = self.model.loss(y, target)
-                    metrics["loss"] += float(loss.detach())
-                    metrics["n"] += 1
-                    metrics["correct"] += self.model.correct(y.detach(), target)
-                    metrics["samples"] += int(target.shape[0])
-                    rec["loss"] = loss
-                self.records[(s, b)] = rec
-                self.peak_live = max(self.peak_live, len({bb for _, bb in self.records}))
-                self.peak_act_bytes = max(self.peak_act_bytes, sum(r["bytes"] for r in self.records.values()))
-            elif op.kind == "B":
-                rec = self.records.pop((s, b))
-                if s == self.S - 1:
-                    n = self.prog.count[(s, self.step_of[(s, b)])]
-                    (rec["loss"] * (self.R / n)).backward()
-                else:
-                    yt = as_tuple(rec["y"])
-                    cot = self.records.pop(("cot", s, b))
-                    pairs = [(yt[i], c) for i, c in zip(float_indices(yt), cot) if yt[i].requires_grad]
-                    torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])
-                if s > 0:
-                    xs = [rec["x"][i] for i in float_indices(rec["x"])]
-                    self.records[("cot", s - 1, b)] = [t.grad if t.grad is not None else torch.zeros_like(t) for t in xs]
-            elif op.kind == "STEP":
-                with torch.no_grad():
-                    for p in self.modules[s].parameters():
-                        if p.grad is not None:
-                            p.add_(p.grad, alpha=-self.ctx.lr)
-                            p.grad = None
-            end = time.perf_counter()
-            rel = op.step + 1 if op.kind == "STEP" else (op.step if op.kind == "AR" else op.version)
-            timeline.append((self.rank, s, R * self.M + b if b >= 0 else -1, op.kind,
-                             (start - t0) * 1e3, (end - t0) * 1e3, R * self.prog.per_round[s] + rel, R, 0.0))
-
-    def weights(self):
-        return {s: {n: p.detach().clone() for n, p in m.named_parameters()} for s, m in enumerate(self.modules)}
-
-    def memory(self):
-        return {s: dict(peak_versions=1, peak_live_microbatches=self.peak_live, peak_activation_bytes=self.peak_act_bytes)
-                for s in range(self.S)}
-
-
-class HogwildExecutor:
-    """Asynchronous data parallelism (``async`` rule) on shared-memory weights, without locks.
-
-    Every worker holds all stages. ``F(s, b)`` reads the current shared weights of stage ``s``;
-    ``STEP(s, t)`` writes ``W_s <- W_s - lr * mean gradient`` in place while the other replicas keep
-    running (Hogwild). Staleness of an update = updates of that stage written by the other replicas
-    between this replica's read (its first forward of the update) and its write, counted with a
-    shared per-(stage, replica) counter table whose slots only their owner writes.
-    """
-
-    def __init__(self, ctx, schedule: Schedule, model, bounds, shared: list[dict], counters: torch.Tensor):
-        self.ctx, self.schedule, self.model, self.rank = ctx, schedule, model, ctx.rank
-        self.S, self.M = schedule.num_stages, schedule.microbatches
-        self.prog = RankProgram(schedule, self.rank)
-        self.modules = [stage_module(model.layers, a, z).to(ctx.device) for a, z in bounds]
-        self.shared, self.counters = shared, counters  # counters[s, w]
-        self.buf = [{n: torch.zeros_like(t) for n, t in sh.items()} for sh in shared]
-        self.records = {}
-        self.read_at: dict[int, int] = {}
-        self.staleness: list[int] = []
-
-    def receive_plan(self, rounds):
-        return []
-
-    def _others(self, s: int) -> int:
-        return int(self.counters[s].sum().item() - self.counters[s, self.rank].item())
-
-    def run_round(self, k, R, data, timeline, metrics):
-        t0 = self.ctx.t0
-        for op in self.prog.ops:
-            s, b = op.stage, op.microbatch
-            start = time.perf_counter()
-            version = -1
-            if op.kind == "F":
-                x = data(b)[0] if s == 0 else self.records[(s - 1, b)]["y"].detach()
-                self.read_at.setdefault(s, self._others(s))
-                version = int(self.counters[s].sum().item())
-                params = {n: t.data.requires_grad_(True) for n, t in self.shared[s].items()}
-                xl = as_leaves(x, requires_grad=s > 0)
-                y = run_stage(self.modules[s], params, from_tuple(xl, isinstance(x, tuple)))
-                rec = {"x": xl, "y": y, "params": params, "like": isinstance(x, tuple)}
-                if s == self.S - 1:
-                    _, target = data(b)
-                    rec["loss"] = self.model.loss(y, target)
-                    rec["target"] = target
-                    metrics["loss"] += float(rec["loss"])
-                    metrics["n"] += 1
-                    metrics["correct"] += self.model.correct(y.detach(), target)
-                    metrics["samples"] += int(target.shape[0])
-                self.records[(s, b)] = rec
-            elif op.kind in ("B", "BW"):
-                rec = self.records.pop((s, b))
-                last = s == self.S - 1
-                kw = dict(loss_fn=self.model.loss, target=rec["target"]) if last else dict(cot=self.records.pop(("cot", s, b)))
-                dx, dw, _ = vjp(self.modules[s], rec["params"], rec["x"], rec["like"],
-                                rec["y"], **kw)
-                for n, g in dw.items():
-                    self.buf[s][n].add_(g)
-                if s > 0:
-                    self.records[("cot", s - 1, b)] = dx
-            elif op.kind == "STEP":
-                n = self.prog.count[(s, op.step)]
-                self.staleness.append(self._others(s) - self.read_at.pop(s, 0))
-                for name, t in self.shared[s].items():
-                    t.data.add_(self.buf[s][name], alpha=-self.ctx.lr / n)  # no lock: Hogwild
-                    self.buf[s][name].zero_()
-                self.counters[s, self.rank] += 1
-                version = int(self.counters[s].sum().item())
-            else:
-                raise ValueError(f"the async rule cannot run {op.kind} ops")
-            end = time.perf_counter()
-            timeline.append((self.rank, s, R * self.M + b if b >= 0 else -1, op.kind,
-                             (start - t0) * 1e3, (end - t0) * 1e3, version, R, 0.0))
-
-    def weights(self):
-        return {s: {n: t.detach().clone() for n, t in sh.items()} for s, sh in enumerate(self.shared)}
-
-    def memory(self):
-        st = self.staleness
-        return {s: dict(peak_versions=1, peak_live_microbatches=None, peak_activation_bytes=None,
-                        staleness_mean=(sum(st) / len(st)) if st else 0.0, staleness_max=max(st, default=0),
-                        updates=len(st)) for s in range(self.S)}

@@ -1,0 +1,133 @@
+"""Data-parallel BSP (``dp-bsp``) executed with :class:`torch.nn.parallel.DistributedDataParallel`."""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+
+import torch
+
+from ..schedules.core import Schedule
+from .stages import as_leaves, as_tuple, float_indices, from_tuple, nbytes, stage_module
+from .worker import RankProgram
+
+
+class DDPExecutor:
+    """Data-parallel BSP (``dp-bsp``) through :class:`torch.nn.parallel.DistributedDataParallel`.
+
+    Every worker holds all stages; stage ``s`` is wrapped in its own DDP module, so ``B(s, b)``
+    (one ``backward`` of the stage from its output cotangent) all-reduces stage ``s``'s gradient
+    buckets while the backward runs (DDP's reducer), and ``AR(s, t)`` has nothing left to do.
+    Microbatches other than a worker's last one of an update run their forward under ``no_sync``
+    (local accumulation). The loss of each microbatch is scaled by ``R / n`` so DDP's average over
+    the ``R`` replicas yields the mean over the ``n`` microbatches of the update.
+    """
+
+    def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], groups: dict):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        self.ctx, self.schedule, self.model, self.rank = ctx, schedule, model, ctx.rank
+        self.S, self.M = schedule.num_stages, schedule.microbatches
+        self.prog = RankProgram(schedule, self.rank)
+        self.R = schedule.num_workers
+        self.modules, self.ddp = [], []
+        for s, (a, z) in enumerate(bounds):
+            m = stage_module(model.layers, a, z).to(ctx.device)
+            with torch.no_grad():
+                for n, p in m.named_parameters():
+                    p.copy_(init_weights[s][n])
+            self.modules.append(m)
+            self.ddp.append(DDP(m, device_ids=None if ctx.device.type == "cpu" else [ctx.device.index]))
+        ops = self.prog.ops
+        # the microbatch whose backward completes each (stage, update) on this worker: forward with sync
+        self.sync, self.step_of = set(), {}
+        pending = defaultdict(list)
+        for op in ops:
+            if op.kind == "B":
+                pending[op.stage].append(op.microbatch)
+            elif op.kind in ("BI", "BW"):
+                raise ValueError("split backward (BI/BW) is not supported with DDP")
+            elif op.kind == "AR":
+                if pending[op.stage]:
+                    self.sync.add((op.stage, pending[op.stage][-1]))
+                for b in pending[op.stage]:
+                    self.step_of[(op.stage, b)] = op.step
+                pending[op.stage] = []
+        for s, b in self.sync:
+            i_f = next(i for i, o in enumerate(ops) if (o.kind, o.stage, o.microbatch) == ("F", s, b))
+            i_b = next(i for i, o in enumerate(ops) if (o.kind, o.stage, o.microbatch) == ("B", s, b))
+            if any(o.kind == "B" and o.stage == s for o in ops[i_f + 1:i_b]):
+                raise ValueError("DDP needs each update's last forward of a stage to be followed by its own backward "
+                                 "before any other backward of that stage")
+        self.records = {}
+        self.peak_live = 0
+        self.peak_act_bytes = 0
+        self.momentum = [{n: torch.zeros_like(p) for n, p in m.named_parameters()} for m in self.modules]
+
+    def optimizer_state(self):
+        return {s: {n: b.clone() for n, b in m.items()} for s, m in enumerate(self.momentum)}
+
+    def load_optimizer_state(self, state):
+        for s, bufs in state.items():
+            for n, b in bufs.items():
+                self.momentum[s][n].copy_(b)
+
+    def receive_plan(self, rounds):
+        return []
+
+    def run_round(self, k, R, data, timeline, metrics):
+        t0 = self.ctx.t0
+        for op in self.prog.ops:
+            s, b = op.stage, op.microbatch
+            start = time.perf_counter()
+            if op.kind == "F":
+                x = data(b)[0] if s == 0 else self.records[(s - 1, b)]["y"].detach()
+                xl = as_leaves(x, requires_grad=s > 0)
+                sync = (s, b) in self.sync
+                with (contextlib.nullcontext() if sync else self.ddp[s].no_sync()):
+                    y = self.ddp[s](from_tuple(xl, isinstance(x, tuple)))
+                rec = {"x": xl, "y": y, "bytes": nbytes(xl) + nbytes(as_tuple(y))}
+                if s == self.S - 1:
+                    _, target = data(b)
+                    loss = self.model.loss(y, target)
+                    metrics["loss"] += float(loss.detach())
+                    metrics["n"] += 1
+                    metrics["correct"] += self.model.correct(y.detach(), target)
+                    metrics["samples"] += int(target.shape[0])
+                    rec["loss"] = loss
+                self.records[(s, b)] = rec
+                self.peak_live = max(self.peak_live, len({bb for _, bb in self.records}))
+                self.peak_act_bytes = max(self.peak_act_bytes, sum(r["bytes"] for r in self.records.values()))
+            elif op.kind == "B":
+                rec = self.records.pop((s, b))
+                if s == self.S - 1:
+                    n = self.prog.count[(s, self.step_of[(s, b)])]
+                    (rec["loss"] * (self.R / n)).backward()
+                else:
+                    yt = as_tuple(rec["y"])
+                    cot = self.records.pop(("cot", s, b))
+                    pairs = [(yt[i], c) for i, c in zip(float_indices(yt), cot) if yt[i].requires_grad]
+                    torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])
+                if s > 0:
+                    xs = [rec["x"][i] for i in float_indices(rec["x"])]
+                    self.records[("cot", s - 1, b)] = [t.grad if t.grad is not None else torch.zeros_like(t) for t in xs]
+            elif op.kind == "STEP":
+                mu = self.ctx.momentum
+                with torch.no_grad():
+                    for nm, p in self.modules[s].named_parameters():
+                        if p.grad is not None:
+                            d = p.grad
+                            if mu:
+                                d = self.momentum[s][nm].mul_(mu).add_(p.grad)
+                            p.add_(d, alpha=-self.ctx.lr)
+                            p.grad = None
+            end = time.perf_counter()
+            rel = op.step + 1 if op.kind == "STEP" else (op.step if op.kind == "AR" else op.version)
+            timeline.append((self.rank, s, R * self.M + b if b >= 0 else -1, op.kind,
+                             (start - t0) * 1e3, (end - t0) * 1e3, R * self.prog.per_round[s] + rel, R, 0.0))
+
+    def weights(self):
+        return {s: {n: p.detach().clone() for n, p in m.named_parameters()} for s, m in enumerate(self.modules)}
+
+    def memory(self):
+        return {s: dict(peak_versions=1, peak_live_microbatches=self.peak_live, peak_activation_bytes=self.peak_act_bytes)
+                for s in range(self.S)}

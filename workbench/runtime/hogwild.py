@@ -1,0 +1,107 @@
+"""Asynchronous data parallelism (``dp-asp``): Hogwild on shared-memory weights, staleness measured."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..schedules.core import Schedule
+from .stages import as_leaves, from_tuple, run_stage, stage_module, vjp
+from .worker import RankProgram
+
+
+class HogwildExecutor:
+    """Asynchronous data parallelism (``async`` rule) on shared-memory weights, without locks.
+
+    Every worker holds all stages. ``F(s, b)`` reads the current shared weights of stage ``s``;
+    ``STEP(s, t)`` writes ``W_s <- W_s - lr * mean gradient`` in place while the other replicas keep
+    running (Hogwild). Staleness of an update = updates of that stage written by the other replicas
+    between this replica's read (its first forward of the update) and its write, counted with a
+    shared per-(stage, replica) counter table whose slots only their owner writes.
+    """
+
+    def __init__(self, ctx, schedule: Schedule, model, bounds, shared: list[dict], counters: torch.Tensor):
+        self.ctx, self.schedule, self.model, self.rank = ctx, schedule, model, ctx.rank
+        self.S, self.M = schedule.num_stages, schedule.microbatches
+        self.prog = RankProgram(schedule, self.rank)
+        self.modules = [stage_module(model.layers, a, z).to(ctx.device) for a, z in bounds]
+        self.shared, self.counters = shared, counters  # counters[s, w]
+        self.buf = [{n: torch.zeros_like(t) for n, t in sh.items()} for sh in shared]
+        self.momentum = [{n: torch.zeros_like(t) for n, t in sh.items()} for sh in shared]  # local to the replica
+        self.records = {}
+        self.read_at: dict[int, int] = {}
+        self.staleness: list[int] = []
+
+    def receive_plan(self, rounds):
+        return []
+
+    def _others(self, s: int) -> int:
+        return int(self.counters[s].sum().item() - self.counters[s, self.rank].item())
+
+    def run_round(self, k, R, data, timeline, metrics):
+        t0 = self.ctx.t0
+        for op in self.prog.ops:
+            s, b = op.stage, op.microbatch
+            start = time.perf_counter()
+            version = -1
+            if op.kind == "F":
+                x = data(b)[0] if s == 0 else self.records[(s - 1, b)]["y"].detach()
+                self.read_at.setdefault(s, self._others(s))
+                version = int(self.counters[s].sum().item())
+                params = {n: t.data.requires_grad_(True) for n, t in self.shared[s].items()}
+                xl = as_leaves(x, requires_grad=s > 0)
+                y = run_stage(self.modules[s], params, from_tuple(xl, isinstance(x, tuple)))
+                rec = {"x": xl, "y": y, "params": params, "like": isinstance(x, tuple)}
+                if s == self.S - 1:
+                    _, target = data(b)
+                    rec["loss"] = self.model.loss(y, target)
+                    rec["target"] = target
+                    metrics["loss"] += float(rec["loss"].detach())
+                    metrics["n"] += 1
+                    metrics["correct"] += self.model.correct(y.detach(), target)
+                    metrics["samples"] += int(target.shape[0])
+                self.records[(s, b)] = rec
+            elif op.kind in ("B", "BW"):
+                rec = self.records.pop((s, b))
+                last = s == self.S - 1
+                kw = dict(loss_fn=self.model.loss, target=rec["target"]) if last else dict(cot=self.records.pop(("cot", s, b)))
+                dx, dw, _ = vjp(self.modules[s], rec["params"], rec["x"], rec["like"],
+                                rec["y"], **kw)
+                for n, g in dw.items():
+                    self.buf[s][n].add_(g)
+                if s > 0:
+                    self.records[("cot", s - 1, b)] = dx
+            elif op.kind == "STEP":
+                n = self.prog.count[(s, op.step)]
+                self.staleness.append(self._others(s) - self.read_at.pop(s, 0))
+                mu = self.ctx.momentum
+                for name, t in self.shared[s].items():
+                    d = self.buf[s][name].div_(n)
+                    if mu:
+                        d = self.momentum[s][name].mul_(mu).add_(d)
+                    t.data.add_(d, alpha=-self.ctx.lr)  # no lock: Hogwild
+                    self.buf[s][name].zero_()
+                self.counters[s, self.rank] += 1
+                version = int(self.counters[s].sum().item())
+            else:
+                raise ValueError(f"the async rule cannot run {op.kind} ops")
+            end = time.perf_counter()
+            timeline.append((self.rank, s, R * self.M + b if b >= 0 else -1, op.kind,
+                             (start - t0) * 1e3, (end - t0) * 1e3, version, R, 0.0))
+
+    def weights(self):
+        return {s: {n: t.detach().clone() for n, t in sh.items()} for s, sh in enumerate(self.shared)}
+
+    def optimizer_state(self):
+        return {s: {n: b.clone() for n, b in m.items()} for s, m in enumerate(self.momentum)}
+
+    def load_optimizer_state(self, state):
+        for s, bufs in state.items():
+            for n, b in bufs.items():
+                self.momentum[s][n].copy_(b)
+
+    def memory(self):
+        st = self.staleness
+        return {s: dict(peak_versions=1, peak_live_microbatches=None, peak_activation_bytes=None,
+                        staleness_mean=(sum(st) / len(st)) if st else 0.0, staleness_max=max(st, default=0),
+                        updates=len(st)) for s in range(self.S)}

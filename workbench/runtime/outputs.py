@@ -1,0 +1,151 @@
+"""Run outputs: checkpoints, metrics.csv, timeline.csv, summary.json (all written atomically).
+
+* ``metrics.csv``  one row per minibatch (``step``): loss, accuracy (training microbatches), samples/s,
+  wall ms, and at the end of each epoch the test loss/accuracy
+* ``timeline.csv`` measured ops ``worker, stage, microbatch, kind, start, end, version, step, wait_ms``
+  (ms since a barrier-synchronised t0), merged from all ranks on rank 0
+* ``checkpoints/round{R}/stage{s}_replica{r}.pt`` written by each stage replica itself (weights,
+  optimizer state, step, rng); ``COMPLETE`` marks a checkpoint all ranks finished
+* ``summary.json`` throughput, wall time, final loss/accuracy, per-rank peak memory and stash depth
+
+Every file is written under a temporary name and renamed into place, so a failed run leaves its
+earlier complete checkpoints and never a half-written file.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .job import Job
+
+TIMELINE_COLUMNS = ["worker", "stage", "microbatch", "kind", "start", "end", "version", "step", "wait_ms"]
+METRIC_COLUMNS = ["step", "epoch", "loss", "accuracy", "samples", "samples_per_s", "wall_ms", "test_loss", "test_accuracy"]
+
+
+def atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def atomic_text(text: str, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    """The newest checkpoint folder every rank finished (``COMPLETE`` present)."""
+    root = Path(out) / "checkpoints"
+    done = sorted(p for p in root.glob("round*") if (p / "COMPLETE").exists()) if root.exists() else []
+    return done[-1] if done else None
+
+
+def load_stage(ckpt: Path, stage: int, replica: int) -> dict:
+    path = ckpt / f"stage{stage}_replica{replica}.pt"
+    if not path.exists():
+        path = ckpt / f"stage{stage}_replica0.pt"
+    return torch.load(path, weights_only=False)
+
+
+def jsonable(d):
+    return json.loads(json.dumps(d, default=str))
+
+
+def peak_rss() -> int:
+    import resource
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
+    """Merge the ranks' per-step rows and timeline rows and append them to the CSVs (rank 0)."""
+    steps: dict[int, dict] = {}
+    timeline = []
+    for rows, tl in gathered:
+        timeline.extend(tl)
+        for r in rows:
+            acc = steps.setdefault(r["step"], dict(step=r["step"], epoch=r["epoch"], loss=0.0, n=0, correct=0,
+                                                   samples=0, end_ms=0.0))
+            for k in ("loss", "n", "correct", "samples"):
+                acc[k] += r[k]
+            for k in ("test_loss", "test_accuracy"):
+                if k in r:
+                    acc[k] = r[k]
+            acc["end_ms"] = max(acc["end_ms"], r["end_ms"])
+    metrics_path = out / "metrics.csv"
+    old = []
+    if metrics_path.exists():
+        with open(metrics_path) as f:
+            old = [r for r in csv.DictReader(f) if truncate_from < 0 or int(r["step"]) < truncate_from]
+    prev_end = float(old[-1]["wall_ms"]) if old and truncate_from < 0 else 0.0
+    new = []
+    for st in sorted(steps):
+        a = steps[st]
+        dt = max(a["end_ms"] - prev_end, 1e-9)
+        new.append(dict(step=st, epoch=a["epoch"], loss=a["loss"] / max(a["n"], 1),
+                        accuracy=a["correct"] / max(a["samples"], 1), samples=job.batch_size,
+                        samples_per_s=job.batch_size / dt * 1e3, wall_ms=a["end_ms"],
+                        test_loss=a.get("test_loss", ""), test_accuracy=a.get("test_accuracy", "")))
+        prev_end = a["end_ms"]
+    _write_csv(metrics_path, METRIC_COLUMNS, old + new)
+    tl_path = out / "timeline.csv"
+    old_tl = []
+    if tl_path.exists():
+        with open(tl_path) as f:
+            old_tl = [r for r in csv.DictReader(f) if truncate_from < 0 or int(r["step"]) < truncate_from]
+    timeline.sort(key=lambda r: (r[4], r[0]))
+    _write_csv(tl_path, TIMELINE_COLUMNS, old_tl + [dict(zip(TIMELINE_COLUMNS, r)) for r in timeline])
+
+
+def _write_csv(path: Path, columns, rows) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, path)
+
+
+def write_summary(out: Path, job: Job, gathered) -> None:
+    infos = [g[0] for g in gathered]
+    rows = []
+    if (out / "metrics.csv").exists():
+        with open(out / "metrics.csv") as f:
+            rows = list(csv.DictReader(f))
+    wall_s = max(i["wall_s"] for i in infos)
+    samples = max(i["samples"] for i in infos)
+    walls = [float(r["wall_ms"]) for r in rows]
+    k = len(walls) - 1
+    while k > 0 and walls[k - 1] < walls[k]:  # this invocation's steps (wall clock restarts on resume)
+        k -= 1
+    steady = (len(walls) - 1 - k) * job.batch_size / (walls[-1] - walls[k]) * 1e3 if len(walls) - k > 1 else None
+    summary = dict(
+        schedule=job.schedule.name, update=job.schedule.update, workers=job.schedule.num_workers,
+        stages=job.schedule.num_stages, microbatches=job.schedule.microbatches, batch_size=job.batch_size,
+        lr=job.lr, momentum=job.momentum, seed=job.seed, steps=len(rows), bounds=[list(b) for b in job.bounds], backend=job.backend,
+        device=job.device, wall_s=wall_s, samples_per_s=samples / wall_s if wall_s > 0 else None,
+        samples_per_s_steady=steady,
+        final_loss=float(rows[-1]["loss"]) if rows else None,
+        final_accuracy=float(rows[-1]["accuracy"]) if rows else None,
+        final_test_accuracy=float(rows[-1]["test_accuracy"]) if rows and rows[-1].get("test_accuracy") else None,
+        final_test_loss=float(rows[-1]["test_loss"]) if rows and rows[-1].get("test_loss") else None,
+        ranks=infos, options=jsonable(job.options),
+    )
+    if job.schedule.update == "async":
+        st = [m for i in infos for m in i["memory"].values()]
+        n = sum(s["updates"] for s in st)
+        summary["staleness_mean"] = sum(s["staleness_mean"] * s["updates"] for s in st) / max(n, 1)
+        summary["staleness_max"] = max(s["staleness_max"] for s in st)
+    atomic_text(json.dumps(summary, indent=2, default=str), out / "summary.json")
+    if job.return_weights:
+        weights = {}
+        for _, w in gathered:
+            for s, ws in (w or {}).items():
+                weights.setdefault(s, ws)
+        atomic_save(weights, out / "weights.pt")
+
+

@@ -1,0 +1,258 @@
+"""The program of one rank: join the process group, build its executor, run the epochs.
+
+Per epoch: post the epoch's receive plan, run the rounds (one minibatch each; fault injection at the
+start of a round), flush the sends, let every stage replica write its checkpoint, evaluate on the
+test split (rank 0), gather metrics and timeline rows on rank 0, barrier, mark the checkpoint
+complete. A rank that raises records ``(rank, time, error)`` in ``out/.errors`` so the launcher can
+name the first failure (the others fail as a consequence).
+"""
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from .job import Job, RankContext
+from .outputs import append_outputs, atomic_save, atomic_text, jsonable, latest_checkpoint, load_stage, peak_rss, write_summary
+from .stages import DataOrder, as_tuple, microbatch, run_stage, stage_module, stage_params
+
+def _init_dist(rank: int, world: int, job: Job, addr: str | None, port: int | None):
+    import torch.distributed as dist
+    kw = dict(backend=job.backend, rank=rank, world_size=world, timeout=timedelta(seconds=job.timeout_s))
+    if addr is None:
+        dist.init_process_group(init_method="env://", **kw)
+    else:
+        dist.init_process_group(init_method=f"tcp://{addr}:{port}", **kw)
+    return dist
+
+
+def _make_groups(dist, rank: int, job: Job) -> dict:
+    """One process group per distinct replica set of a stage, plus ``act``/``grad``: all ranks, one
+    communicator per transfer direction (created in the same order on all ranks)."""
+    groups = {}
+    if job.schedule.num_stages > 1 and job.schedule.update != "async" and job.schedule.name != "dp-bsp":
+        for k in ("act", "grad"):
+            groups[k] = dist.new_group(list(range(job.schedule.num_workers)), timeout=timedelta(seconds=job.timeout_s))
+    for ws in sorted({tuple(w) for w in job.schedule.stage_workers if len(w) > 1}):
+        g = dist.new_group(list(ws), timeout=timedelta(seconds=job.timeout_s))
+        if rank in ws:
+            groups[ws] = g
+    return groups
+
+
+def _boundary_specs(model, bounds, x) -> tuple[list, list]:
+    """Shapes/dtypes of every stage output for one microbatch, by running the model once."""
+    specs, like = [], []
+    with torch.no_grad():
+        for a, z in bounds:
+            like.append(isinstance(x, tuple))
+            x = run_stage(stage_module(model.layers, a, z), dict(stage_module(model.layers, a, z).named_parameters()), x)
+            specs.append([(tuple(t.shape), t.dtype) for t in as_tuple(x)])
+    return specs, like
+
+
+def _warm_up_compute(model, bounds, x, y) -> None:
+    """One forward and backward of the whole model on copies of the weights: the first backward of a
+    process pays one-off lazy initialisation (imports, ~1 s on CPU here) that would otherwise land in step 0."""
+    leaves = []
+    for a, z in bounds:
+        m = stage_module(model.layers, a, z)
+        params = {n: p.detach().clone().requires_grad_(True) for n, p in m.named_parameters()}
+        leaves += list(params.values())
+        x = run_stage(m, params, x)
+    if leaves:
+        torch.autograd.grad(model.loss(x, y), leaves, allow_unused=True)
+    a = torch.ones(2, requires_grad=True)  # a VJP with explicit cotangents lazily imports sympy (~1 s)
+    torch.autograd.grad([a * 2], [a], [torch.ones(2)])
+
+
+def worker_main(rank: int, world: int, jobs: list[Job], addr: str | None, port: int | None, shareds=None) -> None:
+    """Entry of one rank: join the process group, then run the jobs one after the other."""
+    job = jobs[0]
+    torch.set_num_threads(max(1, job.threads))
+    device = torch.device("cpu")
+    if job.device.startswith("cuda"):
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    dist = _init_dist(rank, world, job, addr, port)
+    try:
+        for i, job in enumerate(jobs):
+            groups = _make_groups(dist, rank, job)
+            _train_rank(rank, world, job, dist, groups, device, shareds[i] if shareds else None)
+    except BaseException as e:  # record the time of the failure: the parent names the first rank that failed
+        err = Path(job.out) / ".errors"
+        err.mkdir(parents=True, exist_ok=True)
+        atomic_text(json.dumps(dict(rank=rank, time=time.time(), error=f"{type(e).__name__}: {e}")),
+                     err / f"rank{rank}.json")
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def first_failure(jobs: list[Job]) -> dict | None:
+    """The earliest recorded rank failure of these jobs (the root cause; later ones are consequences)."""
+    errs = []
+    for j in jobs:
+        for p in (Path(j.out) / ".errors").glob("rank*.json"):
+            try:
+                errs.append(json.loads(p.read_text()))
+            except (OSError, json.JSONDecodeError):
+                pass
+    return min(errs, key=lambda e: e["time"]) if errs else None
+
+
+def _train_rank(rank, world, job: Job, dist, groups, device, shared):
+    from .ddp import DDPExecutor
+    from .hogwild import HogwildExecutor
+    from .worker import PipelineExecutor
+    sched = job.schedule
+    model = job.model_fn()
+    model.to(device)
+    model.train()
+    dataset = job.dataset_fn()
+    dtype = getattr(torch, job.dtype) if job.dtype else None
+    order = DataOrder(len(dataset), job.batch_size, sched.microbatches, job.seed)
+    rpe = order.rounds_per_epoch
+    out = Path(job.out)
+    my_stages = sorted({op.stage for op in sched.ops[rank]})
+    modules = [stage_module(model.layers, a, z) for a, z in job.bounds]
+    init = [stage_params(m) for m in modules]
+    start_round, opt_state = 0, {}
+    ckpt = latest_checkpoint(out) if job.resume else None
+    if ckpt is not None:
+        for s in my_stages:
+            rep = sched.stage_workers[s].index(rank) if rank in sched.stage_workers[s] else 0
+            saved = load_stage(ckpt, s, rep)
+            init[s] = {n: t.to(device) for n, t in saved["weights"].items()}
+            opt_state[s] = {n: t.to(device) for n, t in saved["optimizer"].get("momentum_buffer", {}).items()}
+        start_round = int(ckpt.name[len("round"):])
+    ctx = RankContext(rank, world, device, job.lr, job.timeout_s, momentum=job.momentum, start_round=start_round,
+                      lookahead=job.lookahead, backend=job.backend)
+    x0, y0 = microbatch(dataset, order.indices(order.permutation(0), 0, 0), device, dtype)
+    ctx.specs, ctx.like_tuple = _boundary_specs(model, job.bounds, x0)
+    _warm_up_compute(model, job.bounds, x0, y0)
+    if sched.update == "async":
+        executor = HogwildExecutor(ctx, sched, model, job.bounds, *shared)
+    elif sched.name == "dp-bsp":
+        executor = DDPExecutor(ctx, sched, model, job.bounds, init, groups)
+    else:
+        executor = PipelineExecutor(ctx, sched, model, job.bounds, init, groups)
+    if opt_state and job.momentum:
+        executor.load_optimizer_state(opt_state)
+    if hasattr(executor, "comm"):
+        executor.warm_up()
+    barrier = functools.partial(dist.monitored_barrier, timeout=timedelta(seconds=job.timeout_s)) \
+        if job.backend == "gloo" else dist.barrier
+    barrier()
+    gc.collect()
+    gc.freeze()  # long-lived objects (torch & co.) are no longer scanned by the collector during the steps
+    ctx.t0 = time.perf_counter()
+    wall0 = time.time()
+    bar = None
+    if rank == 0 and job.progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=job.rounds_total, initial=start_round, desc=f"{sched.name} train", unit="step", file=sys.stderr)
+    R = start_round
+    samples_done = 0
+    while R < job.rounds_total:
+        epoch, first = divmod(R, rpe)
+        rounds = list(range(first, min(rpe, first + job.rounds_total - R)))
+        perm = order.permutation(epoch)
+        executor_plan = executor.receive_plan(rounds)
+        if hasattr(executor, "comm"):
+            executor.comm.set_plan(executor_plan)
+        timeline, rows = [], []
+        for k in rounds:
+            Rg = epoch * rpe + k
+            if job.fail_rank == rank and job.fail_at_step == Rg:
+                raise RuntimeError(f"injected fault at step {Rg}")
+            cache = {}
+
+            def data(b, k=k, cache=cache):
+                if b not in cache:
+                    cache[b] = microbatch(dataset, order.indices(perm, k, b), device, dtype)
+                return cache[b]
+
+            metrics = {"loss": 0.0, "n": 0, "correct": 0, "samples": 0}
+            executor.run_round(k, Rg, data, timeline, metrics)
+            rows.append(dict(step=Rg, epoch=epoch, end_ms=(time.perf_counter() - ctx.t0) * 1e3, **metrics))
+            samples_done += job.batch_size
+            if bar is not None:
+                bar.update(1)
+        if hasattr(executor, "comm"):
+            executor.comm.flush()
+        R = epoch * rpe + rounds[-1] + 1
+        ck = _write_checkpoint(out, R, epoch, executor, job, rank)
+        evaluation = _evaluate(rank, world, job, dist, executor, model, device, dtype) if job.evaluate else None
+        if evaluation is not None and rank == 0:
+            rows[-1].update(evaluation)
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object((rows, timeline), gathered, dst=0)
+        if rank == 0:
+            append_outputs(out, gathered, job, start_round)
+            start_round = -1  # only the first write after a resume truncates
+        barrier()
+        if rank == 0:
+            (ck / "COMPLETE").write_text("ok\n")
+    if bar is not None:
+        bar.close()
+    wall_s = time.time() - wall0
+    info = dict(rank=rank, stages=my_stages, memory=jsonable(executor.memory()), peak_rss_bytes=peak_rss(),
+                cuda_max_memory_allocated=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+                bytes_sent=getattr(getattr(executor, "comm", None), "bytes_sent", 0),
+                receive_post_ms=getattr(getattr(executor, "comm", None), "post_ms", 0.0), wall_s=wall_s,
+                samples=samples_done)
+    weights = executor.weights() if job.return_weights else None
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object((info, weights), gathered, dst=0)
+    if rank == 0:
+        write_summary(out, job, gathered)
+    return None
+
+
+def _write_checkpoint(out: Path, R: int, epoch: int, executor, job: Job, rank: int) -> Path:
+    """Every stage replica on this rank writes ``stage{s}_replica{r}.pt`` (weights, optimizer state,
+    step, rng) into ``checkpoints/round{R}``; rank 0 marks it ``COMPLETE`` once all ranks are done."""
+    ck = out / "checkpoints" / f"round{R:06d}"
+    ck.mkdir(parents=True, exist_ok=True)
+    opt = executor.optimizer_state()
+    for s, w in executor.weights().items():
+        rep = job.schedule.stage_workers[s].index(rank)
+        atomic_save(dict(weights=w, step=R, epoch=epoch, stage=s, replica=rep, schedule=job.schedule.name,
+                         optimizer=dict(kind="sgd", lr=job.lr, momentum=job.momentum, momentum_buffer=opt[s]),
+                         rng=torch.get_rng_state()), ck / f"stage{s}_replica{rep}.pt")
+    return ck
+
+
+def _evaluate(rank, world, job: Job, dist, executor, model, device, dtype) -> dict | None:
+    """Test loss/accuracy of the newest weights: replica 0 of every stage sends its weights to rank 0,
+    which runs the whole model over the test split (mean loss over samples, argmax accuracy)."""
+    sched = job.schedule
+    mine = {s: {n: t.cpu() for n, t in w.items()} for s, w in executor.weights().items() if sched.stage_workers[s][0] == rank}
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    if rank != 0:
+        return None
+    weights = {s: w for g in gathered for s, w in g.items()}
+    try:
+        test = job.dataset_fn(split="test")
+    except (ValueError, TypeError, OSError):
+        return None
+    mods = [stage_module(model.layers, a, z) for a, z in job.bounds]
+    total, correct, n = 0.0, 0, len(test)
+    with torch.no_grad():
+        for i in range(0, n, job.batch_size):
+            x, y = microbatch(test, torch.arange(i, min(n, i + job.batch_size)), device, dtype)
+            for s, m in enumerate(mods):
+                x = run_stage(m, {k: v.to(device) for k, v in weights[s].items()}, x)
+            total += float(model.loss(x, y)) * int(y.shape[0])
+            correct += model.correct(x, y)
+    return dict(test_loss=total / n, test_accuracy=correct / n)
+
+
