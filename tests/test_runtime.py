@@ -19,7 +19,7 @@ from workbench.plan import Plan
 from workbench.runtime import prepare, reference_train, run_jobs, train
 from workbench.runtime.outputs import latest_checkpoint
 from workbench.runtime.stages import DataOrder, microbatch, run_stage, stage_module, stage_params
-from workbench.schedules import build
+from workbench.schedules import build, from_placement, worker_stats
 
 WIDTHS = (8, 16, 16, 16, 4)  # 7 layers: Linear/ReLU alternating
 BATCH, LR = 16, 0.1
@@ -139,6 +139,7 @@ SYNC_RUNS = {  # name -> (schedule, options, microbatches): expected to equal mi
     "zb-h1": ("zb-h1", {}, 4),
     "interleaved": ("interleaved-1f1b", {}, 4),
     "dp-bsp": ("dp-bsp", {}, 2),  # one microbatch per replica: one update per minibatch
+    "fsdp": ("fsdp", {}, 4),  # master family: stage s's weights on worker s, fetched by the other worker
 }
 RULE_RUNS = {  # expected to equal the (separately tested) reference
     "stash": ("pipedream", {}, 4),
@@ -302,8 +303,9 @@ def test_bad_inputs_raise_one_line_value_errors(tmp_path):
         prepare("toy-mlp", "gpipe", workers=512, microbatches=4, **kw)
     with pytest.raises(ValueError, match="not divisible"):
         prepare("toy-mlp", "gpipe", workers=2, microbatches=5, **kw)
-    with pytest.raises(ValueError, match="remote weights|another worker"):
-        prepare("toy-mlp", "fsdp", workers=2, microbatches=2, **kw)
+    with pytest.raises(ValueError, match="remote weights|another worker"):  # forward and backward read different owners
+        prepare("toy-mlp", from_placement(lambda s, b, d: (b % 2, 0 if d == "forward" else 1), 2, 2, 2), workers=2,
+                microbatches=2, **kw)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -322,3 +324,79 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
     assert run_train(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "CPU cores" in err[0]
+
+
+# ---- master family: weights fetched from their owner, gradients pushed back ---------------------
+def replicated_owner_placement(s, b, d):
+    """4 workers, 2 stages: compute on b mod 4; stage s's weights on {2s, 2s+1} (two holders: AR), read from
+    2s + (b+1) mod 2. Covers a holder reading the other holder's weights (its gradient stays local) and
+    non-holders pushing gradients to either holder."""
+    return b % 4, 2 * s + (b + 1) % 2
+
+
+MASTER4_RUNS = {  # 4 ranks on 2 cores (oversubscribed); name -> (schedule or name, options, microbatches, momentum)
+    "fslpp": ("fslpp", {"group_size": 2}, 4, 0.0),  # W = G R = 4, 4 stages: compute h(s,b), weights h(s,s)
+    "placement": (from_placement(replicated_owner_placement, 2, 4, 4), {}, 4, MU),
+}
+
+
+@pytest.fixture(scope="module")
+def runs4(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rt4")
+    jobs = [prepare("toy-mlp", name, workers=4, microbatches=m, steps=STEPS, out=root / key, schedule_options=opts,
+                    momentum=mu, **COMMON) for key, (name, opts, m, mu) in MASTER4_RUNS.items()]
+    return dict(zip(MASTER4_RUNS, zip(jobs, run_jobs(jobs))))
+
+
+def pushes_expected(schedule):
+    """Gradient pushes per worker and round, derived from the placement: one per (stage, owner) that a
+    worker holding no replica of the stage computes backwards for (its microbatch gradients are summed)."""
+    out = []
+    for w, ops in enumerate(schedule.ops):
+        out.append(len({(op.stage, op.weights_worker) for op in ops if op.kind in ("B", "BW")
+                        and op.weights_worker not in (None, w) and w not in schedule.stage_workers[op.stage]}))
+    return out
+
+
+def check_master_run(job, summary, sgd: bool):
+    ref = reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR,
+                          rounds=STEPS, momentum=job.momentum)
+    assert max_diff(summary["weights"], ref) < 1e-5
+    if sgd:  # synchronous: plain minibatch SGD on the whole model
+        want = plain_sgd(job.model_fn, job.dataset_fn(), job.bounds, STEPS, job.schedule.microbatches)
+        assert max_diff(summary["weights"], want) < 1e-5
+    assert max_diff(summary["weights"], [stage_params(stage_module(job.model_fn().layers, a, z)) for a, z in job.bounds]) > 1e-3
+    stats = worker_stats(job.schedule)
+    fetched = [r["weight_fetches"] for r in summary["ranks"]]
+    assert sum(fetched) > 0  # the schedule really reads remote weights
+    assert fetched == [STEPS * int(n) for n in stats["weight_transfers"]]  # one fetch per (stage, microbatch) and step
+    assert sum(r["weight_sends"] for r in summary["ranks"]) == sum(fetched)
+    assert [r["gradient_pushes"] for r in summary["ranks"]] == [STEPS * n for n in pushes_expected(job.schedule)]
+    stage_bytes = [sum(p.numel() * p.element_size() for p in w.values()) for w in summary["weights"].values()]
+    assert sum(r["weight_fetch_bytes"] for r in summary["ranks"]) == STEPS * sum(
+        stage_bytes[op.stage] for w, op in job.schedule
+        if op.kind == "F" and op.weights_worker not in (None, w))
+
+
+@pytest.mark.distributed
+def test_fsdp_fetches_weights_and_matches_minibatch_sgd(runs):
+    job, summary = runs[0]["fsdp"]
+    check_master_run(job, summary, sgd=True)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("key", list(MASTER4_RUNS))
+def test_master_schedules_on_four_ranks(runs4, key):
+    job, summary = runs4[key]
+    check_master_run(job, summary, sgd=job.momentum == 0)
+    if key == "placement":  # two holders per stage: their weights agree after the all-reduced steps
+        assert all(len(ws) == 2 for ws in job.schedule.stage_workers)
+
+
+def test_reference_master_schedules_are_minibatch_sgd():
+    model_fn, ds = toy()
+    for sched in (build("fsdp", 3, 4, workers=2), build("fslpp", 4, 4, workers=4, group_size=2),
+                  from_placement(replicated_owner_placement, 2, 4, 4)):
+        b = bounds_of(sched.num_stages)
+        ref = reference_train(sched, model_fn(), b, ds, batch_size=BATCH, lr=LR, rounds=3)
+        assert max_diff(ref, plain_sgd(model_fn, ds, b, 3, 4)) < 1e-12, sched.name

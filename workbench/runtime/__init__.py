@@ -5,7 +5,8 @@
 
 Modules: ``launch`` (parent side: validate, spawn, collect), ``rank`` (one rank's program), ``worker``
 (executors of a rank's op list: pipeline with versioned weights, DDP, Hogwild), ``comm`` (pre-posted
-point-to-point transfers), ``stages`` (stage functions, deterministic data order), ``outputs``
+point-to-point transfers), ``fetch`` (remote weights of the master family: fetches from the owner,
+gradient pushes back), ``stages`` (stage functions, deterministic data order), ``outputs``
 (checkpoints, CSVs, summary), ``job`` (the picklable run description), ``cli`` (``workbench train``).
 """
 from .job import Job

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..schedules.core import Schedule, validate
+from .fetch import check_remote
 from .job import Job, build_dataset, build_model
 from .outputs import latest_checkpoint, load_stage
 from .rank import first_failure, worker_main
@@ -113,10 +114,7 @@ def prepare(model: str = "mlp", schedule="pipedream", workers: int = 2, microbat
         else:
             sched = make_schedule(schedule, workers, microbatches, **sopts)
     validate(sched)
-    for w, op in sched:
-        if op.weights_worker is not None and op.weights_worker != w:
-            raise ValueError(f"schedule {sched.name!r} runs ops on weights owned by another worker ({op} on worker {w}, "
-                             f"weights on {op.weights_worker}); this runtime does not fetch remote weights (FSDP-style)")
+    check_remote(sched)  # master family: remote weights are fetched from their owner (fetch.py)
     if sched.num_workers != workers:
         raise ValueError(f"schedule {sched.name!r} uses {sched.num_workers} workers but workers={workers}")
     if sched.microbatches != microbatches:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from .fetch import has_remote
 from .job import Job, RankContext
 from .outputs import append_outputs, atomic_save, atomic_text, jsonable, latest_checkpoint, load_stage, peak_rss, write_summary
 from .stages import DataOrder, as_tuple, microbatch, run_stage, stage_module, stage_params
@@ -38,6 +39,9 @@ def _make_groups(dist, rank: int, job: Job) -> dict:
     groups = {}
     if job.schedule.num_stages > 1 and job.schedule.update != "async" and job.schedule.name != "dp-bsp":
         for k in ("act", "grad"):
+            groups[k] = dist.new_group(list(range(job.schedule.num_workers)), timeout=timedelta(seconds=job.timeout_s))
+    if has_remote(job.schedule):  # master family: weight fetches and gradient pushes (fetch.py)
+        for k in ("fetch", "push"):
             groups[k] = dist.new_group(list(range(job.schedule.num_workers)), timeout=timedelta(seconds=job.timeout_s))
     for ws in sorted({tuple(w) for w in job.schedule.stage_workers if len(w) > 1}):
         g = dist.new_group(list(ws), timeout=timedelta(seconds=job.timeout_s))
@@ -185,7 +189,9 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
             samples_done += job.batch_size
             if bar is not None:
                 bar.update(1)
-        if hasattr(executor, "comm"):
+        if hasattr(executor, "flush"):
+            executor.flush()
+        elif hasattr(executor, "comm"):
             executor.comm.flush()
         R = epoch * rpe + rounds[-1] + 1
         ck = _write_checkpoint(out, R, epoch, executor, job, rank)
@@ -207,7 +213,7 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
                 cuda_max_memory_allocated=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
                 bytes_sent=getattr(getattr(executor, "comm", None), "bytes_sent", 0),
                 receive_post_ms=getattr(getattr(executor, "comm", None), "post_ms", 0.0), wall_s=wall_s,
-                samples=samples_done)
+                samples=samples_done, **(executor.remote.stats if getattr(executor, "remote", None) else {}))
     weights = executor.weights() if job.return_weights else None
     gathered = [None] * world if rank == 0 else None
     dist.gather_object((info, weights), gathered, dst=0)

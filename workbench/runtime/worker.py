@@ -21,6 +21,12 @@ stage's replicas in their own process group; ``STEP`` creates ``W^(t+1) = W^(t) 
 and ``d_t = g_t``, or with momentum ``mu`` the heavy-ball direction ``d_t = mu * d_(t-1) + g_t``
 (``d_(-1) = 0``, as :class:`torch.optim.SGD` without dampening).
 
+Remote weights (master family: FSDP, FSLPP, any ``from_placement`` placement). An op whose
+``weights_worker`` is another rank evaluates the stage with a copy of the owner's version fetched for
+that (stage, microbatch); its weight gradient, if this rank holds no replica of the stage, is summed
+and pushed to the owner, which adds it to the update buffer before the AR/STEP (see :mod:`.fetch`).
+Such a rank keeps no weights of the stage (``StageState.held`` is False) and checkpoints none.
+
 Executors: :class:`PipelineExecutor` here (every pipeline schedule, replicated stages included);
 :class:`~workbench.runtime.ddp.DDPExecutor` (``dp-bsp`` through DistributedDataParallel) and
 :class:`~workbench.runtime.hogwild.HogwildExecutor` (``async`` rule, lock-free shared memory).
@@ -37,6 +43,7 @@ import torch.distributed as dist
 
 from ..schedules.core import Schedule
 from .comm import P2P
+from .fetch import RemoteWeights, has_remote, is_remote
 from .reference import updates_per_round
 from .stages import as_leaves, as_tuple, from_tuple, nbytes, run_stage, stage_module, vjp
 
@@ -63,7 +70,7 @@ class RankProgram:
         # last index (in this rank's list) at which each (stage, relative version) is read
         self.last_read = {}
         for i, op in enumerate(self.ops):
-            if op.kind in ("F", "B", "BI", "BW"):
+            if op.kind in ("F", "B", "BI", "BW") and not is_remote(op, rank):  # remote reads are fetched copies
                 self.last_read[(op.stage, op.version)] = i
         self.version = {(op.kind, op.stage, op.microbatch): op.version for _, op in schedule if op.kind in ("F", "B", "BI", "BW")}
 
@@ -80,23 +87,27 @@ class RankProgram:
 
 
 class StageState:
-    """Versioned weights and the update buffer of one stage on one rank."""
+    """Versioned weights and the update buffer of one stage on one rank. A rank that only computes
+    with another worker's weights of the stage (``held=False``, master family) keeps no version,
+    only the layout ``[(name, shape)]`` of the fetched flat vector and the stashed microbatches."""
 
-    def __init__(self, stage: int, module, weights: dict[str, torch.Tensor], device, version: int = 0):
-        self.stage, self.module = stage, module
+    def __init__(self, stage: int, module, weights: dict[str, torch.Tensor], device, version: int = 0,
+                 held: bool = True):
+        self.stage, self.module, self.held = stage, module, held
         self.names = list(weights)
-        self.versions = {version: {n: w.detach().to(device).requires_grad_(True) for n, w in weights.items()}}
+        self.layout = [(n, w.shape) for n, w in weights.items()]
+        self.versions = {version: {n: w.detach().to(device).requires_grad_(True) for n, w in weights.items()}} if held else {}
         self.newest = version
-        total = sum(w.numel() for w in weights.values())
+        total = sum(w.numel() for w in weights.values()) if held else 0  # no update buffer without weights
         dtype = next(iter(weights.values())).dtype if weights else torch.float32
         self.flat = torch.zeros(total, dtype=dtype, device=device)
         self.grad, k = {}, 0
-        for n, w in weights.items():
+        for n, w in (weights.items() if held else ()):
             self.grad[n] = self.flat[k:k + w.numel()].view_as(w)
             k += w.numel()
-        self.momentum = {n: torch.zeros_like(w, device=device) for n, w in weights.items()}
+        self.momentum = {n: torch.zeros_like(w, device=device) for n, w in weights.items()} if held else {}
         self.records: dict[int, dict] = {}
-        self.peak_versions = 1
+        self.peak_versions = 1 if held else 0
         self.peak_live = 0
         self.peak_act_bytes = 0
 
@@ -117,14 +128,15 @@ class PipelineExecutor:
         self.ctx, self.schedule, self.model = ctx, schedule, model
         self.rank, self.S, self.M = ctx.rank, schedule.num_stages, schedule.microbatches
         self.prog = RankProgram(schedule, self.rank)
-        for w, op in schedule:
-            if op.weights_worker is not None and op.weights_worker != w:
-                raise ValueError(f"schedule {schedule.name!r}: {op} reads weights owned by worker {op.weights_worker}; "
-                                 "fetching remote weights (FSDP-style master schedules) is not supported by this runtime")
         self.state = {s: StageState(s, stage_module(model.layers, *bounds[s]).to(ctx.device), init_weights[s], ctx.device,
-                                    ctx.start_round * self.prog.per_round[s])
+                                    ctx.start_round * self.prog.per_round[s], held=self.rank in schedule.stage_workers[s])
                       for s in self.prog.stages}
         self.groups = groups
+        self.remote = None  # fetches / pushes of the master family (see fetch.py)
+        if has_remote(schedule):
+            self.remote = RemoteWeights(schedule, self.rank, {s: (st.layout, st.flat.dtype) for s, st in self.state.items()},
+                                        ctx.device, ctx.timeout_s, (groups.get("fetch"), groups.get("push")),
+                                        self.prog.per_round)
         self.comm = P2P(self.rank, self.S, ctx.device, ctx.timeout_s, lookahead=ctx.lookahead,
                         groups=(groups.get("act"), groups.get("grad")), backend=ctx.backend)
         self.specs = ctx.specs  # specs[s]: [(shape, dtype)] of stage s's output
@@ -170,6 +182,8 @@ class PipelineExecutor:
         """Round ``k`` of the epoch (global minibatch ``R``); ``data(b)`` -> (input, target)."""
         off = {s: R * self.prog.per_round[s] for s in self.state}
         t0 = self.ctx.t0
+        if self.remote is not None:
+            self.remote.begin_round(k, {s: st.versions[st.newest] for s, st in self.state.items() if st.held})
         for i, op in enumerate(self.prog.ops):
             st = self.state[op.stage]
             s, b = op.stage, op.microbatch
@@ -183,14 +197,22 @@ class PipelineExecutor:
                     bufs, wait = self.comm.recv((0, s - 1, g))
                     x = from_tuple(tuple(bufs), self.like_tuple[s])
                     start = time.perf_counter()
-                self._forward(st, op, off[s] + op.version, b, g, x, data, metrics)
+                params = None
+                if is_remote(op, self.rank):  # master family: fetch the owner's weights for this microbatch
+                    params, fw = self.remote.fetch(s, b)
+                    wait += fw
+                    start = time.perf_counter()
+                self._forward(st, op, off[s] + op.version, b, g, x, data, metrics, params)
             elif op.kind in ("B", "BI", "BW"):
                 cot = None
                 if op.kind != "BW" and s < self.S - 1:
                     cot, wait = self.comm.recv((1, s, g))
                     start = time.perf_counter()
-                self._backward(st, op, off[s] + op.version, b, g, cot, data)
-            elif op.kind == "AR":
+                self._backward(st, op, off[s] + op.version, b, g, cot, data, i)
+            if op.kind in ("AR", "STEP") and self.remote is not None:  # pushed gradients join the buffer first
+                wait += self.remote.collect(s, op.step, st.flat)
+                start = time.perf_counter()
+            if op.kind == "AR":
                 grp = self.groups.get(tuple(self.schedule.stage_workers[s]))
                 if grp is not None:
                     work = dist.all_reduce(st.flat, op=dist.ReduceOp.SUM, group=grp, async_op=True)
@@ -210,6 +232,8 @@ class PipelineExecutor:
                 st.newest += 1
                 st.versions[st.newest] = new
                 st.flat.zero_()
+                if self.remote is not None and op.step + 1 < self.prog.per_round[s]:
+                    self.remote.post_sends(s, op.step + 1, new)
             end = time.perf_counter()
             timeline.append((self.rank, s, R * self.M + b if b >= 0 else -1, op.kind, (start - t0) * 1e3,
                              (end - t0) * 1e3, off[s] + op.version if op.kind in ("F", "B", "BI", "BW") else st.newest,
@@ -222,15 +246,19 @@ class PipelineExecutor:
             if v != st.newest and self.prog.last_read.get((st.stage, v - off), -1) <= i:
                 del st.versions[v]
 
-    def _forward(self, st, op, v, b, g, x, data, metrics) -> None:
+    def _forward(self, st, op, v, b, g, x, data, metrics, params=None) -> None:
+        """``params``: fetched weights (remote op) or None for this rank's version ``v``."""
         s = op.stage
         last = s == self.S - 1
         keep_graph = self.prog.backward_version(s, b) == op.version
         xl = as_leaves(x, requires_grad=s > 0)
-        params = st.versions[v]
+        remote = params is not None
+        params = params if remote else st.versions[v]
         with torch.set_grad_enabled(keep_graph):
             y = run_stage(st.module, params, from_tuple(xl, self.like_tuple[s]))
         rec = {"x": xl, "y": y if keep_graph else None, "v": v, "bytes": nbytes(xl) + nbytes(as_tuple(y))}
+        if remote:  # the backward reuses the fetched weights (check_remote: same owner and version)
+            rec["params"] = params
         if last:
             _, target = data(b)
             with torch.no_grad():
@@ -244,33 +272,44 @@ class PipelineExecutor:
             self.comm.send((0, s, g), list(as_tuple(y)), self.prog.dst_of_activation(s, b))
         st.records[g] = rec
 
-    def _backward(self, st, op, v, b, g, cot, data) -> None:
+    def _backward(self, st, op, v, b, g, cot, data, i: int) -> None:
         s = op.stage
         rec = st.records[g]
         last = s == self.S - 1
         kw = dict(loss_fn=self.model.loss, target=rec["target"]) if last else dict(cot=cot if cot is not None else rec.get("cot"))
         y = rec["y"] if rec["v"] == v else None
-        params = st.versions[v] if v in st.versions else rec["params"]
+        remote = is_remote(op, self.rank)
+        params = rec["params"] if remote or v not in st.versions else st.versions[v]
         if op.kind == "BI":
             dx, _, y = vjp(st.module, params, rec["x"], self.like_tuple[s], y, **kw, want_weights=False, retain_graph=True)
             rec.update(y=y, v=v, params=params, cot=cot)
         else:
             dx, dw, _ = vjp(st.module, params, rec["x"], self.like_tuple[s], y, **kw, want_input=op.kind == "B")
-            for n, d in dw.items():
-                st.grad[n].add_(d)
+            if remote and not st.held:  # summed and pushed to the owner of the weights
+                self.remote.add_gradient(i, dw)
+            else:
+                for n, d in dw.items():
+                    st.grad[n].add_(d)
             del st.records[g]
         if op.kind != "BW" and s > 0:
             self.comm.send((1, s - 1, g), dx, self.prog.where[("F", s - 1, b)])
 
     def weights(self) -> dict[int, dict]:
-        return {s: st.weights() for s, st in self.state.items()}
+        """Newest weights of the stages this rank holds (not of those it only computes with)."""
+        return {s: st.weights() for s, st in self.state.items() if st.held}
 
     def optimizer_state(self) -> dict[int, dict]:
-        return {s: {n: b.detach().clone() for n, b in st.momentum.items()} for s, st in self.state.items()}
+        return {s: {n: b.detach().clone() for n, b in st.momentum.items()} for s, st in self.state.items() if st.held}
+
+    def flush(self) -> None:
+        """Wait for every send of this rank (end of an epoch)."""
+        self.comm.flush()
+        if self.remote is not None:
+            self.remote.flush()
 
     def load_optimizer_state(self, state: dict[int, dict]) -> None:
         for s, bufs in state.items():
-            if s in self.state:
+            if s in self.state and self.state[s].held:
                 for n, b in bufs.items():
                     self.state[s].momentum[n].copy_(b)
 
