@@ -339,3 +339,20 @@ def test_table_latency_simulated(S, B):
     assert simulate(build("ddp", S, B), fwd=1, bwd=2).makespan == pytest.approx(3 * S)
     stats = simulate(build("pp", S, B), fwd=1, bwd=2).worker_stats
     assert (stats["busy"] == 3 * B).all()
+
+
+def test_validator_sees_remote_weight_and_gradient_push_dependencies():
+    """Worker 1 computes stage 0 with worker 0's weights. Its first op reads version 1, which only
+    worker 0's STEP#0 creates; that STEP needs worker 1's later version-0 gradient push: deadlock."""
+    from workbench.schedules import Op, Schedule, ScheduleError, validate
+
+    def sched(w1_ops):
+        w0 = (Op("F", 0, 0, 0), Op("B", 0, 0, 0), Op("STEP", 0, step=0))
+        return Schedule("remote", 1, 2, 3, (w0, tuple(w1_ops)), ((0,),), update="sync")
+
+    remote = lambda kind, b, v: Op(kind, 0, b, v, weights_worker=0)  # noqa: E731
+    ok = [remote("F", 2, 0), remote("B", 2, 0), remote("F", 1, 1), remote("B", 1, 1)]
+    validate(sched(ok))
+    bad = ok[2:] + ok[:2]
+    with pytest.raises(ScheduleError, match="deadlock"):
+        validate(sched(bad))

@@ -226,7 +226,11 @@ def _check_deadlock(schedule: Schedule, index: dict) -> None:
     """Execute the per-worker orders symbolically: a worker advances while its next op is ready
     (a compute op once its producers are done, STEP at once, AR once every holder of the stage has
     reached it). The orders admit an execution iff every worker reaches its end; this is Kahn's
-    algorithm over per-worker order edges + dataflow edges + AR rendezvous, in O(ops)."""
+    algorithm over per-worker order edges + dataflow edges + AR rendezvous, in O(ops).
+
+    Remote weights (``weights_worker`` o != the op's worker): an op reading version v >= 1 of stage
+    s waits for o's STEP that creates v (its ``step`` v-1); o's AR/STEP of step t waits for every
+    backward that pushes a version-t gradient of s to o (B/BW on a worker not holding s)."""
     ops = schedule.ops
     deps: list[list] = []
     ar_count: dict[tuple[int, int], list[int]] = defaultdict(list)
@@ -248,6 +252,16 @@ def _check_deadlock(schedule: Schedule, index: dict) -> None:
         expect = sorted(schedule.stage_workers[s])
         if sorted(members) != expect:
             raise ScheduleError(f"AR of stage {s} step {step} has workers {sorted(members)}, expected {expect}")
+    holders = [set(ws) for ws in schedule.stage_workers]
+    pushes: dict[tuple[int, int, int], list] = defaultdict(list)  # (stage, step, owner) -> pushing ops
+    for w, wops in enumerate(ops):
+        for i, op in enumerate(wops):
+            o = op.weights_worker
+            if op.kind in COMPUTE and o is not None and o != w:
+                if op.version >= 1:
+                    deps[w][i] = list(deps[w][i]) + [("STEP", op.stage, op.version - 1, o)]
+                if op.kind in ("B", "BW") and w not in holders[op.stage]:
+                    pushes[(op.stage, op.version, o)].append((op.kind, op.stage, op.microbatch))
     done: set = set()
     ptr = [0] * len(ops)
     waiting: dict = defaultdict(list)
@@ -264,6 +278,13 @@ def _check_deadlock(schedule: Schedule, index: dict) -> None:
                     waiting[blocked].append(w)
                     break
                 key = (op.kind, op.stage, op.microbatch)
+                done.add(key)
+                work.extend(waiting.pop(key, ()))
+            elif (blocked := next((k for k in pushes.get((op.stage, op.step, w), ()) if k not in done), None)):
+                waiting[blocked].append(w)
+                break
+            elif op.kind == "STEP":
+                key = ("STEP", op.stage, op.step, w)
                 done.add(key)
                 work.extend(waiting.pop(key, ()))
             elif op.kind == "AR":
