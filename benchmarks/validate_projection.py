@@ -22,12 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "pipedream-profiles"
 
 
-def compare(name: str, gpu: str = "V100") -> dict:
+def compare(name: str, gpu: str = "V100", winograd: bool = True) -> dict:
     real = Profile.from_pipedream(SHARED / name / "graph.txt")
     batch = int(real.meta["batch_size_if_imagenet"])
-    modeled = project(models.build(name, size="paper", device="meta"), gpu, batch_size=batch)
+    modeled = project(models.build(name, size="paper", device="meta"), gpu, batch_size=batch, winograd=winograd)
     r, m = real.layers, modeled.layers
-    row = dict(model=name, batch_size=batch, gpu=gpu,
+    row = dict(model=name, batch_size=batch, gpu=gpu, winograd=winograd,
                measured_fwd_ms=r.fwd_ms.sum(), modeled_fwd_ms=m.fwd_ms.sum(),
                measured_bwd_ms=r.bwd_ms.sum(), modeled_bwd_ms=m.bwd_ms.sum())
     row["measured_total_ms"] = row["measured_fwd_ms"] + row["measured_bwd_ms"]
@@ -41,14 +41,16 @@ def main() -> int:
     if not SHARED.exists():
         print(f"needs {SHARED}", file=sys.stderr)
         return 2
-    df = pd.DataFrame([compare(n) for n in ("alexnet", "vgg16", "resnet50")])
+    df = pd.DataFrame([compare(n, winograd=w) for w in (False, True) for n in ("alexnet", "vgg16", "resnet50")])
     out = ROOT / "results" / "bench"
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "projection.csv", index=False)
-    cols = ["model", "batch_size", "measured_total_ms", "modeled_total_ms", "error_total_pct",
+    cols = ["model", "winograd", "batch_size", "measured_total_ms", "modeled_total_ms", "error_total_pct",
             "measured_fwd_ms", "modeled_fwd_ms", "measured_bwd_ms", "modeled_bwd_ms"]
     print("modeled V100 (roofline, a-priori efficiencies) vs measured PipeDream GPU profiles")
     print(df[cols].round(1).to_string(index=False))
+    for w, g in df.groupby("winograd"):
+        print(f"winograd={w}: mean |error| {g['error_total_pct'].abs().mean():.1f}%")
     return 0
 
 

@@ -129,3 +129,19 @@ def test_projection_is_modeled_and_ordered_by_gpu_speed():
     with pytest.raises(ValueError, match="unknown GPU"):
         project(stats, "TPU")
     assert set(GPUS) >= {"V100", "1080Ti", "A100", "H100"}
+
+
+def test_winograd_discount_applies_to_3x3_stride1_convs_only():
+    net = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.Conv2d(64, 64, 3, padding=1),
+                              torch.nn.Conv2d(64, 64, 3, stride=2, padding=1)).to("meta")
+    with torch.device("meta"):
+        x = torch.randn(64, 64, 56, 56)
+    stats = analyze(net, x)
+    direct = 2 * 64 * 64 * 56 * 56 * 64 * 9
+    assert stats["flops_conv3x3"].tolist() == [direct, direct, 0]
+    assert stats["flops_fwd"].iloc[1] == pytest.approx(direct, rel=1e-3)  # flop_counter agrees (bias aside)
+    plain, wino = project(stats, "V100", winograd=False).layers, project(stats, "V100", winograd=True).layers
+    # layer 1 is compute bound: its modeled compute time shrinks by exactly 36/16 (forward and backward)
+    assert (plain.fwd_ms[1] - 0.01) / (wino.fwd_ms[1] - 0.01) == pytest.approx(36 / 16, rel=1e-3)
+    assert (plain.bwd_ms[1] - 0.01) / (wino.bwd_ms[1] - 0.01) == pytest.approx(36 / 16, rel=1e-3)
+    assert wino.fwd_ms[2] == plain.fwd_ms[2]  # stride-2 conv: no Winograd

@@ -332,31 +332,64 @@ MEMORY_EFFICIENCY = 0.7
 LAUNCH_MS = 0.01
 
 
+def _winograd_flops(layer, x) -> float:
+    """Forward FLOPs of the layer's 3x3, stride-1, ungrouped convolutions (direct-convolution
+    count 2·N·C_out·H_out·W_out·C_in·9), captured with forward hooks."""
+    import torch
+
+    total = [0.0]
+
+    def hook(mod, inp, out):
+        n, c_out = out.shape[0], out.shape[1]
+        total[0] += 2.0 * n * c_out * out.shape[2] * out.shape[3] * mod.in_channels * 9
+
+    handles = [m.register_forward_hook(hook) for m in layer.modules()
+               if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3) and m.stride == (1, 1)
+               and m.groups == 1 and m.dilation == (1, 1)]
+    if handles:
+        with torch.no_grad():
+            layer(x)
+        for h in handles:
+            h.remove()
+    return total[0]
+
+
 def analyze(model, example_input=None, *, batch_size: int = 32) -> pd.DataFrame:
     """FLOPs and bytes of every layer without timing (works on the meta device, so paper-size
-    models cost no memory): columns name, flops_fwd, flops_bwd, act_bytes, input_bytes,
-    param_bytes."""
+    models cost no memory): columns name, flops_fwd, flops_bwd, flops_conv3x3 (the forward FLOPs
+    of 3x3 stride-1 convolutions, which GPU libraries run with Winograd), input_grad (False for the
+    first layer: no gradient is computed for the data), act_bytes, input_bytes, param_bytes."""
     name, layers, names, x = _layers_and_input(model, example_input, batch_size)
     rows = []
     for i, layer in enumerate(layers):
         fwd, bwd = _flops(layer, x, first=i == 0)
         out = layer(_detach(x, i > 0))
-        rows.append(dict(name=names[i], flops_fwd=fwd, flops_bwd=bwd, act_bytes=float(nbytes(out)),
-                         input_bytes=float(nbytes(x)),
+        rows.append(dict(name=names[i], flops_fwd=fwd, flops_bwd=bwd, flops_conv3x3=_winograd_flops(layer, x),
+                         input_grad=i > 0,
+                         act_bytes=float(nbytes(out)), input_bytes=float(nbytes(x)),
                          param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters()))))
         x = _regroup(out, [t.detach() for t in _tensors(out)])
     return pd.DataFrame(rows)
 
 
+#: Multiplications saved by Winograd F(2x2, 3x3) on 3x3 stride-1 convolutions (Lavin & Gray,
+#: CVPR 2016: 16 instead of 36 multiplies per 2x2 output tile), which cuDNN selects for them.
+WINOGRAD_SPEEDUP = 36 / 16
+
+
 def project(model_or_frame, gpu: str = "V100", *, batch_size: int = 32, example_input=None,
-            compute_efficiency: float = COMPUTE_EFFICIENCY, memory_efficiency: float = MEMORY_EFFICIENCY) -> Profile:
+            compute_efficiency: float = COMPUTE_EFFICIENCY, memory_efficiency: float = MEMORY_EFFICIENCY,
+            winograd: bool = True) -> Profile:
     """A *modeled* profile for ``gpu`` (one of :data:`GPUS`), from FLOPs and bytes (roofline):
 
-    ``fwd_ms = max(flops_fwd / (peak · ce), (input + output + params) bytes / (bw · me)) + launch``
-    ``bwd_ms = max(flops_bwd / (peak · ce), 2 · (input + output) + 2 · params bytes / (bw · me)) + launch``
+    ``fwd_ms = max(F_fwd / (peak · ce), (input + output + params) bytes / (bw · me)) + launch``
+    ``bwd_ms = max(F_bwd / (peak · ce), 2 · (input + output) + 2 · params bytes / (bw · me)) + launch``
 
-    with ce = ``compute_efficiency`` and me = ``memory_efficiency``. Columns carry ``_modeled`` in
-    ``meta`` and the profile's ``meta["kind"]`` is ``"modeled"``.
+    with ce = ``compute_efficiency`` and me = ``memory_efficiency``. With ``winograd`` the FLOPs
+    of 3x3 stride-1 convolutions count ``1 / WINOGRAD_SPEEDUP`` of their direct-convolution value
+    in the forward and in both backward products (F_bwd discounts twice their forward FLOPs, or
+    once for the model's first layer, which computes no input gradient). The profile's
+    ``meta["kind"]`` is ``"modeled"``.
     """
     if gpu not in GPUS:
         raise ValueError(f"unknown GPU {gpu!r}; choose one of {sorted(GPUS)}")
@@ -367,12 +400,18 @@ def project(model_or_frame, gpu: str = "V100", *, batch_size: int = 32, example_
     spec = GPUS[gpu]
     peak, bw = spec["flops"] * compute_efficiency, spec["mem_bw"] * memory_efficiency
     io = df["input_bytes"] + df["act_bytes"]
+    f_fwd, f_bwd = df["flops_fwd"].astype(float), df["flops_bwd"].astype(float)
+    if winograd and "flops_conv3x3" in df:
+        saved = df["flops_conv3x3"] * (1 - 1 / WINOGRAD_SPEEDUP)
+        bwd_products = np.where(df.get("input_grad", True), 2, 1)  # first layer: weight gradient only
+        f_fwd, f_bwd = f_fwd - saved, f_bwd - bwd_products * saved
     out = df.copy()
-    out["fwd_ms"] = np.maximum(df["flops_fwd"] / peak, (io + df["param_bytes"]) / bw) * 1e3 + LAUNCH_MS
-    out["bwd_ms"] = np.maximum(df["flops_bwd"] / peak, (2 * io + 2 * df["param_bytes"]) / bw) * 1e3 + LAUNCH_MS
+    out["fwd_ms"] = np.maximum(f_fwd / peak, (io + df["param_bytes"]) / bw) * 1e3 + LAUNCH_MS
+    out["bwd_ms"] = np.maximum(f_bwd / peak, (2 * io + 2 * df["param_bytes"]) / bw) * 1e3 + LAUNCH_MS
     name = getattr(model_or_frame, "name", "frame")
     meta = dict(kind="modeled", device=f"{gpu} (modeled)", model=name, batch_size=batch_size,
-                method="roofline from torch.utils.flop_counter FLOPs and tensor bytes",
+                method="roofline from torch.utils.flop_counter FLOPs and tensor bytes"
+                       + (", Winograd 3x3" if winograd else ""),
                 compute_efficiency=compute_efficiency, memory_efficiency=memory_efficiency,
                 peak_flops=spec["flops"], mem_bw=spec["mem_bw"])
     return Profile(out, meta)
