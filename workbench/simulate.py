@@ -50,7 +50,16 @@ Profile costs (``profile=``, optional ``plan=``, ``topology=``), all in ms:
   with ``P_s`` the stage's parameter bytes and ``B_min`` the slowest link in the ring;
 * weight fetch of stage ``s`` from worker ``a`` to ``b``: ``P_s / bandwidth_between(a, b)``.
 
-Without a topology communication is free. The simulator sweeps the per-worker queues in
+Fixed costs (both default 0, calibrated by :mod:`workbench.calibrate`):
+
+* ``latency_ms`` (``α``) is added to every point-to-point message between different workers
+  (activation, gradient, weight fetch, weight-gradient push), so a transfer of ``n`` bytes costs
+  ``α + n / bandwidth`` (the "alpha-beta" model) and occupies its channel that long; a ring
+  all-reduce over ``r`` replicas sends ``2 (r - 1)`` messages in sequence and gets ``2 (r - 1) α``;
+* ``op_overhead_ms`` (``o``) is added to the duration of every F, B, BI, BW and STEP op (the
+  executor's fixed per-op cost: Python dispatch, bookkeeping, posting messages).
+
+Without a topology, bandwidth is infinite (only ``latency_ms`` is charged). The simulator sweeps the per-worker queues in
 topological order (one pass over precomputed integer arrays); ops only wait on ops that
 finish earlier, so the result equals a time-ordered event simulation. If no worker can make
 progress before all ops ran, the schedule deadlocks and :class:`ValueError` names the stuck ops.
@@ -59,7 +68,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -93,6 +102,8 @@ class _Costs:
     allreduce_ms: list  # per stage
     topology: object | None
     label: str
+    latency_ms: float = 0.0  # fixed cost of every point-to-point message between different workers
+    op_overhead_ms: float = 0.0  # fixed cost added to every F/B/BI/BW/STEP op
 
     def bandwidth(self, a: int, b: int) -> float:
         if self.topology is None or a == b:
@@ -101,18 +112,20 @@ class _Costs:
 
     def xfer(self, cut: int, a: int, b: int) -> tuple[float, float]:
         """(ms, bytes) of an activation/gradient transfer across ``cut`` from ``a`` to ``b``."""
+        lat = self.latency_ms if a != b else 0.0
         if self.transfer_ms is not None:
-            return self.transfer_ms, 0.0
+            return self.transfer_ms + lat, 0.0
         nbytes = self.cut_bytes[cut]
         bw = self.bandwidth(a, b)
-        return (0.0 if bw == math.inf or nbytes == 0 else nbytes / bw * 1e3), nbytes
+        return (0.0 if bw == math.inf or nbytes == 0 else nbytes / bw * 1e3) + lat, nbytes
 
     def fetch(self, stage: int, a: int, b: int) -> tuple[float, float]:
+        lat = self.latency_ms if a != b else 0.0
         if self.fetch_ms is not None:
-            return self.fetch_ms, 0.0
+            return self.fetch_ms + lat, 0.0
         nbytes = self.param_bytes[stage]
         bw = self.bandwidth(a, b)
-        return (0.0 if bw == math.inf or nbytes == 0 else nbytes / bw * 1e3), nbytes
+        return (0.0 if bw == math.inf or nbytes == 0 else nbytes / bw * 1e3) + lat, nbytes
 
 
 def _per_stage(x, S: int, name: str) -> list[float]:
@@ -322,12 +335,15 @@ def _jsonable(x):
 def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float | Sequence[float] = 2.0, *,
              profile=None, plan=None, topology=None, allreduce: float | Sequence[float] | None = None,
              overlap_comm: bool = True, step_ms: float = 0.0, transfer: float = 0.0,
-             weight_fetch: float = 0.0, microbatch_fraction: float | None = None) -> SimResult:
+             weight_fetch: float = 0.0, microbatch_fraction: float | None = None, latency_ms: float = 0.0,
+             op_overhead_ms: float = 0.0) -> SimResult:
     """Simulate ``schedule`` and return its timeline and metrics.
 
     Unit costs by default (``fwd``, ``bwd``, and ``transfer``/``allreduce``/``weight_fetch``/
     ``step_ms`` which default to 0); with ``profile`` the costs come from the profile, ``plan``
     (stage layer ranges) and ``topology`` (bandwidths) as described in the module docstring.
+    ``latency_ms`` (per message between workers) and ``op_overhead_ms`` (per F/B/BI/BW/STEP op)
+    add fixed costs in either mode (module docstring, "Fixed costs").
 
     Metrics (``result.metrics``), with ``L`` the makespan and ``W`` the workers:
 
@@ -353,7 +369,24 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
         costs = _unit_costs(schedule, fwd, bwd, allreduce, transfer, weight_fetch, step_ms)
     else:
         costs = _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, microbatch_fraction)
+    costs = _with_fixed_costs(schedule, costs, latency_ms, op_overhead_ms)
     return _run(schedule, costs, overlap_comm)
+
+
+def _with_fixed_costs(schedule: Schedule, costs: _Costs, latency_ms, op_overhead_ms) -> _Costs:
+    """``costs`` with the per-message latency and per-op overhead; all-reduces of stages with
+    ``r > 1`` replicas get ``2 (r - 1) · latency_ms`` (ring: 2 (r - 1) messages in sequence)."""
+    for name, v in (("latency_ms", latency_ms), ("op_overhead_ms", op_overhead_ms)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(float(v)) or v < 0:
+            raise ValueError(f"{name} must be a finite number >= 0 (ms), got {v!r}")
+    lat, over = float(latency_ms), float(op_overhead_ms)
+    if lat == 0.0 and over == 0.0:
+        return costs
+    ar = [a + 2 * (len(schedule.stage_workers[s]) - 1) * lat if len(schedule.stage_workers[s]) > 1 else a
+          for s, a in enumerate(costs.allreduce_ms)]
+    label = costs.label + f", latency {lat:g} ms/message, overhead {over:g} ms/op"
+    return replace(costs, allreduce_ms=ar, latency_ms=lat, op_overhead_ms=over, label=label)
 
 
 def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
@@ -480,6 +513,8 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
             with np.errstate(divide="ignore", invalid="ignore"):
                 ms = np.where(np.isinf(bw[inv]), 0.0, ebytes[cross] / bw[inv] * 1e3)
             ems[cross] = ms
+    if costs.latency_ms:  # every message between workers (activation, gradient, weight gradient)
+        ems[(etype == 1) | (etype == 3)] += costs.latency_ms
     etype[(etype == 1) & (ems == 0) & (ebytes == 0)] = 4
     xfer_count = np.bincount(wd_[xfer], minlength=W).tolist()
     etype = etype.tolist()
@@ -488,7 +523,8 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
 
     # ---- durations ----------------------------------------------------------------------
     comp = costs.compute
-    dur = [comp[k][s] if k < 5 else 0.0 for k, s in zip(kc, st)]
+    over = costs.op_overhead_ms
+    dur = [comp[k][s] + over if k < 5 else 0.0 for k, s in zip(kc, st)]
 
     # ---- the sweep ------------------------------------------------------------------------
     INF = math.inf

@@ -1,0 +1,156 @@
+"""Simulator fidelity: modeled vs measured time per step, the model built only from separate measurements.
+
+Setting (as ``bench_runtime.py``): zoo ``mlp`` (8 x 512), batch 256 in 8 microbatches of 32, 2 gloo
+ranks with one torch thread each, split 4 + 4 layers (``dp-bsp``: both ranks hold all 8 layers).
+
+Nothing the prediction uses comes from the run it predicts. Per repetition, interleaved with the runs:
+
+1. link: :func:`workbench.calibrate.measure_link` (2-process gloo ping-pong, fit ``α + n / β``);
+2. compute: :func:`workbench.calibrate.stage_profile` at microbatch 32, 1 thread, in 2 fresh
+   processes at once (as many busy processes as the run has ranks; mean of the two): stage-level
+   fwd/bwd, per-layer profile, optimizer step per stage;
+3. per-op overhead ``o``: a runtime run of a *different* model (``mlp`` of width 16, compute almost
+   nil) with ``gpipe``; ``o`` is the per-op cost that makes its simulation match its measured step
+   (:func:`workbench.calibrate.solve_overhead`), with its own stage profile and the link above;
+4. the five measured runs (``workbench.runtime.train``, same options as ``bench_runtime.py``):
+   steady-state ms per step = median spacing of the step starts after ``--skip`` steps.
+
+Modeled = :func:`workbench.calibrate.modeled_step_ms` (the schedule repeated over 6 rounds, the
+same statistic). Reported: medians over ``--repeat`` repetitions; error = modeled / measured - 1.
+Also shown: the model without the per-op overhead, and with the per-layer (instead of stage-level)
+profile. Writes ``results/bench/fidelity.csv``.
+
+    python benchmarks/bench_fidelity.py [--steps 14] [--skip 4] [--repeat 3]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+import pandas as pd
+
+M, P, BATCH, LR = 8, 2, 256, 0.01
+MB = BATCH // M
+SCHEDULES = ("gpipe", "pipedream-flush", "zb-h1", "pipedream", "dp-bsp")
+TINY = dict(width=16, in_features=16)  # the overhead-calibration model: same depth, ~no compute
+
+
+def _profile_in_child(model_options: dict, bounds: list, threads: int):
+    """Runs in a fresh spawned process: the stage profile of ``mlp(**model_options)``."""
+    import torch
+
+    from workbench.calibrate import stage_profile
+    from workbench.models import build
+    torch.manual_seed(0)
+    return stage_profile(build("mlp", seed=0, **model_options), bounds, MB, threads=threads)
+
+
+def profile_separately(model_options: dict, bounds: list, threads: int = 1, concurrent: int = P):
+    """The stage profile measured in ``concurrent`` fresh processes at once (default: as many as the
+    run has ranks, so the compute sees the same number of busy processes sharing cores, caches and
+    memory bandwidth); timings are the mean over the processes."""
+    from dataclasses import replace
+    with ProcessPoolExecutor(max_workers=concurrent, mp_context=get_context("spawn")) as ex:
+        futs = [ex.submit(_profile_in_child, model_options, bounds, threads) for _ in range(concurrent)]
+        sps = [f.result(timeout=300) for f in futs]
+    mean = lambda attr: tuple(statistics.fmean(x) for x in zip(*(getattr(sp, attr) for sp in sps)))  # noqa: E731
+    return replace(sps[0], fwd_ms=mean("fwd_ms"), bwd_ms=mean("bwd_ms"), step_ms=mean("step_ms"),
+                   meta=dict(sps[0].meta, concurrent=concurrent))
+
+
+def run_measured(schedule: str, steps: int, skip: int, **model_options) -> float:
+    from workbench.calibrate import measured_step_ms
+    from workbench.runtime import train
+    out = Path(tempfile.mkdtemp(prefix="bench_fid_")) / schedule
+    train("mlp", schedule, workers=P, microbatches=M, steps=steps, batch_size=BATCH, lr=LR, out=out, threads=1,
+          progress=False, device="cpu", evaluate=False, **model_options)
+    return measured_step_ms(pd.read_csv(out / "timeline.csv"), skip=skip)
+
+
+def schedule_of(name: str):
+    from workbench.schedules import build
+    return build(name, 1, M, workers=P) if name == "dp-bsp" else build(name, P, M)
+
+
+def main(argv=None) -> int:
+    from workbench.calibrate import measure_link, modeled_step_ms, solve_overhead
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=14, help="steps per measured run (one epoch holds 16)")
+    ap.add_argument("--skip", type=int, default=4, help="first steps left out of the steady state")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--schedules", default=",".join(SCHEDULES))
+    ap.add_argument("--out", default="results/bench/fidelity.csv")
+    a = ap.parse_args(argv)
+    names = a.schedules.split(",")
+    pipe_bounds, dp_bounds = [(0, 3), (4, 7)], [(0, 7)]
+    rows: dict[str, list[dict]] = {n: [] for n in names}
+    cal: list[dict] = []
+    loads: list[float] = []
+    for r in range(a.repeat):
+        t = time.time()
+        link = measure_link("gloo", repeats=30)
+        loads.append(os.getloadavg()[0])
+        sp = {"pipe": profile_separately({}, pipe_bounds), "dp": profile_separately({}, dp_bounds)}
+        tiny_sp = profile_separately(TINY, pipe_bounds)
+        tiny_ms = run_measured("gpipe", a.steps, a.skip, **TINY)
+        gp = schedule_of("gpipe")
+        o = solve_overhead(lambda x: modeled_step_ms(gp, tiny_sp, link, x), tiny_ms)
+        cal.append(dict(latency_ms=link["latency_ms"], bandwidth=link["bandwidth_bytes_per_s"], op_overhead_ms=o,
+                        tiny_ms=tiny_ms))
+        for n in names:
+            loads.append(os.getloadavg()[0])
+            meas = run_measured(n, a.steps, a.skip)
+            sched = schedule_of(n)
+            s = sp["dp"] if n == "dp-bsp" else sp["pipe"]
+            rows[n].append(dict(measured=meas, modeled=modeled_step_ms(sched, s, link, o),
+                                no_overhead=modeled_step_ms(sched, s, link, 0.0),
+                                layer_level=modeled_step_ms(sched, s, link, o, level="layer")))
+        print(f"repetition {r + 1}/{a.repeat}: link α={link['latency_ms']:.3f} ms β={link['bandwidth_bytes_per_s']/1e9:.2f} GB/s, "
+              f"overhead {o:.3f} ms/op (tiny gpipe {tiny_ms:.1f} ms), load {loads[-1]:.2f}, {time.time() - t:.0f} s",
+              flush=True)
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    c = {k: med([x[k] for x in cal]) for k in cal[0]}
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    cols = ["schedule", "step_ms_modeled", "step_ms_measured", "error_pct", "step_ms_modeled_no_overhead",
+            "step_ms_modeled_layer_profile", "measured_min", "measured_max", "latency_ms", "bandwidth_bytes_per_s",
+            "op_overhead_ms", "repeats", "load_avg_1min_median", "load_avg_1min_max", "cores"]
+    out_rows = []
+    for n in names:
+        mod, mea = med([x["modeled"] for x in rows[n]]), med([x["measured"] for x in rows[n]])
+        out_rows.append(dict(schedule=n, step_ms_modeled=mod, step_ms_measured=mea, error_pct=100 * (mod / mea - 1),
+                             step_ms_modeled_no_overhead=med([x["no_overhead"] for x in rows[n]]),
+                             step_ms_modeled_layer_profile=med([x["layer_level"] for x in rows[n]]),
+                             measured_min=min(x["measured"] for x in rows[n]),
+                             measured_max=max(x["measured"] for x in rows[n]),
+                             latency_ms=c["latency_ms"], bandwidth_bytes_per_s=c["bandwidth"],
+                             op_overhead_ms=c["op_overhead_ms"], repeats=a.repeat,
+                             load_avg_1min_median=med(loads), load_avg_1min_max=max(loads),
+                             cores=len(os.sched_getaffinity(0))))
+    with open(a.out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for row in out_rows:
+            w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()})
+    print(f"{'schedule':<18}{'modeled':>10}{'measured':>10}{'error %':>9}{'no ovh':>9}{'layer prof':>11}{'meas range':>16}")
+    for x in out_rows:
+        print(f"{x['schedule']:<18}{x['step_ms_modeled']:>10.1f}{x['step_ms_measured']:>10.1f}{x['error_pct']:>9.1f}"
+              f"{x['step_ms_modeled_no_overhead']:>9.1f}{x['step_ms_modeled_layer_profile']:>11.1f}"
+              f"{x['measured_min']:>8.1f}-{x['measured_max']:<7.1f}")
+    print(f"link: latency {c['latency_ms']:.3f} ms, bandwidth {c['bandwidth'] / 1e9:.2f} GB/s; per-op overhead "
+          f"{c['op_overhead_ms']:.3f} ms (from the width-16 gpipe run, {c['tiny_ms']:.1f} ms/step); load avg (1 min) "
+          f"median {med(loads):.2f}, max {max(loads):.2f} on {len(os.sched_getaffinity(0))} cores")
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Tests of the calibration helpers and the simulator's fixed costs (latency per message, overhead per
+op). Expected values are derived by hand in the comments, never taken from the code's output."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workbench import Profile
+from workbench.calibrate import (StageProfile, fit_link, measured_step_ms, modeled_step_ms, repeat_rounds,
+                                 solve_overhead)
+from workbench.schedules.core import Op, Schedule, validate
+from workbench.simulate import simulate
+
+
+def two_stage_gpipe(M: int) -> Schedule:
+    ops = [[Op("F", s, b) for b in range(M)] + [Op("B", s, b) for b in range(M)] + [Op("STEP", s, step=0)]
+           for s in range(2)]
+    return Schedule("gpipe2", 2, 2, M, ops, ((0,), (1,)), microbatches_per_step=M)
+
+
+def two_stage_one_microbatch() -> Schedule:
+    return Schedule("mp2", 2, 2, 1, [[Op("F", 0, 0), Op("B", 0, 0)], [Op("F", 1, 0), Op("B", 1, 0)]], ((0,), (1,)))
+
+
+# ---- latency per message ---------------------------------------------------------------------
+@pytest.mark.parametrize("lat", [0.5, 3.0])
+def test_latency_adds_once_per_transfer_on_the_critical_path(lat):
+    """F0 (1) -> act -> F1 (1) -> B1 (2) -> grad -> B0 (2): the critical path crosses the cut twice,
+    so the makespan is 1 + 1 + 2 + 2 + 2 * lat, and each comm row lasts exactly lat."""
+    sched = two_stage_one_microbatch()
+    res = simulate(sched, fwd=1.0, bwd=2.0, latency_ms=lat)
+    assert res.makespan == pytest.approx(6.0 + 2 * lat)
+    comm = res.timeline[res.timeline["lane"] == "comm"]
+    assert sorted(comm["kind"]) == ["send_act", "send_grad"]
+    assert (comm["end"] - comm["start"]).to_numpy() == pytest.approx([lat, lat])
+
+
+def test_latency_adds_to_bandwidth_term():
+    """1e6 bytes over 1e9 B/s = 1 ms per transfer, plus 0.25 ms latency, twice: 3 + 4 + 2 * 1.25."""
+    prof = Profile(pd.DataFrame({"name": ["a", "b"], "fwd_ms": [1.0, 1.0], "bwd_ms": [2.0, 2.0],
+                                 "act_bytes": [1e6, 0.0], "param_bytes": [0.0, 0.0]}), {"name": "toy"})
+
+    class Flat:
+        num_workers, levels = 2, [(2, 1e9)]
+
+        def bandwidth_between(self, a, b):
+            return math.inf if a == b else 1e9
+
+    res = simulate(two_stage_one_microbatch(), profile=prof, topology=Flat(), latency_ms=0.25)
+    assert res.makespan == pytest.approx(6.0 + 2 * 1.25)
+
+
+def test_latency_in_gpipe_fill_and_drain():
+    """GPipe, 2 stages, M microbatches, f = 1, b = 2, latency l < f. By hand: F0's run 0..M; F1.b
+    starts when its activation lands, (b + 1) f + l, so F1's end at f + l + M f; B1's run back to
+    back (M b); B0.(M-1) starts when the first gradient lands (f + l + M f + b + l) and the later
+    gradients arrive every b, so worker 0's B's run back to back: makespan f + M f + b + M b + 2 l."""
+    M, lat = 4, 0.5
+    res = simulate(two_stage_gpipe(M), fwd=1.0, bwd=2.0, latency_ms=lat)
+    expect = (1 + lat + M + 2 + lat) + 2 * M
+    assert res.makespan == pytest.approx(expect)
+    assert simulate(two_stage_gpipe(M), fwd=1.0, bwd=2.0).makespan == pytest.approx(expect - 2 * lat)
+
+
+def test_overhead_adds_per_op_and_defaults_keep_behaviour():
+    """Per-op overhead o: the chain F0, F1, B1, B0 gets 6 + 4 o. GPipe on 2 stages has makespan
+    f + M f + b + M b + step (previous test with l = 0); every op gets o, so f, b, step -> + o."""
+    sched = two_stage_one_microbatch()
+    assert simulate(sched, fwd=1.0, bwd=2.0, op_overhead_ms=0.5).makespan == pytest.approx(6.0 + 4 * 0.5)
+    M, o = 3, 0.25
+    g = simulate(two_stage_gpipe(M), fwd=1.0, bwd=2.0, step_ms=1.0, op_overhead_ms=o)
+    assert g.makespan == pytest.approx((M + 1) * (1 + o + 2 + o) + 1 + o)
+    base = simulate(two_stage_gpipe(M), fwd=1.0, bwd=2.0, step_ms=1.0)
+    assert base.makespan == pytest.approx((M + 1) * 3 + 1)
+
+
+def test_allreduce_gets_ring_latency():
+    """2 replicas of one stage: ring all-reduce sends 2 (r - 1) = 2 messages: AR = 2 l (no bytes)."""
+    ops = [[Op("F", 0, w), Op("B", 0, w), Op("AR", 0, step=0), Op("STEP", 0, step=0)] for w in range(2)]
+    sched = Schedule("dp", 1, 2, 2, ops, ((0, 1),), microbatches_per_step=2)
+    assert simulate(sched, fwd=1.0, bwd=2.0, latency_ms=0.75).makespan == pytest.approx(3.0 + 1.5)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "1"])
+def test_bad_fixed_costs(bad):
+    with pytest.raises(ValueError, match="latency_ms"):
+        simulate(two_stage_one_microbatch(), latency_ms=bad)
+    with pytest.raises(ValueError, match="op_overhead_ms"):
+        simulate(two_stage_one_microbatch(), op_overhead_ms=bad)
+
+
+# ---- link fit ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("alpha,beta", [(0.05, 2e9), (0.8, 3e8), (0.0, 1e10)])
+def test_fit_link_recovers_latency_and_bandwidth(alpha, beta):
+    n = np.array([4, 1 << 10, 1 << 14, 1 << 16, 1 << 20, 1 << 22], dtype=float)
+    t = alpha + n / beta * 1e3 + (1e-6 if alpha == 0 else 0.0)  # a tiny floor keeps t > 0 at 4 bytes
+    fit = fit_link(n, t)
+    assert fit["latency_ms"] == pytest.approx(alpha, abs=2e-6)
+    assert fit["bandwidth_bytes_per_s"] == pytest.approx(beta, rel=1e-3)
+    assert fit["rel_rmse"] < 1e-2
+
+
+def test_fit_link_with_noise_stays_close():
+    rng = np.random.default_rng(0)
+    n = np.repeat(np.array([4, 1 << 12, 1 << 16, 1 << 20, 1 << 22], dtype=float), 20)
+    t = (0.1 + n / 1e9 * 1e3) * rng.uniform(0.95, 1.05, size=n.shape)
+    fit = fit_link(n, t)
+    assert fit["latency_ms"] == pytest.approx(0.1, rel=0.1)
+    assert fit["bandwidth_bytes_per_s"] == pytest.approx(1e9, rel=0.1)
+
+
+def test_fit_link_bad_input():
+    with pytest.raises(ValueError, match="two different message sizes"):
+        fit_link([8, 8], [1.0, 1.1])
+    with pytest.raises(ValueError, match="grow with message size"):
+        fit_link([8, 1 << 20], [2.0, 1.0])
+    with pytest.raises(ValueError, match="> 0"):
+        fit_link([8, 16], [0.0, 1.0])
+
+
+# ---- overhead solve, repeated rounds, step statistics -----------------------------------------
+def test_solve_overhead_inverts_a_monotone_model():
+    """predict(o) = 10 + 17 o (17 ops on the critical path): target 18.5 -> o = 0.5."""
+    assert solve_overhead(lambda o: 10 + 17 * o, 18.5) == pytest.approx(0.5, abs=1e-3)
+    assert solve_overhead(lambda o: 10 + 17 * o, 9.0) == 0.0
+    with pytest.raises(ValueError, match="raise hi"):
+        solve_overhead(lambda o: 10 + o, 100.0, hi=1.0)
+
+
+def test_repeat_rounds_is_valid_and_sequential_rounds_add_up():
+    """GPipe drains at the end of a round (worker 0 ends with B0.0 then STEP, after worker 1's
+    last B), so K rounds take K times one round: spacing of round starts = one round."""
+    sched = two_stage_gpipe(4)
+    rep = repeat_rounds(sched, 3)
+    validate(rep)
+    assert rep.microbatches == 12 and len(rep.ops[0]) == 3 * len(sched.ops[0])
+    one = simulate(sched, fwd=1.0, bwd=2.0, step_ms=0.5).makespan
+    assert simulate(rep, fwd=1.0, bwd=2.0, step_ms=0.5).makespan == pytest.approx(3 * one)
+
+
+def _stage_profile(f, b, step, cut=0.0):
+    prof = Profile(pd.DataFrame({"name": ["l0", "l1"], "fwd_ms": f, "bwd_ms": b, "act_bytes": [cut, 0.0],
+                                 "param_bytes": [0.0, 0.0]}), {"name": "toy"})
+    return StageProfile(prof, ((0, 0), (1, 1)), tuple(step), 32, 1, tuple(f), tuple(b))
+
+
+def test_modeled_step_matches_gpipe_closed_form():
+    """GPipe on 2 balanced stages (f = 1, b = 2, step 0.5): a round drains, so the spacing of round
+    starts is one round, (M + 1)(f + b) + step; with overhead o: (M + 1)(f + b + 2 o) + step + o."""
+    sp = _stage_profile([1.0, 1.0], [2.0, 2.0], [0.5, 0.5])
+    M, o = 8, 0.1
+    sched = two_stage_gpipe(M)
+    assert modeled_step_ms(sched, sp) == pytest.approx((M + 1) * 3 + 0.5)
+    assert modeled_step_ms(sched, sp, op_overhead_ms=o) == pytest.approx((M + 1) * (3 + 2 * o) + 0.5 + o)
+    # layer level equals stage level here (one layer per stage)
+    assert modeled_step_ms(sched, sp, level="layer") == pytest.approx((M + 1) * 3 + 0.5)
+
+
+def test_measured_step_is_the_median_spacing():
+    rows = []
+    for r, t in enumerate([0.0, 50.0, 60.0, 70.0, 81.0, 90.0]):
+        rows.append(dict(worker=0, stage=0, microbatch=r, kind="F", start=t, end=t + 1, step=r))
+        rows.append(dict(worker=1, stage=1, microbatch=r, kind="F", start=t + 2, end=t + 3, step=r))
+    tl = pd.DataFrame(rows)
+    # after skipping 1 round: spacings 10, 10, 11, 9 -> median 10
+    assert measured_step_ms(tl, skip=1) == pytest.approx(10.0)

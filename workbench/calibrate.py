@@ -1,0 +1,380 @@
+"""Calibration of the simulator from measurements taken *apart from* the run it predicts.
+
+Three independent measurements feed :func:`workbench.simulate.simulate`:
+
+* **link** (:func:`measure_link`): a two-process ping-pong over ``torch.distributed``. For each
+  message size ``n`` the one-way time is half the median round trip, and the "alpha-beta" model
+  ``t(n) = α + n / β`` is fitted to those points (:func:`fit_link`): ``α`` = ``latency_ms`` (fixed
+  cost per message), ``β`` = ``bandwidth_bytes_per_s``.
+* **compute** (:func:`stage_profile`): the per-layer profile (:func:`workbench.profiler.profile`)
+  at the *microbatch* size with ``torch.set_num_threads(threads)``, the same size and thread count
+  a rank of the runtime computes with; the *stage-level* forward and backward (the stage's layers
+  run as one unit, the way a rank runs them: each layer's weights leave the cache before the next
+  call, unlike the per-layer profile's repeated calls of one layer); and the optimizer step of
+  each stage (``W ← W − lr · g / n`` over the stage's parameters, as the runtime's STEP op does).
+  :meth:`StageProfile.as_profile` gives the simulator either level.
+* **per-op overhead** (:func:`solve_overhead`): the executor's fixed cost per op, found from a run
+  of a *different* model (tiny width, so compute is almost nothing) as the ``o`` that makes the
+  simulated step time of that run equal its measured one. The simulated time is non-decreasing in
+  ``o``, so bisection finds it.
+
+:func:`modeled_step_ms` then simulates ``rounds`` back-to-back repetitions of a schedule (the
+runtime runs the rounds of an epoch without a barrier between them, so rounds of a pipeline can
+overlap) and returns the steady-state time per round: the median spacing of the rounds' first
+op starts, the same statistic :func:`measured_step_ms` takes from a measured ``timeline.csv``.
+"""
+from __future__ import annotations
+
+import math
+import socket
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .schedules.core import Op, Schedule
+
+DEFAULT_SIZES = (4, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
+
+
+# ---------------------------------------------------------------------------------------------
+# link: ping-pong and the alpha-beta fit
+# ---------------------------------------------------------------------------------------------
+def fit_link(sizes: Sequence[float], times_ms: Sequence[float]) -> dict:
+    """Fit ``t = α + n / β`` (``t`` ms, ``n`` bytes) to one-way times.
+
+    Weighted least squares on relative error, ``min Σ ((α + n_i x − t_i) / t_i)²`` with
+    ``x = 1e3 / β`` (ms per byte), so a 4-byte message and a 4 MiB message count alike (plain least
+    squares would let the big messages decide α). Returns ``latency_ms`` = α,
+    ``bandwidth_bytes_per_s`` = β and ``rel_rmse`` (root mean square relative residual)."""
+    n = np.asarray(sizes, dtype=float)
+    t = np.asarray(times_ms, dtype=float)
+    if n.ndim != 1 or n.shape != t.shape or len(n) < 2:
+        raise ValueError("fit_link needs two equally long 1-D sequences with at least 2 points")
+    if len(np.unique(n)) < 2:
+        raise ValueError("fit_link needs at least two different message sizes to separate latency and bandwidth")
+    if (n < 0).any() or not np.isfinite(t).all() or (t <= 0).any():
+        raise ValueError("sizes must be >= 0 bytes and times finite and > 0 ms")
+    A = np.stack([np.ones_like(n), n], axis=1) / t[:, None]
+    (alpha, x), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
+    if x <= 0:
+        raise ValueError("the timings do not grow with message size; measure larger messages")
+    rel = (alpha + n * x - t) / t
+    return dict(latency_ms=float(alpha), bandwidth_bytes_per_s=float(1e3 / x),
+                rel_rmse=float(np.sqrt(np.mean(rel ** 2))))
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, q):
+    """One side of the ping-pong: rank 0 sends and waits for the echo; rank 1 echoes."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    tmo = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=tmo)
+    try:
+        out = {}
+        for n in sizes:
+            buf = torch.zeros(max(1, int(n) // 4), dtype=torch.float32)
+            rtt = []
+            for i in range(warmup + repeats):
+                t0 = time.perf_counter()
+                if rank == 0:
+                    dist.isend(buf, 1).wait(tmo)
+                    dist.irecv(buf, 1).wait(tmo)
+                else:
+                    dist.irecv(buf, 0).wait(tmo)
+                    dist.isend(buf, 0).wait(tmo)
+                if i >= warmup:
+                    rtt.append((time.perf_counter() - t0) * 1e3)
+            out[int(buf.numel() * 4)] = statistics.median(rtt) / 2
+        if rank == 0:
+            q.put(out)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 30, warmup: int = 5,
+                 timeout_s: float = 120.0, threads: int = 1) -> dict:
+    """Ping-pong between two spawned processes on this machine; fit ``t = α + n / β``.
+
+    For each size ``n`` (bytes, rounded down to whole float32 elements, at least one), rank 0
+    ``isend``s a tensor and waits for rank 1 to echo it back, ``warmup + repeats`` times; the
+    one-way time is half the median round trip. Every wait and the whole job are bounded by
+    ``timeout_s`` (TimeoutError, processes terminated). Returns :func:`fit_link`'s dict plus
+    ``sizes``, ``one_way_ms``, ``backend``, ``repeats``."""
+    import torch.multiprocessing as mp
+
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0 (got {repeats}, {warmup})")
+    sizes = [int(n) for n in sizes]
+    if len(set(max(4, n // 4 * 4) for n in sizes)) < 2:
+        raise ValueError("measure_link needs at least two different message sizes (bytes)")
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    pc = mp.start_processes(_ping_pong, args=(_free_port(), backend, sizes, repeats, warmup, timeout_s, threads, q),
+                            nprocs=2, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not pc.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
+        if time.monotonic() > deadline:
+            for p in pc.processes:
+                if p.is_alive():
+                    p.terminate()
+            raise TimeoutError(f"link ping-pong ({backend}) did not finish within {timeout_s:.0f} s")
+    if q.empty():
+        raise RuntimeError("link ping-pong finished without a result")
+    one_way = q.get()
+    n = sorted(one_way)
+    fit = fit_link(n, [one_way[k] for k in n])
+    return dict(fit, sizes=n, one_way_ms=[one_way[k] for k in n], backend=backend, repeats=repeats)
+
+
+# ---------------------------------------------------------------------------------------------
+# compute: per-layer profile at the microbatch size, optimizer step per stage
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StageProfile:
+    """Compute costs of a partitioned model as one rank of the runtime sees them.
+
+    ``profile``: per-layer :class:`~workbench.profiler.Profile` at ``microbatch_size`` (so pass
+    ``microbatch_fraction=1`` to the simulator); ``bounds[s] = (first, last)`` layers of stage s;
+    ``step_ms[s]``: median time of stage s's optimizer step; ``fwd_ms[s]``/``bwd_ms[s]``: median
+    stage-level forward / backward (backward includes the input gradient for ``s > 0``, as in the
+    runtime); ``threads``: torch threads used."""
+
+    profile: object
+    bounds: tuple[tuple[int, int], ...]
+    step_ms: tuple[float, ...]
+    microbatch_size: int
+    threads: int
+    fwd_ms: tuple[float, ...] = ()
+    bwd_ms: tuple[float, ...] = ()
+    meta: dict = field(default_factory=dict)
+
+    def as_profile(self, level: str = "stage"):
+        """``"layer"``: the per-layer profile; ``"stage"``: a Profile with one row per stage
+        (stage-level fwd/bwd, the bytes of the stage's last layer output, the stage's parameter
+        bytes), to simulate with one layer per stage."""
+        from .profiler import Profile
+
+        if level == "layer":
+            return self.profile
+        if level != "stage":
+            raise ValueError(f"level must be 'stage' or 'layer', got {level!r}")
+        if len(self.fwd_ms) != len(self.bounds):
+            raise ValueError("this StageProfile has no stage-level timings; measure it with stage_profile()")
+        df = self.profile.layers
+        rows = [dict(name=f"stage{s}[{a}..{z}]", fwd_ms=self.fwd_ms[s], bwd_ms=self.bwd_ms[s],
+                     act_bytes=float(df.act_bytes[z]), param_bytes=float(df.param_bytes[a:z + 1].sum()))
+                for s, (a, z) in enumerate(self.bounds)]
+        return Profile(pd.DataFrame(rows), dict(self.profile.meta, kind="measured (stage level)"))
+
+    def stage_ms(self) -> pd.DataFrame:
+        """Per stage: fwd_ms, bwd_ms (sums over the stage's layers), step_ms, cut_bytes."""
+        df = self.profile.layers
+        rows = [dict(stage=s, first=a, last=z, layer_fwd_ms=float(df.fwd_ms[a:z + 1].sum()),
+                     layer_bwd_ms=float(df.bwd_ms[a:z + 1].sum()),
+                     stage_fwd_ms=self.fwd_ms[s] if self.fwd_ms else float("nan"),
+                     stage_bwd_ms=self.bwd_ms[s] if self.bwd_ms else float("nan"), step_ms=self.step_ms[s],
+                     cut_bytes=float(df.act_bytes[z])) for s, (a, z) in enumerate(self.bounds)]
+        return pd.DataFrame(rows).set_index("stage")
+
+
+def _bounds(plan_or_bounds, num_layers: int) -> tuple[tuple[int, int], ...]:
+    if hasattr(plan_or_bounds, "stages"):
+        b = [(int(s.first), int(s.last)) for s in plan_or_bounds.stages]
+    else:
+        try:
+            b = [(int(a), int(z)) for a, z in plan_or_bounds]
+        except (TypeError, ValueError):
+            raise ValueError("plan_or_bounds must be a Plan or a list of (first, last) layer pairs") from None
+    expect = 0
+    for a, z in b:
+        if a != expect or z < a:
+            raise ValueError(f"stage bounds must be contiguous from layer 0; got {b}")
+        expect = z + 1
+    if expect != num_layers:
+        raise ValueError(f"stage bounds cover {expect} layers but the model has {num_layers}")
+    return tuple(b)
+
+
+def _time_step(params: list, iterations: int, warmup: int, lr: float = 0.01) -> float:
+    """Median ms of ``W' = W − lr · g / n`` over ``params`` (out of place, like the runtime's STEP)."""
+    import torch
+
+    grads = [torch.randn_like(p) for p in params]
+    times = []
+    with torch.no_grad():
+        for i in range(warmup + iterations):
+            t0 = time.perf_counter()
+            new = [torch.add(p, g / 8, alpha=-lr) for p, g in zip(params, grads)]
+            dt = (time.perf_counter() - t0) * 1e3
+            del new
+            if i >= warmup:
+                times.append(dt)
+    return statistics.median(times) if times else 0.0
+
+
+def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int) -> tuple[float, float]:
+    """Median ms of the stage forward ``y = f_s(x)`` and backward (cotangent of ones; input gradient
+    too unless ``first``), the layers run in sequence as one unit."""
+    import torch
+
+    from .profiler import _backward_inputs, _detach
+
+    net = torch.nn.Sequential(*layers)
+    F, B = [], []
+    for i in range(warmup + iterations):
+        inp = _detach(x, not first)
+        t0 = time.perf_counter()
+        y = net(inp)
+        t1 = time.perf_counter()
+        outs, grads = _backward_inputs(y)
+        if outs:
+            torch.autograd.backward(outs, grads)
+        t2 = time.perf_counter()
+        net.zero_grad(set_to_none=True)
+        if i >= warmup:
+            F.append((t1 - t0) * 1e3)
+            B.append((t2 - t1) * 1e3)
+    return statistics.median(F), statistics.median(B)
+
+
+def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1, iterations: int = 20,
+                  warmup: int = 5, device: str = "cpu") -> StageProfile:
+    """Measure per-layer fwd/bwd at ``microbatch_size`` with ``torch.set_num_threads(threads)``
+    (restored afterwards) and each stage's optimizer-step time. ``model``: a LayerModel;
+    ``plan_or_bounds``: a :class:`~workbench.plan.Plan` or ``[(first, last), ...]``."""
+    import torch
+
+    from .profiler import profile
+
+    if microbatch_size < 1 or threads < 1:
+        raise ValueError(f"microbatch_size and threads must be >= 1 (got {microbatch_size}, {threads})")
+    layers = list(model.layers)
+    bounds = _bounds(plan_or_bounds, len(layers))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        prof = profile(model, batch_size=microbatch_size, iterations=iterations, warmup=warmup, device=device,
+                       progress=False, flops=False)
+        step = tuple(_time_step([p.detach() for l in layers[a:z + 1] for p in l.parameters()], iterations, warmup)
+                     for a, z in bounds)
+        from .profiler import _detach, _layers_and_input
+
+        _, _, _, x = _layers_and_input(model, None, microbatch_size)
+        fwd, bwd = [], []
+        for a, z in bounds:
+            f, b = _time_stage(layers[a:z + 1], x, a == 0, iterations, warmup)
+            fwd.append(f)
+            bwd.append(b)
+            with torch.no_grad():
+                for layer in layers[a:z + 1]:
+                    x = layer(_detach(x, False))
+    finally:
+        torch.set_num_threads(before)
+    return StageProfile(prof, bounds, step, int(microbatch_size), int(threads), tuple(fwd), tuple(bwd),
+                        dict(iterations=iterations, warmup=warmup, device=device))
+
+
+# ---------------------------------------------------------------------------------------------
+# simulation of back-to-back rounds, and the same statistic from a measured timeline
+# ---------------------------------------------------------------------------------------------
+def repeat_rounds(schedule: Schedule, rounds: int) -> Schedule:
+    """``rounds`` copies of ``schedule`` run back to back on every worker (as the runtime runs the
+    rounds of an epoch): round ``r`` shifts microbatch ids by ``r · M`` and weight versions and
+    update indices of stage ``s`` by ``r · u_s`` (``u_s`` = STEPs of s per round on one worker)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    M = schedule.microbatches
+    per = {}
+    for s, ws in enumerate(schedule.stage_workers):
+        per[s] = sum(1 for op in schedule.ops[ws[0]] if op.kind == "STEP" and op.stage == s) if ws else 0
+    ops = []
+    for wops in schedule.ops:
+        lst = []
+        for r in range(rounds):
+            for op in wops:
+                if op.kind in ("AR", "STEP"):
+                    lst.append(Op(op.kind, op.stage, op.microbatch, op.version, op.step + r * per[op.stage],
+                                  op.weights_worker))
+                else:
+                    lst.append(Op(op.kind, op.stage, op.microbatch + r * M, op.version + r * per[op.stage], op.step,
+                                  op.weights_worker))
+        ops.append(lst)
+    return Schedule(schedule.name, schedule.num_stages, schedule.num_workers, M * rounds, ops, schedule.stage_workers,
+                    schedule.update, schedule.microbatches_per_step, None, dict(schedule.options))
+
+
+def _round_spacing(starts: Sequence[float]) -> float:
+    d = np.diff(np.asarray(sorted(starts), dtype=float))
+    if len(d) == 0:
+        raise ValueError("need at least two rounds to measure their spacing")
+    return float(np.median(d))
+
+
+def modeled_step_ms(schedule: Schedule, stages: StageProfile, link: dict | None = None, op_overhead_ms: float = 0.0,
+                    rounds: int = 6, overlap_comm: bool = True, level: str = "stage") -> float:
+    """Steady-state modeled ms per round: simulate :func:`repeat_rounds` with the profile at the
+    microbatch size (``microbatch_fraction=1``), per-stage ``step_ms``, a flat topology at the link
+    bandwidth plus ``latency_ms`` per message (``link=None``: communication free), and
+    ``op_overhead_ms`` per op; return the median spacing of the rounds' first op starts.
+    ``level``: compute costs from the stage-level timings (default) or the per-layer profile."""
+    from .plan import Plan
+    from .simulate import simulate
+    from .topology import Topology
+
+    if len(stages.bounds) != schedule.num_stages:
+        raise ValueError(f"the stage profile has {len(stages.bounds)} stages, the schedule {schedule.num_stages}")
+    reps = [len(ws) for ws in schedule.stage_workers]
+    if level == "stage":
+        prof, plan = stages.as_profile("stage"), Plan.from_boundaries(list(range(len(stages.bounds))), reps)
+    else:
+        prof, plan = stages.as_profile("layer"), Plan.from_boundaries([z for _, z in stages.bounds], reps)
+    topo = Topology.flat(schedule.num_workers, link["bandwidth_bytes_per_s"]) if link else None
+    lat = max(0.0, float(link["latency_ms"])) if link else 0.0
+    res = simulate(repeat_rounds(schedule, rounds), profile=prof, plan=plan, topology=topo,
+                   step_ms=list(stages.step_ms), microbatch_fraction=1.0, latency_ms=lat,
+                   op_overhead_ms=op_overhead_ms, overlap_comm=overlap_comm)
+    comp = res.compute
+    M = schedule.microbatches
+    first = comp[comp.kind != "STEP"].assign(r=lambda d: d.microbatch // M).groupby("r").start.min()
+    return _round_spacing(first.to_numpy())
+
+
+def measured_step_ms(timeline: pd.DataFrame, skip: int = 2) -> float:
+    """Steady-state measured ms per round from a runtime ``timeline.csv`` (columns ``step``,
+    ``start``...): the median spacing of the rounds' first op starts, after ``skip`` rounds."""
+    tl = timeline[timeline.step >= timeline.step.min() + skip]
+    return _round_spacing(tl.groupby("step").start.min().to_numpy())
+
+
+def solve_overhead(predict: Callable[[float], float], target_ms: float, hi: float = 10.0, tol: float = 1e-4) -> float:
+    """The ``o >= 0`` with ``predict(o) = target_ms`` by bisection (``predict`` non-decreasing in
+    ``o``). Returns 0 when even ``predict(0) >= target_ms`` (nothing left to attribute to overhead);
+    raises ValueError when ``predict(hi) < target_ms``."""
+    if not math.isfinite(target_ms) or target_ms <= 0:
+        raise ValueError(f"target_ms must be a positive number, got {target_ms!r}")
+    if predict(0.0) >= target_ms:
+        return 0.0
+    if predict(hi) < target_ms:
+        raise ValueError(f"even an overhead of {hi} ms per op predicts less than {target_ms} ms; raise hi")
+    lo = 0.0
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        if predict(mid) < target_ms:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
