@@ -79,3 +79,15 @@ def test_large_timeline_is_capped_with_warning(timeline):
 def test_bad_timeline_is_rejected():
     with pytest.raises(ValueError, match="lacks columns"):
         timeline_figure(pd.DataFrame({"worker": [0], "start": [0.0]}))
+
+
+def test_compare_aligns_each_timeline_to_zero():
+    from workbench.plot import compare_figure
+
+    a = pd.DataFrame(dict(worker=[0], stage=[0], microbatch=[0], kind=["F"], start=[300.0], end=[301.0]))
+    b = pd.DataFrame(dict(worker=[0], stage=[0], microbatch=[0], kind=["F"], start=[0.0], end=[2.0]))
+    fig = compare_figure({"measured": a, "modeled": b})
+    bases = sorted(float(x) for tr in fig.data for x in (tr.base if tr.base is not None else []))
+    assert bases == [0.0, 0.0]
+    unaligned = compare_figure({"measured": a, "modeled": b}, align=False)
+    assert sorted(float(x) for tr in unaligned.data for x in (tr.base if tr.base is not None else [])) == [0.0, 300.0]

@@ -115,16 +115,23 @@ def timeline_figure(timeline: pd.DataFrame, title: str | None = None, max_ops: i
     return fig
 
 
-def compare_figure(timelines: dict[str, pd.DataFrame], title: str | None = None, max_ops: int = MAX_OPS) -> go.Figure:
+def compare_figure(timelines: dict[str, pd.DataFrame], title: str | None = None, max_ops: int = MAX_OPS,
+                   align: bool = True) -> go.Figure:
     """Timelines side by side (stacked, one subplot each, sharing the time axis), e.g.
-    ``compare_figure({"modeled": sim.timeline, "measured": run.timeline})``."""
+    ``compare_figure({"modeled": sim.timeline, "measured": run.timeline})``. With ``align`` each
+    timeline is shifted so that its first operation starts at 0 (a measured run's clock starts
+    at process launch, a simulation's at 0)."""
     if not timelines:
         raise ValueError("compare_figure needs at least one timeline, e.g. {'modeled': tl}")
     names = list(timelines)
     fig = make_subplots(rows=len(names), cols=1, shared_xaxes=True, subplot_titles=names, vertical_spacing=0.08)
     total_rows = 0
     for i, name in enumerate(names, start=1):
-        tl = _cap(_check(timelines[name]), max_ops)
+        tl = _check(timelines[name])
+        if align and len(tl):
+            t0 = tl["start"].min()
+            tl = tl.assign(start=tl["start"] - t0, end=tl["end"] - t0)
+        tl = _cap(tl, max_ops)
         order, label = _rows(tl)
         total_rows += len(order)
         for tr in _traces(tl, label, showlegend=(i == 1)):
