@@ -71,6 +71,8 @@ def run_train(args) -> int:
     except RuntimeError as e:
         print(f"workbench train: failed: {e}", file=sys.stderr)
         return 1
+    if "schedule" not in summary:  # a non-zero rank under torchrun: rank 0 reports the run
+        return 0
     test = summary.get("final_test_accuracy")
     print(f"{summary['schedule']}: {summary['steps']} steps in {summary['wall_s']:.1f} s, "
           f"{summary['samples_per_s_steady'] or summary['samples_per_s']:.0f} samples/s (steady), "
