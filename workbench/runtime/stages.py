@@ -156,20 +156,30 @@ def as_leaves(x, requires_grad: bool) -> tuple:
 
 def vjp(module: nn.Module, params: dict[str, torch.Tensor], x_leaves: tuple, like_tuple: bool, y=None, *,
         loss_fn=None, target=None, cot=None, want_input: bool = True, want_weights: bool = True,
-        retain_graph: bool = False):
+        retain_graph: bool = False, loss=None, into: dict[str, torch.Tensor] | None = None):
     """Vector-Jacobian product of stage ``f_s(x; W)`` at ``(x, W = params)``.
 
     Returns ``(dL/dx for the floating inputs, dL/dW per parameter, y)``. For the last stage
-    ``L = loss_fn(y, target)``; otherwise ``L = <y, cot>`` with ``cot`` the gradient sent by the next
-    stage (one tensor per floating output). ``y`` is an already computed output whose graph reaches
-    ``params`` and ``x_leaves`` (reused, as a stashed forward); when None it is recomputed.
-    Missing gradients (an input that does not influence the output) are zeros.
+    ``L = loss_fn(y, target)`` (or the given ``loss``, already computed from this ``y``); otherwise
+    ``L = <y, cot>`` with ``cot`` the gradient sent by the next stage (one tensor per floating output).
+    ``y`` is an already computed output whose graph reaches ``params`` and ``x_leaves`` (reused, as a
+    stashed forward); when None it is recomputed. Missing gradients (an input that does not influence
+    the output) are zeros.
+
+    ``into``: update buffers ``D[n]`` (one per parameter name, same shapes). When given, the weight
+    gradients are not returned (``dL/dW`` is ``{}``) but added in place, ``D[n] += dL/dW_n``, by the
+    autograd engine itself as each one is produced (the parameters' ``.grad`` point at the buffers
+    during the pass): the same sum as ``D[n].add_(dL/dW_n)`` afterwards, without a second sweep over
+    gradients that have already left the cache. A missing (or None) ``D[n]`` is an empty buffer:
+    ``into[n]`` becomes the gradient tensor itself (``0 + g = g``, nothing to zero or copy); a
+    parameter the output does not depend on leaves its buffer as it was.
     """
     if y is None:
         with torch.enable_grad():
             y = run_stage(module, params, from_tuple(x_leaves, like_tuple))
-    if loss_fn is not None:
-        outs, grads = [loss_fn(y, target)], None
+        loss = None  # a given loss belongs to another evaluation of the stage
+    if loss_fn is not None or loss is not None:
+        outs, grads = [loss if loss is not None else loss_fn(y, target)], None
     else:
         yt = as_tuple(y)
         pairs = [(yt[i], c) for i, c in zip(float_indices(yt), cot) if yt[i].requires_grad]
@@ -177,6 +187,8 @@ def vjp(module: nn.Module, params: dict[str, torch.Tensor], x_leaves: tuple, lik
     xin = [x_leaves[i] for i in float_indices(x_leaves)] if want_input else []
     xin = [v for v in xin if v.requires_grad]
     names = list(params) if want_weights else []
+    if into is not None:
+        return _vjp_into(outs, grads, xin, params, names, into, retain_graph), {}, y
     targets = xin + [params[n] for n in names]
     if not targets or not outs:
         res = [None] * len(targets)
@@ -186,3 +198,29 @@ def vjp(module: nn.Module, params: dict[str, torch.Tensor], x_leaves: tuple, lik
     dx = res[:len(xin)]
     dw = dict(zip(names, res[len(xin):]))
     return dx, dw, y
+
+
+def _vjp_into(outs, grads, xin: list, params: dict, names: list, into: dict, retain_graph: bool) -> list:
+    """``dL/dx`` for ``xin``; ``into[n] += dL/dW_n`` in place (see :func:`vjp`)."""
+    if not outs or not (xin or names):
+        return [torch.zeros_like(x) for x in xin]
+    weights = [params[n] for n in names]
+    bufs = [into.get(n) for n in names]
+    saved = [w.grad for w in weights] + [x.grad for x in xin]
+    for w, d in zip(weights, bufs):
+        w.grad = d  # the engine accumulates into an existing .grad in place (no_grad backward)
+    for x in xin:
+        x.grad = None
+    try:
+        torch.autograd.backward(outs, grads, retain_graph=retain_graph, inputs=xin + weights)
+        for n, w, d in zip(names, weights, bufs):
+            if d is None:
+                if w.grad is not None:
+                    into[n] = w.grad  # the first contribution: the gradient becomes the buffer
+            elif w.grad is not d:  # the engine replaced the buffer (not expected): keep the sum in it
+                d.copy_(w.grad)
+        dx = [torch.zeros_like(x) if x.grad is None else x.grad for x in xin]
+    finally:
+        for t, g in zip(weights + xin, saved):
+            t.grad = g
+    return dx

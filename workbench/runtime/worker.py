@@ -92,7 +92,7 @@ class StageState:
     only the layout ``[(name, shape)]`` of the fetched flat vector and the stashed microbatches."""
 
     def __init__(self, stage: int, module, weights: dict[str, torch.Tensor], device, version: int = 0,
-                 held: bool = True):
+                 held: bool = True, flat: bool = True):
         self.stage, self.module, self.held = stage, module, held
         self.names = list(weights)
         self.layout = [(n, w.shape) for n, w in weights.items()]
@@ -101,8 +101,12 @@ class StageState:
         total = sum(w.numel() for w in weights.values()) if held else 0  # no update buffer without weights
         dtype = next(iter(weights.values())).dtype if weights else torch.float32
         self.flat = torch.zeros(total, dtype=dtype, device=device)
+        # the update buffer: views of one flat vector (all-reduced / pushed gradients added), or, with
+        # ``flat=False``, per-parameter tensors created by the first contribution of each update
+        # (``{}`` = all zero; see ``vjp(into=...)``): no zeroing pass and no first addition per update
+        self.is_flat = flat
         self.grad, k = {}, 0
-        for n, w in (weights.items() if held else ()):
+        for n, w in (weights.items() if held and flat else ()):
             self.grad[n] = self.flat[k:k + w.numel()].view_as(w)
             k += w.numel()
         self.momentum = {n: torch.zeros_like(w, device=device) for n, w in weights.items()} if held else {}
@@ -128,8 +132,10 @@ class PipelineExecutor:
         self.ctx, self.schedule, self.model = ctx, schedule, model
         self.rank, self.S, self.M = ctx.rank, schedule.num_stages, schedule.microbatches
         self.prog = RankProgram(schedule, self.rank)
+        ar = {op.stage for op in self.prog.ops if op.kind == "AR"}
         self.state = {s: StageState(s, stage_module(model.layers, *bounds[s]).to(ctx.device), init_weights[s], ctx.device,
-                                    ctx.start_round * self.prog.per_round[s], held=self.rank in schedule.stage_workers[s])
+                                    ctx.start_round * self.prog.per_round[s], held=self.rank in schedule.stage_workers[s],
+                                    flat=s in ar or has_remote(schedule))
                       for s in self.prog.stages}
         self.groups = groups
         self.remote = None  # fetches / pushes of the master family (see fetch.py)
@@ -222,16 +228,26 @@ class PipelineExecutor:
                 lr, mu = self.ctx.lr, self.ctx.momentum
                 with torch.no_grad():
                     old = st.versions[st.newest]
+                    if not st.is_flat:  # parameters no contribution reached: a zero buffer
+                        for nm in st.names:
+                            if nm not in st.grad:
+                                st.grad[nm] = torch.zeros_like(old[nm])
                     if mu:
                         for nm in st.names:
                             st.momentum[nm].mul_(mu).add_(st.grad[nm], alpha=1.0 / n)
                         d = st.momentum
                     else:
-                        d = {nm: st.grad[nm] / n for nm in st.names}
+                        if n != 1:  # g_t = buffer / n in place (the buffer is reset below); x / 1 == x exactly
+                            for nm in st.names:
+                                st.grad[nm].div_(n)
+                        d = st.grad
                     new = {nm: torch.add(old[nm], d[nm], alpha=-lr).requires_grad_(True) for nm in st.names}
                 st.newest += 1
                 st.versions[st.newest] = new
-                st.flat.zero_()
+                if st.is_flat:
+                    st.flat.zero_()
+                else:
+                    st.grad = {}
                 if self.remote is not None and op.step + 1 < self.prog.per_round[s]:
                     self.remote.post_sends(s, op.step + 1, new)
             end = time.perf_counter()
@@ -239,7 +255,8 @@ class PipelineExecutor:
                              (end - t0) * 1e3, off[s] + op.version if op.kind in ("F", "B", "BI", "BW") else st.newest,
                              R, wait))
             self._free(st, off[s], i)
-            st.note_memory()
+            if op.kind not in ("B", "BW"):  # these only release records and versions
+                st.note_memory()
 
     def _free(self, st: StageState, off: int, i: int) -> None:
         for v in list(st.versions):
@@ -261,13 +278,16 @@ class PipelineExecutor:
             rec["params"] = params
         if last:
             _, target = data(b)
+            # the loss of a stashed forward is built once, with its graph: the backward starts from it
+            with torch.set_grad_enabled(keep_graph):
+                loss = self.model.loss(y, target)
             with torch.no_grad():
-                loss = self.model.loss(y.detach() if torch.is_tensor(y) else y, target)
-                metrics["loss"] += float(loss)
+                metrics["loss"] += float(loss.detach())
                 metrics["n"] += 1
                 metrics["correct"] += self.model.correct(y.detach() if torch.is_tensor(y) else y, target)
                 metrics["samples"] += int(target.shape[0])
             rec["target"] = target
+            rec["loss"] = loss if keep_graph else None
         else:
             self.comm.send((0, s, g), list(as_tuple(y)), self.prog.dst_of_activation(s, b))
         st.records[g] = rec
@@ -276,20 +296,24 @@ class PipelineExecutor:
         s = op.stage
         rec = st.records[g]
         last = s == self.S - 1
-        kw = dict(loss_fn=self.model.loss, target=rec["target"]) if last else dict(cot=cot if cot is not None else rec.get("cot"))
         y = rec["y"] if rec["v"] == v else None
+        kw = dict(loss_fn=self.model.loss, target=rec["target"], loss=rec["loss"] if y is not None else None) if last \
+            else dict(cot=cot if cot is not None else rec.get("cot"))
         remote = is_remote(op, self.rank)
         params = rec["params"] if remote or v not in st.versions else st.versions[v]
         if op.kind == "BI":
+            recomputed = y is None
             dx, _, y = vjp(st.module, params, rec["x"], self.like_tuple[s], y, **kw, want_weights=False, retain_graph=True)
             rec.update(y=y, v=v, params=params, cot=cot)
-        else:
+            if recomputed and last:
+                rec["loss"] = None  # the stored loss belongs to the forward's evaluation, not to this one
+        elif remote and not st.held:  # summed and pushed to the owner of the weights
             dx, dw, _ = vjp(st.module, params, rec["x"], self.like_tuple[s], y, **kw, want_input=op.kind == "B")
-            if remote and not st.held:  # summed and pushed to the owner of the weights
-                self.remote.add_gradient(i, dw)
-            else:
-                for n, d in dw.items():
-                    st.grad[n].add_(d)
+            self.remote.add_gradient(i, dw)
+            del st.records[g]
+        else:  # the weight gradient is added to the update buffer by the backward pass itself
+            dx, _, _ = vjp(st.module, params, rec["x"], self.like_tuple[s], y, **kw, want_input=op.kind == "B",
+                           into=st.grad)
             del st.records[g]
         if op.kind != "BW" and s > 0:
             self.comm.send((1, s - 1, g), dx, self.prog.where[("F", s - 1, b)])
