@@ -8,11 +8,11 @@ from collections import defaultdict
 import torch
 
 from ..schedules.core import Schedule
-from .stages import as_leaves, as_tuple, float_indices, from_tuple, nbytes, stage_module
+from .stages import MomentumState, as_leaves, as_tuple, float_indices, from_tuple, nbytes, stage_module
 from .worker import RankProgram
 
 
-class DDPExecutor:
+class DDPExecutor(MomentumState):
     """Data-parallel BSP (``dp-bsp``) through :class:`torch.nn.parallel.DistributedDataParallel`.
 
     Every worker holds all stages; stage ``s`` is wrapped in its own DDP module, so ``B(s, b)``
@@ -62,14 +62,6 @@ class DDPExecutor:
         self.peak_live = 0
         self.peak_act_bytes = 0
         self.momentum = [{n: torch.zeros_like(p) for n, p in m.named_parameters()} for m in self.modules]
-
-    def optimizer_state(self):
-        return {s: {n: b.clone() for n, b in m.items()} for s, m in enumerate(self.momentum)}
-
-    def load_optimizer_state(self, state):
-        for s, bufs in state.items():
-            for n, b in bufs.items():
-                self.momentum[s][n].copy_(b)
 
     def receive_plan(self, rounds):
         return []

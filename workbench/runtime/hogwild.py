@@ -6,11 +6,11 @@ import time
 import torch
 
 from ..schedules.core import Schedule
-from .stages import as_leaves, from_tuple, run_stage, stage_module, vjp
+from .stages import MomentumState, as_leaves, from_tuple, run_stage, stage_module, vjp
 from .worker import RankProgram
 
 
-class HogwildExecutor:
+class HogwildExecutor(MomentumState):
     """Asynchronous data parallelism (``async`` rule) on shared-memory weights, without locks.
 
     Every worker holds all stages. ``F(s, b)`` reads the current shared weights of stage ``s``;
@@ -91,14 +91,6 @@ class HogwildExecutor:
 
     def weights(self):
         return {s: {n: t.detach().clone() for n, t in sh.items()} for s, sh in enumerate(self.shared)}
-
-    def optimizer_state(self):
-        return {s: {n: b.clone() for n, b in m.items()} for s, m in enumerate(self.momentum)}
-
-    def load_optimizer_state(self, state):
-        for s, bufs in state.items():
-            for n, b in bufs.items():
-                self.momentum[s][n].copy_(b)
 
     def memory(self):
         st = self.staleness

@@ -224,3 +224,18 @@ def _vjp_into(outs, grads, xin: list, params: dict, names: list, into: dict, ret
         for t, g in zip(weights + xin, saved):
             t.grad = g
     return dx
+
+
+class MomentumState:
+    """Checkpointing of per-stage momentum buffers ``self.momentum[s][name]`` (a mixin for the
+    executors that keep their own SGD momentum)."""
+
+    momentum: list
+
+    def optimizer_state(self):
+        return {s: {n: b.clone() for n, b in m.items()} for s, m in enumerate(self.momentum)}
+
+    def load_optimizer_state(self, state):
+        for s, bufs in state.items():
+            for n, b in bufs.items():
+                self.momentum[s][n].copy_(b)
