@@ -1,5 +1,3 @@
-import json
-import math
 from pathlib import Path
 
 import numpy as np

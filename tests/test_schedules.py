@@ -344,7 +344,7 @@ def test_table_latency_simulated(S, B):
 def test_validator_sees_remote_weight_and_gradient_push_dependencies():
     """Worker 1 computes stage 0 with worker 0's weights. Its first op reads version 1, which only
     worker 0's STEP#0 creates; that STEP needs worker 1's later version-0 gradient push: deadlock."""
-    from workbench.schedules import Op, Schedule, ScheduleError, validate
+    from workbench.schedules import Schedule, ScheduleError, validate
 
     def sched(w1_ops):
         w0 = (Op("F", 0, 0, 0), Op("B", 0, 0, 0), Op("STEP", 0, step=0))

@@ -6,7 +6,6 @@ line on stderr and exits with status 2, without a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -88,7 +87,6 @@ def cmd_profile(args) -> int:
 
 def cmd_partition(args) -> int:
     from .partition import partition, partition_balanced_time, partition_equal_layers
-    from .profiler import Profile
 
     if args.profile:
         prof = _load_profile(args)
@@ -118,28 +116,25 @@ def cmd_partition(args) -> int:
 
 def cmd_simulate(args) -> int:
     from . import schedules
-    from .io import run_folder
     from .plan import Plan
     from .simulate import simulate
+    from .topology import Topology
 
-    if args.plan:
-        plan = Plan.load(args.plan)
-        source = plan
-    else:
-        source = args.stages
-    sched = schedules.build(args.schedule, source, args.microbatches)
-    kw = {}
+    plan = Plan.load(args.plan) if args.plan else None
+    sched = schedules.build(args.schedule, plan or args.stages, args.microbatches)
     if args.profile:
-        if not args.plan:
+        if plan is None:
             raise UsageError("--profile needs --plan (which layers form each stage)")
-        kw = dict(profile=_load_profile(args), plan=plan, topology=_topology_from_args(args) if (args.topology or args.workers) else None)
+        if args.topology:
+            topology = parse_topology(args.topology)
+        else:
+            topology = Topology.flat(args.workers or plan.num_workers, args.bandwidth)
+        kw = dict(profile=_load_profile(args), plan=plan, topology=topology)
     else:
         kw = dict(fwd=args.fwd, bwd=args.bwd)
     res = simulate(sched, **kw)
-    print(res.summary() if hasattr(res, "summary") else res)
-    with run_folder(args.out) as tmp:
-        res.save(tmp)
-    print(f"wrote {tmp.final}")
+    print(res.summary())
+    print(f"wrote {res.save(args.out)}")
     return 0
 
 
@@ -243,9 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="profile for modeled costs (needs --plan); without it unit costs are used")
     p.add_argument("--fwd", type=float, default=1.0, help="unit forward cost")
     p.add_argument("--bwd", type=float, default=2.0, help="unit backward cost")
-    p.add_argument("--workers", type=int, default=None)
-    p.add_argument("--bandwidth", type=float, default=10e9)
-    p.add_argument("--topology")
+    p.add_argument("--workers", type=int, default=None, help="flat topology size (default: the plan's workers)")
+    p.add_argument("--bandwidth", type=float, default=10e9, help="bytes/s of the flat topology")
+    p.add_argument("--topology", help="levels COUNTxBW,... innermost first, or a preset[:servers]")
     p.add_argument("--out", default="results/simulate")
     p.set_defaults(fn=cmd_simulate)
 

@@ -16,8 +16,12 @@ from __future__ import annotations
 import heapq
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
+
+if TYPE_CHECKING:
+    from .profiler import Profile
 
 _NODE = re.compile(r"^(node\d+) -- (.*) -- forward_compute_time=([^,]+), backward_compute_time=([^,]+), "
                    r"activation_size=([^,]+), parameter_size=(.+)$")

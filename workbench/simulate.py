@@ -305,16 +305,18 @@ class SimResult:
         return "\n".join(lines)
 
     def save(self, directory) -> Path:
-        """Write ``timeline.csv``, ``metrics.json`` and ``timeline.html`` into ``directory``."""
+        """Write ``timeline.csv``, ``metrics.json`` and ``timeline.html`` into a new folder
+        ``directory`` (or ``directory-2``, ... when it exists: nothing earlier is overwritten);
+        the files are written to a temporary folder first and moved into place. Returns the folder."""
+        from .io import run_folder
         from .plot import save_html, timeline_figure
 
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        self.timeline.to_csv(d / "timeline.csv", index=False)
-        (d / "metrics.json").write_text(json.dumps(_jsonable(self.metrics | {"label": self.label,
-                                                                             "schedule": self.schedule.name}), indent=1))
-        save_html(timeline_figure(self.timeline, title=f"{self.schedule.name} — {self.label}"), d / "timeline.html")
-        return d
+        with run_folder(directory) as d:
+            self.timeline.to_csv(d / "timeline.csv", index=False)
+            meta = self.metrics | {"label": self.label, "schedule": self.schedule.name}
+            (d / "metrics.json").write_text(json.dumps(_jsonable(meta), indent=1))
+            save_html(timeline_figure(self.timeline, title=f"{self.schedule.name} — {self.label}"), d / "timeline.html")
+        return d.final
 
 
 def _jsonable(x):

@@ -1,0 +1,25 @@
+"""Every notebook runs top to bottom under papermill with its parameters cell overridden."""
+from pathlib import Path
+
+import nbformat
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+QUICK = {"01_quickstart.ipynb": dict(servers=1, microbatches=8, schedule="gpipe")}
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs_under_papermill(path, tmp_path):
+    papermill = pytest.importorskip("papermill")
+    nb = nbformat.read(path, as_version=4)
+    assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells)
+    params = dict(QUICK.get(path.name, {}), out=str(tmp_path / "out"))
+    executed = papermill.execute_notebook(str(path), str(tmp_path / path.name), parameters=params,
+                                          cwd=str(tmp_path), kernel_name="python3", progress_bar=False)
+    errors = [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors
+    assert (tmp_path / "out" / "timeline.csv").exists()
