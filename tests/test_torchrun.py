@@ -28,6 +28,7 @@ def test_torchrun_matches_spawn(tmp_path):
            "--seed", "3", "--no-progress", "--out", str(tmp_path / "torchrun")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "torchrun" / "timeline.html").stat().st_size > 10_000  # the CLI draws the measured run
     train(out=tmp_path / "spawn", progress=False, **args)
     a, b = final_weights(tmp_path / "torchrun"), final_weights(tmp_path / "spawn")
     assert a.keys() == b.keys() and len(a) == 2

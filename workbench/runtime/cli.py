@@ -73,12 +73,35 @@ def run_train(args) -> int:
         return 1
     if "schedule" not in summary:  # a non-zero rank under torchrun: rank 0 reports the run
         return 0
+    _draw_timeline(summary)
     test = summary.get("final_test_accuracy")
     print(f"{summary['schedule']}: {summary['steps']} steps in {summary['wall_s']:.1f} s, "
           f"{summary['samples_per_s_steady'] or summary['samples_per_s']:.0f} samples/s (steady), "
           f"final loss {summary['final_loss']:.4f}, train accuracy {summary['final_accuracy']:.3f}"
           + (f", test accuracy {test:.3f}" if test is not None else "") + f"; wrote {summary['out']}")
     return 0
+
+
+def _draw_timeline(summary: dict) -> None:
+    """timeline.html beside the measured timeline.csv (last steps only when the run is long)."""
+    import warnings
+    from pathlib import Path
+
+    import pandas as pd
+
+    from ..plot import save_html, timeline_figure
+
+    out = Path(summary["out"])
+    if not (out / "timeline.csv").exists():
+        return
+    tl = pd.read_csv(out / "timeline.csv")
+    if "step" in tl and tl["step"].nunique() > 4:
+        tl = tl[tl["step"] >= tl["step"].max() - 3]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fig = timeline_figure(tl, title=f"{summary['schedule']}: measured on {summary.get('workers')} "
+                                        f"{summary.get('backend', '')} ranks ({summary.get('device', '')}), last steps")
+    save_html(fig, out / "timeline.html")
 
 
 def main(argv=None) -> int:
