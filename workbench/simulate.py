@@ -110,22 +110,22 @@ class _Costs:
             return math.inf
         return float(self.topology.bandwidth_between(a, b))
 
-    def xfer(self, cut: int, a: int, b: int) -> tuple[float, float]:
-        """(ms, bytes) of an activation/gradient transfer across ``cut`` from ``a`` to ``b``."""
+    def _message(self, nbytes: float, a: int, b: int, fixed_ms: float | None) -> tuple[float, float]:
+        """(ms, bytes) of one message of ``nbytes`` from ``a`` to ``b``: ``fixed_ms`` when given
+        (unit costs), else bytes / bandwidth; plus the link latency between different workers."""
         lat = self.latency_ms if a != b else 0.0
-        if self.transfer_ms is not None:
-            return self.transfer_ms + lat, 0.0
-        nbytes = self.cut_bytes[cut]
+        if fixed_ms is not None:
+            return fixed_ms + lat, 0.0
         bw = self.bandwidth(a, b)
         return (0.0 if bw == math.inf or nbytes == 0 else nbytes / bw * 1e3) + lat, nbytes
 
+    def xfer(self, cut: int, a: int, b: int) -> tuple[float, float]:
+        """(ms, bytes) of an activation/gradient transfer across ``cut`` from ``a`` to ``b``."""
+        return self._message(self.cut_bytes[cut] if self.transfer_ms is None else 0.0, a, b, self.transfer_ms)
+
     def fetch(self, stage: int, a: int, b: int) -> tuple[float, float]:
-        lat = self.latency_ms if a != b else 0.0
-        if self.fetch_ms is not None:
-            return self.fetch_ms + lat, 0.0
-        nbytes = self.param_bytes[stage]
-        bw = self.bandwidth(a, b)
-        return (0.0 if bw == math.inf or nbytes == 0 else nbytes / bw * 1e3) + lat, nbytes
+        """(ms, bytes) of fetching ``stage``'s weights from ``a`` to ``b``."""
+        return self._message(self.param_bytes[stage] if self.fetch_ms is None else 0.0, a, b, self.fetch_ms)
 
 
 def _per_stage(x, S: int, name: str) -> list[float]:
