@@ -100,3 +100,19 @@ def _topological(nodes, edges, path) -> list[str]:
     if len(out) != len(nodes):
         raise ValueError(f"{path}: the graph has a cycle; PipeDream graphs are DAGs")
     return out
+
+
+#: PipeDream's published GPU profiles that ship inside the package (see data/pipedream/README.md).
+SHIPPED = ("alexnet", "resnet50", "vgg16")
+
+
+def shipped_path(name: str) -> Path:
+    """Path of a shipped PipeDream ``graph.txt`` (``name`` in :data:`SHIPPED`)."""
+    if name not in SHIPPED:
+        raise ValueError(f"no shipped PipeDream profile {name!r}; choose one of {', '.join(SHIPPED)}")
+    return Path(__file__).resolve().parent / "data" / "pipedream" / name / "graph.txt"
+
+
+def shipped(name: str) -> "Profile":
+    """PipeDream's published GPU profile of ``name`` (alexnet, resnet50, vgg16) as a Profile."""
+    return read_graph(shipped_path(name))
