@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from . import generators as _g
 from . import master as _m
+from . import vshape as _v
+from . import zero_bubble as _zb
 from .core import COMPUTE, KINDS, UPDATE_RULES, Op, Schedule, ScheduleError, in_flight_peak, validate
 from .generators import noam_warmup, stage_layout
 from .master import from_placement, list_schedule, placement
@@ -21,6 +23,13 @@ DESCRIPTIONS: dict[str, str] = {
     "pipedream-2bw": "1F1B without flush, gradient accumulation per batch, two weight buffers, delay one",
     "interleaved-1f1b": "Megatron 1F1B with `chunks` virtual stages per worker (stage s on worker s mod P)",
     "zb-h1": "zero-bubble H1: backward split into BI/BW, deferred BW fills bubbles, 1F1B peak memory",
+    "zb-h2": "zero-bubble H2: 2P-1 warm-up forwards, W fills every gap, no bubble when steps tile (T_F=T_B=T_W)",
+    "interleaved-zb": "interleaved zero bubble (torch ScheduleInterleavedZeroBubble): `chunks` stages per worker, split backward",
+    "zb-v": "zero-bubble V (torch ScheduleZBVZeroBubble): 2 stages per worker in a V, 1F1B memory, zero bubble",
+    "dualpipev": "DualPipeV (torch ScheduleDualPipeV): V placement, forward and backward of two microbatches paired",
+    "v-min": "V-shape, memory-limited: about 1/3 of 1F1B's activation memory ((P+4)//3 microbatches)",
+    "v-half": "V-shape, memory-limited: about 1/2 of 1F1B's activation memory ((P+2)//2 microbatches)",
+    "v-zb": "V-shape, memory-limited: 1F1B's activation memory (P microbatches), near zero bubble",
     "dp-bsp": "data parallel: each worker all stages, per-stage all-reduce overlapped with backward",
     "dp-asp": "data parallel, asynchronous: each worker steps on its own gradients, no all-reduce",
     "ddp": "master schedule w(s,b)=(b,b): a batch per worker, all weights everywhere",
@@ -39,6 +48,13 @@ _EXPLICIT = {
     "pipedream-2bw": (_g.pipedream_2bw, {"microbatches_per_step"}),
     "interleaved-1f1b": (_g.interleaved_1f1b, {"chunks", "steps"}),
     "zb-h1": (_g.zb_h1, {"steps"}),
+    "zb-h2": (_v.zb_h2, {"steps"}),
+    "interleaved-zb": (_zb.interleaved_zb, {"chunks", "steps"}),
+    "zb-v": (_zb.zb_v, {"steps"}),
+    "dualpipev": (_zb.dualpipev, {"steps"}),
+    "v-min": (_v.v_min, {"steps"}),
+    "v-half": (_v.v_half, {"steps"}),
+    "v-zb": (_v.v_zb, {"steps"}),
     "dp-bsp": (_g.dp_bsp, {"workers"}),
     "dp-asp": (_g.dp_asp, {"workers"}),
 }

