@@ -260,3 +260,39 @@ def dualpipev(plan, microbatches: int, steps: int = 1) -> Schedule:
             pairs += pr
         orders.append(o)
     return _finish("dualpipev", v_layout(P), orders, M, T, {"chunks": 2, "overlap_f_b": tuple(pairs)})
+
+
+# ---- one common setting for every pipeline schedule -------------------------------------------
+TORCH_CLASS = {"pipedream-flush": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B",
+               "zb-h1": "ScheduleInterleavedZeroBubble (1 stage/rank)", "interleaved-zb": "ScheduleInterleavedZeroBubble",
+               "zb-v": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+COMPARED = ["pipedream-flush", "zb-h1", "zb-h2", "interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipev", "v-min",
+            "v-half", "v-zb"]
+
+
+def bubble_memory_table(workers: int = 4, microbatches: int = 8, fwd: float = 1.0, bwd: float = 2.0,
+                        names=COMPARED):
+    """Modeled (simulator, unit costs, no communication cost) bubble and peak activation memory of
+    each schedule on ``workers`` workers and ``microbatches`` microbatches, for one model whose
+    per-worker forward costs ``fwd`` and backward ``bwd`` (split: input and weight gradient
+    ``bwd / 2`` each). A schedule with v stages per worker charges ``fwd / v``, ``bwd / v`` per stage.
+
+    Columns: ``makespan`` of one step; ``bubble_fraction`` = 1 - busy / makespan (worst worker);
+    ``steady_idle_per_step``: spacing of stage 0's updates over 3 steps minus M (fwd + bwd);
+    ``peak_activations``: most microbatches' activations held by one worker, in 1F1B units (one
+    microbatch of a whole worker's layers; a V chunk counts 1/2)."""
+    import pandas as pd
+
+    from ..simulate import simulate
+    from . import build
+    rows = []
+    for name in names:
+        v = 1 if name in ("pipedream-flush", "zb-h1", "zb-h2") else 2
+        one = simulate(build(name, workers * v, microbatches), fwd / v, bwd / v)
+        three = simulate(build(name, workers * v, microbatches, steps=3), fwd / v, bwd / v)
+        rows.append({"schedule": name, "stages_per_worker": v, "makespan": one.makespan,
+                     "bubble_fraction": max(one.metrics["bubble_fraction"]),
+                     "steady_idle_per_step": three.metrics["steady_iteration_time"] - microbatches * (fwd + bwd),
+                     "peak_activations": max(one.metrics["peak_activations"]) / v,
+                     "torch": TORCH_CLASS.get(name, "")})
+    return pd.DataFrame(rows).set_index("schedule")
