@@ -9,7 +9,7 @@ from torch.distributed.pipelining import schedules as ts
 
 from workbench.schedules import build, in_flight_peak, validate
 from workbench.schedules.vshape import PERIOD, V_PEAK, block_peak, min_memory_block
-from workbench.schedules.zero_bubble import v_layout
+from workbench.schedules.zero_bubble import bubble_memory_table, v_layout
 from workbench.simulate import simulate
 
 TORCH_KIND = {"F": "F", "I": "BI", "W": "BW", "B": "B"}
@@ -145,7 +145,7 @@ def test_zb_v_zero_bubble_with_1f1b_memory(P):
     assert max(r.metrics["peak_activations"]) == 2 * P
 
 
-@pytest.mark.parametrize("P", [2, 3, 4, 5, 6, 8, 10])
+@pytest.mark.parametrize("P", range(2, 11))
 def test_v_min_block_memory_is_the_papers(P):
     """The least-memory V building block holds (P + 4) // 3 microbatches of a worker (2 chunks each)
     at its peak, the controllable-memory paper's V-Min (better for P = 2: 3 chunks), and the whole
@@ -183,6 +183,18 @@ def test_v_family_trades_memory_for_bubble():
     assert bubble["v-min"] > bubble["v-half"] > bubble["v-zb"]
     one_f_one_b = max(simulate(build("pipedream-flush", P, M), 1, 2).metrics["bubble_fraction"])
     assert bubble["v-min"] < one_f_one_b  # a third of the memory of 1F1B, fewer bubbles
+
+
+def test_readme_table_4_workers_8_microbatches():
+    """The table in docs/readme-zb.md: P = 4, M = 8, per worker T_F = 1, T_B + T_W = 2."""
+    t = bubble_memory_table(4, 8, 1.0, 2.0)
+    assert t.loc["pipedream-flush", "steady_idle_per_step"] == 3 * 3  # (P-1)(T_F+T_B+T_W)
+    assert t.loc["zb-h1", "steady_idle_per_step"] == 3 * 1  # (P-1)(T_F+T_B-T_W)
+    assert t.loc["zb-h2", "steady_idle_per_step"] == 0 == t.loc["zb-v", "steady_idle_per_step"]
+    assert t.loc["pipedream-flush", "makespan"] == 8 * 3 + 3 * 3
+    assert list(t["peak_activations"][["pipedream-flush", "zb-h1", "zb-h2", "zb-v", "v-min"]]) == [4, 4, 7, 4, 2]
+    assert t.loc["v-half", "peak_activations"] <= 3 and t.loc["v-zb", "peak_activations"] <= 4
+    assert (t["bubble_fraction"] >= 0).all() and (t["bubble_fraction"] < 0.3).all()
 
 
 # ---- bad input --------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ chunk's activations live from its F to its W (its lifespan), so the steady-state
 the most lifespans overlapping modulo PERIOD (:func:`block_peak`). :func:`min_memory_block` places
 the ops in dependency order, each in a free slot modulo PERIOD of its worker, and searches the
 per-op delays (coordinate descent over {0, 1, 2}, deterministic) for the least peak, then the
-shortest block: for P = 3..16 it reaches the paper's (P + 4) // 3 (tests), for P = 2 one chunk less.
+shortest block: it reaches the paper's (P + 4) // 3 for P = 3..16 (tests: 3..10), for P = 2 one chunk less.
 The per-worker order of the repeated block is the schedule; the executor starts each op as early as
 the order allows, which squeezes out the empty warm-up and cool-down slots.
 
