@@ -179,7 +179,8 @@ def test_v_family_memory_within_limit_and_bubble_bounded(P):
 
 def test_v_family_trades_memory_for_bubble():
     P, M = 4, 16
-    bubble = {n: max(simulate(build(n, 2 * P, M), 1, 2).metrics["bubble_fraction"]) for n in ("v-min", "v-half", "v-zb")}
+    bubble = {n: max(simulate(build(n, 2 * P, M), 1, 2).metrics["bubble_fraction"])
+              for n in ("v-min", "v-half", "v-zb")}
     assert bubble["v-min"] > bubble["v-half"] > bubble["v-zb"]
     one_f_one_b = max(simulate(build("pipedream-flush", P, M), 1, 2).metrics["bubble_fraction"])
     assert bubble["v-min"] < one_f_one_b  # a third of the memory of 1F1B, fewer bubbles

@@ -136,7 +136,7 @@ def zb_h2(plan, microbatches: int, steps: int = 1) -> Schedule:
     _straight(layout, "zb-h2")
     P, M, T = len(layout), _check_m(microbatches), _check_m(steps, "steps")
     orders = best_orders(list(range(P)), M, [2 * P - 1] * P)
-    return _finish("zb-h2", layout, _with_offset(orders, T, M), M, T, {})
+    return _finish("zb-h2", layout, _with_offset(orders, T, M), M, T, {}, limit=2 * P - 1)
 
 
 V_PEAK = {  # peak activations in 1F1B units (a whole worker's layers, one microbatch), Qi et al. 2024
@@ -241,7 +241,8 @@ def v_schedule(name: str, plan, microbatches: int, steps: int = 1) -> Schedule:
     if name != "v-min":
         candidates += [greedy_orders([ws[0] for ws in layout], M, [limit] * P, prio, wb)[0] for prio, wb in VARIANTS]
     opts = {"chunks": 2, "memory_limit_chunks": limit}
-    return min((_finish(name, layout, _with_offset(o, T, M), M, T, opts) for o in candidates), key=_unit_makespan)
+    built = [_finish(name, layout, _with_offset(o, T, M), M, T, opts, limit) for o in candidates]
+    return min(built, key=_unit_makespan)
 
 
 def _unit_makespan(schedule: Schedule) -> float:

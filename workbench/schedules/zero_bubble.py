@@ -60,8 +60,11 @@ def _steps(orders_of_step, P: int, M: int, T: int) -> list[list[Key]]:
     return [[k for t in range(T) for k in orders_of_step(r, t * M)] for r in range(P)]
 
 
-def _finish(name, layout, orders, M, T, options):
-    cap = [_peak(o) for o in orders]
+def _finish(name, layout, orders, M, T, options, limit: int | None = None):
+    """Updates and versions (sync: each stage steps once per T-th of the microbatches), validated;
+    ``limit``: the schedule's bound on live (stage, microbatch) pairs per worker, which
+    :func:`validate` then checks (default: the orders' own peak)."""
+    cap = [limit if limit is not None else _peak(o) for o in orders]
     return _make(name, layout, orders, M * T, "sync", M, lambda s, b: b // M, lambda s: T, cap,
                  dict(options, steps=T))
 
@@ -166,7 +169,7 @@ def zb_v(plan, microbatches: int, steps: int = 1) -> Schedule:
     P, _ = _pipeline_size(plan, "zb-v", 2)
     M, T = _check_m(microbatches), _check_m(steps, "steps")
     orders = _steps(lambda r, off: zbv_order(r, P, M, off), P, M, T)
-    return _finish("zb-v", v_layout(P), orders, M, T, {"chunks": 2})
+    return _finish("zb-v", v_layout(P), orders, M, T, {"chunks": 2}, limit=2 * P)  # 1F1B's: P of a worker
 
 
 # ---- DualPipeV (torch ScheduleDualPipeV) ------------------------------------------------------
@@ -264,8 +267,9 @@ def dualpipev(plan, microbatches: int, steps: int = 1) -> Schedule:
 
 # ---- one common setting for every pipeline schedule -------------------------------------------
 TORCH_CLASS = {"pipedream-flush": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B",
-               "zb-h1": "ScheduleInterleavedZeroBubble (1 stage/rank)", "interleaved-zb": "ScheduleInterleavedZeroBubble",
-               "zb-v": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+               "zb-h1": "ScheduleInterleavedZeroBubble (1 stage/rank)",
+               "interleaved-zb": "ScheduleInterleavedZeroBubble", "zb-v": "ScheduleZBVZeroBubble",
+               "dualpipev": "ScheduleDualPipeV"}
 COMPARED = ["pipedream-flush", "zb-h1", "zb-h2", "interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipev", "v-min",
             "v-half", "v-zb"]
 
