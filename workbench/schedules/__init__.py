@@ -34,7 +34,7 @@ NAMES: list[str] = list(DESCRIPTIONS)
 _EXPLICIT = {
     "model-parallel": (_g.model_parallel, set()),
     "gpipe": (_g.gpipe, {"steps"}),
-    "pipedream": (_g.pipedream, {"weights"}),
+    "pipedream": (_g.pipedream, {"weights", "warmup"}),
     "pipedream-flush": (_g.pipedream_flush, {"steps"}),
     "pipedream-2bw": (_g.pipedream_2bw, {"microbatches_per_step"}),
     "interleaved-1f1b": (_g.interleaved_1f1b, {"chunks", "steps"}),
