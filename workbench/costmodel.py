@@ -217,33 +217,41 @@ class CostModel:
         stages, cuts = self.plan_times(plan)
         return max(stages + cuts)
 
-    def round_trip_ms(self, plan) -> list[float]:
-        """Per stage s, the time from the start of F(s, b) to the end of B(s, b) with no queueing:
-        ``Σ_{s' >= s} (F + B + 2o) + 2 Σ_{cuts >= s} (α + a / B)`` (slowest link of each cut)."""
-        out, acc = [], 0.0
-        for k in range(plan.num_stages - 1, -1, -1):
-            st = plan.stages[k]
-            acc += self.op_ms(self.stage_fwd_ms(st.first, st.last)) + self.op_ms(self.stage_bwd_ms(st.first, st.last))
-            if k + 1 < plan.num_stages:
-                nxt = plan.stages[k + 1]
-                nbytes = self.cut_bytes(st.last)
-                acc += 2 * max(self.message_ms(nbytes, a, b) for a in st.workers for b in nxt.workers)
-            out.append(acc)
-        return out[::-1]
-
     def in_flight(self, plan, period_ms: float | None = None) -> list[int]:
-        """Minibatches stage s must admit (its 1F1B warm-up ``K_s``) to keep the pipeline at
-        ``period_ms`` per minibatch (default: the prediction). By Little's law a replica of stage s,
-        which receives one minibatch every ``r_s · P``, holds ``round_trip_s / (r_s · P)`` of them;
-        never fewer than PipeDream's ``ceil(Σ_{s' >= s} r_s' / r_s)`` (NOAM for the input stage)."""
+        """Minibatches stage s admits before its first backward (1F1B warm-up ``K_s``) so that the
+        pipeline runs at ``P = period_ms`` per minibatch (default: the prediction).
+
+        A replica of stage s works in slots of ``r_s · P`` (one minibatch per slot). 1F1B runs
+        B(i) right after F(i + K_s - 1), so the gradient of i must arrive within ``K_s`` slots of
+        F(i)'s start. It arrives after F, the activation message, the downstream lag ``T_{s+1}``,
+        the gradient message and B, so, from the last stage back::
+
+            K_s = max(NOAM_s, ceil((F_s + B_s + 3o + 2 msg_s + T_{s+1} + (r_s - 1) P) / (r_s · P))),
+            T_s = K_s · r_s · P,            NOAM_s = ceil(Σ_{s' >= s} r_s' / r_s)
+
+        (``msg_s``: the slowest link of the cut after s; no message and ``T_S = 0`` for the last
+        stage). ``(r_s - 1) P``: the replicas of a stage get the microbatches of one round up to
+        ``r_s - 1`` minibatches apart (round robin), and the round's all-reduce waits for the last of
+        them (only in a pipeline, S > 1: pure data parallelism starts every replica at once).
+        Without communication and with balanced stages this is PipeDream's NOAM; every
+        slow cut adds minibatches upstream of it. (A per-stage Little's-law count is not enough:
+        the strict alternation of 1F1B gives each neighbour pair its own slack to fill.)"""
         P = self.predicted_ms(plan) if period_ms is None else float(period_ms)
         r = [s.replicas for s in plan.stages]
-        rt = self.round_trip_ms(plan)
-        out = []
-        for s in range(plan.num_stages):
-            noam = math.ceil(sum(r[s:]) / r[s])
-            need = math.ceil(rt[s] / (r[s] * P) - 1e-9) if P > 0 else noam
-            out.append(max(noam, need))
+        S = plan.num_stages
+        out, lag = [0] * S, 0.0
+        for k in range(S - 1, -1, -1):
+            st = plan.stages[k]
+            need = float(self.round_ms(self.stage_fwd_ms(st.first, st.last), self.stage_bwd_ms(st.first, st.last), 0.0))
+            if k + 1 < S:
+                nxt = plan.stages[k + 1]
+                nbytes = self.cut_bytes(st.last)
+                need += 2 * max(self.message_ms(nbytes, a, b) for a in st.workers for b in nxt.workers) + lag
+            if S > 1:
+                need += (r[k] - 1) * P  # replicas of a round reach the all-reduce up to r - 1 minibatches apart
+            noam = math.ceil(sum(r[k:]) / r[k])
+            out[k] = max(noam, math.ceil(need / (r[k] * P) - 1e-9)) if P > 0 else noam
+            lag = out[k] * r[k] * P
         return out
 
     def stage_memory_bytes(self, plan, in_flight) -> list[float]:

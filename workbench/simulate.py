@@ -785,8 +785,10 @@ def steady_state(schedule: Schedule, kc, mb, st, end, makespan: float) -> tuple[
 
     Microbatch b completes when its last backward op of stage 0 (B, BI or BW) ends. Sorting the
     completions ``c_0 <= ... <= c_{n-1}``, the steady state is the slope ``(c_hi - c_lo) / (hi - lo)``
-    over the middle half (indices n/4 .. 3n/4), which excludes warm-up and drain. Synchronous
-    schedules that update every ``g = microbatches_per_step`` microbatches complete them in bursts,
+    over the middle (from index ``k`` to ``n - 1 - k``, ``k = max(n/4, microbatches the input stage
+    holds at once)``), which excludes warm-up and drain. Synchronous
+    schedules that update every ``g = max(microbatches_per_step, replicas of stage 0)`` microbatches
+    complete them in bursts,
     so ``lo`` and ``hi`` are moved to update boundaries (``c_{kg-1}``); fewer than three updates
     have no steady state and give ``makespan / n`` with ``False``."""
     n = int(schedule.microbatches)
@@ -795,15 +797,25 @@ def steady_state(schedule: Schedule, kc, mb, st, end, makespan: float) -> tuple[
         return (makespan / max(n, 1), False)
     done = pd.Series(end[back]).groupby(mb[back]).max().sort_values().to_numpy()
     g = int(schedule.microbatches_per_step) if schedule.update != "async" else 1
-    g = g if g > 1 else 1
+    g = max(g, len(schedule.stage_workers[0]), 1)  # a round of the input stage's replicas
     bounds = np.arange(g - 1, len(done), g)  # completion indices that end an update
     if len(bounds) < 3:
         return (makespan / n, False)
-    inner = bounds[(bounds >= len(done) // 4) & (bounds <= (3 * len(done)) // 4)]
+    skip = max(len(done) // 4, _input_in_flight(schedule))
+    inner = bounds[(bounds >= skip) & (bounds <= len(done) - 1 - skip)]
+    if len(inner) < 2:
+        inner = bounds[(bounds >= len(done) // 4) & (bounds <= (3 * len(done)) // 4)]
     if len(inner) < 2:
         inner = bounds[1:] if len(bounds) > 3 else bounds
     lo, hi = int(inner[0]), int(inner[-1])
     return (float(done[hi] - done[lo]) / (hi - lo), True)
+
+
+def _input_in_flight(schedule: Schedule) -> int:
+    """Microbatches the input stage's workers hold at once (their warm-up and their drain)."""
+    if g := schedule.max_in_flight:
+        return int(sum(g[w] for w in schedule.stage_workers[0] if 0 <= w < len(g)))
+    return 0
 
 
 def _memory(schedule, costs, kc, st, ver, wof, wbeg, wend):
