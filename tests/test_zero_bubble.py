@@ -218,10 +218,10 @@ WIDTHS = (8, 16, 16, 16, 4)  # toy MLP, 7 layers (Linear/ReLU alternating), floa
 BATCH, LR, ROUNDS = 12, 0.1, 2
 RUN = dict(batch_size=BATCH, lr=LR, dtype="float64", widths=WIDTHS, progress=False, return_weights=True, timeout_s=60,
            allow_oversubscribe=True, steps=ROUNDS)
-RANKS = {  # workers -> [(schedule name, stage count, microbatches, options)]
-    2: [("zb-h2", 2, 4, {}), ("interleaved-zb", 4, 4, {"chunks": 2}), ("zb-v", 4, 4, {}), ("dualpipev", 4, 6, {}),
-        ("v-min", 4, 4, {}), ("v-half", 4, 4, {}), ("v-zb", 4, 4, {})],
-    3: [("zb-v", 6, 6, {}), ("dualpipev", 6, 6, {})],  # a middle rank of the V: sends both ways on both chunks
+RANKS = {  # workers -> [(schedule name, microbatches, options)]; the launcher derives the stage count
+    2: [("zb-h2", 4, {}), ("interleaved-zb", 4, {"chunks": 2}), ("zb-v", 4, {}), ("dualpipev", 6, {}),
+        ("v-min", 4, {}), ("v-half", 4, {}), ("v-zb", 4, {})],
+    3: [("zb-v", 6, {}), ("dualpipev", 6, {})],  # a middle rank of the V: sends both ways on both chunks
 }
 
 
@@ -252,8 +252,8 @@ def zb_runs(request, tmp_path_factory):
     from workbench.runtime import prepare, run_jobs
     P = request.param
     root = tmp_path_factory.mktemp(f"zb{P}")
-    jobs = [prepare("toy-mlp", build(name, S, M, **opts), workers=P, microbatches=M, out=root / name, **RUN)
-            for name, S, M, opts in RANKS[P]]
+    jobs = [prepare("toy-mlp", name, workers=P, microbatches=M, out=root / name, schedule_options=opts, **RUN)
+            for name, M, opts in RANKS[P]]
     return P, jobs, run_jobs(jobs)
 
 
@@ -262,6 +262,7 @@ def test_runtime_matches_reference_and_minibatch_sgd(zb_runs):
     from workbench.runtime import reference_train
     P, jobs, summaries = zb_runs
     for job, summary in zip(jobs, summaries):
+        assert job.schedule.num_workers == P and job.schedule.num_stages == (P if job.schedule.name == "zb-h2" else 2 * P)
         ref = reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR,
                               rounds=ROUNDS)
         assert max_diff(summary["weights"], ref) < 1e-12, job.schedule.name

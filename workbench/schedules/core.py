@@ -36,11 +36,30 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cached_property
 from typing import Iterable, Iterator
 
-COMPUTE = ("F", "B", "BI", "BW")
-KINDS = COMPUTE + ("AR", "STEP")
+
+class OpKind(StrEnum):
+    """Op kinds; a ``str`` enum, so ``op.kind == "F"`` and ``str(op.kind) == "F"`` hold."""
+
+    F = "F"
+    B = "B"
+    BI = "BI"
+    BW = "BW"
+    AR = "AR"
+    STEP = "STEP"
+
+
+COMPUTE = (OpKind.F, OpKind.B, OpKind.BI, OpKind.BW)
+KINDS = COMPUTE + (OpKind.AR, OpKind.STEP)
+_COMPUTE_SET = frozenset(COMPUTE)
+Key = tuple  # (kind, stage, microbatch) of a compute op
 UPDATE_RULES = ("sync", "stash", "vertical-sync", "no-stash", "2bw", "async")
+
+
+_KIND_OF = {**{str(k): k for k in OpKind}, **{k: k for k in OpKind}}
 
 
 @dataclass(frozen=True)
@@ -53,8 +72,10 @@ class Op:
     weights_worker: int | None = None  # None: the weights live on the worker running the op
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown op kind {self.kind!r}; expected one of {KINDS}")
+        kind = _KIND_OF.get(self.kind)
+        if kind is None:
+            raise ValueError(f"unknown op kind {self.kind!r}; expected one of {[str(k) for k in KINDS]}")
+        object.__setattr__(self, "kind", kind)
 
     def __str__(self) -> str:
         if self.kind in COMPUTE:
@@ -101,9 +122,63 @@ class Schedule:
     def num_ops(self) -> int:
         return sum(len(o) for o in self.ops)
 
-    def where(self) -> dict[tuple[str, int, int], int]:
-        """(kind, stage, microbatch) -> worker for every compute op."""
-        return {(op.kind, op.stage, op.microbatch): w for w, op in self if op.kind in COMPUTE}
+    def where(self) -> dict[Key, int]:
+        """(kind, stage, microbatch) -> worker for every compute op (cached; do not mutate)."""
+        return self._where
+
+    @cached_property
+    def _where(self) -> dict[Key, int]:
+        return {(op.kind, op.stage, op.microbatch): w for w, ops in enumerate(self.ops) for op in ops
+                if op.kind in _COMPUTE_SET}
+
+    def dependencies(self) -> dict[Key, tuple[Key, ...]]:
+        """The dataflow edges of the schedule, derived once (cached) and read by the validator's
+        deadlock check, the simulator and the runtime's receive plan: compute-op key ->
+        the keys of the compute ops it consumes (a key may name an op no worker runs; the
+        validator reports it):
+
+        * ``F(s, b)`` <- ``F(s-1, b)`` (the activation; none for s = 0);
+        * ``B(s, b)`` / ``BI(s, b)`` <- ``F(s, b)`` (its own stashed activations) and, for
+          s < S-1, the gradient from ``BI(s+1, b)`` when stage s+1 splits its backward, else
+          ``B(s+1, b)``;
+        * ``BW(s, b)`` <- ``BI(s, b)``.
+
+        Remote-weight edges of the master family (an op waits for the owner's STEP) are not
+        dataflow between compute ops and are derived by the deadlock check and the simulator."""
+        return self._dependencies
+
+    @cached_property
+    def _dependencies(self) -> dict[Key, tuple[Key, ...]]:
+        where = self._where
+        last = self.num_stages - 1
+        deps: dict[Key, tuple[Key, ...]] = {}
+        for key in where:
+            kind, s, b = key
+            if kind == "F":
+                deps[key] = (("F", s - 1, b),) if s > 0 else ()
+            elif kind == "BW":
+                deps[key] = (("BI", s, b),)
+            elif s < last:
+                nxt = ("BI", s + 1, b) if ("BI", s + 1, b) in where else ("B", s + 1, b)
+                deps[key] = (("F", s, b), nxt)
+            else:
+                deps[key] = (("F", s, b),)
+        return deps
+
+    def remote_inputs(self, worker: int) -> list[tuple[int, Key, int]]:
+        """``(op index on worker, producer key, producer worker)`` for every activation or
+        gradient that ``worker`` receives from another worker, in its op order (the runtime's
+        receive plan). From :meth:`dependencies`; a producer of the op's own stage (its forward,
+        BI before BW) never crosses workers in a valid schedule."""
+        where, deps, out = self._where, self._dependencies, []
+        for i, op in enumerate(self.ops[worker]):
+            if op.kind not in _COMPUTE_SET:
+                continue
+            for dep in deps[(op.kind, op.stage, op.microbatch)]:
+                src = where.get(dep, worker)
+                if dep[1] != op.stage and src != worker:
+                    out.append((i, dep, src))
+        return out
 
     def op_at(self, kind: str, stage: int, microbatch: int) -> tuple[int, Op]:
         for w, op in self:
@@ -151,20 +226,10 @@ class Schedule:
         return "\n".join(lines)
 
 
-def producers(schedule: Schedule, w: int, op: Op, index: dict) -> list[tuple[str, int, int]]:
-    """Compute-op keys (kind, stage, microbatch) that ``op`` (a compute op) must wait for."""
-    s, b = op.stage, op.microbatch
-    last = schedule.num_stages - 1
-    if op.kind == "F":
-        return [("F", s - 1, b)] if s > 0 else []
-    if op.kind == "BW":
-        return [("BI", s, b)]
-    # B or BI: own forward, and the gradient from the next stage
-    deps = [("F", s, b)]
-    if s < last:
-        nxt = ("BI", s + 1, b) if ("BI", s + 1, b) in index else ("B", s + 1, b)
-        deps.append(nxt)
-    return deps
+def producers(schedule: Schedule, w: int, op: Op, index: dict | None = None) -> list[Key]:
+    """Compute-op keys (kind, stage, microbatch) that ``op`` (a compute op) must wait for: a thin
+    wrapper over :meth:`Schedule.dependencies` (``w`` and ``index`` are ignored; kept for callers)."""
+    return list(schedule.dependencies()[(op.kind, op.stage, op.microbatch)])
 
 
 class ScheduleError(ValueError):
@@ -232,13 +297,14 @@ def _check_deadlock(schedule: Schedule, index: dict) -> None:
     s waits for o's STEP that creates v (its ``step`` v-1); o's AR/STEP of step t waits for every
     backward that pushes a version-t gradient of s to o (B/BW on a worker not holding s)."""
     ops = schedule.ops
+    edges = schedule.dependencies()
     deps: list[list] = []
     ar_count: dict[tuple[int, int], list[int]] = defaultdict(list)
     for w, wops in enumerate(ops):
         d = []
         for op in wops:
             if op.kind in COMPUTE:
-                ds = producers(schedule, w, op, index)
+                ds = edges[(op.kind, op.stage, op.microbatch)]
                 for dep in ds:
                     if dep not in index:
                         raise ScheduleError(f"{op} on worker {w} depends on {dep[0]}{dep[1]}.{dep[2]}, which no worker runs")

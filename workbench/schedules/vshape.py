@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from .core import Schedule, ScheduleError
 from .generators import Key, _check_m, _straight, stage_layout
+from .registry import register
 from .zero_bubble import _finish, _pipeline_size, v_layout
 
 UNIT = {"F": 1, "BI": 1, "BW": 1}
@@ -129,6 +130,8 @@ def _with_offset(orders: list[list[Key]], T: int, M: int) -> list[list[Key]]:
     return [[(k, s, b + t * M) for t in range(T) for k, s, b in o] for o in orders]
 
 
+@register("zb-h2", description="zero-bubble H2: up to 2P-1 microbatches in flight, W fills every gap, no bubble once steps tile",
+          source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024), section 3", options={"steps": "iterations (flushes) in the schedule"})
 def zb_h2(plan, microbatches: int, steps: int = 1) -> Schedule:
     """ZB-H2: worker i admits 2(P - 1 - i) + 1 microbatches (peak 2P - 1 on worker 0, about twice
     1F1B's P); greedy order of the module docstring; per-step idle (P-1)(T_F + T_B - 2 T_W)."""
@@ -250,16 +253,22 @@ def _unit_makespan(schedule: Schedule) -> float:
     return simulate(schedule, 1.0, 2.0).makespan
 
 
+@register("v-min", description="V-shape, least activation memory: (P+4)//3 microbatches of a worker, about 1/3 of 1F1B",
+          source="Qi et al., Pipeline Parallelism with Controllable Memory (NeurIPS 2024)", stages_per_worker=2, options={"steps": "iterations (flushes) in the schedule"})
 def v_min(plan, microbatches: int, steps: int = 1) -> Schedule:
     """V-Min: about 1/3 of 1F1B's activation memory ((P + 4) // 3 microbatches of a worker)."""
     return v_schedule("v-min", plan, microbatches, steps)
 
 
+@register("v-half", description="V-shape, at most (P+2)//2 microbatches of a worker, about 1/2 of 1F1B's activation memory",
+          source="Qi et al., Pipeline Parallelism with Controllable Memory (NeurIPS 2024)", stages_per_worker=2, options={"steps": "iterations (flushes) in the schedule"})
 def v_half(plan, microbatches: int, steps: int = 1) -> Schedule:
     """V-Half: about 1/2 of 1F1B's activation memory ((P + 2) // 2 microbatches of a worker)."""
     return v_schedule("v-half", plan, microbatches, steps)
 
 
+@register("v-zb", description="V-shape, at most P microbatches of a worker (1F1B's activation memory), near zero bubble",
+          source="Qi et al., Pipeline Parallelism with Controllable Memory (NeurIPS 2024)", stages_per_worker=2, options={"steps": "iterations (flushes) in the schedule"})
 def v_zb(plan, microbatches: int, steps: int = 1) -> Schedule:
     """V-ZB: 1F1B's activation memory (P microbatches of a worker), zero bubble at T_F = T_B = T_W."""
     return v_schedule("v-zb", plan, microbatches, steps)

@@ -36,6 +36,7 @@ from collections import Counter
 
 from .core import Schedule
 from .generators import Key, _check_m, _make, _straight, stage_layout
+from .registry import register
 
 
 class _Counters:
@@ -120,6 +121,9 @@ def zb1p_order(rank: int, P: int, v: int, M: int, offset: int = 0) -> list[Key]:
     return out
 
 
+@register("interleaved-zb", description="interleaved zero bubble (torch ScheduleInterleavedZeroBubble): `chunks` stages per worker, split backward",
+          source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024); torch.distributed.pipelining", stages_per_worker="chunks",
+          options={"chunks": "stages per worker (stage s on worker s mod P)", "steps": "iterations (flushes) in the schedule"})
 def interleaved_zb(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> Schedule:
     """Interleaved zero bubble (ZB1P with v = ``chunks`` stages per worker, stage s on worker
     s mod P), torch's ScheduleInterleavedZeroBubble. M must be a multiple of max(1, M // P)."""
@@ -164,6 +168,8 @@ def zbv_order(rank: int, P: int, M: int, offset: int = 0) -> list[Key]:
     return [(k, s, b + offset) for k, s, b in out if b < M]
 
 
+@register("zb-v", description="zero bubble in a V (torch ScheduleZBVZeroBubble): rank r holds stages r and 2P-1-r, 1F1B memory",
+          source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024), section 6; torch.distributed.pipelining", stages_per_worker=2, options={"steps": "iterations (flushes) in the schedule"})
 def zb_v(plan, microbatches: int, steps: int = 1) -> Schedule:
     """ZB-V (zero-bubble paper §6; torch ScheduleZBVZeroBubble): 2P stages in a V on P workers."""
     P, _ = _pipeline_size(plan, "zb-v", 2)
@@ -246,6 +252,9 @@ def dualpipev_order(rank: int, P: int, M: int, offset: int = 0) -> tuple[list[Ke
     return out, pairs
 
 
+@register("dualpipev", description="DualPipeV (torch ScheduleDualPipeV): V placement, forward and backward of two microbatches paired",
+          source="DeepSeek-AI, DeepSeek-V3 Technical Report (2024); torch.distributed.pipelining", stages_per_worker=2,
+          options={"steps": "iterations (flushes) in the schedule"})
 def dualpipev(plan, microbatches: int, steps: int = 1) -> Schedule:
     """DualPipeV (DeepSeek-V3 report; torch ScheduleDualPipeV): V placement, overlapped F/B pairs.
     Needs M >= 2P microbatches (the number of stages)."""
