@@ -175,3 +175,34 @@ def test_bad_cost_model_inputs():
         CostModel.from_profile(p, Topology(((2, 1e9), (2, 1e8))), latency_ms=[0.1])
     with pytest.raises(ValueError, match="'fwd_ms' must be finite and >= 0"):
         CostModel(np.array([-1.0]), np.zeros(1), np.zeros(1), np.zeros(1))
+
+
+# ---- the CLI shows both figures and uses the plan's topology --------------------------------
+def test_cli_partition_and_simulate_use_one_topology(tmp_path, capsys):
+    from workbench.cli import main
+
+    prof = tmp_path / "p.csv"
+    prof.write_text("name,fwd_ms,bwd_ms,act_bytes,param_bytes\n" + "".join(f"l{i},1,2,2e7,1e3\n" for i in range(8)))
+    plan = tmp_path / "plan.json"
+    args = ["partition", "--profile", str(prof), "--topology", "2x1e9,2x1e8", "--straight", "--out", str(plan)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "DP estimate" in out and "predicted" in out and "simulated" in out and "why:" in out
+    assert main(args) == 0 and (tmp_path / "plan.json-2").exists()  # the first plan is kept
+    assert main(["simulate", "--profile", str(prof), "--plan", str(plan), "--microbatches", "64",
+                 "--out", str(tmp_path / "sim")]) == 0
+    out = capsys.readouterr().out
+    assert "topology (the plan's): 4 workers" in out and "predicted" in out
+    predicted = Plan.load(plan).predicted_ms
+    simulated = float(out.split("vs simulated ")[1].split(" ")[0])
+    assert simulated == pytest.approx(predicted, rel=0.05)
+
+
+def test_cli_bad_latency_is_one_line_exit_2(tmp_path, capsys):
+    from workbench.cli import main
+
+    prof = tmp_path / "p.csv"
+    prof.write_text("name,fwd_ms,bwd_ms,act_bytes,param_bytes\nl0,1,2,0,0\nl1,1,2,0,0\n")
+    assert main(["partition", "--profile", str(prof), "--workers", "2", "--latency-ms", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "latency_ms must be a finite number >= 0" in err

@@ -189,7 +189,7 @@ class Plan:
             k = self.in_flight[i] if self.in_flight else ""
             mem = f"{self.stage_memory_bytes[i] / 2**30:.3g}" if self.stage_memory_bytes else ""
             rows.append(f"{i:>5} {f'{s.first}-{s.last}':>11} {s.replicas:>8} {ws:>14} {s.time_ms:>10.3f} {k:>9} {mem:>8}")
-        rows.append(f"DP estimate {self.bottleneck_ms:.3f} ms/minibatch (modeled), NOAM {self.noam}, "
+        rows.append(f"DP estimate (bottleneck stage or cut) {self.bottleneck_ms:.3f} ms/minibatch (modeled), NOAM {self.noam}, "
                     f"speedup x{self.speedup_over_single:.2f} vs 1 worker, "
                     f"x{self.speedup_over_data_parallel:.2f} vs data parallel")
         if math.isfinite(self.predicted_ms):
