@@ -77,13 +77,14 @@ import pandas as pd
 
 from .display import card, fmt, one_line
 from .costmodel import CostModel, check_ms, link_level, ring_allreduce_ms
+from .plan import Plan
+from .timeline import COMMON_COLUMNS
 from .schedules.core import Schedule
 
 KIND_CODES = {"F": 0, "B": 1, "BI": 2, "BW": 3, "STEP": 4, "AR": 5}
 KIND_NAMES = ("F", "B", "BI", "BW", "STEP", "allreduce")
 COMM_KINDS = ("send_act", "send_grad", "allreduce", "fetch_weights", "send_wgrad")
-TIMELINE_COLUMNS = ("worker", "stage", "microbatch", "kind", "start", "end", "version", "lane",
-                    "src", "dst", "step", "bytes")
+TIMELINE_COLUMNS = COMMON_COLUMNS + ("lane", "src", "dst", "update", "bytes")  # see workbench.timeline
 _F, _B, _BI, _BW, _STEP, _AR = range(6)
 STAT_COLUMNS = ("peak_activations", "activation_transfers", "weight_transfers", "weight_storage", "busy")
 
@@ -175,24 +176,13 @@ def _stage_ranges(schedule: Schedule, profile, plan) -> list[tuple[int, int]]:
     if plan is not None:
         if plan.num_stages != S:
             raise ValueError(f"plan has {plan.num_stages} stages but the schedule has {S}; build the schedule "
-                             f"from this plan, or pass plan=None to split the profile into {S} balanced stages")
+                             f"from this plan, or pass plan=None to split the profile into {S} stages of equal layer counts")
         if plan.num_layers != L:
             raise ValueError(f"plan covers {plan.num_layers} layers but the profile has {L}")
         return [(st.first, st.last) for st in plan.stages]
     if L < S:
         raise ValueError(f"profile has {L} layers, fewer than the schedule's {S} stages")
-    # balanced contiguous split: cut where the prefix sum of fwd+bwd crosses k/S of the total
-    t = profile.compute_ms
-    csum = np.cumsum(t)
-    total = csum[-1] if csum[-1] > 0 else 1.0
-    bounds, first = [], 0
-    for k in range(1, S):
-        last = int(np.searchsorted(csum, total * k / S))
-        last = min(max(last, first), L - (S - k) - 1)
-        bounds.append((first, last))
-        first = last + 1
-    bounds.append((first, L - 1))
-    return bounds
+    return [(st.first, st.last) for st in Plan.even(L, S).stages]  # the runtime's default too
 
 
 def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fraction, latency_ms, op_overhead_ms,
@@ -243,7 +233,9 @@ class SimResult:
     def worker_stats(self) -> pd.DataFrame:
         """Per-worker statistics of the "Unifying" document (indexed by worker)."""
         if "df" not in self._stats:
-            self._stats["df"] = _worker_stats(self.schedule, self.timeline)
+            from .schedules.stats import worker_stats
+
+            self._stats["df"] = worker_stats(self.schedule, self.timeline)
         return self._stats["df"]
 
     @property
@@ -714,16 +706,20 @@ def _assemble(schedule, costs, kc, st, mb, ver, stp, wof, wbeg, wend, start, end
         "lane": "compute",
         "src": w_a[keep],
         "dst": w_a[keep],
-        "step": np.asarray(stp, dtype=np.int64)[keep],
+        "update": np.asarray(stp, dtype=np.int64)[keep],
         "bytes": 0.0,
+        "round": 0,
+        "step": 0,
     })
     if comm_rows:
         comm = pd.DataFrame(comm_rows, columns=["worker", "stage", "microbatch", "kind", "start", "end", "version",
-                                                "src", "dst", "step", "bytes"])
+                                                "src", "dst", "update", "bytes"])
         comm["lane"] = "comm"
+        comm["round"] = comm["step"] = 0
         timeline = pd.concat([comp, comm[list(TIMELINE_COLUMNS)]], ignore_index=True)
     else:
         timeline = comp
+    timeline = timeline[list(TIMELINE_COLUMNS)]  # round = step = 0: one pass over the op lists
     makespan = float(end_a.max()) if len(end_a) else 0.0
     if not math.isfinite(makespan):
         makespan = 0.0
@@ -900,50 +896,6 @@ def _memory(schedule, costs, kc, st, ver, wof, wbeg, wend):
             w = int(k) // S
             peak_v[w] = max(peak_v[w], int(v))
     return peak_n, peak_b, peak_v
-
-
-def _worker_stats(schedule: Schedule, timeline: pd.DataFrame) -> pd.DataFrame:
-    """``workbench.schedules.stats.worker_stats`` when available, else the same columns here."""
-    try:
-        from .schedules.stats import worker_stats
-    except ImportError:
-        worker_stats = None
-    if worker_stats is not None:
-        return worker_stats(schedule, timeline)
-    return fallback_worker_stats(schedule, timeline)
-
-
-def fallback_worker_stats(schedule: Schedule, timeline: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per-worker statistics as the "Unifying" document defines them (counts of receives):
-
-    ``activation_transfers[w]`` = #compute ops on w whose producer ran on another worker,
-    ``weight_transfers[w]`` = #F/B/BI/BW ops on w whose ``weights_worker`` is another worker,
-    ``peak_activations[w]`` = most stage-microbatch pairs in flight, ``weight_storage[w]`` =
-    #stages whose weights w holds, ``busy[w]`` = compute time in ``timeline`` (NaN without one)."""
-    from .schedules.core import COMPUTE, in_flight_peak, producers
-
-    where = schedule.where()
-    rows = []
-    for w, ops in enumerate(schedule.ops):
-        acts = wts = 0
-        for op in ops:
-            if op.kind not in COMPUTE:
-                continue
-            acts += sum(1 for p in producers(schedule, w, op, where) if where.get(p, w) != w)
-            if op.weights_worker is not None and op.weights_worker != w:
-                wts += 1
-        storage = sum(1 for ws in schedule.stage_workers if w in ws)
-        rows.append({"peak_activations": in_flight_peak(ops), "activation_transfers": acts,
-                     "weight_transfers": wts, "weight_storage": storage})
-    df = pd.DataFrame(rows, columns=list(STAT_COLUMNS[:-1]))
-    if timeline is not None:
-        comp = timeline[timeline["lane"] == "compute"]
-        busy = (comp["end"] - comp["start"]).groupby(comp["worker"]).sum()
-        df["busy"] = busy.reindex(range(schedule.num_workers), fill_value=0.0).to_numpy()
-    else:
-        df["busy"] = float("nan")
-    df.index.name = "worker"
-    return df
 
 
 def simulate_plan(plan, profile, topology=None, microbatches: int | None = None, *, latency_ms=0.0,
