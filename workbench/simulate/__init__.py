@@ -25,8 +25,11 @@ An op starts at ``max(worker free, inputs ready)``:
   worker the version rule is already encoded in the op order;
 * ``AR(s, t)`` starts when every replica in ``stage_workers[s]`` has reached it in its op list
   and the collective channels are free; with ``overlap_comm=True`` (wait-free backprop / DDP
-  buckets) the compute stream does not wait for it, only the matching ``STEP`` does; with
-  ``overlap_comm=False`` the worker blocks until it ends;
+  buckets) it may start as soon as every replica *started* the backward just before it in its op
+  list and cannot end before every replica finished that backward, and the compute stream does not
+  wait for it, only the matching ``STEP`` does (exposed time ``max(0, AR - B)``,
+  :meth:`~workbench.costmodel.CostModel.exposed_allreduce_ms`); with ``overlap_comm=False`` it starts
+  after the backward and the worker blocks until it ends;
 * ``STEP(s, t)`` waits for the worker's ``AR(s, t)`` when there is one, and (master family) for
   the weight gradients that B/BW ops of stage ``s`` with ``version == t`` computed on other workers
   push to it (``send_wgrad``, the stage's parameter bytes, on the link to the owner).
@@ -38,19 +41,26 @@ backward ``BI = BW = bwd / 2``; ``STEP = step_ms``; all-reduce ``allreduce`` (de
 activation/gradient transfer between different workers ``transfer`` (default 0), weight fetch
 ``weight_fetch`` (default 0).
 
-Profile costs (``profile=``, optional ``plan=``, ``topology=``), all in ms:
+Profile costs (``profile=``, optional ``plan=``, ``topology=``), all in ms, every one a method of
+the one :class:`~workbench.costmodel.CostModel` (which the partitioner's plans use too):
 
 * compute of stage ``s`` = ``f · Σ fwd_ms`` (``bwd_ms`` for B) over the stage's layers, where
-  ``f = 1 / schedule.microbatches_per_step``: the profile is per minibatch, and schedules that
-  split a minibatch into ``m`` microbatches (GPipe, Flush, 2BW) run ``m`` ops of ``1/m`` the
-  size; override with ``microbatch_fraction=``;
+  ``f`` (:func:`default_microbatch_fraction`) is the microbatch's share of the profile's
+  minibatch: schedules that split a minibatch into ``m`` microbatches (GPipe, Flush, 2BW) run
+  ``m`` ops of ``1/m`` the size; override with ``microbatch_fraction=``. Without a plan the
+  stages are :meth:`Plan.even <workbench.plan.Plan.even>` (the runtime's default split too);
 * transfer across the cut after stage ``s`` between workers ``a != b``:
   ``f · act_bytes[last layer of s] / bandwidth_between(a, b)``;
 * all-reduce of stage ``s`` over its ``r`` replicas (ring): ``2 (r - 1) / r · P_s / B_min``
   with ``P_s`` the stage's parameter bytes and ``B_min`` the slowest link in the ring;
 * weight fetch of stage ``s`` from worker ``a`` to ``b``: ``P_s / bandwidth_between(a, b)``.
 
-Fixed costs (both default 0, calibrated by :mod:`workbench.calibrate`):
+Time per minibatch (``SimResult.time_per_minibatch_ms``): the steady-state completion rate of
+microbatches (:func:`steady_state`, warm-up and drain excluded) divided by ``f``, so that every
+schedule reports ms per *profile minibatch* (:mod:`workbench.costmodel` defines it once).
+
+Fixed costs (both default 0, calibrated by :mod:`workbench.calibrate`; ``latency_ms`` may be one
+number per topology level):
 
 * ``latency_ms`` (``α``) is added to every point-to-point message between different workers
   (activation, gradient, weight fetch, weight-gradient push), so a transfer of ``n`` bytes costs
@@ -95,12 +105,18 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
 
     * ``iteration_time`` = L / steps (steps = most STEP ops of any stage on any worker, >= 1),
       ``steady_iteration_time``: mean spacing of the first worker's STEPs of its first stage;
-    * ``throughput`` = microbatches / L;  ``rho`` = Σ (F, B, BI, BW time) / (L · W), the mean
+    * ``time_per_minibatch_ms``: steady-state time per profile minibatch (:func:`steady_state`;
+      ``steady_state`` False when the run is too short and the figure is L / minibatches),
+      ``throughput_minibatches_per_s`` = 1000 / it, ``throughput_samples_per_s`` = batch size ×
+      that (NaN when the profile does not know its batch size), ``minibatches`` = microbatches · f;
+      ``time_unit``: "ms" (profile costs) or "unit" (unit costs: the same figures per time unit);
+    * ``rho`` = Σ (F, B, BI, BW time) / (L · W), the mean
       compute utilisation (for F = B = 1 it is twice the "Unifying" document's
       ρ = S·B / (L·W), whose bound ``ρ ≤ M/S`` the tests check);
     * ``bubble_fraction[w]`` = 1 − busy_w / L (busy: compute ops incl. STEP);
     * ``comm_stall[w]``: time worker w's compute stream waited although the producing ops had
-      finished (transfers, all-reduces, weight fetches in flight);
+      finished (transfers, all-reduces, weight fetches in flight); ``comm_wait_share[w]`` = it / L;
+      ``bubble_fraction_mean`` over workers;
     * ``peak_activations[w]`` (stage-microbatch pairs forwarded but not yet backwarded) and
       ``peak_activation_bytes[w]`` (profile costs only);
     * ``weight_versions[w]``: most versions of one stage alive at once on w (the newest plus every
