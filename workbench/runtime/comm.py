@@ -54,6 +54,7 @@ class P2P:
         self.next_post = 0
         self.bytes_sent = 0
         self.post_ms = 0.0  # time spent posting receives (CPU overhead of the prefetching)
+        self.send_ms = 0.0  # time spent posting sends (isend calls, contiguous copies, completed-send sweeps)
 
     # ---- sends ------------------------------------------------------------------------
     def send(self, key: tuple[int, int, int], tensors: list[torch.Tensor], dst: int) -> None:
@@ -62,12 +63,14 @@ class P2P:
             return
         if len(tensors) > MAX_TENSORS:
             raise ValueError(f"a stage boundary carries {len(tensors)} tensors; at most {MAX_TENSORS} are supported")
+        t0 = time.perf_counter()
         self.sends = [(w, t) for w, t in self.sends if not w.is_completed()]
         for i, t in enumerate(tensors):
             t = t.detach().contiguous()
             w = dist.isend(t, dst, tag=tag(*key, i, self.S), group=self.groups[key[0]])
             self.sends.append((w, t))
             self.bytes_sent += t.numel() * t.element_size()
+        self.send_ms += (time.perf_counter() - t0) * 1e3
 
     def flush(self) -> None:
         for w, _ in self.sends:
