@@ -568,51 +568,31 @@ def refine_microbatches(plan: Plan) -> int:
 def refine_plan(plan: Plan, profile: Profile, topology: Topology, cm: CostModel,
                 memory_bytes: float | None = None) -> Plan:
     """Simulate ``plan``'s 1F1B schedule (:func:`workbench.simulate.simulate_plan`) with PipeDream's
-    NOAM warm-up and with the communication-aware ``in_flight``; keep the faster steady state
-    whose ``stage_memory_bytes`` fit ``memory_bytes`` (ties within 0.5%: fewer in flight)."""
+    NOAM warm-up and, unless that already reaches the prediction (within 0.5%; the prediction is a
+    bottleneck bound the steady state cannot beat), with the communication-aware ``in_flight``;
+    keep the faster one whose ``stage_memory_bytes`` fit ``memory_bytes`` (ties within 0.5%: the
+    smaller warm-up)."""
     from .schedules import noam_warmup
     from .simulate import simulate_plan
 
-    options = []
+    best = None
     for k in dict.fromkeys([tuple(noam_warmup(tuple(s.workers for s in plan.stages))), plan.in_flight]):
         cand = with_predictions(plan, cm, k)
         if memory_bytes is not None and max(cand.stage_memory_bytes) > memory_bytes:
             continue
         res = simulate_plan(cand, profile, topology, microbatches=refine_microbatches(cand),
                             latency_ms=list(cm.latency_ms), op_overhead_ms=cm.op_overhead_ms)
-        options.append((res.time_per_minibatch_ms, sum(k), cand))
-    if not options:
+        t = res.time_per_minibatch_ms
+        if best is None or t < best[0] * (1 - 0.005):
+            best = (t, cand)
+        if t <= cand.predicted_ms * 1.005:
+            break
+    if best is None:
         return plan
-    fastest = min(t for t, _, _ in options)
-    t, _, chosen = min((o for o in options if o[0] <= fastest * 1.005), key=lambda o: o[1])
+    t, chosen = best
     return replace(chosen, simulated_ms=t, meta=chosen.meta | {"simulated_minibatches": refine_microbatches(chosen)})
 
 
-def _infeasible_message(L: _Layers, topo, straight, memory, fewer, cm) -> str:
-    if memory is not None:
-        alone = L.param + L.act
-        worst = int(np.argmax(alone))
-        if alone[worst] > memory:
-            return (f"memory_bytes={memory:.4g} is too small: layer {worst} alone needs "
-                    f"{alone[worst]:.4g} bytes (weights + stashed activations of one minibatch)")
-        free = _build_levels(L, topo, straight, None, fewer, cm)[-1]
-        if math.isfinite(free.A[1:, -1, 0].min() if fewer else free.A[topo.counts[-1], -1, 0]):
-            lo, hi = memory, float((L.Wp[-1] + L.Ap[-1]) * topo.num_workers)
-            for _ in range(12):  # geometric bisection: infeasible at lo, feasible at hi
-                mid = math.sqrt(lo * hi)
-                top = _build_levels(L, topo, straight, mid, fewer, cm)[-1]
-                val = top.A[1:, -1, 0].min() if fewer else top.A[topo.counts[-1], -1, 0]
-                lo, hi = (lo, mid) if math.isfinite(val) else (mid, hi)
-            return (f"no partition fits in memory_bytes={memory:.4g} per worker; the smallest limit "
-                    f"that fits is about {hi:.4g} bytes (raise memory_bytes or add workers)")
-    if straight:
-        return (f"a straight pipeline needs at least one layer per worker: {L.n} layers cannot fill "
-                f"{topo.num_workers} workers ({topo.counts} per level); use use_fewer_workers=True, "
-                f"fewer workers, or allow replication (straight=False)")
-    return "no feasible partition for this profile and topology"
-
-
-# ---- baselines ------------------------------------------------------------------------------
 def _straight_plan(profile: Profile, lasts: list[int], method: str, topology: Topology | None) -> Plan:
     """Stage k (layers up to ``lasts[k]``) on worker k, with the cost model's stage and cut times."""
     S = len(lasts)
