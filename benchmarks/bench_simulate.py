@@ -5,17 +5,20 @@
 For each (stages, microbatches) the 1F1B schedule is built by ``workbench.schedules.build``
 ("pipedream": 2 S M compute ops plus S M STEP ops) when available, else by hand; the table reports
 the best of ``--repeats`` wall-clock times of ``simulate(schedule)`` (unit costs) and ops/s over all
-ops and over the compute ops alone. Building the schedule is timed separately and not included.
+ops and over the compute ops alone. Building the schedule is timed separately (``build_seconds``,
+the schedule helper's part) and not included; ``load1`` is the 1-minute load average beside them.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import time
 from pathlib import Path
 
 import pandas as pd
 
+from workbench.io import fresh_path
 from workbench.schedules.core import Op, Schedule
 from workbench.simulate import simulate
 
@@ -70,14 +73,14 @@ def main(argv=None) -> pd.DataFrame:
         rows.append({"stages": S, "microbatches": M, "ops": sched.num_ops, "compute_ops": compute_ops,
                      "seconds": round(best, 4), "ops_per_s": round(sched.num_ops / best),
                      "compute_ops_per_s": round(compute_ops / best), "build_seconds": round(build_s, 3),
-                     "schedule_from": how, "makespan": res.makespan,
+                     "schedule_from": how, "makespan": res.makespan, "load1": os.getloadavg()[0],
                      "python": platform.python_version(), "machine": platform.machine()})
     df = pd.DataFrame(rows)
-    out = Path(args.out)
+    out = fresh_path(args.out)  # never overwrite an earlier result
     out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out, index=False)
     print(df[["stages", "microbatches", "ops", "compute_ops", "seconds", "ops_per_s", "compute_ops_per_s",
-              "build_seconds", "schedule_from"]].to_string(index=False))
+              "build_seconds", "schedule_from", "load1"]].to_string(index=False))
     print(f"wrote {out}")
     return df
 
