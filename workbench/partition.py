@@ -575,6 +575,9 @@ def refine_plan(plan: Plan, profile: Profile, topology: Topology, cm: CostModel,
     from .schedules import noam_warmup
     from .simulate import simulate_plan
 
+    used = sorted(w for s in plan.stages for w in s.workers)
+    if used != list(range(len(used))):  # fewer workers, not a prefix of the ids: no schedule layout for it
+        return replace(plan, meta=plan.meta | {"not_simulated": "the plan's workers are not 0..W-1"})
     best = None
     for k in dict.fromkeys([tuple(noam_warmup(tuple(s.workers for s in plan.stages))), plan.in_flight]):
         cand = with_predictions(plan, cm, k)
