@@ -138,8 +138,8 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
 
 def _run(schedule: Schedule, costs, overlap_comm: bool) -> SimResult:
     """Build the op graph, sweep it, and assemble the timeline and metrics."""
-    g = build_graph(schedule, costs)
-    return assemble(schedule, costs, g, sweep(g, costs, overlap_comm, schedule.name))
+    graph = build_graph(schedule, costs)
+    return assemble(schedule, costs, graph, sweep(graph, costs, overlap_comm, schedule.name))
 
 
 def simulate_plan(plan, profile, topology=None, microbatches: int | None = None, *, latency_ms=0.0,
