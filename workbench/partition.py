@@ -559,12 +559,6 @@ def with_predictions(plan: Plan, cm: CostModel, in_flight=None) -> Plan:
                    stage_memory_bytes=tuple(cm.stage_memory_bytes(plan, k)))
 
 
-def refine_microbatches(plan: Plan) -> int:
-    """Minibatches of a refinement simulation: enough for a steady state after the warm-up
-    (four round trips of the input stage, at least 32)."""
-    return max(32, 4 * plan.in_flight_count * plan.stages[0].replicas)
-
-
 def refine_plan(plan: Plan, profile: Profile, topology: Topology, cm: CostModel,
                 memory_bytes: float | None = None) -> Plan:
     """Simulate ``plan``'s 1F1B schedule (:func:`workbench.simulate.simulate_plan`) with PipeDream's
@@ -573,7 +567,7 @@ def refine_plan(plan: Plan, profile: Profile, topology: Topology, cm: CostModel,
     keep the faster one whose ``stage_memory_bytes`` fit ``memory_bytes`` (ties within 0.5%: the
     smaller warm-up)."""
     from .schedules import noam_warmup
-    from .simulate import simulate_plan
+    from .simulate import simulate_plan, steady_microbatches
 
     used = sorted(w for s in plan.stages for w in s.workers)
     if used != list(range(len(used))):  # fewer workers, not a prefix of the ids: no schedule layout for it
@@ -583,8 +577,7 @@ def refine_plan(plan: Plan, profile: Profile, topology: Topology, cm: CostModel,
         cand = with_predictions(plan, cm, k)
         if memory_bytes is not None and max(cand.stage_memory_bytes) > memory_bytes:
             continue
-        res = simulate_plan(cand, profile, topology, microbatches=refine_microbatches(cand),
-                            latency_ms=list(cm.latency_ms), op_overhead_ms=cm.op_overhead_ms)
+        res = simulate_plan(cand, profile, topology, latency_ms=list(cm.latency_ms), op_overhead_ms=cm.op_overhead_ms)
         t = res.time_per_minibatch_ms
         if best is None or t < best[0] * (1 - 0.005):
             best = (t, cand)
@@ -593,7 +586,7 @@ def refine_plan(plan: Plan, profile: Profile, topology: Topology, cm: CostModel,
     if best is None:
         return plan
     t, chosen = best
-    return replace(chosen, simulated_ms=t, meta=chosen.meta | {"simulated_minibatches": refine_microbatches(chosen)})
+    return replace(chosen, simulated_ms=t, meta=chosen.meta | {"simulated_minibatches": steady_microbatches(chosen)})
 
 
 def _straight_plan(profile: Profile, lasts: list[int], method: str, topology: Topology | None) -> Plan:
