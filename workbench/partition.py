@@ -589,6 +589,31 @@ def refine_plan(plan: Plan, profile: Profile, topology: Topology, cm: CostModel,
     return replace(chosen, simulated_ms=t, meta=chosen.meta | {"simulated_minibatches": steady_microbatches(chosen)})
 
 
+def _infeasible_message(L: _Layers, topo, straight, memory, fewer, cm) -> str:
+    if memory is not None:
+        alone = L.param + L.act
+        worst = int(np.argmax(alone))
+        if alone[worst] > memory:
+            return (f"memory_bytes={memory:.4g} is too small: layer {worst} alone needs "
+                    f"{alone[worst]:.4g} bytes (weights + stashed activations of one minibatch)")
+        free = _build_levels(L, topo, straight, None, fewer, cm)[-1]
+        if math.isfinite(free.A[1:, -1, 0].min() if fewer else free.A[topo.counts[-1], -1, 0]):
+            lo, hi = memory, float((L.Wp[-1] + L.Ap[-1]) * topo.num_workers)
+            for _ in range(12):  # geometric bisection: infeasible at lo, feasible at hi
+                mid = math.sqrt(lo * hi)
+                top = _build_levels(L, topo, straight, mid, fewer, cm)[-1]
+                val = top.A[1:, -1, 0].min() if fewer else top.A[topo.counts[-1], -1, 0]
+                lo, hi = (lo, mid) if math.isfinite(val) else (mid, hi)
+            return (f"no partition fits in memory_bytes={memory:.4g} per worker; the smallest limit "
+                    f"that fits is about {hi:.4g} bytes (raise memory_bytes or add workers)")
+    if straight:
+        return (f"a straight pipeline needs at least one layer per worker: {L.n} layers cannot fill "
+                f"{topo.num_workers} workers ({topo.counts} per level); use use_fewer_workers=True, "
+                f"fewer workers, or allow replication (straight=False)")
+    return "no feasible partition for this profile and topology"
+
+
+# ---- baselines ------------------------------------------------------------------------------
 def _straight_plan(profile: Profile, lasts: list[int], method: str, topology: Topology | None) -> Plan:
     """Stage k (layers up to ``lasts[k]``) on worker k, with the cost model's stage and cut times."""
     S = len(lasts)
