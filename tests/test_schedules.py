@@ -70,7 +70,8 @@ def test_master_schedules_validate(name, S, B, R, prio):
 
 def test_names_and_descriptions():
     assert set(NAMES) == {"model-parallel", "gpipe", "pipedream", "pipedream-flush", "pipedream-2bw",
-                          "interleaved-1f1b", "zb-h1", "dp-bsp", "dp-asp", "ddp", "fsdp", "pp", "lpp", "fslpp"}
+                          "interleaved-1f1b", "zb-h1", "dp-bsp", "dp-asp", "ddp", "fsdp", "pp", "lpp", "fslpp",
+                          "seq1f1b", "seq1f1b-interleaved", "seq1f1b-zb"}
     assert all(DESCRIPTIONS[n] and "\n" not in DESCRIPTIONS[n] for n in NAMES)
 
 

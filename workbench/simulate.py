@@ -392,7 +392,8 @@ def _with_fixed_costs(schedule: Schedule, costs: _Costs, latency_ms, op_overhead
 
 
 def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
-    S, W, M = schedule.num_stages, schedule.num_workers, schedule.microbatches
+    S, W = schedule.num_stages, schedule.num_workers
+    M = schedule.microbatches * schedule.num_segments  # dataflow keys: (microbatch, segment) units
     flat = [op for ops in schedule.ops for op in ops]
     N = len(flat)
     kc = [KIND_CODES[o.kind] for o in flat]
@@ -411,20 +412,21 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
     kc_a = np.asarray(kc, dtype=np.int64)
     st_a = np.asarray(st, dtype=np.int64)
     mb_a = np.asarray(mb, dtype=np.int64)
+    un_a = np.asarray([schedule.unit(o) if k < 4 else o.microbatch for o, k in zip(flat, kc)], dtype=np.int64)
     gids = np.arange(N, dtype=np.int64)
     is_comp = kc_a < 4
-    if ((st_a < 0) | (st_a >= S)).any() or (is_comp & ((mb_a < 0) | (mb_a >= M))).any():
-        g = int(np.flatnonzero((st_a < 0) | (st_a >= S) | (is_comp & ((mb_a < 0) | (mb_a >= M))))[0])
+    if ((st_a < 0) | (st_a >= S)).any() or (is_comp & ((un_a < 0) | (un_a >= M))).any():
+        g = int(np.flatnonzero((st_a < 0) | (st_a >= S) | (is_comp & ((un_a < 0) | (un_a >= M))))[0])
         raise ValueError(f"worker {wof[g]}: {flat[g]} is outside {S} stages x {M} microbatches")
     cg = gids[is_comp]
-    keys = (kc_a[cg] * S + st_a[cg]) * M + mb_a[cg]
+    keys = (kc_a[cg] * S + st_a[cg]) * M + un_a[cg]
     loc = np.full(4 * S * M, -1, dtype=np.int64)
     loc[keys] = cg
     counts = np.bincount(keys, minlength=4 * S * M)
     if len(keys) and counts.max() > 1:
         dup = int(cg[np.flatnonzero(counts[keys] > 1)[0]])
         raise ValueError(f"{flat[dup]} appears twice; validate() the schedule")
-    ck, cs, cb = kc_a[cg], st_a[cg], mb_a[cg]
+    ck, cs, cb = kc_a[cg], st_a[cg], un_a[cg]
     # first producer: F(s-1) for F (s > 0), BI(s) for BW, F(s) for B/BI
     need1 = (ck != _F) | (cs > 0)
     k1 = np.where(ck == _F, (_F * S + cs - 1) * M + cb,
@@ -526,7 +528,7 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
     # ---- durations ----------------------------------------------------------------------
     comp = costs.compute
     over = costs.op_overhead_ms
-    dur = [comp[k][s] + over if k < 5 else 0.0 for k, s in zip(kc, st)]
+    dur = [_op_ms(schedule, op, comp) + over if k < 5 else 0.0 for op, k in zip(flat, kc)]
 
     # ---- the sweep ------------------------------------------------------------------------
     INF = math.inf
@@ -705,6 +707,17 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
 # ---------------------------------------------------------------------------------------------
 # timeline and metrics
 # ---------------------------------------------------------------------------------------------
+def _op_ms(schedule: Schedule, op, comp: dict) -> float:
+    """Compute time of one op: its kind's stage cost times its segment's FLOP share (Seq1F1B; 1
+    otherwise); with ``schedule.recompute`` a B (or BI, which starts the backward) also re-runs the
+    forward: ``+ F_s`` times the share (GPipe re-materialization)."""
+    k, s = KIND_CODES[op.kind], op.stage
+    ms = comp[k][s]
+    if schedule.recompute and k in (_B, _BI):
+        ms += comp[_F][s]
+    return ms * schedule.segment_share(op) if k < _STEP else ms
+
+
 def _assemble(schedule, costs, kc, st, mb, ver, stp, wof, wbeg, wend, start, end, stall, comm_rows, level_bytes,
               xfer_count, fetch_count) -> SimResult:
     W = schedule.num_workers
@@ -728,6 +741,8 @@ def _assemble(schedule, costs, kc, st, mb, ver, stp, wof, wbeg, wend, start, end
         "step": np.asarray(stp, dtype=np.int64)[keep],
         "bytes": 0.0,
     })
+    if schedule.segment_tokens:  # optional column: the Seq1F1B segment of each compute op
+        comp["segment"] = np.asarray([-1 if o.segment is None else o.segment for ops in schedule.ops for o in ops])[keep]
     if comm_rows:
         comm = pd.DataFrame(comm_rows, columns=["worker", "stage", "microbatch", "kind", "start", "end", "version",
                                                 "src", "dst", "step", "bytes"])
@@ -756,6 +771,7 @@ def _assemble(schedule, costs, kc, st, mb, ver, stp, wof, wbeg, wend, start, end
         if len(ends) >= 2:
             steady = float(ends[-1] - ends[0]) / (len(ends) - 1)
     peak_n, peak_b, versions = _memory(schedule, costs, kc, st, ver, wof, wbeg, wend)
+    peak_share = _peak_activation_share(schedule)
     L = makespan if makespan > 0 else float("nan")
     metrics = {
         "makespan": makespan,
@@ -770,6 +786,7 @@ def _assemble(schedule, costs, kc, st, mb, ver, stp, wof, wbeg, wend, start, end
         "comm_stall": list(stall),
         "peak_activations": peak_n,
         "peak_activation_bytes": peak_b,
+        "peak_activation_share": peak_share,
         "weight_versions": versions,
         "transfers_received": list(xfer_count),
         "weight_fetches": list(fetch_count),
@@ -797,19 +814,21 @@ def _memory(schedule, costs, kc, st, ver, wof, wbeg, wend):
     sign = np.where(kc_a == _F, 1.0, np.where((kc_a == _B) | (kc_a == _BW), -1.0, 0.0))
     stash = np.asarray(costs.act_stash_bytes, dtype=float)
 
-    def peak(delta):
+    def peak(delta, transient=None):
         out = [0.0] * W
         if not nonempty:
             return out
         cum = np.cumsum(delta)
         before = np.concatenate([[0.0], cum])[starts]  # running sum before each worker's first op
         local = cum - np.repeat(before, [wend[w] - wbeg[w] for w in nonempty])
+        if transient is not None:  # held only while the op runs: on top of the sum before it
+            local = np.maximum(local, local - delta + transient)
         for w, v in zip(nonempty, np.maximum.reduceat(local, starts).tolist()):
             out[w] = max(0.0, v)
         return out
 
     peak_n = [int(round(x)) for x in peak(sign)]
-    peak_b = peak(sign * stash[st_a]) if stash.any() else [float("nan")] * W
+    peak_b = peak(*_stash_bytes(schedule, costs, kc_a, st_a)) if stash.any() else [float("nan")] * W
 
     # weight versions: half-open intervals [lo, hi) in program positions
     pos = np.arange(N, dtype=np.int64)
@@ -861,6 +880,42 @@ def _memory(schedule, costs, kc, st, ver, wof, wbeg, wend):
             w = int(k) // S
             peak_v[w] = max(peak_v[w], int(v))
     return peak_n, peak_b, peak_v
+
+
+def _stash_bytes(schedule: Schedule, costs: _Costs, kc_a, st_a):
+    """Per-op change of a worker's stashed activation bytes, and bytes held only while the op runs.
+
+    Without recompute F adds the stage's activations ``A_s`` (times the op's token share with
+    segments) and B / BW frees them. With recompute F keeps only the stage input (the cut bytes of
+    stage s-1; stage 0's input, the data, is not counted, as without recompute); B re-creates
+    ``A_s`` for its duration (transient) and frees the input; split backward: BI re-creates
+    ``A_s`` and holds it until BW frees it with the input."""
+    flat = [op for ops in schedule.ops for op in ops]
+    share = np.asarray([schedule.segment_share(op, "tokens") if k < _STEP else 0.0 for op, k in zip(flat, kc_a)])
+    full = np.asarray(costs.act_stash_bytes, dtype=float)[st_a] * share
+    if not schedule.recompute:
+        sign = np.where(kc_a == _F, 1.0, np.where((kc_a == _B) | (kc_a == _BW), -1.0, 0.0))
+        return sign * full, None
+    cut = np.concatenate([[0.0], np.asarray(costs.cut_bytes, dtype=float)])[st_a] * share  # input of s
+    delta = np.select([kc_a == _F, kc_a == _B, kc_a == _BI, kc_a == _BW], [cut, -cut, full, -(cut + full)], 0.0)
+    return delta, np.where(kc_a == _B, full, 0.0)
+
+
+def _peak_activation_share(schedule: Schedule) -> list[float]:
+    """Peak per worker of the activations held, in units of one whole microbatch's activations of
+    one stage: F adds its token share ``n_j / n`` (1 without segments), B / BW removes it. Equals
+    ``peak_activations`` without segments; with recompute see ``peak_activation_bytes``."""
+    out = []
+    for ops in schedule.ops:
+        held, peak = 0.0, 0.0
+        for op in ops:
+            if op.kind == "F":
+                held += schedule.segment_share(op, "tokens")
+                peak = max(peak, held)
+            elif op.kind in ("B", "BW"):
+                held -= schedule.segment_share(op, "tokens")
+        out.append(peak)
+    return out
 
 
 def _worker_stats(schedule: Schedule, timeline: pd.DataFrame) -> pd.DataFrame:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from . import generators as _g
 from . import master as _m
-from .core import COMPUTE, KINDS, UPDATE_RULES, Op, Schedule, ScheduleError, in_flight_peak, validate
+from . import seq1f1b as _seq
+from .core import (COMPUTE, KINDS, UPDATE_RULES, Op, Schedule, ScheduleError, in_flight_peak, validate,
+                   with_recompute)
 from .generators import noam_warmup, stage_layout
 from .master import from_placement, list_schedule, placement
 from .stats import worker_stats
@@ -21,6 +23,9 @@ DESCRIPTIONS: dict[str, str] = {
     "pipedream-2bw": "1F1B without flush, gradient accumulation per batch, two weight buffers, delay one",
     "interleaved-1f1b": "Megatron 1F1B with `chunks` virtual stages per worker (stage s on worker s mod P)",
     "zb-h1": "zero-bubble H1: backward split into BI/BW, deferred BW fills bubbles, 1F1B peak memory",
+    "seq1f1b": "Seq1F1B (Sun et al. 2024): 1F1B over (microbatch, segment) units, backward segments reversed",
+    "seq1f1b-interleaved": "Seq1F1B with Megatron interleaving: `chunks` stages per worker over segment units",
+    "seq1f1b-zb": "Seq1F1B with ZB-H1's split backward: deferred weight gradients fill the cool-down",
     "dp-bsp": "data parallel: each worker all stages, per-stage all-reduce overlapped with backward",
     "dp-asp": "data parallel, asynchronous: each worker steps on its own gradients, no all-reduce",
     "ddp": "master schedule w(s,b)=(b,b): a batch per worker, all weights everywhere",
@@ -39,16 +44,22 @@ _EXPLICIT = {
     "pipedream-2bw": (_g.pipedream_2bw, {"microbatches_per_step"}),
     "interleaved-1f1b": (_g.interleaved_1f1b, {"chunks", "steps"}),
     "zb-h1": (_g.zb_h1, {"steps"}),
+    "seq1f1b": (_seq.seq1f1b, {"segments", "seq_len", "steps", "model", "split"}),
+    "seq1f1b-interleaved": (_seq.seq1f1b_interleaved, {"segments", "chunks", "seq_len", "steps", "model", "split"}),
+    "seq1f1b-zb": (_seq.seq1f1b_zb, {"segments", "seq_len", "steps", "model", "split"}),
     "dp-bsp": (_g.dp_bsp, {"workers"}),
     "dp-asp": (_g.dp_asp, {"workers"}),
 }
 _MASTER_OPTIONS = {"workers", "group_size", "priority"}
 
 
-def build(name: str, plan_or_stage_count, microbatches: int, **options) -> Schedule:
+def build(name: str, plan_or_stage_count, microbatches: int, recompute: bool = False, **options) -> Schedule:
     """The schedule ``name`` (one of :data:`NAMES`) for a Plan or a stage count and a number of
     microbatches (per step for gpipe / pipedream-flush / zb-h1 / interleaved-1f1b; in total for
-    the others). The result passes :func:`validate`."""
+    the others). ``recompute=True`` (any schedule): GPipe activation re-materialization
+    (:func:`with_recompute`). The result passes :func:`validate`."""
+    if recompute:
+        return with_recompute(build(name, plan_or_stage_count, microbatches, **options))
     if name in _EXPLICIT:
         fn, allowed = _EXPLICIT[name]
     elif name in DESCRIPTIONS:
@@ -66,4 +77,4 @@ def build(name: str, plan_or_stage_count, microbatches: int, **options) -> Sched
 
 __all__ = ["COMPUTE", "KINDS", "UPDATE_RULES", "Op", "Schedule", "ScheduleError", "in_flight_peak", "validate",
            "build", "NAMES", "DESCRIPTIONS", "from_placement", "list_schedule", "placement", "worker_stats",
-           "noam_warmup", "stage_layout"]
+           "noam_warmup", "stage_layout", "with_recompute"]

@@ -27,6 +27,15 @@ fewer microbatches of a step than another, e.g. round robin with M not a multipl
 Master-family schedules (``weights_worker`` set): a B/BW op computed on a worker that does not hold
 the stage pushes its gradient to ``weights_worker``; it belongs to the owner's step ``op.version``.
 
+Segments (Seq1F1B). A schedule with ``segment_tokens = (n_1, ..., n_k)`` cuts every sequence into
+k segments; its compute ops carry ``segment`` j in 0..k-1 and the unit of work is the pair
+(microbatch, segment), keyed ``unit = microbatch * k + segment`` (:meth:`Schedule.unit`). Causal
+attention adds two rules on a stage: F(s, b, j) needs F(s, b, j-1) (its keys and values), and the
+backward of (s, b, j) needs the backward of (s, b, j+1) (the gradients of those keys and values).
+``segment_flops[j]`` is segment j's share of a sequence's FLOPs (they sum to 1), the weight
+executors charge it by. ``recompute`` (GPipe re-materialization): a worker keeps only the stage's
+input per (microbatch, segment) in flight and re-runs the forward at the start of its backward.
+
 Sends and receives are implicit: F(s, b) needs the output of F(s-1, b), B(s, b) the gradient from
 B(s+1, b) (or BI(s+1, b)); when the two ops run on different workers a transfer follows.
 ``weights_worker`` (master-schedule family) names the worker that owns the weights an op uses; a
@@ -35,6 +44,7 @@ transfer of weights follows when it differs from the worker running the op.
 from __future__ import annotations
 
 from collections import defaultdict, deque
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
@@ -51,6 +61,7 @@ class Op:
     version: int = 0  # weight version read (F/B/BI/BW)
     step: int = -1  # AR / STEP: index of the update of this stage
     weights_worker: int | None = None  # None: the weights live on the worker running the op
+    segment: int | None = None  # Seq1F1B: segment of the sequence (None: the whole sequence)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -58,7 +69,8 @@ class Op:
 
     def __str__(self) -> str:
         if self.kind in COMPUTE:
-            return f"{self.kind}{self.stage}.{self.microbatch}@v{self.version}"
+            seg = "" if self.segment is None else f"/{self.segment}"
+            return f"{self.kind}{self.stage}.{self.microbatch}{seg}@v{self.version}"
         return f"{self.kind}{self.stage}#{self.step}"
 
 
@@ -71,6 +83,8 @@ class Schedule:
     ``microbatches_per_step``: how many microbatches' gradients make one update (per replica group).
     ``update``: the weight rule (see module docstring), one of ``UPDATE_RULES``.
     ``max_in_flight[w]``: bound on microbatches forwarded but not yet backwarded on worker w.
+    ``segment_tokens`` / ``segment_flops``: Seq1F1B segment lengths and FLOP shares (module
+    docstring; empty: unsegmented). ``recompute``: re-materialize activations in the backward.
     """
 
     name: str
@@ -83,6 +97,9 @@ class Schedule:
     microbatches_per_step: int = 1
     max_in_flight: tuple[int, ...] | None = None
     options: dict = field(default_factory=dict)
+    segment_tokens: tuple[int, ...] = ()
+    segment_flops: tuple[float, ...] = ()
+    recompute: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "ops", tuple(tuple(o) for o in self.ops))
@@ -90,6 +107,29 @@ class Schedule:
             raise ValueError(f"{len(self.ops)} op lists for {self.num_workers} workers")
         if self.update not in UPDATE_RULES:
             raise ValueError(f"unknown update rule {self.update!r}; expected one of {UPDATE_RULES}")
+        object.__setattr__(self, "segment_tokens", tuple(int(n) for n in self.segment_tokens))
+        object.__setattr__(self, "segment_flops", tuple(float(f) for f in self.segment_flops))
+        if self.segment_flops and len(self.segment_flops) != len(self.segment_tokens):
+            raise ValueError(f"{len(self.segment_flops)} segment FLOP shares for {len(self.segment_tokens)} segments")
+
+    # ---- segments --------------------------------------------------------------------
+    @property
+    def num_segments(self) -> int:
+        """k: segments per sequence (1 when unsegmented)."""
+        return max(1, len(self.segment_tokens))
+
+    def unit(self, op: Op) -> int:
+        """The (microbatch, segment) unit of a compute op as one id: ``microbatch * k + segment``."""
+        return op.microbatch * self.num_segments + (op.segment or 0)
+
+    def segment_share(self, op: Op, weight: str = "flops") -> float:
+        """Fraction of the whole sequence's cost an op carries: ``segment_flops[j]`` (compute) or
+        ``n_j / sum n`` (``weight="tokens"``: activation bytes); 1 when unsegmented."""
+        if op.segment is None or not self.segment_tokens:
+            return 1.0
+        if weight == "tokens" or not self.segment_flops:
+            return self.segment_tokens[op.segment] / sum(self.segment_tokens)
+        return self.segment_flops[op.segment]
 
     # ---- lookups ---------------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[int, Op]]:
@@ -102,8 +142,9 @@ class Schedule:
         return sum(len(o) for o in self.ops)
 
     def where(self) -> dict[tuple[str, int, int], int]:
-        """(kind, stage, microbatch) -> worker for every compute op."""
-        return {(op.kind, op.stage, op.microbatch): w for w, op in self if op.kind in COMPUTE}
+        """(kind, stage, microbatch) -> worker for every compute op (the unit id in place of the
+        microbatch when the schedule has segments, see :meth:`unit`)."""
+        return {(op.kind, op.stage, self.unit(op)): w for w, op in self if op.kind in COMPUTE}
 
     def op_at(self, kind: str, stage: int, microbatch: int) -> tuple[int, Op]:
         for w, op in self:
@@ -130,7 +171,7 @@ class Schedule:
                     if k == step:
                         break
                     k += 1
-                elif op.kind in ("B", "BW") and k == step:
+                elif op.kind in ("B", "BW") and k == step and not op.segment:  # a sequence once
                     out.append(op.microbatch)
         holders = set(self.stage_workers[stage])
         for w, ops in enumerate(self.ops):  # gradients pushed to the owners (master family)
@@ -138,7 +179,7 @@ class Schedule:
                 continue
             for op in ops:
                 if (op.stage == stage and op.kind in ("B", "BW") and op.version == step
-                        and op.weights_worker in workers):
+                        and op.weights_worker in workers and not op.segment):
                     out.append(op.microbatch)
         return sorted(out)
 
@@ -151,12 +192,20 @@ class Schedule:
         return "\n".join(lines)
 
 
+def with_recompute(schedule: Schedule, recompute: bool = True) -> Schedule:
+    """``schedule`` with GPipe re-materialization on (or off): the same op lists; executors keep only
+    each stage's input per (microbatch, segment) in flight and re-run its forward in the backward."""
+    return dataclasses.replace(schedule, recompute=bool(recompute))
+
+
 def producers(schedule: Schedule, w: int, op: Op, index: dict) -> list[tuple[str, int, int]]:
-    """Compute-op keys (kind, stage, microbatch) that ``op`` (a compute op) must wait for."""
-    s, b = op.stage, op.microbatch
-    last = schedule.num_stages - 1
+    """Compute-op keys (kind, stage, unit) that ``op`` (a compute op) must wait for; ``unit`` is the
+    microbatch, or :meth:`Schedule.unit` with segments (then also the segment rules, module doc)."""
+    s, b = op.stage, schedule.unit(op)
+    last, k = schedule.num_stages - 1, schedule.num_segments
     if op.kind == "F":
-        return [("F", s - 1, b)] if s > 0 else []
+        deps = [("F", s - 1, b)] if s > 0 else []
+        return deps + ([("F", s, b - 1)] if op.segment else [])  # keys/values of segment j-1
     if op.kind == "BW":
         return [("BI", s, b)]
     # B or BI: own forward, and the gradient from the next stage
@@ -164,6 +213,8 @@ def producers(schedule: Schedule, w: int, op: Op, index: dict) -> list[tuple[str
     if s < last:
         nxt = ("BI", s + 1, b) if ("BI", s + 1, b) in index else ("B", s + 1, b)
         deps.append(nxt)
+    if op.segment is not None and op.segment < k - 1:  # gradients of its keys/values from j+1
+        deps.append(("BI", s, b + 1) if ("BI", s, b + 1) in index else ("B", s, b + 1))
     return deps
 
 
@@ -188,13 +239,17 @@ def validate(schedule: Schedule) -> None:
         if op.kind in COMPUTE:
             if not 0 <= op.microbatch < M:
                 raise ScheduleError(f"worker {w}: {op} has microbatch outside 0..{M - 1}")
-            key = (op.kind, op.stage, op.microbatch)
+            if (op.segment is None) != (not schedule.segment_tokens) or (
+                    op.segment is not None and not 0 <= op.segment < len(schedule.segment_tokens)):
+                raise ScheduleError(f"worker {w}: {op} has segment outside 0..{len(schedule.segment_tokens) - 1}; "
+                                    f"every compute op of a schedule with segment_tokens needs a segment, and only those")
+            key = (op.kind, op.stage, schedule.unit(op))
             if key in index:
                 raise ScheduleError(f"{op} appears twice (workers {index[key]} and {w})")
             index[key] = w
         if op.weights_worker is not None and not 0 <= op.weights_worker < W:
             raise ScheduleError(f"worker {w}: {op} reads weights from unknown worker {op.weights_worker}")
-    by_key = {(op.kind, op.stage, op.microbatch): op for _, op in schedule if op.kind in COMPUTE}
+    by_key = {(op.kind, op.stage, schedule.unit(op)): op for _, op in schedule if op.kind in COMPUTE}
     for (kind, s, b), w in index.items():
         if kind != "F":
             continue
@@ -215,7 +270,7 @@ def validate(schedule: Schedule) -> None:
             raise ScheduleError(f"{key[0]}{key[1]}.{key[2]} has no forward")
     # every microbatch goes through every stage
     for s in range(S):
-        for b in range(M):
+        for b in range(M * schedule.num_segments):
             if ("F", s, b) not in index:
                 raise ScheduleError(f"microbatch {b} never runs the forward of stage {s}")
     _check_deadlock(schedule, index)
@@ -261,7 +316,7 @@ def _check_deadlock(schedule: Schedule, index: dict) -> None:
                 if op.version >= 1:
                     deps[w][i] = list(deps[w][i]) + [("STEP", op.stage, op.version - 1, o)]
                 if op.kind in ("B", "BW") and w not in holders[op.stage]:
-                    pushes[(op.stage, op.version, o)].append((op.kind, op.stage, op.microbatch))
+                    pushes[(op.stage, op.version, o)].append((op.kind, op.stage, schedule.unit(op)))
     done: set = set()
     ptr = [0] * len(ops)
     waiting: dict = defaultdict(list)
@@ -277,7 +332,7 @@ def _check_deadlock(schedule: Schedule, index: dict) -> None:
                 if blocked is not None:
                     waiting[blocked].append(w)
                     break
-                key = (op.kind, op.stage, op.microbatch)
+                key = (op.kind, op.stage, schedule.unit(op))
                 done.add(key)
                 work.extend(waiting.pop(key, ()))
             elif (blocked := next((k for k in pushes.get((op.stage, op.step, w), ()) if k not in done), None)):
@@ -311,10 +366,10 @@ def _check_in_flight(schedule: Schedule) -> None:
         live, peak = set(), 0
         for op in ops:
             if op.kind == "F":
-                live.add((op.stage, op.microbatch))
+                live.add((op.stage, op.microbatch, op.segment))
                 peak = max(peak, len(live))
             elif op.kind in ("B", "BW"):
-                live.discard((op.stage, op.microbatch))
+                live.discard((op.stage, op.microbatch, op.segment))
         if peak > schedule.max_in_flight[w]:
             raise ScheduleError(f"worker {w} holds {peak} microbatches in flight; limit is {schedule.max_in_flight[w]}")
 
@@ -323,8 +378,8 @@ def in_flight_peak(ops: Iterable[Op]) -> int:
     live, peak = set(), 0
     for op in ops:
         if op.kind == "F":
-            live.add((op.stage, op.microbatch))
+            live.add((op.stage, op.microbatch, op.segment))
             peak = max(peak, len(live))
         elif op.kind in ("B", "BW"):
-            live.discard((op.stage, op.microbatch))
+            live.discard((op.stage, op.microbatch, op.segment))
     return peak
