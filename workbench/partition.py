@@ -43,7 +43,10 @@ one stashed weight version and the stashed outputs of every layer of the stage f
 ``v`` minibatches in flight, with ``v = ceil(R / m)``: R = the level-k components from this stage
 to the end of its pipeline (counting this stage's m), as PipeDream's NOAM for that position (the
 input stage of a full pipeline gets ``ceil(M / m)``; the last stage gets 1). The limit is checked
-at level 1 (GPUs), with R counted inside the level-1 component. That is exact for a one-level
+at level 1 (GPUs), with R counted inside the level-1 component. With ``recompute=True`` (GPipe
+re-materialization) a stage stashes only its input ``a_(first-1)`` per minibatch in flight (0 for
+the first stage, whose input is the data, not counted either way) and rebuilds its activations for
+one minibatch at a time in the backward: ``mem = v * (sum w_l + a_(first-1)) + sum a_l``. That is exact for a one-level
 topology; for several levels it ignores the extra minibatches the outer pipeline keeps in flight,
 and with ``use_fewer_workers`` it assumes all workers are used (conservative).
 """
@@ -128,6 +131,7 @@ class _Level:
     memory: float | None
     rows_all: bool  # every start i (inner level) or only start 0 (top level)
     A: np.ndarray | None = None  # A[m, j, r]: range start(r)..j on exactly m components
+    recompute: bool = False  # activation re-materialization (module docstring, Memory)
 
     @property
     def cut(self) -> np.ndarray:
@@ -146,7 +150,7 @@ class _Level:
         if self.straight:
             t = np.where(m > 1, INF, t)
         if self.memory is not None and self.prev is None:
-            mem = np.asarray(v) * (par + L.Ap[last + 1] - L.Ap[first])
+            mem = _stage_memory(L, first, last, v, par, self.recompute)
             t = np.where(mem > self.memory, INF, t)
         return t
 
@@ -160,6 +164,17 @@ class _Level:
     def v_single(self) -> np.ndarray:
         m = np.arange(1, self.M + 1)
         return -(-self.M // m)
+
+
+def _stage_memory(L: _Layers, first, last, v, par, recompute: bool):
+    """Bytes per worker of a stage (module docstring, Memory): ``v (w + A)``, or with recompute
+    ``v (w + a_(first-1)) + A``; ``A`` the stage's activations of one minibatch."""
+    acts = L.Ap[np.asarray(last) + 1] - L.Ap[first]
+    if not recompute:
+        return np.asarray(v) * (par + acts)
+    first = np.asarray(first)
+    a_in = np.where(first > 0, L.act[np.maximum(first - 1, 0)], 0.0)
+    return np.asarray(v) * (par + a_in) + acts
 
 
 def _solve(lv: _Level, fast: bool) -> np.ndarray:
@@ -395,11 +410,11 @@ class _Node:
     child: list | None  # pipeline of the level below inside one component (None at level 1)
 
 
-def _build_levels(L: _Layers, topo: Topology, straight, memory, fewer, fast=True) -> list[_Level]:
+def _build_levels(L: _Layers, topo: Topology, straight, memory, fewer, fast=True, recompute=False) -> list[_Level]:
     levels, prev = [], None
     nlev = topo.num_levels
     for k, (M, B) in enumerate(topo.levels, start=1):
-        lv = _Level(k, M, B, L, prev, straight, memory, rows_all=k < nlev)
+        lv = _Level(k, M, B, L, prev, straight, memory, rows_all=k < nlev, recompute=recompute)
         lv.A = _solve(lv, fast=fast and prev is None)
         if k < nlev:
             full = lv.A[1:].min(axis=0) if fewer else lv.A[M]
@@ -484,14 +499,15 @@ def data_parallel_ms(profile: Profile, topology: Topology) -> float:
 
 
 def partition(profile: Profile, topology: Topology, straight: bool = False,
-              memory_bytes: float | None = None, use_fewer_workers: bool = False) -> Plan:
+              memory_bytes: float | None = None, use_fewer_workers: bool = False, recompute: bool = False) -> Plan:
     """PipeDream's optimal partition of ``profile`` onto ``topology`` (see the module docstring).
 
     Returns a :class:`Plan` whose stages are flat (first, last, replicas, workers, time_ms): a
     level-k stage replicated over m level-(k-1) components contributes each of its inner stages
     once, with the workers of every replica component (ids ``c * S_{k-1} + w``), and
     ``time_ms = max(inner time, all-reduce_k) / m``. ``bottleneck_ms`` is the DP optimum, equal to
-    the max of the stage times and ``meta["cuts"]`` (after_layer, level, time_ms).
+    the max of the stage times and ``meta["cuts"]`` (after_layer, level, time_ms). ``recompute``:
+    the memory limit assumes activation re-materialization (module docstring, Memory).
     """
     L = _layers(profile)
     topo = _check_topology(topology)
@@ -500,24 +516,24 @@ def partition(profile: Profile, topology: Topology, straight: bool = False,
         if not (math.isfinite(mb) and mb > 0):
             raise ValueError(f"memory_bytes must be a positive number of bytes per worker, got {memory_bytes!r}")
         memory_bytes = mb
-    levels = _build_levels(L, topo, straight, memory_bytes, use_fewer_workers)
+    levels = _build_levels(L, topo, straight, memory_bytes, use_fewer_workers, recompute=recompute)
     top = levels[-1]
     m_top = _best_m(top, L.n - 1, 0, use_fewer_workers)
     best = float(top.A[m_top, L.n - 1, 0])
     if not math.isfinite(best):
-        raise ValueError(_infeasible_message(L, topo, straight, memory_bytes, use_fewer_workers))
+        raise ValueError(_infeasible_message(L, topo, straight, memory_bytes, use_fewer_workers, recompute))
     pipeline = _rebuild(levels, topo.num_levels, 0, L.n - 1, m_top, use_fewer_workers)
     flat, cuts = _flatten(levels, topo.num_levels, pipeline, L, topo)
     stages = tuple(Stage(f, l, len(ws), tuple(ws), float(t)) for f, l, ws, t in flat)
     meta = {"topology": topo.to_list(), "topology_name": topo.name, "straight": straight,
-            "memory_bytes": memory_bytes, "use_fewer_workers": use_fewer_workers,
+            "memory_bytes": memory_bytes, "use_fewer_workers": use_fewer_workers, "recompute": recompute,
             "cuts": [[int(a), int(k), float(t)] for a, k, t in cuts],
             "cost_model": "PipeDream SOSP'19 §3.1, T=max(compute, 2(m-1)/m*w/B)/m, cut=2a/B"}
     return Plan(stages, bottleneck_ms=best, single_worker_ms=float(L.Cp[-1]),
                 data_parallel_ms=data_parallel_ms(profile, topo), method="pipedream", meta=meta)
 
 
-def _infeasible_message(L: _Layers, topo, straight, memory, fewer) -> str:
+def _infeasible_message(L: _Layers, topo, straight, memory, fewer, recompute=False) -> str:
     if memory is not None:
         alone = L.param + L.act
         worst = int(np.argmax(alone))
@@ -529,11 +545,12 @@ def _infeasible_message(L: _Layers, topo, straight, memory, fewer) -> str:
             lo, hi = memory, float((L.Wp[-1] + L.Ap[-1]) * topo.num_workers)
             for _ in range(12):  # geometric bisection: infeasible at lo, feasible at hi
                 mid = math.sqrt(lo * hi)
-                top = _build_levels(L, topo, straight, mid, fewer)[-1]
+                top = _build_levels(L, topo, straight, mid, fewer, recompute=recompute)[-1]
                 val = top.A[1:, -1, 0].min() if fewer else top.A[topo.counts[-1], -1, 0]
                 lo, hi = (lo, mid) if math.isfinite(val) else (mid, hi)
             return (f"no partition fits in memory_bytes={memory:.4g} per worker; the smallest limit "
-                    f"that fits is about {hi:.4g} bytes (raise memory_bytes or add workers)")
+                    f"that fits is about {hi:.4g} bytes (raise memory_bytes, add workers"
+                    f"{'' if recompute else ', or pass recompute=True'})")
     if straight:
         return (f"a straight pipeline needs at least one layer per worker: {L.n} layers cannot fill "
                 f"{topo.num_workers} workers ({topo.counts} per level); use use_fewer_workers=True, "
