@@ -60,13 +60,13 @@ def test_input_stage_order_matches_the_paper():
     assert q.seq1f1b_warmup(4, 3) == [6, 5, 4, 3]
 
 
-@pytest.mark.parametrize("S,M", [(2, 2), (3, 5), (4, 8)])
+@pytest.mark.parametrize("S,M", [(2, 2), (3, 5), (4, 8), (4, 6)])
 def test_one_segment_is_the_unsegmented_schedule(S, M):
     strip = lambda s: [[(o.kind, o.stage, o.microbatch, o.step) for o in ops] for ops in s.ops]
     assert strip(q.seq1f1b(S, M, segments=1)) == strip(build("pipedream-flush", S, M))
     assert strip(q.seq1f1b_zb(S, M, segments=1)) == strip(build("zb-h1", S, M))
-    assert strip(q.seq1f1b_interleaved(2 * S, 2 * S, segments=1, chunks=2)) == \
-        strip(build("interleaved-1f1b", 2 * S, 2 * S, chunks=2))
+    assert strip(q.seq1f1b_interleaved(2 * S, M, segments=1, chunks=2)) == \
+        strip(build("interleaved-1f1b", 2 * S, M, chunks=2))
     assert compute(q.seq1f1b_interleaved(S, M, segments=3, chunks=1)) == compute(q.seq1f1b(S, M, segments=3))
 
 
@@ -77,7 +77,7 @@ def test_every_variant_validates_and_respects_segment_order(S, M, k, steps, name
     opts = {"segments": k, "steps": steps, "seq_len": 64}
     if name == "seq1f1b-interleaved":
         opts["chunks"] = 2
-        S, M = 2 * S, S * M  # P = S workers; M * k a multiple of P
+        S, M = 2 * S, S * M  # P = S workers; M * k a multiple of the rounds
     sched = build(name, S, M, **opts)
     validate(sched)
     assert sched.num_segments == k and sched.microbatches == M * steps
@@ -106,8 +106,8 @@ def test_validator_rejects_wrong_segment_order():
 
 
 def test_bad_sizes_say_what_would_work():
-    with pytest.raises(ValueError, match="multiple of the 2 workers"):
-        q.seq1f1b_interleaved(4, 3, segments=1, chunks=2)
+    with pytest.raises(ValueError, match="units to be a multiple of 2"):
+        q.seq1f1b_interleaved(8, 9, segments=1, chunks=2)  # torch's rounds: 9 units on 4 workers
     with pytest.raises(ValueError, match="straight pipeline"):
         from workbench.plan import Plan
         q.seq1f1b(Plan.from_boundaries([0, 1], [2, 1]), 4)

@@ -121,7 +121,11 @@ def cmd_simulate(args) -> int:
     from .topology import Topology
 
     plan = Plan.load(args.plan) if args.plan else None
-    sched = schedules.build(args.schedule, plan or args.stages, args.microbatches)
+    sp = schedules.spec(args.schedule)
+    opts = dict(args.schedule_option)
+    if sp.family == "master" and not args.profile:  # order by the durations that are simulated
+        opts.setdefault("costs", (args.fwd, args.bwd))
+    sched = schedules.build(args.schedule, plan or args.stages, args.microbatches, **opts)
     if args.profile:
         if plan is None:
             raise UsageError("--profile needs --plan (which layers form each stage)")
@@ -135,6 +139,25 @@ def cmd_simulate(args) -> int:
     res = simulate(sched, **kw)
     print(res.summary())
     print(f"wrote {res.save(args.out)}")
+    return 0
+
+
+def _schedule_option(text: str):
+    from .schedules.registry import parse_option
+    try:
+        return parse_option(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def cmd_schedules(args) -> int:
+    from . import schedules
+    if args.markdown:
+        print(schedules.markdown_table())
+        return 0
+    for sp in schedules.REGISTRY.values():
+        opts = ", ".join(f"{o.name}={o.default!r}" for o in sp.options) or "no options"
+        print(f"{sp.name:<17} {sp.description}\n{'':<17} options: {opts}; source: {sp.source}")
     return 0
 
 
@@ -231,7 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_partition)
 
     p = sub.add_parser("simulate", help="discrete-event simulation of a schedule -> timeline CSV, metrics JSON, HTML")
-    p.add_argument("--schedule", default="pipedream")
+    p.add_argument("--schedule", default="pipedream", help="schedule name (`workbench schedules` lists them)")
+    p.add_argument("--schedule-option", type=_schedule_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="schedule option, e.g. chunks=2 (repeatable; `workbench schedules` lists them)")
     p.add_argument("--microbatches", type=int, default=16)
     p.add_argument("--plan", help="plan JSON (from `workbench partition --out`)")
     p.add_argument("--stages", type=int, default=4, help="stages when no --plan is given (one worker each)")
@@ -243,6 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", help="levels COUNTxBW,... innermost first, or a preset[:servers]")
     p.add_argument("--out", default="results/simulate")
     p.set_defaults(fn=cmd_simulate)
+
+    p = sub.add_parser("schedules", help="list the registered schedules, their options and sources")
+    p.add_argument("--markdown", action="store_true", help="print the README's table of schedules")
+    p.set_defaults(fn=cmd_schedules)
 
     p = sub.add_parser("train", help="really train with a schedule (torch.distributed, one process per worker)")
     try:

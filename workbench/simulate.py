@@ -75,6 +75,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from .display import card, fmt, one_line
+from .costmodel import CostModel, check_ms, link_level, ring_allreduce_ms
 from .schedules.core import Schedule
 
 KIND_CODES = {"F": 0, "B": 1, "BI": 2, "BW": 3, "STEP": 4, "AR": 5}
@@ -91,41 +93,38 @@ STAT_COLUMNS = ("peak_activations", "activation_transfers", "weight_transfers", 
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Costs:
-    """Durations (ms) per (kind, stage) and the communication model."""
+    """Per-op durations (ms) of one simulation, all drawn from one :class:`CostModel`
+    (profile costs) or from the unit constants (``model is None``)."""
 
-    compute: dict  # kind code -> list of ms per stage
+    compute: dict  # kind code -> list of ms per stage (without the per-op overhead)
     cut_bytes: list  # bytes crossing the cut after stage s (per microbatch)
     param_bytes: list  # parameter bytes of stage s
     act_stash_bytes: list  # activation bytes stashed per (stage, microbatch) in flight
-    transfer_ms: float | None  # unit mode: constant transfer time; None: use bandwidth
+    transfer_ms: float | None  # unit mode: constant transfer time; None: from the cost model
     fetch_ms: float | None
     allreduce_ms: list  # per stage
     topology: object | None
     label: str
-    latency_ms: float = 0.0  # fixed cost of every point-to-point message between different workers
+    latency_ms: float = 0.0  # unit mode: fixed cost of every message between different workers
     op_overhead_ms: float = 0.0  # fixed cost added to every F/B/BI/BW/STEP op
+    model: CostModel | None = None  # profile mode: the cost model every charge comes from
+    fraction: float = 1.0  # microbatch size relative to the profile's minibatch
+    batch_size: int | None = None
 
-    def bandwidth(self, a: int, b: int) -> float:
-        if self.topology is None or a == b:
-            return math.inf
-        return float(self.topology.bandwidth_between(a, b))
-
-    def _message(self, nbytes: float, a: int, b: int, fixed_ms: float | None) -> tuple[float, float]:
-        """(ms, bytes) of one message of ``nbytes`` from ``a`` to ``b``: ``fixed_ms`` when given
-        (unit costs), else bytes / bandwidth; plus the link latency between different workers."""
-        lat = self.latency_ms if a != b else 0.0
-        if fixed_ms is not None:
-            return fixed_ms + lat, 0.0
-        bw = self.bandwidth(a, b)
-        return (0.0 if bw == math.inf or nbytes == 0 else nbytes / bw * 1e3) + lat, nbytes
+    def message(self, nbytes: float, a: int, b: int, fixed_ms: float | None) -> tuple[float, float]:
+        """(ms, bytes) of one message of ``nbytes`` from ``a`` to ``b``: the cost model's
+        ``α + n / B``, or in unit mode ``fixed_ms + α`` between different workers."""
+        if self.model is not None:
+            return self.model.message_ms(nbytes, a, b), nbytes
+        return (fixed_ms + self.latency_ms if a != b else fixed_ms), 0.0
 
     def xfer(self, cut: int, a: int, b: int) -> tuple[float, float]:
         """(ms, bytes) of an activation/gradient transfer across ``cut`` from ``a`` to ``b``."""
-        return self._message(self.cut_bytes[cut] if self.transfer_ms is None else 0.0, a, b, self.transfer_ms)
+        return self.message(self.cut_bytes[cut], a, b, self.transfer_ms)
 
     def fetch(self, stage: int, a: int, b: int) -> tuple[float, float]:
         """(ms, bytes) of fetching ``stage``'s weights from ``a`` to ``b``."""
-        return self._message(self.param_bytes[stage] if self.fetch_ms is None else 0.0, a, b, self.fetch_ms)
+        return self.message(self.param_bytes[stage], a, b, self.fetch_ms)
 
 
 def _per_stage(x, S: int, name: str) -> list[float]:
@@ -135,21 +134,28 @@ def _per_stage(x, S: int, name: str) -> list[float]:
         vals = [float(v) for v in x]
         if len(vals) != S:
             raise ValueError(f"{name} has {len(vals)} values but the schedule has {S} stages; give one per stage or a number")
-    if any(not math.isfinite(v) or v < 0 for v in vals):
-        raise ValueError(f"{name} must be finite and >= 0; got {x!r}")
+    for v in vals:
+        check_ms(name, v)
     return vals
 
 
-def _unit_costs(schedule: Schedule, fwd, bwd, allreduce, transfer, weight_fetch, step_ms) -> _Costs:
+def _unit_costs(schedule: Schedule, fwd, bwd, allreduce, transfer, weight_fetch, step_ms, latency_ms,
+                op_overhead_ms) -> _Costs:
     S = schedule.num_stages
     f = _per_stage(fwd, S, "fwd")
     b = _per_stage(bwd, S, "bwd")
-    ar = _per_stage(0.0 if allreduce is None else allreduce, S, "allreduce")
+    lat = check_ms("latency_ms", latency_ms)
+    ar = [a + ring_allreduce_ms(0.0, len(schedule.stage_workers[s]), math.inf, lat)
+          for s, a in enumerate(_per_stage(0.0 if allreduce is None else allreduce, S, "allreduce"))]
     half = [x / 2 for x in b]
     compute = {_F: f, _B: b, _BI: half, _BW: half, _STEP: _per_stage(step_ms, S, "step_ms")}
     zeros = [0.0] * S
-    return _Costs(compute, zeros, zeros, zeros, float(transfer), float(weight_fetch), ar, None,
-                  "modeled (unit costs)")
+    over = check_ms("op_overhead_ms", op_overhead_ms)
+    label = "modeled (unit costs)"
+    if lat or over:
+        label += f", latency {lat:g} ms/message, overhead {over:g} ms/op"
+    return _Costs(compute, zeros, zeros, zeros, check_ms("transfer", transfer), check_ms("weight_fetch", weight_fetch),
+                  ar, None, label, latency_ms=lat, op_overhead_ms=over)
 
 
 def default_microbatch_fraction(schedule: Schedule) -> float:
@@ -189,79 +195,34 @@ def _stage_ranges(schedule: Schedule, profile, plan) -> list[tuple[int, int]]:
     return bounds
 
 
-def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fraction) -> _Costs:
+def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fraction, latency_ms, op_overhead_ms,
+                   overlap_comm) -> _Costs:
+    """Per-stage charges of ``schedule`` from :meth:`CostModel.from_profile` (module docstring)."""
     S = schedule.num_stages
-    df = profile.layers
     ranges = _stage_ranges(schedule, profile, plan)
     if fraction is None:
         fraction = default_microbatch_fraction(schedule)
     elif not 0 < fraction <= 1:
         raise ValueError(f"microbatch_fraction must be in (0, 1], got {fraction!r}")
-    fw, bw_, act, par = (df[c].to_numpy(float) for c in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes"))
-    f = [float(fraction * fw[a:b + 1].sum()) for a, b in ranges]
-    b = [float(fraction * bw_[a:b + 1].sum()) for a, b in ranges]
-    half = [x / 2 for x in b]
-    cut = [float(fraction * act[b]) for _, b in ranges]
-    stash = [float(fraction * act[a:b + 1].sum()) for a, b in ranges]
-    params = [float(par[a:b + 1].sum()) for a, b in ranges]
     if topology is not None:
         n = int(getattr(topology, "num_workers", schedule.num_workers))
         if n < schedule.num_workers:
             raise ValueError(f"topology has {n} workers but the schedule needs {schedule.num_workers}")
-    costs = _Costs({_F: f, _B: b, _BI: half, _BW: half, _STEP: _per_stage(step_ms, S, "step_ms")},
-                   cut, params, stash, None, None, [0.0] * S, topology, "")
+    cm = CostModel.from_profile(profile, topology, latency_ms=latency_ms, op_overhead_ms=op_overhead_ms,
+                                overlap_allreduce=overlap_comm)
+    f = [cm.stage_fwd_ms(a, b, fraction) for a, b in ranges]
+    b = [cm.stage_bwd_ms(a, b_, fraction) for a, b_ in ranges]
+    half = [x / 2 for x in b]
+    cut = [cm.cut_bytes(b_, fraction) for _, b_ in ranges]
+    stash = [float(fraction * cm.range_sum("act_bytes", a, b_)) for a, b_ in ranges]
+    params = [float(cm.range_sum("param_bytes", a, b_)) for a, b_ in ranges]
     if allreduce is not None:
         ar = _per_stage(allreduce, S, "allreduce")
     else:
-        ar = []
-        for s in range(S):
-            ws = schedule.stage_workers[s]
-            r = len(ws)
-            if r <= 1:
-                ar.append(0.0)
-                continue
-            bmin = min(costs.bandwidth(ws[i], ws[(i + 1) % r]) for i in range(r))
-            ar.append(0.0 if bmin == math.inf else 2 * (r - 1) / r * params[s] / bmin * 1e3)
-    meta = profile.meta or {}
-    what = meta.get("model") or meta.get("name") or meta.get("source") or "unnamed"
-    kind = meta.get("kind", "kind not recorded")
-    dev = f" on {meta['device']}" if meta.get("device") else ""
-    where = _topology_text(topology)
-    label = f"modeled from the {kind} profile of {what}{dev} and topology {where}"
-    return _Costs(costs.compute, cut, params, stash, None, None, ar, topology, label)
-
-
-def _topology_text(topology) -> str:
-    if topology is None:
-        return "none (communication free)"
-    levels = getattr(topology, "levels", None)
-    if levels is None:
-        return type(topology).__name__
-    try:
-        return "[" + ", ".join(f"{int(c)}x@{float(b) / 1e9:g}GB/s" for c, b in levels) + "]"
-    except (TypeError, ValueError):
-        return str(levels)
-
-
-def _link_level(topology, a: int, b: int) -> int:
-    """The topology level whose link joins workers ``a`` and ``b``.
-
-    Uses ``topology.level_between(a, b)`` when the topology has it (1 = innermost, e.g. inside a
-    server); otherwise assumes ``levels = [(count_1, B_1), (count_2, B_2), ...]`` where level k
-    groups ``count_k`` components of level k-1 (level 1: ``count_1`` workers), numbered the same."""
-    if topology is None or a == b:
-        return -1
-    for name in ("level_between", "link_level"):
-        fn = getattr(topology, name, None)
-        if callable(fn):
-            return int(fn(a, b))
-    size = 1
-    levels = list(getattr(topology, "levels", []) or [])
-    for k, (count, _) in enumerate(levels):
-        size *= int(count)
-        if a // size == b // size:
-            return k + 1
-    return max(len(levels), 1)
+        ar = [cm.allreduce_ms(params[s], schedule.stage_workers[s]) for s in range(S)]
+    compute = {_F: f, _B: b, _BI: half, _BW: half, _STEP: _per_stage(step_ms, S, "step_ms")}
+    return _Costs(compute, cut, params, stash, None, None, ar, topology, cm.label,
+                  op_overhead_ms=cm.op_overhead_ms, model=cm, fraction=float(fraction), batch_size=cm.batch_size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,10 +233,10 @@ class SimResult:
     """A modeled timeline and its metrics (see :func:`simulate`)."""
 
     schedule: Schedule
-    timeline: pd.DataFrame
-    makespan: float
-    metrics: dict
-    label: str
+    timeline: pd.DataFrame = field(repr=False)
+    makespan: float = 0.0
+    metrics: dict = field(default_factory=dict, repr=False)
+    label: str = ""
     _stats: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -289,12 +250,51 @@ class SimResult:
     def compute(self) -> pd.DataFrame:
         return self.timeline[self.timeline["lane"] == "compute"]
 
+    # ---- headline figures (one place; summary, repr and HTML all read these) -----------------
+    @property
+    def time_per_minibatch_ms(self) -> float:
+        """Steady-state time per minibatch (warm-up and drain excluded; see :func:`steady_state`)."""
+        return self.metrics["time_per_minibatch_ms"]
+
+    @property
+    def throughput_minibatches_per_s(self) -> float:
+        return self.metrics["throughput_minibatches_per_s"]
+
+    @property
+    def throughput_samples_per_s(self) -> float:
+        return self.metrics["throughput_samples_per_s"]
+
+    def _rows(self) -> list:
+        m = self.metrics
+        u = m.get("time_unit", "ms")
+        steady = "" if m["steady_state"] else " (no steady state: makespan / minibatches)"
+        rows = [("schedule", self.schedule.name, ""),
+                ("time per minibatch" + steady, m["time_per_minibatch_ms"], u),
+                ("throughput", m["throughput_minibatches_per_s"] if u == "ms" else 1 / m["time_per_minibatch_ms"],
+                 "minibatches/s" if u == "ms" else "minibatches/unit")]
+        if math.isfinite(m["throughput_samples_per_s"]):
+            rows.append(("throughput", m["throughput_samples_per_s"], "samples/s"))
+        rows += [("makespan", m["makespan"], u), ("minibatches", m["minibatches"], ""),
+                 ("bubble fraction (mean)", m["bubble_fraction_mean"], ""),
+                 ("comm wait share (max)", max(m["comm_wait_share"], default=0.0), "")]
+        return rows
+
+    def __repr__(self) -> str:
+        return one_line("SimResult", self._rows()[:3])
+
+    def _repr_html_(self) -> str:
+        table = pd.DataFrame({"bubble_fraction": self.metrics["bubble_fraction"],
+                              "comm_wait_share": self.metrics["comm_wait_share"],
+                              "peak_activations": self.metrics["peak_activations"]})
+        table.index.name = "worker"
+        return card(f"Simulation of {self.schedule.name}", self._rows(), label=self.label, table=table, max_rows=8)
+
     def summary(self) -> str:
         m = self.metrics
+        u = m.get("time_unit", "ms")
         lines = [f"{self.schedule.name}: {self.label}",
-                 f"makespan {m['makespan']:.4g}, iteration time {m['iteration_time']:.4g} "
-                 f"({m['steps']} step(s)), throughput {m['throughput']:.4g} microbatches/unit time, "
-                 f"rho {m['rho']:.3f}"]
+                 "; ".join(f"{n} {fmt(v, unit)}" for n, v, unit in self._rows()[1:]),
+                 f"makespan {m['makespan']:.4g} {u} ({m['steps']} update(s) of a stage), rho {m['rho']:.3f}"]
         table = pd.DataFrame({k: m[k] for k in ("bubble_fraction", "comm_stall", "peak_activations",
                                                  "peak_activation_bytes", "weight_versions")})
         table.index.name = "worker"
@@ -368,27 +368,23 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
     if profile is None:
         if plan is not None or topology is not None:
             raise ValueError("plan/topology costs need a profile; pass profile=... (or use unit costs fwd=, bwd=)")
-        costs = _unit_costs(schedule, fwd, bwd, allreduce, transfer, weight_fetch, step_ms)
+        costs = _unit_costs(schedule, fwd, bwd, allreduce, transfer, weight_fetch, step_ms, latency_ms,
+                            op_overhead_ms)
     else:
-        costs = _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, microbatch_fraction)
-    costs = _with_fixed_costs(schedule, costs, latency_ms, op_overhead_ms)
+        costs = _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, microbatch_fraction,
+                               latency_ms, op_overhead_ms, overlap_comm)
     return _run(schedule, costs, overlap_comm)
 
 
-def _with_fixed_costs(schedule: Schedule, costs: _Costs, latency_ms, op_overhead_ms) -> _Costs:
-    """``costs`` with the per-message latency and per-op overhead; all-reduces of stages with
-    ``r > 1`` replicas get ``2 (r - 1) · latency_ms`` (ring: 2 (r - 1) messages in sequence)."""
-    for name, v in (("latency_ms", latency_ms), ("op_overhead_ms", op_overhead_ms)):
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(float(v)) or v < 0:
-            raise ValueError(f"{name} must be a finite number >= 0 (ms), got {v!r}")
-    lat, over = float(latency_ms), float(op_overhead_ms)
-    if lat == 0.0 and over == 0.0:
-        return costs
-    ar = [a + 2 * (len(schedule.stage_workers[s]) - 1) * lat if len(schedule.stage_workers[s]) > 1 else a
-          for s, a in enumerate(costs.allreduce_ms)]
-    label = costs.label + f", latency {lat:g} ms/message, overhead {over:g} ms/op"
-    return replace(costs, allreduce_ms=ar, latency_ms=lat, op_overhead_ms=over, label=label)
+def _edge_messages(costs: _Costs, senders, receivers, nbytes, fixed_ms):
+    """(ms, bytes) arrays of messages ``senders[i] -> receivers[i]`` of ``nbytes[i]``, priced by
+    :meth:`_Costs.message` once per distinct (sender, receiver, size)."""
+    if len(senders) == 0:
+        return np.zeros(0), np.zeros(0)
+    keys = np.stack([senders, receivers, nbytes], axis=1)
+    uk, inv = np.unique(keys, axis=0, return_inverse=True)
+    priced = np.array([costs.message(n, int(a), int(b), fixed_ms) for a, b, n in uk.tolist()], dtype=float)
+    return priced[inv.reshape(-1), 0], priced[inv.reshape(-1), 1]
 
 
 def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
@@ -503,22 +499,11 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
     ems = np.zeros(len(src))
     ebytes = np.zeros(len(src))
     xfer = etype == 1
-    if costs.transfer_ms is not None:
-        ems[xfer] = costs.transfer_ms
-        ems[etype == 3] = costs.fetch_ms
-    else:
-        cut = np.minimum(st_a[src], st_a[dst])
-        ebytes[xfer] = np.asarray(costs.cut_bytes, dtype=float)[cut[xfer]]
-        ebytes[etype == 3] = np.asarray(costs.param_bytes, dtype=float)[st_a[src][etype == 3]]
-        cross = np.flatnonzero(etype != 0)
-        if len(cross) and costs.topology is not None:
-            pairs, inv = np.unique(ws_[cross] * W + wd_[cross], return_inverse=True)
-            bw = np.array([costs.bandwidth(int(x) // W, int(x) % W) for x in pairs.tolist()])
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ms = np.where(np.isinf(bw[inv]), 0.0, ebytes[cross] / bw[inv] * 1e3)
-            ems[cross] = ms
-    if costs.latency_ms:  # every message between workers (activation, gradient, weight gradient)
-        ems[(etype == 1) | (etype == 3)] += costs.latency_ms
+    ems[xfer], ebytes[xfer] = _edge_messages(costs, ws_[xfer], wd_[xfer], np.asarray(costs.cut_bytes, dtype=float)[
+        np.minimum(st_a[src], st_a[dst])[xfer]], costs.transfer_ms)
+    push = etype == 3  # a weight gradient pushed to the owner's STEP: the stage's parameter bytes
+    ems[push], ebytes[push] = _edge_messages(costs, ws_[push], wd_[push], np.asarray(costs.param_bytes, dtype=float)[
+        st_a[src][push]], costs.fetch_ms)
     etype[(etype == 1) & (ems == 0) & (ebytes == 0)] = 4
     xfer_count = np.bincount(wd_[xfer], minlength=W).tolist()
     etype = etype.tolist()
@@ -546,6 +531,7 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
     coll_free = [0.0] * W
     ar_reached: dict[tuple[int, int], int] = {}  # (stage, step) -> replicas arrived
     ar_reach_t: dict[tuple[int, int], float] = {}  # (stage, step) -> latest arrival time
+    ar_ready_t: dict[tuple[int, int], float] = {}  # (stage, step) -> earliest start of the all-reduce
     arrived = [False] * N
     comm_rows: list[tuple] = []  # (worker, stage, mb, kind, start, end, version, src, dst, step, bytes)
     level_bytes: dict[int, float] = {}
@@ -558,14 +544,16 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
         key = a * W + b
         lv = level_cache.get(key)
         if lv is None:
-            lv = level_cache[key] = _link_level(topo, a, b)
+            lv = level_cache[key] = link_level(topo, a, b)
         return lv
 
     def finish_ar(key, stack):
         members = ar_group[key]
         s = key[0]
-        t0 = max(ar_reach_t[key], max(coll_free[wof[g]] for g in members))
-        t1 = t0 + ar_ms[s]
+        # overlap: the all-reduce may start with the backward before it (DDP buckets) but cannot
+        # end before every replica finished that backward (CostModel.exposed_allreduce_ms)
+        t0 = max(ar_ready_t[key], max(coll_free[wof[g]] for g in members))
+        t1 = max(t0 + ar_ms[s], ar_reach_t[key])
         sync = ar_reach_t[key]
         ws = [wof[g] for g in members]
         r = len(ws)
@@ -604,6 +592,7 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
                 if not arrived[i]:  # first arrival of this worker at the all-reduce
                     arrived[i] = True
                     ar_reach_t[key] = max(ar_reach_t.get(key, 0.0), fw)
+                    ar_ready_t[key] = max(ar_ready_t.get(key, 0.0), ps if overlap_comm else fw)
                     ar_reached[key] = ar_reached.get(key, 0) + 1
                     if ar_reached[key] == ar_size[key]:
                         ptr[w] = i
@@ -773,15 +762,26 @@ def _assemble(schedule, costs, kc, st, mb, ver, stp, wof, wbeg, wend, start, end
     peak_n, peak_b, versions = _memory(schedule, costs, kc, st, ver, wof, wbeg, wend)
     peak_share = _peak_activation_share(schedule)
     L = makespan if makespan > 0 else float("nan")
+    fraction = costs.fraction if costs.model is not None else default_microbatch_fraction(schedule)
+    steady_mb, is_steady = steady_state(schedule, kc_a, np.asarray(mb), np.asarray(st), end_a, makespan)
+    per_mb = steady_mb / fraction
     metrics = {
         "makespan": makespan,
         "steps": steps,
         "iteration_time": makespan / steps,
         "steady_iteration_time": steady,
         "microbatches": schedule.microbatches,
-        "throughput": schedule.microbatches / L,
+        "microbatch_fraction": fraction,
+        "minibatches": schedule.microbatches * fraction,
+        "time_per_minibatch_ms": per_mb,
+        "steady_state": is_steady,
+        "throughput_minibatches_per_s": 1e3 / per_mb if per_mb > 0 else float("nan"),
+        "throughput_samples_per_s": (costs.batch_size * 1e3 / per_mb) if costs.batch_size and per_mb > 0
+        else float("nan"),
         "rho": work / (L * W),
         "bubble_fraction": [1.0 - b / L for b in busy.tolist()],
+        "bubble_fraction_mean": float(np.mean([1.0 - b / L for b in busy.tolist()])) if W else float("nan"),
+        "comm_wait_share": [x / L for x in stall],
         "busy": busy.tolist(),
         "comm_stall": list(stall),
         "peak_activations": peak_n,
@@ -791,9 +791,48 @@ def _assemble(schedule, costs, kc, st, mb, ver, stp, wof, wbeg, wend, start, end
         "transfers_received": list(xfer_count),
         "weight_fetches": list(fetch_count),
         "bytes_per_level": dict(sorted(level_bytes.items())),
+        "time_unit": "ms" if costs.model is not None else "unit",
         "label": costs.label,
     }
     return SimResult(schedule, timeline, makespan, metrics, costs.label)
+
+
+def steady_state(schedule: Schedule, kc, mb, st, end, makespan: float) -> tuple[float, bool]:
+    """Steady-state time per *microbatch* (time unit of the costs) and whether a steady state exists.
+
+    Microbatch b completes when its last backward op of stage 0 (B, BI or BW) ends. Sorting the
+    completions ``c_0 <= ... <= c_{n-1}``, the steady state is the slope ``(c_hi - c_lo) / (hi - lo)``
+    over the middle (from index ``k`` to ``n - 1 - k``, ``k = max(n/4, microbatches the input stage
+    holds at once)``), which excludes warm-up and drain. Synchronous
+    schedules that update every ``g = max(microbatches_per_step, replicas of stage 0)`` microbatches
+    complete them in bursts,
+    so ``lo`` and ``hi`` are moved to update boundaries (``c_{kg-1}``); fewer than three updates
+    have no steady state and give ``makespan / n`` with ``False``."""
+    n = int(schedule.microbatches)
+    back = ((kc == _B) | (kc == _BI) | (kc == _BW)) & (st == 0)
+    if n < 2 or not back.any():
+        return (makespan / max(n, 1), False)
+    done = pd.Series(end[back]).groupby(mb[back]).max().sort_values().to_numpy()
+    g = int(schedule.microbatches_per_step) if schedule.update != "async" else 1
+    g = max(g, len(schedule.stage_workers[0]), 1)  # a round of the input stage's replicas
+    bounds = np.arange(g - 1, len(done), g)  # completion indices that end an update
+    if len(bounds) < 3:
+        return (makespan / n, False)
+    skip = max(len(done) // 4, _input_in_flight(schedule))
+    inner = bounds[(bounds >= skip) & (bounds <= len(done) - 1 - skip)]
+    if len(inner) < 2:
+        inner = bounds[(bounds >= len(done) // 4) & (bounds <= (3 * len(done)) // 4)]
+    if len(inner) < 2:
+        inner = bounds[1:] if len(bounds) > 3 else bounds
+    lo, hi = int(inner[0]), int(inner[-1])
+    return (float(done[hi] - done[lo]) / (hi - lo), True)
+
+
+def _input_in_flight(schedule: Schedule) -> int:
+    """Microbatches the input stage's workers hold at once (their warm-up and their drain)."""
+    if g := schedule.max_in_flight:
+        return int(sum(g[w] for w in schedule.stage_workers[0] if 0 <= w < len(g)))
+    return 0
 
 
 def _memory(schedule, costs, kc, st, ver, wof, wbeg, wend):
@@ -960,3 +999,29 @@ def fallback_worker_stats(schedule: Schedule, timeline: pd.DataFrame | None = No
         df["busy"] = float("nan")
     df.index.name = "worker"
     return df
+
+
+def simulate_plan(plan, profile, topology=None, microbatches: int | None = None, *, latency_ms=0.0,
+                  op_overhead_ms: float = 0.0, overlap_comm: bool = True) -> SimResult:
+    """Simulate PipeDream's 1F1B schedule of ``plan`` with the plan's own warm-up (``plan.in_flight``,
+    else NOAM) on ``topology`` (default: the topology stored in the plan), ``microbatches``
+    minibatches (default: enough for a steady state)."""
+    from .schedules import build
+
+    if topology is None:
+        topology = plan_topology(plan)
+    if microbatches is None:
+        microbatches = max(32, 4 * plan.in_flight_count * plan.stages[0].replicas)
+    sched = build("pipedream", plan, int(microbatches), warmup=list(plan.in_flight) if plan.in_flight else None)
+    return simulate(sched, profile=profile, plan=plan, topology=topology, latency_ms=latency_ms,
+                    op_overhead_ms=op_overhead_ms, overlap_comm=overlap_comm)
+
+
+def plan_topology(plan):
+    """The :class:`~workbench.topology.Topology` a plan was partitioned for (``plan.meta``), or None."""
+    from .topology import Topology
+
+    levels = (plan.meta or {}).get("topology")
+    if not levels:
+        return None
+    return Topology(tuple((int(c), float(b)) for c, b in levels), name=(plan.meta or {}).get("topology_name", ""))

@@ -29,9 +29,10 @@ the stage pushes its gradient to ``weights_worker``; it belongs to the owner's s
 
 Segments (Seq1F1B). A schedule with ``segment_tokens = (n_1, ..., n_k)`` cuts every sequence into
 k segments; its compute ops carry ``segment`` j in 0..k-1 and the unit of work is the pair
-(microbatch, segment), keyed ``unit = microbatch * k + segment`` (:meth:`Schedule.unit`). Causal
-attention adds two rules on a stage: F(s, b, j) needs F(s, b, j-1) (its keys and values), and the
-backward of (s, b, j) needs the backward of (s, b, j+1) (the gradients of those keys and values).
+(microbatch, segment), keyed ``unit = microbatch * k + segment`` (:meth:`Schedule.unit`) in the
+dataflow keys (:meth:`Schedule.where`, :meth:`Schedule.dependencies`). Causal attention adds two
+rules on a stage: F(s, b, j) needs F(s, b, j-1) (its keys and values), and the backward of
+(s, b, j) needs the backward of (s, b, j+1) (the gradients of those keys and values).
 ``segment_flops[j]`` is segment j's share of a sequence's FLOPs (they sum to 1), the weight
 executors charge it by. ``recompute`` (GPipe re-materialization): a worker keeps only the stage's
 input per (microbatch, segment) in flight and re-runs the forward at the start of its backward.
@@ -43,14 +44,33 @@ transfer of weights follows when it differs from the worker running the op.
 """
 from __future__ import annotations
 
-from collections import defaultdict, deque
 import dataclasses
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cached_property
 from typing import Iterable, Iterator
 
-COMPUTE = ("F", "B", "BI", "BW")
-KINDS = COMPUTE + ("AR", "STEP")
+
+class OpKind(StrEnum):
+    """Op kinds; a ``str`` enum, so ``op.kind == "F"`` and ``str(op.kind) == "F"`` hold."""
+
+    F = "F"
+    B = "B"
+    BI = "BI"
+    BW = "BW"
+    AR = "AR"
+    STEP = "STEP"
+
+
+COMPUTE = (OpKind.F, OpKind.B, OpKind.BI, OpKind.BW)
+KINDS = COMPUTE + (OpKind.AR, OpKind.STEP)
+_COMPUTE_SET = frozenset(COMPUTE)
+Key = tuple  # (kind, stage, microbatch) of a compute op
 UPDATE_RULES = ("sync", "stash", "vertical-sync", "no-stash", "2bw", "async")
+
+
+_KIND_OF = {**{str(k): k for k in OpKind}, **{k: k for k in OpKind}}
 
 
 @dataclass(frozen=True)
@@ -64,8 +84,10 @@ class Op:
     segment: int | None = None  # Seq1F1B: segment of the sequence (None: the whole sequence)
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown op kind {self.kind!r}; expected one of {KINDS}")
+        kind = _KIND_OF.get(self.kind)
+        if kind is None:
+            raise ValueError(f"unknown op kind {self.kind!r}; expected one of {[str(k) for k in KINDS]}")
+        object.__setattr__(self, "kind", kind)
 
     def __str__(self) -> str:
         if self.kind in COMPUTE:
@@ -119,7 +141,8 @@ class Schedule:
         return max(1, len(self.segment_tokens))
 
     def unit(self, op: Op) -> int:
-        """The (microbatch, segment) unit of a compute op as one id: ``microbatch * k + segment``."""
+        """The (microbatch, segment) unit of a compute op as one id: ``microbatch * k + segment``
+        (the microbatch itself when unsegmented); the third element of dataflow keys."""
         return op.microbatch * self.num_segments + (op.segment or 0)
 
     def segment_share(self, op: Op, weight: str = "flops") -> float:
@@ -141,10 +164,73 @@ class Schedule:
     def num_ops(self) -> int:
         return sum(len(o) for o in self.ops)
 
-    def where(self) -> dict[tuple[str, int, int], int]:
-        """(kind, stage, microbatch) -> worker for every compute op (the unit id in place of the
-        microbatch when the schedule has segments, see :meth:`unit`)."""
-        return {(op.kind, op.stage, self.unit(op)): w for w, op in self if op.kind in COMPUTE}
+    def where(self) -> dict[Key, int]:
+        """(kind, stage, microbatch) -> worker for every compute op (cached; do not mutate)."""
+        return self._where
+
+    @cached_property
+    def _where(self) -> dict[Key, int]:
+        return {(op.kind, op.stage, self.unit(op)): w for w, ops in enumerate(self.ops) for op in ops
+                if op.kind in _COMPUTE_SET}
+
+    def dependencies(self) -> dict[Key, tuple[Key, ...]]:
+        """The dataflow edges of the schedule, derived once (cached) and read by the validator's
+        deadlock check, the simulator and the runtime's receive plan: compute-op key ->
+        the keys of the compute ops it consumes (a key may name an op no worker runs; the
+        validator reports it):
+
+        * ``F(s, b)`` <- ``F(s-1, b)`` (the activation; none for s = 0);
+        * ``B(s, b)`` / ``BI(s, b)`` <- ``F(s, b)`` (its own stashed activations) and, for
+          s < S-1, the gradient from ``BI(s+1, b)`` when stage s+1 splits its backward, else
+          ``B(s+1, b)``;
+        * ``BW(s, b)`` <- ``BI(s, b)``;
+        * segments (``b`` is then the unit b·k + j): ``F(s, b)`` also <- ``F(s, b-1)`` for j > 0 and
+          ``B/BI(s, b)`` also <- ``B/BI(s, b+1)`` for j < k-1 (keys/values and their gradients).
+
+        Remote-weight edges of the master family (an op waits for the owner's STEP) are not
+        dataflow between compute ops and are derived by the deadlock check and the simulator."""
+        return self._dependencies
+
+    @cached_property
+    def _dependencies(self) -> dict[Key, tuple[Key, ...]]:
+        where = self._where
+        last = self.num_stages - 1
+        deps: dict[Key, tuple[Key, ...]] = {}
+        for key in where:
+            kind, s, b = key
+            if kind == "F":
+                deps[key] = (("F", s - 1, b),) if s > 0 else ()
+            elif kind == "BW":
+                deps[key] = (("BI", s, b),)
+            elif s < last:
+                nxt = ("BI", s + 1, b) if ("BI", s + 1, b) in where else ("B", s + 1, b)
+                deps[key] = (("F", s, b), nxt)
+            else:
+                deps[key] = (("F", s, b),)
+        k = self.num_segments
+        if k > 1:
+            for key in where:
+                kind, s, b = key
+                if kind == "F" and b % k:
+                    deps[key] += (("F", s, b - 1),)
+                elif kind in ("B", "BI") and b % k < k - 1:
+                    deps[key] += ((kind, s, b + 1),)
+        return deps
+
+    def remote_inputs(self, worker: int) -> list[tuple[int, Key, int]]:
+        """``(op index on worker, producer key, producer worker)`` for every activation or
+        gradient that ``worker`` receives from another worker, in its op order (the runtime's
+        receive plan). From :meth:`dependencies`; a producer of the op's own stage (its forward,
+        BI before BW) never crosses workers in a valid schedule."""
+        where, deps, out = self._where, self._dependencies, []
+        for i, op in enumerate(self.ops[worker]):
+            if op.kind not in _COMPUTE_SET:
+                continue
+            for dep in deps[(op.kind, op.stage, self.unit(op))]:
+                src = where.get(dep, worker)
+                if dep[1] != op.stage and src != worker:
+                    out.append((i, dep, src))
+        return out
 
     def op_at(self, kind: str, stage: int, microbatch: int) -> tuple[int, Op]:
         for w, op in self:
@@ -198,24 +284,10 @@ def with_recompute(schedule: Schedule, recompute: bool = True) -> Schedule:
     return dataclasses.replace(schedule, recompute=bool(recompute))
 
 
-def producers(schedule: Schedule, w: int, op: Op, index: dict) -> list[tuple[str, int, int]]:
-    """Compute-op keys (kind, stage, unit) that ``op`` (a compute op) must wait for; ``unit`` is the
-    microbatch, or :meth:`Schedule.unit` with segments (then also the segment rules, module doc)."""
-    s, b = op.stage, schedule.unit(op)
-    last, k = schedule.num_stages - 1, schedule.num_segments
-    if op.kind == "F":
-        deps = [("F", s - 1, b)] if s > 0 else []
-        return deps + ([("F", s, b - 1)] if op.segment else [])  # keys/values of segment j-1
-    if op.kind == "BW":
-        return [("BI", s, b)]
-    # B or BI: own forward, and the gradient from the next stage
-    deps = [("F", s, b)]
-    if s < last:
-        nxt = ("BI", s + 1, b) if ("BI", s + 1, b) in index else ("B", s + 1, b)
-        deps.append(nxt)
-    if op.segment is not None and op.segment < k - 1:  # gradients of its keys/values from j+1
-        deps.append(("BI", s, b + 1) if ("BI", s, b + 1) in index else ("B", s, b + 1))
-    return deps
+def producers(schedule: Schedule, w: int, op: Op, index: dict | None = None) -> list[Key]:
+    """Compute-op keys (kind, stage, microbatch) that ``op`` (a compute op) must wait for: a thin
+    wrapper over :meth:`Schedule.dependencies` (``w`` and ``index`` are ignored; kept for callers)."""
+    return list(schedule.dependencies()[(op.kind, op.stage, schedule.unit(op))])
 
 
 class ScheduleError(ValueError):
@@ -287,13 +359,14 @@ def _check_deadlock(schedule: Schedule, index: dict) -> None:
     s waits for o's STEP that creates v (its ``step`` v-1); o's AR/STEP of step t waits for every
     backward that pushes a version-t gradient of s to o (B/BW on a worker not holding s)."""
     ops = schedule.ops
+    edges = schedule.dependencies()
     deps: list[list] = []
     ar_count: dict[tuple[int, int], list[int]] = defaultdict(list)
     for w, wops in enumerate(ops):
         d = []
         for op in wops:
             if op.kind in COMPUTE:
-                ds = producers(schedule, w, op, index)
+                ds = edges[(op.kind, op.stage, schedule.unit(op))]
                 for dep in ds:
                     if dep not in index:
                         raise ScheduleError(f"{op} on worker {w} depends on {dep[0]}{dep[1]}.{dep[2]}, which no worker runs")

@@ -38,6 +38,7 @@ import pandas as pd
 
 from .core import Schedule, validate
 from .generators import _check_m, _straight, assign_versions, insert_updates, stage_layout
+from .registry import register
 
 Unit = tuple[int, int]  # (microbatch, segment)
 
@@ -102,6 +103,10 @@ def segment_splits(seq_len: int, k: int, params: float, layers: int, dim: int) -
 def _segments(seq_len, segments, model, split):
     """(tokens, FLOP shares) of the segments: ``model = (P, L, d)`` for the FLOP estimate (None:
     attention-free, FLOPs proportional to tokens); ``split`` "flops" (balanced) or "tokens" (equal)."""
+    if isinstance(model, str):  # "P,L,d" from a command line
+        model = tuple(float(x) for x in model.split(","))
+    if model is not None and len(model) != 3:
+        raise ValueError(f"model must be (P, L, d): parameters, layers, width; got {model!r}")
     P, L, d = model if model is not None else (1.0, 0, 0)
     if split not in ("flops", "tokens"):
         raise ValueError(f"split must be 'flops' (FLOP-balanced) or 'tokens' (equal lengths), got {split!r}")
@@ -181,8 +186,14 @@ def _common(plan, microbatches, segments, seq_len, steps, model, split):
     return layout, M, T, k, tokens, flops, opts
 
 
+@register("seq1f1b", description="Seq1F1B: 1F1B over (microbatch, segment) units, segment backwards in reverse order",
+          source="Sun et al., Seq1F1B (NAACL 2025; arXiv 2406.03488)", options={"segments": "k: segments per sequence", "seq_len": "tokens per sequence (default: segments)",
+                   "steps": "iterations (flushes) in the schedule",
+                   "model": "(P, L, d) of the FLOP estimate, or 'P,L,d' (default: FLOPs proportional to tokens)",
+                   "split": "segment lengths: FLOP-balanced or equal tokens"},
+          choices={"split": ("flops", "tokens")})
 def seq1f1b(plan, microbatches: int, segments: int = 2, seq_len: int | None = None, steps: int = 1,
-            model: tuple | None = None, split: str = "flops") -> Schedule:
+            model: object = None, split: str = "flops") -> Schedule:
     """Seq1F1B on a straight pipeline: per iteration of ``microbatches`` sequences, 1F1B over the
     (microbatch, segment) units with K_s warm-up units (module docstring), then a flush and one
     synchronous step. ``seq_len`` tokens (default: ``segments``) cut by FLOPs of ``model = (P, L,
@@ -201,8 +212,14 @@ def seq1f1b(plan, microbatches: int, segments: int = 2, seq_len: int | None = No
     return _make("seq1f1b", layout, orders, M, T, k, tokens, flops, [min(x, M * k) for x in K], opts)
 
 
+@register("seq1f1b-zb", description="Seq1F1B with ZB-H1's split backward: deferred weight gradients fill the cool-down",
+          source="Sun et al., Seq1F1B (NAACL 2025; arXiv 2406.03488) with Qi et al., Zero Bubble (ICLR 2024)", options={"segments": "k: segments per sequence", "seq_len": "tokens per sequence (default: segments)",
+                   "steps": "iterations (flushes) in the schedule",
+                   "model": "(P, L, d) of the FLOP estimate, or 'P,L,d' (default: FLOPs proportional to tokens)",
+                   "split": "segment lengths: FLOP-balanced or equal tokens"},
+          choices={"split": ("flops", "tokens")})
 def seq1f1b_zb(plan, microbatches: int, segments: int = 2, seq_len: int | None = None, steps: int = 1,
-               model: tuple | None = None, split: str = "flops") -> Schedule:
+               model: object = None, split: str = "flops") -> Schedule:
     """Seq1F1B with ZB-H1's split backward: BI (input and key/value gradients) in Seq1F1B's order,
     BW (weight gradients) deferred to fill the cool-down; no worker holds more units than the input
     stage's ``K_0 = S + k - 1``."""
@@ -222,54 +239,81 @@ def seq1f1b_zb(plan, microbatches: int, segments: int = 2, seq_len: int | None =
 
 
 def interleaved_warmup(P: int, v: int, rank: int, fwd: list, bwd: list) -> int:
-    """Warm-up forwards of ``rank``: Megatron's dependency term ``2 (P - rank - 1)`` (``P - rank - 1``
+    """Warm-up forwards of ``rank``: torch's dependency term ``2 (P - 1 - rank)`` (``P - 1 - rank``
     when v = 1) plus the rank's own lag ``max_n (pos_F(bwd[n]) - n)``: the steady phase issues
     forward ``warm + n`` just before backward n, and backward n needs the forward of its own (stage,
-    unit), at position ``pos_F`` in ``fwd``. Without segments the lag is Megatron's ``(v - 1) P``;
-    with v = 1 the sum is Seq1F1B's ``K_s - 1 = S - s + k - 2``. Capped at the number of forwards."""
+    unit), at position ``pos_F`` in ``fwd``. Without segments the lag is torch's ``(v - 1) m``; with
+    v = 1 the sum is Seq1F1B's ``K_s - 1 = S - s + k - 2``. Capped at the number of forwards."""
     pos = {key[1:]: i for i, key in enumerate(fwd)}
     lag = max(pos[key[1:]] - n for n, key in enumerate(bwd))
-    return min((2 if v > 1 else 1) * (P - rank - 1) + lag, len(fwd))
+    return min((2 if v > 1 else 1) * (P - 1 - rank) + lag, len(fwd))
 
 
+def interleaved_units_order(rank: int, P: int, v: int, fu: list[Unit], bu: list[Unit]) -> list[tuple]:
+    """Torch's interleaved 1F1B order (``ScheduleInterleaved1F1B``, see
+    :func:`~workbench.schedules.generators.interleaved_order`) over units: with m units per round,
+    the i-th forward runs chunk ``(i // m) mod v`` (stage chunk P + rank) of forward unit
+    ``m (i // (m v)) + i mod m``; the i-th backward chunk ``v - 1 - (i // m) mod v`` of the backward
+    unit with that index; warm-up :func:`interleaved_warmup`."""
+    U = len(fu)
+    rounds = max(1, U // P) if v > 1 else 1  # one chunk: rounds do not change the order
+    if U % rounds:
+        raise ValueError(f"seq1f1b-interleaved: {U} units (microbatches x segments) on {P} workers run in "
+                         f"{rounds} rounds of equal size, which needs the units to be a multiple of {rounds}; "
+                         f"change microbatches or segments")
+    m, total = U // rounds, U * v
+
+    def key(i, kind):
+        grp, r = divmod(i, m * v)
+        chunk = r // m if kind == "F" else v - 1 - r // m
+        return (kind, chunk * P + rank, (fu if kind == "F" else bu)[grp * m + r % m])
+
+    fwd, bwd = [key(i, "F") for i in range(total)], [key(i, "B") for i in range(total)]
+    warm = interleaved_warmup(P, v, rank, fwd, bwd)
+    out = fwd[:warm]
+    for i in range(total - warm):
+        out += [fwd[warm + i], bwd[i]]
+    return out + bwd[total - warm:]
+
+
+@register("seq1f1b-interleaved", description="Seq1F1B with interleaving: `chunks` stages per worker over (microbatch, segment) units",
+          source="Sun et al., Seq1F1B (NAACL 2025; arXiv 2406.03488) with Narayanan et al., Megatron-LM (SC 2021)", stages_per_worker="chunks", options={"segments": "k: segments per sequence", "seq_len": "tokens per sequence (default: segments)",
+                   "steps": "iterations (flushes) in the schedule",
+                   "model": "(P, L, d) of the FLOP estimate, or 'P,L,d' (default: FLOPs proportional to tokens)",
+                   "split": "segment lengths: FLOP-balanced or equal tokens",
+                   "chunks": "stages per worker (stage s on worker s mod P)"},
+          choices={"split": ("flops", "tokens")})
 def seq1f1b_interleaved(plan, microbatches: int, segments: int = 2, chunks: int = 2, seq_len: int | None = None,
-                        steps: int = 1, model: tuple | None = None, split: str = "flops") -> Schedule:
-    """Interleaved Seq1F1B: S = P v stages on P workers (stage s on worker s mod P); Megatron's
-    interleaved 1F1B over units: the i-th forward of a rank runs chunk ``(i // P) mod v`` of forward
-    unit ``P (i // (P v)) + i mod P`` (backward: chunk ``v - 1 - (i // P) mod v`` of the backward
-    unit with that index). Needs ``microbatches * segments`` to be a multiple of P."""
+                        steps: int = 1, model: object = None, split: str = "flops") -> Schedule:
+    """Interleaved Seq1F1B: S = P v stages on P workers (stage s on worker s mod P), torch's
+    interleaved 1F1B order over (microbatch, segment) units (:func:`interleaved_units_order`),
+    a flush and one synchronous step per iteration."""
     base, M, T, k, tokens, flops, opts = _common(plan, microbatches, segments, seq_len, steps, model, split)
     _straight(base, "seq1f1b-interleaved")
     S, v = len(base), _check_m(chunks, "chunks")
     if S % v:
         raise ValueError(f"seq1f1b-interleaved: {S} stages do not split into chunks={v} per worker; "
                          f"pass a stage count that is a multiple of chunks")
-    P, total = S // v, M * k * v
-    if (M * k) % P:
-        raise ValueError(f"seq1f1b-interleaved needs microbatches x segments ({M} x {k}) to be a multiple of "
-                         f"the {P} workers; pick microbatches or segments accordingly")
+    P = S // v
     layout = tuple((s % P,) for s in range(S))
     orders, cap = [], []
     for rank in range(P):
-        o = []
-        for t in range(T):
-            mbs = list(range(t * M, (t + 1) * M))
-            fu, bu = forward_units(mbs, k), backward_units(mbs, k)
-
-            def key(i, kind, fu=fu, bu=bu):
-                grp, r = divmod(i, P * v)
-                chunk = r // P if kind == "F" else v - 1 - r // P
-                return (kind, chunk * P + rank, (fu if kind == "F" else bu)[grp * P + r % P])
-
-            fwd, bwd = [key(i, "F") for i in range(total)], [key(i, "B") for i in range(total)]
-            warm = interleaved_warmup(P, v, rank, fwd, bwd)
-            it = fwd[:warm]
-            for i in range(total - warm):
-                it += [fwd[warm + i], bwd[i]]
-            o += it + bwd[total - warm:]
-        orders.append(o)
-        cap.append(min(warm + 1, total))
+        it = interleaved_units_order(rank, P, v, forward_units(list(range(M)), k), backward_units(list(range(M)), k))
+        orders.append([(kd, s, (b + t * M, j)) for t in range(T) for kd, s, (b, j) in it])
+        cap.append(_in_flight(it))
     return _make("seq1f1b-interleaved", layout, orders, M, T, k, tokens, flops, cap, opts | {"chunks": v})
+
+
+def _in_flight(order: list[tuple]) -> int:
+    """Most units forwarded and not yet backwarded in one worker's order."""
+    live, peak = set(), 0
+    for kind, s, u in order:
+        if kind == "F":
+            live.add((s, u))
+            peak = max(peak, len(live))
+        elif kind in ("B", "BW"):
+            live.discard((s, u))
+    return peak
 
 
 def describe_units(schedule: Schedule, worker: int) -> str:
