@@ -149,6 +149,7 @@ def test_seq1f1b_zb_fills_the_cool_down():
 
 
 # ---- real run: 2 gloo ranks vs the whole-sequence reference -----------------------------------
+@pytest.mark.distributed
 def test_runtime_gradients_equal_whole_sequence_reference():
     """pydocs text, float64, a 2-block causal transformer whose attention reads earlier segments'
     keys and values: Seq1F1B (unequal FLOP-balanced segments), its ZB and interleaved (4 stages on 2
