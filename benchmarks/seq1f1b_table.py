@@ -3,8 +3,9 @@
 a 4-stage model on 4 workers, 8 microbatches; communication free).
 
 Memory is ``max_w peak_activation_share``: sequences' activations of one of the 4 model quarters,
-so an interleaved worker's half-size stages count 1/2 each. Recompute rows also give
-``peak_activation_bytes`` from PipeDream's vgg16 GPU profile (4-stage straight plan, 10 GB/s).
+so an interleaved worker's half-size stages count 1/2 each (recompute rows: n/a, their saving is
+in bytes: ``recompute_bytes`` models it from PipeDream's vgg16 GPU profile, 4-stage straight plan,
+10 GB/s). ``measured_memory`` runs the segment runtime on 2 gloo ranks and measures it.
 
     PYTHONPATH=. python benchmarks/seq1f1b_table.py
 """
@@ -34,7 +35,7 @@ def table(workers: int = 4, microbatches: int = 8, fwd: float = 1.0, bwd: float 
         m = res.metrics
         rows.append({"schedule": name, "options": ", ".join(f"{k}={v}" for k, v in opts.items()),
                      "makespan": res.makespan, "bubble": max(m["bubble_fraction"]),
-                     "peak_activations": max(m["peak_activation_share"]) / chunks})
+                     "peak_activations": float("nan") if sched.recompute else max(m["peak_activation_share"]) / chunks})
     return pd.DataFrame(rows)
 
 
@@ -48,7 +49,31 @@ def recompute_bytes(microbatches: int = 8) -> pd.DataFrame:
     return pd.DataFrame(out, index=[f"worker {w} GiB" for w in range(4)] + ["makespan ms"])
 
 
+
+
+def measured_memory(seq_len: int = 64, microbatches: int = 4, batch: int = 2) -> pd.DataFrame:
+    """Measured (2 gloo ranks on this CPU, float64, pydocs text, a 2-block d=32 segment transformer):
+    peak bytes autograd keeps for the backward plus stage inputs, per rank (runtime.segments)."""
+    from workbench.models.segmented import flop_model, segment_gpt
+    from workbench.runtime import segments as R
+
+    x, y, vocab = R.pydocs_batch(microbatches * batch, seq_len, seed=0)
+    model = dict(vocab=vocab, context=seq_len, dim=32, num_layers=2, heads=2, seed=0)
+    P = flop_model(segment_gpt(**model))
+    cases = [("pipedream-flush", {}), ("seq1f1b", {"segments": 2}), ("seq1f1b", {"segments": 4}),
+             ("pipedream-flush", {"recompute": True}), ("seq1f1b", {"segments": 4, "recompute": True})]
+    scheds = [build(n, 2, microbatches, **(o | ({"seq_len": seq_len, "model": P} if "segments" in o else {})))
+              for n, o in cases]
+    outs = R.run([R.SegmentJob(s, x, y, model=model, timeout_s=300) for s in scheds])
+    return pd.DataFrame([{"schedule": n, "options": ", ".join(f"{k}={v}" for k, v in o.items()),
+                          **{f"rank {r} KiB": b / 1024 for r, b in enumerate(out["peak_saved_bytes"])}}
+                         for (n, o), out in zip(cases, outs)])
+
+
 if __name__ == "__main__":
-    print(table().to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    fmt = lambda x: f"{x:.3f}"  # noqa: E731
+    print(table().to_string(index=False, float_format=fmt))
     print()
-    print(recompute_bytes().to_string(float_format=lambda x: f"{x:.3f}"))
+    print(recompute_bytes().to_string(float_format=fmt))
+    print()
+    print(measured_memory().to_string(index=False, float_format=lambda x: f"{x:.1f}"))

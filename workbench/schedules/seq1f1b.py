@@ -104,7 +104,10 @@ def _segments(seq_len, segments, model, split):
     """(tokens, FLOP shares) of the segments: ``model = (P, L, d)`` for the FLOP estimate (None:
     attention-free, FLOPs proportional to tokens); ``split`` "flops" (balanced) or "tokens" (equal)."""
     if isinstance(model, str):  # "P,L,d" from a command line
-        model = tuple(float(x) for x in model.split(","))
+        try:
+            model = tuple(float(x) for x in model.split(","))
+        except ValueError:
+            raise ValueError(f"model must be 'P,L,d' (parameters, layers, width), got {model!r}") from None
     if model is not None and len(model) != 3:
         raise ValueError(f"model must be (P, L, d): parameters, layers, width; got {model!r}")
     P, L, d = model if model is not None else (1.0, 0, 0)
