@@ -176,3 +176,14 @@ def test_runtime_gradients_equal_whole_sequence_reference():
                 torch.testing.assert_close(out["grads"][s][k], ref["grads"][s][k], rtol=1e-10, atol=1e-12)
                 torch.testing.assert_close(out["weights"][s][k], ref["weights"][s][k], rtol=1e-10, atol=1e-12)
     assert outs[0]["peak_saved_bytes"][0] < outs[3]["peak_saved_bytes"][0]
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_unit_busy_time_is_one_number(recompute):
+    """worker_stats' unit-cost busy time (no timeline) equals the simulator's (F = 1, B = 2)."""
+    from workbench.schedules import worker_stats
+
+    for sched in (q.seq1f1b_zb(4, 8, segments=2, seq_len=64, model=GPT_SMALL), q.seq1f1b(3, 4, segments=3)):
+        sched = dataclasses.replace(sched, recompute=recompute)
+        sim = simulate(sched, fwd=1.0, bwd=2.0)
+        assert worker_stats(sched)["busy"].tolist() == pytest.approx(sim.worker_stats["busy"].tolist())
