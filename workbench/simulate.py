@@ -408,7 +408,8 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
     kc_a = np.asarray(kc, dtype=np.int64)
     st_a = np.asarray(st, dtype=np.int64)
     mb_a = np.asarray(mb, dtype=np.int64)
-    un_a = np.asarray([schedule.unit(o) if k < 4 else o.microbatch for o, k in zip(flat, kc)], dtype=np.int64)
+    un_a = mb_a if not schedule.segment_tokens else np.asarray(
+        [schedule.unit(o) if k < 4 else o.microbatch for o, k in zip(flat, kc)], dtype=np.int64)
     gids = np.arange(N, dtype=np.int64)
     is_comp = kc_a < 4
     if ((st_a < 0) | (st_a >= S)).any() or (is_comp & ((un_a < 0) | (un_a >= M))).any():
@@ -513,7 +514,10 @@ def _run(schedule: Schedule, costs: _Costs, overlap_comm: bool) -> SimResult:
     # ---- durations ----------------------------------------------------------------------
     comp = costs.compute
     over = costs.op_overhead_ms
-    dur = [_op_ms(schedule, op, comp) + over if k < 5 else 0.0 for op, k in zip(flat, kc)]
+    if schedule.segment_tokens or schedule.recompute:
+        dur = [_op_ms(schedule, op, comp) + over if k < 5 else 0.0 for op, k in zip(flat, kc)]
+    else:
+        dur = [comp[k][s] + over if k < 5 else 0.0 for k, s in zip(kc, st)]
 
     # ---- the sweep ------------------------------------------------------------------------
     INF = math.inf
