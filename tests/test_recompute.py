@@ -60,6 +60,7 @@ def test_plan_that_does_not_fit_fits_with_recompute(vgg16):
     plan = partition(vgg16, topo, straight=True, memory_bytes=limit, recompute=True)
     assert plan.meta["recompute"] and plan.bottleneck_ms == pytest.approx(free.bottleneck_ms)
     assert max(_stage_bytes(vgg16, plan, K, recompute=True)) <= limit
+    assert max(plan.stage_memory_bytes) <= limit  # the cost model's figures of the plan agree
     assert max(_stage_bytes(vgg16, plan, K, recompute=False)) > limit  # would not fit without it
 
 
