@@ -188,3 +188,11 @@ def test_unit_busy_time_is_one_number(recompute):
         sched = dataclasses.replace(sched, recompute=recompute)
         sim = simulate(sched, fwd=1.0, bwd=2.0)
         assert worker_stats(sched)["busy"].tolist() == pytest.approx(sim.worker_stats["busy"].tolist())
+
+
+def test_torch_csv_refuses_segments():
+    from workbench.schedules import to_torch_csv
+
+    with pytest.raises(ValueError, match="segments"):
+        to_torch_csv(q.seq1f1b(2, 2, segments=2))
+    assert to_torch_csv(q.seq1f1b(2, 2, segments=1)) == to_torch_csv(build("pipedream-flush", 2, 2))

@@ -332,3 +332,27 @@ def test_result_schema_metrics_and_save(tmp_path):
     out = res.save(tmp_path / "sim")
     assert {p.name for p in out.iterdir()} == {"timeline.csv", "metrics.json", "timeline.html"}
     assert len(pd.read_csv(out / "timeline.csv")) == len(tl)
+
+
+# ---- one default split, one timeline schema ---------------------------------------------------
+def test_simulator_and_runtime_split_the_same_way_by_default():
+    """Mini VGG-16 has 16 layers; on 4 stages both cut after layers 3, 7, 11 (Plan.even)."""
+    from workbench.plan import Plan
+    from workbench.runtime.stages import even_bounds
+    from workbench.simulate import _stage_ranges
+
+    prof = profile([1.0] * 15 + [30.0], [2.0] * 16, [0.0] * 16, [0.0] * 16)  # a heavy last layer
+    sched = gpipe(4, 2)
+    assert _stage_ranges(sched, prof, None) == even_bounds(16, 4) == [(0, 3), (4, 7), (8, 11), (12, 15)]
+    assert [s.last for s in Plan.even(10, 4).stages] == [2, 5, 7, 9]
+
+
+def test_timeline_schema_is_shared_with_the_runtime():
+    from workbench.runtime.outputs import TIMELINE_COLUMNS as MEASURED
+    from workbench.timeline import COMMON_COLUMNS
+
+    tl = simulate(one_f_one_b(2, 3), transfer=0.5).timeline
+    assert set(COMMON_COLUMNS) <= set(tl.columns) and set(COMMON_COLUMNS) <= set(MEASURED)
+    assert (tl["round"] == 0).all() and (tl["step"] == tl["round"]).all()
+    steps = tl[tl["kind"] == "STEP"].sort_values("start")
+    assert sorted(steps.loc[steps["stage"] == 0, "update"]) == [0, 1, 2]  # update index of the stage

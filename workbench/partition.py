@@ -667,8 +667,7 @@ def partition_equal_layers(profile: Profile, stages: int, topology: Topology | N
     get one more layer); stage k on worker k. Times modeled under ``topology`` when given."""
     L = _layers(profile)
     S = _check_stages(L, stages)
-    sizes = [L.n // S + (1 if k < L.n % S else 0) for k in range(S)]
-    return _straight_plan(profile, list(np.cumsum(sizes) - 1), "equal-layers", topology)
+    return _straight_plan(profile, [s.last for s in Plan.even(L.n, S).stages], "equal-layers", topology)
 
 
 def partition_balanced_time(profile: Profile, stages: int, topology: Topology | None = None) -> Plan:

@@ -6,6 +6,7 @@ stage 0 gets the first ``replicas`` workers, stage 1 the next ones, and so on.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -85,6 +86,21 @@ class Plan:
             stages.append(Stage(first, int(last), int(r), tuple(range(w, w + r))))
             first, w = int(last) + 1, w + r
         return cls(tuple(stages), **kw)
+
+    @classmethod
+    def even(cls, num_layers: int, num_stages: int, **kw) -> "Plan":
+        """THE default split wherever no plan is given (simulator, runtime, baselines): contiguous
+        stages of near-equal layer counts, the first ``num_layers mod num_stages`` one layer longer,
+        stage k on worker k. (A profile-aware split is a plan: ``partition`` or
+        ``partition_balanced_time``.)"""
+        if isinstance(num_stages, bool) or int(num_stages) != num_stages or num_stages < 1:
+            raise ValueError(f"stages must be a positive integer, got {num_stages!r}")
+        if num_stages > num_layers:
+            raise ValueError(f"cannot split {num_layers} layers into {num_stages} non-empty stages; "
+                             f"use at most {num_layers} stages or a deeper model")
+        base, extra = divmod(int(num_layers), int(num_stages))
+        lasts = list(itertools.accumulate(base + (1 if k < extra else 0) for k in range(int(num_stages))))
+        return cls.from_boundaries([x - 1 for x in lasts], **kw)
 
     @property
     def num_stages(self) -> int:
@@ -189,7 +205,7 @@ class Plan:
             k = self.in_flight[i] if self.in_flight else ""
             mem = f"{self.stage_memory_bytes[i] / 2**30:.3g}" if self.stage_memory_bytes else ""
             rows.append(f"{i:>5} {f'{s.first}-{s.last}':>11} {s.replicas:>8} {ws:>14} {s.time_ms:>10.3f} {k:>9} {mem:>8}")
-        rows.append(f"DP estimate {self.bottleneck_ms:.3f} ms/minibatch (modeled), NOAM {self.noam}, "
+        rows.append(f"DP estimate (bottleneck stage or cut) {self.bottleneck_ms:.3f} ms/minibatch (modeled), NOAM {self.noam}, "
                     f"speedup x{self.speedup_over_single:.2f} vs 1 worker, "
                     f"x{self.speedup_over_data_parallel:.2f} vs data parallel")
         if math.isfinite(self.predicted_ms):

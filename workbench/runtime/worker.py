@@ -130,7 +130,7 @@ class PipelineExecutor:
 
     def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], groups: dict):
         self.ctx, self.schedule, self.model = ctx, schedule, model
-        if schedule.segment_tokens:
+        if schedule.num_segments > 1:
             raise ValueError(f"{schedule.name} cuts sequences into segments; this runtime runs layer-sequential "
                              f"models on whole microbatches: use workbench.runtime.segments.run")
         self.rank, self.S, self.M = ctx.rank, schedule.num_stages, schedule.microbatches

@@ -27,6 +27,7 @@ for _m in pkgutil.iter_modules(__path__):  # registers every schedule of the pac
 from .generators import noam_warmup, stage_layout  # noqa: E402
 from .master import JobCosts, from_placement, list_schedule, placement  # noqa: E402
 from .stats import worker_stats  # noqa: E402
+from .torch_csv import from_torch_csv, to_torch_csv  # noqa: E402
 
 NAMES: list[str] = list(REGISTRY)
 DESCRIPTIONS: dict[str, str] = {n: s.description for n, s in REGISTRY.items()}
@@ -47,4 +48,4 @@ def build(name: str, plan_or_stage_count, microbatches: int, recompute: bool = F
 __all__ = ["COMPUTE", "KINDS", "UPDATE_RULES", "Op", "OpKind", "Schedule", "ScheduleError", "in_flight_peak",
            "validate", "producers", "build", "NAMES", "DESCRIPTIONS", "REGISTRY", "Option", "ScheduleSpec", "register",
            "spec", "markdown_table", "from_placement", "list_schedule", "placement", "JobCosts", "worker_stats",
-           "noam_warmup", "stage_layout", "with_recompute"]
+           "noam_warmup", "stage_layout", "to_torch_csv", "from_torch_csv", "with_recompute"]

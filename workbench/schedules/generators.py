@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from .core import Op, Schedule, validate
+from .core import Op, OpKind, Schedule, make_op, validate
 from .registry import register
 
 Key = tuple[str, int, int]  # (kind, stage, microbatch)
@@ -163,7 +163,14 @@ def assign_versions(orders: list[list[tuple]], rule: str, two_bw_batch: int = 0)
             return v
         raise ValueError(f"unknown update rule {rule!r}")
 
-    return [[Op(k, s, x, version(k, s, x)) if k not in ("AR", "STEP") else Op(k, s, step=x)
+    kinds = {str(k): k for k in OpKind}
+    if rule in ("sync", "async", "no-stash"):  # the common cases inline
+        get = local.__getitem__
+    elif rule == "stash":
+        get = lambda key: local[("F", key[1], key[2])]  # noqa: E731
+    else:
+        get = lambda key: version(*key)  # noqa: E731
+    return [[make_op(kinds[k], s, x, get((k, s, x))) if k != "AR" and k != "STEP" else make_op(kinds[k], s, step=x)
              for k, s, x in ops] for ops in orders]
 
 
