@@ -72,22 +72,32 @@ def test_claims_csv_has_the_contract_columns_and_labels(out03):
         assert (claims["claim"] == claim_text).any()
     done = claims.dropna(subset=["ours"])
     assert (done["ratio"] - done["ours"] / done["paper"]).abs().max() < 1e-9
-    for name in ("accuracy_vs_epoch", "accuracy_vs_time_measured", "accuracy_vs_time_modeled"):
+    for name in ("accuracy_vs_epoch", "accuracy_vs_time_measured", "accuracy_vs_time_modeled",
+                 "ablation_weight_stashing"):
         assert (out03 / f"{name}.html").stat().st_size > 10_000
 
 
 def test_pipedream_with_stashing_reaches_the_target_and_without_stashing_does_worse(out03):
-    stats = pd.read_csv(out03 / "statistical.csv").set_index("scheme")
+    """The ablation setting (a learning rate where staleness bites, several seeds): every seed of
+    PipeDream with weight stashing reaches the target; without stashing fewer seeds do, or later, or
+    to a lower final accuracy."""
+    stats = pd.read_csv(out03 / "statistical.csv")
+    stats = stats[stats["setting"] == "ablation"].set_index("scheme")
     stash, nostash = stats.loc["pipedream"], stats.loc["pipedream-no-stash"]
     assert stash["reached"] == stash["seeds"], "PipeDream with weight stashing must reach the target in every seed"
     worse = (nostash["reached"] < stash["reached"]
              or nostash["epochs_to_target"] > stash["epochs_to_target"]
              or nostash["final_accuracy"] < stash["final_accuracy"])
     assert worse, stats.loc[["pipedream", "pipedream-no-stash"]].to_string()
+    assert stash["seeds"] >= 3
 
 
 def test_pipedream_reaches_the_target_no_later_than_bsp_in_modeled_time_on_cluster_a(out03):
+    """At the paper's headline size (16 GPUs = 4 Cluster-A servers) PipeDream's time to target is at
+    most BSP's; where PipeDream's plan is plain data parallelism the two are the same scheme and tie."""
     tta_df = pd.read_csv(out03 / "time_to_target.csv")
-    for gpus, g in tta_df.groupby("gpus"):
-        t = g.set_index("scheme")["tta_single_gpu_epochs_modeled"]
-        assert t["pipedream"] <= t["dp-bsp"] or math.isnan(t["dp-bsp"]), f"{gpus} GPUs: {t.to_dict()}"
+    t = tta_df.pivot(index="gpus", columns="scheme", values="tta_single_gpu_epochs_modeled")
+    assert t.loc[16, "pipedream"] <= t.loc[16, "dp-bsp"], t.to_string()
+    stages = tta_df[tta_df["scheme"] == "pipedream"].set_index("gpus")["stages"]
+    for gpus in stages[stages == 1].index:
+        assert t.loc[gpus, "pipedream"] == pytest.approx(t.loc[gpus, "dp-bsp"])

@@ -22,7 +22,7 @@ def _build(name: str, workers: int, microbatches: int):
     return schedules.build(name, stages, microbatches, **opts)
 
 
-@pytest.mark.parametrize("workers,microbatches", [(2, 4), (4, 8), (3, 6)])
+@pytest.mark.parametrize("workers,microbatches", [(2, 6), (4, 8), (4, 12)])
 def test_unit_cost_simulation_equals_every_closed_form(workers, microbatches):
     """GPipe / 1F1B (p-1)/(m+p-1), interleaved (p-1)/(vm+p-1), ZB-H1 (p-1)/(3m+p-1), model parallel
     (p-1)/p, data parallel 0: the simulator with F=1, B=2 reproduces each."""

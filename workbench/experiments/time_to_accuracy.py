@@ -52,14 +52,18 @@ class Config:
     """One experiment's parameters (the notebook's ``parameters`` cell fills it)."""
 
     model: str = "mlp"
-    workers: int = 8
+    workers: int = 4
     microbatches: int = 8
     batch_size: int = 64
-    lr: float = 0.1
+    lr: float = 0.05
     epochs: int = 8
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     target: float = 0.9
     schemes: tuple[str, ...] = tuple(SCHEMES)
+    # the weight-stashing ablation: PipeDream's variants again at a learning rate where staleness bites
+    ablation_lr: float = 0.1
+    ablation_schemes: tuple[str, ...] = ("pipedream", "pipedream-no-stash", "pipedream-vertical-sync")
+    ablation_seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     profile: str = "vgg16"
     preset: str = CLUSTER_A
     gpus: tuple[int, ...] = (4, 8, 16)
@@ -67,7 +71,7 @@ class Config:
     model_options: dict = field(default_factory=lambda: {"in_features": 64, "width": 128})  # digits
 
     def __post_init__(self):
-        bad = sorted(set(self.schemes) - set(SCHEMES))
+        bad = sorted((set(self.schemes) | set(self.ablation_schemes)) - set(SCHEMES))
         if bad:
             raise ValueError(f"unknown scheme(s) {bad}; choose from {list(SCHEMES)}")
         if self.workers < 2:
@@ -89,31 +93,38 @@ def _presets() -> dict:
 
 
 # ---- statistical efficiency: real runs ---------------------------------------------------------
+def run_list(cfg: Config) -> list[tuple[str, str, int, float]]:
+    """(setting, scheme, seed, lr) of every training run: ``main`` (every scheme at ``cfg.lr``) and
+    ``ablation`` (PipeDream's weight rules at ``cfg.ablation_lr``)."""
+    main = [("main", sc, seed, cfg.lr) for sc in cfg.schemes for seed in cfg.seeds]
+    return main + [("ablation", sc, seed, cfg.ablation_lr) for sc in cfg.ablation_schemes for seed in cfg.ablation_seeds]
+
+
 def train_runs(cfg: Config, out_dir) -> pd.DataFrame:
-    """Train every (scheme, seed) for ``cfg.epochs`` epochs with the runtime (one spawn for all jobs:
-    they share the worker count) into ``out_dir/runs/<scheme>-s<seed>``. Returns the learning curves:
-    one row per (scheme, seed, epoch) with ``test_accuracy``, ``test_loss`` and ``wall_s`` (measured
-    seconds since the run's start at the end of that epoch, test evaluation included)."""
+    """Train every run of :func:`run_list` for ``cfg.epochs`` epochs with the runtime (one spawn for
+    all jobs: they share the worker count) into ``out_dir/runs/<setting>-<scheme>-s<seed>``. Returns
+    the learning curves: one row per (setting, scheme, seed, epoch) with ``test_accuracy``,
+    ``test_loss`` and ``wall_s`` (measured seconds since the run's start at the end of that epoch,
+    test evaluation included)."""
     from ..runtime import prepare, run_jobs
 
-    jobs, keys = [], []
-    for scheme in cfg.schemes:
+    runs = run_list(cfg)
+    jobs = []
+    for setting, scheme, seed, lr in runs:
         name, opts = SCHEMES[scheme]
-        for seed in cfg.seeds:
-            out = Path(out_dir) / "runs" / f"{scheme}-s{seed}"
-            jobs.append(prepare(cfg.model, name, workers=cfg.workers, microbatches=cfg.microbatches,
-                                epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr, seed=seed, out=out,
-                                progress=False, schedule_options=dict(opts), allow_oversubscribe=True,
-                                timeout_s=cfg.timeout_s, **cfg.model_options))
-            keys.append((scheme, seed))
+        out = Path(out_dir) / "runs" / f"{setting}-{scheme}-s{seed}"
+        jobs.append(prepare(cfg.model, name, workers=cfg.workers, microbatches=cfg.microbatches, epochs=cfg.epochs,
+                            batch_size=cfg.batch_size, lr=lr, seed=seed, out=out, progress=False,
+                            schedule_options=dict(opts), allow_oversubscribe=True, timeout_s=cfg.timeout_s,
+                            **cfg.model_options))
     summaries = run_jobs(jobs)
-    return pd.concat([_curve(s, k) for s, k in zip(summaries, keys)], ignore_index=True)
+    return pd.concat([_curve(s, r) for s, r in zip(summaries, runs)], ignore_index=True)
 
 
-def _curve(summary: dict, key: tuple[str, int]) -> pd.DataFrame:
+def _curve(summary: dict, run: tuple[str, str, int, float]) -> pd.DataFrame:
     m = pd.read_csv(Path(summary["out"]) / "metrics.csv")
     ends = m.dropna(subset=["test_accuracy"])
-    return pd.DataFrame(dict(scheme=key[0], seed=key[1], epoch=ends["epoch"].astype(int).to_numpy() + 1,
+    return pd.DataFrame(dict(setting=run[0], scheme=run[1], seed=run[2], epoch=ends["epoch"].astype(int).to_numpy() + 1,
                              test_accuracy=ends["test_accuracy"].to_numpy(float),
                              test_loss=ends["test_loss"].to_numpy(float),
                              wall_s=ends["wall_ms"].to_numpy(float) / 1e3,
@@ -122,13 +133,13 @@ def _curve(summary: dict, key: tuple[str, int]) -> pd.DataFrame:
 
 
 def epochs_to_target(curves: pd.DataFrame, target: float) -> pd.DataFrame:
-    """Per (scheme, seed): the first epoch whose test accuracy is >= ``target`` (NaN: never),
+    """Per (setting, scheme, seed): the first epoch whose test accuracy is >= ``target`` (NaN: never),
     the best and final accuracy, and ``diverged`` (a non-finite test loss)."""
     rows = []
-    for (scheme, seed), g in curves.groupby(["scheme", "seed"], sort=False):
+    for (setting, scheme, seed), g in curves.groupby(["setting", "scheme", "seed"], sort=False):
         g = g.sort_values("epoch")
         hit = g[g["test_accuracy"] >= target]
-        rows.append(dict(scheme=scheme, seed=seed, target=target,
+        rows.append(dict(setting=setting, scheme=scheme, seed=seed, lr=float(g["lr"].iloc[0]), target=target,
                          epochs_to_target=float(hit["epoch"].iloc[0]) if len(hit) else math.nan,
                          wall_s_to_target=float(hit["wall_s"].iloc[0]) if len(hit) else math.nan,
                          wall_s_per_epoch=float(g["wall_s"].iloc[-1] / g["epoch"].iloc[-1]),
@@ -139,12 +150,14 @@ def epochs_to_target(curves: pd.DataFrame, target: float) -> pd.DataFrame:
 
 
 def statistical_summary(per_seed: pd.DataFrame) -> pd.DataFrame:
-    """Per scheme over seeds: how many reached the target, mean / min / max epochs to target (over
-    the seeds that reached it), mean and spread of the final accuracy, measured seconds per epoch."""
-    g = per_seed.groupby("scheme", sort=False)
-    return pd.DataFrame(dict(
-        seeds=g.size(), reached=g["epochs_to_target"].count(),
-        epochs_to_target=g["epochs_to_target"].mean(), epochs_min=g["epochs_to_target"].min(),
+    """Per scheme over seeds: ``epochs_to_target`` = the mean over seeds, +inf when any seed never
+    reaches the target (a scheme that fails for some seeds has no dependable time to target); how many
+    reached, min / max / mean epochs over the seeds that reached, mean and spread of the final
+    accuracy, measured seconds per epoch."""
+    g = per_seed.assign(e=per_seed["epochs_to_target"].fillna(math.inf)).groupby(["setting", "scheme"], sort=False)
+    return pd.DataFrame(dict(lr=g["lr"].first(),
+        seeds=g.size(), reached=g["epochs_to_target"].count(), epochs_to_target=g["e"].mean(),
+        epochs_mean_reached=g["epochs_to_target"].mean(), epochs_min=g["epochs_to_target"].min(),
         epochs_max=g["epochs_to_target"].max(), final_accuracy=g["final_accuracy"].mean(),
         final_accuracy_min=g["final_accuracy"].min(), final_accuracy_max=g["final_accuracy"].max(),
         wall_s_per_epoch=g["wall_s_per_epoch"].mean(), diverged=g["diverged"].sum(),
@@ -255,15 +268,27 @@ def _planner_speedup(scheme, plan, profile, topo) -> float:
 def time_to_target(stats: pd.DataFrame, hardware: pd.DataFrame) -> pd.DataFrame:
     """Per (scheme, GPUs): modeled time to target in single-GPU epochs, ``E / speedup_modeled``, and
     its ratio to PipeDream's (``x_vs_pipedream`` > 1: PipeDream is faster); measured seconds to target
-    on this machine beside it (same for every GPU count: the runs used ``cfg.workers`` ranks)."""
+    on this machine beside it (the same for every GPU count: the runs used ``cfg.workers`` ranks).
+
+    ``E`` comes from the scheme's own runs, except where PipeDream's plan for that cluster is one stage
+    replicated on every GPU: then PipeDream *is* BSP (same update rule: all-reduce, then one step per
+    round of W microbatches) and its ``E`` is BSP's (``epochs_source`` says which runs gave ``E``).
+    Only the ``main`` setting's runs count here (the ablation runs use another learning rate)."""
+    stats = stats[stats["setting"] == "main"]
     df = hardware.merge(stats[["scheme", "epochs_to_target", "reached", "seeds", "wall_s_per_epoch"]],
                         on="scheme", how="inner")
+    df["epochs_source"] = df["scheme"]
+    bsp = stats.set_index("scheme")["epochs_to_target"].get("dp-bsp", math.nan)
+    same = df["scheme"].str.startswith("pipedream") & (df["stages"] == 1)
+    df.loc[same, "epochs_to_target"] = bsp
+    df.loc[same, "epochs_source"] = "dp-bsp (the plan is data parallel)"
     df["tta_single_gpu_epochs_modeled"] = df["epochs_to_target"] / df["speedup_modeled"]
-    df["tta_s_measured"] = df["epochs_to_target"] * df["wall_s_per_epoch"]
+    df["tta_s_measured"] = df["scheme"].map(stats.set_index("scheme")["epochs_to_target"]) * df["wall_s_per_epoch"]
     pd_tta = df[df["scheme"] == "pipedream"].set_index("gpus")["tta_single_gpu_epochs_modeled"]
     df["x_vs_pipedream_modeled"] = df["tta_single_gpu_epochs_modeled"] / df["gpus"].map(pd_tta)
-    pd_meas = stats.set_index("scheme")["epochs_to_target"] * stats.set_index("scheme")["wall_s_per_epoch"]
-    df["x_vs_pipedream_measured"] = df["tta_s_measured"] / pd_meas.get("pipedream", math.nan)
+    st = stats.set_index("scheme")
+    pd_meas = (st["epochs_to_target"] * st["wall_s_per_epoch"]).get("pipedream", math.nan)
+    df["x_vs_pipedream_measured"] = df["tta_s_measured"] / pd_meas
     return df
 
 
@@ -378,9 +403,16 @@ def curve_figure(curves: pd.DataFrame, x: str, title: str, x_title: str, target:
 
 
 def figures(curves: pd.DataFrame, modeled_curves: pd.DataFrame, cfg: Config, gpus: int) -> dict:
-    """The three learning-curve figures (by epoch, measured seconds, modeled single-GPU epochs)."""
-    n = f"{cfg.model}, {cfg.workers} ranks, {len(cfg.seeds)} seeds, mean and min-max"
+    """The learning-curve figures: by epoch, measured seconds, modeled single-GPU epochs (main
+    setting), and the weight-stashing ablation by epoch."""
+    n = f"{cfg.model}, {cfg.workers} ranks, lr {cfg.lr}, {len(cfg.seeds)} seeds, mean and min-max"
+    ablation = curves[curves["setting"] == "ablation"]
+    curves = curves[curves["setting"] == "main"]
+    modeled_curves = modeled_curves[modeled_curves["setting"] == "main"]
     return {
+        "ablation_weight_stashing": curve_figure(
+            ablation, "epoch", f"Weight stashing ablation (measured: {cfg.model}, {cfg.workers} stages, lr "
+            f"{cfg.ablation_lr}, {len(cfg.ablation_seeds)} seeds, mean and min-max)", "epoch", cfg.target),
         "accuracy_vs_epoch": curve_figure(curves, "epoch", f"Statistical efficiency (measured: {n})", "epoch",
                                           cfg.target),
         "accuracy_vs_time_measured": curve_figure(curves, "wall_s", f"Measured on this machine ({n})",
@@ -393,10 +425,14 @@ def figures(curves: pd.DataFrame, modeled_curves: pd.DataFrame, cfg: Config, gpu
 
 
 # ---- the notebook's entry point ----------------------------------------------------------------
-def quick_config(**overrides) -> Config:
-    """A small configuration for CI and ``workbench reproduce --quick``."""
-    base = dict(epochs=4, seeds=(0, 1), target=0.85)
-    return Config(**(base | overrides))
+QUICK = dict(epochs=4, seeds=(0, 1), target=0.85, ablation_schemes=("pipedream", "pipedream-no-stash"),
+             ablation_seeds=(0, 1, 2))
+
+
+def quick_config(**params) -> Config:
+    """``params`` with the quick-mode budget (:data:`QUICK`: fewer epochs and seeds, a lower target)
+    on top: for CI and ``workbench reproduce --quick``."""
+    return Config(**(params | QUICK))
 
 
 def run(cfg: Config, out_dir) -> dict:
