@@ -118,7 +118,18 @@ def train_runs(cfg: Config, out_dir) -> pd.DataFrame:
                             schedule_options=dict(opts), allow_oversubscribe=True, timeout_s=cfg.timeout_s,
                             **cfg.model_options))
     summaries = run_jobs(jobs)
-    return pd.concat([_curve(s, r) for s, r in zip(summaries, runs)], ignore_index=True)
+    curves = pd.concat([_curve(s, r) for s, r in zip(summaries, runs)], ignore_index=True)
+    drop_checkpoints(summaries)
+    return curves
+
+
+def drop_checkpoints(summaries) -> None:
+    """Remove the runs' resume checkpoints (weights per epoch: not results, and megabytes per run);
+    metrics.csv, timeline.csv and summary.json stay."""
+    import shutil
+
+    for s in summaries:
+        shutil.rmtree(Path(s["out"]) / "checkpoints", ignore_errors=True)
 
 
 def _curve(summary: dict, run: tuple[str, str, int, float]) -> pd.DataFrame:

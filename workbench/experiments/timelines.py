@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from .common import claim, out_folder, save_figure, save_table, write_claims
+from .time_to_accuracy import drop_checkpoints
 
 EXPERIMENT = "04_pipeline_timelines"
 BUSY_KINDS = ("F", "B", "BI", "BW", "STEP")
@@ -150,6 +151,7 @@ def measured_runs(cfg: Config, out_dir) -> tuple[dict, pd.DataFrame]:
         except ValueError as e:
             skipped.append(dict(schedule=name, reason=str(e)))
     summaries = run_jobs(list(jobs.values())) if jobs else []
+    drop_checkpoints(summaries)
     return {n: (j, s) for (n, j), s in zip(jobs.items(), summaries)}, pd.DataFrame(skipped, columns=["schedule", "reason"])
 
 
@@ -289,6 +291,15 @@ def bubble_claims(table: pd.DataFrame, cfg: Config) -> list[dict]:
     return rows
 
 
+def save_page(figs: dict, path: Path, title: str) -> Path:
+    """Several plotly figures in one standalone HTML page (plotly.js embedded once: one file of a few MB
+    instead of one per figure)."""
+    parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs.values())]
+    path.write_text(f"<html><head><meta charset='utf-8'><title>{title}</title></head><body><h2>{title}</h2>"
+                    + "".join(parts) + "</body></html>")
+    return path
+
+
 def run(cfg: Config, out_dir) -> dict:
     """Everything the notebook shows, written into ``out_dir`` (a fresh folder)."""
     out = out_folder(out_dir)
@@ -300,11 +311,11 @@ def run(cfg: Config, out_dir) -> dict:
         figs[f"timeline_{name}"] = timeline_pair(name, sim, summary, cfg)
         sim.timeline.to_csv(out / "runs" / name / "timeline_modeled.csv", index=False)
     table = pd.DataFrame(rows)
-    figs["panels"] = panels_figure(table)
     save_table(table, out, "bubbles")
     save_table(skipped, out, "skipped")
     write_claims(bubble_claims(table, cfg), out)
-    for n, f in figs.items():
-        save_figure(f, out, n)
+    save_page(figs, out / "timelines.html", "Every schedule: modeled (top) and measured (bottom)")
+    figs["panels"] = panels_figure(table)
+    save_figure(figs["panels"], out, "panels")
     (out / "config.json").write_text(pd.Series(asdict(cfg)).to_json(indent=1))
     return dict(out=out, table=table, skipped=skipped, figures=figs)
