@@ -13,13 +13,19 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "03_time_to_accur
 
 # ---- pieces, no processes ------------------------------------------------------------------------
 def test_epochs_to_target_first_epoch_at_or_above_target_and_nan_when_never():
-    curves = pd.DataFrame(dict(scheme=["a"] * 3 + ["b"] * 3, seed=0, epoch=[1, 2, 3] * 2,
+    curves = pd.DataFrame(dict(setting="main", lr=0.1, scheme=["a"] * 3 + ["b"] * 3, seed=0, epoch=[1, 2, 3] * 2,
                                test_accuracy=[0.5, 0.9, 0.95, 0.5, 0.6, 0.7], test_loss=[1.0] * 5 + [math.nan],
                                wall_s=[1.0, 2.0, 3.0] * 2))
     got = tta.epochs_to_target(curves, 0.9).set_index("scheme")
     assert got.loc["a", "epochs_to_target"] == 2 and got.loc["a", "wall_s_to_target"] == 2.0
     assert math.isnan(got.loc["b", "epochs_to_target"]) and got.loc["b", "diverged"]
     assert got.loc["a", "wall_s_per_epoch"] == pytest.approx(1.0)
+    stats = tta.statistical_summary(pd.concat([tta.epochs_to_target(curves, 0.9),
+                                               tta.epochs_to_target(curves.assign(seed=1), 0.5)]))
+    stats = stats.set_index("scheme")
+    # mean over seeds; one seed that never reaches the target makes the scheme's time to target inf
+    assert stats.loc["a", "epochs_to_target"] == pytest.approx(1.5) and stats.loc["a", "reached"] == 2
+    assert stats.loc["b", "epochs_to_target"] == math.inf and stats.loc["b", "reached"] == 1
 
 
 def test_modeled_hardware_on_cluster_a_vgg16():

@@ -2,9 +2,14 @@
 
     TTA(scheme) = E(scheme) · T_epoch(scheme)
 
-* ``E`` (statistical efficiency) comes from REAL training runs (:func:`workbench.runtime.train`,
-  gloo CPU ranks) of a mini model on an offline data set, several seeds per scheme: the first epoch
-  whose test accuracy reaches ``target`` (NaN when it never does).
+* ``E`` (statistical efficiency) comes from REAL training runs (the runtime of :func:`workbench.runtime.train`,
+  gloo CPU ranks) of a mini model on an offline data set, several seeds per scheme: per seed the first
+  epoch whose test accuracy reaches ``target``; per scheme the mean over seeds, +inf when any seed
+  never reaches it. Setting ``main``: every scheme at ``lr``; setting ``ablation``: PipeDream's weight
+  rules (stash, no-stash, vertical sync) again at ``ablation_lr``, where staleness bites. Where
+  PipeDream's plan for a cluster is one stage replicated on every GPU it *is* BSP (same update rule)
+  and takes BSP's ``E``; otherwise its ``E`` comes from the 1F1B pipeline runs here (``workers``
+  stages), an approximation of the plan's own depth and replication.
 * ``T_epoch`` (hardware efficiency) two ways:
   - measured: the runs' own wall clock per epoch on this machine;
   - modeled: the paper's cluster (``Topology.preset``) and PipeDream's published GPU profile
