@@ -14,28 +14,20 @@ from workbench.experiments import timelines as tl
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "04_pipeline_timelines.ipynb"
 
 
-def _build(name: str, workers: int, microbatches: int):
-    opts = {"chunks": 2} if name == "interleaved-1f1b" else {}
-    if name in ("dp-bsp", "dp-asp", "ddp", "fsdp", "lpp", "fslpp"):
-        opts["workers"] = workers
-    stages = 1 if name in ("dp-bsp", "dp-asp") else workers * (2 if name == "interleaved-1f1b" else 1)
-    return schedules.build(name, stages, microbatches, **opts)
-
-
 @pytest.mark.parametrize("workers,microbatches", [(2, 6), (4, 8), (4, 12)])
 def test_unit_cost_simulation_equals_every_closed_form(workers, microbatches):
     """GPipe / 1F1B (p-1)/(m+p-1), interleaved (p-1)/(vm+p-1), ZB-H1 (p-1)/(3m+p-1), model parallel
     (p-1)/p, data parallel 0: the simulator with F=1, B=2 reproduces each."""
     checked = 0
     for name in tl.schedule_names():
-        sched = _build(name, workers, microbatches)
+        sched = tl.build_for(name, workers, microbatches)
         formula, _ = tl.closed_form_bubble(sched)
         sim = wb.simulate(sched, fwd=1.0, bwd=2.0)
         assert tl.bubble_fraction(sim.timeline) == pytest.approx(float(np.mean(sim.metrics["bubble_fraction"])))
         if math.isfinite(formula):
             assert tl.bubble_fraction(sim.timeline) == pytest.approx(formula, abs=1e-12), name
             checked += 1
-    assert checked >= 10
+    assert checked >= 14
 
 
 def test_bubble_fraction_of_a_hand_made_timeline():

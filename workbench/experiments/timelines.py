@@ -15,14 +15,17 @@ For each schedule name the package exposes (:func:`schedule_names`):
   schedule                              bubble fraction                  source
   ====================================  ===============================  ==========================
   gpipe, pipedream-flush, pipedream,    ``(p-1) / (m+p-1)``              GPipe; PipeDream-Flush;
-  pipedream-2bw, pp (one round)                                          1F1B fill and drain
-  interleaved-1f1b (v chunks)           ``(p-1) / (v m + p-1)``          Megatron-LM (Narayanan'21)
+  pipedream-2bw, pp, lpp, fslpp                                          1F1B fill and drain
+  (one round; p = pipeline depth)
+  interleaved-1f1b, looped-bfs          ``(p-1) / (v m + p-1)``          Megatron-LM (Narayanan'21)
+  (v chunks per worker)
   zb-h1                                 ``(p-1) / (3 m + p-1)``          Zero Bubble (Qi'23), F=B=W
   model-parallel                        ``(p-1) / p``                    one microbatch in flight
   dp-bsp, dp-asp, ddp, fsdp             ``0`` (communication free)       every worker computes
   ====================================  ===============================  ==========================
 
-  with ``p`` pipeline workers and ``m`` microbatches per round (per flush). The bubble of a
+  with ``p`` pipeline workers and ``m`` microbatches per round (per flush). The other schedules
+  (zb-h2, interleaved zero bubble, the V family) have no single-round closed form here: NaN. The bubble of a
   timeline is ``1 - busy_w / L`` averaged over workers, ``L`` its makespan and ``busy_w`` worker
   ``w``'s compute time (F, B, BI, BW, STEP) — the simulator's ``bubble_fraction``.
 """
@@ -48,6 +51,18 @@ def schedule_names() -> list[str]:
 
     registry = getattr(schedules, "REGISTRY", None)
     return list(registry) if registry else list(schedules.NAMES)
+
+
+def build_for(name: str, workers: int, microbatches: int, options: dict | None = None):
+    """Schedule ``name`` on ``workers`` workers without a plan: the registry's stage count for that
+    many workers (``ScheduleSpec.stages_for``); data-parallel and placement schedules get ``workers``."""
+    from .. import schedules
+
+    spec = schedules.spec(name)
+    opts = dict(options or {})
+    if spec.stages_per_worker in ("all", "placement"):
+        opts.setdefault("workers", workers)
+    return schedules.build(name, spec.stages_for(workers, opts), microbatches, **opts)
 
 
 @dataclass(frozen=True)
@@ -93,11 +108,11 @@ def closed_form_bubble(schedule) -> tuple[float, str]:
     """(bubble fraction, formula) of a one-round schedule under unit costs; NaN when no paper gives one."""
     name, p, m = schedule.name, _pipeline_depth(schedule), schedule.microbatches_per_step
     M = schedule.microbatches
-    if name in ("gpipe", "pipedream-flush", "pp"):
-        return (p - 1) / (m + p - 1), f"(p-1)/(m+p-1), p={p}, m={m}"
+    if name in ("gpipe", "pipedream-flush", "pp", "lpp", "fslpp"):
+        return (p - 1) / (m + p - 1), f"(p-1)/(m+p-1), p={p} (pipeline depth), m={m}"
     if name in ("pipedream", "pipedream-2bw"):
         return (p - 1) / (M + p - 1), f"(p-1)/(M+p-1) fill and drain of one round, p={p}, M={M}"
-    if name == "interleaved-1f1b":
+    if name in ("interleaved-1f1b", "looped-bfs"):
         v = schedule.num_stages // schedule.num_workers
         return (p - 1) / (v * m + p - 1), f"(p-1)/(v m+p-1), p={p}, v={v}, m={m}"
     if name == "zb-h1":
@@ -106,7 +121,10 @@ def closed_form_bubble(schedule) -> tuple[float, str]:
         return (p - 1) / p, f"(p-1)/p, p={p}"
     if name in ("dp-bsp", "dp-asp", "ddp", "fsdp"):
         return 0.0, "0: every worker computes every stage, communication free"
-    return math.nan, "no closed form stated in the papers"
+    if name == "zb-h2":
+        return math.nan, ("the paper's (p-1)(T_F+T_B-2T_W) is the per-step idle once steps tile; one round "
+                          "keeps the pipeline fill")
+    return math.nan, "no single-round closed form stated in the papers"
 
 
 def _pipeline_depth(schedule) -> int:
