@@ -195,7 +195,7 @@ def cmd_quickstart(args) -> int:
     from .io import run_folder, run_id
     from .partition import partition
     from .profiler import profile, project
-    from .simulate import simulate_plan
+    from .simulate import simulate_plan, steady_microbatches
     from .topology import Topology
 
     with run_folder(Path(args.out) / run_id("quickstart")) as tmp:
@@ -218,7 +218,7 @@ def cmd_quickstart(args) -> int:
               f"plan MODELED for {cluster.describe()}")
         print(plan2.describe())
 
-        microbatches = max(args.microbatches, 4 * plan2.in_flight_count * plan2.stages[0].replicas)
+        microbatches = max(args.microbatches, steady_microbatches(plan2))
         res = simulate_plan(plan2, paper, cluster, microbatches=microbatches)
         res.save(tmp / "simulation")
         print(f"\n== PipeDream 1F1B on that plan ({plan2.in_flight_count} minibatches in flight at the input stage, "
