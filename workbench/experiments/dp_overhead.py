@@ -112,9 +112,18 @@ def settings(quick: bool, models=None, servers=None, gpu_counts=None, measured_m
     check_params(cfg["models"], cfg["servers"], cfg["gpu_counts"])
     for m in cfg["measured_models"]:
         zoo.config(m)  # raises "unknown model ..." for a name the zoo does not have
+    if measured_steps is not None and (isinstance(measured_steps, bool) or not isinstance(measured_steps, int)
+                                       or measured_steps < 3):
+        raise ValueError(f"measured_steps must be an integer >= 3 (the first step is dropped), got {measured_steps!r}")
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
         raise ValueError(f"ranks must be an integer >= 2 (the measured run compares N ranks with 1), got {ranks!r}")
     return cfg
+
+
+def validate_params(quick: bool, models=None, servers=None, gpu_counts=None, measured_models=None, ranks: int = 2,
+                    measured_steps=None, **_ignored) -> None:
+    """``workbench reproduce``'s check of the notebook's parameters (one-line ``ValueError``)."""
+    settings(quick, models, servers, gpu_counts, measured_models, ranks, measured_steps)
 
 
 # ---- profiles ---------------------------------------------------------------------------------
@@ -409,7 +418,8 @@ def share_at(fig1: pd.DataFrame, model: str, server: str, gpus: int, source: str
 _BYTES_NOTE = {
     "fastest": "Our fastest non-DP config may still replicate big layers (more all-reduce) because the "
                "modeled all-reduce is cheap on 12 GB/s PCIe.",
-    "straight": "A straight VGG-16 pipeline sends the large early conv activations, more than DP.",
+    "straight": "A straight pipeline sends every cut's activations and gradients (for VGG-16 the large early "
+                "conv activations: more than DP).",
     "3-1": "Front = the first stage of our partitioner's plan for Cluster-A (4 servers x 4 V100), "
            "i.e. the layers PipeDream replicates.",
 }
@@ -436,8 +446,9 @@ def claims(fig1: pd.DataFrame, bytes_df: pd.DataFrame, measured: pd.DataFrame | 
         rows.append(claim(exp, f"vgg16 DP comm. share on {gmax} V100 (NVLink, 25 Gbps)", math.nan,
                           100 * share_at(fig1, *vgg[:3]), "%", lab[vgg],
                           "the paper counts VGG-16 among the high-overhead models; in our model its 553 MB "
-                          "all-reduce (mostly the FC layers, reduced first) hides behind the 128-image "
-                          "backward pass (~450 ms on a V100) even at 25 Gbps; on 10 Gbps (Cluster-A) it is "
+                          "all-reduce (mostly the FC layers, reduced first) hides behind the "
+                          f"{fig1.set_index(['model', 'server', 'gpus', 'source']).loc[vgg, 'compute_ms']:.0f} ms "
+                          "compute of its 128-image minibatch even at 25 Gbps; on 10 Gbps (Cluster-A) it is "
                           f"{100 * share_at(fig1, 'vgg16', '4xV100-pcie-10g', gmax):.0f}%"))
     exp2 = "PipeDream Fig. 17 (bytes per sample, 4 GPUs Cluster-A)"
     for r in bytes_df.itertuples():

@@ -126,6 +126,11 @@ def lpp_sweep(S: int, B: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def validate_params(quick: bool, sweep_S: int = 8, sweep_B: int = 16, **_ignored) -> None:
+    """``workbench reproduce``'s check of the notebook's parameters (one-line ``ValueError``)."""
+    check_params(sweep_S, sweep_B)
+
+
 def check_params(sweep_S: int, sweep_B: int) -> None:
     for name, v in (("sweep_S", sweep_S), ("sweep_B", sweep_B)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
