@@ -184,7 +184,9 @@ def run_notebook(name: str, path: Path, params: dict, run_dir: Path, quick: bool
         status, error = "ok", ""
     except PapermillExecutionError as e:
         status = "failed"
-        error = f"cell {e.exec_count} (index {e.cell_index}): {e.ename}: {str(e.evalue).splitlines()[0] if e.evalue else ''}"
+        first = (e.source or "").strip().splitlines()[0][:60] if (e.source or "").strip() else ""
+        error = (f"cell {e.cell_index} of the executed {name}.ipynb (`{first}`): {e.ename}: "
+                 f"{str(e.evalue).splitlines()[0] if e.evalue else ''}")
     except Exception as e:  # noqa: BLE001  (kernel death, missing kernel: report and go on)
         status, error = "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     files = sorted(str(p.relative_to(run_dir)) for p in out_dir.rglob("*") if p.is_file()) if out_dir.exists() else []
