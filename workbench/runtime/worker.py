@@ -168,20 +168,19 @@ class PipelineExecutor:
 
     # ---- per epoch ----------------------------------------------------------------------
     def receive_plan(self, rounds: list[int]) -> list:
+        """Receives to post, in op order, from the schedule's one derivation of dataflow edges
+        (:meth:`Schedule.remote_inputs`): an activation of stage s-1 for F(s, b), the gradient of
+        stage s+1 for B/BI(s, b)."""
         plan = []
+        inputs = self.schedule.remote_inputs(self.rank)
         for k in rounds:
-            for op in self.prog.ops:
-                s, b = op.stage, op.microbatch
-                g = k * self.M + b
-                if op.kind == "F" and s > 0:
-                    src = self.prog.where[("F", s - 1, b)]
-                    if src != self.rank:
-                        plan.append(((0, s - 1, g), src, self.specs[s - 1]))
-                elif op.kind in ("B", "BI") and s < self.S - 1:
-                    src = self.prog.src_of_gradient(s, b)
-                    if src != self.rank:
-                        spec = self.specs[s]
-                        plan.append(((1, s, g), src, [spec[i] for i in _float_spec(spec)]))
+            for i, (_, s_from, b), src in inputs:
+                s, g = self.prog.ops[i].stage, k * self.M + b
+                if s_from < s:  # activation from the previous stage
+                    plan.append(((0, s_from, g), src, self.specs[s_from]))
+                else:  # gradient from the next stage
+                    spec = self.specs[s]
+                    plan.append(((1, s, g), src, [spec[j] for j in _float_spec(spec)]))
         return plan
 
     def run_round(self, k: int, R: int, data, timeline: list, metrics: dict) -> None:
