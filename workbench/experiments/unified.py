@@ -73,7 +73,8 @@ def forward_activation_receives(sched) -> list[int]:
 def simulated_row(name: str, S: int, B: int, G: int = 1, R: int = 1) -> dict:
     """Our value of every table column for one configuration (module docstring), plus ρ."""
     W, R = shape(name, S, B, G, R)
-    sched = schedules.build(name, S, B, workers=W, group_size=R)
+    looped = {"group_size": R} if name in ("lpp", "fslpp") else {}
+    sched = schedules.build(name, S, B, workers=W, **looped)
     res = simulate(sched, fwd=UNIT, bwd=UNIT)
     stats = res.worker_stats
     L = res.makespan
@@ -203,9 +204,9 @@ _GAP = {
     ("lpp", "act_xmit"): "per worker: each of the G groups carries B/G microbatches, so a worker receives B/G "
                          "activations; the document's B counts the whole batch",
     ("fslpp", "act_xmit"): "as LPP: a worker receives the B/G microbatches of its group",
-    ("pp", "act_storage"): "the greedy list scheduler (oldest batch first) has no in-flight cap, so the first "
-                           "worker keeps forwarding while it waits for the first backward; min(S, B) assumes "
-                           "a 1F1B-style cap of S",
+    ("pp", "act_storage"): "the master schedule's greedy order (oldest batch first) has no in-flight cap, so a "
+                           "worker keeps admitting forwards while it waits for the first backward; min(S, B) "
+                           "assumes a 1F1B-style cap of S",
     ("lpp", "act_storage"): "greedy oldest-batch order keeps more forwards in flight than (S/R) min(S, B/G)",
     ("fslpp", "act_storage"): "as LPP: greedy oldest-batch order",
 }
