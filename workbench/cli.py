@@ -315,6 +315,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatches", type=int, default=32, help="minibatches in the simulated PipeDream run")
     p.add_argument("--out", default="results/quickstart")
     p.set_defaults(fn=cmd_quickstart)
+
+    p = sub.add_parser("reproduce", help="run the paper-reproduction notebooks (papermill) into a new run folder")
+    from .reproduce import add_arguments, cmd_reproduce
+    add_arguments(p)
+    p.set_defaults(fn=cmd_reproduce)
     return ap
 
 
