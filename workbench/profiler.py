@@ -165,9 +165,15 @@ def _layers_and_input(model, example_input, batch_size):
     elif isinstance(model, torch.nn.Sequential) or isinstance(model, (list, tuple, torch.nn.ModuleList)):
         layers = list(model)
         name, names = type(model).__name__, None
+    elif isinstance(model, torch.nn.Module):  # any other module: trace it into layers (workbench.graph)
+        if example_input is None:
+            raise ValueError(f"profile() needs example_input to trace {type(model).__name__} into layers")
+        from .graph import split
+
+        return _layers_and_input(split(model, example_input), example_input, batch_size)
     else:
-        raise ValueError("profile() needs a layer-sequential model: a workbench.models LayerModel, an "
-                         "nn.Sequential or a list of modules")
+        raise ValueError(f"profile() needs an nn.Module, a workbench.models LayerModel or a list of modules, "
+                         f"got {type(model).__name__}")
     if example_input is None:
         raise ValueError("profile() needs example_input for a plain list of layers")
     if not layers:
@@ -228,6 +234,7 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
     name, layers, names, x = _layers_and_input(model, example_input, batch_size)
+    batch_size = _batch_of(x, batch_size)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = dev.type == "cuda"
     layers = [l.to(dev) for l in layers]
@@ -253,13 +260,13 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
         sync()
         return r, (time.perf_counter() - t0) * 1e3
 
-    rows = []
+    rows, seen = [], set()
     for i, layer in enumerate(tqdm(layers, desc=f"profiling {name}", disable=not progress, leave=False)):
         layer.train()
         fwd_times, bwd_times = [], []
         for it in range(warmup + iterations):
             inp = _detach(x, i > 0)
-            out, tf = timed(lambda: layer(inp))
+            out, tf = timed(lambda: _call(layer, inp, i, names[i]))
             outs, grads = _backward_inputs(out)
             tb = 0.0
             if outs:
@@ -272,7 +279,7 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
             out = layer(_detach(x))
         row = dict(name=names[i], fwd_ms=statistics.median(fwd_times), bwd_ms=statistics.median(bwd_times),
                    act_bytes=float(nbytes(out)),
-                   param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters())),
+                   param_bytes=float(_new_param_bytes(layer, seen)),
                    input_bytes=float(nbytes(x)))
         if flops:
             row["flops_fwd"], row["flops_bwd"] = _flops(layer, x, first=i == 0)
@@ -287,6 +294,36 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
                 iterations=iterations, warmup=warmup, peak_memory_bytes=int(peak),
                 timer="cuda events" if cuda else "time.perf_counter", torch=torch.__version__)
     return Profile(pd.DataFrame(rows), meta)
+
+
+def _batch_of(x, default: int) -> int:
+    """The batch size a profile really measured: the first dimension of its first input tensor."""
+    ts = _tensors(x) if x is not None else []
+    return int(ts[0].shape[0]) if ts and ts[0].dim() else default
+
+
+def _call(layer, inp, i: int, name: str):
+    """``layer(inp)``, with an in-place operation on the layer's input named instead of autograd's
+    bare "a leaf Variable that requires grad is being used in an in-place operation"."""
+    try:
+        return layer(inp)
+    except RuntimeError as e:
+        if "in-place" not in str(e) and "inplace" not in str(e):
+            raise
+        raise ValueError(f"layer {i} ({name}: {type(layer).__name__}) modifies its input in place (e.g. "
+                         "ReLU(inplace=True) at the start of a layer); trace the model with workbench.graph.split "
+                         "(it keeps in-place operations with the layer that produced their input) or use "
+                         "inplace=False") from None
+
+
+def _new_param_bytes(layer, seen: set) -> int:
+    """Bytes of the layer's parameters not counted by an earlier layer (a tied weight counts once)."""
+    total = 0
+    for p in layer.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+    return total
 
 
 def _to(x, dev):
@@ -360,14 +397,14 @@ def analyze(model, example_input=None, *, batch_size: int = 32) -> pd.DataFrame:
     of 3x3 stride-1 convolutions, which GPU libraries run with Winograd), input_grad (False for the
     first layer: no gradient is computed for the data), act_bytes, input_bytes, param_bytes."""
     name, layers, names, x = _layers_and_input(model, example_input, batch_size)
-    rows = []
+    rows, seen = [], set()
     for i, layer in enumerate(layers):
         fwd, bwd = _flops(layer, x, first=i == 0)
         out = layer(_detach(x, i > 0))
         rows.append(dict(name=names[i], flops_fwd=fwd, flops_bwd=bwd, flops_conv3x3=_winograd_flops(layer, x),
                          input_grad=i > 0,
                          act_bytes=float(nbytes(out)), input_bytes=float(nbytes(x)),
-                         param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters()))))
+                         param_bytes=float(_new_param_bytes(layer, seen))))
         x = _regroup(out, [t.detach() for t in _tensors(out)])
     return pd.DataFrame(rows)
 
@@ -409,7 +446,7 @@ def project(model_or_frame, gpu: str = "V100", *, batch_size: int = 32, example_
     out["fwd_ms"] = np.maximum(f_fwd / peak, (io + df["param_bytes"]) / bw) * 1e3 + LAUNCH_MS
     out["bwd_ms"] = np.maximum(f_bwd / peak, (2 * io + 2 * df["param_bytes"]) / bw) * 1e3 + LAUNCH_MS
     name = getattr(model_or_frame, "name", "frame")
-    meta = dict(kind="modeled", device=f"{gpu} (modeled)", model=name, batch_size=batch_size,
+    meta = dict(kind="modeled", device=f"{gpu} (modeled)", model=name, batch_size=_batch_of(example_input, batch_size),
                 method="roofline from torch.utils.flop_counter FLOPs and tensor bytes"
                        + (", Winograd 3x3" if winograd else ""),
                 compute_efficiency=compute_efficiency, memory_efficiency=memory_efficiency,
