@@ -42,6 +42,9 @@ class Profile:
         df = df.reset_index(drop=True).copy()
         for c in REQUIRED[1:]:
             df[c] = df[c].astype(float)
+        if float((df["fwd_ms"] + df["bwd_ms"]).sum()) <= 0:
+            raise ValueError(f"profile has zero compute time (fwd_ms + bwd_ms) in all {len(df)} layers; nothing to "
+                             "balance: measure the model (workbench profile) or fill in per-layer times")
         object.__setattr__(self, "layers", df)
 
     # ---- constructors -----------------------------------------------------------------
@@ -82,6 +85,32 @@ class Profile:
         return (f"{len(df)} layers, {self.total_ms:.3f} ms fwd+bwd per minibatch, "
                 f"{self.total_param_bytes / 2**20:.2f} MiB parameters ({kind}{', ' + where if where else ''})\n{table}")
 
+    # ---- Jupyter manners -----------------------------------------------------------------
+    def _rows(self) -> list:
+        df = self.layers
+        batch = self.meta.get("batch_size")
+        return [("layers", len(df), ""), ("batch size", batch if batch else "not recorded", "samples" if batch else ""),
+                ("fwd+bwd", self.total_ms, "ms per minibatch"), ("parameters", self.total_param_bytes / 2**20, "MiB"),
+                ("largest cut", float(df["act_bytes"].max()) / 2**20, "MiB")]
+
+    def _label(self) -> str:
+        kind = self.meta.get("kind", "kind not recorded")
+        where = self.meta.get("device") or self.meta.get("source") or ""
+        return f"{kind}{' on ' + str(where) if where and kind == 'measured' else (', ' + str(where) if where else '')}"
+
+    def __repr__(self) -> str:
+        from .display import one_line
+
+        return one_line("Profile", [("model", self.meta.get("model", "unnamed"), "")] + self._rows()[:4]
+                        + [("kind", self._label(), "")])
+
+    def _repr_html_(self) -> str:
+        from .display import card
+
+        cols = [c for c in ("name", "fwd_ms", "bwd_ms", "act_bytes", "param_bytes") if c in self.layers]
+        return card(f"Profile of {self.meta.get('model', 'a model')}", self._rows(), label=self._label(),
+                    table=self.layers[cols])
+
     # ---- persistence ------------------------------------------------------------------
     def save(self, path) -> Path:
         """Write JSON (``.json``) or CSV (anything else; meta goes to ``<path>.meta.json``)."""
@@ -104,7 +133,10 @@ class Profile:
         try:
             if path.suffix == ".json":
                 d = json.loads(path.read_text())
-                return cls(pd.DataFrame(d["layers"]), d.get("meta", {}))
+                if not isinstance(d, dict) or not isinstance(d.get("layers"), (dict, list)):
+                    raise ValueError(f"{path} holds a JSON {type(d).__name__}, not a profile: expected an object "
+                                     '{"meta": {...}, "layers": {column: [values per layer]}} as Profile.save writes')
+                return cls(pd.DataFrame(d["layers"]), d.get("meta", {}) if isinstance(d.get("meta"), dict) else {})
             meta_path = Path(str(path) + ".meta.json")
             meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
             return cls(pd.read_csv(path), meta)

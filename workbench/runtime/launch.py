@@ -19,8 +19,8 @@ import torch
 
 from ..schedules.core import Schedule, validate
 from .fetch import check_remote
-from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, user_dataset
-from .outputs import latest_checkpoint, load_stage
+from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
+from .outputs import RunResult, latest_checkpoint, load_stage
 from .rank import first_failure, worker_main
 from .stages import DataOrder, even_bounds, plan_bounds, stage_module, stage_params
 
@@ -181,7 +181,7 @@ def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, dopt
 
     def data_recipe(default_name: str | None, model_name: str = "user"):
         if dataset is None and default_name is None:
-            raise ValueError("a user model needs a data set: dataset=TensorDataset(inputs..., targets), a pair "
+            raise ValueError("a user model needs a data set (dataset= / --dataset): a TensorDataset(inputs..., targets), a pair "
                              "(train, test), a built-in name (`workbench models` lists them) or package.module:function")
         if dataset is None or (isinstance(dataset, str) and ":" not in dataset):
             return functools.partial(build_dataset, model_name, dataset or default_name, **dopts)
@@ -198,6 +198,8 @@ def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, dopt
     if model_options:
         raise ValueError(f"model options {sorted(model_options)} apply to zoo models only; configure your model "
                          "in its factory")
+    if isinstance(model, str):
+        model = load_object(model)  # package.module:function: fail on a bad name before loading data
     dataset_fn = data_recipe(None)
     train_set = dataset_fn()
     if not isinstance(train_set, TensorDataset):
@@ -295,7 +297,7 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
 
 
 def _read_summary(out: Path, job: Job) -> dict:
-    summary = json.loads((out / "summary.json").read_text())
+    summary = RunResult(json.loads((out / "summary.json").read_text()))
     summary["out"] = str(out)
     if job.return_weights:
         summary["weights"] = torch.load(out / "weights.pt", weights_only=False)

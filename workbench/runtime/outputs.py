@@ -167,3 +167,33 @@ def write_summary(out: Path, job: Job, gathered) -> None:
         atomic_save(weights, out / "weights.pt")
 
 
+
+
+class RunResult(dict):
+    """The summary of a run (the dict of ``summary.json``) with Jupyter manners: a one-line repr
+    and an HTML card of the measured figures (units in the names) with a link to the timeline."""
+
+    def _rows(self) -> list:
+        return [("schedule", self.get("schedule"), ""), ("workers", self.get("workers"), ""),
+                ("minibatches", self.get("steps"), f"x {self.get('batch_size')} samples"),
+                ("throughput", self.get("samples_per_s_steady") or self.get("samples_per_s"), "samples/s"),
+                ("time per minibatch", self.get("minibatch_ms_steady") or self.get("minibatch_ms"), "ms"),
+                ("final loss", self.get("final_loss"), ""), ("train accuracy", self.get("final_accuracy"), "")]
+
+    def __repr__(self) -> str:
+        from ..display import one_line
+
+        return one_line("RunResult", self._rows() + [("out", self.get("out"), "")])
+
+    def _repr_html_(self) -> str:
+        import html
+
+        from ..display import card
+
+        out = Path(str(self.get("out", "")))
+        link = (f"<div><a href='{html.escape(str(out / 'timeline.html'))}' target='_blank'>measured timeline</a></div>"
+                if (out / "timeline.html").exists() else "")
+        label = (f"measured on {self.get('workers')} {self.get('backend', '')} ranks ({self.get('device', '')}); "
+                 f"steady = after the first minibatch; folder {out}")
+        return card(f"Training run: {self.get('options', {}).get('model', '')} with {self.get('schedule')}",
+                    self._rows(), label=label, extra_html=link)
