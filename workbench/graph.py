@@ -115,7 +115,12 @@ def _export(model: nn.Module, args: tuple) -> fx.GraphModule:
                          "give the layers by hand: pass a list of modules (layers=[...]) or an nn.Sequential") from None
     finally:
         model.train(was)
-    return ep.module()
+    gm = ep.module()
+    for n in list(gm.graph.nodes):  # dtype/device assertions of the trace: the layers may move to float64
+        if n.op == "call_function" and n.target is torch.ops.aten._assert_tensor_metadata.default and not n.users:
+            gm.graph.erase_node(n)
+    gm.recompile()
+    return gm
 
 
 def _path(node: fx.Node) -> str | None:
@@ -123,7 +128,8 @@ def _path(node: fx.Node) -> str | None:
     stack = node.meta.get("nn_module_stack")
     if not stack:
         return None
-    return list(stack.values())[-1][0]
+    path = list(stack.values())[-1][0]
+    return None if path.startswith("_empty_nn_module_stack") else path
 
 
 def _under(path: str, unit: str) -> bool:
@@ -232,6 +238,14 @@ def _is_int(n: fx.Node) -> bool:
     return isinstance(_value(n), (int, torch.SymInt)) and not isinstance(_value(n), bool)
 
 
+def _covering(n: fx.Node, units: list[str]) -> str | None:
+    """The unit (or, outside every unit, the top-level module) that issued ``n``: a layer's name."""
+    p = _path(n)
+    if not p:
+        return None
+    return max((u for u in units if u and _under(p, u)), key=len, default=p.split(".")[0])
+
+
 def _build_layers(gm: fx.GraphModule, group: dict, units: list[str]) -> tuple[list[GraphLayer], list[str]]:
     nodes = list(gm.graph.nodes)
     G = max(group.values()) + 1
@@ -271,7 +285,8 @@ def _build_layers(gm: fx.GraphModule, group: dict, units: list[str]) -> tuple[li
         graph.output(tuple(env[v] for v in live_out))
         graph.lint()
         sub = fx.GraphModule(gm, graph)
-        covered = tuple(dict.fromkeys(u for n in body for u in units if _path(n) is not None and _under(_path(n), u)))
+        covered = tuple(dict.fromkeys(c for n in body if (c := _covering(n, units))))
+        covered = tuple(c for c in covered if not any(d != c and _under(d, c) for d in covered)) or covered
         layers.append(GraphLayer(sub, tuple(i for i, v in enumerate(live_in) if _is_int(v)),
                                  tuple(i for i, v in enumerate(live_out) if _is_int(v)), len(live_out), covered))
         label = covered[0] if len(covered) == 1 else (f"{covered[0]}..{covered[-1]}" if covered else "(ops)")

@@ -84,10 +84,12 @@ def as_dataset(dataset):
     return train, test
 
 
-def as_layer_model(model, train_set, seed: int = 0):
+def as_layer_model(model, train_set, seed: int = 0, dtype: str | None = None):
     """A user's model -> LayerModel: a LayerModel passes through, an ``nn.Module`` is traced by
     :func:`workbench.graph.split` on two samples of ``train_set``, a callable (factory, or
-    ``"package.module:function"``) is called under ``torch.manual_seed(seed)`` first."""
+    ``"package.module:function"``) is called under ``torch.manual_seed(seed)`` first. A trace records
+    dtypes (``x.to(torch.float32)`` in the model's code stays float32), so with ``dtype`` the module
+    is converted and traced in that dtype."""
     from torch import nn
 
     from ..models.base import LayerModel
@@ -114,6 +116,9 @@ def as_layer_model(model, train_set, seed: int = 0):
 
     *xs, _ = train_set.tensors
     example = tuple(x[:2] for x in xs)
+    if dtype is not None:
+        model = model.to(getattr(torch, dtype))
+        example = tuple(x.to(getattr(torch, dtype)) if x.is_floating_point() else x for x in example)
     return split(model, example[0] if len(example) == 1 else example)
 
 

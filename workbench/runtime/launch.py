@@ -204,7 +204,7 @@ def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, dopt
     train_set = dataset_fn()
     if not isinstance(train_set, TensorDataset):
         raise ValueError(f"the data set must be a TensorDataset, got {type(train_set).__name__}")
-    the_model = as_layer_model(model, train_set, mseed)
+    the_model = as_layer_model(model, train_set, mseed, dtype)
     model_fn = functools.partial(copy_model, the_model, dtype)
     try:
         pickle.dumps(model_fn)
