@@ -62,7 +62,7 @@ _DATA_PARALLEL = ("dp-bsp", "dp-asp")
 _MASTER = ("ddp", "fsdp", "pp", "lpp", "fslpp")
 
 
-def prepare(model: str = "mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, steps: int | None = None,
+def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, steps: int | None = None,
             epochs: int = 1, batch_size: int = 64, lr: float = DEFAULT_LR, seed: int = 0, out=None, plan=None,
             device: str | None = None, backend: str | None = None, resume: bool = False, fail_rank: int | None = None,
             fail_at_step: int | None = None, timeout_s: float = 60.0, allow_oversubscribe: bool = False,
@@ -304,14 +304,27 @@ def _read_summary(out: Path, job: Job) -> dict:
     return summary
 
 
-def train(model: str = "mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, steps: int | None = None,
+def train(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, steps: int | None = None,
           epochs: int = 1, batch_size: int = 64, lr: float = DEFAULT_LR, seed: int = 0, out=None, plan=None,
           device: str | None = None, backend: str | None = None, resume: bool = False, fail_rank: int | None = None,
           fail_at_step: int | None = None, timeout_s: float = 60.0, port: int | None = None, **options) -> dict:
-    """Train ``model`` with ``schedule`` on ``workers`` processes; returns the run summary (dict).
+    """Train ``model`` with ``schedule`` on ``workers`` processes; returns the run summary
+    (:class:`~workbench.runtime.outputs.RunResult`, a dict with a Jupyter card).
+
+    ``model``: a zoo name; or your own model: an ``nn.Module``, a factory returning one (called under
+    ``torch.manual_seed(seed)``), ``"package.module:function"``, or a LayerModel such as
+    :func:`workbench.graph.split` returns. An ``nn.Module`` is traced once here into layers and the
+    traced copy (ATen graphs and tensors only) is pickled into the ranks, so a model class defined in
+    a notebook works; from a *script*, call ``train`` under ``if __name__ == "__main__":`` (spawned
+    ranks re-import the script). ``dataset`` (needed for your own model; default for the zoo: its own):
+    a ``TensorDataset(inputs..., targets)``, a pair ``(train, test)``, a built-in name, or
+    ``"package.module:function"``.
 
     ``schedule`` is a name for :func:`workbench.schedules.build` or a :class:`Schedule`. One *step* is
-    one minibatch of ``batch_size`` samples split into ``microbatches``: one pass of the schedule.
+    one minibatch of ``batch_size`` samples split into ``microbatches`` microbatches of
+    ``batch_size / microbatches`` samples: one pass of the schedule, whatever the schedule (the
+    number of optimizer updates in a pass is the schedule's rule: ``updates_per_step`` in the
+    summary; words and units: :mod:`workbench.runtime.outputs`).
     ``steps`` (total minibatches) overrides ``epochs``. Other options: ``allow_oversubscribe``,
     ``threads`` (per worker), ``progress``, ``return_weights`` (final weights per stage in the
     summary), ``dtype`` (e.g. ``"float64"``), ``schedule_options`` (e.g. ``{"weights": "vertical-sync"}``),
