@@ -185,3 +185,14 @@ def test_gpt2_tied_embedding_is_counted_once_and_refused_across_stages():
     g.check_stages([(0, L - 1)])  # one stage: fine
     with pytest.raises(ValueError, match=r"transformer.wte.weight and lm_head.weight are one tied weight .*stages \[0, 1\]"):
         g.check_stages([(0, 5), (6, L - 1)])
+
+
+def test_to_device_rewrites_the_device_constants_of_the_trace():
+    """GPT-2's trace creates position ids with arange(..., device=cpu); after .to("meta") the layers
+    run on meta tensors end to end (the same rewrite serves cuda)."""
+    g = split(gpt2(tied=False), torch.randint(0, 64, (2, 16)))
+    assert any("device(type='cpu')" in layer.gm.code for layer in g.layers)
+    g.to("meta")
+    assert not any("device(type='cpu')" in layer.gm.code for layer in g.layers)
+    y = chain(g, torch.randint(0, 64, (3, 16), device="meta"))
+    assert y.device.type == "meta" and tuple(y.shape) == (3, 16, 64)

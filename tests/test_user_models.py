@@ -53,6 +53,27 @@ def gpt2():
     return gpt2_tiny(vocab_size=64, n_layer=2, n_embd=16, n_head=2, context=16)
 
 
+def local_unet():
+    """A U-Net-style model whose class lives inside a function, like a class defined in a notebook:
+    the spawned ranks could not import it, only its traced layers travel."""
+
+    class TinyUNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.down, self.pool = torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.MaxPool2d(2)
+            self.mid, self.up = torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.Upsample(scale_factor=2)
+            self.out, self.head = torch.nn.Conv2d(8, 4, 3, padding=1), torch.nn.Linear(4 * 8 * 8, 10)
+
+        def forward(self, x):
+            d = torch.relu(self.down(x))
+            m = torch.relu(self.mid(self.pool(d)))
+            u = torch.cat([self.up(m), d], 1)  # the skip connection crosses every cut between down and out
+            return self.head(torch.relu(self.out(u)).flatten(1))
+
+    torch.manual_seed(0)
+    return TinyUNet()
+
+
 def microbatch_sgd(module, call, ds, loss):
     """The oracle: minibatch SGD on the original module with the runtime's data order."""
     module = module.double().train()
@@ -90,6 +111,7 @@ def plan_for(gmodel, ds):
 CASES = {
     "resnet": (resnet, images, lambda m, x: m(x)),
     "gpt2": (gpt2, tokens, lambda m, x: m(x).logits),
+    "unet": (local_unet, images, lambda m, x: m(x)),
 }
 
 
@@ -127,6 +149,7 @@ def test_gpipe_equals_microbatch_sgd_on_the_original_module(runs, key):
     for n in want:
         torch.testing.assert_close(got[n], want[n], rtol=1e-9, atol=1e-11, msg=n)
     assert summary["steps"] == STEPS and summary["minibatch_ms_steady"] > 0 and summary["samples_per_s"] > 0
+    assert repr(summary).startswith("RunResult(schedule=gpipe") and "samples/s" in summary._repr_html_()
     if key == "gpt2":  # accuracy = hits / tokens, a fraction
         assert 0 <= summary["final_accuracy"] <= 1 and job.options["targets_per_sample"] == 16
 
@@ -140,6 +163,17 @@ def test_pipedream_equals_the_semantic_reference(runs, key):
     for s, w in enumerate(ref):
         for n, t in w.items():
             torch.testing.assert_close(summary["weights"][s][n], t, rtol=1e-9, atol=1e-11, msg=n)
+
+
+def test_a_class_the_ranks_cannot_import_trains_through_its_traced_layers(runs):
+    import pickle
+
+    with pytest.raises((AttributeError, pickle.PicklingError)):
+        pickle.dumps(local_unet())
+    results, meta = runs
+    g = meta["unet"][1]
+    assert [n.split(":")[1] for n in g.names] == ["down", "pool", "mid", "up", "out", "head"]
+    assert results[("unet", "gpipe")][1]["steps"] == STEPS  # and its weights: test_gpipe_equals_...[unet]
 
 
 def test_tied_gpt2_across_stages_is_refused_with_the_modules_named(tmp_path):

@@ -83,6 +83,21 @@ class GraphModel(LayerModel):
             return self.loss_fn(output, target)
         return super().loss(output, target)
 
+    def to(self, device) -> "GraphModel":
+        """Move the weights and rewrite the device constants the trace recorded (``arange(...,
+        device=cpu)``) so the layers create their tensors on ``device`` too."""
+        super().to(device)
+        dev = torch.device(device)
+        for layer in self.layers:
+            changed = False
+            for n in layer.gm.graph.nodes:
+                if isinstance(n.kwargs.get("device"), torch.device) and n.kwargs["device"] != dev:
+                    n.update_kwarg("device", dev)
+                    changed = True
+            if changed:
+                layer.gm.recompile()
+        return self
+
     def check_stages(self, bounds) -> None:
         """Refuse stage bounds that put the layers sharing a weight into different stages: the
         runtime keeps one copy of a stage's weights per stage, so tied copies would drift apart."""
