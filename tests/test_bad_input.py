@@ -32,7 +32,7 @@ def zero_profile(tmp_path):
 def test_all_zero_profile(capsys, zero_profile):
     with pytest.raises(ValueError, match="zero compute time"):
         Profile.load(zero_profile)
-    assert "zero compute time (fwd_ms + bwd_ms) in all 2 layers" in one_line_error(
+    assert "has zero compute time (fwd_ms + bwd_ms) in all 2 layers" in one_line_error(
         capsys, ["partition", "--profile", str(zero_profile), "--workers", "2"])
 
 

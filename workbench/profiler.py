@@ -42,9 +42,6 @@ class Profile:
         df = df.reset_index(drop=True).copy()
         for c in REQUIRED[1:]:
             df[c] = df[c].astype(float)
-        if float((df["fwd_ms"] + df["bwd_ms"]).sum()) <= 0:
-            raise ValueError(f"profile has zero compute time (fwd_ms + bwd_ms) in all {len(df)} layers; nothing to "
-                             "balance: measure the model (workbench profile) or fill in per-layer times")
         object.__setattr__(self, "layers", df)
 
     # ---- constructors -----------------------------------------------------------------
@@ -125,7 +122,16 @@ class Profile:
 
     @classmethod
     def load(cls, path) -> "Profile":
-        path = Path(path)
+        """Read a profile file (see :meth:`save`, or a PipeDream graph.txt); a file whose layers all
+        have zero compute time is refused (nothing to partition or simulate)."""
+        prof = cls._load(Path(path))
+        if prof.total_ms <= 0:
+            raise ValueError(f"profile {path} has zero compute time (fwd_ms + bwd_ms) in all {len(prof)} layers; "
+                             "nothing to balance: measure the model (workbench profile) or fill in per-layer times")
+        return prof
+
+    @classmethod
+    def _load(cls, path: Path) -> "Profile":
         if not path.exists():
             raise ValueError(f"profile file {path} does not exist")
         if path.name == "graph.txt" or path.suffix == ".txt":
