@@ -131,6 +131,7 @@ def test_segment_flop_shares_are_charged():
     sched = q.seq1f1b(2, 2, segments=2, seq_len=1024, model=GPT_SMALL, split="tokens")
     res = simulate(sched, fwd=1.0, bwd=2.0)
     f = res.compute[(res.compute["kind"] == "F") & (res.compute["microbatch"] == 0) & (res.compute["worker"] == 0)]
+    assert f["segment"].tolist() == [0, 1]  # the timeline's optional segment column
     dur = (f["end"] - f["start"]).tolist()
     assert dur == pytest.approx(list(sched.segment_flops)) and dur[1] > dur[0]  # equal tokens, unequal cost
     balanced = simulate(q.seq1f1b(2, 8, segments=2, seq_len=1024, model=GPT_SMALL), fwd=1.0, bwd=2.0)
