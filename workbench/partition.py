@@ -577,33 +577,34 @@ def with_predictions(plan: Plan, cm: CostModel, in_flight=None) -> Plan:
                    stage_memory_bytes=tuple(cm.stage_memory_bytes(plan, k, recompute=plan.meta.get("recompute", False))))
 
 
-def refine_microbatches(plan: Plan) -> int:
-    """Minibatches of a refinement simulation: enough for a steady state after the warm-up
-    (four round trips of the input stage, at least 32)."""
-    return max(32, 4 * plan.in_flight_count * plan.stages[0].replicas)
-
-
 def refine_plan(plan: Plan, profile: Profile, topology: Topology, cm: CostModel,
                 memory_bytes: float | None = None) -> Plan:
     """Simulate ``plan``'s 1F1B schedule (:func:`workbench.simulate.simulate_plan`) with PipeDream's
-    NOAM warm-up and with the communication-aware ``in_flight``; keep the faster steady state
-    whose ``stage_memory_bytes`` fit ``memory_bytes`` (ties within 0.5%: fewer in flight)."""
+    NOAM warm-up and, unless that already reaches the prediction (within 0.5%; the prediction is a
+    bottleneck bound the steady state cannot beat), with the communication-aware ``in_flight``;
+    keep the faster one whose ``stage_memory_bytes`` fit ``memory_bytes`` (ties within 0.5%: the
+    smaller warm-up)."""
     from .schedules import noam_warmup
-    from .simulate import simulate_plan
+    from .simulate import simulate_plan, steady_microbatches
 
-    options = []
+    used = sorted(w for s in plan.stages for w in s.workers)
+    if used != list(range(len(used))):  # fewer workers, not a prefix of the ids: no schedule layout for it
+        return replace(plan, meta=plan.meta | {"not_simulated": "the plan's workers are not 0..W-1"})
+    best = None
     for k in dict.fromkeys([tuple(noam_warmup(tuple(s.workers for s in plan.stages))), plan.in_flight]):
         cand = with_predictions(plan, cm, k)
         if memory_bytes is not None and max(cand.stage_memory_bytes) > memory_bytes:
             continue
-        res = simulate_plan(cand, profile, topology, microbatches=refine_microbatches(cand),
-                            latency_ms=list(cm.latency_ms), op_overhead_ms=cm.op_overhead_ms)
-        options.append((res.time_per_minibatch_ms, sum(k), cand))
-    if not options:
+        res = simulate_plan(cand, profile, topology, latency_ms=list(cm.latency_ms), op_overhead_ms=cm.op_overhead_ms)
+        t = res.time_per_minibatch_ms
+        if best is None or t < best[0] * (1 - 0.005):
+            best = (t, cand)
+        if t <= cand.predicted_ms * 1.005:
+            break
+    if best is None:
         return plan
-    fastest = min(t for t, _, _ in options)
-    t, _, chosen = min((o for o in options if o[0] <= fastest * 1.005), key=lambda o: o[1])
-    return replace(chosen, simulated_ms=t, meta=chosen.meta | {"simulated_minibatches": refine_microbatches(chosen)})
+    t, chosen = best
+    return replace(chosen, simulated_ms=t, meta=chosen.meta | {"simulated_minibatches": steady_microbatches(chosen)})
 
 
 def _infeasible_message(L: _Layers, topo, straight, memory, fewer, cm, recompute=False) -> str:
