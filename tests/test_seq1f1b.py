@@ -212,3 +212,11 @@ def test_profile_costs_activation_bytes_per_worker():
     one = simulate(build("pipedream-flush", 4, 8), profile=prof).metrics["peak_activation_bytes"]
     seg = simulate(q.seq1f1b(4, 8, segments=4), profile=prof).metrics["peak_activation_bytes"]
     assert seg == pytest.approx([o * (4 - s + 3) / 4 / (4 - s) for s, o in enumerate(one)])
+
+
+def test_layer_runtime_refuses_segments_before_spawning(tmp_path):
+    from workbench.runtime import prepare
+
+    with pytest.raises(ValueError, match="runtime.segments"):
+        prepare("toy-mlp", "seq1f1b", workers=2, microbatches=2, out=tmp_path / "x", allow_oversubscribe=True,
+                schedule_options={"segments": 2})
