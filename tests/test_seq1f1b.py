@@ -131,6 +131,7 @@ def test_segment_flop_shares_are_charged():
     sched = q.seq1f1b(2, 2, segments=2, seq_len=1024, model=GPT_SMALL, split="tokens")
     res = simulate(sched, fwd=1.0, bwd=2.0)
     f = res.compute[(res.compute["kind"] == "F") & (res.compute["microbatch"] == 0) & (res.compute["worker"] == 0)]
+    assert f["segment"].tolist() == [0, 1]  # the timeline's optional segment column
     dur = (f["end"] - f["start"]).tolist()
     assert dur == pytest.approx(list(sched.segment_flops)) and dur[1] > dur[0]  # equal tokens, unequal cost
     balanced = simulate(q.seq1f1b(2, 8, segments=2, seq_len=1024, model=GPT_SMALL), fwd=1.0, bwd=2.0)
@@ -196,3 +197,26 @@ def test_torch_csv_refuses_segments():
     with pytest.raises(ValueError, match="segments"):
         to_torch_csv(q.seq1f1b(2, 2, segments=2))
     assert to_torch_csv(q.seq1f1b(2, 2, segments=1)) == to_torch_csv(build("pipedream-flush", 2, 2))
+
+
+def test_profile_costs_activation_bytes_per_worker():
+    """A uniform 4-layer profile (1 ms / 2 ms, 1 MB activations, 1 MB weights per layer; modeled):
+    Seq1F1B's peak stashed bytes per worker are its token shares of 1F1B's, (S - s + k - 1)/k vs S - s."""
+    import pandas as pd
+
+    from workbench.profiler import Profile
+
+    df = pd.DataFrame({"name": [f"l{i}" for i in range(4)], "fwd_ms": 1.0, "bwd_ms": 2.0,
+                       "act_bytes": 1e6, "param_bytes": 1e6})
+    prof = Profile.from_frame(df, model="uniform-4", kind="synthetic")
+    one = simulate(build("pipedream-flush", 4, 8), profile=prof).metrics["peak_activation_bytes"]
+    seg = simulate(q.seq1f1b(4, 8, segments=4), profile=prof).metrics["peak_activation_bytes"]
+    assert seg == pytest.approx([o * (4 - s + 3) / 4 / (4 - s) for s, o in enumerate(one)])
+
+
+def test_layer_runtime_refuses_segments_before_spawning(tmp_path):
+    from workbench.runtime import prepare
+
+    with pytest.raises(ValueError, match="runtime.segments"):
+        prepare("toy-mlp", "seq1f1b", workers=2, microbatches=2, out=tmp_path / "x", allow_oversubscribe=True,
+                schedule_options={"segments": 2})

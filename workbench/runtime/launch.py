@@ -112,6 +112,9 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
         sched = schedule_for_workers(schedule, workers, plan, microbatches, sopts)
     validate(sched)
     check_remote(sched)  # master family: remote weights are fetched from their owner (fetch.py)
+    if sched.num_segments > 1:
+        raise ValueError(f"{sched.name} cuts sequences into segments, which a layer-sequential model cannot run; "
+                         f"run it with workbench.runtime.segments.run (segment-wise transformer)")
     if sched.num_workers != workers:
         raise ValueError(f"schedule {sched.name!r} uses {sched.num_workers} workers but workers={workers}")
     if sched.microbatches != microbatches:

@@ -41,6 +41,12 @@ from .generators import _check_m, _straight, assign_versions, insert_updates, st
 from .registry import register
 
 Unit = tuple[int, int]  # (microbatch, segment)
+_SOURCE = "Sun et al., Seq1F1B (NAACL 2025; arXiv 2406.03488)"
+_OPTIONS = {"segments": "k: segments per sequence", "seq_len": "tokens per sequence (default: segments)",
+            "steps": "iterations (flushes) in the schedule",
+            "model": "(P, L, d) of the FLOP estimate, or 'P,L,d' (default: FLOPs proportional to tokens)",
+            "split": "segment lengths: FLOP-balanced or equal tokens"}
+_CHOICES = {"split": ("flops", "tokens")}
 
 
 # ---- segment lengths -----------------------------------------------------------------------
@@ -190,11 +196,8 @@ def _common(plan, microbatches, segments, seq_len, steps, model, split):
 
 
 @register("seq1f1b", description="Seq1F1B: 1F1B over (microbatch, segment) units, segment backwards in reverse order",
-          source="Sun et al., Seq1F1B (NAACL 2025; arXiv 2406.03488)", options={"segments": "k: segments per sequence", "seq_len": "tokens per sequence (default: segments)",
-                   "steps": "iterations (flushes) in the schedule",
-                   "model": "(P, L, d) of the FLOP estimate, or 'P,L,d' (default: FLOPs proportional to tokens)",
-                   "split": "segment lengths: FLOP-balanced or equal tokens"},
-          choices={"split": ("flops", "tokens")})
+          source=_SOURCE,
+          options=_OPTIONS, choices=_CHOICES)
 def seq1f1b(plan, microbatches: int, segments: int = 2, seq_len: int | None = None, steps: int = 1,
             model: object = None, split: str = "flops") -> Schedule:
     """Seq1F1B on a straight pipeline: per iteration of ``microbatches`` sequences, 1F1B over the
@@ -216,11 +219,8 @@ def seq1f1b(plan, microbatches: int, segments: int = 2, seq_len: int | None = No
 
 
 @register("seq1f1b-zb", description="Seq1F1B with ZB-H1's split backward: deferred weight gradients fill the cool-down",
-          source="Sun et al., Seq1F1B (NAACL 2025; arXiv 2406.03488) with Qi et al., Zero Bubble (ICLR 2024)", options={"segments": "k: segments per sequence", "seq_len": "tokens per sequence (default: segments)",
-                   "steps": "iterations (flushes) in the schedule",
-                   "model": "(P, L, d) of the FLOP estimate, or 'P,L,d' (default: FLOPs proportional to tokens)",
-                   "split": "segment lengths: FLOP-balanced or equal tokens"},
-          choices={"split": ("flops", "tokens")})
+          source=_SOURCE + " with Qi et al., Zero Bubble (ICLR 2024)",
+          options=_OPTIONS, choices=_CHOICES)
 def seq1f1b_zb(plan, microbatches: int, segments: int = 2, seq_len: int | None = None, steps: int = 1,
                model: object = None, split: str = "flops") -> Schedule:
     """Seq1F1B with ZB-H1's split backward: BI (input and key/value gradients) in Seq1F1B's order,
@@ -280,12 +280,9 @@ def interleaved_units_order(rank: int, P: int, v: int, fu: list[Unit], bu: list[
 
 
 @register("seq1f1b-interleaved", description="Seq1F1B with interleaving: `chunks` stages per worker over (microbatch, segment) units",
-          source="Sun et al., Seq1F1B (NAACL 2025; arXiv 2406.03488) with Narayanan et al., Megatron-LM (SC 2021)", stages_per_worker="chunks", options={"segments": "k: segments per sequence", "seq_len": "tokens per sequence (default: segments)",
-                   "steps": "iterations (flushes) in the schedule",
-                   "model": "(P, L, d) of the FLOP estimate, or 'P,L,d' (default: FLOPs proportional to tokens)",
-                   "split": "segment lengths: FLOP-balanced or equal tokens",
-                   "chunks": "stages per worker (stage s on worker s mod P)"},
-          choices={"split": ("flops", "tokens")})
+          source=_SOURCE + " with Narayanan et al., Megatron-LM (SC 2021)",
+          stages_per_worker="chunks", options=_OPTIONS | {"chunks": "stages per worker (stage s on worker s mod P)"},
+          choices=_CHOICES)
 def seq1f1b_interleaved(plan, microbatches: int, segments: int = 2, chunks: int = 2, seq_len: int | None = None,
                         steps: int = 1, model: object = None, split: str = "flops") -> Schedule:
     """Interleaved Seq1F1B: S = P v stages on P workers (stage s on worker s mod P), torch's
@@ -317,12 +314,6 @@ def _in_flight(order: list[tuple]) -> int:
         elif kind in ("B", "BW"):
             live.discard((s, u))
     return peak
-
-
-def describe_units(schedule: Schedule, worker: int) -> str:
-    """One worker's compute order as ``F0.1/0`` tokens (kind, stage, microbatch / segment)."""
-    return " ".join(f"{op.kind}{op.stage}.{op.microbatch}/{op.segment}" for op in schedule.ops[worker]
-                    if op.kind not in ("AR", "STEP"))
 
 
 __all__ = ["segment_flops", "balanced_tokens", "equal_tokens", "segment_splits", "seq1f1b", "seq1f1b_zb",

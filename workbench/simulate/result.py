@@ -164,7 +164,8 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
         timeline = pd.concat([comp, comm[list(TIMELINE_COLUMNS)]], ignore_index=True)
     else:
         timeline = comp
-    timeline = timeline[list(TIMELINE_COLUMNS)]  # round = step = 0: one pass over the op lists
+    extra = ["segment"] if "segment" in timeline.columns else []  # optional column (Seq1F1B)
+    timeline = timeline[list(TIMELINE_COLUMNS) + extra]  # round = step = 0: one pass over the op lists
     makespan = float(end_a.max()) if len(end_a) else 0.0
     if not math.isfinite(makespan):
         makespan = 0.0
