@@ -34,10 +34,10 @@ worker keeps one chunk free for a second-stage F (the turn of the V), so it cann
 and V-ZB take, of the candidates within their limit (the V-Min block, the list scheduler's
 variants), the one with the shortest unit-time makespan.
 
-ZB-H2 (zero-bubble paper §3) is the list scheduler on a straight pipeline with every worker limited to
-2P - 1 microbatches (the paper's (2p - 1) M_B): per-step idle time (P - 1)(T_F + T_B - 2 T_W), zero
-at T_F = T_B = T_W once consecutive steps tile (each stage steps as soon as its own W's are done: no
-global flush in this IR). With a single step the fill of the pipeline (P - 1) remains.
+ZB-H2 (zero-bubble paper §3) is the list scheduler on a straight pipeline with every worker limited
+to 2P - 1 microbatches (the paper's (2p - 1) M_B): per-step idle time (P - 1)(T_F + T_B - 2 T_W)
+for T_W <= T_F (tested), zero at T_F = T_B = T_W once consecutive steps tile (each stage steps as
+soon as its own W's are done: no global flush in this IR). A single step keeps the pipeline fill.
 
 The order is the schedule: the simulator, the runtime and the memory numbers read it like any other
 schedule; other costs (T_F != T_B) change the timing, not the order.

@@ -17,7 +17,7 @@ Several stages per worker (v chunks, S = P v stages):
   k-th forward, reversed for backwards), each followed by a W once r pairs have run.
 * ``zb-v`` (torch ``ScheduleZBVZeroBubble``, paper §6): V placement, rank r holds stages r and
   2P - 1 - r (the loss is computed on rank 0). Zero bubble when T_F = T_B = T_W; peak activation
-  memory that of 1F1B (2P chunks of half a stage each on rank 0).
+  memory that of 1F1B (2P chunks of half a worker's layers on every rank).
 * ``dualpipev`` (torch ``ScheduleDualPipeV``; DeepSeek-V3's DualPipe folded into a V): the same V
   placement; in steady state each rank runs the forward of one microbatch and the full backward of
   another as one overlapped pair (torch's OVERLAP_F_B). This IR has no overlap op: the pair is two
