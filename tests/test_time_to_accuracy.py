@@ -78,9 +78,9 @@ def test_claims_csv_has_the_contract_columns_and_labels(out03):
         assert (claims["claim"] == claim_text).any()
     done = claims.dropna(subset=["ours"])
     assert (done["ratio"] - done["ours"] / done["paper"]).abs().max() < 1e-9
-    for name in ("accuracy_vs_epoch", "accuracy_vs_time_measured", "accuracy_vs_time_modeled",
-                 "ablation_weight_stashing"):
-        assert (out03 / f"{name}.html").stat().st_size > 10_000
+    page = (out03 / "figures.html").read_text()
+    for title in ("Statistical efficiency", "Weight stashing ablation", "Measured on this machine", "Modeled: epochs"):
+        assert title in page
 
 
 def test_pipedream_with_stashing_reaches_the_target_and_without_stashing_does_worse(out03):

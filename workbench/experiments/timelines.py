@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from .common import claim, out_folder, save_figure, save_table, write_claims
-from .time_to_accuracy import drop_checkpoints
+from .pages import save_page, slim_runs
 
 EXPERIMENT = "04_pipeline_timelines"
 BUSY_KINDS = ("F", "B", "BI", "BW", "STEP")
@@ -169,7 +169,7 @@ def measured_runs(cfg: Config, out_dir) -> tuple[dict, pd.DataFrame]:
         except ValueError as e:
             skipped.append(dict(schedule=name, reason=str(e)))
     summaries = run_jobs(list(jobs.values())) if jobs else []
-    drop_checkpoints(summaries)
+    slim_runs(summaries)
     return {n: (j, s) for (n, j), s in zip(jobs.items(), summaries)}, pd.DataFrame(skipped, columns=["schedule", "reason"])
 
 
@@ -307,15 +307,6 @@ def bubble_claims(table: pd.DataFrame, cfg: Config) -> list[dict]:
             rows.append(claim(EXPERIMENT, f"{r.schedule} bubble fraction = {r.formula}", r.closed_form,
                               r.bubble_measured, "fraction", lab, r.explanation))
     return rows
-
-
-def save_page(figs: dict, path: Path, title: str) -> Path:
-    """Several plotly figures in one standalone HTML page (plotly.js embedded once: one file of a few MB
-    instead of one per figure)."""
-    parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs.values())]
-    path.write_text(f"<html><head><meta charset='utf-8'><title>{title}</title></head><body><h2>{title}</h2>"
-                    + "".join(parts) + "</body></html>")
-    return path
 
 
 def run(cfg: Config, out_dir) -> dict:
