@@ -160,7 +160,7 @@ def measured_runs(cfg: Config, out_dir) -> tuple[dict, pd.DataFrame]:
     """Run every schedule ``cfg.steps`` rounds into ``out_dir/runs/<name>``. Returns ({name: (job,
     summary)}, skipped) where ``skipped`` lists the schedules the runtime cannot run at this worker
     count, with the reason it gave."""
-    from ..runtime import run_jobs
+    from ..runtime import run_job, run_jobs
 
     jobs, skipped = {}, []
     for name in cfg.names():
@@ -168,9 +168,17 @@ def measured_runs(cfg: Config, out_dir) -> tuple[dict, pd.DataFrame]:
             jobs[name] = _prepare(cfg, name, Path(out_dir) / "runs" / name)
         except ValueError as e:
             skipped.append(dict(schedule=name, reason=str(e)))
-    summaries = run_jobs(list(jobs.values())) if jobs else []
-    slim_runs(summaries)
-    return {n: (j, s) for (n, j), s in zip(jobs.items(), summaries)}, pd.DataFrame(skipped, columns=["schedule", "reason"])
+    try:
+        summaries = dict(zip(jobs, run_jobs(list(jobs.values())))) if jobs else {}
+    except RuntimeError:  # one schedule failed at run time: run them one by one and report the failures
+        summaries = {}
+        for name, job in jobs.items():
+            try:
+                summaries[name] = run_job(_prepare(cfg, name, Path(out_dir) / "runs" / f"{name}-alone"))
+            except (RuntimeError, ValueError) as e:
+                skipped.append(dict(schedule=name, reason=f"failed at run time: {e}"))
+    slim_runs(summaries.values())
+    return {n: (jobs[n], s) for n, s in summaries.items()}, pd.DataFrame(skipped, columns=["schedule", "reason"])
 
 
 def measured_timeline(summary: dict) -> pd.DataFrame:
@@ -318,7 +326,7 @@ def run(cfg: Config, out_dir) -> dict:
         sim = modeled(job, stage_costs(job, cache), cfg.steps)
         rows.append(compare(name, job, summary, sim, cfg))
         figs[f"timeline_{name}"] = timeline_pair(name, sim, summary, cfg)
-        sim.timeline.to_csv(out / "runs" / name / "timeline_modeled.csv", index=False)
+        sim.timeline.to_csv(Path(summary["out"]) / "timeline_modeled.csv", index=False)
     table = pd.DataFrame(rows)
     save_table(table, out, "bubbles")
     save_table(skipped, out, "skipped")
