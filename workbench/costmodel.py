@@ -254,11 +254,16 @@ class CostModel:
             lag = out[k] * r[k] * P
         return out
 
-    def stage_memory_bytes(self, plan, in_flight) -> list[float]:
+    def stage_memory_bytes(self, plan, in_flight, recompute: bool = False) -> list[float]:
         """Per worker of stage s: ``K_s · (weights + stashed activations of the stage)`` (one
-        stashed weight version and the activations of each minibatch in flight)."""
-        return [float(k * (self.range_sum("param_bytes", s.first, s.last) + self.range_sum("act_bytes", s.first, s.last)))
-                for s, k in zip(plan.stages, in_flight)]
+        stashed weight version and the activations of each minibatch in flight); with
+        ``recompute`` (re-materialization) ``K_s · (weights + stage input) + activations``."""
+        out = []
+        for s, k in zip(plan.stages, in_flight):
+            w, a = self.range_sum("param_bytes", s.first, s.last), self.range_sum("act_bytes", s.first, s.last)
+            a_in = float(self.act_bytes[s.first - 1]) if recompute and s.first > 0 else 0.0
+            out.append(float(k * (w + a_in) + a if recompute else k * (w + a)))
+        return out
 
 
 def ring_allreduce_ms(nbytes, replicas, bandwidth: float, latency_ms: float):
