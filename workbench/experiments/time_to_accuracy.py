@@ -471,3 +471,16 @@ def run(cfg: Config, out_dir) -> dict:
     save_page(figs, out / "figures.html", "Time to accuracy: learning curves (measured) and modeled time")
     (out / "config.json").write_text(pd.Series(asdict(cfg)).to_json(indent=1))
     return dict(out=out, figures=figs, **tables)
+
+
+def validate_params(quick: bool, **params) -> None:
+    """``workbench reproduce``'s check of the notebook's parameters before anything runs (one-line
+    ``ValueError``): the configuration they make, and the model and its options in the zoo."""
+    from dataclasses import fields
+
+    from ..models import config as model_config
+
+    names = {f.name for f in fields(Config)}
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items() if k in names}
+    cfg = quick_config(**kw) if quick else Config(**kw)
+    model_config(cfg.model, "mini", **dict(cfg.model_options))

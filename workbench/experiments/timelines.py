@@ -336,3 +336,16 @@ def run(cfg: Config, out_dir) -> dict:
     save_figure(figs["panels"], out, "panels")
     (out / "config.json").write_text(pd.Series(asdict(cfg)).to_json(indent=1))
     return dict(out=out, table=table, skipped=skipped, figures=figs)
+
+
+def validate_params(quick: bool, **params) -> None:
+    """``workbench reproduce``'s check of the notebook's parameters before anything runs (one-line
+    ``ValueError``): the configuration they make, and the model and its options in the zoo."""
+    from dataclasses import fields
+
+    from ..models import config as model_config
+
+    names = {f.name for f in fields(Config)}
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items() if k in names}
+    cfg = quick_config(**kw) if quick else Config(**kw)
+    model_config(cfg.model, "mini", **dict(cfg.model_options))
