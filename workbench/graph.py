@@ -340,7 +340,9 @@ def split(model: nn.Module, example_input, *, layers: list[str] | None = None, m
     and cut it into layers (see the module docstring).
 
     ``layers``: names of the modules at which a layer starts (``model.named_modules()`` names, e.g.
-    ``["layer1.0", "layer1.1", "fc"]``); default :func:`auto_units` with ``min_layers``. ``task``:
+    ``["layer1.0", "layer1.1", "fc"]``): code before the first joins the first layer, code outside
+    the named modules stays with the layer before it; default :func:`auto_units` with
+    ``min_layers``. ``task``:
     ``"classification"`` (output ``(N, C)``) or ``"lm"`` (output ``(N, T, V)``), inferred from the output
     shape when None; ``loss(output, target)`` replaces the task's cross-entropy.
     """
@@ -368,8 +370,8 @@ def split(model: nn.Module, example_input, *, layers: list[str] | None = None, m
         raise ValueError(f"{type(model).__name__} computes nothing from its input; nothing to split")
     group = _merge(group, _forbidden_cuts(gm, group))
     glayers, names = _build_layers(gm, group, units)
-    out_val = _value(next(n for n in gm.graph.nodes if n.op == "output").args[0][0]) \
-        if isinstance(next(n for n in gm.graph.nodes if n.op == "output").args[0], (tuple, list)) else None
+    first_out = torch.utils._pytree.tree_leaves(next(n for n in gm.graph.nodes if n.op == "output").args[0])[0]
+    out_val = _value(first_out) if isinstance(first_out, fx.Node) else None
     out_shape = tuple(out_val.shape) if isinstance(out_val, torch.Tensor) else None
     task = task or ("lm" if out_shape is not None and len(out_shape) == 3 else "classification")
     classes = int(out_shape[-1]) if out_shape is not None and not isinstance(out_shape[-1], torch.SymInt) else None
