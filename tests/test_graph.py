@@ -153,10 +153,8 @@ def test_layers_override_and_unknown_names():
         split(m, torch.randn(2, 1, 8, 8), layers=["layer9"])
 
 
-transformers = pytest.importorskip("transformers")
-
-
 def gpt2(tied: bool):
+    pytest.importorskip("transformers")
     from workbench.models.examples import gpt2_tiny
 
     torch.manual_seed(0)
@@ -196,3 +194,16 @@ def test_to_device_rewrites_the_device_constants_of_the_trace():
     assert not any("device(type='cpu')" in layer.gm.code for layer in g.layers)
     y = chain(g, torch.randint(0, 64, (3, 16), device="meta"))
     assert y.device.type == "meta" and tuple(y.shape) == (3, 16, 64)
+
+
+def test_from_modules_gives_layers_by_hand_for_untraceable_code():
+    from workbench.graph import from_modules
+
+    torch.manual_seed(0)
+    blocks = [DataDependent(), nn.Linear(3, 5)]
+    g = from_modules(blocks, torch.randn(2, 3))
+    assert g.names == ["0:DataDependent", "1:Linear"] and g.task == "classification" and g.target.high == 5
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(chain(g, x), blocks[1](blocks[0](x)), rtol=0, atol=0)
+    prof = profile(g, x, iterations=1, warmup=0, progress=False)
+    assert prof.total_param_bytes == sum(p.numel() * 4 for m in blocks for p in m.parameters())

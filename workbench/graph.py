@@ -89,6 +89,8 @@ class GraphModel(LayerModel):
         super().to(device)
         dev = torch.device(device)
         for layer in self.layers:
+            if not isinstance(layer, GraphLayer):  # from_modules: nothing traced
+                continue
             changed = False
             for n in layer.gm.graph.nodes:
                 if isinstance(n.kwargs.get("device"), torch.device) and n.kwargs["device"] != dev:
@@ -127,7 +129,9 @@ def _export(model: nn.Module, args: tuple) -> fx.GraphModule:
     except Exception as e:  # noqa: BLE001 - any tracing failure becomes one line for the user
         why = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise ValueError(f"cannot trace {type(model).__name__} with torch.export ({type(e).__name__}: {why}); "
-                         "give the layers by hand: pass a list of modules (layers=[...]) or an nn.Sequential") from None
+                         "give the layers by hand: workbench.graph.from_modules([module, ...], example_input), each "
+                         "module taking the previous one's output, or split(..., layers=[names]) on a traceable "
+                         "part") from None
     finally:
         model.train(was)
     gm = ep.module()
@@ -319,7 +323,8 @@ def _spec(t: torch.Tensor, vocab: int | None = None) -> TensorSpec:
     return TensorSpec(tuple(t.shape[1:]), t.dtype, high)
 
 
-def _tied(model: nn.Module, layers: list[GraphLayer]) -> list:
+def _tied(model: nn.Module, layers: list[nn.Module]) -> list:
+    """Parameters with several names in ``model`` or held by several layers: (names, layer indices)."""
     names = {}
     for n, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(n)
@@ -331,6 +336,35 @@ def _tied(model: nn.Module, layers: list[GraphLayer]) -> list:
         if len(idx) > 1 or len(names.get(pid, [])) > 1:
             out.append((names.get(pid, ["?"]), sorted(set(idx))))
     return out
+
+
+def _task_and_specs(args: tuple, out_shape, task: str | None):
+    task = task or ("lm" if out_shape is not None and len(out_shape) == 3 else "classification")
+    classes = int(out_shape[-1]) if out_shape is not None and not isinstance(out_shape[-1], torch.SymInt) else None
+    inputs = tuple(_spec(a, classes if task == "lm" else None) for a in args)
+    target = TensorSpec(tuple(args[0].shape[1:]), torch.int64, classes) if task == "lm" else \
+        TensorSpec((), torch.int64, classes)
+    return task, inputs, target
+
+
+def from_modules(modules, example_input, *, name: str = "modules", task: str | None = None, loss=None) -> GraphModel:
+    """Layers given by hand, without tracing: ``modules[i+1]`` takes ``modules[i]``'s output (a tensor
+    or a tuple of tensors), the zoo's convention. For models ``torch.export`` cannot trace."""
+    layers = list(modules)
+    if not layers or not all(isinstance(m, nn.Module) for m in layers):
+        raise ValueError("from_modules() needs a non-empty list of nn.Module layers")
+    args = tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
+    with torch.no_grad():
+        y = args[0] if len(args) == 1 else args
+        for m in layers:
+            y = m(y)
+    out = y if torch.is_tensor(y) else next(t for t in torch.utils._pytree.tree_leaves(y) if torch.is_tensor(t))
+    task, inputs, target = _task_and_specs(args, tuple(out.shape), task)
+    names = [f"{i}:{type(m).__name__}" for i, m in enumerate(layers)]
+    tied = _tied(nn.Sequential(*layers), layers)
+    return GraphModel(name=name, size="user", layers=layers, names=names, dataset="user", task=task, inputs=inputs,
+                      target=target, config=dict(traced=None), description=f"{len(layers)} layers given by hand",
+                      tied=tied, loss_fn=loss)
 
 
 def split(model: nn.Module, example_input, *, layers: list[str] | None = None, min_layers: int = 12,
@@ -373,13 +407,7 @@ def split(model: nn.Module, example_input, *, layers: list[str] | None = None, m
     first_out = torch.utils._pytree.tree_leaves(next(n for n in gm.graph.nodes if n.op == "output").args[0])[0]
     out_val = _value(first_out) if isinstance(first_out, fx.Node) else None
     out_shape = tuple(out_val.shape) if isinstance(out_val, torch.Tensor) else None
-    task = task or ("lm" if out_shape is not None and len(out_shape) == 3 else "classification")
-    classes = int(out_shape[-1]) if out_shape is not None and not isinstance(out_shape[-1], torch.SymInt) else None
-    inputs = tuple(_spec(a, classes if task == "lm" else None) for a in args)
-    if task == "lm":
-        target = TensorSpec(tuple(args[0].shape[1:]), torch.int64, classes)
-    else:
-        target = TensorSpec((), torch.int64, classes)
+    task, inputs, target = _task_and_specs(args, out_shape, task)
     return GraphModel(name=name or type(model).__name__, size="user", layers=list(glayers), names=names,
                       dataset=dataset, task=task, inputs=inputs, target=target,
                       config=dict(traced="torch.export", min_layers=min_layers, layers=layers),
