@@ -61,16 +61,18 @@ def test_interleaved_validates(P, v, groups, steps):
 
 @FAST
 @given(name=st.sampled_from(["ddp", "fsdp", "pp", "lpp", "fslpp"]), S=st.integers(1, 5), B=st.integers(1, 6),
-       R=st.integers(1, 3), prio=st.sampled_from(["oldest-batch", "oldest-stage"]))
+       R=st.integers(1, 3), prio=st.sampled_from(["oldest-batch", "lowest-stage", "breadth-first"]))
 def test_master_schedules_validate(name, S, B, R, prio):
     sched = build(name, S, B, group_size=R, priority=prio) if name in ("lpp", "fslpp") else build(name, S, B, priority=prio)
     validate(sched)
-    assert sched.options["latency_ticks"] >= 2 * S  # one batch's chain of 2S unit jobs
+    assert sched.options["latency"] >= 3 * S  # one batch's chain: S forwards of 1, S backwards of 2
 
 
 def test_names_and_descriptions():
     assert set(NAMES) == {"model-parallel", "gpipe", "pipedream", "pipedream-flush", "pipedream-2bw",
-                          "interleaved-1f1b", "zb-h1", "dp-bsp", "dp-asp", "ddp", "fsdp", "pp", "lpp", "fslpp"}
+                          "interleaved-1f1b", "looped-bfs", "zb-h1", "dp-bsp", "dp-asp", "ddp", "fsdp", "pp", "lpp", "fslpp",
+                          "zb-h2", "interleaved-zb", "zb-v", "dualpipev", "v-min", "v-half", "v-zb",
+                          "seq1f1b", "seq1f1b-interleaved", "seq1f1b-zb"}
     assert all(DESCRIPTIONS[n] and "\n" not in DESCRIPTIONS[n] for n in NAMES)
 
 
@@ -82,7 +84,7 @@ def test_bad_input_raises_value_error():
     with pytest.raises(ValueError, match="weights"):
         build("pipedream", 2, 2, weights="magic")
     with pytest.raises(ValueError, match="multiple"):
-        build("interleaved-1f1b", 4, 3, chunks=2)
+        build("interleaved-1f1b", 8, 9, chunks=2)  # 9 on 4 ranks: 2 rounds of 4.5
     with pytest.raises(ValueError, match="microbatches_per_step"):
         build("pipedream-2bw", 4, 8, microbatches_per_step=2)
     with pytest.raises(ValueError, match="positive"):
@@ -291,7 +293,7 @@ def test_from_placement_user_function_and_priority():
     S, B, W = 4, 4, 2
     w = lambda s, b, d: (s % 2, s % 2)  # noqa: E731  two workers, stages looped
     depth = from_placement(w, S, B, W, "oldest-batch")
-    breadth = from_placement(w, S, B, W, "oldest-stage")
+    breadth = from_placement(w, S, B, W, "lowest-stage")
     newest = from_placement(w, S, B, W, lambda s, b, d: -b)
     validate(depth), validate(breadth), validate(newest)
     first_b = lambda sch: [op.microbatch for op in sch.ops[0] if op.kind in ("F", "B")][:4]  # noqa: E731
@@ -303,6 +305,8 @@ def test_from_placement_user_function_and_priority():
         from_placement(lambda s, b, d: (0 if d == "forward" else 1, 0), S, B, W)
     with pytest.raises(ValueError, match="priority"):
         from_placement(w, S, B, W, "newest")
+    with pytest.raises(ValueError, match="renamed 'lowest-stage'"):
+        from_placement(w, S, B, W, "oldest-stage")
 
 
 def test_fsdp_gradients_reach_owner():

@@ -139,7 +139,8 @@ def cmd_partition(args) -> int:
         prof = _quick_profile(args.model, args.size, args.batch_size)
     topo = _topology_from_args(args)
     mem = args.memory_gb * 2**30 if args.memory_gb else None
-    plan = partition(prof, topo, straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers)
+    plan = partition(prof, topo, straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers,
+                     latency_ms=args.latency_ms, op_overhead_ms=args.op_overhead_ms, refine=not args.no_refine)
     label = prof.meta.get("kind", "kind not recorded")
     where = prof.meta.get("device") or prof.meta.get("source")
     print(f"profile: {len(prof)} layers ({label}{', ' + str(where) if where else ''})")
@@ -149,10 +150,12 @@ def cmd_partition(args) -> int:
     if k > 1:
         for name, fn in (("equal layers", partition_equal_layers), ("balanced time", partition_balanced_time)):
             base = fn(prof, k, topology=topo)
-            print(f"baseline {name:>13} ({k} straight stages): bottleneck {base.bottleneck_ms:.3f} ms/minibatch "
-                  f"(modeled), x{plan.bottleneck_ms and base.bottleneck_ms / plan.bottleneck_ms:.2f} slower than the plan")
+            print(f"baseline {name:>13} ({k} straight stages): {base.predicted_ms:.3f} ms/minibatch "
+                  f"(cost model), x{base.predicted_ms / plan.predicted_ms:.2f} the plan's prediction")
     if args.out:
-        out = Path(args.out)
+        from .io import fresh_path
+
+        out = fresh_path(args.out)  # never overwrite an earlier plan
         out.parent.mkdir(parents=True, exist_ok=True)
         plan.save(out)
         print(f"wrote {out}")
@@ -162,24 +165,57 @@ def cmd_partition(args) -> int:
 def cmd_simulate(args) -> int:
     from . import schedules
     from .plan import Plan
-    from .simulate import simulate
+    from .simulate import plan_topology, simulate
     from .topology import Topology
 
     plan = Plan.load(args.plan) if args.plan else None
-    sched = schedules.build(args.schedule, plan or args.stages, args.microbatches)
+    sp = schedules.spec(args.schedule)
+    opts = dict(args.schedule_option)
+    if sp.family == "master" and not args.profile:  # order by the durations that are simulated
+        opts.setdefault("costs", (args.fwd, args.bwd))
+    if plan is not None and plan.in_flight and args.schedule == "pipedream":
+        opts.setdefault("warmup", list(plan.in_flight))  # the plan's communication-aware in-flight count
+    sched = schedules.build(args.schedule, plan or args.stages, args.microbatches, **opts)
     if args.profile:
         if plan is None:
             raise UsageError("--profile needs --plan (which layers form each stage)")
         if args.topology:
-            topology = parse_topology(args.topology)
+            topology, where = parse_topology(args.topology), "--topology"
+        elif args.workers or plan_topology(plan) is None:
+            topology, where = Topology.flat(args.workers or plan.num_workers, args.bandwidth), "flat --workers/--bandwidth"
         else:
-            topology = Topology.flat(args.workers or plan.num_workers, args.bandwidth)
-        kw = dict(profile=_load_profile(args), plan=plan, topology=topology)
+            topology, where = plan_topology(plan), "the plan's"
+        print(f"topology ({where}): {topology.describe()}")
+        kw = dict(profile=_load_profile(args), plan=plan, topology=topology, latency_ms=args.latency_ms,
+                  op_overhead_ms=args.op_overhead_ms)
     else:
         kw = dict(fwd=args.fwd, bwd=args.bwd)
     res = simulate(sched, **kw)
     print(res.summary())
+    if plan is not None and args.profile and plan.predicted_ms == plan.predicted_ms:
+        print(f"plan: predicted {plan.predicted_ms:.4g} ms/minibatch (cost model) vs simulated "
+              f"{res.time_per_minibatch_ms:.4g} ms/minibatch here ({args.schedule}, {args.microbatches} microbatches"
+              f"{'' if res.metrics['steady_state'] else ', too few for a steady state'})")
     print(f"wrote {res.save(args.out)}")
+    return 0
+
+
+def _schedule_option(text: str):
+    from .schedules.registry import parse_option
+    try:
+        return parse_option(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def cmd_schedules(args) -> int:
+    from . import schedules
+    if args.markdown:
+        print(schedules.markdown_table())
+        return 0
+    for sp in schedules.REGISTRY.values():
+        opts = ", ".join(f"{o.name}={o.default!r}" for o in sp.options) or "no options"
+        print(f"{sp.name:<17} {sp.description}\n{'':<17} options: {opts}; source: {sp.source}")
     return 0
 
 
@@ -204,7 +240,7 @@ def cmd_quickstart(args) -> int:
     from .io import run_folder, run_id
     from .partition import partition
     from .profiler import profile, project
-    from .simulate import simulate
+    from .simulate import simulate_plan, steady_microbatches
     from .topology import Topology
 
     with run_folder(Path(args.out) / run_id("quickstart")) as tmp:
@@ -227,11 +263,15 @@ def cmd_quickstart(args) -> int:
               f"plan MODELED for {cluster.describe()}")
         print(plan2.describe())
 
-        sched = schedules.build("pipedream", plan2, args.microbatches)
-        res = simulate(sched, profile=paper, plan=plan2, topology=cluster)
+        microbatches = max(args.microbatches, steady_microbatches(plan2))
+        res = simulate_plan(plan2, paper, cluster, microbatches=microbatches)
         res.save(tmp / "simulation")
-        print(f"\n== PipeDream 1F1B on that plan, {args.microbatches} minibatches: {res.label}")
+        print(f"\n== PipeDream 1F1B on that plan ({plan2.in_flight_count} minibatches in flight at the input stage, "
+              f"{microbatches} minibatches): {res.label}")
         print(res.summary())
+        print(f"plan predicted {plan2.predicted_ms:.4g} ms/minibatch; simulated steady state "
+              f"{res.time_per_minibatch_ms:.4g} ms/minibatch (warm-up and drain excluded; makespan / minibatches "
+              f"= {res.makespan / res.metrics['minibatches']:.4g} ms includes them)")
     print(f"\nwrote {tmp.final} (profiles, plans, simulation/timeline.html)")
     return 0
 
@@ -241,6 +281,11 @@ def _add_topology(p):
     p.add_argument("--workers", type=int, default=4, help="workers of a flat topology (default 4)")
     p.add_argument("--bandwidth", type=float, default=10e9, help="bytes/s between workers of a flat topology")
     p.add_argument("--topology", help="hierarchical levels COUNTxBW,... innermost first (e.g. 4x10e9,4x1.25e9) or a preset name")
+
+
+def _add_fixed_costs(p):
+    p.add_argument("--latency-ms", type=float, default=0.0, help="latency per message between workers (ms)")
+    p.add_argument("--op-overhead-ms", type=float, default=0.0, help="fixed cost per compute op (ms)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -276,11 +321,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--straight", action="store_true", help="no stage replication")
     p.add_argument("--memory-gb", type=float, help="memory limit per worker (GiB)")
     p.add_argument("--fewer-workers", action="store_true", help="allow using fewer than all workers")
-    p.add_argument("--out", help="write the plan JSON here")
+    _add_fixed_costs(p)
+    p.add_argument("--no-refine", action="store_true", help="DP and closed form only (no simulation of the plan)")
+    p.add_argument("--out", help="write the plan JSON here (a new file: an existing one gets a -2, -3 ... suffix)")
     p.set_defaults(fn=cmd_partition)
 
     p = sub.add_parser("simulate", help="discrete-event simulation of a schedule -> timeline CSV, metrics JSON, HTML")
-    p.add_argument("--schedule", default="pipedream")
+    p.add_argument("--schedule", default="pipedream", help="schedule name (`workbench schedules` lists them)")
+    p.add_argument("--schedule-option", type=_schedule_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="schedule option, e.g. chunks=2 (repeatable; `workbench schedules` lists them)")
     p.add_argument("--microbatches", type=int, default=16)
     p.add_argument("--plan", help="plan JSON (from `workbench partition --out`)")
     p.add_argument("--stages", type=int, default=4, help="stages when no --plan is given (one worker each)")
@@ -289,9 +338,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bwd", type=float, default=2.0, help="unit backward cost")
     p.add_argument("--workers", type=int, default=None, help="flat topology size (default: the plan's workers)")
     p.add_argument("--bandwidth", type=float, default=10e9, help="bytes/s of the flat topology")
-    p.add_argument("--topology", help="levels COUNTxBW,... innermost first, or a preset[:servers]")
+    p.add_argument("--topology", help="levels COUNTxBW,... innermost first, or a preset[:servers] "
+                   "(default: the topology stored in the plan)")
+    _add_fixed_costs(p)
     p.add_argument("--out", default="results/simulate")
     p.set_defaults(fn=cmd_simulate)
+
+    p = sub.add_parser("schedules", help="list the registered schedules, their options and sources")
+    p.add_argument("--markdown", action="store_true", help="print the README's table of schedules")
+    p.set_defaults(fn=cmd_schedules)
 
     p = sub.add_parser("train", help="really train with a schedule (torch.distributed, one process per worker)")
     try:
@@ -309,6 +364,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatches", type=int, default=32, help="minibatches in the simulated PipeDream run")
     p.add_argument("--out", default="results/quickstart")
     p.set_defaults(fn=cmd_quickstart)
+
+    p = sub.add_parser("reproduce", help="run the paper-reproduction notebooks (papermill) into a new run folder")
+    from .reproduce import add_arguments, cmd_reproduce
+    add_arguments(p)
+    p.set_defaults(fn=cmd_reproduce)
     return ap
 
 

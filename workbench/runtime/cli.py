@@ -24,7 +24,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    "an nn.Module (traced into layers by workbench.graph.split)")
     p.add_argument("--dataset", default=None, help="built-in data set name (`workbench models`) or package.module:function "
                    "returning a TensorDataset or a (train, test) pair; default: the zoo model's own")
-    p.add_argument("--schedule", default="pipedream", help="schedule name (workbench.schedules.NAMES)")
+    p.add_argument("--schedule", default="pipedream", help="schedule name (`workbench schedules` lists them)")
+    p.add_argument("--schedule-option", type=_kv, action="append", default=[], metavar="KEY=VALUE",
+                   help="schedule option, e.g. chunks=2 (repeatable; `workbench schedules` lists them)")
     p.add_argument("--weights", choices=["stash", "vertical-sync", "no-stash"], default=None,
                    help="PipeDream weight rule (schedule pipedream only)")
     p.add_argument("--workers", type=int, default=2)
@@ -59,7 +61,9 @@ def run_train(args) -> int:
     from .launch import train
     try:
         plan = Plan.load(args.plan) if args.plan else None
-        sopts = {"weights": args.weights} if args.weights else {}
+        sopts = dict(args.schedule_option)
+        if args.weights:
+            sopts["weights"] = args.weights
         summary = train(model=args.model, schedule=args.schedule, workers=args.workers, microbatches=args.microbatches,
                         steps=args.steps, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                         out=args.out, plan=plan, device=args.device, backend=args.backend, resume=args.resume,

@@ -51,15 +51,19 @@ def _under_torchrun() -> bool:
 def make_schedule(schedule, plan_or_stages, microbatches: int, **options) -> Schedule:
     if isinstance(schedule, Schedule):
         return schedule
-    try:
-        from workbench.schedules import build
-    except ImportError as e:
-        raise ValueError(f"schedule generators unavailable ({e}); pass a Schedule object") from None
+    from workbench.schedules import build
     return build(schedule, plan_or_stages, microbatches, **options)
 
 
-_DATA_PARALLEL = ("dp-bsp", "dp-asp")
-_MASTER = ("ddp", "fsdp", "pp", "lpp", "fslpp")
+def schedule_for_workers(name: str, workers: int, plan, microbatches: int, options: dict) -> Schedule:
+    """Schedule ``name`` on ``workers`` ranks, shaped by the registry (no special cases by name): a
+    schedule taking ``workers`` (data parallel, master family) gets it; without a plan the stage count
+    is ``spec.stages_for(workers, options)`` (k stages per worker; 1 for data parallel)."""
+    from workbench.schedules import spec
+    sp = spec(name)
+    if sp.takes_workers:
+        options.setdefault("workers", workers)
+    return make_schedule(name, plan if plan is not None else sp.stages_for(workers, options), microbatches, **options)
 
 
 def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, steps: int | None = None,
@@ -105,18 +109,12 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
     if isinstance(schedule, Schedule):
         sched = schedule
     else:
-        if schedule in _DATA_PARALLEL + _MASTER:
-            sopts.setdefault("workers", workers)
-        if plan is not None:
-            sched = make_schedule(schedule, plan, microbatches, **sopts)
-        elif schedule in _DATA_PARALLEL:
-            sched = make_schedule(schedule, 1, microbatches, **sopts)
-        elif schedule == "interleaved-1f1b":
-            sched = make_schedule(schedule, workers * sopts.get("chunks", 2), microbatches, **sopts)
-        else:
-            sched = make_schedule(schedule, workers, microbatches, **sopts)
+        sched = schedule_for_workers(schedule, workers, plan, microbatches, sopts)
     validate(sched)
     check_remote(sched)  # master family: remote weights are fetched from their owner (fetch.py)
+    if sched.num_segments > 1:
+        raise ValueError(f"{sched.name} cuts sequences into segments, which a layer-sequential model cannot run; "
+                         f"run it with workbench.runtime.segments.run (segment-wise transformer)")
     if sched.num_workers != workers:
         raise ValueError(f"schedule {sched.name!r} uses {sched.num_workers} workers but workers={workers}")
     if sched.microbatches != microbatches:

@@ -2,8 +2,9 @@
 
 * ``metrics.csv``  one row per minibatch (``step``): loss, accuracy (training microbatches), samples/s,
   wall ms, and at the end of each epoch the test loss/accuracy
-* ``timeline.csv`` measured ops ``worker, stage, microbatch, kind, start, end, version, step, wait_ms``
-  (ms since a barrier-synchronised t0), merged from all ranks on rank 0
+* ``timeline.csv`` measured ops ``worker, stage, microbatch, kind, start, end, version, round, wait_ms,
+  step`` (ms since a barrier-synchronised t0; ``round`` = the minibatch round R, ``step`` the same
+  number, see :mod:`workbench.timeline`), merged from all ranks on rank 0
 * ``checkpoints/round{R}/stage{s}_replica{r}.pt`` written by each stage replica itself (weights,
   optimizer state, step, rng); ``COMPLETE`` marks a checkpoint all ranks finished
 * ``summary.json`` throughput, wall time, final loss/accuracy, per-rank peak memory and stash depth
@@ -35,7 +36,8 @@ import torch
 from .job import Job
 from .reference import updates_per_round
 
-TIMELINE_COLUMNS = ["worker", "stage", "microbatch", "kind", "start", "end", "version", "step", "wait_ms"]
+RECORD_COLUMNS = ["worker", "stage", "microbatch", "kind", "start", "end", "version", "round", "wait_ms"]  # executors' tuples
+TIMELINE_COLUMNS = RECORD_COLUMNS + ["step"]  # step: alias of round (workbench.timeline)
 METRIC_COLUMNS = ["step", "epoch", "loss", "accuracy", "samples", "samples_per_s", "wall_ms", "test_loss", "test_accuracy"]
 
 
@@ -110,9 +112,12 @@ def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
     old_tl = []
     if tl_path.exists():
         with open(tl_path) as f:
-            old_tl = [r for r in csv.DictReader(f) if truncate_from < 0 or int(r["step"]) < truncate_from]
+            old_tl = [r | {"round": r.get("round") or r["step"], "step": r.get("round") or r["step"]}
+                      for r in csv.DictReader(f)]
+            old_tl = [r for r in old_tl if truncate_from < 0 or int(r["round"]) < truncate_from]
     timeline.sort(key=lambda r: (r[4], r[0]))
-    _write_csv(tl_path, TIMELINE_COLUMNS, old_tl + [dict(zip(TIMELINE_COLUMNS, r)) for r in timeline])
+    rows = [dict(zip(RECORD_COLUMNS, r)) for r in timeline]
+    _write_csv(tl_path, TIMELINE_COLUMNS, old_tl + [r | {"step": r["round"]} for r in rows])
 
 
 def _write_csv(path: Path, columns, rows) -> None:
