@@ -210,3 +210,10 @@ def test_from_modules_gives_layers_by_hand_for_untraceable_code():
     torch.testing.assert_close(chain(g, x), blocks[1](blocks[0](x)), rtol=0, atol=0)
     prof = profile(g, x, iterations=1, warmup=0, progress=False)
     assert prof.total_param_bytes == sum(p.numel() * 4 for m in blocks for p in m.parameters())
+
+
+def test_graph_model_repr_is_one_line_and_html_lists_layers():
+    g = split(Skip(), torch.randn(2, 6))
+    text = repr(g)
+    assert text.startswith("GraphModel(name=Skip, layers=4") and "\n" not in text and "MiB" in text
+    assert "3:head" in g._repr_html_() and "workbench-card" in g._repr_html_()

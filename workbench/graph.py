@@ -69,7 +69,7 @@ class GraphLayer(nn.Module):
         return "modules=" + ", ".join(self.modules_covered)
 
 
-@dataclass
+@dataclass(repr=False)
 class GraphModel(LayerModel):
     """A traced user model (see the module docstring). ``tied`` lists the parameters held by more
     than one layer: ``(names in the original model, layer indices)``. ``loss_fn(output, target)``,
@@ -82,6 +82,30 @@ class GraphModel(LayerModel):
         if self.loss_fn is not None:
             return self.loss_fn(output, target)
         return super().loss(output, target)
+
+    # ---- Jupyter manners -----------------------------------------------------------------
+    def _rows(self) -> list:
+        mib = sum(p.numel() * p.element_size() for p in self.parameters()) / 2**20
+        return [("layers", len(self.layers), ""), ("parameters", mib, "MiB (tied counted once)"),
+                ("task", self.task, ""), ("tied weights", len(self.tied), "")]
+
+    def __repr__(self) -> str:
+        from .display import one_line
+
+        return one_line("GraphModel", [("name", self.name, "")] + self._rows())
+
+    def _repr_html_(self) -> str:
+        import pandas as pd
+
+        from .display import card
+
+        from .profiler import _new_param_bytes
+
+        seen: set = set()  # a tied weight counts at its first layer, as in a Profile
+        table = pd.DataFrame([dict(layer=n, param_bytes=_new_param_bytes(layer, seen))
+                              for n, layer in zip(self.names, self.layers)])
+        return card(f"{self.name}: layers for the pipeline", self._rows(), label=self.description, table=table,
+                    max_rows=30)
 
     def to(self, device) -> "GraphModel":
         """Move the weights and rewrite the device constants the trace recorded (``arange(...,
