@@ -93,14 +93,69 @@ picked.drop(columns="label")
 """),
     md("## Measured on this machine: data-parallel training with real gloo ranks"),
     code("""
-measured = dpo.measured_table(cfg["measured_models"], cfg["ranks"], cfg["measured_steps"], cfg["repeats"]) if cfg["measured_models"] else None
-if measured is not None:
+measured = None
+if cfg["measured_models"]:
+    measured = dpo.measured_table(cfg["measured_models"], cfg["ranks"], cfg["measured_steps"], cfg["repeats"])
     common.save_table(measured, out, "measured_dp_overhead")
 measured
 """),
     md("## Paper vs reproduction"),
     code("""
 claims = dpo.claims(fig1, picked, measured)
+common.write_claims(claims, out)
+pd.DataFrame(claims)
+"""),
+]
+
+
+NB05 = [
+    md("""
+# 05 · Unified schedules: the table of "Unifying Parallelization Schemes to Train Deep Nets"
+
+DDP, FSDP, PP, LPP and FSLPP built from their placements `w(s, b, d)` by the master schedule's
+greedy list scheduler, simulated by the workbench simulator with unit costs (a stage's forward +
+backward = 1 unit, communication hidden as the document assumes), next to the document's closed
+forms. Then the bound ρ ≤ M/S with each scheme's point, and LPP over group count G and group size R.
+**Modeled** (unit costs, no profile). Logic: `workbench/experiments/unified.py`.
+"""),
+    code("""
+quick = False
+out_dir = "results/reproduce/manual/05_unified_schedules"
+sweep_S = 8   # LPP sweep: stages
+sweep_B = 16  # LPP sweep: microbatches
+""", tags=["parameters"]),
+    code("""
+import pandas as pd
+from workbench.experiments import common, unified
+
+unified.check_params(sweep_S, sweep_B)
+out = common.out_folder(out_dir)
+"""),
+    md("## The table: closed forms (`*_doc`) vs simulated"),
+    code("""
+tab = unified.table(unified.configurations(quick))
+common.save_table(tab, out, "unified_table")
+tab.drop(columns=["rho_simulator"])
+"""),
+    md("## ρ ≤ M/S: every scheme and the LPP sweep below the bound"),
+    code("""
+sweep = unified.lpp_sweep(sweep_S, sweep_B)
+common.save_table(sweep, out, "lpp_sweep")
+common.save_figure(unified.rho_figure(tab, sweep), out, "rho_bound")
+unified.rho_figure(tab, sweep)
+"""),
+    md("""
+## LPP over G and R
+The closed form `S + B/G − 1` holds for full groups (R = S); with R < S each group loops over
+S/R stages and the simulated latency approaches the work bound `S B / (G R)`.
+"""),
+    code("""
+common.save_figure(unified.sweep_figure(sweep), out, "lpp_sweep")
+unified.sweep_figure(sweep)
+"""),
+    md("## Paper vs reproduction"),
+    code("""
+claims = unified.claims(tab)
 common.write_claims(claims, out)
 pd.DataFrame(claims)
 """),
@@ -118,3 +173,4 @@ def write(name, cells):
 
 if __name__ == "__main__":
     print(write("02_dp_communication_overhead", NB02))
+    print(write("05_unified_schedules", NB05))

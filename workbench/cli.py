@@ -67,9 +67,11 @@ def cmd_profile(args) -> int:
     from .profiler import profile, project
 
     if args.pipedream:
-        from .profiler import Profile
-
-        prof = Profile.from_pipedream(args.pipedream)
+        prof = _pipedream_profile(args.pipedream)
+    elif ":" in args.model:  # a user's model: package.module:function
+        model, x = _user_model_and_input(args)
+        prof = (project(model, args.gpu, example_input=x) if args.gpu else
+                profile(model, x, iterations=args.iterations, warmup=args.warmup, device=args.device))
     elif args.gpu:
         model = models.build(args.model, size=args.size, device="meta")
         prof = project(model, args.gpu, batch_size=args.batch_size)
@@ -77,12 +79,55 @@ def cmd_profile(args) -> int:
         model = models.build(args.model, size=args.size, seed=args.seed)
         prof = profile(model, batch_size=args.batch_size, iterations=args.iterations, warmup=args.warmup,
                        device=args.device)
-    out = Path(args.out)
+    out = _fresh_file(Path(args.out))
     out.parent.mkdir(parents=True, exist_ok=True)
-    prof.save(out)
+    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
+    prof.save(tmp)
+    tmp.rename(out)
+    if Path(str(tmp) + ".meta.json").exists():
+        Path(str(tmp) + ".meta.json").rename(str(out) + ".meta.json")
     print(prof.summary())
     print(f"wrote {out}")
     return 0
+
+
+def _pipedream_profile(name_or_path: str):
+    """A shipped PipeDream profile by name (vgg16, resnet50, alexnet) or a graph.txt path."""
+    from .pipedream_graph import SHIPPED, shipped
+    from .profiler import Profile
+
+    if name_or_path in SHIPPED:
+        return shipped(name_or_path)
+    if not Path(name_or_path).exists():
+        raise UsageError(f"--pipedream {name_or_path!r} is neither a shipped profile ({', '.join(SHIPPED)}) "
+                         "nor an existing graph.txt")
+    return Profile.from_pipedream(name_or_path)
+
+
+def _user_model_and_input(args):
+    """``--model package.module:function`` traced into layers, and ``--batch-size`` samples of ``--dataset``."""
+    from .models.data import load_dataset
+    from .runtime.job import as_dataset, as_layer_model
+
+    if not args.dataset:
+        raise UsageError("a user model (--model package.module:function) needs --dataset (a built-in name, see "
+                         "`workbench models`, or package.module:function returning a TensorDataset) for its input")
+    ds = load_dataset(args.dataset, "train") if ":" not in args.dataset else as_dataset(args.dataset)[0]
+    if args.batch_size < 1 or args.batch_size > len(ds):
+        raise UsageError(f"--batch-size must be in 1..{len(ds)} (the data set's size), got {args.batch_size}")
+    model = as_layer_model(args.model, ds, args.seed)
+    *xs, _ = ds.tensors
+    xs = tuple(x[:args.batch_size] for x in xs)
+    return model, xs[0] if len(xs) == 1 else xs
+
+
+def _fresh_file(path: Path) -> Path:
+    """``path`` if free, else ``stem-2.ext``, ``stem-3.ext``, ...: an existing result is never overwritten."""
+    base, k = path, 2
+    while path.exists():
+        path = base.with_name(f"{base.stem}-{k}{base.suffix}")
+        k += 1
+    return path
 
 
 def cmd_partition(args) -> int:
@@ -195,7 +240,7 @@ def cmd_quickstart(args) -> int:
     from .io import run_folder, run_id
     from .partition import partition
     from .profiler import profile, project
-    from .simulate import simulate_plan
+    from .simulate import simulate_plan, steady_microbatches
     from .topology import Topology
 
     with run_folder(Path(args.out) / run_id("quickstart")) as tmp:
@@ -218,7 +263,7 @@ def cmd_quickstart(args) -> int:
               f"plan MODELED for {cluster.describe()}")
         print(plan2.describe())
 
-        microbatches = max(args.microbatches, 4 * plan2.in_flight_count * plan2.stages[0].replicas)
+        microbatches = max(args.microbatches, steady_microbatches(plan2))
         res = simulate_plan(plan2, paper, cluster, microbatches=microbatches)
         res.save(tmp / "simulation")
         print(f"\n== PipeDream 1F1B on that plan ({plan2.in_flight_count} minibatches in flight at the input stage, "
@@ -251,14 +296,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_models)
 
     p = sub.add_parser("profile", help="per-layer fwd/bwd ms, activation and parameter bytes, FLOPs")
-    p.add_argument("--model", default="vgg16")
+    p.add_argument("--model", default="vgg16", help="zoo name, or package.module:function returning an nn.Module "
+                   "(traced into layers by workbench.graph.split; needs --dataset)")
     p.add_argument("--size", default="mini", choices=["mini", "paper"])
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     p.add_argument("--gpu", help="write a MODELED profile for this GPU (V100, 1080Ti, A100, H100) instead of measuring")
-    p.add_argument("--pipedream", help="import a PipeDream graph.txt instead of measuring")
+    p.add_argument("--pipedream", help="import PipeDream's published profile: a shipped name (vgg16, resnet50, "
+                   "alexnet) or a graph.txt path")
+    p.add_argument("--dataset", help="input samples for a user model (--model package.module:function): a built-in "
+                   "data set name or package.module:function returning a TensorDataset")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results/profile.csv", help="output .csv or .json")
     p.set_defaults(fn=cmd_profile)
@@ -315,6 +364,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatches", type=int, default=32, help="minibatches in the simulated PipeDream run")
     p.add_argument("--out", default="results/quickstart")
     p.set_defaults(fn=cmd_quickstart)
+
+    p = sub.add_parser("reproduce", help="run the paper-reproduction notebooks (papermill) into a new run folder")
+    from .reproduce import add_arguments, cmd_reproduce
+    add_arguments(p)
+    p.set_defaults(fn=cmd_reproduce)
     return ap
 
 

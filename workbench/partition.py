@@ -45,7 +45,11 @@ to the end of its pipeline (counting this stage's m), as PipeDream's NOAM for th
 input stage of a full pipeline gets ``ceil(M / m)``; the last stage gets 1). The limit is checked
 at level 1 (GPUs), with R counted inside the level-1 component. That is exact for a one-level
 topology; for several levels it ignores the extra minibatches the outer pipeline keeps in flight,
-and with ``use_fewer_workers`` it assumes all workers are used (conservative).
+and with ``use_fewer_workers`` it assumes all workers are used (conservative). With
+``recompute=True`` (GPipe re-materialization) a stage stashes only its input ``a_(first-1)`` per
+minibatch in flight (0 for the first stage, whose input is the data, not counted either way) and
+rebuilds its activations for one minibatch at a time in the backward:
+``mem = v * (sum w_l + a_(first-1)) + sum a_l`` (:meth:`CostModel.stage_memory_bytes` alike).
 """
 from __future__ import annotations
 
@@ -131,7 +135,9 @@ class _Level:
     straight: bool
     memory: float | None
     rows_all: bool  # every start i (inner level) or only start 0 (top level)
+    inner_workers: int = 1  # workers in one level-(k-1) component
     A: np.ndarray | None = None  # A[m, j, r]: range start(r)..j on exactly m components
+    recompute: bool = False  # activation re-materialization (module docstring, Memory)
 
     @property
     def cut(self) -> np.ndarray:
@@ -143,7 +149,8 @@ class _Level:
     def T(self, first, last, m, v, alpha=None):
         """``T_k(first->last, m)`` (numpy broadcasting), ``inf`` where not allowed; ``alpha`` is
         ``_allreduce_ms_per_byte(m, B)`` when the caller has it already. Level 1: the 1F1B round
-        of a replica over m (:meth:`CostModel.round_ms`); outer levels: ``max(A_{k-1}, AR_k) / m``."""
+        of a replica over m (:meth:`CostModel.round_ms`); outer levels: the inner pipeline's time
+        ``A_{k-1}`` plus the exposed all-reduce, over m (:meth:`CostModel.outer_round_ms`)."""
         L = self.L
         par = L.Wp[last + 1] - L.Wp[first]
         m = np.asarray(m)
@@ -153,11 +160,12 @@ class _Level:
         if self.prev is None:
             t = self.cm.round_ms(L.Fp[last + 1] - L.Fp[first], L.Bp[last + 1] - L.Bp[first], ar) / m
         else:
-            t = np.maximum(self.prev[last, first], ar) / m
+            t = self.cm.outer_round_ms(self.prev[last, first], L.Fp[last + 1] - L.Fp[first],
+                                       L.Bp[last + 1] - L.Bp[first], ar, self.inner_workers) / m
         if self.straight:
             t = np.where(m > 1, INF, t)
         if self.memory is not None and self.prev is None:
-            mem = np.asarray(v) * (par + L.Ap[last + 1] - L.Ap[first])
+            mem = _stage_memory(L, first, last, v, par, self.recompute)
             t = np.where(mem > self.memory, INF, t)
         return t
 
@@ -171,6 +179,17 @@ class _Level:
     def v_single(self) -> np.ndarray:
         m = np.arange(1, self.M + 1)
         return -(-self.M // m)
+
+
+def _stage_memory(L: _Layers, first, last, v, par, recompute: bool):
+    """Bytes per worker of a stage (module docstring, Memory): ``v (w + A)``, or with recompute
+    ``v (w + a_(first-1)) + A``; ``A`` the stage's activations of one minibatch."""
+    acts = L.Ap[np.asarray(last) + 1] - L.Ap[first]
+    if not recompute:
+        return np.asarray(v) * (par + acts)
+    first = np.asarray(first)
+    a_in = np.where(first > 0, L.act[np.maximum(first - 1, 0)], 0.0)
+    return np.asarray(v) * (par + a_in) + acts
 
 
 def _solve(lv: _Level, fast: bool) -> np.ndarray:
@@ -406,11 +425,13 @@ class _Node:
     child: list | None  # pipeline of the level below inside one component (None at level 1)
 
 
-def _build_levels(L: _Layers, topo: Topology, straight, memory, fewer, cm: CostModel, fast=True) -> list[_Level]:
+def _build_levels(L: _Layers, topo: Topology, straight, memory, fewer, cm: CostModel, fast=True,
+                  recompute=False) -> list[_Level]:
     levels, prev = [], None
     nlev = topo.num_levels
     for k, (M, B) in enumerate(topo.levels, start=1):
-        lv = _Level(k, M, B, L, cm, prev, straight, memory, rows_all=k < nlev)
+        lv = _Level(k, M, B, L, cm, prev, straight, memory, rows_all=k < nlev,
+                    inner_workers=topo.component_size(k - 1), recompute=recompute)
         lv.A = _solve(lv, fast=fast and prev is None)
         if k < nlev:
             full = lv.A[1:].min(axis=0) if fewer else lv.A[M]
@@ -476,7 +497,9 @@ def _flatten(levels, k, pipeline, L: _Layers, topo: Topology):
             par = L.Wp[nd.last + 1] - L.Wp[nd.first]
             ar = ring_allreduce_ms(par, nd.m, lv.B, lv.cm.level_latency_ms(k))
             for f, l, ws, tm in cst:
-                stages.append((f, l, [c * size + w for c in comps for w in ws], max(tm, ar) / nd.m))
+                t_out = float(lv.cm.outer_round_ms(tm, L.Fp[nd.last + 1] - L.Fp[nd.first],
+                                                   L.Bp[nd.last + 1] - L.Bp[nd.first], ar, size)) / nd.m
+                stages.append((f, l, [c * size + w for c in comps for w in ws], t_out))
             cuts += [(a, lev, tm / nd.m) for a, lev, tm in ccuts]
         if t + 1 < len(pipeline):
             cuts.append((nd.last, k, float(lv.cut[nd.last])))
@@ -487,7 +510,8 @@ def _flatten(levels, k, pipeline, L: _Layers, topo: Topology):
 def data_parallel_ms(profile: Profile, topology: Topology, cost_model: CostModel | None = None) -> float:
     """One stage of all layers replicated on every worker, through the hierarchy: level 1 is the
     replica's 1F1B round ``t_1 = round(F, B, AR_1) / M_1`` (:meth:`CostModel.round_ms`), outer levels
-    ``t_k = max(t_{k-1}, AR_k) / M_k`` with ring all-reduces ``AR_k`` of all parameter bytes."""
+    ``t_k = outer_round(t_{k-1}, F, B, AR_k) / M_k`` with ring all-reduces ``AR_k`` of all parameter
+    bytes (:meth:`CostModel.outer_round_ms`)."""
     topo = _check_topology(topology)
     cm = cost_model or CostModel.from_profile(profile, topo)
     W = float(cm.param_bytes.sum())
@@ -497,13 +521,14 @@ def data_parallel_ms(profile: Profile, topology: Topology, cost_model: CostModel
         if t is None:
             t = float(cm.round_ms(float(cm.fwd_ms.sum()), float(cm.bwd_ms.sum()), ar)) / M
         else:
-            t = max(t, ar) / M
+            t = float(cm.outer_round_ms(t, float(cm.fwd_ms.sum()), float(cm.bwd_ms.sum()), ar,
+                                        topo.component_size(k - 1))) / M
     return t
 
 
 def partition(profile: Profile, topology: Topology, straight: bool = False,
               memory_bytes: float | None = None, use_fewer_workers: bool = False, *,
-              latency_ms=0.0, op_overhead_ms: float = 0.0, refine: bool = True) -> Plan:
+              latency_ms=0.0, op_overhead_ms: float = 0.0, refine: bool = True, recompute: bool = False) -> Plan:
     """PipeDream's optimal partition of ``profile`` onto ``topology`` (see the module docstring),
     checked and refined by simulation.
 
@@ -519,7 +544,8 @@ def partition(profile: Profile, topology: Topology, straight: bool = False,
     PipeDream's NOAM warm-up and at the communication-aware ``in_flight`` (:func:`refine_plan`);
     the faster that fits ``memory_bytes`` is kept and its steady state is ``simulated_ms``.
     ``latency_ms`` (per message, one number or one per level) and ``op_overhead_ms`` (per op) are
-    the calibrated fixed costs of :mod:`workbench.calibrate`.
+    the calibrated fixed costs of :mod:`workbench.calibrate`. ``recompute``: the memory limit and
+    ``stage_memory_bytes`` assume activation re-materialization (module docstring, Memory).
     """
     L = _layers(profile)
     topo = _check_topology(topology)
@@ -529,17 +555,17 @@ def partition(profile: Profile, topology: Topology, straight: bool = False,
             raise ValueError(f"memory_bytes must be a positive number of bytes per worker, got {memory_bytes!r}")
         memory_bytes = mb
     cm = CostModel.from_profile(profile, topo, latency_ms=latency_ms, op_overhead_ms=op_overhead_ms)
-    levels = _build_levels(L, topo, straight, memory_bytes, use_fewer_workers, cm)
+    levels = _build_levels(L, topo, straight, memory_bytes, use_fewer_workers, cm, recompute=recompute)
     top = levels[-1]
     m_top = _best_m(top, L.n - 1, 0, use_fewer_workers)
     best = float(top.A[m_top, L.n - 1, 0])
     if not math.isfinite(best):
-        raise ValueError(_infeasible_message(L, topo, straight, memory_bytes, use_fewer_workers, cm))
+        raise ValueError(_infeasible_message(L, topo, straight, memory_bytes, use_fewer_workers, cm, recompute))
     pipeline = _rebuild(levels, topo.num_levels, 0, L.n - 1, m_top, use_fewer_workers)
     flat, cuts = _flatten(levels, topo.num_levels, pipeline, L, topo)
     stages = tuple(Stage(f, l, len(ws), tuple(ws), float(t)) for f, l, ws, t in flat)
     meta = {"topology": topo.to_list(), "topology_name": topo.name, "straight": straight,
-            "memory_bytes": memory_bytes, "use_fewer_workers": use_fewer_workers,
+            "memory_bytes": memory_bytes, "use_fewer_workers": use_fewer_workers, "recompute": recompute,
             "cuts": [[int(a), int(k), float(t)] for a, k, t in cuts],
             "latency_ms": list(cm.latency_ms), "op_overhead_ms": cm.op_overhead_ms,
             "batch_size": cm.batch_size,
@@ -556,39 +582,40 @@ def with_predictions(plan: Plan, cm: CostModel, in_flight=None) -> Plan:
     :meth:`CostModel.in_flight`) and ``stage_memory_bytes``."""
     k = tuple(cm.in_flight(plan) if in_flight is None else in_flight)
     return replace(plan, predicted_ms=cm.predicted_ms(plan), in_flight=k,
-                   stage_memory_bytes=tuple(cm.stage_memory_bytes(plan, k)))
-
-
-def refine_microbatches(plan: Plan) -> int:
-    """Minibatches of a refinement simulation: enough for a steady state after the warm-up
-    (four round trips of the input stage, at least 32)."""
-    return max(32, 4 * plan.in_flight_count * plan.stages[0].replicas)
+                   stage_memory_bytes=tuple(cm.stage_memory_bytes(plan, k, recompute=plan.meta.get("recompute", False))))
 
 
 def refine_plan(plan: Plan, profile: Profile, topology: Topology, cm: CostModel,
                 memory_bytes: float | None = None) -> Plan:
     """Simulate ``plan``'s 1F1B schedule (:func:`workbench.simulate.simulate_plan`) with PipeDream's
-    NOAM warm-up and with the communication-aware ``in_flight``; keep the faster steady state
-    whose ``stage_memory_bytes`` fit ``memory_bytes`` (ties within 0.5%: fewer in flight)."""
+    NOAM warm-up and, unless that already reaches the prediction (within 0.5%; the prediction is a
+    bottleneck bound the steady state cannot beat), with the communication-aware ``in_flight``;
+    keep the faster one whose ``stage_memory_bytes`` fit ``memory_bytes`` (ties within 0.5%: the
+    smaller warm-up)."""
     from .schedules import noam_warmup
-    from .simulate import simulate_plan
+    from .simulate import simulate_plan, steady_microbatches
 
-    options = []
+    used = sorted(w for s in plan.stages for w in s.workers)
+    if used != list(range(len(used))):  # fewer workers, not a prefix of the ids: no schedule layout for it
+        return replace(plan, meta=plan.meta | {"not_simulated": "the plan's workers are not 0..W-1"})
+    best = None
     for k in dict.fromkeys([tuple(noam_warmup(tuple(s.workers for s in plan.stages))), plan.in_flight]):
         cand = with_predictions(plan, cm, k)
         if memory_bytes is not None and max(cand.stage_memory_bytes) > memory_bytes:
             continue
-        res = simulate_plan(cand, profile, topology, microbatches=refine_microbatches(cand),
-                            latency_ms=list(cm.latency_ms), op_overhead_ms=cm.op_overhead_ms)
-        options.append((res.time_per_minibatch_ms, sum(k), cand))
-    if not options:
+        res = simulate_plan(cand, profile, topology, latency_ms=list(cm.latency_ms), op_overhead_ms=cm.op_overhead_ms)
+        t = res.time_per_minibatch_ms
+        if best is None or t < best[0] * (1 - 0.005):
+            best = (t, cand)
+        if t <= cand.predicted_ms * 1.005:
+            break
+    if best is None:
         return plan
-    fastest = min(t for t, _, _ in options)
-    t, _, chosen = min((o for o in options if o[0] <= fastest * 1.005), key=lambda o: o[1])
-    return replace(chosen, simulated_ms=t, meta=chosen.meta | {"simulated_minibatches": refine_microbatches(chosen)})
+    t, chosen = best
+    return replace(chosen, simulated_ms=t, meta=chosen.meta | {"simulated_minibatches": steady_microbatches(chosen)})
 
 
-def _infeasible_message(L: _Layers, topo, straight, memory, fewer, cm) -> str:
+def _infeasible_message(L: _Layers, topo, straight, memory, fewer, cm, recompute=False) -> str:
     if memory is not None:
         alone = L.param + L.act
         worst = int(np.argmax(alone))
@@ -600,11 +627,12 @@ def _infeasible_message(L: _Layers, topo, straight, memory, fewer, cm) -> str:
             lo, hi = memory, float((L.Wp[-1] + L.Ap[-1]) * topo.num_workers)
             for _ in range(12):  # geometric bisection: infeasible at lo, feasible at hi
                 mid = math.sqrt(lo * hi)
-                top = _build_levels(L, topo, straight, mid, fewer, cm)[-1]
+                top = _build_levels(L, topo, straight, mid, fewer, cm, recompute=recompute)[-1]
                 val = top.A[1:, -1, 0].min() if fewer else top.A[topo.counts[-1], -1, 0]
                 lo, hi = (lo, mid) if math.isfinite(val) else (mid, hi)
             return (f"no partition fits in memory_bytes={memory:.4g} per worker; the smallest limit "
-                    f"that fits is about {hi:.4g} bytes (raise memory_bytes or add workers)")
+                    f"that fits is about {hi:.4g} bytes (raise memory_bytes, add workers"
+                    f"{'' if recompute else ', or pass recompute=True'})")
     if straight:
         return (f"a straight pipeline needs at least one layer per worker: {L.n} layers cannot fill "
                 f"{topo.num_workers} workers ({topo.counts} per level); use use_fewer_workers=True, "

@@ -193,9 +193,10 @@ class Plan:
                          ("" if same else " (flat stages priced exactly; the DP prices outer levels as max(inner, all-reduce))"))
         if math.isfinite(self.simulated_ms):
             gap = self.simulated_ms / self.predicted_ms - 1 if self.predicted_ms > 0 else float("nan")
-            parts.append(f"simulated steady state {self.simulated_ms:.4g} ms ({gap:+.1%} vs the cost model; "
-                         f"the difference is queueing the closed form ignores) with {self.in_flight_count} "
-                         f"minibatches in flight at the input stage (NOAM {self.noam})")
+            how = ("agrees with the cost model" if abs(gap) < 0.005 else
+                   f"{gap:+.1%} vs the cost model: waiting in the 1F1B order that the bottleneck bound ignores")
+            parts.append(f"simulated 1F1B steady state {self.simulated_ms:.4g} ms ({how}) with "
+                         f"{self.in_flight_count} minibatches in flight at the input stage (NOAM {self.noam})")
         return "; ".join(parts)
 
     def describe(self) -> str:

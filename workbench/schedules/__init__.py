@@ -18,7 +18,7 @@ import importlib
 import pkgutil
 
 from .core import (COMPUTE, KINDS, UPDATE_RULES, Op, OpKind, Schedule, ScheduleError, in_flight_peak, producers,
-                   validate)
+                   validate, with_recompute)
 from .registry import REGISTRY, Option, ScheduleSpec, markdown_table, register, spec
 
 for _m in pkgutil.iter_modules(__path__):  # registers every schedule of the package (one decorator each)
@@ -33,16 +33,19 @@ NAMES: list[str] = list(REGISTRY)
 DESCRIPTIONS: dict[str, str] = {n: s.description for n, s in REGISTRY.items()}
 
 
-def build(name: str, plan_or_stage_count, microbatches: int, **options) -> Schedule:
+def build(name: str, plan_or_stage_count, microbatches: int, recompute: bool = False, **options) -> Schedule:
     """The schedule ``name`` (one of :data:`NAMES`) for a Plan or a stage count and a number of
     microbatches (per step or in total: ``spec(name).microbatches``). Options are checked against
     the registry (unknown names, wrong types and values give one ValueError). The result passes
-    :func:`validate`."""
+    :func:`validate`. ``recompute=True`` (any schedule): GPipe activation re-materialization
+    (:func:`with_recompute`)."""
     sp = spec(name)
-    return sp.build(plan_or_stage_count, microbatches, **sp.check_options(options))
+    sched = sp.build(plan_or_stage_count, microbatches, **sp.check_options(options))
+    recompute = Option("recompute", bool, False).check(name, recompute)  # "true"/"false" from a CLI
+    return with_recompute(sched) if recompute else sched
 
 
 __all__ = ["COMPUTE", "KINDS", "UPDATE_RULES", "Op", "OpKind", "Schedule", "ScheduleError", "in_flight_peak",
            "validate", "producers", "build", "NAMES", "DESCRIPTIONS", "REGISTRY", "Option", "ScheduleSpec", "register",
            "spec", "markdown_table", "from_placement", "list_schedule", "placement", "JobCosts", "worker_stats",
-           "noam_warmup", "stage_layout", "to_torch_csv", "from_torch_csv"]
+           "noam_warmup", "stage_layout", "to_torch_csv", "from_torch_csv", "with_recompute"]

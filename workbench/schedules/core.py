@@ -27,6 +27,16 @@ fewer microbatches of a step than another, e.g. round robin with M not a multipl
 Master-family schedules (``weights_worker`` set): a B/BW op computed on a worker that does not hold
 the stage pushes its gradient to ``weights_worker``; it belongs to the owner's step ``op.version``.
 
+Segments (Seq1F1B). A schedule with ``segment_tokens = (n_1, ..., n_k)`` cuts every sequence into
+k segments; its compute ops carry ``segment`` j in 0..k-1 and the unit of work is the pair
+(microbatch, segment), keyed ``unit = microbatch * k + segment`` (:meth:`Schedule.unit`) in the
+dataflow keys (:meth:`Schedule.where`, :meth:`Schedule.dependencies`). Causal attention adds two
+rules on a stage: F(s, b, j) needs F(s, b, j-1) (its keys and values), and the backward of
+(s, b, j) needs the backward of (s, b, j+1) (the gradients of those keys and values).
+``segment_flops[j]`` is segment j's share of a sequence's FLOPs (they sum to 1), the weight
+executors charge it by. ``recompute`` (GPipe re-materialization): a worker keeps only the stage's
+input per (microbatch, segment) in flight and re-runs the forward at the start of its backward.
+
 Sends and receives are implicit: F(s, b) needs the output of F(s-1, b), B(s, b) the gradient from
 B(s+1, b) (or BI(s+1, b)); when the two ops run on different workers a transfer follows.
 ``weights_worker`` (master-schedule family) names the worker that owns the weights an op uses; a
@@ -34,6 +44,7 @@ transfer of weights follows when it differs from the worker running the op.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -71,6 +82,7 @@ class Op:
     version: int = 0  # weight version read (F/B/BI/BW)
     step: int = -1  # AR / STEP: index of the update of this stage
     weights_worker: int | None = None  # None: the weights live on the worker running the op
+    segment: int | None = None  # Seq1F1B: segment of the sequence (None: the whole sequence)
 
     def __post_init__(self):
         if type(self.kind) is not OpKind:  # a plain "F": the enum member (generators pass members)
@@ -81,7 +93,8 @@ class Op:
 
     def __str__(self) -> str:
         if self.kind in COMPUTE:
-            return f"{self.kind}{self.stage}.{self.microbatch}@v{self.version}"
+            seg = "" if self.segment is None else f"/{self.segment}"
+            return f"{self.kind}{self.stage}.{self.microbatch}{seg}@v{self.version}"
         return f"{self.kind}{self.stage}#{self.step}"
 
 
@@ -94,6 +107,8 @@ class Schedule:
     ``microbatches_per_step``: how many microbatches' gradients make one update (per replica group).
     ``update``: the weight rule (see module docstring), one of ``UPDATE_RULES``.
     ``max_in_flight[w]``: bound on microbatches forwarded but not yet backwarded on worker w.
+    ``segment_tokens`` / ``segment_flops``: Seq1F1B segment lengths and FLOP shares (module
+    docstring; empty: unsegmented). ``recompute``: re-materialize activations in the backward.
     """
 
     name: str
@@ -106,6 +121,9 @@ class Schedule:
     microbatches_per_step: int = 1
     max_in_flight: tuple[int, ...] | None = None
     options: dict = field(default_factory=dict)
+    segment_tokens: tuple[int, ...] = ()
+    segment_flops: tuple[float, ...] = ()
+    recompute: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "ops", tuple(tuple(o) for o in self.ops))
@@ -115,6 +133,31 @@ class Schedule:
             raise ValueError(f"unknown update rule {self.update!r}; expected one of {UPDATE_RULES}")
 
     # ---- lookups ---------------------------------------------------------------------
+        object.__setattr__(self, "segment_tokens", tuple(int(n) for n in self.segment_tokens))
+        object.__setattr__(self, "segment_flops", tuple(float(f) for f in self.segment_flops))
+        if self.segment_flops and len(self.segment_flops) != len(self.segment_tokens):
+            raise ValueError(f"{len(self.segment_flops)} segment FLOP shares for {len(self.segment_tokens)} segments")
+
+    # ---- segments --------------------------------------------------------------------
+    @property
+    def num_segments(self) -> int:
+        """k: segments per sequence (1 when unsegmented)."""
+        return max(1, len(self.segment_tokens))
+
+    def unit(self, op: Op) -> int:
+        """The (microbatch, segment) unit of a compute op as one id: ``microbatch * k + segment``
+        (the microbatch itself when unsegmented); the third element of dataflow keys."""
+        return op.microbatch * self.num_segments + (op.segment or 0)
+
+    def segment_share(self, op: Op, weight: str = "flops") -> float:
+        """Fraction of the whole sequence's cost an op carries: ``segment_flops[j]`` (compute) or
+        ``n_j / sum n`` (``weight="tokens"``: activation bytes); 1 when unsegmented."""
+        if op.segment is None or not self.segment_tokens:
+            return 1.0
+        if weight == "tokens" or not self.segment_flops:
+            return self.segment_tokens[op.segment] / sum(self.segment_tokens)
+        return self.segment_flops[op.segment]
+
     def __iter__(self) -> Iterator[tuple[int, Op]]:
         for w, ops in enumerate(self.ops):
             for op in ops:
@@ -130,7 +173,7 @@ class Schedule:
 
     @cached_property
     def _where(self) -> dict[Key, int]:
-        return {(op.kind, op.stage, op.microbatch): w for w, ops in enumerate(self.ops) for op in ops
+        return {(op.kind, op.stage, self.unit(op)): w for w, ops in enumerate(self.ops) for op in ops
                 if op.kind in _COMPUTE_SET}
 
     def dependencies(self) -> dict[Key, tuple[Key, ...]]:
@@ -143,7 +186,9 @@ class Schedule:
         * ``B(s, b)`` / ``BI(s, b)`` <- ``F(s, b)`` (its own stashed activations) and, for
           s < S-1, the gradient from ``BI(s+1, b)`` when stage s+1 splits its backward, else
           ``B(s+1, b)``;
-        * ``BW(s, b)`` <- ``BI(s, b)``.
+        * ``BW(s, b)`` <- ``BI(s, b)``;
+        * segments (``b`` is then the unit b·k + j): ``F(s, b)`` also <- ``F(s, b-1)`` for j > 0 and
+          ``B/BI(s, b)`` also <- ``B/BI(s, b+1)`` for j < k-1 (keys/values and their gradients).
 
         Remote-weight edges of the master family (an op waits for the owner's STEP) are not
         dataflow between compute ops and are derived by the deadlock check and the simulator."""
@@ -165,6 +210,14 @@ class Schedule:
                 deps[key] = ((_F, s, b), nxt)
             else:
                 deps[key] = ((_F, s, b),)
+        k = self.num_segments
+        if k > 1:
+            for key in where:
+                kind, s, b = key
+                if kind is _F and b % k:
+                    deps[key] += ((_F, s, b - 1),)
+                elif (kind is _B or kind is _BI) and b % k < k - 1:
+                    deps[key] += ((kind, s, b + 1),)
         return deps
 
     def remote_inputs(self, worker: int) -> list[tuple[int, Key, int]]:
@@ -176,7 +229,7 @@ class Schedule:
         for i, op in enumerate(self.ops[worker]):
             if op.kind not in _COMPUTE_SET:
                 continue
-            for dep in deps[(op.kind, op.stage, op.microbatch)]:
+            for dep in deps[(op.kind, op.stage, self.unit(op))]:
                 src = where.get(dep, worker)
                 if dep[1] != op.stage and src != worker:
                     out.append((i, dep, src))
@@ -207,7 +260,7 @@ class Schedule:
                     if k == step:
                         break
                     k += 1
-                elif op.kind in ("B", "BW") and k == step:
+                elif op.kind in ("B", "BW") and k == step and not op.segment:  # a sequence once
                     out.append(op.microbatch)
         holders = set(self.stage_workers[stage])
         for w, ops in enumerate(self.ops):  # gradients pushed to the owners (master family)
@@ -215,7 +268,7 @@ class Schedule:
                 continue
             for op in ops:
                 if (op.stage == stage and op.kind in ("B", "BW") and op.version == step
-                        and op.weights_worker in workers):
+                        and op.weights_worker in workers and not op.segment):
                     out.append(op.microbatch)
         return sorted(out)
 
@@ -242,10 +295,16 @@ def make_op(kind: OpKind, stage: int, microbatch: int = -1, version: int = 0, st
     return op
 
 
+def with_recompute(schedule: Schedule, recompute: bool = True) -> Schedule:
+    """``schedule`` with GPipe re-materialization on (or off): the same op lists; executors keep only
+    each stage's input per (microbatch, segment) in flight and re-run its forward in the backward."""
+    return dataclasses.replace(schedule, recompute=bool(recompute))
+
+
 def producers(schedule: Schedule, w: int, op: Op, index: dict | None = None) -> list[Key]:
     """Compute-op keys (kind, stage, microbatch) that ``op`` (a compute op) must wait for: a thin
     wrapper over :meth:`Schedule.dependencies` (``w`` and ``index`` are ignored; kept for callers)."""
-    return list(schedule.dependencies()[(op.kind, op.stage, op.microbatch)])
+    return list(schedule.dependencies()[(op.kind, op.stage, schedule.unit(op))])
 
 
 class ScheduleError(ValueError):
@@ -266,6 +325,7 @@ def validate(schedule: Schedule) -> None:
     version: dict[Key, int] = {}
     ids: list[list[int]] = []  # per worker, per op: the compute op's number (its place in index), or -1
     compute, limit = _COMPUTE_SET, schedule.max_in_flight
+    nseg = len(schedule.segment_tokens)  # Seq1F1B: keys use the unit b * k + j (Schedule.unit)
     for w, ops in enumerate(schedule.ops):
         kw, live, peak = [], set(), 0
         for op in ops:
@@ -276,6 +336,11 @@ def validate(schedule: Schedule) -> None:
                 b = op.microbatch
                 if not 0 <= b < M:
                     raise ScheduleError(f"worker {w}: {op} has microbatch outside 0..{M - 1}")
+                if nseg or op.segment is not None:
+                    if op.segment is None or not 0 <= op.segment < nseg:
+                        raise ScheduleError(f"worker {w}: {op} has segment outside 0..{nseg - 1}; every compute "
+                                            f"op of a schedule with segment_tokens needs a segment, and only those")
+                    b = b * nseg + op.segment
                 key = (kind, s, b)
                 if key in index:
                     raise ScheduleError(f"{op} appears twice (workers {index[key]} and {w})")
@@ -317,9 +382,9 @@ def validate(schedule: Schedule) -> None:
             if same_version and version[(k, s, b)] != version[key]:
                 raise ScheduleError(f"{k}{s}.{b} reads weight version {version[(k, s, b)]} but its "
                                     f"forward read {version[key]} (rule {schedule.update!r})")
-    if n_forward != S * M:  # every microbatch goes through every stage
+    if n_forward != S * M * max(1, nseg):  # every microbatch (segment) goes through every stage
         for s in range(S):
-            for b in range(M):
+            for b in range(M * max(1, nseg)):
                 if (_F, s, b) not in index:
                     raise ScheduleError(f"microbatch {b} never runs the forward of stage {s}")
     _check_deadlock(schedule, index, ids)
@@ -423,9 +488,9 @@ def in_flight_peak(ops: Iterable[Op]) -> int:
     for op in ops:
         kind = op.kind
         if kind == "F":
-            live.add((op.stage, op.microbatch))
+            live.add((op.stage, op.microbatch, op.segment))
             if len(live) > peak:
                 peak = len(live)
         elif kind == "B" or kind == "BW":
-            live.discard((op.stage, op.microbatch))
+            live.discard((op.stage, op.microbatch, op.segment))
     return peak

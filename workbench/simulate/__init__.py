@@ -138,8 +138,8 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
 
 def _run(schedule: Schedule, costs, overlap_comm: bool) -> SimResult:
     """Build the op graph, sweep it, and assemble the timeline and metrics."""
-    g = build_graph(schedule, costs)
-    return assemble(schedule, costs, g, sweep(g, costs, overlap_comm, schedule.name))
+    graph = build_graph(schedule, costs)
+    return assemble(schedule, costs, graph, sweep(graph, costs, overlap_comm, schedule.name))
 
 
 def simulate_plan(plan, profile, topology=None, microbatches: int | None = None, *, latency_ms=0.0,
@@ -152,10 +152,16 @@ def simulate_plan(plan, profile, topology=None, microbatches: int | None = None,
     if topology is None:
         topology = plan_topology(plan)
     if microbatches is None:
-        microbatches = max(32, 4 * plan.in_flight_count * plan.stages[0].replicas)
+        microbatches = steady_microbatches(plan)
     sched = build("pipedream", plan, int(microbatches), warmup=list(plan.in_flight) if plan.in_flight else None)
     return simulate(sched, profile=profile, plan=plan, topology=topology, latency_ms=latency_ms,
                     op_overhead_ms=op_overhead_ms, overlap_comm=overlap_comm)
+
+
+def steady_microbatches(plan) -> int:
+    """Minibatches for a steady state after 1F1B's warm-up and before its drain: three rounds of the
+    input stage's in-flight minibatches (``steady_state`` skips one at each end), at least 32."""
+    return max(32, 3 * plan.in_flight_count * plan.stages[0].replicas)
 
 
 def plan_topology(plan):
@@ -168,5 +174,5 @@ def plan_topology(plan):
     return Topology(tuple((int(c), float(b)) for c, b in levels), name=(plan.meta or {}).get("topology_name", ""))
 
 
-__all__ = ["simulate", "simulate_plan", "plan_topology", "SimResult", "steady_state", "default_microbatch_fraction",
+__all__ = ["simulate", "simulate_plan", "steady_microbatches", "plan_topology", "SimResult", "steady_state", "default_microbatch_fraction",
            "KIND_CODES", "KIND_NAMES", "COMM_KINDS", "TIMELINE_COLUMNS", "STAT_COLUMNS", "OpGraph"]

@@ -90,6 +90,17 @@ def _unit_costs(schedule: Schedule, fwd, bwd, allreduce, transfer, weight_fetch,
                   ar, None, label, latency_ms=lat, op_overhead_ms=over)
 
 
+def op_ms(schedule: Schedule, op, comp: dict) -> float:
+    """Compute time of one op (without the per-op overhead): its kind's stage cost times its
+    segment's FLOP share (Seq1F1B; 1 otherwise); with ``schedule.recompute`` a B (or BI, which
+    starts the backward) also re-runs the forward: ``+ F_s`` times the share (GPipe)."""
+    k, s = KIND_CODES[op.kind], op.stage
+    ms = comp[k][s]
+    if schedule.recompute and k in (_B, _BI):
+        ms += comp[_F][s]
+    return ms * schedule.segment_share(op) if k < _STEP else ms
+
+
 def default_microbatch_fraction(schedule: Schedule, input_workers: int | None = None) -> float:
     """Size of one microbatch relative to the profile's minibatch.
 

@@ -5,8 +5,10 @@ Ops are numbered worker by worker in program order (``wbeg[w] .. wend[w] - 1``).
 what travels: 0 nothing (same worker, or an all-reduce to its STEP), 1 an activation or gradient
 between workers (a message), 2 a weight version that exists on its owner (fetch ops), 3 a weight
 gradient pushed to the owner's STEP (a message), 4 a message that costs nothing. Compute-op edges
-follow :func:`workbench.schedules.core.producers` (F(s-1) -> F(s); F(s) and B/BI(s+1) -> B/BI(s);
-BI(s) -> BW(s)), vectorised here.
+are :meth:`Schedule.dependencies <workbench.schedules.core.Schedule.dependencies>` (F(s-1) -> F(s);
+F(s) and B/BI(s+1) -> B/BI(s); BI(s) -> BW(s); segment neighbours), evaluated here on integer
+arrays because the dict costs as much as the whole sweep on large schedules;
+tests/test_simulate.py checks that both give the same edges.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..schedules.core import Schedule
-from .costs import _AR, _B, _BI, _BW, _F, _STEP, KIND_CODES, _Costs
+from .costs import _AR, _B, _BI, _BW, _F, _STEP, KIND_CODES, _Costs, op_ms
 
 
 @dataclass
@@ -64,7 +66,8 @@ def _edge_messages(costs: _Costs, senders, receivers, item, item_bytes, fixed_ms
 
 def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
     """The :class:`OpGraph` of ``schedule`` with the edge costs of ``costs``."""
-    S, W, M = schedule.num_stages, schedule.num_workers, schedule.microbatches
+    S, W = schedule.num_stages, schedule.num_workers
+    M = schedule.microbatches * schedule.num_segments  # dataflow keys: (microbatch, segment) units
     flat = [op for ops in schedule.ops for op in ops]
     N = len(flat)
     kc = [KIND_CODES[o.kind] for o in flat]
@@ -83,20 +86,22 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
     kc_a = np.asarray(kc, dtype=np.int64)
     st_a = np.asarray(st, dtype=np.int64)
     mb_a = np.asarray(mb, dtype=np.int64)
+    un_a = mb_a if not schedule.segment_tokens else np.asarray(  # Schedule.unit of compute ops
+        [schedule.unit(o) if k < 4 else o.microbatch for o, k in zip(flat, kc)], dtype=np.int64)
     gids = np.arange(N, dtype=np.int64)
     is_comp = kc_a < 4
-    if ((st_a < 0) | (st_a >= S)).any() or (is_comp & ((mb_a < 0) | (mb_a >= M))).any():
-        g = int(np.flatnonzero((st_a < 0) | (st_a >= S) | (is_comp & ((mb_a < 0) | (mb_a >= M))))[0])
+    if ((st_a < 0) | (st_a >= S)).any() or (is_comp & ((un_a < 0) | (un_a >= M))).any():
+        g = int(np.flatnonzero((st_a < 0) | (st_a >= S) | (is_comp & ((un_a < 0) | (un_a >= M))))[0])
         raise ValueError(f"worker {wof[g]}: {flat[g]} is outside {S} stages x {M} microbatches")
     cg = gids[is_comp]
-    keys = (kc_a[cg] * S + st_a[cg]) * M + mb_a[cg]
+    keys = (kc_a[cg] * S + st_a[cg]) * M + un_a[cg]
     loc = np.full(4 * S * M, -1, dtype=np.int64)
     loc[keys] = cg
     counts = np.bincount(keys, minlength=4 * S * M)
     if len(keys) and counts.max() > 1:
         dup = int(cg[np.flatnonzero(counts[keys] > 1)[0]])
         raise ValueError(f"{flat[dup]} appears twice; validate() the schedule")
-    ck, cs, cb = kc_a[cg], st_a[cg], mb_a[cg]
+    ck, cs, cb = kc_a[cg], st_a[cg], un_a[cg]
     # first producer: F(s-1) for F (s > 0), BI(s) for BW, F(s) for B/BI
     need1 = (ck != _F) | (cs > 0)
     k1 = np.where(ck == _F, (_F * S + cs - 1) * M + cb,
@@ -115,6 +120,18 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
             raise ValueError(f"{flat[g]} on worker {wof[g]} needs {what}, which no worker runs")
     src = np.concatenate([p1[need1], p2[need2]])
     dst = np.concatenate([cg[need1], cg[need2]])
+    k = schedule.num_segments
+    if k > 1:  # causal attention inside a stage: F(u) <- F(u-1), B/BI(u) <- B/BI(u+1) within a sequence
+        fseg = (ck == _F) & (cb % k > 0)
+        bseg = ((ck == _B) | (ck == _BI)) & (cb % k < k - 1)
+        pf = loc[np.where(fseg, (ck * S + cs) * M + cb - 1, 0)]
+        pb = loc[np.where(bseg, (ck * S + cs) * M + np.minimum(cb + 1, M - 1), 0)]
+        for need, p in ((fseg, pf), (bseg, pb)):
+            if (need & (p < 0)).any():
+                g = int(cg[np.flatnonzero(need & (p < 0))[0]])
+                raise ValueError(f"{flat[g]} on worker {wof[g]} needs its neighbouring segment, which no worker runs")
+        src = np.concatenate([src, pf[fseg], pb[bseg]])
+        dst = np.concatenate([dst, cg[fseg], cg[bseg]])
     extra_src: list[int] = []
     extra_dst: list[int] = []
 
@@ -187,7 +204,10 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
     # ---- durations ----------------------------------------------------------------------
     comp = costs.compute
     over = costs.op_overhead_ms
-    dur = [comp[k][s] + over if k < 5 else 0.0 for k, s in zip(kc, st)]
+    if schedule.segment_tokens or schedule.recompute:
+        dur = [op_ms(schedule, op, comp) + over if k < 5 else 0.0 for op, k in zip(flat, kc)]
+    else:
+        dur = [comp[k][s] + over if k < 5 else 0.0 for k, s in zip(kc, st)]
     arrays = (kc_a, st_a, mb_a, np.fromiter(ver, np.int64, N), np.fromiter(stp, np.int64, N), w_a)
     return OpGraph(flat, kc, st, mb, ver, stp, wof, wbeg, wend, dur, cons_idx, cons_ptr, etype, ems, ebytes,
                    pending, ar_group, ar_size, is_fetch, wws, xfer_count, arrays)

@@ -157,6 +157,8 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
         "round": 0,
         "step": 0,
     })
+    if schedule.segment_tokens:  # optional column: the Seq1F1B segment of each compute op
+        comp["segment"] = np.asarray([-1 if o.segment is None else o.segment for ops in schedule.ops for o in ops])[keep]
     if comm_rows:
         comm = pd.DataFrame(comm_rows, columns=["worker", "stage", "microbatch", "kind", "start", "end", "version",
                                                 "src", "dst", "update", "bytes"])
@@ -165,7 +167,8 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
         timeline = pd.concat([comp, comm[list(TIMELINE_COLUMNS)]], ignore_index=True)
     else:
         timeline = comp
-    timeline = timeline[list(TIMELINE_COLUMNS)]  # round = step = 0: one pass over the op lists
+    extra = ["segment"] if "segment" in timeline.columns else []  # optional column (Seq1F1B)
+    timeline = timeline[list(TIMELINE_COLUMNS) + extra]  # round = step = 0: one pass over the op lists
     makespan = float(end_a.max()) if len(end_a) else 0.0
     if not math.isfinite(makespan):
         makespan = 0.0
@@ -187,6 +190,7 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
         if len(ends) >= 2:
             steady = float(ends[-1] - ends[0]) / (len(ends) - 1)
     peak_n, peak_b, versions = _memory(schedule, costs, kc, st, ver, wof, wbeg, wend)
+    peak_share = _peak_activation_share(schedule)
     L = makespan if makespan > 0 else float("nan")
     inputs = np.unique(w_a[(kc_a == _F) & (np.asarray(st) == 0)]).size
     fraction = costs.fraction if costs.model is not None else default_microbatch_fraction(schedule, inputs)
@@ -213,6 +217,7 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
         "comm_stall": list(stall),
         "peak_activations": peak_n,
         "peak_activation_bytes": peak_b,
+        "peak_activation_share": peak_share,
         "weight_versions": versions,
         "transfers_received": list(xfer_count),
         "weight_fetches": list(fetch_count),
@@ -279,19 +284,21 @@ def _memory(schedule, costs, kc, st, ver, wof, wbeg, wend):
     sign = np.where(kc_a == _F, 1.0, np.where((kc_a == _B) | (kc_a == _BW), -1.0, 0.0))
     stash = np.asarray(costs.act_stash_bytes, dtype=float)
 
-    def peak(delta):
+    def peak(delta, transient=None):
         out = [0.0] * W
         if not nonempty:
             return out
         cum = np.cumsum(delta)
         before = np.concatenate([[0.0], cum])[starts]  # running sum before each worker's first op
         local = cum - np.repeat(before, [wend[w] - wbeg[w] for w in nonempty])
+        if transient is not None:  # held only while the op runs: on top of the sum before it
+            local = np.maximum(local, local - delta + transient)
         for w, v in zip(nonempty, np.maximum.reduceat(local, starts).tolist()):
             out[w] = max(0.0, v)
         return out
 
     peak_n = [int(round(x)) for x in peak(sign)]
-    peak_b = peak(sign * stash[st_a]) if stash.any() else [float("nan")] * W
+    peak_b = peak(*_stash_bytes(schedule, costs, kc_a, st_a)) if stash.any() else [float("nan")] * W
 
     # weight versions: half-open intervals [lo, hi) in program positions
     pos = np.arange(N, dtype=np.int64)
@@ -343,3 +350,39 @@ def _memory(schedule, costs, kc, st, ver, wof, wbeg, wend):
             w = int(k) // S
             peak_v[w] = max(peak_v[w], int(v))
     return peak_n, peak_b, peak_v
+
+
+def _stash_bytes(schedule: Schedule, costs: _Costs, kc_a, st_a):
+    """Per-op change of a worker's stashed activation bytes, and bytes held only while the op runs.
+
+    Without recompute F adds the stage's activations ``A_s`` (times the op's token share with
+    segments) and B / BW frees them. With recompute F keeps only the stage input (the cut bytes of
+    stage s-1; stage 0's input, the data, is not counted, as without recompute); B re-creates
+    ``A_s`` for its duration (transient) and frees the input; split backward: BI re-creates
+    ``A_s`` and holds it until BW frees it with the input."""
+    share = np.asarray([schedule.segment_share(op, "tokens") if k < _STEP else 0.0
+                        for op, k in zip((op for ops in schedule.ops for op in ops), kc_a)])
+    full = np.asarray(costs.act_stash_bytes, dtype=float)[st_a] * share
+    if not schedule.recompute:
+        sign = np.where(kc_a == _F, 1.0, np.where((kc_a == _B) | (kc_a == _BW), -1.0, 0.0))
+        return sign * full, None
+    cut = np.concatenate([[0.0], np.asarray(costs.cut_bytes, dtype=float)])[st_a] * share  # input of s
+    delta = np.select([kc_a == _F, kc_a == _B, kc_a == _BI, kc_a == _BW], [cut, -cut, full, -(cut + full)], 0.0)
+    return delta, np.where(kc_a == _B, full, 0.0)
+
+
+def _peak_activation_share(schedule: Schedule) -> list[float]:
+    """Peak per worker of the activations held, in units of one whole microbatch's activations of
+    one stage: F adds its token share ``n_j / n`` (1 without segments), B / BW removes it. Equals
+    ``peak_activations`` without segments; with recompute see ``peak_activation_bytes``."""
+    out = []
+    for ops in schedule.ops:
+        held, peak = 0.0, 0.0
+        for op in ops:
+            if op.kind == "F":
+                held += schedule.segment_share(op, "tokens")
+                peak = max(peak, held)
+            elif op.kind in ("B", "BW"):
+                held -= schedule.segment_share(op, "tokens")
+        out.append(peak)
+    return out

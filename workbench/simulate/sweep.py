@@ -28,13 +28,14 @@ class Sweep:
     fetch_count: list  # weight fetches per worker
 
 
-def sweep(g: OpGraph, costs: _Costs, overlap_comm: bool, name: str = "schedule") -> Sweep:
+def sweep(graph: OpGraph, costs: _Costs, overlap_comm: bool, name: str = "schedule") -> Sweep:
     """Run the sweep; a :class:`ValueError` names the stuck ops if the schedule deadlocks."""
-    flat, kc, st, mb, ver, stp, wof = g.flat, g.kc, g.st, g.mb, g.ver, g.stp, g.wof
-    wbeg, wend, dur, cons_idx, cons_ptr = g.wbeg, g.wend, g.dur, g.cons_idx, g.cons_ptr
-    etype, ems, ebytes, pending = g.etype, g.ems, g.ebytes, list(g.pending)
-    ar_group, ar_size, is_fetch, wws = g.ar_group, g.ar_size, g.is_fetch, g.wws
-    N, W = g.N, len(wbeg)
+    gr = graph  # unpacked into locals: the loop below is the simulator's hot path
+    flat, kc, st, mb, ver, stp, wof = gr.flat, gr.kc, gr.st, gr.mb, gr.ver, gr.stp, gr.wof
+    wbeg, wend, dur, cons_idx, cons_ptr = gr.wbeg, gr.wend, gr.dur, gr.cons_idx, gr.cons_ptr
+    etype, ems, ebytes, pending = gr.etype, gr.ems, gr.ebytes, list(gr.pending)
+    ar_group, ar_size, is_fetch, wws = gr.ar_group, gr.ar_size, gr.is_fetch, gr.wws
+    N, W = gr.N, len(wbeg)
     INF = math.inf
     start = [INF] * N
     end = [INF] * N
@@ -52,7 +53,7 @@ def sweep(g: OpGraph, costs: _Costs, overlap_comm: bool, name: str = "schedule")
     ar_reach_t: dict[tuple[int, int], float] = {}  # (stage, step) -> latest arrival time
     ar_ready_t: dict[tuple[int, int], float] = {}  # (stage, step) -> earliest start of the all-reduce
     arrived = [False] * N
-    comm_rows: list[tuple] = []  # (worker, stage, mb, kind, start, end, version, src, dst, step, bytes)
+    comm_rows: list[tuple] = []  # (worker, stage, mb, kind, start, end, version, src, dst, update, bytes)
     level_bytes: dict[int, float] = {}
     fetch_count = [0] * W
     topo = costs.topology
@@ -192,12 +193,14 @@ def sweep(g: OpGraph, costs: _Costs, overlap_comm: bool, name: str = "schedule")
         prev_start[w] = ps
         stall[w] += stl
 
-    _check_progress(g, ptr, name)
+    _check_progress(graph, ptr, name)
     return Sweep(start, end, stall, comm_rows, level_bytes, fetch_count)
 
 
-def _check_progress(g: OpGraph, ptr: list, name: str) -> None:
-    flat, kc, st, stp, wbeg, wend, N, W = g.flat, g.kc, g.st, g.stp, g.wbeg, g.wend, g.N, len(g.wbeg)
+def _check_progress(graph: OpGraph, ptr: list, name: str) -> None:
+    """Raise a ValueError naming the first stuck op of each worker when some op never ran."""
+    flat, kc, st, stp, wbeg, wend = graph.flat, graph.kc, graph.st, graph.stp, graph.wbeg, graph.wend
+    N, W = graph.N, len(wbeg)
     stuck = [w for w in range(W) if ptr[w] < wend[w]]
     if stuck:
         desc = []
