@@ -21,7 +21,8 @@ def _check_structure(trace: dict, tl: pd.DataFrame) -> list[dict]:
         if e["ph"] in "sf":
             flows.setdefault(e["id"], {})[e["ph"]] = e
     assert flows and all(set(f) == {"s", "f"} for f in flows.values())
-    assert all(f["s"]["ts"] <= f["f"]["ts"] and f["s"]["pid"] != f["f"]["pid"] for f in flows.values())
+    backwards = [f for f in flows.values() if not (f["s"]["ts"] <= f["f"]["ts"] and f["s"]["pid"] != f["f"]["pid"])]
+    assert not backwards, backwards[:3]
     # every flow starts inside a compute slice of its producer and ends at the start of its consumer
     xs = [e for e in ev if e["ph"] == "X" and e["tid"] == 0]
     for f in flows.values():
@@ -76,7 +77,9 @@ def _measured_like() -> pd.DataFrame:
         (0, 0, -1, "STEP", 20.0, 21.0, 1, 0, 0.0, 0.0, 0.0),
     ]
     cols = ["worker", "stage", "microbatch", "kind", "start", "end", "version", "round", "wait_ms", "send_ms", "data_ms"]
-    return pd.DataFrame(rows, columns=cols).assign(step=lambda d: d["round"])
+    nan = float("nan")
+    send_at = [3.0, nan, 12.5, nan, nan, nan]  # where each op's send began (ms)
+    return pd.DataFrame(rows, columns=cols).assign(send_at=send_at, step=lambda d: d["round"])
 
 
 def test_measured_trace_comm_lane():
@@ -120,6 +123,10 @@ def test_train_writes_a_measured_trace(tmp_path):
     ev = _check_structure(trace, tl)
     waits = sorted(e["dur"] for e in ev if e["ph"] == "X" and e["cat"] == "recv wait")
     assert waits == pytest.approx(sorted(tl.wait_ms[tl.wait_ms > 0] * 1e3))
+    sends = sorted((e["ts"], e["dur"]) for e in ev if e["ph"] == "X" and e["cat"] == "send")
+    sent = tl[tl.send_at.notna()].sort_values("send_at")
+    assert len(sends) == len(sent) > 0
+    assert [v for e in sends for v in e] == pytest.approx([v for e in zip(sent.send_at * 1e3, sent.send_ms * 1e3) for v in e])
     bd = breakdown(tl)
     assert bd[PARTS].sum(axis=1).to_numpy() == pytest.approx(bd.step_ms.to_numpy())
     assert (bd[PARTS[:-1]] >= 0).all().all() and (bd.compute_ms > 0).all()

@@ -7,12 +7,12 @@ Layout (Trace Event Format, times in µs = the timeline's ms x 1000):
   ops, ``ph: "X"`` with ``dur = (end - start) * 1000``), ``tid 1`` communication:
   the simulator's comm-lane rows (``send_act``, ``send_grad``, ``allreduce`` ...) as they are; for a
   measured timeline, ``recv wait`` (``[start - wait_ms, start]``: the op blocked on its receive) and
-  ``send`` (``[end - send_ms, end]``: posting the op's ``isend``s, which the runtime does at the end
-  of the op);
+  ``send`` (``[send_at, send_at + send_ms]``: handing the op's sends over to the sender thread, or
+  posting its ``isend``s);
 * a flow arrow (``ph: "s"`` on the producer, ``ph: "f"`` on the consumer, same ``id``) for every
   dataflow edge that crosses workers: the activation of ``F(s, b)`` into ``F(s + 1, b)`` and the
   gradient of ``B/BI(s + 1, b)`` into ``B/BI(s, b)``; it leaves where the send starts (measured: at
-  ``end - send_ms``; modeled: at the op's end) and lands at the consumer's start. Measured ranks on
+  ``send_at``; modeled: at the op's end) and lands at the consumer's start. Measured ranks on
   one host share one clock (:func:`workbench.runtime.rank._shared_t0`), so no arrow runs backwards;
 * a counter per worker (``ph: "C"``), ``stashed microbatches``: ``+1`` when a forward ends, ``-1``
   when the op that releases its stash ends (``B``, or ``BW`` when the backward is split); the same
@@ -92,9 +92,10 @@ def _slices(tl: pd.DataFrame, measured: bool) -> list[dict]:
 
 def _measured_comm(r) -> list[dict]:
     out = []
-    for col, name, t0 in (("wait_ms", "recv wait", lambda v: r.start - v), ("send_ms", "send", lambda v: r.end - v)):
+    send_at = float(getattr(r, "send_at", float("nan")))
+    for col, name, t0 in (("wait_ms", "recv wait", lambda v: r.start - v), ("send_ms", "send", lambda v: send_at)):
         v = float(getattr(r, col, 0.0) or 0.0)
-        if v == v and v > 0:  # not NaN
+        if v == v and v > 0 and t0(v) == t0(v):  # not NaN
             out.append(dict(ph="X", name=f"{name} s{r.stage} mb{r.microbatch}", cat=name, pid=int(r.worker), tid=COMM,
                             ts=t0(v) * 1e3, dur=v * 1e3, args=dict(stage=int(r.stage), microbatch=int(r.microbatch))))
     return out
@@ -127,9 +128,9 @@ def _flows(tl: pd.DataFrame) -> list[dict]:
     out = []
     for n, (i, j, what) in enumerate(dataflow_edges(tl)):
         p, c = tl.loc[i], tl.loc[j]
-        send_ms = float(p.get("send_ms", 0.0))
-        if send_ms == send_ms and send_ms > 0:  # measured: where the isend was posted
-            ts = (p.end - send_ms) * 1e3
+        send_at = float(p.get("send_at", float("nan")))
+        if send_at == send_at:  # measured: where the op began handing its sends over
+            ts = send_at * 1e3
         else:  # modeled: the transfer starts at the end of the op; the arrow leaves from inside its slice
             ts = p.end * 1e3 - min(1.0, (p.end - p.start) * 1e3 / 2)
         out.append(dict(ph="s", id=n, name=what, cat="flow", pid=int(p.worker), tid=COMPUTE, ts=ts))

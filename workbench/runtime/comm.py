@@ -64,6 +64,7 @@ class P2P:
         self.bytes_sent = 0
         self.post_ms = 0.0  # time spent posting receives (CPU overhead of the prefetching)
         self.send_ms = 0.0  # time the op spends handing its sends over (the isend calls, or the queue put)
+        self.op_send_start = None  # perf_counter of the current op's first send (the executor resets it per op)
         if send_thread is None:
             send_thread = backend == "gloo" and os.environ.get("WORKBENCH_SEND_THREAD", "1") == "1"
         self.sender = _Sender(self._isend) if send_thread else None
@@ -76,6 +77,8 @@ class P2P:
         if len(tensors) > MAX_TENSORS:
             raise ValueError(f"a stage boundary carries {len(tensors)} tensors; at most {MAX_TENSORS} are supported")
         t0 = time.perf_counter()
+        if self.op_send_start is None:
+            self.op_send_start = t0
         tensors = [t.detach().contiguous() for t in tensors]
         self.bytes_sent += sum(t.numel() * t.element_size() for t in tensors)
         if self.sender is None:

@@ -199,6 +199,7 @@ class PipelineExecutor:
             g = k * self.M + b
             wait = 0.0
             send0, data0 = self.comm.send_ms, data.ms
+            self.comm.op_send_start = None
             start = time.perf_counter()
             if op.kind == "F":
                 if s == 0:
@@ -257,7 +258,7 @@ class PipelineExecutor:
             end = time.perf_counter()
             timeline.append((self.rank, s, R * self.M + b if b >= 0 else -1, op.kind, (start - t0) * 1e3,
                              (end - t0) * 1e3, off[s] + op.version if op.kind in ("F", "B", "BI", "BW") else st.newest,
-                             R, wait, self.comm.send_ms - send0, data.ms - data0))
+                             R, wait, self.comm.send_ms - send0, data.ms - data0, _since(self.comm.op_send_start, t0)))
             self._free(st, off[s], i)
             if op.kind not in ("B", "BW"):  # these only release records and versions
                 st.note_memory()
@@ -344,6 +345,11 @@ class PipelineExecutor:
     def memory(self) -> dict:
         return {s: dict(peak_versions=st.peak_versions, peak_live_microbatches=st.peak_live,
                         peak_activation_bytes=st.peak_act_bytes) for s, st in self.state.items()}
+
+
+def _since(t: float | None, t0: float) -> float:
+    """ms from ``t0`` to ``t`` (NaN when the op did not send)."""
+    return float("nan") if t is None else (t - t0) * 1e3
 
 
 class _TimedData:
