@@ -133,6 +133,10 @@ def cmd_simulate(args) -> int:
             topology = parse_topology(args.topology)
         else:
             topology = Topology.flat(args.workers or plan.num_workers, args.bandwidth)
+        if topology.num_workers != sched.num_workers:
+            raise UsageError(f"schedule {sched.name} uses {sched.num_workers} workers but the topology has "
+                             f"{topology.num_workers}; give a topology of {sched.num_workers} workers "
+                             f"(--workers {sched.num_workers}) or a schedule for {topology.num_workers}")
         kw = dict(profile=_load_profile(args), plan=plan, topology=topology)
     else:
         kw = dict(fwd=args.fwd, bwd=args.bwd)

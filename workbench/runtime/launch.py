@@ -111,7 +111,8 @@ def prepare(model: str = "mlp", schedule="pipedream", workers: int = 2, microbat
     validate(sched)
     check_remote(sched)  # master family: remote weights are fetched from their owner (fetch.py)
     if sched.num_workers != workers:
-        raise ValueError(f"schedule {sched.name!r} uses {sched.num_workers} workers but workers={workers}")
+        raise ValueError(f"schedule {sched.name!r} uses {sched.num_workers} workers but workers={workers}; "
+                         f"run it with --workers {sched.num_workers} (workers={sched.num_workers})")
     if sched.microbatches != microbatches:
         microbatches = sched.microbatches
     if plan is not None and plan.num_stages == sched.num_stages:

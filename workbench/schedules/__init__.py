@@ -39,7 +39,35 @@ def build(name: str, plan_or_stage_count, microbatches: int, **options) -> Sched
     the registry (unknown names, wrong types and values give one ValueError). The result passes
     :func:`validate`."""
     sp = spec(name)
-    return sp.build(plan_or_stage_count, microbatches, **sp.check_options(options))
+    options = sp.check_options(options)
+    is_plan = hasattr(plan_or_stage_count, "stages") and hasattr(plan_or_stage_count, "num_workers")
+    if is_plan:
+        _check_plan_shape(sp, plan_or_stage_count, options)
+    sched = sp.build(plan_or_stage_count, microbatches, **options)
+    if is_plan and "workers" not in options and sched.num_workers != plan_or_stage_count.num_workers:
+        raise ValueError(_reshape_message(sp, plan_or_stage_count, sched, options))
+    return sched
+
+
+def _check_plan_shape(sp: ScheduleSpec, plan, options: dict) -> None:
+    """No silent reshaping: a pipeline schedule on a plan of one replicated stage would be data
+    parallel under another name."""
+    if sp.family == "pipeline" and not sp.data_parallel_plan and plan.num_stages == 1 and plan.num_workers > 1:
+        raise ValueError(f"the plan is data parallel (1 stage on {plan.num_workers} workers), so {sp.name} would run "
+                         f"as data parallelism; use dp-bsp (or pipedream), or partition into several stages "
+                         f"(e.g. --straight)")
+
+
+def _reshape_message(sp: ScheduleSpec, plan, sched: Schedule, options: dict) -> str:
+    have, got, S = plan.num_workers, sched.num_workers, sched.num_stages
+    if isinstance(sp.stages_per_worker, str) and sp.stages_per_worker not in ("all", "placement"):
+        k = sp.stages_per_worker
+        v = options.get(k, sp.option(k).default)
+        return (f"{sp.name} with {k}={v} runs the plan's {S} stages on {got} of its {have} workers (stage s on worker "
+                f"s mod {got}, which a plan of one worker per stage cannot express); pass {k}=1, or a stage count "
+                f"instead of the plan ({v * have} stages for {have} workers)")
+    return (f"{sp.name} uses {got} workers but the plan has {have}; pass workers={got} explicitly "
+            f"(--schedule-option workers={got}) if that is intended")
 
 
 __all__ = ["COMPUTE", "KINDS", "UPDATE_RULES", "Op", "OpKind", "Schedule", "ScheduleError", "in_flight_peak",

@@ -219,6 +219,30 @@ class Schedule:
                     out.append(op.microbatch)
         return sorted(out)
 
+    # ---- display ----------------------------------------------------------------------
+    def _rows(self) -> list[tuple[str, object, str]]:
+        steps = max((op.step + 1 for _, op in self if op.kind == "STEP"), default=0)
+        return [("workers", self.num_workers, ""), ("stages", self.num_stages, ""),
+                ("microbatches", self.microbatches, ""), ("ops", self.num_ops, ""), ("update", self.update, ""),
+                ("updates per stage", steps, ""),
+                ("peak in flight", max((in_flight_peak(o) for o in self.ops), default=0), "microbatches")]
+
+    def __repr__(self) -> str:
+        from ..display import one_line
+        return one_line(f"Schedule[{self.name}]", self._rows())
+
+    def _repr_html_(self) -> str:
+        import pandas as pd
+
+        from ..display import card
+        table = pd.DataFrame({"ops": [len(o) for o in self.ops],
+                              "peak in flight": [in_flight_peak(o) for o in self.ops],
+                              "first ops": [" ".join(str(op) for op in o[:8]) + (" …" if len(o) > 8 else "")
+                                            for o in self.ops]},
+                             index=pd.RangeIndex(self.num_workers, name="worker"))
+        return card(f"Schedule {self.name}", self._rows(),
+                    label="per-worker op lists (no costs: simulate() gives times); counts from the ops", table=table)
+
     def describe(self, width: int = 12) -> str:
         """Compact text rendering, one line per worker."""
         lines = [f"{self.name}: {self.num_workers} workers, {self.num_stages} stages, "

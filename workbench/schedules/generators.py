@@ -234,7 +234,8 @@ def gpipe(plan, microbatches: int, steps: int = 1) -> Schedule:
 
 @register("pipedream", description="1F1B: NOAM warm-up, then one forward one backward, round robin over replicas, no flush",
           source="Narayanan et al., PipeDream (SOSP 2019)", options={"weights": "weight rule: stashing, vertical sync or none"},
-          choices={"weights": ("stash", "vertical-sync", "no-stash")}, microbatches="in total")
+          choices={"weights": ("stash", "vertical-sync", "no-stash")}, microbatches="in total",
+          data_parallel_plan=True)
 def pipedream(plan, microbatches: int, weights: str = "stash") -> Schedule:
     """1F1B with NOAM warm-up, round robin over replicas, no flush, an update after every
     microbatch (a replicated stage: every round of r_s microbatches, AR then STEP)."""
