@@ -121,11 +121,7 @@ def cmd_simulate(args) -> int:
     from .topology import Topology
 
     plan = Plan.load(args.plan) if args.plan else None
-    sp = schedules.spec(args.schedule)
     opts = dict(args.schedule_option)
-    if sp.family == "master" and not args.profile:  # order by the durations that are simulated
-        opts.setdefault("costs", (args.fwd, args.bwd))
-    sched = schedules.build(args.schedule, plan or args.stages, args.microbatches, **opts)
     if args.profile:
         if plan is None:
             raise UsageError("--profile needs --plan (which layers form each stage)")
@@ -133,13 +129,15 @@ def cmd_simulate(args) -> int:
             topology = parse_topology(args.topology)
         else:
             topology = Topology.flat(args.workers or plan.num_workers, args.bandwidth)
-        if topology.num_workers != sched.num_workers:
-            raise UsageError(f"schedule {sched.name} uses {sched.num_workers} workers but the topology has "
-                             f"{topology.num_workers}; give a topology of {sched.num_workers} workers "
-                             f"(--workers {sched.num_workers}) or a schedule for {topology.num_workers}")
         kw = dict(profile=_load_profile(args), plan=plan, topology=topology)
     else:
         kw = dict(fwd=args.fwd, bwd=args.bwd)
+    # master schedules are ordered by the greedy rule with the durations simulated below
+    sched = schedules.build_for_simulation(args.schedule, plan or args.stages, args.microbatches, kw, **opts)
+    if args.profile and topology.num_workers != sched.num_workers:
+        raise UsageError(f"schedule {sched.name} uses {sched.num_workers} workers but the topology has "
+                         f"{topology.num_workers}; give a topology of {sched.num_workers} workers "
+                         f"(--workers {sched.num_workers}) or a schedule for {topology.num_workers}")
     res = simulate(sched, **kw)
     print(res.summary())
     print(f"wrote {res.save(args.out)}")

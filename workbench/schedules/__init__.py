@@ -49,6 +49,18 @@ def build(name: str, plan_or_stage_count, microbatches: int, **options) -> Sched
     return sched
 
 
+def build_for_simulation(name: str, plan_or_stage_count, microbatches: int, simulate_kwargs: dict | None = None,
+                         **options) -> Schedule:
+    """:func:`build`, and for a master-family schedule (whose order depends on durations) the order
+    of the greedy rule with the durations ``simulate(schedule, **simulate_kwargs)`` will charge
+    (:meth:`JobCosts.from_simulator`), unless ``costs`` is given."""
+    sched = build(name, plan_or_stage_count, microbatches, **options)
+    if spec(name).family != "master" or "costs" in options:
+        return sched
+    costs = JobCosts.from_simulator(sched, **(simulate_kwargs or {}))
+    return build(name, plan_or_stage_count, microbatches, costs=costs, **options)
+
+
 def _check_plan_shape(sp: ScheduleSpec, plan, options: dict) -> None:
     """No silent reshaping: a pipeline schedule on a plan of one replicated stage would be data
     parallel under another name."""
@@ -72,5 +84,5 @@ def _reshape_message(sp: ScheduleSpec, plan, sched: Schedule, options: dict) -> 
 
 __all__ = ["COMPUTE", "KINDS", "UPDATE_RULES", "Op", "OpKind", "Schedule", "ScheduleError", "in_flight_peak",
            "validate", "producers", "build", "NAMES", "DESCRIPTIONS", "REGISTRY", "Option", "ScheduleSpec", "register",
-           "spec", "markdown_table", "from_placement", "list_schedule", "placement", "JobCosts", "worker_stats",
+           "spec", "markdown_table", "build_for_simulation", "from_placement", "list_schedule", "placement", "JobCosts", "worker_stats",
            "noam_warmup", "stage_layout", "to_torch_csv", "from_torch_csv"]
