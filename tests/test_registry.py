@@ -132,3 +132,11 @@ def test_schedule_repr_and_card():
                            "updates per stage=1, peak in flight=3 microbatches)")
     html = sched._repr_html_()
     assert "workbench-card" in html and "F0.0@v0" in html and "no costs" in html
+
+
+def test_train_cli_passes_schedule_options_to_the_registry(tmp_path, capsys):
+    base = ["train", "--model", "toy-mlp", "--workers", "2", "--out", str(tmp_path / "run"), "--no-progress"]
+    assert main(base + ["--schedule", "gpipe", "--schedule-option", "chunks=2"]) == 2
+    assert "gpipe takes options ['steps'], not 'chunks'" in capsys.readouterr().err
+    assert main(base + ["--schedule", "interleaved-1f1b", "--schedule-option", "chunks=x"]) == 2
+    assert "option chunks must be int, got 'x'" in capsys.readouterr().err

@@ -59,6 +59,7 @@ def schedule_for_workers(name: str, workers: int, plan, microbatches: int, optio
     is ``spec.stages_for(workers, options)`` (k stages per worker; 1 for data parallel)."""
     from workbench.schedules import spec
     sp = spec(name)
+    options.update(sp.check_options(options))  # typed values (e.g. "2" from the command line -> 2)
     if sp.takes_workers:
         options.setdefault("workers", workers)
     return make_schedule(name, plan if plan is not None else sp.stages_for(workers, options), microbatches, **options)
