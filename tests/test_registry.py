@@ -105,8 +105,8 @@ def test_no_silent_reshaping_of_a_plan():
     assert build("interleaved-1f1b", 8, 8).num_workers == 4
     assert build("ddp", straight4, 8).num_workers == 4  # the plan's workers, not one per batch
     assert build("ddp", straight4, 8, workers=8).num_workers == 8  # explicit: as asked
-    with pytest.raises(ValueError, match=r"the plan is data parallel \(1 stage on 4 workers\), so gpipe would run as "
-                                         r"data parallelism; use dp-bsp"):
+    with pytest.warns(UserWarning, match=r"the plan is data parallel \(1 stage on 4 workers\), so gpipe runs as data "
+                                         r"parallelism with gradient accumulation; use dp-bsp"):
         build("gpipe", Plan.from_boundaries([3], [4]), 4)
     assert build("pipedream", Plan.from_boundaries([3], [4]), 4).num_workers == 4  # PipeDream's data parallel
 

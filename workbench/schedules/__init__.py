@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import importlib
 import pkgutil
+import warnings
 from contextlib import contextmanager
 
 from .core import (COMPUTE, KINDS, UPDATE_RULES, Op, OpKind, Schedule, ScheduleError, in_flight_peak, producers,
@@ -80,12 +81,14 @@ def build_for_simulation(name: str, plan_or_stage_count, microbatches: int, simu
 
 
 def _check_plan_shape(sp: ScheduleSpec, plan, options: dict) -> None:
-    """No silent reshaping: a pipeline schedule on a plan of one replicated stage would be data
-    parallel under another name."""
+    """No silent reshaping: a pipeline schedule on a plan of one replicated stage is data parallel
+    under another name. A one-line warning (not an error: the partitioner legitimately returns such
+    plans, e.g. VGG-16 on one 4-GPU server, and the schedule still runs, round robin over replicas)."""
     if sp.family == "pipeline" and not sp.data_parallel_plan and plan.num_stages == 1 and plan.num_workers > 1:
-        raise ValueError(f"the plan is data parallel (1 stage on {plan.num_workers} workers), so {sp.name} would run "
-                         f"as data parallelism; use dp-bsp (or pipedream), or partition into several stages "
-                         f"(e.g. --straight)")
+        warnings.warn(f"the plan is data parallel (1 stage on {plan.num_workers} workers), so {sp.name} runs as data "
+                      f"parallelism with gradient accumulation; use dp-bsp (or pipedream) to say so, or partition "
+                      f"into several stages (partition(..., straight=True), --straight) for a pipeline",
+                      UserWarning, stacklevel=3)
 
 
 def _reshape_message(sp: ScheduleSpec, plan, sched: Schedule, options: dict) -> str:
