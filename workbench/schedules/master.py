@@ -124,26 +124,27 @@ class JobCosts:
     def from_simulator(cls, schedule: Schedule, **simulate_kwargs) -> "JobCosts":
         """The durations :func:`workbench.simulate.simulate` charges ``schedule`` with the same
         keyword arguments (unit costs ``fwd=``/``bwd=``/``transfer=``/``weight_fetch=``, or
-        ``profile=``/``plan=``/``topology=``; ``latency_ms``/``op_overhead_ms``): one cost model.
-        Only the schedule's shape is read (stages, stage workers, microbatches per step), which
-        the placement fixes, so a schedule built with any order gives the costs to re-order it."""
-        try:
-            import importlib
-            sim = importlib.import_module(__name__.rsplit(".", 2)[0] + ".simulate")
-            kw = dict(simulate_kwargs)
-            if kw.get("profile") is None:
-                c = sim._unit_costs(schedule, kw.get("fwd", 1.0), kw.get("bwd", 2.0), kw.get("allreduce"),
-                                    kw.get("transfer", 0.0), kw.get("weight_fetch", 0.0), kw.get("step_ms", 0.0))
-            else:
-                c = sim._profile_costs(schedule, kw["profile"], kw.get("plan"), kw.get("topology"), kw.get("allreduce"),
-                                       kw.get("step_ms", 0.0), kw.get("microbatch_fraction"))
-            c = sim._with_fixed_costs(schedule, c, kw.get("latency_ms", 0.0), kw.get("op_overhead_ms", 0.0))
-            fwd, bwd = c.compute[sim._F], c.compute[sim._B]
-        except (AttributeError, KeyError, TypeError) as e:  # the simulator's cost internals moved
-            raise RuntimeError(f"JobCosts.from_simulator needs updating to the simulator's cost model ({e})") from None
-        return cls(tuple(fwd), tuple(bwd),
-                   transfer_ms=lambda st, d, a, b: c.xfer(st - 1 if d == "forward" else st, a, b)[0],
-                   fetch_ms=lambda st, a, b: c.fetch(st, a, b)[0])
+        ``profile=``/``plan=``/``topology=``; ``latency_ms``/``op_overhead_ms``): one cost model,
+        read back from the simulated timeline (compute rows F/B per stage, ``send_act``/``send_grad``
+        and ``fetch_weights`` rows per link). Only pairs of workers that the placement uses appear,
+        and the placement, not the order, fixes them: a schedule built with any order gives the
+        costs to re-order it."""
+        from ..simulate import simulate
+
+        tl = simulate(schedule, **simulate_kwargs).timeline
+        dur = tl["end"] - tl["start"]
+        comp = tl["lane"] == "compute"
+        per = {(k, int(st)): float(v) for (k, st), v in dur[comp].groupby([tl["kind"][comp], tl["stage"][comp]]).max().items()}
+        S = schedule.num_stages
+        fwd = tuple(per.get(("F", st), 0.0) for st in range(S))
+        bwd = tuple(per.get(("B", st), 0.0) for st in range(S))
+        links = {(str(r.kind), int(r.stage), int(r.src), int(r.dst)): float(r.end - r.start)
+                 for r in tl[~comp].itertuples(index=False)
+                 if r.kind in ("send_act", "send_grad", "fetch_weights")}
+        return cls(fwd, bwd,
+                   transfer_ms=lambda st, d, a, b: links.get(("send_act", st - 1, a, b) if d == "forward"
+                                                             else ("send_grad", st + 1, a, b), 0.0),
+                   fetch_ms=lambda st, a, b: links.get(("fetch_weights", st, a, b), 0.0))
 
     def duration(self, s: int, d: str) -> float:
         return self.fwd_ms[s] if d == "forward" else self.bwd_ms[s]
