@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from workbench.io import fresh_path
 from workbench.schedules.core import Op, Schedule
 from workbench.simulate import simulate
 
@@ -79,7 +80,7 @@ def main(argv=None) -> pd.DataFrame:
                      "schedule_from": how, "makespan": res.makespan,
                      "python": platform.python_version(), "machine": platform.machine()})
     df = pd.DataFrame(rows)
-    out = Path(args.out)
+    out = fresh_path(args.out)  # never overwrite an earlier result
     out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out, index=False)
     print(df[["stages", "microbatches", "ops", "compute_ops", "seconds", "ops_per_s", "compute_ops_per_s",

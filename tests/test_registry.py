@@ -13,7 +13,7 @@ def test_every_registered_schedule_builds_on_its_own_worker_count():
     for name, sp in REGISTRY.items():
         for workers in (1, 2, 4):
             opts = {}
-            sched = schedule_for_workers(name, workers, None, 4, opts)
+            sched = schedule_for_workers(name, workers, None, 4 * workers, opts)  # dualpipev: M >= stages
             validate(sched)
             assert sched.num_workers == workers, (name, workers)
             if isinstance(sp.stages_per_worker, int):

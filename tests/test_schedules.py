@@ -75,7 +75,9 @@ def test_master_schedules_validate(name, S, B, R, prio):
 
 def test_names_and_descriptions():
     assert set(NAMES) == {"model-parallel", "gpipe", "pipedream", "pipedream-flush", "pipedream-2bw",
-                          "interleaved-1f1b", "looped-bfs", "zb-h1", "dp-bsp", "dp-asp", "ddp", "fsdp", "pp", "lpp", "fslpp"}
+                          "interleaved-1f1b", "looped-bfs", "zb-h1", "dp-bsp", "dp-asp", "ddp", "fsdp", "pp", "lpp", "fslpp",
+                          "zb-h2", "interleaved-zb", "zb-v", "dualpipev", "v-min", "v-half", "v-zb",
+                          "seq1f1b", "seq1f1b-interleaved", "seq1f1b-zb"}
     assert all(DESCRIPTIONS[n] and "\n" not in DESCRIPTIONS[n] for n in NAMES)
 
 

@@ -20,7 +20,10 @@ def _kv(text: str) -> tuple[str, object]:
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="mlp", help="zoo model name (or toy-mlp)")
+    p.add_argument("--model", default="mlp", help="zoo model name (or toy-mlp), or package.module:function returning "
+                   "an nn.Module (traced into layers by workbench.graph.split)")
+    p.add_argument("--dataset", default=None, help="built-in data set name (`workbench models`) or package.module:function "
+                   "returning a TensorDataset or a (train, test) pair; default: the zoo model's own")
     p.add_argument("--schedule", default="pipedream", help="schedule name (`workbench schedules` lists them)")
     p.add_argument("--schedule-option", type=_kv, action="append", default=[], metavar="KEY=VALUE",
                    help="schedule option, e.g. chunks=2 (repeatable; `workbench schedules` lists them)")
@@ -67,7 +70,7 @@ def run_train(args) -> int:
                         fail_rank=args.fail_rank, fail_at_step=args.fail_at_step, timeout_s=args.timeout,
                         port=args.port, threads=args.threads, allow_oversubscribe=args.allow_oversubscribe,
                         dtype=args.dtype, progress=not args.no_progress, schedule_options=sopts,
-                        momentum=args.momentum, evaluate=not args.no_eval,
+                        momentum=args.momentum, evaluate=not args.no_eval, dataset=args.dataset,
                         **dict(args.model_option))
     except ValueError as e:
         print(f"workbench train: error: {e}", file=sys.stderr)

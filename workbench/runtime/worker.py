@@ -130,6 +130,9 @@ class PipelineExecutor:
 
     def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], groups: dict):
         self.ctx, self.schedule, self.model = ctx, schedule, model
+        if schedule.num_segments > 1:
+            raise ValueError(f"{schedule.name} cuts sequences into segments; this runtime runs layer-sequential "
+                             f"models on whole microbatches: use workbench.runtime.segments.run")
         self.rank, self.S, self.M = ctx.rank, schedule.num_stages, schedule.microbatches
         self.prog = RankProgram(schedule, self.rank)
         ar = {op.stage for op in self.prog.ops if op.kind == "AR"}
@@ -271,7 +274,7 @@ class PipelineExecutor:
         remote = params is not None
         params = params if remote else st.versions[v]
         with torch.set_grad_enabled(keep_graph):
-            y = run_stage(st.module, params, from_tuple(xl, self.like_tuple[s]))
+            y = _stage_forward(st.module, params, from_tuple(xl, self.like_tuple[s]), self.schedule.recompute and keep_graph)
         rec = {"x": xl, "y": y if keep_graph else None, "v": v, "bytes": nbytes(xl) + nbytes(as_tuple(y))}
         if remote:  # the backward reuses the fetched weights (check_remote: same owner and version)
             rec["params"] = params
@@ -343,3 +346,12 @@ class PipelineExecutor:
 
 def _float_spec(spec) -> list[int]:
     return [i for i, (_, dt) in enumerate(spec) if dt.is_floating_point]
+
+
+def _stage_forward(module, params, x, recompute: bool):
+    """``f_s(x; W)``; with ``recompute`` (GPipe re-materialization) under non-reentrant
+    :func:`torch.utils.checkpoint.checkpoint`: only the inputs are kept, the forward is re-run in the backward."""
+    if not recompute:
+        return run_stage(module, params, x)
+    from torch.utils.checkpoint import checkpoint
+    return checkpoint(run_stage, module, params, x, use_reentrant=False)

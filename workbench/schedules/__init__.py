@@ -21,7 +21,7 @@ import warnings
 from contextlib import contextmanager
 
 from .core import (COMPUTE, KINDS, UPDATE_RULES, Op, OpKind, Schedule, ScheduleError, in_flight_peak, producers,
-                   validate)
+                   validate, with_recompute)
 from .registry import REGISTRY, Option, ScheduleSpec, markdown_table, register, spec
 
 for _m in pkgutil.iter_modules(__path__):  # registers every schedule of the package (one decorator each)
@@ -36,11 +36,12 @@ NAMES: list[str] = list(REGISTRY)
 DESCRIPTIONS: dict[str, str] = {n: s.description for n, s in REGISTRY.items()}
 
 
-def build(name: str, plan_or_stage_count, microbatches: int, **options) -> Schedule:
+def build(name: str, plan_or_stage_count, microbatches: int, recompute: bool = False, **options) -> Schedule:
     """The schedule ``name`` (one of :data:`NAMES`) for a Plan or a stage count and a number of
     microbatches (per step or in total: ``spec(name).microbatches``). Options are checked against
     the registry (unknown names, wrong types and values give one ValueError). The result passes
-    :func:`validate`."""
+    :func:`validate`. ``recompute=True`` (any schedule): GPipe activation re-materialization
+    (:func:`with_recompute`)."""
     sp = spec(name)
     options = sp.check_options(options)
     is_plan = hasattr(plan_or_stage_count, "stages") and hasattr(plan_or_stage_count, "num_workers")
@@ -50,7 +51,8 @@ def build(name: str, plan_or_stage_count, microbatches: int, **options) -> Sched
         sched = sp.build(plan_or_stage_count, microbatches, **options)
     if is_plan and "workers" not in options and sched.num_workers != plan_or_stage_count.num_workers:
         raise ValueError(_reshape_message(sp, plan_or_stage_count, sched, options))
-    return sched
+    recompute = Option("recompute", bool, False).check(name, recompute)  # "true"/"false" from a CLI
+    return with_recompute(sched) if recompute else sched
 
 
 @contextmanager
@@ -105,5 +107,5 @@ def _reshape_message(sp: ScheduleSpec, plan, sched: Schedule, options: dict) -> 
 
 __all__ = ["COMPUTE", "KINDS", "UPDATE_RULES", "Op", "OpKind", "Schedule", "ScheduleError", "in_flight_peak",
            "validate", "producers", "build", "NAMES", "DESCRIPTIONS", "REGISTRY", "Option", "ScheduleSpec", "register",
-           "spec", "markdown_table", "build_for_simulation", "from_placement", "list_schedule", "placement", "JobCosts", "worker_stats",
-           "noam_warmup", "stage_layout", "to_torch_csv", "from_torch_csv"]
+           "spec", "markdown_table", "build_for_simulation", "from_placement", "list_schedule", "placement", "JobCosts",
+           "worker_stats", "noam_warmup", "stage_layout", "to_torch_csv", "from_torch_csv", "with_recompute"]

@@ -27,6 +27,16 @@ fewer microbatches of a step than another, e.g. round robin with M not a multipl
 Master-family schedules (``weights_worker`` set): a B/BW op computed on a worker that does not hold
 the stage pushes its gradient to ``weights_worker``; it belongs to the owner's step ``op.version``.
 
+Segments (Seq1F1B). A schedule with ``segment_tokens = (n_1, ..., n_k)`` cuts every sequence into
+k segments; its compute ops carry ``segment`` j in 0..k-1 and the unit of work is the pair
+(microbatch, segment), keyed ``unit = microbatch * k + segment`` (:meth:`Schedule.unit`) in the
+dataflow keys (:meth:`Schedule.where`, :meth:`Schedule.dependencies`). Causal attention adds two
+rules on a stage: F(s, b, j) needs F(s, b, j-1) (its keys and values), and the backward of
+(s, b, j) needs the backward of (s, b, j+1) (the gradients of those keys and values).
+``segment_flops[j]`` is segment j's share of a sequence's FLOPs (they sum to 1), the weight
+executors charge it by. ``recompute`` (GPipe re-materialization): a worker keeps only the stage's
+input per (microbatch, segment) in flight and re-runs the forward at the start of its backward.
+
 Sends and receives are implicit: F(s, b) needs the output of F(s-1, b), B(s, b) the gradient from
 B(s+1, b) (or BI(s+1, b)); when the two ops run on different workers a transfer follows.
 ``weights_worker`` (master-schedule family) names the worker that owns the weights an op uses; a
@@ -34,6 +44,7 @@ transfer of weights follows when it differs from the worker running the op.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -73,6 +84,7 @@ class Op:
     version: int = 0  # weight version read (F/B/BI/BW)
     step: int = -1  # AR / STEP: index of the update of this stage
     weights_worker: int | None = None  # None: the weights live on the worker running the op
+    segment: int | None = None  # Seq1F1B: segment of the sequence (None: the whole sequence)
 
     def __post_init__(self):
         if type(self.kind) is not OpKind:  # a plain "F": the enum member (generators pass members)
@@ -83,7 +95,8 @@ class Op:
 
     def __str__(self) -> str:
         if self.kind in COMPUTE:
-            return f"{self.kind}{self.stage}.{self.microbatch}@v{self.version}"
+            seg = "" if self.segment is None else f"/{self.segment}"
+            return f"{self.kind}{self.stage}.{self.microbatch}{seg}@v{self.version}"
         return f"{self.kind}{self.stage}#{self.step}"
 
 
@@ -96,6 +109,8 @@ class Schedule:
     ``microbatches_per_step``: how many microbatches' gradients make one update (per replica group).
     ``update``: the weight rule (see module docstring), one of ``UPDATE_RULES``.
     ``max_in_flight[w]``: bound on microbatches forwarded but not yet backwarded on worker w.
+    ``segment_tokens`` / ``segment_flops``: Seq1F1B segment lengths and FLOP shares (module
+    docstring; empty: unsegmented). ``recompute``: re-materialize activations in the backward.
     """
 
     name: str
@@ -108,6 +123,9 @@ class Schedule:
     microbatches_per_step: int = 1
     max_in_flight: tuple[int, ...] | None = None
     options: dict = field(default_factory=dict)
+    segment_tokens: tuple[int, ...] = ()
+    segment_flops: tuple[float, ...] = ()
+    recompute: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "ops", tuple(tuple(o) for o in self.ops))
@@ -117,6 +135,31 @@ class Schedule:
             raise ValueError(f"unknown update rule {self.update!r}; expected one of {UPDATE_RULES}")
 
     # ---- lookups ---------------------------------------------------------------------
+        object.__setattr__(self, "segment_tokens", tuple(int(n) for n in self.segment_tokens))
+        object.__setattr__(self, "segment_flops", tuple(float(f) for f in self.segment_flops))
+        if self.segment_flops and len(self.segment_flops) != len(self.segment_tokens):
+            raise ValueError(f"{len(self.segment_flops)} segment FLOP shares for {len(self.segment_tokens)} segments")
+
+    # ---- segments --------------------------------------------------------------------
+    @property
+    def num_segments(self) -> int:
+        """k: segments per sequence (1 when unsegmented)."""
+        return max(1, len(self.segment_tokens))
+
+    def unit(self, op: Op) -> int:
+        """The (microbatch, segment) unit of a compute op as one id: ``microbatch * k + segment``
+        (the microbatch itself when unsegmented); the third element of dataflow keys."""
+        return op.microbatch * self.num_segments + (op.segment or 0)
+
+    def segment_share(self, op: Op, weight: str = "flops") -> float:
+        """Fraction of the whole sequence's cost an op carries: ``segment_flops[j]`` (compute) or
+        ``n_j / sum n`` (``weight="tokens"``: activation bytes); 1 when unsegmented."""
+        if op.segment is None or not self.segment_tokens:
+            return 1.0
+        if weight == "tokens" or not self.segment_flops:
+            return self.segment_tokens[op.segment] / sum(self.segment_tokens)
+        return self.segment_flops[op.segment]
+
     def __iter__(self) -> Iterator[tuple[int, Op]]:
         for w, ops in enumerate(self.ops):
             for op in ops:
@@ -132,7 +175,7 @@ class Schedule:
 
     @cached_property
     def _where(self) -> dict[Key, int]:
-        return {(op.kind, op.stage, op.microbatch): w for w, ops in enumerate(self.ops) for op in ops
+        return {(op.kind, op.stage, self.unit(op)): w for w, ops in enumerate(self.ops) for op in ops
                 if op.kind in _COMPUTE_SET}
 
     def dependencies(self) -> dict[Key, tuple[Key, ...]]:
@@ -145,7 +188,9 @@ class Schedule:
         * ``B(s, b)`` / ``BI(s, b)`` <- ``F(s, b)`` (its own stashed activations) and, for
           s < S-1, the gradient from ``BI(s+1, b)`` when stage s+1 splits its backward, else
           ``B(s+1, b)``;
-        * ``BW(s, b)`` <- ``BI(s, b)``.
+        * ``BW(s, b)`` <- ``BI(s, b)``;
+        * segments (``b`` is then the unit b·k + j): ``F(s, b)`` also <- ``F(s, b-1)`` for j > 0 and
+          ``B/BI(s, b)`` also <- ``B/BI(s, b+1)`` for j < k-1 (keys/values and their gradients).
 
         Remote-weight edges of the master family (an op waits for the owner's STEP) are not
         dataflow between compute ops and are derived by the deadlock check and the simulator."""
@@ -153,9 +198,10 @@ class Schedule:
 
     @cached_property
     def _dependencies(self) -> dict[Key, tuple[Key, ...]]:
-        where, S, M = self._where, self.num_stages, self.microbatches
-        present = {key_code(k, S, M) for k in where}.__contains__
-        return {key: tuple(code_key(c, S, M) for c in producer_codes(key_code(key, S, M), S, M, present))
+        where, S, k = self._where, self.num_stages, self.num_segments
+        U = self.microbatches * k  # units (microbatch, segment)
+        present = {key_code(key, S, U) for key in where}.__contains__
+        return {key: tuple(code_key(c, S, U) for c in producer_codes(key_code(key, S, U), S, U, present, k))
                 for key in where}
 
     def remote_inputs(self, worker: int) -> list[tuple[int, Key, int]]:
@@ -167,7 +213,7 @@ class Schedule:
         for i, op in enumerate(self.ops[worker]):
             if op.kind not in _COMPUTE_SET:
                 continue
-            for dep in deps[(op.kind, op.stage, op.microbatch)]:
+            for dep in deps[(op.kind, op.stage, self.unit(op))]:
                 src = where.get(dep, worker)
                 if dep[1] != op.stage and src != worker:
                     out.append((i, dep, src))
@@ -198,7 +244,7 @@ class Schedule:
                     if k == step:
                         break
                     k += 1
-                elif op.kind in ("B", "BW") and k == step:
+                elif op.kind in ("B", "BW") and k == step and not op.segment:  # a sequence once
                     out.append(op.microbatch)
         holders = set(self.stage_workers[stage])
         for w, ops in enumerate(self.ops):  # gradients pushed to the owners (master family)
@@ -206,7 +252,7 @@ class Schedule:
                 continue
             for op in ops:
                 if (op.stage == stage and op.kind in ("B", "BW") and op.version == step
-                        and op.weights_worker in workers):
+                        and op.weights_worker in workers and not op.segment):
                     out.append(op.microbatch)
         return sorted(out)
 
@@ -247,49 +293,59 @@ _new = object.__new__
 _KIND_INDEX = {OpKind.F: 0, OpKind.B: 1, OpKind.BI: 2, OpKind.BW: 3}
 
 
-def key_code(key: Key, S: int, M: int) -> int:
-    """The compute op (kind, stage, microbatch) as one int: ((k S) + s) M + b, k = 0..3 for
-    F, B, BI, BW (the validator's arrays are indexed by it)."""
-    kind, s, b = key
-    return (_KIND_INDEX[kind] * S + s) * M + b
+def key_code(key: Key, S: int, U: int) -> int:
+    """The compute op (kind, stage, unit) as one int: ((k S) + s) U + u, k = 0..3 for F, B, BI, BW
+    and U units (microbatches x segments; :meth:`Schedule.unit`): the validator's array index."""
+    kind, s, u = key
+    return (_KIND_INDEX[kind] * S + s) * U + u
 
 
-def code_key(code: int, S: int, M: int) -> Key:
-    k, rest = divmod(code, S * M)
-    return (COMPUTE[k],) + divmod(rest, M)
+def code_key(code: int, S: int, U: int) -> Key:
+    k, rest = divmod(code, S * U)
+    return (COMPUTE[k],) + divmod(rest, U)
 
 
-def producer_codes(code: int, S: int, M: int, present) -> tuple[int, ...]:
+def producer_codes(code: int, S: int, U: int, present, segments: int = 1) -> tuple[int, ...]:
     """The one derivation of the dataflow edges (see :meth:`Schedule.dependencies`), on codes:
-    F(s, b) <- F(s-1, b); B/BI(s, b) <- F(s, b) and BI(s+1, b) if ``present`` else B(s+1, b);
-    BW(s, b) <- BI(s, b)."""
-    SM = S * M
-    k, rest = divmod(code, SM)
+    F(s, u) <- F(s-1, u); B/BI(s, u) <- F(s, u) and BI(s+1, u) if ``present`` else B(s+1, u);
+    BW(s, u) <- BI(s, u); with k = ``segments`` > 1 also F(s, u) <- F(s, u-1) for u mod k > 0 and
+    B/BI(s, u) <- B/BI(s, u+1) for u mod k < k-1."""
+    SU = S * U
+    k, rest = divmod(code, SU)
     if k == 0:
-        return (code - M,) if rest >= M else ()
+        out = (code - U,) if rest >= U else ()
+        return out + (code - 1,) if segments > 1 and rest % segments else out
     if k == 3:
-        return (code - SM,)
-    if rest < SM - M:  # s < S - 1
-        nxt = 2 * SM + rest + M
-        return (rest, nxt if present(nxt) else nxt - SM)
-    return (rest,)
+        return (code - SU,)
+    if rest < SU - U:  # s < S - 1
+        nxt = 2 * SU + rest + U
+        out = (rest, nxt if present(nxt) else nxt - SU)
+    else:
+        out = (rest,)
+    return out + (code + 1,) if segments > 1 and rest % segments < segments - 1 else out
 
 
 def make_op(kind: OpKind, stage: int, microbatch: int = -1, version: int = 0, step: int = -1,
-            weights_worker: int | None = None) -> Op:
+            weights_worker: int | None = None, segment: int | None = None) -> Op:
     """``Op(kind, ...)`` without the checks, about 3x faster: for generators that pass an
     :class:`OpKind` member (the result is an ordinary, equal and equally hashed Op)."""
     op = _new(Op)
     d = op.__dict__
-    d["kind"], d["stage"], d["microbatch"], d["version"], d["step"], d["weights_worker"] = \
-        kind, stage, microbatch, version, step, weights_worker
+    d["kind"], d["stage"], d["microbatch"], d["version"], d["step"], d["weights_worker"], d["segment"] = \
+        kind, stage, microbatch, version, step, weights_worker, segment
     return op
+
+
+def with_recompute(schedule: Schedule, recompute: bool = True) -> Schedule:
+    """``schedule`` with GPipe re-materialization on (or off): the same op lists; executors keep only
+    each stage's input per (microbatch, segment) in flight and re-run its forward in the backward."""
+    return dataclasses.replace(schedule, recompute=bool(recompute))
 
 
 def producers(schedule: Schedule, w: int, op: Op, index: dict | None = None) -> list[Key]:
     """Compute-op keys (kind, stage, microbatch) that ``op`` (a compute op) must wait for: a thin
     wrapper over :meth:`Schedule.dependencies` (``w`` and ``index`` are ignored; kept for callers)."""
-    return list(schedule.dependencies()[(op.kind, op.stage, op.microbatch)])
+    return list(schedule.dependencies()[(op.kind, op.stage, schedule.unit(op))])
 
 
 class ScheduleError(ValueError):
@@ -309,7 +365,9 @@ def validate(schedule: Schedule) -> None:
     over the ops in Python, the per-microbatch checks vectorized) instead of hashing tuples.
     """
     S, W, M = schedule.num_stages, schedule.num_workers, schedule.microbatches
-    SM = S * M
+    nseg = len(schedule.segment_tokens)  # Seq1F1B: codes use the unit b * k + j (Schedule.unit)
+    U = M * max(1, nseg)
+    SM = S * U
     worker_of = [-1] * (4 * SM)  # code -> worker running that compute op, -1 if none
     version_of = [0] * (4 * SM)
     codes: list[list[int]] = []  # per worker, per op: the compute op's code, or -1
@@ -324,7 +382,12 @@ def validate(schedule: Schedule) -> None:
                 b = op.microbatch
                 if not 0 <= b < M:
                     raise ScheduleError(f"worker {w}: {op} has microbatch outside 0..{M - 1}")
-                c = (k * S + s) * M + b
+                if nseg or op.segment is not None:
+                    if op.segment is None or not 0 <= op.segment < nseg:
+                        raise ScheduleError(f"worker {w}: {op} has segment outside 0..{nseg - 1}; every compute "
+                                            f"op of a schedule with segment_tokens needs a segment, and only those")
+                    b = b * nseg + op.segment
+                c = (k * S + s) * U + b
                 if worker_of[c] >= 0:
                     raise ScheduleError(f"{op} appears twice (workers {worker_of[c]} and {w})")
                 worker_of[c] = w
@@ -348,10 +411,10 @@ def validate(schedule: Schedule) -> None:
 
 
 def _check_backwards(schedule: Schedule, wk: np.ndarray, ver: np.ndarray) -> None:
-    """Row k of ``wk``/``ver`` (k = F, B, BI, BW) holds worker and version per (stage, microbatch)."""
-    S, M = schedule.num_stages, schedule.microbatches
+    """Row k of ``wk``/``ver`` (k = F, B, BI, BW) holds worker and version per (stage, unit)."""
+    U = schedule.microbatches * schedule.num_segments
     has = wk >= 0
-    where = lambda i: divmod(int(i), M)  # noqa: E731  (stage, microbatch) of flat index i
+    where = lambda i: divmod(int(i), U)  # noqa: E731  (stage, unit) of flat index i
     orphan = np.flatnonzero(has[1:].any(axis=0) & ~has[0])
     if orphan.size:
         s, b = where(orphan[0])
@@ -398,7 +461,8 @@ def _check_deadlock(schedule: Schedule, worker_of: list[int], codes: list[list[i
     s waits for o's STEP that creates v (its ``step`` v-1); o's AR/STEP of step t waits for every
     backward that pushes a version-t gradient of s to o (B/BW on a worker not holding s)."""
     ops = schedule.ops
-    S, M = schedule.num_stages, schedule.microbatches
+    S, k = schedule.num_stages, schedule.num_segments
+    U = schedule.microbatches * k
     present = lambda c: worker_of[c] >= 0  # noqa: E731
     ar_count: dict[tuple[int, int], list[int]] = defaultdict(list)
     holders = [set(ws) for ws in schedule.stage_workers]
@@ -431,10 +495,10 @@ def _check_deadlock(schedule: Schedule, worker_of: list[int], codes: list[list[i
             c = kw[i]
             if c >= 0:
                 blocked = -1
-                for d in producer_codes(c, S, M, present):
+                for d in producer_codes(c, S, U, present, k):
                     if not done[d]:
                         if worker_of[d] < 0:
-                            key, dep = code_key(c, S, M), code_key(d, S, M)
+                            key, dep = code_key(c, S, U), code_key(d, S, U)
                             raise ScheduleError(f"{key[0]}{key[1]}.{key[2]} on worker {w} depends on "
                                                 f"{dep[0]}{dep[1]}.{dep[2]}, which no worker runs")
                         blocked = d
@@ -481,9 +545,9 @@ def in_flight_peak(ops: Iterable[Op]) -> int:
     for op in ops:
         kind = op.kind
         if kind == "F":
-            live.add((op.stage, op.microbatch))
+            live.add((op.stage, op.microbatch, op.segment))
             if len(live) > peak:
                 peak = len(live)
         elif kind == "B" or kind == "BW":
-            live.discard((op.stage, op.microbatch))
+            live.discard((op.stage, op.microbatch, op.segment))
     return peak

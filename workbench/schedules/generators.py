@@ -256,17 +256,23 @@ def gpipe(plan, microbatches: int, steps: int = 1) -> Schedule:
 
 
 @register("pipedream", description="1F1B: NOAM warm-up, then one forward one backward, round robin over replicas, no flush",
-          source="Narayanan et al., PipeDream (SOSP 2019)", options={"weights": "weight rule: stashing, vertical sync or none"},
+          source="Narayanan et al., PipeDream (SOSP 2019)",
+          options={"weights": "weight rule: stashing, vertical sync or none",
+                   "warmup": "forwards each stage admits before its first backward (default NOAM; Plan.in_flight counts communication)"},
           choices={"weights": ("stash", "vertical-sync", "no-stash")}, microbatches="in total",
           data_parallel_plan=True)
-def pipedream(plan, microbatches: int, weights: str = "stash") -> Schedule:
+def pipedream(plan, microbatches: int, weights: str = "stash", warmup: object = None) -> Schedule:
     """1F1B with NOAM warm-up, round robin over replicas, no flush, an update after every
-    microbatch (a replicated stage: every round of r_s microbatches, AR then STEP)."""
+    microbatch (a replicated stage: every round of r_s microbatches, AR then STEP).
+    ``warmup``: forwards each stage admits before its first backward (one int per stage, e.g.
+    ``Plan.in_flight`` which counts communication); default :func:`noam_warmup`."""
     rules = {"stash": "stash", "vertical-sync": "vertical-sync", "no-stash": "no-stash"}
     if weights not in rules:
         raise ValueError(f"weights must be one of {sorted(rules)}, got {weights!r}")
     layout, M = stage_layout(plan), _check_m(microbatches)
-    K = noam_warmup(layout)
+    K = noam_warmup(layout) if warmup is None else [_check_m(k, "warmup") for k in warmup]
+    if len(K) != len(layout):
+        raise ValueError(f"warmup has {len(K)} values for {len(layout)} stages; give one per stage")
     orders, cap = [], []
     for s, j, r in _per_worker(layout):
         orders.append(one_f_one_b(_share(0, M, r, j), K[s], s))

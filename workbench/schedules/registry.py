@@ -46,7 +46,7 @@ class Option:
 
     def check(self, schedule: str, value):
         """``value`` converted to the option's type, or ValueError naming the option and the fix."""
-        if isinstance(value, str) and self.type not in (str, object):
+        if isinstance(value, str) and self.type not in (str, object):  # object: the generator parses it
             try:
                 value = {"true": True, "false": False}[value.lower()] if self.type is bool else self.type(value)
             except (KeyError, ValueError):

@@ -35,6 +35,9 @@ IGNORED = ("SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE
 def torch_order(schedule: Schedule) -> dict[int, list[str]]:
     """Per-rank action strings of ``schedule``'s compute ops (torch's ``_Action`` repr), checking
     that torch's runtime can express it (module docstring)."""
+    if schedule.num_segments > 1:
+        raise ValueError(f"{schedule.name}: cuts sequences into segments; torch's actions have no segment "
+                         f"(export an unsegmented schedule, e.g. segments=1)")
     if any(len(ws) > 1 for ws in schedule.stage_workers):
         raise ValueError(f"{schedule.name}: a replicated stage has no torch pipelining equivalent (one rank per "
                          "stage); export a straight pipeline")

@@ -1,0 +1,29 @@
+"""Shared fixtures. ``quick_run``: one ``workbench reproduce --quick`` per test session; the
+notebook tests (test_dp_overhead, test_unified, and the 03/04 tests) read their CSVs from it, so
+CI executes every reproduction notebook exactly once."""
+from pathlib import Path
+
+import pytest
+
+QUICK_RUN_TIMEOUT_S = 1500  # the whole quick reproduction, run inside the first test that needs it
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "quick_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.timeout(QUICK_RUN_TIMEOUT_S))
+
+
+@pytest.fixture(scope="session")
+def quick_run(tmp_path_factory) -> Path:
+    """The run folder of ``workbench reproduce --quick`` (every notebook of the checkout)."""
+    pytest.importorskip("papermill")
+    from workbench.cli import main
+
+    out = tmp_path_factory.mktemp("reproduce")
+    rc = main(["reproduce", "--quick", "--out", str(out)])
+    runs = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert len(runs) == 1, f"expected one run folder in {out}, found {runs}"
+    run = runs[0]
+    assert rc == 0, f"workbench reproduce --quick exited {rc}; see {run / 'summary.md'}:\n" + (run / "summary.md").read_text()
+    return run
