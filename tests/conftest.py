@@ -8,9 +8,13 @@ import pytest
 QUICK_RUN_TIMEOUT_S = 1500  # the whole quick reproduction, run inside the first test that needs it
 
 
+#: fixtures that (may) start the quick run: their tests get the longer timeout
+NEEDS_QUICK_RUN = {"quick_run", "reproduce_quick", "out03", "out04"}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "quick_run" in getattr(item, "fixturenames", ()):
+        if NEEDS_QUICK_RUN & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.timeout(QUICK_RUN_TIMEOUT_S))
 
 
@@ -27,3 +31,9 @@ def quick_run(tmp_path_factory) -> Path:
     run = runs[0]
     assert rc == 0, f"workbench reproduce --quick exited {rc}; see {run / 'summary.md'}:\n" + (run / "summary.md").read_text()
     return run
+
+
+@pytest.fixture(scope="session")
+def reproduce_quick(quick_run) -> Path:
+    """The same run under the name the 03/04 tests look up."""
+    return quick_run

@@ -144,19 +144,20 @@ def test_untraceable_model_gets_one_line_naming_it_and_layers_hint():
 
 
 def test_layers_override_and_unknown_names():
-    m = resnet18(num_classes=10, width=4, in_channels=1, small_input=True)
-    g = split(m, torch.randn(2, 1, 8, 8), layers=["layer1", "layer3", "fc"])
+    torch.manual_seed(0)
+    m = Skip()
+    g = split(m, torch.randn(2, 6), layers=["l2", "head"])
     # a layer starts at each named module; code before the first joins it, code between stays behind
-    assert g.names == ["0:conv1..layer2", "1:layer3..avgpool", "2:fc"]
-    torch.testing.assert_close(chain(g, torch.ones(3, 1, 8, 8)), m(torch.ones(3, 1, 8, 8)), rtol=0, atol=0)
-    with pytest.raises(ValueError, match=r"unknown module\(s\) \['layer9'\] of ResNet; its top-level modules are"):
-        split(m, torch.randn(2, 1, 8, 8), layers=["layer9"])
-
-
-transformers = pytest.importorskip("transformers")
+    assert g.names == ["0:l1..l3", "1:head"]
+    x = torch.randn(3, 6)
+    torch.testing.assert_close(chain(g, x), m(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"unknown module\(s\) \['l9'\] of Skip; its top-level modules are "
+                                         r"\['l1', 'l2', 'l3', 'head'\]"):
+        split(m, torch.randn(2, 6), layers=["l9"])
 
 
 def gpt2(tied: bool):
+    pytest.importorskip("transformers")
     from workbench.models.examples import gpt2_tiny
 
     torch.manual_seed(0)
@@ -196,3 +197,23 @@ def test_to_device_rewrites_the_device_constants_of_the_trace():
     assert not any("device(type='cpu')" in layer.gm.code for layer in g.layers)
     y = chain(g, torch.randint(0, 64, (3, 16), device="meta"))
     assert y.device.type == "meta" and tuple(y.shape) == (3, 16, 64)
+
+
+def test_from_modules_gives_layers_by_hand_for_untraceable_code():
+    from workbench.graph import from_modules
+
+    torch.manual_seed(0)
+    blocks = [DataDependent(), nn.Linear(3, 5)]
+    g = from_modules(blocks, torch.randn(2, 3))
+    assert g.names == ["0:DataDependent", "1:Linear"] and g.task == "classification" and g.target.high == 5
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(chain(g, x), blocks[1](blocks[0](x)), rtol=0, atol=0)
+    prof = profile(g, x, iterations=1, warmup=0, progress=False)
+    assert prof.total_param_bytes == sum(p.numel() * 4 for m in blocks for p in m.parameters())
+
+
+def test_graph_model_repr_is_one_line_and_html_lists_layers():
+    g = split(Skip(), torch.randn(2, 6))
+    text = repr(g)
+    assert text.startswith("GraphModel(name=Skip, layers=4") and "\n" not in text and "MiB" in text
+    assert "3:head" in g._repr_html_() and "workbench-card" in g._repr_html_()

@@ -109,10 +109,20 @@ def brute_flat(p, M, B, **kw):
 
 
 def brute_two(p, M1, B1, M2, B2, straight=False):
-    """Level 2: a server's inner optimum A_1, replicated on r servers: max(A_1, AR) / r."""
+    """Level 2: a server of M1 GPUs with inner optimum A_1, replicated on r servers: PipeDream's
+    max(A_1, AR) / r; a server of one GPU is a replica like at level 1: the all-reduce overlaps
+    the backward share B / (F + B) of A_1, (A_1 + max(0, AR - A_1 B / (F + B))) / r."""
     C, a, w = columns(p)
+    F, Bk = list(p.layers.fwd_ms), list(p.layers.bwd_ms)
     inner = lambda f, l: brute(gpu_stage(p), a, w, f, l, M1, B1, straight=straight)
-    return brute(lambda f, l, r, ar: max(inner(f, l), ar) / r, a, w, 0, len(C) - 1, M2, B2, straight=straight)
+
+    def server(f, l, r, ar):
+        A, fw, bw_ = inner(f, l), sum(F[f:l + 1]), sum(Bk[f:l + 1])
+        share = bw_ / (fw + bw_) if fw + bw_ > 0 else 0.0
+        if M1 > 1:
+            return max(A, ar) / r
+        return (A + max(0.0, ar - share * A)) / r
+    return brute(server, a, w, 0, len(C) - 1, M2, B2, straight=straight)
 
 
 def check_plan(plan, topo, profile):
@@ -289,7 +299,7 @@ def test_data_parallel_through_hierarchy():
     p = make_profile([10], [10], [0], [1e9])
     topo = Topology([(4, 10e9), (2, 1e9)])
     inner = (10 + max(10, 2 * 3 / 4 * 1e9 / 10e9 * 1000)) / 4  # (10 + 150)/4 = 40
-    outer = max(inner, 2 * 1 / 2 * 1e9 / 1e9 * 1000) / 2  # 1000/2
+    outer = max(inner, 2 * 1 / 2 * 1e9 / 1e9 * 1000) / 2  # servers of 4 GPUs: PipeDream's max, 1000/2
     assert data_parallel_ms(p, topo) == pytest.approx(outer)
 
 

@@ -170,3 +170,18 @@ def test_profile_repr_is_one_line_and_html_has_units():
     assert "\n" not in text and text.startswith("Profile(") and "ms per minibatch" in text and "MiB" in text
     page = prof._repr_html_()
     assert "workbench-card" in page and "fwd+bwd" in page and f"{prof.total_ms:.4g} ms" in page
+
+
+def test_cli_profiles_a_user_model_measured_and_modeled(tmp_path, capsys):
+    from workbench.cli import main
+    from workbench.profiler import Profile
+
+    base = ["profile", "--model", "workbench.models.examples:resnet18_digits", "--dataset", "digits",
+            "--batch-size", "16", "--iterations", "1", "--warmup", "0"]
+    assert main(base + ["--out", str(tmp_path / "p.json")]) == 0
+    assert main(base + ["--gpu", "V100", "--out", str(tmp_path / "p.json")]) == 0  # never overwrites: p-2.json
+    measured, modeled = Profile.load(tmp_path / "p.json"), Profile.load(tmp_path / "p-2.json")
+    assert len(measured) == len(modeled) == 12 and measured.meta["batch_size"] == modeled.meta["batch_size"] == 16
+    assert measured.meta["kind"] == "measured" and modeled.meta["kind"] == "modeled"
+    assert measured.layers["param_bytes"].tolist() == modeled.layers["param_bytes"].tolist()
+    assert "wrote" in capsys.readouterr().out

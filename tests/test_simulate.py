@@ -356,3 +356,23 @@ def test_timeline_schema_is_shared_with_the_runtime():
     assert (tl["round"] == 0).all() and (tl["step"] == tl["round"]).all()
     steps = tl[tl["kind"] == "STEP"].sort_values("start")
     assert sorted(steps.loc[steps["stage"] == 0, "update"]) == [0, 1, 2]  # update index of the stage
+
+
+@pytest.mark.parametrize("name, stages, kw", [
+    ("pipedream", 4, {}), ("gpipe", 3, {}), ("zb-h1", 3, {}), ("interleaved-1f1b", 2, {"chunks": 2}),
+    ("seq1f1b", 3, {"segments": 3}), ("seq1f1b-zb", 2, {"segments": 2}), ("fsdp", 3, {}), ("dp-bsp", 2, {}),
+])
+def test_simulator_edges_are_schedule_dependencies(name, stages, kw):
+    """The simulator evaluates the dataflow on integer arrays; its compute-op edges must be exactly
+    Schedule.dependencies() (the derivation the validator and the runtime read)."""
+    from workbench.schedules import build
+    from workbench.simulate.costs import _unit_costs
+    from workbench.simulate.graph import build_graph
+
+    sched = build(name, stages, 4, **kw)
+    g = build_graph(sched, _unit_costs(sched, 1.0, 2.0, None, 0.0, 0.0, 0.0, 0.0, 0.0))
+    key = [(op.kind, op.stage, sched.unit(op)) if op.kind in ("F", "B", "BI", "BW") else None for op in g.flat]
+    got = {(key[p], key[c]) for p in range(len(g.flat)) for c in g.cons_idx[g.cons_ptr[p]:g.cons_ptr[p + 1]]
+           if key[p] is not None and key[c] is not None}
+    want = {(p, c) for c, ps in sched.dependencies().items() for p in ps}
+    assert got == want

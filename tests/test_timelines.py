@@ -7,11 +7,9 @@ import pandas as pd
 import pytest
 
 import workbench as wb
-from workbench import schedules
 from workbench.experiments import CLAIM_COLUMNS
 from workbench.experiments import timelines as tl
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "04_pipeline_timelines.ipynb"
 
 
 @pytest.mark.parametrize("workers,microbatches", [(2, 6), (4, 8), (4, 12)])
@@ -44,18 +42,9 @@ def test_bad_parameters_fail_with_one_clear_line():
 
 
 @pytest.fixture(scope="module")
-def out04(request, tmp_path_factory):
-    """The 04 folder of the quick reproduction (conftest's ``reproduce_quick`` when present, else a
-    papermill run here)."""
-    try:
-        return Path(request.getfixturevalue("reproduce_quick")) / "04_pipeline_timelines"
-    except pytest.FixtureLookupError:
-        pass
-    papermill = pytest.importorskip("papermill")
-    tmp = tmp_path_factory.mktemp("nb04")
-    papermill.execute_notebook(str(NOTEBOOK), str(tmp / NOTEBOOK.name), parameters=dict(quick=True, out_dir=str(tmp / "out")),
-                               cwd=str(tmp), kernel_name="python3", progress_bar=False)
-    return tmp / "out"
+def out04(quick_run):
+    """The 04_pipeline_timelines folder of the session's ``workbench reproduce --quick`` (tests/conftest.py)."""
+    return Path(quick_run) / "04_pipeline_timelines"
 
 
 def test_every_schedule_is_run_or_skipped_with_a_reason(out04):

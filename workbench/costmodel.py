@@ -181,6 +181,24 @@ class CostModel:
         o = self.op_overhead_ms
         return fwd_ms + bwd_ms + 3 * o + self.exposed_allreduce_ms(allreduce_ms, bwd_ms + o)
 
+    def outer_round_ms(self, inner_ms, fwd_ms, bwd_ms, allreduce_ms, inner_workers: int = 1):
+        """Time per minibatch of a component of ``inner_workers`` workers (e.g. a server) that runs
+        layers with compute ``fwd_ms``/``bwd_ms`` in ``inner_ms`` per minibatch, replicated at an
+        outer level whose all-reduce takes ``allreduce_ms`` (before the division by the m outer
+        replicas). A one-worker component is a replica like any other: :meth:`round_ms`'s overlap
+        with its backward share ``(B + o) / (F + B + 3o)``. A bigger component runs a pipeline or
+        data parallelism inside; there the partitioner keeps PipeDream's ``max(inner, AR)``
+        (the all-reduce overlaps the whole inner pipeline), a proxy: :meth:`predicted_ms` prices
+        the plan's flat stages exactly. Numpy broadcasting."""
+        inner = np.asarray(inner_ms, dtype=float)
+        if inner_workers > 1:
+            return np.maximum(inner, allreduce_ms)
+        o = self.op_overhead_ms
+        whole = np.asarray(fwd_ms + bwd_ms + 3 * o, dtype=float)
+        share = np.divide(bwd_ms + o, whole, out=np.zeros_like(whole), where=whole > 0)
+        hidden = np.where(share > 0, share * inner, 0.0)  # no 0 * inf
+        return inner + self.exposed_allreduce_ms(allreduce_ms, hidden)
+
     def level_cut_ms(self, k: int) -> np.ndarray:
         """Per layer l, one message of the cut after l over a level-k link: ``α_k + a_l / B_k``."""
         bw = float(self.topology.levels[k - 1][1]) if self.topology is not None else math.inf

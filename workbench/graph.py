@@ -69,7 +69,7 @@ class GraphLayer(nn.Module):
         return "modules=" + ", ".join(self.modules_covered)
 
 
-@dataclass
+@dataclass(repr=False)
 class GraphModel(LayerModel):
     """A traced user model (see the module docstring). ``tied`` lists the parameters held by more
     than one layer: ``(names in the original model, layer indices)``. ``loss_fn(output, target)``,
@@ -83,12 +83,38 @@ class GraphModel(LayerModel):
             return self.loss_fn(output, target)
         return super().loss(output, target)
 
+    # ---- Jupyter manners -----------------------------------------------------------------
+    def _rows(self) -> list:
+        mib = sum(p.numel() * p.element_size() for p in self.parameters()) / 2**20
+        return [("layers", len(self.layers), ""), ("parameters", mib, "MiB (tied counted once)"),
+                ("task", self.task, ""), ("tied weights", len(self.tied), "")]
+
+    def __repr__(self) -> str:
+        from .display import one_line
+
+        return one_line("GraphModel", [("name", self.name, "")] + self._rows())
+
+    def _repr_html_(self) -> str:
+        import pandas as pd
+
+        from .display import card
+
+        from .profiler import _new_param_bytes
+
+        seen: set = set()  # a tied weight counts at its first layer, as in a Profile
+        table = pd.DataFrame([dict(layer=n, param_bytes=_new_param_bytes(layer, seen))
+                              for n, layer in zip(self.names, self.layers)])
+        return card(f"{self.name}: layers for the pipeline", self._rows(), label=self.description, table=table,
+                    max_rows=30)
+
     def to(self, device) -> "GraphModel":
         """Move the weights and rewrite the device constants the trace recorded (``arange(...,
         device=cpu)``) so the layers create their tensors on ``device`` too."""
         super().to(device)
         dev = torch.device(device)
         for layer in self.layers:
+            if not isinstance(layer, GraphLayer):  # from_modules: nothing traced
+                continue
             changed = False
             for n in layer.gm.graph.nodes:
                 if isinstance(n.kwargs.get("device"), torch.device) and n.kwargs["device"] != dev:
@@ -127,7 +153,9 @@ def _export(model: nn.Module, args: tuple) -> fx.GraphModule:
     except Exception as e:  # noqa: BLE001 - any tracing failure becomes one line for the user
         why = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
         raise ValueError(f"cannot trace {type(model).__name__} with torch.export ({type(e).__name__}: {why}); "
-                         "give the layers by hand: pass a list of modules (layers=[...]) or an nn.Sequential") from None
+                         "give the layers by hand: workbench.graph.from_modules([module, ...], example_input), each "
+                         "module taking the previous one's output, or split(..., layers=[names]) on a traceable "
+                         "part") from None
     finally:
         model.train(was)
     gm = ep.module()
@@ -319,7 +347,8 @@ def _spec(t: torch.Tensor, vocab: int | None = None) -> TensorSpec:
     return TensorSpec(tuple(t.shape[1:]), t.dtype, high)
 
 
-def _tied(model: nn.Module, layers: list[GraphLayer]) -> list:
+def _tied(model: nn.Module, layers: list[nn.Module]) -> list:
+    """Parameters with several names in ``model`` or held by several layers: (names, layer indices)."""
     names = {}
     for n, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(n)
@@ -333,6 +362,35 @@ def _tied(model: nn.Module, layers: list[GraphLayer]) -> list:
     return out
 
 
+def _task_and_specs(args: tuple, out_shape, task: str | None):
+    task = task or ("lm" if out_shape is not None and len(out_shape) == 3 else "classification")
+    classes = int(out_shape[-1]) if out_shape is not None and not isinstance(out_shape[-1], torch.SymInt) else None
+    inputs = tuple(_spec(a, classes if task == "lm" else None) for a in args)
+    target = TensorSpec(tuple(args[0].shape[1:]), torch.int64, classes) if task == "lm" else \
+        TensorSpec((), torch.int64, classes)
+    return task, inputs, target
+
+
+def from_modules(modules, example_input, *, name: str = "modules", task: str | None = None, loss=None) -> GraphModel:
+    """Layers given by hand, without tracing: ``modules[i+1]`` takes ``modules[i]``'s output (a tensor
+    or a tuple of tensors), the zoo's convention. For models ``torch.export`` cannot trace."""
+    layers = list(modules)
+    if not layers or not all(isinstance(m, nn.Module) for m in layers):
+        raise ValueError("from_modules() needs a non-empty list of nn.Module layers")
+    args = tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
+    with torch.no_grad():
+        y = args[0] if len(args) == 1 else args
+        for m in layers:
+            y = m(y)
+    out = y if torch.is_tensor(y) else next(t for t in torch.utils._pytree.tree_leaves(y) if torch.is_tensor(t))
+    task, inputs, target = _task_and_specs(args, tuple(out.shape), task)
+    names = [f"{i}:{type(m).__name__}" for i, m in enumerate(layers)]
+    tied = _tied(nn.Sequential(*layers), layers)
+    return GraphModel(name=name, size="user", layers=layers, names=names, dataset="user", task=task, inputs=inputs,
+                      target=target, config=dict(traced=None), description=f"{len(layers)} layers given by hand",
+                      tied=tied, loss_fn=loss)
+
+
 def split(model: nn.Module, example_input, *, layers: list[str] | None = None, min_layers: int = 12,
           name: str | None = None, task: str | None = None, dataset: str = "user", loss=None,
           description: str = "") -> GraphModel:
@@ -340,7 +398,9 @@ def split(model: nn.Module, example_input, *, layers: list[str] | None = None, m
     and cut it into layers (see the module docstring).
 
     ``layers``: names of the modules at which a layer starts (``model.named_modules()`` names, e.g.
-    ``["layer1.0", "layer1.1", "fc"]``); default :func:`auto_units` with ``min_layers``. ``task``:
+    ``["layer1.0", "layer1.1", "fc"]``): code before the first joins the first layer, code outside
+    the named modules stays with the layer before it; default :func:`auto_units` with
+    ``min_layers``. ``task``:
     ``"classification"`` (output ``(N, C)``) or ``"lm"`` (output ``(N, T, V)``), inferred from the output
     shape when None; ``loss(output, target)`` replaces the task's cross-entropy.
     """
@@ -368,16 +428,10 @@ def split(model: nn.Module, example_input, *, layers: list[str] | None = None, m
         raise ValueError(f"{type(model).__name__} computes nothing from its input; nothing to split")
     group = _merge(group, _forbidden_cuts(gm, group))
     glayers, names = _build_layers(gm, group, units)
-    out_val = _value(next(n for n in gm.graph.nodes if n.op == "output").args[0][0]) \
-        if isinstance(next(n for n in gm.graph.nodes if n.op == "output").args[0], (tuple, list)) else None
+    first_out = torch.utils._pytree.tree_leaves(next(n for n in gm.graph.nodes if n.op == "output").args[0])[0]
+    out_val = _value(first_out) if isinstance(first_out, fx.Node) else None
     out_shape = tuple(out_val.shape) if isinstance(out_val, torch.Tensor) else None
-    task = task or ("lm" if out_shape is not None and len(out_shape) == 3 else "classification")
-    classes = int(out_shape[-1]) if out_shape is not None and not isinstance(out_shape[-1], torch.SymInt) else None
-    inputs = tuple(_spec(a, classes if task == "lm" else None) for a in args)
-    if task == "lm":
-        target = TensorSpec(tuple(args[0].shape[1:]), torch.int64, classes)
-    else:
-        target = TensorSpec((), torch.int64, classes)
+    task, inputs, target = _task_and_specs(args, out_shape, task)
     return GraphModel(name=name or type(model).__name__, size="user", layers=list(glayers), names=names,
                       dataset=dataset, task=task, inputs=inputs, target=target,
                       config=dict(traced="torch.export", min_layers=min_layers, layers=layers),

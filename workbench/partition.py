@@ -135,6 +135,7 @@ class _Level:
     straight: bool
     memory: float | None
     rows_all: bool  # every start i (inner level) or only start 0 (top level)
+    inner_workers: int = 1  # workers in one level-(k-1) component
     A: np.ndarray | None = None  # A[m, j, r]: range start(r)..j on exactly m components
     recompute: bool = False  # activation re-materialization (module docstring, Memory)
 
@@ -148,7 +149,8 @@ class _Level:
     def T(self, first, last, m, v, alpha=None):
         """``T_k(first->last, m)`` (numpy broadcasting), ``inf`` where not allowed; ``alpha`` is
         ``_allreduce_ms_per_byte(m, B)`` when the caller has it already. Level 1: the 1F1B round
-        of a replica over m (:meth:`CostModel.round_ms`); outer levels: ``max(A_{k-1}, AR_k) / m``."""
+        of a replica over m (:meth:`CostModel.round_ms`); outer levels: the inner pipeline's time
+        ``A_{k-1}`` plus the exposed all-reduce, over m (:meth:`CostModel.outer_round_ms`)."""
         L = self.L
         par = L.Wp[last + 1] - L.Wp[first]
         m = np.asarray(m)
@@ -158,7 +160,8 @@ class _Level:
         if self.prev is None:
             t = self.cm.round_ms(L.Fp[last + 1] - L.Fp[first], L.Bp[last + 1] - L.Bp[first], ar) / m
         else:
-            t = np.maximum(self.prev[last, first], ar) / m
+            t = self.cm.outer_round_ms(self.prev[last, first], L.Fp[last + 1] - L.Fp[first],
+                                       L.Bp[last + 1] - L.Bp[first], ar, self.inner_workers) / m
         if self.straight:
             t = np.where(m > 1, INF, t)
         if self.memory is not None and self.prev is None:
@@ -427,7 +430,8 @@ def _build_levels(L: _Layers, topo: Topology, straight, memory, fewer, cm: CostM
     levels, prev = [], None
     nlev = topo.num_levels
     for k, (M, B) in enumerate(topo.levels, start=1):
-        lv = _Level(k, M, B, L, cm, prev, straight, memory, rows_all=k < nlev, recompute=recompute)
+        lv = _Level(k, M, B, L, cm, prev, straight, memory, rows_all=k < nlev,
+                    inner_workers=topo.component_size(k - 1), recompute=recompute)
         lv.A = _solve(lv, fast=fast and prev is None)
         if k < nlev:
             full = lv.A[1:].min(axis=0) if fewer else lv.A[M]
@@ -493,7 +497,9 @@ def _flatten(levels, k, pipeline, L: _Layers, topo: Topology):
             par = L.Wp[nd.last + 1] - L.Wp[nd.first]
             ar = ring_allreduce_ms(par, nd.m, lv.B, lv.cm.level_latency_ms(k))
             for f, l, ws, tm in cst:
-                stages.append((f, l, [c * size + w for c in comps for w in ws], max(tm, ar) / nd.m))
+                t_out = float(lv.cm.outer_round_ms(tm, L.Fp[nd.last + 1] - L.Fp[nd.first],
+                                                   L.Bp[nd.last + 1] - L.Bp[nd.first], ar, size)) / nd.m
+                stages.append((f, l, [c * size + w for c in comps for w in ws], t_out))
             cuts += [(a, lev, tm / nd.m) for a, lev, tm in ccuts]
         if t + 1 < len(pipeline):
             cuts.append((nd.last, k, float(lv.cut[nd.last])))
@@ -504,7 +510,8 @@ def _flatten(levels, k, pipeline, L: _Layers, topo: Topology):
 def data_parallel_ms(profile: Profile, topology: Topology, cost_model: CostModel | None = None) -> float:
     """One stage of all layers replicated on every worker, through the hierarchy: level 1 is the
     replica's 1F1B round ``t_1 = round(F, B, AR_1) / M_1`` (:meth:`CostModel.round_ms`), outer levels
-    ``t_k = max(t_{k-1}, AR_k) / M_k`` with ring all-reduces ``AR_k`` of all parameter bytes."""
+    ``t_k = outer_round(t_{k-1}, F, B, AR_k) / M_k`` with ring all-reduces ``AR_k`` of all parameter
+    bytes (:meth:`CostModel.outer_round_ms`)."""
     topo = _check_topology(topology)
     cm = cost_model or CostModel.from_profile(profile, topo)
     W = float(cm.param_bytes.sum())
@@ -514,7 +521,8 @@ def data_parallel_ms(profile: Profile, topology: Topology, cost_model: CostModel
         if t is None:
             t = float(cm.round_ms(float(cm.fwd_ms.sum()), float(cm.bwd_ms.sum()), ar)) / M
         else:
-            t = max(t, ar) / M
+            t = float(cm.outer_round_ms(t, float(cm.fwd_ms.sum()), float(cm.bwd_ms.sum()), ar,
+                                        topo.component_size(k - 1))) / M
     return t
 
 

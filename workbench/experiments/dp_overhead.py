@@ -47,7 +47,7 @@ from .. import schedules
 from ..partition import partition
 from ..pipedream_graph import SHIPPED, shipped
 from ..plan import Plan, Stage
-from ..profiler import GPUS, Profile, analyze, project
+from ..profiler import Profile, analyze, project
 from ..simulate import simulate
 from ..topology import Topology
 from .common import claim

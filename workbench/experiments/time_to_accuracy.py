@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .common import claim, out_folder, save_figure, save_table, write_claims
+from .common import claim, out_folder, save_table, write_claims
+from .pages import save_page, slim_runs
 
 EXPERIMENT = "03_time_to_accuracy"
 # scheme label -> (schedule name, schedule options)
@@ -124,17 +125,8 @@ def train_runs(cfg: Config, out_dir) -> pd.DataFrame:
                             **cfg.model_options))
     summaries = run_jobs(jobs)
     curves = pd.concat([_curve(s, r) for s, r in zip(summaries, runs)], ignore_index=True)
-    drop_checkpoints(summaries)
+    slim_runs(summaries, drop=("checkpoints", "timeline.csv"))  # the curves need metrics.csv only
     return curves
-
-
-def drop_checkpoints(summaries) -> None:
-    """Remove the runs' resume checkpoints (weights per epoch: not results, and megabytes per run);
-    metrics.csv, timeline.csv and summary.json stay."""
-    import shutil
-
-    for s in summaries:
-        shutil.rmtree(Path(s["out"]) / "checkpoints", ignore_errors=True)
 
 
 def _curve(summary: dict, run: tuple[str, str, int, float]) -> pd.DataFrame:
@@ -476,7 +468,19 @@ def run(cfg: Config, out_dir) -> dict:
             save_table(df, out, name)
     write_claims(claims, out)
     figs = figures(curves, modeled_curves, cfg, big)
-    for name, fig in figs.items():
-        save_figure(fig, out, name)
+    save_page(figs, out / "figures.html", "Time to accuracy: learning curves (measured) and modeled time")
     (out / "config.json").write_text(pd.Series(asdict(cfg)).to_json(indent=1))
     return dict(out=out, figures=figs, **tables)
+
+
+def validate_params(quick: bool, **params) -> None:
+    """``workbench reproduce``'s check of the notebook's parameters before anything runs (one-line
+    ``ValueError``): the configuration they make, and the model and its options in the zoo."""
+    from dataclasses import fields
+
+    from ..models import config as model_config
+
+    names = {f.name for f in fields(Config)}
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items() if k in names}
+    cfg = quick_config(**kw) if quick else Config(**kw)
+    model_config(cfg.model, "mini", **dict(cfg.model_options))

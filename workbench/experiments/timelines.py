@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from .common import claim, out_folder, save_figure, save_table, write_claims
-from .time_to_accuracy import drop_checkpoints
+from .pages import save_page, slim_runs
 
 EXPERIMENT = "04_pipeline_timelines"
 BUSY_KINDS = ("F", "B", "BI", "BW", "STEP")
@@ -160,7 +160,7 @@ def measured_runs(cfg: Config, out_dir) -> tuple[dict, pd.DataFrame]:
     """Run every schedule ``cfg.steps`` rounds into ``out_dir/runs/<name>``. Returns ({name: (job,
     summary)}, skipped) where ``skipped`` lists the schedules the runtime cannot run at this worker
     count, with the reason it gave."""
-    from ..runtime import run_jobs
+    from ..runtime import run_job, run_jobs
 
     jobs, skipped = {}, []
     for name in cfg.names():
@@ -168,9 +168,17 @@ def measured_runs(cfg: Config, out_dir) -> tuple[dict, pd.DataFrame]:
             jobs[name] = _prepare(cfg, name, Path(out_dir) / "runs" / name)
         except ValueError as e:
             skipped.append(dict(schedule=name, reason=str(e)))
-    summaries = run_jobs(list(jobs.values())) if jobs else []
-    drop_checkpoints(summaries)
-    return {n: (j, s) for (n, j), s in zip(jobs.items(), summaries)}, pd.DataFrame(skipped, columns=["schedule", "reason"])
+    try:
+        summaries = dict(zip(jobs, run_jobs(list(jobs.values())))) if jobs else {}
+    except RuntimeError:  # one schedule failed at run time: run them one by one and report the failures
+        summaries = {}
+        for name, job in jobs.items():
+            try:
+                summaries[name] = run_job(_prepare(cfg, name, Path(out_dir) / "runs" / f"{name}-alone"))
+            except (RuntimeError, ValueError) as e:
+                skipped.append(dict(schedule=name, reason=f"failed at run time: {e}"))
+    slim_runs(summaries.values())
+    return {n: (jobs[n], s) for n, s in summaries.items()}, pd.DataFrame(skipped, columns=["schedule", "reason"])
 
 
 def measured_timeline(summary: dict) -> pd.DataFrame:
@@ -309,15 +317,6 @@ def bubble_claims(table: pd.DataFrame, cfg: Config) -> list[dict]:
     return rows
 
 
-def save_page(figs: dict, path: Path, title: str) -> Path:
-    """Several plotly figures in one standalone HTML page (plotly.js embedded once: one file of a few MB
-    instead of one per figure)."""
-    parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs.values())]
-    path.write_text(f"<html><head><meta charset='utf-8'><title>{title}</title></head><body><h2>{title}</h2>"
-                    + "".join(parts) + "</body></html>")
-    return path
-
-
 def run(cfg: Config, out_dir) -> dict:
     """Everything the notebook shows, written into ``out_dir`` (a fresh folder)."""
     out = out_folder(out_dir)
@@ -327,7 +326,7 @@ def run(cfg: Config, out_dir) -> dict:
         sim = modeled(job, stage_costs(job, cache), cfg.steps)
         rows.append(compare(name, job, summary, sim, cfg))
         figs[f"timeline_{name}"] = timeline_pair(name, sim, summary, cfg)
-        sim.timeline.to_csv(out / "runs" / name / "timeline_modeled.csv", index=False)
+        sim.timeline.to_csv(Path(summary["out"]) / "timeline_modeled.csv", index=False)
     table = pd.DataFrame(rows)
     save_table(table, out, "bubbles")
     save_table(skipped, out, "skipped")
@@ -337,3 +336,16 @@ def run(cfg: Config, out_dir) -> dict:
     save_figure(figs["panels"], out, "panels")
     (out / "config.json").write_text(pd.Series(asdict(cfg)).to_json(indent=1))
     return dict(out=out, table=table, skipped=skipped, figures=figs)
+
+
+def validate_params(quick: bool, **params) -> None:
+    """``workbench reproduce``'s check of the notebook's parameters before anything runs (one-line
+    ``ValueError``): the configuration they make, and the model and its options in the zoo."""
+    from dataclasses import fields
+
+    from ..models import config as model_config
+
+    names = {f.name for f in fields(Config)}
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items() if k in names}
+    cfg = quick_config(**kw) if quick else Config(**kw)
+    model_config(cfg.model, "mini", **dict(cfg.model_options))

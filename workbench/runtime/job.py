@@ -112,14 +112,20 @@ def as_layer_model(model, train_set, seed: int = 0, dtype: str | None = None):
         raise ValueError(f"model must be a zoo name, an nn.Module, a LayerModel or a factory, got {type(model).__name__}")
     if train_set is None:
         raise ValueError(f"training {type(model).__name__} needs a data set: dataset=TensorDataset(inputs..., targets)")
-    from ..graph import split
+    from ..graph import from_modules, split
 
     *xs, _ = train_set.tensors
     example = tuple(x[:2] for x in xs)
     if dtype is not None:
         model = model.to(getattr(torch, dtype))
         example = tuple(x.to(getattr(torch, dtype)) if x.is_floating_point() else x for x in example)
-    return split(model, example[0] if len(example) == 1 else example)
+    x = example[0] if len(example) == 1 else example
+    try:
+        return split(model, x)
+    except ValueError:
+        if not isinstance(model, nn.Sequential):
+            raise
+        return from_modules(list(model), x, name="Sequential")  # its children, chained, are the layers
 
 
 def build_dataset(model_name: str, dataset: str, split: str = "train", **options):

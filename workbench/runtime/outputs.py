@@ -196,8 +196,9 @@ class RunResult(dict):
         from ..display import card
 
         out = Path(str(self.get("out", "")))
-        link = (f"<div><a href='{html.escape(str(out / 'timeline.html'))}' target='_blank'>measured timeline</a></div>"
-                if (out / "timeline.html").exists() else "")
+        page = next((p for p in ("timeline.html", "timeline.csv") if (out / p).exists()), None)
+        link = (f"<div><a href='{html.escape(str(out / page))}' target='_blank'>measured timeline ({page})</a></div>"
+                if page else "")
         label = (f"measured on {self.get('workers')} {self.get('backend', '')} ranks ({self.get('device', '')}); "
                  f"steady = after the first minibatch; folder {out}")
         return card(f"Training run: {self.get('options', {}).get('model', '')} with {self.get('schedule')}",

@@ -5,8 +5,10 @@ Ops are numbered worker by worker in program order (``wbeg[w] .. wend[w] - 1``).
 what travels: 0 nothing (same worker, or an all-reduce to its STEP), 1 an activation or gradient
 between workers (a message), 2 a weight version that exists on its owner (fetch ops), 3 a weight
 gradient pushed to the owner's STEP (a message), 4 a message that costs nothing. Compute-op edges
-follow :func:`workbench.schedules.core.producers` (F(s-1) -> F(s); F(s) and B/BI(s+1) -> B/BI(s);
-BI(s) -> BW(s)), vectorised here.
+are :meth:`Schedule.dependencies <workbench.schedules.core.Schedule.dependencies>` (F(s-1) -> F(s);
+F(s) and B/BI(s+1) -> B/BI(s); BI(s) -> BW(s); segment neighbours), evaluated here on integer
+arrays because the dict costs as much as the whole sweep on large schedules;
+tests/test_simulate.py checks that both give the same edges.
 """
 from __future__ import annotations
 
@@ -118,6 +120,18 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
             raise ValueError(f"{flat[g]} on worker {wof[g]} needs {what}, which no worker runs")
     src = np.concatenate([p1[need1], p2[need2]])
     dst = np.concatenate([cg[need1], cg[need2]])
+    k = schedule.num_segments
+    if k > 1:  # causal attention inside a stage: F(u) <- F(u-1), B/BI(u) <- B/BI(u+1) within a sequence
+        fseg = (ck == _F) & (cb % k > 0)
+        bseg = ((ck == _B) | (ck == _BI)) & (cb % k < k - 1)
+        pf = loc[np.where(fseg, (ck * S + cs) * M + cb - 1, 0)]
+        pb = loc[np.where(bseg, (ck * S + cs) * M + np.minimum(cb + 1, M - 1), 0)]
+        for need, p in ((fseg, pf), (bseg, pb)):
+            if (need & (p < 0)).any():
+                g = int(cg[np.flatnonzero(need & (p < 0))[0]])
+                raise ValueError(f"{flat[g]} on worker {wof[g]} needs its neighbouring segment, which no worker runs")
+        src = np.concatenate([src, pf[fseg], pb[bseg]])
+        dst = np.concatenate([dst, cg[fseg], cg[bseg]])
     extra_src: list[int] = []
     extra_dst: list[int] = []
 
