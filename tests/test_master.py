@@ -100,3 +100,19 @@ def test_unit_tick_order_is_the_list_scheduler():
         from_placement(w, 3, 4, 3, costs=(1.0, float("nan")))
     with pytest.raises(ValueError, match="2 values for 3 stages"):
         from_placement(w, 3, 4, 3, costs=([1, 1], 2))
+
+
+@pytest.mark.parametrize("name,S,B", [("pp", 4, 8), ("fsdp", 4, 6), ("lpp", 4, 8), ("fslpp", 6, 8)])
+def test_order_from_the_simulators_costs_with_transfers_and_fetches(name, S, B):
+    """build_for_simulation orders by the durations simulate() charges (JobCosts.from_simulator:
+    one cost model), transfers and weight fetches included: the greedy rule's latency is the end
+    of the last simulated forward/backward (the simulated makespan adds the final gradient push
+    to the owner and the update), and the order is never slower than the unit-tick order."""
+    from workbench.schedules import build_for_simulation
+    for kw in (dict(fwd=1, bwd=2, transfer=0.5), dict(fwd=1, bwd=2, weight_fetch=0.7),
+               dict(fwd=[1, 2, 1, 3, 1, 1][:S], bwd=2, transfer=0.25, weight_fetch=0.3)):
+        sched = build_for_simulation(name, S, B, kw)
+        res = simulate(sched, **kw)
+        tl = res.timeline
+        assert tl.loc[tl["kind"].isin(["F", "B"]), "end"].max() == pytest.approx(sched.options["latency"]), kw
+        assert res.makespan <= simulate(build(name, S, B, costs="unit"), **kw).makespan + 1e-9

@@ -93,3 +93,50 @@ def test_cli_lists_schedules_and_passes_options(tmp_path, capsys):
     assert main(["simulate", "--schedule", "gpipe", "--schedule-option", "chunks=2", "--out", str(out)]) == 2
     assert "takes options ['steps'], not 'chunks'" in capsys.readouterr().err
     assert parse_option("group-size=2") == ("group_size", "2")
+
+
+def test_no_silent_reshaping_of_a_plan():
+    from workbench.plan import Plan
+    straight4 = Plan.from_boundaries([0, 1, 2, 3])
+    with pytest.raises(ValueError, match=r"chunks=2 runs the plan's 4 stages on 2 of its 4 workers .* pass chunks=1, "
+                                         r"or a stage count instead of the plan \(8 stages for 4 workers\)"):
+        build("interleaved-1f1b", straight4, 4)
+    assert build("interleaved-1f1b", straight4, 4, chunks=1).num_workers == 4
+    assert build("interleaved-1f1b", 8, 8).num_workers == 4
+    assert build("ddp", straight4, 8).num_workers == 4  # the plan's workers, not one per batch
+    assert build("ddp", straight4, 8, workers=8).num_workers == 8  # explicit: as asked
+    with pytest.warns(UserWarning, match=r"the plan is data parallel \(1 stage on 4 workers\), so gpipe runs as data "
+                                         r"parallelism with gradient accumulation; use dp-bsp"):
+        build("gpipe", Plan.from_boundaries([3], [4]), 4)
+    assert build("pipedream", Plan.from_boundaries([3], [4]), 4).num_workers == 4  # PipeDream's data parallel
+
+
+def test_cli_refuses_a_topology_of_another_size(tmp_path, capsys):
+    from workbench.plan import Plan
+    from workbench.profiler import Profile
+    import pandas as pd
+    prof = Profile(pd.DataFrame({"name": ["a", "b"], "fwd_ms": [1.0, 1.0], "bwd_ms": [2.0, 2.0],
+                                 "act_bytes": [1e3, 1e3], "param_bytes": [1e3, 1e3]}), {"kind": "measured"})
+    prof.save(tmp_path / "p.csv")
+    Plan.from_boundaries([0, 1]).save(tmp_path / "plan.json")
+    args = ["simulate", "--plan", str(tmp_path / "plan.json"), "--profile", str(tmp_path / "p.csv"),
+            "--out", str(tmp_path / "o")]
+    assert main(args + ["--workers", "3"]) == 2
+    assert "uses 2 workers but the topology has 3" in capsys.readouterr().err
+    assert main(args) == 0
+
+
+def test_schedule_repr_and_card():
+    sched = build("zb-h1", 3, 4)
+    assert repr(sched) == ("Schedule[zb-h1](workers=3, stages=3, microbatches=4, ops=39, update=sync, "
+                           "updates per stage=1, peak in flight=3 microbatches)")
+    html = sched._repr_html_()
+    assert "workbench-card" in html and "F0.0@v0" in html and "no costs" in html
+
+
+def test_train_cli_passes_schedule_options_to_the_registry(tmp_path, capsys):
+    base = ["train", "--model", "toy-mlp", "--workers", "2", "--out", str(tmp_path / "run"), "--no-progress"]
+    assert main(base + ["--schedule", "gpipe", "--schedule-option", "chunks=2"]) == 2
+    assert "gpipe takes options ['steps'], not 'chunks'" in capsys.readouterr().err
+    assert main(base + ["--schedule", "interleaved-1f1b", "--schedule-option", "chunks=x"]) == 2
+    assert "option chunks must be int, got 'x'" in capsys.readouterr().err

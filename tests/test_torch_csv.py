@@ -100,6 +100,9 @@ def test_csv_round_trip_and_torch_runtime_loads_it(tmp_path, name, stages, M, op
     assert simulate(back, fwd=1, bwd=2).makespan == pytest.approx(simulate(sched, fwd=1, bwd=2).makespan)
     rt = torch_runtime_loads(path, sched.num_workers, stages, M)
     assert compute_only(rt.pipeline_order) == ours(sched)
+    comms = tmp_path / f"{name}-comms.csv"  # torch's lowered form (sends, receives, reduce_grad) reads back too
+    ts._PipelineScheduleRuntime._dump_csv(rt, str(comms), format="compute_comms")
+    assert "SEND_F" in comms.read_text() and ours(from_torch_csv(comms)) == ours(sched)
     with pytest.raises(ValueError, match="exists"):
         to_torch_csv(sched, path)
 

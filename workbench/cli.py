@@ -169,13 +169,9 @@ def cmd_simulate(args) -> int:
     from .topology import Topology
 
     plan = Plan.load(args.plan) if args.plan else None
-    sp = schedules.spec(args.schedule)
     opts = dict(args.schedule_option)
-    if sp.family == "master" and not args.profile:  # order by the durations that are simulated
-        opts.setdefault("costs", (args.fwd, args.bwd))
     if plan is not None and plan.in_flight and args.schedule == "pipedream":
         opts.setdefault("warmup", list(plan.in_flight))  # the plan's communication-aware in-flight count
-    sched = schedules.build(args.schedule, plan or args.stages, args.microbatches, **opts)
     if args.profile:
         if plan is None:
             raise UsageError("--profile needs --plan (which layers form each stage)")
@@ -190,6 +186,12 @@ def cmd_simulate(args) -> int:
                   op_overhead_ms=args.op_overhead_ms)
     else:
         kw = dict(fwd=args.fwd, bwd=args.bwd)
+    # master schedules are ordered by the greedy rule with the durations simulated below
+    sched = schedules.build_for_simulation(args.schedule, plan or args.stages, args.microbatches, kw, **opts)
+    if args.profile and topology.num_workers != sched.num_workers:
+        raise UsageError(f"schedule {sched.name} uses {sched.num_workers} workers but the topology has "
+                         f"{topology.num_workers}; give a topology of {sched.num_workers} workers "
+                         f"(--workers {sched.num_workers}) or a schedule for {topology.num_workers}")
     res = simulate(sched, **kw)
     print(res.summary())
     if plan is not None and args.profile and plan.predicted_ms == plan.predicted_ms:

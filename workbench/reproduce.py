@@ -18,6 +18,7 @@ notebook that fails is reported with its name and failing cell; the others still
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import math
@@ -201,7 +202,8 @@ def run(only=None, params_file=None, quick: bool = False, out="results/reproduce
     nb_dir = Path(nb_dir) if nb_dir else notebooks_dir()
     runs, missing = plan_runs(only, params_file, quick, nb_dir)
     outcomes = [Outcome(n, "missing", error=f"{n}.ipynb is not in {nb_dir}") for n in missing]
-    with run_folder(Path(out) / run_id("reproduce-" + ("quick" if quick else "full"))) as tmp:
+    with run_folder(Path(out) / run_id("reproduce-" + ("quick" if quick else "full"))) as tmp, \
+            _shared_plotlyjs(tmp):
         bar = tqdm(runs, desc="notebooks", unit="nb", disable=not progress)
         for name, path, params in bar:
             bar.set_postfix_str(name)
@@ -213,6 +215,23 @@ def run(only=None, params_file=None, quick: bool = False, out="results/reproduce
         outcomes.sort(key=lambda o: order.index(o.name))
         (tmp / "summary.md").write_text(summary_markdown(tmp, outcomes, quick))
     return tmp.final, outcomes
+
+
+@contextlib.contextmanager
+def _shared_plotlyjs(run_dir: Path):
+    """While the notebooks run, their HTML figures load one ``plotly.min.js`` at the run folder's
+    root by relative path (the kernels inherit the environment), instead of embedding 4.8 MB each."""
+    from .plot import SHARED_PLOTLYJS_ENV, write_shared_plotlyjs
+
+    before = os.environ.get(SHARED_PLOTLYJS_ENV)
+    os.environ[SHARED_PLOTLYJS_ENV] = str(write_shared_plotlyjs(run_dir).resolve())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SHARED_PLOTLYJS_ENV, None)
+        else:
+            os.environ[SHARED_PLOTLYJS_ENV] = before
 
 
 # ---- summary ----------------------------------------------------------------------------------

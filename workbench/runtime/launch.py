@@ -61,6 +61,7 @@ def schedule_for_workers(name: str, workers: int, plan, microbatches: int, optio
     is ``spec.stages_for(workers, options)`` (k stages per worker; 1 for data parallel)."""
     from workbench.schedules import spec
     sp = spec(name)
+    options.update(sp.check_options(options))  # typed values (e.g. "2" from the command line -> 2)
     if sp.takes_workers:
         options.setdefault("workers", workers)
     return make_schedule(name, plan if plan is not None else sp.stages_for(workers, options), microbatches, **options)
@@ -116,7 +117,8 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
         raise ValueError(f"{sched.name} cuts sequences into segments, which a layer-sequential model cannot run; "
                          f"run it with workbench.runtime.segments.run (segment-wise transformer)")
     if sched.num_workers != workers:
-        raise ValueError(f"schedule {sched.name!r} uses {sched.num_workers} workers but workers={workers}")
+        raise ValueError(f"schedule {sched.name!r} uses {sched.num_workers} workers but workers={workers}; "
+                         f"run it with --workers {sched.num_workers} (workers={sched.num_workers})")
     if sched.microbatches != microbatches:
         microbatches = sched.microbatches
     if plan is not None and plan.num_stages == sched.num_stages:

@@ -14,8 +14,11 @@ launcher, :func:`markdown_table` (the README's table) and the tests pick it up w
 """
 from __future__ import annotations
 
+import gc
 import importlib
 import pkgutil
+import warnings
+from contextlib import contextmanager
 
 from .core import (COMPUTE, KINDS, UPDATE_RULES, Op, OpKind, Schedule, ScheduleError, in_flight_peak, producers,
                    validate, with_recompute)
@@ -40,12 +43,69 @@ def build(name: str, plan_or_stage_count, microbatches: int, recompute: bool = F
     :func:`validate`. ``recompute=True`` (any schedule): GPipe activation re-materialization
     (:func:`with_recompute`)."""
     sp = spec(name)
-    sched = sp.build(plan_or_stage_count, microbatches, **sp.check_options(options))
+    options = sp.check_options(options)
+    is_plan = hasattr(plan_or_stage_count, "stages") and hasattr(plan_or_stage_count, "num_workers")
+    if is_plan:
+        _check_plan_shape(sp, plan_or_stage_count, options)
+    with gc_paused():
+        sched = sp.build(plan_or_stage_count, microbatches, **options)
+    if is_plan and "workers" not in options and sched.num_workers != plan_or_stage_count.num_workers:
+        raise ValueError(_reshape_message(sp, plan_or_stage_count, sched, options))
     recompute = Option("recompute", bool, False).check(name, recompute)  # "true"/"false" from a CLI
     return with_recompute(sched) if recompute else sched
 
 
+@contextmanager
+def gc_paused():
+    """Pause Python's cyclic garbage collector while a schedule is built: op lists hold no reference
+    cycles, and the collector's passes over 10^5 new objects cost about as much as the build
+    itself (64 stages x 1024 microbatches: 1.07 s -> 0.59 s CPU). Reference counting still frees
+    everything; the collector is re-enabled (if it was on) on exit."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+def build_for_simulation(name: str, plan_or_stage_count, microbatches: int, simulate_kwargs: dict | None = None,
+                         **options) -> Schedule:
+    """:func:`build`, and for a master-family schedule (whose order depends on durations) the order
+    of the greedy rule with the durations ``simulate(schedule, **simulate_kwargs)`` will charge
+    (:meth:`JobCosts.from_simulator`), unless ``costs`` is given."""
+    sched = build(name, plan_or_stage_count, microbatches, **options)
+    if spec(name).family != "master" or "costs" in options:
+        return sched
+    costs = JobCosts.from_simulator(sched, **(simulate_kwargs or {}))
+    return build(name, plan_or_stage_count, microbatches, costs=costs, **options)
+
+
+def _check_plan_shape(sp: ScheduleSpec, plan, options: dict) -> None:
+    """No silent reshaping: a pipeline schedule on a plan of one replicated stage is data parallel
+    under another name. A one-line warning (not an error: the partitioner legitimately returns such
+    plans, e.g. VGG-16 on one 4-GPU server, and the schedule still runs, round robin over replicas)."""
+    if sp.family == "pipeline" and not sp.data_parallel_plan and plan.num_stages == 1 and plan.num_workers > 1:
+        warnings.warn(f"the plan is data parallel (1 stage on {plan.num_workers} workers), so {sp.name} runs as data "
+                      f"parallelism with gradient accumulation; use dp-bsp (or pipedream) to say so, or partition "
+                      f"into several stages (partition(..., straight=True), --straight) for a pipeline",
+                      UserWarning, stacklevel=3)
+
+
+def _reshape_message(sp: ScheduleSpec, plan, sched: Schedule, options: dict) -> str:
+    have, got, S = plan.num_workers, sched.num_workers, sched.num_stages
+    if isinstance(sp.stages_per_worker, str) and sp.stages_per_worker not in ("all", "placement"):
+        k = sp.stages_per_worker
+        v = options.get(k, sp.option(k).default)
+        return (f"{sp.name} with {k}={v} runs the plan's {S} stages on {got} of its {have} workers (stage s on worker "
+                f"s mod {got}, which a plan of one worker per stage cannot express); pass {k}=1, or a stage count "
+                f"instead of the plan ({v * have} stages for {have} workers)")
+    return (f"{sp.name} uses {got} workers but the plan has {have}; pass workers={got} explicitly "
+            f"(--schedule-option workers={got}) if that is intended")
+
+
 __all__ = ["COMPUTE", "KINDS", "UPDATE_RULES", "Op", "OpKind", "Schedule", "ScheduleError", "in_flight_peak",
            "validate", "producers", "build", "NAMES", "DESCRIPTIONS", "REGISTRY", "Option", "ScheduleSpec", "register",
-           "spec", "markdown_table", "from_placement", "list_schedule", "placement", "JobCosts", "worker_stats",
-           "noam_warmup", "stage_layout", "to_torch_csv", "from_torch_csv", "with_recompute"]
+           "spec", "markdown_table", "build_for_simulation", "from_placement", "list_schedule", "placement", "JobCosts",
+           "worker_stats", "noam_warmup", "stage_layout", "to_torch_csv", "from_torch_csv", "with_recompute"]

@@ -51,6 +51,8 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Iterable, Iterator
 
+import numpy as np
+
 
 class OpKind(StrEnum):
     """Op kinds; a ``str`` enum, so ``op.kind == "F"`` and ``str(op.kind) == "F"`` hold."""
@@ -196,29 +198,11 @@ class Schedule:
 
     @cached_property
     def _dependencies(self) -> dict[Key, tuple[Key, ...]]:
-        where = self._where
-        last = self.num_stages - 1
-        deps: dict[Key, tuple[Key, ...]] = {}
-        for key in where:
-            kind, s, b = key
-            if kind is _F:
-                deps[key] = ((_F, s - 1, b),) if s > 0 else ()
-            elif kind is _BW:
-                deps[key] = ((_BI, s, b),)
-            elif s < last:
-                nxt = (_BI, s + 1, b) if (_BI, s + 1, b) in where else (_B, s + 1, b)
-                deps[key] = ((_F, s, b), nxt)
-            else:
-                deps[key] = ((_F, s, b),)
-        k = self.num_segments
-        if k > 1:
-            for key in where:
-                kind, s, b = key
-                if kind is _F and b % k:
-                    deps[key] += ((_F, s, b - 1),)
-                elif (kind is _B or kind is _BI) and b % k < k - 1:
-                    deps[key] += ((kind, s, b + 1),)
-        return deps
+        where, S, k = self._where, self.num_stages, self.num_segments
+        U = self.microbatches * k  # units (microbatch, segment)
+        present = {key_code(key, S, U) for key in where}.__contains__
+        return {key: tuple(code_key(c, S, U) for c in producer_codes(key_code(key, S, U), S, U, present, k))
+                for key in where}
 
     def remote_inputs(self, worker: int) -> list[tuple[int, Key, int]]:
         """``(op index on worker, producer key, producer worker)`` for every activation or
@@ -272,6 +256,30 @@ class Schedule:
                     out.append(op.microbatch)
         return sorted(out)
 
+    # ---- display ----------------------------------------------------------------------
+    def _rows(self) -> list[tuple[str, object, str]]:
+        steps = max((op.step + 1 for _, op in self if op.kind == "STEP"), default=0)
+        return [("workers", self.num_workers, ""), ("stages", self.num_stages, ""),
+                ("microbatches", self.microbatches, ""), ("ops", self.num_ops, ""), ("update", self.update, ""),
+                ("updates per stage", steps, ""),
+                ("peak in flight", max((in_flight_peak(o) for o in self.ops), default=0), "microbatches")]
+
+    def __repr__(self) -> str:
+        from ..display import one_line
+        return one_line(f"Schedule[{self.name}]", self._rows())
+
+    def _repr_html_(self) -> str:
+        import pandas as pd
+
+        from ..display import card
+        table = pd.DataFrame({"ops": [len(o) for o in self.ops],
+                              "peak in flight": [in_flight_peak(o) for o in self.ops],
+                              "first ops": [" ".join(str(op) for op in o[:8]) + (" …" if len(o) > 8 else "")
+                                            for o in self.ops]},
+                             index=pd.RangeIndex(self.num_workers, name="worker"))
+        return card(f"Schedule {self.name}", self._rows(),
+                    label="per-worker op lists (no costs: simulate() gives times); counts from the ops", table=table)
+
     def describe(self, width: int = 12) -> str:
         """Compact text rendering, one line per worker."""
         lines = [f"{self.name}: {self.num_workers} workers, {self.num_stages} stages, "
@@ -282,16 +290,49 @@ class Schedule:
 
 
 _new = object.__new__
+_KIND_INDEX = {OpKind.F: 0, OpKind.B: 1, OpKind.BI: 2, OpKind.BW: 3}
+
+
+def key_code(key: Key, S: int, U: int) -> int:
+    """The compute op (kind, stage, unit) as one int: ((k S) + s) U + u, k = 0..3 for F, B, BI, BW
+    and U units (microbatches x segments; :meth:`Schedule.unit`): the validator's array index."""
+    kind, s, u = key
+    return (_KIND_INDEX[kind] * S + s) * U + u
+
+
+def code_key(code: int, S: int, U: int) -> Key:
+    k, rest = divmod(code, S * U)
+    return (COMPUTE[k],) + divmod(rest, U)
+
+
+def producer_codes(code: int, S: int, U: int, present, segments: int = 1) -> tuple[int, ...]:
+    """The one derivation of the dataflow edges (see :meth:`Schedule.dependencies`), on codes:
+    F(s, u) <- F(s-1, u); B/BI(s, u) <- F(s, u) and BI(s+1, u) if ``present`` else B(s+1, u);
+    BW(s, u) <- BI(s, u); with k = ``segments`` > 1 also F(s, u) <- F(s, u-1) for u mod k > 0 and
+    B/BI(s, u) <- B/BI(s, u+1) for u mod k < k-1."""
+    SU = S * U
+    k, rest = divmod(code, SU)
+    if k == 0:
+        out = (code - U,) if rest >= U else ()
+        return out + (code - 1,) if segments > 1 and rest % segments else out
+    if k == 3:
+        return (code - SU,)
+    if rest < SU - U:  # s < S - 1
+        nxt = 2 * SU + rest + U
+        out = (rest, nxt if present(nxt) else nxt - SU)
+    else:
+        out = (rest,)
+    return out + (code + 1,) if segments > 1 and rest % segments < segments - 1 else out
 
 
 def make_op(kind: OpKind, stage: int, microbatch: int = -1, version: int = 0, step: int = -1,
-            weights_worker: int | None = None) -> Op:
+            weights_worker: int | None = None, segment: int | None = None) -> Op:
     """``Op(kind, ...)`` without the checks, about 3x faster: for generators that pass an
     :class:`OpKind` member (the result is an ordinary, equal and equally hashed Op)."""
     op = _new(Op)
     d = op.__dict__
-    d["kind"], d["stage"], d["microbatch"], d["version"], d["step"], d["weights_worker"] = \
-        kind, stage, microbatch, version, step, weights_worker
+    d["kind"], d["stage"], d["microbatch"], d["version"], d["step"], d["weights_worker"], d["segment"] = \
+        kind, stage, microbatch, version, step, weights_worker, segment
     return op
 
 
@@ -319,20 +360,25 @@ def validate(schedule: Schedule) -> None:
     per-worker orders admit an execution without deadlock (a topological order of the union of
     per-worker order edges and dataflow edges exists); per-worker in-flight limits hold; stash
     rules: B reads its F's version under ``stash`` and ``vertical-sync``.
+
+    Compute ops are numbered by :func:`key_code` so that the checks index flat arrays (one pass
+    over the ops in Python, the per-microbatch checks vectorized) instead of hashing tuples.
     """
     S, W, M = schedule.num_stages, schedule.num_workers, schedule.microbatches
-    index: dict[Key, int] = {}  # compute key -> worker
-    version: dict[Key, int] = {}
-    ids: list[list[int]] = []  # per worker, per op: the compute op's number (its place in index), or -1
-    compute, limit = _COMPUTE_SET, schedule.max_in_flight
-    nseg = len(schedule.segment_tokens)  # Seq1F1B: keys use the unit b * k + j (Schedule.unit)
+    nseg = len(schedule.segment_tokens)  # Seq1F1B: codes use the unit b * k + j (Schedule.unit)
+    U = M * max(1, nseg)
+    SM = S * U
+    worker_of = [-1] * (4 * SM)  # code -> worker running that compute op, -1 if none
+    version_of = [0] * (4 * SM)
+    codes: list[list[int]] = []  # per worker, per op: the compute op's code, or -1
+    kidx, limit = _KIND_INDEX, schedule.max_in_flight
     for w, ops in enumerate(schedule.ops):
         kw, live, peak = [], set(), 0
         for op in ops:
-            s, kind = op.stage, op.kind
+            s, k = op.stage, kidx.get(op.kind, -1)
             if not 0 <= s < S:
                 raise ScheduleError(f"worker {w}: {op} has stage outside 0..{S - 1}")
-            if kind in compute:
+            if k >= 0:
                 b = op.microbatch
                 if not 0 <= b < M:
                     raise ScheduleError(f"worker {w}: {op} has microbatch outside 0..{M - 1}")
@@ -341,109 +387,120 @@ def validate(schedule: Schedule) -> None:
                         raise ScheduleError(f"worker {w}: {op} has segment outside 0..{nseg - 1}; every compute "
                                             f"op of a schedule with segment_tokens needs a segment, and only those")
                     b = b * nseg + op.segment
-                key = (kind, s, b)
-                if key in index:
-                    raise ScheduleError(f"{op} appears twice (workers {index[key]} and {w})")
-                kw.append(len(index))
-                index[key] = w
-                version[key] = op.version
-                if kind is _F:
-                    live.add((s, b))
+                c = (k * S + s) * U + b
+                if worker_of[c] >= 0:
+                    raise ScheduleError(f"{op} appears twice (workers {worker_of[c]} and {w})")
+                worker_of[c] = w
+                version_of[c] = op.version
+                kw.append(c)
+                if k == 0:
+                    live.add(c)
                     if len(live) > peak:
                         peak = len(live)
-                elif kind is _B or kind is _BW:
-                    live.discard((s, b))
+                elif k == 1 or k == 3:
+                    live.discard(c - k * SM)
             else:
                 kw.append(-1)
             if op.weights_worker is not None and not 0 <= op.weights_worker < W:
                 raise ScheduleError(f"worker {w}: {op} reads weights from unknown worker {op.weights_worker}")
         if limit is not None and peak > limit[w]:
             raise ScheduleError(f"worker {w} holds {peak} microbatches in flight; limit is {limit[w]}")
-        ids.append(kw)
-    schedule.__dict__.setdefault("_where", index)  # the cached where(): the same mapping
+        codes.append(kw)
+    _check_backwards(schedule, np.array(worker_of).reshape(4, SM), np.array(version_of).reshape(4, SM))
+    _check_deadlock(schedule, worker_of, codes)
+
+
+def _check_backwards(schedule: Schedule, wk: np.ndarray, ver: np.ndarray) -> None:
+    """Row k of ``wk``/``ver`` (k = F, B, BI, BW) holds worker and version per (stage, unit)."""
+    U = schedule.microbatches * schedule.num_segments
+    has = wk >= 0
+    where = lambda i: divmod(int(i), U)  # noqa: E731  (stage, unit) of flat index i
+    orphan = np.flatnonzero(has[1:].any(axis=0) & ~has[0])
+    if orphan.size:
+        s, b = where(orphan[0])
+        k = next(n for n, row in zip(("B", "BI", "BW"), has[1:]) if row[orphan[0]])
+        raise ScheduleError(f"{k}{s}.{b} has no forward")
+    split = has[2] & has[3]
+    bad = np.flatnonzero(has[0] & (has[1] == split))
+    if bad.size:
+        s, b = where(bad[0])
+        raise ScheduleError(f"F{s}.{b} needs exactly one backward (B, or BI+BW); found "
+                            f"{'both' if has[1][bad[0]] else 'none'}")
+    half = np.flatnonzero(has[0] & ~has[1] & (has[2] != has[3]))
+    if half.size:
+        s, b = where(half[0])
+        raise ScheduleError(f"F{s}.{b} needs exactly one backward (B, or BI+BW); found only "
+                            f"{'BI' if has[2][half[0]] else 'BW'}")
     same_version = schedule.update in ("stash", "vertical-sync", "sync")
-    n_forward = 0
-    for key, w in index.items():
-        kind, s, b = key
-        if kind is not _F:
-            if (_F, s, b) not in index:
-                raise ScheduleError(f"{kind}{s}.{b} has no forward")
-            continue
-        n_forward += 1
-        has_b = (_B, s, b) in index
-        has_split = (_BI, s, b) in index and (_BW, s, b) in index
-        if has_b == has_split:
-            raise ScheduleError(f"F{s}.{b} needs exactly one backward (B, or BI+BW); found "
-                                f"{'both' if has_b else 'none'}")
-        for k in ((_B,) if has_b else (_BI, _BW)):
-            if index[(k, s, b)] != w:
-                raise ScheduleError(f"{k}{s}.{b} runs on worker {index[(k, s, b)]} but its forward (and "
-                                    f"stashed activations) is on worker {w}")
-            if same_version and version[(k, s, b)] != version[key]:
-                raise ScheduleError(f"{k}{s}.{b} reads weight version {version[(k, s, b)]} but its "
-                                    f"forward read {version[key]} (rule {schedule.update!r})")
-    if n_forward != S * M * max(1, nseg):  # every microbatch (segment) goes through every stage
-        for s in range(S):
-            for b in range(M * max(1, nseg)):
-                if (_F, s, b) not in index:
-                    raise ScheduleError(f"microbatch {b} never runs the forward of stage {s}")
-    _check_deadlock(schedule, index, ids)
+    for k, name in ((1, "B"), (2, "BI"), (3, "BW")):
+        rows = has[k]
+        off = np.flatnonzero(rows & (wk[k] != wk[0]))
+        if off.size:
+            s, b = where(off[0])
+            raise ScheduleError(f"{name}{s}.{b} runs on worker {wk[k][off[0]]} but its forward (and "
+                                f"stashed activations) is on worker {wk[0][off[0]]}")
+        off = np.flatnonzero(rows & (ver[k] != ver[0])) if same_version else ()
+        if len(off):
+            s, b = where(off[0])
+            raise ScheduleError(f"{name}{s}.{b} reads weight version {ver[k][off[0]]} but its "
+                                f"forward read {ver[0][off[0]]} (rule {schedule.update!r})")
+    missing = np.flatnonzero(~has[0])
+    if missing.size:  # every microbatch goes through every stage
+        s, b = where(missing[0])
+        raise ScheduleError(f"microbatch {b} never runs the forward of stage {s}")
 
 
-def _check_deadlock(schedule: Schedule, index: dict, ids: list[list[int]]) -> None:
+def _check_deadlock(schedule: Schedule, worker_of: list[int], codes: list[list[int]]) -> None:
     """Execute the per-worker orders symbolically: a worker advances while its next op is ready
-    (a compute op once its producers are done, STEP at once, AR once every holder of the stage has
-    reached it). The orders admit an execution iff every worker reaches its end; this is Kahn's
-    algorithm over per-worker order edges + dataflow edges + AR rendezvous, in O(ops). Compute ops
-    are numbered (ids into flat arrays) so the inner loop does no tuple hashing.
+    (a compute op once its producers (:func:`producer_codes`) are done, STEP at once, AR once every
+    holder of the stage has reached it). The orders admit an execution iff every worker reaches
+    its end; this is Kahn's algorithm over per-worker order edges + dataflow edges + AR rendezvous,
+    in O(ops).
 
     Remote weights (``weights_worker`` o != the op's worker): an op reading version v >= 1 of stage
     s waits for o's STEP that creates v (its ``step`` v-1); o's AR/STEP of step t waits for every
     backward that pushes a version-t gradient of s to o (B/BW on a worker not holding s)."""
     ops = schedule.ops
-    edges = schedule.dependencies()
-    kid = dict(zip(index, range(len(index))))  # compute key -> id (its place in index, as in ids)
-    deps = []
-    for key in index:
-        try:
-            deps.append([kid[dep] for dep in edges[key]])
-        except KeyError as e:
-            dep = e.args[0]
-            raise ScheduleError(f"{key[0]}{key[1]}.{key[2]} on worker {index[key]} depends on "
-                                f"{dep[0]}{dep[1]}.{dep[2]}, which no worker runs") from None
+    S, k = schedule.num_stages, schedule.num_segments
+    U = schedule.microbatches * k
+    present = lambda c: worker_of[c] >= 0  # noqa: E731
     ar_count: dict[tuple[int, int], list[int]] = defaultdict(list)
     holders = [set(ws) for ws in schedule.stage_workers]
     extra: dict[tuple[int, int], tuple] = {}  # (worker, op index) -> remote-weight waits of a compute op
-    pushes: dict[tuple[int, int, int], list] = defaultdict(list)  # (stage, step, owner) -> pushing op ids
+    pushes: dict[tuple[int, int, int], list] = defaultdict(list)  # (stage, step, owner) -> pushing op codes
     for w, wops in enumerate(ops):
         for i, op in enumerate(wops):
             if op.kind == "AR":
                 ar_count[(op.stage, op.step)].append(w)
             o = op.weights_worker
-            if o is not None and o != w and ids[w][i] >= 0:
+            if o is not None and o != w and codes[w][i] >= 0:
                 if op.version >= 1:
                     extra[(w, i)] = (("STEP", op.stage, op.version - 1, o),)
                 if op.kind in ("B", "BW") and w not in holders[op.stage]:
-                    pushes[(op.stage, op.version, o)].append(ids[w][i])
+                    pushes[(op.stage, op.version, o)].append(codes[w][i])
     for (s, step), members in ar_count.items():
         expect = sorted(schedule.stage_workers[s])
         if sorted(members) != expect:
             raise ScheduleError(f"AR of stage {s} step {step} has workers {sorted(members)}, expected {expect}")
-    done = bytearray(len(kid))
+    done = bytearray(len(worker_of))
     steps_done: set = set()
     ptr = [0] * len(ops)
-    waiting: dict = defaultdict(list)  # compute id or STEP key -> workers waiting for it
+    waiting: dict = defaultdict(list)  # compute code or STEP key -> workers waiting for it
     parked: dict = defaultdict(list)
     work = deque(range(len(ops)))
     while work:
         w = work.popleft()
-        wops, kw, i, n = ops[w], ids[w], ptr[w], len(ops[w])
+        wops, kw, i, n = ops[w], codes[w], ptr[w], len(ops[w])
         while i < n:
-            k = kw[i]
-            if k >= 0:
+            c = kw[i]
+            if c >= 0:
                 blocked = -1
-                for d in deps[k]:
+                for d in producer_codes(c, S, U, present, k):
                     if not done[d]:
+                        if worker_of[d] < 0:
+                            key, dep = code_key(c, S, U), code_key(d, S, U)
+                            raise ScheduleError(f"{key[0]}{key[1]}.{key[2]} on worker {w} depends on "
+                                                f"{dep[0]}{dep[1]}.{dep[2]}, which no worker runs")
                         blocked = d
                         break
                 if blocked < 0 and extra:
@@ -451,9 +508,9 @@ def _check_deadlock(schedule: Schedule, index: dict, ids: list[list[int]]) -> No
                 if blocked != -1:
                     waiting[blocked].append(w)
                     break
-                done[k] = 1
-                if k in waiting:
-                    work.extend(waiting.pop(k))
+                done[c] = 1
+                if c in waiting:
+                    work.extend(waiting.pop(c))
                 i += 1
                 continue
             op = wops[i]

@@ -138,6 +138,11 @@ def assign_versions(orders: list[list[tuple]], rule: str, two_bw_batch: int = 0)
     2bw: batch t = b // m reads W(t-1), version max(t - 1, 0); checked to be the newest local
     version or the one before (two buffers suffice).
     """
+    if rule in ("sync", "async", "no-stash", "stash"):
+        try:
+            return [_local_versions(ops, rule == "stash") for ops in orders]
+        except KeyError:  # a backward without its forward earlier on the worker: validate() says what
+            pass
     local: dict[tuple[str, int, int], int] = {}
     for ops in orders:
         count: dict[int, int] = {}
@@ -163,15 +168,33 @@ def assign_versions(orders: list[list[tuple]], rule: str, two_bw_batch: int = 0)
             return v
         raise ValueError(f"unknown update rule {rule!r}")
 
-    kinds = {str(k): k for k in OpKind}
-    if rule in ("sync", "async", "no-stash"):  # the common cases inline
-        get = local.__getitem__
-    elif rule == "stash":
-        get = lambda key: local[("F", key[1], key[2])]  # noqa: E731
-    else:
-        get = lambda key: version(*key)  # noqa: E731
-    return [[make_op(kinds[k], s, x, get((k, s, x))) if k != "AR" and k != "STEP" else make_op(kinds[k], s, step=x)
+    return [[make_op(_KINDS[k], s, x, version(k, s, x)) if k != "AR" and k != "STEP" else make_op(_KINDS[k], s, step=x)
              for k, s, x in ops] for ops in orders]
+
+
+_KINDS = {str(k): k for k in OpKind}
+
+
+def _local_versions(ops: list[tuple], stash: bool) -> list[Op]:
+    """One worker's Ops in one pass: every op reads the newest local version (STEPs of its stage
+    earlier in the list); with ``stash`` a backward reads its forward's."""
+    count: dict[int, int] = {}
+    fwd: dict[tuple[int, int], int] = {}
+    out = []
+    for k, s, x in ops:
+        if k == "STEP":
+            out.append(make_op(OpKind.STEP, s, step=x))
+            count[s] = count.get(s, 0) + 1
+        elif k == "AR":
+            out.append(make_op(OpKind.AR, s, step=x))
+        else:
+            v = count.get(s, 0)
+            if k == "F":
+                fwd[(s, x)] = v
+            elif stash:
+                v = fwd[(s, x)]
+            out.append(make_op(_KINDS[k], s, x, v))
+    return out
 
 
 def _make(name, layout, orders, M, update, mps, group, n_groups, max_in_flight, options,
@@ -236,7 +259,8 @@ def gpipe(plan, microbatches: int, steps: int = 1) -> Schedule:
           source="Narayanan et al., PipeDream (SOSP 2019)",
           options={"weights": "weight rule: stashing, vertical sync or none",
                    "warmup": "forwards each stage admits before its first backward (default NOAM; Plan.in_flight counts communication)"},
-          choices={"weights": ("stash", "vertical-sync", "no-stash")}, microbatches="in total")
+          choices={"weights": ("stash", "vertical-sync", "no-stash")}, microbatches="in total",
+          data_parallel_plan=True)
 def pipedream(plan, microbatches: int, weights: str = "stash", warmup: object = None) -> Schedule:
     """1F1B with NOAM warm-up, round robin over replicas, no flush, an update after every
     microbatch (a replicated stage: every round of r_s microbatches, AR then STEP).

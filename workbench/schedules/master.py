@@ -14,9 +14,11 @@ predecessor is scheduled (one per batch: the next job of its chain). A job's fin
     t(s, b, d) = max(free(c), t(pred) + x(pred -> c), f(c)) + T(s, d),    c = compute worker of (s, b, d)
 
 with ``free(c)`` the finish of the last job scheduled on c, ``x`` the activation/gradient transfer
-when the predecessor ran on another worker, ``f(c)`` the time the weights are fetched when
-``weights_worker != c`` (started with the previous job on c: one job of prefetch, as the simulator
-does) and ``T`` the forward or backward duration of stage s. At each step the rule schedules the
+when the predecessor ran on another worker, ``f(c)`` the time the weights have arrived when
+``weights_worker o != c`` (the fetch starts with the previous job on c -- one job of prefetch, as
+the simulator does -- once the link o -> c is free of the previous fetch) and ``T`` the forward or
+backward duration of stage s. Activation links are not queued (the simulator queues them: with
+transfers that overlap on one link the simulated time can exceed t). At each step the rule schedules the
 frontier job of smallest ``t + ε n(s, b, d)`` (ε infinitesimal: ties in t broken by the priority n).
 :func:`from_placement` runs this rule with the durations that will be simulated (:class:`JobCosts`);
 with zero transfer and fetch costs, simulating the resulting per-worker order reproduces t exactly.
@@ -117,6 +119,32 @@ class JobCosts:
                 raise ValueError(f"{what} has {len(vals)} values for {stages} stages; give one per stage or a number")
             return tuple(vals)
         return cls(per(fwd, "fwd"), per(bwd, "bwd"), transfer_ms, fetch_ms)
+
+    @classmethod
+    def from_simulator(cls, schedule: Schedule, **simulate_kwargs) -> "JobCosts":
+        """The durations :func:`workbench.simulate.simulate` charges ``schedule`` with the same
+        keyword arguments (unit costs ``fwd=``/``bwd=``/``transfer=``/``weight_fetch=``, or
+        ``profile=``/``plan=``/``topology=``; ``latency_ms``/``op_overhead_ms``): one cost model,
+        read back from the simulated timeline (compute rows F/B per stage, ``send_act``/``send_grad``
+        and ``fetch_weights`` rows per link). Only pairs of workers that the placement uses appear,
+        and the placement, not the order, fixes them: a schedule built with any order gives the
+        costs to re-order it."""
+        from ..simulate import simulate
+
+        tl = simulate(schedule, **simulate_kwargs).timeline
+        dur = tl["end"] - tl["start"]
+        comp = tl["lane"] == "compute"
+        per = {(k, int(st)): float(v) for (k, st), v in dur[comp].groupby([tl["kind"][comp], tl["stage"][comp]]).max().items()}
+        S = schedule.num_stages
+        fwd = tuple(per.get(("F", st), 0.0) for st in range(S))
+        bwd = tuple(per.get(("B", st), 0.0) for st in range(S))
+        links = {(str(r.kind), int(r.stage), int(r.src), int(r.dst)): float(r.end - r.start)
+                 for r in tl[~comp].itertuples(index=False)
+                 if r.kind in ("send_act", "send_grad", "fetch_weights")}
+        return cls(fwd, bwd,
+                   transfer_ms=lambda st, d, a, b: links.get(("send_act", st - 1, a, b) if d == "forward"
+                                                             else ("send_grad", st + 1, a, b), 0.0),
+                   fetch_ms=lambda st, a, b: links.get(("fetch_weights", st, a, b), 0.0))
 
     def duration(self, s: int, d: str) -> float:
         return self.fwd_ms[s] if d == "forward" else self.bwd_ms[s]
@@ -223,6 +251,7 @@ def frontier_schedule(w: Placement, stages: int, batches: int, workers: int, pri
     chains = [chain(S, b) for b in range(B)]
     nxt, pred_end, pred_worker = [0] * B, [0.0] * B, [None] * B
     free, last_start = [0.0] * W, [0.0] * W
+    link_free: dict[tuple[int, int], float] = {}  # weight fetches: one at a time per (owner, worker) link
     rows = []
     for _ in range(2 * S * B):
         best = None
@@ -232,14 +261,19 @@ def frontier_schedule(w: Placement, stages: int, batches: int, workers: int, pri
             s, _, d = job = chains[b][nxt[b]]
             cw, ow = place[job]
             ready = pred_end[b] + (c.transfer(s, d, pred_worker[b], cw) if pred_worker[b] is not None else 0.0)
-            start = max(free[cw], ready, last_start[cw] + c.fetch(s, ow, cw))
-            cand = (start + c.duration(s, d), key(*job), start, job)
+            fetched = 0.0
+            if ow != cw:
+                fetched = max(last_start[cw], link_free.get((ow, cw), 0.0)) + c.fetch(s, ow, cw)
+            start = max(free[cw], ready, fetched)
+            cand = (start + c.duration(s, d), key(*job), start, job, fetched)
             if best is None or cand[:2] < best[:2]:
                 best = cand
-        end, _, start, (s, b, d) = best
+        end, _, start, (s, b, d), fetched = best
         cw, ow = place[(s, b, d)]
         rows.append((cw, s, b, "F" if d == "forward" else "B", start, end, ow))
         free[cw], last_start[cw] = end, start
+        if ow != cw:
+            link_free[(ow, cw)] = fetched
         nxt[b] += 1
         pred_end[b], pred_worker[b] = end, cw
     df = pd.DataFrame(rows, columns=["worker", "stage", "microbatch", "kind", "start", "end", "weights_worker"])

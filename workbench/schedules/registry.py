@@ -71,6 +71,7 @@ class ScheduleSpec:
     stages_per_worker: int | str = 1
     microbatches: str = "per step"  # or "in total": what the microbatch count of build() counts
     family: str = "pipeline"  # pipeline | data-parallel | master | custom
+    data_parallel_plan: bool = False  # a one-stage replicated plan is a legitimate input (PipeDream's DP)
 
     @property
     def takes_workers(self) -> bool:
@@ -131,7 +132,8 @@ def _options_of(fn: Callable, helps: dict, choices: dict) -> tuple[Option, ...]:
 
 
 def register(name: str, *, description: str, source: str, options: dict | None = None, choices: dict | None = None,
-             stages_per_worker: int | str = 1, microbatches: str = "per step", family: str = "pipeline"):
+             stages_per_worker: int | str = 1, microbatches: str = "per step", family: str = "pipeline",
+             data_parallel_plan: bool = False):
     """Decorator: register generator ``fn(plan_or_stage_count, microbatches, **options) -> Schedule``
     as schedule ``name`` (see module docstring). Returns ``fn`` unchanged."""
     if "\n" in description or not description or not source:
@@ -141,7 +143,7 @@ def register(name: str, *, description: str, source: str, options: dict | None =
         if name in REGISTRY and REGISTRY[name].build is not fn:
             raise ValueError(f"schedule {name!r} is registered twice ({REGISTRY[name].build.__module__} and {fn.__module__})")
         REGISTRY[name] = ScheduleSpec(name, fn, description, source, _options_of(fn, options or {}, choices or {}),
-                                      stages_per_worker, microbatches, family)
+                                      stages_per_worker, microbatches, family, data_parallel_plan)
         return fn
 
     return deco
