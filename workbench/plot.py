@@ -102,6 +102,14 @@ def _traces(tl: pd.DataFrame, row_label: pd.Series, showlegend: bool = True, gro
     return traces
 
 
+def timeline_traces(timeline: pd.DataFrame, max_ops: int = MAX_OPS) -> tuple[list[go.Bar], list[str]]:
+    """The traces :func:`timeline_figure` draws (one per op kind) and its row order (top first):
+    for updating an existing figure's data in place (``workbench.widgets``)."""
+    tl = _cap(_check(timeline), max_ops)
+    order, label = _rows(tl)
+    return _traces(tl, label), order
+
+
 def timeline_figure(timeline: pd.DataFrame, title: str | None = None, max_ops: int = MAX_OPS) -> go.Figure:
     """Gantt chart of ``timeline`` (see module docstring); one trace per op kind."""
     tl = _cap(_check(timeline), max_ops)

@@ -1,0 +1,240 @@
+"""What the widgets compute, without any widget: settings -> plan -> schedule -> simulation.
+
+Every figure a widget shows is read from the one cost model through the small accessors below
+(:func:`predicted_ms`, :func:`in_flight`, :func:`simulated_ms_per_minibatch`, :func:`bubble`,
+:func:`worker_memory_bytes`); none computes a time of its own. :func:`modeled_plan` prices a
+*manual* plan with the partitioner's own formulas (``workbench.partition``, module docstring):
+
+    T(i->j, m) = max( sum_l (fwd_l + bwd_l),  2 (m-1)/m * sum_l w_l / B_ring * 1000 ) / m
+    c(s)       = 2 a_s / B_cut * 1000
+
+with ``B_ring`` the slowest link among the stage's replicas and ``B_cut`` the slowest link between
+the two stages' workers; on a one-level topology this is exactly the DP's objective (a test checks
+that the optimizer's plan prices to its own ``bottleneck_ms``).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from .. import schedules
+from ..partition import _allreduce_ms_per_byte, data_parallel_ms, partition
+from ..plan import Plan, Stage
+from ..profiler import Profile
+from ..simulate import SimResult, default_microbatch_fraction, simulate
+from ..topology import Topology
+
+#: schedules that take a (possibly replicated) Plan; the ones with a flush take ``per_step``
+PLAN_SCHEDULES = ("pipedream", "pipedream-2bw", "pipedream-flush", "gpipe", "zb-h1", "model-parallel")
+FLUSH_SCHEDULES = ("pipedream-flush", "gpipe", "zb-h1")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One state of the tuner's controls. ``levels`` = ((workers, bytes/s), ...) innermost first;
+    ``per_step``: microbatches in flight per flush (gpipe, flush, zb-h1) or per update (2BW)."""
+
+    levels: tuple[tuple[int, float], ...] = ((8, 12e9),)
+    memory_bytes: float | None = None
+    straight: bool = False
+    schedule: str = "pipedream"
+    microbatches: int = 16
+    per_step: int = 4
+
+    @property
+    def topology(self) -> Topology:
+        return Topology(tuple(self.levels))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The optimizer's plan, the plan shown (manual or the optimizer's) and its simulation."""
+
+    best: Plan | None
+    plan: Plan
+    schedule: schedules.Schedule
+    sim: SimResult
+    manual: bool
+
+
+# ---- accessors: the one cost model's figures ------------------------------------------------
+def predicted_ms(plan: Plan) -> float:
+    """The plan's modeled time per minibatch (PipeDream's bottleneck objective)."""
+    return float(plan.bottleneck_ms)
+
+
+def in_flight(plan: Plan) -> int:
+    """Minibatches in flight at the input stage in steady state (NOAM = ceil(W / r_0))."""
+    return int(plan.noam)
+
+
+def simulated_ms_per_minibatch(res: SimResult) -> float:
+    """Simulated time per minibatch: ``t / n`` with ``t`` the simulator's steady spacing of one
+    worker's updates (``steady_iteration_time``; the mean iteration time when there is one step)
+    and ``n`` the minibatches all workers finish per update (input-stage forwards x microbatch
+    fraction / steps)."""
+    m, sched = res.metrics, res.schedule
+    inputs = sum(1 for _, op in sched if op.kind == "F" and op.stage == 0)
+    per_step = inputs * default_microbatch_fraction(sched) / max(1, m["steps"])
+    t = m["steady_iteration_time"]
+    if not math.isfinite(t):
+        t = m["iteration_time"]
+    return float(t / per_step)
+
+
+def bubble(res: SimResult) -> float:
+    """Mean over workers of the simulator's bubble fraction ``1 - busy_w / makespan``."""
+    return float(np.mean(res.metrics["bubble_fraction"]))
+
+
+def stage_param_bytes(profile: Profile, plan: Plan) -> list[float]:
+    w = profile.layers["param_bytes"].to_numpy(float)
+    return [float(w[s.first:s.last + 1].sum()) for s in plan.stages]
+
+
+def worker_memory_bytes(res: SimResult, profile: Profile, plan: Plan) -> list[float]:
+    """Simulated peak memory per worker: stashed activations (``peak_activation_bytes``) plus the
+    weight versions alive at once (``weight_versions``) times the parameter bytes it holds."""
+    params = stage_param_bytes(profile, plan)
+    held = [0.0] * res.schedule.num_workers
+    for s, ws in enumerate(res.schedule.stage_workers):
+        for w in ws:
+            held[w] += params[s]
+    acts = res.metrics["peak_activation_bytes"]
+    vers = res.metrics["weight_versions"]
+    return [float(a + v * h) for a, v, h in zip(acts, vers, held)]
+
+
+def samples_per_s(ms_per_minibatch: float, profile: Profile) -> float:
+    """Throughput in samples/s when the profile records its minibatch size, else NaN."""
+    meta = profile.meta or {}
+    bs = meta.get("batch_size") or meta.get("batch_size_if_imagenet")
+    return float(bs) / ms_per_minibatch * 1e3 if bs else math.nan
+
+
+# ---- manual plans ---------------------------------------------------------------------------
+def _ints(text: str, what: str) -> list[int]:
+    parts = [p for p in re.split(r"[,\s]+", str(text).strip()) if p]
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"{what} must be whole numbers separated by commas, e.g. '9, 19, 39'; got {text!r}") from None
+
+
+def parse_manual(text_lasts: str, text_replicas: str, layers: int, workers: int) -> Plan:
+    """A plan from "last layer of each stage" and "replicas per stage" (comma-separated); a clear
+    ValueError saying how to fix it otherwise."""
+    lasts = _ints(text_lasts, "stage boundaries")
+    if not lasts:
+        raise ValueError(f"give the last layer of each stage, e.g. '{layers // 2 - 1}, {layers - 1}'")
+    if lasts[-1] != layers - 1:
+        raise ValueError(f"the last stage must end at layer {layers - 1} (the model has {layers} layers, 0-based); "
+                         f"got {lasts[-1]}")
+    for a, b in zip([-1] + lasts, lasts):
+        if b <= a:
+            raise ValueError(f"stage boundaries must increase and each stage needs a layer: {b} after {a}")
+    reps = _ints(text_replicas, "replicas") if str(text_replicas).strip() else [1] * len(lasts)
+    if len(reps) != len(lasts):
+        raise ValueError(f"{len(lasts)} stages but {len(reps)} replica counts; give one per stage")
+    if any(r < 1 for r in reps):
+        raise ValueError(f"every stage needs at least one replica; got {reps}")
+    if sum(reps) > workers:
+        raise ValueError(f"the stages use {sum(reps)} workers but the topology has {workers}; "
+                         f"lower the replicas or add workers")
+    return Plan.from_boundaries(lasts, reps, method="manual")
+
+
+def modeled_plan(profile: Profile, plan: Plan, topology: Topology) -> Plan:
+    """``plan`` with stage times, cuts and bottleneck from the partitioner's formulas (module docstring)."""
+    df = profile.layers
+    C = (df["fwd_ms"] + df["bwd_ms"]).to_numpy(float)
+    Wb = df["param_bytes"].to_numpy(float)
+    A = df["act_bytes"].to_numpy(float)
+    if plan.num_layers != len(C):
+        raise ValueError(f"the plan covers {plan.num_layers} layers but the profile has {len(C)}")
+    if plan.num_workers > topology.num_workers:
+        raise ValueError(f"the plan uses {plan.num_workers} workers but the topology has {topology.num_workers}")
+    stages, cuts = [], []
+    for k, s in enumerate(plan.stages):
+        m, ws = s.replicas, s.workers
+        ring = min((topology.bandwidth_between(ws[i], ws[(i + 1) % m]) for i in range(m)), default=math.inf) \
+            if m > 1 else math.inf
+        ar = float(_allreduce_ms_per_byte(m, ring) * Wb[s.first:s.last + 1].sum()) if m > 1 else 0.0
+        stages.append(replace(s, time_ms=max(float(C[s.first:s.last + 1].sum()), ar) / m))
+        if k + 1 < plan.num_stages:
+            nxt = plan.stages[k + 1].workers
+            bw = min(topology.bandwidth_between(a, b) for a in ws for b in nxt)
+            cuts.append([int(s.last), int(topology.level_between(ws[-1], nxt[0])), float(2 * A[s.last] / bw * 1e3)])
+    bottleneck = max([st.time_ms for st in stages] + [c[2] for c in cuts])
+    meta = dict(plan.meta) | {"topology": topology.to_list(), "cuts": cuts,
+                              "cost_model": "PipeDream SOSP'19 §3.1 formulas applied to a manual plan"}
+    return Plan(tuple(stages), bottleneck_ms=bottleneck, single_worker_ms=float(C.sum()),
+                data_parallel_ms=data_parallel_ms(profile, topology), method=plan.method, meta=meta)
+
+
+def stage_table(plan: Plan, profile: Profile) -> pd.DataFrame:
+    """Per stage: layers, replicas, compute and all-reduce ms per minibatch per replica (the terms
+    of T), the cut after it, modeled stage time; all from the plan's cost model."""
+    df = profile.layers
+    C = (df["fwd_ms"] + df["bwd_ms"]).to_numpy(float)
+    cut_after = {int(a): float(t) for a, _, t in plan.meta.get("cuts", [])}
+    rows = []
+    for k, s in enumerate(plan.stages):
+        compute = float(C[s.first:s.last + 1].sum()) / s.replicas
+        rows.append({"stage": k, "layers": f"{s.first}-{s.last}", "replicas": s.replicas,
+                     "compute_ms": compute, "stage_ms": s.time_ms,
+                     "comm_ms": max(0.0, s.time_ms - compute) if math.isfinite(s.time_ms) else math.nan,
+                     "cut_ms": cut_after.get(s.last, 0.0)})
+    return pd.DataFrame(rows).set_index("stage")
+
+
+# ---- one update -------------------------------------------------------------------------------
+def optimize(profile: Profile, st: Settings) -> Plan:
+    """PipeDream's DP for these settings (all workers; a straight pipeline may use fewer)."""
+    return partition(profile, st.topology, straight=st.straight, memory_bytes=st.memory_bytes,
+                     use_fewer_workers=st.straight)
+
+
+def build_schedule(plan: Plan, st: Settings) -> schedules.Schedule:
+    """The chosen schedule for ``plan``: ``microbatches`` in total; flush schedules run them in
+    groups of ``per_step`` (one flush each), 2BW updates every ``per_step`` microbatches."""
+    name, M, k = st.schedule, int(st.microbatches), int(st.per_step)
+    if name not in PLAN_SCHEDULES:
+        raise ValueError(f"schedule {name!r} does not take a plan; choose one of {', '.join(PLAN_SCHEDULES)}")
+    if M < 1 or k < 1:
+        raise ValueError("microbatches and microbatches per step must be >= 1")
+    if name in FLUSH_SCHEDULES:
+        if M % k:
+            raise ValueError(f"{name}: {M} microbatches do not split into flushes of {k}; make microbatches a "
+                             f"multiple of the per-step count")
+        return schedules.build(name, plan, k, steps=M // k)
+    if name == "pipedream-2bw":
+        return schedules.build(name, plan, M, microbatches_per_step=k)
+    return schedules.build(name, plan, M)
+
+
+def run_settings(profile: Profile, st: Settings, manual: Plan | None = None, best: Plan | None = None) -> Outcome:
+    """Re-partition (unless ``best`` is given), price the manual plan if any, build the schedule
+    and simulate it on the settings' topology with the profile's costs."""
+    topo = st.topology
+    if best is None:
+        best = optimize(profile, st)
+    plan = best if manual is None else modeled_plan(profile, manual, topo)
+    sched = build_schedule(plan, st)
+    sim = simulate(sched, profile=profile, plan=plan, topology=topo)
+    return Outcome(best, plan, sched, sim, manual is not None)
+
+
+def summary_rows(plan: Plan, sim: SimResult, profile: Profile, memory_bytes: float | None) -> dict:
+    """The figures shown for one plan (predicted, simulated, throughput, bubble, peak memory)."""
+    ms = simulated_ms_per_minibatch(sim)
+    mem = worker_memory_bytes(sim, profile, plan)
+    return {"stages": plan.num_stages, "workers": plan.num_workers, "in flight (NOAM)": in_flight(plan),
+            "predicted ms/minibatch": predicted_ms(plan), "simulated ms/minibatch": ms,
+            "samples/s (simulated)": samples_per_s(ms, profile), "bubble (simulated)": bubble(sim),
+            "peak memory GB (simulated)": max(mem) / 1e9,
+            "fits memory": "n/a" if not memory_bytes else ("yes" if max(mem) <= memory_bytes else "NO")}

@@ -1,0 +1,94 @@
+"""Plotly ``FigureWidget`` s that are built once and then updated in place.
+
+A fresh plotly figure costs 85-140 ms to build and makes the notebook flicker; these figures keep
+a fixed set of traces (one per op kind for timelines, one per bar series for stages) and a change
+only replaces their data inside ``fig.batch_update()`` (one message to the browser).
+"""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ..plot import timeline_traces
+
+#: every op kind a timeline can hold: compute kinds (AR: a measured all-reduce on the compute
+#: stream), then communication kinds (simulate.COMM_KINDS)
+TIMELINE_KINDS = ("F", "B", "BI", "BW", "STEP", "AR", "send_act", "send_grad", "allreduce", "fetch_weights", "send_wgrad")
+_COPY = ("x", "base", "y", "marker", "text", "customdata", "hovertemplate", "textposition", "insidetextanchor")
+_FONT = dict(family="Inter, Helvetica, Arial, sans-serif", size=12)
+
+
+def timeline_widget(title: str, time_unit: str = "ms") -> go.FigureWidget:
+    """An empty Gantt ``FigureWidget`` with one bar trace per kind of :data:`TIMELINE_KINDS`."""
+    traces = [go.Bar(x=[], base=[], y=[], orientation="h", name=k, legendgroup=k, visible=False)
+              for k in TIMELINE_KINDS]
+    fig = go.FigureWidget(traces)
+    fig.update_layout(barmode="overlay", bargap=0.15, title=dict(text=title, x=0.01, font=dict(size=14)),
+                      xaxis_title=f"time ({time_unit})", legend_title_text="op kind", height=300,
+                      margin=dict(l=70, r=20, t=50, b=45), font=_FONT, template="plotly_white",
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1.0, xanchor="right"))
+    fig.update_yaxes(type="category")
+    return fig
+
+
+def update_timeline(fig: go.FigureWidget, timeline: pd.DataFrame, title: str) -> None:
+    """Replace the data of ``fig`` (from :func:`timeline_widget`) by ``timeline``'s ops, in place."""
+    new, order = timeline_traces(timeline)
+    by_name = {t.name: t for t in new}
+    unknown = set(by_name) - set(TIMELINE_KINDS)
+    if unknown:
+        raise ValueError(f"timeline has op kinds {sorted(unknown)} that the widget does not draw")
+    with fig.batch_update():
+        for tr in fig.data:
+            src = by_name.get(tr.name)
+            if src is None:
+                tr.update(x=[], base=[], y=[], customdata=None, text=None, visible=False)
+                continue
+            tr.update({k: src[k] for k in _COPY}, visible=True)
+        fig.layout.title.text = title
+        fig.layout.height = max(260, 24 * len(order) + 130)
+        fig.layout.yaxis.categoryarray = order[::-1]
+        fig.layout.yaxis.categoryorder = "array"
+        fig.layout.xaxis.autorange = True
+
+
+def stage_widget(memory_title: str = "peak memory per worker (GB, simulated)") -> go.FigureWidget:
+    """Per-stage time bars (compute, all-reduce, cut) beside per-worker memory against the limit."""
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1,
+                        subplot_titles=("time per minibatch per stage (ms, modeled)", memory_title))
+    for name, color in (("compute", "#4C78A8"), ("all-reduce", "#F58518"), ("cut to next stage", "#54A24B")):
+        fig.add_trace(go.Bar(x=[], y=[], name=name, marker_color=color, legendgroup="time"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=[], y=[], name="bottleneck (predicted)", mode="lines",
+                             line=dict(color="#444", dash="dot", width=1.5), legendgroup="time"), row=1, col=1)
+    fig.add_trace(go.Bar(x=[], y=[], name="memory", marker_color="#72B7B2", legendgroup="mem"), row=1, col=2)
+    fig.add_trace(go.Scatter(x=[], y=[], name="memory limit", mode="lines", line=dict(color="#E45756", dash="dash"),
+                             legendgroup="mem"), row=1, col=2)
+    w = go.FigureWidget(fig)
+    w.update_layout(barmode="group", height=300, margin=dict(l=60, r=20, t=60, b=45), font=_FONT,
+                    template="plotly_white", legend=dict(orientation="h", y=-0.25, x=0))
+    w.update_xaxes(title_text="stage", type="category", row=1, col=1)
+    w.update_xaxes(title_text="worker", type="category", row=1, col=2)
+    w.update_yaxes(title_text="ms", row=1, col=1)
+    w.update_yaxes(title_text="GB", row=1, col=2)
+    return w
+
+
+def update_stages(fig: go.FigureWidget, table: pd.DataFrame, memory_bytes: list[float],
+                  limit_bytes: float | None, bottleneck_ms: float) -> None:
+    """``table`` from :func:`core.stage_table`; ``memory_bytes`` per worker; the limit as a line."""
+    stages = [str(s) for s in table.index]
+    ar = (table["stage_ms"] - table["compute_ms"]).clip(lower=0)
+    ar = ar.where(ar > 1e-9 * table["stage_ms"].abs().max(), 0.0)
+    workers = [str(w) for w in range(len(memory_bytes))]
+    gb = [m / 1e9 for m in memory_bytes]
+    over = limit_bytes is not None and limit_bytes > 0
+    colors = ["#E45756" if over and m > limit_bytes else "#72B7B2" for m in memory_bytes]
+    with fig.batch_update():
+        fig.data[0].update(x=stages, y=table["compute_ms"].tolist())
+        fig.data[1].update(x=stages, y=ar.tolist())
+        fig.data[2].update(x=stages, y=table["cut_ms"].tolist())
+        fig.data[3].update(x=stages, y=[bottleneck_ms] * len(stages))
+        fig.data[4].update(x=workers, y=gb, marker_color=colors)
+        fig.data[5].update(x=workers if over else [], y=[limit_bytes / 1e9] * len(workers) if over else [],
+                           visible=bool(over))
