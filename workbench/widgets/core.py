@@ -187,9 +187,18 @@ def stage_table(plan: Plan, profile: Profile) -> pd.DataFrame:
         compute = float(C[s.first:s.last + 1].sum()) / s.replicas
         rows.append({"stage": k, "layers": f"{s.first}-{s.last}", "replicas": s.replicas,
                      "compute_ms": compute, "stage_ms": s.time_ms,
-                     "comm_ms": max(0.0, s.time_ms - compute) if math.isfinite(s.time_ms) else math.nan,
+                     "comm_ms": _excess(s.time_ms, compute),
                      "cut_ms": cut_after.get(s.last, 0.0)})
     return pd.DataFrame(rows).set_index("stage")
+
+
+def _excess(stage_ms: float, compute_ms: float) -> float:
+    """How much the stage time exceeds its compute (the all-reduce term of T when it dominates);
+    rounding noise below 1e-9 relative is 0."""
+    if not math.isfinite(stage_ms):
+        return math.nan
+    d = stage_ms - compute_ms
+    return d if d > 1e-9 * max(abs(stage_ms), 1e-300) else 0.0
 
 
 # ---- one update -------------------------------------------------------------------------------

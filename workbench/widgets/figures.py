@@ -32,25 +32,30 @@ def timeline_widget(title: str, time_unit: str = "ms") -> go.FigureWidget:
     return fig
 
 
+def _plain(v):
+    return v.tolist() if hasattr(v, "tolist") else v
+
+
 def update_timeline(fig: go.FigureWidget, timeline: pd.DataFrame, title: str) -> None:
-    """Replace the data of ``fig`` (from :func:`timeline_widget`) by ``timeline``'s ops, in place."""
-    new, order = timeline_traces(timeline)
-    by_name = {t.name: t for t in new}
+    """Replace the data of ``fig`` (from :func:`timeline_widget`) by ``timeline``'s ops, in place:
+    one ``plotly_update`` (restyle of every kind's trace + relayout), which writes the new arrays
+    without building figure objects (the specs come from :func:`workbench.plot.timeline_traces`,
+    the same drawing as :func:`~workbench.plot.timeline_figure`)."""
+    specs, order = timeline_traces(timeline)
+    by_name = {s["name"]: s for s in specs}
     unknown = set(by_name) - set(TIMELINE_KINDS)
     if unknown:
         raise ValueError(f"timeline has op kinds {sorted(unknown)} that the widget does not draw")
-    with fig.batch_update():
-        for tr in fig.data:
-            src = by_name.get(tr.name)
-            if src is None:
-                tr.update(x=[], base=[], y=[], customdata=None, text=None, visible=False)
-                continue
-            tr.update({k: src[k] for k in _COPY}, visible=True)
-        fig.layout.title.text = title
-        fig.layout.height = max(260, 24 * len(order) + 130)
-        fig.layout.yaxis.categoryarray = order[::-1]
-        fig.layout.yaxis.categoryorder = "array"
-        fig.layout.xaxis.autorange = True
+    names = [tr.name for tr in fig.data]
+    empty = dict(x=[], base=[], y=[], customdata=[], text=None, marker={}, hovertemplate=None, visible=False)
+    restyle = {k: [] for k in _COPY + ("visible",)}
+    for name in names:
+        spec = by_name.get(name)
+        for k in restyle:
+            restyle[k].append(empty.get(k) if spec is None else (True if k == "visible" else _plain(spec.get(k))))
+    relayout = {"title.text": title, "height": max(260, 24 * len(order) + 130), "yaxis.categoryarray": order[::-1],
+                "yaxis.categoryorder": "array", "xaxis.autorange": True}
+    fig.plotly_update(restyle_data=restyle, relayout_data=relayout, trace_indexes=list(range(len(names))))
 
 
 def stage_widget(memory_title: str = "peak memory per worker (GB, simulated)") -> go.FigureWidget:
@@ -78,17 +83,14 @@ def update_stages(fig: go.FigureWidget, table: pd.DataFrame, memory_bytes: list[
                   limit_bytes: float | None, bottleneck_ms: float) -> None:
     """``table`` from :func:`core.stage_table`; ``memory_bytes`` per worker; the limit as a line."""
     stages = [str(s) for s in table.index]
-    ar = (table["stage_ms"] - table["compute_ms"]).clip(lower=0)
-    ar = ar.where(ar > 1e-9 * table["stage_ms"].abs().max(), 0.0)
+    ar = table["comm_ms"]
     workers = [str(w) for w in range(len(memory_bytes))]
     gb = [m / 1e9 for m in memory_bytes]
     over = limit_bytes is not None and limit_bytes > 0
     colors = ["#E45756" if over and m > limit_bytes else "#72B7B2" for m in memory_bytes]
-    with fig.batch_update():
-        fig.data[0].update(x=stages, y=table["compute_ms"].tolist())
-        fig.data[1].update(x=stages, y=ar.tolist())
-        fig.data[2].update(x=stages, y=table["cut_ms"].tolist())
-        fig.data[3].update(x=stages, y=[bottleneck_ms] * len(stages))
-        fig.data[4].update(x=workers, y=gb, marker_color=colors)
-        fig.data[5].update(x=workers if over else [], y=[limit_bytes / 1e9] * len(workers) if over else [],
-                           visible=bool(over))
+    xs = [stages, stages, stages, stages, workers, workers if over else []]
+    ys = [table["compute_ms"].tolist(), ar.tolist(), table["cut_ms"].tolist(), [bottleneck_ms] * len(stages), gb,
+          [limit_bytes / 1e9] * len(workers) if over else []]
+    restyle = {"x": xs, "y": ys, "visible": [True] * 5 + [bool(over)]}
+    fig.plotly_update(restyle_data=restyle, trace_indexes=list(range(6)))
+    fig.plotly_update(restyle_data={"marker.color": [colors]}, trace_indexes=[4])
