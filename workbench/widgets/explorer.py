@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from .. import schedules
 from ..display import card
 from ..simulate import SimResult, simulate
-from .figures import _FONT, timeline_widget, update_timeline
+from .figures import _FONT, timeline_widget, update_timeline, widget
 
 _WORKER_ARG = ("dp-bsp", "dp-asp", "ddp", "fsdp", "pp", "lpp", "fslpp")
 
@@ -84,10 +84,10 @@ class ScheduleExplorer:
                                            description="communication per message (units)",
                                            layout=W.Layout(width="290px"))
         self.chunks = W.IntSlider(value=2, min=1, max=8, description="chunks (interleaved)", style=style,
-                                  continuous_update=False)
-        self.stats = W.HTML()
+                                  continuous_update=False, layout=W.Layout(width="260px"))
+        self.stats = W.HTML(layout=W.Layout(width="520px"))
         self.timeline_fig = timeline_widget("timeline", "units")
-        self.memory_fig = go.FigureWidget(go.Bar(x=[], y=[], marker_color="#72B7B2", name="peak activations"))
+        self.memory_fig = go.Figure(go.Bar(x=[], y=[], marker_color="#72B7B2", name="peak activations"))
         self.memory_fig.update_layout(title=dict(text="peak stashed activations per worker (microbatches)", x=0.01,
                                                  font=dict(size=13)),
                                       height=240, width=420, margin=dict(l=50, r=10, t=45, b=40), font=_FONT,
@@ -96,15 +96,16 @@ class ScheduleExplorer:
         self.result: SimResult | None = None
         for w in (self.schedule, self.stages, self.microbatches, self.fwd, self.bwd, self.transfer, self.chunks):
             w.observe(lambda _: self.update(), names="value")
+        self.update()  # the first draw goes into plain figures, which become widgets complete
+        self.memory_fig, self.timeline_fig = widget(self.memory_fig), widget(self.timeline_fig)
         self.ui = W.VBox([
             W.HTML("<h3 style='margin:4px 0'>Schedule explorer</h3><div style='color:#555'>Unit costs, "
                    "identical stages, <b>modeled</b> by the discrete-event simulator.</div>"),
-            W.HBox([self.schedule, self.stages, self.microbatches]),
-            W.HBox([self.fwd, self.bwd, self.transfer, self.chunks]),
+            W.HBox([self.schedule, self.stages, self.microbatches, self.chunks]),
+            W.HBox([self.fwd, self.bwd, self.transfer]),
             W.HBox([self.stats, self.memory_fig]),
             self.timeline_fig,
         ])
-        self.update()
 
     def _ipython_display_(self):
         from IPython.display import display
@@ -138,8 +139,7 @@ class ScheduleExplorer:
                  ("weight versions (max)", max(m["weight_versions"]), "")]
         self.stats.value = card(f"{name}: {schedules.DESCRIPTIONS[name]}", rows,
                                 label=f"{res.label}; F={f:g}, B={b:g}, comm={c:g} units")
-        with self.memory_fig.batch_update():
-            self.memory_fig.data[0].update(x=[str(w) for w in range(len(m["peak_activations"]))],
-                                           y=m["peak_activations"])
+        self.memory_fig.plotly_update(restyle_data={"x": [[str(w) for w in range(len(m["peak_activations"]))]],
+                                                    "y": [list(m["peak_activations"])]}, trace_indexes=[0])
         update_timeline(self.timeline_fig, res.timeline, f"{name}: {S} workers, {M} microbatches (modeled, units)")
         return res

@@ -2,7 +2,12 @@
 
 A fresh plotly figure costs 85-140 ms to build and makes the notebook flicker; these figures keep
 a fixed set of traces (one per op kind for timelines, one per bar series for stages) and a change
-only replaces their data inside ``fig.batch_update()`` (one message to the browser).
+only replaces their data with one ``plotly_update`` (one message to the browser).
+
+Figures are first built and drawn as plain ``go.Figure`` s and then wrapped by :func:`widget`,
+whose comm opens with the complete figure: plotly's ``FigureWidget`` otherwise opens its comm
+empty and sends the figure in a second message, which a loaded browser can apply after the view
+rendered (its ``do_data`` is a no-op), leaving an empty plot.
 """
 from __future__ import annotations
 
@@ -19,13 +24,33 @@ _COPY = ("x", "base", "y", "marker", "text", "customdata", "hovertemplate", "tex
 _FONT = dict(family="Inter, Helvetica, Arial, sans-serif", size=12)
 
 
-def timeline_widget(title: str, time_unit: str = "ms") -> go.FigureWidget:
-    """An empty Gantt ``FigureWidget`` with one bar trace per kind of :data:`TIMELINE_KINDS`."""
+class _FullStateFigureWidget(go.FigureWidget):
+    """A ``FigureWidget`` whose comm opens after the figure is set (see the module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        self._defer_open = True
+        super().__init__(*args, **kwargs)
+        self._defer_open = False
+        self.open()
+
+    def open(self):
+        if not getattr(self, "_defer_open", False):
+            super().open()
+
+
+def widget(fig: go.Figure) -> go.FigureWidget:
+    """``fig`` as a ``FigureWidget`` that the browser receives complete in one message."""
+    return _FullStateFigureWidget(fig)
+
+
+def timeline_widget(title: str, time_unit: str = "ms", width: int = 980) -> go.Figure:
+    """An empty Gantt figure with one bar trace per kind of :data:`TIMELINE_KINDS` (wrap it
+    with :func:`widget` after the first :func:`update_timeline`)."""
     traces = [go.Bar(x=[], base=[], y=[], orientation="h", name=k, legendgroup=k, visible=False)
               for k in TIMELINE_KINDS]
-    fig = go.FigureWidget(traces)
+    fig = go.Figure(traces)
     fig.update_layout(barmode="overlay", bargap=0.15, title=dict(text=title, x=0.01, font=dict(size=14)),
-                      xaxis_title=f"time ({time_unit})", legend_title_text="op kind", height=300,
+                      xaxis_title=f"time ({time_unit})", legend_title_text="op kind", height=300, width=width,
                       margin=dict(l=70, r=20, t=50, b=45), font=_FONT, template="plotly_white",
                       legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1.0, xanchor="right"))
     fig.update_yaxes(type="category")
@@ -36,7 +61,7 @@ def _plain(v):
     return v.tolist() if hasattr(v, "tolist") else v
 
 
-def update_timeline(fig: go.FigureWidget, timeline: pd.DataFrame, title: str) -> None:
+def update_timeline(fig: go.Figure, timeline: pd.DataFrame, title: str) -> None:
     """Replace the data of ``fig`` (from :func:`timeline_widget`) by ``timeline``'s ops, in place:
     one ``plotly_update`` (restyle of every kind's trace + relayout), which writes the new arrays
     without building figure objects (the specs come from :func:`workbench.plot.timeline_traces`,
@@ -58,7 +83,7 @@ def update_timeline(fig: go.FigureWidget, timeline: pd.DataFrame, title: str) ->
     fig.plotly_update(restyle_data=restyle, relayout_data=relayout, trace_indexes=list(range(len(names))))
 
 
-def stage_widget(memory_title: str = "peak memory per worker (GB, simulated)") -> go.FigureWidget:
+def stage_widget(memory_title: str = "peak memory per worker (GB, simulated)") -> go.Figure:
     """Per-stage time bars (compute, all-reduce, cut) beside per-worker memory against the limit."""
     fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1,
                         subplot_titles=("time per minibatch per stage (ms, modeled)", memory_title))
@@ -69,9 +94,9 @@ def stage_widget(memory_title: str = "peak memory per worker (GB, simulated)") -
     fig.add_trace(go.Bar(x=[], y=[], name="memory", marker_color="#72B7B2", legendgroup="mem"), row=1, col=2)
     fig.add_trace(go.Scatter(x=[], y=[], name="memory limit", mode="lines", line=dict(color="#E45756", dash="dash"),
                              legendgroup="mem"), row=1, col=2)
-    w = go.FigureWidget(fig)
-    w.update_layout(barmode="group", height=300, margin=dict(l=60, r=20, t=60, b=45), font=_FONT,
-                    template="plotly_white", legend=dict(orientation="h", y=-0.25, x=0))
+    w = fig
+    w.update_layout(barmode="group", height=320, width=980, margin=dict(l=60, r=20, t=40, b=45), font=_FONT,
+                    template="plotly_white", legend=dict(orientation="v", x=1.02, y=1))
     w.update_xaxes(title_text="stage", type="category", row=1, col=1)
     w.update_xaxes(title_text="worker", type="category", row=1, col=2)
     w.update_yaxes(title_text="ms", row=1, col=1)
@@ -79,7 +104,7 @@ def stage_widget(memory_title: str = "peak memory per worker (GB, simulated)") -
     return w
 
 
-def update_stages(fig: go.FigureWidget, table: pd.DataFrame, memory_bytes: list[float],
+def update_stages(fig: go.Figure, table: pd.DataFrame, memory_bytes: list[float],
                   limit_bytes: float | None, bottleneck_ms: float) -> None:
     """``table`` from :func:`core.stage_table`; ``memory_bytes`` per worker; the limit as a line."""
     stages = [str(s) for s in table.index]

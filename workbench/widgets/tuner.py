@@ -15,6 +15,7 @@ from pathlib import Path
 
 import ipywidgets as W
 import pandas as pd
+import plotly.graph_objects as go
 
 from .. import models as zoo
 from ..display import card
@@ -24,7 +25,7 @@ from ..plan import Plan
 from ..profiler import Profile, profile as measure_profile
 from ..topology import Topology
 from . import core
-from .figures import stage_widget, timeline_widget, update_stages, update_timeline
+from .figures import stage_widget, timeline_widget, update_stages, update_timeline, widget
 
 MEASURABLE = ("mlp", "vgg16", "alexnet")  # zoo models small enough ("mini") to profile here in seconds
 _LEVEL_NAMES = ("inside a server", "between servers", "between racks")
@@ -56,10 +57,15 @@ class PartitionTuner:
         self._best_key = None
         self._busy = False
         self._build_controls(schedule, microbatches, per_step, memory_gb, straight)
-        self._build_outputs()
+        self.cards = W.HTML(layout=W.Layout(width="auto"))
+        self.export_msg = W.HTML()
+        self.stages_fig, self.timeline_fig = stage_widget(), timeline_widget("simulated timeline")
+        self.measured_fig: go.FigureWidget | None = None
         self.profile = self._initial_profile(profile_or_model)
         self._reset_manual()
-        self.update()
+        self.update()  # the first draw goes into plain figures, which become widgets complete
+        self.stages_fig, self.timeline_fig = widget(self.stages_fig), widget(self.timeline_fig)
+        self._build_outputs()
 
     # ---- construction ---------------------------------------------------------------------
     def _initial_profile(self, obj) -> Profile:
@@ -139,12 +145,7 @@ class PartitionTuner:
         self.run.on_click(lambda _: self.run_it())
 
     def _build_outputs(self):
-        self.cards = W.HTML(layout=W.Layout(width="auto"))
-        self.stages_fig = stage_widget()
-        self.timeline_fig = timeline_widget("simulated timeline")
-        self.measured_fig = timeline_widget("measured timeline", "ms")
         self.measured_box = W.VBox([], layout=W.Layout(width="100%"))
-        self.export_msg = W.HTML()
         head = W.HTML("<h3 style='margin:4px 0'>PipeDream partition tuner</h3><div style='color:#555'>"
                       "Times are <b>modeled</b> from the chosen profile and topology with the one cost model "
                       "(partitioner and simulator); the run button adds a <b>measured</b> timeline.</div>")
@@ -302,8 +303,8 @@ class PartitionTuner:
         update_stages(self.stages_fig, core.stage_table(out.plan, prof), mem, st.memory_bytes,
                       core.predicted_ms(out.plan))
         self.cards.value = self._cards_html(out, st)
-        title = (f"simulated {st.schedule}, {out.plan.num_stages} stage(s), {st.microbatches} microbatches "
-                 f"— {out.sim.label}")
+        title = (f"simulated {st.schedule}: {out.plan.num_stages} stage(s) on {out.plan.num_workers} worker(s), "
+                 f"{st.microbatches} microbatches (modeled)")
         update_timeline(self.timeline_fig, out.sim.timeline, title)
 
     def _cards_html(self, out: core.Outcome, st: core.Settings) -> str:
@@ -362,9 +363,14 @@ class PartitionTuner:
                         steps=steps, plan=out.plan, out=dest, size="mini", allow_oversubscribe=True,
                         timeout_s=timeout_s, progress=False, evaluate=False)
         measured = pd.read_csv(Path(summary["out"]) / "timeline.csv")
-        update_timeline(self.measured_fig, measured,
-                        f"measured: {self.runnable} mini, {st.schedule}, {sched.num_workers} gloo ranks on this CPU, "
-                        f"{steps} steps ({summary['out']})")
+        title = (f"measured: {self.runnable} mini, {st.schedule}, {sched.num_workers} gloo ranks on this CPU, "
+                 f"{steps} steps ({summary['out']})")
+        if self.measured_fig is None:
+            fig = timeline_widget("measured timeline", "ms")
+            update_timeline(fig, measured, title)
+            self.measured_fig = widget(fig)
+        else:
+            update_timeline(self.measured_fig, measured, title)
         self.measured_box.children = (self.measured_fig,)
         self.progress.value, self.progress.bar_style = 4, "success"
         self.export_msg.value = _status_html(f"measured run written to {summary['out']}", "ok")
