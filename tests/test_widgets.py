@@ -53,6 +53,14 @@ def test_manual_plan_worse_than_optimum_and_simulated_close_on_a_straight_pipeli
     assert core.simulated_ms_per_minibatch(out.sim) == pytest.approx(core.predicted_ms(out.plan), rel=0.02)
 
 
+@pytest.mark.parametrize("lasts,reps", [("29, 49", "2, 1"), ("49", "4")])
+def test_simulated_time_per_minibatch_counts_every_replica(lasts, reps):
+    """A replicated input stage: worker 0 updates once per r_0 minibatches, all workers finish r_0."""
+    prof, st = synthetic(), core.Settings(levels=((4, 1e12),), microbatches=64)
+    out = core.run_settings(prof, st, manual=core.parse_manual(lasts, reps, 50, 4))
+    assert core.simulated_ms_per_minibatch(out.sim) == pytest.approx(core.predicted_ms(out.plan), rel=0.01)
+
+
 @pytest.mark.parametrize("lasts,reps,msg", [
     ("3, 7", "", "must end at layer 49"),
     ("9, 9, 49", "", "must increase"),

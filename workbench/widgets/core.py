@@ -73,13 +73,15 @@ def in_flight(plan: Plan) -> int:
 
 
 def simulated_ms_per_minibatch(res: SimResult) -> float:
-    """Simulated time per minibatch: ``t / n`` with ``t`` the simulator's steady spacing of one
-    worker's updates (``steady_iteration_time``; the mean iteration time when there is one step)
-    and ``n`` the minibatches all workers finish per update (input-stage forwards x microbatch
-    fraction / steps)."""
+    """Simulated time per minibatch: ``t / n`` with ``t`` the simulator's steady spacing of worker
+    0's updates of its first stage (``steady_iteration_time``; the mean iteration time when it
+    updates once) and ``n`` the minibatches all workers finish meanwhile: input-stage forwards x
+    microbatch fraction / worker 0's updates of that stage."""
     m, sched = res.metrics, res.schedule
     inputs = sum(1 for _, op in sched if op.kind == "F" and op.stage == 0)
-    per_step = inputs * default_microbatch_fraction(sched) / max(1, m["steps"])
+    first = next((op.stage for op in sched.ops[0] if op.kind == "STEP"), None)
+    updates = sum(1 for op in sched.ops[0] if op.kind == "STEP" and op.stage == first) or m["steps"]
+    per_step = inputs * default_microbatch_fraction(sched) / max(1, updates)
     t = m["steady_iteration_time"]
     if not math.isfinite(t):
         t = m["iteration_time"]

@@ -85,12 +85,12 @@ class ScheduleExplorer:
                                            layout=W.Layout(width="290px"))
         self.chunks = W.IntSlider(value=2, min=1, max=8, description="chunks (interleaved)", style=style,
                                   continuous_update=False, layout=W.Layout(width="260px"))
-        self.stats = W.HTML(layout=W.Layout(width="520px"))
+        self.stats = W.HTML(layout=W.Layout(width="500px"))
         self.timeline_fig = timeline_widget("timeline", "units")
         self.memory_fig = go.Figure(go.Bar(x=[], y=[], marker_color="#72B7B2", name="peak activations"))
         self.memory_fig.update_layout(title=dict(text="peak stashed activations per worker (microbatches)", x=0.01,
                                                  font=dict(size=13)),
-                                      height=240, width=420, margin=dict(l=50, r=10, t=45, b=40), font=_FONT,
+                                      height=240, width=320, margin=dict(l=50, r=10, t=45, b=40), font=_FONT,
                                       template="plotly_white", xaxis=dict(title="worker", type="category"),
                                       yaxis=dict(title="microbatches"))
         self.result: SimResult | None = None

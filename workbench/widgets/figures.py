@@ -21,6 +21,7 @@ from ..plot import timeline_traces
 #: stream), then communication kinds (simulate.COMM_KINDS)
 TIMELINE_KINDS = ("F", "B", "BI", "BW", "STEP", "AR", "send_act", "send_grad", "allreduce", "fetch_weights", "send_wgrad")
 _COPY = ("x", "base", "y", "marker", "text", "customdata", "hovertemplate", "textposition", "insidetextanchor")
+_STAGE_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#444444", "#72B7B2", "#E45756")  # traces of stage_widget
 _FONT = dict(family="Inter, Helvetica, Arial, sans-serif", size=12)
 
 
@@ -43,7 +44,7 @@ def widget(fig: go.Figure) -> go.FigureWidget:
     return _FullStateFigureWidget(fig)
 
 
-def timeline_widget(title: str, time_unit: str = "ms", width: int = 980) -> go.Figure:
+def timeline_widget(title: str, time_unit: str = "ms", width: int = 820) -> go.Figure:
     """An empty Gantt figure with one bar trace per kind of :data:`TIMELINE_KINDS` (wrap it
     with :func:`widget` after the first :func:`update_timeline`)."""
     traces = [go.Bar(x=[], base=[], y=[], orientation="h", name=k, legendgroup=k, visible=False)
@@ -85,18 +86,19 @@ def update_timeline(fig: go.Figure, timeline: pd.DataFrame, title: str) -> None:
 
 def stage_widget(memory_title: str = "peak memory per worker (GB, simulated)") -> go.Figure:
     """Per-stage time bars (compute, all-reduce, cut) beside per-worker memory against the limit."""
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.1,
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], horizontal_spacing=0.12,
                         subplot_titles=("time per minibatch per stage (ms, modeled)", memory_title))
-    for name, color in (("compute", "#4C78A8"), ("all-reduce", "#F58518"), ("cut to next stage", "#54A24B")):
+    for name, color in zip(("compute", "all-reduce", "cut to next stage"), _STAGE_COLORS):
         fig.add_trace(go.Bar(x=[], y=[], name=name, marker_color=color, legendgroup="time"), row=1, col=1)
     fig.add_trace(go.Scatter(x=[], y=[], name="bottleneck (predicted)", mode="lines",
-                             line=dict(color="#444", dash="dot", width=1.5), legendgroup="time"), row=1, col=1)
-    fig.add_trace(go.Bar(x=[], y=[], name="memory", marker_color="#72B7B2", legendgroup="mem"), row=1, col=2)
-    fig.add_trace(go.Scatter(x=[], y=[], name="memory limit", mode="lines", line=dict(color="#E45756", dash="dash"),
+                             line=dict(color=_STAGE_COLORS[3], dash="dot", width=1.5), legendgroup="time"), row=1, col=1)
+    fig.add_trace(go.Bar(x=[], y=[], name="memory", marker_color=_STAGE_COLORS[4], legendgroup="mem"), row=1, col=2)
+    fig.add_trace(go.Scatter(x=[], y=[], name="memory limit", mode="lines", line=dict(color=_STAGE_COLORS[5], dash="dash"),
                              legendgroup="mem"), row=1, col=2)
+    fig.update_annotations(font_size=13)
     w = fig
-    w.update_layout(barmode="group", height=320, width=980, margin=dict(l=60, r=20, t=40, b=45), font=_FONT,
-                    template="plotly_white", legend=dict(orientation="v", x=1.02, y=1))
+    w.update_layout(barmode="group", height=330, width=820, margin=dict(l=55, r=15, t=40, b=40), font=_FONT,
+                    template="plotly_white", legend=dict(orientation="h", x=0, y=-0.22, font=dict(size=11)))
     w.update_xaxes(title_text="stage", type="category", row=1, col=1)
     w.update_xaxes(title_text="worker", type="category", row=1, col=2)
     w.update_yaxes(title_text="ms", row=1, col=1)
@@ -116,6 +118,8 @@ def update_stages(fig: go.Figure, table: pd.DataFrame, memory_bytes: list[float]
     xs = [stages, stages, stages, stages, workers, workers if over else []]
     ys = [table["compute_ms"].tolist(), ar.tolist(), table["cut_ms"].tolist(), [bottleneck_ms] * len(stages), gb,
           [limit_bytes / 1e9] * len(workers) if over else []]
-    restyle = {"x": xs, "y": ys, "visible": [True] * 5 + [bool(over)]}
+    # one message per change: plotly's browser side reads the latest update message when it gets
+    # to it, so two updates in a row can lose the first
+    restyle = {"x": xs, "y": ys, "visible": [True] * 5 + [bool(over)],
+               "marker.color": list(_STAGE_COLORS[:4]) + [colors, _STAGE_COLORS[5]]}
     fig.plotly_update(restyle_data=restyle, trace_indexes=list(range(6)))
-    fig.plotly_update(restyle_data={"marker.color": [colors]}, trace_indexes=[4])

@@ -62,6 +62,7 @@ class PartitionTuner:
         self.stages_fig, self.timeline_fig = stage_widget(), timeline_widget("simulated timeline")
         self.measured_fig: go.FigureWidget | None = None
         self.profile = self._initial_profile(profile_or_model)
+        self._name_given()
         self._reset_manual()
         self.update()  # the first draw goes into plain figures, which become widgets complete
         self.stages_fig, self.timeline_fig = widget(self.stages_fig), widget(self.timeline_fig)
@@ -143,6 +144,16 @@ class PartitionTuner:
         self.copy.on_click(lambda _: self._copy_best())
         self.export.on_click(lambda _: self.export_plan())
         self.run.on_click(lambda _: self.run_it())
+
+    def _name_given(self):
+        """Label the "given" profile entry with the profile's name."""
+        self._busy = True
+        try:
+            value = self.source.value
+            self.source.options = [(f"given: {_profile_name(self.profile)}", "given")] + list(self.source.options[1:])
+            self.source.value = value
+        finally:
+            self._busy = False
 
     def _build_outputs(self):
         self.measured_box = W.VBox([], layout=W.Layout(width="100%"))
@@ -315,14 +326,14 @@ class PartitionTuner:
             best_sim = core.run_settings(prof, st, best=out.best).sim
             cols["optimizer's best"] = core.summary_rows(out.best, best_sim, prof, st.memory_bytes)
         table = pd.DataFrame(cols)
-        left = card("plan", [("profile", _profile_name(prof), ""), ("topology", _topology_text(st.topology), ""),
-                             ("method", out.plan.method, "")],
-                    label=f"predicted: PipeDream's bottleneck objective; simulated: {st.schedule} schedule, "
-                          f"{st.microbatches} microbatches ({out.sim.label})",
+        left = card(f"{'manual' if out.manual else 'optimizer'} plan: {_profile_name(prof)} on "
+                    f"{_topology_text(st.topology)}", [],
+                    label="stage times per minibatch, modeled (PipeDream's cost model)",
                     table=core.stage_table(out.plan, prof).round(4))
         comp = table.map(lambda v: v if isinstance(v, str) else (f"{v:.4g}" if isinstance(v, float) else v))
-        right = "<div class='workbench-card'><b>throughput, bubble, memory</b>" + comp.to_html(border=0) + "</div>"
-        return (f"<div style='display:flex;gap:24px;align-items:flex-start;flex-wrap:wrap'>"
+        right = ("<div class='workbench-card'><b>predicted (cost model) vs simulated (schedule)</b>"
+                 + comp.to_html(border=0) + "</div>")
+        return (f"<div style='display:flex;gap:28px;align-items:flex-start;font-size:12px'>"
                 f"<div>{left}</div><div>{right}</div></div>")
 
     # ---- export and run -----------------------------------------------------------------------
