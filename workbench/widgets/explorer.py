@@ -140,6 +140,7 @@ class ScheduleExplorer:
         self.stats.value = card(f"{name}: {schedules.DESCRIPTIONS[name]}", rows,
                                 label=f"{res.label}; F={f:g}, B={b:g}, comm={c:g} units")
         self.memory_fig.plotly_update(restyle_data={"x": [[str(w) for w in range(len(m["peak_activations"]))]],
-                                                    "y": [list(m["peak_activations"])]}, trace_indexes=[0])
+                                                    "y": [list(m["peak_activations"])]},
+                                      relayout_data={"xaxis.autorange": True, "yaxis.autorange": True}, trace_indexes=[0])
         update_timeline(self.timeline_fig, res.timeline, f"{name}: {S} workers, {M} microbatches (modeled, units)")
         return res

@@ -122,4 +122,5 @@ def update_stages(fig: go.Figure, table: pd.DataFrame, memory_bytes: list[float]
     # to it, so two updates in a row can lose the first
     restyle = {"x": xs, "y": ys, "visible": [True] * 5 + [bool(over)],
                "marker.color": list(_STAGE_COLORS[:4]) + [colors, _STAGE_COLORS[5]]}
-    fig.plotly_update(restyle_data=restyle, trace_indexes=list(range(6)))
+    relayout = {f"{ax}.autorange": True for ax in ("xaxis", "yaxis", "xaxis2", "yaxis2")}  # rescale to the new data
+    fig.plotly_update(restyle_data=restyle, relayout_data=relayout, trace_indexes=list(range(6)))
