@@ -119,6 +119,8 @@ def main(argv=None) -> int:
               flush=True)
     med = lambda xs: statistics.median(xs)  # noqa: E731
     c = {k: med([x[k] for x in cal]) for k in cal[0]}
+    from workbench.io import fresh_path
+    a.out = str(fresh_path(a.out))  # never overwrite an earlier result
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     cols = ["schedule", "step_ms_modeled", "step_ms_measured", "error_pct", "step_ms_modeled_no_overhead",
             "step_ms_modeled_layer_profile", "measured_min", "measured_max", "latency_ms", "bandwidth_bytes_per_s",

@@ -81,7 +81,10 @@ def test_allreduce_gets_ring_latency():
     """2 replicas of one stage: ring all-reduce sends 2 (r - 1) = 2 messages: AR = 2 l (no bytes)."""
     ops = [[Op("F", 0, w), Op("B", 0, w), Op("AR", 0, step=0), Op("STEP", 0, step=0)] for w in range(2)]
     sched = Schedule("dp", 1, 2, 2, ops, ((0, 1),), microbatches_per_step=2)
-    assert simulate(sched, fwd=1.0, bwd=2.0, latency_ms=0.75).makespan == pytest.approx(3.0 + 1.5)
+    assert simulate(sched, fwd=1.0, bwd=2.0, latency_ms=0.75, overlap_comm=False).makespan == pytest.approx(3.0 + 1.5)
+    # overlapped with the backward (1..3) that produces the gradients: ends at 1 + max(2, 1.5)
+    assert simulate(sched, fwd=1.0, bwd=2.0, latency_ms=0.75).makespan == pytest.approx(3.0)
+    assert simulate(sched, fwd=1.0, bwd=2.0, latency_ms=1.5).makespan == pytest.approx(1 + 3.0)
 
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "1"])

@@ -91,3 +91,15 @@ def test_compare_aligns_each_timeline_to_zero():
     assert bases == [0.0, 0.0]
     unaligned = compare_figure({"measured": a, "modeled": b}, align=False)
     assert sorted(float(x) for tr in unaligned.data for x in (tr.base if tr.base is not None else [])) == [0.0, 300.0]
+
+
+def test_save_html_uses_one_shared_plotlyjs_when_asked(tmp_path, monkeypatch):
+    import plotly.graph_objects as go
+    from workbench.plot import SHARED_PLOTLYJS_ENV, save_html, write_shared_plotlyjs
+
+    fig = go.Figure(go.Bar(x=[1, 2], y=[3, 4]))
+    embedded = save_html(fig, tmp_path / "embedded.html")
+    monkeypatch.setenv(SHARED_PLOTLYJS_ENV, str(write_shared_plotlyjs(tmp_path)))
+    shared = save_html(fig, tmp_path / "nb" / "fig.html")
+    assert 'src="../plotly.min.js"' in shared.read_text()
+    assert shared.stat().st_size < embedded.stat().st_size / 100  # 4.8 MB of plotly.js not repeated

@@ -144,3 +144,44 @@ def test_winograd_discount_applies_to_3x3_stride1_convs_only():
     assert (plain.fwd_ms[1] - 0.01) / (wino.fwd_ms[1] - 0.01) == pytest.approx(36 / 16, rel=1e-3)
     assert (plain.bwd_ms[1] - 0.01) / (wino.bwd_ms[1] - 0.01) == pytest.approx(36 / 16, rel=1e-3)
     assert wino.fwd_ms[2] == plain.fwd_ms[2]  # stride-2 conv: no Winograd
+
+
+# ---- a profile records what it measured, counts a tied weight once, and displays in one line ----
+def test_profile_records_the_real_batch_and_counts_tied_weights_once():
+    import torch
+    from torch import nn
+
+    from workbench.profiler import profile
+
+    emb, head = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight  # tied input/output embedding
+    prof = profile(nn.Sequential(emb, head), torch.randint(0, 10, (6, 3)), batch_size=128, iterations=1, warmup=0,
+                   progress=False)
+    assert prof.meta["batch_size"] == 6  # the example input's batch, not the batch_size argument
+    assert prof.layers["param_bytes"].tolist() == [10 * 4 * 4, 0.0]
+    assert prof.total_param_bytes == sum(p.numel() * 4 for p in nn.Sequential(emb, head).parameters())
+
+
+def test_profile_repr_is_one_line_and_html_has_units():
+    from workbench.pipedream_graph import shipped
+
+    prof = shipped("vgg16")
+    text = repr(prof)
+    assert "\n" not in text and text.startswith("Profile(") and "ms per minibatch" in text and "MiB" in text
+    page = prof._repr_html_()
+    assert "workbench-card" in page and "fwd+bwd" in page and f"{prof.total_ms:.4g} ms" in page
+
+
+def test_cli_profiles_a_user_model_measured_and_modeled(tmp_path, capsys):
+    from workbench.cli import main
+    from workbench.profiler import Profile
+
+    base = ["profile", "--model", "workbench.models.examples:resnet18_digits", "--dataset", "digits",
+            "--batch-size", "16", "--iterations", "1", "--warmup", "0"]
+    assert main(base + ["--out", str(tmp_path / "p.json")]) == 0
+    assert main(base + ["--gpu", "V100", "--out", str(tmp_path / "p.json")]) == 0  # never overwrites: p-2.json
+    measured, modeled = Profile.load(tmp_path / "p.json"), Profile.load(tmp_path / "p-2.json")
+    assert len(measured) == len(modeled) == 12 and measured.meta["batch_size"] == modeled.meta["batch_size"] == 16
+    assert measured.meta["kind"] == "measured" and modeled.meta["kind"] == "modeled"
+    assert measured.layers["param_bytes"].tolist() == modeled.layers["param_bytes"].tolist()
+    assert "wrote" in capsys.readouterr().out

@@ -255,28 +255,32 @@ def _replicated(r: int, two_stages: bool) -> Schedule:
 
 @pytest.mark.parametrize("r", [2, 4])
 def test_allreduce_time_of_replicated_stage(r):
-    """Ring all-reduce of P = 1e9 bytes over 1e9 B/s among r replicas: 2 (r - 1) / r * 1000 ms."""
+    """Ring all-reduce of P = 1e9 bytes over 1e9 B/s among r replicas: 2 (r - 1) / r * 1000 ms. It
+    overlaps the backward (1..3) that produces the gradients: starts with it at t = 1, so the STEP
+    ends at 1 + max(2, AR)."""
     prof = profile([1.0], [2.0], [0.0], [1e9])
     res = simulate(_replicated(r, False), profile=prof, topology=FlatTopology(r, 1e9))
     ar = 2 * (r - 1) / r * 1000.0
     rows = res.timeline[res.timeline["kind"] == "allreduce"]
     assert len(rows) == r
     assert (rows["end"] - rows["start"]).to_numpy() == pytest.approx([ar] * r)
-    assert res.makespan == pytest.approx(1 + 2 + ar)
+    assert res.makespan == pytest.approx(1 + max(2, ar))
+    assert simulate(_replicated(r, False), profile=prof, topology=FlatTopology(r, 1e9),
+                    overlap_comm=False).makespan == pytest.approx(1 + 2 + ar)
     # each worker sends 2 (r - 1) / r * P bytes around the ring
     assert sum(res.metrics["bytes_per_level"].values()) == pytest.approx(r * 2 * (r - 1) / r * 1e9)
 
 
 def test_allreduce_overlaps_backward_unless_disabled():
-    """Two stages per worker (DDP buckets): AR of stage 1 (A = 1000 ms) runs during B of stage 0
-    (D = 300 ms); AR of stage 0 queues behind it on the collective channel. Start of the
-    backward tail t1 = f0 + f1 + b1 = 1 + 1 + 2 = 4. Overlapped: t1 + max(D, A) + A = 2004;
-    not overlapped: t1 + A + D + A = 2304."""
+    """Two stages per worker (DDP buckets): AR of stage 1 (A = 1000 ms) may start with B of stage 1
+    (t = f0 + f1 = 2) and runs during B of stage 0 (D = 300 ms, 4..304); AR of stage 0 queues
+    behind it on the collective channel: 2 + A + A = 2002. Not overlapped: each AR waits for its
+    backward and blocks the worker: t1 = f0 + f1 + b1 = 4, then t1 + A + D + A = 2304."""
     prof = profile([1.0, 1.0], [300.0, 2.0], [0.0, 0.0], [1e9, 1e9])
     sched = _replicated(2, True)
     validate(sched)
     kw = dict(profile=prof, topology=FlatTopology(2, 1e9), microbatch_fraction=1.0)
-    assert simulate(sched, **kw).makespan == pytest.approx(2004.0)
+    assert simulate(sched, **kw).makespan == pytest.approx(2002.0)
     assert simulate(sched, overlap_comm=False, **kw).makespan == pytest.approx(2304.0)
 
 
@@ -328,3 +332,47 @@ def test_result_schema_metrics_and_save(tmp_path):
     out = res.save(tmp_path / "sim")
     assert {p.name for p in out.iterdir()} == {"timeline.csv", "metrics.json", "timeline.html"}
     assert len(pd.read_csv(out / "timeline.csv")) == len(tl)
+
+
+# ---- one default split, one timeline schema ---------------------------------------------------
+def test_simulator_and_runtime_split_the_same_way_by_default():
+    """Mini VGG-16 has 16 layers; on 4 stages both cut after layers 3, 7, 11 (Plan.even)."""
+    from workbench.plan import Plan
+    from workbench.runtime.stages import even_bounds
+    from workbench.simulate import _stage_ranges
+
+    prof = profile([1.0] * 15 + [30.0], [2.0] * 16, [0.0] * 16, [0.0] * 16)  # a heavy last layer
+    sched = gpipe(4, 2)
+    assert _stage_ranges(sched, prof, None) == even_bounds(16, 4) == [(0, 3), (4, 7), (8, 11), (12, 15)]
+    assert [s.last for s in Plan.even(10, 4).stages] == [2, 5, 7, 9]
+
+
+def test_timeline_schema_is_shared_with_the_runtime():
+    from workbench.runtime.outputs import TIMELINE_COLUMNS as MEASURED
+    from workbench.timeline import COMMON_COLUMNS
+
+    tl = simulate(one_f_one_b(2, 3), transfer=0.5).timeline
+    assert set(COMMON_COLUMNS) <= set(tl.columns) and set(COMMON_COLUMNS) <= set(MEASURED)
+    assert (tl["round"] == 0).all() and (tl["step"] == tl["round"]).all()
+    steps = tl[tl["kind"] == "STEP"].sort_values("start")
+    assert sorted(steps.loc[steps["stage"] == 0, "update"]) == [0, 1, 2]  # update index of the stage
+
+
+@pytest.mark.parametrize("name, stages, kw", [
+    ("pipedream", 4, {}), ("gpipe", 3, {}), ("zb-h1", 3, {}), ("interleaved-1f1b", 2, {"chunks": 2}),
+    ("seq1f1b", 3, {"segments": 3}), ("seq1f1b-zb", 2, {"segments": 2}), ("fsdp", 3, {}), ("dp-bsp", 2, {}),
+])
+def test_simulator_edges_are_schedule_dependencies(name, stages, kw):
+    """The simulator evaluates the dataflow on integer arrays; its compute-op edges must be exactly
+    Schedule.dependencies() (the derivation the validator and the runtime read)."""
+    from workbench.schedules import build
+    from workbench.simulate.costs import _unit_costs
+    from workbench.simulate.graph import build_graph
+
+    sched = build(name, stages, 4, **kw)
+    g = build_graph(sched, _unit_costs(sched, 1.0, 2.0, None, 0.0, 0.0, 0.0, 0.0, 0.0))
+    key = [(op.kind, op.stage, sched.unit(op)) if op.kind in ("F", "B", "BI", "BW") else None for op in g.flat]
+    got = {(key[p], key[c]) for p in range(len(g.flat)) for c in g.cons_idx[g.cons_ptr[p]:g.cons_ptr[p + 1]]
+           if key[p] is not None and key[c] is not None}
+    want = {(p, c) for c, ps in sched.dependencies().items() for p in ps}
+    assert got == want

@@ -11,6 +11,7 @@ from workbench import Plan, Profile, Topology, partition, schedules, simulate
 from workbench.pipedream_graph import shipped
 from workbench.widgets import PartitionTuner, ScheduleExplorer, closed_form_bubble, explore
 from workbench.widgets import core
+from workbench.costmodel import CostModel
 
 
 def synthetic(n=50, seed=0) -> Profile:
@@ -41,8 +42,10 @@ def test_manual_pricing_reproduces_the_optimizers_objective(name, topo):
         best = partition(prof, topo, straight=straight)
         again = core.modeled_plan(prof, Plan.from_boundaries([s.last for s in best.stages],
                                                              [s.replicas for s in best.stages]), topo)
-        assert again.bottleneck_ms == pytest.approx(best.bottleneck_ms, rel=1e-12)
-        assert [s.time_ms for s in again.stages] == pytest.approx([s.time_ms for s in best.stages], rel=1e-12)
+        assert again.predicted_ms == pytest.approx(best.predicted_ms, rel=1e-12)
+        assert again.bottleneck_ms == pytest.approx(best.bottleneck_ms, rel=1e-9)  # one level: DP = cost model
+        assert again.stage_memory_bytes == pytest.approx(
+            CostModel.from_profile(prof, topo).stage_memory_bytes(again, again.in_flight))
 
 
 def test_manual_plan_worse_than_optimum_and_simulated_close_on_a_straight_pipeline():
@@ -58,7 +61,7 @@ def test_simulated_time_per_minibatch_counts_every_replica(lasts, reps):
     """A replicated input stage: worker 0 updates once per r_0 minibatches, all workers finish r_0."""
     prof, st = synthetic(), core.Settings(levels=((4, 1e12),), microbatches=64)
     out = core.run_settings(prof, st, manual=core.parse_manual(lasts, reps, 50, 4))
-    assert core.simulated_ms_per_minibatch(out.sim) == pytest.approx(core.predicted_ms(out.plan), rel=0.01)
+    assert core.simulated_ms_per_minibatch(out.sim) == pytest.approx(core.predicted_ms(out.plan), rel=0.05)
 
 
 @pytest.mark.parametrize("lasts,reps,msg", [
@@ -79,7 +82,8 @@ def test_parse_manual_says_what_is_wrong(lasts, reps, msg):
 def test_tuner_starts_with_the_optimizers_plan_and_draws_it(tuner):
     out = tuner.outcome
     assert out is not None and not out.manual
-    assert out.plan.bottleneck_ms == partition(tuner.profile, Topology.flat(8, 10e9)).bottleneck_ms
+    best = partition(tuner.profile, Topology.flat(8, 10e9))
+    assert out.plan.stages == best.stages and out.plan.predicted_ms == best.predicted_ms
     names = {t.name for t in tuner.timeline_fig.data if t.visible}
     assert {"F", "B"} <= names
     assert sum(len(t.x) for t in tuner.timeline_fig.data if t.name in ("F", "B")) == 2 * 16

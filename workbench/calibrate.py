@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from .schedules.core import Op, Schedule
+from .timeline import round_column
 
 DEFAULT_SIZES = (4, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
 
@@ -356,8 +357,9 @@ def modeled_step_ms(schedule: Schedule, stages: StageProfile, link: dict | None 
 def measured_step_ms(timeline: pd.DataFrame, skip: int = 2) -> float:
     """Steady-state measured ms per round from a runtime ``timeline.csv`` (columns ``step``,
     ``start``...): the median spacing of the rounds' first op starts, after ``skip`` rounds."""
-    tl = timeline[timeline.step >= timeline.step.min() + skip]
-    return _round_spacing(tl.groupby("step").start.min().to_numpy())
+    rc = round_column(timeline)
+    tl = timeline[timeline[rc] >= timeline[rc].min() + skip]
+    return _round_spacing(tl.groupby(rc).start.min().to_numpy())
 
 
 def solve_overhead(predict: Callable[[float], float], target_ms: float, hi: float = 10.0, tol: float = 1e-4) -> float:

@@ -67,9 +67,11 @@ def cmd_profile(args) -> int:
     from .profiler import profile, project
 
     if args.pipedream:
-        from .profiler import Profile
-
-        prof = Profile.from_pipedream(args.pipedream)
+        prof = _pipedream_profile(args.pipedream)
+    elif ":" in args.model:  # a user's model: package.module:function
+        model, x = _user_model_and_input(args)
+        prof = (project(model, args.gpu, example_input=x) if args.gpu else
+                profile(model, x, iterations=args.iterations, warmup=args.warmup, device=args.device))
     elif args.gpu:
         model = models.build(args.model, size=args.size, device="meta")
         prof = project(model, args.gpu, batch_size=args.batch_size)
@@ -77,12 +79,55 @@ def cmd_profile(args) -> int:
         model = models.build(args.model, size=args.size, seed=args.seed)
         prof = profile(model, batch_size=args.batch_size, iterations=args.iterations, warmup=args.warmup,
                        device=args.device)
-    out = Path(args.out)
+    out = _fresh_file(Path(args.out))
     out.parent.mkdir(parents=True, exist_ok=True)
-    prof.save(out)
+    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
+    prof.save(tmp)
+    tmp.rename(out)
+    if Path(str(tmp) + ".meta.json").exists():
+        Path(str(tmp) + ".meta.json").rename(str(out) + ".meta.json")
     print(prof.summary())
     print(f"wrote {out}")
     return 0
+
+
+def _pipedream_profile(name_or_path: str):
+    """A shipped PipeDream profile by name (vgg16, resnet50, alexnet) or a graph.txt path."""
+    from .pipedream_graph import SHIPPED, shipped
+    from .profiler import Profile
+
+    if name_or_path in SHIPPED:
+        return shipped(name_or_path)
+    if not Path(name_or_path).exists():
+        raise UsageError(f"--pipedream {name_or_path!r} is neither a shipped profile ({', '.join(SHIPPED)}) "
+                         "nor an existing graph.txt")
+    return Profile.from_pipedream(name_or_path)
+
+
+def _user_model_and_input(args):
+    """``--model package.module:function`` traced into layers, and ``--batch-size`` samples of ``--dataset``."""
+    from .models.data import load_dataset
+    from .runtime.job import as_dataset, as_layer_model
+
+    if not args.dataset:
+        raise UsageError("a user model (--model package.module:function) needs --dataset (a built-in name, see "
+                         "`workbench models`, or package.module:function returning a TensorDataset) for its input")
+    ds = load_dataset(args.dataset, "train") if ":" not in args.dataset else as_dataset(args.dataset)[0]
+    if args.batch_size < 1 or args.batch_size > len(ds):
+        raise UsageError(f"--batch-size must be in 1..{len(ds)} (the data set's size), got {args.batch_size}")
+    model = as_layer_model(args.model, ds, args.seed)
+    *xs, _ = ds.tensors
+    xs = tuple(x[:args.batch_size] for x in xs)
+    return model, xs[0] if len(xs) == 1 else xs
+
+
+def _fresh_file(path: Path) -> Path:
+    """``path`` if free, else ``stem-2.ext``, ``stem-3.ext``, ...: an existing result is never overwritten."""
+    base, k = path, 2
+    while path.exists():
+        path = base.with_name(f"{base.stem}-{k}{base.suffix}")
+        k += 1
+    return path
 
 
 def cmd_partition(args) -> int:
@@ -94,7 +139,8 @@ def cmd_partition(args) -> int:
         prof = _quick_profile(args.model, args.size, args.batch_size)
     topo = _topology_from_args(args)
     mem = args.memory_gb * 2**30 if args.memory_gb else None
-    plan = partition(prof, topo, straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers)
+    plan = partition(prof, topo, straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers,
+                     latency_ms=args.latency_ms, op_overhead_ms=args.op_overhead_ms, refine=not args.no_refine)
     label = prof.meta.get("kind", "kind not recorded")
     where = prof.meta.get("device") or prof.meta.get("source")
     print(f"profile: {len(prof)} layers ({label}{', ' + str(where) if where else ''})")
@@ -104,10 +150,12 @@ def cmd_partition(args) -> int:
     if k > 1:
         for name, fn in (("equal layers", partition_equal_layers), ("balanced time", partition_balanced_time)):
             base = fn(prof, k, topology=topo)
-            print(f"baseline {name:>13} ({k} straight stages): bottleneck {base.bottleneck_ms:.3f} ms/minibatch "
-                  f"(modeled), x{plan.bottleneck_ms and base.bottleneck_ms / plan.bottleneck_ms:.2f} slower than the plan")
+            print(f"baseline {name:>13} ({k} straight stages): {base.predicted_ms:.3f} ms/minibatch "
+                  f"(cost model), x{base.predicted_ms / plan.predicted_ms:.2f} the plan's prediction")
     if args.out:
-        out = Path(args.out)
+        from .io import fresh_path
+
+        out = fresh_path(args.out)  # never overwrite an earlier plan
         out.parent.mkdir(parents=True, exist_ok=True)
         plan.save(out)
         print(f"wrote {out}")
@@ -117,24 +165,59 @@ def cmd_partition(args) -> int:
 def cmd_simulate(args) -> int:
     from . import schedules
     from .plan import Plan
-    from .simulate import simulate
+    from .simulate import plan_topology, simulate
     from .topology import Topology
 
     plan = Plan.load(args.plan) if args.plan else None
-    sched = schedules.build(args.schedule, plan or args.stages, args.microbatches)
+    opts = dict(args.schedule_option)
+    if plan is not None and plan.in_flight and args.schedule == "pipedream":
+        opts.setdefault("warmup", list(plan.in_flight))  # the plan's communication-aware in-flight count
     if args.profile:
         if plan is None:
             raise UsageError("--profile needs --plan (which layers form each stage)")
         if args.topology:
-            topology = parse_topology(args.topology)
+            topology, where = parse_topology(args.topology), "--topology"
+        elif args.workers or plan_topology(plan) is None:
+            topology, where = Topology.flat(args.workers or plan.num_workers, args.bandwidth), "flat --workers/--bandwidth"
         else:
-            topology = Topology.flat(args.workers or plan.num_workers, args.bandwidth)
-        kw = dict(profile=_load_profile(args), plan=plan, topology=topology)
+            topology, where = plan_topology(plan), "the plan's"
+        print(f"topology ({where}): {topology.describe()}")
+        kw = dict(profile=_load_profile(args), plan=plan, topology=topology, latency_ms=args.latency_ms,
+                  op_overhead_ms=args.op_overhead_ms)
     else:
         kw = dict(fwd=args.fwd, bwd=args.bwd)
+    # master schedules are ordered by the greedy rule with the durations simulated below
+    sched = schedules.build_for_simulation(args.schedule, plan or args.stages, args.microbatches, kw, **opts)
+    if args.profile and topology.num_workers != sched.num_workers:
+        raise UsageError(f"schedule {sched.name} uses {sched.num_workers} workers but the topology has "
+                         f"{topology.num_workers}; give a topology of {sched.num_workers} workers "
+                         f"(--workers {sched.num_workers}) or a schedule for {topology.num_workers}")
     res = simulate(sched, **kw)
     print(res.summary())
+    if plan is not None and args.profile and plan.predicted_ms == plan.predicted_ms:
+        print(f"plan: predicted {plan.predicted_ms:.4g} ms/minibatch (cost model) vs simulated "
+              f"{res.time_per_minibatch_ms:.4g} ms/minibatch here ({args.schedule}, {args.microbatches} microbatches"
+              f"{'' if res.metrics['steady_state'] else ', too few for a steady state'})")
     print(f"wrote {res.save(args.out)}")
+    return 0
+
+
+def _schedule_option(text: str):
+    from .schedules.registry import parse_option
+    try:
+        return parse_option(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def cmd_schedules(args) -> int:
+    from . import schedules
+    if args.markdown:
+        print(schedules.markdown_table())
+        return 0
+    for sp in schedules.REGISTRY.values():
+        opts = ", ".join(f"{o.name}={o.default!r}" for o in sp.options) or "no options"
+        print(f"{sp.name:<17} {sp.description}\n{'':<17} options: {opts}; source: {sp.source}")
     return 0
 
 
@@ -159,7 +242,7 @@ def cmd_quickstart(args) -> int:
     from .io import run_folder, run_id
     from .partition import partition
     from .profiler import profile, project
-    from .simulate import simulate
+    from .simulate import simulate_plan, steady_microbatches
     from .topology import Topology
 
     with run_folder(Path(args.out) / run_id("quickstart")) as tmp:
@@ -182,11 +265,15 @@ def cmd_quickstart(args) -> int:
               f"plan MODELED for {cluster.describe()}")
         print(plan2.describe())
 
-        sched = schedules.build("pipedream", plan2, args.microbatches)
-        res = simulate(sched, profile=paper, plan=plan2, topology=cluster)
+        microbatches = max(args.microbatches, steady_microbatches(plan2))
+        res = simulate_plan(plan2, paper, cluster, microbatches=microbatches)
         res.save(tmp / "simulation")
-        print(f"\n== PipeDream 1F1B on that plan, {args.microbatches} minibatches: {res.label}")
+        print(f"\n== PipeDream 1F1B on that plan ({plan2.in_flight_count} minibatches in flight at the input stage, "
+              f"{microbatches} minibatches): {res.label}")
         print(res.summary())
+        print(f"plan predicted {plan2.predicted_ms:.4g} ms/minibatch; simulated steady state "
+              f"{res.time_per_minibatch_ms:.4g} ms/minibatch (warm-up and drain excluded; makespan / minibatches "
+              f"= {res.makespan / res.metrics['minibatches']:.4g} ms includes them)")
     print(f"\nwrote {tmp.final} (profiles, plans, simulation/timeline.html)")
     return 0
 
@@ -198,6 +285,11 @@ def _add_topology(p):
     p.add_argument("--topology", help="hierarchical levels COUNTxBW,... innermost first (e.g. 4x10e9,4x1.25e9) or a preset name")
 
 
+def _add_fixed_costs(p):
+    p.add_argument("--latency-ms", type=float, default=0.0, help="latency per message between workers (ms)")
+    p.add_argument("--op-overhead-ms", type=float, default=0.0, help="fixed cost per compute op (ms)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="workbench", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -206,14 +298,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_models)
 
     p = sub.add_parser("profile", help="per-layer fwd/bwd ms, activation and parameter bytes, FLOPs")
-    p.add_argument("--model", default="vgg16")
+    p.add_argument("--model", default="vgg16", help="zoo name, or package.module:function returning an nn.Module "
+                   "(traced into layers by workbench.graph.split; needs --dataset)")
     p.add_argument("--size", default="mini", choices=["mini", "paper"])
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     p.add_argument("--gpu", help="write a MODELED profile for this GPU (V100, 1080Ti, A100, H100) instead of measuring")
-    p.add_argument("--pipedream", help="import a PipeDream graph.txt instead of measuring")
+    p.add_argument("--pipedream", help="import PipeDream's published profile: a shipped name (vgg16, resnet50, "
+                   "alexnet) or a graph.txt path")
+    p.add_argument("--dataset", help="input samples for a user model (--model package.module:function): a built-in "
+                   "data set name or package.module:function returning a TensorDataset")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results/profile.csv", help="output .csv or .json")
     p.set_defaults(fn=cmd_profile)
@@ -227,11 +323,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--straight", action="store_true", help="no stage replication")
     p.add_argument("--memory-gb", type=float, help="memory limit per worker (GiB)")
     p.add_argument("--fewer-workers", action="store_true", help="allow using fewer than all workers")
-    p.add_argument("--out", help="write the plan JSON here")
+    _add_fixed_costs(p)
+    p.add_argument("--no-refine", action="store_true", help="DP and closed form only (no simulation of the plan)")
+    p.add_argument("--out", help="write the plan JSON here (a new file: an existing one gets a -2, -3 ... suffix)")
     p.set_defaults(fn=cmd_partition)
 
     p = sub.add_parser("simulate", help="discrete-event simulation of a schedule -> timeline CSV, metrics JSON, HTML")
-    p.add_argument("--schedule", default="pipedream")
+    p.add_argument("--schedule", default="pipedream", help="schedule name (`workbench schedules` lists them)")
+    p.add_argument("--schedule-option", type=_schedule_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="schedule option, e.g. chunks=2 (repeatable; `workbench schedules` lists them)")
     p.add_argument("--microbatches", type=int, default=16)
     p.add_argument("--plan", help="plan JSON (from `workbench partition --out`)")
     p.add_argument("--stages", type=int, default=4, help="stages when no --plan is given (one worker each)")
@@ -240,9 +340,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bwd", type=float, default=2.0, help="unit backward cost")
     p.add_argument("--workers", type=int, default=None, help="flat topology size (default: the plan's workers)")
     p.add_argument("--bandwidth", type=float, default=10e9, help="bytes/s of the flat topology")
-    p.add_argument("--topology", help="levels COUNTxBW,... innermost first, or a preset[:servers]")
+    p.add_argument("--topology", help="levels COUNTxBW,... innermost first, or a preset[:servers] "
+                   "(default: the topology stored in the plan)")
+    _add_fixed_costs(p)
     p.add_argument("--out", default="results/simulate")
     p.set_defaults(fn=cmd_simulate)
+
+    p = sub.add_parser("schedules", help="list the registered schedules, their options and sources")
+    p.add_argument("--markdown", action="store_true", help="print the README's table of schedules")
+    p.set_defaults(fn=cmd_schedules)
 
     p = sub.add_parser("train", help="really train with a schedule (torch.distributed, one process per worker)")
     try:
@@ -260,6 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatches", type=int, default=32, help="minibatches in the simulated PipeDream run")
     p.add_argument("--out", default="results/quickstart")
     p.set_defaults(fn=cmd_quickstart)
+
+    p = sub.add_parser("reproduce", help="run the paper-reproduction notebooks (papermill) into a new run folder")
+    from .reproduce import add_arguments, cmd_reproduce
+    add_arguments(p)
+    p.set_defaults(fn=cmd_reproduce)
     return ap
 
 

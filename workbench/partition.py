@@ -45,15 +45,20 @@ to the end of its pipeline (counting this stage's m), as PipeDream's NOAM for th
 input stage of a full pipeline gets ``ceil(M / m)``; the last stage gets 1). The limit is checked
 at level 1 (GPUs), with R counted inside the level-1 component. That is exact for a one-level
 topology; for several levels it ignores the extra minibatches the outer pipeline keeps in flight,
-and with ``use_fewer_workers`` it assumes all workers are used (conservative).
+and with ``use_fewer_workers`` it assumes all workers are used (conservative). With
+``recompute=True`` (GPipe re-materialization) a stage stashes only its input ``a_(first-1)`` per
+minibatch in flight (0 for the first stage, whose input is the data, not counted either way) and
+rebuilds its activations for one minibatch at a time in the backward:
+``mem = v * (sum w_l + a_(first-1)) + sum a_l`` (:meth:`CostModel.stage_memory_bytes` alike).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .costmodel import CostModel, ring_allreduce_ms
 from .plan import Plan, Stage
 from .profiler import Profile
 from .topology import Topology
@@ -70,6 +75,8 @@ class _Layers:
     Cp: np.ndarray  # prefix sums, length N + 1
     Wp: np.ndarray
     Ap: np.ndarray
+    Fp: np.ndarray  # prefix sums of fwd_ms and bwd_ms
+    Bp: np.ndarray
 
     @property
     def n(self) -> int:
@@ -93,7 +100,8 @@ def _layers(profile) -> _Layers:
     act, param = cols["act_bytes"], cols["param_bytes"]
     z = np.zeros(1)
     return _Layers(compute, act, param, np.concatenate([z, np.cumsum(compute)]),
-                   np.concatenate([z, np.cumsum(param)]), np.concatenate([z, np.cumsum(act)]))
+                   np.concatenate([z, np.cumsum(param)]), np.concatenate([z, np.cumsum(act)]),
+                   np.concatenate([z, np.cumsum(cols["fwd_ms"])]), np.concatenate([z, np.cumsum(cols["bwd_ms"])]))
 
 
 def _check_topology(topology) -> Topology:
@@ -108,9 +116,8 @@ def _check_topology(topology) -> Topology:
 
 
 def _allreduce_ms_per_byte(m, bandwidth: float):
-    """``2 (m-1)/m / B * 1000``: ms per parameter byte of the all-reduce among m replicas."""
-    m = np.asarray(m, dtype=float)
-    return 2.0 * (m - 1.0) / m * (1000.0 / bandwidth)
+    """ms per parameter byte of the ring all-reduce among m replicas (CostModel's formula, no latency)."""
+    return ring_allreduce_ms(1.0, m, bandwidth, 0.0)
 
 
 # ---- one level of the dynamic program ---------------------------------------------------------
@@ -123,30 +130,42 @@ class _Level:
     M: int
     B: float
     L: _Layers
+    cm: CostModel
     prev: np.ndarray | None
     straight: bool
     memory: float | None
     rows_all: bool  # every start i (inner level) or only start 0 (top level)
+    inner_workers: int = 1  # workers in one level-(k-1) component
     A: np.ndarray | None = None  # A[m, j, r]: range start(r)..j on exactly m components
+    recompute: bool = False  # activation re-materialization (module docstring, Memory)
 
     @property
     def cut(self) -> np.ndarray:
-        return 2.0 * self.L.act / self.B * 1000.0
+        """``c_k(s) = α_k + a_s / B_k``: one direction of a full-duplex link (CostModel)."""
+        if "cut" not in self.__dict__:
+            self.__dict__["cut"] = self.cm.level_cut_ms(self.k)
+        return self.__dict__["cut"]
 
     def T(self, first, last, m, v, alpha=None):
         """``T_k(first->last, m)`` (numpy broadcasting), ``inf`` where not allowed; ``alpha`` is
-        ``_allreduce_ms_per_byte(m, B)`` when the caller has it already."""
+        ``_allreduce_ms_per_byte(m, B)`` when the caller has it already. Level 1: the 1F1B round
+        of a replica over m (:meth:`CostModel.round_ms`); outer levels: the inner pipeline's time
+        ``A_{k-1}`` plus the exposed all-reduce, over m (:meth:`CostModel.outer_round_ms`)."""
         L = self.L
         par = L.Wp[last + 1] - L.Wp[first]
-        inner = L.Cp[last + 1] - L.Cp[first] if self.prev is None else self.prev[last, first]
         m = np.asarray(m)
         if alpha is None:
             alpha = _allreduce_ms_per_byte(m, self.B)
-        t = np.maximum(inner, alpha * par) / m
+        ar = alpha * par + 2.0 * (m - 1.0) * self.cm.level_latency_ms(self.k)
+        if self.prev is None:
+            t = self.cm.round_ms(L.Fp[last + 1] - L.Fp[first], L.Bp[last + 1] - L.Bp[first], ar) / m
+        else:
+            t = self.cm.outer_round_ms(self.prev[last, first], L.Fp[last + 1] - L.Fp[first],
+                                       L.Bp[last + 1] - L.Bp[first], ar, self.inner_workers) / m
         if self.straight:
             t = np.where(m > 1, INF, t)
         if self.memory is not None and self.prev is None:
-            mem = np.asarray(v) * (par + L.Ap[last + 1] - L.Ap[first])
+            mem = _stage_memory(L, first, last, v, par, self.recompute)
             t = np.where(mem > self.memory, INF, t)
         return t
 
@@ -160,6 +179,17 @@ class _Level:
     def v_single(self) -> np.ndarray:
         m = np.arange(1, self.M + 1)
         return -(-self.M // m)
+
+
+def _stage_memory(L: _Layers, first, last, v, par, recompute: bool):
+    """Bytes per worker of a stage (module docstring, Memory): ``v (w + A)``, or with recompute
+    ``v (w + a_(first-1)) + A``; ``A`` the stage's activations of one minibatch."""
+    acts = L.Ap[np.asarray(last) + 1] - L.Ap[first]
+    if not recompute:
+        return np.asarray(v) * (par + acts)
+    first = np.asarray(first)
+    a_in = np.where(first > 0, L.act[np.maximum(first - 1, 0)], 0.0)
+    return np.asarray(v) * (par + a_in) + acts
 
 
 def _solve(lv: _Level, fast: bool) -> np.ndarray:
@@ -395,11 +425,13 @@ class _Node:
     child: list | None  # pipeline of the level below inside one component (None at level 1)
 
 
-def _build_levels(L: _Layers, topo: Topology, straight, memory, fewer, fast=True) -> list[_Level]:
+def _build_levels(L: _Layers, topo: Topology, straight, memory, fewer, cm: CostModel, fast=True,
+                  recompute=False) -> list[_Level]:
     levels, prev = [], None
     nlev = topo.num_levels
     for k, (M, B) in enumerate(topo.levels, start=1):
-        lv = _Level(k, M, B, L, prev, straight, memory, rows_all=k < nlev)
+        lv = _Level(k, M, B, L, cm, prev, straight, memory, rows_all=k < nlev,
+                    inner_workers=topo.component_size(k - 1), recompute=recompute)
         lv.A = _solve(lv, fast=fast and prev is None)
         if k < nlev:
             full = lv.A[1:].min(axis=0) if fewer else lv.A[M]
@@ -463,9 +495,11 @@ def _flatten(levels, k, pipeline, L: _Layers, topo: Topology):
         else:
             cst, ccuts = _flatten(levels, k - 1, nd.child, L, topo)
             par = L.Wp[nd.last + 1] - L.Wp[nd.first]
-            ar = float(_allreduce_ms_per_byte(nd.m, lv.B) * par)
+            ar = ring_allreduce_ms(par, nd.m, lv.B, lv.cm.level_latency_ms(k))
             for f, l, ws, tm in cst:
-                stages.append((f, l, [c * size + w for c in comps for w in ws], max(tm, ar) / nd.m))
+                t_out = float(lv.cm.outer_round_ms(tm, L.Fp[nd.last + 1] - L.Fp[nd.first],
+                                                   L.Bp[nd.last + 1] - L.Bp[nd.first], ar, size)) / nd.m
+                stages.append((f, l, [c * size + w for c in comps for w in ws], t_out))
             cuts += [(a, lev, tm / nd.m) for a, lev, tm in ccuts]
         if t + 1 < len(pipeline):
             cuts.append((nd.last, k, float(lv.cut[nd.last])))
@@ -473,25 +507,45 @@ def _flatten(levels, k, pipeline, L: _Layers, topo: Topology):
     return stages, cuts
 
 
-def data_parallel_ms(profile: Profile, topology: Topology) -> float:
-    """One stage of all layers replicated on every worker, through the hierarchy:
-    ``t_0 = sum T_l``, ``t_k = max(t_{k-1}, 2 (M_k-1)/M_k * sum w / B_k * 1000) / M_k``."""
-    L = _layers(profile)
-    t, W = float(L.Cp[-1]), float(L.Wp[-1])
-    for M, B in _check_topology(topology).levels:
-        t = max(t, float(_allreduce_ms_per_byte(M, B)) * W) / M
+def data_parallel_ms(profile: Profile, topology: Topology, cost_model: CostModel | None = None) -> float:
+    """One stage of all layers replicated on every worker, through the hierarchy: level 1 is the
+    replica's 1F1B round ``t_1 = round(F, B, AR_1) / M_1`` (:meth:`CostModel.round_ms`), outer levels
+    ``t_k = outer_round(t_{k-1}, F, B, AR_k) / M_k`` with ring all-reduces ``AR_k`` of all parameter
+    bytes (:meth:`CostModel.outer_round_ms`)."""
+    topo = _check_topology(topology)
+    cm = cost_model or CostModel.from_profile(profile, topo)
+    W = float(cm.param_bytes.sum())
+    t = None
+    for k, (M, B) in enumerate(topo.levels, start=1):
+        ar = ring_allreduce_ms(W, M, B, cm.level_latency_ms(k))
+        if t is None:
+            t = float(cm.round_ms(float(cm.fwd_ms.sum()), float(cm.bwd_ms.sum()), ar)) / M
+        else:
+            t = float(cm.outer_round_ms(t, float(cm.fwd_ms.sum()), float(cm.bwd_ms.sum()), ar,
+                                        topo.component_size(k - 1))) / M
     return t
 
 
 def partition(profile: Profile, topology: Topology, straight: bool = False,
-              memory_bytes: float | None = None, use_fewer_workers: bool = False) -> Plan:
-    """PipeDream's optimal partition of ``profile`` onto ``topology`` (see the module docstring).
+              memory_bytes: float | None = None, use_fewer_workers: bool = False, *,
+              latency_ms=0.0, op_overhead_ms: float = 0.0, refine: bool = True, recompute: bool = False) -> Plan:
+    """PipeDream's optimal partition of ``profile`` onto ``topology`` (see the module docstring),
+    checked and refined by simulation.
 
     Returns a :class:`Plan` whose stages are flat (first, last, replicas, workers, time_ms): a
     level-k stage replicated over m level-(k-1) components contributes each of its inner stages
     once, with the workers of every replica component (ids ``c * S_{k-1} + w``), and
     ``time_ms = max(inner time, all-reduce_k) / m``. ``bottleneck_ms`` is the DP optimum, equal to
     the max of the stage times and ``meta["cuts"]`` (after_layer, level, time_ms).
+
+    The plan also carries the :class:`~workbench.costmodel.CostModel` figures of its flat stages:
+    ``predicted_ms`` (closed form), ``in_flight`` (warm-up per stage, communication included) and
+    ``stage_memory_bytes``. With ``refine`` (default) the 1F1B schedule of the plan is simulated at
+    PipeDream's NOAM warm-up and at the communication-aware ``in_flight`` (:func:`refine_plan`);
+    the faster that fits ``memory_bytes`` is kept and its steady state is ``simulated_ms``.
+    ``latency_ms`` (per message, one number or one per level) and ``op_overhead_ms`` (per op) are
+    the calibrated fixed costs of :mod:`workbench.calibrate`. ``recompute``: the memory limit and
+    ``stage_memory_bytes`` assume activation re-materialization (module docstring, Memory).
     """
     L = _layers(profile)
     topo = _check_topology(topology)
@@ -500,40 +554,85 @@ def partition(profile: Profile, topology: Topology, straight: bool = False,
         if not (math.isfinite(mb) and mb > 0):
             raise ValueError(f"memory_bytes must be a positive number of bytes per worker, got {memory_bytes!r}")
         memory_bytes = mb
-    levels = _build_levels(L, topo, straight, memory_bytes, use_fewer_workers)
+    cm = CostModel.from_profile(profile, topo, latency_ms=latency_ms, op_overhead_ms=op_overhead_ms)
+    levels = _build_levels(L, topo, straight, memory_bytes, use_fewer_workers, cm, recompute=recompute)
     top = levels[-1]
     m_top = _best_m(top, L.n - 1, 0, use_fewer_workers)
     best = float(top.A[m_top, L.n - 1, 0])
     if not math.isfinite(best):
-        raise ValueError(_infeasible_message(L, topo, straight, memory_bytes, use_fewer_workers))
+        raise ValueError(_infeasible_message(L, topo, straight, memory_bytes, use_fewer_workers, cm, recompute))
     pipeline = _rebuild(levels, topo.num_levels, 0, L.n - 1, m_top, use_fewer_workers)
     flat, cuts = _flatten(levels, topo.num_levels, pipeline, L, topo)
     stages = tuple(Stage(f, l, len(ws), tuple(ws), float(t)) for f, l, ws, t in flat)
     meta = {"topology": topo.to_list(), "topology_name": topo.name, "straight": straight,
-            "memory_bytes": memory_bytes, "use_fewer_workers": use_fewer_workers,
+            "memory_bytes": memory_bytes, "use_fewer_workers": use_fewer_workers, "recompute": recompute,
             "cuts": [[int(a), int(k), float(t)] for a, k, t in cuts],
-            "cost_model": "PipeDream SOSP'19 §3.1, T=max(compute, 2(m-1)/m*w/B)/m, cut=2a/B"}
-    return Plan(stages, bottleneck_ms=best, single_worker_ms=float(L.Cp[-1]),
-                data_parallel_ms=data_parallel_ms(profile, topo), method="pipedream", meta=meta)
+            "latency_ms": list(cm.latency_ms), "op_overhead_ms": cm.op_overhead_ms,
+            "batch_size": cm.batch_size,
+            "cost_model": "workbench.costmodel: 1F1B round (F + B + 3o + exposed ring AR) / m, "
+                          "cut = alpha + a/B per direction (full duplex)"}
+    plan = Plan(stages, bottleneck_ms=best, single_worker_ms=float(L.Cp[-1]),
+                data_parallel_ms=data_parallel_ms(profile, topo, cm), method="pipedream", meta=meta)
+    plan = with_predictions(plan, cm)
+    return refine_plan(plan, profile, topo, cm, memory_bytes) if refine else plan
 
 
-def _infeasible_message(L: _Layers, topo, straight, memory, fewer) -> str:
+def with_predictions(plan: Plan, cm: CostModel, in_flight=None) -> Plan:
+    """``plan`` with the cost model's closed-form figures: ``predicted_ms``, ``in_flight`` (default
+    :meth:`CostModel.in_flight`) and ``stage_memory_bytes``."""
+    k = tuple(cm.in_flight(plan) if in_flight is None else in_flight)
+    return replace(plan, predicted_ms=cm.predicted_ms(plan), in_flight=k,
+                   stage_memory_bytes=tuple(cm.stage_memory_bytes(plan, k, recompute=plan.meta.get("recompute", False))))
+
+
+def refine_plan(plan: Plan, profile: Profile, topology: Topology, cm: CostModel,
+                memory_bytes: float | None = None) -> Plan:
+    """Simulate ``plan``'s 1F1B schedule (:func:`workbench.simulate.simulate_plan`) with PipeDream's
+    NOAM warm-up and, unless that already reaches the prediction (within 0.5%; the prediction is a
+    bottleneck bound the steady state cannot beat), with the communication-aware ``in_flight``;
+    keep the faster one whose ``stage_memory_bytes`` fit ``memory_bytes`` (ties within 0.5%: the
+    smaller warm-up)."""
+    from .schedules import noam_warmup
+    from .simulate import simulate_plan, steady_microbatches
+
+    used = sorted(w for s in plan.stages for w in s.workers)
+    if used != list(range(len(used))):  # fewer workers, not a prefix of the ids: no schedule layout for it
+        return replace(plan, meta=plan.meta | {"not_simulated": "the plan's workers are not 0..W-1"})
+    best = None
+    for k in dict.fromkeys([tuple(noam_warmup(tuple(s.workers for s in plan.stages))), plan.in_flight]):
+        cand = with_predictions(plan, cm, k)
+        if memory_bytes is not None and max(cand.stage_memory_bytes) > memory_bytes:
+            continue
+        res = simulate_plan(cand, profile, topology, latency_ms=list(cm.latency_ms), op_overhead_ms=cm.op_overhead_ms)
+        t = res.time_per_minibatch_ms
+        if best is None or t < best[0] * (1 - 0.005):
+            best = (t, cand)
+        if t <= cand.predicted_ms * 1.005:
+            break
+    if best is None:
+        return plan
+    t, chosen = best
+    return replace(chosen, simulated_ms=t, meta=chosen.meta | {"simulated_minibatches": steady_microbatches(chosen)})
+
+
+def _infeasible_message(L: _Layers, topo, straight, memory, fewer, cm, recompute=False) -> str:
     if memory is not None:
         alone = L.param + L.act
         worst = int(np.argmax(alone))
         if alone[worst] > memory:
             return (f"memory_bytes={memory:.4g} is too small: layer {worst} alone needs "
                     f"{alone[worst]:.4g} bytes (weights + stashed activations of one minibatch)")
-        free = _build_levels(L, topo, straight, None, fewer)[-1]
+        free = _build_levels(L, topo, straight, None, fewer, cm)[-1]
         if math.isfinite(free.A[1:, -1, 0].min() if fewer else free.A[topo.counts[-1], -1, 0]):
             lo, hi = memory, float((L.Wp[-1] + L.Ap[-1]) * topo.num_workers)
             for _ in range(12):  # geometric bisection: infeasible at lo, feasible at hi
                 mid = math.sqrt(lo * hi)
-                top = _build_levels(L, topo, straight, mid, fewer)[-1]
+                top = _build_levels(L, topo, straight, mid, fewer, cm, recompute=recompute)[-1]
                 val = top.A[1:, -1, 0].min() if fewer else top.A[topo.counts[-1], -1, 0]
                 lo, hi = (lo, mid) if math.isfinite(val) else (mid, hi)
             return (f"no partition fits in memory_bytes={memory:.4g} per worker; the smallest limit "
-                    f"that fits is about {hi:.4g} bytes (raise memory_bytes or add workers)")
+                    f"that fits is about {hi:.4g} bytes (raise memory_bytes, add workers"
+                    f"{'' if recompute else ', or pass recompute=True'})")
     if straight:
         return (f"a straight pipeline needs at least one layer per worker: {L.n} layers cannot fill "
                 f"{topo.num_workers} workers ({topo.counts} per level); use use_fewer_workers=True, "
@@ -542,29 +641,26 @@ def _infeasible_message(L: _Layers, topo, straight, memory, fewer) -> str:
 
 
 # ---- baselines ------------------------------------------------------------------------------
-def _straight_plan(L: _Layers, lasts: list[int], method: str, topology: Topology | None) -> Plan:
+def _straight_plan(profile: Profile, lasts: list[int], method: str, topology: Topology | None) -> Plan:
+    """Stage k (layers up to ``lasts[k]``) on worker k, with the cost model's stage and cut times."""
     S = len(lasts)
     firsts = [0] + [l + 1 for l in lasts[:-1]]
-    times = [float(L.Cp[l + 1] - L.Cp[f]) for f, l in zip(firsts, lasts)]
+    topo = _check_topology(topology) if topology is not None else None
+    if topo is not None and S > topo.num_workers:
+        raise ValueError(f"{S} stages need {S} workers but the topology has {topo.num_workers}")
+    cm = CostModel.from_profile(profile, topo)
+    times = [cm.stage_ms(f, l, (k,)) for k, (f, l) in enumerate(zip(firsts, lasts))]
     cuts = []
-    if topology is not None:
-        topo = _check_topology(topology)
-        if S > topo.num_workers:
-            raise ValueError(f"{S} stages need {S} workers but the topology has {topo.num_workers}")
-        cuts = [(lasts[k], topo.level_between(k, k + 1),
-                 float(2 * L.act[lasts[k]] / topo.bandwidth_between(k, k + 1) * 1000)) for k in range(S - 1)]
+    if topo is not None:
+        cuts = [(lasts[k], topo.level_between(k, k + 1), cm.cut_ms(lasts[k], (k,), (k + 1,))) for k in range(S - 1)]
     stages = tuple(Stage(f, l, 1, (k,), t) for k, (f, l, t) in enumerate(zip(firsts, lasts, times)))
-    dp = math.nan
-    if topology is not None:
-        t, W = float(L.Cp[-1]), float(L.Wp[-1])
-        for M, B in topology.levels:
-            t = max(t, float(_allreduce_ms_per_byte(M, B)) * W) / M
-        dp = t
-    meta = {"topology": topology.to_list() if topology is not None else None,
+    dp = data_parallel_ms(profile, topo, cm) if topo is not None else math.nan
+    meta = {"topology": topo.to_list() if topo is not None else None,
             "cuts": [[int(a), int(k), t] for a, k, t in cuts],
-            "note": "stage k on worker k" if topology is not None else "no topology: communication not modeled"}
-    return Plan(stages, bottleneck_ms=max(times + [c[2] for c in cuts]), single_worker_ms=float(L.Cp[-1]),
+            "note": "stage k on worker k" if topo is not None else "no topology: communication not modeled"}
+    plan = Plan(stages, bottleneck_ms=max(times + [c[2] for c in cuts]), single_worker_ms=float(cm.fwd_ms.sum() + cm.bwd_ms.sum()),
                 data_parallel_ms=dp, method=method, meta=meta)
+    return with_predictions(plan, cm)
 
 
 def _check_stages(L: _Layers, stages) -> int:
@@ -580,8 +676,7 @@ def partition_equal_layers(profile: Profile, stages: int, topology: Topology | N
     get one more layer); stage k on worker k. Times modeled under ``topology`` when given."""
     L = _layers(profile)
     S = _check_stages(L, stages)
-    sizes = [L.n // S + (1 if k < L.n % S else 0) for k in range(S)]
-    return _straight_plan(L, list(np.cumsum(sizes) - 1), "equal-layers", topology)
+    return _straight_plan(profile, [s.last for s in Plan.even(L.n, S).stages], "equal-layers", topology)
 
 
 def partition_balanced_time(profile: Profile, stages: int, topology: Topology | None = None) -> Plan:
@@ -605,4 +700,4 @@ def partition_balanced_time(profile: Profile, stages: int, topology: Topology | 
     for k in range(S, 1, -1):
         j = int(arg[k, j])
         lasts.append(j)
-    return _straight_plan(L, lasts[::-1], "balanced-time", topology)
+    return _straight_plan(profile, lasts[::-1], "balanced-time", topology)

@@ -4,12 +4,20 @@ Format: one line per node ``nodeN -- <module repr> -- forward_compute_time=<ms>,
 backward_compute_time=<ms>, activation_size=<bytes>, parameter_size=<bytes>``, then one
 tab-indented line per edge ``nodeA -- nodeB``. Node lines are not in execution order.
 
+Recurrent models (GNMT) produce several tensors per node: their ``activation_size`` is a list
+``[a; b; c]`` (bytes of each output, ``;``-separated). The parts are kept (column ``act_parts``,
+text ``"a;b;c"`` in bytes, so it survives CSV and JSON) and their sum is the node's activation size. A number that does not parse names the file
+and line.
+
 Linearisation: nodes are put in a topological order (Kahn's algorithm, ties broken by node number,
-which follows PipeDream's creation order). The ``Input`` node is dropped (its time is data
-loading, not layer compute; its size is recorded as ``meta["input_bytes"]``). For a cut after
-position i of the order, every node at a position <= i that has a consumer at a position > i must
-be sent across the cut: ``act_bytes[i]`` is the sum of their activation sizes. For a chain this is
-just the layer's own output; across a ResNet block it also counts the skip tensor.
+which follows PipeDream's creation order). Input nodes (``Input``, ``Input0``, ``Input1``, ...)
+are inputs, not layers: they are dropped from the rows (their time is data loading, not compute;
+their total size is ``meta["input_bytes"]``, the parts ``meta["input_parts_bytes"]``). For a cut after
+position i of the order, every tensor produced at a position <= i (or an input) that has a consumer
+at a position > i must be sent across the cut (PipeDream's runtime forwards it stage to stage):
+``act_bytes[i]`` is the sum of their activation sizes. For a chain this is just the layer's own
+output; across a ResNet block it also counts the skip tensor; in GNMT, the source lengths
+(``Input1``) that the decoder reads.
 """
 from __future__ import annotations
 
@@ -26,9 +34,25 @@ if TYPE_CHECKING:
 _NODE = re.compile(r"^(node\d+) -- (.*) -- forward_compute_time=([^,]+), backward_compute_time=([^,]+), "
                    r"activation_size=([^,]+), parameter_size=(.+)$")
 _EDGE = re.compile(r"^\s+(node\d+) -- (node\d+)\s*$")
+_INPUT = re.compile(r"^Input\d*$")
 
 
-def read_graph(path) -> "Profile":
+def _bytes(text: str, where: str) -> tuple[float, ...]:
+    """``123.0`` -> (123.0,); ``[1.0; 2.0]`` -> (1.0, 2.0); ValueError naming ``where`` otherwise."""
+    t = text.strip()
+    parts = t[1:-1].split(";") if t.startswith("[") and t.endswith("]") else [t]
+    try:
+        vals = tuple(float(p) for p in parts if p.strip())
+    except ValueError:
+        vals = ()
+    if not vals or any(v < 0 or v != v for v in vals):
+        raise ValueError(f"{where}: {text!r} is not a size in bytes (a number, or a list [a; b; ...])")
+    return vals
+
+
+def read_graph(path, label: str | None = None) -> "Profile":
+    """A Profile from PipeDream's ``graph.txt`` (module docstring); ``meta["source"]`` names it
+    ``label`` (default: the path as given)."""
     from .profiler import Profile
 
     path = Path(path)
@@ -41,43 +65,60 @@ def read_graph(path) -> "Profile":
     for lineno, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
+        where = f"{path}:{lineno}"
         if m := _EDGE.match(line):
             edges.append((m.group(1), m.group(2)))
         elif m := _NODE.match(line):
             nid, desc, f, b, a, p = m.groups()
-            nodes[nid] = dict(node=nid, desc=desc.strip(), fwd_ms=float(f), bwd_ms=float(b),
-                              act_bytes_own=float(a), param_bytes=float(p))
+            parts = _bytes(a, f"{where}: activation_size")
+            nodes[nid] = dict(node=nid, desc=desc.strip(), fwd_ms=_number(f, where), bwd_ms=_number(b, where),
+                              act_parts=parts, act_bytes_own=sum(parts), param_bytes=sum(_bytes(p, f"{where}: parameter_size")))
         else:
-            raise ValueError(f"{path}:{lineno}: not a PipeDream graph.txt line: {line[:80]!r}")
+            raise ValueError(f"{where}: not a PipeDream graph.txt line: {line[:80]!r}")
     if not nodes:
         raise ValueError(f"{path} has no nodes; is it a PipeDream graph.txt?")
     for a, b in edges:
         if a not in nodes or b not in nodes:
             raise ValueError(f"{path}: edge {a} -- {b} names an unknown node")
     order = _topological(nodes, edges, path)
-    inputs = [n for n in order if nodes[n]["desc"] == "Input"]
-    input_bytes = sum(nodes[n]["act_bytes_own"] for n in inputs)
-    order = [n for n in order if nodes[n]["desc"] != "Input"]
-    pos = {n: i for i, n in enumerate(order)}
-    last_use = {n: pos[n] for n in order}  # latest position of a consumer
+    inputs = [n for n in order if _INPUT.match(nodes[n]["desc"])]
+    layers = [n for n in order if n not in set(inputs)]
+    if not layers:
+        raise ValueError(f"{path}: only input nodes; a profile needs at least one layer")
+    pos = {n: i for i, n in enumerate(layers)}
+    for n in inputs:
+        pos[n] = -1  # produced before the first layer
+    last_use = dict(pos)  # latest position of a consumer
     for a, b in edges:
-        if a in pos and b in pos:
+        if b in pos and pos[b] >= 0:
             last_use[a] = max(last_use[a], pos[b])
+    producers = inputs + layers
     rows = []
-    for i, n in enumerate(order):
-        crossing = [m for m in order[: i + 1] if last_use[m] > i]
-        if i == len(order) - 1:
+    for i, n in enumerate(layers):
+        crossing = [m for m in producers if pos[m] <= i and last_use[m] > i]
+        if i == len(layers) - 1:
             crossing = [n]  # the model's output (goes to the loss)
         d = nodes[n]
         rows.append(dict(name=f"{n}:{d['desc'].split('(')[0]}", fwd_ms=d["fwd_ms"], bwd_ms=d["bwd_ms"],
                          act_bytes=sum(nodes[m]["act_bytes_own"] for m in crossing),
                          param_bytes=d["param_bytes"], node=n, module=d["desc"],
-                         crossing=len(crossing)))
-    meta = dict(kind="measured", source=f"PipeDream graph.txt ({path})", device="GPU (PipeDream profiler)",
-                input_bytes=input_bytes)
-    if input_bytes:
+                         crossing=len(crossing), act_parts=";".join(f"{v:g}" for v in d["act_parts"])))
+    input_bytes = sum(nodes[n]["act_bytes_own"] for n in inputs)
+    meta = dict(kind="measured", source=f"PipeDream graph.txt ({label or path})", device="GPU (PipeDream profiler)",
+                input_bytes=input_bytes, input_parts_bytes=[nodes[n]["act_bytes_own"] for n in inputs])
+    if input_bytes and len(inputs) == 1:
         meta["batch_size_if_imagenet"] = round(input_bytes / (3 * 224 * 224 * 4))
     return Profile(pd.DataFrame(rows), meta)
+
+
+def _number(text: str, where: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not v >= 0:  # negative or nan
+        raise ValueError(f"{where}: compute time {text!r} is not a number of ms >= 0")
+    return v
 
 
 def _topological(nodes, edges, path) -> list[str]:
@@ -115,4 +156,4 @@ def shipped_path(name: str) -> Path:
 
 def shipped(name: str) -> "Profile":
     """PipeDream's published GPU profile of ``name`` (alexnet, resnet50, vgg16) as a Profile."""
-    return read_graph(shipped_path(name))
+    return read_graph(shipped_path(name), label=f"shipped {name}")

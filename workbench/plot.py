@@ -11,6 +11,7 @@ so the legend toggles kinds. Hover shows stage, microbatch, kind, version, start
 """
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -159,9 +160,27 @@ def compare_figure(timelines: dict[str, pd.DataFrame], title: str | None = None,
     return fig
 
 
+#: Environment variable naming one shared ``plotly.min.js`` (see :func:`save_html`).
+SHARED_PLOTLYJS_ENV = "WORKBENCH_PLOTLYJS"
+
+
 def save_html(fig: go.Figure, path) -> Path:
-    """Write a standalone HTML file with plotly.js embedded (works offline)."""
+    """Write an HTML file that works offline. plotly.js (4.8 MB) is embedded, unless the
+    environment variable ``WORKBENCH_PLOTLYJS`` names a shared ``plotly.min.js`` file: then the page
+    loads it by relative path (``workbench reproduce`` does this so that a run folder holds one
+    copy of plotly.js, not one per figure)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.write_html(str(path), include_plotlyjs=True, full_html=True)
+    shared = os.environ.get(SHARED_PLOTLYJS_ENV)
+    include = os.path.relpath(shared, path.resolve().parent) if shared else True
+    fig.write_html(str(path), include_plotlyjs=include, full_html=True)
+    return path
+
+
+def write_shared_plotlyjs(directory) -> Path:
+    """Write plotly.js once into ``directory`` (``plotly.min.js``) and return its path."""
+    from plotly.offline import get_plotlyjs
+
+    path = Path(directory) / "plotly.min.js"
+    path.write_text(get_plotlyjs(), encoding="utf-8")
     return path

@@ -82,6 +82,32 @@ class Profile:
         return (f"{len(df)} layers, {self.total_ms:.3f} ms fwd+bwd per minibatch, "
                 f"{self.total_param_bytes / 2**20:.2f} MiB parameters ({kind}{', ' + where if where else ''})\n{table}")
 
+    # ---- Jupyter manners -----------------------------------------------------------------
+    def _rows(self) -> list:
+        df = self.layers
+        batch = self.meta.get("batch_size")
+        return [("layers", len(df), ""), ("batch size", batch if batch else "not recorded", "samples" if batch else ""),
+                ("fwd+bwd", self.total_ms, "ms per minibatch"), ("parameters", self.total_param_bytes / 2**20, "MiB"),
+                ("largest cut", float(df["act_bytes"].max()) / 2**20, "MiB")]
+
+    def _label(self) -> str:
+        kind = self.meta.get("kind", "kind not recorded")
+        where = self.meta.get("device") or self.meta.get("source") or ""
+        return f"{kind}{' on ' + str(where) if where and kind == 'measured' else (', ' + str(where) if where else '')}"
+
+    def __repr__(self) -> str:
+        from .display import one_line
+
+        return one_line("Profile", [("model", self.meta.get("model", "unnamed"), "")] + self._rows()[:4]
+                        + [("kind", self._label(), "")])
+
+    def _repr_html_(self) -> str:
+        from .display import card
+
+        cols = [c for c in ("name", "fwd_ms", "bwd_ms", "act_bytes", "param_bytes") if c in self.layers]
+        return card(f"Profile of {self.meta.get('model', 'a model')}", self._rows(), label=self._label(),
+                    table=self.layers[cols])
+
     # ---- persistence ------------------------------------------------------------------
     def save(self, path) -> Path:
         """Write JSON (``.json``) or CSV (anything else; meta goes to ``<path>.meta.json``)."""
@@ -96,7 +122,16 @@ class Profile:
 
     @classmethod
     def load(cls, path) -> "Profile":
-        path = Path(path)
+        """Read a profile file (see :meth:`save`, or a PipeDream graph.txt); a file whose layers all
+        have zero compute time is refused (nothing to partition or simulate)."""
+        prof = cls._load(Path(path))
+        if prof.total_ms <= 0:
+            raise ValueError(f"profile {path} has zero compute time (fwd_ms + bwd_ms) in all {len(prof)} layers; "
+                             "nothing to balance: measure the model (workbench profile) or fill in per-layer times")
+        return prof
+
+    @classmethod
+    def _load(cls, path: Path) -> "Profile":
         if not path.exists():
             raise ValueError(f"profile file {path} does not exist")
         if path.name == "graph.txt" or path.suffix == ".txt":
@@ -104,7 +139,10 @@ class Profile:
         try:
             if path.suffix == ".json":
                 d = json.loads(path.read_text())
-                return cls(pd.DataFrame(d["layers"]), d.get("meta", {}))
+                if not isinstance(d, dict) or not isinstance(d.get("layers"), (dict, list)):
+                    raise ValueError(f"{path} holds a JSON {type(d).__name__}, not a profile: expected an object "
+                                     '{"meta": {...}, "layers": {column: [values per layer]}} as Profile.save writes')
+                return cls(pd.DataFrame(d["layers"]), d.get("meta", {}) if isinstance(d.get("meta"), dict) else {})
             meta_path = Path(str(path) + ".meta.json")
             meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
             return cls(pd.read_csv(path), meta)
@@ -165,9 +203,15 @@ def _layers_and_input(model, example_input, batch_size):
     elif isinstance(model, torch.nn.Sequential) or isinstance(model, (list, tuple, torch.nn.ModuleList)):
         layers = list(model)
         name, names = type(model).__name__, None
+    elif isinstance(model, torch.nn.Module):  # any other module: trace it into layers (workbench.graph)
+        if example_input is None:
+            raise ValueError(f"profile() needs example_input to trace {type(model).__name__} into layers")
+        from .graph import split
+
+        return _layers_and_input(split(model, example_input), example_input, batch_size)
     else:
-        raise ValueError("profile() needs a layer-sequential model: a workbench.models LayerModel, an "
-                         "nn.Sequential or a list of modules")
+        raise ValueError(f"profile() needs an nn.Module, a workbench.models LayerModel or a list of modules, "
+                         f"got {type(model).__name__}")
     if example_input is None:
         raise ValueError("profile() needs example_input for a plain list of layers")
     if not layers:
@@ -228,6 +272,7 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
     name, layers, names, x = _layers_and_input(model, example_input, batch_size)
+    batch_size = _batch_of(x, batch_size)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = dev.type == "cuda"
     layers = [l.to(dev) for l in layers]
@@ -253,13 +298,13 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
         sync()
         return r, (time.perf_counter() - t0) * 1e3
 
-    rows = []
+    rows, seen = [], set()
     for i, layer in enumerate(tqdm(layers, desc=f"profiling {name}", disable=not progress, leave=False)):
         layer.train()
         fwd_times, bwd_times = [], []
         for it in range(warmup + iterations):
             inp = _detach(x, i > 0)
-            out, tf = timed(lambda: layer(inp))
+            out, tf = timed(lambda: _call(layer, inp, i, names[i]))
             outs, grads = _backward_inputs(out)
             tb = 0.0
             if outs:
@@ -272,7 +317,7 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
             out = layer(_detach(x))
         row = dict(name=names[i], fwd_ms=statistics.median(fwd_times), bwd_ms=statistics.median(bwd_times),
                    act_bytes=float(nbytes(out)),
-                   param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters())),
+                   param_bytes=float(_new_param_bytes(layer, seen)),
                    input_bytes=float(nbytes(x)))
         if flops:
             row["flops_fwd"], row["flops_bwd"] = _flops(layer, x, first=i == 0)
@@ -287,6 +332,36 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
                 iterations=iterations, warmup=warmup, peak_memory_bytes=int(peak),
                 timer="cuda events" if cuda else "time.perf_counter", torch=torch.__version__)
     return Profile(pd.DataFrame(rows), meta)
+
+
+def _batch_of(x, default: int) -> int:
+    """The batch size a profile really measured: the first dimension of its first input tensor."""
+    ts = _tensors(x) if x is not None else []
+    return int(ts[0].shape[0]) if ts and ts[0].dim() else default
+
+
+def _call(layer, inp, i: int, name: str):
+    """``layer(inp)``, with an in-place operation on the layer's input named instead of autograd's
+    bare "a leaf Variable that requires grad is being used in an in-place operation"."""
+    try:
+        return layer(inp)
+    except RuntimeError as e:
+        if "in-place" not in str(e) and "inplace" not in str(e):
+            raise
+        raise ValueError(f"layer {i} ({name}: {type(layer).__name__}) modifies its input in place (e.g. "
+                         "ReLU(inplace=True) at the start of a layer); trace the model with workbench.graph.split "
+                         "(it keeps in-place operations with the layer that produced their input) or use "
+                         "inplace=False") from None
+
+
+def _new_param_bytes(layer, seen: set) -> int:
+    """Bytes of the layer's parameters not counted by an earlier layer (a tied weight counts once)."""
+    total = 0
+    for p in layer.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+    return total
 
 
 def _to(x, dev):
@@ -360,14 +435,14 @@ def analyze(model, example_input=None, *, batch_size: int = 32) -> pd.DataFrame:
     of 3x3 stride-1 convolutions, which GPU libraries run with Winograd), input_grad (False for the
     first layer: no gradient is computed for the data), act_bytes, input_bytes, param_bytes."""
     name, layers, names, x = _layers_and_input(model, example_input, batch_size)
-    rows = []
+    rows, seen = [], set()
     for i, layer in enumerate(layers):
         fwd, bwd = _flops(layer, x, first=i == 0)
         out = layer(_detach(x, i > 0))
         rows.append(dict(name=names[i], flops_fwd=fwd, flops_bwd=bwd, flops_conv3x3=_winograd_flops(layer, x),
                          input_grad=i > 0,
                          act_bytes=float(nbytes(out)), input_bytes=float(nbytes(x)),
-                         param_bytes=float(sum(p.numel() * p.element_size() for p in layer.parameters()))))
+                         param_bytes=float(_new_param_bytes(layer, seen))))
         x = _regroup(out, [t.detach() for t in _tensors(out)])
     return pd.DataFrame(rows)
 
@@ -409,7 +484,7 @@ def project(model_or_frame, gpu: str = "V100", *, batch_size: int = 32, example_
     out["fwd_ms"] = np.maximum(f_fwd / peak, (io + df["param_bytes"]) / bw) * 1e3 + LAUNCH_MS
     out["bwd_ms"] = np.maximum(f_bwd / peak, (2 * io + 2 * df["param_bytes"]) / bw) * 1e3 + LAUNCH_MS
     name = getattr(model_or_frame, "name", "frame")
-    meta = dict(kind="modeled", device=f"{gpu} (modeled)", model=name, batch_size=batch_size,
+    meta = dict(kind="modeled", device=f"{gpu} (modeled)", model=name, batch_size=_batch_of(example_input, batch_size),
                 method="roofline from torch.utils.flop_counter FLOPs and tensor bytes"
                        + (", Winograd 3x3" if winograd else ""),
                 compute_efficiency=compute_efficiency, memory_efficiency=memory_efficiency,

@@ -77,7 +77,9 @@ def _resolve(name: str) -> str:
     key = str(name).lower().strip()
     key = ALIASES.get(key, key)
     if key not in ZOO:
-        raise ValueError(f"unknown model {name!r}; choose one of {sorted(ZOO)}")
+        shown = name if isinstance(name, str) else type(name).__name__
+        raise ValueError(f"unknown model {shown!r}; choose one of {sorted(ZOO)}, or give your own as an nn.Module "
+                         "(Python) or package.module:function (command line)")
     return key
 
 

@@ -20,8 +20,13 @@ def _kv(text: str) -> tuple[str, object]:
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="mlp", help="zoo model name (or toy-mlp)")
-    p.add_argument("--schedule", default="pipedream", help="schedule name (workbench.schedules.NAMES)")
+    p.add_argument("--model", default="mlp", help="zoo model name (or toy-mlp), or package.module:function returning "
+                   "an nn.Module (traced into layers by workbench.graph.split)")
+    p.add_argument("--dataset", default=None, help="built-in data set name (`workbench models`) or package.module:function "
+                   "returning a TensorDataset or a (train, test) pair; default: the zoo model's own")
+    p.add_argument("--schedule", default="pipedream", help="schedule name (`workbench schedules` lists them)")
+    p.add_argument("--schedule-option", type=_kv, action="append", default=[], metavar="KEY=VALUE",
+                   help="schedule option, e.g. chunks=2 (repeatable; `workbench schedules` lists them)")
     p.add_argument("--weights", choices=["stash", "vertical-sync", "no-stash"], default=None,
                    help="PipeDream weight rule (schedule pipedream only)")
     p.add_argument("--workers", type=int, default=2)
@@ -56,14 +61,16 @@ def run_train(args) -> int:
     from .launch import train
     try:
         plan = Plan.load(args.plan) if args.plan else None
-        sopts = {"weights": args.weights} if args.weights else {}
+        sopts = dict(args.schedule_option)
+        if args.weights:
+            sopts["weights"] = args.weights
         summary = train(model=args.model, schedule=args.schedule, workers=args.workers, microbatches=args.microbatches,
                         steps=args.steps, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                         out=args.out, plan=plan, device=args.device, backend=args.backend, resume=args.resume,
                         fail_rank=args.fail_rank, fail_at_step=args.fail_at_step, timeout_s=args.timeout,
                         port=args.port, threads=args.threads, allow_oversubscribe=args.allow_oversubscribe,
                         dtype=args.dtype, progress=not args.no_progress, schedule_options=sopts,
-                        momentum=args.momentum, evaluate=not args.no_eval,
+                        momentum=args.momentum, evaluate=not args.no_eval, dataset=args.dataset,
                         **dict(args.model_option))
     except ValueError as e:
         print(f"workbench train: error: {e}", file=sys.stderr)

@@ -30,6 +30,104 @@ def build_model(name: str, dtype: str | None = None, seed: int = 0, **options):
     return model
 
 
+def copy_model(model, dtype: str | None = None):
+    """A fresh copy of a user's model (a LayerModel shipped to the ranks by pickling): every call
+    returns the same initial weights."""
+    import copy
+
+    model = copy.deepcopy(model)
+    if dtype is not None:
+        for layer in model.layers:
+            layer.to(getattr(torch, dtype))
+    return model
+
+
+def user_dataset(train, test=None, split: str = "train"):
+    """A user's TensorDataset(s): ``split="test"`` raises when no test set was given (no evaluation)."""
+    if split == "train":
+        return train
+    if test is None:
+        raise ValueError("no test set was given")
+    return test
+
+
+def load_object(spec: str):
+    """``"package.module:function"`` -> the function (imported, not called)."""
+    import importlib
+
+    mod, _, attr = spec.partition(":")
+    if not mod or not attr:
+        raise ValueError(f"expected package.module:function, got {spec!r}")
+    try:
+        obj = importlib.import_module(mod)
+    except ImportError as e:
+        raise ValueError(f"cannot import {mod!r} for {spec!r} ({e}); is its folder on PYTHONPATH?") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"module {mod!r} has no {attr!r} (from {spec!r})")
+        obj = getattr(obj, part)
+    return obj
+
+
+def as_dataset(dataset):
+    """A data set argument -> ``(TensorDataset train, TensorDataset | None test)`` for a user model:
+    a TensorDataset, a pair (train, test), or ``"package.module:function"`` returning either."""
+    from torch.utils.data import TensorDataset
+
+    if isinstance(dataset, str):
+        dataset = load_object(dataset)()
+    train, test = dataset if isinstance(dataset, (tuple, list)) and len(dataset) == 2 else (dataset, None)
+    for d in (train, test):
+        if d is not None and not isinstance(d, TensorDataset):
+            raise ValueError(f"a data set must be a torch.utils.data.TensorDataset(inputs..., targets) (or a pair "
+                             f"(train, test) of them), got {type(d).__name__}")
+    return train, test
+
+
+def as_layer_model(model, train_set, seed: int = 0, dtype: str | None = None):
+    """A user's model -> LayerModel: a LayerModel passes through, an ``nn.Module`` is traced by
+    :func:`workbench.graph.split` on two samples of ``train_set``, a callable (factory, or
+    ``"package.module:function"``) is called under ``torch.manual_seed(seed)`` first. A trace records
+    dtypes (``x.to(torch.float32)`` in the model's code stays float32), so with ``dtype`` the module
+    is converted and traced in that dtype."""
+    from torch import nn
+
+    from ..models.base import LayerModel
+
+    if isinstance(model, str):
+        model = load_object(model)
+    if isinstance(model, LayerModel):
+        return model
+    if not isinstance(model, nn.Module) and callable(model):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            built = model()
+        if not isinstance(built, (nn.Module, LayerModel)):
+            raise ValueError(f"model factory {getattr(model, '__name__', model)!r} returned {type(built).__name__}; "
+                             "it must return an nn.Module")
+        model = built
+        if isinstance(model, LayerModel):
+            return model
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a zoo name, an nn.Module, a LayerModel or a factory, got {type(model).__name__}")
+    if train_set is None:
+        raise ValueError(f"training {type(model).__name__} needs a data set: dataset=TensorDataset(inputs..., targets)")
+    from ..graph import from_modules, split
+
+    *xs, _ = train_set.tensors
+    example = tuple(x[:2] for x in xs)
+    if dtype is not None:
+        model = model.to(getattr(torch, dtype))
+        example = tuple(x.to(getattr(torch, dtype)) if x.is_floating_point() else x for x in example)
+    x = example[0] if len(example) == 1 else example
+    try:
+        return split(model, x)
+    except ValueError:
+        if not isinstance(model, nn.Sequential):
+            raise
+        return from_modules(list(model), x, name="Sequential")  # its children, chained, are the layers
+
+
 def build_dataset(model_name: str, dataset: str, split: str = "train", **options):
     """The model's training (or test) set; ``options`` go to the loader (e.g. the synthetic set's sizes)."""
     if model_name == "toy-mlp" or dataset == "toy":

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
+import pickle
 import shutil
 import socket
 import time
@@ -17,8 +19,8 @@ import torch
 
 from ..schedules.core import Schedule, validate
 from .fetch import check_remote
-from .job import Job, build_dataset, build_model
-from .outputs import latest_checkpoint, load_stage
+from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
+from .outputs import RunResult, latest_checkpoint, load_stage
 from .rank import first_failure, worker_main
 from .stages import DataOrder, even_bounds, plan_bounds, stage_module, stage_params
 
@@ -49,28 +51,33 @@ def _under_torchrun() -> bool:
 def make_schedule(schedule, plan_or_stages, microbatches: int, **options) -> Schedule:
     if isinstance(schedule, Schedule):
         return schedule
-    try:
-        from workbench.schedules import build
-    except ImportError as e:
-        raise ValueError(f"schedule generators unavailable ({e}); pass a Schedule object") from None
+    from workbench.schedules import build
     return build(schedule, plan_or_stages, microbatches, **options)
 
 
-_DATA_PARALLEL = ("dp-bsp", "dp-asp")
-_MASTER = ("ddp", "fsdp", "pp", "lpp", "fslpp")
+def schedule_for_workers(name: str, workers: int, plan, microbatches: int, options: dict) -> Schedule:
+    """Schedule ``name`` on ``workers`` ranks, shaped by the registry (no special cases by name): a
+    schedule taking ``workers`` (data parallel, master family) gets it; without a plan the stage count
+    is ``spec.stages_for(workers, options)`` (k stages per worker; 1 for data parallel)."""
+    from workbench.schedules import spec
+    sp = spec(name)
+    options.update(sp.check_options(options))  # typed values (e.g. "2" from the command line -> 2)
+    if sp.takes_workers:
+        options.setdefault("workers", workers)
+    return make_schedule(name, plan if plan is not None else sp.stages_for(workers, options), microbatches, **options)
 
 
-def prepare(model: str = "mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, steps: int | None = None,
+def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, steps: int | None = None,
             epochs: int = 1, batch_size: int = 64, lr: float = DEFAULT_LR, seed: int = 0, out=None, plan=None,
             device: str | None = None, backend: str | None = None, resume: bool = False, fail_rank: int | None = None,
             fail_at_step: int | None = None, timeout_s: float = 60.0, allow_oversubscribe: bool = False,
             threads: int | None = None, progress: bool = True, return_weights: bool = False, dtype: str | None = None,
             schedule_options: dict | None = None, dataset_options: dict | None = None, lookahead: int | None = None,
-            evaluate: bool = True, momentum: float = 0.0, **model_options) -> Job:
+            evaluate: bool = True, momentum: float = 0.0, dataset=None, **model_options) -> Job:
     """Validate the arguments of :func:`train` and build the picklable :class:`Job`."""
     torchrun = _under_torchrun()
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+    _check_numbers(workers=workers, microbatches=microbatches, batch_size=batch_size, lr=lr, momentum=momentum,
+                   timeout_s=timeout_s)
     if torchrun and int(os.environ["WORLD_SIZE"]) != workers:
         workers = int(os.environ["WORLD_SIZE"])
     if device is None:
@@ -86,37 +93,32 @@ def prepare(model: str = "mlp", schedule="pipedream", workers: int = 2, microbat
                              "(--allow-oversubscribe)")
         if device.startswith("cuda") and workers > torch.cuda.device_count() and not allow_oversubscribe:
             raise ValueError(f"{workers} workers on {torch.cuda.device_count()} GPUs; use fewer workers or allow_oversubscribe")
+    mseed = model_options.pop("model_seed", seed)
+    the_model, model_fn, dataset_fn, label = _model_and_data(model, dataset, dtype, mseed, model_options,
+                                                             dict(dataset_options or {}))
     if out is None:  # a fresh run folder
         name = schedule if isinstance(schedule, str) else schedule.name
-        out = Path("results") / "train" / f"{model}-{name}-w{workers}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        out = Path("results") / "train" / f"{label}-{name}-w{workers}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     out = Path(out)
     if (out / "summary.json").exists() and not resume:
         raise ValueError(f"{out} already holds a finished run; choose a new --out folder (or --resume to continue it)")
-    mseed = model_options.pop("model_seed", seed)
-    model_fn = functools.partial(build_model, model, dtype, mseed, **model_options)
-    the_model = model_fn()
     L = len(the_model.layers)
     if plan is not None and plan.num_layers != L:
-        raise ValueError(f"the plan covers {plan.num_layers} layers but model {model!r} has {L}; "
+        raise ValueError(f"the plan covers {plan.num_layers} layers but model {label!r} has {L}; "
                          "partition this model's profile again")
     sopts = dict(schedule_options or {})
     if isinstance(schedule, Schedule):
         sched = schedule
     else:
-        if schedule in _DATA_PARALLEL + _MASTER:
-            sopts.setdefault("workers", workers)
-        if plan is not None:
-            sched = make_schedule(schedule, plan, microbatches, **sopts)
-        elif schedule in _DATA_PARALLEL:
-            sched = make_schedule(schedule, 1, microbatches, **sopts)
-        elif schedule == "interleaved-1f1b":
-            sched = make_schedule(schedule, workers * sopts.get("chunks", 2), microbatches, **sopts)
-        else:
-            sched = make_schedule(schedule, workers, microbatches, **sopts)
+        sched = schedule_for_workers(schedule, workers, plan, microbatches, sopts)
     validate(sched)
     check_remote(sched)  # master family: remote weights are fetched from their owner (fetch.py)
+    if sched.num_segments > 1:
+        raise ValueError(f"{sched.name} cuts sequences into segments, which a layer-sequential model cannot run; "
+                         f"run it with workbench.runtime.segments.run (segment-wise transformer)")
     if sched.num_workers != workers:
-        raise ValueError(f"schedule {sched.name!r} uses {sched.num_workers} workers but workers={workers}")
+        raise ValueError(f"schedule {sched.name!r} uses {sched.num_workers} workers but workers={workers}; "
+                         f"run it with --workers {sched.num_workers} (workers={sched.num_workers})")
     if sched.microbatches != microbatches:
         microbatches = sched.microbatches
     if plan is not None and plan.num_stages == sched.num_stages:
@@ -125,12 +127,9 @@ def prepare(model: str = "mlp", schedule="pipedream", workers: int = 2, microbat
         raise ValueError(f"the plan has {plan.num_stages} stages but schedule {sched.name!r} has {sched.num_stages}")
     else:
         bounds = even_bounds(L, sched.num_stages)
-    dopts = dict(dataset_options or {})
-    if the_model.dataset == "synthetic" and "in_features" in the_model.config:  # match the model's input
-        dopts.setdefault("in_features", the_model.config["in_features"])
-        dopts.setdefault("num_classes", the_model.config.get("num_classes", 10))
-    dataset_fn = functools.partial(build_dataset, model, the_model.dataset, **dopts)
-    n = len(dataset_fn())
+    _check_tied(the_model, bounds)
+    train_set = dataset_fn()
+    n = len(train_set)
     order = DataOrder(n, batch_size, microbatches, seed)
     rounds_total = steps if steps is not None else epochs * order.rounds_per_epoch
     if rounds_total < 1:
@@ -142,7 +141,94 @@ def prepare(model: str = "mlp", schedule="pipedream", workers: int = 2, microbat
                seed=seed, rounds_total=rounds_total, out=str(out), dtype=dtype, resume=resume, fail_rank=fail_rank,
                fail_at_step=fail_at_step, timeout_s=timeout_s, device=device, backend=backend, threads=threads,
                progress=progress, return_weights=return_weights, lookahead=lookahead, evaluate=evaluate, momentum=momentum,
-               options=dict(model=model, model_options=model_options, schedule_options=sopts))
+               options=dict(model=label, model_options=model_options, schedule_options=sopts,
+                            targets_per_sample=int(train_set.tensors[-1][0].numel())))
+
+
+def _check_not_bootstrapping() -> None:
+    """A spawned rank re-imports the parent's ``__main__`` script; a script that calls ``train`` at
+    module level would start training again in every rank. Say so instead of multiprocessing's
+    bootstrapping error."""
+    import multiprocessing as mp
+
+    if mp.parent_process() is not None and getattr(mp.current_process(), "_inheriting", False):
+        raise RuntimeError("workbench.runtime.train was called while a spawned rank imported your script: put the "
+                           "training code under `if __name__ == \"__main__\":` (see the README, 'Your own model')")
+
+
+def _check_numbers(**values) -> None:
+    """One line per bad number: counts >= 1, lr finite and > 0, momentum in [0, 1), timeout > 0."""
+    for k in ("workers", "microbatches", "batch_size"):
+        v = values[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{k} must be an integer >= 1, got {v!r}")
+    lr, mu, t = values["lr"], values["momentum"], values["timeout_s"]
+    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    if not (isinstance(mu, (int, float)) and math.isfinite(mu) and 0 <= mu < 1):
+        raise ValueError(f"momentum must be in [0, 1), got {mu!r}")
+    if not (isinstance(t, (int, float)) and t > 0):
+        raise ValueError(f"timeout must be > 0 seconds, got {t!r}")
+
+
+def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, dopts: dict):
+    """(model, picklable model recipe, picklable data set recipe, label) for a zoo name or a user model.
+
+    Zoo names rebuild the model in every rank from ``(name, seed, options)``; a user's model (an
+    ``nn.Module``, a factory, ``"package.module:function"``, a LayerModel) is traced once here
+    (:func:`workbench.graph.split`) and the traced copy travels to the ranks by pickling."""
+    from torch.utils.data import TensorDataset
+
+    def data_recipe(default_name: str | None, model_name: str = "user"):
+        if dataset is None and default_name is None:
+            raise ValueError("a user model needs a data set (dataset= / --dataset): a TensorDataset(inputs..., targets), a pair "
+                             "(train, test), a built-in name (`workbench models` lists them) or package.module:function")
+        if dataset is None or (isinstance(dataset, str) and ":" not in dataset):
+            return functools.partial(build_dataset, model_name, dataset or default_name, **dopts)
+        train, test = as_dataset(dataset)
+        return functools.partial(user_dataset, train, test)
+
+    if isinstance(model, str) and ":" not in model:  # the zoo (or toy-mlp)
+        model_fn = functools.partial(build_model, model, dtype, mseed, **model_options)
+        the_model = model_fn()
+        if dataset is None and the_model.dataset == "synthetic" and "in_features" in the_model.config:
+            dopts.setdefault("in_features", the_model.config["in_features"])  # match the model's input
+            dopts.setdefault("num_classes", the_model.config.get("num_classes", 10))
+        return the_model, model_fn, data_recipe(the_model.dataset, model), model
+    if model_options:
+        raise ValueError(f"model options {sorted(model_options)} apply to zoo models only; configure your model "
+                         "in its factory")
+    if isinstance(model, str):
+        model = load_object(model)  # package.module:function: fail on a bad name before loading data
+    dataset_fn = data_recipe(None)
+    train_set = dataset_fn()
+    if not isinstance(train_set, TensorDataset):
+        raise ValueError(f"the data set must be a TensorDataset, got {type(train_set).__name__}")
+    the_model = as_layer_model(model, train_set, mseed, dtype)
+    model_fn = functools.partial(copy_model, the_model, dtype)
+    try:
+        pickle.dumps(model_fn)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"model {the_model.name} cannot be pickled for the spawned ranks ({type(e).__name__}: "
+                         f"{str(e)[:200]}); define its loss and factory in an importable module") from None
+    return the_model, model_fn, dataset_fn, the_model.name
+
+
+def _check_tied(model, bounds) -> None:
+    """Refuse stage bounds that split layers sharing a parameter (a tied weight): every stage keeps
+    its own copy of its weights, so the copies would drift apart."""
+    if hasattr(model, "check_stages"):
+        model.check_stages(bounds)
+        return
+    owner = {}
+    for s, (a, z) in enumerate(bounds):
+        for i in range(a, z + 1):
+            for p in model.layers[i].parameters():
+                first = owner.setdefault(id(p), (s, i))
+                if first[0] != s:
+                    names = model.layer_names() if hasattr(model, "layer_names") else [str(j) for j in range(len(model.layers))]
+                    raise ValueError(f"layers {names[first[1]]} and {names[i]} share a weight (tied) but fall into "
+                                     f"stages {first[0]} and {s}; untie it or keep these layers in one stage")
 
 
 def _shared_weights(job: Job):
@@ -204,33 +290,48 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
     except mp.ProcessExitedException as e:
         first = first_failure(jobs)
         why = f"rank {first['rank']} failed: {first['error'][:500]}" if first else \
-            f"rank {e.error_index} exited with code {e.exit_code} (signal {e.signal_name})"
+            (f"rank {e.error_index} exited with code {e.exit_code} (signal {e.signal_name}) before it started; "
+             "if you train from a script, put the training code under `if __name__ == \"__main__\":`")
         raise RuntimeError(f"{why}; the job was stopped") from None
     return [_read_summary(Path(j.out), j) for j in jobs]
 
 
 def _read_summary(out: Path, job: Job) -> dict:
-    summary = json.loads((out / "summary.json").read_text())
+    summary = RunResult(json.loads((out / "summary.json").read_text()))
     summary["out"] = str(out)
     if job.return_weights:
         summary["weights"] = torch.load(out / "weights.pt", weights_only=False)
     return summary
 
 
-def train(model: str = "mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, steps: int | None = None,
+def train(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, steps: int | None = None,
           epochs: int = 1, batch_size: int = 64, lr: float = DEFAULT_LR, seed: int = 0, out=None, plan=None,
           device: str | None = None, backend: str | None = None, resume: bool = False, fail_rank: int | None = None,
           fail_at_step: int | None = None, timeout_s: float = 60.0, port: int | None = None, **options) -> dict:
-    """Train ``model`` with ``schedule`` on ``workers`` processes; returns the run summary (dict).
+    """Train ``model`` with ``schedule`` on ``workers`` processes; returns the run summary
+    (:class:`~workbench.runtime.outputs.RunResult`, a dict with a Jupyter card).
+
+    ``model``: a zoo name; or your own model: an ``nn.Module``, a factory returning one (called under
+    ``torch.manual_seed(seed)``), ``"package.module:function"``, or a LayerModel such as
+    :func:`workbench.graph.split` returns. An ``nn.Module`` is traced once here into layers and the
+    traced copy (ATen graphs and tensors only) is pickled into the ranks, so a model class defined in
+    a notebook works; from a *script*, call ``train`` under ``if __name__ == "__main__":`` (spawned
+    ranks re-import the script). ``dataset`` (needed for your own model; default for the zoo: its own):
+    a ``TensorDataset(inputs..., targets)``, a pair ``(train, test)``, a built-in name, or
+    ``"package.module:function"``.
 
     ``schedule`` is a name for :func:`workbench.schedules.build` or a :class:`Schedule`. One *step* is
-    one minibatch of ``batch_size`` samples split into ``microbatches``: one pass of the schedule.
+    one minibatch of ``batch_size`` samples split into ``microbatches`` microbatches of
+    ``batch_size / microbatches`` samples: one pass of the schedule, whatever the schedule (the
+    number of optimizer updates in a pass is the schedule's rule: ``updates_per_step`` in the
+    summary; words and units: :mod:`workbench.runtime.outputs`).
     ``steps`` (total minibatches) overrides ``epochs``. Other options: ``allow_oversubscribe``,
     ``threads`` (per worker), ``progress``, ``return_weights`` (final weights per stage in the
     summary), ``dtype`` (e.g. ``"float64"``), ``schedule_options`` (e.g. ``{"weights": "vertical-sync"}``),
     ``dataset_options``, ``lookahead`` (receives posted ahead), ``momentum`` (SGD heavy ball, default 0),
     ``evaluate`` (test loss/accuracy at each epoch end, default True), and model options for the zoo.
     """
+    _check_not_bootstrapping()
     if port is not None:
         free_port(port)
     job = prepare(model, schedule, workers, microbatches, steps, epochs, batch_size, lr, seed, out, plan, device,

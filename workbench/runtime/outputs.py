@@ -2,11 +2,24 @@
 
 * ``metrics.csv``  one row per minibatch (``step``): loss, accuracy (training microbatches), samples/s,
   wall ms, and at the end of each epoch the test loss/accuracy
-* ``timeline.csv`` measured ops ``worker, stage, microbatch, kind, start, end, version, step, wait_ms``
-  (ms since a barrier-synchronised t0), merged from all ranks on rank 0
+* ``timeline.csv`` measured ops ``worker, stage, microbatch, kind, start, end, version, round, wait_ms,
+  step`` (ms since a barrier-synchronised t0; ``round`` = the minibatch round R, ``step`` the same
+  number, see :mod:`workbench.timeline`), merged from all ranks on rank 0
 * ``checkpoints/round{R}/stage{s}_replica{r}.pt`` written by each stage replica itself (weights,
   optimizer state, step, rng); ``COMPLETE`` marks a checkpoint all ranks finished
 * ``summary.json`` throughput, wall time, final loss/accuracy, per-rank peak memory and stash depth
+
+Units and words (the same for every schedule): a *minibatch* (one ``step``, one row of metrics.csv)
+is one pass of the schedule over ``batch_size`` samples, split into ``microbatches`` equal
+*microbatches* of ``microbatch_size = batch_size / microbatches`` samples (a data-parallel schedule
+hands them round-robin to its replicas). How many optimizer updates one pass makes is the schedule's
+weight rule, reported as ``updates_per_step`` (first stage): 1 for gpipe / flush / 2BW-style
+accumulation over the minibatch, one per microbatch for PipeDream (its paper calls each of them a
+minibatch), ``ceil(microbatches / replicas)`` for dp-bsp. ``samples_per_s``
+= samples / wall seconds of this invocation (start-up included); ``samples_per_s_steady`` = batch_size
+/ mean time per minibatch after the first; ``minibatch_ms_steady`` = that mean time per minibatch
+(ms), ``minibatch_ms`` the mean over all minibatches of this invocation, start-up included.
+``accuracy`` = argmax hits / targets (samples for a classifier, tokens for a language model).
 
 Every file is written under a temporary name and renamed into place, so a failed run leaves its
 earlier complete checkpoints and never a half-written file.
@@ -21,8 +34,10 @@ from pathlib import Path
 import torch
 
 from .job import Job
+from .reference import updates_per_round
 
-TIMELINE_COLUMNS = ["worker", "stage", "microbatch", "kind", "start", "end", "version", "step", "wait_ms"]
+RECORD_COLUMNS = ["worker", "stage", "microbatch", "kind", "start", "end", "version", "round", "wait_ms"]  # executors' tuples
+TIMELINE_COLUMNS = RECORD_COLUMNS + ["step"]  # step: alias of round (workbench.timeline)
 METRIC_COLUMNS = ["step", "epoch", "loss", "accuracy", "samples", "samples_per_s", "wall_ms", "test_loss", "test_accuracy"]
 
 
@@ -83,11 +98,12 @@ def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
             old = [r for r in csv.DictReader(f) if truncate_from < 0 or int(r["step"]) < truncate_from]
     prev_end = float(old[-1]["wall_ms"]) if old and truncate_from < 0 else 0.0
     new = []
+    per_sample = job.options.get("targets_per_sample", 1)  # tokens per sequence for a language model
     for st in sorted(steps):
         a = steps[st]
         dt = max(a["end_ms"] - prev_end, 1e-9)
         new.append(dict(step=st, epoch=a["epoch"], loss=a["loss"] / max(a["n"], 1),
-                        accuracy=a["correct"] / max(a["samples"], 1), samples=job.batch_size,
+                        accuracy=a["correct"] / max(a["samples"] * per_sample, 1), samples=job.batch_size,
                         samples_per_s=job.batch_size / dt * 1e3, wall_ms=a["end_ms"],
                         test_loss=a.get("test_loss", ""), test_accuracy=a.get("test_accuracy", "")))
         prev_end = a["end_ms"]
@@ -96,9 +112,12 @@ def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
     old_tl = []
     if tl_path.exists():
         with open(tl_path) as f:
-            old_tl = [r for r in csv.DictReader(f) if truncate_from < 0 or int(r["step"]) < truncate_from]
+            old_tl = [r | {"round": r.get("round") or r["step"], "step": r.get("round") or r["step"]}
+                      for r in csv.DictReader(f)]
+            old_tl = [r for r in old_tl if truncate_from < 0 or int(r["round"]) < truncate_from]
     timeline.sort(key=lambda r: (r[4], r[0]))
-    _write_csv(tl_path, TIMELINE_COLUMNS, old_tl + [dict(zip(TIMELINE_COLUMNS, r)) for r in timeline])
+    rows = [dict(zip(RECORD_COLUMNS, r)) for r in timeline]
+    _write_csv(tl_path, TIMELINE_COLUMNS, old_tl + [r | {"step": r["round"]} for r in rows])
 
 
 def _write_csv(path: Path, columns, rows) -> None:
@@ -123,12 +142,16 @@ def write_summary(out: Path, job: Job, gathered) -> None:
     while k > 0 and walls[k - 1] < walls[k]:  # this invocation's steps (wall clock restarts on resume)
         k -= 1
     steady = (len(walls) - 1 - k) * job.batch_size / (walls[-1] - walls[k]) * 1e3 if len(walls) - k > 1 else None
+    minibatch_ms = (walls[-1] - walls[k]) / (len(walls) - 1 - k) if len(walls) - k > 1 else None
     summary = dict(
         schedule=job.schedule.name, update=job.schedule.update, workers=job.schedule.num_workers,
         stages=job.schedule.num_stages, microbatches=job.schedule.microbatches, batch_size=job.batch_size,
         lr=job.lr, momentum=job.momentum, seed=job.seed, steps=len(rows), bounds=[list(b) for b in job.bounds], backend=job.backend,
         device=job.device, wall_s=wall_s, samples_per_s=samples / wall_s if wall_s > 0 else None,
-        samples_per_s_steady=steady,
+        samples_per_s_steady=steady, minibatch_ms_steady=minibatch_ms,
+        minibatch_ms=wall_s * 1e3 / max(len(rows) - k, 1) if rows else None,
+        microbatch_size=job.batch_size // max(job.schedule.microbatches, 1),
+        updates_per_step=updates_per_round(job.schedule)[0],
         final_loss=float(rows[-1]["loss"]) if rows else None,
         final_accuracy=float(rows[-1]["accuracy"]) if rows else None,
         final_test_accuracy=float(rows[-1]["test_accuracy"]) if rows and rows[-1].get("test_accuracy") else None,
@@ -149,3 +172,34 @@ def write_summary(out: Path, job: Job, gathered) -> None:
         atomic_save(weights, out / "weights.pt")
 
 
+
+
+class RunResult(dict):
+    """The summary of a run (the dict of ``summary.json``) with Jupyter manners: a one-line repr
+    and an HTML card of the measured figures (units in the names) with a link to the timeline."""
+
+    def _rows(self) -> list:
+        return [("schedule", self.get("schedule"), ""), ("workers", self.get("workers"), ""),
+                ("minibatches", self.get("steps"), f"x {self.get('batch_size')} samples"),
+                ("throughput", self.get("samples_per_s_steady") or self.get("samples_per_s"), "samples/s"),
+                ("time per minibatch", self.get("minibatch_ms_steady") or self.get("minibatch_ms"), "ms"),
+                ("final loss", self.get("final_loss"), ""), ("train accuracy", self.get("final_accuracy"), "")]
+
+    def __repr__(self) -> str:
+        from ..display import one_line
+
+        return one_line("RunResult", self._rows() + [("out", self.get("out"), "")])
+
+    def _repr_html_(self) -> str:
+        import html
+
+        from ..display import card
+
+        out = Path(str(self.get("out", "")))
+        page = next((p for p in ("timeline.html", "timeline.csv") if (out / p).exists()), None)
+        link = (f"<div><a href='{html.escape(str(out / page))}' target='_blank'>measured timeline ({page})</a></div>"
+                if page else "")
+        label = (f"measured on {self.get('workers')} {self.get('backend', '')} ranks ({self.get('device', '')}); "
+                 f"steady = after the first minibatch; folder {out}")
+        return card(f"Training run: {self.get('options', {}).get('model', '')} with {self.get('schedule')}",
+                    self._rows(), label=label, extra_html=link)

@@ -251,7 +251,7 @@ def _evaluate(rank, world, job: Job, dist, executor, model, device, dtype) -> di
     except (ValueError, TypeError, OSError):
         return None
     mods = [stage_module(model.layers, a, z) for a, z in job.bounds]
-    total, correct, n = 0.0, 0, len(test)
+    total, correct, n, targets = 0.0, 0, len(test), 0
     with torch.no_grad():
         for i in range(0, n, job.batch_size):
             x, y = microbatch(test, torch.arange(i, min(n, i + job.batch_size)), device, dtype)
@@ -259,6 +259,7 @@ def _evaluate(rank, world, job: Job, dist, executor, model, device, dtype) -> di
                 x = run_stage(m, {k: v.to(device) for k, v in weights[s].items()}, x)
             total += float(model.loss(x, y)) * int(y.shape[0])
             correct += model.correct(x, y)
-    return dict(test_loss=total / n, test_accuracy=correct / n)
+            targets += y.numel()  # a language model scores every token: accuracy = hits / tokens
+    return dict(test_loss=total / n, test_accuracy=correct / max(targets, 1))
 
 

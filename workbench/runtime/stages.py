@@ -21,16 +21,11 @@ Bounds = list[tuple[int, int]]
 
 
 def even_bounds(num_layers: int, num_stages: int) -> Bounds:
-    """Contiguous split of ``num_layers`` layers into ``num_stages`` stages of near-equal layer count."""
-    if num_stages > num_layers:
-        raise ValueError(f"cannot split {num_layers} layers into {num_stages} stages; use fewer stages or a deeper model")
-    base, extra = divmod(num_layers, num_stages)
-    out, first = [], 0
-    for s in range(num_stages):
-        n = base + (1 if s < extra else 0)
-        out.append((first, first + n - 1))
-        first += n
-    return out
+    """The default split without a plan, :meth:`workbench.plan.Plan.even` (the simulator's too):
+    contiguous stages of near-equal layer count."""
+    from ..plan import Plan
+
+    return plan_bounds(Plan.even(num_layers, num_stages))
 
 
 def plan_bounds(plan) -> Bounds:

@@ -130,6 +130,9 @@ class PipelineExecutor:
 
     def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], groups: dict):
         self.ctx, self.schedule, self.model = ctx, schedule, model
+        if schedule.num_segments > 1:
+            raise ValueError(f"{schedule.name} cuts sequences into segments; this runtime runs layer-sequential "
+                             f"models on whole microbatches: use workbench.runtime.segments.run")
         self.rank, self.S, self.M = ctx.rank, schedule.num_stages, schedule.microbatches
         self.prog = RankProgram(schedule, self.rank)
         ar = {op.stage for op in self.prog.ops if op.kind == "AR"}
@@ -168,20 +171,19 @@ class PipelineExecutor:
 
     # ---- per epoch ----------------------------------------------------------------------
     def receive_plan(self, rounds: list[int]) -> list:
+        """Receives to post, in op order, from the schedule's one derivation of dataflow edges
+        (:meth:`Schedule.remote_inputs`): an activation of stage s-1 for F(s, b), the gradient of
+        stage s+1 for B/BI(s, b)."""
         plan = []
+        inputs = self.schedule.remote_inputs(self.rank)
         for k in rounds:
-            for op in self.prog.ops:
-                s, b = op.stage, op.microbatch
-                g = k * self.M + b
-                if op.kind == "F" and s > 0:
-                    src = self.prog.where[("F", s - 1, b)]
-                    if src != self.rank:
-                        plan.append(((0, s - 1, g), src, self.specs[s - 1]))
-                elif op.kind in ("B", "BI") and s < self.S - 1:
-                    src = self.prog.src_of_gradient(s, b)
-                    if src != self.rank:
-                        spec = self.specs[s]
-                        plan.append(((1, s, g), src, [spec[i] for i in _float_spec(spec)]))
+            for i, (_, s_from, b), src in inputs:
+                s, g = self.prog.ops[i].stage, k * self.M + b
+                if s_from < s:  # activation from the previous stage
+                    plan.append(((0, s_from, g), src, self.specs[s_from]))
+                else:  # gradient from the next stage
+                    spec = self.specs[s]
+                    plan.append(((1, s, g), src, [spec[j] for j in _float_spec(spec)]))
         return plan
 
     def run_round(self, k: int, R: int, data, timeline: list, metrics: dict) -> None:
@@ -272,7 +274,7 @@ class PipelineExecutor:
         remote = params is not None
         params = params if remote else st.versions[v]
         with torch.set_grad_enabled(keep_graph):
-            y = run_stage(st.module, params, from_tuple(xl, self.like_tuple[s]))
+            y = _stage_forward(st.module, params, from_tuple(xl, self.like_tuple[s]), self.schedule.recompute and keep_graph)
         rec = {"x": xl, "y": y if keep_graph else None, "v": v, "bytes": nbytes(xl) + nbytes(as_tuple(y))}
         if remote:  # the backward reuses the fetched weights (check_remote: same owner and version)
             rec["params"] = params
@@ -344,3 +346,12 @@ class PipelineExecutor:
 
 def _float_spec(spec) -> list[int]:
     return [i for i, (_, dt) in enumerate(spec) if dt.is_floating_point]
+
+
+def _stage_forward(module, params, x, recompute: bool):
+    """``f_s(x; W)``; with ``recompute`` (GPipe re-materialization) under non-reentrant
+    :func:`torch.utils.checkpoint.checkpoint`: only the inputs are kept, the forward is re-run in the backward."""
+    if not recompute:
+        return run_stage(module, params, x)
+    from torch.utils.checkpoint import checkpoint
+    return checkpoint(run_stage, module, params, x, use_reentrant=False)

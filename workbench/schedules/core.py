@@ -27,6 +27,16 @@ fewer microbatches of a step than another, e.g. round robin with M not a multipl
 Master-family schedules (``weights_worker`` set): a B/BW op computed on a worker that does not hold
 the stage pushes its gradient to ``weights_worker``; it belongs to the owner's step ``op.version``.
 
+Segments (Seq1F1B). A schedule with ``segment_tokens = (n_1, ..., n_k)`` cuts every sequence into
+k segments; its compute ops carry ``segment`` j in 0..k-1 and the unit of work is the pair
+(microbatch, segment), keyed ``unit = microbatch * k + segment`` (:meth:`Schedule.unit`) in the
+dataflow keys (:meth:`Schedule.where`, :meth:`Schedule.dependencies`). Causal attention adds two
+rules on a stage: F(s, b, j) needs F(s, b, j-1) (its keys and values), and the backward of
+(s, b, j) needs the backward of (s, b, j+1) (the gradients of those keys and values).
+``segment_flops[j]`` is segment j's share of a sequence's FLOPs (they sum to 1), the weight
+executors charge it by. ``recompute`` (GPipe re-materialization): a worker keeps only the stage's
+input per (microbatch, segment) in flight and re-runs the forward at the start of its backward.
+
 Sends and receives are implicit: F(s, b) needs the output of F(s-1, b), B(s, b) the gradient from
 B(s+1, b) (or BI(s+1, b)); when the two ops run on different workers a transfer follows.
 ``weights_worker`` (master-schedule family) names the worker that owns the weights an op uses; a
@@ -34,13 +44,36 @@ transfer of weights follows when it differs from the worker running the op.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cached_property
 from typing import Iterable, Iterator
 
-COMPUTE = ("F", "B", "BI", "BW")
-KINDS = COMPUTE + ("AR", "STEP")
+import numpy as np
+
+
+class OpKind(StrEnum):
+    """Op kinds; a ``str`` enum, so ``op.kind == "F"`` and ``str(op.kind) == "F"`` hold."""
+
+    F = "F"
+    B = "B"
+    BI = "BI"
+    BW = "BW"
+    AR = "AR"
+    STEP = "STEP"
+
+
+COMPUTE = (OpKind.F, OpKind.B, OpKind.BI, OpKind.BW)
+KINDS = COMPUTE + (OpKind.AR, OpKind.STEP)
+_COMPUTE_SET = frozenset(COMPUTE)
+_F, _B, _BI, _BW = COMPUTE  # keys built from the members hit dict entries by identity (no str compare)
+Key = tuple  # (kind, stage, microbatch) of a compute op
 UPDATE_RULES = ("sync", "stash", "vertical-sync", "no-stash", "2bw", "async")
+
+
+_KIND_OF = {**{str(k): k for k in OpKind}, **{k: k for k in OpKind}}
 
 
 @dataclass(frozen=True)
@@ -51,14 +84,19 @@ class Op:
     version: int = 0  # weight version read (F/B/BI/BW)
     step: int = -1  # AR / STEP: index of the update of this stage
     weights_worker: int | None = None  # None: the weights live on the worker running the op
+    segment: int | None = None  # Seq1F1B: segment of the sequence (None: the whole sequence)
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown op kind {self.kind!r}; expected one of {KINDS}")
+        if type(self.kind) is not OpKind:  # a plain "F": the enum member (generators pass members)
+            kind = _KIND_OF.get(self.kind)
+            if kind is None:
+                raise ValueError(f"unknown op kind {self.kind!r}; expected one of {[str(k) for k in KINDS]}")
+            object.__setattr__(self, "kind", kind)
 
     def __str__(self) -> str:
         if self.kind in COMPUTE:
-            return f"{self.kind}{self.stage}.{self.microbatch}@v{self.version}"
+            seg = "" if self.segment is None else f"/{self.segment}"
+            return f"{self.kind}{self.stage}.{self.microbatch}{seg}@v{self.version}"
         return f"{self.kind}{self.stage}#{self.step}"
 
 
@@ -71,6 +109,8 @@ class Schedule:
     ``microbatches_per_step``: how many microbatches' gradients make one update (per replica group).
     ``update``: the weight rule (see module docstring), one of ``UPDATE_RULES``.
     ``max_in_flight[w]``: bound on microbatches forwarded but not yet backwarded on worker w.
+    ``segment_tokens`` / ``segment_flops``: Seq1F1B segment lengths and FLOP shares (module
+    docstring; empty: unsegmented). ``recompute``: re-materialize activations in the backward.
     """
 
     name: str
@@ -83,6 +123,9 @@ class Schedule:
     microbatches_per_step: int = 1
     max_in_flight: tuple[int, ...] | None = None
     options: dict = field(default_factory=dict)
+    segment_tokens: tuple[int, ...] = ()
+    segment_flops: tuple[float, ...] = ()
+    recompute: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "ops", tuple(tuple(o) for o in self.ops))
@@ -92,6 +135,31 @@ class Schedule:
             raise ValueError(f"unknown update rule {self.update!r}; expected one of {UPDATE_RULES}")
 
     # ---- lookups ---------------------------------------------------------------------
+        object.__setattr__(self, "segment_tokens", tuple(int(n) for n in self.segment_tokens))
+        object.__setattr__(self, "segment_flops", tuple(float(f) for f in self.segment_flops))
+        if self.segment_flops and len(self.segment_flops) != len(self.segment_tokens):
+            raise ValueError(f"{len(self.segment_flops)} segment FLOP shares for {len(self.segment_tokens)} segments")
+
+    # ---- segments --------------------------------------------------------------------
+    @property
+    def num_segments(self) -> int:
+        """k: segments per sequence (1 when unsegmented)."""
+        return max(1, len(self.segment_tokens))
+
+    def unit(self, op: Op) -> int:
+        """The (microbatch, segment) unit of a compute op as one id: ``microbatch * k + segment``
+        (the microbatch itself when unsegmented); the third element of dataflow keys."""
+        return op.microbatch * self.num_segments + (op.segment or 0)
+
+    def segment_share(self, op: Op, weight: str = "flops") -> float:
+        """Fraction of the whole sequence's cost an op carries: ``segment_flops[j]`` (compute) or
+        ``n_j / sum n`` (``weight="tokens"``: activation bytes); 1 when unsegmented."""
+        if op.segment is None or not self.segment_tokens:
+            return 1.0
+        if weight == "tokens" or not self.segment_flops:
+            return self.segment_tokens[op.segment] / sum(self.segment_tokens)
+        return self.segment_flops[op.segment]
+
     def __iter__(self) -> Iterator[tuple[int, Op]]:
         for w, ops in enumerate(self.ops):
             for op in ops:
@@ -101,9 +169,55 @@ class Schedule:
     def num_ops(self) -> int:
         return sum(len(o) for o in self.ops)
 
-    def where(self) -> dict[tuple[str, int, int], int]:
-        """(kind, stage, microbatch) -> worker for every compute op."""
-        return {(op.kind, op.stage, op.microbatch): w for w, op in self if op.kind in COMPUTE}
+    def where(self) -> dict[Key, int]:
+        """(kind, stage, microbatch) -> worker for every compute op (cached; do not mutate)."""
+        return self._where
+
+    @cached_property
+    def _where(self) -> dict[Key, int]:
+        return {(op.kind, op.stage, self.unit(op)): w for w, ops in enumerate(self.ops) for op in ops
+                if op.kind in _COMPUTE_SET}
+
+    def dependencies(self) -> dict[Key, tuple[Key, ...]]:
+        """The dataflow edges of the schedule, derived once (cached) and read by the validator's
+        deadlock check, the simulator and the runtime's receive plan: compute-op key ->
+        the keys of the compute ops it consumes (a key may name an op no worker runs; the
+        validator reports it):
+
+        * ``F(s, b)`` <- ``F(s-1, b)`` (the activation; none for s = 0);
+        * ``B(s, b)`` / ``BI(s, b)`` <- ``F(s, b)`` (its own stashed activations) and, for
+          s < S-1, the gradient from ``BI(s+1, b)`` when stage s+1 splits its backward, else
+          ``B(s+1, b)``;
+        * ``BW(s, b)`` <- ``BI(s, b)``;
+        * segments (``b`` is then the unit b·k + j): ``F(s, b)`` also <- ``F(s, b-1)`` for j > 0 and
+          ``B/BI(s, b)`` also <- ``B/BI(s, b+1)`` for j < k-1 (keys/values and their gradients).
+
+        Remote-weight edges of the master family (an op waits for the owner's STEP) are not
+        dataflow between compute ops and are derived by the deadlock check and the simulator."""
+        return self._dependencies
+
+    @cached_property
+    def _dependencies(self) -> dict[Key, tuple[Key, ...]]:
+        where, S, k = self._where, self.num_stages, self.num_segments
+        U = self.microbatches * k  # units (microbatch, segment)
+        present = {key_code(key, S, U) for key in where}.__contains__
+        return {key: tuple(code_key(c, S, U) for c in producer_codes(key_code(key, S, U), S, U, present, k))
+                for key in where}
+
+    def remote_inputs(self, worker: int) -> list[tuple[int, Key, int]]:
+        """``(op index on worker, producer key, producer worker)`` for every activation or
+        gradient that ``worker`` receives from another worker, in its op order (the runtime's
+        receive plan). From :meth:`dependencies`; a producer of the op's own stage (its forward,
+        BI before BW) never crosses workers in a valid schedule."""
+        where, deps, out = self._where, self._dependencies, []
+        for i, op in enumerate(self.ops[worker]):
+            if op.kind not in _COMPUTE_SET:
+                continue
+            for dep in deps[(op.kind, op.stage, self.unit(op))]:
+                src = where.get(dep, worker)
+                if dep[1] != op.stage and src != worker:
+                    out.append((i, dep, src))
+        return out
 
     def op_at(self, kind: str, stage: int, microbatch: int) -> tuple[int, Op]:
         for w, op in self:
@@ -130,7 +244,7 @@ class Schedule:
                     if k == step:
                         break
                     k += 1
-                elif op.kind in ("B", "BW") and k == step:
+                elif op.kind in ("B", "BW") and k == step and not op.segment:  # a sequence once
                     out.append(op.microbatch)
         holders = set(self.stage_workers[stage])
         for w, ops in enumerate(self.ops):  # gradients pushed to the owners (master family)
@@ -138,9 +252,33 @@ class Schedule:
                 continue
             for op in ops:
                 if (op.stage == stage and op.kind in ("B", "BW") and op.version == step
-                        and op.weights_worker in workers):
+                        and op.weights_worker in workers and not op.segment):
                     out.append(op.microbatch)
         return sorted(out)
+
+    # ---- display ----------------------------------------------------------------------
+    def _rows(self) -> list[tuple[str, object, str]]:
+        steps = max((op.step + 1 for _, op in self if op.kind == "STEP"), default=0)
+        return [("workers", self.num_workers, ""), ("stages", self.num_stages, ""),
+                ("microbatches", self.microbatches, ""), ("ops", self.num_ops, ""), ("update", self.update, ""),
+                ("updates per stage", steps, ""),
+                ("peak in flight", max((in_flight_peak(o) for o in self.ops), default=0), "microbatches")]
+
+    def __repr__(self) -> str:
+        from ..display import one_line
+        return one_line(f"Schedule[{self.name}]", self._rows())
+
+    def _repr_html_(self) -> str:
+        import pandas as pd
+
+        from ..display import card
+        table = pd.DataFrame({"ops": [len(o) for o in self.ops],
+                              "peak in flight": [in_flight_peak(o) for o in self.ops],
+                              "first ops": [" ".join(str(op) for op in o[:8]) + (" …" if len(o) > 8 else "")
+                                            for o in self.ops]},
+                             index=pd.RangeIndex(self.num_workers, name="worker"))
+        return card(f"Schedule {self.name}", self._rows(),
+                    label="per-worker op lists (no costs: simulate() gives times); counts from the ops", table=table)
 
     def describe(self, width: int = 12) -> str:
         """Compact text rendering, one line per worker."""
@@ -151,20 +289,63 @@ class Schedule:
         return "\n".join(lines)
 
 
-def producers(schedule: Schedule, w: int, op: Op, index: dict) -> list[tuple[str, int, int]]:
-    """Compute-op keys (kind, stage, microbatch) that ``op`` (a compute op) must wait for."""
-    s, b = op.stage, op.microbatch
-    last = schedule.num_stages - 1
-    if op.kind == "F":
-        return [("F", s - 1, b)] if s > 0 else []
-    if op.kind == "BW":
-        return [("BI", s, b)]
-    # B or BI: own forward, and the gradient from the next stage
-    deps = [("F", s, b)]
-    if s < last:
-        nxt = ("BI", s + 1, b) if ("BI", s + 1, b) in index else ("B", s + 1, b)
-        deps.append(nxt)
-    return deps
+_new = object.__new__
+_KIND_INDEX = {OpKind.F: 0, OpKind.B: 1, OpKind.BI: 2, OpKind.BW: 3}
+
+
+def key_code(key: Key, S: int, U: int) -> int:
+    """The compute op (kind, stage, unit) as one int: ((k S) + s) U + u, k = 0..3 for F, B, BI, BW
+    and U units (microbatches x segments; :meth:`Schedule.unit`): the validator's array index."""
+    kind, s, u = key
+    return (_KIND_INDEX[kind] * S + s) * U + u
+
+
+def code_key(code: int, S: int, U: int) -> Key:
+    k, rest = divmod(code, S * U)
+    return (COMPUTE[k],) + divmod(rest, U)
+
+
+def producer_codes(code: int, S: int, U: int, present, segments: int = 1) -> tuple[int, ...]:
+    """The one derivation of the dataflow edges (see :meth:`Schedule.dependencies`), on codes:
+    F(s, u) <- F(s-1, u); B/BI(s, u) <- F(s, u) and BI(s+1, u) if ``present`` else B(s+1, u);
+    BW(s, u) <- BI(s, u); with k = ``segments`` > 1 also F(s, u) <- F(s, u-1) for u mod k > 0 and
+    B/BI(s, u) <- B/BI(s, u+1) for u mod k < k-1."""
+    SU = S * U
+    k, rest = divmod(code, SU)
+    if k == 0:
+        out = (code - U,) if rest >= U else ()
+        return out + (code - 1,) if segments > 1 and rest % segments else out
+    if k == 3:
+        return (code - SU,)
+    if rest < SU - U:  # s < S - 1
+        nxt = 2 * SU + rest + U
+        out = (rest, nxt if present(nxt) else nxt - SU)
+    else:
+        out = (rest,)
+    return out + (code + 1,) if segments > 1 and rest % segments < segments - 1 else out
+
+
+def make_op(kind: OpKind, stage: int, microbatch: int = -1, version: int = 0, step: int = -1,
+            weights_worker: int | None = None, segment: int | None = None) -> Op:
+    """``Op(kind, ...)`` without the checks, about 3x faster: for generators that pass an
+    :class:`OpKind` member (the result is an ordinary, equal and equally hashed Op)."""
+    op = _new(Op)
+    d = op.__dict__
+    d["kind"], d["stage"], d["microbatch"], d["version"], d["step"], d["weights_worker"], d["segment"] = \
+        kind, stage, microbatch, version, step, weights_worker, segment
+    return op
+
+
+def with_recompute(schedule: Schedule, recompute: bool = True) -> Schedule:
+    """``schedule`` with GPipe re-materialization on (or off): the same op lists; executors keep only
+    each stage's input per (microbatch, segment) in flight and re-run its forward in the backward."""
+    return dataclasses.replace(schedule, recompute=bool(recompute))
+
+
+def producers(schedule: Schedule, w: int, op: Op, index: dict | None = None) -> list[Key]:
+    """Compute-op keys (kind, stage, microbatch) that ``op`` (a compute op) must wait for: a thin
+    wrapper over :meth:`Schedule.dependencies` (``w`` and ``index`` are ignored; kept for callers)."""
+    return list(schedule.dependencies()[(op.kind, op.stage, schedule.unit(op))])
 
 
 class ScheduleError(ValueError):
@@ -179,113 +360,166 @@ def validate(schedule: Schedule) -> None:
     per-worker orders admit an execution without deadlock (a topological order of the union of
     per-worker order edges and dataflow edges exists); per-worker in-flight limits hold; stash
     rules: B reads its F's version under ``stash`` and ``vertical-sync``.
+
+    Compute ops are numbered by :func:`key_code` so that the checks index flat arrays (one pass
+    over the ops in Python, the per-microbatch checks vectorized) instead of hashing tuples.
     """
     S, W, M = schedule.num_stages, schedule.num_workers, schedule.microbatches
-    index: dict[tuple[str, int, int], int] = {}
-    for w, op in schedule:
-        if not 0 <= op.stage < S:
-            raise ScheduleError(f"worker {w}: {op} has stage outside 0..{S - 1}")
-        if op.kind in COMPUTE:
-            if not 0 <= op.microbatch < M:
-                raise ScheduleError(f"worker {w}: {op} has microbatch outside 0..{M - 1}")
-            key = (op.kind, op.stage, op.microbatch)
-            if key in index:
-                raise ScheduleError(f"{op} appears twice (workers {index[key]} and {w})")
-            index[key] = w
-        if op.weights_worker is not None and not 0 <= op.weights_worker < W:
-            raise ScheduleError(f"worker {w}: {op} reads weights from unknown worker {op.weights_worker}")
-    by_key = {(op.kind, op.stage, op.microbatch): op for _, op in schedule if op.kind in COMPUTE}
-    for (kind, s, b), w in index.items():
-        if kind != "F":
-            continue
-        has_b = ("B", s, b) in index
-        has_split = ("BI", s, b) in index and ("BW", s, b) in index
-        if has_b == has_split:
-            raise ScheduleError(f"F{s}.{b} needs exactly one backward (B, or BI+BW); found "
-                                f"{'both' if has_b else 'none'}")
-        for k in (("B",) if has_b else ("BI", "BW")):
-            if index[(k, s, b)] != w:
-                raise ScheduleError(f"{k}{s}.{b} runs on worker {index[(k, s, b)]} but its forward (and "
-                                    f"stashed activations) is on worker {w}")
-            if schedule.update in ("stash", "vertical-sync", "sync") and by_key[(k, s, b)].version != by_key[(kind, s, b)].version:
-                raise ScheduleError(f"{k}{s}.{b} reads weight version {by_key[(k, s, b)].version} but its "
-                                    f"forward read {by_key[(kind, s, b)].version} (rule {schedule.update!r})")
-    for key, w in index.items():
-        if key[0] in ("B", "BI", "BW") and ("F", key[1], key[2]) not in index:
-            raise ScheduleError(f"{key[0]}{key[1]}.{key[2]} has no forward")
-    # every microbatch goes through every stage
-    for s in range(S):
-        for b in range(M):
-            if ("F", s, b) not in index:
-                raise ScheduleError(f"microbatch {b} never runs the forward of stage {s}")
-    _check_deadlock(schedule, index)
-    _check_in_flight(schedule)
+    nseg = len(schedule.segment_tokens)  # Seq1F1B: codes use the unit b * k + j (Schedule.unit)
+    U = M * max(1, nseg)
+    SM = S * U
+    worker_of = [-1] * (4 * SM)  # code -> worker running that compute op, -1 if none
+    version_of = [0] * (4 * SM)
+    codes: list[list[int]] = []  # per worker, per op: the compute op's code, or -1
+    kidx, limit = _KIND_INDEX, schedule.max_in_flight
+    for w, ops in enumerate(schedule.ops):
+        kw, live, peak = [], set(), 0
+        for op in ops:
+            s, k = op.stage, kidx.get(op.kind, -1)
+            if not 0 <= s < S:
+                raise ScheduleError(f"worker {w}: {op} has stage outside 0..{S - 1}")
+            if k >= 0:
+                b = op.microbatch
+                if not 0 <= b < M:
+                    raise ScheduleError(f"worker {w}: {op} has microbatch outside 0..{M - 1}")
+                if nseg or op.segment is not None:
+                    if op.segment is None or not 0 <= op.segment < nseg:
+                        raise ScheduleError(f"worker {w}: {op} has segment outside 0..{nseg - 1}; every compute "
+                                            f"op of a schedule with segment_tokens needs a segment, and only those")
+                    b = b * nseg + op.segment
+                c = (k * S + s) * U + b
+                if worker_of[c] >= 0:
+                    raise ScheduleError(f"{op} appears twice (workers {worker_of[c]} and {w})")
+                worker_of[c] = w
+                version_of[c] = op.version
+                kw.append(c)
+                if k == 0:
+                    live.add(c)
+                    if len(live) > peak:
+                        peak = len(live)
+                elif k == 1 or k == 3:
+                    live.discard(c - k * SM)
+            else:
+                kw.append(-1)
+            if op.weights_worker is not None and not 0 <= op.weights_worker < W:
+                raise ScheduleError(f"worker {w}: {op} reads weights from unknown worker {op.weights_worker}")
+        if limit is not None and peak > limit[w]:
+            raise ScheduleError(f"worker {w} holds {peak} microbatches in flight; limit is {limit[w]}")
+        codes.append(kw)
+    _check_backwards(schedule, np.array(worker_of).reshape(4, SM), np.array(version_of).reshape(4, SM))
+    _check_deadlock(schedule, worker_of, codes)
 
 
-def _check_deadlock(schedule: Schedule, index: dict) -> None:
+def _check_backwards(schedule: Schedule, wk: np.ndarray, ver: np.ndarray) -> None:
+    """Row k of ``wk``/``ver`` (k = F, B, BI, BW) holds worker and version per (stage, unit)."""
+    U = schedule.microbatches * schedule.num_segments
+    has = wk >= 0
+    where = lambda i: divmod(int(i), U)  # noqa: E731  (stage, unit) of flat index i
+    orphan = np.flatnonzero(has[1:].any(axis=0) & ~has[0])
+    if orphan.size:
+        s, b = where(orphan[0])
+        k = next(n for n, row in zip(("B", "BI", "BW"), has[1:]) if row[orphan[0]])
+        raise ScheduleError(f"{k}{s}.{b} has no forward")
+    split = has[2] & has[3]
+    bad = np.flatnonzero(has[0] & (has[1] == split))
+    if bad.size:
+        s, b = where(bad[0])
+        raise ScheduleError(f"F{s}.{b} needs exactly one backward (B, or BI+BW); found "
+                            f"{'both' if has[1][bad[0]] else 'none'}")
+    half = np.flatnonzero(has[0] & ~has[1] & (has[2] != has[3]))
+    if half.size:
+        s, b = where(half[0])
+        raise ScheduleError(f"F{s}.{b} needs exactly one backward (B, or BI+BW); found only "
+                            f"{'BI' if has[2][half[0]] else 'BW'}")
+    same_version = schedule.update in ("stash", "vertical-sync", "sync")
+    for k, name in ((1, "B"), (2, "BI"), (3, "BW")):
+        rows = has[k]
+        off = np.flatnonzero(rows & (wk[k] != wk[0]))
+        if off.size:
+            s, b = where(off[0])
+            raise ScheduleError(f"{name}{s}.{b} runs on worker {wk[k][off[0]]} but its forward (and "
+                                f"stashed activations) is on worker {wk[0][off[0]]}")
+        off = np.flatnonzero(rows & (ver[k] != ver[0])) if same_version else ()
+        if len(off):
+            s, b = where(off[0])
+            raise ScheduleError(f"{name}{s}.{b} reads weight version {ver[k][off[0]]} but its "
+                                f"forward read {ver[0][off[0]]} (rule {schedule.update!r})")
+    missing = np.flatnonzero(~has[0])
+    if missing.size:  # every microbatch goes through every stage
+        s, b = where(missing[0])
+        raise ScheduleError(f"microbatch {b} never runs the forward of stage {s}")
+
+
+def _check_deadlock(schedule: Schedule, worker_of: list[int], codes: list[list[int]]) -> None:
     """Execute the per-worker orders symbolically: a worker advances while its next op is ready
-    (a compute op once its producers are done, STEP at once, AR once every holder of the stage has
-    reached it). The orders admit an execution iff every worker reaches its end; this is Kahn's
-    algorithm over per-worker order edges + dataflow edges + AR rendezvous, in O(ops).
+    (a compute op once its producers (:func:`producer_codes`) are done, STEP at once, AR once every
+    holder of the stage has reached it). The orders admit an execution iff every worker reaches
+    its end; this is Kahn's algorithm over per-worker order edges + dataflow edges + AR rendezvous,
+    in O(ops).
 
     Remote weights (``weights_worker`` o != the op's worker): an op reading version v >= 1 of stage
     s waits for o's STEP that creates v (its ``step`` v-1); o's AR/STEP of step t waits for every
     backward that pushes a version-t gradient of s to o (B/BW on a worker not holding s)."""
     ops = schedule.ops
-    deps: list[list] = []
+    S, k = schedule.num_stages, schedule.num_segments
+    U = schedule.microbatches * k
+    present = lambda c: worker_of[c] >= 0  # noqa: E731
     ar_count: dict[tuple[int, int], list[int]] = defaultdict(list)
+    holders = [set(ws) for ws in schedule.stage_workers]
+    extra: dict[tuple[int, int], tuple] = {}  # (worker, op index) -> remote-weight waits of a compute op
+    pushes: dict[tuple[int, int, int], list] = defaultdict(list)  # (stage, step, owner) -> pushing op codes
     for w, wops in enumerate(ops):
-        d = []
-        for op in wops:
-            if op.kind in COMPUTE:
-                ds = producers(schedule, w, op, index)
-                for dep in ds:
-                    if dep not in index:
-                        raise ScheduleError(f"{op} on worker {w} depends on {dep[0]}{dep[1]}.{dep[2]}, which no worker runs")
-                d.append(ds)
-            else:
-                d.append(None)
-                if op.kind == "AR":
-                    ar_count[(op.stage, op.step)].append(w)
-        deps.append(d)
+        for i, op in enumerate(wops):
+            if op.kind == "AR":
+                ar_count[(op.stage, op.step)].append(w)
+            o = op.weights_worker
+            if o is not None and o != w and codes[w][i] >= 0:
+                if op.version >= 1:
+                    extra[(w, i)] = (("STEP", op.stage, op.version - 1, o),)
+                if op.kind in ("B", "BW") and w not in holders[op.stage]:
+                    pushes[(op.stage, op.version, o)].append(codes[w][i])
     for (s, step), members in ar_count.items():
         expect = sorted(schedule.stage_workers[s])
         if sorted(members) != expect:
             raise ScheduleError(f"AR of stage {s} step {step} has workers {sorted(members)}, expected {expect}")
-    holders = [set(ws) for ws in schedule.stage_workers]
-    pushes: dict[tuple[int, int, int], list] = defaultdict(list)  # (stage, step, owner) -> pushing ops
-    for w, wops in enumerate(ops):
-        for i, op in enumerate(wops):
-            o = op.weights_worker
-            if op.kind in COMPUTE and o is not None and o != w:
-                if op.version >= 1:
-                    deps[w][i] = list(deps[w][i]) + [("STEP", op.stage, op.version - 1, o)]
-                if op.kind in ("B", "BW") and w not in holders[op.stage]:
-                    pushes[(op.stage, op.version, o)].append((op.kind, op.stage, op.microbatch))
-    done: set = set()
+    done = bytearray(len(worker_of))
+    steps_done: set = set()
     ptr = [0] * len(ops)
-    waiting: dict = defaultdict(list)
+    waiting: dict = defaultdict(list)  # compute code or STEP key -> workers waiting for it
     parked: dict = defaultdict(list)
     work = deque(range(len(ops)))
     while work:
         w = work.popleft()
-        wops, i = ops[w], ptr[w]
-        while i < len(wops):
-            op = wops[i]
-            if op.kind in COMPUTE:
-                blocked = next((dep for dep in deps[w][i] if dep not in done), None)
-                if blocked is not None:
+        wops, kw, i, n = ops[w], codes[w], ptr[w], len(ops[w])
+        while i < n:
+            c = kw[i]
+            if c >= 0:
+                blocked = -1
+                for d in producer_codes(c, S, U, present, k):
+                    if not done[d]:
+                        if worker_of[d] < 0:
+                            key, dep = code_key(c, S, U), code_key(d, S, U)
+                            raise ScheduleError(f"{key[0]}{key[1]}.{key[2]} on worker {w} depends on "
+                                                f"{dep[0]}{dep[1]}.{dep[2]}, which no worker runs")
+                        blocked = d
+                        break
+                if blocked < 0 and extra:
+                    blocked = next((t for t in extra.get((w, i), ()) if t not in steps_done), -1)
+                if blocked != -1:
                     waiting[blocked].append(w)
                     break
-                key = (op.kind, op.stage, op.microbatch)
-                done.add(key)
-                work.extend(waiting.pop(key, ()))
-            elif (blocked := next((k for k in pushes.get((op.stage, op.step, w), ()) if k not in done), None)):
+                done[c] = 1
+                if c in waiting:
+                    work.extend(waiting.pop(c))
+                i += 1
+                continue
+            op = wops[i]
+            if pushes and (blocked := next((d for d in pushes.get((op.stage, op.step, w), ()) if not done[d]), -1)) >= 0:
                 waiting[blocked].append(w)
                 break
-            elif op.kind == "STEP":
+            if op.kind == "STEP":
                 key = ("STEP", op.stage, op.step, w)
-                done.add(key)
+                steps_done.add(key)
                 work.extend(waiting.pop(key, ()))
             elif op.kind == "AR":
                 g = (op.stage, op.step)
@@ -304,27 +538,16 @@ def _check_deadlock(schedule: Schedule, index: dict) -> None:
                             + ", ".join(f"worker {w}: {op}" for w, op in stuck[:4]))
 
 
-def _check_in_flight(schedule: Schedule) -> None:
-    if schedule.max_in_flight is None:
-        return
-    for w, ops in enumerate(schedule.ops):
-        live, peak = set(), 0
-        for op in ops:
-            if op.kind == "F":
-                live.add((op.stage, op.microbatch))
-                peak = max(peak, len(live))
-            elif op.kind in ("B", "BW"):
-                live.discard((op.stage, op.microbatch))
-        if peak > schedule.max_in_flight[w]:
-            raise ScheduleError(f"worker {w} holds {peak} microbatches in flight; limit is {schedule.max_in_flight[w]}")
-
-
 def in_flight_peak(ops: Iterable[Op]) -> int:
+    """Most (stage, microbatch) pairs forwarded (F) and not yet backwarded (B, or BW of a split
+    backward) along the op order."""
     live, peak = set(), 0
     for op in ops:
-        if op.kind == "F":
-            live.add((op.stage, op.microbatch))
-            peak = max(peak, len(live))
-        elif op.kind in ("B", "BW"):
-            live.discard((op.stage, op.microbatch))
+        kind = op.kind
+        if kind == "F":
+            live.add((op.stage, op.microbatch, op.segment))
+            if len(live) > peak:
+                peak = len(live)
+        elif kind == "B" or kind == "BW":
+            live.discard((op.stage, op.microbatch, op.segment))
     return peak

@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from .core import Op, Schedule, validate
+from .core import Op, OpKind, Schedule, make_op, validate
+from .registry import register
 
 Key = tuple[str, int, int]  # (kind, stage, microbatch)
 
@@ -137,6 +138,11 @@ def assign_versions(orders: list[list[tuple]], rule: str, two_bw_batch: int = 0)
     2bw: batch t = b // m reads W(t-1), version max(t - 1, 0); checked to be the newest local
     version or the one before (two buffers suffice).
     """
+    if rule in ("sync", "async", "no-stash", "stash"):
+        try:
+            return [_local_versions(ops, rule == "stash") for ops in orders]
+        except KeyError:  # a backward without its forward earlier on the worker: validate() says what
+            pass
     local: dict[tuple[str, int, int], int] = {}
     for ops in orders:
         count: dict[int, int] = {}
@@ -162,8 +168,33 @@ def assign_versions(orders: list[list[tuple]], rule: str, two_bw_batch: int = 0)
             return v
         raise ValueError(f"unknown update rule {rule!r}")
 
-    return [[Op(k, s, x, version(k, s, x)) if k not in ("AR", "STEP") else Op(k, s, step=x)
+    return [[make_op(_KINDS[k], s, x, version(k, s, x)) if k != "AR" and k != "STEP" else make_op(_KINDS[k], s, step=x)
              for k, s, x in ops] for ops in orders]
+
+
+_KINDS = {str(k): k for k in OpKind}
+
+
+def _local_versions(ops: list[tuple], stash: bool) -> list[Op]:
+    """One worker's Ops in one pass: every op reads the newest local version (STEPs of its stage
+    earlier in the list); with ``stash`` a backward reads its forward's."""
+    count: dict[int, int] = {}
+    fwd: dict[tuple[int, int], int] = {}
+    out = []
+    for k, s, x in ops:
+        if k == "STEP":
+            out.append(make_op(OpKind.STEP, s, step=x))
+            count[s] = count.get(s, 0) + 1
+        elif k == "AR":
+            out.append(make_op(OpKind.AR, s, step=x))
+        else:
+            v = count.get(s, 0)
+            if k == "F":
+                fwd[(s, x)] = v
+            elif stash:
+                v = fwd[(s, x)]
+            out.append(make_op(_KINDS[k], s, x, v))
+    return out
 
 
 def _make(name, layout, orders, M, update, mps, group, n_groups, max_in_flight, options,
@@ -193,6 +224,8 @@ def _check_m(M, what="microbatches"):
 
 
 # ---- pipeline schedules -----------------------------------------------------------------
+@register("model-parallel", description="one microbatch in flight through all stages, then every stage updates",
+          source="Narayanan et al., PipeDream (SOSP 2019), Figure 2", microbatches="in total")
 def model_parallel(plan, microbatches: int) -> Schedule:
     """One microbatch in flight: F0..F(S-1), B(S-1)..B0, then every stage updates (version b)."""
     layout, M = stage_layout(plan), _check_m(microbatches)
@@ -204,6 +237,8 @@ def model_parallel(plan, microbatches: int) -> Schedule:
                  [1] * len(orders), {})
 
 
+@register("gpipe", description="fill-drain: all forwards, then all backwards, gradient accumulation, one step per flush",
+          source="Huang et al., GPipe (NeurIPS 2019)", options={"steps": "iterations (flushes) in the schedule"})
 def gpipe(plan, microbatches: int, steps: int = 1) -> Schedule:
     """Fill-drain: per iteration every worker runs all its forwards, then its backwards in reverse
     order; the gradients of the M microbatches accumulate and each stage steps once at the flush."""
@@ -220,14 +255,24 @@ def gpipe(plan, microbatches: int, steps: int = 1) -> Schedule:
                  {"steps": T})
 
 
-def pipedream(plan, microbatches: int, weights: str = "stash") -> Schedule:
+@register("pipedream", description="1F1B: NOAM warm-up, then one forward one backward, round robin over replicas, no flush",
+          source="Narayanan et al., PipeDream (SOSP 2019)",
+          options={"weights": "weight rule: stashing, vertical sync or none",
+                   "warmup": "forwards each stage admits before its first backward (default NOAM; Plan.in_flight counts communication)"},
+          choices={"weights": ("stash", "vertical-sync", "no-stash")}, microbatches="in total",
+          data_parallel_plan=True)
+def pipedream(plan, microbatches: int, weights: str = "stash", warmup: object = None) -> Schedule:
     """1F1B with NOAM warm-up, round robin over replicas, no flush, an update after every
-    microbatch (a replicated stage: every round of r_s microbatches, AR then STEP)."""
+    microbatch (a replicated stage: every round of r_s microbatches, AR then STEP).
+    ``warmup``: forwards each stage admits before its first backward (one int per stage, e.g.
+    ``Plan.in_flight`` which counts communication); default :func:`noam_warmup`."""
     rules = {"stash": "stash", "vertical-sync": "vertical-sync", "no-stash": "no-stash"}
     if weights not in rules:
         raise ValueError(f"weights must be one of {sorted(rules)}, got {weights!r}")
     layout, M = stage_layout(plan), _check_m(microbatches)
-    K = noam_warmup(layout)
+    K = noam_warmup(layout) if warmup is None else [_check_m(k, "warmup") for k in warmup]
+    if len(K) != len(layout):
+        raise ValueError(f"warmup has {len(K)} values for {len(layout)} stages; give one per stage")
     orders, cap = [], []
     for s, j, r in _per_worker(layout):
         orders.append(one_f_one_b(_share(0, M, r, j), K[s], s))
@@ -237,6 +282,8 @@ def pipedream(plan, microbatches: int, weights: str = "stash") -> Schedule:
                  lambda s: math.ceil(M / r[s]), cap, {"weights": weights, "noam": K[0]})
 
 
+@register("pipedream-flush", description="1F1B inside each batch of microbatches, then a flush and a synchronous step",
+          source="Narayanan et al., PipeDream-2BW (ICML 2021)", options={"steps": "iterations (flushes) in the schedule"})
 def pipedream_flush(plan, microbatches: int, steps: int = 1) -> Schedule:
     """1F1B inside each iteration of M microbatches, then a flush and one synchronous update."""
     layout, M, T = stage_layout(plan), _check_m(microbatches), _check_m(steps, "steps")
@@ -249,6 +296,9 @@ def pipedream_flush(plan, microbatches: int, steps: int = 1) -> Schedule:
                  lambda s: T, cap, {"steps": T})
 
 
+@register("pipedream-2bw", description="1F1B without flush, gradient accumulation per batch, two weight buffers, delay one",
+          source="Narayanan et al., PipeDream-2BW (ICML 2021)", microbatches="in total",
+          options={"microbatches_per_step": "microbatches per update (default: max_s K_s r_s)"})
 def pipedream_2bw(plan, microbatches: int, microbatches_per_step: int | None = None) -> Schedule:
     """1F1B without flush; gradients accumulate over batches of m microbatches (default
     max_s K_s r_s, = S when straight: enough for two buffers); two weight buffers and a delay of one update: W(t+1) = W(t) - nu * grad f(W(t-1)), so batch t reads version
@@ -274,44 +324,107 @@ def _straight(layout, name):
         raise ValueError(f"{name} needs a straight pipeline (one worker per stage); the plan has replicas")
 
 
+def interleaved_rounds(P: int, M: int) -> int:
+    """Microbatches per round m of interleaved 1F1B (torch's ``microbatches_per_round``): the M
+    microbatches run in rounds = max(1, floor(M / P)) rounds of m = M / rounds each; M must split
+    evenly into those rounds (any M <= 2P - 1 does; M = 9 on P = 4 does not)."""
+    rounds = max(1, M // P)
+    if M % rounds:
+        ok = [m for m in range(max(1, M - P), M + P + 1) if m % max(1, m // P) == 0]
+        raise ValueError(f"interleaved-1f1b: {M} microbatches on {P} workers run in {rounds} rounds of "
+                         f"M / rounds microbatches, which needs M to be a multiple of {rounds}; "
+                         f"use e.g. {[m for m in ok if m != M][:4]} microbatches")
+    return M // rounds
+
+
+def interleaved_order(rank: int, P: int, v: int, M: int) -> list[Key]:
+    """One iteration of interleaved 1F1B on ``rank``, torch's ``ScheduleInterleaved1F1B`` order.
+
+    With m = :func:`interleaved_rounds` microbatches per round, the k-th forward is chunk
+    c(k) = floor(k / m) mod v (stage c P + rank) on microbatch m floor(k / (m v)) + k mod m; the j-th
+    backward is chunk v - 1 - floor(j / m) mod v on the same microbatch formula in j. The rank warms
+    up with min((v-1) m + 2 (P - 1 - rank), M v) forwards, then alternates forward, backward, then
+    drains the backwards. With v = 1 it is plain 1F1B (warm-up P - 1 - rank)."""
+    m, total = interleaved_rounds(P, M), M * v
+
+    def key(k, kind):
+        grp, i = divmod(k, m * v)
+        chunk = i // m if kind == "F" else v - 1 - i // m
+        return (kind, chunk * P + rank, grp * m + i % m)
+
+    warm = min((v - 1) * m + 2 * (P - 1 - rank) if v > 1 else P - rank - 1, total)
+    out = [key(k, "F") for k in range(warm)]
+    for i in range(total - warm):
+        out += [key(warm + i, "F"), key(i, "B")]
+    return out + [key(i, "B") for i in range(total - warm, total)]
+
+
+@register("interleaved-1f1b", description="Megatron 1F1B with `chunks` virtual stages per worker (stage s on worker s mod P)",
+          source="Narayanan et al., Megatron-LM (SC 2021)", stages_per_worker="chunks",
+          options={"chunks": "virtual stages per worker", "steps": "iterations (flushes) in the schedule"})
 def interleaved_1f1b(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> Schedule:
-    """Megatron interleaved 1F1B: S = P * v stages on P workers, stage s on worker s mod P.
-    Rank r warms up with min(2(P-r-1) + (v-1)P, Mv) forwards, then forward/backward pairs, the
-    k-th forward being chunk (k // P) mod v of microbatch P*(k // (P v)) + k mod P (backward:
-    chunk v-1-((k // P) mod v)). Needs M to be a multiple of P."""
-    base = stage_layout(plan)
-    _straight(base, "interleaved-1f1b")
-    S, M, T, v = len(base), _check_m(microbatches), _check_m(steps, "steps"), _check_m(chunks, "chunks")
-    if S % v:
-        raise ValueError(f"interleaved-1f1b: {S} stages do not split into chunks={v} per worker; "
-                         f"pass a stage count that is a multiple of chunks")
-    P = S // v
-    if M % P:
-        raise ValueError(f"interleaved-1f1b needs microbatches to be a multiple of the {P} workers, got {M}")
-    layout = tuple((s % P,) for s in range(S))
+    """Megatron interleaved 1F1B: S = P v stages on P workers, stage s on worker s mod P, per-rank
+    order of :func:`interleaved_order` (equal to torch's ``ScheduleInterleaved1F1B``), a flush and
+    one synchronous update per iteration of M microbatches."""
+    layout, P, M, T, v = _looped_layout(plan, microbatches, chunks, steps, "interleaved-1f1b")
     orders, cap = [], []
     for rank in range(P):
-        total = M * v
-
-        def key(k, kind):
-            grp, i = divmod(k, P * v)
-            chunk = i // P if kind == "F" else v - 1 - i // P
-            return (kind, chunk * P + rank, grp * P + i % P)
-
-        warm = min((P - rank - 1) * 2 + (v - 1) * P if v > 1 else P - rank - 1, total)
-        o = []
-        for t in range(T):
-            it = [key(k, "F") for k in range(warm)]
-            for i in range(total - warm):
-                it += [key(warm + i, "F"), key(i, "B")]
-            it += [key(i, "B") for i in range(total - warm, total)]
-            o += [(kd, s, b + t * M) for kd, s, b in it]
-        orders.append(o)
-        cap.append(min(warm + 1, total))
+        it = interleaved_order(rank, P, v, M)
+        orders.append([(kd, s, b + t * M) for t in range(T) for kd, s, b in it])
+        cap.append(in_flight_of(it))
     return _make("interleaved-1f1b", layout, orders, M * T, "sync", M, lambda s, b: b // M,
                  lambda s: T, cap, {"chunks": v, "steps": T})
 
 
+def _looped_layout(plan, microbatches, chunks, steps, name):
+    """(layout, P, M, T, v) of a looped schedule: S = P v stages, stage s on worker s mod P."""
+    base = stage_layout(plan)
+    _straight(base, name)
+    S, M, T, v = len(base), _check_m(microbatches), _check_m(steps, "steps"), _check_m(chunks, "chunks")
+    if S % v:
+        raise ValueError(f"{name}: {S} stages do not split into chunks={v} per worker; "
+                         f"pass a stage count that is a multiple of chunks (e.g. {S - S % v or v})")
+    P = S // v
+    return tuple((s % P,) for s in range(S)), P, M, T, v
+
+
+def in_flight_of(order: list[Key]) -> int:
+    """Most (stage, microbatch) pairs forwarded and not yet backwarded (B or BW) in ``order``."""
+    live, peak = set(), 0
+    for kind, s, b in order:
+        if kind == "F":
+            live.add((s, b))
+            peak = max(peak, len(live))
+        elif kind in ("B", "BW"):
+            live.discard((s, b))
+    return max(peak, 1)
+
+
+def looped_bfs_order(rank: int, P: int, v: int, M: int) -> list[Key]:
+    """Breadth-first looped order of ``rank`` (torch's ``ScheduleLoopedBFS``): the forwards of its
+    stages rank, rank + P, ..., each over microbatches 0..M-1, then the backwards of its stages
+    from the last, each over microbatches M-1..0."""
+    stages = range(rank, P * v, P)
+    return [("F", s, b) for s in stages for b in range(M)] + \
+           [("B", s, b) for s in reversed(stages) for b in reversed(range(M))]
+
+
+@register("looped-bfs", description="breadth-first looped pipeline: all forwards stage by stage, then all backwards from the last stage",
+          source="Lamy-Poirier, Breadth-First Pipeline Parallelism (MLSys 2023)", stages_per_worker="chunks",
+          options={"chunks": "stages per worker (stage s on worker s mod P)", "steps": "iterations (flushes) in the schedule"})
+def looped_bfs(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> Schedule:
+    """Looped BFS: S = P v stages, stage s on worker s mod P, per-rank order
+    :func:`looped_bfs_order` (equal to torch's ``ScheduleLoopedBFS``), gradient accumulation over
+    the M microbatches and one synchronous update per iteration. Every rank holds all M v of its
+    (stage, microbatch) activations at the turn (peak M v)."""
+    layout, P, M, T, v = _looped_layout(plan, microbatches, chunks, steps, "looped-bfs")
+    orders = [[(kd, s, b + t * M) for t in range(T) for kd, s, b in looped_bfs_order(r, P, v, M)] for r in range(P)]
+    return _make("looped-bfs", layout, orders, M * T, "sync", M, lambda s, b: b // M, lambda s: T,
+                 [M * v] * P, {"chunks": v, "steps": T})
+
+
+@register("zb-h1", description="zero-bubble H1: backward split into BI/BW, deferred BW fills bubbles, 1F1B peak memory",
+          source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024)", options={"steps": "iterations (flushes) in the schedule"})
 def zb_h1(plan, microbatches: int, steps: int = 1) -> Schedule:
     """Zero-bubble H1: 1F1B with the backward split into BI (input gradient) and BW (weight
     gradient); BW of later stages is deferred to fill the cool-down bubble while no worker holds
@@ -333,6 +446,9 @@ def _dp_shape(plan, workers):
     return S, W
 
 
+@register("dp-bsp", description="data parallel: each worker all stages, per-stage all-reduce overlapped with backward",
+          source="Li et al., PyTorch Distributed (VLDB 2020)", stages_per_worker="all", family="data-parallel",
+          microbatches="in total", options={"workers": "data-parallel workers (default: the plan's)"})
 def dp_bsp(plan, microbatches: int, workers: int | None = None) -> Schedule:
     """Data parallel, bulk synchronous: every worker holds all S stages (gradient buckets); worker
     w runs microbatches b = w mod W; each round, the AR of stage s follows B of s right away (it
@@ -360,6 +476,9 @@ def dp_bsp(plan, microbatches: int, workers: int | None = None) -> Schedule:
     return sched
 
 
+@register("dp-asp", description="data parallel, asynchronous: each worker steps on its own gradients, no all-reduce",
+          source="Recht et al., Hogwild! (NeurIPS 2011)", stages_per_worker="all", family="data-parallel",
+          microbatches="in total", options={"workers": "data-parallel workers (default: the plan's)"})
 def dp_asp(plan, microbatches: int, workers: int | None = None) -> Schedule:
     """Data parallel, asynchronous (parameter-server ASP): worker w runs microbatches b = w mod W,
     and after B of stage s pushes its gradient and pulls the current weights (STEP, no AR).

@@ -8,10 +8,23 @@ A schedule is two functions. The placement ``w(s, b, d) -> (compute_worker, weig
 (the doc writes the pair the other way round; here the compute worker comes first) and a priority
 ``n(s, b, d)`` (lower runs first) that breaks ties between ready jobs.
 
-Greedy list scheduler (clock-free in the doc: only jobs carry times): whenever a worker is idle
-it starts, among the jobs assigned to it whose predecessor has finished, the one with the
-smallest n. With unit durations every job takes one tick, so the makespan is the latency column
-of the doc's table. Built-in placements (W workers, G groups of R workers, W = G R):
+Greedy rule (clock-free in the doc: only jobs carry times). The *frontier* is the set of jobs whose
+predecessor is scheduled (one per batch: the next job of its chain). A job's finish time is
+
+    t(s, b, d) = max(free(c), t(pred) + x(pred -> c), f(c)) + T(s, d),    c = compute worker of (s, b, d)
+
+with ``free(c)`` the finish of the last job scheduled on c, ``x`` the activation/gradient transfer
+when the predecessor ran on another worker, ``f(c)`` the time the weights have arrived when
+``weights_worker o != c`` (the fetch starts with the previous job on c -- one job of prefetch, as
+the simulator does -- once the link o -> c is free of the previous fetch) and ``T`` the forward or
+backward duration of stage s. Activation links are not queued (the simulator queues them: with
+transfers that overlap on one link the simulated time can exceed t). At each step the rule schedules the
+frontier job of smallest ``t + ε n(s, b, d)`` (ε infinitesimal: ties in t broken by the priority n).
+:func:`from_placement` runs this rule with the durations that will be simulated (:class:`JobCosts`);
+with zero transfer and fetch costs, simulating the resulting per-worker order reproduces t exactly.
+The unit-tick order (``costs="unit"``) is :func:`list_schedule`, the event-driven list scheduler
+of the doc's table (every job one tick; an idle worker starts its ready job of smallest n): its
+makespan is the latency column of the doc's table. Built-in placements (W workers, G groups of R workers, W = G R):
 
     DDP   (b, b)            FSDP  (b, s)            PP (GPipe)  (s, s)
     LPP   (h(s,b), h(s,b))  FSLPP (h(s,b), h(s,s))  h(s, b) = (R b mod W) + (s mod R)
@@ -24,11 +37,14 @@ worker that does not own the weights are pushed to ``weights_worker`` (see
 from __future__ import annotations
 
 import heapq
-from typing import Callable
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import pandas as pd
 
 from .core import Op, Schedule, in_flight_peak, validate
+from .registry import register
 
 Placement = Callable[[int, int, str], tuple[int, int]]
 Priority = Callable[[int, int, str], float]
@@ -40,22 +56,122 @@ def chain(S: int, b: int) -> list[tuple[int, int, str]]:
     return [(s, b, "forward") for s in range(S)] + [(s, b, "backward") for s in reversed(range(S))]
 
 
-def priority_key(priority, S: int) -> Callable[[int, int, str], tuple]:
-    """Sort key of a job for a named priority or a user function n(s, b, d).
+PRIORITIES = {
+    "oldest-batch": "smallest batch b first (depth first: a batch runs to completion before newer ones)",
+    "lowest-stage": "smallest stage s first, then b, forward and backward alike (not breadth first: "
+                    "a backward of stage s precedes the forward of stage s of a later batch)",
+    "breadth-first": "forwards by (s, b), then backwards by (-s, -b): PyTorch's looped BFS order",
+}
 
-    oldest-batch: smallest b first (depth first: a batch runs to completion before newer ones);
-    oldest-stage: smallest s first, then b (breadth first: every batch's early stages first).
-    Ties are broken by the job's position in its batch's chain, then b, for determinism."""
+
+def priority_key(priority, S: int) -> Callable[[int, int, str], tuple]:
+    """Sort key n(s, b, d) of a job for a named priority (:data:`PRIORITIES`) or a user function
+    n(s, b, d). Ties are broken by the job's position in its batch's chain, then b, for determinism."""
     def pos(s, d):
         return s if d == "forward" else 2 * S - 1 - s
     if priority == "oldest-batch":
         return lambda s, b, d: (b, pos(s, d))
-    if priority == "oldest-stage":
+    if priority == "lowest-stage":
         return lambda s, b, d: (s, b, pos(s, d))
+    if priority == "breadth-first":
+        return lambda s, b, d: (0, s, b) if d == "forward" else (1, -s, -b)
+    if priority == "oldest-stage":
+        raise ValueError("priority 'oldest-stage' was renamed 'lowest-stage' (it sorts by stage, then batch; "
+                         "it is not breadth first); for PyTorch's breadth-first order use 'breadth-first' "
+                         "or the schedule 'looped-bfs'")
     if callable(priority):
         return lambda s, b, d: (priority(s, b, d), b, pos(s, d))
-    raise ValueError(f"priority must be 'oldest-batch', 'oldest-stage' or a function n(stage, batch, "
+    raise ValueError(f"priority must be one of {sorted(PRIORITIES)} or a function n(stage, batch, "
                      f"direction), got {priority!r}")
+
+
+@dataclass(frozen=True)
+class JobCosts:
+    """Durations the greedy rule schedules with, in the simulator's units (ms, or ticks):
+    ``fwd_ms[s]`` / ``bwd_ms[s]`` per microbatch of stage s; ``transfer_ms(s, d, a, b)`` moving the
+    input of job (s, ·, d) from worker a to worker b (the activation of stage s-1 for a forward, the
+    gradient of stage s+1 for a backward); ``fetch_ms(s, a, b)`` the weights of stage s from owner a
+    to b. Both are 0 when a == b; numbers mean the same cost for every pair of workers."""
+
+    fwd_ms: tuple[float, ...]
+    bwd_ms: tuple[float, ...]
+    transfer_ms: Callable | float = 0.0
+    fetch_ms: Callable | float = 0.0
+
+    def __post_init__(self):
+        for name in ("fwd_ms", "bwd_ms"):
+            vals = getattr(self, name)
+            if any(not math.isfinite(v) or v < 0 for v in vals):
+                raise ValueError(f"JobCosts.{name} must be finite and >= 0, got {vals!r}")
+        for name in ("transfer_ms", "fetch_ms"):
+            v = getattr(self, name)
+            if not callable(v) and (not math.isfinite(v) or v < 0):
+                raise ValueError(f"JobCosts.{name} must be finite and >= 0 (or a function), got {v!r}")
+
+    @classmethod
+    def scalar(cls, fwd: float | Sequence[float], bwd: float | Sequence[float], stages: int,
+               transfer_ms: Callable | float = 0.0, fetch_ms: Callable | float = 0.0) -> "JobCosts":
+        """Costs of ``stages`` stages from numbers or one number per stage (the simulator's
+        ``fwd=``/``bwd=`` arguments)."""
+        def per(x, what):
+            vals = [float(x)] * stages if isinstance(x, (int, float)) else [float(v) for v in x]
+            if len(vals) != stages:
+                raise ValueError(f"{what} has {len(vals)} values for {stages} stages; give one per stage or a number")
+            return tuple(vals)
+        return cls(per(fwd, "fwd"), per(bwd, "bwd"), transfer_ms, fetch_ms)
+
+    @classmethod
+    def from_simulator(cls, schedule: Schedule, **simulate_kwargs) -> "JobCosts":
+        """The durations :func:`workbench.simulate.simulate` charges ``schedule`` with the same
+        keyword arguments (unit costs ``fwd=``/``bwd=``/``transfer=``/``weight_fetch=``, or
+        ``profile=``/``plan=``/``topology=``; ``latency_ms``/``op_overhead_ms``): one cost model,
+        read back from the simulated timeline (compute rows F/B per stage, ``send_act``/``send_grad``
+        and ``fetch_weights`` rows per link). Only pairs of workers that the placement uses appear,
+        and the placement, not the order, fixes them: a schedule built with any order gives the
+        costs to re-order it."""
+        from ..simulate import simulate
+
+        tl = simulate(schedule, **simulate_kwargs).timeline
+        dur = tl["end"] - tl["start"]
+        comp = tl["lane"] == "compute"
+        per = {(k, int(st)): float(v) for (k, st), v in dur[comp].groupby([tl["kind"][comp], tl["stage"][comp]]).max().items()}
+        S = schedule.num_stages
+        fwd = tuple(per.get(("F", st), 0.0) for st in range(S))
+        bwd = tuple(per.get(("B", st), 0.0) for st in range(S))
+        links = {(str(r.kind), int(r.stage), int(r.src), int(r.dst)): float(r.end - r.start)
+                 for r in tl[~comp].itertuples(index=False)
+                 if r.kind in ("send_act", "send_grad", "fetch_weights")}
+        return cls(fwd, bwd,
+                   transfer_ms=lambda st, d, a, b: links.get(("send_act", st - 1, a, b) if d == "forward"
+                                                             else ("send_grad", st + 1, a, b), 0.0),
+                   fetch_ms=lambda st, a, b: links.get(("fetch_weights", st, a, b), 0.0))
+
+    def duration(self, s: int, d: str) -> float:
+        return self.fwd_ms[s] if d == "forward" else self.bwd_ms[s]
+
+    def transfer(self, s: int, d: str, a: int, b: int) -> float:
+        if a == b:
+            return 0.0
+        return float(self.transfer_ms(s, d, a, b)) if callable(self.transfer_ms) else float(self.transfer_ms)
+
+    def fetch(self, s: int, a: int, b: int) -> float:
+        if a == b:
+            return 0.0
+        return float(self.fetch_ms(s, a, b)) if callable(self.fetch_ms) else float(self.fetch_ms)
+
+
+def job_costs(costs, stages: int) -> JobCosts:
+    """:class:`JobCosts` from ``None`` (forward 1, backward 2: the simulator's default unit costs),
+    a pair ``(fwd, bwd)`` of numbers or per-stage sequences, or a JobCosts."""
+    if costs is None:
+        return JobCosts.scalar(1.0, 2.0, stages)
+    if isinstance(costs, JobCosts):
+        if len(costs.fwd_ms) != stages or len(costs.bwd_ms) != stages:
+            raise ValueError(f"costs give {len(costs.fwd_ms)} stages but the schedule has {stages}")
+        return costs
+    if isinstance(costs, tuple) and len(costs) == 2:
+        return JobCosts.scalar(costs[0], costs[1], stages)
+    raise ValueError(f"costs must be 'unit', None (forward 1, backward 2), (fwd, bwd) or a JobCosts, got {costs!r}")
 
 
 def _placements(w: Placement, S: int, B: int, W: int) -> dict:
@@ -121,11 +237,60 @@ def list_schedule(w: Placement, stages: int, batches: int, workers: int, priorit
     return df.sort_values(["start", "worker"], kind="stable").reset_index(drop=True)
 
 
+def frontier_schedule(w: Placement, stages: int, batches: int, workers: int, priority="oldest-batch",
+                      costs: JobCosts | None = None) -> pd.DataFrame:
+    """The doc's greedy rule with costs (module docstring): repeatedly schedule the frontier job of
+    smallest finish time, ties broken by the priority. Returns the timeline DataFrame of
+    :func:`list_schedule` (same columns), times in the units of ``costs``."""
+    S, B, W = int(stages), int(batches), int(workers)
+    if min(S, B, W) < 1:
+        raise ValueError(f"stages, batches and workers must be >= 1, got {S}, {B}, {W}")
+    place = _placements(w, S, B, W)
+    key = priority_key(priority, S)
+    c = job_costs(costs, S)
+    chains = [chain(S, b) for b in range(B)]
+    nxt, pred_end, pred_worker = [0] * B, [0.0] * B, [None] * B
+    free, last_start = [0.0] * W, [0.0] * W
+    link_free: dict[tuple[int, int], float] = {}  # weight fetches: one at a time per (owner, worker) link
+    rows = []
+    for _ in range(2 * S * B):
+        best = None
+        for b in range(B):
+            if nxt[b] == 2 * S:
+                continue
+            s, _, d = job = chains[b][nxt[b]]
+            cw, ow = place[job]
+            ready = pred_end[b] + (c.transfer(s, d, pred_worker[b], cw) if pred_worker[b] is not None else 0.0)
+            fetched = 0.0
+            if ow != cw:
+                fetched = max(last_start[cw], link_free.get((ow, cw), 0.0)) + c.fetch(s, ow, cw)
+            start = max(free[cw], ready, fetched)
+            cand = (start + c.duration(s, d), key(*job), start, job, fetched)
+            if best is None or cand[:2] < best[:2]:
+                best = cand
+        end, _, start, (s, b, d), fetched = best
+        cw, ow = place[(s, b, d)]
+        rows.append((cw, s, b, "F" if d == "forward" else "B", start, end, ow))
+        free[cw], last_start[cw] = end, start
+        if ow != cw:
+            link_free[(ow, cw)] = fetched
+        nxt[b] += 1
+        pred_end[b], pred_worker[b] = end, cw
+    df = pd.DataFrame(rows, columns=["worker", "stage", "microbatch", "kind", "start", "end", "weights_worker"])
+    return df.sort_values(["start", "worker"], kind="stable").reset_index(drop=True)
+
+
 def from_placement(w: Placement, stages: int, batches: int, workers: int, priority="oldest-batch",
-                   name: str = "master") -> Schedule:
-    """Schedule of placement ``w`` and ``priority`` (see module docstring): per-worker op order from
-    the greedy list scheduler with unit ticks; one synchronous update per stage at the end."""
-    tl = list_schedule(w, stages, batches, workers, priority)
+                   name: str = "master", costs=None) -> Schedule:
+    """Schedule of placement ``w`` and ``priority`` (see module docstring); one synchronous update
+    per stage at the end. ``costs``: the durations that will be simulated (:func:`job_costs`:
+    None = forward 1, backward 2; ``(fwd, bwd)``; a :class:`JobCosts`), ordered by the doc's greedy
+    rule (:func:`frontier_schedule`); ``"unit"``: the unit-tick order of :func:`list_schedule`.
+    ``options["latency"]`` is the greedy rule's makespan in the units of the costs."""
+    if isinstance(costs, str) and costs != "unit":
+        raise ValueError(f"costs must be 'unit', None, (fwd, bwd) or a JobCosts, got {costs!r}")
+    tl = (list_schedule(w, stages, batches, workers, priority) if costs == "unit"
+          else frontier_schedule(w, stages, batches, workers, priority, costs))
     S, B, W = int(stages), int(batches), int(workers)
     owners = [sorted({int(o) for o in tl.loc[tl["stage"] == s, "weights_worker"]}) for s in range(S)]
     ops: list[list[Op]] = [[] for _ in range(W)]
@@ -139,10 +304,13 @@ def from_placement(w: Placement, stages: int, batches: int, workers: int, priori
                 if len(owners[s]) > 1:
                     ops[wk].append(Op("AR", s, step=0))
                 ops[wk].append(Op("STEP", s, step=0))
+    opts = {"priority": priority if isinstance(priority, str) else "custom",
+            "costs": "unit" if costs == "unit" else ("default" if costs is None else "given"),
+            "latency": float(tl["end"].max())}
+    if costs == "unit":
+        opts["latency_ticks"] = int(tl["end"].max())
     sched = Schedule(name, S, W, B, tuple(map(tuple, ops)), tuple(map(tuple, owners)), "sync", B,
-                     tuple(in_flight_peak(o) for o in ops),
-                     {"priority": priority if isinstance(priority, str) else "custom",
-                      "latency_ticks": int(tl["end"].max())})
+                     tuple(in_flight_peak(o) for o in ops), opts)
     validate(sched)
     return sched
 
@@ -171,7 +339,7 @@ def placement(name: str, workers: int, group_size: int = 1) -> Placement:
 
 
 def build_master(name: str, stages: int, batches: int, workers: int | None = None,
-                 group_size: int | None = None, priority="oldest-batch") -> Schedule:
+                 group_size: int | None = None, priority="oldest-batch", costs=None) -> Schedule:
     """Built-ins: ddp/fsdp (default W = B), pp (W = S), lpp (default R = 2 when it divides, W = the
     largest multiple of R <= S), fslpp (default R = 2, W = R^2)."""
     S, B = int(stages), int(batches)
@@ -181,4 +349,41 @@ def build_master(name: str, stages: int, batches: int, workers: int | None = Non
     W = int(workers)
     if name in ("ddp", "fsdp", "pp"):
         R = 1
-    return from_placement(placement(name, W, R), S, B, W, priority, name=name)
+    return from_placement(placement(name, W, R), S, B, W, priority, name=name, costs=costs)
+
+
+_DOC = "Rahimi, Unifying Parallelization Schemes to Train Deep Nets"
+_HELP = {"workers": "workers W (default: the plan's; without a plan ddp/fsdp W = batches, pp W = S)",
+         "priority": "tie break n(s,b,d): " + ", ".join(PRIORITIES) + " or a function",
+         "costs": "'unit' (unit-tick order) or durations to order by (API: JobCosts; default F=1, B=2)"}
+
+
+def _master(name: str, description: str, group: bool = False):
+    def fn(plan, batches: int, workers: int | None = None, priority: str = "oldest-batch", costs: object = None,
+           **kw) -> Schedule:
+        from .generators import stage_layout
+        if workers is None and hasattr(plan, "num_workers"):
+            workers = plan.num_workers
+        return build_master(name, len(stage_layout(plan)), batches, workers, kw.get("group_size"), priority, costs)
+    if group:
+        def grouped(plan, batches: int, workers: int | None = None, group_size: int | None = None,
+                    priority: str = "oldest-batch", costs: object = None) -> Schedule:
+            return fn(plan, batches, workers, priority, costs, group_size=group_size)
+        target, helps = grouped, {**_HELP, "group_size": "R workers per group (W = G R; default 2)"}
+    else:
+        def target(plan, batches: int, workers: int | None = None, priority: str = "oldest-batch",
+                   costs: object = None) -> Schedule:
+            return fn(plan, batches, workers, priority, costs)
+        helps = _HELP
+    target.__name__ = target.__qualname__ = name
+    target.__doc__ = f"Master schedule {name}: {description} (see :mod:`workbench.schedules.master`)."
+    register(name, description=description, source=_DOC, options=helps, stages_per_worker="placement",
+             microbatches="in total", family="master")(target)
+    return target
+
+
+ddp = _master("ddp", "master schedule w(s,b)=(b,b): a batch per worker, all weights everywhere")
+fsdp = _master("fsdp", "master schedule w(s,b)=(b,s): a batch per worker, stage s's weights owned by worker s")
+pp = _master("pp", "master schedule w(s,b)=(s,s): GPipe placement, greedy oldest-batch order")
+lpp = _master("lpp", "master schedule looped pipeline: h(s,b)=(R b mod W)+(s mod R) for compute and weights", group=True)
+fslpp = _master("fslpp", "master schedule fully sharded looped pipeline: compute h(s,b), weights h(s,s)", group=True)

@@ -13,7 +13,8 @@ For a worker ``w`` (sums run over the compute ops in ``schedule.ops[w]``):
   forward and its backward share one fetch).
 * ``weight_storage``: number of stages whose weights w owns: ``#{s : w in stage_workers[s]}``.
 * ``busy``: compute time. From a ``timeline`` (columns ``worker, kind, start, end``) the sum of
-  ``end - start`` over compute kinds; otherwise unit costs F = 1, B = 2, BI = BW = 1 (AR, STEP 0).
+  ``end - start`` over compute kinds; otherwise unit costs F = 1, B = 2, BI = BW = 1 (AR, STEP 0),
+  times the segment's FLOP share (Seq1F1B), B / BI + F with recompute.
 """
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ import pandas as pd
 from .core import COMPUTE, Schedule, in_flight_peak, producers
 
 UNIT_COST = {"F": 1, "B": 2, "BI": 1, "BW": 1}
+def unit_cost(schedule: Schedule, op) -> float:
+    """:data:`UNIT_COST` of a compute op, times its Seq1F1B segment's FLOP share; with recompute a
+    B / BI also re-runs the forward (+ F), as the simulator charges it."""
+    c = UNIT_COST[op.kind] + (UNIT_COST["F"] if schedule.recompute and op.kind in ("B", "BI") else 0)
+    return c * schedule.segment_share(op)
+
+
 COLUMNS = ["peak_activations", "activation_transfers", "weight_transfers", "weight_storage", "busy"]
 
 
@@ -44,7 +52,7 @@ def worker_stats(schedule: Schedule, timeline: pd.DataFrame | None = None) -> pd
             "activation_transfers": act,
             "weight_transfers": len(fetched),
             "weight_storage": sum(w in ws for ws in schedule.stage_workers),
-            "busy": sum(UNIT_COST[op.kind] for op in ops if op.kind in COMPUTE),
+            "busy": sum(unit_cost(schedule, op) for op in ops if op.kind in COMPUTE),
         })
     df = pd.DataFrame(rows, columns=COLUMNS, index=pd.RangeIndex(schedule.num_workers, name="worker"))
     if timeline is not None:

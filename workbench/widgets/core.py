@@ -1,31 +1,28 @@
 """What the widgets compute, without any widget: settings -> plan -> schedule -> simulation.
 
-Every figure a widget shows is read from the one cost model through the small accessors below
-(:func:`predicted_ms`, :func:`in_flight`, :func:`simulated_ms_per_minibatch`, :func:`bubble`,
-:func:`worker_memory_bytes`); none computes a time of its own. :func:`modeled_plan` prices a
-*manual* plan with the partitioner's own formulas (``workbench.partition``, module docstring):
-
-    T(i->j, m) = max( sum_l (fwd_l + bwd_l),  2 (m-1)/m * sum_l w_l / B_ring * 1000 ) / m
-    c(s)       = 2 a_s / B_cut * 1000
-
-with ``B_ring`` the slowest link among the stage's replicas and ``B_cut`` the slowest link between
-the two stages' workers; on a one-level topology this is exactly the DP's objective (a test checks
-that the optimizer's plan prices to its own ``bottleneck_ms``).
+Every figure a widget shows is read from the one cost model (:mod:`workbench.costmodel`) through
+the small accessors below (:func:`predicted_ms`, :func:`in_flight`, :func:`simulated_ms_per_minibatch`,
+:func:`bubble`, :func:`worker_memory_bytes`, :func:`samples_per_s`); none computes a time of its
+own. :func:`modeled_plan` prices a *manual* plan with the same ``CostModel`` the partitioner uses
+(stage and cut times, the 1F1B prediction, the in-flight warm-up and the memory it costs), so a
+manual plan that equals the optimizer's gets the optimizer's numbers (a test checks it).
 """
 from __future__ import annotations
 
 import math
 import re
+import warnings
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
 from .. import schedules
-from ..partition import _allreduce_ms_per_byte, data_parallel_ms, partition
+from ..costmodel import CostModel
+from ..partition import data_parallel_ms, partition, with_predictions
 from ..plan import Plan, Stage
 from ..profiler import Profile
-from ..simulate import SimResult, default_microbatch_fraction, simulate
+from ..simulate import SimResult, simulate
 from ..topology import Topology
 
 #: schedules that take a (possibly replicated) Plan; the ones with a flush take ``per_step``
@@ -59,38 +56,30 @@ class Outcome:
     schedule: schedules.Schedule
     sim: SimResult
     manual: bool
+    note: str = ""  # a warning of the schedule builder, shown in the status line
 
 
 # ---- accessors: the one cost model's figures ------------------------------------------------
 def predicted_ms(plan: Plan) -> float:
-    """The plan's modeled time per minibatch (PipeDream's bottleneck objective)."""
-    return float(plan.bottleneck_ms)
+    """The plan's predicted time per minibatch under 1F1B (``Plan.predicted_ms``, the cost model's
+    closed form; the DP's ``bottleneck_ms`` for a plan built without it)."""
+    return float(plan.predicted_ms if math.isfinite(plan.predicted_ms) else plan.bottleneck_ms)
 
 
 def in_flight(plan: Plan) -> int:
-    """Minibatches in flight at the input stage in steady state (NOAM = ceil(W / r_0))."""
-    return int(plan.noam)
+    """Minibatches the input stage admits (``Plan.in_flight_count``: the communication-aware 1F1B
+    warm-up; PipeDream's NOAM without communication)."""
+    return int(plan.in_flight_count)
 
 
 def simulated_ms_per_minibatch(res: SimResult) -> float:
-    """Simulated time per minibatch: ``t / n`` with ``t`` the simulator's steady spacing of worker
-    0's updates of its first stage (``steady_iteration_time``; the mean iteration time when it
-    updates once) and ``n`` the minibatches all workers finish meanwhile: input-stage forwards x
-    microbatch fraction / worker 0's updates of that stage."""
-    m, sched = res.metrics, res.schedule
-    inputs = sum(1 for _, op in sched if op.kind == "F" and op.stage == 0)
-    first = next((op.stage for op in sched.ops[0] if op.kind == "STEP"), None)
-    updates = sum(1 for op in sched.ops[0] if op.kind == "STEP" and op.stage == first) or m["steps"]
-    per_step = inputs * default_microbatch_fraction(sched) / max(1, updates)
-    t = m["steady_iteration_time"]
-    if not math.isfinite(t):
-        t = m["iteration_time"]
-    return float(t / per_step)
+    """The simulator's steady-state time per minibatch (``SimResult.time_per_minibatch_ms``)."""
+    return float(res.time_per_minibatch_ms)
 
 
 def bubble(res: SimResult) -> float:
     """Mean over workers of the simulator's bubble fraction ``1 - busy_w / makespan``."""
-    return float(np.mean(res.metrics["bubble_fraction"]))
+    return float(res.metrics["bubble_fraction_mean"])
 
 
 def stage_param_bytes(profile: Profile, plan: Plan) -> list[float]:
@@ -111,11 +100,9 @@ def worker_memory_bytes(res: SimResult, profile: Profile, plan: Plan) -> list[fl
     return [float(a + v * h) for a, v, h in zip(acts, vers, held)]
 
 
-def samples_per_s(ms_per_minibatch: float, profile: Profile) -> float:
-    """Throughput in samples/s when the profile records its minibatch size, else NaN."""
-    meta = profile.meta or {}
-    bs = meta.get("batch_size") or meta.get("batch_size_if_imagenet")
-    return float(bs) / ms_per_minibatch * 1e3 if bs else math.nan
+def samples_per_s(res: SimResult) -> float:
+    """Simulated throughput in samples/s (NaN when the profile does not record its batch size)."""
+    return float(res.throughput_samples_per_s)
 
 
 # ---- manual plans ---------------------------------------------------------------------------
@@ -151,31 +138,22 @@ def parse_manual(text_lasts: str, text_replicas: str, layers: int, workers: int)
 
 
 def modeled_plan(profile: Profile, plan: Plan, topology: Topology) -> Plan:
-    """``plan`` with stage times, cuts and bottleneck from the partitioner's formulas (module docstring)."""
-    df = profile.layers
-    C = (df["fwd_ms"] + df["bwd_ms"]).to_numpy(float)
-    Wb = df["param_bytes"].to_numpy(float)
-    A = df["act_bytes"].to_numpy(float)
-    if plan.num_layers != len(C):
-        raise ValueError(f"the plan covers {plan.num_layers} layers but the profile has {len(C)}")
+    """``plan`` priced by the partitioner's cost model: stage and cut times (``CostModel.plan_times``),
+    bottleneck, ``predicted_ms``, ``in_flight`` and ``stage_memory_bytes`` (``with_predictions``)."""
+    if plan.num_layers != len(profile):
+        raise ValueError(f"the plan covers {plan.num_layers} layers but the profile has {len(profile)}")
     if plan.num_workers > topology.num_workers:
         raise ValueError(f"the plan uses {plan.num_workers} workers but the topology has {topology.num_workers}")
-    stages, cuts = [], []
-    for k, s in enumerate(plan.stages):
-        m, ws = s.replicas, s.workers
-        ring = min((topology.bandwidth_between(ws[i], ws[(i + 1) % m]) for i in range(m)), default=math.inf) \
-            if m > 1 else math.inf
-        ar = float(_allreduce_ms_per_byte(m, ring) * Wb[s.first:s.last + 1].sum()) if m > 1 else 0.0
-        stages.append(replace(s, time_ms=max(float(C[s.first:s.last + 1].sum()), ar) / m))
-        if k + 1 < plan.num_stages:
-            nxt = plan.stages[k + 1].workers
-            bw = min(topology.bandwidth_between(a, b) for a in ws for b in nxt)
-            cuts.append([int(s.last), int(topology.level_between(ws[-1], nxt[0])), float(2 * A[s.last] / bw * 1e3)])
-    bottleneck = max([st.time_ms for st in stages] + [c[2] for c in cuts])
+    cm = CostModel.from_profile(profile, topology)
+    stage_ms, cut_ms = cm.plan_times(plan)
+    stages = tuple(replace(s, time_ms=t) for s, t in zip(plan.stages, stage_ms))
+    cuts = [[int(a.last), int(topology.level_between(a.workers[-1], b.workers[0])), float(t)]
+            for a, b, t in zip(plan.stages, plan.stages[1:], cut_ms)]
     meta = dict(plan.meta) | {"topology": topology.to_list(), "cuts": cuts,
-                              "cost_model": "PipeDream SOSP'19 §3.1 formulas applied to a manual plan"}
-    return Plan(tuple(stages), bottleneck_ms=bottleneck, single_worker_ms=float(C.sum()),
-                data_parallel_ms=data_parallel_ms(profile, topology), method=plan.method, meta=meta)
+                              "cost_model": "workbench.costmodel applied to a manual plan"}
+    priced = Plan(stages, bottleneck_ms=max(stage_ms + cut_ms), single_worker_ms=profile.total_ms,
+                  data_parallel_ms=data_parallel_ms(profile, topology, cm), method=plan.method, meta=meta)
+    return with_predictions(priced, cm)
 
 
 def stage_table(plan: Plan, profile: Profile) -> pd.DataFrame:
@@ -235,17 +213,20 @@ def run_settings(profile: Profile, st: Settings, manual: Plan | None = None, bes
     if best is None:
         best = optimize(profile, st)
     plan = best if manual is None else modeled_plan(profile, manual, topo)
-    sched = build_schedule(plan, st)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sched = build_schedule(plan, st)
     sim = simulate(sched, profile=profile, plan=plan, topology=topo)
-    return Outcome(best, plan, sched, sim, manual is not None)
+    note = "; ".join(str(w.message).split(";")[0] for w in caught)
+    return Outcome(best, plan, sched, sim, manual is not None, note)
 
 
 def summary_rows(plan: Plan, sim: SimResult, profile: Profile, memory_bytes: float | None) -> dict:
     """The figures shown for one plan (predicted, simulated, throughput, bubble, peak memory)."""
     ms = simulated_ms_per_minibatch(sim)
     mem = worker_memory_bytes(sim, profile, plan)
-    return {"stages": plan.num_stages, "workers": plan.num_workers, "in flight (NOAM)": in_flight(plan),
+    return {"stages": plan.num_stages, "workers": plan.num_workers, "in flight (input stage)": in_flight(plan),
             "predicted ms/minibatch": predicted_ms(plan), "simulated ms/minibatch": ms,
-            "samples/s (simulated)": samples_per_s(ms, profile), "bubble (simulated)": bubble(sim),
+            "samples/s (simulated)": samples_per_s(sim), "bubble (simulated)": bubble(sim),
             "peak memory GB (simulated)": max(mem) / 1e9,
             "fits memory": "n/a" if not memory_bytes else ("yes" if max(mem) <= memory_bytes else "NO")}

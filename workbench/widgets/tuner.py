@@ -305,7 +305,8 @@ class PartitionTuner:
         self.last_update_ms = (time.perf_counter() - t0) * 1e3
         what = "manual plan" if out.manual else "optimizer's plan"
         self.status.value = _status_html(f"{what}: {out.plan.num_stages} stage(s) on {out.plan.num_workers} "
-                                         f"worker(s); updated in {self.last_update_ms:.0f} ms", "ok")
+                                         f"worker(s); updated in {self.last_update_ms:.0f} ms"
+                                         + (f" (note: {out.note})" if out.note else ""), "ok")
         return out
 
     def _draw(self, out: core.Outcome, st: core.Settings):

@@ -1,0 +1,39 @@
+"""Shared fixtures. ``quick_run``: one ``workbench reproduce --quick`` per test session; the
+notebook tests (test_dp_overhead, test_unified, and the 03/04 tests) read their CSVs from it, so
+CI executes every reproduction notebook exactly once."""
+from pathlib import Path
+
+import pytest
+
+QUICK_RUN_TIMEOUT_S = 1500  # the whole quick reproduction, run inside the first test that needs it
+
+
+#: fixtures that (may) start the quick run: their tests get the longer timeout
+NEEDS_QUICK_RUN = {"quick_run", "reproduce_quick", "out03", "out04"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if NEEDS_QUICK_RUN & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.timeout(QUICK_RUN_TIMEOUT_S))
+
+
+@pytest.fixture(scope="session")
+def quick_run(tmp_path_factory) -> Path:
+    """The run folder of ``workbench reproduce --quick`` (every notebook of the checkout)."""
+    pytest.importorskip("papermill")
+    from workbench.cli import main
+
+    out = tmp_path_factory.mktemp("reproduce")
+    rc = main(["reproduce", "--quick", "--out", str(out)])
+    runs = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert len(runs) == 1, f"expected one run folder in {out}, found {runs}"
+    run = runs[0]
+    assert rc == 0, f"workbench reproduce --quick exited {rc}; see {run / 'summary.md'}:\n" + (run / "summary.md").read_text()
+    return run
+
+
+@pytest.fixture(scope="session")
+def reproduce_quick(quick_run) -> Path:
+    """The same run under the name the 03/04 tests look up."""
+    return quick_run

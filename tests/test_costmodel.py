@@ -1,0 +1,208 @@
+"""The one cost model: closed forms by hand, the plan's prediction against the simulator on the
+shipped PipeDream GPU profiles (the sweep), refinement, and bad input."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workbench.costmodel import CostModel, ring_allreduce_ms
+from workbench.partition import partition, with_predictions
+from workbench.pipedream_graph import shipped
+from workbench.plan import Plan
+from workbench.profiler import Profile
+from workbench.schedules import build, noam_warmup
+from workbench.simulate import simulate, simulate_plan
+from workbench.topology import Topology
+
+
+def make_profile(fwd, bwd, act, par, **meta):
+    n = len(fwd)
+    return Profile.from_frame(pd.DataFrame(dict(name=[f"l{i}" for i in range(n)], fwd_ms=fwd, bwd_ms=bwd,
+                                                act_bytes=act, param_bytes=par)), **meta)
+
+
+# ---- closed forms by hand ------------------------------------------------------------------
+def test_message_cut_and_allreduce_by_hand():
+    """Two levels: 4 GPUs at 10 GB/s (α 0.1 ms), 2 servers at 1 GB/s (α 2 ms)."""
+    p = make_profile([1, 2], [2, 4], [1e9, 5e8], [1e9, 0])
+    topo = Topology(((4, 10e9), (2, 1e9)))
+    cm = CostModel.from_profile(p, topo, latency_ms=[0.1, 2.0])
+    assert cm.message_ms(1e9, 0, 1) == pytest.approx(0.1 + 100.0)  # α_1 + 1e9 / 10e9 s
+    assert cm.message_ms(1e9, 0, 4) == pytest.approx(2.0 + 1000.0)  # across servers
+    assert cm.message_ms(1e9, 3, 3) == 0.0
+    # ring over workers 0, 1, 4, 5: slowest link 1 GB/s and α 2 ms: 2*3/4*1e9/1e9 s + 2*3*2 ms
+    assert cm.allreduce_ms(1e9, (0, 1, 4, 5)) == pytest.approx(1500.0 + 12.0)
+    assert ring_allreduce_ms(1e9, 1, 1e9, 2.0) == 0.0
+    # cut after layer 0 from 2 replicas {0, 4} to 1 worker {1}: lcm 2; link 0->1 (100.1 ms) and
+    # 4->1 (1002 ms) each carry every second minibatch: worst / 2
+    assert cm.cut_ms(0, (0, 4), (1,)) == pytest.approx((2.0 + 1000.0) / 2)
+    # stage 0 on {0, 1} (one server): F 1, B 2, AR = 2*1/2*1e9/10e9 s + 2*0.1 = 100.2 ms;
+    # exposed max(0, 100.2 - 2): round = 1 + 2 + 98.2, per minibatch / 2
+    assert cm.stage_ms(0, 0, (0, 1)) == pytest.approx((1 + 2 + 98.2) / 2)
+    no_overlap = CostModel.from_profile(p, topo, latency_ms=[0.1, 2.0], overlap_allreduce=False)
+    assert no_overlap.stage_ms(0, 0, (0, 1)) == pytest.approx((1 + 2 + 100.2) / 2)
+
+
+def test_in_flight_is_noam_without_communication_and_grows_with_slow_cuts():
+    """Four balanced stages, free links: K_s = S - s (PipeDream's NOAM). A slow cut after stage
+    1 (message 25 ms, P = 10): stages 0 and 1 must cover F + B + 2 * 25 + lag downstream."""
+    p = make_profile([4] * 4, [6] * 4, [0, 0, 0, 0], [0] * 4)
+    plan = Plan.from_boundaries([0, 1, 2, 3])
+    free = CostModel.from_profile(p, Topology.flat(4, 1e9))
+    assert free.predicted_ms(plan) == pytest.approx(10.0)
+    assert free.in_flight(plan) == [4, 3, 2, 1]
+    slow = make_profile([4] * 4, [6] * 4, [0, 2.5e7, 0, 0], [0] * 4)
+    cm = CostModel.from_profile(slow, Topology.flat(4, 1e9))
+    assert cm.predicted_ms(plan) == pytest.approx(25.0)  # the cut is the bottleneck: 2.5e7 / 1e9 s
+    # P = 25: K_3 = 1 (T_3 = 25), K_2 = max(2, ceil((10 + 25) / 25)) = 2 (T = 50),
+    # K_1 = max(3, ceil((10 + 2 * 25 + 50) / 25)) = 5 (T = 125), K_0 = max(4, ceil((10 + 125) / 25)) = 6
+    assert cm.in_flight(plan) == [6, 5, 2, 1]
+    assert cm.stage_memory_bytes(plan, [6, 5, 2, 1])[1] == pytest.approx(5 * 2.5e7)
+
+
+def test_dp_estimate_equals_prediction_on_one_level():
+    p = shipped("alexnet")
+    plan = partition(p, Topology.flat(8, 12e9), refine=False)
+    assert plan.predicted_ms == pytest.approx(plan.bottleneck_ms, rel=1e-9)
+
+
+# ---- the sweep: plan prediction vs simulated steady state -----------------------------------
+TOPOLOGIES = {
+    "flat4": Topology.flat(4, 12e9),
+    "flat8": Topology.flat(8, 12e9),
+    "4x4": Topology(((4, 12e9), (4, 1.25e9))),  # PCIe in a server, 10 Gbps between servers
+    "8x2": Topology(((8, 25e9), (2, 25e9 / 8))),  # NVLink in a server, 25 Gbps between
+}
+
+
+@pytest.mark.parametrize("straight", [True, False], ids=["straight", "replicated"])
+@pytest.mark.parametrize("topo", list(TOPOLOGIES))
+@pytest.mark.parametrize("model", ["vgg16", "resnet50", "alexnet"])
+def test_simulated_steady_state_within_5_percent_of_the_plan(model, topo, straight):
+    """PipeDream 1F1B with the plan's own warm-up (``in_flight``), enough minibatches for a steady
+    state: the simulator's time per minibatch is within 5% of the cost model's closed form."""
+    prof = shipped(model)
+    plan = partition(prof, TOPOLOGIES[topo], straight=straight, refine=False)
+    res = simulate_plan(plan, prof, microbatches=max(64, 4 * plan.in_flight_count * plan.stages[0].replicas))
+    assert res.metrics["steady_state"]
+    ratio = res.time_per_minibatch_ms / plan.predicted_ms
+    assert abs(ratio - 1) <= 0.05, f"{model} {topo} straight={straight}: simulated/predicted = {ratio:.3f}\n{plan.describe()}"
+
+
+def test_refinement_keeps_a_plan_that_agrees_and_reports_both_figures(tmp_path):
+    prof = shipped("resnet50")
+    topo = TOPOLOGIES["flat4"]
+    plan = partition(prof, topo, straight=True)
+    assert math.isfinite(plan.simulated_ms) and plan.simulated_ms == pytest.approx(plan.predicted_ms, rel=0.05)
+    assert plan.in_flight_count > plan.noam  # big ResNet activations: NOAM alone stalls the pipeline
+    d = Plan.load(plan.save(tmp_path / "plan.json")).to_dict()
+    assert d["simulated_ms"] == pytest.approx(plan.simulated_ms) and d["predicted_ms"] == pytest.approx(plan.predicted_ms)
+    assert d["in_flight"] == list(plan.in_flight)
+    text = plan.describe()
+    assert "predicted" in text and "simulated" in text and "why:" in text
+    assert "\n" not in repr(plan) and "ms/minibatch" in repr(plan)
+    assert "simulated" in plan._repr_html_()
+
+
+def test_refinement_respects_the_memory_limit():
+    """The communication-aware warm-up holds more minibatches; a limit between the two memory
+    figures makes refinement keep NOAM's."""
+    prof = shipped("resnet50")
+    topo = TOPOLOGIES["flat4"]
+    free = partition(prof, topo, straight=True, refine=False)
+    noam = with_predictions(free, CostModel.from_profile(prof, topo), noam_warmup(tuple(s.workers for s in free.stages)))
+    limit = (max(noam.stage_memory_bytes) + max(free.stage_memory_bytes)) / 2
+    assert max(noam.stage_memory_bytes) < limit < max(free.stage_memory_bytes)
+    plan = partition(prof, topo, straight=True, memory_bytes=limit)
+    assert max(plan.stage_memory_bytes) <= limit and plan.in_flight == noam.in_flight
+    assert plan.simulated_ms > free.predicted_ms  # the stall the bigger warm-up would have removed
+
+
+def test_throughput_units_gpipe_and_pipedream_agree_per_minibatch():
+    """Issue 11: one profile, compute-only. GPipe with 4 microbatches per minibatch over 8 steps
+    and PipeDream on the same 2 stages: times per *minibatch* are comparable (GPipe's flush adds
+    its bubble (S-1)/M), samples/s use the profile's batch size."""
+    p = make_profile([1.0, 1.0], [2.0, 2.0], [0, 0], [0, 0], batch_size=32)
+    plan = Plan.from_boundaries([0, 1])
+    pd_ = simulate(build("pipedream", plan, 64), profile=p, plan=plan)
+    assert pd_.time_per_minibatch_ms == pytest.approx(3.0)
+    assert pd_.throughput_samples_per_s == pytest.approx(32 * 1e3 / 3.0)
+    gp = simulate(build("gpipe", plan, 4, steps=8), profile=p, plan=plan)
+    # per step: (M + S - 1) * (f + b) / M per microbatch-op = 5 * 0.75 = 3.75 ms for one minibatch
+    assert gp.time_per_minibatch_ms == pytest.approx(3.75)
+    assert "\n" not in repr(gp) and len(gp._repr_html_()) < 4000
+
+
+# ---- bad input -----------------------------------------------------------------------------
+@pytest.mark.parametrize("kw, match", [
+    (dict(transfer=float("nan")), "transfer must be a finite number >= 0"),
+    (dict(transfer=float("inf")), "transfer must be a finite number >= 0"),
+    (dict(transfer=-1.0), "transfer must be a finite number >= 0"),
+    (dict(weight_fetch=-1), "weight_fetch must be a finite number >= 0"),
+    (dict(fwd=-1.0), "fwd must be a finite number >= 0"),
+    (dict(bwd=float("nan")), "bwd must be a finite number >= 0"),
+    (dict(allreduce=float("inf")), "allreduce must be a finite number >= 0"),
+    (dict(latency_ms=-0.1), "latency_ms must be a finite number >= 0"),
+    (dict(op_overhead_ms=float("nan")), "op_overhead_ms must be a finite number >= 0"),
+])
+def test_bad_costs_give_one_clear_line(kw, match):
+    with pytest.raises(ValueError, match=match) as e:
+        simulate(build("gpipe", 2, 2), **kw)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("levels, match", [
+    (((2, 0.0),), "bandwidth must be > 0"),
+    (((2, -1e9),), "bandwidth must be > 0"),
+    (((2, float("nan")),), "bandwidth must be > 0"),
+])
+def test_bad_bandwidths(levels, match):
+    with pytest.raises(ValueError, match=match):
+        Topology(levels)
+
+
+def test_bad_cost_model_inputs():
+    p = make_profile([1.0], [1.0], [0.0], [0.0])
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="latency_ms must be a finite number >= 0"):
+            CostModel.from_profile(p, Topology.flat(2, 1e9), latency_ms=bad)
+        with pytest.raises(ValueError, match="op_overhead_ms must be a finite number >= 0"):
+            partition(p, Topology.flat(1, 1e9), op_overhead_ms=bad)
+    with pytest.raises(ValueError, match="latency_ms has 1 values for 2 topology levels"):
+        CostModel.from_profile(p, Topology(((2, 1e9), (2, 1e8))), latency_ms=[0.1])
+    with pytest.raises(ValueError, match="'fwd_ms' must be finite and >= 0"):
+        CostModel(np.array([-1.0]), np.zeros(1), np.zeros(1), np.zeros(1))
+
+
+# ---- the CLI shows both figures and uses the plan's topology --------------------------------
+def test_cli_partition_and_simulate_use_one_topology(tmp_path, capsys):
+    from workbench.cli import main
+
+    prof = tmp_path / "p.csv"
+    prof.write_text("name,fwd_ms,bwd_ms,act_bytes,param_bytes\n" + "".join(f"l{i},1,2,2e7,1e3\n" for i in range(8)))
+    plan = tmp_path / "plan.json"
+    args = ["partition", "--profile", str(prof), "--topology", "2x1e9,2x1e8", "--straight", "--out", str(plan)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "DP estimate" in out and "predicted" in out and "simulated" in out and "why:" in out
+    assert main(args) == 0 and (tmp_path / "plan.json-2").exists()  # the first plan is kept
+    assert main(["simulate", "--profile", str(prof), "--plan", str(plan), "--microbatches", "64",
+                 "--out", str(tmp_path / "sim")]) == 0
+    out = capsys.readouterr().out
+    assert "topology (the plan's): 4 workers" in out and "predicted" in out
+    predicted = Plan.load(plan).predicted_ms
+    simulated = float(out.split("vs simulated ")[1].split(" ")[0])
+    assert simulated == pytest.approx(predicted, rel=0.05)
+
+
+def test_cli_bad_latency_is_one_line_exit_2(tmp_path, capsys):
+    from workbench.cli import main
+
+    prof = tmp_path / "p.csv"
+    prof.write_text("name,fwd_ms,bwd_ms,act_bytes,param_bytes\nl0,1,2,0,0\nl1,1,2,0,0\n")
+    assert main(["partition", "--profile", str(prof), "--workers", "2", "--latency-ms", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "latency_ms must be a finite number >= 0" in err

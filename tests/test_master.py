@@ -1,0 +1,118 @@
+"""Master schedules with costs: the order of ``from_placement`` is the unifying document's greedy
+rule run with the durations that are simulated. The rule is written out again here, independently,
+from its formula: repeatedly take, among the frontier jobs (those whose predecessor is done), the
+one of smallest finish time t(j) + eps * n(j), t(j) = max(free(worker), t(pred)) + T(j)."""
+from __future__ import annotations
+
+import pytest
+
+from workbench.schedules import build, from_placement, list_schedule, placement
+from workbench.simulate import simulate
+
+EPS = 1e-7  # n(s, b, d) < 1e4 and durations are multiples of 0.5: eps n never outweighs a real difference
+
+
+def doc_placements(W, R):
+    h = lambda s, b: (R * b) % W + s % R  # noqa: E731  the doc's looped hash
+    return {"ddp": lambda s, b: (b % W, b % W), "fsdp": lambda s, b: (b % W, s % W),
+            "pp": lambda s, b: (s % W, s % W), "lpp": lambda s, b: (h(s, b), h(s, b)),
+            "fslpp": lambda s, b: (h(s, b), h(s, s))}
+
+
+def doc_greedy(place, S, B, W, fwd, bwd):
+    """Independent frontier argmin; n(s, b, d) = 2 S b + position of (s, d) in b's chain (oldest batch).
+    Returns (makespan, peak activations per worker)."""
+    def pred(s, b, d):
+        if d == "f":
+            return (s - 1, b, "f") if s > 0 else None
+        return (s + 1, b, "b") if s < S - 1 else (s, b, "f")
+    n = lambda s, b, d: 2 * S * b + (s if d == "f" else 2 * S - 1 - s)  # noqa: E731
+    todo = {(s, b, d) for s in range(S) for b in range(B) for d in "fb"}
+    end, free, runs = {}, [0.0] * W, [[] for _ in range(W)]
+    while todo:
+        frontier = [j for j in todo if pred(*j) is None or pred(*j) in end]
+
+        def finish(j):
+            c = place(j[0], j[1])[0]
+            return max(free[c], end[pred(*j)] if pred(*j) else 0.0) + (fwd[j[0]] if j[2] == "f" else bwd[j[0]])
+        j = min(frontier, key=lambda j: finish(j) + EPS * n(*j))
+        c = place(j[0], j[1])[0]
+        end[j] = free[c] = finish(j)
+        runs[c].append(j)
+        todo.remove(j)
+    peaks = []
+    for jobs in runs:
+        live, peak = set(), 0
+        for s, b, d in jobs:
+            (live.add if d == "f" else live.discard)((s, b))
+            peak = max(peak, len(live))
+        peaks.append(peak)
+    return max(end.values()), peaks
+
+
+GRID = [(S, B, W, R) for S, B, W, R in [(2, 4, 2, 2), (4, 4, 4, 2), (4, 6, 2, 2), (3, 5, 3, 3), (6, 8, 4, 2),
+                                        (4, 8, 4, 4), (5, 7, 5, 1)]]
+COSTS = {"1:1": lambda S: ([1.0] * S, [1.0] * S), "1:2": lambda S: ([1.0] * S, [2.0] * S),
+         "1:3": lambda S: ([1.0] * S, [3.0] * S),
+         "uneven": lambda S: ([1.0 + (s % 3) for s in range(S)], [2.0 + 1.5 * (s % 2) for s in range(S)])}
+
+
+@pytest.mark.parametrize("ratio", list(COSTS))
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "pp", "lpp", "fslpp"])
+def test_simulated_latency_and_peaks_equal_the_documents_greedy_rule(name, ratio):
+    for S, B, W, R in GRID:
+        if name in ("ddp", "fsdp"):
+            W = B  # a batch per worker
+        if name == "pp":
+            W = S
+        fwd, bwd = COSTS[ratio](S)
+        want_latency, want_peaks = doc_greedy(doc_placements(W, R)[name], S, B, W, fwd, bwd)
+        sched = build(name, S, B, workers=W, group_size=R, costs=(fwd, bwd)) if name in ("lpp", "fslpp") \
+            else build(name, S, B, workers=W, costs=(fwd, bwd))
+        res = simulate(sched, fwd=fwd, bwd=bwd)
+        assert res.makespan == pytest.approx(want_latency), (name, ratio, S, B, W, R)
+        assert sched.options["latency"] == pytest.approx(want_latency)
+        assert list(res.metrics["peak_activations"]) == want_peaks, (name, ratio, S, B, W, R)
+
+
+def test_costs_change_the_order_where_unit_ticks_idle():
+    """With forward 1 and backward 2, ordering by unit ticks and then simulating idles where the
+    greedy rule with the real durations does not: for every LPP setting of the grid the cost-aware
+    order simulates no slower, and on one it is strictly faster."""
+    faster = 0
+    for S, B, W, R in [(4, 8, 4, 2), (6, 8, 4, 2), (8, 8, 4, 2), (6, 12, 4, 2), (8, 16, 4, 2)]:
+        w = placement("lpp", W, R)
+        unit = simulate(from_placement(w, S, B, W, costs="unit"), fwd=1, bwd=2).makespan
+        real = simulate(from_placement(w, S, B, W, costs=(1, 2)), fwd=1, bwd=2).makespan
+        assert real <= unit + 1e-9
+        faster += real < unit - 1e-9
+    assert faster >= 1
+
+
+def test_unit_tick_order_is_the_list_scheduler():
+    w = placement("pp", 3)
+    sched = from_placement(w, 3, 4, 3, costs="unit")
+    tl = list_schedule(w, 3, 4, 3)
+    assert sched.options["latency_ticks"] == int(tl["end"].max()) == 2 * (4 + 3 - 1)
+    with pytest.raises(ValueError, match="costs must be"):
+        from_placement(w, 3, 4, 3, costs="ticks")
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        from_placement(w, 3, 4, 3, costs=(1.0, float("nan")))
+    with pytest.raises(ValueError, match="2 values for 3 stages"):
+        from_placement(w, 3, 4, 3, costs=([1, 1], 2))
+
+
+@pytest.mark.parametrize("name,S,B", [("pp", 4, 8), ("fsdp", 4, 6), ("lpp", 4, 8), ("fslpp", 6, 8)])
+def test_order_from_the_simulators_costs_with_transfers_and_fetches(name, S, B):
+    """build_for_simulation orders by the durations simulate() charges (JobCosts.from_simulator:
+    one cost model), transfers and weight fetches included: the greedy rule's latency is the end
+    of the last simulated forward/backward (the simulated makespan adds the final gradient push
+    to the owner and the update), and the order is never slower than the unit-tick order."""
+    from workbench.schedules import build_for_simulation
+    for kw in (dict(fwd=1, bwd=2, transfer=0.5), dict(fwd=1, bwd=2, weight_fetch=0.7),
+               dict(fwd=[1, 2, 1, 3, 1, 1][:S], bwd=2, transfer=0.25, weight_fetch=0.3)):
+        sched = build_for_simulation(name, S, B, kw)
+        res = simulate(sched, **kw)
+        tl = res.timeline
+        assert tl.loc[tl["kind"].isin(["F", "B"]), "end"].max() == pytest.approx(sched.options["latency"]), kw
+        assert res.makespan <= simulate(build(name, S, B, costs="unit"), **kw).makespan + 1e-9

@@ -1,0 +1,70 @@
+"""PipeDream graph.txt import: list-valued activation sizes (recurrent models), several input
+nodes, clear errors with file and line, and the shipped profiles' source label."""
+from __future__ import annotations
+
+import pytest
+
+from workbench.pipedream_graph import SHIPPED, read_graph, shipped
+from workbench.profiler import Profile
+
+# A GNMT-like graph: two inputs (tokens, lengths), an embedding, two LSTMs whose outputs are lists
+# (output, h, c), and a classifier that also reads the lengths (Input1). Node lines out of order.
+GNMT = """\
+node4 -- LSTM(8, 8) -- forward_compute_time=2.000, backward_compute_time=4.000, activation_size=[300.0; 20.0; 20.0], parameter_size=500.000
+node1 -- Input0 -- forward_compute_time=0.000, backward_compute_time=0.000, activation_size=64.0, parameter_size=0.000
+node2 -- Input1 -- forward_compute_time=0.000, backward_compute_time=0.000, activation_size=8.0, parameter_size=0.000
+node3 -- Embedding(100, 8) -- forward_compute_time=1.000, backward_compute_time=1.500, activation_size=256.0, parameter_size=3200.000
+node5 -- LSTM(8, 8) -- forward_compute_time=2.500, backward_compute_time=5.000, activation_size=[300.0; 20.0; 20.0], parameter_size=500.000
+node6 -- Classifier(8, 100) -- forward_compute_time=0.500, backward_compute_time=1.000, activation_size=1000.0, parameter_size=900.000
+\tnode1 -- node3
+\tnode3 -- node4
+\tnode2 -- node4
+\tnode4 -- node5
+\tnode5 -- node6
+\tnode2 -- node6
+"""
+
+
+def test_gnmt_like_graph_lists_and_inputs(tmp_path):
+    path = tmp_path / "graph.txt"
+    path.write_text(GNMT)
+    prof = read_graph(path)
+    df = prof.layers
+    assert list(df["node"]) == ["node3", "node4", "node5", "node6"]  # inputs are not layers
+    assert list(df["act_parts"]) == ["256", "300;20;20", "300;20;20", "1000"]
+    assert prof.meta["input_bytes"] == 72 and prof.meta["input_parts_bytes"] == [64.0, 8.0]
+    assert "batch_size_if_imagenet" not in prof.meta  # several inputs: not an image batch
+    # cut after the embedding: its output and the lengths (read by node4 and node6) cross
+    # cut after an LSTM: its 340 bytes (output, h, c) and the lengths (read by the classifier)
+    assert list(df["act_bytes"]) == [256 + 8, 340 + 8, 340 + 8, 1000]
+    assert df["fwd_ms"].sum() == pytest.approx(6.0) and df["param_bytes"].sum() == 5100
+    again = Profile.load(prof.save(tmp_path / "p.csv"))
+    assert list(again.layers["act_bytes"]) == list(df["act_bytes"])
+
+
+@pytest.mark.parametrize("bad,where", [
+    ("activation_size=[1.0; x]", "graph.txt:2: activation_size"),
+    ("activation_size=-5.0", "graph.txt:2: activation_size"),
+    ("forward_compute_time=abc", "graph.txt:2: compute time 'abc'"),
+])
+def test_unparseable_values_name_file_and_line(tmp_path, bad, where):
+    line = ("node2 -- ReLU() -- forward_compute_time=1.0, backward_compute_time=1.0, activation_size=4.0, "
+            "parameter_size=0.0")
+    key = bad.split("=")[0]
+    line = line.replace(next(p for p in line.split(", ") if p.split(" -- ")[-1].startswith(key)).split(" -- ")[-1], bad)
+    path = tmp_path / "graph.txt"
+    path.write_text("node1 -- Input0 -- forward_compute_time=0.0, backward_compute_time=0.0, activation_size=4.0, "
+                    "parameter_size=0.0\n" + line + "\n\tnode1 -- node2\n")
+    with pytest.raises(ValueError, match=where):
+        read_graph(path)
+    path.write_text("node1 -- Input0\n")
+    with pytest.raises(ValueError, match="graph.txt:1: not a PipeDream graph.txt line"):
+        read_graph(path)
+
+
+def test_shipped_profiles_name_their_source_without_a_local_path():
+    for name in SHIPPED:
+        prof = shipped(name)
+        assert prof.meta["source"] == f"PipeDream graph.txt (shipped {name})"
+        assert "/" not in prof.meta["source"]
+        assert len(prof.layers) > 10 and (prof.layers["act_bytes"] > 0).all()

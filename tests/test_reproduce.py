@@ -1,0 +1,111 @@
+"""``workbench reproduce``: a new run folder each time, failures reported with notebook and cell,
+bad parameters rejected with one line and exit status 2 before anything runs."""
+import math
+
+import nbformat
+import pandas as pd
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from workbench.cli import main
+from workbench.experiments.common import CLAIM_COLUMNS
+from workbench.reproduce import NOTEBOOKS, notebooks_dir
+
+
+# ---- the session's quick run -------------------------------------------------------------------
+def test_quick_run_summary_lists_every_notebook_and_claim(quick_run):
+    summary = (quick_run / "summary.md").read_text()
+    present = [n for n in NOTEBOOKS if (notebooks_dir() / f"{n}.ipynb").exists()]
+    for name in NOTEBOOKS:
+        assert f"| {name} |" in summary
+    for name in present:
+        assert (quick_run / f"{name}.ipynb").exists(), name
+        assert f"| {name} | ok |" in summary
+    claims = list(quick_run.glob("*/claims.csv"))
+    assert claims, "no notebook wrote claims.csv"
+    rows = 0
+    for path in claims:
+        df = pd.read_csv(path)
+        assert tuple(df.columns) == CLAIM_COLUMNS, path
+        assert df["label"].str.match(r"^(measured|modeled) \(").all(), path
+        for r in df.itertuples():
+            if math.isfinite(r.paper) and r.paper != 0 and math.isfinite(r.ours):
+                assert r.ratio == pytest.approx(r.ours / r.paper)
+            assert r.claim in summary  # every claim reaches summary.md
+        rows += len(df)
+    table = summary.split("## Paper vs reproduction")[1].splitlines()
+    assert len([line for line in table if line.startswith("| 0")]) == rows  # one table line per claim
+
+
+def test_quick_run_writes_figures_and_no_temporary_folder(quick_run):
+    assert list(quick_run.glob("*/*.html")), "no HTML figure"
+    assert not [p for p in quick_run.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+# ---- runner behaviour on a tiny notebooks/ folder ------------------------------------------------
+def _notebook(path, params: str, body: str):
+    params_cell = new_code_cell(params)
+    params_cell.metadata["tags"] = ["parameters"]
+    nb = new_notebook(cells=[params_cell, new_code_cell(body)],
+                      metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nbformat.write(nb, path)
+
+
+@pytest.fixture
+def tiny_notebooks(tmp_path):
+    d = tmp_path / "notebooks"
+    d.mkdir()
+    _notebook(d / "01_quickstart.ipynb", 'out = "x"', "print('about to fail')\n1 / 0")
+    _notebook(d / "05_unified_schedules.ipynb", 'quick = False\nout_dir = "x"\nsweep_S = 8\nsweep_B = 16',
+              "from workbench.experiments import common\n"
+              "out = common.out_folder(out_dir)\n"
+              "common.write_claims([common.claim('toy', 'two', 2.0, 3.0, 'units', 'modeled (toy)')], out)")
+    return d
+
+
+@pytest.mark.slow
+def test_failure_is_reported_others_run_and_runs_never_overwrite(tiny_notebooks, tmp_path, capsys):
+    out = tmp_path / "results"
+    rc = main(["reproduce", "--notebooks", str(tiny_notebooks), "--out", str(out)])
+    assert rc == 1
+    text = capsys.readouterr()
+    assert "01_quickstart" in text.err and "ZeroDivisionError" in text.err
+    first = [p for p in out.iterdir()]
+    assert len(first) == 1
+    summary = (first[0] / "summary.md").read_text()
+    assert "| 01_quickstart | **failed**: cell 2 of the executed 01_quickstart.ipynb (`print('about to fail')`): " \
+           "ZeroDivisionError" in summary  # cell 0: parameters, 1: papermill's injected parameters
+    assert "| 05_unified_schedules | ok |" in summary
+    assert "| toy | two | 2 | 3 | 1.5 | units | modeled (toy) |" in summary
+    assert "**missing**" in summary  # 02-04 are absent from the tiny folder: listed, not run
+    before = {p: p.read_bytes() for p in first[0].rglob("*") if p.is_file()}
+
+    assert main(["reproduce", "--notebooks", str(tiny_notebooks), "--out", str(out), "--only", "05"]) == 0
+    runs = sorted(out.iterdir())
+    assert len(runs) == 2 and first[0] in runs
+    assert {p: p.read_bytes() for p in first[0].rglob("*") if p.is_file()} == before
+
+
+# ---- bad parameters: one line, exit 2, nothing written ------------------------------------------
+@pytest.mark.parametrize("content,args,message", [
+    (None, ["--only", "07"], "unknown notebook '07'"),
+    (None, ["--params", "does-not-exist.yaml"], "does-not-exist.yaml does not exist"),
+    ("02:\n  models: [vgg17]\n", [], "unknown model 'vgg17'"),
+    ("02:\n  measured_models: [nosuchnet]\n", [], "unknown model 'nosuchnet'"),
+    ('{"02_dp_communication_overhead": {"gpu_counts": [0, 4]}}', [], "gpu_counts must be an integer >= 1"),
+    ("05:\n  sweep_S: 0\n", [], "sweep_S must be a positive integer"),
+    ("05:\n  no_such_parameter: 1\n", [], "has no parameter(s) ['no_such_parameter']"),
+    ("02: [1, 2]\n", [], "must map notebook names"),
+])
+def test_bad_parameters_fail_with_one_line(tmp_path, capsys, monkeypatch, content, args, message):
+    monkeypatch.chdir(tmp_path)
+    if content is not None:
+        name = "p.json" if content.startswith("{") else "p.yaml"
+        (tmp_path / name).write_text(content)
+        args = args + ["--params", name]
+    rc = main(["reproduce", "--quick", "--out", str(tmp_path / "results"), *args])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "results").exists()

@@ -1,0 +1,85 @@
+"""Notebook 05: the "Unifying" document's table computed by the simulator equals its closed forms
+(read back from the quick run's CSV), ρ ≤ M/S everywhere, and the LPP sweep's structure."""
+import pandas as pd
+import pytest
+
+from workbench.experiments import unified
+
+NB = "05_unified_schedules"
+
+
+@pytest.fixture(scope="module")
+def tab(quick_run):
+    return pd.read_csv(quick_run / NB / "unified_table.csv")
+
+
+@pytest.fixture(scope="module")
+def sweep(quick_run):
+    return pd.read_csv(quick_run / NB / "lpp_sweep.csv")
+
+
+def test_table_has_every_scheme(tab):
+    assert set(tab.scheme) == set(unified.SCHEMES)
+
+
+def test_latency_equals_the_closed_forms(tab):
+    S, B, G = tab.S, tab.B, tab.G
+    expect = {"ddp": S, "fsdp": S, "pp": B + S - 1, "lpp": S + B / G - 1, "fslpp": S + B / G - 1}
+    for name, want in expect.items():
+        rows = tab.scheme == name
+        assert (tab.latency[rows] == want[rows]).all(), tab[rows]
+
+
+def test_storage_and_transfer_columns(tab):
+    d = {n: tab[tab.scheme == n].iloc[0] for n in unified.SCHEMES}
+    S, B = d["pp"].S, d["pp"].B
+    assert (d["ddp"].act_xmit, d["ddp"].weight_xmit, d["ddp"].act_storage, d["ddp"].weight_storage) == (0, 0, S, S)
+    assert (d["fsdp"].act_xmit, d["fsdp"].act_storage, d["fsdp"].weight_storage) == (0, S, 1)
+    assert (d["pp"].act_xmit, d["pp"].weight_xmit, d["pp"].weight_storage) == (B, 0, 1)
+    G = d["lpp"].G
+    assert (d["lpp"].act_xmit, d["lpp"].weight_xmit, d["lpp"].weight_storage) == (B / G, 0, 1)  # R = S
+    assert (d["lpp"].act_storage, d["fslpp"].act_storage) == (S / d["lpp"].R * min(S, B / G),) * 2
+    assert d["fslpp"].weight_storage == 1
+
+
+def test_rho_never_exceeds_the_memory_bound(tab, sweep):
+    assert (tab.rho <= tab.bound + 1e-9).all()
+    assert (sweep.rho <= sweep.bound + 1e-9).all()
+    assert tab.rho.to_numpy() == pytest.approx(tab.rho_simulator.to_numpy())  # S B / (L W) = the simulator's rho
+    ddp = tab[tab.scheme == "ddp"]
+    assert (ddp.rho == 1).all() and (ddp.bound == 1).all()  # DDP attains the bound
+
+
+def test_lpp_example_is_near_optimal(tab):
+    """G = B/2, R = S: latency S + 1 and ρ = M/(S+1) (the document's example)."""
+    ex = tab[(tab.scheme == "lpp") & (tab.G == tab.B // 2) & (tab.G != 2)]
+    assert len(ex)
+    for r in ex.itertuples():
+        assert r.latency == r.S + 1
+        assert r.rho == pytest.approx(r.act_storage / (r.S + 1))
+
+
+def test_lpp_sweep_closed_form_for_full_groups_work_bound_otherwise(sweep):
+    full = sweep[sweep.R == sweep.S]
+    assert (full.latency == full.S + full.B / full.G - 1).all()
+    dp_like = sweep[sweep.R == 1]  # every worker runs all S stages of B/G microbatches
+    assert (dp_like.latency == dp_like.S * dp_like.B / dp_like.G).all()
+    assert (sweep.latency >= sweep.latency_doc - 1e-9).all()
+    assert (sweep.latency >= sweep.work_bound - 1e-9).all()
+
+
+def test_claims_compare_every_column(quick_run):
+    df = pd.read_csv(quick_run / NB / "claims.csv")
+    assert df.label.str.startswith("modeled (simulator, unit costs").all()
+    latency = df[df.claim.str.endswith("latency")]
+    assert (latency.ratio == 1).all()
+    differs = df[(df.paper != df.ours)]
+    assert differs.explanation.notna().all() and (differs.explanation.str.len() > 20).all()
+
+
+def test_closed_form_matches_simulation_off_the_quick_grid():
+    for name in unified.SCHEMES:
+        ours = unified.simulated_row(name, 3, 6, G=2, R=3)
+        assert ours["latency"] == unified.closed_form(name, 3, 6, G=2, R=3)["latency"]
+    with pytest.raises(ValueError, match="unknown scheme"):
+        unified.closed_form("zero-bubble", 4, 8)

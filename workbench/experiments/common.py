@@ -1,0 +1,64 @@
+"""Output handling shared by every experiment: output folders, tables, figures and ``claims.csv``.
+
+``claims.csv`` has exactly the columns :data:`CLAIM_COLUMNS`, one row per number a paper states:
+``paper`` (the published value), ``ours`` (our value in the same ``unit``), ``ratio = ours / paper``,
+``label`` ("measured (this machine: ...)" or "modeled (profile X, topology Y)") and an
+``explanation`` of any gap. ``workbench reproduce`` concatenates every notebook's claims into
+``summary.md``.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from ..io import fresh_path
+
+CLAIM_COLUMNS = ("experiment", "claim", "paper", "ours", "ratio", "unit", "label", "explanation")
+
+
+def out_folder(out_dir) -> Path:
+    """The folder an experiment writes into: ``out_dir`` when it is new or empty, else a fresh
+    sibling ``out_dir-2``, ``-3``, ... (a manual rerun never overwrites an earlier one). Created."""
+    path = Path(out_dir)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        path = fresh_path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def claim(experiment: str, claim: str, paper: float, ours: float, unit: str, label: str,
+          explanation: str = "") -> dict:
+    """One row of ``claims.csv``; ``ratio = ours / paper`` (NaN when the paper's value is 0 or missing)."""
+    if not str(label).startswith(("measured", "modeled")):
+        raise ValueError(f"claim {claim!r}: label must start with 'measured' or 'modeled', got {label!r}")
+    paper_f, ours_f = float(paper), float(ours)
+    ratio = ours_f / paper_f if paper_f and math.isfinite(paper_f) else math.nan
+    return dict(experiment=experiment, claim=claim, paper=paper_f, ours=ours_f, ratio=ratio, unit=unit,
+                label=label, explanation=explanation)
+
+
+def write_claims(rows, out_dir) -> Path:
+    """Write ``rows`` (dicts from :func:`claim`, or a DataFrame) to ``out_dir/claims.csv``."""
+    df = pd.DataFrame(rows)
+    missing = [c for c in CLAIM_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"claims lack columns {missing}; build rows with experiments.common.claim(...)")
+    path = Path(out_dir) / "claims.csv"
+    df[list(CLAIM_COLUMNS)].to_csv(path, index=False)
+    return path
+
+
+def save_table(df: pd.DataFrame, out_dir, name: str) -> Path:
+    """``df`` as ``out_dir/name.csv`` (no index)."""
+    path = Path(out_dir) / f"{name}.csv"
+    df.to_csv(path, index=False)
+    return path
+
+
+def save_figure(fig, out_dir, name: str) -> Path:
+    """A plotly figure as a standalone ``out_dir/name.html`` (:func:`workbench.plot.save_html`)."""
+    from ..plot import save_html
+
+    return save_html(fig, Path(out_dir) / f"{name}.html")

@@ -1,0 +1,25 @@
+"""Output helpers of notebooks 03 and 04: several figures in one standalone page, and slim run folders."""
+from __future__ import annotations
+
+import html
+import shutil
+from pathlib import Path
+
+
+def save_page(figs: dict, path, title: str) -> Path:
+    """Several plotly figures in one standalone HTML page, plotly.js embedded once (works offline;
+    one file of a few MB instead of one per figure)."""
+    parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs.values())]
+    path = Path(path)
+    path.write_text(f"<html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>"
+                    f"<h2>{html.escape(title)}</h2>" + "".join(parts) + "</body></html>")
+    return path
+
+
+def slim_runs(summaries, drop=("checkpoints",)) -> None:
+    """Remove bulky parts of finished run folders that are not results (resume checkpoints: weights
+    per epoch; for training-curve runs also the per-op ``timeline.csv``); metrics.csv and summary.json stay."""
+    for s in summaries:
+        for name in drop:
+            p = Path(s["out"]) / name
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)

@@ -1,0 +1,212 @@
+"""The table of "Unifying Parallelization Schemes to Train Deep Nets" (A. Rahimi, 2025), computed.
+
+The document's table (S stages, B microbatches, W workers in G groups of R; a forward plus a
+backward of one stage on one microbatch is one unit of time; one stage's weights one unit of
+weight storage/transmit; one stage's activations one unit of activation storage/transmit)::
+
+    scheme  constraint  latency       act. xmit  weight xmit  act. storage           weight storage
+    DDP     W = B       S             0          0            S                      S
+    FSDP    W = B       S             0          S - 1        S                      1
+    PP      W = S       B + S - 1     B          0            min(S, B)              1
+    LPP     W = G R     S + B/G - 1   B          0            (S/R) min(S, B/G)      S/R
+    FSLPP   W = G R     S + B/G - 1   B          S - 1        (S/R) min(S, B/G)      1
+
+Ours, mechanically: ``schedules.build(name, S, B, workers=W, group_size=R)`` (the master schedule's
+placements and greedy list scheduler), then ``workbench.simulate`` with unit costs ``F = B = 1/2``
+(so one stage's forward + backward is one unit) and no communication cost (the table assumes
+transfers hidden by prefetching). Per worker, the max over workers of: latency = simulated
+makespan; activation xmit = forwards whose input activation was produced on another worker (the
+document's ``sum 1[w(s-1, b) != w]``); weight xmit, weight storage = the simulator's
+``worker_stats``; activation storage = the simulator's peak stashed activations.
+
+The throughput per worker ``ρ = S B / (L W)`` obeys ``ρ ≤ M / S`` with ``M`` the peak activation
+storage (the document's memory-time theorem: a batch needs ``S²`` memory-time, so ``L W M ≥ B S²``).
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from .. import schedules
+from ..simulate import simulate
+from .common import claim
+
+SCHEMES = ("ddp", "fsdp", "pp", "lpp", "fslpp")
+COLUMNS = ("latency", "act_xmit", "weight_xmit", "act_storage", "weight_storage")
+UNIT = 0.5  # F and B each half a unit: one stage's forward + backward = 1 unit of time
+
+
+def closed_form(name: str, S: int, B: int, G: int = 1, R: int = 1) -> dict:
+    """The document's table row of ``name`` (module docstring), as numbers."""
+    rows = {
+        "ddp": (S, 0, 0, S, S),
+        "fsdp": (S, 0, S - 1, S, 1),
+        "pp": (B + S - 1, B, 0, min(S, B), 1),
+        "lpp": (S + B / G - 1, B, 0, S / R * min(S, B / G), S / R),
+        "fslpp": (S + B / G - 1, B, S - 1, S / R * min(S, B / G), 1),
+    }
+    if name not in rows:
+        raise ValueError(f"unknown scheme {name!r}; choose one of {SCHEMES}")
+    return dict(zip(COLUMNS, rows[name]))
+
+
+def shape(name: str, S: int, B: int, G: int = 1, R: int = 1) -> tuple[int, int]:
+    """(W, R) the document prescribes: DDP/FSDP ``W = B``, PP ``W = S``, LPP/FSLPP ``W = G R``."""
+    if name in ("ddp", "fsdp"):
+        return B, 1
+    if name == "pp":
+        return S, 1
+    return G * R, R
+
+
+def forward_activation_receives(sched) -> list[int]:
+    """Per worker: forwards ``F(s, b)`` whose input ``F(s-1, b)`` ran on another worker."""
+    where = sched.where()
+    out = [0] * sched.num_workers
+    for w, op in sched:
+        if op.kind == "F" and op.stage > 0 and where[("F", op.stage - 1, op.microbatch)] != w:
+            out[w] += 1
+    return out
+
+
+def simulated_row(name: str, S: int, B: int, G: int = 1, R: int = 1) -> dict:
+    """Our value of every table column for one configuration (module docstring), plus ρ."""
+    W, R = shape(name, S, B, G, R)
+    looped = {"group_size": R} if name in ("lpp", "fslpp") else {}
+    sched = schedules.build(name, S, B, workers=W, **looped)
+    res = simulate(sched, fwd=UNIT, bwd=UNIT)
+    stats = res.worker_stats
+    L = res.makespan
+    M = max(res.metrics["peak_activations"])
+    return dict(latency=L, act_xmit=max(forward_activation_receives(sched)),
+                weight_xmit=int(stats["weight_transfers"].max()), act_storage=M,
+                weight_storage=int(stats["weight_storage"].max()), W=W, rho=S * B / (L * W), bound=M / S,
+                rho_simulator=res.metrics["rho"])
+
+
+def configurations(quick: bool) -> list[dict]:
+    """(scheme, S, B, G, R) rows of the table: every scheme at the document's constraint; LPP and
+    FSLPP with full groups (R = S) and FSLPP also with the document's ``G = R`` example."""
+    sizes = [(4, 8)] if quick else [(4, 8), (8, 16), (6, 12)]
+    out = []
+    for S, B in sizes:
+        out += [dict(scheme=n, S=S, B=B, G=1, R=1) for n in ("ddp", "fsdp", "pp")]
+        out += [dict(scheme=n, S=S, B=B, G=2, R=S) for n in ("lpp", "fslpp")]
+        out.append(dict(scheme="lpp", S=S, B=B, G=B // 2, R=S))  # the doc's "G = B/2": latency S + 1
+    return out
+
+
+def table(configs: list[dict]) -> pd.DataFrame:
+    """One row per configuration: the closed forms (``*_doc``), ours (simulated) and whether equal."""
+    rows = []
+    for c in configs:
+        doc = closed_form(c["scheme"], c["S"], c["B"], c["G"], c["R"])
+        ours = simulated_row(c["scheme"], c["S"], c["B"], c["G"], c["R"])
+        row = dict(c, W=ours.pop("W"))
+        for k in COLUMNS:
+            row[f"{k}_doc"], row[k] = doc[k], ours[k]
+        row |= dict(rho=ours["rho"], bound=ours["bound"], rho_simulator=ours["rho_simulator"])
+        row["all_equal"] = all(math.isclose(row[k], row[f"{k}_doc"]) for k in COLUMNS)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def lpp_sweep(S: int, B: int) -> pd.DataFrame:
+    """LPP over every group count G dividing B and group size R dividing S: simulated latency,
+    peak activations M, ρ and the bound M/S, beside the document's ``S + B/G − 1`` and
+    ``(S/R) min(S, B/G)``."""
+    rows = []
+    for R in [r for r in range(1, S + 1) if S % r == 0]:
+        for G in [g for g in range(1, B + 1) if B % g == 0]:
+            ours = simulated_row("lpp", S, B, G, R)
+            doc = closed_form("lpp", S, B, G, R)
+            rows.append(dict(S=S, B=B, G=G, R=R, W=G * R, latency=ours["latency"], latency_doc=doc["latency"],
+                             act_storage=ours["act_storage"], act_storage_doc=doc["act_storage"],
+                             rho=ours["rho"], bound=ours["bound"], work_bound=S * B / (G * R)))
+    return pd.DataFrame(rows)
+
+
+def validate_params(quick: bool, sweep_S: int = 8, sweep_B: int = 16, **_ignored) -> None:
+    """``workbench reproduce``'s check of the notebook's parameters (one-line ``ValueError``)."""
+    check_params(sweep_S, sweep_B)
+
+
+def check_params(sweep_S: int, sweep_B: int) -> None:
+    for name, v in (("sweep_S", sweep_S), ("sweep_B", sweep_B)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
+# ---- figures and claims -------------------------------------------------------------------------
+def rho_figure(tab: pd.DataFrame, sweep: pd.DataFrame):
+    """ρ vs M/S: the bound ρ = M/S (line), each scheme's point and the LPP sweep."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    top = max(tab["bound"].max(), sweep["bound"].max(), 1.0)
+    fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="bound ρ = M/S", line=dict(dash="dash")))
+    fig.add_trace(go.Scatter(x=sweep["bound"], y=sweep["rho"], mode="markers", name="LPP sweep (G, R)",
+                             marker=dict(color="lightgray", size=9),
+                             text=[f"G={g}, R={r}" for g, r in zip(sweep.G, sweep.R)]))
+    for name, g in tab.groupby("scheme", sort=False):
+        fig.add_trace(go.Scatter(x=g["bound"], y=g["rho"], mode="markers", name=name.upper(), marker=dict(size=12),
+                                 text=[f"S={r.S}, B={r.B}, G={r.G}, R={r.R}, W={r.W}" for r in g.itertuples()]))
+    fig.update_layout(title="Throughput per worker ρ = SB/(LW) vs peak activations M/S (modeled: simulator, unit costs)",
+                      xaxis_title="M / S (peak activation storage per worker / stages)",
+                      yaxis_title="ρ (jobs per worker per unit time)")
+    return fig
+
+
+def sweep_figure(sweep: pd.DataFrame):
+    """LPP latency vs groups G, one line per group size R (simulated; dotted: the closed form)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for R, g in sweep.groupby("R"):
+        fig.add_trace(go.Scatter(x=g.G, y=g.latency, mode="lines+markers", name=f"R={R} simulated"))
+        fig.add_trace(go.Scatter(x=g.G, y=g.latency_doc, mode="lines", name=f"R={R}: S+B/G-1",
+                                 line=dict(dash="dot"), showlegend=bool(R == sweep.R.max())))
+    S, B = int(sweep.S.iloc[0]), int(sweep.B.iloc[0])
+    fig.update_layout(title=f"LPP latency over group count G and group size R (S={S}, B={B}; modeled, unit costs)",
+                      xaxis_title="groups G", yaxis_title="latency (units)", xaxis_type="log")
+    return fig
+
+
+def claims(tab: pd.DataFrame) -> list[dict]:
+    """The document's closed forms vs ours at the first (S, B): every column of the five table rows
+    (LPP/FSLPP with G = 2, R = S), and the ``G = B/2, R = S`` example (latency S + 1, ρ = M/(S+1))."""
+    exp = "Unifying schedules (Rahimi): table"
+    first = tab[(tab.S == tab.S.iloc[0]) & (tab.B == tab.B.iloc[0])]
+    rows = []
+    for r in first.itertuples():
+        label = (f"modeled (simulator, unit costs F = B = 1/2, no communication cost; S={r.S}, B={r.B}, "
+                 f"G={r.G}, R={r.R}, W={r.W})")
+        example = r.scheme == "lpp" and r.G == r.B // 2 and r.G != 2
+        for k in (("latency",) if example else COLUMNS):
+            paper, ours = getattr(r, f"{k}_doc"), getattr(r, k)
+            gap = "" if math.isclose(paper, ours) else _GAP.get((r.scheme, k), "differs; see unified_table.csv")
+            rows.append(claim(exp, f"{r.scheme.upper()} (G={r.G}, R={r.R}, W={r.W}) {k.replace('_', ' ')}",
+                              paper, ours, "units", label, gap))
+        if example:
+            rows.append(claim(exp, f"LPP (G=B/2={r.G}, R=S) throughput per worker rho = M/(S+1)",
+                              r.act_storage / (r.S + 1), r.rho, "jobs/worker/unit", label,
+                              "the document's near-optimality example: rho within S/(S+1) of the bound M/S"))
+    return rows
+
+
+_GAP = {
+    ("fsdp", "weight_xmit"): "max over workers: with W = B > S, workers that own no stage fetch all S stages; "
+                             "the S owners fetch S - 1 (the document's figure)",
+    ("fslpp", "weight_xmit"): "counted as the document's own formula sum_(s,b) 1[w_weights(s,b) != w]: with R = S "
+                              "a worker computes one stage for its group's B/G microbatches and, unless it owns "
+                              "that stage, fetches it once per microbatch (B/G); the table's S - 1 counts stages",
+    ("lpp", "act_xmit"): "per worker: each of the G groups carries B/G microbatches, so a worker receives B/G "
+                         "activations; the document's B counts the whole batch",
+    ("fslpp", "act_xmit"): "as LPP: a worker receives the B/G microbatches of its group",
+    ("pp", "act_storage"): "the master schedule's greedy order (oldest batch first) has no in-flight cap, so a "
+                           "worker keeps admitting forwards while it waits for the first backward; min(S, B) "
+                           "assumes a 1F1B-style cap of S",
+    ("lpp", "act_storage"): "greedy oldest-batch order keeps more forwards in flight than (S/R) min(S, B/G)",
+    ("fslpp", "act_storage"): "as LPP: greedy oldest-batch order",
+}

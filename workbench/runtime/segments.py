@@ -1,0 +1,334 @@
+"""Runtime for Seq1F1B schedules and activation re-materialization on a segment-wise transformer.
+
+One process per worker (``torch.multiprocessing.spawn``, gloo); each runs its op list of the
+:class:`~workbench.schedules.core.Schedule` in order, with a model from
+:func:`workbench.models.segmented.segment_gpt` cut into stages by layer ranges.
+
+Segments. ``F(s, b, j)`` runs stage s on tokens ``N_(j-1) .. N_j - 1`` of sequence batch b. Every
+block attends over the keys and values of the earlier segments, which it reads as *detached leaves*
+``K_i~, V_i~`` (one per earlier segment and block), so their gradients accumulate in
+``K_i~.grad``, ``V_i~.grad`` while the later segments run their backward. The backward of
+segment i (``B``; backward order j = k-1 .. 0) then differentiates its outputs together::
+
+    torch.autograd.backward([y_i, K_i, V_i, ...], [dL/dy_i, K_i~.grad, V_i~.grad, ...])
+
+which gives the exact gradient of the whole-sequence loss: the chain rule through every path from
+segment i's weights and input to the loss. ``BI``/``BW`` (ZB-H1) split that call: input, past-key
+and past-value gradients first (``inputs=`` those leaves, graph retained), weight gradients later
+(``inputs=`` the parameters), from the same graph and cotangents.
+
+Loss: token-level cross entropy summed and divided by the tokens of the step
+(``microbatches_per_step * batch * seq_len``), so the accumulated gradient is the mean over the
+step's tokens, like the single-process reference :func:`reference`. ``STEP``: SGD, ``W -= lr g``.
+
+Recompute (``schedule.recompute``): the stage forward runs under
+:func:`torch.utils.checkpoint.checkpoint` (non-reentrant): only its inputs (stage input, past keys
+and values) are kept, and the forward is recomputed when the backward reaches it.
+
+Measured memory: bytes autograd saves for the backward (``saved_tensors_hooks``; parameters
+excluded, storages counted once per unit) plus the stage inputs kept, summed over the units in flight;
+``peak_saved_bytes`` per rank is the peak of that sum over the op list.
+
+Communication: activations and gradients with ``isend``/``irecv`` and a tag per (kind, stage, unit);
+every receive waits at most ``timeout_s`` (the process group has the same timeout), so a broken
+schedule fails instead of hanging.
+"""
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ..models.segmented import SegBlock, SegEmbedding, segment_gpt
+from ..schedules.core import Schedule
+from .stages import even_bounds
+
+
+@dataclass
+class SegmentJob:
+    """Everything a rank needs: the schedule, the model recipe, the data and the run limits."""
+
+    schedule: Schedule
+    x: torch.Tensor  # [microbatches * batch, seq_len] token ids
+    y: torch.Tensor  # next-token targets, same shape
+    model: dict = field(default_factory=dict)  # keyword arguments of segment_gpt
+    bounds: list | None = None  # layer range per stage; None: even split
+    lr: float = 0.1
+    timeout_s: float = 60.0
+
+    def layer_bounds(self, num_layers: int) -> list[tuple[int, int]]:
+        return self.bounds or even_bounds(num_layers, self.schedule.num_stages)
+
+    @property
+    def batch(self) -> int:
+        return self.x.shape[0] // self.schedule.microbatches
+
+    def offsets(self) -> list[int]:
+        """N_0 = 0, N_1, ..., N_k: segment boundaries in tokens (one segment: the whole sequence)."""
+        n = self.schedule.segment_tokens or (self.x.shape[1],)
+        if sum(n) != self.x.shape[1]:
+            raise ValueError(f"segments cover {sum(n)} tokens but the sequences have {self.x.shape[1]}; "
+                             f"build the schedule with seq_len={self.x.shape[1]}")
+        return [0] + [sum(n[:i + 1]) for i in range(len(n))]
+
+
+# ---- one stage -------------------------------------------------------------------------------
+class SegmentStage:
+    """Layers ``first..last`` and the state of the (microbatch, segment) units in flight."""
+
+    def __init__(self, stage: int, layers, first: int, last: int, job: SegmentJob):
+        self.stage, self.layers = stage, [layers[i] for i in range(first, last + 1)]
+        self.params = {f"{first + i}.{n}": p for i, m in enumerate(self.layers) for n, p in m.named_parameters()}
+        self.ptrs = {p.data_ptr() for p in self.params.values()}
+        self.blocks = [i for i, m in enumerate(self.layers) if isinstance(m, SegBlock)]
+        self.is_last = last == len(layers) - 1
+        self.job, self.offsets, self.k = job, job.offsets(), job.schedule.num_segments
+        self.norm = job.schedule.microbatches_per_step * job.batch * job.x.shape[1]
+        self.units: dict[tuple[int, int], dict] = {}
+        self.past: dict[tuple[int, int], list] = {}  # (b, j) -> [(K~, V~) per block]: leaves for later segments
+        self.saved_bytes = 0
+
+    def _run(self, x, offset: int, j: int, *flat_past):
+        """The stage on one segment: returns (output, K, V of each block)."""
+        kv, h, i = [], x, 0
+        for li, m in enumerate(self.layers):
+            if isinstance(m, SegBlock):
+                past = flat_past[i * 2 * j:(i + 1) * 2 * j]
+                h, kk, vv = m(h, offset, past[:j], past[j:])
+                kv += [kk, vv]
+                i += 1
+            elif isinstance(m, SegEmbedding):
+                h = m(h, offset)
+            else:
+                h = m(h)
+        return (h, *kv)
+
+    def forward(self, b: int, j: int, x: torch.Tensor) -> torch.Tensor | None:
+        """F(s, b, j): returns the activation to send on (None on the last stage)."""
+        x_leaf = x.detach().requires_grad_(True) if x.is_floating_point() else x
+        past_leaves = [t for i in range(len(self.blocks)) for t in
+                       [self.past[(b, jj)][i][0] for jj in range(j)] + [self.past[(b, jj)][i][1] for jj in range(j)]]
+        storages: dict[int, int] = {}
+
+        def pack(t):
+            if t.data_ptr() not in self.ptrs:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            if self.job.schedule.recompute:
+                outs = checkpoint(self._run, x_leaf, self.offsets[j], j, *past_leaves, use_reentrant=False)
+            else:
+                outs = self._run(x_leaf, self.offsets[j], j, *past_leaves)
+        y, kv = outs[0], list(outs[1:])
+        if self.is_last:
+            lo, hi = self.offsets[j], self.offsets[j + 1]
+            target = self.job.y[b * self.job.batch:(b + 1) * self.job.batch, lo:hi]
+            y = F.cross_entropy(y.reshape(-1, y.shape[-1]), target.reshape(-1), reduction="sum") / self.norm
+        self.past[(b, j)] = [(kv[2 * i].detach().requires_grad_(True), kv[2 * i + 1].detach().requires_grad_(True))
+                             for i in range(len(self.blocks))]
+        held = sum(storages.values()) + x.numel() * x.element_size()
+        self.saved_bytes += held
+        self.units[(b, j)] = {"x": x_leaf, "y": y, "kv": kv, "past": past_leaves, "bytes": held}
+        return None if self.is_last else y.detach()
+
+    def _cotangents(self, b: int, j: int, grad_y):
+        """Outputs of unit (b, j) and their gradients: dL/dy, and K~/V~ gradients from later segments."""
+        u = self.units[(b, j)]
+        outs, grads = [u["y"]], [torch.ones_like(u["y"]) if self.is_last else grad_y]
+        for i, (kl, vl) in enumerate(self.past[(b, j)]):
+            for t, leaf in ((u["kv"][2 * i], kl), (u["kv"][2 * i + 1], vl)):
+                if leaf.grad is not None:
+                    outs.append(t)
+                    grads.append(leaf.grad)
+        return outs, grads
+
+    def backward(self, kind: str, b: int, j: int, grad_y) -> torch.Tensor | None:
+        """B / BI / BW of unit (b, j); returns the input gradient to send upstream (B, BI)."""
+        u = self.units[(b, j)]
+        if kind in ("B", "BI"):
+            u["cot"] = self._cotangents(b, j, grad_y)
+        outs, grads = u["cot"]
+        x_in = [u["x"]] if u["x"].is_floating_point() else []
+        if kind == "B":
+            torch.autograd.backward(outs, grads)
+        elif kind == "BI" and x_in + u["past"]:
+            torch.autograd.backward(outs, grads, inputs=x_in + u["past"], retain_graph=True)
+        elif kind == "BW":
+            torch.autograd.backward(outs, grads, inputs=list(self.params.values()))
+        if kind in ("B", "BW"):
+            self.saved_bytes -= u["bytes"]
+            del self.units[(b, j)], self.past[(b, j)]
+        return u["x"].grad if kind != "BW" and x_in else None
+
+    def step(self, lr: float) -> dict[str, torch.Tensor]:
+        """SGD step; returns the gradients it applied."""
+        grads = {}
+        with torch.no_grad():
+            for n, p in self.params.items():
+                g = p.grad if p.grad is not None else torch.zeros_like(p)
+                grads[n] = g.clone()
+                p -= lr * g
+                p.grad = None
+        return grads
+
+
+# ---- one rank ----------------------------------------------------------------------------------
+class Mailbox:
+    """Tagged point-to-point transfers between ranks (local hand-over on the same rank)."""
+
+    def __init__(self, schedule: Schedule, rank: int, timeout_s: float):
+        self.where, self.rank, self.timeout = schedule.where(), rank, timedelta(seconds=timeout_s)
+        self.S, self.U = schedule.num_stages, schedule.microbatches * schedule.num_segments
+        self.local: dict[int, torch.Tensor] = {}
+        self.pending = []
+
+    def tag(self, grad: bool, stage: int, unit: int) -> int:
+        return (int(grad) * self.S + stage) * self.U + unit
+
+    def send(self, t: torch.Tensor, dst: int, tag: int) -> None:
+        if dst == self.rank:
+            self.local[tag] = t
+        else:
+            t = t.contiguous()
+            self.pending.append((dist.isend(t, dst, tag=tag), t))  # keep t alive until sent
+
+    def recv(self, like: torch.Tensor, src: int, tag: int) -> torch.Tensor:
+        if src == self.rank:
+            return self.local.pop(tag)
+        buf = torch.empty_like(like)
+        if not dist.irecv(buf, src, tag=tag).wait(timeout=self.timeout):
+            raise TimeoutError(f"rank {self.rank}: no message with tag {tag} from rank {src} within {self.timeout}")
+        return buf
+
+    def flush(self) -> None:
+        for work, _ in self.pending:
+            work.wait(timeout=self.timeout)
+        self.pending.clear()
+
+
+def run_rank(rank: int, job: SegmentJob) -> dict:
+    """Execute ``job.schedule.ops[rank]``; returns the first step's gradients, the final weights of
+    this rank's stages and the measured peak of saved activation bytes."""
+    sched = job.schedule
+    layers = segment_gpt(**job.model)
+    bounds = job.layer_bounds(len(layers))
+    mine = sorted({op.stage for op in sched.ops[rank]})
+    stages = {s: SegmentStage(s, layers, *bounds[s], job) for s in mine}
+    box = Mailbox(sched, rank, job.timeout_s)
+    dim, dtype, B = layers[0].tok.embedding_dim, next(layers.parameters()).dtype, job.batch
+    off = stages[mine[0]].offsets
+    grads, peak = {}, 0
+    for op in sched.ops[rank]:
+        st = stages[op.stage]
+        if op.kind == "STEP":
+            g = st.step(job.lr)
+            grads.setdefault(op.stage, g)
+            continue
+        b, j, u = op.microbatch, op.segment or 0, sched.unit(op)
+        like = torch.empty(B, off[j + 1] - off[j], dim, dtype=dtype)
+        if op.kind == "F":
+            x = (job.x[b * B:(b + 1) * B, off[j]:off[j + 1]] if op.stage == 0 else
+                 box.recv(like, box.where[("F", op.stage - 1, u)], box.tag(False, op.stage, u)))
+            y = st.forward(b, j, x)
+            if y is not None:
+                box.send(y, box.where[("F", op.stage + 1, u)], box.tag(False, op.stage + 1, u))
+            peak = max(peak, sum(s.saved_bytes for s in stages.values()))
+            continue
+        g = None
+        if op.kind in ("B", "BI") and op.stage < sched.num_stages - 1:
+            src = box.where.get(("BI", op.stage + 1, u), box.where.get(("B", op.stage + 1, u)))
+            g = box.recv(like, src, box.tag(True, op.stage, u))
+        dx = st.backward(op.kind, b, j, g)
+        if dx is not None and op.stage > 0:
+            box.send(dx, box.where[("F", op.stage - 1, u)], box.tag(True, op.stage - 1, u))
+    box.flush()
+    weights = {s: {n: p.detach().clone() for n, p in st.params.items()} for s, st in stages.items()}
+    return {"grads": grads, "weights": weights, "peak_saved_bytes": peak}
+
+
+def _entry(rank: int, world: int, jobs: list[SegmentJob], port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    timeout = timedelta(seconds=max(job.timeout_s for job in jobs))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timeout)
+    try:
+        results = []
+        for job in jobs:  # one after another; a barrier keeps their messages apart
+            results.append(run_rank(rank, job))
+            dist.monitored_barrier(timeout=timeout)
+        torch.save(results, Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def run(jobs: SegmentJob | list[SegmentJob]) -> dict | list[dict]:
+    """Run a job (or several, one after another in the same processes: one start-up) on
+    ``schedule.num_workers`` gloo ranks (``mp.spawn``). Per job: ``grads[stage]`` and
+    ``weights[stage]`` ({parameter name: tensor}) and ``peak_saved_bytes[rank]``."""
+    import torch.multiprocessing as mp
+
+    from .launch import free_port
+
+    many = isinstance(jobs, (list, tuple))
+    jobs = list(jobs) if many else [jobs]
+    W = jobs[0].schedule.num_workers
+    if any(job.schedule.num_workers != W for job in jobs):
+        raise ValueError("jobs run together must have schedules with the same number of workers")
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(_entry, args=(W, jobs, free_port(), out), nprocs=W, join=True)
+        parts = [torch.load(Path(out) / f"rank{r}.pt") for r in range(W)]
+    merged = []
+    for i in range(len(jobs)):
+        m = {"grads": {}, "weights": {}, "peak_saved_bytes": [p[i]["peak_saved_bytes"] for p in parts]}
+        for p in parts:
+            m["grads"].update(p[i]["grads"])
+            m["weights"].update(p[i]["weights"])
+        merged.append(m)
+    return merged if many else merged[0]
+
+
+def reference(job: SegmentJob) -> dict:
+    """Whole sequences, one process: per step, the mean token cross entropy over the step's
+    microbatches, its gradient, and SGD; the same ``grads`` / ``weights`` layout as :func:`run`."""
+    layers = segment_gpt(**job.model)
+    bounds = job.layer_bounds(len(layers))
+    params = {s: {f"{first + i}.{n}": p for i, m in enumerate(layers[first:last + 1]) for n, p in m.named_parameters()}
+              for s, (first, last) in enumerate(bounds)}
+    m = job.schedule.microbatches_per_step * job.batch
+    grads = {}
+    for t in range(math.ceil(job.x.shape[0] / m)):
+        h = job.x[t * m:(t + 1) * m]
+        for layer in layers:
+            h = layer(h)[0] if isinstance(layer, SegBlock) else layer(h)
+        loss = F.cross_entropy(h.reshape(-1, h.shape[-1]), job.y[t * m:(t + 1) * m].reshape(-1))
+        loss.backward()
+        with torch.no_grad():
+            for s, ps in params.items():
+                if t == 0:
+                    grads[s] = {n: p.grad.clone() for n, p in ps.items()}
+                for p in ps.values():
+                    p -= job.lr * p.grad
+                    p.grad = None
+    weights = {s: {n: p.detach().clone() for n, p in ps.items()} for s, ps in params.items()}
+    return {"grads": grads, "weights": weights}
+
+
+def pydocs_batch(rows: int, seq_len: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``rows`` sequences of the offline ``pydocs`` corpus (char level), picked with ``seed``: (x, y, vocab)."""
+    from ..models.data import load_dataset
+
+    ds = load_dataset("pydocs", seq_len=seq_len)
+    idx = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed))[:rows]
+    x, y = ds.tensors
+    return x[idx], y[idx], len(ds.vocab)
+
+
+__all__ = ["SegmentJob", "SegmentStage", "run", "run_rank", "reference", "pydocs_batch"]

@@ -1,0 +1,159 @@
+"""Per-op charges of one simulation (ms), from the one :class:`~workbench.costmodel.CostModel` (profile
+costs) or from unit constants; see the package docstring, "Costs"."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..costmodel import CostModel, check_ms, ring_allreduce_ms
+from ..plan import Plan
+from ..schedules.core import Schedule
+from ..timeline import COMMON_COLUMNS
+
+KIND_CODES = {"F": 0, "B": 1, "BI": 2, "BW": 3, "STEP": 4, "AR": 5}
+KIND_NAMES = ("F", "B", "BI", "BW", "STEP", "allreduce")
+COMM_KINDS = ("send_act", "send_grad", "allreduce", "fetch_weights", "send_wgrad")
+TIMELINE_COLUMNS = COMMON_COLUMNS + ("lane", "src", "dst", "update", "bytes")  # see workbench.timeline
+_F, _B, _BI, _BW, _STEP, _AR = range(6)
+STAT_COLUMNS = ("peak_activations", "activation_transfers", "weight_transfers", "weight_storage", "busy")
+
+
+# ---------------------------------------------------------------------------------------------
+# costs
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Costs:
+    """Per-op durations (ms) of one simulation, all drawn from one :class:`CostModel`
+    (profile costs) or from the unit constants (``model is None``)."""
+
+    compute: dict  # kind code -> list of ms per stage (without the per-op overhead)
+    cut_bytes: list  # bytes crossing the cut after stage s (per microbatch)
+    param_bytes: list  # parameter bytes of stage s
+    act_stash_bytes: list  # activation bytes stashed per (stage, microbatch) in flight
+    transfer_ms: float | None  # unit mode: constant transfer time; None: from the cost model
+    fetch_ms: float | None
+    allreduce_ms: list  # per stage
+    topology: object | None
+    label: str
+    latency_ms: float = 0.0  # unit mode: fixed cost of every message between different workers
+    op_overhead_ms: float = 0.0  # fixed cost added to every F/B/BI/BW/STEP op
+    model: CostModel | None = None  # profile mode: the cost model every charge comes from
+    fraction: float = 1.0  # microbatch size relative to the profile's minibatch
+    batch_size: int | None = None
+
+    def message(self, nbytes: float, a: int, b: int, fixed_ms: float | None) -> tuple[float, float]:
+        """(ms, bytes) of one message of ``nbytes`` from ``a`` to ``b``: the cost model's
+        ``α + n / B``, or in unit mode ``fixed_ms + α`` between different workers."""
+        if self.model is not None:
+            return self.model.message_ms(nbytes, a, b), nbytes
+        return (fixed_ms + self.latency_ms if a != b else fixed_ms), 0.0
+
+    def xfer(self, cut: int, a: int, b: int) -> tuple[float, float]:
+        """(ms, bytes) of an activation/gradient transfer across ``cut`` from ``a`` to ``b``."""
+        return self.message(self.cut_bytes[cut], a, b, self.transfer_ms)
+
+    def fetch(self, stage: int, a: int, b: int) -> tuple[float, float]:
+        """(ms, bytes) of fetching ``stage``'s weights from ``a`` to ``b``."""
+        return self.message(self.param_bytes[stage], a, b, self.fetch_ms)
+
+
+def _per_stage(x, S: int, name: str) -> list[float]:
+    if isinstance(x, (int, float, np.integer, np.floating)):
+        vals = [float(x)] * S
+    else:
+        vals = [float(v) for v in x]
+        if len(vals) != S:
+            raise ValueError(f"{name} has {len(vals)} values but the schedule has {S} stages; give one per stage or a number")
+    for v in vals:
+        check_ms(name, v)
+    return vals
+
+
+def _unit_costs(schedule: Schedule, fwd, bwd, allreduce, transfer, weight_fetch, step_ms, latency_ms,
+                op_overhead_ms) -> _Costs:
+    S = schedule.num_stages
+    f = _per_stage(fwd, S, "fwd")
+    b = _per_stage(bwd, S, "bwd")
+    lat = check_ms("latency_ms", latency_ms)
+    ar = [a + ring_allreduce_ms(0.0, len(schedule.stage_workers[s]), math.inf, lat)
+          for s, a in enumerate(_per_stage(0.0 if allreduce is None else allreduce, S, "allreduce"))]
+    half = [x / 2 for x in b]
+    compute = {_F: f, _B: b, _BI: half, _BW: half, _STEP: _per_stage(step_ms, S, "step_ms")}
+    zeros = [0.0] * S
+    over = check_ms("op_overhead_ms", op_overhead_ms)
+    label = "modeled (unit costs)"
+    if lat or over:
+        label += f", latency {lat:g} ms/message, overhead {over:g} ms/op"
+    return _Costs(compute, zeros, zeros, zeros, check_ms("transfer", transfer), check_ms("weight_fetch", weight_fetch),
+                  ar, None, label, latency_ms=lat, op_overhead_ms=over)
+
+
+def op_ms(schedule: Schedule, op, comp: dict) -> float:
+    """Compute time of one op (without the per-op overhead): its kind's stage cost times its
+    segment's FLOP share (Seq1F1B; 1 otherwise); with ``schedule.recompute`` a B (or BI, which
+    starts the backward) also re-runs the forward: ``+ F_s`` times the share (GPipe)."""
+    k, s = KIND_CODES[op.kind], op.stage
+    ms = comp[k][s]
+    if schedule.recompute and k in (_B, _BI):
+        ms += comp[_F][s]
+    return ms * schedule.segment_share(op) if k < _STEP else ms
+
+
+def default_microbatch_fraction(schedule: Schedule, input_workers: int | None = None) -> float:
+    """Size of one microbatch relative to the profile's minibatch.
+
+    The profile is per minibatch, and the minibatch is what one worker of the input stage
+    processes per optimizer step (PipeDream, data parallelism: one microbatch per step and
+    worker, fraction 1). A schedule that pushes ``k`` microbatches per step through one input
+    worker (GPipe, PipeDream-Flush, 2BW, interleaved, ZB-H1, PP/LPP: ``k = microbatches_per_step
+    / #input workers``) splits the minibatch into ``k`` pieces: fraction ``min(1, 1 / k)``."""
+    if input_workers is None:  # workers that run a forward of stage 0
+        input_workers = sum(any(op.kind == "F" and op.stage == 0 for op in ops) for ops in schedule.ops)
+    inputs = max(1, int(input_workers))
+    return min(1.0, inputs / max(1, schedule.microbatches_per_step))
+
+
+def _stage_ranges(schedule: Schedule, profile, plan) -> list[tuple[int, int]]:
+    S, L = schedule.num_stages, len(profile.layers)
+    if plan is not None:
+        if plan.num_stages != S:
+            raise ValueError(f"plan has {plan.num_stages} stages but the schedule has {S}; build the schedule "
+                             f"from this plan, or pass plan=None to split the profile into {S} stages of equal layer counts")
+        if plan.num_layers != L:
+            raise ValueError(f"plan covers {plan.num_layers} layers but the profile has {L}")
+        return [(st.first, st.last) for st in plan.stages]
+    if L < S:
+        raise ValueError(f"profile has {L} layers, fewer than the schedule's {S} stages")
+    return [(st.first, st.last) for st in Plan.even(L, S).stages]  # the runtime's default too
+
+
+def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fraction, latency_ms, op_overhead_ms,
+                   overlap_comm) -> _Costs:
+    """Per-stage charges of ``schedule`` from :meth:`CostModel.from_profile` (module docstring)."""
+    S = schedule.num_stages
+    ranges = _stage_ranges(schedule, profile, plan)
+    if fraction is None:
+        fraction = default_microbatch_fraction(schedule)
+    elif not 0 < fraction <= 1:
+        raise ValueError(f"microbatch_fraction must be in (0, 1], got {fraction!r}")
+    if topology is not None:
+        n = int(getattr(topology, "num_workers", schedule.num_workers))
+        if n < schedule.num_workers:
+            raise ValueError(f"topology has {n} workers but the schedule needs {schedule.num_workers}")
+    cm = CostModel.from_profile(profile, topology, latency_ms=latency_ms, op_overhead_ms=op_overhead_ms,
+                                overlap_allreduce=overlap_comm)
+    f = [cm.stage_fwd_ms(a, b, fraction) for a, b in ranges]
+    b = [cm.stage_bwd_ms(a, b_, fraction) for a, b_ in ranges]
+    half = [x / 2 for x in b]
+    cut = [cm.cut_bytes(b_, fraction) for _, b_ in ranges]
+    stash = [float(fraction * cm.range_sum("act_bytes", a, b_)) for a, b_ in ranges]
+    params = [float(cm.range_sum("param_bytes", a, b_)) for a, b_ in ranges]
+    if allreduce is not None:
+        ar = _per_stage(allreduce, S, "allreduce")
+    else:
+        ar = [cm.allreduce_ms(params[s], schedule.stage_workers[s]) for s in range(S)]
+    compute = {_F: f, _B: b, _BI: half, _BW: half, _STEP: _per_stage(step_ms, S, "step_ms")}
+    return _Costs(compute, cut, params, stash, None, None, ar, topology, cm.label,
+                  op_overhead_ms=cm.op_overhead_ms, model=cm, fraction=float(fraction), batch_size=cm.batch_size)

@@ -1,0 +1,385 @@
+"""The result of a simulation: timeline, metrics (steady state, bubbles, memory) and their display."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..display import card, fmt, one_line
+from ..schedules.core import Schedule
+from .costs import _AR, _B, _BI, _BW, _F, _STEP, KIND_NAMES, TIMELINE_COLUMNS, _Costs, default_microbatch_fraction
+
+# ---------------------------------------------------------------------------------------------
+# result
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SimResult:
+    """A modeled timeline and its metrics (see :func:`simulate`)."""
+
+    schedule: Schedule
+    timeline: pd.DataFrame = field(repr=False)
+    makespan: float = 0.0
+    metrics: dict = field(default_factory=dict, repr=False)
+    label: str = ""
+    _stats: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def worker_stats(self) -> pd.DataFrame:
+        """Per-worker statistics of the "Unifying" document (indexed by worker)."""
+        if "df" not in self._stats:
+            from ..schedules.stats import worker_stats
+
+            self._stats["df"] = worker_stats(self.schedule, self.timeline)
+        return self._stats["df"]
+
+    @property
+    def compute(self) -> pd.DataFrame:
+        return self.timeline[self.timeline["lane"] == "compute"]
+
+    # ---- headline figures (one place; summary, repr and HTML all read these) -----------------
+    @property
+    def time_per_minibatch_ms(self) -> float:
+        """Steady-state time per minibatch (warm-up and drain excluded; see :func:`steady_state`)."""
+        return self.metrics["time_per_minibatch_ms"]
+
+    @property
+    def throughput_minibatches_per_s(self) -> float:
+        return self.metrics["throughput_minibatches_per_s"]
+
+    @property
+    def throughput_samples_per_s(self) -> float:
+        return self.metrics["throughput_samples_per_s"]
+
+    def _rows(self) -> list:
+        m = self.metrics
+        u = m.get("time_unit", "ms")
+        steady = "" if m["steady_state"] else " (no steady state: makespan / minibatches)"
+        rows = [("schedule", self.schedule.name, ""),
+                ("time per minibatch" + steady, m["time_per_minibatch_ms"], u),
+                ("throughput", m["throughput_minibatches_per_s"] if u == "ms" else 1 / m["time_per_minibatch_ms"],
+                 "minibatches/s" if u == "ms" else "minibatches/unit")]
+        if math.isfinite(m["throughput_samples_per_s"]):
+            rows.append(("throughput", m["throughput_samples_per_s"], "samples/s"))
+        rows += [("makespan", m["makespan"], u), ("minibatches", m["minibatches"], ""),
+                 ("bubble fraction (mean)", m["bubble_fraction_mean"], ""),
+                 ("comm wait share (max)", max(m["comm_wait_share"], default=0.0), "")]
+        return rows
+
+    def __repr__(self) -> str:
+        return one_line("SimResult", self._rows()[:3])
+
+    def _repr_html_(self) -> str:
+        table = pd.DataFrame({"bubble_fraction": self.metrics["bubble_fraction"],
+                              "comm_wait_share": self.metrics["comm_wait_share"],
+                              "peak_activations": self.metrics["peak_activations"]})
+        table.index.name = "worker"
+        return card(f"Simulation of {self.schedule.name}", self._rows(), label=self.label, table=table, max_rows=8)
+
+    def summary(self) -> str:
+        m = self.metrics
+        u = m.get("time_unit", "ms")
+        lines = [f"{self.schedule.name}: {self.label}",
+                 "; ".join(f"{n} {fmt(v, unit)}" for n, v, unit in self._rows()[1:]),
+                 f"makespan {m['makespan']:.4g} {u} ({m['steps']} update(s) of a stage), rho {m['rho']:.3f}"]
+        table = pd.DataFrame({k: m[k] for k in ("bubble_fraction", "comm_stall", "peak_activations",
+                                                 "peak_activation_bytes", "weight_versions")})
+        table.index.name = "worker"
+        with pd.option_context("display.max_rows", 40, "display.width", 120):
+            lines.append(table.to_string(float_format=lambda x: f"{x:.4g}"))
+        if m["bytes_per_level"]:
+            lines.append("bytes per link level: " + ", ".join(f"L{k}: {v:.4g}" for k, v in m["bytes_per_level"].items()))
+        return "\n".join(lines)
+
+    def save(self, directory) -> Path:
+        """Write ``timeline.csv``, ``metrics.json`` and ``timeline.html`` into a new folder
+        ``directory`` (or ``directory-2``, ... when it exists: nothing earlier is overwritten);
+        the files are written to a temporary folder first and moved into place. Returns the folder."""
+        from ..io import run_folder
+        from ..plot import save_html, timeline_figure
+
+        with run_folder(directory) as d:
+            self.timeline.to_csv(d / "timeline.csv", index=False)
+            meta = self.metrics | {"label": self.label, "schedule": self.schedule.name}
+            (d / "metrics.json").write_text(json.dumps(_jsonable(meta), indent=1))
+            save_html(timeline_figure(self.timeline, title=f"{self.schedule.name} — {self.label}"), d / "timeline.html")
+        return d.final
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating, float)):
+        return None if not math.isfinite(float(x)) else float(x)
+    return x
+
+
+# ---------------------------------------------------------------------------------------------
+# timeline and metrics
+# ---------------------------------------------------------------------------------------------
+def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
+    """The :class:`SimResult` of a swept op graph: the timeline (compute and communication lanes,
+    :mod:`workbench.timeline` schema) and the metrics of :func:`workbench.simulate.simulate`."""
+    kc, st, mb, ver, stp, wof = graph.arrays
+    wbeg, wend, xfer_count = graph.wbeg, graph.wend, graph.xfer_count
+    start, end, stall, comm_rows = swept.start, swept.end, swept.stall, swept.comm_rows
+    level_bytes, fetch_count = swept.level_bytes, swept.fetch_count
+    W = schedule.num_workers
+    kc_a = np.asarray(kc, dtype=np.int8)
+    keep = kc_a != _AR
+    names = np.array(KIND_NAMES, dtype=object)
+    start_a = np.fromiter(start, float, len(start))
+    end_a = np.fromiter(end, float, len(end))
+    w_a = np.asarray(wof, dtype=np.int64)
+    comp = pd.DataFrame({
+        "worker": w_a[keep],
+        "stage": np.asarray(st, dtype=np.int64)[keep],
+        "microbatch": np.asarray(mb, dtype=np.int64)[keep],
+        "kind": names[kc_a[keep]],
+        "start": start_a[keep],
+        "end": end_a[keep],
+        "version": np.asarray(ver, dtype=np.int64)[keep],
+        "lane": "compute",
+        "src": w_a[keep],
+        "dst": w_a[keep],
+        "update": np.asarray(stp, dtype=np.int64)[keep],
+        "bytes": 0.0,
+        "round": 0,
+        "step": 0,
+    })
+    if schedule.segment_tokens:  # optional column: the Seq1F1B segment of each compute op
+        comp["segment"] = np.asarray([-1 if o.segment is None else o.segment for ops in schedule.ops for o in ops])[keep]
+    if comm_rows:
+        comm = pd.DataFrame(comm_rows, columns=["worker", "stage", "microbatch", "kind", "start", "end", "version",
+                                                "src", "dst", "update", "bytes"])
+        comm["lane"] = "comm"
+        comm["round"] = comm["step"] = 0
+        timeline = pd.concat([comp, comm[list(TIMELINE_COLUMNS)]], ignore_index=True)
+    else:
+        timeline = comp
+    extra = ["segment"] if "segment" in timeline.columns else []  # optional column (Seq1F1B)
+    timeline = timeline[list(TIMELINE_COLUMNS) + extra]  # round = step = 0: one pass over the op lists
+    makespan = float(end_a.max()) if len(end_a) else 0.0
+    if not math.isfinite(makespan):
+        makespan = 0.0
+
+    # busy time per worker (compute lane)
+    dur = end_a - start_a
+    busy = np.bincount(w_a[keep], weights=dur[keep], minlength=W)
+    work_mask = kc_a < _STEP
+    work = float(dur[work_mask].sum())
+    steps = 1
+    is_step = kc_a == _STEP
+    if is_step.any():
+        steps = int(np.bincount((w_a * schedule.num_stages + np.asarray(st))[is_step]).max())
+    steady = float("nan")
+    on0 = np.flatnonzero(is_step & (w_a == 0))
+    if len(on0):
+        st_a = np.asarray(st)
+        ends = np.sort(end_a[on0[st_a[on0] == st_a[on0[0]]]])
+        if len(ends) >= 2:
+            steady = float(ends[-1] - ends[0]) / (len(ends) - 1)
+    peak_n, peak_b, versions = _memory(schedule, costs, kc, st, ver, wof, wbeg, wend)
+    peak_share = _peak_activation_share(schedule)
+    L = makespan if makespan > 0 else float("nan")
+    inputs = np.unique(w_a[(kc_a == _F) & (np.asarray(st) == 0)]).size
+    fraction = costs.fraction if costs.model is not None else default_microbatch_fraction(schedule, inputs)
+    steady_mb, is_steady = steady_state(schedule, kc_a, np.asarray(mb), np.asarray(st), end_a, makespan)
+    per_mb = steady_mb / fraction
+    metrics = {
+        "makespan": makespan,
+        "steps": steps,
+        "iteration_time": makespan / steps,
+        "steady_iteration_time": steady,
+        "microbatches": schedule.microbatches,
+        "microbatch_fraction": fraction,
+        "minibatches": schedule.microbatches * fraction,
+        "time_per_minibatch_ms": per_mb,
+        "steady_state": is_steady,
+        "throughput_minibatches_per_s": 1e3 / per_mb if per_mb > 0 else float("nan"),
+        "throughput_samples_per_s": (costs.batch_size * 1e3 / per_mb) if costs.batch_size and per_mb > 0
+        else float("nan"),
+        "rho": work / (L * W),
+        "bubble_fraction": [1.0 - b / L for b in busy.tolist()],
+        "bubble_fraction_mean": float(np.mean([1.0 - b / L for b in busy.tolist()])) if W else float("nan"),
+        "comm_wait_share": [x / L for x in stall],
+        "busy": busy.tolist(),
+        "comm_stall": list(stall),
+        "peak_activations": peak_n,
+        "peak_activation_bytes": peak_b,
+        "peak_activation_share": peak_share,
+        "weight_versions": versions,
+        "transfers_received": list(xfer_count),
+        "weight_fetches": list(fetch_count),
+        "bytes_per_level": dict(sorted(level_bytes.items())),
+        "time_unit": "ms" if costs.model is not None else "unit",
+        "label": costs.label,
+    }
+    return SimResult(schedule, timeline, makespan, metrics, costs.label)
+
+
+def steady_state(schedule: Schedule, kc, mb, st, end, makespan: float) -> tuple[float, bool]:
+    """Steady-state time per *microbatch* (time unit of the costs) and whether a steady state exists.
+
+    Microbatch b completes when its last backward op of stage 0 (B, BI or BW) ends. Sorting the
+    completions ``c_0 <= ... <= c_{n-1}``, the steady state is the slope ``(c_hi - c_lo) / (hi - lo)``
+    over the middle (from index ``k`` to ``n - 1 - k``, ``k = max(n/4, microbatches the input stage
+    holds at once)``), which excludes warm-up and drain. Synchronous
+    schedules that update every ``g = max(microbatches_per_step, replicas of stage 0)`` microbatches
+    complete them in bursts,
+    so ``lo`` and ``hi`` are moved to update boundaries (``c_{kg-1}``); fewer than three updates
+    have no steady state and give ``makespan / n`` with ``False``."""
+    n = int(schedule.microbatches)
+    back = ((kc == _B) | (kc == _BI) | (kc == _BW)) & (st == 0)
+    if n < 2 or not back.any():
+        return (makespan / max(n, 1), False)
+    done = pd.Series(end[back]).groupby(mb[back]).max().sort_values().to_numpy()
+    g = int(schedule.microbatches_per_step) if schedule.update != "async" else 1
+    g = max(g, len(schedule.stage_workers[0]), 1)  # a round of the input stage's replicas
+    bounds = np.arange(g - 1, len(done), g)  # completion indices that end an update
+    if len(bounds) < 3:
+        return (makespan / n, False)
+    skip = max(len(done) // 4, _input_in_flight(schedule))
+    inner = bounds[(bounds >= skip) & (bounds <= len(done) - 1 - skip)]
+    if len(inner) < 2:
+        inner = bounds[(bounds >= len(done) // 4) & (bounds <= (3 * len(done)) // 4)]
+    if len(inner) < 2:
+        inner = bounds[1:] if len(bounds) > 3 else bounds
+    lo, hi = int(inner[0]), int(inner[-1])
+    return (float(done[hi] - done[lo]) / (hi - lo), True)
+
+
+def _input_in_flight(schedule: Schedule) -> int:
+    """Microbatches the input stage's workers hold at once (their warm-up and their drain)."""
+    if g := schedule.max_in_flight:
+        return int(sum(g[w] for w in schedule.stage_workers[0] if 0 <= w < len(g)))
+    return 0
+
+
+def _memory(schedule, costs, kc, st, ver, wof, wbeg, wend):
+    """Peak stashed activations (count, bytes) and weight versions alive per worker.
+
+    Ops on one worker run one after another, so program order is time order. Activations: +1 at
+    F, -1 at its B (or BW); the peak of the running sum per worker. Versions: version v of stage s
+    is alive on worker w over the hull of [first op reading it, last op reading it] and, when w
+    holds stage s, of the span in which v is w's newest version (from its STEP v-1 to STEP v); the
+    result is the most intervals of one stage overlapping at once (>= 1 on a worker with ops)."""
+    W, S = schedule.num_workers, schedule.num_stages
+    kc_a = np.asarray(kc, dtype=np.int64)
+    st_a = np.asarray(st, dtype=np.int64)
+    w_a = np.asarray(wof, dtype=np.int64)
+    N = len(kc_a)
+    nonempty = [w for w in range(W) if wend[w] > wbeg[w]]
+    starts = np.asarray([wbeg[w] for w in nonempty], dtype=np.int64)
+    sign = np.where(kc_a == _F, 1.0, np.where((kc_a == _B) | (kc_a == _BW), -1.0, 0.0))
+    stash = np.asarray(costs.act_stash_bytes, dtype=float)
+
+    def peak(delta, transient=None):
+        out = [0.0] * W
+        if not nonempty:
+            return out
+        cum = np.cumsum(delta)
+        before = np.concatenate([[0.0], cum])[starts]  # running sum before each worker's first op
+        local = cum - np.repeat(before, [wend[w] - wbeg[w] for w in nonempty])
+        if transient is not None:  # held only while the op runs: on top of the sum before it
+            local = np.maximum(local, local - delta + transient)
+        for w, v in zip(nonempty, np.maximum.reduceat(local, starts).tolist()):
+            out[w] = max(0.0, v)
+        return out
+
+    peak_n = [int(round(x)) for x in peak(sign)]
+    peak_b = peak(*_stash_bytes(schedule, costs, kc_a, st_a)) if stash.any() else [float("nan")] * W
+
+    # weight versions: half-open intervals [lo, hi) in program positions
+    pos = np.arange(N, dtype=np.int64)
+    comp = kc_a < 4
+    key = w_a * S + st_a
+    reads = pd.DataFrame({"k": key[comp], "v": np.asarray(ver, dtype=np.int64)[comp], "pos": pos[comp]})
+    iv = reads.groupby(["k", "v"], sort=False)["pos"].agg(["min", "max"])
+    k_iv = iv.index.get_level_values(0).to_numpy()
+    v_iv = iv.index.get_level_values(1).to_numpy()
+    lo = iv["min"].to_numpy(dtype=np.int64).copy()
+    hi = iv["max"].to_numpy(dtype=np.int64) + 1
+    w_iv = k_iv // S
+    holds = np.zeros(W * S, dtype=bool)
+    for s_, ws in enumerate(schedule.stage_workers):
+        for w in ws:
+            if 0 <= w < W:
+                holds[w * S + s_] = True
+    held = holds[k_iv]
+    if held.any():
+        sp = pos[kc_a == _STEP]
+        sk = key[kc_a == _STEP]
+        # the i-th STEP on (w, s) (program order) turns version i into i + 1
+        order = np.lexsort((sp, sk))
+        sk, sp = sk[order], sp[order]
+        first = np.searchsorted(sk, sk, side="left")
+        si = np.arange(len(sk)) - first
+        stride = int(max(v_iv.max(initial=0), si.max(initial=0))) + 2
+        step_pos = dict(zip((sk * stride + si).tolist(), sp.tolist()))
+        wb = np.asarray(wbeg, dtype=np.int64)[w_iv]
+        we = np.asarray(wend, dtype=np.int64)[w_iv]
+        idx = np.flatnonzero(held)
+        kv = (k_iv[idx] * stride + v_iv[idx]).tolist()
+        born = np.array([step_pos.get(x - 1, -2) + 1 for x in kv], dtype=np.int64)  # -1: never born here
+        born = np.where(v_iv[idx] == 0, wb[idx], born)
+        dies = np.array([step_pos.get(x, -2) + 1 for x in kv], dtype=np.int64)
+        dies = np.where(dies < 0, we[idx], dies)
+        ok = born >= 0
+        lo[idx[ok]] = np.minimum(lo[idx[ok]], born[ok])
+        hi[idx[ok]] = np.maximum(hi[idx[ok]], dies[ok])
+    ev_k = np.concatenate([k_iv, k_iv])
+    ev_t = np.concatenate([lo, hi])
+    ev_d = np.concatenate([np.ones(len(lo)), -np.ones(len(lo))])
+    order = np.lexsort((ev_d, ev_t, ev_k))  # at equal positions an interval ends before one starts
+    running = np.cumsum(ev_d[order])
+    peak_v = [1 if wend[w] > wbeg[w] else 0 for w in range(W)]
+    if len(running):
+        per_key = pd.Series(running).groupby(ev_k[order]).max()
+        for k, v in zip(per_key.index.tolist(), per_key.tolist()):
+            w = int(k) // S
+            peak_v[w] = max(peak_v[w], int(v))
+    return peak_n, peak_b, peak_v
+
+
+def _stash_bytes(schedule: Schedule, costs: _Costs, kc_a, st_a):
+    """Per-op change of a worker's stashed activation bytes, and bytes held only while the op runs.
+
+    Without recompute F adds the stage's activations ``A_s`` (times the op's token share with
+    segments) and B / BW frees them. With recompute F keeps only the stage input (the cut bytes of
+    stage s-1; stage 0's input, the data, is not counted, as without recompute); B re-creates
+    ``A_s`` for its duration (transient) and frees the input; split backward: BI re-creates
+    ``A_s`` and holds it until BW frees it with the input."""
+    share = np.asarray([schedule.segment_share(op, "tokens") if k < _STEP else 0.0
+                        for op, k in zip((op for ops in schedule.ops for op in ops), kc_a)])
+    full = np.asarray(costs.act_stash_bytes, dtype=float)[st_a] * share
+    if not schedule.recompute:
+        sign = np.where(kc_a == _F, 1.0, np.where((kc_a == _B) | (kc_a == _BW), -1.0, 0.0))
+        return sign * full, None
+    cut = np.concatenate([[0.0], np.asarray(costs.cut_bytes, dtype=float)])[st_a] * share  # input of s
+    delta = np.select([kc_a == _F, kc_a == _B, kc_a == _BI, kc_a == _BW], [cut, -cut, full, -(cut + full)], 0.0)
+    return delta, np.where(kc_a == _B, full, 0.0)
+
+
+def _peak_activation_share(schedule: Schedule) -> list[float]:
+    """Peak per worker of the activations held, in units of one whole microbatch's activations of
+    one stage: F adds its token share ``n_j / n`` (1 without segments), B / BW removes it. Equals
+    ``peak_activations`` without segments; with recompute see ``peak_activation_bytes``."""
+    out = []
+    for ops in schedule.ops:
+        held, peak = 0.0, 0.0
+        for op in ops:
+            if op.kind == "F":
+                held += schedule.segment_share(op, "tokens")
+                peak = max(peak, held)
+            elif op.kind in ("B", "BW"):
+                held -= schedule.segment_share(op, "tokens")
+        out.append(peak)
+    return out
