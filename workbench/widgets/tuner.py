@@ -329,7 +329,7 @@ class PartitionTuner:
         table = pd.DataFrame(cols)
         left = card(f"{'manual' if out.manual else 'optimizer'} plan: {_profile_name(prof)} on "
                     f"{_topology_text(st.topology)}", [],
-                    label="stage times per minibatch, modeled (PipeDream's cost model)",
+                    label="stage times per minibatch, modeled (workbench.costmodel)",
                     table=core.stage_table(out.plan, prof).round(4))
         comp = table.map(lambda v: v if isinstance(v, str) else (f"{v:.4g}" if isinstance(v, float) else v))
         right = ("<div class='workbench-card'><b>predicted (cost model) vs simulated (schedule)</b>"
@@ -391,7 +391,7 @@ class PartitionTuner:
 
 def _profile_name(prof: Profile) -> str:
     m = prof.meta or {}
-    src = m.get("model") or m.get("name") or Path(str(m.get("source", "profile"))).parent.name or "profile"
+    src = m.get("model") or m.get("name") or str(m.get("source", "profile"))
     return f"{src} ({m.get('kind', 'kind not recorded')}, {len(prof)} layers)"
 
 
