@@ -201,3 +201,23 @@ def test_explorer_updates_in_place_and_reports_bad_input():
     e.microbatches.value = 9  # not a multiple of the 4 workers
     assert "⚠" in e.stats.value and "multiple" in e.stats.value
     assert list(e.memory_fig.data[0].x) == ["0", "1", "2", "3"]
+
+
+@pytest.mark.slow
+def test_notebook_06_runs_under_papermill(tmp_path):
+    """The thin notebook runs top to bottom with its parameters overridden and saves the simulated
+    timeline of the tuned plan (tests/test_notebooks.py covers 01 only)."""
+    import nbformat
+    import papermill
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "notebooks" / "06_partition_tuning.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells)
+    out = papermill.execute_notebook(str(path), str(tmp_path / path.name), cwd=str(tmp_path), kernel_name="python3",
+                                     progress_bar=False, parameters=dict(profile="alexnet", servers=1,
+                                                                         schedule="gpipe", out=str(tmp_path / "out")))
+    assert not [o for c in out.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert (tmp_path / "out" / "timeline.csv").exists()
+    code = [c for c in out.cells if c.cell_type == "code"]
+    assert all(len(c.source.splitlines()) <= 20 and "def " not in c.source for c in code)
