@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.request
 import uuid
+import warnings
 from pathlib import Path
 
 import psutil
@@ -181,9 +182,7 @@ def test_notebook_in_jupyterlab_headless_chromium(lab, tmp_path):
             shots["tuner"] = _shot(page, "PipeDream partition tuner")
 
             # move a control: the tuner's schedule dropdown -> gpipe; the same figure redraws in place
-            page.locator(".widget-dropdown", has_text="schedule").first.locator("select").select_option("gpipe")
-            page.wait_for_function("() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
-                                   ".some(gd => ((gd.layout.title || {}).text || '').startsWith('simulated gpipe'))")
+            _choose_schedule(page, "gpipe")
             after = _tuner_timeline(page)
             assert after["bars"] != before["bars"] and after["drawn"] > 0
             # gpipe stashes fewer microbatches per flush than pipedream keeps in flight: the bars follow
@@ -217,6 +216,28 @@ def test_notebook_in_jupyterlab_headless_chromium(lab, tmp_path):
         (d / "meta.json").write_text(json.dumps({"measured": "JupyterLab + headless Chromium, this machine",
                                                  "notebook": NOTEBOOK.name}))
     assert len(list(d.final.glob("*.png"))) == 3
+
+
+def _choose_schedule(page, name: str) -> None:
+    """Select ``name`` in the tuner's schedule dropdown and wait until the timeline shows it.
+
+    Known weakness (see docs/readme-widgets.md): on a loaded machine the browser sometimes drops
+    one plotly update of the timeline (the kernel sent it; the cards and the stage figure of the
+    same callback arrive). One retry through another schedule is allowed and reported as a warning;
+    a second loss fails the test."""
+    dropdown = page.locator(".widget-dropdown", has_text="schedule").first.locator("select")
+    shows = ("() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
+             ".some(gd => ((gd.layout.title || {}).text || '').startsWith('simulated %s'))")
+    dropdown.select_option(name)
+    try:
+        page.wait_for_function(shows % name, timeout=45_000)
+        return
+    except playwright_api.TimeoutError:
+        warnings.warn(f"the browser did not apply the timeline update for {name!r} within 45 s; retrying once")
+    dropdown.select_option("pipedream-flush")
+    page.wait_for_function(shows % "pipedream-flush", timeout=60_000)
+    dropdown.select_option(name)
+    page.wait_for_function(shows % name, timeout=60_000)
 
 
 def _shot(page, heading: str) -> bytes:

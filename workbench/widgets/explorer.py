@@ -71,11 +71,11 @@ class ScheduleExplorer:
                  fwd: float = 1.0, bwd: float = 2.0, transfer: float = 0.0):
         style = {"description_width": "initial"}
         self.schedule = W.Dropdown(options=schedules.NAMES, value=schedule, description="schedule", style=style,
-                                   layout=W.Layout(width="260px"))
+                                   layout=W.Layout(width="220px"))
         self.stages = W.IntSlider(value=stages, min=1, max=16, description="stages (workers)", style=style,
-                                  continuous_update=False)
+                                  continuous_update=False, layout=W.Layout(width="300px"))
         self.microbatches = W.IntSlider(value=microbatches, min=1, max=64, description="microbatches",
-                                        style=style, continuous_update=False)
+                                        style=style, continuous_update=False, layout=W.Layout(width="300px"))
         self.fwd = W.BoundedFloatText(value=fwd, min=0.01, max=100, step=0.1, description="forward (units)",
                                       style=style, layout=W.Layout(width="190px"))
         self.bwd = W.BoundedFloatText(value=bwd, min=0.0, max=100, step=0.1, style=style,
@@ -84,7 +84,7 @@ class ScheduleExplorer:
                                            description="communication per message (units)",
                                            layout=W.Layout(width="290px"))
         self.chunks = W.IntSlider(value=2, min=1, max=8, description="chunks (interleaved)", style=style,
-                                  continuous_update=False, layout=W.Layout(width="260px"))
+                                  continuous_update=False, layout=W.Layout(width="300px"))
         self.stats = W.HTML(layout=W.Layout(width="500px"))
         self.timeline_fig = timeline_widget("timeline", "units")
         self.memory_fig = go.Figure(go.Bar(x=[], y=[], marker_color="#72B7B2", name="peak activations"))
@@ -101,8 +101,9 @@ class ScheduleExplorer:
         self.ui = W.VBox([
             W.HTML("<h3 style='margin:4px 0'>Schedule explorer</h3><div style='color:#555'>Unit costs, "
                    "identical stages, <b>modeled</b> by the discrete-event simulator.</div>"),
-            W.HBox([self.schedule, self.stages, self.microbatches, self.chunks]),
+            W.HBox([self.schedule, self.stages, self.microbatches]),
             W.HBox([self.fwd, self.bwd, self.transfer]),
+            self.chunks,
             W.HBox([self.stats, self.memory_fig]),
             self.timeline_fig,
         ])

@@ -38,6 +38,20 @@ class _FullStateFigureWidget(go.FigureWidget):
         if not getattr(self, "_defer_open", False):
             super().open()
 
+    def _send_update_msg(self, restyle_data, relayout_data, trace_indexes=None, source_view_id=None):
+        """plotly's ``Plotly.update`` message, sent as one state message and not reset to None
+        right after: plotly's browser side reads the *current* value when its handler runs, so a
+        late handler saw None and dropped the update (a timeline that kept its old data). The
+        message carries new edit ids, so it always differs from the previous one."""
+        trace_indexes = self._normalize_trace_indexes(trace_indexes)
+        with self.hold_sync():
+            self._last_trace_edit_id += 1
+            self._last_layout_edit_id += 1
+            self._trace_edit_in_process = self._layout_edit_in_process = True
+            self._py2js_update = {"style_data": restyle_data, "layout_data": relayout_data,
+                                  "style_traces": trace_indexes, "trace_edit_id": self._last_trace_edit_id,
+                                  "layout_edit_id": self._last_layout_edit_id, "source_view_id": source_view_id}
+
 
 def widget(fig: go.Figure) -> go.FigureWidget:
     """``fig`` as a ``FigureWidget`` that the browser receives complete in one message."""
