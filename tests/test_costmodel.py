@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from workbench.costmodel import CostModel, ring_allreduce_ms
-from workbench.partition import partition, with_predictions
+from workbench.partition import data_parallel_ms, partition, with_predictions
 from workbench.pipedream_graph import shipped
-from workbench.plan import Plan
+from workbench.plan import Plan, Stage
 from workbench.profiler import Profile
 from workbench.schedules import build, noam_warmup
 from workbench.simulate import simulate, simulate_plan
@@ -75,7 +75,39 @@ TOPOLOGIES = {
     "flat8": Topology.flat(8, 12e9),
     "4x4": Topology(((4, 12e9), (4, 1.25e9))),  # PCIe in a server, 10 Gbps between servers
     "8x2": Topology(((8, 25e9), (2, 25e9 / 8))),  # NVLink in a server, 25 Gbps between
+    # replicated stages spanning servers: PipeDream's Cluster-A (4 V100 per server, 10 Gbps between)
+    # on 2 and 4 servers, and 8-GPU NVLink servers on 2 servers
+    "clusterA-8": Topology.preset("4xV100-pcie-10g", servers=2),
+    "clusterA-16": Topology.preset("4xV100-pcie-10g", servers=4),
+    "nvlink-8x2": Topology.preset("8xV100-nvlink-25g", servers=2),
 }
+DP_TOPOLOGIES = ["flat4", "flat8", "4x4", "8x2", "clusterA-8", "clusterA-16", "nvlink-8x2"]
+
+
+def one_stage_plan(prof, workers):
+    """All layers on one stage replicated on ``workers`` (the data-parallel layout)."""
+    n = len(prof.layers)
+    return Plan((Stage(0, n - 1, workers, tuple(range(workers)), 0.0),), bottleneck_ms=0.0,
+                single_worker_ms=0.0, data_parallel_ms=0.0, method="data-parallel", meta={})
+
+
+@pytest.mark.parametrize("topo", DP_TOPOLOGIES)
+@pytest.mark.parametrize("model", ["vgg16", "resnet50", "alexnet"])
+def test_data_parallel_ms_equals_simulated_dp_bsp(model, topo):
+    """``data_parallel_ms`` (the planner's BSP figure and its all-replicated DP candidate) is the
+    simulated ``dp-bsp`` steady state per minibatch within 5%, on flat and two-level topologies:
+    one ring all-reduce per round over all replicas at the slowest link the ring crosses."""
+    prof, top = shipped(model), TOPOLOGIES[topo]
+    W = top.num_workers
+    one = one_stage_plan(prof, W)
+    res = simulate(build("dp-bsp", one, 6 * W), profile=prof, plan=one, topology=top)
+    assert res.metrics["steady_state"]
+    dp = data_parallel_ms(prof, top)
+    ratio = res.time_per_minibatch_ms / dp
+    assert abs(ratio - 1) <= 0.05, f"{model} {topo}: simulated dp-bsp {res.time_per_minibatch_ms:.2f} ms, data_parallel_ms {dp:.2f}"
+    plan = partition(prof, top, refine=False)
+    assert plan.data_parallel_ms == pytest.approx(dp)
+    assert plan.bottleneck_ms <= dp * (1 + 1e-9)  # the all-replicated plan is one of the DP's candidates
 
 
 @pytest.mark.parametrize("straight", [True, False], ids=["straight", "replicated"])
