@@ -220,7 +220,7 @@ def test_cli_partition_and_simulate_use_one_topology(tmp_path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "DP estimate" in out and "predicted" in out and "simulated" in out and "why:" in out
-    assert main(args) == 0 and (tmp_path / "plan.json-2").exists()  # the first plan is kept
+    assert main(args) == 0 and (tmp_path / "plan-2.json").exists()  # the first plan is kept
     assert main(["simulate", "--profile", str(prof), "--plan", str(plan), "--microbatches", "64",
                  "--out", str(tmp_path / "sim")]) == 0
     out = capsys.readouterr().out
@@ -238,3 +238,28 @@ def test_cli_bad_latency_is_one_line_exit_2(tmp_path, capsys):
     assert main(["partition", "--profile", str(prof), "--workers", "2", "--latency-ms", "-1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "latency_ms must be a finite number >= 0" in err
+
+
+# ---- refinement over the dynamic program's candidates -----------------------------------------
+@pytest.mark.parametrize("model,topo", [("vgg16", "clusterA-16"), ("alexnet", "4x4"), ("resnet50", "flat8")])
+def test_refinement_simulates_the_dp_candidates_and_keeps_the_fastest(model, topo):
+    """partition() lists the DP's candidates (all-replicated and the best split per replica count
+    of the last top-level stage): the DP optimum is the smallest DP estimate among them, it is
+    simulated, and the kept plan is the fastest simulated candidate (no worse than the optimum's)."""
+    from workbench.partition import refine_plan
+    prof, top = shipped(model), TOPOLOGIES[topo]
+    plan = partition(prof, top)
+    rows = plan.meta["candidates"]
+    assert len(rows) >= 2
+    dp_only = partition(prof, top, refine=False)
+    assert min(r["dp_estimate_ms"] for r in rows) == pytest.approx(dp_only.bottleneck_ms)
+    simulated = [r["simulated_ms"] for r in rows if r["simulated_ms"] is not None]
+    assert plan.simulated_ms == pytest.approx(min(simulated), rel=0.005)
+    cm = CostModel.from_profile(prof, top)
+    assert plan.simulated_ms <= refine_plan(dp_only, prof, top, cm).simulated_ms * 1.005
+    # a candidate left unsimulated is predicted no faster than the kept plan's simulated figure
+    assert all(r["predicted_ms"] >= plan.simulated_ms * 0.995 for r in rows if r["simulated_ms"] is None)
+    # one figure shown twice is the same number: the kept plan's row
+    kept = [r for r in rows if r["last_layers"] == [s.last for s in plan.stages]
+            and r["replicas"] == "-".join(str(s.replicas) for s in plan.stages)]
+    assert kept and kept[0]["simulated_ms"] == plan.simulated_ms and kept[0]["predicted_ms"] == plan.predicted_ms

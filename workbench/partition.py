@@ -484,6 +484,37 @@ def _rebuild(levels, k, i, j, m, fewer) -> list[_Node]:
     return _rebuild(levels, k, i, s, p, fewer) + [_node(levels, k, s + 1, j, mp, tlast, fewer)]
 
 
+def _candidates(levels, m_top: int, n: int, fewer: bool) -> list[tuple[float, list[_Node]]]:
+    """The dynamic program's best distinct top-level pipelines, cheaply from its tables:
+    ``(A, pipeline)`` for the all-replicated stage and, per split "prefix on p components, last
+    stage on m - p", the best split point (O(N) each; the prefix rebuilt as the DP's optimum);
+    with ``fewer`` also the best plan on each other number of top-level components. Infinite
+    ones are left out; the DP optimum is among them."""
+    top = len(levels)
+    lv = levels[-1]
+    j = n - 1
+    out = []
+    for m in ([m_top] + [x for x in range(1, lv.M + 1) if x != m_top] if fewer else [m_top]):
+        if m != m_top:
+            if math.isfinite(float(lv.A[m, j, 0])):
+                out.append((float(lv.A[m, j, 0]), _rebuild(levels, top, 0, j, m, fewer)))
+            continue
+        single = float(lv.T(0, j, m, -(-lv.M // m)))
+        if math.isfinite(single):
+            out.append((single, [_node(levels, top, 0, j, m, single, fewer)]))
+        s = np.arange(0, j)
+        for p in range(1, m):
+            mp = m - p
+            if (lv.straight and mp > 1) or not s.size:
+                continue
+            val = np.maximum(np.maximum(lv.A[p, :j, 0], lv.cut[:j]), lv.T(s + 1, j, mp, -(-(lv.M - p) // mp)))
+            b = int(np.argmin(val))
+            if math.isfinite(val[b]):
+                tl = float(lv.T(b + 1, j, mp, -(-(lv.M - p) // mp)))
+                out.append((float(val[b]), _rebuild(levels, top, 0, b, p, fewer) + [_node(levels, top, b + 1, j, mp, tl, fewer)]))
+    return out
+
+
 def _node(levels, k, i, j, m, t, fewer) -> _Node:
     child = None
     if k > 1:
@@ -560,23 +591,59 @@ def partition(profile: Profile, topology: Topology, straight: bool = False,
     levels = _build_levels(L, topo, straight, memory_bytes, use_fewer_workers, cm, recompute=recompute)
     top = levels[-1]
     m_top = _best_m(top, L.n - 1, 0, use_fewer_workers)
-    best = float(top.A[m_top, L.n - 1, 0])
-    if not math.isfinite(best):
+    if not math.isfinite(float(top.A[m_top, L.n - 1, 0])):
         raise ValueError(_infeasible_message(L, topo, straight, memory_bytes, use_fewer_workers, cm, recompute))
-    pipeline = _rebuild(levels, topo.num_levels, 0, L.n - 1, m_top, use_fewer_workers)
-    flat, cuts = _flatten(levels, topo.num_levels, pipeline, L, topo)
-    stages = tuple(Stage(f, l, len(ws), tuple(ws), float(t)) for f, l, ws, t in flat)
     meta = {"topology": topo.to_list(), "topology_name": topo.name, "straight": straight,
             "memory_bytes": memory_bytes, "use_fewer_workers": use_fewer_workers, "recompute": recompute,
-            "cuts": [[int(a), int(k), float(t)] for a, k, t in cuts],
             "latency_ms": list(cm.latency_ms), "op_overhead_ms": cm.op_overhead_ms,
             "batch_size": cm.batch_size,
             "cost_model": "workbench.costmodel: 1F1B round (F + B + 3o + exposed ring AR) / m, "
                           "cut = alpha + a/B per direction (full duplex)"}
-    plan = Plan(stages, bottleneck_ms=best, single_worker_ms=float(L.Cp[-1]),
-                data_parallel_ms=data_parallel_ms(profile, topo, cm), method="pipedream", meta=meta)
-    plan = with_predictions(plan, cm)
-    return refine_plan(plan, profile, topo, cm, memory_bytes) if refine else plan
+    dp_ms = data_parallel_ms(profile, topo, cm)
+    plans = {}
+    if refine:
+        pool = _candidates(levels, m_top, L.n, use_fewer_workers)
+    else:
+        pool = [(float(top.A[m_top, L.n - 1, 0]), _rebuild(levels, topo.num_levels, 0, L.n - 1, m_top, use_fewer_workers))]
+    for value, pipeline in pool:
+        flat, cuts = _flatten(levels, topo.num_levels, pipeline, L, topo)
+        stages = tuple(Stage(f, l, len(ws), tuple(ws), float(t)) for f, l, ws, t in flat)
+        cand = Plan(stages, bottleneck_ms=value, single_worker_ms=float(L.Cp[-1]), data_parallel_ms=dp_ms,
+                    method="pipedream", meta=meta | {"cuts": [[int(a), int(k), float(t)] for a, k, t in cuts]})
+        plans.setdefault(tuple((st.first, st.last, st.workers) for st in stages), with_predictions(cand, cm))
+    ranked = sorted(plans.values(), key=lambda q: (q.predicted_ms, q.bottleneck_ms))
+    optimum = min(plans.values(), key=lambda q: q.bottleneck_ms)
+    if not refine:
+        return optimum
+    shortlist = list({id(q): q for q in [optimum] + ranked[:CANDIDATES]}.values())
+    return refine_candidates(shortlist, profile, topo, cm, memory_bytes)
+
+
+CANDIDATES = 3  # the dynamic program's plans with the best closed-form prediction that refinement simulates
+
+
+def refine_candidates(plans: list[Plan], profile: Profile, topology: Topology, cm: CostModel,
+                      memory_bytes: float | None = None) -> Plan:
+    """Simulate the candidates (:func:`refine_plan`) in order of their closed-form prediction and
+    keep the one with the lowest simulated steady state that fits ``memory_bytes`` (ties within
+    0.5%: the earlier). A candidate whose prediction is not below the best simulated figure so far
+    is not simulated (the prediction is the closed-form bottleneck, which the steady state does not
+    beat). ``meta["candidates"]`` lists every candidate's replicas, last layers, DP estimate,
+    prediction and simulated figure (None: not simulated)."""
+    best, rows = None, []
+    for q in sorted(plans, key=lambda q: (q.predicted_ms, q.bottleneck_ms)):
+        if best is not None and math.isfinite(best.simulated_ms) and q.predicted_ms >= best.simulated_ms * (1 - 0.005):
+            done = q
+        else:
+            done = refine_plan(q, profile, topology, cm, memory_bytes)
+            if best is None or (math.isfinite(done.simulated_ms) and (not math.isfinite(best.simulated_ms)
+                                                                      or done.simulated_ms < best.simulated_ms * (1 - 0.005))):
+                best = done
+        rows.append({"replicas": "-".join(str(st.replicas) for st in q.stages),
+                     "last_layers": [int(st.last) for st in q.stages], "dp_estimate_ms": q.bottleneck_ms,
+                     "predicted_ms": q.predicted_ms,
+                     "simulated_ms": done.simulated_ms if math.isfinite(done.simulated_ms) else None})
+    return replace(best, meta=best.meta | {"candidates": rows})
 
 
 def with_predictions(plan: Plan, cm: CostModel, in_flight=None) -> Plan:
