@@ -573,9 +573,13 @@ def partition(profile: Profile, topology: Topology, straight: bool = False,
 
     The plan also carries the :class:`~workbench.costmodel.CostModel` figures of its flat stages:
     ``predicted_ms`` (closed form), ``in_flight`` (warm-up per stage, communication included) and
-    ``stage_memory_bytes``. With ``refine`` (default) the 1F1B schedule of the plan is simulated at
-    PipeDream's NOAM warm-up and at the communication-aware ``in_flight`` (:func:`refine_plan`);
-    the faster that fits ``memory_bytes`` is kept and its steady state is ``simulated_ms``.
+    ``stage_memory_bytes``. With ``refine`` (default) the dynamic program's candidates
+    (:func:`_candidates`: the all-replicated stage, the best split per replica count of the last
+    top-level stage, and with ``use_fewer_workers`` the best plan per worker count) are ranked by
+    ``predicted_ms``; the DP optimum and the ``CANDIDATES`` best are simulated in 1F1B at
+    PipeDream's NOAM warm-up and at the communication-aware ``in_flight`` (:func:`refine_plan`,
+    :func:`refine_candidates`); the fastest that fits ``memory_bytes`` is kept, its steady state is
+    ``simulated_ms``, its own DP value ``bottleneck_ms``, and ``meta["candidates"]`` lists them all.
     ``latency_ms`` (per message, one number or one per level) and ``op_overhead_ms`` (per op) are
     the calibrated fixed costs of :mod:`workbench.calibrate`. ``recompute``: the memory limit and
     ``stage_memory_bytes`` assume activation re-materialization (module docstring, Memory).
