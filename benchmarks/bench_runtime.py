@@ -1,19 +1,34 @@
 """Runtime throughput vs torch.distributed.pipelining on the same split, microbatches and machine.
 
-Model: the zoo ``mlp`` (8 layers of 512, 512 inputs, 10 classes), batch 256 in 8 microbatches, split
-4+4 layers over 2 gloo ranks with one torch thread each. Rows:
+Two models, 2 gloo ranks with one torch thread each, 8 microbatches per minibatch:
+
+* ``mlp``: the zoo ``mlp`` (8 layers of 512, 512 inputs, 10 classes), batch 256, split 4+4 layers;
+* ``gpt``: the zoo mini ``gpt`` (embedding, 12 blocks of 64, decoder; context 64), batch 32, split in
+  2 stages (1F1B rows) or 4 stages, 2 per rank (interleaved rows), :func:`even_bounds` for both.
+
+Rows per model:
 
 * ``single``: one process, one thread, the same 8 microbatches with gradient accumulation, SGD step
-* ``ideal``: ``2 * single * m / (m + p - 1)`` (fill-drain bubble, no communication cost)
-* ``torch-gpipe`` / ``torch-1f1b``: ``torch.distributed.pipelining`` ScheduleGPipe / Schedule1F1B + SGD
+* ``ideal``: ``2 * single * m / (m + p - 1)`` (the fill-drain / 1F1B bubble of p = 2 stages, no
+  communication cost; interleaved schedules have a smaller bubble and may exceed it)
+* ``torch-gpipe`` / ``torch-1f1b`` / ``torch-interleaved-1f1b``: ``torch.distributed.pipelining``
+  ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B + SGD
 * ``workbench-<schedule>``: :func:`workbench.runtime.train` running that schedule, with the per-epoch
-  test-set evaluation off (``evaluate=False``: the torch rows evaluate nothing either; it cost ~100 ms
-  per epoch end on rank 0, ~9% of the timed window). Its per-epoch checkpoints stay on.
+  test-set evaluation off (``evaluate=False``: the torch rows evaluate nothing either). Its per-epoch
+  checkpoints stay on. Its measured timeline gives the breakdown columns (ms per step, mean over the
+  ranks, :func:`workbench.runtime.breakdown.breakdown`): compute, recv wait, send, data copy,
+  optimizer, all-reduce, overhead (between ops).
+
+The single / torch rows feed random inputs of the model's shape (``mlp``: N(0, 1) features; ``gpt``:
+uniform tokens); the workbench rows read the model's own data set (synthetic / pydocs) through its data
+loader, same shapes and FLOPs.
 
 Throughput = samples/s over the steps after ``--warmup``: total wall time of the timed steps for
-every row (for the runtime from its ``metrics.csv``). Writes ``results/bench/runtime.csv``.
+every row (for the runtime from its ``metrics.csv``). Repetitions are interleaved (every row once per
+repetition) and medians reported: on a shared machine only ratios within one run mean anything.
+Writes ``results/bench/runtime.csv`` with the 1-minute load average beside every row.
 
-    python benchmarks/bench_runtime.py [--steps 30] [--warmup 5] [--device cpu|cuda]
+    python benchmarks/bench_runtime.py [--models mlp,gpt] [--steps N] [--warmup 5] [--repeat 3] [--device cpu|cuda]
 """
 from __future__ import annotations
 
@@ -28,26 +43,38 @@ from pathlib import Path
 
 import torch
 
-M, P, BATCH, LR = 8, 2, 256, 0.01
+M, P, LR = 8, 2, 0.01
+CONFIGS = {  # model -> batch, default timed steps, workbench schedules, torch schedules
+    "mlp": dict(batch=256, steps=30, schedules=["gpipe", "pipedream-flush", "zb-h1", "pipedream"],
+                torch=["gpipe", "1f1b"]),
+    "gpt": dict(batch=32, steps=10, schedules=["pipedream-flush", "interleaved-1f1b"],
+                torch=["1f1b", "interleaved-1f1b"]),
+}
 
 
-def _model():
+def _model(name: str):
     from workbench.models import build
-    return build("mlp", seed=0)
+    return build(name, seed=0)
 
 
-def _data(steps: int, device="cpu"):
+def _data(name: str, steps: int, device="cpu"):
     g = torch.Generator().manual_seed(0)
-    xs = torch.randn(steps, BATCH, 512, generator=g)
-    ys = torch.randint(0, 10, (steps, BATCH), generator=g)
+    batch = CONFIGS[name]["batch"]
+    if name == "gpt":
+        cfg = _model(name).config
+        xs = torch.randint(0, cfg["vocab_size"], (steps, batch, cfg["seq_len"]), generator=g)
+        ys = torch.randint(0, cfg["vocab_size"], (steps, batch, cfg["seq_len"]), generator=g)
+    else:
+        xs = torch.randn(steps, batch, 512, generator=g)
+        ys = torch.randint(0, 10, (steps, batch), generator=g)
     return xs.to(device), ys.to(device)
 
 
-def bench_single(steps: int, warmup: int, device="cpu") -> float:
+def bench_single(name: str, steps: int, warmup: int, device="cpu") -> float:
     torch.set_num_threads(1)
-    model = _model().to(device)
+    model = _model(name).to(device)
     net = torch.nn.Sequential(*model.layers)
-    xs, ys = _data(steps + warmup, device)
+    xs, ys = _data(name, steps + warmup, device)
     t = None
     for i in range(steps + warmup):
         if i == warmup:
@@ -62,66 +89,83 @@ def bench_single(steps: int, warmup: int, device="cpu") -> float:
                 p.grad = None
     if device != "cpu":
         torch.cuda.synchronize()
-    return steps * BATCH / (time.perf_counter() - t)
+    return steps * xs.shape[1] / (time.perf_counter() - t)
 
 
-def _torch_pp_worker(rank, world, port, kind, steps, warmup, device, q):
+def _torch_pp_worker(rank, world, port, name, kind, steps, warmup, device, q):
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    from workbench.runtime.stages import even_bounds, stage_module
     torch.set_num_threads(1)
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
     if device == "cuda":
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
                             rank=rank, world_size=world)
-    model = _model()
-    L = len(model.layers)
-    half = torch.nn.Sequential(*model.layers[:L // 2] if rank == 0 else model.layers[L // 2:]).to(dev)
-    mb_in = torch.empty(BATCH // M, 512, device=dev) if rank == 0 else torch.empty(BATCH // M, 512, device=dev)
-    stage = PipelineStage(half, rank, world, dev, input_args=(mb_in,))
-    cls = ScheduleGPipe if kind == "gpipe" else Schedule1F1B
-    sched = cls(stage, n_microbatches=M, loss_fn=model.loss)
-    xs, ys = _data(steps + warmup, dev)
+    model = _model(name)
+    per_rank = 2 if kind == "interleaved-1f1b" else 1
+    S = world * per_rank
+    bounds = even_bounds(len(model.layers), S)
+    xs, ys = _data(name, steps + warmup, dev)
+    mods, stages = [], []
+    for s in range(rank, S, world):  # stage s on rank s mod world (the workbench's interleaved placement)
+        mod = stage_module(model.layers, *bounds[s]).to(dev)
+        mods.append(mod)
+        stages.append(PipelineStage(mod, s, S, dev))
+    if kind == "interleaved-1f1b":
+        sched = ScheduleInterleaved1F1B(stages, n_microbatches=M, loss_fn=model.loss)
+    else:
+        sched = (ScheduleGPipe if kind == "gpipe" else Schedule1F1B)(stages[0], n_microbatches=M, loss_fn=model.loss)
+    first, last = rank == 0, rank == (S - 1) % world
     t = None
     for i in range(steps + warmup):
         if i == warmup:
             dist.barrier()
             t = time.perf_counter()
-        if rank == 0:
-            sched.step(xs[i])
-        else:
-            sched.step(target=ys[i], losses=[])
+        kw = dict(target=ys[i], losses=[]) if last else {}
+        sched.step(xs[i], **kw) if first else sched.step(**kw)
         with torch.no_grad():
-            for p in half.parameters():
-                p -= LR * p.grad
-                p.grad = None
+            for mod in mods:
+                for p in mod.parameters():
+                    p -= LR * p.grad
+                    p.grad = None
     dist.barrier()
     if rank == 0:
-        q.put(steps * BATCH / (time.perf_counter() - t))
+        q.put(steps * xs.shape[1] / (time.perf_counter() - t))
     dist.destroy_process_group()
 
 
-def bench_torch_pipelining(kind: str, steps: int, warmup: int, device="cpu") -> float:
+def bench_torch_pipelining(name: str, kind: str, steps: int, warmup: int, device="cpu") -> float:
     import torch.multiprocessing as mp
 
     from workbench.runtime.launch import free_port
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
-    mp.start_processes(_torch_pp_worker, args=(P, free_port(), kind, steps, warmup, device, q), nprocs=P,
+    mp.start_processes(_torch_pp_worker, args=(P, free_port(), name, kind, steps, warmup, device, q), nprocs=P,
                        start_method="spawn")
     return q.get()
 
 
-def bench_workbench(schedule: str, steps: int, warmup: int, device="cpu") -> tuple[float, dict]:
+def bench_workbench(name: str, schedule: str, steps: int, warmup: int, device="cpu") -> tuple[float, Path]:
     from workbench.runtime import train
+    batch = CONFIGS[name]["batch"]
     out = Path(tempfile.mkdtemp(prefix="bench_rt_")) / schedule
-    s = train("mlp", schedule, workers=P, microbatches=M, steps=steps + warmup, batch_size=BATCH, lr=LR, out=out,
-              threads=1, progress=False, device=device, evaluate=False)
+    train(name, schedule, workers=P, microbatches=M, steps=steps + warmup, batch_size=batch, lr=LR, out=out,
+          threads=1, progress=False, device=device, evaluate=False)
     with open(out / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     timed = rows[warmup:]
     span = float(timed[-1]["wall_ms"]) - float(rows[warmup - 1]["wall_ms"])
-    return len(timed) * BATCH / span * 1e3, s
+    return len(timed) * batch / span * 1e3, out
+
+
+def where_time_goes(out: Path, warmup: int) -> dict:
+    """Mean over the ranks of the measured breakdown, ms per step (see workbench.runtime.breakdown)."""
+    import pandas as pd
+
+    from workbench.runtime.breakdown import breakdown
+    return breakdown(pd.read_csv(out / "timeline.csv"), warmup).mean().to_dict()
 
 
 def fidelity(out: Path, schedule: str, warmup: int) -> dict:
@@ -129,16 +173,17 @@ def fidelity(out: Path, schedule: str, warmup: int) -> dict:
     measured in the run's own timeline (mean over the timed steps), communication free."""
     import pandas as pd
 
-    from workbench.schedules import build
+    from workbench.runtime.launch import schedule_for_workers
     from workbench.simulate import simulate
-    sched = build(schedule, P, M)
+    sched = schedule_for_workers(schedule, P, None, M, {})
+    S = sched.num_stages
     tl = pd.read_csv(out / "timeline.csv")
     tl = tl[tl.step >= warmup]
     tl = tl.assign(dur=tl.end - tl.start)
     mean = tl.groupby(["kind", "stage"]).dur.mean()
-    fwd = [float(mean[("F", s)]) for s in range(P)]
+    fwd = [float(mean[("F", s)]) for s in range(S)]
     bwd = [float(mean[("B", s)]) if ("B", s) in mean.index else float(mean[("BI", s)] + mean[("BW", s)])
-           for s in range(P)]  # split backward: the simulator charges BI = BW = bwd / 2
+           for s in range(S)]  # split backward: the simulator charges BI = BW = bwd / 2
     step_ms = float(tl[tl.kind == "STEP"].dur.mean())
     sim = simulate(sched, fwd=fwd, bwd=bwd, step_ms=step_ms)
     modeled = sim.metrics["makespan"]
@@ -147,47 +192,80 @@ def fidelity(out: Path, schedule: str, warmup: int) -> dict:
     return dict(modeled_ms=modeled, measured_ms=measured, error=modeled / measured - 1)
 
 
+def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> list[dict]:
+    """Every row of one model, ``repeat`` interleaved rounds; one dict per row (medians)."""
+    cfg = CONFIGS[name]
+    runs: dict[str, list] = {}
+    for _ in range(repeat):  # interleaved repetitions: slow phases of a shared machine hit every row alike
+        runs.setdefault("single", []).append(dict(v=bench_single(name, steps, warmup, device)))
+        for kind in cfg["torch"]:
+            runs.setdefault(f"torch-{kind}", []).append(dict(v=bench_torch_pipelining(name, kind, steps, warmup, device)))
+        for sch in cfg["schedules"]:
+            v, out = bench_workbench(name, sch, steps, warmup, device)
+            runs.setdefault(f"workbench-{sch}", []).append(dict(v=v, **fidelity(out, sch, warmup),
+                                                                **where_time_goes(out, warmup)))
+    single = statistics.median(r["v"] for r in runs["single"])
+    ideal = P * single * M / (M + P - 1)
+    torch_1f1b = statistics.median(r["v"] for r in runs["torch-1f1b"])
+    rows = [dict(model=name, name="single", samples_per_s=single), dict(model=name, name="ideal", samples_per_s=ideal)]
+    for k, rs in runs.items():
+        if k == "single":
+            continue
+        row = dict(model=name, name=k, samples_per_s=statistics.median(r["v"] for r in rs))
+        for col in [c for c in rs[0] if c != "v"]:
+            row[col] = statistics.median(r[col] for r in rs)
+        rows.append(row)
+    for r in rows:
+        r.update(of_ideal=r["samples_per_s"] / ideal, of_single=r["samples_per_s"] / single,
+                 vs_torch_1f1b=r["samples_per_s"] / torch_1f1b, steps=steps, repeat=repeat, device=device,
+                 cores=len(os.sched_getaffinity(0)), load_avg_1min=round(os.getloadavg()[0], 2))
+    return rows
+
+
+COLUMNS = ["model", "name", "samples_per_s", "of_ideal", "of_single", "vs_torch_1f1b", "modeled_ms", "measured_ms",
+           "step_ms", "compute_ms", "recv_wait_ms", "send_ms", "data_ms", "optimizer_ms", "allreduce_ms",
+           "overhead_ms", "steps", "repeat", "device", "cores", "load_avg_1min"]
+
+
+def print_tables(rows: list[dict]) -> None:
+    print(f"{'model':<6}{'name':<30}{'samples/s':>11}{'of ideal':>9}{'vs torch 1f1b':>14}{'model ms':>9}{'meas ms':>9}"
+          f"{'load':>7}")
+    for r in rows:
+        fid = f"{r['modeled_ms']:>9.1f}{r['measured_ms']:>9.1f}" if "modeled_ms" in r else " " * 18
+        print(f"{r['model']:<6}{r['name']:<30}{r['samples_per_s']:>11.1f}{r['of_ideal']:>9.2f}{r['vs_torch_1f1b']:>14.2f}"
+              f"{fid}{r['load_avg_1min']:>7.1f}")
+    parts = COLUMNS[COLUMNS.index("step_ms"):COLUMNS.index("overhead_ms") + 1]
+    print("\nwhere the time goes (measured, ms per step, mean over the ranks):")
+    print(f"{'model':<6}{'name':<30}" + "".join(f"{p.removesuffix('_ms'):>10}" for p in parts))
+    for r in rows:
+        if "step_ms" in r:
+            print(f"{r['model']:<6}{r['name']:<30}" + "".join(f"{r[p]:>10.2f}" for p in parts))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--models", default="mlp,gpt")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default: 30 for mlp, 10 for gpt)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--schedules", default="gpipe,pipedream-flush,zb-h1,pipedream")
     ap.add_argument("--repeat", type=int, default=3, help="rounds over all configurations; medians are reported")
     ap.add_argument("--out", default="results/bench/runtime.csv")
     a = ap.parse_args(argv)
-    results: dict[str, list] = {}
-    fids: dict[str, list] = {}
-    for _ in range(a.repeat):  # interleaved repetitions: slow phases of a shared machine hit every row alike
-        results.setdefault("single", []).append(bench_single(a.steps, a.warmup, a.device))
-        for kind in ("gpipe", "1f1b"):
-            results.setdefault(f"torch-{kind}", []).append(bench_torch_pipelining(kind, a.steps, a.warmup, a.device))
-        for sch in a.schedules.split(","):
-            v, summary = bench_workbench(sch, a.steps, a.warmup, a.device)
-            results.setdefault(f"workbench-{sch}", []).append(v)
-            fids.setdefault(f"workbench-{sch}", []).append(fidelity(Path(summary["out"]), sch, a.warmup))
-    med = {k: statistics.median(v) for k, v in results.items()}
-    single = med["single"]
-    ideal = P * single * M / (M + P - 1)
-    rows = [("single", single), ("ideal", ideal)] + [(k, v) for k, v in med.items() if k != "single"]
-    fid = {k: {m: statistics.median(f[m] for f in v) for m in ("modeled_ms", "measured_ms")} for k, v in fids.items()}
-    torch_best = max(v for k, v in rows if k.startswith("torch-"))
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(a.out, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["name", "samples_per_s", "of_ideal", "of_single", "vs_best_torch", "step_ms_modeled",
-                    "step_ms_measured", "device", "cores", "load_avg_1min"])
-        for k, v in rows:
-            f = fid.get(k, {})
-            w.writerow([k, f"{v:.1f}", f"{v / ideal:.3f}", f"{v / single:.3f}", f"{v / torch_best:.3f}",
-                        f"{f['modeled_ms']:.2f}" if f else "", f"{f['measured_ms']:.2f}" if f else "", a.device,
-                        len(os.sched_getaffinity(0)), f"{os.getloadavg()[0]:.2f}"])
-    print(f"{'name':<26}{'samples/s':>12}{'of ideal':>10}{'x single':>10}{'vs torch':>10}{'model ms':>10}{'meas ms':>10}")
-    for k, v in rows:
-        f = fid.get(k)
-        extra = f"{f['modeled_ms']:>10.1f}{f['measured_ms']:>10.1f}" if f else ""
-        print(f"{k:<26}{v:>12.1f}{v / ideal:>10.2f}{v / single:>10.2f}{v / torch_best:>10.2f}{extra}")
-    print(f"wrote {a.out}")
+    rows = []
+    for name in a.models.split(","):
+        if name not in CONFIGS:
+            ap.error(f"unknown model {name!r}; choose from {', '.join(CONFIGS)}")
+        rows += run_model(name, a.steps or CONFIGS[name]["steps"], a.warmup, a.repeat, a.device)
+    print_tables(rows)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+    os.replace(tmp, out)
+    print(f"wrote {out}")
     return 0
 
 

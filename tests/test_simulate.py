@@ -330,7 +330,7 @@ def test_result_schema_metrics_and_save(tmp_path):
     assert ws["busy"].to_numpy() == pytest.approx([6 * 3.0] * 3)
     assert "bubble_fraction" in res.summary()
     out = res.save(tmp_path / "sim")
-    assert {p.name for p in out.iterdir()} == {"timeline.csv", "metrics.json", "timeline.html"}
+    assert {p.name for p in out.iterdir()} == {"timeline.csv", "metrics.json", "timeline.html", "trace.json"}
     assert len(pd.read_csv(out / "timeline.csv")) == len(tl)
 
 

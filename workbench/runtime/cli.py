@@ -90,7 +90,7 @@ def run_train(args) -> int:
 
 
 def _draw_timeline(summary: dict) -> None:
-    """timeline.html beside the measured timeline.csv (last steps only when the run is long)."""
+    """timeline.html and trace.json beside the measured timeline.csv (last steps only when the run is long)."""
     import warnings
     from pathlib import Path
 
@@ -109,6 +109,8 @@ def _draw_timeline(summary: dict) -> None:
         fig = timeline_figure(tl, title=f"{summary['schedule']}: measured on {summary.get('workers')} "
                                         f"{summary.get('backend', '')} ranks ({summary.get('device', '')}), last steps")
     save_html(fig, out / "timeline.html")
+    from ..trace_events import to_chrome_trace  # the same last steps, for Perfetto / chrome://tracing
+    to_chrome_trace(tl, out / "trace.json", label=f"{summary['schedule']} (measured), last steps")
 
 
 def main(argv=None) -> int:

@@ -10,6 +10,9 @@ Every wait has a timeout. Activations and gradients use separate process groups 
 from __future__ import annotations
 
 import math
+import os
+import queue
+import threading
 import time
 from datetime import timedelta
 
@@ -34,10 +37,16 @@ class P2P:
     throughput on the 2-core benchmark. With NCCL (a receive blocks its communicator's stream),
     ``0``: each receive is posted only when its op needs it, which keeps the in-order semantics
     deadlock free.
+
+    ``send_thread``: hand the ``isend``s to a sender thread (:class:`_Sender`) instead of posting
+    them on the op's thread. ``None`` (default) = on with gloo, off with NCCL (its sends are already
+    asynchronous on a stream); the environment variable ``WORKBENCH_SEND_THREAD=0`` turns the default
+    off (the switch of the A/B measurement in docs/readme-speed.md).
     """
 
     def __init__(self, rank: int, num_stages: int, device, timeout_s: float, lookahead: int | None = None,
-                 groups=(None, None), backend: str = "gloo", buffer_budget: int = 256 << 20):
+                 groups=(None, None), backend: str = "gloo", buffer_budget: int = 256 << 20,
+                 send_thread: bool | None = None):
         self.rank, self.S, self.device = rank, num_stages, device
         # one communicator per direction (activations, gradients): with NCCL, where a send blocks its
         # stream until the peer receives, a pair of ranks exchanging in both directions would
@@ -54,6 +63,11 @@ class P2P:
         self.next_post = 0
         self.bytes_sent = 0
         self.post_ms = 0.0  # time spent posting receives (CPU overhead of the prefetching)
+        self.send_ms = 0.0  # time the op spends handing its sends over (the isend calls, or the queue put)
+        self.op_send_start = None  # perf_counter of the current op's first send (the executor resets it per op)
+        if send_thread is None:
+            send_thread = backend == "gloo" and os.environ.get("WORKBENCH_SEND_THREAD", "1") == "1"
+        self.sender = _Sender(self._isend) if send_thread else None
 
     # ---- sends ------------------------------------------------------------------------
     def send(self, key: tuple[int, int, int], tensors: list[torch.Tensor], dst: int) -> None:
@@ -62,14 +76,25 @@ class P2P:
             return
         if len(tensors) > MAX_TENSORS:
             raise ValueError(f"a stage boundary carries {len(tensors)} tensors; at most {MAX_TENSORS} are supported")
+        t0 = time.perf_counter()
+        if self.op_send_start is None:
+            self.op_send_start = t0
+        tensors = [t.detach().contiguous() for t in tensors]
+        self.bytes_sent += sum(t.numel() * t.element_size() for t in tensors)
+        if self.sender is None:
+            self._isend(key, tensors, dst)
+        else:
+            self.sender.put(key, tensors, dst)
+        self.send_ms += (time.perf_counter() - t0) * 1e3
+
+    def _isend(self, key, tensors, dst) -> None:
         self.sends = [(w, t) for w, t in self.sends if not w.is_completed()]
         for i, t in enumerate(tensors):
-            t = t.detach().contiguous()
-            w = dist.isend(t, dst, tag=tag(*key, i, self.S), group=self.groups[key[0]])
-            self.sends.append((w, t))
-            self.bytes_sent += t.numel() * t.element_size()
+            self.sends.append((dist.isend(t, dst, tag=tag(*key, i, self.S), group=self.groups[key[0]]), t))
 
     def flush(self) -> None:
+        if self.sender is not None:
+            self.sender.drain(self.timeout.total_seconds())
         for w, _ in self.sends:
             w.wait(self.timeout)
         self.sends = []
@@ -125,3 +150,42 @@ class P2P:
         waited = (time.perf_counter() - t) * 1e3
         self.prefetch()
         return bufs, waited
+
+
+class _Sender:
+    """A thread that posts this rank's ``isend``s in the order the ops hand them over.
+
+    Posting a gloo send takes the pair's lock, which gloo's I/O thread holds while it reads the
+    peer's messages: on a busy machine the op that sends blocked for milliseconds (measured: the
+    ``send_ms`` column of the breakdown). Handed to this thread, the op goes on to its next
+    computation at once; ``drain`` (end of an epoch) waits until every handed-over send is posted.
+    The tensors are the op's own outputs (not modified afterwards), so no copy is needed.
+    """
+
+    def __init__(self, isend):
+        self.isend, self.q, self.error = isend, queue.SimpleQueue(), None
+        threading.Thread(target=self._loop, name="workbench-sender", daemon=True).start()
+
+    def put(self, key, tensors, dst) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"a send failed: {self.error}") from self.error
+        self.q.put((key, tensors, dst))
+
+    def drain(self, timeout_s: float) -> None:
+        done = threading.Event()
+        self.q.put(done)
+        if not done.wait(timeout_s):
+            raise TimeoutError(f"sends not posted within {timeout_s:.0f} s")
+        if self.error is not None:
+            raise RuntimeError(f"a send failed: {self.error}") from self.error
+
+    def _loop(self) -> None:
+        while True:
+            item = self.q.get()
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                self.isend(*item)
+            except Exception as e:  # noqa: BLE001 - reported to the rank's thread by put / drain
+                self.error = e

@@ -3,7 +3,7 @@
 * ``metrics.csv``  one row per minibatch (``step``): loss, accuracy (training microbatches), samples/s,
   wall ms, and at the end of each epoch the test loss/accuracy
 * ``timeline.csv`` measured ops ``worker, stage, microbatch, kind, start, end, version, round, wait_ms,
-  step`` (ms since a barrier-synchronised t0; ``round`` = the minibatch round R, ``step`` the same
+  send_ms, data_ms, send_at, step`` (ms since a barrier-synchronised t0; ``round`` = the minibatch round R, ``step`` the same
   number, see :mod:`workbench.timeline`), merged from all ranks on rank 0
 * ``checkpoints/round{R}/stage{s}_replica{r}.pt`` written by each stage replica itself (weights,
   optimizer state, step, rng); ``COMPLETE`` marks a checkpoint all ranks finished
@@ -36,7 +36,11 @@ import torch
 from .job import Job
 from .reference import updates_per_round
 
-RECORD_COLUMNS = ["worker", "stage", "microbatch", "kind", "start", "end", "version", "round", "wait_ms"]  # executors' tuples
+# executors' tuples; send_ms / data_ms (time inside the op spent posting sends / copying the microbatch's
+# input or target) and send_at (ms since t0 when the op's first send began) are written by the pipeline
+# executor only (see workbench.runtime.breakdown, workbench.trace_events)
+RECORD_COLUMNS = ["worker", "stage", "microbatch", "kind", "start", "end", "version", "round", "wait_ms", "send_ms",
+                  "data_ms", "send_at"]
 TIMELINE_COLUMNS = RECORD_COLUMNS + ["step"]  # step: alias of round (workbench.timeline)
 METRIC_COLUMNS = ["step", "epoch", "loss", "accuracy", "samples", "samples_per_s", "wall_ms", "test_loss", "test_accuracy"]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import gc
 import json
+import socket
 import sys
 import time
 from datetime import timedelta
@@ -99,6 +100,17 @@ def worker_main(rank: int, world: int, jobs: list[Job], addr: str | None, port: 
         dist.destroy_process_group()
 
 
+def _shared_t0(dist, t0: float) -> float:
+    """The origin of this rank's timeline. ``time.perf_counter`` is CLOCK_MONOTONIC, one clock per
+    machine: ranks on rank 0's host take rank 0's ``t0``, so their timelines share one time axis
+    exactly (a send's start precedes its receive's end); a rank on another host keeps its own, taken
+    when the barrier released it (skewed by the barrier's exit latency)."""
+    obj = [(socket.gethostname(), t0)]
+    dist.broadcast_object_list(obj, src=0)
+    host, t0_rank0 = obj[0]
+    return t0_rank0 if host == socket.gethostname() else t0
+
+
 def first_failure(jobs: list[Job]) -> dict | None:
     """The earliest recorded rank failure of these jobs (the root cause; later ones are consequences)."""
     errs = []
@@ -153,10 +165,10 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
         executor.warm_up()
     barrier = functools.partial(dist.monitored_barrier, timeout=timedelta(seconds=job.timeout_s)) \
         if job.backend == "gloo" else dist.barrier
-    barrier()
-    gc.collect()
+    gc.collect()  # before the barrier: its duration differs between ranks and would skew their clocks
     gc.freeze()  # long-lived objects (torch & co.) are no longer scanned by the collector during the steps
-    ctx.t0 = time.perf_counter()
+    barrier()
+    ctx.t0 = _shared_t0(dist, time.perf_counter())
     wall0 = time.time()
     bar = None
     if rank == 0 and job.progress:

@@ -192,11 +192,14 @@ class PipelineExecutor:
         t0 = self.ctx.t0
         if self.remote is not None:
             self.remote.begin_round(k, {s: st.versions[st.newest] for s, st in self.state.items() if st.held})
+        data = _TimedData(data)  # data_ms: the input / target copy of a microbatch (breakdown columns)
         for i, op in enumerate(self.prog.ops):
             st = self.state[op.stage]
             s, b = op.stage, op.microbatch
             g = k * self.M + b
             wait = 0.0
+            send0, data0 = self.comm.send_ms, data.ms
+            self.comm.op_send_start = None
             start = time.perf_counter()
             if op.kind == "F":
                 if s == 0:
@@ -255,7 +258,7 @@ class PipelineExecutor:
             end = time.perf_counter()
             timeline.append((self.rank, s, R * self.M + b if b >= 0 else -1, op.kind, (start - t0) * 1e3,
                              (end - t0) * 1e3, off[s] + op.version if op.kind in ("F", "B", "BI", "BW") else st.newest,
-                             R, wait))
+                             R, wait, self.comm.send_ms - send0, data.ms - data0, _since(self.comm.op_send_start, t0)))
             self._free(st, off[s], i)
             if op.kind not in ("B", "BW"):  # these only release records and versions
                 st.note_memory()
@@ -342,6 +345,24 @@ class PipelineExecutor:
     def memory(self) -> dict:
         return {s: dict(peak_versions=st.peak_versions, peak_live_microbatches=st.peak_live,
                         peak_activation_bytes=st.peak_act_bytes) for s, st in self.state.items()}
+
+
+def _since(t: float | None, t0: float) -> float:
+    """ms from ``t0`` to ``t`` (NaN when the op did not send)."""
+    return float("nan") if t is None else (t - t0) * 1e3
+
+
+class _TimedData:
+    """``data(b)`` that adds the ms it spends to ``ms`` (the per-op ``data_ms`` of the timeline)."""
+
+    def __init__(self, data):
+        self.data, self.ms = data, 0.0
+
+    def __call__(self, b):
+        t = time.perf_counter()
+        out = self.data(b)
+        self.ms += (time.perf_counter() - t) * 1e3
+        return out
 
 
 def _float_spec(spec) -> list[int]:

@@ -95,17 +95,20 @@ class SimResult:
         return "\n".join(lines)
 
     def save(self, directory) -> Path:
-        """Write ``timeline.csv``, ``metrics.json`` and ``timeline.html`` into a new folder
+        """Write ``timeline.csv``, ``metrics.json``, ``timeline.html`` and ``trace.json`` (Perfetto,
+        :mod:`workbench.trace_events`) into a new folder
         ``directory`` (or ``directory-2``, ... when it exists: nothing earlier is overwritten);
         the files are written to a temporary folder first and moved into place. Returns the folder."""
         from ..io import run_folder
         from ..plot import save_html, timeline_figure
+        from ..trace_events import to_chrome_trace
 
         with run_folder(directory) as d:
             self.timeline.to_csv(d / "timeline.csv", index=False)
             meta = self.metrics | {"label": self.label, "schedule": self.schedule.name}
             (d / "metrics.json").write_text(json.dumps(_jsonable(meta), indent=1))
             save_html(timeline_figure(self.timeline, title=f"{self.schedule.name} — {self.label}"), d / "timeline.html")
+            to_chrome_trace(self.timeline, d / "trace.json", label=f"{self.schedule.name} (modeled): {self.label}")
         return d.final
 
 
