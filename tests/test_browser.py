@@ -148,6 +148,9 @@ def _tuner_timeline(page) -> dict:
     return hits[0]
 
 
+# Known weakness (docs/widgets.md): on a loaded machine the browser now and then drops one plotly
+# update of the timeline; the whole test (a fresh JupyterLab and browser) is rerun up to twice.
+@pytest.mark.flaky(reruns=2)
 def test_notebook_in_jupyterlab_headless_chromium(lab, tmp_path):
     from workbench.io import run_folder, run_id
 
