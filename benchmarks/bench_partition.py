@@ -13,7 +13,7 @@ on N (the same model at a finer granularity), so that the optimal plans pipeline
 The plans replicate the early layers and pipeline the FC tail (see the ``stages`` column). Two
 timings side by side: ``dp_seconds`` (``partition(refine=False)``: the dynamic program and the cost
 model's closed form) and ``seconds`` (the default ``refine=True``: plus the simulations of the 1F1B
-schedule at NOAM's and at the communication-aware warm-up). Each cell is the best of ``--repeat`` runs (wall clock, time.perf_counter; and CPU time of this
+schedules of the DP's best candidates at NOAM's and at the communication-aware warm-up). Each cell is the best of ``--repeat`` runs (wall clock, time.perf_counter; and CPU time of this
 process, time.process_time, which other load disturbs less); the 1-minute load average of the
 machine is recorded beside it (the benchmark is not a test: it does not fail when slow).
 The paper's DP is O(N^2 M^2) per level (O(N^3 M_1^2) for an inner level that needs every

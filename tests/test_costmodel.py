@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from workbench.costmodel import CostModel, ring_allreduce_ms
-from workbench.partition import partition, with_predictions
+from workbench.partition import data_parallel_ms, partition, with_predictions
 from workbench.pipedream_graph import shipped
-from workbench.plan import Plan
+from workbench.plan import Plan, Stage
 from workbench.profiler import Profile
 from workbench.schedules import build, noam_warmup
 from workbench.simulate import simulate, simulate_plan
@@ -75,7 +75,39 @@ TOPOLOGIES = {
     "flat8": Topology.flat(8, 12e9),
     "4x4": Topology(((4, 12e9), (4, 1.25e9))),  # PCIe in a server, 10 Gbps between servers
     "8x2": Topology(((8, 25e9), (2, 25e9 / 8))),  # NVLink in a server, 25 Gbps between
+    # replicated stages spanning servers: PipeDream's Cluster-A (4 V100 per server, 10 Gbps between)
+    # on 2 and 4 servers, and 8-GPU NVLink servers on 2 servers
+    "clusterA-8": Topology.preset("4xV100-pcie-10g", servers=2),
+    "clusterA-16": Topology.preset("4xV100-pcie-10g", servers=4),
+    "nvlink-8x2": Topology.preset("8xV100-nvlink-25g", servers=2),
 }
+DP_TOPOLOGIES = ["flat4", "flat8", "4x4", "8x2", "clusterA-8", "clusterA-16", "nvlink-8x2"]
+
+
+def one_stage_plan(prof, workers):
+    """All layers on one stage replicated on ``workers`` (the data-parallel layout)."""
+    n = len(prof.layers)
+    return Plan((Stage(0, n - 1, workers, tuple(range(workers)), 0.0),), bottleneck_ms=0.0,
+                single_worker_ms=0.0, data_parallel_ms=0.0, method="data-parallel", meta={})
+
+
+@pytest.mark.parametrize("topo", DP_TOPOLOGIES)
+@pytest.mark.parametrize("model", ["vgg16", "resnet50", "alexnet"])
+def test_data_parallel_ms_equals_simulated_dp_bsp(model, topo):
+    """``data_parallel_ms`` (the planner's BSP figure and its all-replicated DP candidate) is the
+    simulated ``dp-bsp`` steady state per minibatch within 5%, on flat and two-level topologies:
+    one ring all-reduce per round over all replicas at the slowest link the ring crosses."""
+    prof, top = shipped(model), TOPOLOGIES[topo]
+    W = top.num_workers
+    one = one_stage_plan(prof, W)
+    res = simulate(build("dp-bsp", one, 6 * W), profile=prof, plan=one, topology=top)
+    assert res.metrics["steady_state"]
+    dp = data_parallel_ms(prof, top)
+    ratio = res.time_per_minibatch_ms / dp
+    assert abs(ratio - 1) <= 0.05, f"{model} {topo}: simulated dp-bsp {res.time_per_minibatch_ms:.2f} ms, data_parallel_ms {dp:.2f}"
+    plan = partition(prof, top, refine=False)
+    assert plan.data_parallel_ms == pytest.approx(dp)
+    assert plan.bottleneck_ms <= dp * (1 + 1e-9)  # the all-replicated plan is one of the DP's candidates
 
 
 @pytest.mark.parametrize("straight", [True, False], ids=["straight", "replicated"])
@@ -188,7 +220,7 @@ def test_cli_partition_and_simulate_use_one_topology(tmp_path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "DP estimate" in out and "predicted" in out and "simulated" in out and "why:" in out
-    assert main(args) == 0 and (tmp_path / "plan.json-2").exists()  # the first plan is kept
+    assert main(args) == 0 and (tmp_path / "plan-2.json").exists()  # the first plan is kept
     assert main(["simulate", "--profile", str(prof), "--plan", str(plan), "--microbatches", "64",
                  "--out", str(tmp_path / "sim")]) == 0
     out = capsys.readouterr().out
@@ -206,3 +238,46 @@ def test_cli_bad_latency_is_one_line_exit_2(tmp_path, capsys):
     assert main(["partition", "--profile", str(prof), "--workers", "2", "--latency-ms", "-1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "latency_ms must be a finite number >= 0" in err
+
+
+# ---- refinement over the dynamic program's candidates -----------------------------------------
+@pytest.mark.parametrize("model,topo", [("vgg16", "clusterA-16"), ("alexnet", "4x4"), ("resnet50", "flat8")])
+def test_refinement_simulates_the_dp_candidates_and_keeps_the_fastest(model, topo):
+    """partition() lists the DP's candidates (all-replicated and the best split per replica count
+    of the last top-level stage): the DP optimum is the smallest DP estimate among them, it is
+    simulated, and the kept plan is the fastest simulated candidate (no worse than the optimum's)."""
+    from workbench.partition import refine_plan
+    prof, top = shipped(model), TOPOLOGIES[topo]
+    plan = partition(prof, top)
+    rows = plan.meta["candidates"]
+    assert len(rows) >= 2
+    dp_only = partition(prof, top, refine=False)
+    assert min(r["dp_estimate_ms"] for r in rows) == pytest.approx(dp_only.bottleneck_ms)
+    simulated = [r["simulated_ms"] for r in rows if r["simulated_ms"] is not None]
+    assert plan.simulated_ms == pytest.approx(min(simulated), rel=0.005)
+    cm = CostModel.from_profile(prof, top)
+    assert plan.simulated_ms <= refine_plan(dp_only, prof, top, cm).simulated_ms * 1.005
+    # a candidate left unsimulated is predicted no faster than the kept plan's simulated figure
+    assert all(r["predicted_ms"] >= plan.simulated_ms * 0.995 for r in rows if r["simulated_ms"] is None)
+    # one figure shown twice is the same number: the kept plan's row
+    kept = [r for r in rows if r["last_layers"] == [s.last for s in plan.stages]
+            and r["replicas"] == "-".join(str(s.replicas) for s in plan.stages)]
+    assert kept and kept[0]["simulated_ms"] == plan.simulated_ms and kept[0]["predicted_ms"] == plan.predicted_ms
+
+
+def test_refinement_under_a_memory_limit_simulates_rather_than_trusts_the_prediction():
+    """VGG-16 on 8 flat workers within 15 GB per worker: a 1-7 candidate has the best closed-form
+    prediction (89 ms; the DP, which charges its cut to one link, rates it 137 ms) but needs more
+    minibatches in flight than fit, and at the warm-up that fits it simulates at about 124 ms;
+    refinement simulates it and keeps the faster DP optimum (4-4, 109 ms), within the limit."""
+    prof, top = shipped("vgg16"), TOPOLOGIES["flat8"]
+    dp_only = partition(prof, top, memory_bytes=15e9, refine=False)
+    plan = partition(prof, top, memory_bytes=15e9)
+    rows = plan.meta["candidates"]
+    first = rows[0]  # ranked by prediction
+    assert first["predicted_ms"] < dp_only.predicted_ms * 0.9
+    assert first["simulated_ms"] > dp_only.predicted_ms  # simulated: slower than the DP optimum
+    assert [s.last for s in plan.stages] == [s.last for s in dp_only.stages]
+    assert [s.replicas for s in plan.stages] == [s.replicas for s in dp_only.stages]
+    assert plan.simulated_ms < first["simulated_ms"] * 0.95
+    assert max(plan.stage_memory_bytes) <= 15e9

@@ -109,19 +109,21 @@ def brute_flat(p, M, B, **kw):
 
 
 def brute_two(p, M1, B1, M2, B2, straight=False):
-    """Level 2: a server of M1 GPUs with inner optimum A_1, replicated on r servers: PipeDream's
-    max(A_1, AR) / r; a server of one GPU is a replica like at level 1: the all-reduce overlaps
-    the backward share B / (F + B) of A_1, (A_1 + max(0, AR - A_1 B / (F + B))) / r."""
+    """Level 2: a server of M1 GPUs with inner optimum A_1, replicated on r servers. One ring
+    all-reduce per round over all r·M1 replicas at the slowest link it crosses replaces the inner one; a round of
+    M1 minibatches takes R = M1·A_1 and all but the forward F may hide it:
+    (R + max(0, AR - (R - F))) / (M1 r) (CostModel.outer_round_ms)."""
     C, a, w = columns(p)
-    F, Bk = list(p.layers.fwd_ms), list(p.layers.bwd_ms)
+    F = list(p.layers.fwd_ms)
     inner = lambda f, l: brute(gpu_stage(p), a, w, f, l, M1, B1, straight=straight)
 
-    def server(f, l, r, ar):
-        A, fw, bw_ = inner(f, l), sum(F[f:l + 1]), sum(Bk[f:l + 1])
-        share = bw_ / (fw + bw_) if fw + bw_ > 0 else 0.0
-        if M1 > 1:
-            return max(A, ar) / r
-        return (A + max(0.0, ar - share * A)) / r
+    def server(f, l, r, _ar):
+        A, fw, n = inner(f, l), sum(F[f:l + 1]), r * M1
+        if r == 1:
+            return A
+        ar = 2 * (n - 1) / n * sum(w[f:l + 1]) / (min(B1, B2) if M1 > 1 else B2) * 1000  # links crossed
+        R = M1 * A
+        return (R + max(0.0, ar - max(0.0, R - fw))) / n
     return brute(server, a, w, 0, len(C) - 1, M2, B2, straight=straight)
 
 
@@ -131,7 +133,10 @@ def check_plan(plan, topo, profile):
     assert len(workers) == len(set(workers)) and set(workers) <= set(range(topo.num_workers))
     assert plan.num_layers == len(profile)
     times = [s.time_ms for s in plan.stages] + [c[2] for c in plan.meta["cuts"]]
-    assert max(times) == pytest.approx(plan.bottleneck_ms, rel=1e-12)
+    if topo.num_levels == 1:
+        assert max(times) == pytest.approx(plan.bottleneck_ms, rel=1e-12)
+    else:  # an outer replicated node adds its exposed all-reduce to its inner stages, not to its inner cuts
+        assert max(times) <= plan.bottleneck_ms * (1 + 1e-12)
     C = profile.compute_ms
     assert plan.single_worker_ms == pytest.approx(C.sum())
     assert plan.bottleneck_ms >= C.sum() / topo.num_workers * (1 - 1e-12)  # work is conserved
@@ -207,9 +212,11 @@ def test_one_level_equals_two_levels_with_a_trivial_level(p, M, B, B2):
     outer1 = partition(p, Topology([(M, B), (1, B2)]))  # one server
     inner1 = partition(p, Topology([(1, B2), (M, B)]))  # one GPU per server
     for other in (outer1, inner1):
-        assert other.bottleneck_ms == flat.bottleneck_ms
-        assert [(s.first, s.last, s.replicas, s.workers) for s in other.stages] == \
-               [(s.first, s.last, s.replicas, s.workers) for s in flat.stages]
+        # equal up to float rounding (the levels add the same terms in another order: 1 ulp seen)
+        assert other.bottleneck_ms == pytest.approx(flat.bottleneck_ms, rel=1e-12, abs=1e-12)
+        if other.bottleneck_ms == flat.bottleneck_ms:  # without a rounding tie, the same stages
+            assert [(s.first, s.last, s.replicas, s.workers) for s in other.stages] == \
+                   [(s.first, s.last, s.replicas, s.workers) for s in flat.stages]
 
 
 @pytest.mark.parametrize("M, rows_all", [(8, True), (5, True), (16, False)])
@@ -298,9 +305,12 @@ def test_hand_example_replication_vs_pipeline():
 def test_data_parallel_through_hierarchy():
     p = make_profile([10], [10], [0], [1e9])
     topo = Topology([(4, 10e9), (2, 1e9)])
-    inner = (10 + max(10, 2 * 3 / 4 * 1e9 / 10e9 * 1000)) / 4  # (10 + 150)/4 = 40
-    outer = max(inner, 2 * 1 / 2 * 1e9 / 1e9 * 1000) / 2  # servers of 4 GPUs: PipeDream's max, 1000/2
-    assert data_parallel_ms(p, topo) == pytest.approx(outer)
+    # one ring over all 8 replicas at the slowest link (1 GB/s), as the simulator's dp-bsp and the
+    # runtime: F + max(B, AR) with AR = 2 * 7/8 * 1e9 / 1e9 s = 1750 ms; per minibatch / 8 = 220
+    ring = (10 + max(10, 2 * 7 / 8 * 1e9 / 1e9 * 1000)) / 8
+    assert data_parallel_ms(p, topo) == pytest.approx(ring)
+    # the partitioner's all-replicated candidate through the hierarchy is the same number
+    assert partition(p, topo, refine=False).bottleneck_ms == pytest.approx(ring)
 
 
 # ---- baselines --------------------------------------------------------------------------------
@@ -412,4 +422,7 @@ def test_published_cluster_a_configurations():
         assert plan.stages[0].replicas >= 12, plan.describe()
         assert plan.stages[0].last < first_linear, plan.describe()  # FC layers are not in the replicated front
         assert sum(s.replicas for s in plan.stages if s.first >= first_linear - 1) <= 4
-        assert plan.speedup_over_data_parallel > 2
+        # modeled BSP: one ring all-reduce per round over all 16 replicas at 1.25 GB/s, overlapped
+        # with the backward (as the simulator's dp-bsp); PipeDream's Table 1 measured 5.28x for
+        # VGG-16, our model gives about 1.3x: the pipeline still wins, by less
+        assert plan.speedup_over_data_parallel > 1.1

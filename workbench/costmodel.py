@@ -181,23 +181,41 @@ class CostModel:
         o = self.op_overhead_ms
         return fwd_ms + bwd_ms + 3 * o + self.exposed_allreduce_ms(allreduce_ms, bwd_ms + o)
 
-    def outer_round_ms(self, inner_ms, fwd_ms, bwd_ms, allreduce_ms, inner_workers: int = 1):
-        """Time per minibatch of a component of ``inner_workers`` workers (e.g. a server) that runs
-        layers with compute ``fwd_ms``/``bwd_ms`` in ``inner_ms`` per minibatch, replicated at an
-        outer level whose all-reduce takes ``allreduce_ms`` (before the division by the m outer
-        replicas). A one-worker component is a replica like any other: :meth:`round_ms`'s overlap
-        with its backward share ``(B + o) / (F + B + 3o)``. A bigger component runs a pipeline or
-        data parallelism inside; there the partitioner keeps PipeDream's ``max(inner, AR)``
-        (the all-reduce overlaps the whole inner pipeline), a proxy: :meth:`predicted_ms` prices
-        the plan's flat stages exactly. Numpy broadcasting."""
-        inner = np.asarray(inner_ms, dtype=float)
-        if inner_workers > 1:
-            return np.maximum(inner, allreduce_ms)
-        o = self.op_overhead_ms
-        whole = np.asarray(fwd_ms + bwd_ms + 3 * o, dtype=float)
-        share = np.divide(bwd_ms + o, whole, out=np.zeros_like(whole), where=whole > 0)
-        hidden = np.where(share > 0, share * inner, 0.0)  # no 0 * inf
-        return inner + self.exposed_allreduce_ms(allreduce_ms, hidden)
+    def outer_round_ms(self, inner_ms, fwd_ms, allreduce_ms, inner_workers: int = 1):
+        """Time per minibatch of a component of ``c = inner_workers`` workers (e.g. a server) that
+        runs layers with forward compute ``fwd_ms`` in ``inner_ms`` per minibatch, replicated at an
+        outer level (before the division by the m outer replicas). ``allreduce_ms`` is the one ring
+        all-reduce per round over *all* ``m·c`` replicas (:meth:`outer_allreduce_ms`; it replaces
+        the component's own inner all-reduce, as the runtime and the simulator do it): a round of
+        c minibatches takes ``R = c·inner_ms`` on the component, of which all but the forward ops
+        (``F + 2o``: ops F and STEP) may hide the all-reduce::
+
+            t = (R + exposed(AR, R - F - 2o)) / c
+
+        Exact for a one-worker component (``R = F + B + 3o``: :meth:`round_ms`) and for a component
+        that is data parallel inside (it gives :meth:`stage_ms` over all ``m·c`` workers, so
+        ``data_parallel_ms`` through any hierarchy is the flat formula). For a pipeline inside the
+        component it is the partitioner's proxy (it charges the whole range's parameters to one ring);
+        :meth:`predicted_ms` prices the plan's flat stages exactly. Numpy broadcasting."""
+        c = float(inner_workers)
+        rnd = c * np.asarray(inner_ms, dtype=float)
+        hidden = np.maximum(0.0, rnd - (np.asarray(fwd_ms, dtype=float) + 2 * self.op_overhead_ms))
+        hidden = np.where(np.isfinite(rnd), hidden, 0.0)  # no inf - inf
+        return (rnd + self.exposed_allreduce_ms(allreduce_ms, hidden)) / c
+
+    def outer_allreduce_ms(self, nbytes, k: int, m, inner_workers: int = 1):
+        """The ring all-reduce of a level-k stage replicated on ``m`` components of ``c`` workers:
+        one ring over all ``m·c`` replicas at the slowest bandwidth and latency of the levels it crosses
+        (k, and every inner level with more than one component),
+        ``2 (mc-1)/(mc) · n / B_min + 2 (mc-1) α_max`` (0 for m = 1: the component's own inner
+        all-reduce stays). Numpy broadcasting over ``nbytes`` and ``m``."""
+        levels = self.topology.levels[:k] if self.topology is not None else ()
+        crossed = [j for j in range(1, k + 1) if j == k or int(levels[j - 1][0]) > 1] if levels else []
+        bw = min((float(levels[j - 1][1]) for j in crossed), default=math.inf)
+        lat = max((self.level_latency_ms(j) for j in crossed), default=0.0)
+        m = np.asarray(m, dtype=float)
+        ar = ring_allreduce_ms(nbytes, m * inner_workers, bw, lat)
+        return np.where(m > 1, ar, 0.0) if np.ndim(ar) or np.ndim(m) else (ar if m > 1 else 0.0)
 
     def level_cut_ms(self, k: int) -> np.ndarray:
         """Per layer l, one message of the cut after l over a level-k link: ``α_k + a_l / B_k``."""

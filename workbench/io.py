@@ -15,12 +15,15 @@ from pathlib import Path
 
 
 def fresh_path(dest) -> Path:
-    """``dest`` if it does not exist yet, else ``dest-2``, ``dest-3``, ..."""
+    """``dest`` if it does not exist yet, else the first free of ``dest-2``, ``dest-3``, ... for a
+    folder (``run-2``) and ``stem-2.suffix`` ... for a file (``plan.json`` -> ``plan-2.json``: the
+    suffix is kept, so tools still recognise the file type)."""
     dest = Path(dest)
     if not dest.exists():
         return dest
+    stem, suffix = (dest.name, "") if dest.is_dir() else (dest.stem, dest.suffix)
     for k in range(2, 10_000):
-        cand = dest.with_name(f"{dest.name}-{k}")
+        cand = dest.with_name(f"{stem}-{k}{suffix}")
         if not cand.exists():
             return cand
     raise ValueError(f"too many runs named {dest}; choose another --out")

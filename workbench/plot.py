@@ -73,34 +73,49 @@ def _rows(tl: pd.DataFrame) -> tuple[list[str], pd.Series]:
     return order, label
 
 
-def _traces(tl: pd.DataFrame, row_label: pd.Series, showlegend: bool = True, group: str = "") -> list[go.Bar]:
-    traces = []
+def _trace_specs(tl: pd.DataFrame, row_label: pd.Series, showlegend: bool = True, group: str = "") -> list[dict]:
+    """The properties of one horizontal ``go.Bar`` per op kind present (plain dicts and arrays)."""
+    specs = []
     kinds = list(dict.fromkeys(list(_STYLE) + sorted(tl["kind"].unique())))
+    labels = row_label.to_numpy()
+    groups = {k: idx for k, idx in tl.groupby("kind", sort=False).indices.items()}
+    cols = {c: tl[c].to_numpy() for c in ("lane", "microbatch", "stage", "version", "start", "end")}
     for kind in kinds:
-        part = tl[tl["kind"] == kind]
-        if part.empty:
+        idx = groups.get(kind)
+        if idx is None or not len(idx):
             continue
-        comm = part["lane"].eq("comm").all()
+        comm = bool((cols["lane"][idx] == "comm").all())
         style = _COMM_STYLE if comm or kind not in _STYLE else _STYLE[kind]
-        mb = part["microbatch"].astype(int).to_numpy()
-        colors = [("#bbbbbb" if m < 0 else PALETTE[m % len(PALETTE)]) for m in mb]
-        dur = (part["end"] - part["start"]).to_numpy(dtype=float)
-        custom = np.stack([part["stage"].astype(int), mb, part["version"].astype(int),
-                           part["start"].to_numpy(float), part["end"].to_numpy(float)], axis=1)
-        text = [kind] * len(part) if kind in BACKWARD_KINDS else None
-        traces.append(go.Bar(
-            x=dur, base=part["start"].to_numpy(float), y=row_label.loc[part.index].to_numpy(), orientation="h",
+        mb = cols["microbatch"][idx].astype(int)
+        start, end = cols["start"][idx].astype(float), cols["end"][idx].astype(float)
+        colors = [("#bbbbbb" if m < 0 else PALETTE[m % len(PALETTE)]) for m in mb.tolist()]
+        custom = np.stack([cols["stage"][idx].astype(int), mb, cols["version"][idx].astype(int), start, end], axis=1)
+        specs.append(dict(
+            x=end - start, base=start, y=labels[idx], orientation="h",
             name=f"{group}{kind}", legendgroup=f"{group}{kind}", showlegend=showlegend,
             marker=dict(color=colors, opacity=style["opacity"],
                         line=dict(color=style["line"], width=style["width"]),
                         pattern=dict(shape=style["pattern"], fillmode="overlay", fgcolor="rgba(0,0,0,0.55)", size=6)),
-            text=text, textposition="inside", insidetextanchor="middle",
-            customdata=custom,
+            text=[kind] * len(idx) if kind in BACKWARD_KINDS else None, textposition="inside",
+            insidetextanchor="middle", customdata=custom,
             hovertemplate=(f"<b>{kind}</b> stage %{{customdata[0]}} microbatch %{{customdata[1]}}"
                            "<br>version %{customdata[2]}<br>start %{customdata[3]:.4g} end %{customdata[4]:.4g}"
                            "<extra>%{y}</extra>"),
         ))
-    return traces
+    return specs
+
+
+def _traces(tl: pd.DataFrame, row_label: pd.Series, showlegend: bool = True, group: str = "") -> list[go.Bar]:
+    return [go.Bar(**spec) for spec in _trace_specs(tl, row_label, showlegend, group)]
+
+
+def timeline_traces(timeline: pd.DataFrame, max_ops: int = MAX_OPS) -> tuple[list[dict], list[str]]:
+    """The properties of the traces :func:`timeline_figure` draws (one dict per op kind, see
+    ``go.Bar``) and its row order (top first): for updating an existing figure's data in place
+    (``workbench.widgets``) without building new figure objects."""
+    tl = _cap(_check(timeline), max_ops)
+    order, label = _rows(tl)
+    return _trace_specs(tl, label), order
 
 
 def timeline_figure(timeline: pd.DataFrame, title: str | None = None, max_ops: int = MAX_OPS) -> go.Figure:
