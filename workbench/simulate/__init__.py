@@ -137,9 +137,13 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
 
 
 def _run(schedule: Schedule, costs, overlap_comm: bool) -> SimResult:
-    """Build the op graph, sweep it, and assemble the timeline and metrics."""
-    graph = build_graph(schedule, costs)
-    return assemble(schedule, costs, graph, sweep(graph, costs, overlap_comm, schedule.name))
+    """Build the op graph, sweep it, and assemble the timeline and metrics (with the cyclic garbage
+    collector paused, as for building: the sweep allocates ~10^5 short-lived objects and no cycles)."""
+    from ..schedules import gc_paused
+
+    with gc_paused():
+        graph = build_graph(schedule, costs)
+        return assemble(schedule, costs, graph, sweep(graph, costs, overlap_comm, schedule.name))
 
 
 def simulate_plan(plan, profile, topology=None, microbatches: int | None = None, *, latency_ms=0.0,
