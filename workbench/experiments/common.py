@@ -62,3 +62,17 @@ def save_figure(fig, out_dir, name: str) -> Path:
     from ..plot import save_html
 
     return save_html(fig, Path(out_dir) / f"{name}.html")
+
+
+def check_config(config_cls, quick_config, quick: bool, params: dict) -> None:
+    """Build the notebook's configuration from ``params`` (``quick_config`` in quick mode, else
+    ``config_cls``; lists become tuples) and check its zoo model and options: a bad parameter raises
+    one-line ``ValueError`` before anything runs (``workbench reproduce``)."""
+    from dataclasses import fields
+
+    from ..models import config as model_config
+
+    names = {f.name for f in fields(config_cls)}
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items() if k in names}
+    cfg = quick_config(**kw) if quick else config_cls(**kw)
+    model_config(cfg.model, "mini", **dict(cfg.model_options))

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .common import claim, out_folder, save_table, write_claims
+from .common import check_config, claim, out_folder, save_table, write_claims
 from .pages import save_page, slim_runs
 
 EXPERIMENT = "03_time_to_accuracy"
@@ -476,11 +476,4 @@ def run(cfg: Config, out_dir) -> dict:
 def validate_params(quick: bool, **params) -> None:
     """``workbench reproduce``'s check of the notebook's parameters before anything runs (one-line
     ``ValueError``): the configuration they make, and the model and its options in the zoo."""
-    from dataclasses import fields
-
-    from ..models import config as model_config
-
-    names = {f.name for f in fields(Config)}
-    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items() if k in names}
-    cfg = quick_config(**kw) if quick else Config(**kw)
-    model_config(cfg.model, "mini", **dict(cfg.model_options))
+    check_config(Config, quick_config, quick, params)

@@ -70,25 +70,28 @@ def one_f_one_b(mbs: list[int], K: int, stage: int) -> list[Key]:
     return out
 
 
-def zb_h1_order(mbs: list[int], K: int, cap: int, stage: int) -> list[Key]:
+def zb_h1_order(mbs: list, K: int, cap: int, stage: int, backward_order: list | None = None) -> list[Key]:
     """ZB-H1 order of one worker: K forwards (as 1F1B), then ``cap - K`` rounds of BI, F with the
     weight-gradient BW deferred, then BI, BW, F; cool-down BI, BW; the deferred BWs last. At most
-    ``cap`` microbatches (F done, BW not) are held, the peak of 1F1B's input stage."""
-    n, K = len(mbs), min(K, len(mbs))
-    out: list[Key] = [("F", stage, b) for b in mbs[:K]]
+    ``cap`` microbatches (F done, BW not) are held, the peak of 1F1B's input stage. Forwards run in
+    the order of ``mbs``, backwards in ``backward_order`` (default the same; Seq1F1B reverses the
+    segments of a sequence)."""
+    fwd, bwd = mbs, (mbs if backward_order is None else backward_order)
+    n, K = len(fwd), min(K, len(fwd))
+    out: list[Key] = [("F", stage, b) for b in fwd[:K]]
     f, bi, bw = K, 0, 0
     for _ in range(cap - K):
         if f >= n:
             break
-        out += [("BI", stage, mbs[bi]), ("F", stage, mbs[f])]
+        out += [("BI", stage, bwd[bi]), ("F", stage, fwd[f])]
         bi, f = bi + 1, f + 1
     while f < n:
-        out += [("BI", stage, mbs[bi]), ("BW", stage, mbs[bw]), ("F", stage, mbs[f])]
+        out += [("BI", stage, bwd[bi]), ("BW", stage, bwd[bw]), ("F", stage, fwd[f])]
         bi, bw, f = bi + 1, bw + 1, f + 1
     while bi < n:
-        out += [("BI", stage, mbs[bi]), ("BW", stage, mbs[bw])]
+        out += [("BI", stage, bwd[bi]), ("BW", stage, bwd[bw])]
         bi, bw = bi + 1, bw + 1
-    out += [("BW", stage, b) for b in mbs[bw:]]
+    out += [("BW", stage, b) for b in bwd[bw:]]
     return out
 
 

@@ -146,23 +146,11 @@ def one_f_one_b_units(fwd: list[Unit], bwd: list[Unit], K: int, stage: int) -> l
 
 
 def zb_h1_units(fwd: list[Unit], bwd: list[Unit], K: int, cap: int, stage: int) -> list[tuple]:
-    """ZB-H1 over units (as :func:`~workbench.schedules.generators.zb_h1_order`): K forwards, ``cap
-    - K`` rounds BI, F with BW deferred, then BI, BW, F; cool-down BI, BW; deferred BWs last."""
-    n, K = len(fwd), min(K, len(fwd))
-    out = [("F", stage, u) for u in fwd[:K]]
-    f, bi, bw = K, 0, 0
-    for _ in range(cap - K):
-        if f >= n:
-            break
-        out += [("BI", stage, bwd[bi]), ("F", stage, fwd[f])]
-        bi, f = bi + 1, f + 1
-    while f < n:
-        out += [("BI", stage, bwd[bi]), ("BW", stage, bwd[bw]), ("F", stage, fwd[f])]
-        bi, bw, f = bi + 1, bw + 1, f + 1
-    while bi < n:
-        out += [("BI", stage, bwd[bi]), ("BW", stage, bwd[bw])]
-        bi, bw = bi + 1, bw + 1
-    return out + [("BW", stage, u) for u in bwd[bw:]]
+    """ZB-H1 over units: :func:`~workbench.schedules.generators.zb_h1_order` with forwards in the
+    order ``fwd`` and backwards (BI, BW) in the order ``bwd``."""
+    from .generators import zb_h1_order
+
+    return zb_h1_order(fwd, K, cap, stage, backward_order=bwd)
 
 
 def seq1f1b_warmup(num_stages: int, k: int) -> list[int]:

@@ -71,14 +71,9 @@ def _finish(name, layout, orders, M, T, options, limit: int | None = None):
 
 
 def _peak(order: list[Key]) -> int:
-    live, peak = set(), 0
-    for kind, s, b in order:
-        if kind == "F":
-            live.add((s, b))
-            peak = max(peak, len(live))
-        elif kind in ("B", "BW"):
-            live.discard((s, b))
-    return max(peak, 1)
+    from .generators import in_flight_of
+
+    return in_flight_of(order)
 
 
 def _pipeline_size(plan, name: str, chunks: int) -> tuple[int, int]:
