@@ -336,10 +336,8 @@ def test_worker_stats_with_timeline():
 
 # ---- the simulator on the same table (workbench.simulate, written by another helper) -----------
 def _simulate():
-    try:
-        from workbench.simulate import simulate
-    except ImportError:
-        pytest.skip("workbench.simulate not available yet")
+    from workbench.simulate import simulate
+
     return simulate
 
 

@@ -81,9 +81,8 @@ def test_gpipe_bubble_matches_closed_form(p, m):
 
 
 def test_gpipe_bubble_with_generator():
-    build = pytest.importorskip("workbench.schedules").__dict__.get("build")
-    if build is None:
-        pytest.skip("workbench.schedules.build not available yet")
+    from workbench.schedules import build
+
     for p, m in [(3, 5), (4, 8)]:
         res = simulate(build("gpipe", p, m), fwd=F_, bwd=B_)
         assert res.metrics["bubble_fraction"] == pytest.approx([(p - 1) / (m + p - 1)] * p)
@@ -186,10 +185,8 @@ def test_unifying_table_latency_and_columns():
     """Latency in units of one stage's forward + backward: PP B + S - 1; LPP with R = S
     (G independent pipelines of B/G microbatches) S + B/G - 1. Storage and transfer columns:
     PP and DDP move no weights; FSDP fetches S - 1 stages' weights on workers that own one."""
-    try:
-        from workbench.schedules import build
-    except ImportError:
-        pytest.skip("workbench.schedules.build not available yet")
+    from workbench.schedules import build
+
     f, b = 1.0, 2.0
     for S, B in [(4, 8), (3, 6)]:
         res = simulate(build("pp", S, B), fwd=f, bwd=b)
