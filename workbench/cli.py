@@ -6,6 +6,7 @@ line on stderr and exits with status 2, without a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -381,6 +382,9 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as e:  # bad input: one line, status 2
         print(f"workbench {args.command}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into a reader that stopped early (e.g. `| head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
