@@ -6,17 +6,24 @@ ranks with one torch thread each, split 4 + 4 layers (``dp-bsp``: both ranks hol
 Nothing the prediction uses comes from the run it predicts. Per repetition, interleaved with the runs:
 
 1. link: :func:`workbench.calibrate.measure_link` (2-process gloo ping-pong, fit ``α + n / β``);
+   all-reduce: :func:`workbench.calibrate.measure_allreduce` (2-process gloo ``all_reduce``, the
+   ring's bus bandwidth and per-step latency: gloo's all-reduce runs far below its ping-pong rate);
 2. compute: :func:`workbench.calibrate.stage_profile` at microbatch 32, 1 thread, in 2 fresh
    processes at once (as many busy processes as the run has ranks; mean of the two): stage-level
-   fwd/bwd, per-layer profile, optimizer step per stage;
-3. per-op overhead ``o``: a runtime run of a *different* model (``mlp`` of width 16, compute almost
-   nil) with ``gpipe``; ``o`` is the per-op cost that makes its simulation match its measured step
-   (:func:`workbench.calibrate.solve_overhead`), with its own stage profile and the link above;
+   fwd/bwd through the runtime's own stage functions, per-layer profile, optimizer step per stage
+   (in place, and into new tensors for the steps that keep a stashed version);
+3. per-op overhead ``o`` of each of the runtime's two executors: a runtime run of a *different*
+   model (``mlp`` of width 16, compute almost nil) with ``gpipe`` (the schedule interpreter, used
+   by every pipeline schedule) and with ``dp-bsp`` (DistributedDataParallel); ``o`` is the per-op
+   cost that makes its simulation match its measured step (:func:`workbench.calibrate.solve_overhead`),
+   with its own stage profile and the link above;
 4. the five measured runs (``workbench.runtime.train``, same options as ``bench_runtime.py``):
    steady-state ms per step = median spacing of the step starts after ``--skip`` steps.
 
 Modeled = :func:`workbench.calibrate.modeled_step_ms` (the schedule repeated over 6 rounds, the
-same statistic). Reported: medians over ``--repeat`` repetitions; error = modeled / measured - 1.
+same statistic). The all-reduce runs after the backward (``--overlap-allreduce`` to overlap them):
+with one core per rank, gloo's all-reduce needs the cores the backward computes on (measured: DDP's
+backward takes about the sum of the backward and the all-reduce timed apart). Reported: medians over ``--repeat`` repetitions; error = modeled / measured - 1.
 Also shown: the model without the per-op overhead, and with the per-layer (instead of stage-level)
 profile. Writes ``results/bench/fidelity.csv``.
 
@@ -81,7 +88,7 @@ def schedule_of(name: str):
 
 
 def main(argv=None) -> int:
-    from workbench.calibrate import measure_link, modeled_step_ms, solve_overhead
+    from workbench.calibrate import measure_allreduce, measure_link, modeled_step_ms, solve_overhead
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=14, help="steps per measured run (one epoch holds 16)")
@@ -89,7 +96,13 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--schedules", default=",".join(SCHEDULES))
     ap.add_argument("--out", default="results/bench/fidelity.csv")
+    ap.add_argument("--overhead-width", type=int, default=16,
+                    help="width of the mlp whose runs calibrate the per-op overheads (default 16: almost no compute)")
+    ap.add_argument("--overlap-allreduce", action="store_true",
+                    help="model the all-reduce as overlapping the backward (default off: on a CPU with one core per "
+                         "rank, gloo's all-reduce needs the cores the backward computes on)")
     a = ap.parse_args(argv)
+    ovl = dict(overlap_comm=a.overlap_allreduce)
     names = a.schedules.split(",")
     pipe_bounds, dp_bounds = [(0, 3), (4, 7)], [(0, 7)]
     rows: dict[str, list[dict]] = {n: [] for n in names}
@@ -98,25 +111,35 @@ def main(argv=None) -> int:
     for r in range(a.repeat):
         t = time.time()
         link = measure_link("gloo", repeats=30)
+        ar = measure_allreduce("gloo", world_size=P, repeats=15)
         loads.append(os.getloadavg()[0])
         sp = {"pipe": profile_separately({}, pipe_bounds), "dp": profile_separately({}, dp_bounds)}
-        tiny_sp = profile_separately(TINY, pipe_bounds)
-        tiny_ms = run_measured("gpipe", a.steps, a.skip, **TINY)
-        gp = schedule_of("gpipe")
-        o = solve_overhead(lambda x: modeled_step_ms(gp, tiny_sp, link, x), tiny_ms)
-        cal.append(dict(latency_ms=link["latency_ms"], bandwidth=link["bandwidth_bytes_per_s"], op_overhead_ms=o,
-                        tiny_ms=tiny_ms))
+        # per-op overhead of each of the runtime's executors, from a width-16 run (no compute to speak of):
+        # the schedule interpreter (gpipe) and DistributedDataParallel (dp-bsp)
+        o, tiny = {}, {}
+        for ex, tn, bounds in (("pipeline", "gpipe", pipe_bounds), ("ddp", "dp-bsp", dp_bounds)):
+            cal_model = dict(width=a.overhead_width, in_features=a.overhead_width)
+            tsp = profile_separately(cal_model, bounds)
+            tiny[ex] = run_measured(tn, a.steps, a.skip, **cal_model)
+            ts = schedule_of(tn)
+            o[ex] = solve_overhead(lambda x: modeled_step_ms(ts, tsp, link, x, allreduce=ar, **ovl), tiny[ex])
+        cal.append(dict(latency_ms=link["latency_ms"], bandwidth=link["bandwidth_bytes_per_s"],
+                        op_overhead_ms=o["pipeline"], ddp_op_overhead_ms=o["ddp"], tiny_ms=tiny["pipeline"],
+                        tiny_ddp_ms=tiny["ddp"], ar_latency_ms=ar["latency_ms"], ar_bandwidth=ar["bandwidth_bytes_per_s"]))
         for n in names:
             loads.append(os.getloadavg()[0])
             meas = run_measured(n, a.steps, a.skip)
             sched = schedule_of(n)
             s = sp["dp"] if n == "dp-bsp" else sp["pipe"]
-            rows[n].append(dict(measured=meas, modeled=modeled_step_ms(sched, s, link, o),
-                                no_overhead=modeled_step_ms(sched, s, link, 0.0),
-                                layer_level=modeled_step_ms(sched, s, link, o, level="layer")))
+            kw = dict(allreduce=ar, overlap_comm=a.overlap_allreduce)
+            on = o["ddp" if n == "dp-bsp" else "pipeline"]
+            rows[n].append(dict(measured=meas, modeled=modeled_step_ms(sched, s, link, on, **kw),
+                                no_overhead=modeled_step_ms(sched, s, link, 0.0, **kw),
+                                layer_level=modeled_step_ms(sched, s, link, on, level="layer", **kw)))
         print(f"repetition {r + 1}/{a.repeat}: link α={link['latency_ms']:.3f} ms β={link['bandwidth_bytes_per_s']/1e9:.2f} GB/s, "
-              f"overhead {o:.3f} ms/op (tiny gpipe {tiny_ms:.1f} ms), load {loads[-1]:.2f}, {time.time() - t:.0f} s",
-              flush=True)
+              f"all-reduce α={ar['latency_ms']:.3f} ms B_bus={ar['bandwidth_bytes_per_s']/1e9:.2f} GB/s, overhead "
+              f"{o['pipeline']:.3f} / {o['ddp']:.3f} ms/op (tiny gpipe {tiny['pipeline']:.1f} ms, tiny dp-bsp "
+              f"{tiny['ddp']:.1f} ms), load {loads[-1]:.2f}, {time.time() - t:.0f} s", flush=True)
     med = lambda xs: statistics.median(xs)  # noqa: E731
     c = {k: med([x[k] for x in cal]) for k in cal[0]}
     from workbench.io import fresh_path
@@ -124,7 +147,8 @@ def main(argv=None) -> int:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     cols = ["schedule", "step_ms_modeled", "step_ms_measured", "error_pct", "step_ms_modeled_no_overhead",
             "step_ms_modeled_layer_profile", "measured_min", "measured_max", "latency_ms", "bandwidth_bytes_per_s",
-            "op_overhead_ms", "repeats", "load_avg_1min_median", "load_avg_1min_max", "cores"]
+            "op_overhead_ms", "allreduce_latency_ms", "allreduce_bus_bandwidth_bytes_per_s", "overlap_allreduce",
+            "repeats", "load_avg_1min_median", "load_avg_1min_max", "cores"]
     out_rows = []
     for n in names:
         mod, mea = med([x["modeled"] for x in rows[n]]), med([x["measured"] for x in rows[n]])
@@ -134,7 +158,9 @@ def main(argv=None) -> int:
                              measured_min=min(x["measured"] for x in rows[n]),
                              measured_max=max(x["measured"] for x in rows[n]),
                              latency_ms=c["latency_ms"], bandwidth_bytes_per_s=c["bandwidth"],
-                             op_overhead_ms=c["op_overhead_ms"], repeats=a.repeat,
+                             op_overhead_ms=c["ddp_op_overhead_ms" if n == "dp-bsp" else "op_overhead_ms"],
+                             allreduce_latency_ms=c["ar_latency_ms"], allreduce_bus_bandwidth_bytes_per_s=c["ar_bandwidth"],
+                             overlap_allreduce=a.overlap_allreduce, repeats=a.repeat,
                              load_avg_1min_median=med(loads), load_avg_1min_max=max(loads),
                              cores=len(os.sched_getaffinity(0))))
     with open(a.out, "w", newline="") as f:
@@ -147,8 +173,11 @@ def main(argv=None) -> int:
         print(f"{x['schedule']:<18}{x['step_ms_modeled']:>10.1f}{x['step_ms_measured']:>10.1f}{x['error_pct']:>9.1f}"
               f"{x['step_ms_modeled_no_overhead']:>9.1f}{x['step_ms_modeled_layer_profile']:>11.1f}"
               f"{x['measured_min']:>8.1f}-{x['measured_max']:<7.1f}")
-    print(f"link: latency {c['latency_ms']:.3f} ms, bandwidth {c['bandwidth'] / 1e9:.2f} GB/s; per-op overhead "
-          f"{c['op_overhead_ms']:.3f} ms (from the width-16 gpipe run, {c['tiny_ms']:.1f} ms/step); load avg (1 min) "
+    print(f"link: latency {c['latency_ms']:.3f} ms, bandwidth {c['bandwidth'] / 1e9:.2f} GB/s; all-reduce: "
+          f"{c['ar_latency_ms']:.3f} ms per ring step, bus bandwidth {c['ar_bandwidth'] / 1e9:.2f} GB/s "
+          f"({'overlapping' if a.overlap_allreduce else 'after'} the backward); per-op overhead "
+          f"{c['op_overhead_ms']:.3f} ms (width-16 gpipe run, {c['tiny_ms']:.1f} ms/step), DDP "
+          f"{c['ddp_op_overhead_ms']:.3f} ms (width-16 dp-bsp run, {c['tiny_ddp_ms']:.1f} ms/step); load avg (1 min) "
           f"median {med(loads):.2f}, max {max(loads):.2f} on {len(os.sched_getaffinity(0))} cores")
     print(f"wrote {a.out}")
     return 0

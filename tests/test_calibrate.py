@@ -170,3 +170,68 @@ def test_measured_step_is_the_median_spacing():
     tl = pd.DataFrame(rows)
     # after skipping 1 round: spacings 10, 10, 11, 9 -> median 10
     assert measured_step_ms(tl, skip=1) == pytest.approx(10.0)
+
+
+# ---- optimizer steps: in place unless a stashed version is still read ---------------------------
+def test_stashing_steps_are_exactly_those_whose_old_version_is_read_later():
+    """PipeDream on 2 stages, 8 minibatches: stage 0 holds 2 minibatches in flight, so each of its
+    first 7 updates replaces a version a forwarded minibatch still needs for its backward; its last
+    update of the round and every update of the last stage (one in flight) may run in place.
+    Flushed schedules never stash; the master family (weights fetched by other workers) always
+    writes new tensors."""
+    from workbench.schedules import build
+
+    pd_ = build("pipedream", 2, 8)
+    steps0 = [i for i, op in enumerate(pd_.ops[0]) if op.kind == "STEP"]
+    assert sorted(pd_.stashing_steps(0)) == steps0[:7]
+    assert pd_.stashing_steps(1) == frozenset()
+    for name in ("gpipe", "pipedream-flush", "zb-h1"):
+        s = build(name, 2, 8)
+        assert all(s.stashing_steps(w) == frozenset() for w in range(2)), name
+    f = build("fsdp", 2, 4, workers=2)
+    assert all(f.stashing_steps(w) == frozenset(i for i, op in enumerate(f.ops[w]) if op.kind == "STEP")
+               for w in range(2))
+
+
+def test_simulator_charges_the_copying_step_only_where_a_version_is_stashed():
+    from workbench.schedules import build
+
+    sched = build("pipedream", 2, 8)
+    res = simulate(sched, fwd=1.0, bwd=2.0, step_ms=0.5, step_copy_ms=1.25)
+    steps = res.compute[res.compute.kind == "STEP"]
+    dur = (steps.end - steps.start).round(9)
+    assert sorted(dur[steps.worker == 0]) == [0.5] + [1.25] * 7
+    assert list(dur[steps.worker == 1]) == [0.5] * 8
+    same = simulate(sched, fwd=1.0, bwd=2.0, step_ms=0.5)  # default: every step costs step_ms
+    assert set((same.compute.end - same.compute.start)[same.compute.kind == "STEP"].round(9)) == {0.5}
+
+
+def test_sgd_update_in_place_and_into_new_tensors():
+    import torch
+
+    from workbench.runtime.stages import sgd_update
+
+    w = {"a": torch.tensor([1.0, 2.0], requires_grad=True)}
+    d = {"a": torch.tensor([2.0, -2.0])}
+    new = sgd_update(w, d, 0.5, in_place=False)
+    assert torch.equal(new["a"].detach(), torch.tensor([0.0, 3.0])) and new["a"].requires_grad
+    assert torch.equal(w["a"].detach(), torch.tensor([1.0, 2.0]))  # the stashed version is untouched
+    same = sgd_update(w, d, 0.5, in_place=True)
+    assert same["a"] is w["a"] and torch.equal(w["a"].detach(), torch.tensor([0.0, 3.0]))
+
+
+def test_measure_allreduce_expresses_gloo_in_the_ring_model():
+    """Two gloo processes: the fitted bus bandwidth and per-step latency give back the measured
+    times through the ring formula (r = 2: t = n / B_bus + 2 α) within the fit's residual."""
+    from workbench.calibrate import measure_allreduce
+    from workbench.costmodel import ring_allreduce_ms
+
+    m = measure_allreduce("gloo", sizes=(4, 256 << 10, 2 << 20), repeats=5, warmup=2, timeout_s=120)
+    assert m["world_size"] == 2 and m["bandwidth_bytes_per_s"] > 0
+    model = [ring_allreduce_ms(n, 2, m["bandwidth_bytes_per_s"], m["latency_ms"]) for n in m["sizes"]]
+    rel = [abs(a / b - 1) for a, b in zip(model, m["ms"])]
+    # the fitted curve is within sqrt(k) * rmse of every one of its k points; a wrong conversion to
+    # the ring's parameters (factor 2 (r-1)/r or 2 (r-1)) would miss by 50% or more
+    assert max(rel) <= math.sqrt(len(rel)) * m["rel_rmse"] + 1e-9
+    with pytest.raises(ValueError, match="world_size"):
+        measure_allreduce(world_size=1)

@@ -281,3 +281,31 @@ def test_refinement_under_a_memory_limit_simulates_rather_than_trusts_the_predic
     assert [s.replicas for s in plan.stages] == [s.replicas for s in dp_only.stages]
     assert plan.simulated_ms < first["simulated_ms"] * 0.95
     assert max(plan.stage_memory_bytes) <= 15e9
+
+
+def test_calibrated_allreduce_replaces_the_links_in_every_ring():
+    """A library's all-reduce measured on its own (bus bandwidth 1 GB/s, 0.5 ms per ring step)
+    replaces the links (10 / 1 GB/s, α 0.1 / 2 ms) in the ring formula, flat and across servers."""
+    p = make_profile([1, 2], [2, 4], [1e9, 5e8], [1e9, 0])
+    topo = Topology(((4, 10e9), (2, 1e9)))
+    cm = CostModel.from_profile(p, topo, latency_ms=[0.1, 2.0], allreduce_bandwidth=[1e9, 0.5e9],
+                                allreduce_latency_ms=[0.5, 3.0])
+    # inside a server, 2 replicas: 2*1/2*1e9/1e9 s + 2*1*0.5 ms
+    assert cm.allreduce_ms(1e9, (0, 1)) == pytest.approx(1000.0 + 1.0)
+    # across servers (0, 1, 4, 5): slowest calibrated step 0.5 GB/s, 3 ms: 2*3/4*1e9/0.5e9 s + 2*3*3 ms
+    assert cm.allreduce_ms(1e9, (0, 1, 4, 5)) == pytest.approx(3000.0 + 18.0)
+    # the outer-level ring of the partitioner's DP reads the same calibration
+    assert cm.outer_allreduce_ms(1e9, 2, 2, inner_workers=2) == pytest.approx(3000.0 + 18.0)
+    # messages still use the links
+    assert cm.message_ms(1e9, 0, 1) == pytest.approx(0.1 + 100.0)
+    # and the simulator charges it: dp-bsp on 2 workers of one server
+    res = simulate(build("dp-bsp", 1, 2, workers=2), profile=make_profile([1], [2], [0], [1e9]),
+                   topology=Topology(((2, 10e9),)), allreduce_bandwidth=1e9, allreduce_latency_ms=0.5)
+    ar = res.timeline[res.timeline.kind == "allreduce"]
+    assert (ar.end - ar.start).max() == pytest.approx(1000.0 + 1.0)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), "fast"])
+def test_bad_allreduce_bandwidth_is_one_clear_error(bad):
+    with pytest.raises(ValueError, match="allreduce_bandwidth"):
+        CostModel.from_profile(make_profile([1], [2], [0], [1]), Topology(((2, 1e9),)), allreduce_bandwidth=bad)

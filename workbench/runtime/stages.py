@@ -128,6 +128,19 @@ def microbatch(dataset, idx: torch.Tensor, device="cpu", dtype: torch.dtype | No
     return (xs[0] if len(xs) == 1 else tuple(xs)), y.to(device)
 
 
+def sgd_update(weights: dict, direction: dict, lr: float, in_place: bool) -> dict:
+    """``W - lr · d`` for every tensor of ``weights`` (the runtime's STEP, and what
+    :func:`workbench.calibrate.stage_profile` times). ``in_place``: overwrite ``weights`` and return
+    it (no other op reads the old version); else new tensors that require grad (the old version
+    stays for the stashed microbatches that still read it)."""
+    with torch.no_grad():
+        if in_place:
+            for n, w in weights.items():
+                w.add_(direction[n], alpha=-lr)
+            return weights
+        return {n: torch.add(w, direction[n], alpha=-lr).requires_grad_(True) for n, w in weights.items()}
+
+
 def nbytes(ts) -> int:
     """Bytes held by the tensors of a sequence (non-tensors count 0)."""
     return sum(t.numel() * t.element_size() for t in ts if torch.is_tensor(t))

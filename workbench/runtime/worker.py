@@ -45,7 +45,7 @@ from ..schedules.core import Schedule
 from .comm import P2P
 from .fetch import RemoteWeights, has_remote, is_remote
 from .reference import updates_per_round
-from .stages import as_leaves, as_tuple, from_tuple, nbytes, run_stage, stage_module, vjp
+from .stages import as_leaves, as_tuple, from_tuple, nbytes, run_stage, sgd_update, stage_module, vjp
 
 
 class RankProgram:
@@ -135,6 +135,7 @@ class PipelineExecutor:
                              f"models on whole microbatches: use workbench.runtime.segments.run")
         self.rank, self.S, self.M = ctx.rank, schedule.num_stages, schedule.microbatches
         self.prog = RankProgram(schedule, self.rank)
+        self.stashing = schedule.stashing_steps(self.rank)  # STEPs that keep the old version (else in place)
         ar = {op.stage for op in self.prog.ops if op.kind == "AR"}
         self.state = {s: StageState(s, stage_module(model.layers, *bounds[s]).to(ctx.device), init_weights[s], ctx.device,
                                     ctx.start_round * self.prog.per_round[s], held=self.rank in schedule.stage_workers[s],
@@ -240,13 +241,11 @@ class PipelineExecutor:
                     if mu:
                         for nm in st.names:
                             st.momentum[nm].mul_(mu).add_(st.grad[nm], alpha=1.0 / n)
-                        d = st.momentum
-                    else:
-                        if n != 1:  # g_t = buffer / n in place (the buffer is reset below); x / 1 == x exactly
-                            for nm in st.names:
-                                st.grad[nm].div_(n)
-                        d = st.grad
-                    new = {nm: torch.add(old[nm], d[nm], alpha=-lr).requires_grad_(True) for nm in st.names}
+                        d, step_lr = st.momentum, lr
+                    else:  # W - (lr / n) · buffer: one pass over the weights, no division pass over the buffer
+                        d, step_lr = st.grad, lr / n
+                    in_place = i not in self.stashing and self.remote is None
+                    new = sgd_update({nm: old[nm] for nm in st.names}, d, step_lr, in_place)
                 st.newest += 1
                 st.versions[st.newest] = new
                 if st.is_flat:

@@ -219,6 +219,28 @@ class Schedule:
                     out.append((i, dep, src))
         return out
 
+    def stashing_steps(self, worker: int) -> frozenset[int]:
+        """Indices of ``worker``'s STEP ops that must write the new weights into new tensors,
+        because the version they replace is still read afterwards on that worker (weight stashing:
+        a later F/B/BI/BW of the stage reads it); every other STEP may update in place. With
+        remote weights (master family: copies may still be in flight to other workers) every STEP
+        writes new tensors. Read by the runtime (which update it runs) and the simulator (which
+        step cost it charges); versions count the worker's STEPs of the stage, as both do."""
+        ops = self.ops[worker]
+        steps = [i for i, op in enumerate(ops) if op.kind == "STEP"]
+        if any(op.kind in _COMPUTE_SET and op.weights_worker is not None and op.weights_worker != w
+               for w, op in self):
+            return frozenset(steps)
+        last = {(op.stage, op.version): i for i, op in enumerate(ops) if op.kind in _COMPUTE_SET}
+        count: dict[int, int] = defaultdict(int)
+        out = set()
+        for i in steps:
+            s = ops[i].stage
+            if last.get((s, count[s]), -1) > i:
+                out.add(i)
+            count[s] += 1
+        return frozenset(out)
+
     def op_at(self, kind: str, stage: int, microbatch: int) -> tuple[int, Op]:
         for w, op in self:
             if (op.kind, op.stage, op.microbatch) == (kind, stage, microbatch):

@@ -76,10 +76,11 @@ progress before all ops ran, the schedule deadlocks and :class:`ValueError` name
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from ..schedules.core import Schedule
-from .costs import (COMM_KINDS, KIND_CODES, KIND_NAMES, STAT_COLUMNS, TIMELINE_COLUMNS, _profile_costs,
+from .costs import (COMM_KINDS, KIND_CODES, KIND_NAMES, STAT_COLUMNS, TIMELINE_COLUMNS, _per_stage, _profile_costs,
                     _stage_ranges, _unit_costs, default_microbatch_fraction)
 from .graph import OpGraph, build_graph
 from .result import SimResult, assemble, steady_state
@@ -92,14 +93,19 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
              profile=None, plan=None, topology=None, allreduce: float | Sequence[float] | None = None,
              overlap_comm: bool = True, step_ms: float = 0.0, transfer: float = 0.0,
              weight_fetch: float = 0.0, microbatch_fraction: float | None = None, latency_ms: float = 0.0,
-             op_overhead_ms: float = 0.0) -> SimResult:
+             op_overhead_ms: float = 0.0, step_copy_ms=None, allreduce_bandwidth=None,
+             allreduce_latency_ms=None) -> SimResult:
     """Simulate ``schedule`` and return its timeline and metrics.
 
     Unit costs by default (``fwd``, ``bwd``, and ``transfer``/``allreduce``/``weight_fetch``/
     ``step_ms`` which default to 0); with ``profile`` the costs come from the profile, ``plan``
     (stage layer ranges) and ``topology`` (bandwidths) as described in the module docstring.
     ``latency_ms`` (per message between workers) and ``op_overhead_ms`` (per F/B/BI/BW/STEP op)
-    add fixed costs in either mode (module docstring, "Fixed costs").
+    add fixed costs in either mode (module docstring, "Fixed costs"). ``step_copy_ms`` (per stage or
+    one number; default ``step_ms``): the cost of a STEP that writes new tensors because the version
+    it replaces is still read (:meth:`Schedule.stashing_steps`, as the runtime decides); the others
+    update in place at ``step_ms``. ``allreduce_bandwidth`` / ``allreduce_latency_ms``: the ring
+    all-reduce's own calibration (:meth:`CostModel.from_profile`; profile costs only).
 
     Metrics (``result.metrics``), with ``L`` the makespan and ``W`` the workers:
 
@@ -128,11 +134,15 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
     if profile is None:
         if plan is not None or topology is not None:
             raise ValueError("plan/topology costs need a profile; pass profile=... (or use unit costs fwd=, bwd=)")
+        if allreduce_bandwidth is not None or allreduce_latency_ms is not None:
+            raise ValueError("allreduce_bandwidth/allreduce_latency_ms need profile costs; with unit costs give allreduce=")
         costs = _unit_costs(schedule, fwd, bwd, allreduce, transfer, weight_fetch, step_ms, latency_ms,
                             op_overhead_ms)
     else:
         costs = _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, microbatch_fraction,
-                               latency_ms, op_overhead_ms, overlap_comm)
+                               latency_ms, op_overhead_ms, overlap_comm, allreduce_bandwidth, allreduce_latency_ms)
+    if step_copy_ms is not None:
+        costs = dataclasses.replace(costs, step_copy=_per_stage(step_copy_ms, schedule.num_stages, "step_copy_ms"))
     return _run(schedule, costs, overlap_comm)
 
 

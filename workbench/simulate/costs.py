@@ -42,6 +42,7 @@ class _Costs:
     model: CostModel | None = None  # profile mode: the cost model every charge comes from
     fraction: float = 1.0  # microbatch size relative to the profile's minibatch
     batch_size: int | None = None
+    step_copy: list | None = None  # per stage: a STEP that keeps the old version (None: as step_ms)
 
     def message(self, nbytes: float, a: int, b: int, fixed_ms: float | None) -> tuple[float, float]:
         """(ms, bytes) of one message of ``nbytes`` from ``a`` to ``b``: the cost model's
@@ -130,7 +131,7 @@ def _stage_ranges(schedule: Schedule, profile, plan) -> list[tuple[int, int]]:
 
 
 def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fraction, latency_ms, op_overhead_ms,
-                   overlap_comm) -> _Costs:
+                   overlap_comm, allreduce_bandwidth=None, allreduce_latency_ms=None) -> _Costs:
     """Per-stage charges of ``schedule`` from :meth:`CostModel.from_profile` (module docstring)."""
     S = schedule.num_stages
     ranges = _stage_ranges(schedule, profile, plan)
@@ -143,7 +144,8 @@ def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fracti
         if n < schedule.num_workers:
             raise ValueError(f"topology has {n} workers but the schedule needs {schedule.num_workers}")
     cm = CostModel.from_profile(profile, topology, latency_ms=latency_ms, op_overhead_ms=op_overhead_ms,
-                                overlap_allreduce=overlap_comm)
+                                overlap_allreduce=overlap_comm, allreduce_bandwidth=allreduce_bandwidth,
+                                allreduce_latency_ms=allreduce_latency_ms)
     f = [cm.stage_fwd_ms(a, b, fraction) for a, b in ranges]
     b = [cm.stage_bwd_ms(a, b_, fraction) for a, b_ in ranges]
     half = [x / 2 for x in b]

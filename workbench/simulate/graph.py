@@ -208,6 +208,11 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
         dur = [op_ms(schedule, op, comp) + over if k < 5 else 0.0 for op, k in zip(flat, kc)]
     else:
         dur = [comp[k][s] + over if k < 5 else 0.0 for k, s in zip(kc, st)]
+    if costs.step_copy is not None:  # STEPs that keep the replaced version write new tensors
+        for w in range(W):
+            for i in schedule.stashing_steps(w):
+                g = wbeg[w] + i
+                dur[g] = costs.step_copy[st[g]] + over
     arrays = (kc_a, st_a, mb_a, np.fromiter(ver, np.int64, N), np.fromiter(stp, np.int64, N), w_a)
     return OpGraph(flat, kc, st, mb, ver, stp, wof, wbeg, wend, dur, cons_idx, cons_ptr, etype, ems, ebytes,
                    pending, ar_group, ar_size, is_fetch, wws, xfer_count, arrays)
