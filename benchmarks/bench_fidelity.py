@@ -5,7 +5,11 @@ ranks with one torch thread each, split 4 + 4 layers (``dp-bsp``: both ranks hol
 
 Nothing the prediction uses comes from the run it predicts. Per repetition, interleaved with the runs:
 
-1. link: :func:`workbench.calibrate.measure_link` (2-process gloo ping-pong, fit ``α + n / β``);
+1. link: :func:`workbench.calibrate.measure_link` (2-process gloo ping-pong, fit ``α + n / β``),
+   loaded (``busy=True``: each process keeps its core busy computing and sends through the runtime's
+   send path, mean one-way time, and the compute time each message takes from its core) for the
+   predictions, idle (median) for the overhead calibration of step 3 (whose cores stay idle);
+   ``--idle-link`` predicts with the idle link;
    all-reduce: :func:`workbench.calibrate.measure_allreduce` (2-process gloo ``all_reduce``, the
    ring's bus bandwidth and per-step latency: gloo's all-reduce runs far below its ping-pong rate);
 2. compute: :func:`workbench.calibrate.stage_profile` at microbatch 32, 1 thread, in 2 fresh
@@ -46,16 +50,20 @@ import pandas as pd
 
 M, P, BATCH, LR = 8, 2, 256, 0.01
 MB = BATCH // M
+LINK_SIZES = (4, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
 SCHEDULES = ("gpipe", "pipedream-flush", "zb-h1", "pipedream", "dp-bsp")
 TINY = dict(width=16, in_features=16)  # the overhead-calibration model: same depth, ~no compute
 
 
-def _profile_in_child(model_options: dict, bounds: list, threads: int):
-    """Runs in a fresh spawned process: the stage profile of ``mlp(**model_options)``."""
+def _profile_in_child(model_options: dict, bounds: list, threads: int, index: int = 0, of: int = P):
+    """Runs in a fresh spawned process (the ``index``-th of ``of``, pinned to a core as the runtime
+    pins its ranks): the stage profile of ``mlp(**model_options)``."""
     import torch
 
     from workbench.calibrate import stage_profile
     from workbench.models import build
+    from workbench.runtime.affinity import pin_rank
+    pin_rank(index, of, threads)
     torch.manual_seed(0)
     return stage_profile(build("mlp", seed=0, **model_options), bounds, MB, threads=threads)
 
@@ -66,7 +74,7 @@ def profile_separately(model_options: dict, bounds: list, threads: int = 1, conc
     memory bandwidth); timings are the mean over the processes."""
     from dataclasses import replace
     with ProcessPoolExecutor(max_workers=concurrent, mp_context=get_context("spawn")) as ex:
-        futs = [ex.submit(_profile_in_child, model_options, bounds, threads) for _ in range(concurrent)]
+        futs = [ex.submit(_profile_in_child, model_options, bounds, threads, i, concurrent) for i in range(concurrent)]
         sps = [f.result(timeout=300) for f in futs]
     mean = lambda attr: tuple(statistics.fmean(x) for x in zip(*(getattr(sp, attr) for sp in sps)))  # noqa: E731
     return replace(sps[0], fwd_ms=mean("fwd_ms"), bwd_ms=mean("bwd_ms"), step_ms=mean("step_ms"),
@@ -98,6 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="results/bench/fidelity.csv")
     ap.add_argument("--overhead-width", type=int, default=16,
                     help="width of the mlp whose runs calibrate the per-op overheads (default 16: almost no compute)")
+    ap.add_argument("--idle-link", action="store_true",
+                    help="calibrate the link with idle processes (default: loaded, each core busy computing, as in a run)")
     ap.add_argument("--overlap-allreduce", action="store_true",
                     help="model the all-reduce as overlapping the backward (default off: on a CPU with one core per "
                          "rank, gloo's all-reduce needs the cores the backward computes on)")
@@ -110,7 +120,8 @@ def main(argv=None) -> int:
     loads: list[float] = []
     for r in range(a.repeat):
         t = time.time()
-        link = measure_link("gloo", repeats=30)
+        idle = measure_link("gloo", sizes=LINK_SIZES, repeats=30)
+        link = idle if a.idle_link else measure_link("gloo", sizes=LINK_SIZES, repeats=60, busy=True)
         ar = measure_allreduce("gloo", world_size=P, repeats=15)
         loads.append(os.getloadavg()[0])
         sp = {"pipe": profile_separately({}, pipe_bounds), "dp": profile_separately({}, dp_bounds)}
@@ -122,8 +133,11 @@ def main(argv=None) -> int:
             tsp = profile_separately(cal_model, bounds)
             tiny[ex] = run_measured(tn, a.steps, a.skip, **cal_model)
             ts = schedule_of(tn)
-            o[ex] = solve_overhead(lambda x: modeled_step_ms(ts, tsp, link, x, allreduce=ar, **ovl), tiny[ex])
+            # the width-16 run leaves its cores idle: its messages travel as on the idle link
+            o[ex] = solve_overhead(lambda x: modeled_step_ms(ts, tsp, idle, x, allreduce=ar, **ovl), tiny[ex])
         cal.append(dict(latency_ms=link["latency_ms"], bandwidth=link["bandwidth_bytes_per_s"],
+                        message_cpu_ms=link.get("message_cpu_ms", 0.0), idle_latency_ms=idle["latency_ms"],
+                        idle_bandwidth=idle["bandwidth_bytes_per_s"],
                         op_overhead_ms=o["pipeline"], ddp_op_overhead_ms=o["ddp"], tiny_ms=tiny["pipeline"],
                         tiny_ddp_ms=tiny["ddp"], ar_latency_ms=ar["latency_ms"], ar_bandwidth=ar["bandwidth_bytes_per_s"]))
         for n in names:
@@ -136,7 +150,8 @@ def main(argv=None) -> int:
             rows[n].append(dict(measured=meas, modeled=modeled_step_ms(sched, s, link, on, **kw),
                                 no_overhead=modeled_step_ms(sched, s, link, 0.0, **kw),
                                 layer_level=modeled_step_ms(sched, s, link, on, level="layer", **kw)))
-        print(f"repetition {r + 1}/{a.repeat}: link α={link['latency_ms']:.3f} ms β={link['bandwidth_bytes_per_s']/1e9:.2f} GB/s, "
+        print(f"repetition {r + 1}/{a.repeat}: link α={link['latency_ms']:.3f} ms β={link['bandwidth_bytes_per_s']/1e9:.2f} GB/s "
+              f"o_msg={link.get('message_cpu_ms', 0.0):.3f} ms (idle α={idle['latency_ms']:.3f} ms), "
               f"all-reduce α={ar['latency_ms']:.3f} ms B_bus={ar['bandwidth_bytes_per_s']/1e9:.2f} GB/s, overhead "
               f"{o['pipeline']:.3f} / {o['ddp']:.3f} ms/op (tiny gpipe {tiny['pipeline']:.1f} ms, tiny dp-bsp "
               f"{tiny['ddp']:.1f} ms), load {loads[-1]:.2f}, {time.time() - t:.0f} s", flush=True)
@@ -147,7 +162,7 @@ def main(argv=None) -> int:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     cols = ["schedule", "step_ms_modeled", "step_ms_measured", "error_pct", "step_ms_modeled_no_overhead",
             "step_ms_modeled_layer_profile", "measured_min", "measured_max", "latency_ms", "bandwidth_bytes_per_s",
-            "op_overhead_ms", "allreduce_latency_ms", "allreduce_bus_bandwidth_bytes_per_s", "overlap_allreduce",
+            "op_overhead_ms", "message_cpu_ms", "idle_latency_ms", "idle_bandwidth_bytes_per_s", "allreduce_latency_ms", "allreduce_bus_bandwidth_bytes_per_s", "overlap_allreduce",
             "repeats", "load_avg_1min_median", "load_avg_1min_max", "cores"]
     out_rows = []
     for n in names:
@@ -159,6 +174,8 @@ def main(argv=None) -> int:
                              measured_max=max(x["measured"] for x in rows[n]),
                              latency_ms=c["latency_ms"], bandwidth_bytes_per_s=c["bandwidth"],
                              op_overhead_ms=c["ddp_op_overhead_ms" if n == "dp-bsp" else "op_overhead_ms"],
+                             message_cpu_ms=c["message_cpu_ms"], idle_latency_ms=c["idle_latency_ms"],
+                             idle_bandwidth_bytes_per_s=c["idle_bandwidth"],
                              allreduce_latency_ms=c["ar_latency_ms"], allreduce_bus_bandwidth_bytes_per_s=c["ar_bandwidth"],
                              overlap_allreduce=a.overlap_allreduce, repeats=a.repeat,
                              load_avg_1min_median=med(loads), load_avg_1min_max=max(loads),
@@ -173,7 +190,9 @@ def main(argv=None) -> int:
         print(f"{x['schedule']:<18}{x['step_ms_modeled']:>10.1f}{x['step_ms_measured']:>10.1f}{x['error_pct']:>9.1f}"
               f"{x['step_ms_modeled_no_overhead']:>9.1f}{x['step_ms_modeled_layer_profile']:>11.1f}"
               f"{x['measured_min']:>8.1f}-{x['measured_max']:<7.1f}")
-    print(f"link: latency {c['latency_ms']:.3f} ms, bandwidth {c['bandwidth'] / 1e9:.2f} GB/s; all-reduce: "
+    print(f"link ({'idle' if a.idle_link else 'loaded'}): latency {c['latency_ms']:.3f} ms, bandwidth "
+          f"{c['bandwidth'] / 1e9:.2f} GB/s, CPU per message {c['message_cpu_ms']:.3f} ms (idle link: "
+          f"{c['idle_latency_ms']:.3f} ms, {c['idle_bandwidth'] / 1e9:.2f} GB/s); all-reduce: "
           f"{c['ar_latency_ms']:.3f} ms per ring step, bus bandwidth {c['ar_bandwidth'] / 1e9:.2f} GB/s "
           f"({'overlapping' if a.overlap_allreduce else 'after'} the backward); per-op overhead "
           f"{c['op_overhead_ms']:.3f} ms (width-16 gpipe run, {c['tiny_ms']:.1f} ms/step), DDP "

@@ -235,3 +235,29 @@ def test_measure_allreduce_expresses_gloo_in_the_ring_model():
     assert max(rel) <= math.sqrt(len(rel)) * m["rel_rmse"] + 1e-9
     with pytest.raises(ValueError, match="world_size"):
         measure_allreduce(world_size=1)
+
+
+def test_pin_rank_gives_each_rank_its_own_cores(monkeypatch):
+    import os
+
+    from workbench.runtime.affinity import pin_rank
+
+    cpus = sorted(os.sched_getaffinity(0))
+    calls = []
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, s: calls.append(sorted(s)))
+    n = len(cpus)
+    assert pin_rank(n - 1, n, 1) == [cpus[-1]] and calls[-1] == [cpus[-1]]
+    assert pin_rank(0, n + 1, 1) is None  # more ranks than cores: the scheduler balances them
+    assert pin_rank(0, 1, n + 1) is None  # more threads than cores
+    assert pin_rank(0, 1, 1, "cuda") is None
+    monkeypatch.setenv("WORKBENCH_PIN", "0")
+    assert pin_rank(0, 1, 1) is None
+    assert len(calls) == 1
+
+
+def test_loaded_link_reports_message_cpu_time():
+    from workbench.calibrate import measure_link
+
+    m = measure_link("gloo", sizes=(4, 4 << 20), repeats=10, warmup=2, busy=True, timeout_s=120)
+    assert m["busy"] and len(m["cpu_ms_per_message"]) == 2 and m["message_cpu_ms"] >= 0
+    assert all(t > 0 for t in m["one_way_ms"])

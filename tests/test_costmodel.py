@@ -309,3 +309,36 @@ def test_calibrated_allreduce_replaces_the_links_in_every_ring():
 def test_bad_allreduce_bandwidth_is_one_clear_error(bad):
     with pytest.raises(ValueError, match="allreduce_bandwidth"):
         CostModel.from_profile(make_profile([1], [2], [0], [1]), Topology(((2, 1e9),)), allreduce_bandwidth=bad)
+
+
+def test_message_cpu_time_is_charged_alike_by_the_plan_and_the_simulator():
+    """LogP's overhead o (message_cpu_ms = 0.25): each activation/gradient message takes 0.25 ms
+    from the op sending it and the op receiving it. Two stages F = 1, B = 2: each stage handles 2
+    messages per minibatch, so the closed form is 1 + 2 + 2 * 0.25 = 3.5 ms per minibatch, and the
+    simulated steady state of 1F1B is the same."""
+    p = make_profile([1, 1], [2, 2], [1e3, 0], [0, 0])
+    topo = Topology.flat(2, 1e12)
+    plan = Plan.from_boundaries([0, 1], [1, 1])
+    cm = CostModel.from_profile(p, topo, message_cpu_ms=0.25)
+    assert cm.predicted_ms(plan) == pytest.approx(3.5, rel=1e-6)
+    res = simulate(build("pipedream", plan, 32), profile=p, plan=plan, topology=topo, message_cpu_ms=0.25)
+    assert res.time_per_minibatch_ms == pytest.approx(3.5, rel=1e-3)
+    f = res.compute[(res.compute.kind == "F") & (res.compute.stage == 0)]
+    assert (f.end - f.start).iloc[0] == pytest.approx(1.25)  # F of stage 0 sends one activation
+    with pytest.raises(ValueError, match="message_cpu_ms"):
+        CostModel.from_profile(p, topo, message_cpu_ms=-1.0)
+
+
+def test_measured_split_backward_replaces_the_halves():
+    """A profile with bwd_input_ms / bwd_weight_ms (the first stage needs no input gradient) gives
+    BI and BW their measured times; without the columns each is half of bwd_ms."""
+    df = pd.DataFrame(dict(name=["a", "b"], fwd_ms=[1.0, 1.0], bwd_ms=[2.0, 2.0], act_bytes=[0.0, 0.0],
+                           param_bytes=[0.0, 0.0], bwd_input_ms=[0.1, 1.0], bwd_weight_ms=[2.0, 1.5]))
+    sched = build("zb-h1", 2, 4)
+    res = simulate(sched, profile=Profile(df, {"name": "split"}), microbatch_fraction=1.0)
+    dur = (res.compute.end - res.compute.start).round(9)
+    by = {(k, s): set(dur[(res.compute.kind == k) & (res.compute.stage == s)]) for k in ("BI", "BW") for s in (0, 1)}
+    assert by == {("BI", 0): {0.1}, ("BI", 1): {1.0}, ("BW", 0): {2.0}, ("BW", 1): {1.5}}
+    plain = simulate(sched, profile=Profile(df.drop(columns=["bwd_input_ms", "bwd_weight_ms"]), {"name": "p"}),
+                     microbatch_fraction=1.0)
+    assert set((plain.compute.end - plain.compute.start)[plain.compute.kind.isin(["BI", "BW"])].round(9)) == {1.0}

@@ -80,35 +80,84 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, q):
-    """One side of the ping-pong: rank 0 sends and waits for the echo; rank 1 echoes."""
+def _busy_compute(stop, count: list) -> None:
+    """Keep this process's core busy with matrix products until ``stop`` is set (a loaded link);
+    ``count[0]``: products done so far (the compute the messages leave to it)."""
+    import torch
+
+    a, w = torch.randn(32, 512), torch.randn(512, 512)
+    while not stop.is_set():
+        torch.mm(a, w)
+        count[0] += 1
+
+
+def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, busy, q):
+    """One side of the ping-pong: rank 0 sends and waits for the echo; rank 1 echoes. ``busy``: a
+    compute thread keeps the core busy meanwhile and sends go through the runtime's send path
+    (its sender thread, where the runtime uses one)."""
+    import threading
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
+    from .runtime.affinity import pin_rank
+    from .runtime.comm import _Sender, uses_send_thread
+
     torch.set_num_threads(threads)
+    pin_rank(rank, 2, threads)  # as the runtime places its ranks
     tmo = timedelta(seconds=timeout_s)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=tmo)
+    stop, pending, sender, load, count = threading.Event(), [], None, None, [0]
     try:
-        out = {}
+        if busy:
+            load = threading.Thread(target=_busy_compute, args=(stop, count), daemon=True)
+            load.start()
+            time.sleep(0.05)
+            c0, t0 = count[0], time.perf_counter()
+            time.sleep(0.3)  # the compute rate with no messages
+            rate0 = (count[0] - c0) / (time.perf_counter() - t0)
+            if uses_send_thread(backend):
+                sender = _Sender(lambda key, tensors, dst: pending.append(dist.isend(tensors[0], dst)))
+
+        def send(buf, dst):
+            if sender is not None:
+                sender.put(None, [buf], dst)
+            else:
+                pending.append(dist.isend(buf, dst))
+
+        out, cpu = {}, {}
         for n in sizes:
             buf = torch.zeros(max(1, int(n) // 4), dtype=torch.float32)
             rtt = []
             for i in range(warmup + repeats):
+                if i == warmup:
+                    c1, t1 = count[0], time.perf_counter()
                 t0 = time.perf_counter()
                 if rank == 0:
-                    dist.isend(buf, 1).wait(tmo)
+                    send(buf, 1)
                     dist.irecv(buf, 1).wait(tmo)
                 else:
                     dist.irecv(buf, 0).wait(tmo)
-                    dist.isend(buf, 0).wait(tmo)
+                    send(buf, 0)
                 if i >= warmup:
                     rtt.append((time.perf_counter() - t0) * 1e3)
-            out[int(buf.numel() * 4)] = statistics.median(rtt) / 2
+            # loaded: the mean, since every delay adds to a pipeline's critical path; idle: the median
+            out[int(buf.numel() * 4)] = (statistics.fmean(rtt) if busy else statistics.median(rtt)) / 2
+            if busy:  # compute time the messages took from this core, per message sent or received
+                dt = time.perf_counter() - t1
+                cpu[int(buf.numel() * 4)] = max(0.0, dt - (count[0] - c1) / rate0) * 1e3 / (2 * repeats)
+        if sender is not None:
+            sender.drain(timeout_s)
+            sender.close()
+        for w in pending:
+            w.wait(tmo)
         if rank == 0:
-            q.put(out)
+            q.put((out, cpu))
     finally:
+        stop.set()
+        if load is not None:
+            load.join()
         dist.destroy_process_group()
 
 
@@ -119,7 +168,10 @@ def _all_reduce_timer(rank, port, backend, sizes, repeats, warmup, timeout_s, th
     import torch
     import torch.distributed as dist
 
+    from .runtime.affinity import pin_rank
+
     torch.set_num_threads(threads)
+    pin_rank(rank, world, threads)  # as the runtime places its ranks
     tmo = timedelta(seconds=timeout_s)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=tmo)
     try:
@@ -171,20 +223,33 @@ def _check_sizes(sizes, repeats: int, warmup: int) -> list[int]:
 
 
 def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 30, warmup: int = 5,
-                 timeout_s: float = 120.0, threads: int = 1) -> dict:
+                 timeout_s: float = 120.0, threads: int = 1, busy: bool = False) -> dict:
     """Ping-pong between two spawned processes on this machine; fit ``t = α + n / β``.
 
     For each size ``n`` (bytes, rounded down to whole float32 elements, at least one), rank 0
     ``isend``s a tensor and waits for rank 1 to echo it back, ``warmup + repeats`` times; the
     one-way time is half the median round trip. Every wait and the whole job are bounded by
     ``timeout_s`` (TimeoutError, processes terminated). Returns :func:`fit_link`'s dict plus
-    ``sizes``, ``one_way_ms``, ``backend``, ``repeats``."""
+    ``sizes``, ``one_way_ms``, ``backend``, ``repeats``, ``busy``.
+
+    ``busy``: the link as a training run sees it: each process keeps its core busy with a compute
+    thread and sends through the runtime's send path; the one-way time is the *mean* (delays of a
+    communication thread waiting for a busy core are rare but long, and each one adds to the
+    critical path). On the 2-core CI machine a 64 KiB message took about 0.07 ms idle and 0.4 to
+    1.1 ms on average loaded. Loaded, it also reports the compute time the messages took from the
+    busy thread (its rate with and without messages): ``cpu_ms_per_message`` per size (per message
+    sent or received) and ``message_cpu_ms``, their median up to 256 KiB (the simulator's
+    ``message_cpu_ms``, LogP's overhead *o*)."""
     sizes = _check_sizes(sizes, repeats, warmup)
-    one_way = _run_ranks(_ping_pong, (backend, sizes, repeats, warmup, timeout_s, threads), 2, timeout_s,
-                         f"link ping-pong ({backend})")
+    one_way, cpu = _run_ranks(_ping_pong, (backend, sizes, repeats, warmup, timeout_s, threads, bool(busy)), 2,
+                              timeout_s, f"link ping-pong ({backend})")
     n = sorted(one_way)
     fit = fit_link(n, [one_way[k] for k in n])
-    return dict(fit, sizes=n, one_way_ms=[one_way[k] for k in n], backend=backend, repeats=repeats)
+    out = dict(fit, sizes=n, one_way_ms=[one_way[k] for k in n], backend=backend, repeats=repeats, busy=bool(busy))
+    if busy:
+        out["cpu_ms_per_message"] = [cpu[k] for k in n]
+        out["message_cpu_ms"] = statistics.median(cpu[k] for k in n if k <= 256 << 10)
+    return out
 
 
 def measure_allreduce(backend: str = "gloo", sizes: Sequence[int] = ALLREDUCE_SIZES, world_size: int = 2,
@@ -223,7 +288,8 @@ class StageProfile:
     ``step_ms[s]``: median time of stage s's optimizer step in place, ``step_copy_ms[s]`` into new
     tensors (a step that keeps the old version for stashed microbatches); ``fwd_ms[s]``/``bwd_ms[s]``: median
     stage-level forward / backward (backward includes the input gradient for ``s > 0``, as in the
-    runtime); ``threads``: torch threads used."""
+    runtime); ``bwd_input_ms[s]``/``bwd_weight_ms[s]``: the two halves of the split backward
+    (zero-bubble BI, BW); ``threads``: torch threads used."""
 
     profile: object
     bounds: tuple[tuple[int, int], ...]
@@ -234,6 +300,8 @@ class StageProfile:
     bwd_ms: tuple[float, ...] = ()
     meta: dict = field(default_factory=dict)
     step_copy_ms: tuple[float, ...] = ()
+    bwd_input_ms: tuple[float, ...] = ()
+    bwd_weight_ms: tuple[float, ...] = ()
 
     def as_profile(self, level: str = "stage"):
         """``"layer"``: the per-layer profile; ``"stage"``: a Profile with one row per stage
@@ -251,6 +319,9 @@ class StageProfile:
         rows = [dict(name=f"stage{s}[{a}..{z}]", fwd_ms=self.fwd_ms[s], bwd_ms=self.bwd_ms[s],
                      act_bytes=float(df.act_bytes[z]), param_bytes=float(df.param_bytes[a:z + 1].sum()))
                 for s, (a, z) in enumerate(self.bounds)]
+        if len(self.bwd_input_ms) == len(rows) == len(self.bwd_weight_ms):  # the measured split backward
+            for r, bi, bw in zip(rows, self.bwd_input_ms, self.bwd_weight_ms):
+                r.update(bwd_input_ms=bi, bwd_weight_ms=bw)
         return Profile(pd.DataFrame(rows), dict(self.profile.meta, kind="measured (stage level)"))
 
     def stage_ms(self) -> pd.DataFrame:
@@ -313,8 +384,10 @@ def _time_step(params: list, iterations: int, warmup: int, lr: float = 0.01) -> 
     return out[0], out[1]
 
 
-def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int, microbatches: int = 4) -> tuple[float, float]:
-    """Median ms of the stage forward and backward as a rank of the runtime runs them: the layers as
+def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
+                microbatches: int = 4) -> tuple[float, float, float, float]:
+    """Median ms of the stage forward, backward, and split backward (input-gradient half BI, then
+    weight-gradient half BW, as zero-bubble schedules run it) as a rank of the runtime runs them: the layers as
     one stage module evaluated with its own parameter tensors (:func:`~workbench.runtime.stages.run_stage`),
     ``microbatches`` forwards kept alive, then their backwards (:func:`~workbench.runtime.stages.vjp`,
     cotangent of ones, the input gradient unless ``first``) adding the weight gradients into one
@@ -328,24 +401,33 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int, micr
 
     mod = torch.nn.Sequential(*layers)
     params = {n: p.detach().clone().requires_grad_(True) for n, p in mod.named_parameters()}
-    F, B = [], []
+    F, B, BI, BW = [], [], [], []
     for i in range(warmup + iterations):
-        into, recs = {}, []
-        for _ in range(microbatches):
+        into, recs, split = {}, [], []
+        for k in range(2 * microbatches):
             xl = as_leaves(x, requires_grad=not first)
             t0 = time.perf_counter()
             y = run_stage(mod, params, from_tuple(xl, isinstance(x, tuple)))
             F.append((time.perf_counter() - t0) * 1e3)
-            recs.append((xl, y))
+            (recs if k < microbatches else split).append((xl, y))
         for xl, y in reversed(recs):
             t0 = time.perf_counter()
             yt = y if isinstance(y, tuple) else (y,)
             vjp(mod, params, xl, isinstance(x, tuple), y, cot=tuple(torch.ones_like(t) for t in yt if t.is_floating_point()),
                 want_input=not first, into=into)
             B.append((time.perf_counter() - t0) * 1e3)
+        for xl, y in reversed(split):  # the split backward: BI (input gradient, keeps the graph), then BW
+            yt = y if isinstance(y, tuple) else (y,)
+            cot = tuple(torch.ones_like(t) for t in yt if t.is_floating_point())
+            t0 = time.perf_counter()
+            vjp(mod, params, xl, isinstance(x, tuple), y, cot=cot, want_weights=False, retain_graph=True)
+            t1 = time.perf_counter()
+            vjp(mod, params, xl, isinstance(x, tuple), y, cot=cot, want_input=False, into=into)
+            BI.append((t1 - t0) * 1e3)
+            BW.append((time.perf_counter() - t1) * 1e3)
         if i < warmup:
-            F, B = [], []
-    return statistics.median(F), statistics.median(B)
+            F, B, BI, BW = [], [], [], []
+    return statistics.median(F), statistics.median(B), statistics.median(BI), statistics.median(BW)
 
 
 def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1, iterations: int = 20,
@@ -372,18 +454,20 @@ def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1,
         from .profiler import _detach, _layers_and_input
 
         _, _, _, x = _layers_and_input(model, None, microbatch_size)
-        fwd, bwd = [], []
+        fwd, bwd, split = [], [], []
         for a, z in bounds:
-            f, b = _time_stage(layers[a:z + 1], x, a == 0, iterations, warmup)
+            f, b, bi, bw = _time_stage(layers[a:z + 1], x, a == 0, iterations, warmup)
             fwd.append(f)
             bwd.append(b)
+            split.append((bi, bw))
             with torch.no_grad():
                 for layer in layers[a:z + 1]:
                     x = layer(_detach(x, False))
     finally:
         torch.set_num_threads(before)
     return StageProfile(prof, bounds, step, int(microbatch_size), int(threads), tuple(fwd), tuple(bwd),
-                        dict(iterations=iterations, warmup=warmup, device=device), step_copy)
+                        dict(iterations=iterations, warmup=warmup, device=device), step_copy,
+                        tuple(x for x, _ in split), tuple(y for _, y in split))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,7 +512,8 @@ def modeled_step_ms(schedule: Schedule, stages: StageProfile, link: dict | None 
     """Steady-state modeled ms per round: simulate :func:`repeat_rounds` with the profile at the
     microbatch size (``microbatch_fraction=1``), per-stage ``step_ms`` (``step_copy_ms`` for the
     STEPs that keep a stashed version), a flat topology at the link bandwidth plus ``latency_ms``
-    per message (``link=None``: communication free), the all-reduce of ``allreduce``
+    per message and the link's ``message_cpu_ms`` at each end, if measured (``link=None``:
+    communication free), the all-reduce of ``allreduce``
     (:func:`measure_allreduce`; None: the link's ring), ``overlap_comm`` (the all-reduce overlaps
     the backward or runs after it) and ``op_overhead_ms`` per op; return the median spacing of the
     rounds' first op starts. ``level``: compute costs from the stage-level timings (default) or the
@@ -451,7 +536,7 @@ def modeled_step_ms(schedule: Schedule, stages: StageProfile, link: dict | None 
     res = simulate(repeat_rounds(schedule, rounds), profile=prof, plan=plan, topology=topo,
                    step_ms=list(stages.step_ms), step_copy_ms=list(stages.step_copy_ms) or None,
                    microbatch_fraction=1.0, latency_ms=lat, op_overhead_ms=op_overhead_ms,
-                   overlap_comm=overlap_comm, **ar)
+                   overlap_comm=overlap_comm, message_cpu_ms=float(link.get("message_cpu_ms", 0.0)) if link else 0.0, **ar)
     comp = res.compute
     M = schedule.microbatches
     first = comp[comp.kind != "STEP"].assign(r=lambda d: d.microbatch // M).groupby("r").start.min()

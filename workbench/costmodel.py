@@ -29,6 +29,9 @@ Model
   all of ``AR``.
   A library whose all-reduce is slower than its links is calibrated on its own
   (``allreduce_bandwidth``, ``allreduce_latency_ms``: the ring's bus bandwidth and per-step latency).
+* Per-message CPU time ``message_cpu_ms`` (LogP's overhead *o*; default 0): where communication
+  runs on the compute cores (a CPU run), each activation or gradient message also takes that much
+  time from the op that sends it and from the op that receives it.
 * Weight fetch (sharded placements) of ``n`` bytes from ``a`` to ``b``: one message.
 
 Plan closed form (PipeDream 1F1B, replicas round robin, one update per round): a replica of stage
@@ -86,6 +89,9 @@ class CostModel:
     batch_size: int | None = None
     allreduce_bandwidth: tuple[float, ...] | None = None  # ring bus bandwidth per level; None: the link's
     allreduce_latency_ms: tuple[float, ...] | None = None  # ring per-step latency per level; None: the link's
+    message_cpu_ms: float = 0.0  # CPU time a message between workers takes from each end's compute (LogP's o)
+    bwd_input_ms: np.ndarray | None = None  # measured split of the backward (zero-bubble BI / BW); None: half each
+    bwd_weight_ms: np.ndarray | None = None
     label: str = ""
     _prefix: dict = field(default_factory=dict, repr=False)
 
@@ -93,11 +99,14 @@ class CostModel:
     @classmethod
     def from_profile(cls, profile, topology=None, latency_ms=0.0, op_overhead_ms: float = 0.0,
                      overlap_allreduce: bool = True, allreduce_bandwidth=None,
-                     allreduce_latency_ms=None) -> "CostModel":
+                     allreduce_latency_ms=None, message_cpu_ms: float = 0.0) -> "CostModel":
         """The cost model of ``profile`` on ``topology``; ``latency_ms`` is one number or one per level.
         ``allreduce_bandwidth`` / ``allreduce_latency_ms`` (one number or one per level): the ring
         all-reduce's own bus bandwidth and per-step latency when the library's collective is slower
-        than its links (:func:`workbench.calibrate.measure_allreduce`); None: the links'."""
+        than its links (:func:`workbench.calibrate.measure_allreduce`); None: the links'.
+        ``message_cpu_ms``: CPU time each activation/gradient message takes from the compute of the
+        op that sends it and of the op that receives it (:func:`workbench.calibrate.measure_link`
+        with ``busy=True``; where communication runs on the compute cores)."""
         df = profile.layers
         cols = [df[c].to_numpy(dtype=float) for c in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes")]
         levels = len(getattr(topology, "levels", ())) if topology is not None else 1
@@ -114,12 +123,16 @@ class CostModel:
                 if isinstance(v, bool) or not isinstance(v, numbers.Real) or not float(v) > 0 or math.isnan(v):
                     raise ValueError(f"allreduce_bandwidth must be > 0 bytes/s, got {v!r}")
             ar_bw = tuple(float(v) for v in vals)
+        split = {c: df[c].to_numpy(dtype=float) for c in ("bwd_input_ms", "bwd_weight_ms")
+                 if c in df.columns and df[c].notna().all()}
+        if len(split) < 2:
+            split = {}
         meta = profile.meta or {}
         bs = meta.get("batch_size") or meta.get("batch_size_if_imagenet")
         return cls(*cols, topology=topology, latency_ms=lat, op_overhead_ms=check_ms("op_overhead_ms", op_overhead_ms),
                    overlap_allreduce=bool(overlap_allreduce), batch_size=int(bs) if bs else None,
                    label=_label(profile, topology, lat, op_overhead_ms), allreduce_bandwidth=ar_bw,
-                   allreduce_latency_ms=ar_lat)
+                   allreduce_latency_ms=ar_lat, message_cpu_ms=check_ms("message_cpu_ms", message_cpu_ms), **split)
 
     def __post_init__(self):
         for name in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes"):
@@ -131,9 +144,17 @@ class CostModel:
             raise ValueError(f"all-reduce algorithm {self.allreduce!r} is not modeled; use 'ring'")
         if not self.latency_ms:
             object.__setattr__(self, "latency_ms", (0.0,))
+        for name in ("bwd_input_ms", "bwd_weight_ms"):
+            x = getattr(self, name)
+            if x is not None:
+                x = np.asarray(x, dtype=float)
+                if x.shape != self.bwd_ms.shape or not np.all(np.isfinite(x)) or np.any(x < 0):
+                    raise ValueError(f"cost model column {name!r} must be finite and >= 0 for every layer")
+                object.__setattr__(self, name, x)
         z = np.zeros(1)
-        for name in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes"):
-            self._prefix[name] = np.concatenate([z, np.cumsum(getattr(self, name))])
+        for name in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes", "bwd_input_ms", "bwd_weight_ms"):
+            if getattr(self, name) is not None:
+                self._prefix[name] = np.concatenate([z, np.cumsum(getattr(self, name))])
 
     @property
     def num_layers(self) -> int:
@@ -150,6 +171,16 @@ class CostModel:
 
     def stage_bwd_ms(self, first: int, last: int, fraction: float = 1.0) -> float:
         return float(fraction * self.range_sum("bwd_ms", first, last))
+
+    def stage_split_bwd_ms(self, first: int, last: int, fraction: float = 1.0) -> tuple[float, float]:
+        """(input-gradient half BI, weight-gradient half BW) of the stage's backward: the measured
+        split when the profile has ``bwd_input_ms``/``bwd_weight_ms`` (the first stage's BI is
+        almost nothing: no input gradient), else half of ``bwd_ms`` each."""
+        if self.bwd_input_ms is None or self.bwd_weight_ms is None:
+            half = self.stage_bwd_ms(first, last, fraction) / 2
+            return half, half
+        return (float(fraction * self.range_sum("bwd_input_ms", first, last)),
+                float(fraction * self.range_sum("bwd_weight_ms", first, last)))
 
     def op_ms(self, compute_ms: float) -> float:
         """Duration of one op on the compute stream: its compute plus the per-op overhead."""
@@ -277,9 +308,17 @@ class CostModel:
 
     def plan_times(self, plan) -> tuple[list[float], list[float]]:
         """(stage_ms per stage, cut_ms per cut) of a flat :class:`~workbench.plan.Plan`."""
-        stages = [self.stage_ms(s.first, s.last, s.workers) for s in plan.stages]
+        S = plan.num_stages
+        stages = [self.stage_ms(s.first, s.last, s.workers) + self.stage_message_cpu_ms(k, S) / s.replicas
+                  for k, s in enumerate(plan.stages)]
         cuts = [self.cut_ms(a.last, a.workers, b.workers) for a, b in zip(plan.stages, plan.stages[1:])]
         return stages, cuts
+
+    def stage_message_cpu_ms(self, k: int, num_stages: int) -> float:
+        """CPU time of stage k's messages per minibatch: ``message_cpu_ms`` for each of the
+        activation received and gradient sent (k > 0) and activation sent and gradient received
+        (k < S - 1)."""
+        return self.message_cpu_ms * (2 * (k > 0) + 2 * (k < num_stages - 1))
 
     def predicted_ms(self, plan) -> float:
         """Time per minibatch of ``plan`` under 1F1B: ``max(stage_ms, cut_ms)`` (module docstring)."""
@@ -312,6 +351,7 @@ class CostModel:
         for k in range(S - 1, -1, -1):
             st = plan.stages[k]
             need = float(self.round_ms(self.stage_fwd_ms(st.first, st.last), self.stage_bwd_ms(st.first, st.last), 0.0))
+            need += self.stage_message_cpu_ms(k, S)
             if k + 1 < S:
                 nxt = plan.stages[k + 1]
                 nbytes = self.cut_bytes(st.last)

@@ -221,7 +221,8 @@ def modeled(job, stages, rounds: int):
     sched = job.schedule
     plan = Plan.from_boundaries(list(range(sched.num_stages)), [len(ws) for ws in sched.stage_workers])
     return wb.simulate(repeat_rounds(sched, rounds), profile=stages.as_profile("stage"), plan=plan,
-                       step_ms=list(stages.step_ms), microbatch_fraction=1.0)
+                       step_ms=list(stages.step_ms), step_copy_ms=list(stages.step_copy_ms) or None,
+                       microbatch_fraction=1.0)
 
 
 # ---- the table: closed form, unit, modeled, measured ----------------------------------------------

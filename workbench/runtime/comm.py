@@ -26,6 +26,11 @@ def tag(kind: int, boundary: int, g: int, i: int, num_stages: int) -> int:
     return ((g * num_stages + boundary) * 2 + kind) * MAX_TENSORS + i
 
 
+def uses_send_thread(backend: str) -> bool:
+    """The default of :class:`P2P`'s ``send_thread``: on with gloo unless ``WORKBENCH_SEND_THREAD=0``."""
+    return backend == "gloo" and os.environ.get("WORKBENCH_SEND_THREAD", "1") == "1"
+
+
 class P2P:
     """Sends (``isend``), receives (``irecv`` posted ahead) and a local mailbox for one rank.
 
@@ -66,7 +71,7 @@ class P2P:
         self.send_ms = 0.0  # time the op spends handing its sends over (the isend calls, or the queue put)
         self.op_send_start = None  # perf_counter of the current op's first send (the executor resets it per op)
         if send_thread is None:
-            send_thread = backend == "gloo" and os.environ.get("WORKBENCH_SEND_THREAD", "1") == "1"
+            send_thread = uses_send_thread(backend)
         self.sender = _Sender(self._isend) if send_thread else None
 
     # ---- sends ------------------------------------------------------------------------
@@ -179,9 +184,15 @@ class _Sender:
         if self.error is not None:
             raise RuntimeError(f"a send failed: {self.error}") from self.error
 
+    def close(self) -> None:
+        """End the thread once the sends handed over so far are posted."""
+        self.q.put(None)
+
     def _loop(self) -> None:
         while True:
             item = self.q.get()
+            if item is None:
+                return
             if isinstance(item, threading.Event):
                 item.set()
                 continue

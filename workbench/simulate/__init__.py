@@ -49,6 +49,8 @@ the one :class:`~workbench.costmodel.CostModel` (which the partitioner's plans u
   minibatch: schedules that split a minibatch into ``m`` microbatches (GPipe, Flush, 2BW) run
   ``m`` ops of ``1/m`` the size; override with ``microbatch_fraction=``. Without a plan the
   stages are :meth:`Plan.even <workbench.plan.Plan.even>` (the runtime's default split too);
+* split backward: ``BI``/``BW`` from the profile's ``bwd_input_ms``/``bwd_weight_ms`` columns when
+  it has them (measured: :func:`workbench.calibrate.stage_profile`), else ``bwd_ms / 2`` each;
 * transfer across the cut after stage ``s`` between workers ``a != b``:
   ``f · act_bytes[last layer of s] / bandwidth_between(a, b)``;
 * all-reduce of stage ``s`` over its ``r`` replicas (ring): ``2 (r - 1) / r · P_s / B_min``
@@ -94,7 +96,7 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
              overlap_comm: bool = True, step_ms: float = 0.0, transfer: float = 0.0,
              weight_fetch: float = 0.0, microbatch_fraction: float | None = None, latency_ms: float = 0.0,
              op_overhead_ms: float = 0.0, step_copy_ms=None, allreduce_bandwidth=None,
-             allreduce_latency_ms=None) -> SimResult:
+             allreduce_latency_ms=None, message_cpu_ms: float = 0.0) -> SimResult:
     """Simulate ``schedule`` and return its timeline and metrics.
 
     Unit costs by default (``fwd``, ``bwd``, and ``transfer``/``allreduce``/``weight_fetch``/
@@ -105,7 +107,8 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
     one number; default ``step_ms``): the cost of a STEP that writes new tensors because the version
     it replaces is still read (:meth:`Schedule.stashing_steps`, as the runtime decides); the others
     update in place at ``step_ms``. ``allreduce_bandwidth`` / ``allreduce_latency_ms``: the ring
-    all-reduce's own calibration (:meth:`CostModel.from_profile`; profile costs only).
+    all-reduce's own calibration, ``message_cpu_ms`` the CPU time of a message at each end
+    (:meth:`CostModel.from_profile`; profile costs only).
 
     Metrics (``result.metrics``), with ``L`` the makespan and ``W`` the workers:
 
@@ -134,13 +137,15 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
     if profile is None:
         if plan is not None or topology is not None:
             raise ValueError("plan/topology costs need a profile; pass profile=... (or use unit costs fwd=, bwd=)")
-        if allreduce_bandwidth is not None or allreduce_latency_ms is not None:
-            raise ValueError("allreduce_bandwidth/allreduce_latency_ms need profile costs; with unit costs give allreduce=")
+        if allreduce_bandwidth is not None or allreduce_latency_ms is not None or message_cpu_ms:
+            raise ValueError("allreduce_bandwidth/allreduce_latency_ms/message_cpu_ms need profile costs; with unit "
+                             "costs give allreduce= and transfer=")
         costs = _unit_costs(schedule, fwd, bwd, allreduce, transfer, weight_fetch, step_ms, latency_ms,
                             op_overhead_ms)
     else:
         costs = _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, microbatch_fraction,
-                               latency_ms, op_overhead_ms, overlap_comm, allreduce_bandwidth, allreduce_latency_ms)
+                               latency_ms, op_overhead_ms, overlap_comm, allreduce_bandwidth, allreduce_latency_ms,
+                               message_cpu_ms)
     if step_copy_ms is not None:
         costs = dataclasses.replace(costs, step_copy=_per_stage(step_copy_ms, schedule.num_stages, "step_copy_ms"))
     return _run(schedule, costs, overlap_comm)

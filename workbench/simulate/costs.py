@@ -131,7 +131,7 @@ def _stage_ranges(schedule: Schedule, profile, plan) -> list[tuple[int, int]]:
 
 
 def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fraction, latency_ms, op_overhead_ms,
-                   overlap_comm, allreduce_bandwidth=None, allreduce_latency_ms=None) -> _Costs:
+                   overlap_comm, allreduce_bandwidth=None, allreduce_latency_ms=None, message_cpu_ms=0.0) -> _Costs:
     """Per-stage charges of ``schedule`` from :meth:`CostModel.from_profile` (module docstring)."""
     S = schedule.num_stages
     ranges = _stage_ranges(schedule, profile, plan)
@@ -145,10 +145,10 @@ def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fracti
             raise ValueError(f"topology has {n} workers but the schedule needs {schedule.num_workers}")
     cm = CostModel.from_profile(profile, topology, latency_ms=latency_ms, op_overhead_ms=op_overhead_ms,
                                 overlap_allreduce=overlap_comm, allreduce_bandwidth=allreduce_bandwidth,
-                                allreduce_latency_ms=allreduce_latency_ms)
+                                allreduce_latency_ms=allreduce_latency_ms, message_cpu_ms=message_cpu_ms)
     f = [cm.stage_fwd_ms(a, b, fraction) for a, b in ranges]
     b = [cm.stage_bwd_ms(a, b_, fraction) for a, b_ in ranges]
-    half = [x / 2 for x in b]
+    split = [cm.stage_split_bwd_ms(a, b_, fraction) for a, b_ in ranges]
     cut = [cm.cut_bytes(b_, fraction) for _, b_ in ranges]
     stash = [float(fraction * cm.range_sum("act_bytes", a, b_)) for a, b_ in ranges]
     params = [float(cm.range_sum("param_bytes", a, b_)) for a, b_ in ranges]
@@ -156,6 +156,7 @@ def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fracti
         ar = _per_stage(allreduce, S, "allreduce")
     else:
         ar = [cm.allreduce_ms(params[s], schedule.stage_workers[s]) for s in range(S)]
-    compute = {_F: f, _B: b, _BI: half, _BW: half, _STEP: _per_stage(step_ms, S, "step_ms")}
+    compute = {_F: f, _B: b, _BI: [x for x, _ in split], _BW: [y for _, y in split],
+               _STEP: _per_stage(step_ms, S, "step_ms")}
     return _Costs(compute, cut, params, stash, None, None, ar, topology, cm.label,
                   op_overhead_ms=cm.op_overhead_ms, model=cm, fraction=float(fraction), batch_size=cm.batch_size)
