@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     for r in range(a.repeat):
         t = time.time()
         idle = measure_link("gloo", sizes=LINK_SIZES, repeats=30)
-        link = idle if a.idle_link else measure_link("gloo", sizes=LINK_SIZES, repeats=60, busy=True)
+        link = idle if a.idle_link else measure_link("gloo", sizes=LINK_SIZES, repeats=100, busy=True)
         ar = measure_allreduce("gloo", world_size=P, repeats=15)
         loads.append(os.getloadavg()[0])
         sp = {"pipe": profile_separately({}, pipe_bounds), "dp": profile_separately({}, dp_bounds)}

@@ -11,6 +11,10 @@ Rows per model:
 * ``single``: one process, one thread, the same 8 microbatches with gradient accumulation, SGD step
 * ``ideal``: ``2 * single * m / (m + p - 1)`` (the fill-drain / 1F1B bubble of p = 2 stages, no
   communication cost; interleaved schedules have a smaller bubble and may exceed it)
+* ``single-concurrent`` / ``ideal-concurrent`` (CPU): ``single`` in 2 processes at once, each pinned
+  to its own core (per-process throughput), and the ideal from it: what 2 ranks can reach when both
+  cores compute at once (they share memory bandwidth and caches); ``of_ideal_concurrent`` (``of
+  ideal*`` in the table) is relative to it. All multi-process rows pin one rank per core.
 * ``torch-gpipe`` / ``torch-1f1b`` / ``torch-interleaved-1f1b``: ``torch.distributed.pipelining``
   ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B + SGD
 * ``workbench-<schedule>``: :func:`workbench.runtime.train` running that schedule, with the per-epoch
@@ -92,12 +96,29 @@ def bench_single(name: str, steps: int, warmup: int, device="cpu") -> float:
     return steps * xs.shape[1] / (time.perf_counter() - t)
 
 
+def _single_worker(rank, world, name, steps, warmup, device, q):
+    from workbench.runtime.affinity import pin_rank
+    pin_rank(rank, world, 1, device)
+    q.put(bench_single(name, steps, warmup, device))
+
+
+def bench_single_concurrent(name: str, steps: int, warmup: int, device="cpu") -> float:
+    """``single`` run in ``P`` processes at once, each pinned to its own core as the runtime's ranks
+    are: the per-process throughput when every core computes (memory bandwidth and caches shared)."""
+    import torch.multiprocessing as mp
+    q = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_single_worker, args=(P, name, steps, warmup, device, q), nprocs=P, start_method="spawn")
+    return statistics.fmean(q.get() for _ in range(P))
+
+
 def _torch_pp_worker(rank, world, port, name, kind, steps, warmup, device, q):
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
+    from workbench.runtime.affinity import pin_rank
     from workbench.runtime.stages import even_bounds, stage_module
     torch.set_num_threads(1)
+    pin_rank(rank, world, 1, device)  # the placement the workbench's runtime uses
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
     if device == "cuda":
         torch.cuda.set_device(dev)
@@ -198,6 +219,8 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
     runs: dict[str, list] = {}
     for _ in range(repeat):  # interleaved repetitions: slow phases of a shared machine hit every row alike
         runs.setdefault("single", []).append(dict(v=bench_single(name, steps, warmup, device)))
+        if device == "cpu":
+            runs.setdefault("single-concurrent", []).append(dict(v=bench_single_concurrent(name, steps, warmup, device)))
         for kind in cfg["torch"]:
             runs.setdefault(f"torch-{kind}", []).append(dict(v=bench_torch_pipelining(name, kind, steps, warmup, device)))
         for sch in cfg["schedules"]:
@@ -207,9 +230,14 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
     single = statistics.median(r["v"] for r in runs["single"])
     ideal = P * single * M / (M + P - 1)
     torch_1f1b = statistics.median(r["v"] for r in runs["torch-1f1b"])
+    conc = statistics.median(r["v"] for r in runs["single-concurrent"]) if "single-concurrent" in runs else None
+    ideal_conc = P * conc * M / (M + P - 1) if conc else None
     rows = [dict(model=name, name="single", samples_per_s=single), dict(model=name, name="ideal", samples_per_s=ideal)]
+    if conc:
+        rows += [dict(model=name, name="single-concurrent", samples_per_s=conc),
+                 dict(model=name, name="ideal-concurrent", samples_per_s=ideal_conc)]
     for k, rs in runs.items():
-        if k == "single":
+        if k in ("single", "single-concurrent"):
             continue
         row = dict(model=name, name=k, samples_per_s=statistics.median(r["v"] for r in rs))
         for col in [c for c in rs[0] if c != "v"]:
@@ -217,22 +245,24 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
         rows.append(row)
     for r in rows:
         r.update(of_ideal=r["samples_per_s"] / ideal, of_single=r["samples_per_s"] / single,
+                 of_ideal_concurrent=r["samples_per_s"] / ideal_conc if ideal_conc else float("nan"),
                  vs_torch_1f1b=r["samples_per_s"] / torch_1f1b, steps=steps, repeat=repeat, device=device,
                  cores=len(os.sched_getaffinity(0)), load_avg_1min=round(os.getloadavg()[0], 2))
     return rows
 
 
-COLUMNS = ["model", "name", "samples_per_s", "of_ideal", "of_single", "vs_torch_1f1b", "modeled_ms", "measured_ms",
+COLUMNS = ["model", "name", "samples_per_s", "of_ideal", "of_ideal_concurrent", "of_single", "vs_torch_1f1b", "modeled_ms", "measured_ms",
            "step_ms", "compute_ms", "recv_wait_ms", "send_ms", "data_ms", "optimizer_ms", "allreduce_ms",
            "overhead_ms", "steps", "repeat", "device", "cores", "load_avg_1min"]
 
 
 def print_tables(rows: list[dict]) -> None:
-    print(f"{'model':<6}{'name':<30}{'samples/s':>11}{'of ideal':>9}{'vs torch 1f1b':>14}{'model ms':>9}{'meas ms':>9}"
+    print(f"{'model':<6}{'name':<30}{'samples/s':>11}{'of ideal':>9}{'of ideal*':>10}{'vs torch 1f1b':>14}{'model ms':>9}{'meas ms':>9}"
           f"{'load':>7}")
     for r in rows:
         fid = f"{r['modeled_ms']:>9.1f}{r['measured_ms']:>9.1f}" if "modeled_ms" in r else " " * 18
-        print(f"{r['model']:<6}{r['name']:<30}{r['samples_per_s']:>11.1f}{r['of_ideal']:>9.2f}{r['vs_torch_1f1b']:>14.2f}"
+        print(f"{r['model']:<6}{r['name']:<30}{r['samples_per_s']:>11.1f}{r['of_ideal']:>9.2f}{r['of_ideal_concurrent']:>10.2f}"
+              f"{r['vs_torch_1f1b']:>14.2f}"
               f"{fid}{r['load_avg_1min']:>7.1f}")
     parts = COLUMNS[COLUMNS.index("step_ms"):COLUMNS.index("overhead_ms") + 1]
     print("\nwhere the time goes (measured, ms per step, mean over the ranks):")

@@ -385,7 +385,7 @@ def _time_step(params: list, iterations: int, warmup: int, lr: float = 0.01) -> 
 
 
 def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
-                microbatches: int = 4) -> tuple[float, float, float, float]:
+                microbatches: int = 4, model=None, target=None) -> tuple[float, float, float, float]:
     """Median ms of the stage forward, backward, and split backward (input-gradient half BI, then
     weight-gradient half BW, as zero-bubble schedules run it) as a rank of the runtime runs them: the layers as
     one stage module evaluated with its own parameter tensors (:func:`~workbench.runtime.stages.run_stage`),
@@ -394,7 +394,9 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
     update buffer, as the runtime's B ops of one update do. Cache and allocator effects of the real
     op sequence are in the figure (a loop over one forward/backward pair that frees its gradients
     measured 1.1 to 2.2 ms for the same stage from run to run on the 2-core CI machine; this, 1.6
-    to 1.7 ms, as the runtime's own B ops)."""
+    to 1.7 ms, as the runtime's own B ops). The last stage (``model`` and ``target`` given) also
+    computes the loss and the metrics in its forward and starts its backward from the loss, as the
+    runtime's last stage does."""
     import torch
 
     from .runtime.stages import as_leaves, from_tuple, run_stage, vjp
@@ -408,21 +410,29 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
             xl = as_leaves(x, requires_grad=not first)
             t0 = time.perf_counter()
             y = run_stage(mod, params, from_tuple(xl, isinstance(x, tuple)))
+            loss = None
+            if model is not None:
+                loss = model.loss(y, target)
+                float(loss.detach()), model.correct(y.detach() if torch.is_tensor(y) else y, target)
             F.append((time.perf_counter() - t0) * 1e3)
-            (recs if k < microbatches else split).append((xl, y))
-        for xl, y in reversed(recs):
-            t0 = time.perf_counter()
+            (recs if k < microbatches else split).append((xl, y, loss))
+        def start(y, loss):  # where the backward starts: the loss (last stage) or the next stage's gradient
+            if loss is not None:
+                return dict(loss_fn=model.loss, target=target, loss=loss)
             yt = y if isinstance(y, tuple) else (y,)
-            vjp(mod, params, xl, isinstance(x, tuple), y, cot=tuple(torch.ones_like(t) for t in yt if t.is_floating_point()),
-                want_input=not first, into=into)
+            return dict(cot=tuple(torch.ones_like(t) for t in yt if t.is_floating_point()))
+
+        for xl, y, loss in reversed(recs):
+            kw = start(y, loss)
+            t0 = time.perf_counter()
+            vjp(mod, params, xl, isinstance(x, tuple), y, **kw, want_input=not first, into=into)
             B.append((time.perf_counter() - t0) * 1e3)
-        for xl, y in reversed(split):  # the split backward: BI (input gradient, keeps the graph), then BW
-            yt = y if isinstance(y, tuple) else (y,)
-            cot = tuple(torch.ones_like(t) for t in yt if t.is_floating_point())
+        for xl, y, loss in reversed(split):  # the split backward: BI (input gradient, keeps the graph), then BW
+            kw = start(y, loss)
             t0 = time.perf_counter()
-            vjp(mod, params, xl, isinstance(x, tuple), y, cot=cot, want_weights=False, retain_graph=True)
+            vjp(mod, params, xl, isinstance(x, tuple), y, **kw, want_weights=False, retain_graph=True)
             t1 = time.perf_counter()
-            vjp(mod, params, xl, isinstance(x, tuple), y, cot=cot, want_input=False, into=into)
+            vjp(mod, params, xl, isinstance(x, tuple), y, **kw, want_input=False, into=into)
             BI.append((t1 - t0) * 1e3)
             BW.append((time.perf_counter() - t1) * 1e3)
         if i < warmup:
@@ -456,7 +466,10 @@ def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1,
         _, _, _, x = _layers_and_input(model, None, microbatch_size)
         fwd, bwd, split = [], [], []
         for a, z in bounds:
-            f, b, bi, bw = _time_stage(layers[a:z + 1], x, a == 0, iterations, warmup)
+            last = z == len(layers) - 1 and hasattr(model, "loss") and hasattr(model, "example_target")
+            f, b, bi, bw = _time_stage(layers[a:z + 1], x, a == 0, iterations, warmup,
+                                       model=model if last else None,
+                                       target=model.example_target(microbatch_size) if last else None)
             fwd.append(f)
             bwd.append(b)
             split.append((bi, bw))
