@@ -287,7 +287,8 @@ def main(argv=None) -> int:
             ap.error(f"unknown model {name!r}; choose from {', '.join(CONFIGS)}")
         rows += run_model(name, a.steps or CONFIGS[name]["steps"], a.warmup, a.repeat, a.device)
     print_tables(rows)
-    out = Path(a.out)
+    from workbench.io import fresh_path
+    out = Path(fresh_path(a.out))  # never overwrite an earlier result
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     with open(tmp, "w", newline="") as f:

@@ -93,7 +93,8 @@ def main(argv=None) -> pd.DataFrame:
     df["load_1min"] = f"{load0:.1f}-{load1:.1f}"
     df["cpus"] = os.cpu_count()
     df["python"] = platform.python_version()
-    out = Path(args.out)
+    from workbench.io import fresh_path
+    out = Path(fresh_path(args.out))  # never overwrite an earlier result
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     df.to_csv(tmp, index=False)
