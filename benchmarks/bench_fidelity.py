@@ -50,7 +50,7 @@ import pandas as pd
 
 M, P, BATCH, LR = 8, 2, 256, 0.01
 MB = BATCH // M
-LINK_SIZES = (4, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
+LINK_SIZES = (4, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
 SCHEDULES = ("gpipe", "pipedream-flush", "zb-h1", "pipedream", "dp-bsp")
 TINY = dict(width=16, in_features=16)  # the overhead-calibration model: same depth, ~no compute
 

@@ -226,7 +226,7 @@ def test_measure_allreduce_expresses_gloo_in_the_ring_model():
     from workbench.calibrate import measure_allreduce
     from workbench.costmodel import ring_allreduce_ms
 
-    m = measure_allreduce("gloo", sizes=(4, 256 << 10, 2 << 20), repeats=5, warmup=2, timeout_s=120)
+    m = measure_allreduce("gloo", sizes=(4, 256 << 10, 8 << 20), repeats=5, warmup=2, timeout_s=120)
     assert m["world_size"] == 2 and m["bandwidth_bytes_per_s"] > 0
     model = [ring_allreduce_ms(n, 2, m["bandwidth_bytes_per_s"], m["latency_ms"]) for n in m["sizes"]]
     rel = [abs(a / b - 1) for a, b in zip(model, m["ms"])]
@@ -258,6 +258,6 @@ def test_pin_rank_gives_each_rank_its_own_cores(monkeypatch):
 def test_loaded_link_reports_message_cpu_time():
     from workbench.calibrate import measure_link
 
-    m = measure_link("gloo", sizes=(4, 4 << 20), repeats=10, warmup=2, busy=True, timeout_s=120)
+    m = measure_link("gloo", sizes=(4, 16 << 20), repeats=10, warmup=2, busy=True, timeout_s=120)
     assert m["busy"] and len(m["cpu_ms_per_message"]) == 2 and m["message_cpu_ms"] >= 0
     assert all(t > 0 for t in m["one_way_ms"])

@@ -313,9 +313,9 @@ def test_bad_allreduce_bandwidth_is_one_clear_error(bad):
 
 def test_message_cpu_time_is_charged_alike_by_the_plan_and_the_simulator():
     """LogP's overhead o (message_cpu_ms = 0.25): each activation/gradient message takes 0.25 ms
-    from the op sending it and the op receiving it. Two stages F = 1, B = 2: each stage handles 2
-    messages per minibatch, so the closed form is 1 + 2 + 2 * 0.25 = 3.5 ms per minibatch, and the
-    simulated steady state of 1F1B is the same."""
+    of CPU at the sending and at the receiving worker. Two stages F = 1, B = 2: each stage handles 2
+    messages per minibatch and 1F1B leaves no idle time to hide them in, so the closed form is
+    1 + 2 + 2 * 0.25 = 3.5 ms per minibatch, and the simulated steady state is the same."""
     p = make_profile([1, 1], [2, 2], [1e3, 0], [0, 0])
     topo = Topology.flat(2, 1e12)
     plan = Plan.from_boundaries([0, 1], [1, 1])
@@ -323,8 +323,6 @@ def test_message_cpu_time_is_charged_alike_by_the_plan_and_the_simulator():
     assert cm.predicted_ms(plan) == pytest.approx(3.5, rel=1e-6)
     res = simulate(build("pipedream", plan, 32), profile=p, plan=plan, topology=topo, message_cpu_ms=0.25)
     assert res.time_per_minibatch_ms == pytest.approx(3.5, rel=1e-3)
-    f = res.compute[(res.compute.kind == "F") & (res.compute.stage == 0)]
-    assert (f.end - f.start).iloc[0] == pytest.approx(1.25)  # F of stage 0 sends one activation
     with pytest.raises(ValueError, match="message_cpu_ms"):
         CostModel.from_profile(p, topo, message_cpu_ms=-1.0)
 
@@ -342,3 +340,21 @@ def test_measured_split_backward_replaces_the_halves():
     plain = simulate(sched, profile=Profile(df.drop(columns=["bwd_input_ms", "bwd_weight_ms"]), {"name": "p"}),
                      microbatch_fraction=1.0)
     assert set((plain.compute.end - plain.compute.start)[plain.compute.kind.isin(["BI", "BW"])].round(9)) == {1.0}
+
+
+def test_message_cpu_time_runs_in_idle_time_first():
+    """Model parallelism, 2 stages, one minibatch, F = 1, B = 2, free links, 0.25 ms of CPU per
+    message end. By hand: worker 0's F ends at 1 and sends (its 0.25 runs in its idle time until its
+    B); worker 1 receives at 1 and must do its 0.25 before computing: F on [1, 2.25], B on
+    [2.25, 4.25], sends; worker 0 receives at 4.25: B on [4.25, 6.5]. Makespan 6.5 (6 without the
+    CPU time; 7 if every message stretched both its ops)."""
+    p = make_profile([1, 1], [2, 2], [1e3, 0], [0, 0])
+    plan = Plan.from_boundaries([0, 1], [1, 1])
+    res = simulate(build("model-parallel", 2, 1), profile=p, plan=plan, topology=Topology.flat(2, 1e18),
+                   message_cpu_ms=0.25, microbatch_fraction=1.0)
+    c = res.compute.set_index(["worker", "kind"])
+    assert (c.loc[(0, "F")].start, c.loc[(0, "F")].end) == pytest.approx((0.0, 1.0))
+    assert (c.loc[(1, "F")].start, c.loc[(1, "F")].end) == pytest.approx((1.0, 2.25))
+    assert (c.loc[(1, "B")].start, c.loc[(1, "B")].end) == pytest.approx((2.25, 4.25))
+    assert (c.loc[(0, "B")].start, c.loc[(0, "B")].end) == pytest.approx((4.25, 6.5))
+    assert res.makespan == pytest.approx(6.5)

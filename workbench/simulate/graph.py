@@ -208,10 +208,6 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
         dur = [op_ms(schedule, op, comp) + over if k < 5 else 0.0 for op, k in zip(flat, kc)]
     else:
         dur = [comp[k][s] + over if k < 5 else 0.0 for k, s in zip(kc, st)]
-    msg_cpu = costs.model.message_cpu_ms if costs.model is not None else 0.0
-    if msg_cpu:  # each message between workers takes CPU time from the op sending it and the op receiving it
-        per = np.bincount(src[xfer], minlength=N) + np.bincount(dst[xfer], minlength=N)
-        dur = [d + msg_cpu * c for d, c in zip(dur, per.tolist())]
     if costs.step_copy is not None:  # STEPs that keep the replaced version write new tensors
         for w in range(W):
             for i in schedule.stashing_steps(w):

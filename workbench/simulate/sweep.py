@@ -28,6 +28,22 @@ class Sweep:
     fetch_count: list  # weight fetches per worker
 
 
+def _left_over(items: list, idle_from: float, t: float) -> float:
+    """CPU work items ``(ready at, ms)`` of a worker's communication threads, run in the idle time
+    ``[idle_from, t]`` before its next op in order of readiness; returns the ms left over, which the
+    op starting at ``t`` shares its core with (its duration grows by it)."""
+    left, cur = 0.0, idle_from
+    for ready, ms in sorted(items):
+        s = cur if cur > ready else ready
+        if s < t:
+            done = ms if ms < t - s else t - s
+            cur = s + done
+            left += ms - done
+        else:
+            left += ms
+    return left
+
+
 def sweep(graph: OpGraph, costs: _Costs, overlap_comm: bool, name: str = "schedule") -> Sweep:
     """Run the sweep; a :class:`ValueError` names the stuck ops if the schedule deadlocks."""
     gr = graph  # unpacked into locals: the loop below is the simulator's hot path
@@ -58,6 +74,12 @@ def sweep(graph: OpGraph, costs: _Costs, overlap_comm: bool, name: str = "schedu
     fetch_count = [0] * W
     topo = costs.topology
     ar_ms = costs.allreduce_ms
+    # CPU time of each message at both ends (CostModel.message_cpu_ms): the sender's share is ready
+    # when its op ends, the receiver's when the message arrives; each runs in its worker's idle time
+    # or else stretches the worker's next compute op (processor sharing with the compute)
+    msg_cpu = costs.model.message_cpu_ms if costs.model is not None else 0.0
+    send_work: list[list] = [[] for _ in range(W)]
+    recv_work: dict[int, list] = {}
     level_cache: dict[int, int] = {}
 
     def level(a: int, b: int) -> int:
@@ -152,6 +174,12 @@ def sweep(graph: OpGraph, costs: _Costs, overlap_comm: bool, name: str = "schedu
             if t > base:
                 stl += t - base
             e = t + dur[i]
+            if msg_cpu:
+                items = send_work[w] + recv_work.pop(i, [])
+                if items:
+                    send_work[w] = []
+                    e += _left_over(items, fw, t)
+            sent = 0
             start[i] = t
             end[i] = e
             ps = t
@@ -173,6 +201,9 @@ def sweep(graph: OpGraph, costs: _Costs, overlap_comm: bool, name: str = "schedu
                     t0 = e if e > lf else lf
                     a = t0 + ms
                     link_free[lk] = a
+                    if msg_cpu:
+                        sent += 1
+                        recv_work.setdefault(c, []).append((a, msg_cpu))
                     if ms > 0 or nbytes:
                         name = "send_wgrad" if typ == 3 else "send_act" if k == _F else "send_grad"
                         comm_rows.append((w, st[i], mb[i], name, t0, a, ver[i], w, wc, -1, nbytes))
@@ -187,6 +218,8 @@ def sweep(graph: OpGraph, costs: _Costs, overlap_comm: bool, name: str = "schedu
                 pending[c] = pc
                 if pc == 0 and typ and ptr[wof[c]] == c:
                     stack.append(wof[c])
+            if sent:
+                send_work[w].append((e, msg_cpu * sent))
             i += 1
         ptr[w] = i
         free[w] = fw
