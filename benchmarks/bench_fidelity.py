@@ -55,6 +55,9 @@ SCHEDULES = ("gpipe", "pipedream-flush", "zb-h1", "pipedream", "dp-bsp")
 TINY = dict(width=16, in_features=16)  # the overhead-calibration model: same depth, ~no compute
 
 
+from workbench.runtime.ddp import DDP_BUCKETS  # noqa: E402 - the DDP executor's gradient buckets
+
+
 def _profile_in_child(model_options: dict, bounds: list, threads: int, index: int = 0, of: int = P):
     """Runs in a fresh spawned process (the ``index``-th of ``of``, pinned to a core as the runtime
     pins its ranks): the stage profile of ``mlp(**model_options)``."""
@@ -134,7 +137,9 @@ def main(argv=None) -> int:
             tiny[ex] = run_measured(tn, a.steps, a.skip, **cal_model)
             ts = schedule_of(tn)
             # the width-16 run leaves its cores idle: its messages travel as on the idle link
-            o[ex] = solve_overhead(lambda x: modeled_step_ms(ts, tsp, idle, x, allreduce=ar, **ovl), tiny[ex])
+            o[ex] = solve_overhead(lambda x: modeled_step_ms(ts, tsp, idle, x, allreduce=ar,
+                                                             allreduce_buckets=DDP_BUCKETS if tn == "dp-bsp" else None,
+                                                             **ovl), tiny[ex])
         cal.append(dict(latency_ms=link["latency_ms"], bandwidth=link["bandwidth_bytes_per_s"],
                         message_cpu_ms=link.get("message_cpu_ms", 0.0), idle_latency_ms=idle["latency_ms"],
                         idle_bandwidth=idle["bandwidth_bytes_per_s"],
@@ -145,7 +150,8 @@ def main(argv=None) -> int:
             meas = run_measured(n, a.steps, a.skip)
             sched = schedule_of(n)
             s = sp["dp"] if n == "dp-bsp" else sp["pipe"]
-            kw = dict(allreduce=ar, overlap_comm=a.overlap_allreduce)
+            kw = dict(allreduce=ar, overlap_comm=a.overlap_allreduce,
+                      allreduce_buckets=DDP_BUCKETS if n == "dp-bsp" else None)
             on = o["ddp" if n == "dp-bsp" else "pipeline"]
             rows[n].append(dict(measured=meas, modeled=modeled_step_ms(sched, s, link, on, **kw),
                                 no_overhead=modeled_step_ms(sched, s, link, 0.0, **kw),

@@ -358,3 +358,26 @@ def test_message_cpu_time_runs_in_idle_time_first():
     assert (c.loc[(1, "B")].start, c.loc[(1, "B")].end) == pytest.approx((2.25, 4.25))
     assert (c.loc[(0, "B")].start, c.loc[(0, "B")].end) == pytest.approx((4.25, 6.5))
     assert res.makespan == pytest.approx(6.5)
+
+
+def test_measured_allreduce_curve_and_ddp_buckets():
+    """A measured all-reduce curve (2 replicas: 1 MiB 3 ms, 8 MiB 7 ms, 16 MiB 12 ms) is
+    interpolated; DDP's buckets (1 MiB first, then 25 MiB) turn 9 MiB of gradients into two
+    all-reduces: 1 MiB (3 ms) + 8 MiB (7 ms) = 10 ms, where one all-reduce of 9 MiB costs 7.625 ms.
+    Other replica counts use the ring formula."""
+    mib = 2 ** 20
+    curve = dict(sizes=[4, mib, 8 * mib, 16 * mib], ms=[0.1, 3.0, 7.0, 12.0], world_size=2)
+    p = make_profile([1], [2], [0], [9 * mib])
+    topo = Topology.flat(4, 1e9)
+    one = CostModel.from_profile(p, topo, allreduce_curve=curve)
+    assert one.allreduce_ms(9 * mib, (0, 1)) == pytest.approx(7.0 + 5.0 / 8)  # between 8 and 16 MiB
+    assert one.allreduce_ms(32 * mib, (0, 1)) == pytest.approx(12.0 + 16 * 5.0 / 8)  # beyond: the last line
+    ddp = CostModel.from_profile(p, topo, allreduce_curve=curve, allreduce_buckets=(mib, 25 * mib))
+    assert ddp.bucket_bytes(9 * mib) == [mib, 8 * mib]
+    assert ddp.allreduce_ms(9 * mib, (0, 1)) == pytest.approx(3.0 + 7.0)
+    # 4 replicas: not the measured count, so the ring at the link (1 GB/s), per bucket
+    assert ddp.allreduce_ms(9 * mib, (0, 1, 2, 3)) == pytest.approx(1.5 * mib / 1e6 + 1.5 * 8 * mib / 1e6)
+    with pytest.raises(ValueError, match="allreduce_buckets"):
+        CostModel.from_profile(p, topo, allreduce_buckets=(0, 1))
+    with pytest.raises(ValueError, match="allreduce_curve"):
+        CostModel.from_profile(p, topo, allreduce_curve={"sizes": [1]})

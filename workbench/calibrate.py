@@ -117,8 +117,8 @@ def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, 
             load.start()
             time.sleep(0.05)
             c0, t0 = count[0], time.perf_counter()
-            time.sleep(0.3)  # the compute rate with no messages
-            rate0 = (count[0] - c0) / (time.perf_counter() - t0)
+            time.sleep(0.5)  # the compute rate with no messages (before, and again after, the messages)
+            rates = [(count[0] - c0) / (time.perf_counter() - t0)]
             if uses_send_thread(backend):
                 sender = _Sender(lambda key, tensors, dst: pending.append(dist.isend(tensors[0], dst)))
 
@@ -128,7 +128,7 @@ def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, 
             else:
                 pending.append(dist.isend(buf, dst))
 
-        out, cpu = {}, {}
+        out, spans = {}, {}
         for n in sizes:
             buf = torch.zeros(max(1, int(n) // 4), dtype=torch.float32)
             rtt = []
@@ -146,9 +146,15 @@ def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, 
                     rtt.append((time.perf_counter() - t0) * 1e3)
             # loaded: the mean, since every delay adds to a pipeline's critical path; idle: the median
             out[int(buf.numel() * 4)] = (statistics.fmean(rtt) if busy else statistics.median(rtt)) / 2
-            if busy:  # compute time the messages took from this core, per message sent or received
-                dt = time.perf_counter() - t1
-                cpu[int(buf.numel() * 4)] = max(0.0, dt - (count[0] - c1) / rate0) * 1e3 / (2 * repeats)
+            if busy:
+                spans[int(buf.numel() * 4)] = (time.perf_counter() - t1, count[0] - c1)
+        cpu = {}
+        if busy:  # compute time the messages took from this core, per message sent or received
+            c0, t0 = count[0], time.perf_counter()
+            time.sleep(0.5)
+            rates.append((count[0] - c0) / (time.perf_counter() - t0))
+            rate0 = statistics.fmean(rates)
+            cpu = {k: max(0.0, dt - done / rate0) * 1e3 / (2 * repeats) for k, (dt, done) in spans.items()}
         if sender is not None:
             sender.drain(timeout_s)
             sender.close()
@@ -240,7 +246,7 @@ def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, re
     critical path). On the 2-core CI machine a 64 KiB message took about 0.07 ms idle and 0.4 to
     1.1 ms on average loaded. Loaded, it also reports the compute time the messages took from the
     busy thread (its rate with and without messages): ``cpu_ms_per_message`` per size (per message
-    sent or received) and ``message_cpu_ms``, their median up to 256 KiB (the simulator's
+    sent or received) and ``message_cpu_ms``, their mean up to 256 KiB (the simulator's
     ``message_cpu_ms``, LogP's overhead *o*)."""
     sizes = _check_sizes(sizes, repeats, warmup)
     one_way, cpu = _run_ranks(_ping_pong, (backend, sizes, repeats, warmup, timeout_s, threads, bool(busy)), 2,
@@ -258,7 +264,8 @@ def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, re
     out = dict(fit, sizes=n, one_way_ms=[one_way[k] for k in n], backend=backend, repeats=repeats, busy=bool(busy))
     if busy:
         out["cpu_ms_per_message"] = [cpu[k] for k in n]
-        out["message_cpu_ms"] = statistics.median(cpu[k] for k in n if k <= 256 << 10)
+        small = [k for k in n if k <= 256 << 10] or n[:1]
+        out["message_cpu_ms"] = statistics.fmean(cpu[k] for k in small)
     return out
 
 
@@ -533,13 +540,13 @@ def _round_spacing(starts: Sequence[float]) -> float:
 
 def modeled_step_ms(schedule: Schedule, stages: StageProfile, link: dict | None = None, op_overhead_ms: float = 0.0,
                     rounds: int = 6, overlap_comm: bool = True, level: str = "stage",
-                    allreduce: dict | None = None) -> float:
+                    allreduce: dict | None = None, allreduce_buckets=None) -> float:
     """Steady-state modeled ms per round: simulate :func:`repeat_rounds` with the profile at the
     microbatch size (``microbatch_fraction=1``), per-stage ``step_ms`` (``step_copy_ms`` for the
     STEPs that keep a stashed version), a flat topology at the link bandwidth plus ``latency_ms``
     per message and the link's ``message_cpu_ms`` at each end, if measured (``link=None``:
-    communication free), the all-reduce of ``allreduce``
-    (:func:`measure_allreduce`; None: the link's ring), ``overlap_comm`` (the all-reduce overlaps
+    communication free), the all-reduce of ``allreduce`` (:func:`measure_allreduce`: its measured
+    times, interpolated; None: the link's ring) in ``allreduce_buckets`` (DDP's, for dp-bsp), ``overlap_comm`` (the all-reduce overlaps
     the backward or runs after it) and ``op_overhead_ms`` per op; return the median spacing of the
     rounds' first op starts. ``level``: compute costs from the stage-level timings (default) or the
     per-layer profile."""
@@ -557,7 +564,10 @@ def modeled_step_ms(schedule: Schedule, stages: StageProfile, link: dict | None 
     topo = Topology.flat(schedule.num_workers, link["bandwidth_bytes_per_s"]) if link else None
     lat = max(0.0, float(link["latency_ms"])) if link else 0.0
     ar = dict(allreduce_bandwidth=allreduce["bandwidth_bytes_per_s"],
-              allreduce_latency_ms=max(0.0, float(allreduce["latency_ms"]))) if allreduce and topo else {}
+              allreduce_latency_ms=max(0.0, float(allreduce["latency_ms"])),
+              allreduce_curve=allreduce if "ms" in allreduce else None) if allreduce and topo else {}
+    if allreduce_buckets is not None and topo:
+        ar["allreduce_buckets"] = allreduce_buckets
     res = simulate(repeat_rounds(schedule, rounds), profile=prof, plan=plan, topology=topo,
                    step_ms=list(stages.step_ms), step_copy_ms=list(stages.step_copy_ms) or None,
                    microbatch_fraction=1.0, latency_ms=lat, op_overhead_ms=op_overhead_ms,

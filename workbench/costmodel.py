@@ -90,6 +90,9 @@ class CostModel:
     allreduce_bandwidth: tuple[float, ...] | None = None  # ring bus bandwidth per level; None: the link's
     allreduce_latency_ms: tuple[float, ...] | None = None  # ring per-step latency per level; None: the link's
     message_cpu_ms: float = 0.0  # CPU time a message between workers takes from each end's compute (LogP's o)
+    allreduce_curve: tuple | None = None  # measured ((bytes, ms), ...) of the library's all-reduce on ...
+    allreduce_curve_replicas: int = 0  # ... this many replicas (other counts use the ring formula)
+    allreduce_buckets: tuple[float, float] | None = None  # (first, each further) bucket bytes: DDP's gradient buckets
     bwd_input_ms: np.ndarray | None = None  # measured split of the backward (zero-bubble BI / BW); None: half each
     bwd_weight_ms: np.ndarray | None = None
     label: str = ""
@@ -99,14 +102,20 @@ class CostModel:
     @classmethod
     def from_profile(cls, profile, topology=None, latency_ms=0.0, op_overhead_ms: float = 0.0,
                      overlap_allreduce: bool = True, allreduce_bandwidth=None,
-                     allreduce_latency_ms=None, message_cpu_ms: float = 0.0) -> "CostModel":
+                     allreduce_latency_ms=None, message_cpu_ms: float = 0.0, allreduce_curve=None,
+                     allreduce_buckets=None) -> "CostModel":
         """The cost model of ``profile`` on ``topology``; ``latency_ms`` is one number or one per level.
         ``allreduce_bandwidth`` / ``allreduce_latency_ms`` (one number or one per level): the ring
         all-reduce's own bus bandwidth and per-step latency when the library's collective is slower
         than its links (:func:`workbench.calibrate.measure_allreduce`); None: the links'.
         ``message_cpu_ms``: CPU time each activation/gradient message takes from the compute of the
         op that sends it and of the op that receives it (:func:`workbench.calibrate.measure_link`
-        with ``busy=True``; where communication runs on the compute cores)."""
+        with ``busy=True``; where communication runs on the compute cores). ``allreduce_curve``: a
+        :func:`~workbench.calibrate.measure_allreduce` result (``sizes``, ``ms``, ``world_size``):
+        all-reduces over that many replicas cost the measured time, interpolated in the size (gloo's
+        time is not a line: 1 MiB took 0.6 to 3.8 ms here, 256 KiB 0.26 ms). ``allreduce_buckets``
+        ``(first, cap)``: the gradients are all-reduced in buckets of ``first`` bytes, then ``cap``
+        bytes each, as DistributedDataParallel does (``workbench.runtime.ddp.DDP_BUCKETS``)."""
         df = profile.layers
         cols = [df[c].to_numpy(dtype=float) for c in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes")]
         levels = len(getattr(topology, "levels", ())) if topology is not None else 1
@@ -127,12 +136,28 @@ class CostModel:
                  if c in df.columns and df[c].notna().all()}
         if len(split) < 2:
             split = {}
+        curve, curve_r = None, 0
+        if allreduce_curve is not None:
+            try:
+                pts = sorted((float(n), float(t)) for n, t in zip(allreduce_curve["sizes"], allreduce_curve["ms"]))
+                curve_r = int(allreduce_curve["world_size"])
+            except (KeyError, TypeError, ValueError):
+                raise ValueError("allreduce_curve must be a measure_allreduce() result (sizes, ms, world_size)") from None
+            if len(pts) < 2 or any(not (math.isfinite(t) and t >= 0 and n >= 0) for n, t in pts):
+                raise ValueError("allreduce_curve needs at least 2 sizes with finite times >= 0")
+            curve = tuple(pts)
+        buckets = None
+        if allreduce_buckets is not None:
+            buckets = tuple(float(b) for b in allreduce_buckets)
+            if len(buckets) != 2 or not all(b > 0 for b in buckets):
+                raise ValueError(f"allreduce_buckets must be (first bytes, bucket bytes) > 0, got {allreduce_buckets!r}")
         meta = profile.meta or {}
         bs = meta.get("batch_size") or meta.get("batch_size_if_imagenet")
         return cls(*cols, topology=topology, latency_ms=lat, op_overhead_ms=check_ms("op_overhead_ms", op_overhead_ms),
                    overlap_allreduce=bool(overlap_allreduce), batch_size=int(bs) if bs else None,
                    label=_label(profile, topology, lat, op_overhead_ms), allreduce_bandwidth=ar_bw,
-                   allreduce_latency_ms=ar_lat, message_cpu_ms=check_ms("message_cpu_ms", message_cpu_ms), **split)
+                   allreduce_latency_ms=ar_lat, message_cpu_ms=check_ms("message_cpu_ms", message_cpu_ms),
+                   allreduce_curve=curve, allreduce_curve_replicas=curve_r, allreduce_buckets=buckets, **split)
 
     def __post_init__(self):
         for name in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes"):
@@ -215,8 +240,35 @@ class CostModel:
         r = len(ws)
         if r <= 1:
             return 0.0
+        parts = self.bucket_bytes(nbytes)
+        if self.allreduce_curve is not None and r == self.allreduce_curve_replicas:
+            return float(sum(self.curve_ms(b) for b in parts))
         links = [self.collective_link(ws[i], ws[(i + 1) % r]) for i in range(r)]
-        return ring_allreduce_ms(nbytes, r, min(b for _, b in links), max(a for a, _ in links))
+        bw, lat = min(b for _, b in links), max(a for a, _ in links)
+        return float(sum(ring_allreduce_ms(b, r, bw, lat) for b in parts))
+
+    def bucket_bytes(self, nbytes: float) -> list[float]:
+        """The all-reduces one stage's gradients take: one of ``nbytes``, or DDP's buckets
+        (``allreduce_buckets``: the first of ``first`` bytes, then ``cap`` bytes each)."""
+        if self.allreduce_buckets is None or nbytes <= 0:
+            return [float(nbytes)]
+        first, cap = self.allreduce_buckets
+        out = [min(float(nbytes), first)]
+        rest = float(nbytes) - out[0]
+        while rest > 0:
+            out.append(min(rest, cap))
+            rest -= out[-1]
+        return out
+
+    def curve_ms(self, nbytes: float) -> float:
+        """The measured all-reduce time of ``nbytes``: linear interpolation between the measured
+        sizes, the first time below them, the line through the last two above them."""
+        n = [p[0] for p in self.allreduce_curve]
+        t = [p[1] for p in self.allreduce_curve]
+        if nbytes <= n[-1]:
+            return float(np.interp(nbytes, n, t))
+        slope = (t[-1] - t[-2]) / (n[-1] - n[-2]) if n[-1] > n[-2] else 0.0
+        return float(t[-1] + max(0.0, slope) * (nbytes - n[-1]))
 
     def collective_link(self, a: int, b: int) -> tuple[float, float]:
         """``(latency_ms, bandwidth)`` of one ring step of an all-reduce from a to b: the link's,

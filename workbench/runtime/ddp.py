@@ -6,10 +6,17 @@ import time
 from collections import defaultdict
 
 import torch
+import torch.distributed as dist
 
 from ..schedules.core import Schedule
 from .stages import MomentumState, as_leaves, as_tuple, float_indices, from_tuple, nbytes, stage_module
 from .worker import RankProgram
+
+
+# DDP all-reduces the gradients in buckets: the first (the last layers' gradients, ready first) of
+# torch's default first-bucket size, then buckets of bucket_cap_mb (its default, 25 MiB). The cost
+# model charges one all-reduce per bucket (CostModel.allreduce_buckets).
+DDP_BUCKETS = (float(getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2 ** 20)), 25.0 * 2 ** 20)
 
 
 class DDPExecutor(MomentumState):
@@ -39,7 +46,7 @@ class DDPExecutor(MomentumState):
             # gradients are views into DDP's all-reduce buckets: no copy into the bucket and back out
             # (measured: 1-2 ms less per backward of the 8 x 512 MLP on 2 gloo ranks)
             self.ddp.append(DDP(m, device_ids=None if ctx.device.type == "cpu" else [ctx.device.index],
-                                gradient_as_bucket_view=True))
+                                gradient_as_bucket_view=True, bucket_cap_mb=DDP_BUCKETS[1] / 2 ** 20))
         ops = self.prog.ops
         # the microbatch whose backward completes each (stage, update) on this worker: forward with sync
         self.sync, self.step_of = set(), {}

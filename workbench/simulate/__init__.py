@@ -96,7 +96,8 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
              overlap_comm: bool = True, step_ms: float = 0.0, transfer: float = 0.0,
              weight_fetch: float = 0.0, microbatch_fraction: float | None = None, latency_ms: float = 0.0,
              op_overhead_ms: float = 0.0, step_copy_ms=None, allreduce_bandwidth=None,
-             allreduce_latency_ms=None, message_cpu_ms: float = 0.0) -> SimResult:
+             allreduce_latency_ms=None, message_cpu_ms: float = 0.0, allreduce_curve=None,
+             allreduce_buckets=None) -> SimResult:
     """Simulate ``schedule`` and return its timeline and metrics.
 
     Unit costs by default (``fwd``, ``bwd``, and ``transfer``/``allreduce``/``weight_fetch``/
@@ -107,7 +108,8 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
     one number; default ``step_ms``): the cost of a STEP that writes new tensors because the version
     it replaces is still read (:meth:`Schedule.stashing_steps`, as the runtime decides); the others
     update in place at ``step_ms``. ``allreduce_bandwidth`` / ``allreduce_latency_ms``: the ring
-    all-reduce's own calibration, ``message_cpu_ms`` the CPU time of a message at each end
+    all-reduce's own calibration (or ``allreduce_curve``, its measured times, and
+    ``allreduce_buckets``, DDP's buckets), ``message_cpu_ms`` the CPU time of a message at each end
     (:meth:`CostModel.from_profile`; profile costs only).
 
     Metrics (``result.metrics``), with ``L`` the makespan and ``W`` the workers:
@@ -137,7 +139,8 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
     if profile is None:
         if plan is not None or topology is not None:
             raise ValueError("plan/topology costs need a profile; pass profile=... (or use unit costs fwd=, bwd=)")
-        if allreduce_bandwidth is not None or allreduce_latency_ms is not None or message_cpu_ms:
+        if (allreduce_bandwidth is not None or allreduce_latency_ms is not None or message_cpu_ms
+                or allreduce_curve is not None or allreduce_buckets is not None):
             raise ValueError("allreduce_bandwidth/allreduce_latency_ms/message_cpu_ms need profile costs; with unit "
                              "costs give allreduce= and transfer=")
         costs = _unit_costs(schedule, fwd, bwd, allreduce, transfer, weight_fetch, step_ms, latency_ms,
@@ -145,7 +148,7 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
     else:
         costs = _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, microbatch_fraction,
                                latency_ms, op_overhead_ms, overlap_comm, allreduce_bandwidth, allreduce_latency_ms,
-                               message_cpu_ms)
+                               message_cpu_ms, allreduce_curve, allreduce_buckets)
     if step_copy_ms is not None:
         costs = dataclasses.replace(costs, step_copy=_per_stage(step_copy_ms, schedule.num_stages, "step_copy_ms"))
     return _run(schedule, costs, overlap_comm)

@@ -131,7 +131,8 @@ def _stage_ranges(schedule: Schedule, profile, plan) -> list[tuple[int, int]]:
 
 
 def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fraction, latency_ms, op_overhead_ms,
-                   overlap_comm, allreduce_bandwidth=None, allreduce_latency_ms=None, message_cpu_ms=0.0) -> _Costs:
+                   overlap_comm, allreduce_bandwidth=None, allreduce_latency_ms=None, message_cpu_ms=0.0,
+                   allreduce_curve=None, allreduce_buckets=None) -> _Costs:
     """Per-stage charges of ``schedule`` from :meth:`CostModel.from_profile` (module docstring)."""
     S = schedule.num_stages
     ranges = _stage_ranges(schedule, profile, plan)
@@ -145,7 +146,8 @@ def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fracti
             raise ValueError(f"topology has {n} workers but the schedule needs {schedule.num_workers}")
     cm = CostModel.from_profile(profile, topology, latency_ms=latency_ms, op_overhead_ms=op_overhead_ms,
                                 overlap_allreduce=overlap_comm, allreduce_bandwidth=allreduce_bandwidth,
-                                allreduce_latency_ms=allreduce_latency_ms, message_cpu_ms=message_cpu_ms)
+                                allreduce_latency_ms=allreduce_latency_ms, message_cpu_ms=message_cpu_ms,
+                                allreduce_curve=allreduce_curve, allreduce_buckets=allreduce_buckets)
     f = [cm.stage_fwd_ms(a, b, fraction) for a, b in ranges]
     b = [cm.stage_bwd_ms(a, b_, fraction) for a, b_ in ranges]
     split = [cm.stage_split_bwd_ms(a, b_, fraction) for a, b_ in ranges]
