@@ -125,7 +125,7 @@ def main(argv=None) -> int:
         t = time.time()
         idle = measure_link("gloo", sizes=LINK_SIZES, repeats=30)
         link = idle if a.idle_link else measure_link("gloo", sizes=LINK_SIZES, repeats=100, busy=True)
-        ar = measure_allreduce("gloo", world_size=P, repeats=15)
+        ar = measure_allreduce("gloo", world_size=P, repeats=30)
         loads.append(os.getloadavg()[0])
         sp = {"pipe": profile_separately({}, pipe_bounds), "dp": profile_separately({}, dp_bounds)}
         # per-op overhead of each of the runtime's executors, from a width-16 run (no compute to speak of):
