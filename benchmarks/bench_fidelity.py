@@ -48,14 +48,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from workbench.runtime.ddp import DDP_BUCKETS  # the DDP executor's gradient buckets
+
 M, P, BATCH, LR = 8, 2, 256, 0.01
 MB = BATCH // M
 LINK_SIZES = (4, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
 SCHEDULES = ("gpipe", "pipedream-flush", "zb-h1", "pipedream", "dp-bsp")
 TINY = dict(width=16, in_features=16)  # the overhead-calibration model: same depth, ~no compute
-
-
-from workbench.runtime.ddp import DDP_BUCKETS  # noqa: E402 - the DDP executor's gradient buckets
 
 
 def _profile_in_child(model_options: dict, bounds: list, threads: int, index: int = 0, of: int = P):

@@ -221,18 +221,19 @@ def test_sgd_update_in_place_and_into_new_tensors():
 
 
 def test_measure_allreduce_expresses_gloo_in_the_ring_model():
-    """Two gloo processes: the fitted bus bandwidth and per-step latency give back the measured
-    times through the ring formula (r = 2: t = n / B_bus + 2 α) within the fit's residual."""
-    from workbench.calibrate import measure_allreduce
+    """Two gloo processes: the times grow with the size, and the ring parameters it reports
+    (bus bandwidth, per-step latency) give back, through the ring formula (r = 2:
+    t = n / B_bus + 2 α), exactly the straight line fitted to its measured times."""
+    from workbench.calibrate import fit_link, measure_allreduce
     from workbench.costmodel import ring_allreduce_ms
 
     m = measure_allreduce("gloo", sizes=(4, 256 << 10, 8 << 20), repeats=5, warmup=2, timeout_s=120)
     assert m["world_size"] == 2 and m["bandwidth_bytes_per_s"] > 0
-    model = [ring_allreduce_ms(n, 2, m["bandwidth_bytes_per_s"], m["latency_ms"]) for n in m["sizes"]]
-    rel = [abs(a / b - 1) for a, b in zip(model, m["ms"])]
-    # the fitted curve is within sqrt(k) * rmse of every one of its k points; a wrong conversion to
-    # the ring's parameters (factor 2 (r-1)/r or 2 (r-1)) would miss by 50% or more
-    assert max(rel) <= math.sqrt(len(rel)) * m["rel_rmse"] + 1e-9
+    assert m["ms"][-1] > m["ms"][0] > 0  # 8 MiB take longer than 4 bytes
+    line = fit_link(m["sizes"], m["ms"], relative=False)
+    for n in m["sizes"]:
+        want = line["latency_ms"] + n / line["bandwidth_bytes_per_s"] * 1e3
+        assert ring_allreduce_ms(n, 2, m["bandwidth_bytes_per_s"], m["latency_ms"]) == pytest.approx(want, rel=1e-9)
     with pytest.raises(ValueError, match="world_size"):
         measure_allreduce(world_size=1)
 

@@ -41,7 +41,7 @@ def is_remote(op, worker: int) -> bool:
 
 
 def has_remote(schedule: Schedule) -> bool:
-    return any(is_remote(op, w) for w, op in schedule)
+    return schedule.remote_weights
 
 
 def check_remote(schedule: Schedule) -> None:

@@ -244,8 +244,7 @@ class PipelineExecutor:
                         d, step_lr = st.momentum, lr
                     else:  # W - (lr / n) · buffer: one pass over the weights, no division pass over the buffer
                         d, step_lr = st.grad, lr / n
-                    in_place = i not in self.stashing and self.remote is None
-                    new = sgd_update({nm: old[nm] for nm in st.names}, d, step_lr, in_place)
+                    new = sgd_update({nm: old[nm] for nm in st.names}, d, step_lr, in_place=i not in self.stashing)
                 st.newest += 1
                 st.versions[st.newest] = new
                 if st.is_flat:

@@ -219,6 +219,12 @@ class Schedule:
                     out.append((i, dep, src))
         return out
 
+    @cached_property
+    def remote_weights(self) -> bool:
+        """Some compute op reads weights held by another worker (``weights_worker``: master family)."""
+        return any(op.kind in _COMPUTE_SET and op.weights_worker is not None and op.weights_worker != w
+                   for w, op in self)
+
     def stashing_steps(self, worker: int) -> frozenset[int]:
         """Indices of ``worker``'s STEP ops that must write the new weights into new tensors,
         because the version they replace is still read afterwards on that worker (weight stashing:
@@ -228,8 +234,7 @@ class Schedule:
         step cost it charges); versions count the worker's STEPs of the stage, as both do."""
         ops = self.ops[worker]
         steps = [i for i, op in enumerate(ops) if op.kind == "STEP"]
-        if any(op.kind in _COMPUTE_SET and op.weights_worker is not None and op.weights_worker != w
-               for w, op in self):
+        if self.remote_weights:
             return frozenset(steps)
         last = {(op.stage, op.version): i for i, op in enumerate(ops) if op.kind in _COMPUTE_SET}
         count: dict[int, int] = defaultdict(int)
