@@ -21,7 +21,10 @@ Rows per model:
   test-set evaluation off (``evaluate=False``: the torch rows evaluate nothing either). Its per-epoch
   checkpoints stay on. Its measured timeline gives the breakdown columns (ms per step, mean over the
   ranks, :func:`workbench.runtime.breakdown.breakdown`): compute, recv wait, send, data copy,
-  optimizer, all-reduce, overhead (between ops).
+  optimizer, all-reduce, overhead (between ops). ``workbench-pipedream-flush+warmup``: the same
+  schedule with the warm-up the workbench's planner gives this split on this machine
+  (:func:`plan_warmup`: ``Plan.in_flight``, which counts the messages' latency; NOAM, torch's
+  order, counts none), ``options`` column.
 
 The single / torch rows feed random inputs of the model's shape (``mlp``: N(0, 1) features; ``gpt``:
 uniform tokens); the workbench rows read the model's own data set (synthetic / pydocs) through its data
@@ -49,11 +52,32 @@ import torch
 
 M, P, LR = 8, 2, 0.01
 CONFIGS = {  # model -> batch, default timed steps, workbench schedules, torch schedules
-    "mlp": dict(batch=256, steps=30, schedules=["gpipe", "pipedream-flush", "zb-h1", "pipedream"],
+    "mlp": dict(batch=256, steps=30, schedules=["gpipe", "pipedream-flush", "pipedream-flush+warmup", "zb-h1",
+                                                "pipedream"],
                 torch=["gpipe", "1f1b"]),
-    "gpt": dict(batch=32, steps=10, schedules=["pipedream-flush", "interleaved-1f1b"],
+    "gpt": dict(batch=32, steps=10, schedules=["pipedream-flush", "pipedream-flush+warmup", "interleaved-1f1b"],
                 torch=["1f1b", "interleaved-1f1b"]),
 }
+WARMUP = "+warmup"  # a schedule name with this suffix: its 1F1B warm-up from the cost model (plan_warmup)
+
+
+def plan_warmup(name: str) -> list[int]:
+    """The 1F1B warm-up the workbench's planner gives this split on this machine
+    (:func:`workbench.calibrate.in_flight`, :meth:`CostModel.in_flight`, the figure ``Plan.in_flight``
+    reports): the stage compute measured at the microbatch size, one thread, and the link measured
+    loaded (gloo ping-pong with busy cores: mean one-way latency, bandwidth, CPU per message)."""
+    from workbench.calibrate import in_flight, measure_link, stage_profile
+    from workbench.runtime.stages import even_bounds
+    model = _model(name)
+    bounds = even_bounds(len(model.layers), P)
+    link = measure_link("gloo", sizes=(4, 16 << 10, 64 << 10, 256 << 10, 1 << 20), repeats=60, busy=True)
+    sp = stage_profile(model, bounds, CONFIGS[name]["batch"] // M, threads=1, iterations=10, warmup=3)
+    k = in_flight(sp, link)
+    print(f"{name}: planner warm-up {k} (stage F {[round(x, 2) for x in sp.fwd_ms]} ms, B "
+          f"{[round(x, 2) for x in sp.bwd_ms]} ms; loaded link {link['latency_ms']:.3f} ms + n / "
+          f"{link['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, {link.get('message_cpu_ms', 0.0):.3f} ms CPU per message)",
+          flush=True)
+    return k
 
 
 def _model(name: str):
@@ -168,12 +192,13 @@ def bench_torch_pipelining(name: str, kind: str, steps: int, warmup: int, device
     return q.get()
 
 
-def bench_workbench(name: str, schedule: str, steps: int, warmup: int, device="cpu") -> tuple[float, Path]:
+def bench_workbench(name: str, schedule: str, steps: int, warmup: int, device="cpu",
+                    options: dict | None = None) -> tuple[float, Path]:
     from workbench.runtime import train
     batch = CONFIGS[name]["batch"]
     out = Path(tempfile.mkdtemp(prefix="bench_rt_")) / schedule
     train(name, schedule, workers=P, microbatches=M, steps=steps + warmup, batch_size=batch, lr=LR, out=out,
-          threads=1, progress=False, device=device, evaluate=False)
+          threads=1, progress=False, device=device, evaluate=False, schedule_options=options or {})
     with open(out / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     timed = rows[warmup:]
@@ -189,14 +214,14 @@ def where_time_goes(out: Path, warmup: int) -> dict:
     return breakdown(pd.read_csv(out / "timeline.csv"), warmup).mean().to_dict()
 
 
-def fidelity(out: Path, schedule: str, warmup: int) -> dict:
+def fidelity(out: Path, schedule: str, warmup: int, options: dict | None = None) -> dict:
     """Modeled vs measured time per step: simulate the schedule with the per-stage F/B/STEP durations
     measured in the run's own timeline (mean over the timed steps), communication free."""
     import pandas as pd
 
     from workbench.runtime.launch import schedule_for_workers
     from workbench.simulate import simulate
-    sched = schedule_for_workers(schedule, P, None, M, {})
+    sched = schedule_for_workers(schedule, P, None, M, options or {})
     S = sched.num_stages
     tl = pd.read_csv(out / "timeline.csv")
     tl = tl[tl.step >= warmup]
@@ -217,6 +242,7 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
     """Every row of one model, ``repeat`` interleaved rounds; one dict per row (medians)."""
     cfg = CONFIGS[name]
     runs: dict[str, list] = {}
+    warm: dict[str, list[int]] = {}  # the planner's warm-up, calibrated once per model and run
     for _ in range(repeat):  # interleaved repetitions: slow phases of a shared machine hit every row alike
         runs.setdefault("single", []).append(dict(v=bench_single(name, steps, warmup, device)))
         if device == "cpu":
@@ -224,9 +250,16 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
         for kind in cfg["torch"]:
             runs.setdefault(f"torch-{kind}", []).append(dict(v=bench_torch_pipelining(name, kind, steps, warmup, device)))
         for sch in cfg["schedules"]:
-            v, out = bench_workbench(name, sch, steps, warmup, device)
-            runs.setdefault(f"workbench-{sch}", []).append(dict(v=v, **fidelity(out, sch, warmup),
-                                                                **where_time_goes(out, warmup)))
+            base, opts = sch.removesuffix(WARMUP), {}
+            if sch.endswith(WARMUP):
+                if name not in warm:
+                    warm[name] = plan_warmup(name)
+                opts = {"warmup": warm[name]}
+            v, out = bench_workbench(name, base, steps, warmup, device, opts)
+            runs.setdefault(f"workbench-{sch}", []).append(dict(v=v, **fidelity(out, base, warmup, opts),
+                                                                **where_time_goes(out, warmup),
+                                                                options=";".join(f"{k}={','.join(map(str, x))}"
+                                                                                 for k, x in opts.items())))
     single = statistics.median(r["v"] for r in runs["single"])
     ideal = P * single * M / (M + P - 1)
     torch_1f1b = statistics.median(r["v"] for r in runs["torch-1f1b"])
@@ -241,7 +274,7 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
             continue
         row = dict(model=name, name=k, samples_per_s=statistics.median(r["v"] for r in rs))
         for col in [c for c in rs[0] if c != "v"]:
-            row[col] = statistics.median(r[col] for r in rs)
+            row[col] = rs[0][col] if isinstance(rs[0][col], str) else statistics.median(r[col] for r in rs)
         rows.append(row)
     for r in rows:
         r.update(of_ideal=r["samples_per_s"] / ideal, of_single=r["samples_per_s"] / single,
@@ -251,7 +284,7 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
     return rows
 
 
-COLUMNS = ["model", "name", "samples_per_s", "of_ideal", "of_ideal_concurrent", "of_single", "vs_torch_1f1b", "modeled_ms", "measured_ms",
+COLUMNS = ["model", "name", "options", "samples_per_s", "of_ideal", "of_ideal_concurrent", "of_single", "vs_torch_1f1b", "modeled_ms", "measured_ms",
            "step_ms", "compute_ms", "recv_wait_ms", "send_ms", "data_ms", "optimizer_ms", "allreduce_ms",
            "overhead_ms", "steps", "repeat", "device", "cores", "load_avg_1min"]
 

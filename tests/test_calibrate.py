@@ -162,6 +162,23 @@ def test_modeled_step_matches_gpipe_closed_form():
     assert modeled_step_ms(sched, sp, level="layer") == pytest.approx((M + 1) * 3 + 0.5)
 
 
+def test_in_flight_of_a_calibration_counts_the_link():
+    """calibrate.in_flight = CostModel.in_flight on the measured stages and link: stage 0 needs the
+    gradient of its oldest microbatch back within K_0 slots of P = 3 ms (the bottleneck): F0 + B0 +
+    2 messages + the last stage's slot: ceil((3 + 2 (L + n / beta) + 3) / 3); without a link NOAM
+    (2, 1); L = 0.5 ms, 64 KiB at 1.6 GB/s: ceil(2.35) = 3."""
+    from workbench.calibrate import in_flight
+    sp = _stage_profile([1.0, 1.0], [2.0, 2.0], [0.0, 0.0], cut=64 << 10)
+    assert in_flight(sp, None) == [2, 1]
+    assert in_flight(sp, dict(latency_ms=0.5, bandwidth_bytes_per_s=1.6e9, message_cpu_ms=0.0)) == [3, 1]
+    assert in_flight(sp, dict(latency_ms=0.5, bandwidth_bytes_per_s=1.6e9), replicas=[1, 1]) == [3, 1]
+    # L = 1.4: (6 + 2.88) / 3 = 2.96 -> 3; L = 1.6: (6 + 3.28) / 3 = 3.09 -> 4
+    assert in_flight(sp, dict(latency_ms=1.4, bandwidth_bytes_per_s=1.6e9)) == [3, 1]
+    assert in_flight(sp, dict(latency_ms=1.6, bandwidth_bytes_per_s=1.6e9)) == [4, 1]
+    # a link slower than the stages is the bottleneck, P = L + n / beta = 3.141: ceil((3 + 3P) / P) = 4
+    assert in_flight(sp, dict(latency_ms=3.1, bandwidth_bytes_per_s=1.6e9)) == [4, 1]
+
+
 def test_measured_step_is_the_median_spacing():
     rows = []
     for r, t in enumerate([0.0, 50.0, 60.0, 70.0, 81.0, 90.0]):

@@ -400,3 +400,38 @@ def test_reference_master_schedules_are_minibatch_sgd():
         b = bounds_of(sched.num_stages)
         ref = reference_train(sched, model_fn(), b, ds, batch_size=BATCH, lr=LR, rounds=3)
         assert max_diff(ref, plain_sgd(model_fn, ds, b, 3, 4)) < 1e-12, sched.name
+
+
+def test_epoch_outputs_are_appended_and_a_resume_drops_a_torn_line(tmp_path):
+    """append_outputs adds each epoch's rows without rewriting the earlier ones (their bytes stay);
+    the first write after a resume rewrites without the steps >= the resume point and without a
+    line a crash cut short."""
+    from types import SimpleNamespace
+
+    from workbench.runtime.outputs import append_outputs
+    job = SimpleNamespace(options={}, batch_size=8)
+
+    def epoch(e):  # one rank, two steps of one F op each
+        rows = [dict(step=2 * e + k, epoch=e, loss=1.0, n=8, correct=4, samples=8, end_ms=10.0 * (2 * e + k + 1))
+                for k in range(2)]
+        tl = [(0, 0, 2 * e + k, "F", 10.0 * (2 * e + k), 10.0 * (2 * e + k) + 5, 0, 2 * e + k, 0.0, 0.0, 0.0, 0.0)
+              for k in range(2)]
+        return [(rows, tl)]
+
+    append_outputs(tmp_path, epoch(0), job, -1)
+    first = {n: ((tmp_path / n).read_bytes(), (tmp_path / n).stat().st_ino) for n in ("metrics.csv", "timeline.csv")}
+    append_outputs(tmp_path, epoch(1), job, -1)
+    for n, (b, ino) in first.items():  # the same file (not replaced), the old bytes first
+        now = (tmp_path / n).read_bytes()
+        assert now.startswith(b) and len(now) > len(b) and (tmp_path / n).stat().st_ino == ino
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    assert [int(r["step"]) for r in rows] == [0, 1, 2, 3]
+    # samples/s of the first appended step is measured from the last step already written
+    assert float(rows[2]["samples_per_s"]) == pytest.approx(8 / 10.0 * 1e3)
+    assert [int(r["round"]) for r in csv.DictReader(open(tmp_path / "timeline.csv"))] == [0, 1, 2, 3]
+    with open(tmp_path / "timeline.csv", "a") as f:
+        f.write("0,0,9,F,90")  # a write a crash cut short
+    append_outputs(tmp_path, epoch(1), job, 2)  # resumed at step 2: epoch 1 again
+    assert [int(r["step"]) for r in csv.DictReader(open(tmp_path / "metrics.csv"))] == [0, 1, 2, 3]
+    tl = list(csv.DictReader(open(tmp_path / "timeline.csv")))
+    assert [int(r["round"]) for r in tl] == [0, 1, 2, 3] and all(None not in r.values() for r in tl)

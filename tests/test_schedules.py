@@ -146,6 +146,29 @@ def test_noam_warmup_straight(S, extra):
         assert steady == ["B", "F"] * (M - (S - s))  # then strictly one backward, one forward
 
 
+def test_pipedream_flush_warmup_option():
+    """pipedream-flush admits the given forwards before the first backward (default NOAM, torch's
+    Schedule1F1B order); with message latency, one more forward on the first stage hides it (the
+    simulated step shrinks by the round trips it took), without latency nothing changes."""
+    from workbench.simulate import simulate
+    default, deeper = build("pipedream-flush", 2, 8), build("pipedream-flush", 2, 8, warmup=[3, 1])
+    first = lambda sc: " ".join(f"{op.kind}{op.microbatch}" for op in sc.ops[0] if op.kind in ("F", "B"))[:23]  # noqa: E731
+    assert first(default) == "F0 F1 B0 F2 B1 F3 B2 F4" and first(deeper) == "F0 F1 F2 B0 F3 B1 F4 B2"
+    assert deeper.ops[1] == default.ops[1] and deeper.max_in_flight == (3, 1) and default.max_in_flight == (2, 1)
+    assert [in_flight_peak(o) for o in deeper.ops] == [3, 1]
+    t = lambda sc, lat: simulate(sc, fwd=[1.0, 1.1], bwd=[1.6, 1.7], transfer=lat).makespan  # noqa: E731
+    assert t(deeper, 0.0) == pytest.approx(t(default, 0.0))
+    # latency L = 0.5: with one more forward in flight the last stage never waits after its first
+    # input, F0 + L + M (F1 + B1) + L + B0; NOAM's strict alternation puts the loop rank 1's B(i-1)
+    # -> rank 0's B(i-1), F(i+1) -> rank 1's F(i+1) (2L + B0 + F0) beside rank 1's F(i) B(i): it
+    # waits 2L + F0 + B0 - F1 - B1 every second microbatch from F2 on, (M - 2) / 2 times
+    assert t(deeper, 0.5) == pytest.approx(1.0 + 0.5 + 8 * 2.8 + 0.5 + 1.6)
+    assert t(default, 0.5) - t(deeper, 0.5) == pytest.approx(3 * (2 * 0.5 + 1.0 + 1.6 - 1.1 - 1.7))
+    for bad in (3, [3], [0, 1], ["a", 1]):
+        with pytest.raises(ValueError, match="warmup"):
+            build("pipedream-flush", 2, 8, warmup=bad)
+
+
 def test_pipedream_figure_8():
     # PipeDream paper, Figure 8 (4 workers, straight): the first eight compute ops of each worker,
     # microbatches numbered from 1 in the paper, from 0 here.

@@ -538,6 +538,33 @@ def _round_spacing(starts: Sequence[float]) -> float:
     return float(np.median(d))
 
 
+def _machine_model(stages: StageProfile, replicas: list[int], link: dict | None, level: str = "stage"):
+    """(profile, plan, flat topology or None, latency ms) of a calibration: the stage profile at
+    ``level`` as a plan with ``replicas`` per stage, on the measured link (None: free)."""
+    from .plan import Plan
+    from .topology import Topology
+
+    if level == "stage":
+        prof, plan = stages.as_profile("stage"), Plan.from_boundaries(list(range(len(stages.bounds))), replicas)
+    else:
+        prof, plan = stages.as_profile("layer"), Plan.from_boundaries([z for _, z in stages.bounds], replicas)
+    topo = Topology.flat(plan.num_workers, link["bandwidth_bytes_per_s"]) if link else None
+    return prof, plan, topo, max(0.0, float(link["latency_ms"])) if link else 0.0
+
+
+def in_flight(stages: StageProfile, link: dict | None, replicas: Sequence[int] | None = None) -> list[int]:
+    """The communication-aware 1F1B warm-up per stage (:meth:`CostModel.in_flight`, the figure a
+    :class:`~workbench.plan.Plan` reports) of a calibrated machine: the measured stage compute on
+    the measured link (its latency and per-message CPU time). Pass it as a 1F1B schedule's
+    ``warmup`` option (``pipedream``, ``pipedream-flush``)."""
+    from .costmodel import CostModel
+
+    prof, plan, topo, lat = _machine_model(stages, list(replicas or [1] * len(stages.bounds)), link)
+    cm = CostModel.from_profile(prof, topo, latency_ms=lat,
+                                message_cpu_ms=float(link.get("message_cpu_ms", 0.0)) if link else 0.0)
+    return cm.in_flight(plan)
+
+
 def modeled_step_ms(schedule: Schedule, stages: StageProfile, link: dict | None = None, op_overhead_ms: float = 0.0,
                     rounds: int = 6, overlap_comm: bool = True, level: str = "stage",
                     allreduce: dict | None = None, allreduce_buckets=None) -> float:
@@ -550,19 +577,11 @@ def modeled_step_ms(schedule: Schedule, stages: StageProfile, link: dict | None 
     the backward or runs after it) and ``op_overhead_ms`` per op; return the median spacing of the
     rounds' first op starts. ``level``: compute costs from the stage-level timings (default) or the
     per-layer profile."""
-    from .plan import Plan
     from .simulate import simulate
-    from .topology import Topology
 
     if len(stages.bounds) != schedule.num_stages:
         raise ValueError(f"the stage profile has {len(stages.bounds)} stages, the schedule {schedule.num_stages}")
-    reps = [len(ws) for ws in schedule.stage_workers]
-    if level == "stage":
-        prof, plan = stages.as_profile("stage"), Plan.from_boundaries(list(range(len(stages.bounds))), reps)
-    else:
-        prof, plan = stages.as_profile("layer"), Plan.from_boundaries([z for _, z in stages.bounds], reps)
-    topo = Topology.flat(schedule.num_workers, link["bandwidth_bytes_per_s"]) if link else None
-    lat = max(0.0, float(link["latency_ms"])) if link else 0.0
+    prof, plan, topo, lat = _machine_model(stages, [len(ws) for ws in schedule.stage_workers], link, level)
     ar = dict(allreduce_bandwidth=allreduce["bandwidth_bytes_per_s"],
               allreduce_latency_ms=max(0.0, float(allreduce["latency_ms"])),
               allreduce_curve=allreduce if "ms" in allreduce else None) if allreduce and topo else {}

@@ -27,6 +27,7 @@ earlier complete checkpoints and never a half-written file.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from pathlib import Path
@@ -81,7 +82,13 @@ def peak_rss() -> int:
 
 
 def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
-    """Merge the ranks' per-step rows and timeline rows and append them to the CSVs (rank 0)."""
+    """Merge the ranks' per-step rows and timeline rows and add them to the CSVs (rank 0).
+
+    The new rows are appended (one write per file): the cost of an epoch end does not grow with the
+    epochs already written (rewriting both files every epoch took 5 ms at the first epoch end and
+    20 ms at the fourth of the 2-rank mlp benchmark, all of it on the pipeline's critical path).
+    ``truncate_from >= 0`` (the first write after a resume) rewrites them instead, without the rows
+    of step ``truncate_from`` and later, to a temporary file moved into place."""
     steps: dict[int, dict] = {}
     timeline = []
     for rows, tl in gathered:
@@ -95,12 +102,11 @@ def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
                 if k in r:
                     acc[k] = r[k]
             acc["end_ms"] = max(acc["end_ms"], r["end_ms"])
-    metrics_path = out / "metrics.csv"
-    old = []
-    if metrics_path.exists():
-        with open(metrics_path) as f:
-            old = [r for r in csv.DictReader(f) if truncate_from < 0 or int(r["step"]) < truncate_from]
-    prev_end = float(old[-1]["wall_ms"]) if old and truncate_from < 0 else 0.0
+    metrics_path, tl_path = out / "metrics.csv", out / "timeline.csv"
+    rewrite = truncate_from >= 0
+    old = _read_rows(metrics_path, truncate_from) if rewrite else []
+    last = old[-1] if old else (None if rewrite else _last_row(metrics_path, METRIC_COLUMNS))
+    prev_end = float(last["wall_ms"]) if last is not None and not rewrite else 0.0
     new = []
     per_sample = job.options.get("targets_per_sample", 1)  # tokens per sequence for a language model
     for st in sorted(steps):
@@ -111,17 +117,54 @@ def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
                         samples_per_s=job.batch_size / dt * 1e3, wall_ms=a["end_ms"],
                         test_loss=a.get("test_loss", ""), test_accuracy=a.get("test_accuracy", "")))
         prev_end = a["end_ms"]
-    _write_csv(metrics_path, METRIC_COLUMNS, old + new)
-    tl_path = out / "timeline.csv"
-    old_tl = []
-    if tl_path.exists():
-        with open(tl_path) as f:
-            old_tl = [r | {"round": r.get("round") or r["step"], "step": r.get("round") or r["step"]}
-                      for r in csv.DictReader(f)]
-            old_tl = [r for r in old_tl if truncate_from < 0 or int(r["round"]) < truncate_from]
     timeline.sort(key=lambda r: (r[4], r[0]))
-    rows = [dict(zip(RECORD_COLUMNS, r)) for r in timeline]
-    _write_csv(tl_path, TIMELINE_COLUMNS, old_tl + [r | {"step": r["round"]} for r in rows])
+    tl_rows = [dict(zip(RECORD_COLUMNS, r)) | {"step": r[RECORD_COLUMNS.index("round")]} for r in timeline]
+    if rewrite:
+        old_tl = [r | {"round": r.get("round") or r["step"], "step": r.get("round") or r["step"]}
+                  for r in _read_rows(tl_path, None)]
+        old_tl = [r for r in old_tl if int(r["round"]) < truncate_from]
+        _write_csv(metrics_path, METRIC_COLUMNS, old + new)
+        _write_csv(tl_path, TIMELINE_COLUMNS, old_tl + tl_rows)
+    else:
+        _append_csv(metrics_path, METRIC_COLUMNS, new)
+        _append_csv(tl_path, TIMELINE_COLUMNS, tl_rows)
+
+
+def _read_rows(path: Path, truncate_from: int | None) -> list[dict]:
+    """The rows of a CSV (none when absent), without those of step ``truncate_from`` and later and
+    without a torn last line (fields missing: a write that a crash cut short)."""
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if None not in r.values()]
+    return [r for r in rows if truncate_from is None or int(r["step"]) < truncate_from]
+
+
+def _last_row(path: Path, columns) -> dict | None:
+    """The last complete row of a CSV, read from its tail (the file can be long)."""
+    if not path.exists():
+        return None
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - 4096))
+        lines = f.read().decode().splitlines()
+    for line in reversed(lines):
+        vals = next(csv.reader([line]), [])
+        if len(vals) == len(columns) and vals[0] != columns[0]:
+            return dict(zip(columns, vals))
+    return None
+
+
+def _append_csv(path: Path, columns, rows) -> None:
+    """Append ``rows`` in one write (the header first when the file is new)."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=columns)
+    if not path.exists():
+        w.writeheader()
+    w.writerows(rows)
+    with open(path, "a", newline="") as f:
+        f.write(buf.getvalue())
 
 
 def _write_csv(path: Path, columns, rows) -> None:

@@ -2,8 +2,8 @@
 
 Per epoch: post the epoch's receive plan, run the rounds (one minibatch each; fault injection at the
 start of a round), flush the sends, let every stage replica write its checkpoint, evaluate on the
-test split (rank 0), gather metrics and timeline rows on rank 0, barrier, mark the checkpoint
-complete. A rank that raises records ``(rank, time, error)`` in ``out/.errors`` so the launcher can
+test split (rank 0), gather metrics and timeline rows on rank 0, which appends them to the CSVs and
+marks the checkpoint complete (the gather is the only synchronization: the other ranks go on). A rank that raises records ``(rank, time, error)`` in ``out/.errors`` so the launcher can
 name the first failure (the others fail as a consequence).
 """
 from __future__ import annotations
@@ -215,12 +215,13 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
         if evaluation is not None and rank == 0:
             rows[-1].update(evaluation)
         gathered = [None] * world if rank == 0 else None
+        # every rank writes its checkpoint before it joins the gather, so once rank 0 has the
+        # gathered rows every part of the checkpoint is on disk: rank 0 marks it complete after the
+        # outputs, and the other ranks go on without waiting for rank 0's writes (no barrier)
         dist.gather_object((rows, timeline), gathered, dst=0)
         if rank == 0:
             append_outputs(out, gathered, job, start_round)
             start_round = -1  # only the first write after a resume truncates
-        barrier()
-        if rank == 0:
             (ck / "COMPLETE").write_text("ok\n")
     if bar is not None:
         bar.close()

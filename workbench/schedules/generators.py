@@ -221,7 +221,11 @@ def _per_worker(layout) -> list[tuple[int, int, int]]:
 
 
 def _check_m(M, what="microbatches"):
-    if isinstance(M, bool) or int(M) != M or M < 1:
+    try:
+        ok = not isinstance(M, bool) and int(M) == M and M >= 1
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
         raise ValueError(f"{what} must be a positive int, got {M!r}")
     return int(M)
 
@@ -273,9 +277,7 @@ def pipedream(plan, microbatches: int, weights: str = "stash", warmup: object = 
     if weights not in rules:
         raise ValueError(f"weights must be one of {sorted(rules)}, got {weights!r}")
     layout, M = stage_layout(plan), _check_m(microbatches)
-    K = noam_warmup(layout) if warmup is None else [_check_m(k, "warmup") for k in warmup]
-    if len(K) != len(layout):
-        raise ValueError(f"warmup has {len(K)} values for {len(layout)} stages; give one per stage")
+    K = _warmup(layout, warmup)
     orders, cap = [], []
     for s, j, r in _per_worker(layout):
         orders.append(one_f_one_b(_share(0, M, r, j), K[s], s))
@@ -285,18 +287,37 @@ def pipedream(plan, microbatches: int, weights: str = "stash", warmup: object = 
                  lambda s: math.ceil(M / r[s]), cap, {"weights": weights, "noam": K[0]})
 
 
+def _warmup(layout, warmup) -> list[int]:
+    """The 1F1B warm-up per stage: :func:`noam_warmup` unless ``warmup`` gives one count per stage."""
+    if warmup is None:
+        return noam_warmup(layout)
+    if isinstance(warmup, (int, str)):
+        raise ValueError(f"warmup must be one count per stage (e.g. Plan.in_flight), got {warmup!r}")
+    K = [_check_m(k, "warmup") for k in warmup]
+    if len(K) != len(layout):
+        raise ValueError(f"warmup has {len(K)} values for {len(layout)} stages; give one per stage")
+    return K
+
+
 @register("pipedream-flush", description="1F1B inside each batch of microbatches, then a flush and a synchronous step",
-          source="Narayanan et al., PipeDream-2BW (ICML 2021)", options={"steps": "iterations (flushes) in the schedule"})
-def pipedream_flush(plan, microbatches: int, steps: int = 1) -> Schedule:
-    """1F1B inside each iteration of M microbatches, then a flush and one synchronous update."""
+          source="Narayanan et al., PipeDream-2BW (ICML 2021)",
+          options={"steps": "iterations (flushes) in the schedule",
+                   "warmup": "forwards each stage admits before its first backward (default NOAM, as torch's "
+                             "Schedule1F1B; Plan.in_flight adds what communication needs)"})
+def pipedream_flush(plan, microbatches: int, steps: int = 1, warmup: object = None) -> Schedule:
+    """1F1B inside each iteration of M microbatches, then a flush and one synchronous update.
+    ``warmup``: forwards each stage admits before its first backward (one int per stage, capped at
+    M); default :func:`noam_warmup`. A larger first-stage count (``Plan.in_flight``, which counts the
+    messages' latency) keeps the next activation on its way while the last stage computes, at the
+    cost of that many microbatches' activations in memory."""
     layout, M, T = stage_layout(plan), _check_m(microbatches), _check_m(steps, "steps")
-    K = noam_warmup(layout)
+    K = _warmup(layout, warmup)
     orders, cap = [], []
     for s, j, r in _per_worker(layout):
         orders.append([k for t in range(T) for k in one_f_one_b(_share(t * M, M, r, j), K[s], s)])
-        cap.append(K[s])
+        cap.append(min(K[s], M))
     return _make("pipedream-flush", layout, orders, M * T, "sync", M, lambda s, b: b // M,
-                 lambda s: T, cap, {"steps": T})
+                 lambda s: T, cap, {"steps": T} if warmup is None else {"steps": T, "warmup": K})
 
 
 @register("pipedream-2bw", description="1F1B without flush, gradient accumulation per batch, two weight buffers, delay one",
