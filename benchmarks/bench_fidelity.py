@@ -80,6 +80,8 @@ def profile_separately(model_options: dict, bounds: list, threads: int = 1, conc
         sps = [f.result(timeout=300) for f in futs]
     mean = lambda attr: tuple(statistics.fmean(x) for x in zip(*(getattr(sp, attr) for sp in sps)))  # noqa: E731
     return replace(sps[0], fwd_ms=mean("fwd_ms"), bwd_ms=mean("bwd_ms"), step_ms=mean("step_ms"),
+                   step_copy_ms=mean("step_copy_ms"), bwd_input_ms=mean("bwd_input_ms"),
+                   bwd_weight_ms=mean("bwd_weight_ms"), grad_accumulate_ms=mean("grad_accumulate_ms"),
                    meta=dict(sps[0].meta, concurrent=concurrent))
 
 

@@ -162,6 +162,41 @@ def test_modeled_step_matches_gpipe_closed_form():
     assert modeled_step_ms(sched, sp, level="layer") == pytest.approx((M + 1) * 3 + 0.5)
 
 
+def test_first_backward_of_an_update_skips_the_accumulation():
+    """The runtime's first B of an update writes its gradient into the empty buffer; the others add
+    into it (the profile's B) and cost ``a`` more. GPipe: one fresh B per worker per round; the last
+    stage's is on the critical path, so the round is (M + 1)(f + b) + step - a. PipeDream updates
+    after every microbatch: all its B's are fresh. A stage that all-reduces keeps a flat buffer
+    (zeroed, then added into): nothing fresh."""
+    import dataclasses
+
+    from workbench.schedules import build
+    sp = _stage_profile([1.0, 1.0], [2.0, 2.0], [0.5, 0.5])
+    a, M = 0.3, 8
+    acc = dataclasses.replace(sp, grad_accumulate_ms=(a, a))
+    g = two_stage_gpipe(M)
+    assert modeled_step_ms(g, acc) == pytest.approx(modeled_step_ms(g, sp) - a)
+    assert modeled_step_ms(g, acc) == pytest.approx((M + 1) * 3 + 0.5 - a)
+    flush, pd_ = build("pipedream-flush", 2, M), build("pipedream", 2, M)
+    for w in (0, 1):
+        bs = [i for i, op in enumerate(flush.ops[w]) if op.kind == "B"]
+        assert flush.fresh_backwards(w) == {bs[0]}
+        assert pd_.fresh_backwards(w) == {i for i, op in enumerate(pd_.ops[w]) if op.kind == "B"}
+    zb = build("zb-h1", 2, M)  # split backward: the first BW of the update is the fresh one
+    assert all(zb.ops[w][i].kind == "BW" and len(zb.fresh_backwards(w)) == 1 for w in (0, 1) for i in zb.fresh_backwards(w))
+    dp = build("dp-bsp", 1, M, workers=2)
+    assert dp.flat_buffers(0) == {0} and dp.fresh_backwards(0) == frozenset()
+    # the simulated op durations: pipedream's every B, flush's first B per worker
+    res = simulate(pd_, profile=acc.as_profile("stage"), plan=_plan2(), microbatch_fraction=1.0)
+    bdur = res.compute[res.compute.kind == "B"].eval("end - start")
+    assert np.allclose(bdur, 2.0 - a)
+
+
+def _plan2():
+    from workbench.plan import Plan
+    return Plan.from_boundaries([0, 1], [1, 1])
+
+
 def test_in_flight_of_a_calibration_counts_the_link():
     """calibrate.in_flight = CostModel.in_flight on the measured stages and link: stage 0 needs the
     gradient of its oldest microbatch back within K_0 slots of P = 3 ms (the bottleneck): F0 + B0 +
@@ -279,3 +314,20 @@ def test_loaded_link_reports_message_cpu_time():
     m = measure_link("gloo", sizes=(4, 16 << 20), repeats=10, warmup=2, busy=True, timeout_s=120)
     assert m["busy"] and len(m["cpu_ms_per_message"]) == 2 and m["message_cpu_ms"] >= 0
     assert all(t > 0 for t in m["one_way_ms"])
+
+
+def test_stage_profile_measures_every_column():
+    """A real (small) stage profile: one value per stage for every measured column, finite and
+    >= 0, carried into the stage-level profile the simulator reads."""
+    from workbench.calibrate import stage_profile
+    from workbench.models import build
+    from workbench.schedules import build as build_schedule
+    sp = stage_profile(build("mlp", seed=0, depth=4, width=64, in_features=64), [(0, 1), (2, 3)], 8,
+                       iterations=3, warmup=1)
+    for col in ("fwd_ms", "bwd_ms", "step_ms", "step_copy_ms", "bwd_input_ms", "bwd_weight_ms", "grad_accumulate_ms"):
+        vals = getattr(sp, col)
+        assert len(vals) == 2 and all(math.isfinite(v) and v >= 0 for v in vals), col
+    assert all(f > 0 and b > 0 for f, b in zip(sp.fwd_ms, sp.bwd_ms))
+    df = sp.as_profile("stage").layers
+    assert list(df.grad_accumulate_ms) == list(sp.grad_accumulate_ms)
+    assert modeled_step_ms(build_schedule("pipedream", 2, 4), sp) > 0

@@ -308,7 +308,9 @@ class StageProfile:
     tensors (a step that keeps the old version for stashed microbatches); ``fwd_ms[s]``/``bwd_ms[s]``: median
     stage-level forward / backward (backward includes the input gradient for ``s > 0``, as in the
     runtime); ``bwd_input_ms[s]``/``bwd_weight_ms[s]``: the two halves of the split backward
-    (zero-bubble BI, BW); ``threads``: torch threads used."""
+    (zero-bubble BI, BW); ``grad_accumulate_ms[s]``: what ``bwd_ms`` (a backward adding its weight
+    gradients into the update buffer) costs more than the first backward of an update (whose
+    gradients become the empty buffer); ``threads``: torch threads used."""
 
     profile: object
     bounds: tuple[tuple[int, int], ...]
@@ -321,6 +323,7 @@ class StageProfile:
     step_copy_ms: tuple[float, ...] = ()
     bwd_input_ms: tuple[float, ...] = ()
     bwd_weight_ms: tuple[float, ...] = ()
+    grad_accumulate_ms: tuple[float, ...] = ()
 
     def as_profile(self, level: str = "stage"):
         """``"layer"``: the per-layer profile; ``"stage"``: a Profile with one row per stage
@@ -341,6 +344,9 @@ class StageProfile:
         if len(self.bwd_input_ms) == len(rows) == len(self.bwd_weight_ms):  # the measured split backward
             for r, bi, bw in zip(rows, self.bwd_input_ms, self.bwd_weight_ms):
                 r.update(bwd_input_ms=bi, bwd_weight_ms=bw)
+        if len(self.grad_accumulate_ms) == len(rows):
+            for r, ac in zip(rows, self.grad_accumulate_ms):
+                r.update(grad_accumulate_ms=ac)
         return Profile(pd.DataFrame(rows), dict(self.profile.meta, kind="measured (stage level)"))
 
     def stage_ms(self) -> pd.DataFrame:
@@ -405,8 +411,10 @@ def _time_step(params: list, iterations: int, warmup: int, lr: float = 0.01) -> 
 
 def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
                 microbatches: int = 4, model=None, target=None) -> tuple[float, float, float, float]:
-    """Median ms of the stage forward, backward, and split backward (input-gradient half BI, then
-    weight-gradient half BW, as zero-bubble schedules run it) as a rank of the runtime runs them: the layers as
+    """Median ms of the stage forward, backward, split backward (input-gradient half BI, then
+    weight-gradient half BW, as zero-bubble schedules run it), and what the first backward of an
+    update saves (its gradients become the empty buffer; the later ones add into it: B is theirs)
+    as a rank of the runtime runs them: the layers as
     one stage module evaluated with its own parameter tensors (:func:`~workbench.runtime.stages.run_stage`),
     ``microbatches`` forwards kept alive, then their backwards (:func:`~workbench.runtime.stages.vjp`,
     cotangent of ones, the input gradient unless ``first``) adding the weight gradients into one
@@ -422,7 +430,7 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
 
     mod = torch.nn.Sequential(*layers)
     params = {n: p.detach().clone().requires_grad_(True) for n, p in mod.named_parameters()}
-    F, B, BI, BW = [], [], [], []
+    F, B, BI, BW, Bf = [], [], [], [], []
     for i in range(warmup + iterations):
         into, recs, split = {}, [], []
         for k in range(2 * microbatches):
@@ -443,9 +451,10 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
 
         for xl, y, loss in reversed(recs):
             kw = start(y, loss)
+            fresh = not into  # the first backward of the update: its gradients become the buffer
             t0 = time.perf_counter()
             vjp(mod, params, xl, isinstance(x, tuple), y, **kw, want_input=not first, into=into)
-            B.append((time.perf_counter() - t0) * 1e3)
+            (Bf if fresh else B).append((time.perf_counter() - t0) * 1e3)
         for xl, y, loss in reversed(split):  # the split backward: BI (input gradient, keeps the graph), then BW
             kw = start(y, loss)
             t0 = time.perf_counter()
@@ -455,8 +464,9 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
             BI.append((t1 - t0) * 1e3)
             BW.append((time.perf_counter() - t1) * 1e3)
         if i < warmup:
-            F, B, BI, BW = [], [], [], []
-    return statistics.median(F), statistics.median(B), statistics.median(BI), statistics.median(BW)
+            F, B, BI, BW, Bf = [], [], [], [], []
+    med = statistics.median
+    return med(F), med(B), med(BI), med(BW), max(0.0, med(B) - med(Bf))
 
 
 def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1, iterations: int = 20,
@@ -483,15 +493,16 @@ def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1,
         from .profiler import _detach, _layers_and_input
 
         _, _, _, x = _layers_and_input(model, None, microbatch_size)
-        fwd, bwd, split = [], [], []
+        fwd, bwd, split, acc = [], [], [], []
         for a, z in bounds:
             last = z == len(layers) - 1 and hasattr(model, "loss") and hasattr(model, "example_target")
-            f, b, bi, bw = _time_stage(layers[a:z + 1], x, a == 0, iterations, warmup,
+            f, b, bi, bw, ac = _time_stage(layers[a:z + 1], x, a == 0, iterations, warmup,
                                        model=model if last else None,
                                        target=model.example_target(microbatch_size) if last else None)
             fwd.append(f)
             bwd.append(b)
             split.append((bi, bw))
+            acc.append(ac)
             with torch.no_grad():
                 for layer in layers[a:z + 1]:
                     x = layer(_detach(x, False))
@@ -499,7 +510,7 @@ def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1,
         torch.set_num_threads(before)
     return StageProfile(prof, bounds, step, int(microbatch_size), int(threads), tuple(fwd), tuple(bwd),
                         dict(iterations=iterations, warmup=warmup, device=device), step_copy,
-                        tuple(x for x, _ in split), tuple(y for _, y in split))
+                        tuple(x for x, _ in split), tuple(y for _, y in split), tuple(acc))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -95,6 +95,7 @@ class CostModel:
     allreduce_buckets: tuple[float, float] | None = None  # (first, each further) bucket bytes: DDP's gradient buckets
     bwd_input_ms: np.ndarray | None = None  # measured split of the backward (zero-bubble BI / BW); None: half each
     bwd_weight_ms: np.ndarray | None = None
+    grad_accumulate_ms: np.ndarray | None = None  # measured extra of a backward adding into a non-empty buffer
     label: str = ""
     _prefix: dict = field(default_factory=dict, repr=False)
 
@@ -136,6 +137,8 @@ class CostModel:
                  if c in df.columns and df[c].notna().all()}
         if len(split) < 2:
             split = {}
+        if "grad_accumulate_ms" in df.columns and df["grad_accumulate_ms"].notna().all():
+            split["grad_accumulate_ms"] = df["grad_accumulate_ms"].to_numpy(dtype=float)
         curve, curve_r = None, 0
         if allreduce_curve is not None:
             try:
@@ -169,7 +172,7 @@ class CostModel:
             raise ValueError(f"all-reduce algorithm {self.allreduce!r} is not modeled; use 'ring'")
         if not self.latency_ms:
             object.__setattr__(self, "latency_ms", (0.0,))
-        for name in ("bwd_input_ms", "bwd_weight_ms"):
+        for name in ("bwd_input_ms", "bwd_weight_ms", "grad_accumulate_ms"):
             x = getattr(self, name)
             if x is not None:
                 x = np.asarray(x, dtype=float)
@@ -177,7 +180,8 @@ class CostModel:
                     raise ValueError(f"cost model column {name!r} must be finite and >= 0 for every layer")
                 object.__setattr__(self, name, x)
         z = np.zeros(1)
-        for name in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes", "bwd_input_ms", "bwd_weight_ms"):
+        for name in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes", "bwd_input_ms", "bwd_weight_ms",
+                     "grad_accumulate_ms"):
             if getattr(self, name) is not None:
                 self._prefix[name] = np.concatenate([z, np.cumsum(getattr(self, name))])
 
@@ -196,6 +200,16 @@ class CostModel:
 
     def stage_bwd_ms(self, first: int, last: int, fraction: float = 1.0) -> float:
         return float(fraction * self.range_sum("bwd_ms", first, last))
+
+    def stage_accumulate_ms(self, first: int, last: int) -> float | None:
+        """The part of the stage's backward (``bwd_ms``, measured adding into a non-empty update
+        buffer, as most backwards of an update do) that the first backward after a STEP does not
+        pay: its weight gradient becomes the empty buffer (the runtime's non-flat buffers), no
+        addition pass over the stage's parameters. Proportional to the parameters, not the
+        microbatch (no ``fraction``). None when the profile did not measure it."""
+        if self.grad_accumulate_ms is None:
+            return None
+        return float(self.range_sum("grad_accumulate_ms", first, last))
 
     def stage_split_bwd_ms(self, first: int, last: int, fraction: float = 1.0) -> tuple[float, float]:
         """(input-gradient half BI, weight-gradient half BW) of the stage's backward: the measured

@@ -141,6 +141,7 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
     rpe = order.rounds_per_epoch
     out = Path(job.out)
     my_stages = sorted({op.stage for op in sched.ops[rank]})
+    reads_inputs = 0 in my_stages  # only the first stage's ranks read the inputs; the last stage's the targets
     modules = [stage_module(model.layers, a, z) for a, z in job.bounds]
     init = [stage_params(m) for m in modules]
     start_round, opt_state = 0, {}
@@ -196,7 +197,7 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
 
             def data(b, k=k, cache=cache):
                 if b not in cache:
-                    cache[b] = microbatch(dataset, order.indices(perm, k, b), device, dtype)
+                    cache[b] = microbatch(dataset, order.indices(perm, k, b), device, dtype, inputs=reads_inputs)
                 return cache[b]
 
             metrics = {"loss": 0.0, "n": 0, "correct": 0, "samples": 0}

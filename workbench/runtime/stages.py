@@ -119,8 +119,12 @@ class DataOrder:
         return perm[start:start + self.microbatch_size]
 
 
-def microbatch(dataset, idx: torch.Tensor, device="cpu", dtype: torch.dtype | None = None):
-    """``(input, target)`` of the samples ``idx``; floating inputs cast to ``dtype`` if given."""
+def microbatch(dataset, idx: torch.Tensor, device="cpu", dtype: torch.dtype | None = None, inputs: bool = True):
+    """``(input, target)`` of the samples ``idx``; floating inputs cast to ``dtype`` if given.
+    ``inputs=False``: ``(None, target)``, for a rank that holds the last stage but not the first
+    (it reads only the targets: no gather of inputs it would not use)."""
+    if not inputs:
+        return None, dataset.tensors[-1][idx].to(device)
     *xs, y = [t[idx] for t in dataset.tensors]
     if dtype is not None:
         xs = [x.to(dtype) if x.is_floating_point() else x for x in xs]

@@ -136,10 +136,10 @@ class PipelineExecutor:
         self.rank, self.S, self.M = ctx.rank, schedule.num_stages, schedule.microbatches
         self.prog = RankProgram(schedule, self.rank)
         self.stashing = schedule.stashing_steps(self.rank)  # STEPs that keep the old version (else in place)
-        ar = {op.stage for op in self.prog.ops if op.kind == "AR"}
+        flat = schedule.flat_buffers(self.rank)  # all-reduced or pushed-to stages: one flat buffer
         self.state = {s: StageState(s, stage_module(model.layers, *bounds[s]).to(ctx.device), init_weights[s], ctx.device,
                                     ctx.start_round * self.prog.per_round[s], held=self.rank in schedule.stage_workers[s],
-                                    flat=s in ar or has_remote(schedule))
+                                    flat=s in flat)
                       for s in self.prog.stages}
         self.groups = groups
         self.remote = None  # fetches / pushes of the master family (see fetch.py)

@@ -246,6 +246,33 @@ class Schedule:
             count[s] += 1
         return frozenset(out)
 
+    def flat_buffers(self, worker: int) -> frozenset[int]:
+        """Stages whose update buffer on ``worker`` is one flat vector, zeroed after each STEP: the
+        stages it all-reduces (an AR op) and, with remote weights (master family), every stage
+        (pushed gradients join it). Every other stage's buffer starts each update empty and the
+        first weight gradient becomes it. Read by the runtime (which buffer it keeps) and by
+        :meth:`fresh_backwards`."""
+        if self.remote_weights:
+            return frozenset(op.stage for op in self.ops[worker])
+        return frozenset(op.stage for op in self.ops[worker] if op.kind == "AR")
+
+    def fresh_backwards(self, worker: int) -> frozenset[int]:
+        """Indices of ``worker``'s B/BW ops that write the first weight gradient of their update
+        into an empty (non-flat) buffer: the first B or BW of the stage on the worker and the first
+        after each of its STEPs. Their gradient becomes the buffer (no addition pass over the
+        stage's parameters), the others add into it. Read by the simulator, which charges the
+        difference (``CostModel.stage_accumulate_ms``) only to the others."""
+        flat, fresh, out = self.flat_buffers(worker), set(), set()
+        for i, op in enumerate(self.ops[worker]):
+            if op.stage in flat:
+                continue
+            if op.kind == "STEP":
+                fresh.discard(op.stage)
+            elif op.kind in ("B", "BW") and op.stage not in fresh:
+                fresh.add(op.stage)
+                out.add(i)
+        return frozenset(out)
+
     def op_at(self, kind: str, stage: int, microbatch: int) -> tuple[int, Op]:
         for w, op in self:
             if (op.kind, op.stage, op.microbatch) == (kind, stage, microbatch):

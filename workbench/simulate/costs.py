@@ -43,6 +43,7 @@ class _Costs:
     fraction: float = 1.0  # microbatch size relative to the profile's minibatch
     batch_size: int | None = None
     step_copy: list | None = None  # per stage: a STEP that keeps the old version (None: as step_ms)
+    accumulate: list | None = None  # per stage: what a backward into an empty buffer saves (None: nothing)
 
     def message(self, nbytes: float, a: int, b: int, fixed_ms: float | None) -> tuple[float, float]:
         """(ms, bytes) of one message of ``nbytes`` from ``a`` to ``b``: the cost model's
@@ -160,5 +161,7 @@ def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fracti
         ar = [cm.allreduce_ms(params[s], schedule.stage_workers[s]) for s in range(S)]
     compute = {_F: f, _B: b, _BI: [x for x, _ in split], _BW: [y for _, y in split],
                _STEP: _per_stage(step_ms, S, "step_ms")}
+    acc = [cm.stage_accumulate_ms(a, b_) for a, b_ in ranges]
     return _Costs(compute, cut, params, stash, None, None, ar, topology, cm.label,
-                  op_overhead_ms=cm.op_overhead_ms, model=cm, fraction=float(fraction), batch_size=cm.batch_size)
+                  op_overhead_ms=cm.op_overhead_ms, model=cm, fraction=float(fraction), batch_size=cm.batch_size,
+                  accumulate=None if any(x is None for x in acc) else acc)

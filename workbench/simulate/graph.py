@@ -213,6 +213,11 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
             for i in schedule.stashing_steps(w):
                 g = wbeg[w] + i
                 dur[g] = costs.step_copy[st[g]] + over
+    if costs.accumulate is not None:  # the first backward of an update writes the empty buffer: no addition
+        for w in range(W):
+            for i in schedule.fresh_backwards(w):
+                g = wbeg[w] + i
+                dur[g] = max(over, dur[g] - costs.accumulate[st[g]])
     arrays = (kc_a, st_a, mb_a, np.fromiter(ver, np.int64, N), np.fromiter(stp, np.int64, N), w_a)
     return OpGraph(flat, kc, st, mb, ver, stp, wof, wbeg, wend, dur, cons_idx, cons_ptr, etype, ems, ebytes,
                    pending, ar_group, ar_size, is_fetch, wws, xfer_count, arrays)
