@@ -22,7 +22,9 @@ Nothing the prediction uses comes from the run it predicts. Per repetition, inte
    cost that makes its simulation match its measured step (:func:`workbench.calibrate.solve_overhead`),
    with its own stage profile and the link above;
 4. the five measured runs (``workbench.runtime.train``, same options as ``bench_runtime.py``):
-   steady-state ms per step = median spacing of the step starts after ``--skip`` steps.
+   steady-state ms per step = median spacing of the step starts after ``--skip`` steps. Their
+   order rotates from one repetition to the next (the run right after the calibration was slower
+   more often), and the page cache is written back (``os.sync``) before each.
 
 Modeled = :func:`workbench.calibrate.modeled_step_ms` (the schedule repeated over 6 rounds, the
 same statistic). The all-reduce runs after the backward (``--overlap-allreduce`` to overlap them):
@@ -149,8 +151,9 @@ def main(argv=None) -> int:
                         idle_bandwidth=idle["bandwidth_bytes_per_s"],
                         op_overhead_ms=o["pipeline"], ddp_op_overhead_ms=o["ddp"], tiny_ms=tiny["pipeline"],
                         tiny_ddp_ms=tiny["ddp"], ar_latency_ms=ar["latency_ms"], ar_bandwidth=ar["bandwidth_bytes_per_s"]))
-        for n in names:
+        for n in names[r % len(names):] + names[:r % len(names)]:  # rotated: no schedule always runs first
             loads.append(os.getloadavg()[0])
+            os.sync()  # the earlier runs' files written back now, not by a kernel thread during this run
             meas = run_measured(n, a.steps, a.skip)
             sched = schedule_of(n)
             s = sp["dp"] if n == "dp-bsp" else sp["pipe"]

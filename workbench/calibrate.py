@@ -466,7 +466,8 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
         if i < warmup:
             F, B, BI, BW, Bf = [], [], [], [], []
     med = statistics.median
-    return med(F), med(B), med(BI), med(BW), max(0.0, med(B) - med(Bf))
+    b = med(B) if B else med(Bf)  # one microbatch per update: every backward is the first
+    return med(F), b, med(BI), med(BW), max(0.0, b - med(Bf))
 
 
 def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1, iterations: int = 20,
