@@ -200,3 +200,66 @@ class _Sender:
                 self.isend(*item)
             except Exception as e:  # noqa: BLE001 - reported to the rank's thread by put / drain
                 self.error = e
+
+
+class ShmP2P(P2P):
+    """:class:`P2P` over :mod:`workbench.runtime.shm` channels instead of gloo (same interface; the
+    local mailbox is P2P's). A send is a copy into the peer's slot on the op's own thread (no sender
+    thread, nothing to drain); a receive polls its slot. Message numbers come from the receive
+    plans: :meth:`set_plan` (this rank's, per epoch) and :meth:`set_send_plan` (its peers')."""
+
+    def __init__(self, rank: int, num_stages: int, device, timeout_s: float, inbound: dict, outbound: dict):
+        super().__init__(rank, num_stages, device, timeout_s, send_thread=False)
+        self.inbound, self.outbound = inbound, outbound  # src -> Channel, dst -> Channel
+        self.recv_base = dict.fromkeys(inbound, 0)
+        self.send_base = dict.fromkeys(outbound, 0)
+        self.recv_index: dict = {}
+        self.send_index: dict = {}
+
+    def set_plan(self, plan: list) -> None:
+        if self.recv_index:
+            raise RuntimeError(f"rank {self.rank}: messages {sorted(self.recv_index)[:3]} were never consumed")
+        count = dict.fromkeys(self.inbound, 0)
+        for key, src, specs in plan:
+            self.recv_index[key] = (src, self.recv_base[src] + count[src], specs)
+            count[src] += 1
+        for src, n in count.items():
+            self.recv_base[src] += n
+
+    def set_send_plan(self, peer_plans: dict[int, list]) -> None:
+        """``peer_plans[dst]``: dst's receive plan for this epoch (the messages this rank sends it)."""
+        if self.send_index:
+            raise RuntimeError(f"rank {self.rank}: messages {sorted(self.send_index)[:3]} were never sent")
+        for dst, plan in peer_plans.items():
+            j = 0
+            for key, src, _ in plan:
+                if src == self.rank:
+                    self.send_index[key] = self.send_base[dst] + j
+                    j += 1
+            self.send_base[dst] += j
+
+    def prefetch(self) -> None:  # nothing to post: the slots are there
+        pass
+
+    def _isend(self, key, tensors, dst) -> None:
+        try:
+            q = self.send_index.pop(key)
+        except KeyError:
+            raise RuntimeError(f"rank {self.rank}: message {key} to rank {dst} is not in rank {dst}'s receive plan") from None
+        self.outbound[dst].put(q, tensors, f"rank {self.rank}: message {key} to rank {dst}")
+
+    def recv(self, key: tuple[int, int, int]) -> tuple[list[torch.Tensor], float]:
+        if key in self.local:
+            return self.local.pop(key), 0.0
+        try:
+            src, q, specs = self.recv_index.pop(key)
+        except KeyError:
+            raise RuntimeError(f"rank {self.rank}: message {key} was not expected (receive plan out of order)") from None
+        return self.inbound[src].get(q, specs, f"rank {self.rank}: message {key} from rank {src}")
+
+    def flush(self) -> None:  # sends are complete when put() returns
+        self.sends = []
+
+    def close(self) -> None:
+        for ch in list(self.inbound.values()) + list(self.outbound.values()):
+            ch.close()

@@ -161,6 +161,8 @@ class Job:
     progress: bool = True
     return_weights: bool = False
     lookahead: int | None = None  # receives posted ahead; None: automatic (see comm.P2P)
+    transport: str = "gloo"  # activations/gradients: "gloo" (torch.distributed) or "shm" (runtime.shm, one machine)
+    shm_token: str = ""  # names the job's shared-memory channel files (transport "shm")
     evaluate: bool = True
     momentum: float = 0.0
     options: dict = field(default_factory=dict)
@@ -178,6 +180,9 @@ class RankContext:
     backend: str = "gloo"
     t0: float = 0.0
     start_round: int = 0  # global minibatch index this process starts at (> 0 when resuming)
+    transport: str = "gloo"
+    shm_token: str = ""
+    rounds_per_epoch: int = 0
     specs: list = field(default_factory=list)
     like_tuple: list = field(default_factory=list)
 

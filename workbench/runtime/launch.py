@@ -13,6 +13,7 @@ import pickle
 import shutil
 import socket
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -22,6 +23,8 @@ from .fetch import check_remote
 from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
 from .outputs import RunResult, latest_checkpoint, load_stage
 from .rank import first_failure, worker_main
+from .shm import available as shm_available
+from .shm import remove_channels
 from .stages import DataOrder, even_bounds, plan_bounds, stage_module, stage_params
 
 DEFAULT_LR = 0.05
@@ -73,7 +76,7 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
             fail_at_step: int | None = None, timeout_s: float = 60.0, allow_oversubscribe: bool = False,
             threads: int | None = None, progress: bool = True, return_weights: bool = False, dtype: str | None = None,
             schedule_options: dict | None = None, dataset_options: dict | None = None, lookahead: int | None = None,
-            evaluate: bool = True, momentum: float = 0.0, dataset=None, **model_options) -> Job:
+            evaluate: bool = True, momentum: float = 0.0, dataset=None, transport: str = "gloo", **model_options) -> Job:
     """Validate the arguments of :func:`train` and build the picklable :class:`Job`."""
     torchrun = _under_torchrun()
     _check_numbers(workers=workers, microbatches=microbatches, batch_size=batch_size, lr=lr, momentum=momentum,
@@ -116,6 +119,16 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
     if sched.num_segments > 1:
         raise ValueError(f"{sched.name} cuts sequences into segments, which a layer-sequential model cannot run; "
                          f"run it with workbench.runtime.segments.run (segment-wise transformer)")
+    if transport not in ("gloo", "shm"):
+        raise ValueError(f"transport must be 'gloo' or 'shm', got {transport!r}")
+    if transport == "shm":
+        why = shm_available()
+        if why is None and (torchrun or not device == "cpu" or backend != "gloo"):
+            why = "transport='shm' needs CPU ranks spawned by train() on one machine (no torchrun, device cpu, gloo)"
+        if why is None and (sched.update == "async" or sched.name == "dp-bsp"):
+            why = f"transport='shm' carries pipeline messages; {sched.name} has none (it all-reduces or shares memory)"
+        if why is not None:
+            raise ValueError(why)
     if sched.num_workers != workers:
         raise ValueError(f"schedule {sched.name!r} uses {sched.num_workers} workers but workers={workers}; "
                          f"run it with --workers {sched.num_workers} (workers={sched.num_workers})")
@@ -141,6 +154,7 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
                seed=seed, rounds_total=rounds_total, out=str(out), dtype=dtype, resume=resume, fail_rank=fail_rank,
                fail_at_step=fail_at_step, timeout_s=timeout_s, device=device, backend=backend, threads=threads,
                progress=progress, return_weights=return_weights, lookahead=lookahead, evaluate=evaluate, momentum=momentum,
+               transport=transport, shm_token=uuid.uuid4().hex[:16] if transport == "shm" else "",
                options=dict(model=label, model_options=model_options, schedule_options=sopts,
                             targets_per_sample=int(train_set.tensors[-1][0].numel())))
 
@@ -293,6 +307,10 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
             (f"rank {e.error_index} exited with code {e.exit_code} (signal {e.signal_name}) before it started; "
              "if you train from a script, put the training code under `if __name__ == \"__main__\":`")
         raise RuntimeError(f"{why}; the job was stopped") from None
+    finally:
+        for j in jobs:
+            if j.shm_token:
+                remove_channels(j.shm_token)  # the shared-memory channel files, however the job ended
     return [_read_summary(Path(j.out), j) for j in jobs]
 
 

@@ -154,7 +154,8 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
             opt_state[s] = {n: t.to(device) for n, t in saved["optimizer"].get("momentum_buffer", {}).items()}
         start_round = int(ckpt.name[len("round"):])
     ctx = RankContext(rank, world, device, job.lr, job.timeout_s, momentum=job.momentum, start_round=start_round,
-                      lookahead=job.lookahead, backend=job.backend)
+                      lookahead=job.lookahead, backend=job.backend, transport=job.transport, shm_token=job.shm_token,
+                      rounds_per_epoch=rpe)
     x0, y0 = microbatch(dataset, order.indices(order.permutation(0), 0, 0), device, dtype)
     ctx.specs, ctx.like_tuple = _boundary_specs(model, job.bounds, x0)
     _warm_up_compute(model, job.bounds, x0, y0)
@@ -185,9 +186,8 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
         epoch, first = divmod(R, rpe)
         rounds = list(range(first, min(rpe, first + job.rounds_total - R)))
         perm = order.permutation(epoch)
-        executor_plan = executor.receive_plan(rounds)
         if hasattr(executor, "comm"):
-            executor.comm.set_plan(executor_plan)
+            executor.begin_epoch(rounds)
         timeline, rows = [], []
         for k in rounds:
             Rg = epoch * rpe + k
@@ -226,6 +226,8 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
             (ck / "COMPLETE").write_text("ok\n")
     if bar is not None:
         bar.close()
+    if hasattr(getattr(executor, "comm", None), "close"):
+        executor.comm.close()
     wall_s = time.time() - wall0
     info = dict(rank=rank, stages=my_stages, memory=jsonable(executor.memory()), peak_rss_bytes=peak_rss(),
                 cuda_max_memory_allocated=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,

@@ -30,7 +30,8 @@ Such a rank keeps no weights of the stage (``StageState.held`` is False) and che
 Executors: :class:`PipelineExecutor` here (every pipeline schedule, replicated stages included);
 :class:`~workbench.runtime.ddp.DDPExecutor` (``dp-bsp`` through DistributedDataParallel) and
 :class:`~workbench.runtime.hogwild.HogwildExecutor` (``async`` rule, lock-free shared memory).
-An executor offers ``receive_plan(rounds)``, ``run_round(k, R, data, timeline, metrics)``,
+An executor offers ``receive_plan(rounds)``, ``run_round(k, R, data, timeline, metrics)`` (one with a
+``comm`` transport also ``begin_epoch(rounds)``),
 ``weights()``, ``optimizer_state()``, ``load_optimizer_state(state)`` and ``memory()``.
 """
 from __future__ import annotations
@@ -42,7 +43,8 @@ import torch
 import torch.distributed as dist
 
 from ..schedules.core import Schedule
-from .comm import P2P
+from . import shm
+from .comm import P2P, ShmP2P
 from .fetch import RemoteWeights, has_remote, is_remote
 from .reference import updates_per_round
 from .stages import as_leaves, as_tuple, from_tuple, nbytes, run_stage, sgd_update, stage_module, vjp
@@ -147,10 +149,31 @@ class PipelineExecutor:
             self.remote = RemoteWeights(schedule, self.rank, {s: (st.layout, st.flat.dtype) for s, st in self.state.items()},
                                         ctx.device, ctx.timeout_s, (groups.get("fetch"), groups.get("push")),
                                         self.prog.per_round)
-        self.comm = P2P(self.rank, self.S, ctx.device, ctx.timeout_s, lookahead=ctx.lookahead,
-                        groups=(groups.get("act"), groups.get("grad")), backend=ctx.backend)
         self.specs = ctx.specs  # specs[s]: [(shape, dtype)] of stage s's output
         self.like_tuple = ctx.like_tuple  # like_tuple[s]: stage s's input is a tuple
+        if ctx.transport == "shm":
+            self.comm = self._shm_comm(ctx)
+        else:
+            self.comm = P2P(self.rank, self.S, ctx.device, ctx.timeout_s, lookahead=ctx.lookahead,
+                            groups=(groups.get("act"), groups.get("grad")), backend=ctx.backend)
+
+    def _shm_comm(self, ctx) -> ShmP2P:
+        """Shared-memory channels to and from every peer, sized from a full epoch's receive plans."""
+        epoch = list(range(max(1, ctx.rounds_per_epoch)))
+        plans = {r: self.receive_plan(epoch, r) for r in range(self.schedule.num_workers)}
+        sizes = shm.channel_sizes(plans)
+        chan = {(a, b): shm.Channel(shm.channel_path(ctx.shm_token, a, b), n, nb, ctx.timeout_s)
+                for (a, b), (n, nb) in sizes.items() if self.rank in (a, b)}
+        return ShmP2P(self.rank, self.S, ctx.device, ctx.timeout_s,
+                      inbound={a: c for (a, b), c in chan.items() if b == self.rank},
+                      outbound={b: c for (a, b), c in chan.items() if a == self.rank})
+
+    def begin_epoch(self, rounds: list[int]) -> None:
+        """Hand the epoch's receive plan to the transport (gloo posts the receives; shm numbers the
+        messages, also those this rank sends, from its peers' plans)."""
+        self.comm.set_plan(self.receive_plan(rounds))
+        if isinstance(self.comm, ShmP2P):
+            self.comm.set_send_plan({dst: self.receive_plan(rounds, dst) for dst in self.comm.outbound})
 
     def warm_up(self) -> None:
         """Exchange one small tensor with every peer this rank talks to, so that the transport's
@@ -171,15 +194,16 @@ class PipelineExecutor:
             w.wait(timedelta(seconds=self.ctx.timeout_s))
 
     # ---- per epoch ----------------------------------------------------------------------
-    def receive_plan(self, rounds: list[int]) -> list:
-        """Receives to post, in op order, from the schedule's one derivation of dataflow edges
-        (:meth:`Schedule.remote_inputs`): an activation of stage s-1 for F(s, b), the gradient of
-        stage s+1 for B/BI(s, b)."""
+    def receive_plan(self, rounds: list[int], rank: int | None = None) -> list:
+        """Receives of ``rank`` (default this one) to post, in op order, from the schedule's one
+        derivation of dataflow edges (:meth:`Schedule.remote_inputs`): an activation of stage s-1
+        for F(s, b), the gradient of stage s+1 for B/BI(s, b)."""
         plan = []
-        inputs = self.schedule.remote_inputs(self.rank)
+        rank = self.rank if rank is None else rank
+        inputs, ops = self.schedule.remote_inputs(rank), self.schedule.ops[rank]
         for k in rounds:
             for i, (_, s_from, b), src in inputs:
-                s, g = self.prog.ops[i].stage, k * self.M + b
+                s, g = ops[i].stage, k * self.M + b
                 if s_from < s:  # activation from the previous stage
                     plan.append(((0, s_from, g), src, self.specs[s_from]))
                 else:  # gradient from the next stage
