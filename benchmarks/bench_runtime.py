@@ -24,7 +24,9 @@ Rows per model:
   optimizer, all-reduce, overhead (between ops). ``workbench-pipedream-flush+warmup``: the same
   schedule with the warm-up the workbench's planner gives this split on this machine
   (:func:`plan_warmup`: ``Plan.in_flight``, which counts the messages' latency; NOAM, torch's
-  order, counts none), ``options`` column.
+  order, counts none), ``options`` column. ``workbench-<schedule>+shm``: activations and gradients
+  through the runtime's shared-memory transport (``transport="shm"``, :mod:`workbench.runtime.shm`)
+  instead of gloo; the torch rows use gloo (torch.distributed has no shared-memory point-to-point).
 
 The single / torch rows feed random inputs of the model's shape (``mlp``: N(0, 1) features; ``gpt``:
 uniform tokens); the workbench rows read the model's own data set (synthetic / pydocs) through its data
@@ -53,12 +55,15 @@ import torch
 M, P, LR = 8, 2, 0.01
 CONFIGS = {  # model -> batch, default timed steps, workbench schedules, torch schedules
     "mlp": dict(batch=256, steps=30, schedules=["gpipe", "pipedream-flush", "pipedream-flush+warmup", "zb-h1",
-                                                "pipedream"],
+                                                "pipedream", "gpipe+shm", "pipedream-flush+shm", "zb-h1+shm",
+                                                "pipedream+shm"],
                 torch=["gpipe", "1f1b"]),
-    "gpt": dict(batch=32, steps=10, schedules=["pipedream-flush", "pipedream-flush+warmup", "interleaved-1f1b"],
+    "gpt": dict(batch=32, steps=10, schedules=["pipedream-flush", "pipedream-flush+warmup", "interleaved-1f1b",
+                                               "pipedream-flush+shm", "interleaved-1f1b+shm"],
                 torch=["1f1b", "interleaved-1f1b"]),
 }
-WARMUP = "+warmup"  # a schedule name with this suffix: its 1F1B warm-up from the cost model (plan_warmup)
+# suffixes of a schedule name: "+warmup" = its 1F1B warm-up from the cost model (plan_warmup); "+shm" = the
+# runtime's shared-memory transport for activations and gradients (workbench.runtime.shm) instead of gloo
 
 
 def plan_warmup(name: str) -> list[int]:
@@ -193,12 +198,13 @@ def bench_torch_pipelining(name: str, kind: str, steps: int, warmup: int, device
 
 
 def bench_workbench(name: str, schedule: str, steps: int, warmup: int, device="cpu",
-                    options: dict | None = None) -> tuple[float, Path]:
+                    options: dict | None = None, transport: str = "gloo") -> tuple[float, Path]:
     from workbench.runtime import train
     batch = CONFIGS[name]["batch"]
     out = Path(tempfile.mkdtemp(prefix="bench_rt_")) / schedule
     train(name, schedule, workers=P, microbatches=M, steps=steps + warmup, batch_size=batch, lr=LR, out=out,
-          threads=1, progress=False, device=device, evaluate=False, schedule_options=options or {})
+          threads=1, progress=False, device=device, evaluate=False, schedule_options=options or {},
+          transport=transport)
     with open(out / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     timed = rows[warmup:]
@@ -250,16 +256,19 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
         for kind in cfg["torch"]:
             runs.setdefault(f"torch-{kind}", []).append(dict(v=bench_torch_pipelining(name, kind, steps, warmup, device)))
         for sch in cfg["schedules"]:
-            base, opts = sch.removesuffix(WARMUP), {}
-            if sch.endswith(WARMUP):
+            if device != "cpu" and "+shm" in sch:
+                continue  # the shared-memory transport is for CPU ranks
+            base, *suffixes = sch.split("+")
+            opts = {}
+            if "warmup" in suffixes:
                 if name not in warm:
                     warm[name] = plan_warmup(name)
                 opts = {"warmup": warm[name]}
-            v, out = bench_workbench(name, base, steps, warmup, device, opts)
+            transport = "shm" if "shm" in suffixes else "gloo"
+            v, out = bench_workbench(name, base, steps, warmup, device, opts, transport)
+            label = ";".join([f"{k}={','.join(map(str, x))}" for k, x in opts.items()] + [f"transport={transport}"])
             runs.setdefault(f"workbench-{sch}", []).append(dict(v=v, **fidelity(out, base, warmup, opts),
-                                                                **where_time_goes(out, warmup),
-                                                                options=";".join(f"{k}={','.join(map(str, x))}"
-                                                                                 for k, x in opts.items())))
+                                                                **where_time_goes(out, warmup), options=label))
     single = statistics.median(r["v"] for r in runs["single"])
     ideal = P * single * M / (M + P - 1)
     torch_1f1b = statistics.median(r["v"] for r in runs["torch-1f1b"])

@@ -8,9 +8,12 @@ Spawning costs ~10 s per process set on 2 cores, so many runs share one spawn (`
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
+import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,6 +150,8 @@ RULE_RUNS = {  # expected to equal the (separately tested) reference
     "no-stash": ("pipedream", {"weights": "no-stash"}, 4),
     "2bw": ("pipedream-2bw", {}, 4),
 }
+SHM_RUNS = {"flush-shm": "flush", "zb-h1-shm": "zb-h1", "interleaved-shm": "interleaved", "fsdp-shm": "fsdp",
+            "stash-shm": "stash", "full-shm": "full"}  # transport="shm" twins: the same bytes, the same weights
 STEPS = 3
 MU = 0.5  # momentum of the runs that also check the optimizer state (resume, DDP)
 
@@ -173,9 +178,28 @@ def runs(tmp_path_factory):
     jobs.append(prepare("mlp", "pipedream-flush", workers=2, microbatches=4, epochs=2, out=root / "zoo", depth=4, width=32,
                         in_features=64, **zoo))
     names.append("zoo")
+    for key, base in SHM_RUNS.items():
+        twin = jobs[names.index(base)]
+        jobs.append(dataclasses.replace(twin, out=str(root / key), transport="shm", shm_token=f"test{os.getpid()}{key}"))
+        names.append(key)
     t = time.time()
     res = run_jobs(jobs)
     return dict(zip(names, zip(jobs, res))), root, time.time() - t
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("key", list(SHM_RUNS))
+def test_shared_memory_transport_gives_the_same_weights(runs, key):
+    """Every message carried through /dev/shm instead of gloo: the weights are bit for bit the same
+    (pipeline schedules, split backward, two stages per rank, the master family's fetches beside it,
+    weight stashing, two epochs with momentum: the channels' slots reused across epochs), and the
+    channel files are gone afterwards."""
+    job, summary = runs[0][key]
+    assert job.transport == "shm"
+    assert max_diff(summary["weights"], runs[0][SHM_RUNS[key]][1]["weights"]) == 0.0
+    assert not list(Path("/dev/shm").glob(f"workbench-{job.shm_token}-*"))
+    tl = list(csv.DictReader(open(Path(job.out) / "timeline.csv")))
+    assert len(tl) == job.rounds_total * job.schedule.num_ops
 
 
 @pytest.mark.distributed
@@ -306,6 +330,11 @@ def test_bad_inputs_raise_one_line_value_errors(tmp_path):
     with pytest.raises(ValueError, match="remote weights|another worker"):  # forward and backward read different owners
         prepare("toy-mlp", from_placement(lambda s, b, d: (b % 2, 0 if d == "forward" else 1), 2, 2, 2), workers=2,
                 microbatches=2, **kw)
+    kw["allow_oversubscribe"] = True
+    with pytest.raises(ValueError, match="transport must be 'gloo' or 'shm'"):
+        prepare("toy-mlp", "gpipe", workers=2, microbatches=4, transport="tcp", **kw)
+    with pytest.raises(ValueError, match="dp-bsp has none"):
+        prepare("toy-mlp", "dp-bsp", workers=2, microbatches=2, transport="shm", **kw)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
@@ -435,3 +464,41 @@ def test_epoch_outputs_are_appended_and_a_resume_drops_a_torn_line(tmp_path):
     assert [int(r["step"]) for r in csv.DictReader(open(tmp_path / "metrics.csv"))] == [0, 1, 2, 3]
     tl = list(csv.DictReader(open(tmp_path / "timeline.csv")))
     assert [int(r["round"]) for r in tl] == [0, 1, 2, 3] and all(None not in r.values() for r in tl)
+
+
+@pytest.mark.distributed
+def test_shared_memory_fault_stops_the_job_and_leaves_no_channel(tmp_path):
+    """A rank that fails while its peer polls a shared-memory slot: the job stops quickly with the
+    failing rank named, no process and no channel file is left."""
+    t = time.time()
+    with pytest.raises(RuntimeError, match=r"rank 1 .*injected fault at step 2"):
+        train("toy-mlp", "pipedream-flush", workers=2, microbatches=4, steps=4, out=tmp_path / "f", fail_rank=1,
+              fail_at_step=2, transport="shm", **COMMON)
+    assert time.time() - t < 30
+    assert not [p for p in Path("/dev/shm").glob("workbench-*") if p.stat().st_mtime >= t]  # none of this job's
+
+
+def test_shm_channel_numbers_messages_and_times_out(tmp_path, monkeypatch):
+    """One channel, both ends in this process: messages land in slot q mod slots and come out in any
+    order; a slot is reused only after its message was read; waiting for a message that never
+    comes raises a TimeoutError naming it."""
+    from workbench.runtime import shm
+    monkeypatch.setattr(shm, "SHM_DIR", tmp_path)
+    path = shm.channel_path("t", 0, 1)
+    tx, rx = shm.Channel(path, 2, 16, timeout_s=0.05), shm.Channel(path, 2, 16, timeout_s=0.05)
+    a, b = torch.arange(4, dtype=torch.float32), torch.tensor([7, 8], dtype=torch.int64)
+    tx.put(0, [a], "m0")
+    tx.put(1, [b], "m1")
+    (got_b,), _ = rx.get(1, [((2,), torch.int64)], "m1")  # out of order
+    (got_a,), _ = rx.get(0, [((4,), torch.float32)], "m0")
+    assert torch.equal(got_a, a) and torch.equal(got_b, b)
+    tx.put(2, [a + 1], "m2")  # slot 0 again, its message 0 was read
+    with pytest.raises(TimeoutError, match="message 1 still unread|slot of m4"):
+        tx.put(4, [a], "m4")  # slot 0 holds message 2, unread
+    with pytest.raises(TimeoutError, match="m3 did not happen"):
+        rx.get(3, [((4,), torch.float32)], "m3")
+    (got,), _ = rx.get(2, [((4,), torch.float32)], "m2")
+    assert torch.equal(got, a + 1)
+    with pytest.raises(ValueError, match="exceed the channel's slot"):
+        tx.put(3, [torch.zeros(32)], "big")
+    tx.close(), rx.close()

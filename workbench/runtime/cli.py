@@ -46,6 +46,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-at-step", type=int, default=None, help="... at the start of this step")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when every rank gets its own GPU)")
     p.add_argument("--backend", default=None, help="gloo or nccl (default from the device)")
+    p.add_argument("--transport", choices=("gloo", "shm"), default="gloo",
+                   help="activations and gradients through torch.distributed (gloo) or through shared memory "
+                        "(shm: CPU ranks on this machine, pipeline schedules)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take before the job fails")
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker")
@@ -71,7 +74,7 @@ def run_train(args) -> int:
                         port=args.port, threads=args.threads, allow_oversubscribe=args.allow_oversubscribe,
                         dtype=args.dtype, progress=not args.no_progress, schedule_options=sopts,
                         momentum=args.momentum, evaluate=not args.no_eval, dataset=args.dataset,
-                        **dict(args.model_option))
+                        transport=args.transport, **dict(args.model_option))
     except ValueError as e:
         print(f"workbench train: error: {e}", file=sys.stderr)
         return 2

@@ -347,7 +347,9 @@ def train(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int
     ``threads`` (per worker), ``progress``, ``return_weights`` (final weights per stage in the
     summary), ``dtype`` (e.g. ``"float64"``), ``schedule_options`` (e.g. ``{"weights": "vertical-sync"}``),
     ``dataset_options``, ``lookahead`` (receives posted ahead), ``momentum`` (SGD heavy ball, default 0),
-    ``evaluate`` (test loss/accuracy at each epoch end, default True), and model options for the zoo.
+    ``evaluate`` (test loss/accuracy at each epoch end, default True), ``transport`` (``"gloo"``, or
+    ``"shm"``: activations and gradients through shared memory between CPU ranks of this machine,
+    :mod:`workbench.runtime.shm`), and model options for the zoo.
     """
     _check_not_bootstrapping()
     if port is not None:
