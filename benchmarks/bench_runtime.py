@@ -19,7 +19,8 @@ Rows per model:
   ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B + SGD
 * ``workbench-<schedule>``: :func:`workbench.runtime.train` running that schedule, with the per-epoch
   test-set evaluation off (``evaluate=False``: the torch rows evaluate nothing either). Its per-epoch
-  checkpoints stay on. Its measured timeline gives the breakdown columns (ms per step, mean over the
+  checkpoints stay on, but no epoch ends within the timed steps (the mlp's synthetic set holds 64
+  steps per epoch here; an epoch end costs 15-25 ms on this machine; the torch rows have none). Its measured timeline gives the breakdown columns (ms per step, mean over the
   ranks, :func:`workbench.runtime.breakdown.breakdown`): compute, recv wait, send, data copy,
   optimizer, all-reduce, overhead (between ops). ``workbench-pipedream-flush+warmup``: the same
   schedule with the warm-up the workbench's planner gives this split on this machine
@@ -202,9 +203,16 @@ def bench_workbench(name: str, schedule: str, steps: int, warmup: int, device="c
     from workbench.runtime import train
     batch = CONFIGS[name]["batch"]
     out = Path(tempfile.mkdtemp(prefix="bench_rt_")) / schedule
+    # mlp: a synthetic set of 64 steps per epoch, so the timed steps hold no epoch end (its checkpoint and
+    # CSV writes, 15-25 ms each on this machine, are not in the torch rows either); gpt: 15 steps < an epoch
+    data = dict(dataset_options={"num_train": 64 * batch}) if name == "mlp" else {}
     train(name, schedule, workers=P, microbatches=M, steps=steps + warmup, batch_size=batch, lr=LR, out=out,
           threads=1, progress=False, device=device, evaluate=False, schedule_options=options or {},
-          transport=transport)
+          transport=transport, **data)
+    with open(out / "metrics.csv") as f:
+        epochs = {r["epoch"] for r in list(csv.DictReader(f))[warmup - 1:]}
+    if len(epochs) > 1:
+        raise RuntimeError(f"{name} {schedule}: the timed steps cross an epoch end; use fewer --steps")
     with open(out / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     timed = rows[warmup:]
