@@ -3,8 +3,9 @@
 Per epoch: post the epoch's receive plan, run the rounds (one minibatch each; fault injection at the
 start of a round), flush the sends, let every stage replica write its checkpoint, evaluate on the
 test split (rank 0), gather metrics and timeline rows on rank 0, which appends them to the CSVs and
-marks the checkpoint complete (the gather is the only synchronization: the other ranks go on). A rank that raises records ``(rank, time, error)`` in ``out/.errors`` so the launcher can
-name the first failure (the others fail as a consequence).
+marks the checkpoint complete (the gather is the only synchronization: the other ranks go on). A
+rank that raises records ``(rank, time, error)`` in ``out/.errors`` so the launcher can name the
+first failure (the others fail as a consequence).
 """
 from __future__ import annotations
 
