@@ -183,7 +183,9 @@ def test_first_backward_of_an_update_skips_the_accumulation():
         assert flush.fresh_backwards(w) == {bs[0]}
         assert pd_.fresh_backwards(w) == {i for i, op in enumerate(pd_.ops[w]) if op.kind == "B"}
     zb = build("zb-h1", 2, M)  # split backward: the first BW of the update is the fresh one
-    assert all(zb.ops[w][i].kind == "BW" and len(zb.fresh_backwards(w)) == 1 for w in (0, 1) for i in zb.fresh_backwards(w))
+    for w in (0, 1):
+        (i,) = zb.fresh_backwards(w)  # exactly one
+        assert zb.ops[w][i].kind == "BW" and i == min(j for j, op in enumerate(zb.ops[w]) if op.kind == "BW")
     dp = build("dp-bsp", 1, M, workers=2)
     assert dp.flat_buffers(0) == {0} and dp.fresh_backwards(0) == frozenset()
     # the simulated op durations: pipedream's every B, flush's first B per worker

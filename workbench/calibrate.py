@@ -410,7 +410,7 @@ def _time_step(params: list, iterations: int, warmup: int, lr: float = 0.01) -> 
 
 
 def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
-                microbatches: int = 4, model=None, target=None) -> tuple[float, float, float, float]:
+                microbatches: int = 4, model=None, target=None) -> tuple[float, float, float, float, float]:
     """Median ms of the stage forward, backward, split backward (input-gradient half BI, then
     weight-gradient half BW, as zero-bubble schedules run it), and what the first backward of an
     update saves (its gradients become the empty buffer; the later ones add into it: B is theirs)

@@ -9,7 +9,6 @@ Every wait has a timeout. Activations and gradients use separate process groups 
 """
 from __future__ import annotations
 
-import math
 import os
 import queue
 import threading
@@ -18,6 +17,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from .stages import spec_bytes
 
 MAX_TENSORS = 8
 
@@ -116,8 +117,7 @@ class P2P:
         elif self.backend == "nccl":
             self.lookahead = 0
         else:
-            per = max(1, max((sum(math.prod(sh) * torch.empty((), dtype=dt).element_size() for sh, dt in specs)
-                              for _, _, specs in plan), default=1))
+            per = max(1, max((spec_bytes(specs) for _, _, specs in plan), default=1))
             self.lookahead = max(4, min(len(plan), self.buffer_budget // per))
         self.prefetch()
 
@@ -204,8 +204,8 @@ class _Sender:
 
 class ShmP2P(P2P):
     """:class:`P2P` over :mod:`workbench.runtime.shm` channels instead of gloo (same interface; the
-    local mailbox is P2P's). A send is a copy into the peer's slot on the op's own thread (no sender
-    thread, nothing to drain); a receive polls its slot. Message numbers come from the receive
+    local mailbox and ``flush`` are P2P's: no sender thread, and a send is complete when the copy into
+    the peer's slot returns); a receive polls its slot. Message numbers come from the receive
     plans: :meth:`set_plan` (this rank's, per epoch) and :meth:`set_send_plan` (its peers')."""
 
     def __init__(self, rank: int, num_stages: int, device, timeout_s: float, inbound: dict, outbound: dict):
@@ -238,9 +238,6 @@ class ShmP2P(P2P):
                     j += 1
             self.send_base[dst] += j
 
-    def prefetch(self) -> None:  # nothing to post: the slots are there
-        pass
-
     def _isend(self, key, tensors, dst) -> None:
         try:
             q = self.send_index.pop(key)
@@ -256,9 +253,6 @@ class ShmP2P(P2P):
         except KeyError:
             raise RuntimeError(f"rank {self.rank}: message {key} was not expected (receive plan out of order)") from None
         return self.inbound[src].get(q, specs, f"rank {self.rank}: message {key} from rank {src}")
-
-    def flush(self) -> None:  # sends are complete when put() returns
-        self.sends = []
 
     def close(self) -> None:
         for ch in list(self.inbound.values()) + list(self.outbound.values()):

@@ -21,7 +21,6 @@ then sleeps 20 µs at a time (ranks may share cores), and gives up after the run
 """
 from __future__ import annotations
 
-import math
 import mmap
 import os
 import platform
@@ -30,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from .stages import spec_bytes
 
 SHM_DIR = Path("/dev/shm")
 ALIGN = 64
@@ -53,10 +54,6 @@ def remove_channels(token: str) -> None:
     """Delete every channel file of a job (the launcher calls it when the job ends, however it ends)."""
     for p in SHM_DIR.glob(f"workbench-{token}-*"):
         p.unlink(missing_ok=True)
-
-
-def _nbytes(specs) -> int:
-    return sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in specs)
 
 
 class Channel:
@@ -113,7 +110,7 @@ class Channel:
         waited = self._wait(lambda: self.flags[slot] == q + 1, what)
         off, out = slot * self.slot_bytes, []
         for shape, dt in specs:
-            n = _nbytes([(shape, dt)])
+            n = spec_bytes([(shape, dt)])
             out.append(self.data[off:off + n].view(dt).reshape(shape).clone())
             off += n
         self.acks[slot] = q + 1
@@ -134,5 +131,5 @@ def channel_sizes(plans: dict[int, list]) -> dict[tuple[int, int], tuple[int, in
     for dst, plan in plans.items():
         for _, src, specs in plan:
             n, b = out.get((src, dst), (0, 0))
-            out[(src, dst)] = (n + 1, max(b, _nbytes(specs)))
+            out[(src, dst)] = (n + 1, max(b, spec_bytes(specs)))
     return out

@@ -11,6 +11,8 @@ slices. Every rank computes the same slices from ``(seed, e, r, b)``, so no data
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -148,6 +150,11 @@ def sgd_update(weights: dict, direction: dict, lr: float, in_place: bool) -> dic
 def nbytes(ts) -> int:
     """Bytes held by the tensors of a sequence (non-tensors count 0)."""
     return sum(t.numel() * t.element_size() for t in ts if torch.is_tensor(t))
+
+
+def spec_bytes(specs) -> int:
+    """Bytes of a message of tensors ``[(shape, dtype)]`` (a receive plan's specs)."""
+    return sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in specs)
 
 
 def float_indices(t: tuple) -> list[int]:
