@@ -67,7 +67,9 @@ def _profile_in_child(model_options: dict, bounds: list, threads: int, index: in
     from workbench.calibrate import stage_profile
     from workbench.models import build
     from workbench.runtime.affinity import pin_rank
+    from workbench.runtime.allocator import retain_freed_memory
     pin_rank(index, of, threads)
+    retain_freed_memory()  # the runtime's ranks' allocator settings
     torch.manual_seed(0)
     return stage_profile(build("mlp", seed=0, **model_options), bounds, MB, threads=threads)
 

@@ -28,6 +28,9 @@ Rows per model:
   order, counts none), ``options`` column. ``workbench-<schedule>+shm``: activations and gradients
   through the runtime's shared-memory transport (``transport="shm"``, :mod:`workbench.runtime.shm`)
   instead of gloo; the torch rows use gloo (torch.distributed has no shared-memory point-to-point).
+  ``workbench-<schedule>+default-malloc``: the ranks keep glibc's malloc defaults instead of the
+  runtime's (:mod:`workbench.runtime.allocator`: freed memory kept, no page faults per op); every
+  other row, the single and torch processes included, runs with the runtime's settings.
 
 The single / torch rows feed random inputs of the model's shape (``mlp``: N(0, 1) features; ``gpt``:
 uniform tokens); the workbench rows read the model's own data set (synthetic / pydocs) through its data
@@ -57,14 +60,16 @@ M, P, LR = 8, 2, 0.01
 CONFIGS = {  # model -> batch, default timed steps, workbench schedules, torch schedules
     "mlp": dict(batch=256, steps=30, schedules=["gpipe", "pipedream-flush", "pipedream-flush+warmup", "zb-h1",
                                                 "pipedream", "gpipe+shm", "pipedream-flush+shm", "zb-h1+shm",
-                                                "pipedream+shm"],
+                                                "pipedream+shm", "pipedream-flush+default-malloc",
+                                                "pipedream+default-malloc"],
                 torch=["gpipe", "1f1b"]),
     "gpt": dict(batch=32, steps=10, schedules=["pipedream-flush", "pipedream-flush+warmup", "interleaved-1f1b",
                                                "pipedream-flush+shm", "interleaved-1f1b+shm"],
                 torch=["1f1b", "interleaved-1f1b"]),
 }
 # suffixes of a schedule name: "+warmup" = its 1F1B warm-up from the cost model (plan_warmup); "+shm" = the
-# runtime's shared-memory transport for activations and gradients (workbench.runtime.shm) instead of gloo
+# runtime's shared-memory transport for activations and gradients (workbench.runtime.shm) instead of gloo;
+# "+default-malloc" = the ranks keep glibc's malloc defaults (WORKBENCH_MALLOC=0, workbench.runtime.allocator)
 
 
 def plan_warmup(name: str) -> list[int]:
@@ -105,7 +110,9 @@ def _data(name: str, steps: int, device="cpu"):
 
 
 def bench_single(name: str, steps: int, warmup: int, device="cpu") -> float:
+    from workbench.runtime.allocator import retain_freed_memory
     torch.set_num_threads(1)
+    retain_freed_memory()  # every process of the benchmark uses the runtime ranks' malloc settings
     model = _model(name).to(device)
     net = torch.nn.Sequential(*model.layers)
     xs, ys = _data(name, steps + warmup, device)
@@ -147,8 +154,10 @@ def _torch_pp_worker(rank, world, port, name, kind, steps, warmup, device, q):
 
     from workbench.runtime.affinity import pin_rank
     from workbench.runtime.stages import even_bounds, stage_module
+    from workbench.runtime.allocator import retain_freed_memory
     torch.set_num_threads(1)
     pin_rank(rank, world, 1, device)  # the placement the workbench's runtime uses
+    retain_freed_memory()  # and its ranks' malloc settings
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
     if device == "cuda":
         torch.cuda.set_device(dev)
@@ -273,8 +282,15 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
                     warm[name] = plan_warmup(name)
                 opts = {"warmup": warm[name]}
             transport = "shm" if "shm" in suffixes else "gloo"
-            v, out = bench_workbench(name, base, steps, warmup, device, opts, transport)
-            label = ";".join([f"{k}={','.join(map(str, x))}" for k, x in opts.items()] + [f"transport={transport}"])
+            malloc = "default" if "default-malloc" in suffixes else "retain"
+            before = os.environ.get("WORKBENCH_MALLOC")
+            os.environ["WORKBENCH_MALLOC"] = "0" if malloc == "default" else "1"  # read by the spawned ranks
+            try:
+                v, out = bench_workbench(name, base, steps, warmup, device, opts, transport)
+            finally:
+                os.environ.pop("WORKBENCH_MALLOC") if before is None else os.environ.update(WORKBENCH_MALLOC=before)
+            label = ";".join([f"{k}={','.join(map(str, x))}" for k, x in opts.items()] + [f"transport={transport}",
+                                                                                           f"malloc={malloc}"])
             runs.setdefault(f"workbench-{sch}", []).append(dict(v=v, **fidelity(out, base, warmup, opts),
                                                                 **where_time_goes(out, warmup), options=label))
     single = statistics.median(r["v"] for r in runs["single"])

@@ -478,6 +478,27 @@ def test_shared_memory_fault_stops_the_job_and_leaves_no_channel(tmp_path):
     assert not [p for p in Path("/dev/shm").glob("workbench-*") if p.stat().st_mtime >= t]  # none of this job's
 
 
+def test_shm_stale_channel_files_of_dead_launchers_are_removed(tmp_path, monkeypatch):
+    """A launcher killed with SIGKILL cannot remove its channel files: the next shm job removes the
+    files whose token names a process that no longer runs, and leaves the live ones."""
+    import subprocess
+    import sys
+
+    from workbench.runtime import shm
+    monkeypatch.setattr(shm, "SHM_DIR", tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = shm.new_token()
+    assert live.startswith(f"{os.getpid()}x")
+    files = {tok: shm.channel_path(tok, 0, 1) for tok in (f"{dead.pid}xabc", live)}
+    for p in files.values():
+        p.write_bytes(b"0")
+    other = tmp_path / "workbench-notapid-0-1"  # not a token this module made: left alone
+    other.write_bytes(b"0")
+    assert shm.remove_stale_channels() == [files[f"{dead.pid}xabc"]]
+    assert not files[f"{dead.pid}xabc"].exists() and files[live].exists() and other.exists()
+
+
 def test_shm_channel_numbers_messages_and_times_out(tmp_path, monkeypatch):
     """One channel, both ends in this process: messages land in slot q mod slots and come out in any
     order; a slot is reused only after its message was read; waiting for a message that never

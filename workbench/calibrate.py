@@ -104,10 +104,12 @@ def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, 
     import torch.distributed as dist
 
     from .runtime.affinity import pin_rank
+    from .runtime.allocator import retain_freed_memory
     from .runtime.comm import _Sender, uses_send_thread
 
     torch.set_num_threads(threads)
     pin_rank(rank, 2, threads)  # as the runtime places its ranks
+    retain_freed_memory()  # and sets their allocator
     tmo = timedelta(seconds=timeout_s)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=tmo)
     stop, pending, sender, load, count = threading.Event(), [], None, None, [0]
@@ -177,9 +179,11 @@ def _all_reduce_timer(rank, port, backend, sizes, repeats, warmup, timeout_s, th
     import torch.distributed as dist
 
     from .runtime.affinity import pin_rank
+    from .runtime.allocator import retain_freed_memory
 
     torch.set_num_threads(threads)
     pin_rank(rank, world, threads)  # as the runtime places its ranks
+    retain_freed_memory()  # and sets their allocator
     tmo = timedelta(seconds=timeout_s)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=tmo)
     try:

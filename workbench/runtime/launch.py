@@ -13,7 +13,6 @@ import pickle
 import shutil
 import socket
 import time
-import uuid
 from pathlib import Path
 
 import torch
@@ -24,7 +23,8 @@ from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, co
 from .outputs import RunResult, latest_checkpoint, load_stage
 from .rank import first_failure, worker_main
 from .shm import available as shm_available
-from .shm import remove_channels
+from .shm import new_token as new_shm_token
+from .shm import remove_channels, remove_stale_channels
 from .stages import DataOrder, even_bounds, plan_bounds, stage_module, stage_params
 
 DEFAULT_LR = 0.05
@@ -154,7 +154,7 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
                seed=seed, rounds_total=rounds_total, out=str(out), dtype=dtype, resume=resume, fail_rank=fail_rank,
                fail_at_step=fail_at_step, timeout_s=timeout_s, device=device, backend=backend, threads=threads,
                progress=progress, return_weights=return_weights, lookahead=lookahead, evaluate=evaluate, momentum=momentum,
-               transport=transport, shm_token=uuid.uuid4().hex[:16] if transport == "shm" else "",
+               transport=transport, shm_token=new_shm_token() if transport == "shm" else "",
                options=dict(model=label, model_options=model_options, schedule_options=sopts,
                             targets_per_sample=int(train_set.tensors[-1][0].numel())))
 
@@ -288,6 +288,8 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
         worker_main(rank, world, jobs, None, None, None)
         return [_read_summary(Path(j.out), j) if rank == 0 else {} for j in jobs]
     port = free_port(port)
+    if any(j.shm_token for j in jobs):
+        remove_stale_channels()  # files of earlier launchers that were killed before they could remove them
     shareds = [_shared_weights(j) if j.schedule.update == "async" else None for j in jobs]
     import torch.multiprocessing as mp
     t = time.time()

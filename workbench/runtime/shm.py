@@ -18,6 +18,10 @@ payload, then ``flags[slot] = q + 1``; the receiver waits for ``flags[slot] == q
 payload out and sets ``acks[slot] = q + 1``. The flag is stored after the payload and read before it:
 ordered on x86-64 (total store order), which :func:`available` requires. Waiting spins briefly,
 then sleeps 20 µs at a time (ranks may share cores), and gives up after the run's timeout.
+
+The files are named after the job's token, which starts with the launcher's pid: the launcher
+removes its own when the job ends, however it ends, and a new shared-memory job first removes the
+files of launchers that no longer run (killed with SIGKILL: :func:`remove_stale_channels`).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import mmap
 import os
 import platform
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -46,8 +51,32 @@ def available() -> str | None:
     return None
 
 
+def new_token() -> str:
+    """A job's channel-file token: the launcher's pid, then a random part (``<pid>x<hex>``)."""
+    return f"{os.getpid()}x{uuid.uuid4().hex[:12]}"
+
+
 def channel_path(token: str, src: int, dst: int) -> Path:
     return SHM_DIR / f"workbench-{token}-{src}-{dst}"
+
+
+def remove_stale_channels() -> list[Path]:
+    """Delete the channel files left by launchers that no longer run (a launcher killed with
+    SIGKILL cannot remove its own): those whose token's pid is not a live process. Files of live
+    or unknown owners stay. Returns what was removed."""
+    gone = []
+    for p in SHM_DIR.glob("workbench-*x*-*-*"):
+        pid = p.name.split("-")[1].split("x")[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # no such process: its job is over
+            p.unlink(missing_ok=True)
+            gone.append(p)
+        except (PermissionError, OverflowError):  # another user's live process, or not a pid
+            pass
+    return gone
 
 
 def remove_channels(token: str) -> None:
