@@ -153,8 +153,8 @@ def _torch_pp_worker(rank, world, port, name, kind, steps, warmup, device, q):
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     from workbench.runtime.affinity import pin_rank
-    from workbench.runtime.stages import even_bounds, stage_module
     from workbench.runtime.allocator import retain_freed_memory
+    from workbench.runtime.stages import even_bounds, stage_module
     torch.set_num_threads(1)
     pin_rank(rank, world, 1, device)  # the placement the workbench's runtime uses
     retain_freed_memory()  # and its ranks' malloc settings

@@ -489,14 +489,17 @@ def test_shm_stale_channel_files_of_dead_launchers_are_removed(tmp_path, monkeyp
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     live = shm.new_token()
-    assert live.startswith(f"{os.getpid()}x")
-    files = {tok: shm.channel_path(tok, 0, 1) for tok in (f"{dead.pid}xabc", live)}
+    ns = shm._pid_namespace()
+    assert live.startswith(f"{ns}.{os.getpid()}.")
+    stale = f"{ns}.{dead.pid}.abc"
+    elsewhere = f"{ns}1.{dead.pid}.abc"  # the same pid in another namespace: maybe a live process there
+    files = {tok: shm.channel_path(tok, 0, 1) for tok in (stale, live, elsewhere)}
     for p in files.values():
         p.write_bytes(b"0")
     other = tmp_path / "workbench-notapid-0-1"  # not a token this module made: left alone
     other.write_bytes(b"0")
-    assert shm.remove_stale_channels() == [files[f"{dead.pid}xabc"]]
-    assert not files[f"{dead.pid}xabc"].exists() and files[live].exists() and other.exists()
+    assert shm.remove_stale_channels() == [files[stale]]
+    assert not files[stale].exists() and files[live].exists() and files[elsewhere].exists() and other.exists()
 
 
 def test_shm_channel_numbers_messages_and_times_out(tmp_path, monkeypatch):

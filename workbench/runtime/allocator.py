@@ -8,9 +8,10 @@ sizes over and over (a stage's gradients, its activations), so with the defaults
 those faults in every op. Measured on the 2-core CI machine, 8 x 512 MLP, microbatch 32, one
 thread, two pinned processes at once, a loop of forward, backward, in-place SGD step that frees
 the gradients (medians of 30, two runs): forward 2.2-2.3 -> 1.8-1.9 ms, backward 5.2-6.1 -> 2.4-2.6
-ms, step 1.5-1.8 -> 0.9-1.0 ms, with this module's settings. Either setting alone did not help
-(setting the trim threshold freezes the mmap threshold at its 128 KiB default, so every
-megabyte-sized tensor is mapped and unmapped).
+ms, step 1.5-1.8 -> 0.9-1.0 ms, with this module's settings. Neither setting alone is enough:
+the trim threshold alone freezes the mmap threshold at its 128 KiB default, so every
+megabyte-sized tensor is mapped and unmapped (backward 7.5 ms in one run); the mmap threshold
+alone still trims the heap (backward 4.9 ms).
 
 :func:`retain_freed_memory` sets the mmap threshold to glibc's ceiling (32 MiB on 64-bit:
 smaller blocks come from the heap) and the trim threshold to 1 GiB (freed heap memory stays

@@ -51,9 +51,19 @@ def available() -> str | None:
     return None
 
 
+def _pid_namespace() -> str:
+    """This process's pid namespace (the number in ``/proc/self/ns/pid``), "0" if unknown: a pid
+    means a process only within its namespace (containers may share ``/dev/shm``)."""
+    try:
+        return "".join(c for c in os.readlink("/proc/self/ns/pid") if c.isdigit()) or "0"
+    except OSError:
+        return "0"
+
+
 def new_token() -> str:
-    """A job's channel-file token: the launcher's pid, then a random part (``<pid>x<hex>``)."""
-    return f"{os.getpid()}x{uuid.uuid4().hex[:12]}"
+    """A job's channel-file token: the launcher's pid namespace and pid, then a random part
+    (``<namespace>.<pid>.<hex>``)."""
+    return f"{_pid_namespace()}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
 
 
 def channel_path(token: str, src: int, dst: int) -> Path:
@@ -62,11 +72,12 @@ def channel_path(token: str, src: int, dst: int) -> Path:
 
 def remove_stale_channels() -> list[Path]:
     """Delete the channel files left by launchers that no longer run (a launcher killed with
-    SIGKILL cannot remove its own): those whose token's pid is not a live process. Files of live
-    or unknown owners stay. Returns what was removed."""
+    SIGKILL cannot remove its own): those whose token names this pid namespace and a pid that is
+    no live process. Files of live processes, of other namespaces (another container sharing
+    ``/dev/shm``: its pids mean other processes) or of other names stay. Returns what was removed."""
     gone = []
-    for p in SHM_DIR.glob("workbench-*x*-*-*"):
-        pid = p.name.split("-")[1].split("x")[0]
+    for p in SHM_DIR.glob(f"workbench-{_pid_namespace()}.*.*-*-*"):
+        pid = p.name.split("-")[1].split(".")[1]
         if not pid.isdigit():
             continue
         try:
