@@ -9,7 +9,9 @@ Nothing the prediction uses comes from the run it predicts. Per repetition, inte
    loaded (``busy=True``: each process keeps its core busy computing and sends through the runtime's
    send path, mean one-way time, and the compute time each message takes from its core) for the
    predictions, idle (median) for the overhead calibration of step 3 (whose cores stay idle);
-   ``--idle-link`` predicts with the idle link;
+   ``--idle-link`` predicts with the idle link; ``--transport shm``: the ping-pong, the overhead
+   calibration's run and the measured pipeline runs send through the runtime's shared-memory
+   transport instead of gloo (``dp-bsp`` all-reduces over gloo either way);
    all-reduce: :func:`workbench.calibrate.measure_allreduce` (2-process gloo ``all_reduce``, the
    ring's bus bandwidth and per-step latency: gloo's all-reduce runs far below its ping-pong rate);
 2. compute: :func:`workbench.calibrate.stage_profile` at microbatch 32, 1 thread, in 2 fresh
@@ -89,12 +91,15 @@ def profile_separately(model_options: dict, bounds: list, threads: int = 1, conc
                    meta=dict(sps[0].meta, concurrent=concurrent))
 
 
-def run_measured(schedule: str, steps: int, skip: int, **model_options) -> float:
+def run_measured(schedule: str, steps: int, skip: int, transport: str = "gloo", **model_options) -> float:
+    """Steady-state ms per step of a runtime run; ``transport`` for the pipeline schedules (``dp-bsp``
+    has no point-to-point messages: always gloo)."""
     from workbench.calibrate import measured_step_ms
     from workbench.runtime import train
     out = Path(tempfile.mkdtemp(prefix="bench_fid_")) / schedule
     train("mlp", schedule, workers=P, microbatches=M, steps=steps, batch_size=BATCH, lr=LR, out=out, threads=1,
-          progress=False, device="cpu", evaluate=False, **model_options)
+          progress=False, device="cpu", evaluate=False, transport="gloo" if schedule == "dp-bsp" else transport,
+          **model_options)
     return measured_step_ms(pd.read_csv(out / "timeline.csv"), skip=skip)
 
 
@@ -119,6 +124,9 @@ def main(argv=None) -> int:
                     help="width of the mlp whose runs calibrate the per-op overheads (default 16: almost no compute)")
     ap.add_argument("--idle-link", action="store_true",
                     help="calibrate the link with idle processes (default: loaded, each core busy computing, as in a run)")
+    ap.add_argument("--transport", choices=("gloo", "shm"), default="gloo",
+                    help="the pipeline schedules' messages, in the runs and in the link calibration: gloo (default) "
+                         "or the runtime's shared-memory transport (dp-bsp all-reduces over gloo either way)")
     ap.add_argument("--overlap-allreduce", action="store_true",
                     help="model the all-reduce as overlapping the backward (default off: on a CPU with one core per "
                          "rank, gloo's all-reduce needs the cores the backward computes on)")
@@ -131,8 +139,9 @@ def main(argv=None) -> int:
     loads: list[float] = []
     for r in range(a.repeat):
         t = time.time()
-        idle = measure_link("gloo", sizes=LINK_SIZES, repeats=30)
-        link = idle if a.idle_link else measure_link("gloo", sizes=LINK_SIZES, repeats=100, busy=True)
+        idle = measure_link("gloo", sizes=LINK_SIZES, repeats=30, transport=a.transport)
+        link = idle if a.idle_link else measure_link("gloo", sizes=LINK_SIZES, repeats=100, busy=True,
+                                                     transport=a.transport)
         ar = measure_allreduce("gloo", world_size=P, repeats=30)
         loads.append(os.getloadavg()[0])
         sp = {"pipe": profile_separately({}, pipe_bounds), "dp": profile_separately({}, dp_bounds)}
@@ -142,7 +151,7 @@ def main(argv=None) -> int:
         for ex, tn, bounds in (("pipeline", "gpipe", pipe_bounds), ("ddp", "dp-bsp", dp_bounds)):
             cal_model = dict(width=a.overhead_width, in_features=a.overhead_width)
             tsp = profile_separately(cal_model, bounds)
-            tiny[ex] = run_measured(tn, a.steps, a.skip, **cal_model)
+            tiny[ex] = run_measured(tn, a.steps, a.skip, a.transport, **cal_model)
             ts = schedule_of(tn)
             # the width-16 run leaves its cores idle: its messages travel as on the idle link
             o[ex] = solve_overhead(lambda x: modeled_step_ms(ts, tsp, idle, x, allreduce=ar,
@@ -156,7 +165,7 @@ def main(argv=None) -> int:
         for n in names[r % len(names):] + names[:r % len(names)]:  # rotated: no schedule always runs first
             loads.append(os.getloadavg()[0])
             os.sync()  # the earlier runs' files written back now, not by a kernel thread during this run
-            meas = run_measured(n, a.steps, a.skip)
+            meas = run_measured(n, a.steps, a.skip, a.transport)
             sched = schedule_of(n)
             s = sp["dp"] if n == "dp-bsp" else sp["pipe"]
             kw = dict(allreduce=ar, overlap_comm=a.overlap_allreduce,
@@ -178,7 +187,7 @@ def main(argv=None) -> int:
     cols = ["schedule", "step_ms_modeled", "step_ms_measured", "error_pct", "step_ms_modeled_no_overhead",
             "step_ms_modeled_layer_profile", "measured_min", "measured_max", "error_pct_per_repeat", "latency_ms", "bandwidth_bytes_per_s",
             "op_overhead_ms", "message_cpu_ms", "idle_latency_ms", "idle_bandwidth_bytes_per_s", "allreduce_latency_ms", "allreduce_bus_bandwidth_bytes_per_s", "overlap_allreduce",
-            "repeats", "load_avg_1min_median", "load_avg_1min_max", "cores"]
+            "transport", "repeats", "load_avg_1min_median", "load_avg_1min_max", "cores"]
     out_rows = []
     for n in names:
         mod, mea = med([x["modeled"] for x in rows[n]]), med([x["measured"] for x in rows[n]])
@@ -194,7 +203,8 @@ def main(argv=None) -> int:
                              message_cpu_ms=c["message_cpu_ms"], idle_latency_ms=c["idle_latency_ms"],
                              idle_bandwidth_bytes_per_s=c["idle_bandwidth"],
                              allreduce_latency_ms=c["ar_latency_ms"], allreduce_bus_bandwidth_bytes_per_s=c["ar_bandwidth"],
-                             overlap_allreduce=a.overlap_allreduce, repeats=a.repeat,
+                             overlap_allreduce=a.overlap_allreduce,
+                             transport="gloo" if n == "dp-bsp" else a.transport, repeats=a.repeat,
                              load_avg_1min_median=med(loads), load_avg_1min_max=max(loads),
                              cores=len(os.sched_getaffinity(0))))
     with open(a.out, "w", newline="") as f:
@@ -208,7 +218,7 @@ def main(argv=None) -> int:
         print(f"{x['schedule']:<18}{x['step_ms_modeled']:>10.1f}{x['step_ms_measured']:>10.1f}{x['error_pct']:>9.1f}"
               f"{x['step_ms_modeled_no_overhead']:>9.1f}{x['step_ms_modeled_layer_profile']:>11.1f}"
               f"{x['measured_min']:>8.1f}-{x['measured_max']:<7.1f}  {x['error_pct_per_repeat']}")
-    print(f"link ({'idle' if a.idle_link else 'loaded'}): latency {c['latency_ms']:.3f} ms, bandwidth "
+    print(f"link ({a.transport}, {'idle' if a.idle_link else 'loaded'}): latency {c['latency_ms']:.3f} ms, bandwidth "
           f"{c['bandwidth'] / 1e9:.2f} GB/s, CPU per message {c['message_cpu_ms']:.3f} ms (idle link: "
           f"{c['idle_latency_ms']:.3f} ms, {c['idle_bandwidth'] / 1e9:.2f} GB/s); all-reduce: "
           f"{c['ar_latency_ms']:.3f} ms per ring step, bus bandwidth {c['ar_bandwidth'] / 1e9:.2f} GB/s "

@@ -3,6 +3,7 @@ op). Expected values are derived by hand in the comments, never taken from the c
 from __future__ import annotations
 
 import math
+import platform
 
 import numpy as np
 import pandas as pd
@@ -316,6 +317,21 @@ def test_loaded_link_reports_message_cpu_time():
     m = measure_link("gloo", sizes=(4, 16 << 20), repeats=10, warmup=2, busy=True, timeout_s=120)
     assert m["busy"] and len(m["cpu_ms_per_message"]) == 2 and m["message_cpu_ms"] >= 0
     assert all(t > 0 for t in m["one_way_ms"])
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the shm transport needs x86-64")
+def test_link_through_the_shared_memory_transport():
+    """measure_link(transport="shm") times the runtime's shm channels: a 16 MiB message takes longer
+    than 4 bytes, the result says which transport, and the channel files are gone afterwards."""
+    from workbench.calibrate import measure_link
+    from workbench.runtime import shm
+
+    before = set(shm.SHM_DIR.glob("workbench-*"))
+    m = measure_link("gloo", sizes=(4, 16 << 20), repeats=10, warmup=2, timeout_s=120, transport="shm")
+    assert m["transport"] == "shm" and m["one_way_ms"][1] > m["one_way_ms"][0] > 0
+    assert set(shm.SHM_DIR.glob("workbench-*")) <= before
+    with pytest.raises(ValueError, match="transport must be"):
+        measure_link("gloo", transport="tcp")
 
 
 def test_stage_profile_measures_every_column():

@@ -93,10 +93,11 @@ def _busy_compute(stop, count: list) -> None:
         count[0] += 1
 
 
-def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, busy, q):
+def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, busy, shm_token, q):
     """One side of the ping-pong: rank 0 sends and waits for the echo; rank 1 echoes. ``busy``: a
     compute thread keeps the core busy meanwhile and sends go through the runtime's send path
-    (its sender thread, where the runtime uses one)."""
+    (its sender thread, where the runtime uses one). ``shm_token``: through the runtime's
+    shared-memory channels (:mod:`workbench.runtime.shm`) of that token instead of ``backend``."""
     import threading
     from datetime import timedelta
 
@@ -124,11 +125,30 @@ def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, 
             if uses_send_thread(backend):
                 sender = _Sender(lambda key, tensors, dst: pending.append(dist.isend(tensors[0], dst)))
 
+        chan, count_q = {}, {"tx": 0, "rx": 0}
+        if shm_token:  # the runtime's shm transport: a send is a copy into the peer's slot (no sender thread)
+            from .runtime import shm
+            sender = None
+            peer = 1 - rank
+            chan = {"tx": shm.Channel(shm.channel_path(shm_token, rank, peer), 4, max(sizes), timeout_s),
+                    "rx": shm.Channel(shm.channel_path(shm_token, peer, rank), 4, max(sizes), timeout_s)}
+
         def send(buf, dst):
-            if sender is not None:
+            if chan:
+                chan["tx"].put(count_q["tx"], [buf], "ping-pong message")
+                count_q["tx"] += 1
+            elif sender is not None:
                 sender.put(None, [buf], dst)
             else:
                 pending.append(dist.isend(buf, dst))
+
+        def recv(buf, src):
+            if chan:
+                (got,), _ = chan["rx"].get(count_q["rx"], [(tuple(buf.shape), buf.dtype)], "ping-pong message")
+                count_q["rx"] += 1
+                buf.copy_(got)
+            else:
+                dist.irecv(buf, src).wait(tmo)
 
         out, spans = {}, {}
         for n in sizes:
@@ -140,9 +160,9 @@ def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, 
                 t0 = time.perf_counter()
                 if rank == 0:
                     send(buf, 1)
-                    dist.irecv(buf, 1).wait(tmo)
+                    recv(buf, 1)
                 else:
-                    dist.irecv(buf, 0).wait(tmo)
+                    recv(buf, 0)
                     send(buf, 0)
                 if i >= warmup:
                     rtt.append((time.perf_counter() - t0) * 1e3)
@@ -168,6 +188,8 @@ def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, 
         stop.set()
         if load is not None:
             load.join()
+        for ch in chan.values() if shm_token else ():
+            ch.close()
         dist.destroy_process_group()
 
 
@@ -235,7 +257,7 @@ def _check_sizes(sizes, repeats: int, warmup: int) -> list[int]:
 
 
 def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 30, warmup: int = 5,
-                 timeout_s: float = 120.0, threads: int = 1, busy: bool = False) -> dict:
+                 timeout_s: float = 120.0, threads: int = 1, busy: bool = False, transport: str = "gloo") -> dict:
     """Ping-pong between two spawned processes on this machine; fit ``t = α + n / β``.
 
     For each size ``n`` (bytes, rounded down to whole float32 elements, at least one), rank 0
@@ -251,10 +273,28 @@ def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, re
     1.1 ms on average loaded. Loaded, it also reports the compute time the messages took from the
     busy thread (its rate with and without messages): ``cpu_ms_per_message`` per size (per message
     sent or received) and ``message_cpu_ms``, their mean up to 256 KiB (the simulator's
-    ``message_cpu_ms``, LogP's overhead *o*)."""
+    ``message_cpu_ms``, LogP's overhead *o*).
+
+    ``transport="shm"``: the messages go through the runtime's shared-memory channels
+    (:mod:`workbench.runtime.shm`, as ``train(..., transport="shm")`` sends them; CPU, this
+    machine) instead of ``backend``'s point-to-point; the process group still uses ``backend``.
+    Its waiting receiver polls, so loaded, a message's CPU time includes the polling."""
+    if transport not in ("gloo", "shm"):
+        raise ValueError(f"transport must be 'gloo' or 'shm', got {transport!r}")
     sizes = _check_sizes(sizes, repeats, warmup)
-    one_way, cpu = _run_ranks(_ping_pong, (backend, sizes, repeats, warmup, timeout_s, threads, bool(busy)), 2,
-                              timeout_s, f"link ping-pong ({backend})")
+    token = ""
+    if transport == "shm":
+        from .runtime import shm
+        why = shm.available()
+        if why:
+            raise ValueError(why)
+        token = shm.new_token()
+    try:
+        one_way, cpu = _run_ranks(_ping_pong, (backend, sizes, repeats, warmup, timeout_s, threads, bool(busy), token),
+                                  2, timeout_s, f"link ping-pong ({backend if not token else 'shm'})")
+    finally:
+        if token:
+            shm.remove_channels(token)
     n = sorted(one_way)
     try:
         fit = fit_link(n, [one_way[k] for k in n])
@@ -265,7 +305,8 @@ def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, re
         # bandwidth unresolved (infinite) rather than fail the calibration
         fit = dict(latency_ms=float(statistics.fmean(one_way.values())), bandwidth_bytes_per_s=math.inf,
                    rel_rmse=float("nan"), note="loaded times did not grow with size: latency only")
-    out = dict(fit, sizes=n, one_way_ms=[one_way[k] for k in n], backend=backend, repeats=repeats, busy=bool(busy))
+    out = dict(fit, sizes=n, one_way_ms=[one_way[k] for k in n], backend=backend, repeats=repeats, busy=bool(busy),
+               transport=transport)
     if busy:
         out["cpu_ms_per_message"] = [cpu[k] for k in n]
         small = [k for k in n if k <= 256 << 10] or n[:1]
