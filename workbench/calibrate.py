@@ -122,13 +122,12 @@ def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, 
             c0, t0 = count[0], time.perf_counter()
             time.sleep(0.5)  # the compute rate with no messages (before, and again after, the messages)
             rates = [(count[0] - c0) / (time.perf_counter() - t0)]
-            if uses_send_thread(backend):
+            if uses_send_thread(backend) and not shm_token:
                 sender = _Sender(lambda key, tensors, dst: pending.append(dist.isend(tensors[0], dst)))
 
         chan, count_q = {}, {"tx": 0, "rx": 0}
         if shm_token:  # the runtime's shm transport: a send is a copy into the peer's slot (no sender thread)
             from .runtime import shm
-            sender = None
             peer = 1 - rank
             chan = {"tx": shm.Channel(shm.channel_path(shm_token, rank, peer), 4, max(sizes), timeout_s),
                     "rx": shm.Channel(shm.channel_path(shm_token, peer, rank), 4, max(sizes), timeout_s)}
