@@ -3,6 +3,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from workbench.runtime.comm import _Sender
 
@@ -40,3 +41,29 @@ def test_drain_times_out_instead_of_hanging():
     with pytest.raises(TimeoutError, match="not posted within"):
         s.drain(timeout_s=0.05)
     release.set()
+
+
+def test_gloo_sends_are_not_polled_per_send(monkeypatch):
+    """gloo's send works report completion only once waited on: polling every listed send on each new
+    send found none and cost O(n^2) per epoch. With gloo the list is only appended (flush waits it);
+    with other backends completed sends are dropped."""
+    from workbench.runtime import comm
+
+    class Work:
+        def __init__(self, done):
+            self.done, self.polls = done, 0
+
+        def is_completed(self):
+            self.polls += 1
+            return self.done
+
+    for backend, done in (("gloo", False), ("nccl", True)):
+        works = []
+        monkeypatch.setattr(comm.dist, "isend", lambda t, dst, tag, group: works.append(Work(done)) or works[-1])
+        p = comm.P2P(0, 2, "cpu", 5.0, backend=backend, send_thread=False)
+        for g in range(5):
+            p._isend((0, 0, g), [torch.zeros(2)], 1)
+        if backend == "gloo":
+            assert len(p.sends) == 5 and sum(w.polls for w in works) == 0
+        else:
+            assert len(p.sends) == 1 and works[0].polls == 1  # the completed ones dropped as new ones go out

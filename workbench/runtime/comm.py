@@ -94,7 +94,12 @@ class P2P:
         self.send_ms += (time.perf_counter() - t0) * 1e3
 
     def _isend(self, key, tensors, dst) -> None:
-        self.sends = [(w, t) for w, t in self.sends if not w.is_completed()]
+        # drop the completed sends. gloo's send works report completion only once waited on (flush
+        # waits them at the epoch end; a gloo send completes only when the peer has posted its
+        # receive, so they cannot be waited on here), so polling them found none and cost 0.49 us per
+        # listed send on every send: O(n^2) over an epoch, 245 ms of the rank's core per 1000 sends
+        if self.backend != "gloo":
+            self.sends = [(w, t) for w, t in self.sends if not w.is_completed()]
         for i, t in enumerate(tensors):
             self.sends.append((dist.isend(t, dst, tag=tag(*key, i, self.S), group=self.groups[key[0]]), t))
 
