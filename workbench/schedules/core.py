@@ -517,7 +517,7 @@ def _check_deadlock(schedule: Schedule, worker_of: list[int], codes: list[list[i
     ops = schedule.ops
     S, k = schedule.num_stages, schedule.num_segments
     U = schedule.microbatches * k
-    present = lambda c: worker_of[c] >= 0  # noqa: E731
+    present = bytes(w >= 0 for w in worker_of).__getitem__  # a C call per lookup (no Python frame)
     ar_count: dict[tuple[int, int], list[int]] = defaultdict(list)
     holders = [set(ws) for ws in schedule.stage_workers]
     extra: dict[tuple[int, int], tuple] = {}  # (worker, op index) -> remote-weight waits of a compute op
@@ -537,6 +537,7 @@ def _check_deadlock(schedule: Schedule, worker_of: list[int], codes: list[list[i
         if sorted(members) != expect:
             raise ScheduleError(f"AR of stage {s} step {step} has workers {sorted(members)}, expected {expect}")
     done = bytearray(len(worker_of))
+    produce = producer_codes
     steps_done: set = set()
     ptr = [0] * len(ops)
     waiting: dict = defaultdict(list)  # compute code or STEP key -> workers waiting for it
@@ -549,7 +550,7 @@ def _check_deadlock(schedule: Schedule, worker_of: list[int], codes: list[list[i
             c = kw[i]
             if c >= 0:
                 blocked = -1
-                for d in producer_codes(c, S, U, present, k):
+                for d in produce(c, S, U, present, k):
                     if not done[d]:
                         if worker_of[d] < 0:
                             key, dep = code_key(c, S, U), code_key(d, S, U)
