@@ -69,10 +69,8 @@ def _profile_in_child(model_options: dict, bounds: list, threads: int, index: in
 
     from workbench.calibrate import stage_profile
     from workbench.models import build
-    from workbench.runtime.affinity import pin_rank
-    from workbench.runtime.allocator import retain_freed_memory
-    pin_rank(index, of, threads)
-    retain_freed_memory()  # the runtime's ranks' allocator settings
+    from workbench.runtime.affinity import place_rank
+    place_rank(index, of, threads)
     torch.manual_seed(0)
     return stage_profile(build("mlp", seed=0, **model_options), bounds, MB, threads=threads)
 
@@ -113,6 +111,7 @@ def schedule_of(name: str):
 
 def main(argv=None) -> int:
     from workbench.calibrate import measure_allreduce, measure_link, modeled_step_ms, solve_overhead
+    from workbench.runtime.shm import TRANSPORTS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=14, help="steps per measured run (at most 64)")
@@ -130,7 +129,7 @@ def main(argv=None) -> int:
                          "the measured step of 5 runs in a row spread 1.5-1.95x, over 64 steps 1.24-1.27x)")
     ap.add_argument("--idle-link", action="store_true",
                     help="calibrate the link with idle processes (default: loaded, each core busy computing, as in a run)")
-    ap.add_argument("--transport", choices=("gloo", "shm"), default="gloo",
+    ap.add_argument("--transport", choices=TRANSPORTS, default="gloo",
                     help="the pipeline schedules' messages, in the runs and in the link calibration: gloo (default) "
                          "or the runtime's shared-memory transport (dp-bsp all-reduces over gloo either way)")
     ap.add_argument("--overlap-allreduce", action="store_true",

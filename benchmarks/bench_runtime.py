@@ -53,6 +53,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -152,12 +153,10 @@ def _torch_pp_worker(rank, world, port, name, kind, steps, warmup, device, q):
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-    from workbench.runtime.affinity import pin_rank
-    from workbench.runtime.allocator import retain_freed_memory
+    from workbench.runtime.affinity import place_rank
     from workbench.runtime.stages import even_bounds, stage_module
     torch.set_num_threads(1)
-    pin_rank(rank, world, 1, device)  # the placement the workbench's runtime uses
-    retain_freed_memory()  # and its ranks' malloc settings
+    place_rank(rank, world, 1, device)  # set up as the workbench's runtime sets up its ranks
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
     if device == "cuda":
         torch.cuda.set_device(dev)
@@ -219,11 +218,9 @@ def bench_workbench(name: str, schedule: str, steps: int, warmup: int, device="c
           threads=1, progress=False, device=device, evaluate=False, schedule_options=options or {},
           transport=transport, **data)
     with open(out / "metrics.csv") as f:
-        epochs = {r["epoch"] for r in list(csv.DictReader(f))[warmup - 1:]}
-    if len(epochs) > 1:
-        raise RuntimeError(f"{name} {schedule}: the timed steps cross an epoch end; use fewer --steps")
-    with open(out / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
+    if len({r["epoch"] for r in rows[warmup - 1:]}) > 1:
+        raise RuntimeError(f"{name} {schedule}: the timed steps cross an epoch end; use fewer --steps")
     timed = rows[warmup:]
     span = float(timed[-1]["wall_ms"]) - float(rows[warmup - 1]["wall_ms"])
     return len(timed) * batch / span * 1e3, out
@@ -283,12 +280,9 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
                 opts = {"warmup": warm[name]}
             transport = "shm" if "shm" in suffixes else "gloo"
             malloc = "default" if "default-malloc" in suffixes else "retain"
-            before = os.environ.get("WORKBENCH_MALLOC")
-            os.environ["WORKBENCH_MALLOC"] = "0" if malloc == "default" else "1"  # read by the spawned ranks
-            try:
+            # read by the spawned ranks; restored afterwards
+            with mock.patch.dict(os.environ, WORKBENCH_MALLOC="0" if malloc == "default" else "1"):
                 v, out = bench_workbench(name, base, steps, warmup, device, opts, transport)
-            finally:
-                os.environ.pop("WORKBENCH_MALLOC") if before is None else os.environ.update(WORKBENCH_MALLOC=before)
             label = ";".join([f"{k}={','.join(map(str, x))}" for k, x in opts.items()] + [f"transport={transport}",
                                                                                            f"malloc={malloc}"])
             runs.setdefault(f"workbench-{sch}", []).append(dict(v=v, **fidelity(out, base, warmup, opts),

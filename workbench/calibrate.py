@@ -104,13 +104,11 @@ def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, 
     import torch
     import torch.distributed as dist
 
-    from .runtime.affinity import pin_rank
-    from .runtime.allocator import retain_freed_memory
+    from .runtime.affinity import place_rank
     from .runtime.comm import _Sender, uses_send_thread
 
     torch.set_num_threads(threads)
-    pin_rank(rank, 2, threads)  # as the runtime places its ranks
-    retain_freed_memory()  # and sets their allocator
+    place_rank(rank, 2, threads)  # as the runtime sets up its ranks
     tmo = timedelta(seconds=timeout_s)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=tmo)
     stop, pending, sender, load, count = threading.Event(), [], None, None, [0]
@@ -187,7 +185,7 @@ def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, 
         stop.set()
         if load is not None:
             load.join()
-        for ch in chan.values() if shm_token else ():
+        for ch in chan.values():
             ch.close()
         dist.destroy_process_group()
 
@@ -199,12 +197,10 @@ def _all_reduce_timer(rank, port, backend, sizes, repeats, warmup, timeout_s, th
     import torch
     import torch.distributed as dist
 
-    from .runtime.affinity import pin_rank
-    from .runtime.allocator import retain_freed_memory
+    from .runtime.affinity import place_rank
 
     torch.set_num_threads(threads)
-    pin_rank(rank, world, threads)  # as the runtime places its ranks
-    retain_freed_memory()  # and sets their allocator
+    place_rank(rank, world, threads)  # as the runtime sets up its ranks
     tmo = timedelta(seconds=timeout_s)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=tmo)
     try:
@@ -278,16 +274,10 @@ def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, re
     (:mod:`workbench.runtime.shm`, as ``train(..., transport="shm")`` sends them; CPU, this
     machine) instead of ``backend``'s point-to-point; the process group still uses ``backend``.
     Its waiting receiver polls, so loaded, a message's CPU time includes the polling."""
-    if transport not in ("gloo", "shm"):
-        raise ValueError(f"transport must be 'gloo' or 'shm', got {transport!r}")
+    from .runtime import shm
+    shm.check_transport(transport)
     sizes = _check_sizes(sizes, repeats, warmup)
-    token = ""
-    if transport == "shm":
-        from .runtime import shm
-        why = shm.available()
-        if why:
-            raise ValueError(why)
-        token = shm.new_token()
+    token = shm.new_token() if transport == "shm" else ""
     try:
         one_way, cpu = _run_ranks(_ping_pong, (backend, sizes, repeats, warmup, timeout_s, threads, bool(busy), token),
                                   2, timeout_s, f"link ping-pong ({backend if not token else 'shm'})")

@@ -17,6 +17,15 @@ from __future__ import annotations
 import os
 
 
+def place_rank(local_rank: int, local_world: int, threads: int = 1, device_type: str = "cpu") -> list[int] | None:
+    """Set up this process as the runtime sets up each rank: :func:`pin_rank` and the allocator
+    settings of :func:`workbench.runtime.allocator.retain_freed_memory`. Returns the pinned cores."""
+    from .allocator import retain_freed_memory
+    cores = pin_rank(local_rank, local_world, threads, device_type)
+    retain_freed_memory()
+    return cores
+
+
 def pin_rank(local_rank: int, local_world: int, threads: int = 1, device_type: str = "cpu") -> list[int] | None:
     """Pin this process to cores ``[local_rank · threads, (local_rank + 1) · threads)`` of the
     cores it may run on, if ``local_world · threads`` of them exist; returns the cores or None."""

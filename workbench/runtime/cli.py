@@ -20,6 +20,7 @@ def _kv(text: str) -> tuple[str, object]:
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    from .shm import TRANSPORTS
     p.add_argument("--model", default="mlp", help="zoo model name (or toy-mlp), or package.module:function returning "
                    "an nn.Module (traced into layers by workbench.graph.split)")
     p.add_argument("--dataset", default=None, help="built-in data set name (`workbench models`) or package.module:function "
@@ -46,7 +47,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-at-step", type=int, default=None, help="... at the start of this step")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when every rank gets its own GPU)")
     p.add_argument("--backend", default=None, help="gloo or nccl (default from the device)")
-    p.add_argument("--transport", choices=("gloo", "shm"), default="gloo",
+    p.add_argument("--transport", choices=TRANSPORTS, default="gloo",
                    help="activations and gradients through torch.distributed (gloo) or through shared memory "
                         "(shm: CPU ranks on this machine, pipeline schedules)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take before the job fails")

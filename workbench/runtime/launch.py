@@ -22,9 +22,8 @@ from .fetch import check_remote
 from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
 from .outputs import RunResult, latest_checkpoint, load_stage
 from .rank import first_failure, worker_main
-from .shm import available as shm_available
+from .shm import check_transport, remove_channels, remove_stale_channels
 from .shm import new_token as new_shm_token
-from .shm import remove_channels, remove_stale_channels
 from .stages import DataOrder, even_bounds, plan_bounds, stage_module, stage_params
 
 DEFAULT_LR = 0.05
@@ -119,16 +118,14 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
     if sched.num_segments > 1:
         raise ValueError(f"{sched.name} cuts sequences into segments, which a layer-sequential model cannot run; "
                          f"run it with workbench.runtime.segments.run (segment-wise transformer)")
-    if transport not in ("gloo", "shm"):
-        raise ValueError(f"transport must be 'gloo' or 'shm', got {transport!r}")
+    check_transport(transport)
     if transport == "shm":
-        why = shm_available()
-        if why is None and (torchrun or not device == "cpu" or backend != "gloo"):
-            why = "transport='shm' needs CPU ranks spawned by train() on one machine (no torchrun, device cpu, gloo)"
-        if why is None and (sched.update == "async" or sched.name == "dp-bsp"):
-            why = f"transport='shm' carries pipeline messages; {sched.name} has none (it all-reduces or shares memory)"
-        if why is not None:
-            raise ValueError(why)
+        if torchrun or not device == "cpu" or backend != "gloo":
+            raise ValueError("transport='shm' needs CPU ranks spawned by train() on one machine "
+                             "(no torchrun, device cpu, gloo)")
+        if sched.update == "async" or sched.name == "dp-bsp":
+            raise ValueError(f"transport='shm' carries pipeline messages; {sched.name} has none "
+                             "(it all-reduces or shares memory)")
     if sched.num_workers != workers:
         raise ValueError(f"schedule {sched.name!r} uses {sched.num_workers} workers but workers={workers}; "
                          f"run it with --workers {sched.num_workers} (workers={sched.num_workers})")

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .affinity import pin_rank
-from .allocator import retain_freed_memory
+from .affinity import place_rank
 from .fetch import has_remote
 from .job import Job, RankContext
 from .outputs import append_outputs, atomic_save, atomic_text, jsonable, latest_checkpoint, load_stage, peak_rss, write_summary
@@ -85,9 +84,9 @@ def worker_main(rank: int, world: int, jobs: list[Job], addr: str | None, port: 
     """Entry of one rank: join the process group, then run the jobs one after the other."""
     job = jobs[0]
     torch.set_num_threads(max(1, job.threads))
-    pin_rank(int(os.environ.get("LOCAL_RANK", rank)), int(os.environ.get("LOCAL_WORLD_SIZE", world)), job.threads,
-             "cuda" if job.device.startswith("cuda") else "cpu")
-    retain_freed_memory()  # no page faults per op from glibc giving freed memory back (runtime.allocator)
+    # pinned to its cores, freed memory kept (no page faults per op: runtime.allocator)
+    place_rank(int(os.environ.get("LOCAL_RANK", rank)), int(os.environ.get("LOCAL_WORLD_SIZE", world)), job.threads,
+               "cuda" if job.device.startswith("cuda") else "cpu")
     device = torch.device("cpu")
     if job.device.startswith("cuda"):
         device = torch.device("cuda", rank % torch.cuda.device_count())

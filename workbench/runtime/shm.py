@@ -19,7 +19,7 @@ payload out and sets ``acks[slot] = q + 1``. The flag is stored after the payloa
 ordered on x86-64 (total store order), which :func:`available` requires. Waiting spins briefly,
 then sleeps 20 µs at a time (ranks may share cores), and gives up after the run's timeout.
 
-The files are named after the job's token, which starts with the launcher's pid: the launcher
+The files are named after the job's token, which holds the launcher's pid namespace and pid: the launcher
 removes its own when the job ends, however it ends, and a new shared-memory job first removes the
 files of launchers that no longer run (killed with SIGKILL: :func:`remove_stale_channels`).
 """
@@ -40,6 +40,18 @@ from .stages import spec_bytes
 SHM_DIR = Path("/dev/shm")
 ALIGN = 64
 SPIN = 200  # polls before the waiting side starts sleeping
+
+
+TRANSPORTS = ("gloo", "shm")  # how activations and gradients travel between ranks
+
+
+def check_transport(transport: str) -> None:
+    """ValueError (one line) unless ``transport`` names a transport this machine can use."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be {' or '.join(map(repr, TRANSPORTS))}, got {transport!r}")
+    why = available() if transport == "shm" else None
+    if why:
+        raise ValueError(why)
 
 
 def available() -> str | None:

@@ -12,7 +12,6 @@ slices. Every rank computes the same slices from ``(seed, e, r, b)``, so no data
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 import torch
