@@ -10,7 +10,9 @@ Rows per model:
 
 * ``single``: one process, one thread, the same 8 microbatches with gradient accumulation, SGD step
 * ``ideal``: ``2 * single * m / (m + p - 1)`` (the fill-drain / 1F1B bubble of p = 2 stages, no
-  communication cost; interleaved schedules have a smaller bubble and may exceed it)
+  communication cost; interleaved schedules have a smaller bubble and may exceed it, streams have none)
+* ``ideal-stream``: ``2 * single`` (no bubble, no communication): the bound of the ``+stream`` rows,
+  ``m / (m + p - 1)`` above ``ideal``
 * ``single-concurrent`` / ``ideal-concurrent`` (CPU): ``single`` in 2 processes at once, each pinned
   to its own core (per-process throughput), and the ideal from it: what 2 ranks can reach when both
   cores compute at once (they share memory bandwidth and caches); ``of_ideal_concurrent`` (``of
@@ -28,6 +30,10 @@ Rows per model:
   order, counts none), ``options`` column. ``workbench-<schedule>+shm``: activations and gradients
   through the runtime's shared-memory transport (``transport="shm"``, :mod:`workbench.runtime.shm`)
   instead of gloo; the torch rows use gloo (torch.distributed has no shared-memory point-to-point).
+  ``workbench-<schedule>+stream``: the epoch's minibatches flow through the pipeline as one stream
+  (``train(stream=True)``, schedules without a flush: PipeDream 1F1B, PipeDream-2BW), drained once at
+  the epoch end instead of a fill and a drain per minibatch; ``pipedream-2bw`` rows accumulate over
+  the whole minibatch (``microbatches_per_step`` = 8: one update per minibatch, as the torch rows).
   ``workbench-<schedule>+default-malloc``: the ranks keep glibc's malloc defaults instead of the
   runtime's (:mod:`workbench.runtime.allocator`: freed memory kept, no page faults per op); every
   other row, the single and torch processes included, runs with the runtime's settings.
@@ -60,17 +66,23 @@ import torch
 M, P, LR = 8, 2, 0.01
 CONFIGS = {  # model -> batch, default timed steps, workbench schedules, torch schedules
     "mlp": dict(batch=256, steps=30, schedules=["gpipe", "pipedream-flush", "pipedream-flush+warmup", "zb-h1",
-                                                "pipedream", "gpipe+shm", "pipedream-flush+shm", "zb-h1+shm",
-                                                "pipedream+shm", "pipedream-flush+default-malloc",
-                                                "pipedream+default-malloc"],
+                                                "pipedream", "pipedream+stream+warmup", "pipedream-2bw+stream+warmup",
+                                                "gpipe+shm", "pipedream-flush+shm", "zb-h1+shm", "pipedream+shm",
+                                                "pipedream+stream+warmup+shm", "pipedream-2bw+stream+warmup+shm",
+                                                "pipedream-flush+default-malloc", "pipedream+default-malloc"],
                 torch=["gpipe", "1f1b"]),
     "gpt": dict(batch=32, steps=10, schedules=["pipedream-flush", "pipedream-flush+warmup", "interleaved-1f1b",
-                                               "pipedream-flush+shm", "interleaved-1f1b+shm"],
+                                               "pipedream", "pipedream+stream+warmup", "pipedream-2bw+stream+warmup",
+                                               "pipedream-flush+shm", "interleaved-1f1b+shm",
+                                               "pipedream-2bw+stream+warmup+shm"],
                 torch=["1f1b", "interleaved-1f1b"]),
 }
 # suffixes of a schedule name: "+warmup" = its 1F1B warm-up from the cost model (plan_warmup); "+shm" = the
 # runtime's shared-memory transport for activations and gradients (workbench.runtime.shm) instead of gloo;
-# "+default-malloc" = the ranks keep glibc's malloc defaults (WORKBENCH_MALLOC=0, workbench.runtime.allocator)
+# "+default-malloc" = the ranks keep glibc's malloc defaults (WORKBENCH_MALLOC=0, workbench.runtime.allocator);
+# "+stream" = the minibatches of the epoch flow through the pipeline as one stream, no drain between them
+# (train(stream=True); schedules without a flush only). pipedream-2bw rows accumulate over the whole minibatch
+# (microbatches_per_step = M: one update per minibatch, as torch's rows and pipedream-flush)
 
 
 def plan_warmup(name: str) -> list[int]:
@@ -207,7 +219,7 @@ def bench_torch_pipelining(name: str, kind: str, steps: int, warmup: int, device
 
 
 def bench_workbench(name: str, schedule: str, steps: int, warmup: int, device="cpu",
-                    options: dict | None = None, transport: str = "gloo") -> tuple[float, Path]:
+                    options: dict | None = None, transport: str = "gloo", stream: bool = False) -> tuple[float, Path]:
     from workbench.runtime import train
     batch = CONFIGS[name]["batch"]
     out = Path(tempfile.mkdtemp(prefix="bench_rt_")) / schedule
@@ -216,7 +228,7 @@ def bench_workbench(name: str, schedule: str, steps: int, warmup: int, device="c
     data = dict(dataset_options={"num_train": 64 * batch}) if name == "mlp" else {}
     train(name, schedule, workers=P, microbatches=M, steps=steps + warmup, batch_size=batch, lr=LR, out=out,
           threads=1, progress=False, device=device, evaluate=False, schedule_options=options or {},
-          transport=transport, **data)
+          transport=transport, stream=stream, **data)
     with open(out / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     if len({r["epoch"] for r in rows[warmup - 1:]}) > 1:
@@ -234,17 +246,19 @@ def where_time_goes(out: Path, warmup: int) -> dict:
     return breakdown(pd.read_csv(out / "timeline.csv"), warmup).mean().to_dict()
 
 
-def fidelity(out: Path, schedule: str, warmup: int, options: dict | None = None) -> dict:
+def fidelity(out: Path, schedule: str, warmup: int, options: dict | None = None, stream: bool = False) -> dict:
     """Modeled vs measured time per step: simulate the schedule with the per-stage F/B/STEP durations
-    measured in the run's own timeline (mean over the timed steps), communication free."""
+    measured in the run's own timeline (mean over the timed steps), communication free. A stream is
+    simulated as the schedule over the timed steps' microbatches (one fill and one drain), per step."""
     import pandas as pd
 
     from workbench.runtime.launch import schedule_for_workers
     from workbench.simulate import simulate
-    sched = schedule_for_workers(schedule, P, None, M, options or {})
-    S = sched.num_stages
     tl = pd.read_csv(out / "timeline.csv")
     tl = tl[tl.step >= warmup]
+    rounds = tl.step.nunique() if stream else 1
+    sched = schedule_for_workers(schedule, P, None, M * rounds, dict(options or {}))
+    S = sched.num_stages
     tl = tl.assign(dur=tl.end - tl.start)
     mean = tl.groupby(["kind", "stage"]).dur.mean()
     fwd = [float(mean[("F", s)]) for s in range(S)]
@@ -252,7 +266,7 @@ def fidelity(out: Path, schedule: str, warmup: int, options: dict | None = None)
            for s in range(S)]  # split backward: the simulator charges BI = BW = bwd / 2
     step_ms = float(tl[tl.kind == "STEP"].dur.mean())
     sim = simulate(sched, fwd=fwd, bwd=bwd, step_ms=step_ms)
-    modeled = sim.metrics["makespan"]
+    modeled = sim.metrics["makespan"] / rounds
     steps = tl.step.nunique()
     measured = (tl.end.max() - tl.start.min()) / steps
     return dict(modeled_ms=modeled, measured_ms=measured, error=modeled / measured - 1)
@@ -273,26 +287,28 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
             if device != "cpu" and "+shm" in sch:
                 continue  # the shared-memory transport is for CPU ranks
             base, *suffixes = sch.split("+")
-            opts = {}
+            opts = {"microbatches_per_step": M} if base == "pipedream-2bw" else {}
             if "warmup" in suffixes:
                 if name not in warm:
                     warm[name] = plan_warmup(name)
-                opts = {"warmup": warm[name]}
+                opts["warmup"] = warm[name]
             transport = "shm" if "shm" in suffixes else "gloo"
             malloc = "default" if "default-malloc" in suffixes else "retain"
+            stream = "stream" in suffixes
             # read by the spawned ranks; restored afterwards
             with mock.patch.dict(os.environ, WORKBENCH_MALLOC="0" if malloc == "default" else "1"):
-                v, out = bench_workbench(name, base, steps, warmup, device, opts, transport)
-            label = ";".join([f"{k}={','.join(map(str, x))}" for k, x in opts.items()] + [f"transport={transport}",
-                                                                                           f"malloc={malloc}"])
-            runs.setdefault(f"workbench-{sch}", []).append(dict(v=v, **fidelity(out, base, warmup, opts),
+                v, out = bench_workbench(name, base, steps, warmup, device, opts, transport, stream)
+            label = ";".join([f"{k}={','.join(map(str, x)) if isinstance(x, list) else x}" for k, x in opts.items()]
+                             + [f"transport={transport}", f"malloc={malloc}"] + (["stream"] if stream else []))
+            runs.setdefault(f"workbench-{sch}", []).append(dict(v=v, **fidelity(out, base, warmup, opts, stream),
                                                                 **where_time_goes(out, warmup), options=label))
     single = statistics.median(r["v"] for r in runs["single"])
     ideal = P * single * M / (M + P - 1)
     torch_1f1b = statistics.median(r["v"] for r in runs["torch-1f1b"])
     conc = statistics.median(r["v"] for r in runs["single-concurrent"]) if "single-concurrent" in runs else None
     ideal_conc = P * conc * M / (M + P - 1) if conc else None
-    rows = [dict(model=name, name="single", samples_per_s=single), dict(model=name, name="ideal", samples_per_s=ideal)]
+    rows = [dict(model=name, name="single", samples_per_s=single), dict(model=name, name="ideal", samples_per_s=ideal),
+            dict(model=name, name="ideal-stream", samples_per_s=P * single)]
     if conc:
         rows += [dict(model=name, name="single-concurrent", samples_per_s=conc),
                  dict(model=name, name="ideal-concurrent", samples_per_s=ideal_conc)]

@@ -150,10 +150,15 @@ RULE_RUNS = {  # expected to equal the (separately tested) reference
     "no-stash": ("pipedream", {"weights": "no-stash"}, 4),
     "2bw": ("pipedream-2bw", {}, 4),
 }
-SHM_RUNS = {"flush-shm": "flush", "zb-h1-shm": "zb-h1", "interleaved-shm": "interleaved", "fsdp-shm": "fsdp",
-            "stash-shm": "stash", "full-shm": "full"}  # transport="shm" twins: the same bytes, the same weights
 STEPS = 3
 MU = 0.5  # momentum of the runs that also check the optimizer state (resume, DDP)
+STREAM_RUNS = {  # train(stream=True): an epoch's minibatches as one pipeline; name -> (schedule, options, train kw)
+    "stream": ("pipedream", {}, dict(epochs=2, momentum=MU)),  # two epochs (a drain at each end), momentum
+    "stream-2bw": ("pipedream-2bw", {"microbatches_per_step": 4, "warmup": [3, 1]}, dict(steps=STEPS + 4)),
+    "stream-vs": ("pipedream", {"weights": "vertical-sync", "warmup": [3, 1]}, dict(steps=STEPS + 4)),
+}
+SHM_RUNS = {"flush-shm": "flush", "zb-h1-shm": "zb-h1", "interleaved-shm": "interleaved", "fsdp-shm": "fsdp",
+            "stash-shm": "stash", "full-shm": "full", "stream-shm": "stream"}  # transport="shm" twins: the same weights
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +183,10 @@ def runs(tmp_path_factory):
     jobs.append(prepare("mlp", "pipedream-flush", workers=2, microbatches=4, epochs=2, out=root / "zoo", depth=4, width=32,
                         in_features=64, **zoo))
     names.append("zoo")
+    for key, (name, opts, kw) in STREAM_RUNS.items():
+        jobs.append(prepare("toy-mlp", name, workers=2, microbatches=4, out=root / key, schedule_options=opts, stream=True,
+                            **kw, **COMMON))
+        names.append(key)
     for key, base in SHM_RUNS.items():
         twin = jobs[names.index(base)]
         jobs.append(dataclasses.replace(twin, out=str(root / key), transport="shm", shm_token=f"test{os.getpid()}{key}"))
@@ -200,6 +209,71 @@ def test_shared_memory_transport_gives_the_same_weights(runs, key):
     assert not list(Path("/dev/shm").glob(f"workbench-{job.shm_token}-*"))
     tl = list(csv.DictReader(open(Path(job.out) / "timeline.csv")))
     assert len(tl) == job.rounds_total * job.schedule.num_ops
+
+
+def stream_reference(job, rounds: int, passes: int = 1):
+    """The reference of a stream: the schedule over all the microbatches of ``rounds`` minibatches as
+    ONE minibatch of ``rounds * BATCH`` samples (the same samples in the same order: DataOrder's slices
+    are contiguous), ``passes`` times (one per epoch when ``rounds`` is the epoch)."""
+    return reference_train(job.stream(rounds * job.schedule.microbatches), job.model_fn(), job.bounds, job.dataset_fn(),
+                           batch_size=rounds * BATCH, lr=LR, rounds=passes, momentum=job.momentum)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("key", list(STREAM_RUNS))
+def test_stream_runs_an_epoch_as_one_pipeline_with_its_weight_rule(runs, key):
+    """stream=True: the weights are those of the schedule over all the epoch's microbatches (reference
+    to 1e-12: versions, stashing, 2BW's delay, vertical sync, momentum over two epochs, a last partial
+    epoch), not those of one pipeline per minibatch; one metrics row per minibatch; and the pipeline
+    does not drain between minibatches: a forward of minibatch k+1 runs before the last backward of
+    minibatch k on the first rank."""
+    job, summary = runs[0][key]
+    rpe = len(job.dataset_fn()) // BATCH
+    if key == "stream":  # two full epochs, momentum carried across the epoch end
+        ref = stream_reference(job, rpe, passes=2)
+    else:  # a part of one epoch: one stream
+        ref = stream_reference(job, job.rounds_total)
+    assert max_diff(summary["weights"], ref) < 1e-12
+    per_minibatch = reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR,
+                                    rounds=job.rounds_total, momentum=job.momentum)
+    assert max_diff(summary["weights"], per_minibatch) > 1e-4  # a different rule at every minibatch boundary
+    rows = list(csv.DictReader(open(Path(job.out) / "metrics.csv")))
+    assert [int(r["step"]) for r in rows] == list(range(job.rounds_total))
+    assert all(float(r["wall_ms"]) > 0 and float(r["loss"]) > 0 for r in rows)
+    tl = list(csv.DictReader(open(Path(job.out) / "timeline.csv")))
+    assert len(tl) == job.rounds_total * job.schedule.num_ops  # the same ops, in another order
+    r0 = sorted((r for r in tl if r["worker"] == "0"), key=lambda r: float(r["start"]))
+    pos = {(r["kind"], int(r["microbatch"])): i for i, r in enumerate(r0)}
+    M = job.schedule.microbatches
+    overlapped = [k for k in range(job.rounds_total - 1) if pos[("F", (k + 1) * M)] < pos[("B", k * M + M - 1)]]
+    assert len(overlapped) >= job.rounds_total - 2  # every minibatch boundary but an epoch end's
+
+
+@pytest.mark.distributed
+def test_stream_resumes_bit_exactly_after_a_fault(runs, tmp_path):
+    """A stream that fails in its second epoch restarts from the first epoch's checkpoint (the
+    pipeline drained there) and ends with the uninterrupted run's weights."""
+    job, full = runs[0]["stream"]
+    rpe = len(job.dataset_fn()) // BATCH
+    out = tmp_path / "faulty"
+    with pytest.raises(RuntimeError, match=r"rank 0 .*injected fault at step"):
+        train("toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=out, fail_rank=0, fail_at_step=rpe + 2,
+              momentum=MU, stream=True, **COMMON)
+    assert latest_checkpoint(out).name == f"round{rpe:06d}"
+    resumed = train("toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=out, resume=True, momentum=MU,
+                    stream=True, **COMMON)
+    assert max_diff(resumed["weights"], full["weights"]) < 1e-12
+
+
+def test_stream_refuses_schedules_with_a_flush(tmp_path):
+    kw = dict(COMMON, out=tmp_path / "x")
+    with pytest.raises(ValueError, match="flushes the pipeline at every minibatch.*model-parallel, pipedream, pipedream-2bw"):
+        prepare("toy-mlp", "gpipe", workers=2, microbatches=4, stream=True, **kw)
+    with pytest.raises(ValueError, match="give the schedule by name"):
+        prepare("toy-mlp", build("pipedream", 2, 4), workers=2, microbatches=4, stream=True, **kw)
+    with pytest.raises(ValueError, match="do not repeat over two minibatches"):  # 3 microbatches per update, 4 per minibatch
+        prepare("toy-mlp", "pipedream-2bw", workers=2, microbatches=4, stream=True,
+                schedule_options={"microbatches_per_step": 3}, **kw)
 
 
 @pytest.mark.distributed

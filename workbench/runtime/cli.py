@@ -50,6 +50,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transport", choices=TRANSPORTS, default="gloo",
                    help="activations and gradients through torch.distributed (gloo) or through shared memory "
                         "(shm: CPU ranks on this machine, pipeline schedules)")
+    p.add_argument("--stream", action="store_true",
+                   help="schedules without a flush (pipedream, pipedream-2bw, model-parallel): the epoch's minibatches "
+                        "flow through the pipeline as one stream, drained at the epoch end only")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any wait may take before the job fails")
     p.add_argument("--port", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker")
@@ -75,7 +78,7 @@ def run_train(args) -> int:
                         port=args.port, threads=args.threads, allow_oversubscribe=args.allow_oversubscribe,
                         dtype=args.dtype, progress=not args.no_progress, schedule_options=sopts,
                         momentum=args.momentum, evaluate=not args.no_eval, dataset=args.dataset,
-                        transport=args.transport, **dict(args.model_option))
+                        transport=args.transport, stream=args.stream, **dict(args.model_option))
     except ValueError as e:
         print(f"workbench train: error: {e}", file=sys.stderr)
         return 2

@@ -166,6 +166,9 @@ class Job:
     evaluate: bool = True
     momentum: float = 0.0
     options: dict = field(default_factory=dict)
+    # stream(n) -> the schedule over n microbatches: an epoch's minibatches run as one pipeline, no
+    # drain between them (schedules without a flush; launch.prepare(stream=True)); None: drain per minibatch
+    stream: Callable | None = None
 
 
 @dataclass

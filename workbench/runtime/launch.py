@@ -75,7 +75,8 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
             fail_at_step: int | None = None, timeout_s: float = 60.0, allow_oversubscribe: bool = False,
             threads: int | None = None, progress: bool = True, return_weights: bool = False, dtype: str | None = None,
             schedule_options: dict | None = None, dataset_options: dict | None = None, lookahead: int | None = None,
-            evaluate: bool = True, momentum: float = 0.0, dataset=None, transport: str = "gloo", **model_options) -> Job:
+            evaluate: bool = True, momentum: float = 0.0, dataset=None, transport: str = "gloo", stream: bool = False,
+            **model_options) -> Job:
     """Validate the arguments of :func:`train` and build the picklable :class:`Job`."""
     torchrun = _under_torchrun()
     _check_numbers(workers=workers, microbatches=microbatches, batch_size=batch_size, lr=lr, momentum=momentum,
@@ -126,6 +127,7 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
         if sched.update == "async" or sched.name == "dp-bsp":
             raise ValueError(f"transport='shm' carries pipeline messages; {sched.name} has none "
                              "(it all-reduces or shares memory)")
+    stream_fn = _stream_builder(schedule, workers, plan, schedule_options, sched) if stream else None
     if sched.num_workers != workers:
         raise ValueError(f"schedule {sched.name!r} uses {sched.num_workers} workers but workers={workers}; "
                          f"run it with --workers {sched.num_workers} (workers={sched.num_workers})")
@@ -151,9 +153,37 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
                seed=seed, rounds_total=rounds_total, out=str(out), dtype=dtype, resume=resume, fail_rank=fail_rank,
                fail_at_step=fail_at_step, timeout_s=timeout_s, device=device, backend=backend, threads=threads,
                progress=progress, return_weights=return_weights, lookahead=lookahead, evaluate=evaluate, momentum=momentum,
-               transport=transport, shm_token=new_shm_token() if transport == "shm" else "",
+               transport=transport, shm_token=new_shm_token() if transport == "shm" else "", stream=stream_fn,
                options=dict(model=label, model_options=model_options, schedule_options=sopts,
                             targets_per_sample=int(train_set.tensors[-1][0].numel())))
+
+
+def stream_schedule(name: str, workers: int, plan, options: dict, microbatches: int) -> Schedule:
+    """Schedule ``name`` over ``microbatches`` microbatches: the stream of several minibatches."""
+    return schedule_for_workers(name, workers, plan, microbatches, dict(options))
+
+
+def _stream_builder(schedule, workers: int, plan, options: dict | None, sched: Schedule):
+    """``stream(n)`` for ``train(stream=True)``: the schedule over the n microbatches of several
+    minibatches. Only for pipelines whose microbatch count is a stream, not one flush (the registry's
+    ``microbatches="in total"``: model-parallel, pipedream, pipedream-2bw), whose weight rule then
+    reads the same over two minibatches as over one (the updates per minibatch are checked)."""
+    from workbench.schedules import REGISTRY, spec
+
+    if not isinstance(schedule, str):
+        raise ValueError("stream=True builds the schedule over each epoch's microbatches: give the schedule by name")
+    sp = spec(schedule)
+    if sp.family != "pipeline" or sp.microbatches != "in total":
+        ok = sorted(n for n, x in REGISTRY.items() if x.family == "pipeline" and x.microbatches == "in total")
+        raise ValueError(f"{schedule} flushes the pipeline at every minibatch (its update rule needs it); "
+                         f"stream=True (--stream) is for schedules without a flush: {', '.join(ok)}")
+    fn = functools.partial(stream_schedule, schedule, workers, plan, dict(options or {}))
+    from .reference import updates_per_round
+    two, one = updates_per_round(fn(2 * sched.microbatches)), updates_per_round(sched)
+    if two != [2 * u for u in one]:
+        raise ValueError(f"{schedule}: updates per minibatch {one} do not repeat over two minibatches ({two}) with "
+                         f"{sched.microbatches} microbatches; make --microbatches a multiple of the microbatches per update")
+    return fn
 
 
 def _check_not_bootstrapping() -> None:
@@ -348,7 +378,11 @@ def train(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int
     ``dataset_options``, ``lookahead`` (receives posted ahead), ``momentum`` (SGD heavy ball, default 0),
     ``evaluate`` (test loss/accuracy at each epoch end, default True), ``transport`` (``"gloo"``, or
     ``"shm"``: activations and gradients through shared memory between CPU ranks of this machine,
-    :mod:`workbench.runtime.shm`), and model options for the zoo.
+    :mod:`workbench.runtime.shm`), ``stream`` (schedules without a flush: pipedream, pipedream-2bw,
+    model-parallel; an epoch's minibatches flow through the pipeline as one stream of microbatches,
+    drained at the epoch end only, instead of a fill and a drain per minibatch: the weight rule is
+    that schedule's over the epoch's microbatches, :meth:`PipelineExecutor.run_stream`), and model
+    options for the zoo.
     """
     _check_not_bootstrapping()
     if port is not None:

@@ -194,7 +194,7 @@ def write_summary(out: Path, job: Job, gathered) -> None:
         schedule=job.schedule.name, update=job.schedule.update, workers=job.schedule.num_workers,
         stages=job.schedule.num_stages, microbatches=job.schedule.microbatches, batch_size=job.batch_size,
         lr=job.lr, momentum=job.momentum, seed=job.seed, steps=len(rows), bounds=[list(b) for b in job.bounds], backend=job.backend,
-        transport=job.transport, device=job.device, wall_s=wall_s, samples_per_s=samples / wall_s if wall_s > 0 else None,
+        transport=job.transport, stream=job.stream is not None, device=job.device, wall_s=wall_s, samples_per_s=samples / wall_s if wall_s > 0 else None,
         samples_per_s_steady=steady, minibatch_ms_steady=minibatch_ms,
         minibatch_ms=wall_s * 1e3 / max(len(rows) - k, 1) if rows else None,
         microbatch_size=job.batch_size // max(job.schedule.microbatches, 1),

@@ -166,7 +166,7 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
     elif sched.name == "dp-bsp":
         executor = DDPExecutor(ctx, sched, model, job.bounds, init, groups)
     else:
-        executor = PipelineExecutor(ctx, sched, model, job.bounds, init, groups)
+        executor = PipelineExecutor(ctx, sched, model, job.bounds, init, groups, stream=job.stream)
     if opt_state and job.momentum:
         executor.load_optimizer_state(opt_state)
     if hasattr(executor, "comm"):
@@ -191,7 +191,10 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
         if hasattr(executor, "comm"):
             executor.begin_epoch(rounds)
         timeline, rows = [], []
-        for k in rounds:
+        if job.stream is not None:  # the epoch's rounds as one pipeline, drained at the epoch end only
+            samples_done += _run_stream(executor, job, rank, epoch, rounds, rpe, order, perm, dataset, device, dtype,
+                                        reads_inputs, timeline, rows, bar)
+        for k in rounds if job.stream is None else ():
             Rg = epoch * rpe + k
             if job.fail_rank == rank and job.fail_at_step == Rg:
                 raise RuntimeError(f"injected fault at step {Rg}")
@@ -242,6 +245,37 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
     if rank == 0:
         write_summary(out, job, gathered)
     return None
+
+
+def _run_stream(executor, job: Job, rank: int, epoch: int, rounds: list[int], rpe: int, order, perm, dataset, device,
+                dtype, reads_inputs: bool, timeline: list, rows: list, bar) -> int:
+    """The rounds of one epoch as one stream (:meth:`PipelineExecutor.run_stream`): one metrics row per
+    minibatch, ending where this rank's last op of that minibatch ended. Returns the samples trained."""
+    R0 = epoch * rpe + rounds[0]
+    caches: dict[int, dict] = {}
+
+    def data(j, b):
+        if j not in caches:  # earlier rounds are no longer read (a miss would only recompute the same slice)
+            for old in [i for i in caches if i < j - 1]:
+                del caches[old]
+            caches[j] = {}
+        c = caches[j]
+        if b not in c:
+            c[b] = microbatch(dataset, order.indices(perm, rounds[j], b), device, dtype, inputs=reads_inputs)
+        return c[b]
+
+    def on_round(Rg):
+        if job.fail_rank == rank and job.fail_at_step == Rg:
+            raise RuntimeError(f"injected fault at step {Rg}")
+        if bar is not None and Rg > R0:
+            bar.update(1)  # the previous minibatch's ops have all started on rank 0
+
+    metrics = [{"loss": 0.0, "n": 0, "correct": 0, "samples": 0} for _ in rounds]
+    ends = executor.run_stream(rounds, R0, data, timeline, metrics, on_round)
+    if bar is not None:
+        bar.update(1)
+    rows += [dict(step=R0 + j, epoch=epoch, end_ms=ends[j], **metrics[j]) for j in range(len(rounds))]
+    return job.batch_size * len(rounds)
 
 
 def _write_checkpoint(out: Path, R: int, epoch: int, executor, job: Job, rank: int) -> Path:

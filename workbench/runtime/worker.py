@@ -130,8 +130,12 @@ class StageState:
 class PipelineExecutor:
     """Executes a rank's op list with exact versioned-weight semantics (module docstring)."""
 
-    def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], groups: dict):
+    def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], groups: dict,
+                 stream=None):
         self.ctx, self.schedule, self.model = ctx, schedule, model
+        # stream(n) -> the schedule over n microbatches: the rounds of an epoch run as one pipeline
+        # (no drain between minibatches; see run_stream); None: every round drains (run_round)
+        self.stream, self._streams = stream, {}
         if schedule.num_segments > 1:
             raise ValueError(f"{schedule.name} cuts sequences into segments; this runtime runs layer-sequential "
                              f"models on whole microbatches: use workbench.runtime.segments.run")
@@ -200,8 +204,11 @@ class PipelineExecutor:
         for F(s, b), the gradient of stage s+1 for B/BI(s, b)."""
         plan = []
         rank = self.rank if rank is None else rank
-        inputs, ops = self.schedule.remote_inputs(rank), self.schedule.ops[rank]
-        for k in rounds:
+        # a stream is one pass of its schedule over the rounds' microbatches, numbered from the first round's
+        passes = [(rounds[0], self._stream_program(len(rounds))[0])] if self.stream and rounds else \
+            [(k, self.schedule) for k in rounds]
+        for k, sched in passes:
+            inputs, ops = sched.remote_inputs(rank), sched.ops[rank]
             for i, (_, s_from, b), src in inputs:
                 s, g = ops[i].stage, k * self.M + b
                 if s_from < s:  # activation from the previous stage
@@ -212,16 +219,55 @@ class PipelineExecutor:
         return plan
 
     def run_round(self, k: int, R: int, data, timeline: list, metrics: dict) -> None:
-        """Round ``k`` of the epoch (global minibatch ``R``); ``data(b)`` -> (input, target)."""
+        """Round ``k`` of the epoch (global minibatch ``R``); ``data(b)`` -> (input, target). The
+        round is one pass of the schedule: it fills the pipeline and drains it."""
+        self._run(self.prog, self.stashing, k, R, data, timeline, lambda b: metrics, lambda b: R)
+
+    def run_stream(self, rounds: list[int], R0: int, data, timeline: list, metrics: list[dict], on_round=None) -> list[float]:
+        """The minibatches ``rounds`` of the epoch (global minibatch ``R0`` first) as one stream: one
+        pass of ``stream(len(rounds) * M)``, the schedule over all their microbatches, so the next
+        minibatch's forwards enter the pipeline while the last one's backwards drain (PipeDream has no
+        flush; its weight rule is the schedule's, version for version). ``data(j, b)``: microbatch
+        ``b`` of the ``j``-th of these rounds; ``metrics[j]`` collects that minibatch's training loss;
+        ``on_round(R)`` is called when this rank's first op of minibatch ``R`` starts. Returns, per
+        minibatch, the end (ms since t0) of this rank's last op that belongs to it (its update
+        included)."""
+        prog, stashing = self._stream_program(len(rounds))[1:]
+        M, ends = self.M, [0.0] * len(rounds)
+        self._run(prog, stashing, rounds[0], R0, lambda b: data(b // M, b % M), timeline, lambda b: metrics[b // M],
+                  lambda b: R0 + b // M, ends, on_round)
+        return ends
+
+    def _stream_program(self, n: int):
+        """(schedule, RankProgram, stashing STEPs) of the stream of ``n`` minibatches (cached)."""
+        if n not in self._streams:
+            sched = self.stream(n * self.M)
+            if sched.flat_buffers(self.rank) != self.schedule.flat_buffers(self.rank):
+                raise ValueError(f"{sched.name}: the stream's update buffers differ from the minibatch schedule's")
+            self._streams[n] = (sched, RankProgram(sched, self.rank), sched.stashing_steps(self.rank))
+        return self._streams[n]
+
+    def _run(self, prog: RankProgram, stashing, k: int, R: int, data, timeline: list, metrics_of, round_of,
+             ends: list | None = None, on_round=None) -> None:
+        """One pass of ``prog``'s op list: microbatch ``b`` of the pass is microbatch ``k * M + b`` of the
+        epoch and ``R * M + b`` of the run; versions count from ``R`` minibatches' updates;
+        ``round_of(b)``: the minibatch (global) of microbatch ``b``, for the timeline and ``ends``."""
         off = {s: R * self.prog.per_round[s] for s in self.state}
         t0 = self.ctx.t0
         if self.remote is not None:
             self.remote.begin_round(k, {s: st.versions[st.newest] for s, st in self.state.items() if st.held})
         data = _TimedData(data)  # data_ms: the input / target copy of a microbatch (breakdown columns)
-        for i, op in enumerate(self.prog.ops):
+        newest, mine = R - 1, R  # the newest minibatch begun; the minibatch of this op (an update: of the op before)
+        for i, op in enumerate(prog.ops):
             st = self.state[op.stage]
             s, b = op.stage, op.microbatch
             g = k * self.M + b
+            if b >= 0:
+                mine = round_of(b)
+                if mine > newest:
+                    newest = mine
+                    if on_round is not None:
+                        on_round(mine)
             wait = 0.0
             send0, data0 = self.comm.send_ms, data.ms
             self.comm.op_send_start = None
@@ -238,13 +284,13 @@ class PipelineExecutor:
                     params, fw = self.remote.fetch(s, b)
                     wait += fw
                     start = time.perf_counter()
-                self._forward(st, op, off[s] + op.version, b, g, x, data, metrics, params)
+                self._forward(prog, st, op, off[s] + op.version, b, g, x, data, metrics_of(b), params)
             elif op.kind in ("B", "BI", "BW"):
                 cot = None
                 if op.kind != "BW" and s < self.S - 1:
                     cot, wait = self.comm.recv((1, s, g))
                     start = time.perf_counter()
-                self._backward(st, op, off[s] + op.version, b, g, cot, data, i)
+                self._backward(prog, st, op, off[s] + op.version, b, g, cot, data, i)
             if op.kind in ("AR", "STEP") and self.remote is not None:  # pushed gradients join the buffer first
                 wait += self.remote.collect(s, op.step, st.flat)
                 start = time.perf_counter()
@@ -254,7 +300,7 @@ class PipelineExecutor:
                     work = dist.all_reduce(st.flat, op=dist.ReduceOp.SUM, group=grp, async_op=True)
                     work.wait(timedelta(seconds=self.ctx.timeout_s))
             elif op.kind == "STEP":
-                n = self.prog.count[(s, op.step)]
+                n = prog.count[(s, op.step)]
                 lr, mu = self.ctx.lr, self.ctx.momentum
                 with torch.no_grad():
                     old = st.versions[st.newest]
@@ -268,33 +314,36 @@ class PipelineExecutor:
                         d, step_lr = st.momentum, lr
                     else:  # W - (lr / n) · buffer: one pass over the weights, no division pass over the buffer
                         d, step_lr = st.grad, lr / n
-                    new = sgd_update({nm: old[nm] for nm in st.names}, d, step_lr, in_place=i not in self.stashing)
+                    new = sgd_update({nm: old[nm] for nm in st.names}, d, step_lr, in_place=i not in stashing)
                 st.newest += 1
                 st.versions[st.newest] = new
                 if st.is_flat:
                     st.flat.zero_()
                 else:
                     st.grad = {}
-                if self.remote is not None and op.step + 1 < self.prog.per_round[s]:
+                if self.remote is not None and op.step + 1 < prog.per_round[s]:
                     self.remote.post_sends(s, op.step + 1, new)
             end = time.perf_counter()
             timeline.append((self.rank, s, R * self.M + b if b >= 0 else -1, op.kind, (start - t0) * 1e3,
                              (end - t0) * 1e3, off[s] + op.version if op.kind in ("F", "B", "BI", "BW") else st.newest,
-                             R, wait, self.comm.send_ms - send0, data.ms - data0, _since(self.comm.op_send_start, t0)))
-            self._free(st, off[s], i)
+                             mine, wait, self.comm.send_ms - send0, data.ms - data0,
+                             _since(self.comm.op_send_start, t0)))
+            if ends is not None:
+                ends[mine - R] = (end - t0) * 1e3
+            self._free(prog, st, off[s], i)
             if op.kind not in ("B", "BW"):  # these only release records and versions
                 st.note_memory()
 
-    def _free(self, st: StageState, off: int, i: int) -> None:
+    def _free(self, prog: RankProgram, st: StageState, off: int, i: int) -> None:
         for v in list(st.versions):
-            if v != st.newest and self.prog.last_read.get((st.stage, v - off), -1) <= i:
+            if v != st.newest and prog.last_read.get((st.stage, v - off), -1) <= i:
                 del st.versions[v]
 
-    def _forward(self, st, op, v, b, g, x, data, metrics, params=None) -> None:
+    def _forward(self, prog, st, op, v, b, g, x, data, metrics, params=None) -> None:
         """``params``: fetched weights (remote op) or None for this rank's version ``v``."""
         s = op.stage
         last = s == self.S - 1
-        keep_graph = self.prog.backward_version(s, b) == op.version
+        keep_graph = prog.backward_version(s, b) == op.version
         xl = as_leaves(x, requires_grad=s > 0)
         remote = params is not None
         params = params if remote else st.versions[v]
@@ -316,10 +365,10 @@ class PipelineExecutor:
             rec["target"] = target
             rec["loss"] = loss if keep_graph else None
         else:
-            self.comm.send((0, s, g), list(as_tuple(y)), self.prog.dst_of_activation(s, b))
+            self.comm.send((0, s, g), list(as_tuple(y)), prog.dst_of_activation(s, b))
         st.records[g] = rec
 
-    def _backward(self, st, op, v, b, g, cot, data, i: int) -> None:
+    def _backward(self, prog, st, op, v, b, g, cot, data, i: int) -> None:
         s = op.stage
         rec = st.records[g]
         last = s == self.S - 1
@@ -343,7 +392,7 @@ class PipelineExecutor:
                            into=st.grad)
             del st.records[g]
         if op.kind != "BW" and s > 0:
-            self.comm.send((1, s - 1, g), dx, self.prog.where[("F", s - 1, b)])
+            self.comm.send((1, s - 1, g), dx, prog.where[("F", s - 1, b)])
 
     def weights(self) -> dict[int, dict]:
         """Newest weights of the stages this rank holds (not of those it only computes with)."""

@@ -322,13 +322,15 @@ def pipedream_flush(plan, microbatches: int, steps: int = 1, warmup: object = No
 
 @register("pipedream-2bw", description="1F1B without flush, gradient accumulation per batch, two weight buffers, delay one",
           source="Narayanan et al., PipeDream-2BW (ICML 2021)", microbatches="in total",
-          options={"microbatches_per_step": "microbatches per update (default: max_s K_s r_s)"})
-def pipedream_2bw(plan, microbatches: int, microbatches_per_step: int | None = None) -> Schedule:
+          options={"microbatches_per_step": "microbatches per update (default: max_s K_s r_s)",
+                   "warmup": "forwards each stage admits before its first backward (default NOAM; Plan.in_flight counts communication)"})
+def pipedream_2bw(plan, microbatches: int, microbatches_per_step: int | None = None, warmup: object = None) -> Schedule:
     """1F1B without flush; gradients accumulate over batches of m microbatches (default
-    max_s K_s r_s, = S when straight: enough for two buffers); two weight buffers and a delay of one update: W(t+1) = W(t) - nu * grad f(W(t-1)), so batch t reads version
-    max(t-1, 0) for its forward and its backward."""
+    max_s K_s r_s, = S when straight with NOAM's warm-up K_s: enough for two buffers); two weight buffers and a delay of one update: W(t+1) = W(t) - nu * grad f(W(t-1)), so batch t reads version
+    max(t-1, 0) for its forward and its backward. ``warmup``: K_s, one count per stage (as for
+    ``pipedream``; e.g. ``Plan.in_flight``); default :func:`noam_warmup`."""
     layout, M = stage_layout(plan), _check_m(microbatches)
-    K = noam_warmup(layout)
+    K = _warmup(layout, warmup)
     m_min = max(k * len(ws) for k, ws in zip(K, layout))  # = S for a straight pipeline
     m = _check_m(microbatches_per_step if microbatches_per_step is not None else m_min,
                  "microbatches_per_step")
@@ -340,7 +342,8 @@ def pipedream_2bw(plan, microbatches: int, microbatches_per_step: int | None = N
         orders.append(one_f_one_b(_share(0, M, r, j), K[s], s))
         cap.append(K[s])
     return _make("pipedream-2bw", layout, orders, M, "2bw", m, lambda s, b: b // m,
-                 lambda s: math.ceil(M / m), cap, {"microbatches_per_step": m}, two_bw_batch=m)
+                 lambda s: math.ceil(M / m), cap, {"microbatches_per_step": m} | ({} if warmup is None else {"warmup": K}),
+                 two_bw_batch=m)
 
 
 def _straight(layout, name):
