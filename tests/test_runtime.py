@@ -135,6 +135,40 @@ def test_reference_vertical_sync_and_2bw_rules():
     assert max_diff(bw, want) < 1e-12
 
 
+@pytest.mark.parametrize("model,first,last", [("toy-mlp", 2, 6), ("gpt", 2, 5)])
+def test_layerwise_split_backward_equals_one_vjp(model, first, last):
+    """Zero bubble's BI then BW, layer by layer (the cotangent of every layer's output kept by BI, each
+    weight gradient taken from its own layer's outputs in BW), against one VJP of the whole stage: the
+    same input gradient and the same weight gradients added to a non-empty update buffer, for
+    single-op layers (MLP) and blocks of many ops with residual paths (mini GPT). A stage with a weight
+    tied across two of its layers is not split (its gradient would be counted twice)."""
+    from workbench.models import build as build_model
+    from workbench.runtime.stages import (as_leaves, run_stage_layers, split_input_grad, split_weight_grad,
+                                          stage_roots, vjp)
+    torch.manual_seed(0)
+    net = toy()[0]() if model == "toy-mlp" else build_model(model, seed=0)
+    mod = stage_module(net.layers, first, last).double()
+    params = {n: p.detach().clone().requires_grad_(True) for n, p in mod.named_parameters()}
+    if model == "gpt":  # the blocks' input: embedded tokens
+        x = net.layers[0].double()(torch.randint(0, 128, (3, 16))).detach()
+    else:
+        x = torch.randn(5, 16, dtype=torch.float64)
+    xl = as_leaves(x, requires_grad=True)
+    y, layers = run_stage_layers(mod, params, xl[0])
+    assert layers is not None and len(layers) == last - first + 1
+    cot = [torch.randn_like(y)]
+    roots, grads = stage_roots(y, cot=cot)
+    dx, cots = split_input_grad(layers, xl, roots, grads)
+    buf = {n: torch.ones_like(p) for n, p in params.items()}
+    split_weight_grad(layers, cots, roots, grads, params, buf)
+    want_dx, want_dw, _ = vjp(mod, params, as_leaves(x, True), False, cot=cot)
+    assert (dx[0] - want_dx[0]).abs().max() < 1e-12
+    assert max((buf[n] - 1 - want_dw[n]).abs().max().item() for n in params) < 1e-12
+    tied = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4))
+    tied[2].weight = tied[0].weight
+    assert run_stage_layers(tied, dict(tied.named_parameters()), torch.randn(2, 4))[1] is None
+
+
 # ---- the runtime (spawned gloo ranks) --------------------------------------------------------
 SYNC_RUNS = {  # name -> (schedule, options, microbatches): expected to equal minibatch SGD
     "gpipe": ("gpipe", {}, 4),

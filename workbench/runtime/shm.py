@@ -119,7 +119,9 @@ class Channel:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             os.ftruncate(fd, size)  # both ends, same size: the file is zero-filled once
-            self.mm = mmap.mmap(fd, size)
+            # pages mapped now, not at each slot's first message (a first write into a slot page-faulted
+            # on every 4 KiB: 26 us per 64 KiB message instead of 6 us)
+            self.mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
         finally:
             os.close(fd)
         words = np.frombuffer(self.mm, dtype=np.int64, count=2 * self.slots)

@@ -244,6 +244,102 @@ def _vjp_into(outs, grads, xin: list, params: dict, names: list, into: dict, ret
     return dx
 
 
+def run_stage_layers(module: nn.Module, params: dict[str, torch.Tensor], x):
+    """``f_s(x; W)`` as :func:`run_stage`, evaluated layer by layer, keeping each layer's output:
+    ``(y, layers)`` with ``layers[j] = (outputs of layer j as a tuple, names of its parameters)``, or
+    ``(y, None)`` when the stage cannot be split so (not an ``nn.Sequential``, parametrized, or a
+    parameter tied across two of its layers, whose weight gradient a layer-wise pass would count
+    twice). What :func:`split_input_grad` and :func:`split_weight_grad` differentiate."""
+    names = _layer_names(module)
+    if names is None:
+        return run_stage(module, params, x), None
+    slots = _slots(module)
+    saved = [m._parameters[a] for m, a, _ in slots]
+    layers = []
+    try:
+        for m, a, n in slots:
+            m._parameters[a] = params[n]
+        for j, layer in enumerate(module):
+            x = layer(x)
+            layers.append((as_tuple(x), names[j]))
+    finally:
+        for (m, a, _), t in zip(slots, saved):
+            m._parameters[a] = t
+    return x, layers
+
+
+def _layer_names(module: nn.Module) -> list[list[str]] | None:
+    """The parameter names of each layer of a stage, or None when :func:`run_stage_layers` cannot
+    split it (its docstring). Cached on the module."""
+    if "_wb_layer_names" not in module.__dict__:
+        slots, names = _slots(module), None
+        if slots and isinstance(module, nn.Sequential):
+            layer_of: dict[int, int] = {}
+            tied = False  # a module or a parameter in two layers
+            for j, layer in enumerate(module):
+                for m in layer.modules():
+                    tied |= layer_of.setdefault(id(m), j) != j
+            owner: dict[str, int] = {}
+            for m, _, n in slots:
+                j = layer_of.get(id(m), -1)
+                tied |= j < 0 or owner.setdefault(n, j) != j
+            if not tied:
+                names = [[] for _ in module]
+                for n, j in owner.items():
+                    names[j].append(n)
+        module.__dict__["_wb_layer_names"] = names
+    return module.__dict__["_wb_layer_names"]
+
+
+def _grad_tensors(t: tuple) -> list[int]:
+    return [i for i in float_indices(t) if t[i].requires_grad]
+
+
+def split_input_grad(layers: list, x_leaves: tuple, roots: list, grads, want_input: bool = True):
+    """The input half of a split backward (zero bubble's ``BI``) of a stage run by
+    :func:`run_stage_layers`: ``(dL/dx, cotangents)``, where ``cotangents[j]`` holds ``dL/dh`` for
+    every output ``h`` of layer ``j`` below the last (``None``: it does not reach the loss). Only
+    the activation-gradient chain is computed; the graph is kept for :func:`split_weight_grad`.
+    ``roots``/``grads``: the loss, or the stage outputs with the next stage's gradient."""
+    xin = [x_leaves[i] for i in float_indices(x_leaves) if x_leaves[i].requires_grad] if want_input else []
+    inner = [[h[i] for i in _grad_tensors(h)] for h, _ in layers[:-1]]
+    targets = xin + [t for ts in inner for t in ts]
+    res = list(torch.autograd.grad(roots, targets, grads, retain_graph=True, allow_unused=True)) if targets else []
+    dx = [torch.zeros_like(x) if g is None else g for x, g in zip(xin, res)]
+    cots, k = [], len(xin)
+    for ts in inner:
+        cots.append(res[k:k + len(ts)])
+        k += len(ts)
+    return dx, cots
+
+
+def split_weight_grad(layers: list, cotangents: list, roots: list, grads, params: dict, into: dict) -> None:
+    """The weight half (zero bubble's ``BW``): for every layer ``j`` with parameters,
+    ``into[n] += d<h_j, dL/dh_j>/dW_n`` from the layer's own outputs and the cotangents
+    :func:`split_input_grad` kept (the last layer's: ``roots``/``grads``), so no activation gradient
+    is computed twice (a stage-wide pass would redo the whole input chain)."""
+    for j, (outs, names) in enumerate(layers):
+        if not names:
+            continue
+        if j == len(layers) - 1:
+            r, g = roots, grads
+        else:
+            pairs = [(outs[i], c) for i, c in zip(_grad_tensors(outs), cotangents[j]) if c is not None]
+            r, g = [p[0] for p in pairs], [p[1] for p in pairs]
+        if r:
+            _vjp_into(r, g, [], params, names, into, retain_graph=True)
+
+
+def stage_roots(y, loss=None, cot=None) -> tuple[list, list | None]:
+    """The roots of a stage's backward: ``[loss]``, or its floating outputs that carry a gradient
+    with the next stage's cotangents (as :func:`vjp` builds them)."""
+    if loss is not None:
+        return [loss], None
+    yt = as_tuple(y)
+    pairs = [(yt[i], c) for i, c in zip(float_indices(yt), cot) if yt[i].requires_grad]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
 class MomentumState:
     """Checkpointing of per-stage momentum buffers ``self.momentum[s][name]`` (a mixin for the
     executors that keep their own SGD momentum)."""

@@ -47,7 +47,8 @@ from . import shm
 from .comm import P2P, ShmP2P
 from .fetch import RemoteWeights, has_remote, is_remote
 from .reference import updates_per_round
-from .stages import as_leaves, as_tuple, from_tuple, nbytes, run_stage, sgd_update, stage_module, vjp
+from .stages import (as_leaves, as_tuple, from_tuple, nbytes, run_stage, run_stage_layers, sgd_update, split_input_grad,
+                     split_weight_grad, stage_module, stage_roots, vjp)
 
 
 class RankProgram:
@@ -153,6 +154,7 @@ class PipelineExecutor:
             self.remote = RemoteWeights(schedule, self.rank, {s: (st.layout, st.flat.dtype) for s, st in self.state.items()},
                                         ctx.device, ctx.timeout_s, (groups.get("fetch"), groups.get("push")),
                                         self.prog.per_round)
+        self.split = {op.stage for op in self.prog.ops if op.kind == "BI"}  # stages whose backward is split (BI/BW)
         self.specs = ctx.specs  # specs[s]: [(shape, dtype)] of stage s's output
         self.like_tuple = ctx.like_tuple  # like_tuple[s]: stage s's input is a tuple
         if ctx.transport == "shm":
@@ -347,9 +349,15 @@ class PipelineExecutor:
         xl = as_leaves(x, requires_grad=s > 0)
         remote = params is not None
         params = params if remote else st.versions[v]
+        layers = None
         with torch.set_grad_enabled(keep_graph):
-            y = _stage_forward(st.module, params, from_tuple(xl, self.like_tuple[s]), self.schedule.recompute and keep_graph)
-        rec = {"x": xl, "y": y if keep_graph else None, "v": v, "bytes": nbytes(xl) + nbytes(as_tuple(y))}
+            if keep_graph and not remote and not self.schedule.recompute and s in self.split and s > 0:
+                # a split backward follows: keep each layer's output, so BW differentiates layer by layer
+                # (the first stage sends no input gradient: its BI has nothing to do early, BW does it all)
+                y, layers = run_stage_layers(st.module, params, from_tuple(xl, self.like_tuple[s]))
+            else:
+                y = _stage_forward(st.module, params, from_tuple(xl, self.like_tuple[s]), self.schedule.recompute and keep_graph)
+        rec = {"x": xl, "y": y if keep_graph else None, "v": v, "bytes": nbytes(xl) + nbytes(as_tuple(y)), "layers": layers}
         if remote:  # the backward reuses the fetched weights (check_remote: same owner and version)
             rec["params"] = params
         if last:
@@ -377,7 +385,16 @@ class PipelineExecutor:
             else dict(cot=cot if cot is not None else rec.get("cot"))
         remote = is_remote(op, self.rank)
         params = rec["params"] if remote or v not in st.versions else st.versions[v]
-        if op.kind == "BI":
+        if op.kind == "BI" and rec["layers"] is not None and y is not None:
+            # only the activation-gradient chain now; the weight gradients later from the kept cotangents
+            roots, grads = stage_roots(y, loss=kw.get("loss"), cot=kw.get("cot"))
+            dx, cots = split_input_grad(rec["layers"], rec["x"], roots, grads)
+            rec.update(cots=cots, roots=roots, grads=grads, v=v, params=params)
+        elif op.kind == "BW" and rec.get("cots") is not None and rec["v"] == v:
+            split_weight_grad(rec["layers"], rec["cots"], rec["roots"], rec["grads"], params, st.grad)
+            del st.records[g]
+            return
+        elif op.kind == "BI":
             recomputed = y is None
             dx, _, y = vjp(st.module, params, rec["x"], self.like_tuple[s], y, **kw, want_weights=False, retain_graph=True)
             rec.update(y=y, v=v, params=params, cot=cot)
