@@ -58,7 +58,8 @@ from workbench.runtime.ddp import DDP_BUCKETS  # the DDP executor's gradient buc
 M, P, BATCH, LR = 8, 2, 256, 0.01
 MB = BATCH // M
 LINK_SIZES = (4, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
-SCHEDULES = ("gpipe", "pipedream-flush", "zb-h1", "pipedream", "dp-bsp")
+SCHEDULES = ("gpipe", "pipedream-flush", "zb-h1", "pipedream", "pipedream+stream", "dp-bsp")
+STREAM_ROUNDS = 6  # a "+stream" schedule (train(stream=True)) is modeled as the schedule over this many minibatches
 TINY = dict(width=16, in_features=16)  # the overhead-calibration model: same depth, ~no compute
 
 
@@ -98,15 +99,20 @@ def run_measured(schedule: str, steps: int, skip: int, transport: str = "gloo", 
     from workbench.runtime import train
     out = Path(tempfile.mkdtemp(prefix="bench_fid_")) / schedule
     data = dict(dataset_options={"num_train": 64 * BATCH}) if steps > 16 else {}
-    train("mlp", schedule, workers=P, microbatches=M, steps=steps, batch_size=BATCH, lr=LR, out=out, threads=1,
+    name, _, stream = schedule.partition("+")
+    train("mlp", name, workers=P, microbatches=M, steps=steps, batch_size=BATCH, lr=LR, out=out, threads=1,
           progress=False, device="cpu", evaluate=False, transport="gloo" if schedule == "dp-bsp" else transport,
-          **data, **model_options)
+          stream=stream == "stream", **data, **model_options)
     return measured_step_ms(pd.read_csv(out / "timeline.csv"), skip=skip)
 
 
 def schedule_of(name: str):
+    """The schedule a run executes per round (a stream: over STREAM_ROUNDS minibatches) and the
+    keyword arguments of modeled_step_ms that say so."""
     from workbench.schedules import build
-    return build(name, 1, M, workers=P) if name == "dp-bsp" else build(name, P, M)
+    if name.endswith("+stream"):
+        return build(name.removesuffix("+stream"), P, M * STREAM_ROUNDS), dict(rounds=1, microbatches=M)
+    return (build(name, 1, M, workers=P) if name == "dp-bsp" else build(name, P, M)), {}
 
 
 def main(argv=None) -> int:
@@ -157,7 +163,7 @@ def main(argv=None) -> int:
             cal_model = dict(width=a.overhead_width, in_features=a.overhead_width)
             tsp = profile_separately(cal_model, bounds)
             tiny[ex] = run_measured(tn, a.overhead_steps, a.skip, a.transport, **cal_model)
-            ts = schedule_of(tn)
+            ts, _ = schedule_of(tn)
             # the width-16 run leaves its cores idle: its messages travel as on the idle link
             o[ex] = solve_overhead(lambda x: modeled_step_ms(ts, tsp, idle, x, allreduce=ar,
                                                              allreduce_buckets=DDP_BUCKETS if tn == "dp-bsp" else None,
@@ -171,9 +177,9 @@ def main(argv=None) -> int:
             loads.append(os.getloadavg()[0])
             os.sync()  # the earlier runs' files written back now, not by a kernel thread during this run
             meas = run_measured(n, a.steps, a.skip, a.transport)
-            sched = schedule_of(n)
+            sched, kw = schedule_of(n)
             s = sp["dp"] if n == "dp-bsp" else sp["pipe"]
-            kw = dict(allreduce=ar, overlap_comm=a.overlap_allreduce,
+            kw.update(allreduce=ar, overlap_comm=a.overlap_allreduce,
                       allreduce_buckets=DDP_BUCKETS if n == "dp-bsp" else None)
             on = o["ddp" if n == "dp-bsp" else "pipeline"]
             rows[n].append(dict(measured=meas, modeled=modeled_step_ms(sched, s, link, on, **kw),

@@ -460,7 +460,8 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
     runtime's last stage does."""
     import torch
 
-    from .runtime.stages import as_leaves, from_tuple, run_stage, vjp
+    from .runtime.stages import (as_leaves, from_tuple, run_stage, run_stage_layers, split_input_grad, split_weight_grad,
+                                 stage_roots, vjp)
 
     mod = torch.nn.Sequential(*layers)
     params = {n: p.detach().clone().requires_grad_(True) for n, p in mod.named_parameters()}
@@ -470,31 +471,41 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
         for k in range(2 * microbatches):
             xl = as_leaves(x, requires_grad=not first)
             t0 = time.perf_counter()
-            y = run_stage(mod, params, from_tuple(xl, isinstance(x, tuple)))
+            layers = None
+            if k < microbatches or first:
+                y = run_stage(mod, params, from_tuple(xl, isinstance(x, tuple)))
+            else:  # as the runtime's forward before a split backward (the first stage's is not split)
+                y, layers = run_stage_layers(mod, params, from_tuple(xl, isinstance(x, tuple)))
             loss = None
             if model is not None:
                 loss = model.loss(y, target)
                 float(loss.detach()), model.correct(y.detach() if torch.is_tensor(y) else y, target)
             F.append((time.perf_counter() - t0) * 1e3)
-            (recs if k < microbatches else split).append((xl, y, loss))
+            (recs if k < microbatches else split).append((xl, y, loss, layers))
         def start(y, loss):  # where the backward starts: the loss (last stage) or the next stage's gradient
             if loss is not None:
                 return dict(loss_fn=model.loss, target=target, loss=loss)
             yt = y if isinstance(y, tuple) else (y,)
             return dict(cot=tuple(torch.ones_like(t) for t in yt if t.is_floating_point()))
 
-        for xl, y, loss in reversed(recs):
+        for xl, y, loss, _ in reversed(recs):
             kw = start(y, loss)
             fresh = not into  # the first backward of the update: its gradients become the buffer
             t0 = time.perf_counter()
             vjp(mod, params, xl, isinstance(x, tuple), y, **kw, want_input=not first, into=into)
             (Bf if fresh else B).append((time.perf_counter() - t0) * 1e3)
-        for xl, y, loss in reversed(split):  # the split backward: BI (input gradient, keeps the graph), then BW
+        for xl, y, loss, layers in reversed(split):  # the split backward: BI (input gradient, keeps the graph), then BW
             kw = start(y, loss)
             t0 = time.perf_counter()
-            vjp(mod, params, xl, isinstance(x, tuple), y, **kw, want_weights=False, retain_graph=True)
-            t1 = time.perf_counter()
-            vjp(mod, params, xl, isinstance(x, tuple), y, **kw, want_input=False, into=into)
+            if layers is None:  # the whole stage: BI, then BW from the top (the runtime's first stage, unsplittable stages)
+                vjp(mod, params, xl, isinstance(x, tuple), y, **kw, want_weights=False, retain_graph=True)
+                t1 = time.perf_counter()
+                vjp(mod, params, xl, isinstance(x, tuple), y, **kw, want_input=False, into=into)
+            else:  # layer by layer, as the runtime's BI / BW
+                roots, grads = stage_roots(y, loss=loss, cot=kw.get("cot"))
+                _, cots = split_input_grad(layers, xl, roots, grads)
+                t1 = time.perf_counter()
+                split_weight_grad(layers, cots, roots, grads, params, into)
             BI.append((t1 - t0) * 1e3)
             BW.append((time.perf_counter() - t1) * 1e3)
         if i < warmup:
@@ -613,7 +624,7 @@ def in_flight(stages: StageProfile, link: dict | None, replicas: Sequence[int] |
 
 def modeled_step_ms(schedule: Schedule, stages: StageProfile, link: dict | None = None, op_overhead_ms: float = 0.0,
                     rounds: int = 6, overlap_comm: bool = True, level: str = "stage",
-                    allreduce: dict | None = None, allreduce_buckets=None) -> float:
+                    allreduce: dict | None = None, allreduce_buckets=None, microbatches: int | None = None) -> float:
     """Steady-state modeled ms per round: simulate :func:`repeat_rounds` with the profile at the
     microbatch size (``microbatch_fraction=1``), per-stage ``step_ms`` (``step_copy_ms`` for the
     STEPs that keep a stashed version), a flat topology at the link bandwidth plus ``latency_ms``
@@ -622,7 +633,9 @@ def modeled_step_ms(schedule: Schedule, stages: StageProfile, link: dict | None 
     times, interpolated; None: the link's ring) in ``allreduce_buckets`` (DDP's, for dp-bsp), ``overlap_comm`` (the all-reduce overlaps
     the backward or runs after it) and ``op_overhead_ms`` per op; return the median spacing of the
     rounds' first op starts. ``level``: compute costs from the stage-level timings (default) or the
-    per-layer profile."""
+    per-layer profile. ``microbatches``: per round (default the schedule's); a stream
+    (``train(stream=True)``) is modeled as the schedule over several rounds' microbatches, ``rounds=1``,
+    and ``microbatches`` = one round's."""
     from .simulate import simulate
 
     if len(stages.bounds) != schedule.num_stages:
@@ -638,7 +651,7 @@ def modeled_step_ms(schedule: Schedule, stages: StageProfile, link: dict | None 
                    microbatch_fraction=1.0, latency_ms=lat, op_overhead_ms=op_overhead_ms,
                    overlap_comm=overlap_comm, message_cpu_ms=float(link.get("message_cpu_ms", 0.0)) if link else 0.0, **ar)
     comp = res.compute
-    M = schedule.microbatches
+    M = microbatches or schedule.microbatches
     first = comp[comp.kind != "STEP"].assign(r=lambda d: d.microbatch // M).groupby("r").start.min()
     return _round_spacing(first.to_numpy())
 
