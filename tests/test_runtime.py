@@ -226,7 +226,11 @@ def runs(tmp_path_factory):
         jobs.append(dataclasses.replace(twin, out=str(root / key), transport="shm", shm_token=f"test{os.getpid()}{key}"))
         names.append(key)
     t = time.time()
-    res = run_jobs(jobs)
+    os.environ["WORKBENCH_SHM_SLOTS"] = "2"  # shm rings of 2 slots: wrapped many times, messages held back
+    try:
+        res = run_jobs(jobs)
+    finally:
+        del os.environ["WORKBENCH_SHM_SLOTS"]
     return dict(zip(names, zip(jobs, res))), root, time.time() - t
 
 
@@ -634,3 +638,44 @@ def test_shm_channel_numbers_messages_and_times_out(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="exceed the channel's slot"):
         tx.put(3, [torch.zeros(32)], "big")
     tx.close(), rx.close()
+
+
+def test_shm_sender_holds_messages_back_instead_of_waiting(tmp_path, monkeypatch):
+    """A ring of 2 slots and 7 messages: the sender never blocks (the ones whose slot still holds an
+    unread message are held back and written at its next send, while it waits for a receive, or at
+    flush), and the receiver gets all of them, in its order, with their contents."""
+    import threading
+
+    from workbench.runtime import shm
+    from workbench.runtime.comm import ShmP2P
+    monkeypatch.setattr(shm, "SHM_DIR", tmp_path)
+    spec = [((3,), torch.float64)]
+    chans = [shm.Channel(shm.channel_path("h", 0, 1), 2, 24, timeout_s=5) for _ in range(2)]
+    back = [shm.Channel(shm.channel_path("h", 1, 0), 2, 24, timeout_s=5) for _ in range(2)]
+    tx = ShmP2P(0, 2, "cpu", 5, inbound={1: back[0]}, outbound={1: chans[0]})
+    rx = ShmP2P(1, 2, "cpu", 5, inbound={0: chans[1]}, outbound={0: back[1]})
+    keys = [(0, 0, g) for g in range(7)]
+    plan = [(k, 0, spec) for k in keys]
+    rx.set_plan(plan)
+    tx.set_send_plan({1: plan})
+    tx.set_plan([((1, 0, 0), 1, spec)])  # rank 0 waits for one gradient from rank 1 at the end
+    rx.set_send_plan({0: [((1, 0, 0), 1, spec)]})
+    t = time.perf_counter()
+    for g, k in enumerate(keys):
+        tx.send(k, [torch.full((3,), float(g), dtype=torch.float64)], 1)
+    assert time.perf_counter() - t < 1 and len(tx.held[1]) == 5  # 2 written, 5 held, none waited for
+    got = []
+
+    def receive():
+        got.extend(float(rx.recv(k)[0][0][0]) for k in keys)
+        rx.send((1, 0, 0), [torch.ones(3, dtype=torch.float64)], 0)
+
+    th = threading.Thread(target=receive)
+    th.start()
+    (grad,), _ = tx.recv((1, 0, 0))  # writes the held messages while it waits
+    th.join(5)
+    tx.flush()
+    assert got == [float(g) for g in range(7)] and torch.equal(grad, torch.ones(3, dtype=torch.float64))
+    assert not tx.held[1]
+    for c in chans + back:
+        c.close()

@@ -209,9 +209,11 @@ class _Sender:
 
 class ShmP2P(P2P):
     """:class:`P2P` over :mod:`workbench.runtime.shm` channels instead of gloo (same interface; the
-    local mailbox and ``flush`` are P2P's: no sender thread, and a send is complete when the copy into
-    the peer's slot returns); a receive polls its slot. Message numbers come from the receive
-    plans: :meth:`set_plan` (this rank's, per epoch) and :meth:`set_send_plan` (its peers')."""
+    local mailbox is P2P's; no sender thread: a send copies into the peer's slot, or, while that
+    slot still holds an unread message, is held back and written at this rank's next send, while it
+    waits for a receive, or at the epoch end's :meth:`flush`); a receive polls its slot. Message
+    numbers come from the receive plans: :meth:`set_plan` (this rank's, per epoch) and
+    :meth:`set_send_plan` (its peers')."""
 
     def __init__(self, rank: int, num_stages: int, device, timeout_s: float, inbound: dict, outbound: dict):
         super().__init__(rank, num_stages, device, timeout_s, send_thread=False)
@@ -220,6 +222,7 @@ class ShmP2P(P2P):
         self.send_base = dict.fromkeys(outbound, 0)
         self.recv_index: dict = {}
         self.send_index: dict = {}
+        self.held = {dst: [] for dst in outbound}  # messages whose slot was not free yet, in order per peer
 
     def set_plan(self, plan: list) -> None:
         if self.recv_index:
@@ -248,7 +251,30 @@ class ShmP2P(P2P):
             q = self.send_index.pop(key)
         except KeyError:
             raise RuntimeError(f"rank {self.rank}: message {key} to rank {dst} is not in rank {dst}'s receive plan") from None
-        self.outbound[dst].put(q, tensors, f"rank {self.rank}: message {key} to rank {dst}")
+        self.held[dst].append((q, tensors, f"rank {self.rank}: message {key} to rank {dst}"))
+        self._write_held()
+
+    def _write_held(self) -> None:
+        """Write the held-back messages whose slots are free, in order per peer."""
+        for dst, msgs in self.held.items():
+            ch, k = self.outbound[dst], 0
+            while k < len(msgs) and ch.free(msgs[k][0]):
+                ch.put(*msgs[k])
+                k += 1
+            if k:
+                del msgs[:k]
+
+    def flush(self) -> None:
+        """Write every held-back message (its receiver consumes the earlier ones meanwhile)."""
+        deadline = time.perf_counter() + self.timeout.total_seconds()
+        while any(self.held.values()):
+            self._write_held()
+            if time.perf_counter() > deadline:
+                dst = next(d for d, m in self.held.items() if m)
+                raise TimeoutError(f"rank {self.rank}: rank {dst} read none of its messages within "
+                                   f"{self.timeout.total_seconds():.0f} s")
+            time.sleep(20e-6)
+        super().flush()
 
     def recv(self, key: tuple[int, int, int]) -> tuple[list[torch.Tensor], float]:
         if key in self.local:
@@ -257,7 +283,8 @@ class ShmP2P(P2P):
             src, q, specs = self.recv_index.pop(key)
         except KeyError:
             raise RuntimeError(f"rank {self.rank}: message {key} was not expected (receive plan out of order)") from None
-        return self.inbound[src].get(q, specs, f"rank {self.rank}: message {key} from rank {src}")
+        idle = self._write_held if any(self.held.values()) else None
+        return self.inbound[src].get(q, specs, f"rank {self.rank}: message {key} from rank {src}", idle)
 
     def close(self) -> None:
         for ch in list(self.inbound.values()) + list(self.outbound.values()):

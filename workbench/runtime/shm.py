@@ -8,14 +8,17 @@ and 0.3 to 0.7 ms one way while both cores compute (``workbench.calibrate.measur
 Here a message is one ``memcpy`` into a slot of a file in ``/dev/shm`` that both ranks map, and a
 flag store; the receiver polls the flag and copies the slot out.
 
-One :class:`Channel` per direction ``src -> dst`` with one slot per message of an epoch (``slots``:
-the most messages the channel carries in an epoch, counted from the schedule) so a sender never
-waits within an epoch, as with gloo's receives all posted at the epoch start. Message ``q`` (the
-channel's running count, in the *receiver's* consumption order, which both ranks derive from the
-schedule) goes to slot ``q mod slots``; the sender waits until the slot's previous message
-(``q - slots``, an epoch earlier) has been consumed (``acks[slot] >= q - slots + 1``), writes the
-payload, then ``flags[slot] = q + 1``; the receiver waits for ``flags[slot] == q + 1``, copies the
-payload out and sets ``acks[slot] = q + 1``. The flag is stored after the payload and read before it:
+One :class:`Channel` per direction ``src -> dst``, a ring of ``slots`` slots (one per message of
+an epoch, at most :data:`CHANNEL_BYTES` of them beyond :data:`MIN_SLOTS`: :func:`channel_sizes`).
+Message ``q`` (the channel's running count, in the *receiver's* consumption order, which both ranks
+derive from the schedule) goes to slot ``q mod slots``, which is free once message ``q - slots``
+has been consumed (``acks[slot] >= q - slots + 1``); the sender writes the payload, then
+``flags[slot] = q + 1``; the receiver waits for ``flags[slot] == q + 1``, copies the payload out
+and sets ``acks[slot] = q + 1``. A sender never waits for a slot:
+:class:`~workbench.runtime.comm.ShmP2P` holds a message back until its slot is free and writes it
+at its next send, or while it waits for a receive, or at the epoch end. That cannot deadlock:
+a rank waiting for message ``q`` has consumed every earlier message of that channel, so ``q``'s
+slot is free and its sender, waiting or computing, writes it at its next chance. The flag is stored after the payload and read before it:
 ordered on x86-64 (total store order), which :func:`available` requires. Waiting spins briefly,
 then sleeps 20 µs at a time (ranks may share cores), and gives up after the run's timeout.
 
@@ -128,12 +131,14 @@ class Channel:
         self.flags, self.acks = words[:self.slots], words[self.slots:]
         self.data = torch.frombuffer(self.mm, dtype=torch.uint8, offset=head, count=self.slots * self.slot_bytes)
 
-    def _wait(self, ready, what: str) -> float:
-        """Wait until ``ready()``; returns the ms waited."""
+    def _wait(self, ready, what: str, idle=None) -> float:
+        """Wait until ``ready()``, calling ``idle()`` (if given) between polls; returns the ms waited."""
         if ready():
             return 0.0
         t0 = time.perf_counter()
         for _ in range(SPIN):
+            if idle is not None:
+                idle()
             if ready():
                 return (time.perf_counter() - t0) * 1e3
         deadline = t0 + self.timeout_s
@@ -141,13 +146,18 @@ class Channel:
             if time.perf_counter() > deadline:
                 raise TimeoutError(f"{what} did not happen within {self.timeout_s:.0f} s")
             time.sleep(20e-6)
+            if idle is not None:
+                idle()
         return (time.perf_counter() - t0) * 1e3
 
+    def free(self, q: int) -> bool:
+        """Message ``q``'s slot is free: the message ``slots`` earlier has been read."""
+        return self.acks[q % self.slots] >= q - self.slots + 1
+
     def put(self, q: int, tensors: list[torch.Tensor], what: str) -> None:
-        """Write message ``q``."""
+        """Write message ``q`` (waiting for its slot: see :meth:`free`)."""
         slot = q % self.slots
-        prev = q - self.slots + 1
-        self._wait(lambda: self.acks[slot] >= prev, f"the slot of {what} (message {q - self.slots} still unread)")
+        self._wait(lambda: self.free(q), f"the slot of {what} (message {q - self.slots} still unread)")
         off = slot * self.slot_bytes
         for t in tensors:
             flat = t.detach().reshape(-1).view(torch.uint8)
@@ -158,10 +168,11 @@ class Channel:
             off += n
         self.flags[slot] = q + 1
 
-    def get(self, q: int, specs, what: str) -> tuple[list[torch.Tensor], float]:
-        """Message ``q`` as new tensors of ``specs`` [(shape, dtype)], and the ms waited for it."""
+    def get(self, q: int, specs, what: str, idle=None) -> tuple[list[torch.Tensor], float]:
+        """Message ``q`` as new tensors of ``specs`` [(shape, dtype)], and the ms waited for it
+        (``idle()`` called while waiting: the transport writes its held-back messages)."""
         slot = q % self.slots
-        waited = self._wait(lambda: self.flags[slot] == q + 1, what)
+        waited = self._wait(lambda: self.flags[slot] == q + 1, what, idle)
         off, out = slot * self.slot_bytes, []
         for shape, dt in specs:
             n = spec_bytes([(shape, dt)])
@@ -178,12 +189,20 @@ class Channel:
             pass
 
 
-def channel_sizes(plans: dict[int, list]) -> dict[tuple[int, int], tuple[int, int]]:
+CHANNEL_BYTES = 8 << 20  # slots of a channel beyond its first MIN_SLOTS: at most this many bytes
+MIN_SLOTS = 8
+
+
+def channel_sizes(plans: dict[int, list], budget: int = CHANNEL_BYTES) -> dict[tuple[int, int], tuple[int, int]]:
     """``plans[dst]``: dst's receive plan for one full epoch ``[(key, src, specs)]`` -> per
-    channel ``(src, dst)``: (messages, largest message in bytes)."""
+    channel ``(src, dst)``: (slots, largest message in bytes). Slots: one per message of the epoch,
+    at most ``max(MIN_SLOTS, budget // largest message)`` (or the environment's ``WORKBENCH_SHM_SLOTS``):
+    a ring, reused within the epoch (a sender never waits for a slot:
+    :class:`~workbench.runtime.comm.ShmP2P` holds the message back)."""
     out: dict[tuple[int, int], tuple[int, int]] = {}
     for dst, plan in plans.items():
         for _, src, specs in plan:
             n, b = out.get((src, dst), (0, 0))
             out[(src, dst)] = (n + 1, max(b, spec_bytes(specs)))
-    return out
+    cap = os.environ.get("WORKBENCH_SHM_SLOTS")  # a fixed ring size (the tests wrap rings with it)
+    return {k: (min(n, int(cap) if cap else max(MIN_SLOTS, budget // max(b, 1))), b) for k, (n, b) in out.items()}
