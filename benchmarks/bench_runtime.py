@@ -19,17 +19,19 @@ Rows per model:
   ideal*`` in the table) is relative to it. All multi-process rows pin one rank per core.
 * ``torch-gpipe`` / ``torch-1f1b`` / ``torch-interleaved-1f1b``: ``torch.distributed.pipelining``
   ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B + SGD
-* ``workbench-<schedule>``: :func:`workbench.runtime.train` running that schedule, with the per-epoch
-  test-set evaluation off (``evaluate=False``: the torch rows evaluate nothing either). Its per-epoch
+* ``workbench-<schedule>``: :func:`workbench.runtime.train` running that schedule as a user gets it
+  (its default transport ``"auto"``: shared memory on a CPU machine with a core per rank, else gloo;
+  the ``options`` column says which ran), with the per-epoch test-set evaluation off (``evaluate=False``: the torch rows evaluate nothing either). Its per-epoch
   checkpoints stay on, but no epoch ends within the timed steps (the mlp's synthetic set holds 64
   steps per epoch here; an epoch end costs 15-25 ms on this machine; the torch rows have none). Its measured timeline gives the breakdown columns (ms per step, mean over the
   ranks, :func:`workbench.runtime.breakdown.breakdown`): compute, recv wait, send, data copy,
   optimizer, all-reduce, overhead (between ops). ``workbench-pipedream-flush+warmup``: the same
   schedule with the warm-up the workbench's planner gives this split on this machine
   (:func:`plan_warmup`: ``Plan.in_flight``, which counts the messages' latency; NOAM, torch's
-  order, counts none), ``options`` column. ``workbench-<schedule>+shm``: activations and gradients
-  through the runtime's shared-memory transport (``transport="shm"``, :mod:`workbench.runtime.shm`)
-  instead of gloo; the torch rows use gloo (torch.distributed has no shared-memory point-to-point).
+  order, counts none), ``options`` column. ``workbench-<schedule>+gloo``: activations and gradients
+  through torch.distributed's gloo (``transport="gloo"``, the default before session 6) instead of
+  the runtime's shared-memory transport (:mod:`workbench.runtime.shm`); the torch rows use gloo
+  (torch.distributed has no shared-memory point-to-point).
   ``workbench-<schedule>+stream``: the epoch's minibatches flow through the pipeline as one stream
   (``train(stream=True)``, schedules without a flush: PipeDream 1F1B, PipeDream-2BW), drained once at
   the epoch end instead of a fill and a drain per minibatch; ``pipedream-2bw`` rows accumulate over
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import statistics
 import sys
@@ -67,22 +70,24 @@ M, P, LR = 8, 2, 0.01
 CONFIGS = {  # model -> batch, default timed steps, workbench schedules, torch schedules
     "mlp": dict(batch=256, steps=30, schedules=["gpipe", "pipedream-flush", "pipedream-flush+warmup", "zb-h1",
                                                 "pipedream", "pipedream+stream+warmup", "pipedream-2bw+stream+warmup",
-                                                "gpipe+shm", "pipedream-flush+shm", "zb-h1+shm", "pipedream+shm",
-                                                "pipedream+stream+warmup+shm", "pipedream-2bw+stream+warmup+shm",
+                                                "gpipe+gloo", "pipedream-flush+gloo", "zb-h1+gloo", "pipedream+gloo",
+                                                "pipedream+stream+warmup+gloo", "pipedream-2bw+stream+warmup+gloo",
                                                 "pipedream-flush+default-malloc", "pipedream+default-malloc"],
                 torch=["gpipe", "1f1b"]),
     "gpt": dict(batch=32, steps=10, schedules=["pipedream-flush", "pipedream-flush+warmup", "interleaved-1f1b",
                                                "pipedream", "pipedream+stream+warmup", "pipedream-2bw+stream+warmup",
-                                               "pipedream-flush+shm", "interleaved-1f1b+shm",
-                                               "pipedream-2bw+stream+warmup+shm"],
+                                               "pipedream-flush+gloo", "interleaved-1f1b+gloo",
+                                               "pipedream-2bw+stream+warmup+gloo"],
                 torch=["1f1b", "interleaved-1f1b"]),
 }
-# suffixes of a schedule name: "+warmup" = its 1F1B warm-up from the cost model (plan_warmup); "+shm" = the
-# runtime's shared-memory transport for activations and gradients (workbench.runtime.shm) instead of gloo;
-# "+default-malloc" = the ranks keep glibc's malloc defaults (WORKBENCH_MALLOC=0, workbench.runtime.allocator);
-# "+stream" = the minibatches of the epoch flow through the pipeline as one stream, no drain between them
-# (train(stream=True); schedules without a flush only). pipedream-2bw rows accumulate over the whole minibatch
-# (microbatches_per_step = M: one update per minibatch, as torch's rows and pipedream-flush)
+# A row runs the runtime as a user gets it (transport "auto": the shared-memory transport on this machine, where
+# every rank has a core of its own), and the suffixes of its name change one thing:
+# "+warmup" = the 1F1B warm-up from the cost model (plan_warmup); "+stream" = the minibatches of the epoch flow
+# through the pipeline as one stream, no drain between them (train(stream=True); schedules without a flush only);
+# ablations: "+gloo" = activations and gradients through torch.distributed's gloo instead (transport="gloo"; the
+# default before session 6); "+default-malloc" = the ranks keep glibc's malloc defaults (WORKBENCH_MALLOC=0).
+# pipedream-2bw rows accumulate over the whole minibatch (microbatches_per_step = M: one update per minibatch, as
+# torch's rows and pipedream-flush)
 
 
 def plan_warmup(name: str) -> list[int]:
@@ -219,7 +224,7 @@ def bench_torch_pipelining(name: str, kind: str, steps: int, warmup: int, device
 
 
 def bench_workbench(name: str, schedule: str, steps: int, warmup: int, device="cpu",
-                    options: dict | None = None, transport: str = "gloo", stream: bool = False) -> tuple[float, Path]:
+                    options: dict | None = None, transport: str = "auto", stream: bool = False) -> tuple[float, Path]:
     from workbench.runtime import train
     batch = CONFIGS[name]["batch"]
     out = Path(tempfile.mkdtemp(prefix="bench_rt_")) / schedule
@@ -284,22 +289,23 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
         for kind in cfg["torch"]:
             runs.setdefault(f"torch-{kind}", []).append(dict(v=bench_torch_pipelining(name, kind, steps, warmup, device)))
         for sch in cfg["schedules"]:
-            if device != "cpu" and "+shm" in sch:
-                continue  # the shared-memory transport is for CPU ranks
+            if device != "cpu" and "+gloo" in sch:
+                continue  # on GPUs the default is NCCL: no shared-memory twin to compare
             base, *suffixes = sch.split("+")
             opts = {"microbatches_per_step": M} if base == "pipedream-2bw" else {}
             if "warmup" in suffixes:
                 if name not in warm:
                     warm[name] = plan_warmup(name)
                 opts["warmup"] = warm[name]
-            transport = "shm" if "shm" in suffixes else "gloo"
+            transport = "gloo" if "gloo" in suffixes else "auto"
             malloc = "default" if "default-malloc" in suffixes else "retain"
             stream = "stream" in suffixes
             # read by the spawned ranks; restored afterwards
             with mock.patch.dict(os.environ, WORKBENCH_MALLOC="0" if malloc == "default" else "1"):
                 v, out = bench_workbench(name, base, steps, warmup, device, opts, transport, stream)
+            used = json.loads((out / "summary.json").read_text())["transport"]  # what "auto" resolved to
             label = ";".join([f"{k}={','.join(map(str, x)) if isinstance(x, list) else x}" for k, x in opts.items()]
-                             + [f"transport={transport}", f"malloc={malloc}"] + (["stream"] if stream else []))
+                             + [f"transport={used}", f"malloc={malloc}"] + (["stream"] if stream else []))
             runs.setdefault(f"workbench-{sch}", []).append(dict(v=v, **fidelity(out, base, warmup, opts, stream),
                                                                 **where_time_goes(out, warmup), options=label))
     single = statistics.median(r["v"] for r in runs["single"])

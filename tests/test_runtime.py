@@ -27,7 +27,8 @@ from workbench.schedules import build, from_placement, worker_stats
 WIDTHS = (8, 16, 16, 16, 4)  # 7 layers: Linear/ReLU alternating
 BATCH, LR = 16, 0.1
 COMMON = dict(batch_size=BATCH, lr=LR, dtype="float64", widths=WIDTHS, progress=False, return_weights=True,
-              timeout_s=30, allow_oversubscribe=True)  # 2 ranks must run on a 1-core CI machine too
+              timeout_s=30, allow_oversubscribe=True,  # 2 ranks must run on a 1-core CI machine too
+              transport="gloo")  # the shm twins (SHM_RUNS) compare against gloo; "auto" would pick shm here
 
 
 def toy():
@@ -432,7 +433,7 @@ def test_zoo_model_learns_digits(runs):
 # ---- bad input ---------------------------------------------------------------------------
 def test_bad_inputs_raise_one_line_value_errors(tmp_path):
     kw = dict(COMMON, out=tmp_path / "x")
-    kw.pop("allow_oversubscribe")
+    kw.pop("allow_oversubscribe"), kw.pop("transport")
     with pytest.raises(ValueError, match="plan covers 3 layers"):
         prepare("toy-mlp", "gpipe", workers=2, microbatches=4, plan=Plan.from_boundaries([1, 2]), **kw)
     with pytest.raises(ValueError, match="CPU cores"):
@@ -443,7 +444,7 @@ def test_bad_inputs_raise_one_line_value_errors(tmp_path):
         prepare("toy-mlp", from_placement(lambda s, b, d: (b % 2, 0 if d == "forward" else 1), 2, 2, 2), workers=2,
                 microbatches=2, **kw)
     kw["allow_oversubscribe"] = True
-    with pytest.raises(ValueError, match="transport must be 'gloo' or 'shm'"):
+    with pytest.raises(ValueError, match="transport must be 'auto' or 'gloo' or 'shm'"):
         prepare("toy-mlp", "gpipe", workers=2, microbatches=4, transport="tcp", **kw)
     with pytest.raises(ValueError, match="dp-bsp has none"):
         prepare("toy-mlp", "dp-bsp", workers=2, microbatches=2, transport="shm", **kw)
@@ -585,7 +586,7 @@ def test_shared_memory_fault_stops_the_job_and_leaves_no_channel(tmp_path):
     t = time.time()
     with pytest.raises(RuntimeError, match=r"rank 1 .*injected fault at step 2"):
         train("toy-mlp", "pipedream-flush", workers=2, microbatches=4, steps=4, out=tmp_path / "f", fail_rank=1,
-              fail_at_step=2, transport="shm", **COMMON)
+              fail_at_step=2, **dict(COMMON, transport="shm"))
     assert time.time() - t < 30
     assert not [p for p in Path("/dev/shm").glob("workbench-*") if p.stat().st_mtime >= t]  # none of this job's
 
@@ -679,3 +680,31 @@ def test_shm_sender_holds_messages_back_instead_of_waiting(tmp_path, monkeypatch
     assert not tx.held[1]
     for c in chans + back:
         c.close()
+
+
+def test_auto_transport_picks_shared_memory_only_where_it_runs_and_pays(tmp_path, monkeypatch):
+    """transport="auto" (the default): shm for CPU ranks spawned here with a core each and pipeline
+    messages, gloo otherwise (torchrun, GPUs, more ranks than cores, no point-to-point messages, a
+    /dev/shm too small for the channels)."""
+    from workbench.runtime import shm
+    ok = dict(spawned=True, device="cpu", backend="gloo", messages=True)
+    if shm.available():
+        pytest.skip(shm.available())
+    assert shm.auto_transport(2, 2, **ok) == "shm"
+    assert shm.auto_transport(4, 2, **ok) == "gloo"  # sharing cores: a polling rank would take a computing rank's time
+    assert shm.auto_transport(1, 2, **ok) == "gloo"
+    for bad in (dict(spawned=False), dict(device="cuda"), dict(backend="nccl"), dict(messages=False)):
+        assert shm.auto_transport(2, 2, **(ok | bad)) == "gloo"
+
+    class Full:
+        f_bavail, f_frsize = 10, 4096
+
+    monkeypatch.setattr(shm.os, "statvfs", lambda _: Full)
+    assert shm.auto_transport(2, 2, **ok) == "gloo"
+    job = prepare("toy-mlp", "gpipe", workers=2, microbatches=4, out=tmp_path / "a",
+                  **{k: v for k, v in COMMON.items() if k != "transport"})
+    assert job.transport == "gloo" and job.shm_token == ""
+    monkeypatch.undo()
+    job = prepare("toy-mlp", "dp-bsp", workers=2, microbatches=2, out=tmp_path / "b",
+                  **{k: v for k, v in COMMON.items() if k != "transport"})
+    assert job.transport == "gloo"

@@ -20,7 +20,7 @@ def _kv(text: str) -> tuple[str, object]:
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    from .shm import TRANSPORTS
+    from .shm import TRAIN_TRANSPORTS
     p.add_argument("--model", default="mlp", help="zoo model name (or toy-mlp), or package.module:function returning "
                    "an nn.Module (traced into layers by workbench.graph.split)")
     p.add_argument("--dataset", default=None, help="built-in data set name (`workbench models`) or package.module:function "
@@ -47,9 +47,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-at-step", type=int, default=None, help="... at the start of this step")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when every rank gets its own GPU)")
     p.add_argument("--backend", default=None, help="gloo or nccl (default from the device)")
-    p.add_argument("--transport", choices=TRANSPORTS, default="gloo",
+    p.add_argument("--transport", choices=TRAIN_TRANSPORTS, default="auto",
                    help="activations and gradients through torch.distributed (gloo) or through shared memory "
-                        "(shm: CPU ranks on this machine, pipeline schedules)")
+                        "(shm: CPU ranks on this machine, pipeline schedules); auto (default): shm where it can run "
+                        "with a core per rank, else gloo")
     p.add_argument("--stream", action="store_true",
                    help="schedules without a flush (pipedream, pipedream-2bw, model-parallel): the epoch's minibatches "
                         "flow through the pipeline as one stream, drained at the epoch end only")

@@ -22,7 +22,7 @@ from .fetch import check_remote
 from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
 from .outputs import RunResult, latest_checkpoint, load_stage
 from .rank import first_failure, worker_main
-from .shm import check_transport, remove_channels, remove_stale_channels
+from .shm import TRAIN_TRANSPORTS, auto_transport, check_transport, remove_channels, remove_stale_channels
 from .shm import new_token as new_shm_token
 from .stages import DataOrder, even_bounds, plan_bounds, stage_module, stage_params
 
@@ -75,7 +75,7 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
             fail_at_step: int | None = None, timeout_s: float = 60.0, allow_oversubscribe: bool = False,
             threads: int | None = None, progress: bool = True, return_weights: bool = False, dtype: str | None = None,
             schedule_options: dict | None = None, dataset_options: dict | None = None, lookahead: int | None = None,
-            evaluate: bool = True, momentum: float = 0.0, dataset=None, transport: str = "gloo", stream: bool = False,
+            evaluate: bool = True, momentum: float = 0.0, dataset=None, transport: str = "auto", stream: bool = False,
             **model_options) -> Job:
     """Validate the arguments of :func:`train` and build the picklable :class:`Job`."""
     torchrun = _under_torchrun()
@@ -119,7 +119,10 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
     if sched.num_segments > 1:
         raise ValueError(f"{sched.name} cuts sequences into segments, which a layer-sequential model cannot run; "
                          f"run it with workbench.runtime.segments.run (segment-wise transformer)")
-    check_transport(transport)
+    check_transport(transport, TRAIN_TRANSPORTS)
+    if transport == "auto":  # shared memory where it runs and pays (one rank per core, CPU, this machine)
+        transport = auto_transport(workers, _cores(), spawned=not torchrun, device=device, backend=backend,
+                                   messages=sched.update != "async" and sched.name != "dp-bsp")
     if transport == "shm":
         if torchrun or not device == "cpu" or backend != "gloo":
             raise ValueError("transport='shm' needs CPU ranks spawned by train() on one machine "
@@ -378,7 +381,9 @@ def train(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int
     ``dataset_options``, ``lookahead`` (receives posted ahead), ``momentum`` (SGD heavy ball, default 0),
     ``evaluate`` (test loss/accuracy at each epoch end, default True), ``transport`` (``"gloo"``, or
     ``"shm"``: activations and gradients through shared memory between CPU ranks of this machine,
-    :mod:`workbench.runtime.shm`), ``stream`` (schedules without a flush: pipedream, pipedream-2bw,
+    :mod:`workbench.runtime.shm`; default ``"auto"``: shm where it runs and pays, CPU ranks spawned
+    here with a core each and a pipeline schedule, else gloo: :func:`~workbench.runtime.shm.auto_transport`),
+    ``stream`` (schedules without a flush: pipedream, pipedream-2bw,
     model-parallel; an epoch's minibatches flow through the pipeline as one stream of microbatches,
     drained at the epoch end only, instead of a fill and a drain per minibatch: the weight rule is
     that schedule's over the epoch's microbatches, :meth:`PipelineExecutor.run_stream`), and model

@@ -46,15 +46,31 @@ SPIN = 200  # polls before the waiting side starts sleeping
 
 
 TRANSPORTS = ("gloo", "shm")  # how activations and gradients travel between ranks
+TRAIN_TRANSPORTS = ("auto",) + TRANSPORTS  # train(): "auto" picks shm where it can run, else gloo (resolve_auto)
 
 
-def check_transport(transport: str) -> None:
+def check_transport(transport: str, choices: tuple = TRANSPORTS) -> None:
     """ValueError (one line) unless ``transport`` names a transport this machine can use."""
-    if transport not in TRANSPORTS:
-        raise ValueError(f"transport must be {' or '.join(map(repr, TRANSPORTS))}, got {transport!r}")
+    if transport not in choices:
+        raise ValueError(f"transport must be {' or '.join(map(repr, choices))}, got {transport!r}")
     why = available() if transport == "shm" else None
     if why:
         raise ValueError(why)
+
+
+def auto_transport(workers: int, cores: int, *, spawned: bool, device: str, backend: str, messages: bool) -> str:
+    """``"shm"`` where it runs and pays, else ``"gloo"``: CPU ranks spawned on this machine, each on
+    a core of its own (a waiting rank polls its slot: sharing a core, the poll would take the
+    computing rank's time), a schedule with pipeline messages, and room in ``/dev/shm`` for the
+    channels (one ring of at most :data:`CHANNEL_BYTES` per direction and pair of ranks)."""
+    if not (spawned and device == "cpu" and backend == "gloo" and messages and 1 < workers <= cores) or available():
+        return "gloo"
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return "gloo"
+    need = 2 * workers * (workers - 1) * CHANNEL_BYTES
+    return "shm" if st.f_bavail * st.f_frsize >= need else "gloo"
 
 
 def available() -> str | None:
