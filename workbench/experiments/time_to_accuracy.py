@@ -75,6 +75,10 @@ class Config:
     gpus: tuple[int, ...] = (4, 8, 16)
     timeout_s: float = 120.0
     model_options: dict = field(default_factory=lambda: {"in_features": 64, "width": 128})  # digits
+    # True: PipeDream's schemes run an epoch's minibatches as one stream through the pipeline, as PipeDream
+    # does (train(stream=True): no drain between minibatches, so more staleness); False (the committed
+    # results): a fill and a drain per minibatch
+    stream: bool = False
 
     def __post_init__(self):
         bad = sorted((set(self.schemes) | set(self.ablation_schemes)) - set(SCHEMES))
@@ -122,7 +126,7 @@ def train_runs(cfg: Config, out_dir) -> pd.DataFrame:
         jobs.append(prepare(cfg.model, name, workers=cfg.workers, microbatches=cfg.microbatches, epochs=cfg.epochs,
                             batch_size=cfg.batch_size, lr=lr, seed=seed, out=out, progress=False,
                             schedule_options=dict(opts), allow_oversubscribe=True, timeout_s=cfg.timeout_s,
-                            **cfg.model_options))
+                            stream=cfg.stream and name == "pipedream", **cfg.model_options))
     summaries = run_jobs(jobs)
     curves = pd.concat([_curve(s, r) for s, r in zip(summaries, runs)], ignore_index=True)
     slim_runs(summaries, drop=("checkpoints", "timeline.csv"))  # the curves need metrics.csv only
