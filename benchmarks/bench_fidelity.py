@@ -33,8 +33,9 @@ Modeled = :func:`workbench.calibrate.modeled_step_ms` (the schedule repeated ove
 same statistic). The all-reduce runs after the backward (``--overlap-allreduce`` to overlap them):
 with one core per rank, gloo's all-reduce needs the cores the backward computes on (measured: DDP's
 backward takes about the sum of the backward and the all-reduce timed apart). Reported: medians over ``--repeat`` repetitions; error = modeled / measured - 1.
-Also shown: the model without the per-op overhead, and with the per-layer (instead of stage-level)
-profile. Writes ``results/bench/fidelity.csv``.
+Also shown: the model without the per-op overhead, with the per-layer (instead of stage-level)
+profile, and with the messages' transit at the idle link's latency and bandwidth while their CPU
+time stays the loaded one (``idle transit``: a receiver that waits idle sees the idle latency). Writes ``results/bench/fidelity.csv``.
 
     python benchmarks/bench_fidelity.py [--steps 14] [--skip 4] [--repeat 5] [--overhead-steps 64] [--transport gloo|shm]
 """
@@ -182,9 +183,12 @@ def main(argv=None) -> int:
             kw.update(allreduce=ar, overlap_comm=a.overlap_allreduce,
                       allreduce_buckets=DDP_BUCKETS if n == "dp-bsp" else None)
             on = o["ddp" if n == "dp-bsp" else "pipeline"]
+            # the messages' transit at the idle link's latency and bandwidth, their CPU as measured loaded
+            mixed = dict(link, latency_ms=idle["latency_ms"], bandwidth_bytes_per_s=idle["bandwidth_bytes_per_s"])
             rows[n].append(dict(measured=meas, modeled=modeled_step_ms(sched, s, link, on, **kw),
                                 no_overhead=modeled_step_ms(sched, s, link, 0.0, **kw),
-                                layer_level=modeled_step_ms(sched, s, link, on, level="layer", **kw)))
+                                layer_level=modeled_step_ms(sched, s, link, on, level="layer", **kw),
+                                idle_transit=modeled_step_ms(sched, s, mixed, on, **kw)))
         print(f"repetition {r + 1}/{a.repeat}: link α={link['latency_ms']:.3f} ms β={link['bandwidth_bytes_per_s']/1e9:.2f} GB/s "
               f"o_msg={link.get('message_cpu_ms', 0.0):.3f} ms (idle α={idle['latency_ms']:.3f} ms), "
               f"all-reduce α={ar['latency_ms']:.3f} ms B_bus={ar['bandwidth_bytes_per_s']/1e9:.2f} GB/s, overhead "
@@ -196,7 +200,7 @@ def main(argv=None) -> int:
     a.out = str(fresh_path(a.out))  # never overwrite an earlier result
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     cols = ["schedule", "step_ms_modeled", "step_ms_measured", "error_pct", "step_ms_modeled_no_overhead",
-            "step_ms_modeled_layer_profile", "measured_min", "measured_max", "error_pct_per_repeat", "latency_ms", "bandwidth_bytes_per_s",
+            "step_ms_modeled_layer_profile", "step_ms_modeled_idle_transit", "error_pct_idle_transit", "measured_min", "measured_max", "error_pct_per_repeat", "latency_ms", "bandwidth_bytes_per_s",
             "op_overhead_ms", "message_cpu_ms", "idle_latency_ms", "idle_bandwidth_bytes_per_s", "allreduce_latency_ms", "allreduce_bus_bandwidth_bytes_per_s", "overlap_allreduce",
             "transport", "repeats", "load_avg_1min_median", "load_avg_1min_max", "cores"]
     out_rows = []
@@ -205,6 +209,8 @@ def main(argv=None) -> int:
         out_rows.append(dict(schedule=n, step_ms_modeled=mod, step_ms_measured=mea, error_pct=100 * (mod / mea - 1),
                              step_ms_modeled_no_overhead=med([x["no_overhead"] for x in rows[n]]),
                              step_ms_modeled_layer_profile=med([x["layer_level"] for x in rows[n]]),
+                             step_ms_modeled_idle_transit=med([x["idle_transit"] for x in rows[n]]),
+                             error_pct_idle_transit=100 * (med([x["idle_transit"] for x in rows[n]]) / mea - 1),
                              measured_min=min(x["measured"] for x in rows[n]),
                              measured_max=max(x["measured"] for x in rows[n]),
                              error_pct_per_repeat=" ".join(f"{100 * (x['modeled'] / x['measured'] - 1):+.1f}"
@@ -223,11 +229,12 @@ def main(argv=None) -> int:
         w.writeheader()
         for row in out_rows:
             w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()})
-    print(f"{'schedule':<18}{'modeled':>10}{'measured':>10}{'error %':>9}{'no ovh':>9}{'layer prof':>11}{'meas range':>16}"
-          "  error % per repetition")
+    print(f"{'schedule':<18}{'modeled':>10}{'measured':>10}{'error %':>9}{'no ovh':>9}{'layer prof':>11}{'idle transit':>13}"
+          f"{'meas range':>16}  error % per repetition")
     for x in out_rows:
         print(f"{x['schedule']:<18}{x['step_ms_modeled']:>10.1f}{x['step_ms_measured']:>10.1f}{x['error_pct']:>9.1f}"
               f"{x['step_ms_modeled_no_overhead']:>9.1f}{x['step_ms_modeled_layer_profile']:>11.1f}"
+              f"{x['step_ms_modeled_idle_transit']:>13.1f}"
               f"{x['measured_min']:>8.1f}-{x['measured_max']:<7.1f}  {x['error_pct_per_repeat']}")
     print(f"link ({a.transport}, {'idle' if a.idle_link else 'loaded'}): latency {c['latency_ms']:.3f} ms, bandwidth "
           f"{c['bandwidth'] / 1e9:.2f} GB/s, CPU per message {c['message_cpu_ms']:.3f} ms (idle link: "
