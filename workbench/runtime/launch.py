@@ -177,9 +177,10 @@ def _stream_builder(schedule, workers: int, plan, options: dict | None, sched: S
         raise ValueError("stream=True builds the schedule over each epoch's microbatches: give the schedule by name")
     sp = spec(schedule)
     if sp.family != "pipeline" or sp.microbatches != "in total":
-        ok = sorted(n for n, x in REGISTRY.items() if x.family == "pipeline" and x.microbatches == "in total")
-        raise ValueError(f"{schedule} flushes the pipeline at every minibatch (its update rule needs it); "
-                         f"stream=True (--stream) is for schedules without a flush: {', '.join(ok)}")
+        ok = ", ".join(sorted(n for n, x in REGISTRY.items() if x.family == "pipeline" and x.microbatches == "in total"))
+        why = "flushes the pipeline at every minibatch (its update rule needs it)" if sp.family == "pipeline" else \
+            f"is not a pipeline ({sp.family})"
+        raise ValueError(f"{schedule} {why}; stream=True (--stream) is for pipeline schedules without a flush: {ok}")
     fn = functools.partial(stream_schedule, schedule, workers, plan, dict(options or {}))
     from .reference import updates_per_round
     two, one = updates_per_round(fn(2 * sched.microbatches)), updates_per_round(sched)

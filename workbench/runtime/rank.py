@@ -268,7 +268,7 @@ def _run_stream(executor, job: Job, rank: int, epoch: int, rounds: list[int], rp
         if job.fail_rank == rank and job.fail_at_step == Rg:
             raise RuntimeError(f"injected fault at step {Rg}")
         if bar is not None and Rg > R0:
-            bar.update(1)  # the previous minibatch's ops have all started on rank 0
+            bar.update(1)  # a new minibatch entered the pipeline on rank 0: count the one before
 
     metrics = [{"loss": 0.0, "n": 0, "correct": 0, "samples": 0} for _ in rounds]
     ends = executor.run_stream(rounds, R0, data, timeline, metrics, on_round)

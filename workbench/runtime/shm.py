@@ -18,7 +18,10 @@ and sets ``acks[slot] = q + 1``. A sender never waits for a slot:
 :class:`~workbench.runtime.comm.ShmP2P` holds a message back until its slot is free and writes it
 at its next send, or while it waits for a receive, or at the epoch end. That cannot deadlock:
 a rank waiting for message ``q`` has consumed every earlier message of that channel, so ``q``'s
-slot is free and its sender, waiting or computing, writes it at its next chance. The flag is stored after the payload and read before it:
+slot is free and its sender, waiting or computing, writes it at its next chance; its sender only
+blocks in a shm receive (which writes held messages) or at the epoch end. Schedules whose ranks
+also block in gloo within an epoch (all-reduces of replicated stages, weight fetches) get a slot
+per message of the epoch instead, as before, so nothing is held. The flag is stored after the payload and read before it:
 ordered on x86-64 (total store order), which :func:`available` requires. Waiting spins briefly,
 then sleeps 20 µs at a time (ranks may share cores), and gives up after the run's timeout.
 
@@ -46,7 +49,7 @@ SPIN = 200  # polls before the waiting side starts sleeping
 
 
 TRANSPORTS = ("gloo", "shm")  # how activations and gradients travel between ranks
-TRAIN_TRANSPORTS = ("auto",) + TRANSPORTS  # train(): "auto" picks shm where it can run, else gloo (resolve_auto)
+TRAIN_TRANSPORTS = ("auto",) + TRANSPORTS  # train(): "auto" picks shm where it can run, else gloo (auto_transport)
 
 
 def check_transport(transport: str, choices: tuple = TRANSPORTS) -> None:
@@ -209,16 +212,20 @@ CHANNEL_BYTES = 8 << 20  # slots of a channel beyond its first MIN_SLOTS: at mos
 MIN_SLOTS = 8
 
 
-def channel_sizes(plans: dict[int, list], budget: int = CHANNEL_BYTES) -> dict[tuple[int, int], tuple[int, int]]:
+def channel_sizes(plans: dict[int, list], budget: int | None = CHANNEL_BYTES) -> dict[tuple[int, int], tuple[int, int]]:
     """``plans[dst]``: dst's receive plan for one full epoch ``[(key, src, specs)]`` -> per
     channel ``(src, dst)``: (slots, largest message in bytes). Slots: one per message of the epoch,
     at most ``max(MIN_SLOTS, budget // largest message)`` (or the environment's ``WORKBENCH_SHM_SLOTS``):
     a ring, reused within the epoch (a sender never waits for a slot:
-    :class:`~workbench.runtime.comm.ShmP2P` holds the message back)."""
+    :class:`~workbench.runtime.comm.ShmP2P` holds the message back). ``budget=None``: one slot per
+    message, nothing is ever held back (for schedules whose ranks also block in gloo within an
+    epoch, all-reduces or weight fetches, where no held message would be written meanwhile)."""
     out: dict[tuple[int, int], tuple[int, int]] = {}
     for dst, plan in plans.items():
         for _, src, specs in plan:
             n, b = out.get((src, dst), (0, 0))
             out[(src, dst)] = (n + 1, max(b, spec_bytes(specs)))
+    if budget is None:
+        return out
     cap = os.environ.get("WORKBENCH_SHM_SLOTS")  # a fixed ring size (the tests wrap rings with it)
     return {k: (min(n, int(cap) if cap else max(MIN_SLOTS, budget // max(b, 1))), b) for k, (n, b) in out.items()}
