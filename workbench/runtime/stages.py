@@ -316,8 +316,10 @@ def split_input_grad(layers: list, x_leaves: tuple, roots: list, grads, want_inp
 def split_weight_grad(layers: list, cotangents: list, roots: list, grads, params: dict, into: dict) -> None:
     """The weight half (zero bubble's ``BW``): for every layer ``j`` with parameters,
     ``into[n] += d<h_j, dL/dh_j>/dW_n`` from the layer's own outputs and the cotangents
-    :func:`split_input_grad` kept (the last layer's: ``roots``/``grads``), so no activation gradient
-    is computed twice (a stage-wide pass would redo the whole input chain)."""
+    :func:`split_input_grad` kept (the last layer's: ``roots``/``grads``), so the activation
+    gradients between layers are not computed again (a stage-wide pass would redo the whole input
+    chain); inside a layer of several ops (a transformer block) the path from its outputs to its
+    weights is differentiated a second time."""
     for j, (outs, names) in enumerate(layers):
         if not names:
             continue

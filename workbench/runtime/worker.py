@@ -12,7 +12,14 @@ the forward then keeps no graph at all. Under ``no-stash`` this is PipeDream's f
 gradient of ``B(s, b)`` is the VJP at ``(x_s^(F version), W_s^(newest))``, weights the forward of
 ``b`` never used, so the update is not the gradient of any single set of weights (the tests show
 the trajectory departs from the stashed one). ``BI``/``BW`` (zero bubble) split the VJP: input gradient
-first with ``retain_graph``, weight gradient later from the same graph and cotangent.
+first with ``retain_graph``, weight gradient later from the same graph; where the stage can be split
+into its layers (:func:`~workbench.runtime.stages.run_stage_layers`), ``BI`` keeps the cotangent of
+every layer's output and ``BW`` differentiates each layer from its own outputs, so the activation
+gradients are not computed twice.
+
+Streams (``stream`` given: pipedream, pipedream-2bw, model-parallel): an epoch's rounds run as one
+pass of the schedule over all their microbatches (:meth:`PipelineExecutor.run_stream`), no drain
+between minibatches; versions count from the first round's updates as in round-by-round runs.
 
 Updates. The buffer of update ``t`` of stage ``s`` is the sum of the contributions of the
 microbatches of ``schedule.step_microbatches(s, t)`` on this rank; ``AR`` sums the buffers of the
