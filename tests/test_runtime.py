@@ -684,27 +684,28 @@ def test_shm_sender_holds_messages_back_instead_of_waiting(tmp_path, monkeypatch
 
 def test_auto_transport_picks_shared_memory_only_where_it_runs_and_pays(tmp_path, monkeypatch):
     """transport="auto" (the default): shm for CPU ranks spawned here with a core each and pipeline
-    messages, gloo otherwise (torchrun, GPUs, more ranks than cores, no point-to-point messages, a
-    /dev/shm too small for the channels)."""
-    from workbench.runtime import shm
-    ok = dict(spawned=True, device="cpu", backend="gloo", messages=True)
+    messages only, gloo otherwise (torchrun, GPUs, more ranks than cores, no point-to-point messages,
+    all-reduces or weight fetches within an epoch, a /dev/shm too small for the channels)."""
+    from workbench.runtime import launch, shm
     if shm.available():
         pytest.skip(shm.available())
+
+    class Room:  # /dev/shm as statvfs reports it: plenty of room, or 40 KiB
+        f_bavail, f_frsize = 1 << 20, 4096
+
+    monkeypatch.setattr(shm.os, "statvfs", lambda _: Room)
+    monkeypatch.setattr(launch, "_cores", lambda: 2)
+    ok = dict(spawned=True, device="cpu", backend="gloo", messages=True)
     assert shm.auto_transport(2, 2, **ok) == "shm"
     assert shm.auto_transport(4, 2, **ok) == "gloo"  # sharing cores: a polling rank would take a computing rank's time
     assert shm.auto_transport(1, 2, **ok) == "gloo"
     for bad in (dict(spawned=False), dict(device="cuda"), dict(backend="nccl"), dict(messages=False)):
         assert shm.auto_transport(2, 2, **(ok | bad)) == "gloo"
-
-    class Full:
-        f_bavail, f_frsize = 10, 4096
-
-    monkeypatch.setattr(shm.os, "statvfs", lambda _: Full)
+    auto = {k: v for k, v in COMMON.items() if k != "transport"}
+    expect = {"pipedream": "shm", "zb-h1": "shm", "dp-bsp": "gloo", "fsdp": "gloo"}  # fsdp: weight fetches over gloo
+    for name, want in expect.items():
+        job = prepare("toy-mlp", name, workers=2, microbatches=4, out=tmp_path / name, **auto)
+        assert job.transport == want and bool(job.shm_token) == (want == "shm"), name
+    Room.f_bavail = 10
     assert shm.auto_transport(2, 2, **ok) == "gloo"
-    job = prepare("toy-mlp", "gpipe", workers=2, microbatches=4, out=tmp_path / "a",
-                  **{k: v for k, v in COMMON.items() if k != "transport"})
-    assert job.transport == "gloo" and job.shm_token == ""
-    monkeypatch.undo()
-    job = prepare("toy-mlp", "dp-bsp", workers=2, microbatches=2, out=tmp_path / "b",
-                  **{k: v for k, v in COMMON.items() if k != "transport"})
-    assert job.transport == "gloo"
+    assert prepare("toy-mlp", "pipedream", workers=2, microbatches=4, out=tmp_path / "full", **auto).transport == "gloo"

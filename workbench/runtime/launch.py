@@ -121,8 +121,11 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
                          f"run it with workbench.runtime.segments.run (segment-wise transformer)")
     check_transport(transport, TRAIN_TRANSPORTS)
     if transport == "auto":  # shared memory where it runs and pays (one rank per core, CPU, this machine)
+        # only where its channels are bounded rings: pipelines whose ranks block in nothing but their messages
+        # (with all-reduces or weight fetches the channels hold every message of an epoch: see shm.channel_sizes)
+        ring = not sched.remote_weights and not any(op.kind == "AR" for _, op in sched)
         transport = auto_transport(workers, _cores(), spawned=not torchrun, device=device, backend=backend,
-                                   messages=sched.update != "async" and sched.name != "dp-bsp")
+                                   messages=sched.update != "async" and sched.name != "dp-bsp" and ring)
     if transport == "shm":
         if torchrun or not device == "cpu" or backend != "gloo":
             raise ValueError("transport='shm' needs CPU ranks spawned by train() on one machine "

@@ -64,8 +64,10 @@ def check_transport(transport: str, choices: tuple = TRANSPORTS) -> None:
 def auto_transport(workers: int, cores: int, *, spawned: bool, device: str, backend: str, messages: bool) -> str:
     """``"shm"`` where it runs and pays, else ``"gloo"``: CPU ranks spawned on this machine, each on
     a core of its own (a waiting rank polls its slot: sharing a core, the poll would take the
-    computing rank's time), a schedule with pipeline messages, and room in ``/dev/shm`` for the
-    channels (one ring of at most :data:`CHANNEL_BYTES` per direction and pair of ranks)."""
+    computing rank's time), a schedule whose ranks exchange pipeline messages and block on nothing
+    else within an epoch (``messages``: the channels are then bounded rings), and room in
+    ``/dev/shm`` for the channels (one ring of at most :data:`CHANNEL_BYTES` per direction and pair
+    of ranks)."""
     if not (spawned and device == "cpu" and backend == "gloo" and messages and 1 < workers <= cores) or available():
         return "gloo"
     try:
