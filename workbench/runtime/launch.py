@@ -22,7 +22,8 @@ from .fetch import check_remote
 from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
 from .outputs import RunResult, latest_checkpoint, load_stage
 from .rank import first_failure, worker_main
-from .shm import TRAIN_TRANSPORTS, auto_transport, check_transport, remove_channels, remove_stale_channels
+from .shm import (TRAIN_TRANSPORTS, auto_transport, check_transport, remove_channels, remove_stale_channels,
+                  ring_channels)
 from .shm import new_token as new_shm_token
 from .stages import DataOrder, even_bounds, plan_bounds, stage_module, stage_params
 
@@ -121,11 +122,9 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
                          f"run it with workbench.runtime.segments.run (segment-wise transformer)")
     check_transport(transport, TRAIN_TRANSPORTS)
     if transport == "auto":  # shared memory where it runs and pays (one rank per core, CPU, this machine)
-        # only where its channels are bounded rings: pipelines whose ranks block in nothing but their messages
-        # (with all-reduces or weight fetches the channels hold every message of an epoch: see shm.channel_sizes)
-        ring = not sched.remote_weights and not any(op.kind == "AR" for _, op in sched)
+        # only where its channels are bounded rings (else they hold every message of an epoch: shm.channel_sizes)
         transport = auto_transport(workers, _cores(), spawned=not torchrun, device=device, backend=backend,
-                                   messages=sched.update != "async" and sched.name != "dp-bsp" and ring)
+                                   messages=sched.update != "async" and sched.name != "dp-bsp" and ring_channels(sched))
     if transport == "shm":
         if torchrun or not device == "cpu" or backend != "gloo":
             raise ValueError("transport='shm' needs CPU ranks spawned by train() on one machine "

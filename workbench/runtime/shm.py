@@ -78,6 +78,13 @@ def auto_transport(workers: int, cores: int, *, spawned: bool, device: str, back
     return "shm" if st.f_bavail * st.f_frsize >= need else "gloo"
 
 
+def ring_channels(schedule) -> bool:
+    """The schedule's shm channels can be bounded rings with held-back messages: its ranks block on
+    nothing but their pipeline messages within an epoch (no all-reduce of a replicated stage, no
+    weight fetch over gloo, where a held message would not be written meanwhile)."""
+    return not schedule.remote_weights and not any(op.kind == "AR" for _, op in schedule)
+
+
 def available() -> str | None:
     """None if this machine can use the transport, else why not (one line)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):

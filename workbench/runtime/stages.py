@@ -196,12 +196,9 @@ def vjp(module: nn.Module, params: dict[str, torch.Tensor], x_leaves: tuple, lik
         with torch.enable_grad():
             y = run_stage(module, params, from_tuple(x_leaves, like_tuple))
         loss = None  # a given loss belongs to another evaluation of the stage
-    if loss_fn is not None or loss is not None:
-        outs, grads = [loss if loss is not None else loss_fn(y, target)], None
-    else:
-        yt = as_tuple(y)
-        pairs = [(yt[i], c) for i, c in zip(float_indices(yt), cot) if yt[i].requires_grad]
-        outs, grads = [p[0] for p in pairs], [p[1] for p in pairs]
+    if loss_fn is not None and loss is None:
+        loss = loss_fn(y, target)
+    outs, grads = stage_roots(y, loss=loss, cot=cot)
     xin = [x_leaves[i] for i in float_indices(x_leaves)] if want_input else []
     xin = [v for v in xin if v.requires_grad]
     names = list(params) if want_weights else []

@@ -174,9 +174,7 @@ class PipelineExecutor:
         """Shared-memory channels to and from every peer, sized from a full epoch's receive plans."""
         epoch = list(range(max(1, ctx.rounds_per_epoch)))
         plans = {r: self.receive_plan(epoch, r) for r in range(self.schedule.num_workers)}
-        # a ring only where no rank blocks in gloo within an epoch (a held message would not be written then)
-        gloo_waits = self.remote is not None or any(op.kind == "AR" for _, op in self.schedule)
-        sizes = shm.channel_sizes(plans, budget=None if gloo_waits else shm.CHANNEL_BYTES)
+        sizes = shm.channel_sizes(plans, budget=shm.CHANNEL_BYTES if shm.ring_channels(self.schedule) else None)
         chan = {(a, b): shm.Channel(shm.channel_path(ctx.shm_token, a, b), n, nb, ctx.timeout_s)
                 for (a, b), (n, nb) in sizes.items() if self.rank in (a, b)}
         return ShmP2P(self.rank, self.S, ctx.device, ctx.timeout_s,
