@@ -15,7 +15,10 @@ Nothing the prediction uses comes from the run it predicts. Per repetition, inte
    all-reduce: :func:`workbench.calibrate.measure_allreduce` (2-process gloo ``all_reduce``, the
    ring's bus bandwidth and per-step latency: gloo's all-reduce runs far below its ping-pong rate);
 2. compute: :func:`workbench.calibrate.stage_profile` at microbatch 32, 1 thread, in 2 fresh
-   processes at once (as many busy processes as the run has ranks; mean of the two): stage-level
+   processes at once (as many busy processes as the run has ranks), process ``r`` pinned to rank
+   ``r``'s core; each stage's timings from its rank's process (``dp-bsp``, whose one stage runs
+   on both ranks: the slower; :func:`workbench.calibrate.on_ranks`; until session 7 the mean of the
+   two, which the slower core made 2-10% low for the last stage): stage-level
    fwd/bwd through the runtime's own stage functions, per-layer profile, optimizer step per stage
    (in place, and into new tensors for the steps that keep a stashed version);
 3. per-op overhead ``o`` of each of the runtime's two executors: a runtime run of a *different*
@@ -35,7 +38,10 @@ with one core per rank, gloo's all-reduce needs the cores the backward computes 
 backward takes about the sum of the backward and the all-reduce timed apart). Reported: medians over ``--repeat`` repetitions; error = modeled / measured - 1.
 Also shown: the model without the per-op overhead, with the per-layer (instead of stage-level)
 profile, and with the messages' transit at the idle link's latency and bandwidth while their CPU
-time stays the loaded one (``idle transit``: a receiver that waits idle sees the idle latency). Writes ``results/bench/fidelity.csv``.
+time stays the loaded one (``idle transit``: a receiver that waits idle sees the idle latency), and
+with every stage at the mean of the two processes' profiles (``core mean``, the model before
+session 7). ``comp/prof`` (``compute_ratio``): the measured run's compute ops (span less send and
+data time) over the profile's time for the same ops. Writes ``results/bench/fidelity.csv``.
 
     python benchmarks/bench_fidelity.py [--steps 14] [--skip 4] [--repeat 5] [--overhead-steps 64] [--transport gloo|shm]
 """
@@ -61,6 +67,7 @@ MB = BATCH // M
 LINK_SIZES = (4, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
 SCHEDULES = ("gpipe", "pipedream-flush", "zb-h1", "pipedream", "pipedream+stream", "dp-bsp")
 STREAM_ROUNDS = 6  # a "+stream" schedule (train(stream=True)) is modeled as the schedule over this many minibatches
+DP_RANKS = [list(range(P))]  # dp-bsp: its one stage runs on every rank
 TINY = dict(width=16, in_features=16)  # the overhead-calibration model: same depth, ~no compute
 
 
@@ -77,19 +84,30 @@ def _profile_in_child(model_options: dict, bounds: list, threads: int, index: in
     return stage_profile(build("mlp", seed=0, **model_options), bounds, MB, threads=threads)
 
 
-def profile_separately(model_options: dict, bounds: list, threads: int = 1, concurrent: int = P):
-    """The stage profile measured in ``concurrent`` fresh processes at once (default: as many as the
-    run has ranks, so the compute sees the same number of busy processes sharing cores, caches and
-    memory bandwidth); timings are the mean over the processes."""
-    from dataclasses import replace
+def profile_separately(model_options: dict, bounds: list, threads: int = 1, concurrent: int = P,
+                       stage_ranks: list | None = None):
+    """The stage profile measured in ``concurrent`` fresh processes at once, process ``r`` pinned
+    where rank ``r`` runs (so the compute sees the same number of busy processes sharing cores, caches
+    and memory bandwidth); each stage's timings from the process of the rank that runs it
+    (``stage_ranks[s]``, default: stage ``s`` on rank ``s``; a replicated stage: its slowest replica,
+    :func:`workbench.calibrate.on_ranks`)."""
+    from workbench.calibrate import on_ranks
     with ProcessPoolExecutor(max_workers=concurrent, mp_context=get_context("spawn")) as ex:
         futs = [ex.submit(_profile_in_child, model_options, bounds, threads, i, concurrent) for i in range(concurrent)]
         sps = [f.result(timeout=300) for f in futs]
-    mean = lambda attr: tuple(statistics.fmean(x) for x in zip(*(getattr(sp, attr) for sp in sps)))  # noqa: E731
-    return replace(sps[0], fwd_ms=mean("fwd_ms"), bwd_ms=mean("bwd_ms"), step_ms=mean("step_ms"),
-                   step_copy_ms=mean("step_copy_ms"), bwd_input_ms=mean("bwd_input_ms"),
-                   bwd_weight_ms=mean("bwd_weight_ms"), grad_accumulate_ms=mean("grad_accumulate_ms"),
-                   meta=dict(sps[0].meta, concurrent=concurrent))
+    sp = on_ranks(sps, stage_ranks or [[s] for s in range(len(bounds))])
+    sp.meta["concurrent"] = concurrent
+    sp.meta["core_mean"] = core_mean(sps)
+    return sp
+
+
+def core_mean(sps: list):
+    """The profiles' mean over the processes (what this benchmark used until session 7: every
+    stage at the mean of the cores), kept as a column beside the per-rank profile."""
+    from dataclasses import replace
+    from workbench.calibrate import STAGE_TIMINGS
+    return replace(sps[0], **{a: tuple(statistics.fmean(x) for x in zip(*(getattr(sp, a) for sp in sps)))
+                              for a in STAGE_TIMINGS if all(getattr(sp, a) for sp in sps)})
 
 
 def run_measured(schedule: str, steps: int, skip: int, transport: str = "gloo", **model_options) -> float:
@@ -104,7 +122,23 @@ def run_measured(schedule: str, steps: int, skip: int, transport: str = "gloo", 
     train("mlp", name, workers=P, microbatches=M, steps=steps, batch_size=BATCH, lr=LR, out=out, threads=1,
           progress=False, device="cpu", evaluate=False, transport="gloo" if schedule == "dp-bsp" else transport,
           stream=stream == "stream", **data, **model_options)
-    return measured_step_ms(pd.read_csv(out / "timeline.csv"), skip=skip)
+    tl = pd.read_csv(out / "timeline.csv")
+    return measured_step_ms(tl, skip=skip), tl[tl["round"] >= skip]
+
+
+PROFILE_OF = {"F": "fwd_ms", "B": "bwd_ms", "BI": "bwd_input_ms", "BW": "bwd_weight_ms"}
+
+
+def compute_ratio(tl: pd.DataFrame, sp) -> float:
+    """The compute ops' time in the run (each op's span less its send and data time) over what the
+    stage profile gives the same ops: how much slower the runtime's ranks computed than the
+    separately measured profile (``nan`` for the DDP executor, whose backward holds the all-reduce)."""
+    ops = tl[tl["kind"].isin(list(PROFILE_OF))]
+    if ops.empty or ops["send_ms"].isna().all():  # no ops, or DDP's (its backward holds the all-reduce)
+        return float("nan")
+    comp = (ops["end"] - ops["start"] - ops["send_ms"] - ops["data_ms"]).sum()
+    prof = sum(getattr(sp, PROFILE_OF[k])[s] for s, k in zip(ops["stage"], ops["kind"]))
+    return float(comp / prof)
 
 
 def schedule_of(name: str):
@@ -156,14 +190,14 @@ def main(argv=None) -> int:
                                                      transport=a.transport)
         ar = measure_allreduce("gloo", world_size=P, repeats=30)
         loads.append(os.getloadavg()[0])
-        sp = {"pipe": profile_separately({}, pipe_bounds), "dp": profile_separately({}, dp_bounds)}
+        sp = {"pipe": profile_separately({}, pipe_bounds), "dp": profile_separately({}, dp_bounds, stage_ranks=DP_RANKS)}
         # per-op overhead of each of the runtime's executors, from a width-16 run (no compute to speak of):
         # the schedule interpreter (gpipe) and DistributedDataParallel (dp-bsp)
         o, tiny = {}, {}
         for ex, tn, bounds in (("pipeline", "gpipe", pipe_bounds), ("ddp", "dp-bsp", dp_bounds)):
             cal_model = dict(width=a.overhead_width, in_features=a.overhead_width)
-            tsp = profile_separately(cal_model, bounds)
-            tiny[ex] = run_measured(tn, a.overhead_steps, a.skip, a.transport, **cal_model)
+            tsp = profile_separately(cal_model, bounds, stage_ranks=DP_RANKS if tn == "dp-bsp" else None)
+            tiny[ex] = run_measured(tn, a.overhead_steps, a.skip, a.transport, **cal_model)[0]
             ts, _ = schedule_of(tn)
             # the width-16 run leaves its cores idle: its messages travel as on the idle link
             o[ex] = solve_overhead(lambda x: modeled_step_ms(ts, tsp, idle, x, allreduce=ar,
@@ -177,7 +211,7 @@ def main(argv=None) -> int:
         for n in names[r % len(names):] + names[:r % len(names)]:  # rotated: no schedule always runs first
             loads.append(os.getloadavg()[0])
             os.sync()  # the earlier runs' files written back now, not by a kernel thread during this run
-            meas = run_measured(n, a.steps, a.skip, a.transport)
+            meas, tl = run_measured(n, a.steps, a.skip, a.transport)
             sched, kw = schedule_of(n)
             s = sp["dp"] if n == "dp-bsp" else sp["pipe"]
             kw.update(allreduce=ar, overlap_comm=a.overlap_allreduce,
@@ -188,7 +222,9 @@ def main(argv=None) -> int:
             rows[n].append(dict(measured=meas, modeled=modeled_step_ms(sched, s, link, on, **kw),
                                 no_overhead=modeled_step_ms(sched, s, link, 0.0, **kw),
                                 layer_level=modeled_step_ms(sched, s, link, on, level="layer", **kw),
-                                idle_transit=modeled_step_ms(sched, s, mixed, on, **kw)))
+                                idle_transit=modeled_step_ms(sched, s, mixed, on, **kw),
+                                core_mean=modeled_step_ms(sched, s.meta["core_mean"], link, on, **kw),
+                                compute_ratio=compute_ratio(tl, s)))
         print(f"repetition {r + 1}/{a.repeat}: link α={link['latency_ms']:.3f} ms β={link['bandwidth_bytes_per_s']/1e9:.2f} GB/s "
               f"o_msg={link.get('message_cpu_ms', 0.0):.3f} ms (idle α={idle['latency_ms']:.3f} ms), "
               f"all-reduce α={ar['latency_ms']:.3f} ms B_bus={ar['bandwidth_bytes_per_s']/1e9:.2f} GB/s, overhead "
@@ -200,7 +236,7 @@ def main(argv=None) -> int:
     a.out = str(fresh_path(a.out))  # never overwrite an earlier result
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     cols = ["schedule", "step_ms_modeled", "step_ms_measured", "error_pct", "step_ms_modeled_no_overhead",
-            "step_ms_modeled_layer_profile", "step_ms_modeled_idle_transit", "error_pct_idle_transit", "measured_min", "measured_max", "error_pct_per_repeat", "latency_ms", "bandwidth_bytes_per_s",
+            "step_ms_modeled_layer_profile", "step_ms_modeled_idle_transit", "error_pct_idle_transit", "step_ms_modeled_core_mean", "error_pct_core_mean", "compute_ratio", "measured_min", "measured_max", "error_pct_per_repeat", "latency_ms", "bandwidth_bytes_per_s",
             "op_overhead_ms", "message_cpu_ms", "idle_latency_ms", "idle_bandwidth_bytes_per_s", "allreduce_latency_ms", "allreduce_bus_bandwidth_bytes_per_s", "overlap_allreduce",
             "transport", "repeats", "load_avg_1min_median", "load_avg_1min_max", "cores"]
     out_rows = []
@@ -211,6 +247,9 @@ def main(argv=None) -> int:
                              step_ms_modeled_layer_profile=med([x["layer_level"] for x in rows[n]]),
                              step_ms_modeled_idle_transit=med([x["idle_transit"] for x in rows[n]]),
                              error_pct_idle_transit=100 * (med([x["idle_transit"] for x in rows[n]]) / mea - 1),
+                             step_ms_modeled_core_mean=med([x["core_mean"] for x in rows[n]]),
+                             compute_ratio=med([x["compute_ratio"] for x in rows[n]]),
+                             error_pct_core_mean=100 * (med([x["core_mean"] for x in rows[n]]) / mea - 1),
                              measured_min=min(x["measured"] for x in rows[n]),
                              measured_max=max(x["measured"] for x in rows[n]),
                              error_pct_per_repeat=" ".join(f"{100 * (x['modeled'] / x['measured'] - 1):+.1f}"
@@ -229,12 +268,12 @@ def main(argv=None) -> int:
         w.writeheader()
         for row in out_rows:
             w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()})
-    print(f"{'schedule':<18}{'modeled':>10}{'measured':>10}{'error %':>9}{'no ovh':>9}{'layer prof':>11}{'idle transit':>13}"
+    print(f"{'schedule':<18}{'modeled':>10}{'measured':>10}{'error %':>9}{'no ovh':>9}{'layer prof':>11}{'idle transit':>13}{'core mean':>10}{'comp/prof':>10}"
           f"{'meas range':>16}  error % per repetition")
     for x in out_rows:
         print(f"{x['schedule']:<18}{x['step_ms_modeled']:>10.1f}{x['step_ms_measured']:>10.1f}{x['error_pct']:>9.1f}"
               f"{x['step_ms_modeled_no_overhead']:>9.1f}{x['step_ms_modeled_layer_profile']:>11.1f}"
-              f"{x['step_ms_modeled_idle_transit']:>13.1f}"
+              f"{x['step_ms_modeled_idle_transit']:>13.1f}{x['step_ms_modeled_core_mean']:>10.1f}{x['compute_ratio']:>10.2f}"
               f"{x['measured_min']:>8.1f}-{x['measured_max']:<7.1f}  {x['error_pct_per_repeat']}")
     print(f"link ({a.transport}, {'idle' if a.idle_link else 'loaded'}): latency {c['latency_ms']:.3f} ms, bandwidth "
           f"{c['bandwidth'] / 1e9:.2f} GB/s, CPU per message {c['message_cpu_ms']:.3f} ms (idle link: "

@@ -349,3 +349,24 @@ def test_stage_profile_measures_every_column():
     df = sp.as_profile("stage").layers
     assert list(df.grad_accumulate_ms) == list(sp.grad_accumulate_ms)
     assert modeled_step_ms(build_schedule("pipedream", 2, 4), sp) > 0
+
+
+def test_on_ranks_takes_each_stage_from_its_rank_and_a_replicated_stage_at_its_slowest():
+    """Two cores profiled the same 2 stages; core 1 is slower. Stage s on rank s: stage 0 from core
+    0, stage 1 from core 1 (the mean would put the bottleneck stage 1.5 ms below what its rank runs);
+    a stage on both ranks (data parallel): the slower core, as its synchronous step waits for it."""
+    from workbench.calibrate import on_ranks
+    fast = _stage_profile([1.0, 2.0], [2.0, 4.0], [0.5, 0.5])
+    slow = _stage_profile([1.5, 3.0], [3.0, 6.0], [0.75, 0.75])
+    sp = on_ranks([fast, slow], [[0], [1]])
+    assert sp.fwd_ms == (1.0, 3.0) and sp.bwd_ms == (2.0, 6.0) and sp.step_ms == (0.5, 0.75)
+    assert sp.meta["stage_ranks"] == [[0], [1]]
+    M = 8
+    # stage 1 bound: stage 0's first F, M (f1 + b1), stage 0's last B and its step
+    assert modeled_step_ms(two_stage_gpipe(M), sp) == pytest.approx(1 + M * 9 + 2 + 0.5)
+    both = on_ranks([slow, fast], [[0, 1], [1]])
+    assert both.fwd_ms == (1.5, 2.0) and both.bwd_ms == (3.0, 4.0)
+    with pytest.raises(ValueError, match="names 1 stages"):
+        on_ranks([fast, slow], [[0]])
+    with pytest.raises(ValueError, match="stage 1"):
+        on_ranks([fast, slow], [[0], [2]])

@@ -395,6 +395,30 @@ class StageProfile:
         return pd.DataFrame(rows).set_index("stage")
 
 
+STAGE_TIMINGS = ("fwd_ms", "bwd_ms", "step_ms", "step_copy_ms", "bwd_input_ms", "bwd_weight_ms", "grad_accumulate_ms")
+
+
+def on_ranks(profiles: Sequence[StageProfile], stage_ranks: Sequence[Sequence[int]]) -> StageProfile:
+    """One StageProfile from profiles measured at once in one process per rank (``profiles[r]``:
+    the process pinned where rank ``r`` runs): each stage's timings from the rank(s) that run it,
+    a replicated stage at its slowest replica (a synchronous step waits for it). Cores of one machine
+    need not be alike: on the 2-vCPU benchmark host the core that takes the block device's
+    interrupts timed the same stage 2-10% slower in 7 of 7 paired profiles, and the mean of the two
+    cores put the last stage's compute below what its rank ran. The per-layer profile stays the
+    first process's."""
+    from dataclasses import replace
+    if len(stage_ranks) != len(profiles[0].bounds):
+        raise ValueError(f"stage_ranks names {len(stage_ranks)} stages, the profiles have {len(profiles[0].bounds)}")
+    for s, ranks in enumerate(stage_ranks):
+        if not ranks or any(not 0 <= r < len(profiles) for r in ranks):
+            raise ValueError(f"stage {s}: ranks {list(ranks)} must be a non-empty subset of 0..{len(profiles) - 1}")
+    timings = {}
+    for attr in STAGE_TIMINGS:
+        if all(len(getattr(p, attr)) == len(stage_ranks) for p in profiles):
+            timings[attr] = tuple(max(getattr(profiles[r], attr)[s] for r in ranks) for s, ranks in enumerate(stage_ranks))
+    return replace(profiles[0], **timings, meta=dict(profiles[0].meta, stage_ranks=[list(r) for r in stage_ranks]))
+
+
 def _bounds(plan_or_bounds, num_layers: int) -> tuple[tuple[int, int], ...]:
     if hasattr(plan_or_bounds, "stages"):
         b = [(int(s.first), int(s.last)) for s in plan_or_bounds.stages]
@@ -439,23 +463,28 @@ def _time_step(params: list, iterations: int, warmup: int, lr: float = 0.01) -> 
             alive = (alive + [w])[-2:]
             if i >= warmup:
                 times.append(dt)
-        out.append(statistics.median(times) if times else 0.0)
+        out.append(statistics.fmean(times) if times else 0.0)  # a run pays every step: the mean
     return out[0], out[1]
 
 
 def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
                 microbatches: int = 4, model=None, target=None) -> tuple[float, float, float, float, float]:
-    """Median ms of the stage forward, backward, split backward (input-gradient half BI, then
+    """Mean ms of the stage forward, backward, split backward (input-gradient half BI, then
     weight-gradient half BW, as zero-bubble schedules run it), and what the first backward of an
     update saves (its gradients become the empty buffer; the later ones add into it: B is theirs)
     as a rank of the runtime runs them: the layers as
     one stage module evaluated with its own parameter tensors (:func:`~workbench.runtime.stages.run_stage`),
-    ``microbatches`` forwards kept alive, then their backwards (:func:`~workbench.runtime.stages.vjp`,
-    cotangent of ones, the input gradient unless ``first``) adding the weight gradients into one
-    update buffer, as the runtime's B ops of one update do. Cache and allocator effects of the real
-    op sequence are in the figure (a loop over one forward/backward pair that frees its gradients
-    measured 1.1 to 2.2 ms for the same stage from run to run on the 2-core CI machine; this, 1.6
-    to 1.7 ms, as the runtime's own B ops). The last stage (``model`` and ``target`` given) also
+    ``microbatches`` forwards and backwards (:func:`~workbench.runtime.stages.vjp`, cotangent of
+    ones, the input gradient unless ``first``) in one-forward-one-backward order (F0 F1 B0 F2 B1 ...
+    B(m-1), two microbatches alive, as the 1F1B schedules' steady state), adding the weight
+    gradients into one update buffer, as the runtime's B ops of one update do (F is timed there);
+    then ``microbatches`` forwards and their split backwards. Cache and allocator effects of the real op sequence are in
+    the figure: a forward right after a backward took 10-15% longer than one after a forward in
+    paired runs on the 2-vCPU benchmark host (0.88-0.97 -> 1.02-1.09 ms for the MLP's last stage),
+    and until session 7, timing the forwards back to back (GPipe's order) left the
+    runtime's 1F1B ranks 6-19% above the profile (``bench_fidelity.py``'s ``compute_ratio``).
+    Means, not medians: a run pays every op (each op's mean was 2-5% above its median there). The
+    last stage (``model`` and ``target`` given) also
     computes the loss and the metrics in its forward and starts its backward from the loss, as the
     runtime's last stage does."""
     import torch
@@ -466,34 +495,46 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
     mod = torch.nn.Sequential(*layers)
     params = {n: p.detach().clone().requires_grad_(True) for n, p in mod.named_parameters()}
     F, B, BI, BW, Bf = [], [], [], [], []
-    for i in range(warmup + iterations):
-        into, recs, split = {}, [], []
-        for k in range(2 * microbatches):
-            xl = as_leaves(x, requires_grad=not first)
-            t0 = time.perf_counter()
-            layers = None
-            if k < microbatches or first:
-                y = run_stage(mod, params, from_tuple(xl, isinstance(x, tuple)))
-            else:  # as the runtime's forward before a split backward (the first stage's is not split)
-                y, layers = run_stage_layers(mod, params, from_tuple(xl, isinstance(x, tuple)))
-            loss = None
-            if model is not None:
-                loss = model.loss(y, target)
-                float(loss.detach()), model.correct(y.detach() if torch.is_tensor(y) else y, target)
-            F.append((time.perf_counter() - t0) * 1e3)
-            (recs if k < microbatches else split).append((xl, y, loss, layers))
-        def start(y, loss):  # where the backward starts: the loss (last stage) or the next stage's gradient
-            if loss is not None:
-                return dict(loss_fn=model.loss, target=target, loss=loss)
-            yt = y if isinstance(y, tuple) else (y,)
-            return dict(cot=tuple(torch.ones_like(t) for t in yt if t.is_floating_point()))
 
-        for xl, y, loss, _ in reversed(recs):
-            kw = start(y, loss)
-            fresh = not into  # the first backward of the update: its gradients become the buffer
-            t0 = time.perf_counter()
-            vjp(mod, params, xl, isinstance(x, tuple), y, **kw, want_input=not first, into=into)
-            (Bf if fresh else B).append((time.perf_counter() - t0) * 1e3)
+    def start(y, loss):  # where the backward starts: the loss (last stage) or the next stage's gradient
+        if loss is not None:
+            return dict(loss_fn=model.loss, target=target, loss=loss)
+        yt = y if isinstance(y, tuple) else (y,)
+        return dict(cot=tuple(torch.ones_like(t) for t in yt if t.is_floating_point()))
+
+    def forward(split_next: bool):  # times the 1F1B forwards (F), not the split half's back-to-back ones
+        xl = as_leaves(x, requires_grad=not first)
+        t0 = time.perf_counter()
+        layers = None
+        if not split_next or first:
+            y = run_stage(mod, params, from_tuple(xl, isinstance(x, tuple)))
+        else:  # as the runtime's forward before a split backward (the first stage's is not split)
+            y, layers = run_stage_layers(mod, params, from_tuple(xl, isinstance(x, tuple)))
+        loss = None
+        if model is not None:
+            loss = model.loss(y, target)
+            float(loss.detach()), model.correct(y.detach() if torch.is_tensor(y) else y, target)
+        if not split_next:
+            F.append((time.perf_counter() - t0) * 1e3)
+        return xl, y, loss, layers
+
+    def backward(rec, into):
+        xl, y, loss, _ = rec
+        kw = start(y, loss)
+        fresh = not into  # the first backward of the update: its gradients become the buffer
+        t0 = time.perf_counter()
+        vjp(mod, params, xl, isinstance(x, tuple), y, **kw, want_input=not first, into=into)
+        (Bf if fresh else B).append((time.perf_counter() - t0) * 1e3)
+
+    for i in range(warmup + iterations):
+        into = {}
+        prev = forward(False)  # one forward, one backward: F0 F1 B0 F2 B1 ... B(m-1)
+        for _ in range(1, microbatches):
+            cur = forward(False)
+            backward(prev, into)
+            prev = cur
+        backward(prev, into)
+        split = [forward(True) for _ in range(microbatches)]
         for xl, y, loss, layers in reversed(split):  # the split backward: BI (input gradient, keeps the graph), then BW
             kw = start(y, loss)
             t0 = time.perf_counter()
@@ -510,9 +551,9 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
             BW.append((time.perf_counter() - t1) * 1e3)
         if i < warmup:
             F, B, BI, BW, Bf = [], [], [], [], []
-    med = statistics.median
-    b = med(B) if B else med(Bf)  # one microbatch per update: every backward is the first
-    return med(F), b, med(BI), med(BW), max(0.0, b - med(Bf))
+    mean = statistics.fmean
+    b = mean(B) if B else mean(Bf)  # one microbatch per update: every backward is the first
+    return mean(F), b, mean(BI), mean(BW), max(0.0, b - mean(Bf))
 
 
 def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1, iterations: int = 20,
