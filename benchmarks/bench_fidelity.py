@@ -6,10 +6,12 @@ ranks with one torch thread each, split 4 + 4 layers (``dp-bsp``: both ranks hol
 Nothing the prediction uses comes from the run it predicts. Per repetition, interleaved with the runs:
 
 1. link: :func:`workbench.calibrate.measure_link` (2-process gloo ping-pong, fit ``α + n / β``),
-   loaded (``busy=True``: each process keeps its core busy computing and sends through the runtime's
-   send path, mean one-way time, and the compute time each message takes from its core) for the
-   predictions, idle (median) for the overhead calibration of step 3 (whose cores stay idle);
-   ``--idle-link`` predicts with the idle link; ``--transport shm``: the ping-pong, the overhead
+   idle (median one-way time) and loaded (``busy=True``: each process keeps its core busy computing
+   and sends through the runtime's send path, mean one-way time, and the compute time each message
+   takes from its core); the predictions charge :func:`workbench.calibrate.runtime_link`: the idle
+   transit and the loaded CPU per message (until session 7: the loaded transit too, the ``loaded
+   transit`` column); the overhead calibration of step 3 (whose cores stay idle) the idle link;
+   ``--idle-link`` predicts with the idle link alone; ``--transport shm``: the ping-pong, the overhead
    calibration's run and the measured pipeline runs send through the runtime's shared-memory
    transport instead of gloo (``dp-bsp`` all-reduces over gloo either way);
    all-reduce: :func:`workbench.calibrate.measure_allreduce` (2-process gloo ``all_reduce``, the
@@ -37,9 +39,8 @@ same statistic). The all-reduce runs after the backward (``--overlap-allreduce``
 with one core per rank, gloo's all-reduce needs the cores the backward computes on (measured: DDP's
 backward takes about the sum of the backward and the all-reduce timed apart). Reported: medians over ``--repeat`` repetitions; error = modeled / measured - 1.
 Also shown: the model without the per-op overhead, with the per-layer (instead of stage-level)
-profile, and with the messages' transit at the idle link's latency and bandwidth while their CPU
-time stays the loaded one (``idle transit``: a receiver that waits idle sees the idle latency), and
-with every stage at the mean of the two processes' profiles (``core mean``, the model before
+profile, with the messages' transit at the loaded link's latency and bandwidth (``loaded transit``,
+the model until session 7), and with every stage at the mean of the two processes' profiles (``core mean``, the model before
 session 7). ``comp/prof`` (``compute_ratio``): the measured run's compute ops (span less send and
 data time) over the profile's time for the same ops. Writes ``results/bench/fidelity.csv``.
 
@@ -151,7 +152,7 @@ def schedule_of(name: str):
 
 
 def main(argv=None) -> int:
-    from workbench.calibrate import measure_allreduce, measure_link, modeled_step_ms, solve_overhead
+    from workbench.calibrate import measure_allreduce, measure_link, modeled_step_ms, runtime_link, solve_overhead
     from workbench.runtime.shm import TRANSPORTS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -189,6 +190,8 @@ def main(argv=None) -> int:
         link = idle if a.idle_link else measure_link("gloo", sizes=LINK_SIZES, repeats=100, busy=True,
                                                      transport=a.transport)
         ar = measure_allreduce("gloo", world_size=P, repeats=30)
+        # what the model charges a runtime message: idle transit, loaded CPU per message
+        rlink = idle if a.idle_link else runtime_link(idle, link)
         loads.append(os.getloadavg()[0])
         sp = {"pipe": profile_separately({}, pipe_bounds), "dp": profile_separately({}, dp_bounds, stage_ranks=DP_RANKS)}
         # per-op overhead of each of the runtime's executors, from a width-16 run (no compute to speak of):
@@ -217,13 +220,11 @@ def main(argv=None) -> int:
             kw.update(allreduce=ar, overlap_comm=a.overlap_allreduce,
                       allreduce_buckets=DDP_BUCKETS if n == "dp-bsp" else None)
             on = o["ddp" if n == "dp-bsp" else "pipeline"]
-            # the messages' transit at the idle link's latency and bandwidth, their CPU as measured loaded
-            mixed = dict(link, latency_ms=idle["latency_ms"], bandwidth_bytes_per_s=idle["bandwidth_bytes_per_s"])
-            rows[n].append(dict(measured=meas, modeled=modeled_step_ms(sched, s, link, on, **kw),
-                                no_overhead=modeled_step_ms(sched, s, link, 0.0, **kw),
-                                layer_level=modeled_step_ms(sched, s, link, on, level="layer", **kw),
-                                idle_transit=modeled_step_ms(sched, s, mixed, on, **kw),
-                                core_mean=modeled_step_ms(sched, s.meta["core_mean"], link, on, **kw),
+            rows[n].append(dict(measured=meas, modeled=modeled_step_ms(sched, s, rlink, on, **kw),
+                                no_overhead=modeled_step_ms(sched, s, rlink, 0.0, **kw),
+                                layer_level=modeled_step_ms(sched, s, rlink, on, level="layer", **kw),
+                                loaded_transit=modeled_step_ms(sched, s, link, on, **kw),
+                                core_mean=modeled_step_ms(sched, s.meta["core_mean"], rlink, on, **kw),
                                 compute_ratio=compute_ratio(tl, s)))
         print(f"repetition {r + 1}/{a.repeat}: link α={link['latency_ms']:.3f} ms β={link['bandwidth_bytes_per_s']/1e9:.2f} GB/s "
               f"o_msg={link.get('message_cpu_ms', 0.0):.3f} ms (idle α={idle['latency_ms']:.3f} ms), "
@@ -236,7 +237,7 @@ def main(argv=None) -> int:
     a.out = str(fresh_path(a.out))  # never overwrite an earlier result
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     cols = ["schedule", "step_ms_modeled", "step_ms_measured", "error_pct", "step_ms_modeled_no_overhead",
-            "step_ms_modeled_layer_profile", "step_ms_modeled_idle_transit", "error_pct_idle_transit", "step_ms_modeled_core_mean", "error_pct_core_mean", "compute_ratio", "measured_min", "measured_max", "error_pct_per_repeat", "latency_ms", "bandwidth_bytes_per_s",
+            "step_ms_modeled_layer_profile", "step_ms_modeled_loaded_transit", "error_pct_loaded_transit", "step_ms_modeled_core_mean", "error_pct_core_mean", "compute_ratio", "measured_min", "measured_max", "error_pct_per_repeat", "latency_ms", "bandwidth_bytes_per_s",
             "op_overhead_ms", "message_cpu_ms", "idle_latency_ms", "idle_bandwidth_bytes_per_s", "allreduce_latency_ms", "allreduce_bus_bandwidth_bytes_per_s", "overlap_allreduce",
             "transport", "repeats", "load_avg_1min_median", "load_avg_1min_max", "cores"]
     out_rows = []
@@ -245,8 +246,8 @@ def main(argv=None) -> int:
         out_rows.append(dict(schedule=n, step_ms_modeled=mod, step_ms_measured=mea, error_pct=100 * (mod / mea - 1),
                              step_ms_modeled_no_overhead=med([x["no_overhead"] for x in rows[n]]),
                              step_ms_modeled_layer_profile=med([x["layer_level"] for x in rows[n]]),
-                             step_ms_modeled_idle_transit=med([x["idle_transit"] for x in rows[n]]),
-                             error_pct_idle_transit=100 * (med([x["idle_transit"] for x in rows[n]]) / mea - 1),
+                             step_ms_modeled_loaded_transit=med([x["loaded_transit"] for x in rows[n]]),
+                             error_pct_loaded_transit=100 * (med([x["loaded_transit"] for x in rows[n]]) / mea - 1),
                              step_ms_modeled_core_mean=med([x["core_mean"] for x in rows[n]]),
                              compute_ratio=med([x["compute_ratio"] for x in rows[n]]),
                              error_pct_core_mean=100 * (med([x["core_mean"] for x in rows[n]]) / mea - 1),
@@ -268,12 +269,12 @@ def main(argv=None) -> int:
         w.writeheader()
         for row in out_rows:
             w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()})
-    print(f"{'schedule':<18}{'modeled':>10}{'measured':>10}{'error %':>9}{'no ovh':>9}{'layer prof':>11}{'idle transit':>13}{'core mean':>10}{'comp/prof':>10}"
+    print(f"{'schedule':<18}{'modeled':>10}{'measured':>10}{'error %':>9}{'no ovh':>9}{'layer prof':>11}{'loaded trans':>13}{'core mean':>10}{'comp/prof':>10}"
           f"{'meas range':>16}  error % per repetition")
     for x in out_rows:
         print(f"{x['schedule']:<18}{x['step_ms_modeled']:>10.1f}{x['step_ms_measured']:>10.1f}{x['error_pct']:>9.1f}"
               f"{x['step_ms_modeled_no_overhead']:>9.1f}{x['step_ms_modeled_layer_profile']:>11.1f}"
-              f"{x['step_ms_modeled_idle_transit']:>13.1f}{x['step_ms_modeled_core_mean']:>10.1f}{x['compute_ratio']:>10.2f}"
+              f"{x['step_ms_modeled_loaded_transit']:>13.1f}{x['step_ms_modeled_core_mean']:>10.1f}{x['compute_ratio']:>10.2f}"
               f"{x['measured_min']:>8.1f}-{x['measured_max']:<7.1f}  {x['error_pct_per_repeat']}")
     print(f"link ({a.transport}, {'idle' if a.idle_link else 'loaded'}): latency {c['latency_ms']:.3f} ms, bandwidth "
           f"{c['bandwidth'] / 1e9:.2f} GB/s, CPU per message {c['message_cpu_ms']:.3f} ms (idle link: "

@@ -93,19 +93,22 @@ CONFIGS = {  # model -> batch, default timed steps, workbench schedules, torch s
 def plan_warmup(name: str) -> list[int]:
     """The 1F1B warm-up the workbench's planner gives this split on this machine
     (:func:`workbench.calibrate.in_flight`, :meth:`CostModel.in_flight`, the figure ``Plan.in_flight``
-    reports): the stage compute measured at the microbatch size, one thread, and the link measured
-    loaded (gloo ping-pong with busy cores: mean one-way latency, bandwidth, CPU per message)."""
-    from workbench.calibrate import in_flight, measure_link, stage_profile
+    reports): the stage compute measured at the microbatch size, one thread, and the link the cost
+    model charges a runtime message (:func:`workbench.calibrate.runtime_link`: the idle gloo
+    ping-pong's latency and bandwidth, the CPU per message of the loaded one)."""
+    from workbench.calibrate import in_flight, measure_link, runtime_link, stage_profile
     from workbench.runtime.stages import even_bounds
     model = _model(name)
     bounds = even_bounds(len(model.layers), P)
-    link = measure_link("gloo", sizes=(4, 16 << 10, 64 << 10, 256 << 10, 1 << 20), repeats=60, busy=True)
+    sizes = (4, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
+    link = runtime_link(measure_link("gloo", sizes=sizes, repeats=30),
+                        measure_link("gloo", sizes=sizes, repeats=60, busy=True))
     sp = stage_profile(model, bounds, CONFIGS[name]["batch"] // M, threads=1, iterations=10, warmup=3)
     k = in_flight(sp, link)
     print(f"{name}: planner warm-up {k} (stage F {[round(x, 2) for x in sp.fwd_ms]} ms, B "
-          f"{[round(x, 2) for x in sp.bwd_ms]} ms; loaded link {link['latency_ms']:.3f} ms + n / "
-          f"{link['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, {link.get('message_cpu_ms', 0.0):.3f} ms CPU per message)",
-          flush=True)
+          f"{[round(x, 2) for x in sp.bwd_ms]} ms; link {link['latency_ms']:.3f} ms + n / "
+          f"{link['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, {link.get('message_cpu_ms', 0.0):.3f} ms CPU per message, "
+          f"loaded latency {link['loaded_latency_ms']:.3f} ms)", flush=True)
     return k
 
 

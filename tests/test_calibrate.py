@@ -370,3 +370,19 @@ def test_on_ranks_takes_each_stage_from_its_rank_and_a_replicated_stage_at_its_s
         on_ranks([fast, slow], [[0]])
     with pytest.raises(ValueError, match="stage 1"):
         on_ranks([fast, slow], [[0], [2]])
+
+
+def test_runtime_link_takes_the_idle_transit_and_the_loaded_cpu_per_message():
+    from workbench.calibrate import runtime_link
+    idle = dict(latency_ms=0.03, bandwidth_bytes_per_s=5e9, busy=False)
+    loaded = dict(latency_ms=0.87, bandwidth_bytes_per_s=1.3e9, busy=True, message_cpu_ms=0.22)
+    r = runtime_link(idle, loaded)
+    assert (r["latency_ms"], r["bandwidth_bytes_per_s"], r["message_cpu_ms"]) == (0.03, 5e9, 0.22)
+    assert (r["loaded_latency_ms"], r["loaded_bandwidth_bytes_per_s"]) == (0.87, 1.3e9)
+    # a message on the critical path: 1F1B on 2 stages, 64 KiB activations; the loaded transit costs
+    # every one of them the 0.84 ms more, the runtime link none of it
+    sp = _stage_profile([1.0, 1.0], [2.0, 2.0], [0.5, 0.5], cut=65536.0)
+    sched = two_stage_gpipe(8)
+    assert modeled_step_ms(sched, sp, r) < modeled_step_ms(sched, sp, loaded)
+    with pytest.raises(ValueError, match="idle first"):
+        runtime_link(loaded, idle)
