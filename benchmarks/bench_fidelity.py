@@ -20,7 +20,7 @@ Nothing the prediction uses comes from the run it predicts. Per repetition, inte
    processes at once (as many busy processes as the run has ranks), process ``r`` pinned to rank
    ``r``'s core; each stage's timings from its rank's process (``dp-bsp``, whose one stage runs
    on both ranks: the slower; :func:`workbench.calibrate.on_ranks`; until session 7 the mean of the
-   two, which the slower core made 2-10% low for the last stage): stage-level
+   two, the ``core mean`` column): stage-level
    fwd/bwd through the runtime's own stage functions, per-layer profile, optimizer step per stage
    (in place, and into new tensors for the steps that keep a stashed version);
 3. per-op overhead ``o`` of each of the runtime's two executors: a runtime run of a *different*
@@ -39,10 +39,11 @@ same statistic). The all-reduce runs after the backward (``--overlap-allreduce``
 with one core per rank, gloo's all-reduce needs the cores the backward computes on (measured: DDP's
 backward takes about the sum of the backward and the all-reduce timed apart). Reported: medians over ``--repeat`` repetitions; error = modeled / measured - 1.
 Also shown: the model without the per-op overhead, with the per-layer (instead of stage-level)
-profile, with the messages' transit at the loaded link's latency and bandwidth (``loaded transit``,
-the model until session 7), and with every stage at the mean of the two processes' profiles (``core mean``, the model before
-session 7). ``comp/prof`` (``compute_ratio``): the measured run's compute ops (span less send and
-data time) over the profile's time for the same ops. Writes ``results/bench/fidelity.csv``.
+profile, with the messages' transit at the loaded link's latency and bandwidth (``loaded
+transit``, the model until session 7), and with every stage at the mean of the two processes'
+profiles (``core mean``, also the model until session 7). ``comp/prof`` (``compute_ratio``): the
+measured run's compute ops (span less send and data time) over the profile's time for the same
+ops. Writes ``results/bench/fidelity.csv``.
 
     python benchmarks/bench_fidelity.py [--steps 14] [--skip 4] [--repeat 5] [--overhead-steps 64] [--transport gloo|shm]
 """
@@ -111,8 +112,9 @@ def core_mean(sps: list):
                               for a in STAGE_TIMINGS if all(getattr(sp, a) for sp in sps)})
 
 
-def run_measured(schedule: str, steps: int, skip: int, transport: str = "gloo", **model_options) -> float:
-    """Steady-state ms per step of a runtime run; ``transport`` for the pipeline schedules (``dp-bsp``
+def run_measured(schedule: str, steps: int, skip: int, transport: str = "gloo", **model_options) -> tuple:
+    """Steady-state ms per step of a runtime run, and its timeline after ``skip`` steps;
+    ``transport`` for the pipeline schedules (``dp-bsp``
     has no point-to-point messages: always gloo). More than 16 steps: a synthetic set of 64 steps
     per epoch, so no epoch end falls among them."""
     from workbench.calibrate import measured_step_ms

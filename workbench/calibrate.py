@@ -419,9 +419,9 @@ def on_ranks(profiles: Sequence[StageProfile], stage_ranks: Sequence[Sequence[in
     the process pinned where rank ``r`` runs): each stage's timings from the rank(s) that run it,
     a replicated stage at its slowest replica (a synchronous step waits for it). Cores of one machine
     need not be alike: on the 2-vCPU benchmark host the core that takes the block device's
-    interrupts timed the same stage 2-10% slower in 7 of 7 paired profiles, and the mean of the two
-    cores put the last stage's compute below what its rank ran. The per-layer profile stays the
-    first process's."""
+    interrupts timed the same stage 2-10% slower in 7 of 7 paired profiles one hour, while in the
+    fidelity runs after it the mean of the two cores modeled within 0-3% of this, on both sides
+    (``bench_fidelity.py``'s ``core mean``). The per-layer profile stays the first process's."""
     from dataclasses import replace
     if len(stage_ranks) != len(profiles[0].bounds):
         raise ValueError(f"stage_ranks names {len(stage_ranks)} stages, the profiles have {len(profiles[0].bounds)}")
@@ -488,21 +488,23 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
     """Mean ms of the stage forward, backward, split backward (input-gradient half BI, then
     weight-gradient half BW, as zero-bubble schedules run it), and what the first backward of an
     update saves (its gradients become the empty buffer; the later ones add into it: B is theirs)
-    as a rank of the runtime runs them: the layers as
-    one stage module evaluated with its own parameter tensors (:func:`~workbench.runtime.stages.run_stage`),
-    ``microbatches`` forwards and backwards (:func:`~workbench.runtime.stages.vjp`, cotangent of
-    ones, the input gradient unless ``first``) in one-forward-one-backward order (F0 F1 B0 F2 B1 ...
-    B(m-1), two microbatches alive, as the 1F1B schedules' steady state), adding the weight
-    gradients into one update buffer, as the runtime's B ops of one update do (F is timed there);
-    then ``microbatches`` forwards and their split backwards. Cache and allocator effects of the real op sequence are in
-    the figure: a forward right after a backward took 10-15% longer than one after a forward in
-    paired runs on the 2-vCPU benchmark host (0.88-0.97 -> 1.02-1.09 ms for the MLP's last stage),
-    and until session 7, timing the forwards back to back (GPipe's order) left the
-    runtime's 1F1B ranks 6-19% above the profile (``bench_fidelity.py``'s ``compute_ratio``).
-    Means, not medians: a run pays every op (each op's mean was 2-5% above its median there). The
-    last stage (``model`` and ``target`` given) also
+    as a rank of the runtime runs them: the layers as one stage module evaluated with its own
+    parameter tensors (:func:`~workbench.runtime.stages.run_stage`), ``microbatches`` forwards and
+    backwards (:func:`~workbench.runtime.stages.vjp`, cotangent of ones, the input gradient unless
+    ``first``) in one-forward-one-backward order (F0 F1 B0 F2 B1 ... B(m-1), two microbatches
+    alive, as the 1F1B schedules' steady state), adding the weight gradients into one update
+    buffer, as the runtime's B ops of one update do (F is timed there); then ``microbatches``
+    forwards and their split backwards. The last stage (``model`` and ``target`` given) also
     computes the loss and the metrics in its forward and starts its backward from the loss, as the
-    runtime's last stage does."""
+    runtime's last stage does.
+
+    Cache and allocator effects of the real op sequence are in the figure: a forward right after a
+    backward took 10-15% longer than one after a forward in paired runs on the 2-vCPU benchmark
+    host (0.88-0.97 -> 1.02-1.09 ms for the MLP's last stage). With the forwards timed back to back
+    (GPipe's order, until session 7) the runtime's ranks computed 1.06-1.19x the profile in a shm
+    fidelity run (``bench_fidelity.py``'s ``compute_ratio``); in 1F1B order 1.03-1.10x and
+    0.96-1.05x in the two shm runs after. Means, not medians: a run pays every op (each op's mean
+    was 2-5% above its median there)."""
     import torch
 
     from .runtime.stages import (as_leaves, from_tuple, run_stage, run_stage_layers, split_input_grad, split_weight_grad,
