@@ -386,3 +386,29 @@ def test_runtime_link_takes_the_idle_transit_and_the_loaded_cpu_per_message():
     assert modeled_step_ms(sched, sp, r) < modeled_step_ms(sched, sp, loaded)
     with pytest.raises(ValueError, match="idle first"):
         runtime_link(loaded, idle)
+
+
+def test_stage_timing_runs_the_ops_in_1f1b_order(monkeypatch):
+    """The profile times a stage's forwards and backwards in the 1F1B steady state's order (F0 F1
+    B0 F2 B1 F3 B2 B3: a forward mostly right after a backward, as the runtime's 1F1B ranks run it),
+    then the split half (forwards, then BI/BW per microbatch); F's figure holds only the 1F1B
+    forwards. Checked on the call sequence of the runtime's stage functions it times."""
+    import torch
+
+    import workbench.runtime.stages as stages
+    from workbench.calibrate import _time_stage
+    calls = []
+    for name in ("run_stage", "run_stage_layers", "vjp", "split_input_grad", "split_weight_grad"):
+        real = getattr(stages, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            calls.append(_name)
+            return _real(*a, **k)
+        monkeypatch.setattr(stages, name, spy)
+    layers = [torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)]
+    f, b, bi, bw, acc = _time_stage(layers, torch.randn(4, 8), first=False, iterations=1, warmup=0, microbatches=4)
+    short = {"run_stage": "F", "run_stage_layers": "Fs", "vjp": "B", "split_input_grad": "BI", "split_weight_grad": "BW"}
+    seq = [short[c] for c in calls]
+    assert seq[:8] == ["F", "F", "B", "F", "B", "F", "B", "B"]
+    assert seq[8:] == ["Fs"] * 4 + ["BI", "BW"] * 4
+    assert min(f, b, bi, bw) > 0 and acc >= 0
