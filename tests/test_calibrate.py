@@ -391,24 +391,30 @@ def test_runtime_link_takes_the_idle_transit_and_the_loaded_cpu_per_message():
 def test_stage_timing_runs_the_ops_in_1f1b_order(monkeypatch):
     """The profile times a stage's forwards and backwards in the 1F1B steady state's order (F0 F1
     B0 F2 B1 F3 B2 B3: a forward mostly right after a backward, as the runtime's 1F1B ranks run it),
-    then the split half (forwards, then BI/BW per microbatch); F's figure holds only the 1F1B
-    forwards. Checked on the call sequence of the runtime's stage functions it times."""
+    then the update's STEP right after its last backward, then the split half (forwards, then BI/BW
+    per microbatch); F's figure holds only the 1F1B forwards, and the STEPs alternate in place / into
+    new tensors. Checked on the call sequence of the runtime's stage functions it times."""
     import torch
 
     import workbench.runtime.stages as stages
     from workbench.calibrate import _time_stage
     calls = []
-    for name in ("run_stage", "run_stage_layers", "vjp", "split_input_grad", "split_weight_grad"):
+    for name in ("run_stage", "run_stage_layers", "vjp", "split_input_grad", "split_weight_grad", "sgd_update"):
         real = getattr(stages, name)
 
         def spy(*a, _real=real, _name=name, **k):
-            calls.append(_name)
+            calls.append((_name, k.get("in_place", a[3] if _name == "sgd_update" and len(a) > 3 else None)))
             return _real(*a, **k)
         monkeypatch.setattr(stages, name, spy)
     layers = [torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)]
-    f, b, bi, bw, acc = _time_stage(layers, torch.randn(4, 8), first=False, iterations=1, warmup=0, microbatches=4)
-    short = {"run_stage": "F", "run_stage_layers": "Fs", "vjp": "B", "split_input_grad": "BI", "split_weight_grad": "BW"}
-    seq = [short[c] for c in calls]
-    assert seq[:8] == ["F", "F", "B", "F", "B", "F", "B", "B"]
-    assert seq[8:] == ["Fs"] * 4 + ["BI", "BW"] * 4
-    assert min(f, b, bi, bw) > 0 and acc >= 0
+    before = [p.detach().clone() for p in layers[0].parameters()]
+    f, b, bi, bw, acc, step, step_copy = _time_stage(layers, torch.randn(4, 8), first=False, iterations=2, warmup=0,
+                                                     microbatches=4)
+    short = {"run_stage": "F", "run_stage_layers": "Fs", "vjp": "B", "split_input_grad": "BI", "split_weight_grad": "BW",
+             "sgd_update": "STEP"}
+    one = ["F", "F", "B", "F", "B", "F", "B", "B", "STEP"] + ["Fs"] * 4 + ["BI", "BW"] * 4
+    assert [short[c] for c, _ in calls] == one * 2
+    assert [flag for c, flag in calls if c == "sgd_update"] == [True, False]
+    assert min(f, b, bi, bw, step, step_copy) > 0 and acc >= 0
+    # the timed steps leave the layers' own parameters alone (the profile works on copies)
+    assert all(torch.equal(p, q) for p, q in zip(before, layers[0].parameters()))

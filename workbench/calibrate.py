@@ -354,8 +354,9 @@ class StageProfile:
 
     ``profile``: per-layer :class:`~workbench.profiler.Profile` at ``microbatch_size`` (so pass
     ``microbatch_fraction=1`` to the simulator); ``bounds[s] = (first, last)`` layers of stage s;
-    ``step_ms[s]``: median time of stage s's optimizer step in place, ``step_copy_ms[s]`` into new
-    tensors (a step that keeps the old version for stashed microbatches); ``fwd_ms[s]``/``bwd_ms[s]``: median
+    ``step_ms[s]``: mean time of stage s's optimizer step in place right after a backward,
+    ``step_copy_ms[s]`` into new tensors (a step that keeps the old version for stashed
+    microbatches); ``fwd_ms[s]``/``bwd_ms[s]``: mean
     stage-level forward / backward (backward includes the input gradient for ``s > 0``, as in the
     runtime); ``bwd_input_ms[s]``/``bwd_weight_ms[s]``: the two halves of the split backward
     (zero-bubble BI, BW); ``grad_accumulate_ms[s]``: what ``bwd_ms`` (a backward adding its weight
@@ -453,38 +454,8 @@ def _bounds(plan_or_bounds, num_layers: int) -> tuple[tuple[int, int], ...]:
     return tuple(b)
 
 
-def _time_step(params: list, iterations: int, warmup: int, lr: float = 0.01) -> tuple[float, float]:
-    """Median ms of the runtime's STEP over ``params``: :func:`workbench.runtime.stages.sgd_update`
-    with the gradient buffer (a pipeline stage's buffer is dropped after the step and the next
-    backward's first gradient becomes it, so no reset is timed). Returns
-    (in place, into new tensors): the second keeps the replaced version alive as a stashing step
-    does (the runtime keeps it for the microbatches that still read it)."""
-    import torch
-
-    from .runtime.stages import sgd_update
-
-    weights = {str(i): p.detach().clone() for i, p in enumerate(params)}
-    flat = torch.randn(sum(p.numel() for p in params)) if params else torch.zeros(0)
-    grads, off = {}, 0
-    for n, p in weights.items():
-        grads[n] = flat[off:off + p.numel()].view_as(p)
-        off += p.numel()
-    out = []
-    for in_place in (True, False):
-        w, alive, times = weights, [], []
-        for i in range(warmup + iterations):
-            t0 = time.perf_counter()
-            w = sgd_update(w, grads, lr, in_place)
-            dt = (time.perf_counter() - t0) * 1e3
-            alive = (alive + [w])[-2:]
-            if i >= warmup:
-                times.append(dt)
-        out.append(statistics.fmean(times) if times else 0.0)  # a run pays every step: the mean
-    return out[0], out[1]
-
-
 def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
-                microbatches: int = 4, model=None, target=None) -> tuple[float, float, float, float, float]:
+                microbatches: int = 4, model=None, target=None, lr: float = 1e-9) -> tuple[float, ...]:
     """Mean ms of the stage forward, backward, split backward (input-gradient half BI, then
     weight-gradient half BW, as zero-bubble schedules run it), and what the first backward of an
     update saves (its gradients become the empty buffer; the later ones add into it: B is theirs)
@@ -496,7 +467,10 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
     buffer, as the runtime's B ops of one update do (F is timed there); then ``microbatches``
     forwards and their split backwards. The last stage (``model`` and ``target`` given) also
     computes the loss and the metrics in its forward and starts its backward from the loss, as the
-    runtime's last stage does.
+    runtime's last stage does. And the runtime's STEP (:func:`~workbench.runtime.stages.sgd_update`,
+    ``lr`` so small the weights stay as they are) right after the last backward of each update, as
+    the runtime runs it, in place and into new tensors (a step that keeps the replaced version for
+    stashed microbatches) in turn. Returns (F, B, BI, BW, accumulation, STEP in place, STEP copy).
 
     Cache and allocator effects of the real op sequence are in the figure: a forward right after a
     backward took 10-15% longer than one after a forward in paired runs on the 2-vCPU benchmark
@@ -504,15 +478,18 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
     (GPipe's order, until session 7) the runtime's ranks computed 1.06-1.19x the profile in a shm
     fidelity run (``bench_fidelity.py``'s ``compute_ratio``); in 1F1B order 1.03-1.10x and
     0.96-1.05x in the two shm runs after. Means, not medians: a run pays every op (each op's mean
-    was 2-5% above its median there)."""
+    was 2-5% above its median there). The STEP right after a backward took 0.13 ms in place and
+    0.21-0.25 ms into new tensors for the MLP's last stage, 0.09-0.10 and 0.13-0.16 back to back
+    (the profile until session 7), and 0.14-0.15 / 0.19 ms timed inside the runtime's ranks."""
     import torch
 
-    from .runtime.stages import (as_leaves, from_tuple, run_stage, run_stage_layers, split_input_grad, split_weight_grad,
-                                 stage_roots, vjp)
+    from .runtime.stages import (as_leaves, from_tuple, run_stage, run_stage_layers, sgd_update, split_input_grad,
+                                 split_weight_grad, stage_roots, vjp)
 
     mod = torch.nn.Sequential(*layers)
     params = {n: p.detach().clone().requires_grad_(True) for n, p in mod.named_parameters()}
-    F, B, BI, BW, Bf = [], [], [], [], []
+    F, B, BI, BW, Bf, S_in, S_copy = [], [], [], [], [], [], []
+    stashed = []  # the new versions of the last copying steps, kept alive as the runtime keeps them
 
     def start(y, loss):  # where the backward starts: the loss (last stage) or the next stage's gradient
         if loss is not None:
@@ -552,6 +529,14 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
             backward(prev, into)
             prev = cur
         backward(prev, into)
+        grads = {n: into[n] if n in into else torch.zeros_like(p) for n, p in params.items()}
+        in_place = i % 2 == 0
+        t0 = time.perf_counter()
+        new = sgd_update(dict(params), grads, lr, in_place)
+        (S_in if in_place else S_copy).append((time.perf_counter() - t0) * 1e3)
+        if not in_place:
+            stashed = (stashed + [new])[-2:]
+        del grads
         split = [forward(True) for _ in range(microbatches)]
         for xl, y, loss, layers in reversed(split):  # the split backward: BI (input gradient, keeps the graph), then BW
             kw = start(y, loss)
@@ -568,10 +553,11 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
             BI.append((t1 - t0) * 1e3)
             BW.append((time.perf_counter() - t1) * 1e3)
         if i < warmup:
-            F, B, BI, BW, Bf = [], [], [], [], []
+            F, B, BI, BW, Bf, S_in, S_copy = [], [], [], [], [], [], []
     mean = statistics.fmean
     b = mean(B) if B else mean(Bf)  # one microbatch per update: every backward is the first
-    return mean(F), b, mean(BI), mean(BW), max(0.0, b - mean(Bf))
+    return (mean(F), b, mean(BI), mean(BW), max(0.0, b - mean(Bf)), mean(S_in) if S_in else 0.0,
+            mean(S_copy) if S_copy else (mean(S_in) if S_in else 0.0))
 
 
 def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1, iterations: int = 20,
@@ -592,18 +578,17 @@ def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1,
     try:
         prof = profile(model, batch_size=microbatch_size, iterations=iterations, warmup=warmup, device=device,
                        progress=False, flops=False)
-        steps = [_time_step([p.detach() for l in layers[a:z + 1] for p in l.parameters()], iterations, warmup)
-                 for a, z in bounds]
-        step, step_copy = tuple(x for x, _ in steps), tuple(y for _, y in steps)
         from .profiler import _detach, _layers_and_input
 
         _, _, _, x = _layers_and_input(model, None, microbatch_size)
-        fwd, bwd, split, acc = [], [], [], []
+        fwd, bwd, split, acc, step, step_copy = [], [], [], [], [], []
         for a, z in bounds:
             last = z == len(layers) - 1 and hasattr(model, "loss") and hasattr(model, "example_target")
-            f, b, bi, bw, ac = _time_stage(layers[a:z + 1], x, a == 0, iterations, warmup,
-                                       model=model if last else None,
-                                       target=model.example_target(microbatch_size) if last else None)
+            f, b, bi, bw, ac, st_in, st_copy = _time_stage(layers[a:z + 1], x, a == 0, iterations, warmup,
+                                                           model=model if last else None,
+                                                           target=model.example_target(microbatch_size) if last else None)
+            step.append(st_in)
+            step_copy.append(st_copy)
             fwd.append(f)
             bwd.append(b)
             split.append((bi, bw))
@@ -613,8 +598,8 @@ def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1,
                     x = layer(_detach(x, False))
     finally:
         torch.set_num_threads(before)
-    return StageProfile(prof, bounds, step, int(microbatch_size), int(threads), tuple(fwd), tuple(bwd),
-                        dict(iterations=iterations, warmup=warmup, device=device), step_copy,
+    return StageProfile(prof, bounds, tuple(step), int(microbatch_size), int(threads), tuple(fwd), tuple(bwd),
+                        dict(iterations=iterations, warmup=warmup, device=device), tuple(step_copy),
                         tuple(x for x, _ in split), tuple(y for _, y in split), tuple(acc))
 
 
