@@ -106,10 +106,8 @@ def profile_separately(model_options: dict, bounds: list, threads: int = 1, conc
 def core_mean(sps: list):
     """The profiles' mean over the processes (what this benchmark used until session 7: every
     stage at the mean of the cores), kept as a column beside the per-rank profile."""
-    from dataclasses import replace
-    from workbench.calibrate import STAGE_TIMINGS
-    return replace(sps[0], **{a: tuple(statistics.fmean(x) for x in zip(*(getattr(sp, a) for sp in sps)))
-                              for a in STAGE_TIMINGS if all(getattr(sp, a) for sp in sps)})
+    from workbench.calibrate import on_ranks
+    return on_ranks(sps, [list(range(len(sps)))] * len(sps[0].bounds), combine=statistics.fmean)
 
 
 def run_measured(schedule: str, steps: int, skip: int, transport: str = "gloo", **model_options) -> tuple:

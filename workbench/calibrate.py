@@ -415,14 +415,16 @@ class StageProfile:
 STAGE_TIMINGS = ("fwd_ms", "bwd_ms", "step_ms", "step_copy_ms", "bwd_input_ms", "bwd_weight_ms", "grad_accumulate_ms")
 
 
-def on_ranks(profiles: Sequence[StageProfile], stage_ranks: Sequence[Sequence[int]]) -> StageProfile:
+def on_ranks(profiles: Sequence[StageProfile], stage_ranks: Sequence[Sequence[int]],
+             combine: Callable = max) -> StageProfile:
     """One StageProfile from profiles measured at once in one process per rank (``profiles[r]``:
     the process pinned where rank ``r`` runs): each stage's timings from the rank(s) that run it,
-    a replicated stage at its slowest replica (a synchronous step waits for it). Cores of one machine
+    a replicated stage at its slowest replica (``combine``, default ``max``: a synchronous step waits
+    for it). Cores of one machine
     need not be alike: on the 2-vCPU benchmark host the core that takes the block device's
     interrupts timed the same stage 2-10% slower in 7 of 7 paired profiles one hour, while in the
-    fidelity runs after it the mean of the two cores modeled within 0-3% of this, on both sides
-    (``bench_fidelity.py``'s ``core mean``). The per-layer profile stays the first process's."""
+    fidelity runs after it the mean of the two cores modeled within -2..+5% of this, mostly within
+    1% (``bench_fidelity.py``'s ``core mean``). The per-layer profile stays the first process's."""
     from dataclasses import replace
     if len(stage_ranks) != len(profiles[0].bounds):
         raise ValueError(f"stage_ranks names {len(stage_ranks)} stages, the profiles have {len(profiles[0].bounds)}")
@@ -432,7 +434,8 @@ def on_ranks(profiles: Sequence[StageProfile], stage_ranks: Sequence[Sequence[in
     timings = {}
     for attr in STAGE_TIMINGS:
         if all(len(getattr(p, attr)) == len(stage_ranks) for p in profiles):
-            timings[attr] = tuple(max(getattr(profiles[r], attr)[s] for r in ranks) for s, ranks in enumerate(stage_ranks))
+            timings[attr] = tuple(combine([getattr(profiles[r], attr)[s] for r in ranks])
+                                  for s, ranks in enumerate(stage_ranks))
     return replace(profiles[0], **timings, meta=dict(profiles[0].meta, stage_ranks=[list(r) for r in stage_ranks]))
 
 
@@ -472,15 +475,15 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
     the runtime runs it, in place and into new tensors (a step that keeps the replaced version for
     stashed microbatches) in turn. Returns (F, B, BI, BW, accumulation, STEP in place, STEP copy).
 
-    Cache and allocator effects of the real op sequence are in the figure: a forward right after a
-    backward took 10-15% longer than one after a forward in paired runs on the 2-vCPU benchmark
-    host (0.88-0.97 -> 1.02-1.09 ms for the MLP's last stage). With the forwards timed back to back
+    Cache and allocator effects of the real op sequence are in the figure: in a paired check on the
+    2-vCPU benchmark host a forward of the MLP's last stage right after a backward took 7-16% longer
+    than one after a forward (0.88-0.97 -> 1.02-1.09 ms; a later check split, -10% and +17%). With the forwards timed back to back
     (GPipe's order, until session 7) the runtime's ranks computed 1.06-1.19x the profile in a shm
     fidelity run (``bench_fidelity.py``'s ``compute_ratio``); in 1F1B order 1.03-1.10x and
     0.96-1.05x in the two shm runs after. Means, not medians: a run pays every op (each op's mean
-    was 2-5% above its median there). The STEP right after a backward took 0.13 ms in place and
+    was 1-5% above its median there). The STEP right after a backward took 0.13 ms in place and
     0.21-0.25 ms into new tensors for the MLP's last stage, 0.09-0.10 and 0.13-0.16 back to back
-    (the profile until session 7), and 0.14-0.15 / 0.19 ms timed inside the runtime's ranks."""
+    (the profile until session 7), and 0.14-0.16 / 0.19-0.20 ms timed inside the runtime's ranks."""
     import torch
 
     from .runtime.stages import (as_leaves, from_tuple, run_stage, run_stage_layers, sgd_update, split_input_grad,
@@ -529,14 +532,13 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
             backward(prev, into)
             prev = cur
         backward(prev, into)
-        grads = {n: into[n] if n in into else torch.zeros_like(p) for n, p in params.items()}
+        step_grads = {n: into[n] if n in into else torch.zeros_like(p) for n, p in params.items()}
         in_place = i % 2 == 0
         t0 = time.perf_counter()
-        new = sgd_update(dict(params), grads, lr, in_place)
+        new = sgd_update(dict(params), step_grads, lr, in_place)
         (S_in if in_place else S_copy).append((time.perf_counter() - t0) * 1e3)
         if not in_place:
             stashed = (stashed + [new])[-2:]
-        del grads
         split = [forward(True) for _ in range(microbatches)]
         for xl, y, loss, layers in reversed(split):  # the split backward: BI (input gradient, keeps the graph), then BW
             kw = start(y, loss)
