@@ -13,6 +13,20 @@ Rows per model:
   communication cost; interleaved schedules have a smaller bubble and may exceed it, streams have none)
 * ``ideal-stream``: ``2 * single`` (no bubble, no communication): the bound of the ``+stream`` rows,
   ``m / (m + p - 1)`` above ``ideal``
+* ``single-update-per-microbatch`` / ``ideal-update-per-microbatch``: ``single`` with an SGD update
+  after every microbatch (8 per minibatch, PipeDream's weight rule: the schedule's optimizer work,
+  not its stashed copies, which are pipeline overhead), and the ideal from it.
+  ``of_ideal_same_updates`` (``same upd`` in the table): a row's throughput relative to the ideal of
+  its own update count (``updates_per_step`` from the run's summary: ``ideal-update-per-microbatch``
+  for the PipeDream rows, ``ideal`` for the others, where it equals ``of_ideal``): the part of
+  ``of_ideal`` that is the pipeline's and not the weight rule's
+* paired columns (``paired``, ``p.same``, ``p.torch`` in the table): this host's speed drifts by
+  10-15% within seconds (the compute of one configuration in consecutive repetitions), so a ratio
+  of medians taken minutes apart carries that drift. Every torch and workbench run is therefore
+  preceded by a ``single`` run; ``of_ideal_paired`` is the median over the repetitions of the run's
+  throughput over the ideal from the single run just before it; ``of_ideal_same_updates_paired``
+  scales it by the median ratio ``single / single-update-per-microbatch`` (PipeDream rows);
+  ``vs_torch_1f1b_paired`` = ``of_ideal_paired`` of the row / that of ``torch-1f1b``
 * ``single-concurrent`` / ``ideal-concurrent`` (CPU): ``single`` in 2 processes at once, each pinned
   to its own core (per-process throughput), and the ideal from it: what 2 ranks can reach when both
   cores compute at once (they share memory bandwidth and caches); ``of_ideal_concurrent`` (``of
@@ -67,6 +81,7 @@ from unittest import mock
 import torch
 
 M, P, LR = 8, 2, 0.01
+SINGLE_M, IDEAL_M = "single-update-per-microbatch", "ideal-update-per-microbatch"
 CONFIGS = {  # model -> batch, default timed steps, workbench schedules, torch schedules
     "mlp": dict(batch=256, steps=30, schedules=["gpipe", "pipedream-flush", "pipedream-flush+warmup", "zb-h1",
                                                 "pipedream", "pipedream+stream+warmup", "pipedream-2bw+stream+warmup",
@@ -130,13 +145,26 @@ def _data(name: str, steps: int, device="cpu"):
     return xs.to(device), ys.to(device)
 
 
-def bench_single(name: str, steps: int, warmup: int, device="cpu") -> float:
+def bench_single(name: str, steps: int, warmup: int, device="cpu", updates: int = 1) -> float:
+    """Samples/s of the whole model in this process, one thread. ``updates`` SGD updates per
+    minibatch: 1 (gradients accumulated over the M microbatches, as the torch rows and the flush
+    schedules), or M (an update after every microbatch, each its own mean loss: the optimizer work of
+    PipeDream's weight rule, without its stashed copies)."""
     from workbench.runtime.allocator import retain_freed_memory
+    if updates not in (1, M):
+        raise ValueError(f"updates per minibatch: 1 or {M}, not {updates}")
     torch.set_num_threads(1)
     retain_freed_memory()  # every process of the benchmark uses the runtime ranks' malloc settings
     model = _model(name).to(device)
     net = torch.nn.Sequential(*model.layers)
     xs, ys = _data(name, steps + warmup, device)
+    params = list(net.parameters())
+
+    def step():
+        with torch.no_grad():
+            for p in params:  # the runtime's STEP (stages.sgd_update): one pass, no temporary
+                p.add_(p.grad, alpha=-LR)
+                p.grad = None
     t = None
     for i in range(steps + warmup):
         if i == warmup:
@@ -144,11 +172,13 @@ def bench_single(name: str, steps: int, warmup: int, device="cpu") -> float:
                 torch.cuda.synchronize()
             t = time.perf_counter()
         for x, y in zip(xs[i].chunk(M), ys[i].chunk(M)):
-            (model.loss(net(x), y) / M).backward()
-        with torch.no_grad():
-            for p in net.parameters():
-                p -= LR * p.grad
-                p.grad = None
+            if updates == M:
+                model.loss(net(x), y).backward()
+                step()
+            else:
+                (model.loss(net(x), y) / M).backward()
+        if updates == 1:
+            step()
     if device != "cpu":
         torch.cuda.synchronize()
     return steps * xs.shape[1] / (time.perf_counter() - t)
@@ -207,7 +237,7 @@ def _torch_pp_worker(rank, world, port, name, kind, steps, warmup, device, q):
         with torch.no_grad():
             for mod in mods:
                 for p in mod.parameters():
-                    p -= LR * p.grad
+                    p.add_(p.grad, alpha=-LR)
                     p.grad = None
     dist.barrier()
     if rank == 0:
@@ -287,10 +317,13 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
     warm: dict[str, list[int]] = {}  # the planner's warm-up, calibrated once per model and run
     for _ in range(repeat):  # interleaved repetitions: slow phases of a shared machine hit every row alike
         runs.setdefault("single", []).append(dict(v=bench_single(name, steps, warmup, device)))
+        runs.setdefault(SINGLE_M, []).append(dict(v=bench_single(name, steps, warmup, device, updates=M)))
         if device == "cpu":
             runs.setdefault("single-concurrent", []).append(dict(v=bench_single_concurrent(name, steps, warmup, device)))
         for kind in cfg["torch"]:
-            runs.setdefault(f"torch-{kind}", []).append(dict(v=bench_torch_pipelining(name, kind, steps, warmup, device)))
+            ref = bench_single(name, steps, warmup, device)  # paired: the single run just before this row
+            runs.setdefault(f"torch-{kind}", []).append(dict(v=bench_torch_pipelining(name, kind, steps, warmup, device),
+                                                             ref=ref))
         for sch in cfg["schedules"]:
             if device != "cpu" and "+gloo" in sch:
                 continue  # on GPUs the default is NCCL: no shared-memory twin to compare
@@ -303,58 +336,77 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
             transport = "gloo" if "gloo" in suffixes else "auto"
             malloc = "default" if "default-malloc" in suffixes else "retain"
             stream = "stream" in suffixes
+            ref = bench_single(name, steps, warmup, device)
             # read by the spawned ranks; restored afterwards
             with mock.patch.dict(os.environ, WORKBENCH_MALLOC="0" if malloc == "default" else "1"):
                 v, out = bench_workbench(name, base, steps, warmup, device, opts, transport, stream)
             used = json.loads((out / "summary.json").read_text())["transport"]  # what "auto" resolved to
             label = ";".join([f"{k}={','.join(map(str, x)) if isinstance(x, list) else x}" for k, x in opts.items()]
                              + [f"transport={used}", f"malloc={malloc}"] + (["stream"] if stream else []))
-            runs.setdefault(f"workbench-{sch}", []).append(dict(v=v, **fidelity(out, base, warmup, opts, stream),
+            updates = json.loads((out / "summary.json").read_text())["updates_per_step"]
+            runs.setdefault(f"workbench-{sch}", []).append(dict(v=v, ref=ref, updates_per_step=updates,
+                                                                **fidelity(out, base, warmup, opts, stream),
                                                                 **where_time_goes(out, warmup), options=label))
     single = statistics.median(r["v"] for r in runs["single"])
     ideal = P * single * M / (M + P - 1)
     torch_1f1b = statistics.median(r["v"] for r in runs["torch-1f1b"])
+    single_m = statistics.median(r["v"] for r in runs[SINGLE_M])
+    ideal_m = P * single_m * M / (M + P - 1)  # the same bubble, the optimizer work of M updates per minibatch
     conc = statistics.median(r["v"] for r in runs["single-concurrent"]) if "single-concurrent" in runs else None
     ideal_conc = P * conc * M / (M + P - 1) if conc else None
     rows = [dict(model=name, name="single", samples_per_s=single), dict(model=name, name="ideal", samples_per_s=ideal),
-            dict(model=name, name="ideal-stream", samples_per_s=P * single)]
+            dict(model=name, name="ideal-stream", samples_per_s=P * single),
+            dict(model=name, name=SINGLE_M, samples_per_s=single_m, updates_per_step=M),
+            dict(model=name, name=IDEAL_M, samples_per_s=ideal_m, updates_per_step=M)]
     if conc:
         rows += [dict(model=name, name="single-concurrent", samples_per_s=conc),
                  dict(model=name, name="ideal-concurrent", samples_per_s=ideal_conc)]
     for k, rs in runs.items():
-        if k in ("single", "single-concurrent"):
+        if k in ("single", "single-concurrent", SINGLE_M):
             continue
         row = dict(model=name, name=k, samples_per_s=statistics.median(r["v"] for r in rs))
-        for col in [c for c in rs[0] if c != "v"]:
+        if "ref" in rs[0]:  # each run over the ideal of the single run just before it; median over repetitions
+            row["of_ideal_paired"] = statistics.median(r["v"] / (P * r["ref"] * M / (M + P - 1)) for r in rs)
+        for col in [c for c in rs[0] if c not in ("v", "ref")]:
             row[col] = rs[0][col] if isinstance(rs[0][col], str) else statistics.median(r[col] for r in rs)
         rows.append(row)
+    upd_ratio = statistics.median(a["v"] / b["v"] for a, b in zip(runs["single"], runs[SINGLE_M]))
+    torch_paired = next(r["of_ideal_paired"] for r in rows if r["name"] == "torch-1f1b")
     for r in rows:
+        if "of_ideal_paired" in r:
+            same = upd_ratio if r.get("updates_per_step") == M else 1.0
+            r.update(of_ideal_same_updates_paired=r["of_ideal_paired"] * same,
+                     vs_torch_1f1b_paired=r["of_ideal_paired"] / torch_paired)
         r.update(of_ideal=r["samples_per_s"] / ideal, of_single=r["samples_per_s"] / single,
                  of_ideal_concurrent=r["samples_per_s"] / ideal_conc if ideal_conc else float("nan"),
+                 of_ideal_same_updates=r["samples_per_s"] / (ideal_m if r.get("updates_per_step") == M else ideal),
                  vs_torch_1f1b=r["samples_per_s"] / torch_1f1b, steps=steps, repeat=repeat, device=device,
                  cores=len(os.sched_getaffinity(0)), load_avg_1min=round(os.getloadavg()[0], 2))
     return rows
 
 
-COLUMNS = ["model", "name", "options", "samples_per_s", "of_ideal", "of_ideal_concurrent", "of_single", "vs_torch_1f1b", "modeled_ms", "measured_ms",
+COLUMNS = ["model", "name", "options", "updates_per_step", "samples_per_s", "of_ideal", "of_ideal_same_updates",
+           "of_ideal_concurrent", "of_single", "vs_torch_1f1b", "of_ideal_paired", "of_ideal_same_updates_paired",
+           "vs_torch_1f1b_paired", "modeled_ms", "measured_ms",
            "step_ms", "compute_ms", "recv_wait_ms", "send_ms", "data_ms", "optimizer_ms", "allreduce_ms",
            "overhead_ms", "steps", "repeat", "device", "cores", "load_avg_1min"]
 
 
 def print_tables(rows: list[dict]) -> None:
-    print(f"{'model':<6}{'name':<30}{'samples/s':>11}{'of ideal':>9}{'of ideal*':>10}{'vs torch 1f1b':>14}{'model ms':>9}{'meas ms':>9}"
-          f"{'load':>7}")
+    cols = [("samples/s", "samples_per_s", 11, 1), ("of ideal", "of_ideal", 9, 2), ("same upd", "of_ideal_same_updates", 9, 2),
+            ("of ideal*", "of_ideal_concurrent", 10, 2), ("vs torch", "vs_torch_1f1b", 9, 2),
+            ("paired", "of_ideal_paired", 8, 2), ("p.same", "of_ideal_same_updates_paired", 8, 2),
+            ("p.torch", "vs_torch_1f1b_paired", 8, 2), ("model ms", "modeled_ms", 9, 1), ("meas ms", "measured_ms", 9, 1),
+            ("load", "load_avg_1min", 6, 1)]
+    print(f"{'model':<6}{'name':<44}" + "".join(f"{h:>{w}}" for h, _, w, _ in cols))
     for r in rows:
-        fid = f"{r['modeled_ms']:>9.1f}{r['measured_ms']:>9.1f}" if "modeled_ms" in r else " " * 18
-        print(f"{r['model']:<6}{r['name']:<30}{r['samples_per_s']:>11.1f}{r['of_ideal']:>9.2f}{r['of_ideal_concurrent']:>10.2f}"
-              f"{r['vs_torch_1f1b']:>14.2f}"
-              f"{fid}{r['load_avg_1min']:>7.1f}")
+        print(f"{r['model']:<6}{r['name']:<44}" + "".join(f"{r[k]:>{w}.{d}f}" if k in r else " " * w for _, k, w, d in cols))
     parts = COLUMNS[COLUMNS.index("step_ms"):COLUMNS.index("overhead_ms") + 1]
     print("\nwhere the time goes (measured, ms per step, mean over the ranks):")
-    print(f"{'model':<6}{'name':<30}" + "".join(f"{p.removesuffix('_ms'):>10}" for p in parts))
+    print(f"{'model':<6}{'name':<44}" + "".join(f"{p.removesuffix('_ms'):>10}" for p in parts))
     for r in rows:
         if "step_ms" in r:
-            print(f"{r['model']:<6}{r['name']:<30}" + "".join(f"{r[p]:>10.2f}" for p in parts))
+            print(f"{r['model']:<6}{r['name']:<44}" + "".join(f"{r[p]:>10.2f}" for p in parts))
 
 
 def main(argv=None) -> int:
