@@ -15,7 +15,10 @@ Rows per model:
   ``m / (m + p - 1)`` above ``ideal``
 * ``single-update-per-microbatch`` / ``ideal-update-per-microbatch``: ``single`` with an SGD update
   after every microbatch (8 per minibatch, PipeDream's weight rule: the schedule's optimizer work,
-  not its stashed copies, which are pipeline overhead), and the ideal from it.
+  not its stashed copies, which are pipeline overhead), and the ideal from it. Its throughput is
+  ``single`` over the step-time ratio of the two loops, measured by alternating them minibatch by
+  minibatch in one process (200 pairs for the MLP, 40 for the GPT; median, quartiles in ``options``),
+  because two separate throughput runs differ by more than the effect (the host drifts 10-15%).
   ``of_ideal_same_updates`` (``same upd`` in the table): a row's throughput relative to the ideal of
   its own update count (``updates_per_step`` from the run's summary: ``ideal-update-per-microbatch``
   for the PipeDream rows, ``ideal`` for the others, where it equals ``of_ideal``): the part of
@@ -26,7 +29,8 @@ Rows per model:
   preceded by a ``single`` run; ``of_ideal_paired`` is the median over the repetitions of the run's
   throughput over the ideal from the single run just before it; ``of_ideal_same_updates_paired``
   scales it by the median ratio ``single / single-update-per-microbatch`` (PipeDream rows);
-  ``vs_torch_1f1b_paired`` = ``of_ideal_paired`` of the row / that of ``torch-1f1b``
+  ``vs_torch_1f1b_paired`` = ``of_ideal_paired`` of the row / that of ``torch-1f1b``;
+  ``paired_min`` / ``paired_max`` (``p.min`` / ``p.max``): the spread of the repetitions' ratios
 * ``single-concurrent`` / ``ideal-concurrent`` (CPU): ``single`` in 2 processes at once, each pinned
   to its own core (per-process throughput), and the ideal from it: what 2 ranks can reach when both
   cores compute at once (they share memory bandwidth and caches); ``of_ideal_concurrent`` (``of
@@ -82,6 +86,7 @@ import torch
 
 M, P, LR = 8, 2, 0.01
 SINGLE_M, IDEAL_M = "single-update-per-microbatch", "ideal-update-per-microbatch"
+UPDATE_PAIRS = {"mlp": 200, "gpt": 40}  # alternated minibatch pairs of _SingleLoop.update_cost (about 20 s each)
 CONFIGS = {  # model -> batch, default timed steps, workbench schedules, torch schedules
     "mlp": dict(batch=256, steps=30, schedules=["gpipe", "pipedream-flush", "pipedream-flush+warmup", "zb-h1",
                                                 "pipedream", "pipedream+stream+warmup", "pipedream-2bw+stream+warmup",
@@ -145,43 +150,74 @@ def _data(name: str, steps: int, device="cpu"):
     return xs.to(device), ys.to(device)
 
 
-def bench_single(name: str, steps: int, warmup: int, device="cpu", updates: int = 1) -> float:
-    """Samples/s of the whole model in this process, one thread. ``updates`` SGD updates per
-    minibatch: 1 (gradients accumulated over the M microbatches, as the torch rows and the flush
-    schedules), or M (an update after every microbatch, each its own mean loss: the optimizer work of
-    PipeDream's weight rule, without its stashed copies)."""
-    from workbench.runtime.allocator import retain_freed_memory
-    if updates not in (1, M):
-        raise ValueError(f"updates per minibatch: 1 or {M}, not {updates}")
-    torch.set_num_threads(1)
-    retain_freed_memory()  # every process of the benchmark uses the runtime ranks' malloc settings
-    model = _model(name).to(device)
-    net = torch.nn.Sequential(*model.layers)
-    xs, ys = _data(name, steps + warmup, device)
-    params = list(net.parameters())
+def bench_single(name: str, steps: int, warmup: int, device="cpu") -> float:
+    """Samples/s of the whole model in this process, one thread: the M microbatches with gradient
+    accumulation and one SGD step per minibatch."""
+    return _SingleLoop(name, steps + warmup, device).throughput(steps, warmup)
 
-    def step():
+
+class _SingleLoop:
+    """The ``single`` row's training loop: minibatch ``i`` of random inputs of the model's shape, M
+    microbatches, SGD with the runtime's update (one ``add_`` pass, :func:`workbench.runtime.stages.sgd_update`)."""
+
+    def __init__(self, name: str, n: int, device="cpu"):
+        from workbench.runtime.allocator import retain_freed_memory
+        torch.set_num_threads(1)
+        retain_freed_memory()  # every process of the benchmark uses the runtime ranks' malloc settings
+        self.device = device
+        self.model = _model(name).to(device)
+        self.net = torch.nn.Sequential(*self.model.layers)
+        self.params = list(self.net.parameters())
+        self.xs, self.ys = _data(name, n, device)
+
+    def _update(self) -> None:
         with torch.no_grad():
-            for p in params:  # the runtime's STEP (stages.sgd_update): one pass, no temporary
+            for p in self.params:
                 p.add_(p.grad, alpha=-LR)
                 p.grad = None
-    t = None
-    for i in range(steps + warmup):
-        if i == warmup:
-            if device != "cpu":
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-        for x, y in zip(xs[i].chunk(M), ys[i].chunk(M)):
+
+    def step(self, i: int, updates: int = 1) -> None:
+        """Minibatch ``i``: ``updates`` = 1 (gradients accumulated over the microbatches, one update)
+        or M (an update after every microbatch, each its own mean loss: PipeDream's weight rule)."""
+        for x, y in zip(self.xs[i].chunk(M), self.ys[i].chunk(M)):
             if updates == M:
-                model.loss(net(x), y).backward()
-                step()
+                self.model.loss(self.net(x), y).backward()
+                self._update()
             else:
-                (model.loss(net(x), y) / M).backward()
-        if updates == 1:
-            step()
-    if device != "cpu":
-        torch.cuda.synchronize()
-    return steps * xs.shape[1] / (time.perf_counter() - t)
+                (self.model.loss(self.net(x), y) / M).backward()
+        if updates != M:
+            self._update()
+
+    def _sync(self) -> None:
+        if self.device != "cpu":
+            torch.cuda.synchronize()
+
+    def throughput(self, steps: int, warmup: int) -> float:
+        for i in range(warmup):
+            self.step(i)
+        self._sync()
+        t = time.perf_counter()
+        for i in range(warmup, warmup + steps):
+            self.step(i)
+        self._sync()
+        return steps * self.xs.shape[1] / (time.perf_counter() - t)
+
+    def update_cost(self, pairs: int) -> tuple[float, float, float]:
+        """Time of a minibatch with M updates over one with a single update, alternated step by step
+        in this process (each pair seconds apart at most, so the host's drift cancels): quartiles of
+        the ``pairs`` ratios."""
+        n = self.xs.shape[0]
+
+        def timed(i, u):
+            self._sync()
+            t = time.perf_counter()
+            self.step(i % n, u)
+            self._sync()
+            return time.perf_counter() - t
+        for i in range(4):
+            timed(i, 1), timed(i, M)
+        r = [timed(i, M) / timed(i, 1) for i in range(pairs)]
+        return tuple(statistics.quantiles(r, n=4))
 
 
 def _single_worker(rank, world, name, steps, warmup, device, q):
@@ -317,7 +353,6 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
     warm: dict[str, list[int]] = {}  # the planner's warm-up, calibrated once per model and run
     for _ in range(repeat):  # interleaved repetitions: slow phases of a shared machine hit every row alike
         runs.setdefault("single", []).append(dict(v=bench_single(name, steps, warmup, device)))
-        runs.setdefault(SINGLE_M, []).append(dict(v=bench_single(name, steps, warmup, device, updates=M)))
         if device == "cpu":
             runs.setdefault("single-concurrent", []).append(dict(v=bench_single_concurrent(name, steps, warmup, device)))
         for kind in cfg["torch"]:
@@ -350,27 +385,31 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
     single = statistics.median(r["v"] for r in runs["single"])
     ideal = P * single * M / (M + P - 1)
     torch_1f1b = statistics.median(r["v"] for r in runs["torch-1f1b"])
-    single_m = statistics.median(r["v"] for r in runs[SINGLE_M])
+    # PipeDream's weight rule in one process: M updates per minibatch instead of one (and no accumulation)
+    q1, upd_ratio, q3 = _SingleLoop(name, 4, device).update_cost(UPDATE_PAIRS[name])
+    single_m = single / upd_ratio
     ideal_m = P * single_m * M / (M + P - 1)  # the same bubble, the optimizer work of M updates per minibatch
     conc = statistics.median(r["v"] for r in runs["single-concurrent"]) if "single-concurrent" in runs else None
     ideal_conc = P * conc * M / (M + P - 1) if conc else None
     rows = [dict(model=name, name="single", samples_per_s=single), dict(model=name, name="ideal", samples_per_s=ideal),
             dict(model=name, name="ideal-stream", samples_per_s=P * single),
-            dict(model=name, name=SINGLE_M, samples_per_s=single_m, updates_per_step=M),
+            dict(model=name, name=SINGLE_M, samples_per_s=single_m, updates_per_step=M,
+                 options=f"step time ratio to single {upd_ratio:.4f} (quartiles {q1:.4f}-{q3:.4f})"),
             dict(model=name, name=IDEAL_M, samples_per_s=ideal_m, updates_per_step=M)]
     if conc:
         rows += [dict(model=name, name="single-concurrent", samples_per_s=conc),
                  dict(model=name, name="ideal-concurrent", samples_per_s=ideal_conc)]
     for k, rs in runs.items():
-        if k in ("single", "single-concurrent", SINGLE_M):
+        if k in ("single", "single-concurrent"):
             continue
         row = dict(model=name, name=k, samples_per_s=statistics.median(r["v"] for r in rs))
         if "ref" in rs[0]:  # each run over the ideal of the single run just before it; median over repetitions
-            row["of_ideal_paired"] = statistics.median(r["v"] / (P * r["ref"] * M / (M + P - 1)) for r in rs)
+            paired = [r["v"] / (P * r["ref"] * M / (M + P - 1)) for r in rs]
+            row["of_ideal_paired"] = statistics.median(paired)
+            row["paired_min"], row["paired_max"] = min(paired), max(paired)
         for col in [c for c in rs[0] if c not in ("v", "ref")]:
             row[col] = rs[0][col] if isinstance(rs[0][col], str) else statistics.median(r[col] for r in rs)
         rows.append(row)
-    upd_ratio = statistics.median(a["v"] / b["v"] for a, b in zip(runs["single"], runs[SINGLE_M]))
     torch_paired = next(r["of_ideal_paired"] for r in rows if r["name"] == "torch-1f1b")
     for r in rows:
         if "of_ideal_paired" in r:
@@ -387,7 +426,7 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
 
 COLUMNS = ["model", "name", "options", "updates_per_step", "samples_per_s", "of_ideal", "of_ideal_same_updates",
            "of_ideal_concurrent", "of_single", "vs_torch_1f1b", "of_ideal_paired", "of_ideal_same_updates_paired",
-           "vs_torch_1f1b_paired", "modeled_ms", "measured_ms",
+           "vs_torch_1f1b_paired", "paired_min", "paired_max", "modeled_ms", "measured_ms",
            "step_ms", "compute_ms", "recv_wait_ms", "send_ms", "data_ms", "optimizer_ms", "allreduce_ms",
            "overhead_ms", "steps", "repeat", "device", "cores", "load_avg_1min"]
 
@@ -396,7 +435,8 @@ def print_tables(rows: list[dict]) -> None:
     cols = [("samples/s", "samples_per_s", 11, 1), ("of ideal", "of_ideal", 9, 2), ("same upd", "of_ideal_same_updates", 9, 2),
             ("of ideal*", "of_ideal_concurrent", 10, 2), ("vs torch", "vs_torch_1f1b", 9, 2),
             ("paired", "of_ideal_paired", 8, 2), ("p.same", "of_ideal_same_updates_paired", 8, 2),
-            ("p.torch", "vs_torch_1f1b_paired", 8, 2), ("model ms", "modeled_ms", 9, 1), ("meas ms", "measured_ms", 9, 1),
+            ("p.torch", "vs_torch_1f1b_paired", 8, 2), ("p.min", "paired_min", 7, 2), ("p.max", "paired_max", 7, 2),
+            ("model ms", "modeled_ms", 9, 1), ("meas ms", "measured_ms", 9, 1),
             ("load", "load_avg_1min", 6, 1)]
     print(f"{'model':<6}{'name':<44}" + "".join(f"{h:>{w}}" for h, _, w, _ in cols))
     for r in rows:
