@@ -28,7 +28,7 @@ Rows per model:
   of medians taken minutes apart carries that drift. Every torch and workbench run is therefore
   preceded by a ``single`` run; ``of_ideal_paired`` is the median over the repetitions of the run's
   throughput over the ideal from the single run just before it; ``of_ideal_same_updates_paired``
-  scales it by the median ratio ``single / single-update-per-microbatch`` (PipeDream rows);
+  scales it by the step-time ratio of ``single-update-per-microbatch`` to ``single`` (PipeDream rows);
   ``vs_torch_1f1b_paired`` = ``of_ideal_paired`` of the row / that of ``torch-1f1b``;
   ``paired_min`` / ``paired_max`` (``p.min`` / ``p.max``): the spread of the repetitions' ratios
 * ``single-concurrent`` / ``ideal-concurrent`` (CPU): ``single`` in 2 processes at once, each pinned
@@ -150,6 +150,15 @@ def _data(name: str, steps: int, device="cpu"):
     return xs.to(device), ys.to(device)
 
 
+def sgd_step(params: list) -> None:
+    """The single and torch rows' SGD step: the runtime's STEP (:func:`workbench.runtime.stages.sgd_update`
+    in place, ``W - LR * grad``), then the gradients dropped (the next backward's become them)."""
+    from workbench.runtime.stages import sgd_update
+    sgd_update(dict(enumerate(params)), {i: p.grad for i, p in enumerate(params)}, LR, in_place=True)
+    for p in params:
+        p.grad = None
+
+
 def bench_single(name: str, steps: int, warmup: int, device="cpu") -> float:
     """Samples/s of the whole model in this process, one thread: the M microbatches with gradient
     accumulation and one SGD step per minibatch."""
@@ -158,7 +167,7 @@ def bench_single(name: str, steps: int, warmup: int, device="cpu") -> float:
 
 class _SingleLoop:
     """The ``single`` row's training loop: minibatch ``i`` of random inputs of the model's shape, M
-    microbatches, SGD with the runtime's update (one ``add_`` pass, :func:`workbench.runtime.stages.sgd_update`)."""
+    microbatches, SGD with the runtime's update (:func:`sgd_step`)."""
 
     def __init__(self, name: str, n: int, device="cpu"):
         from workbench.runtime.allocator import retain_freed_memory
@@ -171,10 +180,7 @@ class _SingleLoop:
         self.xs, self.ys = _data(name, n, device)
 
     def _update(self) -> None:
-        with torch.no_grad():
-            for p in self.params:
-                p.add_(p.grad, alpha=-LR)
-                p.grad = None
+        sgd_step(self.params)
 
     def step(self, i: int, updates: int = 1) -> None:
         """Minibatch ``i``: ``updates`` = 1 (gradients accumulated over the microbatches, one update)
@@ -270,11 +276,7 @@ def _torch_pp_worker(rank, world, port, name, kind, steps, warmup, device, q):
             t = time.perf_counter()
         kw = dict(target=ys[i], losses=[]) if last else {}
         sched.step(xs[i], **kw) if first else sched.step(**kw)
-        with torch.no_grad():
-            for mod in mods:
-                for p in mod.parameters():
-                    p.add_(p.grad, alpha=-LR)
-                    p.grad = None
+        sgd_step([p for mod in mods for p in mod.parameters()])
     dist.barrier()
     if rank == 0:
         q.put(steps * xs.shape[1] / (time.perf_counter() - t))
@@ -375,11 +377,11 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
             # read by the spawned ranks; restored afterwards
             with mock.patch.dict(os.environ, WORKBENCH_MALLOC="0" if malloc == "default" else "1"):
                 v, out = bench_workbench(name, base, steps, warmup, device, opts, transport, stream)
-            used = json.loads((out / "summary.json").read_text())["transport"]  # what "auto" resolved to
+            summary = json.loads((out / "summary.json").read_text())
+            used = summary["transport"]  # what "auto" resolved to
             label = ";".join([f"{k}={','.join(map(str, x)) if isinstance(x, list) else x}" for k, x in opts.items()]
                              + [f"transport={used}", f"malloc={malloc}"] + (["stream"] if stream else []))
-            updates = json.loads((out / "summary.json").read_text())["updates_per_step"]
-            runs.setdefault(f"workbench-{sch}", []).append(dict(v=v, ref=ref, updates_per_step=updates,
+            runs.setdefault(f"workbench-{sch}", []).append(dict(v=v, ref=ref, updates_per_step=summary["updates_per_step"],
                                                                 **fidelity(out, base, warmup, opts, stream),
                                                                 **where_time_goes(out, warmup), options=label))
     single = statistics.median(r["v"] for r in runs["single"])
