@@ -31,6 +31,15 @@ Rows per model:
   scales it by the step-time ratio of ``single-update-per-microbatch`` to ``single`` (PipeDream rows);
   ``vs_torch_1f1b_paired`` = ``of_ideal_paired`` of the row / that of ``torch-1f1b``;
   ``paired_min`` / ``paired_max`` (``p.min`` / ``p.max``): the spread of the repetitions' ratios
+* ``of_ideal_zero_overhead`` (``0-ovh``; workbench rows): ``of_ideal_paired`` with the row's message
+  latency and time between ops free: each run's paired ratio times its ``measured_ms / modeled_ms``
+  (``modeled_ms`` simulates the schedule with the per-stage mean F/B/STEP durations measured in the
+  run's own timeline, their send hand-over and data copy included, messages arriving at once, no time
+  between ops), median. Between it and 1 lies the ops' own time: both cores computing at once
+  (``ideal-concurrent``), the stages' imbalance (the split cannot be finer than a layer), the weight
+  rule's work (stashed copies), the sends' and data copies' CPU time; between it and
+  ``of_ideal_paired``, the latency and the time between ops the runtime adds.
+  ``vs_torch_1f1b_zero_overhead`` (``0-ovh.t``): the same over torch 1F1B's ``of_ideal_paired``
 * ``single-concurrent`` / ``ideal-concurrent`` (CPU): ``single`` in 2 processes at once, each pinned
   to its own core (per-process throughput), and the ideal from it: what 2 ranks can reach when both
   cores compute at once (they share memory bandwidth and caches); ``of_ideal_concurrent`` (``of
@@ -409,6 +418,9 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
             paired = [r["v"] / (P * r["ref"] * M / (M + P - 1)) for r in rs]
             row["of_ideal_paired"] = statistics.median(paired)
             row["paired_min"], row["paired_max"] = min(paired), max(paired)
+            if "modeled_ms" in rs[0]:  # the same runs with their communication and overhead free
+                row["of_ideal_zero_overhead"] = statistics.median(x * r["measured_ms"] / r["modeled_ms"]
+                                                                  for x, r in zip(paired, rs))
         for col in [c for c in rs[0] if c not in ("v", "ref")]:
             row[col] = rs[0][col] if isinstance(rs[0][col], str) else statistics.median(r[col] for r in rs)
         rows.append(row)
@@ -418,6 +430,8 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
             same = upd_ratio if r.get("updates_per_step") == M else 1.0
             r.update(of_ideal_same_updates_paired=r["of_ideal_paired"] * same,
                      vs_torch_1f1b_paired=r["of_ideal_paired"] / torch_paired)
+            if "of_ideal_zero_overhead" in r:
+                r["vs_torch_1f1b_zero_overhead"] = r["of_ideal_zero_overhead"] / torch_paired
         r.update(of_ideal=r["samples_per_s"] / ideal, of_single=r["samples_per_s"] / single,
                  of_ideal_concurrent=r["samples_per_s"] / ideal_conc if ideal_conc else float("nan"),
                  of_ideal_same_updates=r["samples_per_s"] / (ideal_m if r.get("updates_per_step") == M else ideal),
@@ -428,7 +442,8 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
 
 COLUMNS = ["model", "name", "options", "updates_per_step", "samples_per_s", "of_ideal", "of_ideal_same_updates",
            "of_ideal_concurrent", "of_single", "vs_torch_1f1b", "of_ideal_paired", "of_ideal_same_updates_paired",
-           "vs_torch_1f1b_paired", "paired_min", "paired_max", "modeled_ms", "measured_ms",
+           "vs_torch_1f1b_paired", "paired_min", "paired_max", "of_ideal_zero_overhead", "vs_torch_1f1b_zero_overhead",
+           "modeled_ms", "measured_ms",
            "step_ms", "compute_ms", "recv_wait_ms", "send_ms", "data_ms", "optimizer_ms", "allreduce_ms",
            "overhead_ms", "steps", "repeat", "device", "cores", "load_avg_1min"]
 
@@ -438,6 +453,7 @@ def print_tables(rows: list[dict]) -> None:
             ("of ideal*", "of_ideal_concurrent", 10, 2), ("vs torch", "vs_torch_1f1b", 9, 2),
             ("paired", "of_ideal_paired", 8, 2), ("p.same", "of_ideal_same_updates_paired", 8, 2),
             ("p.torch", "vs_torch_1f1b_paired", 8, 2), ("p.min", "paired_min", 7, 2), ("p.max", "paired_max", 7, 2),
+            ("0-ovh", "of_ideal_zero_overhead", 7, 2), ("0-ovh.t", "vs_torch_1f1b_zero_overhead", 8, 2),
             ("model ms", "modeled_ms", 9, 1), ("meas ms", "measured_ms", 9, 1),
             ("load", "load_avg_1min", 6, 1)]
     print(f"{'model':<6}{'name':<44}" + "".join(f"{h:>{w}}" for h, _, w, _ in cols))

@@ -71,6 +71,7 @@ class P2P:
         self.post_ms = 0.0  # time spent posting receives (CPU overhead of the prefetching)
         self.send_ms = 0.0  # time the op spends handing its sends over (the isend calls, or the queue put)
         self.op_send_start = None  # perf_counter of the current op's first send (the executor resets it per op)
+        self.on_first_send = None  # called at the op's first send (the executor's device clock marks it)
         if send_thread is None:
             send_thread = uses_send_thread(backend)
         self.sender = _Sender(self._isend) if send_thread else None
@@ -85,6 +86,8 @@ class P2P:
         t0 = time.perf_counter()
         if self.op_send_start is None:
             self.op_send_start = t0
+            if self.on_first_send is not None:
+                self.on_first_send()
         tensors = [t.detach().contiguous() for t in tensors]
         self.bytes_sent += sum(t.numel() * t.element_size() for t in tensors)
         if self.sender is None:

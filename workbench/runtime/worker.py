@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from ..schedules.core import Schedule
-from . import shm
+from . import opclock, shm
 from .comm import P2P, ShmP2P
 from .fetch import RemoteWeights, has_remote, is_remote
 from .reference import updates_per_round
@@ -169,6 +169,9 @@ class PipelineExecutor:
         else:
             self.comm = P2P(self.rank, self.S, ctx.device, ctx.timeout_s, lookahead=ctx.lookahead,
                             groups=(groups.get("act"), groups.get("grad")), backend=ctx.backend)
+        self.clock = opclock.for_device(ctx.device)  # None: the host's clock around each op (CPU)
+        if self.clock is not None:
+            self.comm.on_first_send = self.clock.on_send
 
     def _shm_comm(self, ctx) -> ShmP2P:
         """Shared-memory channels to and from every peer, sized from a full epoch's receive plans."""
@@ -262,7 +265,9 @@ class PipelineExecutor:
         epoch and ``R * M + b`` of the run; versions count from ``R`` minibatches' updates;
         ``round_of(b)``: the minibatch (global) of microbatch ``b``, for the timeline and ``ends``."""
         off = {s: R * self.prog.per_round[s] for s in self.state}
-        t0 = self.ctx.t0
+        t0, clock = self.ctx.t0, self.clock
+        if clock is not None:
+            clock.begin(t0)
         if self.remote is not None:
             self.remote.begin_round(k, {s: st.versions[st.newest] for s, st in self.state.items() if st.held})
         data = _TimedData(data)  # data_ms: the input / target copy of a microbatch (breakdown columns)
@@ -281,6 +286,7 @@ class PipelineExecutor:
             send0, data0 = self.comm.send_ms, data.ms
             self.comm.op_send_start = None
             start = time.perf_counter()
+            pre = ev = clock.mark() if clock is not None else None  # device events (opclock): op start, compute start
             if op.kind == "F":
                 if s == 0:
                     x, _ = data(b)
@@ -288,21 +294,25 @@ class PipelineExecutor:
                     bufs, wait = self.comm.recv((0, s - 1, g))
                     x = from_tuple(tuple(bufs), self.like_tuple[s])
                     start = time.perf_counter()
+                    ev = clock.mark() if clock is not None else None
                 params = None
                 if is_remote(op, self.rank):  # master family: fetch the owner's weights for this microbatch
                     params, fw = self.remote.fetch(s, b)
                     wait += fw
                     start = time.perf_counter()
+                    ev = clock.mark() if clock is not None else None
                 self._forward(prog, st, op, off[s] + op.version, b, g, x, data, metrics_of(b), params)
             elif op.kind in ("B", "BI", "BW"):
                 cot = None
                 if op.kind != "BW" and s < self.S - 1:
                     cot, wait = self.comm.recv((1, s, g))
                     start = time.perf_counter()
+                    ev = clock.mark() if clock is not None else None
                 self._backward(prog, st, op, off[s] + op.version, b, g, cot, data, i)
             if op.kind in ("AR", "STEP") and self.remote is not None:  # pushed gradients join the buffer first
                 wait += self.remote.collect(s, op.step, st.flat)
                 start = time.perf_counter()
+                ev = clock.mark() if clock is not None else None
             if op.kind == "AR":
                 grp = self.groups.get(tuple(self.schedule.stage_workers[s]))
                 if grp is not None:
@@ -333,6 +343,8 @@ class PipelineExecutor:
                 if self.remote is not None and op.step + 1 < prog.per_round[s]:
                     self.remote.post_sends(s, op.step + 1, new)
             end = time.perf_counter()
+            if clock is not None:
+                clock.add(len(timeline), pre, ev, clock.mark())
             timeline.append((self.rank, s, R * self.M + b if b >= 0 else -1, op.kind, (start - t0) * 1e3,
                              (end - t0) * 1e3, off[s] + op.version if op.kind in ("F", "B", "BI", "BW") else st.newest,
                              mine, wait, self.comm.send_ms - send0, data.ms - data0,
@@ -342,6 +354,8 @@ class PipelineExecutor:
             self._free(prog, st, off[s], i)
             if op.kind not in ("B", "BW"):  # these only release records and versions
                 st.note_memory()
+        if clock is not None:  # the pass's rows in the device's times (one synchronization)
+            clock.resolve(timeline, R, ends)
 
     def _free(self, prog: RankProgram, st: StageState, off: int, i: int) -> None:
         for v in list(st.versions):
