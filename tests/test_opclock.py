@@ -99,6 +99,8 @@ def test_event_clock_run_gives_a_consistent_timeline_and_the_same_weights(tmp_pa
     host = train("mlp", schedule, out=tmp_path / "host", **kw)
     monkeypatch.setenv("WORKBENCH_EVENT_CLOCK", "host")
     events = train("mlp", schedule, out=tmp_path / "events", **kw)
+    assert [r["timeline_clock"] for r in host["ranks"]] == ["host"] * 2
+    assert [r["timeline_clock"] for r in events["ranks"]] == ["host-events"] * 2
     a, b = host["weights"], events["weights"]
     assert len(a) == len(b) == 2 and all((a[s][n] == b[s][n]).all() for s in range(2) for n in a[s])
     tl = pd.read_csv(tmp_path / "events" / "timeline.csv")
@@ -120,3 +122,24 @@ def test_event_clock_run_gives_a_consistent_timeline_and_the_same_weights(tmp_pa
     assert flows and all(f["s"] <= f["f"] for f in flows.values())
     wall = pd.read_csv(tmp_path / "events" / "metrics.csv").wall_ms
     assert (wall.diff().dropna() > 0).all()
+
+
+@pytest.mark.distributed
+def test_event_clock_ddp_run(tmp_path, monkeypatch):
+    """dp-bsp (DistributedDataParallel) timed through the event clock: the same weights as the
+    host-clock run, one op after another per rank, no receive waits (it receives nothing)."""
+    from workbench.runtime import train
+
+    kw = dict(workers=2, microbatches=2, steps=3, batch_size=16, threads=1, progress=False, evaluate=False,
+              return_weights=True, depth=2, width=16, in_features=16)
+    monkeypatch.delenv("WORKBENCH_EVENT_CLOCK", raising=False)
+    host = train("mlp", "dp-bsp", out=tmp_path / "host", **kw)
+    monkeypatch.setenv("WORKBENCH_EVENT_CLOCK", "host")
+    events = train("mlp", "dp-bsp", out=tmp_path / "events", **kw)
+    assert [r["timeline_clock"] for r in events["ranks"]] == ["host-events"] * 2
+    a, b = host["weights"], events["weights"]
+    assert all((a[s][n] == b[s][n]).all() for s in range(len(a)) for n in a[s])
+    tl = pd.read_csv(tmp_path / "events" / "timeline.csv")
+    assert len(tl) > 0 and (tl.end >= tl.start).all() and (tl.wait_ms == 0).all()
+    for _, r in tl.groupby("worker"):  # in op order
+        assert (r.start.to_numpy()[1:] >= r.end.to_numpy()[:-1] - 1e-9).all()

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ..schedules.core import Schedule
+from . import opclock
 from .stages import MomentumState, as_leaves, as_tuple, float_indices, from_tuple, nbytes, stage_module
 from .worker import RankProgram
 
@@ -35,6 +36,7 @@ class DDPExecutor(MomentumState):
         self.ctx, self.schedule, self.model, self.rank = ctx, schedule, model, ctx.rank
         self.S, self.M = schedule.num_stages, schedule.microbatches
         self.prog = RankProgram(schedule, self.rank)
+        self.clock = opclock.for_device(ctx.device)  # None: the host's clock around each op (CPU)
         self.R = schedule.num_workers
         self.modules, self.ddp = [], []
         for s, (a, z) in enumerate(bounds):
@@ -77,10 +79,13 @@ class DDPExecutor(MomentumState):
         return []
 
     def run_round(self, k, R, data, timeline, metrics):
-        t0 = self.ctx.t0
+        t0, clock = self.ctx.t0, self.clock
+        if clock is not None:
+            clock.begin(t0)
         for op in self.prog.ops:
             s, b = op.stage, op.microbatch
             start = time.perf_counter()
+            pre = clock.mark() if clock is not None else None
             if op.kind == "F":
                 x = data(b)[0] if s == 0 else self.records[(s - 1, b)]["y"].detach()
                 xl = as_leaves(x, requires_grad=s > 0)
@@ -123,9 +128,13 @@ class DDPExecutor(MomentumState):
                             p.add_(d, alpha=-self.ctx.lr)
                             p.grad = None
             end = time.perf_counter()
+            if clock is not None:
+                clock.add(len(timeline), pre, pre, clock.mark())
             rel = op.step + 1 if op.kind == "STEP" else (op.step if op.kind == "AR" else op.version)
             timeline.append((self.rank, s, R * self.M + b if b >= 0 else -1, op.kind,
                              (start - t0) * 1e3, (end - t0) * 1e3, R * self.prog.per_round[s] + rel, R, 0.0))
+        if clock is not None:  # the round's rows in the device's times (one synchronization)
+            clock.resolve(timeline, R)
 
     def weights(self):
         return {s: {n: p.detach().clone() for n, p in m.named_parameters()} for s, m in enumerate(self.modules)}

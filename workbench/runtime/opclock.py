@@ -26,6 +26,10 @@ microbatch's host-to-device copy is one of the op's kernels, so it is in its com
 has passed it, so a receive never completes before it). One synchronization per
 pass, where a flush schedule drains anyway; a stream synchronizes at the epoch end only.
 
+The pipeline executor (:mod:`.worker`) and DDP's (:mod:`.ddp`: an op there receives nothing, and
+DistributedDataParallel's all-reduces run on NCCL's stream beside the backward) time their ops this
+way on a GPU; the Hogwild executor runs on CPU processes only.
+
 ``WORKBENCH_EVENT_CLOCK=host`` gives a CPU rank an :class:`EventClock` on :class:`HostEvent`\\ s (the
 host's clock behind the event interface), so the bookkeeping above runs, and is tested, on machines
 without a GPU.
@@ -36,8 +40,8 @@ import os
 import time
 from typing import Callable
 
-# timeline row fields (worker.PipelineExecutor._run): rank, stage, microbatch, kind, start, end, version,
-# round, wait_ms, send_ms, data_ms, send_at
+# timeline row fields (worker.PipelineExecutor._run; ddp.DDPExecutor's rows end at wait_ms): rank, stage,
+# microbatch, kind, start, end, version, round, wait_ms, send_ms, data_ms, send_at
 START, END, ROUND, WAIT, SEND, DATA, SEND_AT = 4, 5, 7, 8, 9, 10, 11
 
 
@@ -64,8 +68,8 @@ class EventClock:
     """Per-op events on the compute stream, resolved into timeline rows once per pass (module
     docstring). ``new_event()`` -> an unrecorded event; ``sync()`` waits for the device to be idle."""
 
-    def __init__(self, new_event: Callable, sync: Callable[[], None] = lambda: None):
-        self.new_event, self.sync = new_event, sync
+    def __init__(self, new_event: Callable, sync: Callable[[], None] = lambda: None, name: str = "events"):
+        self.new_event, self.sync, self.name = new_event, sync, name  # name: the summary's timeline_clock
         self.base, self.base_ms = None, 0.0
         self.pending: list[tuple] = []  # (timeline index, pre, start, end, send) of the current pass
         self.send_event = None  # the current op's first send (on_send)
@@ -104,8 +108,9 @@ class EventClock:
             row = list(timeline[i])
             row[START], row[END] = b + base.elapsed_time(start), b + base.elapsed_time(end)
             row[WAIT] = max(0.0, pre.elapsed_time(start)) if start is not pre else 0.0
-            row[SEND] = row[DATA] = 0.0
-            row[SEND_AT] = b + base.elapsed_time(send) if send is not None else float("nan")
+            if len(row) > SEND_AT:  # DDP's rows end at wait_ms
+                row[SEND] = row[DATA] = 0.0
+                row[SEND_AT] = b + base.elapsed_time(send) if send is not None else float("nan")
             timeline[i] = tuple(row)
             if ends is not None:
                 ends[row[ROUND] - R] = row[END]
@@ -118,7 +123,8 @@ def for_device(device) -> EventClock | None:
     import torch
     dev = torch.device(device)
     if dev.type == "cuda":
-        return EventClock(lambda: torch.cuda.Event(enable_timing=True), lambda: torch.cuda.synchronize(dev))
+        return EventClock(lambda: torch.cuda.Event(enable_timing=True), lambda: torch.cuda.synchronize(dev),
+                          "cuda-events")
     if os.environ.get("WORKBENCH_EVENT_CLOCK") == "host":
-        return EventClock(HostEvent)
+        return EventClock(HostEvent, name="host-events")
     return None

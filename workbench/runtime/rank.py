@@ -236,6 +236,8 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
     wall_s = time.time() - wall0
     info = dict(rank=rank, stages=my_stages, memory=jsonable(executor.memory()), peak_rss_bytes=peak_rss(),
                 cuda_max_memory_allocated=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+                # what timed the measured timeline: the host's clock around each op, or device events (opclock)
+                timeline_clock=getattr(getattr(executor, "clock", None), "name", "host"),
                 bytes_sent=getattr(getattr(executor, "comm", None), "bytes_sent", 0),
                 receive_post_ms=getattr(getattr(executor, "comm", None), "post_ms", 0.0), wall_s=wall_s,
                 samples=samples_done, **(executor.remote.stats if getattr(executor, "remote", None) else {}))
