@@ -2,9 +2,10 @@
 
 On a CPU rank an op runs on the thread that calls it, so ``time.perf_counter`` before and after it
 brackets its work. On a GPU the host only *enqueues* an op's kernels and goes on: the host's clock
-around an op measures its launch, and an NCCL receive's ``wait()`` makes the compute stream wait
-without blocking the host at all. A timeline taken that way shows launch times, no receive waits,
-and a breakdown of them says nothing about the GPU.
+around an op measures its launch, not its work, and the time the GPU spends waiting for a message
+lands on whichever op the host is launching when it blocks, if it blocks at all (an NCCL receive's
+``wait()`` makes the compute stream wait; whether the host waits too depends on the timeout and
+``TORCH_NCCL_BLOCKING_WAIT``). A breakdown of such a timeline says little about the GPU.
 
 :class:`EventClock` records events on the rank's current (compute) stream instead, three per op:
 
