@@ -9,7 +9,7 @@ import pytest
 from workbench.runtime.breakdown import PARTS, breakdown
 from workbench.schedules import build
 from workbench.simulate import simulate
-from workbench.trace_events import to_chrome_trace
+from workbench.trace_events import to_chrome_trace, version_counts
 
 
 def _check_structure(trace: dict, tl: pd.DataFrame) -> list[dict]:
@@ -34,7 +34,7 @@ def _check_structure(trace: dict, tl: pd.DataFrame) -> list[dict]:
     want = sorted(((r.end - r.start) * 1e3 for r in comp.itertuples()))
     assert sorted(x["dur"] for x in xs) == pytest.approx(want, rel=1e-12, abs=1e-9)
     # counters never negative, back to zero when every stashed microbatch was released
-    counters = [e for e in ev if e["ph"] == "C"]
+    counters = [e for e in ev if e["ph"] == "C" and e["name"] == "stashed microbatches"]
     for w in {e["pid"] for e in counters}:
         vals = [e["args"]["stashed"] for e in counters if e["pid"] == w]
         assert min(vals) == 0 and vals[-1] == 0
@@ -56,14 +56,61 @@ def test_modeled_trace_structure(tmp_path):
     assert Counter(e["name"] for e in ev if e["ph"] == "s") == {"activation": 12, "gradient": 12}
     # the stash counter's peak is the simulator's own peak_activations (1F1B: S - w on worker w)
     for w in range(3):
-        peak = max(e["args"]["stashed"] for e in ev if e["ph"] == "C" and e["pid"] == w)
+        peak = max(e["args"]["stashed"] for e in ev if e["name"] == "stashed microbatches" and e["pid"] == w)
         assert peak == res.metrics["peak_activations"][w] == 3 - w
 
 
 def test_split_backward_releases_at_bw(tmp_path):
     res = simulate(build("zb-h1", 2, 4), fwd=1.0, bwd=2.0)
     ev = _check_structure(to_chrome_trace(res.timeline), res.timeline)
-    assert max(e["args"]["stashed"] for e in ev if e["ph"] == "C" and e["pid"] == 0) == res.metrics["peak_activations"][0]
+    assert max(e["args"]["stashed"] for e in ev if e["name"] == "stashed microbatches" and e["pid"] == 0) == \
+        res.metrics["peak_activations"][0]
+
+
+@pytest.mark.parametrize("name,workers,microbatches,options", [
+    ("pipedream", 4, 8, {}), ("pipedream", 3, 6, {"weights": "vertical-sync"}), ("pipedream", 3, 6, {"weights": "no-stash"}),
+    ("pipedream-2bw", 3, 6, {}), ("pipedream-2bw", 3, 12, {"microbatches_per_step": 3}), ("pipedream-flush", 3, 6, {}),
+    ("gpipe", 2, 4, {}), ("zb-h1", 3, 6, {}), ("interleaved-1f1b", 2, 4, {}), ("dp-bsp", 2, 4, {})])
+def test_weight_versions_counter_peaks_at_the_simulators_figure(name, workers, microbatches, options):
+    """The modeled trace's ``weight versions`` counter, derived from the timeline's rows, peaks per
+    stage at the simulator's ``weight_versions`` (its own rule, from the op lists): PipeDream's S - w
+    stashed versions, vertical sync's, 2BW's two (the next version, read only in the next round,
+    beside the one its forwards still read), one for the flush schedules."""
+    res = simulate(build(name, workers, microbatches, **options), fwd=1.0, bwd=2.0, step_ms=0.3)
+    vc = version_counts(res.timeline)
+    per_worker = vc.groupby(["worker", "stage"]).versions.max().groupby("worker").max()
+    assert per_worker.tolist() == res.metrics["weight_versions"]
+    assert vc.versions.min() >= 1
+    trace = to_chrome_trace(res.timeline)
+    held = {w: max(e["args"]["versions"] for e in trace["traceEvents"] if e["name"] == "weight versions" and e["pid"] == w)
+            for w in per_worker.index}
+    # the trace sums a worker's stages (interleaved: two stages, one version each)
+    stages = vc.groupby("worker").stage.nunique()
+    assert all(per_worker[w] <= held[w] <= per_worker[w] * stages[w] for w in held)
+
+
+def test_simulator_counts_the_next_version_2bw_reads_only_in_the_next_round():
+    """2BW, 3 stages, 6 microbatches, an update every 3: the first update's version is read by no op
+    of this round (the forwards read one version behind), yet the worker holds it beside version 0
+    until the round's last backward; the runtime's count (peak_versions) is 2 too."""
+    res = simulate(build("pipedream-2bw", 3, 6), fwd=1.0, bwd=2.0)
+    assert res.metrics["weight_versions"] == [2, 2, 2]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("schedule,options,stream", [("pipedream", {}, False), ("pipedream-2bw", {"microbatches_per_step": 2}, False),
+                                                     ("pipedream", {"weights": "vertical-sync"}, True)])
+def test_measured_weight_versions_counter_matches_the_runtime(tmp_path, schedule, options, stream):
+    """A real 2-rank run: the measured trace's weight-version counts per stage peak at the versions
+    the runtime itself held (``peak_versions``: its version table and the stashed graphs' versions)."""
+    from workbench.runtime import train
+    summary = train("mlp", schedule, workers=2, microbatches=4, steps=3, batch_size=16, out=tmp_path / "run", threads=1,
+                    progress=False, evaluate=False, schedule_options=options, stream=stream, depth=2, width=16,
+                    in_features=16)
+    vc = version_counts(pd.read_csv(tmp_path / "run" / "timeline.csv"))
+    got = vc.groupby(["worker", "stage"]).versions.max().to_dict()
+    want = {(r["rank"], int(s)): m["peak_versions"] for r in summary["ranks"] for s, m in r["memory"].items()}
+    assert got == want and max(want.values()) >= 2
 
 
 def _measured_like() -> pd.DataFrame:

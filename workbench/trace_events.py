@@ -14,9 +14,13 @@ Layout (Trace Event Format, times in µs = the timeline's ms x 1000):
   gradient of ``B/BI(s + 1, b)`` into ``B/BI(s, b)``; it leaves where the send starts (measured: at
   ``send_at``; modeled: at the op's end) and lands at the consumer's start. Measured ranks on
   one host share one clock (:func:`workbench.runtime.rank._shared_t0`), so no arrow runs backwards;
-* a counter per worker (``ph: "C"``), ``stashed microbatches``: ``+1`` when a forward ends, ``-1``
-  when the op that releases its stash ends (``B``, or ``BW`` when the backward is split); the same
-  rule for both timelines, so a modeled and a measured trace of a schedule can be compared.
+* two counters per worker (``ph: "C"``), each by the same rule for both timelines, so a modeled and
+  a measured trace of a schedule can be compared: ``stashed microbatches``, ``+1`` when a forward
+  ends, ``-1`` when the op that releases its stash ends (``B``, or ``BW`` when the backward is
+  split); and ``weight versions`` (:func:`version_counts`), the versions of its stages' weights the
+  worker holds: the newest plus every older one a forwarded microbatch's backward still reads,
+  summed over the stages whose updates (``STEP``) it runs. Its peak per stage is the simulator's
+  ``weight_versions`` and the runtime's ``peak_versions`` (tested).
 """
 from __future__ import annotations
 
@@ -152,10 +156,64 @@ def stash_changes(tl: pd.DataFrame) -> pd.DataFrame:
     return ch.sort_values(["worker", "t_ms", "delta"], kind="stable").reset_index(drop=True)  # frees first at a tie
 
 
+def version_counts(tl: pd.DataFrame) -> pd.DataFrame:
+    """``worker, stage, t_ms, versions``: how many versions of the stage's weights the worker holds,
+    after every change, in time order per worker and stage. A version is held from its creation (the
+    end of the ``STEP`` that makes it; the first one from the start) until it is no longer the newest
+    and the last op of the worker that reads it has ended: the runtime's rule for dropping a version
+    (``PipelineExecutor._free``). Only stages whose updates the worker runs (a ``STEP`` row): ops
+    with fetched copies of another worker's weights hold none. Versions: measured rows carry the
+    run's version (a ``STEP`` row the version it creates); modeled rows count within their round (a
+    ``STEP`` row's ``update`` creates version ``update + 1``), offset here by the round's updates."""
+    if "rnd" not in tl:
+        tl = _rows(tl, None)
+    comp = tl[tl.get("lane", pd.Series("compute", index=tl.index)) == "compute"]
+    measured = "lane" not in tl
+    steps = comp[comp.kind == "STEP"]
+    per_round = (steps.groupby(["worker", "stage"]).size() / steps.groupby(["worker", "stage"]).rnd.nunique()).to_dict()
+    rows = []
+    for (w, s), g in comp.groupby(["worker", "stage"]):
+        if (w, s) not in per_round:
+            continue  # the worker computes with weights it does not hold (fetched copies)
+        k = per_round[(w, s)]
+        created, last_read = {}, {}
+        for r in g.itertuples(index=False):
+            if measured:
+                v = int(r.version)
+            else:
+                v = int(round(r.rnd * k)) + (int(r.update) + 1 if r.kind == "STEP" else int(r.version))
+            if r.kind == "STEP":
+                created[v] = r.end
+            elif r.kind in WORK:
+                last_read[v] = max(last_read.get(v, r.end), r.end)
+        versions = set(created) | set(last_read)
+        t0 = float(g.start.min())
+        first = min(versions)
+        delta: dict = {}
+        for v in versions:
+            born = created.get(v, t0) if v != first or v in created else t0
+            delta[born] = delta.get(born, 0) + 1
+            if v + 1 in created:  # superseded: dropped once its last reader has ended
+                gone = max(created[v + 1], last_read.get(v, created[v + 1]))
+                delta[gone] = delta.get(gone, 0) - 1
+        n = 0
+        for t in sorted(delta):
+            n += delta[t]
+            rows.append((w, s, t, n))
+    return pd.DataFrame(rows, columns=["worker", "stage", "t_ms", "versions"])
+
+
 def _counters(tl: pd.DataFrame) -> list[dict]:
     out = []
     for w, ch in stash_changes(tl).groupby("worker"):
         out.append(dict(ph="C", name="stashed microbatches", pid=int(w), ts=0.0, args=dict(stashed=0)))
         for t, n in zip(ch.t_ms, ch.delta.cumsum()):
             out.append(dict(ph="C", name="stashed microbatches", pid=int(w), ts=t * 1e3, args=dict(stashed=int(n))))
+    vc = version_counts(tl)
+    for w, g in vc.groupby("worker"):  # summed over the worker's stages
+        held = {}
+        for r in g.sort_values("t_ms", kind="stable").itertuples(index=False):
+            held[r.stage] = r.versions
+            out.append(dict(ph="C", name="weight versions", pid=int(w), ts=r.t_ms * 1e3,
+                            args=dict(versions=int(sum(held.values())))))
     return out

@@ -272,8 +272,9 @@ def _memory(schedule, costs, kc, st, ver, wof, wbeg, wend):
     Ops on one worker run one after another, so program order is time order. Activations: +1 at
     F, -1 at its B (or BW); the peak of the running sum per worker. Versions: version v of stage s
     is alive on worker w over the hull of [first op reading it, last op reading it] and, when w
-    holds stage s, of the span in which v is w's newest version (from its STEP v-1 to STEP v); the
-    result is the most intervals of one stage overlapping at once (>= 1 on a worker with ops)."""
+    holds stage s, of the span in which v is w's newest version (from its STEP v-1 to STEP v; a
+    version no op of the simulated rounds reads: that span alone); the result is the most intervals
+    of one stage overlapping at once (>= 1 on a worker with ops)."""
     W, S = schedule.num_workers, schedule.num_stages
     kc_a = np.asarray(kc, dtype=np.int64)
     st_a = np.asarray(st, dtype=np.int64)
@@ -338,6 +339,17 @@ def _memory(schedule, costs, kc, st, ver, wof, wbeg, wend):
         ok = born >= 0
         lo[idx[ok]] = np.minimum(lo[idx[ok]], born[ok])
         hi[idx[ok]] = np.maximum(hi[idx[ok]], dies[ok])
+        # a version a STEP creates that no op of the simulated rounds reads is still held while it is
+        # the newest (2BW's next version, read only in the next round, beside the one its forwards
+        # still read): from its STEP to the next STEP of the stage, or to the worker's end
+        read = set((k_iv * stride + v_iv).tolist())
+        made = sk * stride + si + 1
+        new = np.flatnonzero(np.isin(made, list(read), invert=True) & holds[sk])
+        if len(new):
+            nxt = np.array([step_pos.get(x, -2) + 1 for x in (sk[new] * stride + si[new] + 1).tolist()], dtype=np.int64)
+            k_iv = np.concatenate([k_iv, sk[new]])
+            lo = np.concatenate([lo, sp[new] + 1])
+            hi = np.concatenate([hi, np.where(nxt < 0, np.asarray(wend, dtype=np.int64)[sk[new] // S], nxt)])
     ev_k = np.concatenate([k_iv, k_iv])
     ev_t = np.concatenate([lo, hi])
     ev_d = np.concatenate([np.ones(len(lo)), -np.ones(len(lo))])
