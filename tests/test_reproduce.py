@@ -86,6 +86,19 @@ def test_failure_is_reported_others_run_and_runs_never_overwrite(tiny_notebooks,
     assert {p: p.read_bytes() for p in first[0].rglob("*") if p.is_file()} == before
 
 
+def test_relative_out_folder_keeps_each_notebooks_outputs_in_the_run(tiny_notebooks, tmp_path, monkeypatch):
+    """README's command passes the default, relative ``results/reproduce``; the kernels run inside
+    the run folder, so a relative output folder handed to them would land in a copy of that path
+    inside the run (as it did until session 9): each notebook's outputs are in ``<run>/<notebook>/``
+    and ``summary.md`` lists them."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["reproduce", "--notebooks", str(tiny_notebooks), "--out", "results/reproduce", "--only", "05"]) == 0
+    (run,) = [p for p in (tmp_path / "results" / "reproduce").iterdir()]
+    assert (run / "05_unified_schedules" / "claims.csv").exists()
+    assert not (run / "results").exists()
+    assert "05_unified_schedules/claims.csv" in (run / "summary.md").read_text()
+
+
 # ---- bad parameters: one line, exit 2, nothing written ------------------------------------------
 @pytest.mark.parametrize("content,args,message", [
     (None, ["--only", "07"], "unknown notebook '07'"),

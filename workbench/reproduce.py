@@ -172,6 +172,7 @@ def run_notebook(name: str, path: Path, params: dict, run_dir: Path, quick: bool
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
+    run_dir = Path(run_dir).resolve()  # the kernel runs in run_dir: a relative out_dir would land inside it
     out_dir = run_dir / name
     declared = notebook_parameters(path)
     base = {"quick": quick, "out_dir": str(out_dir)} if "out_dir" in declared else {"out": str(out_dir)}
