@@ -113,6 +113,16 @@ def test_measured_weight_versions_counter_matches_the_runtime(tmp_path, schedule
     assert got == want and max(want.values()) >= 2
 
 
+def test_weight_versions_counter_skips_shared_weights():
+    """Hogwild's ranks update one shared copy: a rank's STEPs create versions with gaps (the other
+    ranks' updates between them), so the counter has no sequence to follow and shows nothing for it."""
+    rows = [(0, 0, 0, "F", 0.0, 1.0, 0, 0), (0, 0, 0, "B", 1.0, 3.0, 0, 0), (0, 0, -1, "STEP", 3.0, 3.5, 2, 0),
+            (0, 0, 1, "F", 3.5, 4.5, 3, 1), (0, 0, 1, "B", 4.5, 6.5, 4, 1), (0, 0, -1, "STEP", 6.5, 7.0, 5, 1)]
+    tl = pd.DataFrame(rows, columns=["worker", "stage", "microbatch", "kind", "start", "end", "version", "round"])
+    assert version_counts(tl).empty
+    assert not [e for e in to_chrome_trace(tl)["traceEvents"] if e.get("name") == "weight versions"]
+
+
 def _measured_like() -> pd.DataFrame:
     """A hand-made 2-rank measured timeline (runtime columns): F0 | F1 B1 | B0 STEP, one round."""
     rows = [

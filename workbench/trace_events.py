@@ -162,7 +162,8 @@ def version_counts(tl: pd.DataFrame) -> pd.DataFrame:
     end of the ``STEP`` that makes it; the first one from the start) until it is no longer the newest
     and the last op of the worker that reads it has ended: the runtime's rule for dropping a version
     (``PipelineExecutor._free``). Only stages whose updates the worker runs (a ``STEP`` row): ops
-    with fetched copies of another worker's weights hold none. Versions: measured rows carry the
+    with fetched copies of another worker's weights hold none, nor does a worker whose updates do
+    not create consecutive versions (Hogwild: one shared copy that every worker updates). Versions: measured rows carry the
     run's version (a ``STEP`` row the version it creates); modeled rows count within their round (a
     ``STEP`` row's ``update`` creates version ``update + 1``), offset here by the round's updates."""
     if "rnd" not in tl:
@@ -186,12 +187,14 @@ def version_counts(tl: pd.DataFrame) -> pd.DataFrame:
                 created[v] = r.end
             elif r.kind in WORK:
                 last_read[v] = max(last_read.get(v, r.end), r.end)
+        made = sorted(created)
+        if made[-1] - made[0] != len(made) - 1:
+            continue  # not this worker's own sequence of versions: weights shared with others (Hogwild)
         versions = set(created) | set(last_read)
         t0 = float(g.start.min())
-        first = min(versions)
         delta: dict = {}
         for v in versions:
-            born = created.get(v, t0) if v != first or v in created else t0
+            born = created.get(v, t0)  # read before any STEP of the window: held from its start
             delta[born] = delta.get(born, 0) + 1
             if v + 1 in created:  # superseded: dropped once its last reader has ended
                 gone = max(created[v + 1], last_read.get(v, created[v + 1]))
