@@ -18,9 +18,9 @@ Layout (Trace Event Format, times in µs = the timeline's ms x 1000):
   a measured trace of a schedule can be compared: ``stashed microbatches``, ``+1`` when a forward
   ends, ``-1`` when the op that releases its stash ends (``B``, or ``BW`` when the backward is
   split); and ``weight versions`` (:func:`version_counts`), the versions of its stages' weights the
-  worker holds: the newest plus every older one a forwarded microbatch's backward still reads,
-  summed over the stages whose updates (``STEP``) it runs. Its peak per stage is the simulator's
-  ``weight_versions`` and the runtime's ``peak_versions`` (tested).
+  worker holds: the newest plus every older one an op of the worker still reads (a stashed
+  backward, a vertical-sync forward), summed over the stages whose updates (``STEP``) it runs. Its
+  peak per stage is the simulator's ``weight_versions`` and the runtime's ``peak_versions`` (tested).
 """
 from __future__ import annotations
 
@@ -163,9 +163,10 @@ def version_counts(tl: pd.DataFrame) -> pd.DataFrame:
     and the last op of the worker that reads it has ended: the runtime's rule for dropping a version
     (``PipelineExecutor._free``). Only stages whose updates the worker runs (a ``STEP`` row): ops
     with fetched copies of another worker's weights hold none, nor does a worker whose updates do
-    not create consecutive versions (Hogwild: one shared copy that every worker updates). Versions: measured rows carry the
-    run's version (a ``STEP`` row the version it creates); modeled rows count within their round (a
-    ``STEP`` row's ``update`` creates version ``update + 1``), offset here by the round's updates."""
+    not create consecutive versions (Hogwild: one shared copy that every worker updates). Versions:
+    measured rows carry the run's version (a ``STEP`` row the version it creates); modeled rows
+    count within their round (a ``STEP`` row's ``update`` creates version ``update + 1``), offset
+    here by the round's updates."""
     if "rnd" not in tl:
         tl = _rows(tl, None)
     comp = tl[tl.get("lane", pd.Series("compute", index=tl.index)) == "compute"]
