@@ -92,7 +92,8 @@ def test_weight_versions_counter_peaks_at_the_simulators_figure(name, workers, m
 def test_simulator_counts_the_next_version_2bw_reads_only_in_the_next_round():
     """2BW, 3 stages, 6 microbatches, an update every 3: the first update's version is read by no op
     of this round (the forwards read one version behind), yet the worker holds it beside version 0
-    until the round's last backward; the runtime's count (peak_versions) is 2 too."""
+    until the round's last backward (the runtime holds both too: the measured test below, 2BW on 2
+    ranks, checks its peak_versions against the trace's count)."""
     res = simulate(build("pipedream-2bw", 3, 6), fwd=1.0, bwd=2.0)
     assert res.metrics["weight_versions"] == [2, 2, 2]
 
