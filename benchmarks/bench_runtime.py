@@ -188,20 +188,17 @@ class _SingleLoop:
         self.params = list(self.net.parameters())
         self.xs, self.ys = _data(name, n, device)
 
-    def _update(self) -> None:
-        sgd_step(self.params)
-
     def step(self, i: int, updates: int = 1) -> None:
         """Minibatch ``i``: ``updates`` = 1 (gradients accumulated over the microbatches, one update)
         or M (an update after every microbatch, each its own mean loss: PipeDream's weight rule)."""
         for x, y in zip(self.xs[i].chunk(M), self.ys[i].chunk(M)):
             if updates == M:
                 self.model.loss(self.net(x), y).backward()
-                self._update()
+                sgd_step(self.params)
             else:
                 (self.model.loss(self.net(x), y) / M).backward()
         if updates != M:
-            self._update()
+            sgd_step(self.params)
 
     def _sync(self) -> None:
         if self.device != "cpu":

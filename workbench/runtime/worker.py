@@ -268,6 +268,9 @@ class PipelineExecutor:
         t0, clock = self.ctx.t0, self.clock
         if clock is not None:
             clock.begin(t0)
+
+        def started():  # an op's computation starts (again after a wait): host time, device event (opclock)
+            return time.perf_counter(), (clock.mark() if clock is not None else None)
         if self.remote is not None:
             self.remote.begin_round(k, {s: st.versions[st.newest] for s, st in self.state.items() if st.held})
         data = _TimedData(data)  # data_ms: the input / target copy of a microbatch (breakdown columns)
@@ -285,34 +288,30 @@ class PipelineExecutor:
             wait = 0.0
             send0, data0 = self.comm.send_ms, data.ms
             self.comm.op_send_start = None
-            start = time.perf_counter()
-            pre = ev = clock.mark() if clock is not None else None  # device events (opclock): op start, compute start
+            start, pre = started()
+            ev = pre  # device events: where the op began, where its computation began
             if op.kind == "F":
                 if s == 0:
                     x, _ = data(b)
                 else:
                     bufs, wait = self.comm.recv((0, s - 1, g))
                     x = from_tuple(tuple(bufs), self.like_tuple[s])
-                    start = time.perf_counter()
-                    ev = clock.mark() if clock is not None else None
+                    start, ev = started()
                 params = None
                 if is_remote(op, self.rank):  # master family: fetch the owner's weights for this microbatch
                     params, fw = self.remote.fetch(s, b)
                     wait += fw
-                    start = time.perf_counter()
-                    ev = clock.mark() if clock is not None else None
+                    start, ev = started()
                 self._forward(prog, st, op, off[s] + op.version, b, g, x, data, metrics_of(b), params)
             elif op.kind in ("B", "BI", "BW"):
                 cot = None
                 if op.kind != "BW" and s < self.S - 1:
                     cot, wait = self.comm.recv((1, s, g))
-                    start = time.perf_counter()
-                    ev = clock.mark() if clock is not None else None
+                    start, ev = started()
                 self._backward(prog, st, op, off[s] + op.version, b, g, cot, data, i)
             if op.kind in ("AR", "STEP") and self.remote is not None:  # pushed gradients join the buffer first
                 wait += self.remote.collect(s, op.step, st.flat)
-                start = time.perf_counter()
-                ev = clock.mark() if clock is not None else None
+                start, ev = started()
             if op.kind == "AR":
                 grp = self.groups.get(tuple(self.schedule.stage_workers[s]))
                 if grp is not None:
