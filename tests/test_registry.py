@@ -62,6 +62,17 @@ def test_markdown_table_lists_every_schedule_once():
         assert f"| `{name}` |" in table
 
 
+def test_docs_schedule_table_is_the_registry_table():
+    """docs/schedules.md holds the table between markers; it must be what the registry prints now
+    (regenerate it with `workbench schedules --markdown` after changing a registration)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "schedules.md").read_text()
+    begin = text.index("-->\n", text.index("<!-- schedule-table")) + len("-->\n")
+    end = text.index("\n<!-- /schedule-table -->")
+    assert text[begin:end] == markdown_table(), "docs/schedules.md's table is stale: paste `workbench schedules --markdown`"
+
+
 def test_op_kind_is_a_str_enum():
     op = Op("F", 0, 1)
     assert op.kind is OpKind.F and op.kind == "F" and str(op.kind) == "F" and f"{op.kind}" == "F"
