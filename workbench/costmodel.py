@@ -50,11 +50,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .topology import Topology
 
-def check_ms(name: str, value, allow_none: bool = False) -> float:
+
+def check_ms(name: str, value) -> float:
     """``value`` as a float of milliseconds, or one clear ValueError (finite and >= 0)."""
-    if value is None and allow_none:
-        return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)) \
             or value < 0:
         raise ValueError(f"{name} must be a finite number >= 0 (ms), got {value!r}")
@@ -81,7 +81,7 @@ class CostModel:
     bwd_ms: np.ndarray
     act_bytes: np.ndarray
     param_bytes: np.ndarray
-    topology: object | None = None  # workbench Topology; None: every link is free (infinite bandwidth)
+    topology: Topology | None = None  # workbench Topology; None: every link is free (infinite bandwidth)
     latency_ms: tuple[float, ...] = ()  # alpha per topology level, innermost first
     op_overhead_ms: float = 0.0
     overlap_allreduce: bool = True
@@ -90,7 +90,7 @@ class CostModel:
     allreduce_bandwidth: tuple[float, ...] | None = None  # ring bus bandwidth per level; None: the link's
     allreduce_latency_ms: tuple[float, ...] | None = None  # ring per-step latency per level; None: the link's
     message_cpu_ms: float = 0.0  # CPU time a message between workers takes from each end's compute (LogP's o)
-    allreduce_curve: tuple | None = None  # measured ((bytes, ms), ...) of the library's all-reduce on ...
+    allreduce_curve: tuple[tuple[float, float], ...] | None = None  # measured ((bytes, ms), ...) of the library's all-reduce on ...
     allreduce_curve_replicas: int = 0  # ... this many replicas (other counts use the ring formula)
     allreduce_buckets: tuple[float, float] | None = None  # (first, each further) bucket bytes: DDP's gradient buckets
     bwd_input_ms: np.ndarray | None = None  # measured split of the backward (zero-bubble BI / BW); None: half each
@@ -118,7 +118,7 @@ class CostModel:
         ``(first, cap)``: the gradients are all-reduced in buckets of ``first`` bytes, then ``cap``
         bytes each, as DistributedDataParallel does (``workbench.runtime.ddp.DDP_BUCKETS``)."""
         df = profile.layers
-        cols = [df[c].to_numpy(dtype=float) for c in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes")]
+        cols = {c: df[c].to_numpy(dtype=float) for c in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes")}
         levels = len(getattr(topology, "levels", ())) if topology is not None else 1
         lat = _per_level("latency_ms", latency_ms, max(1, levels))
         ar_lat = None if allreduce_latency_ms is None else _per_level("allreduce_latency_ms", allreduce_latency_ms,
@@ -151,12 +151,13 @@ class CostModel:
             curve = tuple(pts)
         buckets = None
         if allreduce_buckets is not None:
-            buckets = tuple(float(b) for b in allreduce_buckets)
-            if len(buckets) != 2 or not all(b > 0 for b in buckets):
+            values = tuple(float(b) for b in allreduce_buckets)
+            if len(values) != 2 or not all(b > 0 for b in values):
                 raise ValueError(f"allreduce_buckets must be (first bytes, bucket bytes) > 0, got {allreduce_buckets!r}")
+            buckets = (values[0], values[1])
         meta = profile.meta or {}
         bs = meta.get("batch_size") or meta.get("batch_size_if_imagenet")
-        return cls(*cols, topology=topology, latency_ms=lat, op_overhead_ms=check_ms("op_overhead_ms", op_overhead_ms),
+        return cls(**cols, topology=topology, latency_ms=lat, op_overhead_ms=check_ms("op_overhead_ms", op_overhead_ms),
                    overlap_allreduce=bool(overlap_allreduce), batch_size=int(bs) if bs else None,
                    label=_label(profile, topology, lat, op_overhead_ms), allreduce_bandwidth=ar_bw,
                    allreduce_latency_ms=ar_lat, message_cpu_ms=check_ms("message_cpu_ms", message_cpu_ms),
@@ -277,6 +278,8 @@ class CostModel:
     def curve_ms(self, nbytes: float) -> float:
         """The measured all-reduce time of ``nbytes``: linear interpolation between the measured
         sizes, the first time below them, the line through the last two above them."""
+        if self.allreduce_curve is None:
+            raise ValueError("curve_ms needs a measured allreduce_curve (CostModel.from_profile(allreduce_curve=...))")
         n = [p[0] for p in self.allreduce_curve]
         t = [p[1] for p in self.allreduce_curve]
         if nbytes <= n[-1]:
@@ -350,7 +353,7 @@ class CostModel:
     def level_cut_ms(self, k: int) -> np.ndarray:
         """Per layer l, one message of the cut after l over a level-k link: ``α_k + a_l / B_k``."""
         bw = float(self.topology.levels[k - 1][1]) if self.topology is not None else math.inf
-        return self.level_latency_ms(k) + (0.0 if bw == math.inf else self.act_bytes / bw * 1e3)
+        return self.level_latency_ms(k) + (np.zeros_like(self.act_bytes) if bw == math.inf else self.act_bytes / bw * 1e3)
 
     def fetch_ms(self, nbytes: float, a: int, b: int) -> float:
         """Fetching ``nbytes`` of weights from worker a to b: one message."""

@@ -51,5 +51,5 @@ def run_folder(dest):
     box.final = final
 
 
-class RunFolder(type(Path())):  # a Path that also remembers where it ended up
+class RunFolder(type(Path())):  # type: ignore[misc]  # a Path that remembers where it ended up (PosixPath/WindowsPath)
     final: Path | None = None

@@ -84,7 +84,8 @@ def _slices(tl: pd.DataFrame, measured: bool) -> list[dict]:
     out = []
     for r in tl.itertuples(index=False):
         comm = getattr(r, "lane", "compute") == "comm"
-        args = dict(stage=int(r.stage), microbatch=int(r.microbatch), round=int(r.rnd), version=int(r.version))
+        args: dict[str, float] = dict(stage=int(r.stage), microbatch=int(r.microbatch), round=int(r.rnd),
+                                      version=int(r.version))
         if comm:
             args.update(src=int(r.src), dst=int(r.dst), bytes=float(r.bytes))
         out.append(dict(ph="X", name=_name(r), cat=r.kind, pid=int(r.worker), tid=COMM if comm else COMPUTE,
@@ -178,7 +179,8 @@ def version_counts(tl: pd.DataFrame) -> pd.DataFrame:
         if (w, s) not in per_round:
             continue  # the worker computes with weights it does not hold (fetched copies)
         k = per_round[(w, s)]
-        created, last_read = {}, {}
+        created: dict[int, float] = {}
+        last_read: dict[int, float] = {}
         for r in g.itertuples(index=False):
             if measured:
                 v = int(r.version)

@@ -36,6 +36,8 @@ class TensorSpec:
             return torch.empty(shape, dtype=self.dtype, device="meta")
         if self.dtype.is_floating_point:
             return torch.randn(shape, generator=generator, dtype=self.dtype).to(device)
+        if self.high is None:
+            raise ValueError(f"an integer TensorSpec needs high= (values are drawn from [0, high)), got {self!r}")
         return torch.randint(0, int(self.high), shape, generator=generator, dtype=self.dtype).to(device)
 
 

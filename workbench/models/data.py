@@ -38,6 +38,7 @@ import random
 import re
 import sysconfig
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -67,6 +68,14 @@ CORPUS_MODULES = (
 MIN_CORPUS_CHARS = 200_000
 
 
+class TokenDataset(TensorDataset):
+    """Token ids ``(x, y)`` with the vocabulary (``vocab[id]`` is the token)."""
+
+    def __init__(self, vocab: list[str], *tensors: torch.Tensor):
+        super().__init__(*tensors)
+        self.vocab = vocab
+
+
 def _check_split(split: str) -> None:
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -76,7 +85,7 @@ def load_dataset(name: str, split: str = "train", seed: int = 0, **kw) -> Tensor
     """Load data set ``name`` (see the module docstring) for ``split`` ("train" or "test")."""
     _check_split(split)
     key = str(name).lower()
-    loaders = {"digits": _digits, "mnist1d": _mnist1d, "pydocs": _pydocs, "reverse": _reverse,
+    loaders: dict[str, Callable[..., Any]] = {"digits": _digits, "mnist1d": _mnist1d, "pydocs": _pydocs, "reverse": _reverse,
                "synthetic": _synthetic_classes, "cifar10": _cifar10, "tensors": _tensors, "imagefolder": _tensors}
     if key in PAPER_DATASETS:
         raise ValueError(f"{name!r} is not shipped (no downloads); save it as tensors and use "
@@ -230,9 +239,7 @@ def _pydocs(split: str, seed: int, seq_len: int = 64, level: str = "char", vocab
         raise ValueError(f"pydocs {split}: {len(ids)} tokens are too few for seq_len={seq_len}")
     x = ids[: n * seq_len].view(n, seq_len)
     y = ids[1: n * seq_len + 1].view(n, seq_len)
-    ds = TensorDataset(x, y)
-    ds.vocab = vocab  # id -> token
-    return ds
+    return TokenDataset(vocab, x, y)
 
 
 # ----------------------------------------------------------------------------------- seq2seq

@@ -70,7 +70,7 @@ def segment_gpt(vocab: int = 128, context: int = 64, dim: int = 32, num_layers: 
     for m in layers.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=0.02)
-            if getattr(m, "bias", None) is not None:
+            if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
     return layers.to(dtype)
 

@@ -164,11 +164,12 @@ def awd_lstm(vocab_size: int = 33278, emb: int = 400, hidden: int = 1150, num_la
     decoder adds ``emb * vocab`` parameters. Not modelled: DropConnect on the recurrent weights
     (weight drop) and the other AWD regularizers; they change training, not compute or size."""
     dims = [emb] + [hidden] * (num_layers - 1) + [emb]
-    layers = [TokenEmbedding(vocab_size, emb, dropout)]
+    embed = TokenEmbedding(vocab_size, emb, dropout)
+    layers: list[nn.Module] = [embed]
     layers += [LSTMLayer(dims[i], dims[i + 1], dropout) for i in range(num_layers)]
     dec = Decoder(emb, vocab_size)
     if tie_weights:
-        dec.proj.weight = layers[0].embed.weight
+        dec.proj.weight = embed.embed.weight
     layers.append(dec)
     names = ["embed"] + [f"lstm{i + 1}" for i in range(num_layers)] + ["decoder"]
     return layers, names
@@ -220,17 +221,18 @@ def gpt(vocab_size: int = 50257, context: int = 1024, dim: int = 768, num_layers
     1024 context, 50,257 vocab; 124M parameters with the output projection tied to the token
     embedding). Layers: embedding, ``num_layers`` blocks, final LayerNorm + projection.
     Untied by default (see :func:`awd_lstm`); untied adds ``vocab * dim`` parameters."""
-    layers = [GPTEmbedding(vocab_size, context, dim, dropout)]
+    embed = GPTEmbedding(vocab_size, context, dim, dropout)
+    layers: list[nn.Module] = [embed]
     layers += [Block(dim, heads, dropout) for _ in range(num_layers)]
     head = Decoder(dim, vocab_size, norm=True, bias=False)
     if tie_weights:
-        head.proj.weight = layers[0].tok.weight
+        head.proj.weight = embed.tok.weight
     layers.append(head)
     for layer in layers:
         for m in layer.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
-                if getattr(m, "bias", None) is not None:
+                if isinstance(m, nn.Linear) and m.bias is not None:
                     nn.init.zeros_(m.bias)
     names = ["embed"] + [f"block{i}" for i in range(num_layers)] + ["head"]
     return layers, names

@@ -27,7 +27,7 @@ def _init(module: nn.Module) -> None:
 
 
 # ---------------------------------------------------------------------------------------- VGG
-VGG16_CHANNELS = (1, 1, "M", 2, 2, "M", 4, 4, 4, "M", 8, 8, 8, "M", 8, 8, 8, "M")  # x width
+VGG16_CHANNELS: tuple[int | str, ...] = (1, 1, "M", 2, 2, "M", 4, 4, 4, "M", 8, 8, 8, "M", 8, 8, 8, "M")  # x width
 
 
 def vgg16(width: int = 64, hidden: int = 4096, image_size: int = 224, in_channels: int = 3,
@@ -38,7 +38,8 @@ def vgg16(width: int = 64, hidden: int = 4096, image_size: int = 224, in_channel
     An image of side n affords floor(log2 n) halvings; when that is fewer than VGG's 5 pools the
     *first* pools are dropped (8x8 input: pools after blocks 3, 4, 5), so early layers keep the
     resolution. ``batch_norm`` adds BatchNorm after each conv (the VGG-16-BN variant)."""
-    layers, names = [], []
+    layers: list[nn.Module] = []
+    names: list[str] = []
     c, side, block, idx = in_channels, image_size, 1, 1
     cfg = list(VGG16_CHANNELS)
     pools = [i for i, v in enumerate(cfg) if v == "M"]
@@ -46,8 +47,8 @@ def vgg16(width: int = 64, hidden: int = 4096, image_size: int = 224, in_channel
     for i, v in enumerate(cfg):
         if v == "M":
             continue
-        out = v * width
-        mods = [nn.Conv2d(c, out, 3, padding=1)]
+        out = int(v) * width
+        mods: list[nn.Module] = [nn.Conv2d(c, out, 3, padding=1)]
         if batch_norm:
             mods.append(nn.BatchNorm2d(out))
         mods.append(nn.ReLU(inplace=False))
@@ -86,9 +87,11 @@ def alexnet(width: int = 64, hidden: int = 4096, image_size: int = 224, in_chann
         convs = [(11, 4, 2), (5, 1, 2), (3, 1, 1), (3, 1, 1), (3, 1, 1)]
         pool = (3, 2)
     pool_after = {0, 1, 4}
-    layers, names, c, side = [], [], in_channels, image_size
+    layers: list[nn.Module] = []
+    names: list[str] = []
+    c, side = in_channels, image_size
     for i, (out, (k, s, p)) in enumerate(zip(chans, convs)):
-        mods = [nn.Conv2d(c, out, k, stride=s, padding=p), nn.ReLU()]
+        mods: list[nn.Module] = [nn.Conv2d(c, out, k, stride=s, padding=p), nn.ReLU()]
         side = _out(side, k, s, p)
         if i in pool_after and side >= pool[0]:
             mods.append(nn.MaxPool2d(*pool))
@@ -119,7 +122,7 @@ class Bottleneck(nn.Module):
             nn.Conv2d(c_in, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
             nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
             nn.Conv2d(width, c_out, 1, bias=False), nn.BatchNorm2d(c_out))
-        self.shortcut = nn.Identity()
+        self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or c_in != c_out:
             self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
         self.relu = nn.ReLU()
@@ -140,7 +143,8 @@ def resnet50(width: int = 64, image_size: int = 224, in_channels: int = 3, num_c
     else:
         stem = nn.Sequential(nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False),
                              nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1))
-    layers, names, c = [stem], ["stem"], width
+    layers: list[nn.Module] = [stem]
+    names, c = ["stem"], width
     for stage, n in enumerate(blocks):
         w = width * 2 ** stage
         for b in range(n):
@@ -155,7 +159,9 @@ def resnet50(width: int = 64, image_size: int = 224, in_channels: int = 3, num_c
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
         if zero_init_residual and isinstance(layer, Bottleneck):
-            nn.init.zeros_(layer.residual[-1].weight)  # each block starts as (ReLU of) its shortcut
+            last_bn = layer.residual[-1]
+            assert isinstance(last_bn, nn.BatchNorm2d)
+            nn.init.zeros_(last_bn.weight)  # each block starts as (ReLU of) its shortcut
     return layers, names
 
 
@@ -166,9 +172,10 @@ def mlp(depth: int = 8, width: int = 512, in_features: int = 512, num_classes: i
     layers cost about the same (a balanced pipeline benchmark)."""
     if depth < 1:
         raise ValueError(f"mlp depth must be >= 1, got {depth}")
-    layers, names = [], []
+    layers: list[nn.Module] = []
+    names: list[str] = []
     for i in range(depth):
-        mods = [nn.Flatten()] if i == 0 else []
+        mods: list[nn.Module] = [nn.Flatten()] if i == 0 else []
         mods += [nn.Linear(in_features if i == 0 else width, width), nn.ReLU()]
         if i == depth - 1:
             mods.append(nn.Linear(width, num_classes))

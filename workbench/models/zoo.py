@@ -7,6 +7,7 @@ on an offline data set from :mod:`workbench.models.data`.
 """
 from __future__ import annotations
 
+from typing import Callable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -20,7 +21,7 @@ SIZES = ("paper", "mini")
 
 @dataclass(frozen=True)
 class Entry:
-    builder: object
+    builder: Callable[..., tuple[list, list]]
     task: str
     description: str
     paper: dict

@@ -84,9 +84,9 @@ class RemotePlan:
         check_remote(schedule)
         self.rank = rank
         holders = [set(ws) for ws in schedule.stage_workers]
-        self.fetches: list[tuple[int, int, int, int]] = []
-        self.push_of: dict[int, tuple[int, int, int]] = {}
-        self.push_last: dict[tuple[int, int, int], int] = {}
+        self.fetches: list[tuple[int, int, int, int | None]] = []
+        self.push_of: dict[int, tuple[int, int, int | None]] = {}
+        self.push_last: dict[tuple[int, int, int | None], int] = {}
         seen = set()
         for i, op in enumerate(schedule.ops[rank]):
             if not is_remote(op, rank):

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 from typing import Callable
 
 # timeline row fields (worker.PipelineExecutor._run; ddp.DDPExecutor's rows end at wait_ms): rank, stage,
@@ -71,7 +72,8 @@ class EventClock:
 
     def __init__(self, new_event: Callable, sync: Callable[[], None] = lambda: None, name: str = "events"):
         self.new_event, self.sync, self.name = new_event, sync, name  # name: the summary's timeline_clock
-        self.base, self.base_ms = None, 0.0
+        self.base: Any = None  # torch.cuda.Event (or the host stand-in) once recorded
+        self.base_ms = 0.0
         self.pending: list[tuple] = []  # (timeline index, pre, start, end, send) of the current pass
         self.send_event = None  # the current op's first send (on_send)
 

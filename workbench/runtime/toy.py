@@ -17,7 +17,8 @@ from workbench.models.base import LayerModel, TensorSpec
 def toy_mlp(widths=(8, 16, 16, 4), seed: int = 0, dtype: torch.dtype = torch.float64) -> LayerModel:
     """MLP with ``2 * (len(widths) - 1) - 1`` layers (Linear / ReLU alternating)."""
     g = torch.Generator().manual_seed(seed)
-    layers, names = [], []
+    layers: list[nn.Module] = []
+    names: list[str] = []
     for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
         lin = nn.Linear(a, b).to(dtype)
         with torch.no_grad():
