@@ -35,11 +35,12 @@ import socket
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
+from .profiler import Profile
 from .schedules.core import Op, Schedule
 from .timeline import round_column
 
@@ -363,7 +364,7 @@ class StageProfile:
     gradients into the update buffer) costs more than the first backward of an update (whose
     gradients become the empty buffer); ``threads``: torch threads used."""
 
-    profile: object
+    profile: Profile
     bounds: tuple[tuple[int, int], ...]
     step_ms: tuple[float, ...]
     microbatch_size: int
@@ -431,7 +432,7 @@ def on_ranks(profiles: Sequence[StageProfile], stage_ranks: Sequence[Sequence[in
     for s, ranks in enumerate(stage_ranks):
         if not ranks or any(not 0 <= r < len(profiles) for r in ranks):
             raise ValueError(f"stage {s}: ranks {list(ranks)} must be a non-empty subset of 0..{len(profiles) - 1}")
-    timings = {}
+    timings: dict[str, Any] = {}
     for attr in STAGE_TIMINGS:
         if all(len(getattr(p, attr)) == len(stage_ranks) for p in profiles):
             timings[attr] = tuple(combine([getattr(profiles[r], attr)[s] for r in ranks])
@@ -491,8 +492,14 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
 
     mod = torch.nn.Sequential(*layers)
     params = {n: p.detach().clone().requires_grad_(True) for n, p in mod.named_parameters()}
-    F, B, BI, BW, Bf, S_in, S_copy = [], [], [], [], [], [], []
-    stashed = []  # the new versions of the last copying steps, kept alive as the runtime keeps them
+    F: list[float] = []
+    B: list[float] = []
+    BI: list[float] = []
+    BW: list[float] = []
+    Bf: list[float] = []
+    S_in: list[float] = []
+    S_copy: list[float] = []
+    stashed: list = []  # the new versions of the last copying steps, kept alive as the runtime keeps them
 
     def start(y, loss):  # where the backward starts: the loss (last stage) or the next stage's gradient
         if loss is not None:
@@ -525,7 +532,7 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
         (Bf if fresh else B).append((time.perf_counter() - t0) * 1e3)
 
     for i in range(warmup + iterations):
-        into = {}
+        into: dict = {}
         prev = forward(False)  # one forward, one backward: F0 F1 B0 F2 B1 ... B(m-1)
         for _ in range(1, microbatches):
             cur = forward(False)
@@ -630,7 +637,8 @@ def repeat_rounds(schedule: Schedule, rounds: int) -> Schedule:
                     lst.append(Op(op.kind, op.stage, op.microbatch + r * M, op.version + r * per[op.stage], op.step,
                                   op.weights_worker))
         ops.append(lst)
-    return Schedule(schedule.name, schedule.num_stages, schedule.num_workers, M * rounds, ops, schedule.stage_workers,
+    return Schedule(schedule.name, schedule.num_stages, schedule.num_workers, M * rounds,
+                    tuple(tuple(lst) for lst in ops), schedule.stage_workers,
                     schedule.update, schedule.microbatches_per_step, None, dict(schedule.options))
 
 

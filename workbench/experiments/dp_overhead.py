@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,9 +97,9 @@ def check_params(models_: list[str], servers: list[str], gpu_counts: list[int]) 
             raise ValueError(f"GPU counts must be integers >= 1, got {g!r}")
 
 
-QUICK = dict(models=["alexnet", "vgg16", "resnet50", "gnmt8"], measured_models=["mlp"], measured_steps=6,
+QUICK: dict[str, Any] = dict(models=["alexnet", "vgg16", "resnet50", "gnmt8"], measured_models=["mlp"], measured_steps=6,
              repeats=1)
-FULL = dict(models=list(FIGURE1_MODELS), measured_models=["mlp", "vgg16", "resnet50", "awd-lstm"],
+FULL: dict[str, Any] = dict(models=list(FIGURE1_MODELS), measured_models=["mlp", "vgg16", "resnet50", "awd-lstm"],
             measured_steps=12, repeats=2)
 
 
@@ -107,7 +108,7 @@ def settings(quick: bool, models=None, servers=None, gpu_counts=None, measured_m
     """The notebook's parameters: ``None`` takes the quick or full default; validated (one-line
     ``ValueError``)."""
     base = QUICK if quick else FULL
-    cfg = dict(models=list(models or base["models"]), servers=list(servers or SERVERS),
+    cfg: dict[str, Any] = dict(models=list(models or base["models"]), servers=list(servers or SERVERS),
                gpu_counts=[int(g) for g in (gpu_counts or GPU_COUNTS)],
                measured_models=list(base["measured_models"] if measured_models is None else measured_models),
                ranks=ranks, measured_steps=int(measured_steps or base["measured_steps"]), repeats=base["repeats"])
@@ -309,7 +310,8 @@ def measured_share(model: str, workers: int = 2, steps: int = 12, batch_per_rank
     runs (the least disturbed by other load on the machine)."""
     from ..runtime import train
 
-    times, load = {1: [], workers: []}, os.getloadavg()[0]
+    times: dict[int, list[float]] = {1: [], workers: []}
+    load = os.getloadavg()[0]
     for _ in range(repeats):
         for n in (1, workers):
             with tempfile.TemporaryDirectory() as tmp:

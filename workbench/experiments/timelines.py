@@ -322,7 +322,9 @@ def run(cfg: Config, out_dir) -> dict:
     """Everything the notebook shows, written into ``out_dir`` (a fresh folder)."""
     out = out_folder(out_dir)
     runs, skipped = measured_runs(cfg, out)
-    cache, rows, figs = {}, [], {}
+    cache: dict = {}
+    rows: list = []
+    figs: dict = {}
     for name, (job, summary) in runs.items():
         sim = modeled(job, stage_costs(job, cache), cfg.steps)
         rows.append(compare(name, job, summary, sim, cfg))

@@ -70,7 +70,7 @@ class DDPExecutor(MomentumState):
             if any(o.kind == "B" and o.stage == s for o in ops[i_f + 1:i_b]):
                 raise ValueError("DDP needs each update's last forward of a stage to be followed by its own backward "
                                  "before any other backward of that stage")
-        self.records = {}
+        self.records: dict = {}
         self.peak_live = 0
         self.peak_act_bytes = 0
         self.momentum = [{n: torch.zeros_like(p) for n, p in m.named_parameters()} for m in self.modules]

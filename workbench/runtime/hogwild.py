@@ -28,7 +28,7 @@ class HogwildExecutor(MomentumState):
         self.shared, self.counters = shared, counters  # counters[s, w]
         self.buf = [{n: torch.zeros_like(t) for n, t in sh.items()} for sh in shared]
         self.momentum = [{n: torch.zeros_like(t) for n, t in sh.items()} for sh in shared]  # local to the replica
-        self.records = {}
+        self.records: dict = {}
         self.read_at: dict[int, int] = {}
         self.staleness: list[int] = []
 

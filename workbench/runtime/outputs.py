@@ -212,7 +212,7 @@ def write_summary(out: Path, job: Job, gathered) -> None:
         summary["staleness_max"] = max(s["staleness_max"] for s in st)
     atomic_text(json.dumps(summary, indent=2, default=str), out / "summary.json")
     if job.return_weights:
-        weights = {}
+        weights: dict = {}
         for _, w in gathered:
             for s, ws in (w or {}).items():
                 weights.setdefault(s, ws)

@@ -105,7 +105,8 @@ def from_torch_csv(source, name: str = "torch-csv") -> Schedule:
         rows.pop()
     if not rows:
         raise ValueError(f"{label}: no actions; expected one CSV row of actions (e.g. 0F0,0F1,0B0) per rank")
-    orders, owner = [], {}
+    orders: list = []
+    owner: dict = {}
     for r, row in enumerate(rows):
         order = []
         for c, cell in enumerate(row):

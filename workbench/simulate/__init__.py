@@ -93,7 +93,7 @@ from .sweep import sweep
 # ---------------------------------------------------------------------------------------------
 def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float | Sequence[float] = 2.0, *,
              profile=None, plan=None, topology=None, allreduce: float | Sequence[float] | None = None,
-             overlap_comm: bool = True, step_ms: float = 0.0, transfer: float = 0.0,
+             overlap_comm: bool = True, step_ms: float | Sequence[float] = 0.0, transfer: float = 0.0,
              weight_fetch: float = 0.0, microbatch_fraction: float | None = None, latency_ms: float = 0.0,
              op_overhead_ms: float = 0.0, step_copy_ms=None, allreduce_bandwidth=None,
              allreduce_latency_ms=None, message_cpu_ms: float = 0.0, allreduce_curve=None,

@@ -7,6 +7,8 @@ schedules, ``transfer`` per activation or gradient message between workers.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import html
 import math
 
@@ -54,7 +56,7 @@ def explore(name: str, stages: int, microbatches: int, fwd: float = 1.0, bwd: fl
             transfer: float = 0.0, chunks: int = 2) -> SimResult:
     """Build schedule ``name`` on ``stages`` workers (``chunks`` virtual stages each for interleaved
     1F1B) with ``microbatches`` and simulate it with unit costs."""
-    opts = {"workers": stages} if name in _WORKER_ARG else {}
+    opts: dict[str, Any] = {"workers": stages} if name in _WORKER_ARG else {}
     count = stages
     if name == "interleaved-1f1b":
         opts, count = {"chunks": chunks}, stages * chunks

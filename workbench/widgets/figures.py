@@ -11,6 +11,8 @@ rendered (its ``do_data`` is a no-op), leaving an empty plot.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -87,8 +89,8 @@ def update_timeline(fig: go.Figure, timeline: pd.DataFrame, title: str) -> None:
     if unknown:
         raise ValueError(f"timeline has op kinds {sorted(unknown)} that the widget does not draw")
     names = [tr.name for tr in fig.data]
-    empty = dict(x=[], base=[], y=[], customdata=[], text=None, marker={}, hovertemplate=None, visible=False)
-    restyle = {k: [] for k in _COPY + ("visible",)}
+    empty: dict[str, Any] = dict(x=[], base=[], y=[], customdata=[], text=None, marker={}, hovertemplate=None, visible=False)
+    restyle: dict[str, list] = {k: [] for k in _COPY + ("visible",)}
     for name in names:
         spec = by_name.get(name)
         for k in restyle:
@@ -127,11 +129,12 @@ def update_stages(fig: go.Figure, table: pd.DataFrame, memory_bytes: list[float]
     ar = table["comm_ms"]
     workers = [str(w) for w in range(len(memory_bytes))]
     gb = [m / 1e9 for m in memory_bytes]
-    over = limit_bytes is not None and limit_bytes > 0
-    colors = ["#E45756" if over and m > limit_bytes else "#72B7B2" for m in memory_bytes]
+    limit = float(limit_bytes or 0.0)
+    over = limit > 0
+    colors = ["#E45756" if over and m > limit else "#72B7B2" for m in memory_bytes]
     xs = [stages, stages, stages, stages, workers, workers if over else []]
     ys = [table["compute_ms"].tolist(), ar.tolist(), table["cut_ms"].tolist(), [bottleneck_ms] * len(stages), gb,
-          [limit_bytes / 1e9] * len(workers) if over else []]
+          [limit / 1e9] * len(workers) if over else []]
     # one message per change: plotly's browser side reads the latest update message when it gets
     # to it, so two updates in a row can lose the first
     restyle = {"x": xs, "y": ys, "visible": [True] * 5 + [bool(over)],
