@@ -268,7 +268,7 @@ def main(argv=None) -> int:
                              load_avg_1min_median=med(loads), load_avg_1min_max=max(loads),
                              cores=len(os.sched_getaffinity(0))))
     text = io.StringIO()
-    w = csv.DictWriter(text, fieldnames=cols)
+    w = csv.DictWriter(text, fieldnames=cols, lineterminator="\n")
     w.writeheader()
     for row in out_rows:
         w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()})

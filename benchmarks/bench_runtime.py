@@ -484,7 +484,7 @@ def main(argv=None) -> int:
     out = Path(a.out)  # the current result replaces the previous one (earlier runs: git history)
     out.parent.mkdir(parents=True, exist_ok=True)
     text = io.StringIO()
-    w = csv.DictWriter(text, fieldnames=COLUMNS, extrasaction="ignore")
+    w = csv.DictWriter(text, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     w.writerows({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
     atomic_text(text.getvalue(), out)
