@@ -9,8 +9,8 @@ Nothing the prediction uses comes from the run it predicts. Per repetition, inte
    idle (median one-way time) and loaded (``busy=True``: each process keeps its core busy computing
    and sends through the runtime's send path, mean one-way time, and the compute time each message
    takes from its core); the predictions charge :func:`workbench.calibrate.runtime_link`: the idle
-   transit and the loaded CPU per message (until session 7: the loaded transit too, the ``loaded
-   transit`` column); the overhead calibration of step 3 (whose cores stay idle) the idle link;
+   transit and the loaded CPU per message (the ``loaded transit`` column charges the loaded transit
+   too, for comparison); the overhead calibration of step 3 (whose cores stay idle) the idle link;
    ``--idle-link`` predicts with the idle link alone; ``--transport shm``: the ping-pong, the overhead
    calibration's run and the measured pipeline runs send through the runtime's shared-memory
    transport instead of gloo (``dp-bsp`` all-reduces over gloo either way);
@@ -19,8 +19,8 @@ Nothing the prediction uses comes from the run it predicts. Per repetition, inte
 2. compute: :func:`workbench.calibrate.stage_profile` at microbatch 32, 1 thread, in 2 fresh
    processes at once (as many busy processes as the run has ranks), process ``r`` pinned to rank
    ``r``'s core; each stage's timings from its rank's process (``dp-bsp``, whose one stage runs
-   on both ranks: the slower; :func:`workbench.calibrate.on_ranks`; until session 7 the mean of the
-   two, the ``core mean`` column): stage-level
+   on both ranks: the slower; :func:`workbench.calibrate.on_ranks`; the mean of the two processes
+   is the ``core mean`` column): stage-level
    fwd/bwd through the runtime's own stage functions, per-layer profile, optimizer step per stage
    (in place, and into new tensors for the steps that keep a stashed version);
 3. per-op overhead ``o`` of each of the runtime's two executors: a runtime run of a *different*
@@ -40,10 +40,11 @@ with one core per rank, gloo's all-reduce needs the cores the backward computes 
 backward takes about the sum of the backward and the all-reduce timed apart). Reported: medians over ``--repeat`` repetitions; error = modeled / measured - 1.
 Also shown: the model without the per-op overhead, with the per-layer (instead of stage-level)
 profile, with the messages' transit at the loaded link's latency and bandwidth (``loaded
-transit``, the model until session 7), and with every stage at the mean of the two processes'
-profiles (``core mean``, also the model until session 7). ``comp/prof`` (``compute_ratio``): the
+transit``), and with every stage at the mean of the two processes' profiles (``core mean``).
+``comp/prof`` (``compute_ratio``): the
 measured run's compute ops (span less send and data time) over the profile's time for the same
-ops. Writes ``results/bench/fidelity.csv``.
+ops. Writes ``results/bench/fidelity.csv`` (``--transport shm``: ``results/bench/fidelity_shm.csv``),
+replacing the previous run (earlier runs live in git history).
 
     python benchmarks/bench_fidelity.py [--steps 14] [--skip 4] [--repeat 5] [--overhead-steps 64] [--transport gloo|shm]
 """
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import os
 import statistics
 import sys
@@ -104,8 +106,8 @@ def profile_separately(model_options: dict, bounds: list, threads: int = 1, conc
 
 
 def core_mean(sps: list):
-    """The profiles' mean over the processes (what this benchmark used until session 7: every
-    stage at the mean of the cores), kept as a column beside the per-rank profile."""
+    """The profiles' mean over the processes (every stage at the mean of the cores), a column beside
+    the per-rank profile."""
     from workbench.calibrate import on_ranks
     return on_ranks(sps, [list(range(len(sps)))] * len(sps[0].bounds), combine=statistics.fmean)
 
@@ -163,7 +165,8 @@ def main(argv=None) -> int:
                          "one repetition's error spreads over several percent (see error_pct_per_repeat): the "
                          "median of 3 left gpipe outside 10%% in 3 of 7 runs of the same code family")
     ap.add_argument("--schedules", default=",".join(SCHEDULES))
-    ap.add_argument("--out", default="results/bench/fidelity.csv")
+    ap.add_argument("--out", default=None,
+                    help="CSV to write (default: results/bench/fidelity.csv, or fidelity_<transport>.csv)")
     ap.add_argument("--overhead-width", type=int, default=16,
                     help="width of the mlp whose runs calibrate the per-op overheads (default 16: almost no compute)")
     ap.add_argument("--overhead-steps", type=int, default=64,
@@ -178,6 +181,7 @@ def main(argv=None) -> int:
                     help="model the all-reduce as overlapping the backward (default off: on a CPU with one core per "
                          "rank, gloo's all-reduce needs the cores the backward computes on)")
     a = ap.parse_args(argv)
+    a.out = a.out or f"results/bench/fidelity{'' if a.transport == 'gloo' else '_' + a.transport}.csv"
     ovl = dict(overlap_comm=a.overlap_allreduce)
     names = a.schedules.split(",")
     pipe_bounds, dp_bounds = [(0, 3), (4, 7)], [(0, 7)]
@@ -233,9 +237,8 @@ def main(argv=None) -> int:
               f"{tiny['ddp']:.1f} ms), load {loads[-1]:.2f}, {time.time() - t:.0f} s", flush=True)
     med = lambda xs: statistics.median(xs)  # noqa: E731
     c = {k: med([x[k] for x in cal]) for k in cal[0]}
-    from workbench.io import fresh_path
-    a.out = str(fresh_path(a.out))  # never overwrite an earlier result
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    from workbench.runtime.outputs import atomic_text
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)  # the current result replaces the previous one
     cols = ["schedule", "step_ms_modeled", "step_ms_measured", "error_pct", "step_ms_modeled_no_overhead",
             "step_ms_modeled_layer_profile", "step_ms_modeled_loaded_transit", "error_pct_loaded_transit", "step_ms_modeled_core_mean", "error_pct_core_mean", "compute_ratio", "measured_min", "measured_max", "error_pct_per_repeat", "latency_ms", "bandwidth_bytes_per_s",
             "op_overhead_ms", "message_cpu_ms", "idle_latency_ms", "idle_bandwidth_bytes_per_s", "allreduce_latency_ms", "allreduce_bus_bandwidth_bytes_per_s", "overlap_allreduce",
@@ -264,11 +267,12 @@ def main(argv=None) -> int:
                              transport="gloo" if n == "dp-bsp" else a.transport, repeats=a.repeat,
                              load_avg_1min_median=med(loads), load_avg_1min_max=max(loads),
                              cores=len(os.sched_getaffinity(0))))
-    with open(a.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        for row in out_rows:
-            w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()})
+    text = io.StringIO()
+    w = csv.DictWriter(text, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    for row in out_rows:
+        w.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()})
+    atomic_text(text.getvalue(), Path(a.out))
     print(f"{'schedule':<18}{'modeled':>10}{'measured':>10}{'error %':>9}{'no ovh':>9}{'layer prof':>11}{'loaded trans':>13}{'core mean':>10}{'comp/prof':>10}"
           f"{'meas range':>16}  error % per repetition")
     for x in out_rows:

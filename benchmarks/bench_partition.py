@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workbench.io import fresh_path
 from workbench.partition import partition
 from workbench.profiler import Profile
+from workbench.runtime.outputs import atomic_text
 from workbench.topology import Topology
 
 TOPOLOGIES = {
@@ -98,9 +98,9 @@ def main(argv=None) -> pd.DataFrame:
                   f"simulated {plan.simulated_ms:.2f} ms, {plan.speedup_over_data_parallel:.2f}x over data "
                   f"parallel; load {load1:.2f})", flush=True)
     df = pd.DataFrame(rows)
-    out = fresh_path(a.out)  # never overwrite an earlier result
+    out = Path(a.out)  # the current result replaces the previous one (earlier runs: git history)
     out.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out, index=False)
+    atomic_text(df.to_csv(index=False), out)
     table = df.pivot(index="layers", columns="topology", values="seconds")
     print("\nseconds per partition (wall clock, best of", a.repeat, "runs):")
     print(table.to_string(float_format=lambda x: f"{x:.3f}"))

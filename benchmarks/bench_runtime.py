@@ -56,7 +56,7 @@ Rows per model:
   schedule with the warm-up the workbench's planner gives this split on this machine
   (:func:`plan_warmup`: ``Plan.in_flight``, which counts the messages' latency; NOAM, torch's
   order, counts none), ``options`` column. ``workbench-<schedule>+gloo``: activations and gradients
-  through torch.distributed's gloo (``transport="gloo"``, the default before session 6) instead of
+  through torch.distributed's gloo (``transport="gloo"``) instead of
   the runtime's shared-memory transport (:mod:`workbench.runtime.shm`); the torch rows use gloo
   (torch.distributed has no shared-memory point-to-point).
   ``workbench-<schedule>+stream``: the epoch's minibatches flow through the pipeline as one stream
@@ -82,6 +82,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import statistics
@@ -113,8 +114,8 @@ CONFIGS = {  # model -> batch, default timed steps, workbench schedules, torch s
 # every rank has a core of its own), and the suffixes of its name change one thing:
 # "+warmup" = the 1F1B warm-up from the cost model (plan_warmup); "+stream" = the minibatches of the epoch flow
 # through the pipeline as one stream, no drain between them (train(stream=True); schedules without a flush only);
-# ablations: "+gloo" = activations and gradients through torch.distributed's gloo instead (transport="gloo"; the
-# default before session 6); "+default-malloc" = the ranks keep glibc's malloc defaults (WORKBENCH_MALLOC=0).
+# ablations: "+gloo" = activations and gradients through torch.distributed's gloo instead (transport="gloo");
+# "+default-malloc" = the ranks keep glibc's malloc defaults (WORKBENCH_MALLOC=0).
 # pipedream-2bw rows accumulate over the whole minibatch (microbatches_per_step = M: one update per minibatch, as
 # torch's rows and pipedream-flush)
 
@@ -479,15 +480,14 @@ def main(argv=None) -> int:
             ap.error(f"unknown model {name!r}; choose from {', '.join(CONFIGS)}")
         rows += run_model(name, a.steps or CONFIGS[name]["steps"], a.warmup, a.repeat, a.device)
     print_tables(rows)
-    from workbench.io import fresh_path
-    out = Path(fresh_path(a.out))  # never overwrite an earlier result
+    from workbench.runtime.outputs import atomic_text
+    out = Path(a.out)  # the current result replaces the previous one (earlier runs: git history)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
-    os.replace(tmp, out)
+    text = io.StringIO()
+    w = csv.DictWriter(text, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    w.writerows({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+    atomic_text(text.getvalue(), out)
     print(f"wrote {out}")
     return 0
 

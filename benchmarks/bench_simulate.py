@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench.io import fresh_path
+from workbench.runtime.outputs import atomic_text
 from workbench.schedules.core import Op, Schedule
 from workbench.simulate import simulate
 
@@ -80,9 +80,9 @@ def main(argv=None) -> pd.DataFrame:
                      "schedule_from": how, "makespan": res.makespan,
                      "python": platform.python_version(), "machine": platform.machine()})
     df = pd.DataFrame(rows)
-    out = fresh_path(args.out)  # never overwrite an earlier result
+    out = Path(args.out)  # the current result replaces the previous one (earlier runs: git history)
     out.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out, index=False)
+    atomic_text(df.to_csv(index=False), out)
     print(df[["stages", "microbatches", "ops", "compute_ops", "seconds", "ops_per_s", "compute_ops_per_s",
               "build_seconds", "build_plus_simulate_s", "load_1min", "schedule_from"]].to_string(index=False))
     print(f"wrote {out}")

@@ -93,12 +93,10 @@ def main(argv=None) -> pd.DataFrame:
     df["load_1min"] = f"{load0:.1f}-{load1:.1f}"
     df["cpus"] = os.cpu_count()
     df["python"] = platform.python_version()
-    from workbench.io import fresh_path
-    out = Path(fresh_path(args.out))  # never overwrite an earlier result
+    from workbench.runtime.outputs import atomic_text
+    out = Path(args.out)  # the current result replaces the previous one (earlier runs: git history)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    df.to_csv(tmp, index=False)
-    os.replace(tmp, out)
+    atomic_text(df.to_csv(index=False), out)
     cols = ["case", "schedule", "stages", "ops", "partition_ms", "schedule_ms", "simulate_ms", "redraw_ms",
             "update_ms", "update_best_ms", "fresh_figure_ms"]
     print(df[cols].to_string(index=False))
