@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .. import schedules
 from .common import check_config, claim, out_folder, save_figure, save_table, write_claims
 from .pages import save_page, slim_runs
 
@@ -46,23 +47,13 @@ BUSY_KINDS = ("F", "B", "BI", "BW", "STEP")
 
 
 def schedule_names() -> list[str]:
-    """Every schedule the package can build (the registry when there is one, else ``NAMES``)."""
-    from .. import schedules
-
-    registry = getattr(schedules, "REGISTRY", None)
-    return list(registry) if registry else list(schedules.NAMES)
+    """Every registered schedule."""
+    return list(schedules.REGISTRY)
 
 
 def build_for(name: str, workers: int, microbatches: int, options: dict | None = None):
-    """Schedule ``name`` on ``workers`` workers without a plan: the registry's stage count for that
-    many workers (``ScheduleSpec.stages_for``); data-parallel and placement schedules get ``workers``."""
-    from .. import schedules
-
-    spec = schedules.spec(name)
-    opts = dict(options or {})
-    if spec.stages_per_worker in ("all", "placement"):
-        opts.setdefault("workers", workers)
-    return schedules.build(name, spec.stages_for(workers, opts), microbatches, **opts)
+    """Schedule ``name`` on ``workers`` workers without a plan (:func:`schedules.build_for_workers`)."""
+    return schedules.build_for_workers(name, workers, microbatches, options=options)
 
 
 @dataclass(frozen=True)
@@ -105,35 +96,9 @@ def quick_config(**params) -> Config:
 
 # ---- closed forms ----------------------------------------------------------------------------
 def closed_form_bubble(schedule) -> tuple[float, str]:
-    """(bubble fraction, formula) of a one-round schedule under unit costs; NaN when no paper gives one."""
-    name, p, m = schedule.name, _pipeline_depth(schedule), schedule.microbatches_per_step
-    M = schedule.microbatches
-    if name in ("gpipe", "pipedream-flush", "pp", "lpp", "fslpp"):
-        return (p - 1) / (m + p - 1), f"(p-1)/(m+p-1), p={p} (pipeline depth), m={m}"
-    if name in ("pipedream", "pipedream-2bw"):
-        return (p - 1) / (M + p - 1), f"(p-1)/(M+p-1) fill and drain of one round, p={p}, M={M}"
-    if name in ("interleaved-1f1b", "looped-bfs"):
-        v = schedule.num_stages // schedule.num_workers
-        return (p - 1) / (v * m + p - 1), f"(p-1)/(v m+p-1), p={p}, v={v}, m={m}"
-    if name == "zb-h1":
-        return (p - 1) / (3 * m + p - 1), f"(p-1)/(3m+p-1) with F=BI=BW, p={p}, m={m}"
-    if name == "model-parallel":
-        return (p - 1) / p, f"(p-1)/p, p={p}"
-    if name in ("dp-bsp", "dp-asp", "ddp", "fsdp"):
-        return 0.0, "0: every worker computes every stage, communication free"
-    if name == "zb-h2":
-        return math.nan, ("the paper's (p-1)(T_F+T_B-2T_W) is the per-step idle once steps tile; one round "
-                          "keeps the pipeline fill")
-    return math.nan, "no single-round closed form stated in the papers"
-
-
-def _pipeline_depth(schedule) -> int:
-    """Pipeline workers a microbatch crosses: distinct workers running its forwards."""
-    by_mb: dict[int, set] = {}
-    for w, op in schedule:
-        if op.kind == "F":
-            by_mb.setdefault(op.microbatch, set()).add(w)
-    return max(len(ws) for ws in by_mb.values())
+    """(bubble fraction, formula) of a one-round schedule under unit costs (F = 1, B = 2), from the
+    form its registration names (:mod:`workbench.schedules.closed_forms`); NaN when no paper gives one."""
+    return schedules.closed_form_bubble(schedule, 1.0, 2.0)
 
 
 def bubble_fraction(timeline: pd.DataFrame) -> float:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..schedules import executor_of
 from ..schedules.core import Schedule, validate
 from .fetch import check_remote
 from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
@@ -62,12 +63,9 @@ def schedule_for_workers(name: str, workers: int, plan, microbatches: int, optio
     """Schedule ``name`` on ``workers`` ranks, shaped by the registry (no special cases by name): a
     schedule taking ``workers`` (data parallel, master family) gets it; without a plan the stage count
     is ``spec.stages_for(workers, options)`` (k stages per worker; 1 for data parallel)."""
-    from workbench.schedules import spec
-    sp = spec(name)
-    options.update(sp.check_options(options))  # typed values (e.g. "2" from the command line -> 2)
-    if sp.takes_workers:
-        options.setdefault("workers", workers)
-    return make_schedule(name, plan if plan is not None else sp.stages_for(workers, options), microbatches, **options)
+    from workbench.schedules import build_for_workers, worker_options
+    options.update(worker_options(name, workers, options))  # the caller keeps the typed options
+    return build_for_workers(name, workers, microbatches, plan, options)
 
 
 def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, steps: int | None = None,
@@ -124,12 +122,12 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
     if transport == "auto":  # shared memory where it runs and pays (one rank per core, CPU, this machine)
         # only where its channels are bounded rings (else they hold every message of an epoch: shm.channel_sizes)
         transport = auto_transport(workers, _cores(), spawned=not torchrun, device=device, backend=backend,
-                                   messages=sched.update != "async" and sched.name != "dp-bsp" and ring_channels(sched))
+                                   messages=executor_of(sched) == "pipeline" and ring_channels(sched))
     if transport == "shm":
         if torchrun or not device == "cpu" or backend != "gloo":
             raise ValueError("transport='shm' needs CPU ranks spawned by train() on one machine "
                              "(no torchrun, device cpu, gloo)")
-        if sched.update == "async" or sched.name == "dp-bsp":
+        if executor_of(sched) != "pipeline":
             raise ValueError(f"transport='shm' carries pipeline messages; {sched.name} has none "
                              "(it all-reduces or shares memory)")
     stream_fn = _stream_builder(schedule, workers, plan, schedule_options, sched) if stream else None

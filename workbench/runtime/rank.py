@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..schedules import executor_of
 from .affinity import place_rank
 from .fetch import has_remote
 from .job import Job, RankContext
@@ -161,9 +162,10 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
     x0, y0 = microbatch(dataset, order.indices(order.permutation(0), 0, 0), device, dtype)
     ctx.specs, ctx.like_tuple = _boundary_specs(model, job.bounds, x0)
     _warm_up_compute(model, job.bounds, x0, y0)
-    if sched.update == "async":
+    kind = executor_of(sched)
+    if kind == "hogwild":
         executor = HogwildExecutor(ctx, sched, model, job.bounds, *shared)
-    elif sched.name == "dp-bsp":
+    elif kind == "ddp":
         executor = DDPExecutor(ctx, sched, model, job.bounds, init, groups)
     else:
         executor = PipelineExecutor(ctx, sched, model, job.bounds, init, groups, stream=job.stream)

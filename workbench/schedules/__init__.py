@@ -29,6 +29,7 @@ for _m in pkgutil.iter_modules(__path__):  # registers every schedule of the pac
 
 from .generators import noam_warmup, stage_layout  # noqa: E402
 from .master import JobCosts, from_placement, list_schedule, placement  # noqa: E402
+from .closed_forms import closed_form_bubble  # noqa: E402
 from .stats import worker_stats  # noqa: E402
 from .torch_csv import from_torch_csv, to_torch_csv  # noqa: E402
 
@@ -53,6 +54,34 @@ def build(name: str, plan_or_stage_count, microbatches: int, recompute: bool = F
         raise ValueError(_reshape_message(sp, plan_or_stage_count, sched, options))
     recompute = Option("recompute", bool, False).check(name, recompute)  # "true"/"false" from a CLI
     return with_recompute(sched) if recompute else sched
+
+
+def worker_options(name: str, workers: int, options: dict | None = None) -> dict:
+    """``options`` typed by the registry (e.g. "2" from a command line -> 2), with ``workers`` set for
+    a schedule that takes it (data parallel, master family)."""
+    sp = spec(name)
+    opts = sp.check_options(dict(options or {}))
+    if sp.takes_workers:
+        opts.setdefault("workers", workers)
+    return opts
+
+
+def build_for_workers(name: str, workers: int, microbatches: int, plan=None, options: dict | None = None) -> Schedule:
+    """Schedule ``name`` on ``workers`` workers, shaped by the registry (no special case by name):
+    the plan's stages, or ``spec.stages_for(workers, options)`` (k stages per worker, the ``chunks``
+    option's count, 1 for data parallel, one per worker for the master family)."""
+    opts = worker_options(name, workers, options)
+    return build(name, plan if plan is not None else spec(name).stages_for(workers, opts), microbatches, **opts)
+
+
+def executor_of(schedule: Schedule) -> str:
+    """The runtime executor a schedule needs: its registration's (``pipeline``, ``ddp``,
+    ``hogwild``); an unregistered schedule runs on ``hogwild`` when its updates are asynchronous,
+    else on ``pipeline``."""
+    sp = REGISTRY.get(schedule.name)
+    if sp is not None:
+        return sp.executor
+    return "hogwild" if schedule.update == "async" else "pipeline"
 
 
 @contextmanager
@@ -108,4 +137,4 @@ def _reshape_message(sp: ScheduleSpec, plan, sched: Schedule, options: dict) -> 
 __all__ = ["COMPUTE", "KINDS", "UPDATE_RULES", "Op", "OpKind", "Schedule", "ScheduleError", "in_flight_peak",
            "validate", "producers", "build", "NAMES", "DESCRIPTIONS", "REGISTRY", "Option", "ScheduleSpec", "register",
            "spec", "markdown_table", "build_for_simulation", "from_placement", "list_schedule", "placement", "JobCosts",
-           "worker_stats", "noam_warmup", "stage_layout", "to_torch_csv", "from_torch_csv", "with_recompute"]
+           "worker_stats", "noam_warmup", "build_for_workers", "worker_options", "executor_of", "closed_form_bubble", "stage_layout", "to_torch_csv", "from_torch_csv", "with_recompute"]

@@ -24,6 +24,7 @@ import math
 from typing import Callable
 
 from .core import Op, OpKind, Schedule, make_op, validate
+from . import closed_forms as cf
 from .registry import register
 
 Key = tuple[str, int, int]  # (kind, stage, microbatch)
@@ -232,7 +233,8 @@ def _check_m(M, what="microbatches"):
 
 # ---- pipeline schedules -----------------------------------------------------------------
 @register("model-parallel", description="one microbatch in flight through all stages, then every stage updates",
-          source="Narayanan et al., PipeDream (SOSP 2019), Figure 2", microbatches="in total")
+          source="Narayanan et al., PipeDream (SOSP 2019), Figure 2", microbatches="in total",
+          bubble=cf.one_in_flight, takes_plan=True)
 def model_parallel(plan, microbatches: int) -> Schedule:
     """One microbatch in flight: F0..F(S-1), B(S-1)..B0, then every stage updates (version b)."""
     layout, M = stage_layout(plan), _check_m(microbatches)
@@ -245,7 +247,8 @@ def model_parallel(plan, microbatches: int) -> Schedule:
 
 
 @register("gpipe", description="fill-drain: all forwards, then all backwards, gradient accumulation, one step per flush",
-          source="Huang et al., GPipe (NeurIPS 2019)", options={"steps": "iterations (flushes) in the schedule"})
+          source="Huang et al., GPipe (NeurIPS 2019)", options={"steps": "iterations (flushes) in the schedule"},
+          bubble=cf.fill_drain, takes_plan=True, flushes=True)
 def gpipe(plan, microbatches: int, steps: int = 1) -> Schedule:
     """Fill-drain: per iteration every worker runs all its forwards, then its backwards in reverse
     order; the gradients of the M microbatches accumulate and each stage steps once at the flush."""
@@ -267,7 +270,8 @@ def gpipe(plan, microbatches: int, steps: int = 1) -> Schedule:
           options={"weights": "weight rule: stashing, vertical sync or none",
                    "warmup": "forwards each stage admits before its first backward (default NOAM; Plan.in_flight counts communication)"},
           choices={"weights": ("stash", "vertical-sync", "no-stash")}, microbatches="in total",
-          data_parallel_plan=True)
+          data_parallel_plan=True,
+          bubble=cf.one_round, takes_plan=True)
 def pipedream(plan, microbatches: int, weights: str = "stash", warmup: object = None) -> Schedule:
     """1F1B with NOAM warm-up, round robin over replicas, no flush, an update after every
     microbatch (a replicated stage: every round of r_s microbatches, AR then STEP).
@@ -303,7 +307,8 @@ def _warmup(layout, warmup) -> list[int]:
           source="Narayanan et al., PipeDream-2BW (ICML 2021)",
           options={"steps": "iterations (flushes) in the schedule",
                    "warmup": "forwards each stage admits before its first backward (default NOAM, as torch's "
-                             "Schedule1F1B; Plan.in_flight adds what communication needs)"})
+                             "Schedule1F1B; Plan.in_flight adds what communication needs)"},
+          bubble=cf.fill_drain, takes_plan=True, flushes=True)
 def pipedream_flush(plan, microbatches: int, steps: int = 1, warmup: object = None) -> Schedule:
     """1F1B inside each iteration of M microbatches, then a flush and one synchronous update.
     ``warmup``: forwards each stage admits before its first backward (one int per stage, capped at
@@ -323,7 +328,8 @@ def pipedream_flush(plan, microbatches: int, steps: int = 1, warmup: object = No
 @register("pipedream-2bw", description="1F1B without flush, gradient accumulation per batch, two weight buffers, delay one",
           source="Narayanan et al., PipeDream-2BW (ICML 2021)", microbatches="in total",
           options={"microbatches_per_step": "microbatches per update (default: max_s K_s r_s)",
-                   "warmup": "forwards each stage admits before its first backward (default NOAM; Plan.in_flight counts communication)"})
+                   "warmup": "forwards each stage admits before its first backward (default NOAM; Plan.in_flight counts communication)"},
+          bubble=cf.one_round, takes_plan=True)
 def pipedream_2bw(plan, microbatches: int, microbatches_per_step: int | None = None, warmup: object = None) -> Schedule:
     """1F1B without flush; gradients accumulate over batches of m microbatches (default
     max_s K_s r_s, = S when straight with NOAM's warm-up K_s: enough for two buffers); two weight buffers and a delay of one update: W(t+1) = W(t) - nu * grad f(W(t-1)), so batch t reads version
@@ -388,7 +394,8 @@ def interleaved_order(rank: int, P: int, v: int, M: int) -> list[Key]:
 
 @register("interleaved-1f1b", description="Megatron 1F1B with `chunks` virtual stages per worker (stage s on worker s mod P)",
           source="Narayanan et al., Megatron-LM (SC 2021)", stages_per_worker="chunks",
-          options={"chunks": "virtual stages per worker", "steps": "iterations (flushes) in the schedule"})
+          options={"chunks": "virtual stages per worker", "steps": "iterations (flushes) in the schedule"},
+          bubble=cf.interleaved)
 def interleaved_1f1b(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> Schedule:
     """Megatron interleaved 1F1B: S = P v stages on P workers, stage s on worker s mod P, per-rank
     order of :func:`interleaved_order` (equal to torch's ``ScheduleInterleaved1F1B``), a flush and
@@ -438,7 +445,8 @@ def looped_bfs_order(rank: int, P: int, v: int, M: int) -> list[Key]:
 
 @register("looped-bfs", description="breadth-first looped pipeline: all forwards stage by stage, then all backwards from the last stage",
           source="Lamy-Poirier, Breadth-First Pipeline Parallelism (MLSys 2023)", stages_per_worker="chunks",
-          options={"chunks": "stages per worker (stage s on worker s mod P)", "steps": "iterations (flushes) in the schedule"})
+          options={"chunks": "stages per worker (stage s on worker s mod P)", "steps": "iterations (flushes) in the schedule"},
+          bubble=cf.interleaved)
 def looped_bfs(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> Schedule:
     """Looped BFS: S = P v stages, stage s on worker s mod P, per-rank order
     :func:`looped_bfs_order` (equal to torch's ``ScheduleLoopedBFS``), gradient accumulation over
@@ -451,7 +459,8 @@ def looped_bfs(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> Sche
 
 
 @register("zb-h1", description="zero-bubble H1: backward split into BI/BW, deferred BW fills bubbles, 1F1B peak memory",
-          source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024)", options={"steps": "iterations (flushes) in the schedule"})
+          source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024)", options={"steps": "iterations (flushes) in the schedule"},
+          bubble=cf.zb_h1, takes_plan=True, flushes=True)
 def zb_h1(plan, microbatches: int, steps: int = 1) -> Schedule:
     """Zero-bubble H1: 1F1B with the backward split into BI (input gradient) and BW (weight
     gradient); BW of later stages is deferred to fill the cool-down bubble while no worker holds
@@ -475,7 +484,8 @@ def _dp_shape(plan, workers):
 
 @register("dp-bsp", description="data parallel: each worker all stages, per-stage all-reduce overlapped with backward",
           source="Li et al., PyTorch Distributed (VLDB 2020)", stages_per_worker="all", family="data-parallel",
-          microbatches="in total", options={"workers": "data-parallel workers (default: the plan's)"})
+          microbatches="in total", options={"workers": "data-parallel workers (default: the plan's)"},
+          bubble=cf.data_parallel, executor="ddp")
 def dp_bsp(plan, microbatches: int, workers: int | None = None) -> Schedule:
     """Data parallel, bulk synchronous: every worker holds all S stages (gradient buckets); worker
     w runs microbatches b = w mod W; each round, the AR of stage s follows B of s right away (it
@@ -505,7 +515,8 @@ def dp_bsp(plan, microbatches: int, workers: int | None = None) -> Schedule:
 
 @register("dp-asp", description="data parallel, asynchronous: each worker steps on its own gradients, no all-reduce",
           source="Recht et al., Hogwild! (NeurIPS 2011)", stages_per_worker="all", family="data-parallel",
-          microbatches="in total", options={"workers": "data-parallel workers (default: the plan's)"})
+          microbatches="in total", options={"workers": "data-parallel workers (default: the plan's)"},
+          bubble=cf.data_parallel, executor="hogwild")
 def dp_asp(plan, microbatches: int, workers: int | None = None) -> Schedule:
     """Data parallel, asynchronous (parameter-server ASP): worker w runs microbatches b = w mod W,
     and after B of stage s pushes its gradient and pulls the current weights (STEP, no AR).

@@ -44,6 +44,7 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from .core import Op, Schedule, in_flight_peak, validate
+from . import closed_forms as cf
 from .registry import register
 
 Placement = Callable[[int, int, str], tuple[int, int]]
@@ -358,7 +359,7 @@ _HELP = {"workers": "workers W (default: the plan's; without a plan ddp/fsdp W =
          "costs": "'unit' (unit-tick order) or durations to order by (API: JobCosts; default F=1, B=2)"}
 
 
-def _master(name: str, description: str, group: bool = False):
+def _master(name: str, description: str, bubble, group: bool = False):
     def fn(plan, batches: int, workers: int | None = None, priority: str = "oldest-batch", costs: object = None,
            **kw) -> Schedule:
         from .generators import stage_layout
@@ -378,12 +379,15 @@ def _master(name: str, description: str, group: bool = False):
     target.__name__ = target.__qualname__ = name
     target.__doc__ = f"Master schedule {name}: {description} (see :mod:`workbench.schedules.master`)."
     register(name, description=description, source=_DOC, options=helps, stages_per_worker="placement",
-             microbatches="in total", family="master")(target)
+             microbatches="in total", family="master", bubble=bubble)(target)
     return target
 
 
-ddp = _master("ddp", "master schedule w(s,b)=(b,b): a batch per worker, all weights everywhere")
-fsdp = _master("fsdp", "master schedule w(s,b)=(b,s): a batch per worker, stage s's weights owned by worker s")
-pp = _master("pp", "master schedule w(s,b)=(s,s): GPipe placement, greedy oldest-batch order")
-lpp = _master("lpp", "master schedule looped pipeline: h(s,b)=(R b mod W)+(s mod R) for compute and weights", group=True)
-fslpp = _master("fslpp", "master schedule fully sharded looped pipeline: compute h(s,b), weights h(s,s)", group=True)
+ddp = _master("ddp", "master schedule w(s,b)=(b,b): a batch per worker, all weights everywhere", cf.data_parallel)
+fsdp = _master("fsdp", "master schedule w(s,b)=(b,s): a batch per worker, stage s's weights owned by worker s",
+               cf.data_parallel)
+pp = _master("pp", "master schedule w(s,b)=(s,s): GPipe placement, greedy oldest-batch order", cf.fill_drain)
+lpp = _master("lpp", "master schedule looped pipeline: h(s,b)=(R b mod W)+(s mod R) for compute and weights",
+              cf.fill_drain, group=True)
+fslpp = _master("fslpp", "master schedule fully sharded looped pipeline: compute h(s,b), weights h(s,s)",
+                cf.fill_drain, group=True)

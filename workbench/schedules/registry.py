@@ -72,6 +72,10 @@ class ScheduleSpec:
     microbatches: str = "per step"  # or "in total": what the microbatch count of build() counts
     family: str = "pipeline"  # pipeline | data-parallel | master | custom
     data_parallel_plan: bool = False  # a one-stage replicated plan is a legitimate input (PipeDream's DP)
+    bubble: Callable | None = None  # closed-form bubble (workbench.schedules.closed_forms), None: none stated
+    executor: str = "pipeline"  # the runtime's executor: pipeline | ddp (DistributedDataParallel) | hogwild
+    takes_plan: bool = False  # builds from a partitioner's Plan (stages with replicas): the tuner offers it
+    flushes: bool = False  # microbatches count per flush; `steps` flushes per schedule
 
     @property
     def takes_workers(self) -> bool:
@@ -133,9 +137,14 @@ def _options_of(fn: Callable, helps: dict, choices: dict) -> tuple[Option, ...]:
 
 def register(name: str, *, description: str, source: str, options: dict | None = None, choices: dict | None = None,
              stages_per_worker: int | str = 1, microbatches: str = "per step", family: str = "pipeline",
-             data_parallel_plan: bool = False):
+             data_parallel_plan: bool = False, **knows):
     """Decorator: register generator ``fn(plan_or_stage_count, microbatches, **options) -> Schedule``
-    as schedule ``name`` (see module docstring). Returns ``fn`` unchanged."""
+    as schedule ``name`` (see module docstring). ``knows``: what else the schedule knows, the
+    :class:`ScheduleSpec` fields ``bubble``, ``executor``, ``takes_plan``, ``flushes``. Returns ``fn``
+    unchanged."""
+    unknown = set(knows) - {"bubble", "executor", "takes_plan", "flushes"}
+    if unknown:
+        raise ValueError(f"schedule {name!r}: register() takes no {sorted(unknown)}")
     if "\n" in description or not description or not source:
         raise ValueError(f"schedule {name!r}: description must be one non-empty line and source non-empty")
 
@@ -143,7 +152,7 @@ def register(name: str, *, description: str, source: str, options: dict | None =
         if name in REGISTRY and REGISTRY[name].build is not fn:
             raise ValueError(f"schedule {name!r} is registered twice ({REGISTRY[name].build.__module__} and {fn.__module__})")
         REGISTRY[name] = ScheduleSpec(name, fn, description, source, _options_of(fn, options or {}, choices or {}),
-                                      stages_per_worker, microbatches, family, data_parallel_plan)
+                                      stages_per_worker, microbatches, family, data_parallel_plan, **knows)
         return fn
 
     return deco

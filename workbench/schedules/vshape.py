@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from .core import Schedule, ScheduleError
 from .generators import Key, _check_m, _straight, stage_layout
+from . import closed_forms as cf
 from .registry import register
 from .zero_bubble import _finish, _pipeline_size, v_layout
 
@@ -131,7 +132,8 @@ def _with_offset(orders: list[list[Key]], T: int, M: int) -> list[list[Key]]:
 
 
 @register("zb-h2", description="zero-bubble H2: up to 2P-1 microbatches in flight, W fills every gap, no bubble once steps tile",
-          source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024), section 3", options={"steps": "iterations (flushes) in the schedule"})
+          source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024), section 3", options={"steps": "iterations (flushes) in the schedule"},
+          bubble=cf.zb_h2)
 def zb_h2(plan, microbatches: int, steps: int = 1) -> Schedule:
     """ZB-H2: worker i admits 2(P - 1 - i) + 1 microbatches (peak 2P - 1 on worker 0, about twice
     1F1B's P); greedy order of the module docstring; per-step idle (P-1)(T_F + T_B - 2 T_W)."""

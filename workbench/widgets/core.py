@@ -26,8 +26,8 @@ from ..simulate import SimResult, simulate
 from ..topology import Topology
 
 #: schedules that take a (possibly replicated) Plan; the ones with a flush take ``per_step``
-PLAN_SCHEDULES = ("pipedream", "pipedream-2bw", "pipedream-flush", "gpipe", "zb-h1", "model-parallel")
-FLUSH_SCHEDULES = ("pipedream-flush", "gpipe", "zb-h1")
+PLAN_SCHEDULES = tuple(sorted((n for n, sp in schedules.REGISTRY.items() if sp.takes_plan),
+                              key=lambda n: (n != "pipedream", n)))  # PipeDream's own first: the default
 
 
 @dataclass(frozen=True)
@@ -196,12 +196,12 @@ def build_schedule(plan: Plan, st: Settings) -> schedules.Schedule:
         raise ValueError(f"schedule {name!r} does not take a plan; choose one of {', '.join(PLAN_SCHEDULES)}")
     if M < 1 or k < 1:
         raise ValueError("microbatches and microbatches per step must be >= 1")
-    if name in FLUSH_SCHEDULES:
+    if schedules.spec(name).flushes:
         if M % k:
             raise ValueError(f"{name}: {M} microbatches do not split into flushes of {k}; make microbatches a "
                              f"multiple of the per-step count")
         return schedules.build(name, plan, k, steps=M // k)
-    if name == "pipedream-2bw":
+    if any(o.name == "microbatches_per_step" for o in schedules.spec(name).options):  # 2BW: an update every k
         return schedules.build(name, plan, M, microbatches_per_step=k)
     return schedules.build(name, plan, M)
 

@@ -7,7 +7,6 @@ schedules, ``transfer`` per activation or gradient message between workers.
 """
 from __future__ import annotations
 
-from typing import Any
 
 import html
 import math
@@ -21,49 +20,29 @@ from ..display import card
 from ..simulate import SimResult, simulate
 from .figures import _FONT, timeline_widget, update_timeline, widget
 
-_WORKER_ARG = ("dp-bsp", "dp-asp", "ddp", "fsdp", "pp", "lpp", "fslpp")
-
-
 def closed_form_bubble(name: str, S: int, M: int, fwd: float, bwd: float, chunks: int = 2) -> tuple[float, str] | None:
-    """Mean bubble fraction ``1 - busy / makespan`` in closed form, with equal stages and free
-    communication, or None where no simple form is known:
+    """Mean bubble fraction ``1 - busy / makespan`` in closed form of schedule ``name`` as
+    :func:`explore` builds it (``S`` workers, ``M`` microbatches, a worker's share of the model
+    costing ``fwd`` / ``bwd``), from the form its registration names
+    (:mod:`workbench.schedules.closed_forms`); None where no paper states one."""
+    value, formula = schedules.closed_form_bubble(_build(name, S, M, chunks), fwd, bwd)
+    return None if math.isnan(value) else (value, formula)
 
-    * GPipe, PipeDream-Flush, PipeDream 1F1B, 2BW and PP (one flush of M): ``(S-1) / (M+S-1)``;
-    * model parallel (one microbatch in flight): ``(S-1) / S``;
-    * interleaved 1F1B with v chunks per worker (Narayanan et al. SC'21): ``(S-1) / (v M + S-1)``;
-    * ZB-H1 (Qi et al. ICLR'24) with ``BI = BW = B / 2``: a bubble of ``(S-1) max(F, BI)`` time per
-      worker, so ``(S-1) x / (M (F + B) + (S-1) x)`` with ``x = max(F, B/2)`` (the paper's
-      ``(p-1)(T_F + T_B - T_W)`` is the case ``F >= BI``; when ``BI > F`` the drain's chain of
-      input-gradient backwards sets it);
-    * data parallel (S workers, whole model each, M microbatches round robin):
-      ``1 - (M / S) / ceil(M / S)``.
-    """
-    if name in ("gpipe", "pipedream-flush", "pipedream", "pipedream-2bw", "pp"):
-        return (S - 1) / (M + S - 1), "(S−1)/(M+S−1)"
-    if name == "model-parallel":
-        return (S - 1) / S, "(S−1)/S"
-    if name == "interleaved-1f1b":
-        return (S - 1) / (chunks * M + S - 1), "(S−1)/(vM+S−1)"
-    if name == "zb-h1":
-        x = max(fwd, bwd / 2)
-        return (S - 1) * x / (M * (fwd + bwd) + (S - 1) * x), "(S−1)x/(M(F+B)+(S−1)x), x=max(F,B/2)"
-    if name in ("dp-bsp", "dp-asp", "ddp", "fsdp"):
-        return 1 - (M / S) / math.ceil(M / S), "1 − (M/S)/⌈M/S⌉"
-    return None
+
+def _build(name: str, workers: int, microbatches: int, chunks: int) -> schedules.Schedule:
+    takes_chunks = any(o.name == "chunks" for o in schedules.spec(name).options)
+    return schedules.build_for_workers(name, workers, microbatches, options={"chunks": chunks} if takes_chunks else None)
 
 
 def explore(name: str, stages: int, microbatches: int, fwd: float = 1.0, bwd: float = 2.0,
             transfer: float = 0.0, chunks: int = 2) -> SimResult:
-    """Build schedule ``name`` on ``stages`` workers (``chunks`` virtual stages each for interleaved
-    1F1B) with ``microbatches`` and simulate it with unit costs."""
-    opts: dict[str, Any] = {"workers": stages} if name in _WORKER_ARG else {}
-    count = stages
-    if name == "interleaved-1f1b":
-        opts, count = {"chunks": chunks}, stages * chunks
-    sched = schedules.build(name, count, microbatches, **opts)
-    stage_fwd = fwd / chunks if name == "interleaved-1f1b" else fwd  # a chunk holds 1/v of a worker's layers
-    stage_bwd = bwd / chunks if name == "interleaved-1f1b" else bwd
-    return simulate(sched, fwd=stage_fwd, bwd=stage_bwd, transfer=transfer)
+    """Build schedule ``name`` on ``stages`` workers (``chunks`` virtual stages each where the
+    schedule takes them) with ``microbatches`` and simulate it with unit costs: the model costs
+    ``stages`` x (``fwd``, ``bwd``), split evenly over the schedule's stages (a worker's share of a
+    pipeline costs ``fwd``; a data-parallel worker's whole model ``stages x fwd``)."""
+    sched = _build(name, stages, microbatches, chunks)
+    share = stages / sched.num_stages
+    return simulate(sched, fwd=fwd * share, bwd=bwd * share, transfer=transfer)
 
 
 class ScheduleExplorer:
@@ -133,8 +112,8 @@ class ScheduleExplorer:
         m = res.metrics
         sim_bubble = float(np.mean(m["bubble_fraction"]))
         rows = [("makespan", m["makespan"], "units"), ("bubble (simulated, mean)", sim_bubble, "")]
-        form = closed_form_bubble(name, S, M, f, b, v) if c == 0 else None
-        if form is not None:
+        form = schedules.closed_form_bubble(res.schedule, f, b) if c == 0 else (math.nan, "")
+        if not math.isnan(form[0]):
             rows.append((f"bubble, closed form {form[1]}", form[0], ""))
         else:
             rows.append(("bubble, closed form", "n/a" if c == 0 else "n/a (communication > 0)", ""))
