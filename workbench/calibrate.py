@@ -31,7 +31,6 @@ op starts, the same statistic :func:`measured_step_ms` takes from a measured ``t
 from __future__ import annotations
 
 import math
-import socket
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from .profiler import Profile
+from .runtime.launch import free_port
 from .schedules.core import Op, Schedule
 from .timeline import round_column
 
@@ -75,12 +75,6 @@ def fit_link(sizes: Sequence[float], times_ms: Sequence[float], relative: bool =
     rel = (alpha + n * x - t) / t
     return dict(latency_ms=float(alpha), bandwidth_bytes_per_s=float(1e3 / x),
                 rel_rmse=float(np.sqrt(np.mean(rel ** 2))))
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _busy_compute(stop, count: list) -> None:
@@ -230,7 +224,7 @@ def _run_ranks(fn, args: tuple, nprocs: int, timeout_s: float, what: str) -> dic
 
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
-    pc = mp.start_processes(fn, args=(_free_port(), *args, q), nprocs=nprocs, join=False, start_method="spawn")
+    pc = mp.start_processes(fn, args=(free_port(), *args, q), nprocs=nprocs, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
     while not pc.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
         if time.monotonic() > deadline:

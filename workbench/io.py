@@ -7,6 +7,7 @@ numeric suffix is used instead).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import tempfile
@@ -53,3 +54,21 @@ def run_folder(dest):
 
 class RunFolder(type(Path())):  # type: ignore[misc]  # a Path that remembers where it ended up (PosixPath/WindowsPath)
     final: Path | None = None
+
+
+def json_ready(x):
+    """``x`` with plain JSON types only: dicts (string keys) and lists recursively, numpy numbers as
+    Python numbers, non-finite floats as None, anything else as its ``str``."""
+    if isinstance(x, dict):
+        return {str(k): json_ready(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_ready(v) for v in x]
+    if isinstance(x, (bool, str)) or x is None:
+        return x
+    if hasattr(x, "dtype") and getattr(x, "ndim", 1) == 0:  # a numpy scalar
+        x = x.item()
+    if isinstance(x, int):
+        return x
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    return str(x)

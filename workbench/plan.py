@@ -125,10 +125,6 @@ class Plan:
         return self.in_flight[0] if self.in_flight else self.noam
 
     @property
-    def predicted_throughput_minibatches_per_s(self) -> float:
-        return 1e3 / self.predicted_ms if self.predicted_ms > 0 else float("nan")
-
-    @property
     def simulated_throughput_minibatches_per_s(self) -> float:
         return 1e3 / self.simulated_ms if self.simulated_ms > 0 else float("nan")
 
@@ -148,12 +144,6 @@ class Plan:
     @property
     def speedup_over_data_parallel(self) -> float:
         return self.data_parallel_ms / self.bottleneck_ms
-
-    def stage_of_layer(self, layer: int) -> int:
-        for i, s in enumerate(self.stages):
-            if s.first <= layer <= s.last:
-                return i
-        raise IndexError(f"layer {layer} is not in this plan of {self.num_layers} layers")
 
     def _rows(self) -> list:
         rows = [("stages", self.num_stages, ""), ("workers", self.num_workers, ""),

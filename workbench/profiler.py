@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .io import json_ready
+
 REQUIRED = ("name", "fwd_ms", "bwd_ms", "act_bytes", "param_bytes")
 
 
@@ -113,11 +115,11 @@ class Profile:
         """Write JSON (``.json``) or CSV (anything else; meta goes to ``<path>.meta.json``)."""
         path = Path(path)
         if path.suffix == ".json":
-            path.write_text(json.dumps({"meta": self.meta, "layers": self.layers.to_dict(orient="list")},
-                                       indent=1, default=_jsonable))
+            path.write_text(json.dumps(json_ready({"meta": self.meta, "layers": self.layers.to_dict(orient="list")}),
+                                       indent=1))
         else:
             self.layers.to_csv(path, index=False)
-            Path(str(path) + ".meta.json").write_text(json.dumps(self.meta, indent=1, default=_jsonable))
+            Path(str(path) + ".meta.json").write_text(json.dumps(json_ready(self.meta), indent=1))
         return path
 
     @classmethod
@@ -150,19 +152,6 @@ class Profile:
             raise ValueError(f"{path} is not a profile (CSV/JSON from Profile.save or a PipeDream graph.txt): {e}") from None
 
 
-def _jsonable(x):
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (np.floating,)):
-        return float(x)
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    return str(x)
-
-
-# ---------------------------------------------------------------------------------------------
-# Measuring a model
-# ---------------------------------------------------------------------------------------------
 def _tensors(x):
     """Flatten a layer input/output (tensor or nested tuple/list of tensors) into a list."""
     import torch

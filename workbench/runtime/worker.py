@@ -91,9 +91,6 @@ class RankProgram:
     def dst_of_activation(self, s: int, b: int) -> int:
         return self.where[("F", s + 1, b)]
 
-    def src_of_gradient(self, s: int, b: int) -> int:
-        k = ("BI", s + 1, b) if ("BI", s + 1, b) in self.where else ("B", s + 1, b)
-        return self.where[k]
 
 
 class StageState:

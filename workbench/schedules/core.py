@@ -273,12 +273,6 @@ class Schedule:
                 out.add(i)
         return frozenset(out)
 
-    def op_at(self, kind: str, stage: int, microbatch: int) -> tuple[int, Op]:
-        for w, op in self:
-            if (op.kind, op.stage, op.microbatch) == (kind, stage, microbatch):
-                return w, op
-        raise KeyError((kind, stage, microbatch))
-
     @property
     def split_backward(self) -> bool:
         return any(op.kind == "BI" for _, op in self)

@@ -104,13 +104,6 @@ class ScheduleSpec:
             return int(workers) * int((options or {}).get(k, self.option(k).default))
         return int(workers) * int(k)
 
-    def workers_for(self, stages: int, options: dict | None = None) -> int | None:
-        """Workers a pipeline of ``stages`` stages runs on (None when the ``workers`` option decides)."""
-        k = self.stages_per_worker
-        if k in ("all", "placement"):
-            return None
-        per = int((options or {}).get(k, self.option(k).default)) if isinstance(k, str) else int(k)
-        return stages // per if stages % per == 0 else None
 
 
 REGISTRY: dict[str, ScheduleSpec] = {}

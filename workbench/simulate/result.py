@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..display import card, fmt, one_line
+from ..io import json_ready
 from ..schedules.core import Schedule
 from .costs import _AR, _B, _BI, _BW, _F, _STEP, KIND_NAMES, TIMELINE_COLUMNS, _Costs, default_microbatch_fraction
 
@@ -106,27 +107,12 @@ class SimResult:
         with run_folder(directory) as d:
             self.timeline.to_csv(d / "timeline.csv", index=False)
             meta = self.metrics | {"label": self.label, "schedule": self.schedule.name}
-            (d / "metrics.json").write_text(json.dumps(_jsonable(meta), indent=1))
+            (d / "metrics.json").write_text(json.dumps(json_ready(meta), indent=1))
             save_html(timeline_figure(self.timeline, title=f"{self.schedule.name} — {self.label}"), d / "timeline.html")
             to_chrome_trace(self.timeline, d / "trace.json", label=f"{self.schedule.name} (modeled): {self.label}")
         return d.final
 
 
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (np.floating, float)):
-        return None if not math.isfinite(float(x)) else float(x)
-    return x
-
-
-# ---------------------------------------------------------------------------------------------
-# timeline and metrics
-# ---------------------------------------------------------------------------------------------
 def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
     """The :class:`SimResult` of a swept op graph: the timeline (compute and communication lanes,
     :mod:`workbench.timeline` schema) and the metrics of :func:`workbench.simulate.simulate`."""
