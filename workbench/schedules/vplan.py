@@ -308,3 +308,150 @@ def zbv_orders(P: int, M: int, costs: SplitCosts, limit: int) -> list[list[list[
                 best = nxt
             out.append(best.orders)
     return out
+
+
+# ---- V-Min / V-Half: the building block, squeezed ---------------------------------------------------
+LANES = ("F0", "F1", "B1", "B0")  # a worker's F of leg 0 and 1, B of leg 1 (first) and 0; tie order
+REPEAT = 6  # slots between consecutive microbatches' blocks (2 chunks x F, B, W at unit time)
+
+
+def block_offsets(P: int, memory: str) -> list[tuple[int, int, int, int]]:
+    """Slots of one microbatch's F0, F1, B1, B0 on each worker in the paper's building block
+    (module docstring): ``memory`` "min" (V-Min) or "half" (V-Half)."""
+    if memory == "min":
+        g = 2 if P % 3 == 0 else 0
+        return [(r, 2 * P - 1 - r, 2 * P + g + r, 4 * P + g - 1 - r) for r in range(P)]
+    if memory == "half":
+        g = 3 if P % 2 == 0 else 0
+        return [(2 * r, 3 * P - 2 - r, 3 * P + g + 2 * r - 1, 6 * P + g - 2 - r) for r in range(P)]
+    raise ValueError(f"building block memory must be 'min' or 'half', got {memory!r}")
+
+
+def _lane_key(P: int, r: int, lane: str, b: int) -> Key:
+    kind = {"F": "F", "B": "BI", "W": "BW"}[lane[0]]
+    return (kind, r if lane[1] == "0" else 2 * P - 1 - r, b)
+
+
+def place_w(lanes: dict[str, list[int]], per_leg: bool) -> dict[str, list[int]]:
+    """``lanes`` plus W slots: walking the slots in order, each empty slot takes one W of a B seen
+    and not yet followed by a W (leg 1's first when ``per_leg``: lanes W1, W0; else one lane W);
+    the rest follow the last slot."""
+    at = {t: lane for lane in LANES for t in lanes[lane]}
+    owed = {"W1": 0, "W0": 0} if per_leg else {"W": 0}
+    out = {k: list(lanes[k]) for k in LANES} | {k: [] for k in owed}
+    end = max(at)
+    for t in range(end + 1):
+        if t in at:
+            if at[t][0] == "B":
+                owed["W" + at[t][1] if per_leg else "W"] += 1
+            continue
+        lane = next((k for k, n in owed.items() if n), None)
+        if lane is not None:
+            out[lane].append(t)
+            owed[lane] -= 1
+    for lane, n in owed.items():
+        for _ in range(n):
+            end += 1
+            out[lane].append(end)
+    return out
+
+
+def slot_peak(lanes: dict[str, list[int]]) -> int:
+    """Most chunks a worker holds over the slots (+1 at an F, -1 at a W); without W lanes each B's
+    W is taken to run in the first empty slot after it (as :func:`place_w` would put it)."""
+    delta = {}
+    for lane, times in lanes.items():
+        for t in times:
+            delta[t] = {"F": 1, "B": 0, "W": -1}[lane[0]]
+    explicit_w = len(lanes) > len(LANES)
+    live = peak = owed = 0
+    for t in range(max(delta) + 1):
+        if t in delta:
+            live += delta[t]
+            owed += t in lanes["B0"] or t in lanes["B1"]
+        elif owed and not explicit_w:
+            live, owed = live - 1, owed - 1
+        peak = max(peak, live)
+    return peak
+
+
+def _earliest(P: int, slots: list[dict], r: int, lane: str, b: int) -> int:
+    """First slot after the inputs of (lane, b) on worker r in the current slots: the neighbour's
+    same lane (F0, B1 from r - 1; F1, B0 from r + 1), the previous lane of the same microbatch on r
+    (F0 -> F1 -> B1 -> B0), the previous microbatch of the lane, and for a W lane the b-th B."""
+    mine, deps = slots[r], [-1]
+    if lane in ("F0", "B1") and r > 0:
+        deps.append(slots[r - 1][lane][b])
+    if lane in ("F1", "B0") and r < P - 1:
+        deps.append(slots[r + 1][lane][b])
+    if lane in LANES[1:]:
+        deps.append(mine[LANES[LANES.index(lane) - 1]][b])
+    if lane == "W":
+        deps.append(sorted(mine["B1"] + mine["B0"])[b])
+    if b > 0:
+        deps.append(mine[lane][b - 1])
+    return max(deps) + 1
+
+
+def squeeze(P: int, M: int, slots: list[dict], with_w: bool) -> list[dict]:
+    """One squeeze (module docstring) of per-worker lane slots, then unit-time ASAP slots of the
+    resulting order (W's placed in empty slots when ``with_w`` is False)."""
+    slots = [place_w(s, False) if with_w else {k: list(s[k]) for k in LANES} for s in slots]
+    cap = max(slot_peak(s) for s in slots)
+    taken: list[set[int]] = [set() for _ in range(P)]
+    ops = sorted((t, r, i, lane, b) for r, s in enumerate(slots) for i, lane in enumerate(s) for b, t in enumerate(s[lane]))
+    phase = 0  # 0: warm-up, 1: steady state (kept), 2: cool-down (moved)
+    for t, r, _, lane, b in ops:
+        if phase == 0 and lane == "B0" and r == 0:
+            phase = 1
+        if phase == 1 or (phase == 0 and not with_w):
+            phase += phase == 1 and lane == "F0" and b == M - 1
+            taken[r].add(t)
+            continue
+        for x in range(_earliest(P, slots, r, lane, b), t):
+            if x in taken[r]:
+                continue
+            slots[r][lane][b] = x
+            if slot_peak(slots[r]) <= cap:
+                break
+        else:
+            slots[r][lane][b] = t
+        taken[r].add(slots[r][lane][b])
+    slots = slots if with_w else [place_w(s, False) for s in slots]
+    return _unit_asap(P, slots)
+
+
+def lane_orders(P: int, slots: list[dict]) -> list[list[Key]]:
+    """Per-worker orders of lane slots (a W lane "W": the k-th W follows the k-th B in slot order)."""
+    out = []
+    for r, s in enumerate(slots):
+        ev = [(t, _lane_key(P, r, lane, b)) for lane in s if lane != "W" for b, t in enumerate(s[lane])]
+        if "W" in s:
+            bs = sorted((t, _lane_key(P, r, lane, b)) for lane in ("B1", "B0") for b, t in enumerate(s[lane]))
+            ev += [(t, ("BW",) + bs[k][1][1:]) for k, t in enumerate(s["W"])]
+        out.append([k for _, k in sorted(ev)])
+    return out
+
+
+def _unit_asap(P: int, slots: list[dict]) -> list[dict]:
+    """Start slots of every lane op when the slots' order runs at unit time without communication."""
+    orders = lane_orders(P, slots)
+    unit = SplitCosts.of(None, 2 * P)
+    end = order_times(orders, [v_worker(P, s) for s in range(2 * P)], unit)
+    out = []
+    for r, s in enumerate(slots):
+        lanes = {lane: [int(end[_lane_key(P, r, lane, b)]) - 1 for b in range(len(s[lane]))] for lane in LANES}
+        if "W" in s:  # anonymous W's: their slots in order
+            lanes["W"] = sorted(int(end[k]) - 1 for k in orders[r] if k[0] == "BW")
+        out.append(lanes)
+    return out
+
+
+def block_orders(P: int, M: int, memory: str) -> list[list[Key]]:
+    """V-Min / V-Half orders (module docstring): the building block repeated M times, squeezed with
+    and then without W's, W's placed per leg."""
+    slots = [{lane: [x + REPEAT * b for b in range(M)] for lane, x in zip(LANES, offs)}
+             for offs in block_offsets(P, memory)]
+    slots = squeeze(P, M, slots, with_w=True)
+    slots = squeeze(P, M, [{k: s[k] for k in LANES} for s in slots], with_w=False)
+    return lane_orders(P, [place_w({k: s[k] for k in LANES}, True) for s in slots])
