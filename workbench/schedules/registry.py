@@ -72,6 +72,7 @@ class ScheduleSpec:
     microbatches: str = "per step"  # or "in total": what the microbatch count of build() counts
     family: str = "pipeline"  # pipeline | data-parallel | master | custom
     data_parallel_plan: bool = False  # a one-stage replicated plan is a legitimate input (PipeDream's DP)
+    costs_from: Callable | None = None  # (schedule, **simulate kwargs) -> the ``costs`` option the order is planned for
 
     @property
     def takes_workers(self) -> bool:
@@ -133,9 +134,11 @@ def _options_of(fn: Callable, helps: dict, choices: dict) -> tuple[Option, ...]:
 
 def register(name: str, *, description: str, source: str, options: dict | None = None, choices: dict | None = None,
              stages_per_worker: int | str = 1, microbatches: str = "per step", family: str = "pipeline",
-             data_parallel_plan: bool = False):
+             data_parallel_plan: bool = False, costs_from: Callable | None = None):
     """Decorator: register generator ``fn(plan_or_stage_count, microbatches, **options) -> Schedule``
-    as schedule ``name`` (see module docstring). Returns ``fn`` unchanged."""
+    as schedule ``name`` (see module docstring). Returns ``fn`` unchanged. ``costs_from``: for a
+    schedule whose order depends on durations (option ``costs``), the function that reads, from a
+    schedule and the simulator's keyword arguments, the costs the simulator will charge."""
     if "\n" in description or not description or not source:
         raise ValueError(f"schedule {name!r}: description must be one non-empty line and source non-empty")
 
@@ -143,7 +146,7 @@ def register(name: str, *, description: str, source: str, options: dict | None =
         if name in REGISTRY and REGISTRY[name].build is not fn:
             raise ValueError(f"schedule {name!r} is registered twice ({REGISTRY[name].build.__module__} and {fn.__module__})")
         REGISTRY[name] = ScheduleSpec(name, fn, description, source, _options_of(fn, options or {}, choices or {}),
-                                      stages_per_worker, microbatches, family, data_parallel_plan)
+                                      stages_per_worker, microbatches, family, data_parallel_plan, costs_from)
         return fn
 
     return deco

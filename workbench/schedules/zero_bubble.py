@@ -163,16 +163,6 @@ def zbv_order(rank: int, P: int, M: int, offset: int = 0) -> list[Key]:
     return [(k, s, b + offset) for k, s, b in out if b < M]
 
 
-@register("zb-v", description="zero bubble in a V (torch ScheduleZBVZeroBubble): rank r holds stages r and 2P-1-r, 1F1B memory",
-          source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024), section 6; torch.distributed.pipelining", stages_per_worker=2, options={"steps": "iterations (flushes) in the schedule"})
-def zb_v(plan, microbatches: int, steps: int = 1) -> Schedule:
-    """ZB-V (zero-bubble paper §6; torch ScheduleZBVZeroBubble): 2P stages in a V on P workers."""
-    P, _ = _pipeline_size(plan, "zb-v", 2)
-    M, T = _check_m(microbatches), _check_m(steps, "steps")
-    orders = _steps(lambda r, off: zbv_order(r, P, M, off), P, M, T)
-    return _finish("zb-v", v_layout(P), orders, M, T, {"chunks": 2}, limit=2 * P)  # 1F1B's: P of a worker
-
-
 # ---- DualPipeV (torch ScheduleDualPipeV) ------------------------------------------------------
 def dualpipev_order(rank: int, P: int, M: int, offset: int = 0) -> tuple[list[Key], list[tuple]]:
     """Rank ``rank``'s order of torch's ScheduleDualPipeV and its overlapped (F, B) pairs.
