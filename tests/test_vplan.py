@@ -70,6 +70,20 @@ def test_reference_order_replays_to_its_makespan(ref, i):
 
 
 @pytest.mark.parametrize("ref,i", ALL)
+def test_span_bubble_is_the_bubble_rate_the_authors_report(ref, i):
+    """The simulator's worst ``span_bubble_fraction`` of the reference order is the generator's own
+    bubble rate: zbv.py's max idle / (work + max idle), zbv_greedy.py's (span - work) / span, with
+    work = 2M (F + B + W) per worker."""
+    c = cases(ref)[i]
+    P, M = c["P"], c["M"]
+    work = 2 * M * (c["F"] + c["B"] + c["W"])
+    sched = _finish("reference", v_layout(P), keys(c["orders"]), M, 1, {}, limit=2 * P)
+    rate = max(simulate(sched, **sim_kwargs(c)).metrics["span_bubble_fraction"])
+    x = c["reference_metric"]
+    assert rate == pytest.approx(x / (work + x) if ref == "zbv" else (x - work) / x, abs=1e-12)
+
+
+@pytest.mark.parametrize("ref,i", ALL)
 def test_paper_rule_gives_the_reference_order(ref, i):
     c = cases(ref)[i]
     P, M = c["P"], c["M"]
