@@ -15,9 +15,11 @@ Several stages per worker (v chunks, S = P v stages):
   stage s on worker s mod P; rank r warms up with min((v - 1) M_r + P - 1 - r, M v) forwards
   (M_r = M / max(1, M // P) microbatches per round), then F, B pairs (chunk k // M_r mod v for the
   k-th forward, reversed for backwards), each followed by a W once r pairs have run.
-* ``zb-v`` (torch ``ScheduleZBVZeroBubble``, paper §6): V placement, rank r holds stages r and
-  2P - 1 - r (the loss is computed on rank 0). Zero bubble when T_F = T_B = T_W; peak activation
-  memory that of 1F1B (2P chunks of half a worker's layers on every rank).
+* ``zb-v`` with ``variant="torch"`` (torch ``ScheduleZBVZeroBubble``, paper §6): V placement, rank r
+  holds stages r and 2P - 1 - r (the loss is computed on rank 0); torch's order (:func:`zbv_order`)
+  plans max(M, 2P - 1) microbatches and drops the extra ones. Peak activation memory that of 1F1B
+  (2P chunks of half a worker's layers on every rank). The default ``zb-v`` (the authors' rule,
+  planned at the given costs) is registered in :mod:`workbench.schedules.vshape`.
 * ``dualpipev`` (torch ``ScheduleDualPipeV``; DeepSeek-V3's DualPipe folded into a V): the same V
   placement; in steady state each rank runs the forward of one microbatch and the full backward of
   another as one overlapped pair (torch's OVERLAP_F_B). This IR has no overlap op: the pair is two
