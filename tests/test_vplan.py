@@ -19,7 +19,14 @@ import pytest
 
 from workbench.profiler import Profile
 from workbench.schedules import build, build_for_simulation, in_flight_peak
-from workbench.schedules.vplan import SplitCosts, block_orders, makespan, order_times, v_worker, zbv_orders
+from workbench.schedules.vplan import (
+    SplitCosts,
+    block_orders,
+    makespan,
+    order_times,
+    v_worker,
+    zbv_orders,
+)
 from workbench.schedules.vshape import V_PEAK
 from workbench.schedules.zero_bubble import _finish, v_layout
 from workbench.simulate import simulate

@@ -52,8 +52,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .generators import Key
 
@@ -76,7 +76,7 @@ class SplitCosts:
             raise ValueError(f"costs comm must be finite and >= 0, got {self.comm!r}")
 
     @classmethod
-    def of(cls, costs, stages: int) -> "SplitCosts":
+    def of(cls, costs, stages: int) -> SplitCosts:
         """From None (unit: F = B = W = 1, no communication), a SplitCosts, or a tuple
         ``(F, B, W)`` / ``(F, B, W, C)`` of numbers or per-stage sequences (B: the input-gradient
         half, W: the weight-gradient half). A string ``"F,B,W[,C]"`` (the command line) too."""
@@ -102,18 +102,18 @@ class SplitCosts:
         return cls(per(costs[0], "F"), per(costs[1], "B"), per(costs[2], "W"), float(costs[3]) if len(costs) == 4 else 0.0)
 
     @classmethod
-    def from_timeline(cls, timeline, stages: int) -> "SplitCosts":
+    def from_timeline(cls, timeline, stages: int) -> SplitCosts:
         """The durations a simulated timeline charged: the longest F, BI, BW of each stage and the
         longest activation or gradient transfer (0 when there is none)."""
         dur = timeline["end"] - timeline["start"]
         comp = timeline["lane"] == "compute"
         per = dur[comp].groupby([timeline["kind"][comp], timeline["stage"][comp]]).max().to_dict()
         msg = dur[timeline["kind"].isin(["send_act", "send_grad"])]
-        pick = lambda k: tuple(float(per.get((k, s), 0.0)) for s in range(stages))  # noqa: E731
+        pick = lambda k: tuple(float(per.get((k, s), 0.0)) for s in range(stages))
         return cls(pick("F"), pick("BI"), pick("BW"), float(msg.max()) if len(msg) else 0.0)
 
     @classmethod
-    def from_simulator(cls, schedule, **simulate_kwargs) -> "SplitCosts":
+    def from_simulator(cls, schedule, **simulate_kwargs) -> SplitCosts:
         """The durations :func:`workbench.simulate.simulate` charges ``schedule`` with the same keyword
         arguments (:meth:`from_timeline` of its timeline; any order of the same placement gives them)."""
         from ..simulate import simulate  # the simulator imports this package
@@ -291,7 +291,7 @@ class _GreedyV:
             self.fill(r, self.upstream("F", s, self.n("F", s)), fill_f)
             self.put(r, "F", s)
 
-    def run(self, fill_b: bool, fill_f: bool) -> "_GreedyV":
+    def run(self, fill_b: bool, fill_f: bool) -> _GreedyV:
         self.warm_up()
         for _ in range(2 * self.M):
             self.backward_round(fill_b)
