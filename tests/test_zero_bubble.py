@@ -195,6 +195,10 @@ def test_readme_table_4_workers_8_microbatches():
     assert list(t["peak_activations"][["pipedream-flush", "zb-h1", "zb-h2", "zb-v", "v-min"]]) == [4, 4, 7, 4, 2]
     assert t.loc["v-half", "peak_activations"] <= 3 and t.loc["v-zb", "peak_activations"] <= 4
     assert (t["bubble_fraction"] >= 0).all() and (t["bubble_fraction"] < 0.3).all()
+    # inside each worker's own span (the zero-bubble papers' rate) ZB-H2, ZB-V and V-ZB idle nowhere;
+    # the span bubble never exceeds the whole-makespan one
+    assert (t.loc[["zb-h2", "zb-v", "v-zb"], "span_bubble_fraction"] == 0).all()
+    assert (t["span_bubble_fraction"] <= t["bubble_fraction"] + 1e-12).all()
 
 
 # ---- bad input --------------------------------------------------------------------------------------
