@@ -168,6 +168,12 @@ def makespan(orders, worker_of, costs: SplitCosts) -> float:
 
 
 # ---- ZB-V / V-ZB: the greedy rule -----------------------------------------------------------------
+class _RuleStuck(Exception):
+    """The rule picked an op whose input has not run, or an F over the memory limit: it assumes
+    equal costs on every stage (as the authors' generator does); with unequal ones a setting can
+    get stuck and then gives no order."""
+
+
 class _GreedyV:
     """One run of the ZB-V rule (module docstring) for one (fill_b, fill_f) setting and per-worker
     idle-time allowances ``allowed`` (None on the first run)."""
@@ -200,11 +206,11 @@ class _GreedyV:
 
     def put(self, r: int, kind: str, s: int) -> None:
         s, b = self.pending_w[r].popleft() if kind == "BW" else (s, self.n(kind, s))
-        if kind == "F" and self.live[r] + 1 > self.limit:
-            raise ValueError(f"the ZB-V rule exceeds its memory limit of {self.limit} chunks; raise the limit")
+        src = self.upstream(kind, s, b)
+        if (kind == "F" and self.live[r] + 1 > self.limit) or (src is not None and src not in self.end):
+            raise _RuleStuck
         dur = self.costs.duration(kind, s)
         at = self.clock[r] + dur
-        src = self.upstream(kind, s, b)
         if src is not None:
             at = max(at, self.end[src] + self.costs.comm + dur)
         if self.n("F", r) > 0:
@@ -304,13 +310,20 @@ class _GreedyV:
 
 def zbv_orders(P: int, M: int, costs: SplitCosts, limit: int) -> list[list[list[Key]]]:
     """The ZB-V rule's orders (module docstring) for the four (fill_b, fill_f) settings, each
-    re-run with its per-worker idle times as allowances while that lowers the worst idle time."""
+    re-run with its per-worker idle times as allowances while that lowers the worst idle time (a
+    setting that gets stuck, :class:`_RuleStuck`, gives no order, or its last order before)."""
     out = []
     for fill_b in (True, False):
         for fill_f in (True, False):
-            best = _GreedyV(P, M, costs, limit, None).run(fill_b, fill_f)
+            try:
+                best = _GreedyV(P, M, costs, limit, None).run(fill_b, fill_f)
+            except _RuleStuck:
+                continue
             while True:
-                nxt = _GreedyV(P, M, costs, limit, list(best.idle)).run(fill_b, fill_f)
+                try:
+                    nxt = _GreedyV(P, M, costs, limit, list(best.idle)).run(fill_b, fill_f)
+                except _RuleStuck:
+                    break
                 if max(nxt.idle) >= max(best.idle):
                     break
                 best = nxt
