@@ -88,6 +88,16 @@ def test_gpipe_bubble_with_generator():
         assert res.metrics["bubble_fraction"] == pytest.approx([(p - 1) / (m + p - 1)] * p)
 
 
+def test_span_bubble_counts_only_idle_inside_each_workers_span():
+    """2 stages, 1 microbatch, F = 1, B = 2 by hand: worker 0 runs F [0, 1] and B [4, 6], worker 1
+    F [1, 2] and B [2, 4]. Whole makespan (6): both workers busy 3 -> 1/2 each. Per-worker span
+    (the zero-bubble papers' rate): worker 0 spans 6 -> 1/2, worker 1 spans 3 with no gap -> 0."""
+    res = simulate(gpipe(2, 1), fwd=1.0, bwd=2.0)
+    assert res.metrics["bubble_fraction"] == pytest.approx([0.5, 0.5])
+    assert res.metrics["span_bubble_fraction"] == pytest.approx([0.5, 0.0])
+    assert "span_bubble_fraction" in res.summary()
+
+
 # ---- 1F1B -------------------------------------------------------------------------------------
 def _idle_in_window(tl: pd.DataFrame, worker: int, lo: float, hi: float) -> float:
     ops = compute_rows(tl)

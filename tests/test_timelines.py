@@ -32,6 +32,10 @@ def test_bubble_fraction_of_a_hand_made_timeline():
     t = pd.DataFrame(dict(worker=[0, 0, 1], kind=["F", "B", "F"], start=[0.0, 1.0, 1.0], end=[1.0, 3.0, 2.0]))
     # makespan 3; worker 0 busy 3 -> 0, worker 1 busy 1 -> 2/3; mean 1/3
     assert tl.bubble_fraction(t) == pytest.approx(1 / 3)
+    # per-worker span: worker 0 spans [0, 3] busy 3 -> 0; worker 1 spans [1, 2] busy 1 -> 0; worst 0
+    assert tl.span_bubble_fraction(t) == 0.0
+    gap = pd.DataFrame(dict(worker=[0, 0], kind=["F", "BW"], start=[0.0, 3.0], end=[1.0, 4.0]))
+    assert tl.span_bubble_fraction(gap) == pytest.approx(0.5)  # span 4, work 2
 
 
 def test_bad_parameters_fail_with_one_clear_line():

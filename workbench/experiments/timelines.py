@@ -27,7 +27,9 @@ For each schedule name the package exposes (:func:`schedule_names`):
   with ``p`` pipeline workers and ``m`` microbatches per round (per flush). The other schedules
   (zb-h2, interleaved zero bubble, the V family) have no single-round closed form here: NaN. The bubble of a
   timeline is ``1 - busy_w / L`` averaged over workers, ``L`` its makespan and ``busy_w`` worker
-  ``w``'s compute time (F, B, BI, BW, STEP) — the simulator's ``bubble_fraction``.
+  ``w``'s compute time (F, B, BI, BW, STEP) — the simulator's ``bubble_fraction``. The zero-bubble
+  papers' rate (columns ``span_bubble_*``) is ``max_w (1 - work_w / span_w)`` with ``span_w`` from
+  worker w's first compute op to its last (:func:`span_bubble_fraction`).
 """
 from __future__ import annotations
 
@@ -101,14 +103,28 @@ def closed_form_bubble(schedule) -> tuple[float, str]:
     return schedules.closed_form_bubble(schedule, 1.0, 2.0)
 
 
+def _compute_rows(timeline: pd.DataFrame, kinds=BUSY_KINDS) -> pd.DataFrame:
+    comp = timeline[timeline["kind"].isin(kinds)]
+    return comp[comp["lane"] == "compute"] if "lane" in comp else comp
+
+
 def bubble_fraction(timeline: pd.DataFrame) -> float:
     """``mean_w (1 - busy_w / L)`` of a timeline (compute kinds only, ``L`` = its makespan)."""
-    comp = timeline[timeline["kind"].isin(BUSY_KINDS)]
-    if "lane" in comp:
-        comp = comp[comp["lane"] == "compute"]
+    comp = _compute_rows(timeline)
     span = comp["end"].max() - comp["start"].min()
     busy = (comp["end"] - comp["start"]).groupby(comp["worker"]).sum()
     return float((1 - busy / span).mean()) if span > 0 else math.nan
+
+
+def span_bubble_fraction(timeline: pd.DataFrame) -> float:
+    """``max_w (1 - work_w / span_w)`` with ``span_w`` from worker w's first F/B/BI/BW start to its
+    last end: the zero-bubble papers' bubble rate (the simulator's ``span_bubble_fraction``, worst worker)."""
+    comp = _compute_rows(timeline, BUSY_KINDS[:-1])
+    by = comp.groupby("worker")
+    span = by["end"].max() - by["start"].min()
+    work = (comp["end"] - comp["start"]).groupby(comp["worker"]).sum()
+    rate = (1 - work / span)[span > 0]
+    return float(rate.max()) if len(rate) else math.nan
 
 
 # ---- measured: one spawn for every schedule ---------------------------------------------------
@@ -214,6 +230,7 @@ def compare(name: str, job, summary: dict, sim, cfg: Config) -> dict:
                 microbatches=job.schedule.microbatches, closed_form=cf, formula=formula,
                 bubble_unit_sim=unit_b,
                 bubble_modeled=bubble_fraction(sim.timeline), bubble_measured=bubble_fraction(tl),
+                span_bubble_modeled=span_bubble_fraction(sim.timeline), span_bubble_measured=span_bubble_fraction(tl),
                 round_ms_modeled=mod_round, round_ms_measured=meas_round,
                 peak_stash_modeled=int(max(m["peak_activations"])), peak_stash_measured=acts,
                 weight_versions_modeled=int(max(m["weight_versions"])), weight_versions_measured=vers,

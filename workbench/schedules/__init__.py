@@ -101,13 +101,16 @@ def gc_paused():
 
 def build_for_simulation(name: str, plan_or_stage_count, microbatches: int, simulate_kwargs: dict | None = None,
                          **options) -> Schedule:
-    """:func:`build`, and for a master-family schedule (whose order depends on durations) the order
-    of the greedy rule with the durations ``simulate(schedule, **simulate_kwargs)`` will charge
-    (:meth:`JobCosts.from_simulator`), unless ``costs`` is given."""
+    """:func:`build`, and for a schedule whose order depends on durations (the master family; those
+    registered with ``costs_from``, e.g. the V-shape zero-bubble family) the order planned with the
+    durations ``simulate(schedule, **simulate_kwargs)`` will charge (:meth:`JobCosts.from_simulator`,
+    the registration's ``costs_from``), unless ``costs`` is given."""
     sched = build(name, plan_or_stage_count, microbatches, **options)
-    if spec(name).family != "master" or "costs" in options:
+    sp = spec(name)
+    read = sp.costs_from or (JobCosts.from_simulator if sp.family == "master" else None)
+    if read is None or "costs" in options:
         return sched
-    costs = JobCosts.from_simulator(sched, **(simulate_kwargs or {}))
+    costs = read(sched, **(simulate_kwargs or {}))
     return build(name, plan_or_stage_count, microbatches, costs=costs, **options)
 
 

@@ -13,56 +13,51 @@ V-Half     (P + 2) // 2      ~ P / 2M
 V-ZB       P                 0
 =========  ================  ==============================
 
-A V chunk is half of a worker's layers, so the limits in chunks are twice these numbers.
+A V chunk is half of a worker's layers, so the limits in chunks are twice these numbers
+(:data:`V_PEAK`). How each is built is in :mod:`workbench.schedules.vplan`: V-Min and V-Half are
+the paper's building blocks, repeated and squeezed as the authors' generator does; V-ZB is the
+ZB-V rule (the same schedule as ``zb-v``). Each is planned at the F, B, W and communication costs
+the simulator will charge (option ``costs``; :func:`workbench.schedules.build_for_simulation`
+passes them), and keeps, of its candidates within the memory limit (the paper's rule and the list
+scheduler below, both at those costs), the shortest.
 
-**Building block (V-Min).** The paper's framework: a schedule repeats one microbatch's *building
-block* (start times of its 6P ops) every PERIOD = 6 units (a worker's 2 chunks x (F + B + W)); a
-chunk's activations live from its F to its W (its lifespan), so the steady-state peak of a worker is
-the most lifespans overlapping modulo PERIOD (:func:`block_peak`). :func:`min_memory_block` places
-the ops in dependency order, each in a free slot modulo PERIOD of its worker, and searches the
-per-op delays (coordinate descent over {0, 1, 2}, deterministic) for the least peak, then the
-shortest block: it reaches the paper's (P + 4) // 3 for P = 3..16 (tests: 3..10), for P = 2 one chunk less.
-The per-worker order of the repeated block is the schedule; the executor starts each op as early as
-the order allows, which squeezes out the empty warm-up and cool-down slots.
-
-**List scheduler (V-Half, V-ZB, ZB-H2).** The zero-bubble paper's heuristic (§3, "automatic
-scheduling"), simulated with unit times and no communication cost: a free worker runs (1) a ready B
-(input gradient, ``BI``: the critical path), (2) a ready F if the memory limit allows it, (3) a
-pending W (``BW``), oldest microbatch first, then the later stage (:data:`VARIANTS` also tries F
-before B and W glued to its B). A (stage, microbatch) pair holds one chunk from its F to its W; a
-worker keeps one chunk free for a second-stage F (the turn of the V), so it cannot deadlock. V-Half
-and V-ZB take, of the candidates within their limit (the V-Min block, the list scheduler's
-variants), the one with the shortest unit-time makespan.
+**List scheduler** (:func:`greedy_orders`; the zero-bubble paper's heuristic, §3): a free worker runs
+(1) a ready B (input gradient, ``BI``: the critical path), (2) a ready F if the memory limit allows
+it, (3) a pending W (``BW``), oldest microbatch first, then the later stage (:data:`VARIANTS` also
+tries F before B and W glued to its B). A (stage, microbatch) pair holds one chunk from its F to its
+W; a worker keeps one chunk free for a second-stage F (the turn of the V), so it cannot deadlock.
 
 ZB-H2 (zero-bubble paper §3) is the list scheduler on a straight pipeline with every worker limited
 to 2P - 1 microbatches (the paper's (2p - 1) M_B): per-step idle time (P - 1)(T_F + T_B - 2 T_W)
 for T_W <= T_F (tested), zero at T_F = T_B = T_W once consecutive steps tile (each stage steps as
 soon as its own W's are done: no global flush in this IR). A single step keeps the pipeline fill.
-
-The order is the schedule: the simulator, the runtime and the memory numbers read it like any other
-schedule; other costs (T_F != T_B) change the timing, not the order.
 """
 from __future__ import annotations
+
+import heapq
 
 from .core import Schedule, ScheduleError
 from .generators import Key, _check_m, _straight, stage_layout
 from . import closed_forms as cf
 from .registry import register
-from .zero_bubble import _finish, _pipeline_size, v_layout
+from .vplan import SplitCosts, block_orders, makespan, v_worker, zbv_orders
+from .zero_bubble import _finish, _pipeline_size, _steps, v_layout, zbv_order
 
-UNIT = {"F": 1, "BI": 1, "BW": 1}
 VARIANTS = [(("BI", "F", "BW"), False), (("BI", "F", "BW"), True), (("F", "BI", "BW"), False),
             (("F", "BI", "BW"), True)]  # (priority of ready kinds, W right after its B)
 
 
 def greedy_orders(worker_of: list[int], M: int, limit: list[int], priority=("BI", "F", "BW"), w_with_b: bool = False,
-                  cost: dict = UNIT) -> tuple[list[list[Key]], float]:
+                  cost: SplitCosts | None = None) -> tuple[list[list[Key]], float]:
     """Per-worker orders of F/BI/BW for stages s = 0..S-1 on ``worker_of[s]``, M microbatches,
     at most ``limit[w]`` live (stage, microbatch) activation chunks on worker w, and the makespan
-    of those orders at ``cost`` (module docstring). A free worker runs the first ready op in
-    ``priority`` (oldest microbatch first, then the later stage); ``w_with_b``: a B's W follows it
-    at once (the pair acts as a full backward, freeing its chunk early)."""
+    of those orders at ``cost`` (default: F = B = W = 1, no communication; module docstring). A
+    free worker runs the first op in ``priority`` whose inputs have arrived (an input from another
+    worker ``cost.comm`` after its op ended), oldest microbatch first, then the later stage;
+    ``w_with_b``: a B's W follows it at once (the pair acts as a full backward, freeing its chunk
+    early)."""
     S, P = len(worker_of), max(worker_of) + 1
+    cost = SplitCosts.of(cost, S)
     stages = [[s for s in range(S) if worker_of[s] == w] for w in range(P)]
     first = [min(ss) for ss in stages]
     end: dict[Key, float] = {}  # finish time of issued ops
@@ -71,19 +66,19 @@ def greedy_orders(worker_of: list[int], M: int, limit: list[int], priority=("BI"
     forced: list[Key | None] = [None] * P
     orders: list[list[Key]] = [[] for _ in range(P)]
     nxt = {(k, s): 0 for k in ("F", "BI", "BW") for s in range(S)}
-    total, t = 3 * S * M, 0.0
+    total, t, events = 3 * S * M, 0.0, []
 
-    def done(key):
-        return end.get(key, t + 1) <= t
+    def arrived(key, w):
+        lag = cost.comm if worker_of[key[1]] != w else 0.0
+        return key in end and end[key] + lag <= t
 
     def ready(kind, s, b):
-        if (kind, s, b) in end:
-            return False
+        w = worker_of[s]
         if kind == "F":
-            return s == 0 or done(("F", s - 1, b))
+            return s == 0 or arrived(("F", s - 1, b), w)
         if kind == "BI":
-            return done(("F", s, b)) and (s == S - 1 or done(("BI", s + 1, b)))
-        return done(("BI", s, b))
+            return arrived(("F", s, b), w) and (s == S - 1 or arrived(("BI", s + 1, b), w))
+        return arrived(("BI", s, b), w)
 
     def admits(w, s):  # keep one chunk free for a second-stage F (the turn of the V)
         need = 2 if len(stages[w]) > 1 and s == first[w] else 1
@@ -105,7 +100,9 @@ def greedy_orders(worker_of: list[int], M: int, limit: list[int], priority=("BI"
             if free_at[w] > t or (key := pick(w)) is None:
                 continue
             kind, s, b = key
-            end[key] = free_at[w] = t + cost[kind]
+            end[key] = free_at[w] = t + cost.duration(kind, s)
+            heapq.heappush(events, end[key])
+            heapq.heappush(events, end[key] + cost.comm)
             orders[w].append(key)
             nxt[(kind, s)] += 1
             live[w] += {"F": 1, "BW": -1}.get(kind, 0)
@@ -113,10 +110,11 @@ def greedy_orders(worker_of: list[int], M: int, limit: list[int], priority=("BI"
             progressed = True
         if progressed:
             continue
-        later = [x for x in free_at if x > t]
-        if not later:
+        while events and events[0] <= t:
+            heapq.heappop(events)
+        if not events:
             raise ScheduleError(f"memory limit {limit} admits no further op at time {t}; raise the limit")
-        t = min(later)
+        t = heapq.heappop(events)
     return orders, max(free_at)
 
 
@@ -148,129 +146,87 @@ V_PEAK = {  # peak activations in 1F1B units (a whole worker's layers, one micro
     "v-min": lambda P: (P + 4) // 3,
     "v-half": lambda P: (P + 2) // 2,
     "v-zb": lambda P: P,
+    "zb-v": lambda P: P,
 }
+RULE = {  # the paper's own construction of each schedule (module docstring of vplan)
+    "v-min": lambda P, M, costs, limit: [block_orders(P, M, "min")],
+    "v-half": lambda P, M, costs, limit: [block_orders(P, M, "half")],
+    "v-zb": lambda P, M, costs, limit: zbv_orders(P, M, costs, limit),
+    "zb-v": lambda P, M, costs, limit: zbv_orders(P, M, costs, limit),
+}
+COSTS_HELP = ("per-op durations the order is planned for: 'F,B,W[,C]' (B input gradient, W weight gradient, "
+              "C per message between workers) or a SplitCosts; default unit F = B = W = 1, C = 0; "
+              "build_for_simulation passes the simulator's")
 
 
-PERIOD = 6  # one microbatch's work on one worker: 2 chunks x (F + B + W) at unit times
-
-
-def _v_worker(P: int, s: int) -> int:
-    return s if s < P else 2 * P - 1 - s
-
-
-def v_block(P: int, delays: list[int]) -> dict[tuple[str, int], int]:
-    """A building block: start times of one microbatch's 6P unit ops (F of stages 0..2P-1, then B
-    and W of stages 2P-1..0), each at the ``delays[i]``-th free slot (counted modulo PERIOD on its
-    worker) at or after its dependency, so that the block repeated every PERIOD never puts two ops
-    of a worker at the same time."""
-    used: list[set[int]] = [set() for _ in range(P)]
-    times: dict[tuple[str, int], int] = {}
-    keys = [("F", s) for s in range(2 * P)] + [k for s in reversed(range(2 * P)) for k in (("BI", s), ("BW", s))]
-    for (kind, s), skip in zip(keys, delays):
-        w = _v_worker(P, s)
-        x = times[("F", s - 1)] + 1 if kind == "F" and s > 0 else 0
-        if kind == "BI":
-            x = times[("BI", s + 1)] + 1 if s < 2 * P - 1 else times[("F", s)] + 1
-        elif kind == "BW":
-            x = times[("BI", s)] + 1
-        while x % PERIOD in used[w] or skip:
-            skip -= x % PERIOD not in used[w]
-            x += 1
-        used[w].add(x % PERIOD)
-        times[(kind, s)] = x
-    return times
-
-
-def block_peak(P: int, times: dict) -> list[int]:
-    """Peak live activation chunks per worker in the steady state of the repeated block: chunk s
-    lives over [F_s, W_s + 1) (its lifespan l_s); with period PERIOD a worker holds at time x
-    sum_s #{k : F_s + k PERIOD <= x < W_s + 1 + k PERIOD} chunks, about sum_s l_s / PERIOD."""
-    out = []
-    for w in range(P):
-        count = [0] * PERIOD
-        for s in (w, 2 * P - 1 - w):
-            for x in range(times[("F", s)], times[("BW", s)] + 1):
-                count[x % PERIOD] += 1
-        out.append(max(count))
+def v_candidates(name: str, P: int, M: int, costs: SplitCosts) -> list[list[list[Key]]]:
+    """Orders for ``name`` within its memory limit (2 V_PEAK[name](P) chunks per worker): the
+    paper's rule (:data:`RULE`) and the list scheduler's :data:`VARIANTS`, all at ``costs``."""
+    limit = 2 * V_PEAK[name](P)
+    worker_of = [v_worker(P, s) for s in range(2 * P)]
+    out = RULE[name](P, M, costs, limit)
+    for prio, wb in VARIANTS:
+        try:
+            out.append(greedy_orders(worker_of, M, [limit] * P, prio, wb, costs)[0])
+        except ScheduleError:  # this variant stalls under the limit; the others remain
+            continue
     return out
 
 
-def min_memory_block(P: int) -> dict[tuple[str, int], int]:
-    """The block with the least peak memory (then the shortest span) found by coordinate descent
-    over per-op delays in {0, 1, 2}, starting from all ops as early as possible (deterministic)."""
-    delays = [0] * (6 * P)
-
-    def cost(d):
-        times = v_block(P, d)
-        return max(block_peak(P, times)), max(times.values())
-
-    best = cost(delays)
-    improved = True
-    while improved:
-        improved = False
-        for i in range(len(delays)):
-            for d in (0, 1, 2):
-                old, delays[i] = delays[i], d
-                c = cost(delays)
-                if c < best:
-                    best, improved = c, True
-                else:
-                    delays[i] = old
-    return v_block(P, delays)
-
-
-def block_orders(P: int, M: int, times: dict) -> list[list[Key]]:
-    """Per-worker orders of the block repeated M times (microbatch b shifted by b PERIOD); an
-    executor (the simulator) then starts each op as early as its order and inputs allow, which
-    squeezes the empty warm-up and cool-down slots out."""
-    events: list[list[tuple[int, Key]]] = [[] for _ in range(P)]
-    for b in range(M):
-        for (kind, s), x in times.items():
-            events[_v_worker(P, s)].append((x + PERIOD * b, (kind, s, b)))
-    return [[k for _, k in sorted(e)] for e in events]
-
-
-def v_schedule(name: str, plan, microbatches: int, steps: int = 1) -> Schedule:
-    """``name`` in :data:`V_PEAK`: V placement of 2P stages. ``v-min`` repeats the least-memory
-    building block (:func:`min_memory_block`). ``v-half`` and ``v-zb`` allow 2 * V_PEAK[name](P)
-    live chunks per worker (a chunk is half of a worker's layers) and take, of the candidates that
-    fit (that block, the list scheduler's :data:`VARIANTS`), the one with the shortest unit-time
-    makespan."""
+def v_schedule(name: str, plan, microbatches: int, steps: int = 1, costs=None) -> Schedule:
+    """``name`` in :data:`V_PEAK`: V placement of 2P stages; of :func:`v_candidates` the order with
+    the shortest makespan at ``costs`` (:func:`workbench.schedules.vplan.makespan`), repeated for
+    ``steps`` steps."""
     P, _ = _pipeline_size(plan, name, 2)
     M, T = _check_m(microbatches), _check_m(steps, "steps")
-    layout = v_layout(P)
-    times = min_memory_block(P)
-    block_chunks = max(block_peak(P, times))
-    limit = block_chunks if name == "v-min" else 2 * V_PEAK[name](P)
-    candidates = [block_orders(P, M, times)] if block_chunks <= limit else []
-    if name != "v-min":
-        candidates += [greedy_orders([ws[0] for ws in layout], M, [limit] * P, prio, wb)[0] for prio, wb in VARIANTS]
-    opts = {"chunks": 2, "memory_limit_chunks": limit}
-    built = [_finish(name, layout, _with_offset(o, T, M), M, T, opts, limit) for o in candidates]
-    return min(built, key=_unit_makespan)
+    c = SplitCosts.of(costs, 2 * P)
+    worker_of = [v_worker(P, s) for s in range(2 * P)]
+    best = min(v_candidates(name, P, M, c), key=lambda o: makespan(o, worker_of, c))
+    limit = 2 * V_PEAK[name](P)
+    opts = {"chunks": 2, "memory_limit_chunks": limit, "planned_costs": (c.f, c.b, c.w, c.comm)}
+    return _finish(name, v_layout(P), _with_offset(best, T, M), M, T, opts, limit)
 
 
-def _unit_makespan(schedule: Schedule) -> float:
-    from ..simulate import simulate  # here: the simulator imports this package
-    return simulate(schedule, 1.0, 2.0).makespan
+V_OPTIONS = {"steps": "iterations (flushes) in the schedule", "costs": COSTS_HELP}
+CONTROLLABLE = "Qi et al., Pipeline Parallelism with Controllable Memory (NeurIPS 2024)"
 
 
-@register("v-min", description="V-shape, least activation memory: (P+4)//3 microbatches of a worker, about 1/3 of 1F1B",
-          source="Qi et al., Pipeline Parallelism with Controllable Memory (NeurIPS 2024)", stages_per_worker=2, options={"steps": "iterations (flushes) in the schedule"})
-def v_min(plan, microbatches: int, steps: int = 1) -> Schedule:
+@register("v-min", description="V-Min: the paper's least-memory building block ((P+4)//3 microbatches of a worker, ~1/3 of 1F1B), squeezed, planned at the given costs",
+          source=CONTROLLABLE, stages_per_worker=2, options=V_OPTIONS, costs_from=SplitCosts.from_simulator)
+def v_min(plan, microbatches: int, steps: int = 1, costs: object = None) -> Schedule:
     """V-Min: about 1/3 of 1F1B's activation memory ((P + 4) // 3 microbatches of a worker)."""
-    return v_schedule("v-min", plan, microbatches, steps)
+    return v_schedule("v-min", plan, microbatches, steps, costs)
 
 
-@register("v-half", description="V-shape, at most (P+2)//2 microbatches of a worker, about 1/2 of 1F1B's activation memory",
-          source="Qi et al., Pipeline Parallelism with Controllable Memory (NeurIPS 2024)", stages_per_worker=2, options={"steps": "iterations (flushes) in the schedule"})
-def v_half(plan, microbatches: int, steps: int = 1) -> Schedule:
+@register("v-half", description="V-Half: the paper's half-memory building block ((P+2)//2 microbatches of a worker), squeezed, planned at the given costs",
+          source=CONTROLLABLE, stages_per_worker=2, options=V_OPTIONS, costs_from=SplitCosts.from_simulator)
+def v_half(plan, microbatches: int, steps: int = 1, costs: object = None) -> Schedule:
     """V-Half: about 1/2 of 1F1B's activation memory ((P + 2) // 2 microbatches of a worker)."""
-    return v_schedule("v-half", plan, microbatches, steps)
+    return v_schedule("v-half", plan, microbatches, steps, costs)
 
 
-@register("v-zb", description="V-shape, at most P microbatches of a worker (1F1B's activation memory), near zero bubble",
-          source="Qi et al., Pipeline Parallelism with Controllable Memory (NeurIPS 2024)", stages_per_worker=2, options={"steps": "iterations (flushes) in the schedule"})
-def v_zb(plan, microbatches: int, steps: int = 1) -> Schedule:
-    """V-ZB: 1F1B's activation memory (P microbatches of a worker), zero bubble at T_F = T_B = T_W."""
-    return v_schedule("v-zb", plan, microbatches, steps)
+@register("v-zb", description="V-ZB: the ZB-V greedy rule at 1F1B's memory (P microbatches of a worker), planned at the given costs",
+          source=CONTROLLABLE, stages_per_worker=2, options=V_OPTIONS, costs_from=SplitCosts.from_simulator)
+def v_zb(plan, microbatches: int, steps: int = 1, costs: object = None) -> Schedule:
+    """V-ZB: 1F1B's activation memory (P microbatches of a worker), zero bubble at T_F = T_B = T_W;
+    the same construction as ``zb-v``."""
+    return v_schedule("v-zb", plan, microbatches, steps, costs)
+
+
+@register("zb-v", description="ZB-V: V placement (rank r holds stages r and 2P-1-r), the paper's greedy rule at 1F1B memory planned at the given costs; variant=torch: ScheduleZBVZeroBubble's order",
+          source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024), section 6; torch.distributed.pipelining (variant=torch)",
+          stages_per_worker=2, costs_from=SplitCosts.from_simulator,
+          options={"steps": "iterations (flushes) in the schedule", "costs": COSTS_HELP,
+                   "variant": "paper: the zero-bubble generator's rule, every M; torch: ScheduleZBVZeroBubble "
+                              "(plans max(M, 2P-1) microbatches and drops the extra ones)"},
+          choices={"variant": ("paper", "torch")})
+def zb_v(plan, microbatches: int, steps: int = 1, costs: object = None, variant: str = "paper") -> Schedule:
+    """ZB-V (zero-bubble paper §6): 2P stages in a V on P workers, peak 2P chunks (1F1B's P
+    microbatches of a worker). ``variant="torch"``: torch's ScheduleZBVZeroBubble op by op
+    (:func:`workbench.schedules.zero_bubble.zbv_order`; costs do not change it)."""
+    if variant == "paper":
+        return v_schedule("zb-v", plan, microbatches, steps, costs)
+    P, _ = _pipeline_size(plan, "zb-v", 2)
+    M, T = _check_m(microbatches), _check_m(steps, "steps")
+    orders = _steps(lambda r, off: zbv_order(r, P, M, off), P, M, T)
+    return _finish("zb-v", v_layout(P), orders, M, T, {"chunks": 2, "variant": "torch"}, limit=2 * P)

@@ -15,9 +15,11 @@ Several stages per worker (v chunks, S = P v stages):
   stage s on worker s mod P; rank r warms up with min((v - 1) M_r + P - 1 - r, M v) forwards
   (M_r = M / max(1, M // P) microbatches per round), then F, B pairs (chunk k // M_r mod v for the
   k-th forward, reversed for backwards), each followed by a W once r pairs have run.
-* ``zb-v`` (torch ``ScheduleZBVZeroBubble``, paper §6): V placement, rank r holds stages r and
-  2P - 1 - r (the loss is computed on rank 0). Zero bubble when T_F = T_B = T_W; peak activation
-  memory that of 1F1B (2P chunks of half a worker's layers on every rank).
+* ``zb-v`` with ``variant="torch"`` (torch ``ScheduleZBVZeroBubble``, paper §6): V placement, rank r
+  holds stages r and 2P - 1 - r (the loss is computed on rank 0); torch's order (:func:`zbv_order`)
+  plans max(M, 2P - 1) microbatches and drops the extra ones. Peak activation memory that of 1F1B
+  (2P chunks of half a worker's layers on every rank). The default ``zb-v`` (the authors' rule,
+  planned at the given costs) is registered in :mod:`workbench.schedules.vshape`.
 * ``dualpipev`` (torch ``ScheduleDualPipeV``; DeepSeek-V3's DualPipe folded into a V): the same V
   placement; in steady state each rank runs the forward of one microbatch and the full backward of
   another as one overlapped pair (torch's OVERLAP_F_B). This IR has no overlap op: the pair is two
@@ -163,16 +165,6 @@ def zbv_order(rank: int, P: int, M: int, offset: int = 0) -> list[Key]:
     return [(k, s, b + offset) for k, s, b in out if b < M]
 
 
-@register("zb-v", description="zero bubble in a V (torch ScheduleZBVZeroBubble): rank r holds stages r and 2P-1-r, 1F1B memory",
-          source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024), section 6; torch.distributed.pipelining", stages_per_worker=2, options={"steps": "iterations (flushes) in the schedule"})
-def zb_v(plan, microbatches: int, steps: int = 1) -> Schedule:
-    """ZB-V (zero-bubble paper §6; torch ScheduleZBVZeroBubble): 2P stages in a V on P workers."""
-    P, _ = _pipeline_size(plan, "zb-v", 2)
-    M, T = _check_m(microbatches), _check_m(steps, "steps")
-    orders = _steps(lambda r, off: zbv_order(r, P, M, off), P, M, T)
-    return _finish("zb-v", v_layout(P), orders, M, T, {"chunks": 2}, limit=2 * P)  # 1F1B's: P of a worker
-
-
 # ---- DualPipeV (torch ScheduleDualPipeV) ------------------------------------------------------
 def dualpipev_order(rank: int, P: int, M: int, offset: int = 0) -> tuple[list[Key], list[tuple]]:
     """Rank ``rank``'s order of torch's ScheduleDualPipeV and its overlapped (F, B) pairs.
@@ -272,7 +264,7 @@ def dualpipev(plan, microbatches: int, steps: int = 1) -> Schedule:
 # ---- one common setting for every pipeline schedule -------------------------------------------
 TORCH_CLASS = {"pipedream-flush": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B",
                "zb-h1": "ScheduleInterleavedZeroBubble (1 stage/rank)",
-               "interleaved-zb": "ScheduleInterleavedZeroBubble", "zb-v": "ScheduleZBVZeroBubble",
+               "interleaved-zb": "ScheduleInterleavedZeroBubble", "zb-v": "ScheduleZBVZeroBubble (variant=torch)",
                "dualpipev": "ScheduleDualPipeV"}
 COMPARED = ["pipedream-flush", "zb-h1", "zb-h2", "interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipev", "v-min",
             "v-half", "v-zb"]
@@ -286,20 +278,24 @@ def bubble_memory_table(workers: int = 4, microbatches: int = 8, fwd: float = 1.
     ``bwd / 2`` each). A schedule with v stages per worker charges ``fwd / v``, ``bwd / v`` per stage.
 
     Columns: ``makespan`` of one step; ``bubble_fraction`` = 1 - busy / makespan (worst worker);
+    ``span_bubble_fraction`` = 1 - busy / the worker's own span, first op to last (worst worker: the
+    zero-bubble papers' bubble rate);
     ``steady_idle_per_step``: spacing of stage 0's updates over 3 steps minus M (fwd + bwd);
     ``peak_activations``: most microbatches' activations held by one worker, in 1F1B units (one
     microbatch of a whole worker's layers; a V chunk counts 1/2)."""
     import pandas as pd
 
     from ..simulate import simulate
-    from . import build
+    from . import build_for_simulation
     rows = []
     for name in names:
         v = 1 if name in ("pipedream-flush", "zb-h1", "zb-h2") else 2
-        one = simulate(build(name, workers * v, microbatches), fwd / v, bwd / v)
-        three = simulate(build(name, workers * v, microbatches, steps=3), fwd / v, bwd / v)
+        costs = dict(fwd=fwd / v, bwd=bwd / v)
+        one = simulate(build_for_simulation(name, workers * v, microbatches, costs), **costs)
+        three = simulate(build_for_simulation(name, workers * v, microbatches, costs, steps=3), **costs)
         rows.append({"schedule": name, "stages_per_worker": v, "makespan": one.makespan,
                      "bubble_fraction": max(one.metrics["bubble_fraction"]),
+                     "span_bubble_fraction": max(one.metrics["span_bubble_fraction"]),
                      "steady_idle_per_step": three.metrics["steady_iteration_time"] - microbatches * (fwd + bwd),
                      "peak_activations": max(one.metrics["peak_activations"]) / v,
                      "torch": TORCH_CLASS.get(name, "")})

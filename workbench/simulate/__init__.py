@@ -124,7 +124,11 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
     * ``rho`` = Σ (F, B, BI, BW time) / (L · W), the mean
       compute utilisation (for F = B = 1 it is twice the "Unifying" document's
       ρ = S·B / (L·W), whose bound ``ρ ≤ M/S`` the tests check);
-    * ``bubble_fraction[w]`` = 1 − busy_w / L (busy: compute ops incl. STEP);
+    * ``bubble_fraction[w]`` = 1 − busy_w / L (busy: compute ops incl. STEP), the bubble over the
+      whole makespan (GPipe's and PipeDream's definition: a worker's wait before its first op counts);
+    * ``span_bubble_fraction[w]`` = 1 − work_w / (last end_w − first start_w) over w's F, B, BI, BW
+      ops: the bubble inside the worker's own span, which the zero-bubble papers' schedulers report
+      (their bubble rate is its maximum over workers);
     * ``comm_stall[w]``: time worker w's compute stream waited although the producing ops had
       finished (transfers, all-reduces, weight fetches in flight); ``comm_wait_share[w]`` = it / L;
       ``bubble_fraction_mean`` over workers;

@@ -67,6 +67,7 @@ class SimResult:
             rows.append(("throughput", m["throughput_samples_per_s"], "samples/s"))
         rows += [("makespan", m["makespan"], u), ("minibatches", m["minibatches"], ""),
                  ("bubble fraction (mean)", m["bubble_fraction_mean"], ""),
+                 ("bubble within each worker's span (max)", max((x for x in m["span_bubble_fraction"] if not math.isnan(x)), default=math.nan), ""),
                  ("comm wait share (max)", max(m["comm_wait_share"], default=0.0), "")]
         return rows
 
@@ -75,6 +76,7 @@ class SimResult:
 
     def _repr_html_(self) -> str:
         table = pd.DataFrame({"bubble_fraction": self.metrics["bubble_fraction"],
+                              "span_bubble_fraction": self.metrics["span_bubble_fraction"],
                               "comm_wait_share": self.metrics["comm_wait_share"],
                               "peak_activations": self.metrics["peak_activations"]})
         table.index.name = "worker"
@@ -86,7 +88,7 @@ class SimResult:
         lines = [f"{self.schedule.name}: {self.label}",
                  "; ".join(f"{n} {fmt(v, unit)}" for n, v, unit in self._rows()[1:]),
                  f"makespan {m['makespan']:.4g} {u} ({m['steps']} update(s) of a stage), rho {m['rho']:.3f}"]
-        table = pd.DataFrame({k: m[k] for k in ("bubble_fraction", "comm_stall", "peak_activations",
+        table = pd.DataFrame({k: m[k] for k in ("bubble_fraction", "span_bubble_fraction", "comm_stall", "peak_activations",
                                                  "peak_activation_bytes", "weight_versions")})
         table.index.name = "worker"
         with pd.option_context("display.max_rows", 40, "display.width", 120):
@@ -164,6 +166,7 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
     busy = np.bincount(w_a[keep], weights=dur[keep], minlength=W)
     work_mask = kc_a < _STEP
     work = float(dur[work_mask].sum())
+    span_bubble = _span_bubble(w_a[work_mask], start_a[work_mask], end_a[work_mask], W)
     steps = 1
     is_step = kc_a == _STEP
     if is_step.any():
@@ -198,6 +201,7 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
         "rho": work / (L * W),
         "bubble_fraction": [1.0 - b / L for b in busy.tolist()],
         "bubble_fraction_mean": float(np.mean([1.0 - b / L for b in busy.tolist()])) if W else float("nan"),
+        "span_bubble_fraction": span_bubble,
         "comm_wait_share": [x / L for x in stall],
         "busy": busy.tolist(),
         "comm_stall": list(stall),
@@ -212,6 +216,18 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
         "label": costs.label,
     }
     return SimResult(schedule, timeline, makespan, metrics, costs.label)
+
+
+def _span_bubble(worker, start, end, W: int) -> list[float]:
+    """Per worker ``1 - work_w / (last end_w - first start_w)`` over its F, B, BI, BW ops: the bubble
+    rate the zero-bubble papers' schedulers report (idle time inside the worker's own span, not
+    counting its wait before its first op and after its last; NaN for a worker without ops)."""
+    out = []
+    for w in range(W):
+        on = worker == w
+        span = float(end[on].max() - start[on].min()) if on.any() else 0.0
+        out.append(1.0 - float((end[on] - start[on]).sum()) / span if span > 0 else float("nan"))
+    return out
 
 
 def steady_state(schedule: Schedule, kc, mb, st, end, makespan: float) -> tuple[float, bool]:
