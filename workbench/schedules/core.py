@@ -41,6 +41,13 @@ Sends and receives are implicit: F(s, b) needs the output of F(s-1, b), B(s, b) 
 B(s+1, b) (or BI(s+1, b)); when the two ops run on different workers a transfer follows.
 ``weights_worker`` (master-schedule family) names the worker that owns the weights an op uses; a
 transfer of weights follows when it differs from the worker running the op.
+
+Overlapped pairs (DeepSeek-V3's DualPipe). ``options["overlap_f_b"]`` lists ``(worker, (F stage,
+microbatch), (B stage, microbatch))``: a forward and a full backward of other microbatches that
+``worker`` runs as one overlapped unit, two consecutive ops F then B (torch's OVERLAP_F_B). The
+generator that builds the order records the pairs; :meth:`Schedule.overlapped_pairs` reads them as
+op indices, and an executor that models overlap (the simulator's all-to-all, see
+:mod:`workbench.simulate`) charges them from there.
 """
 from __future__ import annotations
 
@@ -272,6 +279,23 @@ class Schedule:
                 fresh.add(op.stage)
                 out.add(i)
         return frozenset(out)
+
+    def overlapped_pairs(self) -> tuple[tuple[int, int, int], ...]:
+        """``(worker, i, i + 1)`` for every overlapped pair of ``options["overlap_f_b"]`` (module
+        docstring): op ``i`` of ``worker`` is the pair's F, op ``i + 1`` its B. A pair whose two ops
+        are not consecutive F, B on that worker raises :class:`ScheduleError`."""
+        pairs = self.options.get("overlap_f_b", ())
+        if not pairs:
+            return ()
+        index = [{(op.kind, op.stage, op.microbatch): i for i, op in enumerate(ops)} for ops in self.ops]
+        out = []
+        for w, (fs, fb), (bs, bb) in pairs:
+            i = index[w].get(("F", fs, fb)) if 0 <= w < self.num_workers else None
+            if i is None or index[w].get(("B", bs, bb)) != i + 1:
+                raise ScheduleError(f"overlapped pair F{fs}.{fb} + B{bs}.{bb} is not two consecutive ops F, B "
+                                    f"on worker {w}; list pairs that the op order runs back to back")
+            out.append((w, i, i + 1))
+        return tuple(out)
 
     def op_at(self, kind: str, stage: int, microbatch: int) -> tuple[int, Op]:
         for w, op in self:

@@ -159,6 +159,8 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
     })
     if schedule.segment_tokens:  # optional column: the Seq1F1B segment of each compute op
         comp["segment"] = np.asarray([-1 if o.segment is None else o.segment for ops in schedule.ops for o in ops])[keep]
+    exposed = np.asarray(graph.exposed if graph.exposed else [0.0] * len(kc), dtype=float)
+    comm_rows = comm_rows + _alltoall_rows(graph, exposed, end)
     if comm_rows:
         comm = pd.DataFrame(comm_rows, columns=["worker", "stage", "microbatch", "kind", "start", "end", "version",
                                                 "src", "dst", "update", "bytes"])
@@ -175,9 +177,11 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
 
     # busy time per worker (compute lane)
     dur = end_a - start_a
-    busy = np.bincount(w_a[keep], weights=dur[keep], minlength=W)
+    waited = np.bincount(w_a, weights=exposed, minlength=W)  # exposed all-to-all: communication, not compute
+    busy = np.bincount(w_a[keep], weights=dur[keep], minlength=W) - waited
+    stall = [s + x for s, x in zip(stall, waited.tolist())]
     work_mask = kc_a < _STEP
-    work = float(dur[work_mask].sum())
+    work = float(dur[work_mask].sum() - exposed.sum())
     steps = 1
     is_step = kc_a == _STEP
     if is_step.any():
@@ -215,6 +219,7 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
         "comm_wait_share": [x / L for x in stall],
         "busy": busy.tolist(),
         "comm_stall": list(stall),
+        "alltoall_exposed": waited.tolist(),
         "peak_activations": peak_n,
         "peak_activation_bytes": peak_b,
         "peak_activation_share": peak_share,
@@ -226,6 +231,17 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
         "label": costs.label,
     }
     return SimResult(schedule, timeline, makespan, metrics, costs.label)
+
+
+def _alltoall_rows(graph, exposed: np.ndarray, end: list) -> list[tuple]:
+    """Comm-lane rows ``alltoall`` for the exposed all-to-all at the end of each op that has one
+    (:func:`~workbench.simulate.graph.exposed_alltoall`)."""
+    rows = []
+    for g in np.flatnonzero(exposed > 0).tolist():
+        w = graph.wof[g]
+        rows.append((w, graph.st[g], graph.mb[g], "alltoall", end[g] - exposed[g], end[g], graph.ver[g], w, w, -1,
+                     0.0))
+    return rows
 
 
 def steady_state(schedule: Schedule, kc, mb, st, end, makespan: float) -> tuple[float, bool]:
