@@ -433,5 +433,7 @@ def test_overlapped_pairs_must_be_consecutive():
                    {"overlap_f_b": ((0, (0, 0), (0, 1)),)})
     with pytest.raises(ScheduleError, match="not two consecutive ops"):
         simulate(bad, fwd=1, bwd=2, alltoall=1.0)
+    with pytest.raises(ScheduleError, match="not two consecutive ops"):
+        validate(bad)
     with pytest.raises(ValueError, match="alltoall"):
         simulate(sched, fwd=1, bwd=2, alltoall=[1.0, 2.0])

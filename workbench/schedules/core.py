@@ -437,7 +437,8 @@ def validate(schedule: Schedule) -> None:
     worker that ran the F (it holds the stashed activations); every dependency exists; the
     per-worker orders admit an execution without deadlock (a topological order of the union of
     per-worker order edges and dataflow edges exists); per-worker in-flight limits hold; stash
-    rules: B reads its F's version under ``stash`` and ``vertical-sync``.
+    rules: B reads its F's version under ``stash`` and ``vertical-sync``; listed overlapped pairs
+    (:meth:`Schedule.overlapped_pairs`) are consecutive F, B ops.
 
     Compute ops are numbered by :func:`key_code` so that the checks index flat arrays (one pass
     over the ops in Python, the per-microbatch checks vectorized) instead of hashing tuples.
@@ -486,6 +487,7 @@ def validate(schedule: Schedule) -> None:
         codes.append(kw)
     _check_backwards(schedule, np.array(worker_of).reshape(4, SM), np.array(version_of).reshape(4, SM))
     _check_deadlock(schedule, worker_of, codes)
+    schedule.overlapped_pairs()  # listed overlapped pairs are consecutive F, B ops
 
 
 def _check_backwards(schedule: Schedule, wk: np.ndarray, ver: np.ndarray) -> None:
