@@ -19,8 +19,13 @@ when the predecessor ran on another worker, ``f(c)`` the time the weights have a
 the simulator does -- once the link o -> c is free of the previous fetch) and ``T`` the forward or
 backward duration of stage s. Activation links are not queued (the simulator queues them: with
 transfers that overlap on one link the simulated time can exceed t). At each step the rule schedules the
-frontier job of smallest ``t + ε n(s, b, d)`` (ε infinitesimal: ties in t broken by the priority n).
-:func:`from_placement` runs this rule with the durations that will be simulated (:class:`JobCosts`);
+frontier job of smallest ``t + ε n(s, b, d)`` (ε infinitesimal: ties in t broken by the priority n);
+this is ``rule="finish"``, the default. The document's public simulator (``parallelsim.py``) reads
+the rule differently, and ``rule="parallelsim"`` reproduces it: its frontier holds the *finished*
+jobs; it schedules the successor of smallest start time ``t − T(s, d)``, ties broken by the
+priority of the finished job (a virtual job (−1, b, forward) precedes F0). On looped placements
+the finish rule is never slower on the recorded grid but may hold more activations (docs/schedules.md).
+:func:`from_placement` runs either rule with the durations that will be simulated (:class:`JobCosts`);
 with zero transfer and fetch costs, simulating the resulting per-worker order reproduces t exactly.
 The unit-tick order (``costs="unit"``) is :func:`list_schedule`, the event-driven list scheduler
 of the doc's table (every job one tick; an idle worker starts its ready job of smallest n): its
