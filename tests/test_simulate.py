@@ -395,6 +395,7 @@ def test_overlapped_pair_hides_each_others_alltoall(a, paired, back_to_back):
     off = simulate(sched, fwd=F_, bwd=B_, alltoall=a, overlap_pairs=False)
     assert (on.makespan, off.makespan) == (paired, back_to_back)
     assert on.metrics["busy"] == off.metrics["busy"] == [2 * F_ + 2 * B_]  # the exposed all-to-all is not compute
+    assert list(on.worker_stats["busy"]) == [2 * F_ + 2 * B_]  # compute rows of the timeline: compute only
     assert on.metrics["alltoall_exposed"] == [paired - 6.0] and off.metrics["alltoall_exposed"] == [4 * a]
     assert on.metrics["comm_stall"] == on.metrics["alltoall_exposed"]
     comm = on.timeline[on.timeline["kind"] == "alltoall"]

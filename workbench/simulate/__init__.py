@@ -66,8 +66,9 @@ alone takes ``c + a``. A schedule that lists overlapped F/B pairs
 ``dualpipev``) runs each pair as one unit in which the all-to-all of one op proceeds while the other
 computes: the pair takes ``c_F + c_B + max(0, a_F - c_B) + max(0, a_B - c_F)``
 (:func:`~workbench.simulate.graph.exposed_alltoall`); ``overlap_pairs=False`` charges the same
-order back to back. The exposed part is drawn as ``alltoall`` rows on the comm lane and reported
-in ``alltoall_exposed``. Point-to-point transfers need no pairing to be hidden: they run on link
+order back to back. An op's compute row shows its compute; the exposed part follows it as an
+``alltoall`` row on the comm lane (the op's outputs leave when it ends) and is reported in
+``alltoall_exposed``. Point-to-point transfers need no pairing to be hidden: they run on link
 channels beside the compute stream for every schedule (above).
 
 Time per minibatch (``SimResult.time_per_minibatch_ms``): the steady-state completion rate of

@@ -141,13 +141,15 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
     start_a = np.fromiter(start, float, len(start))
     end_a = np.fromiter(end, float, len(end))
     w_a = np.asarray(wof, dtype=np.int64)
+    exposed = np.asarray(graph.exposed if graph.exposed else [0.0] * len(kc), dtype=float)
+    comm_rows = comm_rows + _alltoall_rows(graph, exposed, end)
     comp = pd.DataFrame({
         "worker": w_a[keep],
         "stage": np.asarray(st, dtype=np.int64)[keep],
         "microbatch": np.asarray(mb, dtype=np.int64)[keep],
         "kind": names[kc_a[keep]],
         "start": start_a[keep],
-        "end": end_a[keep],
+        "end": (end_a - exposed)[keep],  # compute only; the exposed all-to-all follows on the comm lane
         "version": np.asarray(ver, dtype=np.int64)[keep],
         "lane": "compute",
         "src": w_a[keep],
@@ -159,8 +161,6 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
     })
     if schedule.segment_tokens:  # optional column: the Seq1F1B segment of each compute op
         comp["segment"] = np.asarray([-1 if o.segment is None else o.segment for ops in schedule.ops for o in ops])[keep]
-    exposed = np.asarray(graph.exposed if graph.exposed else [0.0] * len(kc), dtype=float)
-    comm_rows = comm_rows + _alltoall_rows(graph, exposed, end)
     if comm_rows:
         comm = pd.DataFrame(comm_rows, columns=["worker", "stage", "microbatch", "kind", "start", "end", "version",
                                                 "src", "dst", "update", "bytes"])
