@@ -115,7 +115,8 @@ NB05 = [
 DDP, FSDP, PP, LPP and FSLPP built from their placements `w(s, b, d)` by the master schedule's
 greedy list scheduler, simulated by the workbench simulator with unit costs (a stage's forward +
 backward = 1 unit, communication hidden as the document assumes), next to the document's closed
-forms. Then the bound ρ ≤ M/S with each scheme's point, and LPP over group count G and group size R.
+forms. Then the bound ρ ≤ M/S with each scheme's point, LPP over group count G and group size R,
+and the two readings of the greedy rule (the workbench's default and the document's simulator).
 **Modeled** (unit costs, no profile). Logic: `workbench/experiments/unified.py`.
 """),
     code("""
@@ -152,6 +153,24 @@ S/R stages and the simulated latency approaches the work bound `S B / (G R)`.
     code("""
 common.save_figure(unified.sweep_figure(sweep), out, "lpp_sweep")
 unified.sweep_figure(sweep)
+"""),
+    md("""
+## Two readings of the greedy rule
+The document's simulator (`parallelsim.py`) runs next the frontier job that can *start* earliest
+(ties: the priority of the job its batch finished last); the workbench's default runs the one that
+*finishes* earliest (ties: the job's own priority). With `rule="parallelsim"` the workbench
+reproduces the document's simulator job for job (tests/test_master.py, recorded reference grid).
+Both simulated here at the document's durations (forward 1, backward 2, no communication):
+`*_ratio` = default / document.
+"""),
+    code("""
+rules = unified.rule_comparison(unified.rule_configurations(quick))
+common.save_table(rules, out, "greedy_rules")
+rules
+"""),
+    code("""
+common.save_figure(unified.rule_figure(rules), out, "greedy_rules")
+unified.rule_figure(rules)
 """),
     md("## Paper vs reproduction"),
     code("""

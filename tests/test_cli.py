@@ -85,3 +85,19 @@ def test_models_lists_zoo(capsys):
     text = capsys.readouterr().out
     for name in ("vgg16", "resnet50", "alexnet", "gnmt", "awd-lstm", "gpt", "digits"):
         assert name in text
+
+
+def test_simulate_alltoall_overlap_of_dualpipev_pairs(tmp_path):
+    """--alltoall charges every forward/backward an in-op all-to-all; DualPipeV's pairs hide it unless
+    --no-overlap-pairs (metrics.json: the exposed all-to-all per worker; the back-to-back run is longer)."""
+    import json
+
+    spans = {}
+    for flag in ([], ["--no-overlap-pairs"]):
+        out = tmp_path / ("b2b" if flag else "paired")
+        assert main(["simulate", "--schedule", "dualpipev", "--stages", "8", "--microbatches", "16", "--alltoall", "1",
+                     *flag, "--out", str(out)]) == 0
+        m = json.loads((out / "metrics.json").read_text())
+        spans[bool(flag)] = (m["makespan"], m["alltoall_exposed"])
+    assert spans[True][1] == [64.0] * 4  # 2 stages x 16 microbatches x (F + B), each waits 1
+    assert max(spans[False][1]) < 64.0 and spans[False][0] < spans[True][0]

@@ -4,6 +4,9 @@ from its formula: repeatedly take, among the frontier jobs (those whose predeces
 one of smallest finish time t(j) + eps * n(j), t(j) = max(free(worker), t(pred)) + T(j)."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from workbench.schedules import build, from_placement, list_schedule, placement
@@ -116,3 +119,59 @@ def test_order_from_the_simulators_costs_with_transfers_and_fetches(name, S, B):
         tl = res.timeline
         assert tl.loc[tl["kind"].isin(["F", "B"]), "end"].max() == pytest.approx(sched.options["latency"]), kw
         assert res.makespan <= simulate(build(name, S, B, costs="unit"), **kw).makespan + 1e-9
+
+
+# ---- the document's public simulator (parallelsim.py), recorded -----------------------------------
+PARALLELSIM = Path(__file__).parent / "data" / "parallelsim" / "grid.json"
+PS_PRIORITY = {"oldest-batch": "oldest-batch", "oldest-stage": "stage-direction-batch"}
+
+
+def parallelsim_cases():
+    return json.loads(PARALLELSIM.read_text())["cases"]
+
+
+def build_case(case, rule):
+    looped = {"group_size": case["R"]} if case["scheme"] in ("lpp", "fslpp") else {}
+    return build(case["scheme"], case["S"], case["B"], workers=case["W"], priority=PS_PRIORITY[case["priority"]],
+                 rule=rule, **looped)
+
+
+def test_parallelsim_rule_reproduces_the_documents_simulator_on_its_grid():
+    """Every recorded case (scripts/record_parallelsim.py: DDP, FSDP, PP, LPP, FSLPP over S, B, W, R and
+    both of the reference's priority orders; forward 1, backward 2): rule="parallelsim" gives the
+    reference's latency, its peak activations per worker (the simulator's count of the order) and,
+    where recorded, its job order on every worker."""
+    cases = parallelsim_cases()
+    assert len(cases) >= 100 and {c["scheme"] for c in cases} == {"ddp", "fsdp", "pp", "lpp", "fslpp"}
+    for c in cases:
+        sched = build_case(c, "parallelsim")
+        res = simulate(sched, fwd=1, bwd=2)
+        tl = res.timeline
+        label = {k: c[k] for k in ("scheme", "S", "B", "W", "R", "priority")}
+        assert sched.options["latency"] == c["latency"], label
+        assert tl.loc[tl["kind"].isin(["F", "B"]), "end"].max() == c["latency"], label
+        assert list(res.metrics["peak_activations"]) == c["peak_activations_per_worker"], label
+        if "orders" in c:
+            got = [[f"{op.kind}{op.stage}.{op.microbatch}" for op in ops if op.kind in ("F", "B")] for ops in sched.ops]
+            assert got == c["orders"], label
+
+
+def test_the_two_rules_differ_where_the_issue_says():
+    """The cost-aware default ('finish') and the document's simulator disagree on LPP: S=4, B=8, W=4, R=2
+    (oldest batch first) gives 27 with 8 peak activations by finish time, 28 with 6 by the reference."""
+    case = next(c for c in parallelsim_cases() if (c["scheme"], c["S"], c["B"], c["W"], c["R"], c["priority"])
+                == ("lpp", 4, 8, 4, 2, "oldest-batch"))
+    assert (case["latency"], case["peak_activations"]) == (28, 6)
+    finish = build_case(case, "finish")
+    assert finish.options["latency"] == 27
+    assert max(simulate(finish, fwd=1, bwd=2).metrics["peak_activations"]) == 8
+
+
+def test_rule_errors():
+    w = placement("pp", 3)
+    with pytest.raises(ValueError, match="rule must be one of"):
+        from_placement(w, 3, 4, 3, rule="earliest")
+    with pytest.raises(ValueError, match="orders by durations"):
+        from_placement(w, 3, 4, 3, costs="unit", rule="parallelsim")
+    with pytest.raises(ValueError, match="stage-direction-batch"):
+        from_placement(w, 3, 4, 3, priority="oldest-stage")

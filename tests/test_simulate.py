@@ -383,3 +383,68 @@ def test_simulator_edges_are_schedule_dependencies(name, stages, kw):
            if key[p] is not None and key[c] is not None}
     want = {(p, c) for c, ps in sched.dependencies().items() for p in ps}
     assert got == want
+
+
+# ---- overlapped F/B pairs (DeepSeek-V3's DualPipe) hide each other's all-to-all ---------------------
+def paired_one_stage() -> Schedule:
+    """One worker, one stage, 2 microbatches: F0, [F1 B0] as an overlapped pair, B1, STEP."""
+    ops = (Op("F", 0, 0), Op("F", 0, 1), Op("B", 0, 0), Op("B", 0, 1), Op("STEP", 0, step=0))
+    return Schedule("paired", 1, 1, 2, (ops,), ((0,),), "sync", 2, None, {"overlap_f_b": ((0, (0, 1), (0, 0)),)})
+
+
+@pytest.mark.parametrize("a,paired,back_to_back", [
+    # a = 1: F0 1+1, pair F1 1+max(0, 1-2) and B0 2+max(0, 1-1), B1 2+1 -> 2+1+2+3 = 8; back to back 2+2+3+3 = 10
+    (1.0, 8.0, 10.0),
+    # a = 3: F0 4, pair F1 1+(3-2) and B0 2+(3-1), B1 5 -> 4+2+4+5 = 15; back to back 4+4+5+5 = 18
+    (3.0, 15.0, 18.0),
+])
+def test_overlapped_pair_hides_each_others_alltoall(a, paired, back_to_back):
+    sched = paired_one_stage()
+    validate(sched)
+    on = simulate(sched, fwd=F_, bwd=B_, alltoall=a)
+    off = simulate(sched, fwd=F_, bwd=B_, alltoall=a, overlap_pairs=False)
+    assert (on.makespan, off.makespan) == (paired, back_to_back)
+    assert on.metrics["busy"] == off.metrics["busy"] == [2 * F_ + 2 * B_]  # the exposed all-to-all is not compute
+    assert list(on.worker_stats["busy"]) == [2 * F_ + 2 * B_]  # compute rows of the timeline: compute only
+    assert on.metrics["alltoall_exposed"] == [paired - 6.0] and off.metrics["alltoall_exposed"] == [4 * a]
+    assert on.metrics["comm_stall"] == on.metrics["alltoall_exposed"]
+    comm = on.timeline[on.timeline["kind"] == "alltoall"]
+    assert (comm["end"] - comm["start"]).sum() == pytest.approx(paired - 6.0)
+    assert simulate(sched, fwd=F_, bwd=B_).makespan == 6.0  # no all-to-all: the pair changes nothing
+
+
+def test_dualpipev_overlap_gain_over_the_same_order_back_to_back():
+    """DualPipeV, 4 workers (8 stages), 16 microbatches, F = 1, B = 2 per stage, all-to-all 1 per F/B/BI:
+    back to back every op waits for its all-to-all (2 stages x 16 microbatches x (F + B) = 64 per worker);
+    paired, a pair's all-to-alls fit in each other's compute, so only unpaired ops wait, and the step is
+    shorter. A schedule without pairs (ZB-V, same V placement) is charged the same either way: the
+    pairing comes from the schedule, not from its name."""
+    from workbench.schedules import build
+
+    sched = build("dualpipev", 8, 16)
+    pairs = sched.overlapped_pairs()
+    on = simulate(sched, fwd=1, bwd=2, alltoall=1.0)
+    off = simulate(sched, fwd=1, bwd=2, alltoall=1.0, overlap_pairs=False)
+    assert off.metrics["alltoall_exposed"] == [64.0] * 4
+    for w in range(4):  # each pair hides both of its all-to-alls: 2 per pair
+        n = sum(1 for p in pairs if p[0] == w)
+        assert on.metrics["alltoall_exposed"][w] == 64.0 - 2 * n
+    assert on.makespan < off.makespan
+    zbv = build("zb-v", 8, 16)
+    assert not zbv.overlapped_pairs()
+    assert simulate(zbv, fwd=1, bwd=2, alltoall=1.0).makespan == \
+        simulate(zbv, fwd=1, bwd=2, alltoall=1.0, overlap_pairs=False).makespan
+
+
+def test_overlapped_pairs_must_be_consecutive():
+    from workbench.schedules.core import ScheduleError
+
+    sched = paired_one_stage()
+    bad = Schedule("bad", 1, 1, 2, sched.ops, sched.stage_workers, "sync", 2, None,
+                   {"overlap_f_b": ((0, (0, 0), (0, 1)),)})
+    with pytest.raises(ScheduleError, match="not two consecutive ops"):
+        simulate(bad, fwd=1, bwd=2, alltoall=1.0)
+    with pytest.raises(ScheduleError, match="not two consecutive ops"):
+        validate(bad)
+    with pytest.raises(ValueError, match="alltoall"):
+        simulate(sched, fwd=1, bwd=2, alltoall=[1.0, 2.0])

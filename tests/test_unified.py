@@ -83,3 +83,23 @@ def test_closed_form_matches_simulation_off_the_quick_grid():
         assert ours["latency"] == unified.closed_form(name, 3, 6, G=2, R=3)["latency"]
     with pytest.raises(ValueError, match="unknown scheme"):
         unified.closed_form("zero-bubble", 4, 8)
+
+
+def test_rule_comparison_matches_the_recorded_reference():
+    """The notebook's comparison of the two greedy rules: its ``parallelsim`` columns are the document's
+    simulator's own numbers (tests/data/parallelsim, recorded), and the default finish-time rule is never
+    slower there but holds more activations on some configuration."""
+    import json
+    from pathlib import Path
+
+    ref = {(c["S"], c["B"], c["W"], c["R"]): c for c in
+           json.loads((Path(__file__).parent / "data" / "parallelsim" / "grid.json").read_text())["cases"]
+           if c["scheme"] == "lpp" and c["priority"] == "oldest-batch"}
+    rules = unified.rule_comparison(unified.rule_configurations(quick=True))
+    assert len(rules) >= 2
+    for r in rules.itertuples():
+        c = ref[(r.S, r.B, r.W, r.R)]
+        assert (r.latency_parallelsim, r.peak_parallelsim) == (c["latency"], c["peak_activations"])
+        assert r.latency_finish <= r.latency_parallelsim
+    assert (rules.peak_finish > rules.peak_parallelsim).any()
+    assert (rules.latency_finish < rules.latency_parallelsim).any()

@@ -187,6 +187,8 @@ def cmd_simulate(args) -> int:
                   op_overhead_ms=args.op_overhead_ms)
     else:
         kw = dict(fwd=args.fwd, bwd=args.bwd)
+    if args.alltoall is not None:
+        kw.update(alltoall=args.alltoall, overlap_pairs=not args.no_overlap_pairs)
     # master schedules are ordered by the greedy rule with the durations simulated below
     sched = schedules.build_for_simulation(args.schedule, plan or args.stages, args.microbatches, kw, **opts)
     if args.profile and topology.num_workers != sched.num_workers:
@@ -344,6 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topology", help="levels COUNTxBW,... innermost first, or a preset[:servers] "
                    "(default: the topology stored in the plan)")
     _add_fixed_costs(p)
+    p.add_argument("--alltoall", type=float, default=None,
+                   help="in-op all-to-all of every forward/backward (expert parallelism), per stage; a schedule's "
+                        "overlapped F/B pairs (dualpipev) hide each other's")
+    p.add_argument("--no-overlap-pairs", action="store_true",
+                   help="charge a schedule's overlapped F/B pairs back to back (with --alltoall)")
     p.add_argument("--out", default="results/simulate")
     p.set_defaults(fn=cmd_simulate)
 

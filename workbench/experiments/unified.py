@@ -29,6 +29,7 @@ import math
 import pandas as pd
 
 from .. import schedules
+from ..schedules.master import RULES
 from ..simulate import simulate
 from .common import claim
 
@@ -127,6 +128,37 @@ def lpp_sweep(S: int, B: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def rule_configurations(quick: bool) -> list[dict]:
+    """(scheme, S, B, W, R) of the greedy-rule comparison: LPP with R < S, where the two readings of
+    the greedy rule differ (R = 1: equal latency, different memory). FSLPP has LPP's compute placement, so without communication cost it is
+    ordered and timed identically (tests/test_master.py checks both against the reference)."""
+    shapes = [(4, 8, 4, 2), (8, 16, 2, 1)] if quick else [(4, 8, 4, 2), (6, 12, 8, 2), (8, 16, 4, 2), (8, 16, 8, 4),
+                                                         (8, 16, 2, 1), (16, 32, 16, 2), (16, 32, 16, 4)]
+    return [dict(scheme="lpp", S=S, B=B, W=W, R=R) for S, B, W, R in shapes]
+
+
+def rule_comparison(configs: list[dict], fwd: float = 1.0, bwd: float = 2.0) -> pd.DataFrame:
+    """Each configuration ordered by both greedy rules of :data:`~workbench.schedules.master.RULES`
+    (``finish``, the workbench's default, and ``parallelsim``, the document's simulator), oldest batch
+    first, forward ``fwd`` and backward ``bwd`` (the document's simulator: 1 and 2), no
+    communication; simulated: latency = end of the last forward/backward, peak activations = max
+    over workers. ``latency_ratio`` = finish / parallelsim, ``peak_ratio`` likewise."""
+    rows = []
+    for c in configs:
+        row = dict(c)
+        for rule in RULES:
+            sched = schedules.build(c["scheme"], c["S"], c["B"], workers=c["W"], group_size=c["R"],
+                                    costs=(fwd, bwd), rule=rule)
+            res = simulate(sched, fwd=fwd, bwd=bwd)
+            tl = res.timeline
+            row[f"latency_{rule}"] = float(tl.loc[tl["kind"].isin(["F", "B"]), "end"].max())
+            row[f"peak_{rule}"] = int(max(res.metrics["peak_activations"]))
+        row["latency_ratio"] = row["latency_finish"] / row["latency_parallelsim"]
+        row["peak_ratio"] = row["peak_finish"] / row["peak_parallelsim"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def validate_params(quick: bool, sweep_S: int = 8, sweep_B: int = 16, **_ignored) -> None:
     """``workbench reproduce``'s check of the notebook's parameters (one-line ``ValueError``)."""
     check_params(sweep_S, sweep_B)
@@ -170,6 +202,27 @@ def sweep_figure(sweep: pd.DataFrame):
     S, B = int(sweep.S.iloc[0]), int(sweep.B.iloc[0])
     fig.update_layout(title=f"LPP latency over group count G and group size R (S={S}, B={B}; modeled, unit costs)",
                       xaxis_title="groups G", yaxis_title="latency (units)", xaxis_type="log")
+    return fig
+
+
+def rule_figure(rules: pd.DataFrame):
+    """Latency vs peak activations of each configuration under both greedy rules (arrows join a
+    configuration's two points)."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    text = [f"{r.scheme.upper()} S={r.S}, B={r.B}, W={r.W}, R={r.R}" for r in rules.itertuples()]
+    for rule, label in (("parallelsim", "parallelsim.py rule (earliest start)"),
+                        ("finish", "workbench default (earliest finish)")):
+        fig.add_trace(go.Scatter(x=rules[f"peak_{rule}"], y=rules[f"latency_{rule}"], mode="markers", name=label,
+                                 text=text, marker=dict(size=10)))
+    for r in rules.itertuples():
+        fig.add_annotation(x=r.peak_finish, y=r.latency_finish, ax=r.peak_parallelsim, ay=r.latency_parallelsim,
+                           xref="x", yref="y", axref="x", ayref="y", showarrow=True, arrowhead=2, opacity=0.4)
+    fig.update_layout(title="Two readings of the greedy rule: latency vs peak activations "
+                            "(modeled: simulator, forward 1, backward 2, no communication)",
+                      xaxis_title="peak activations (max over workers)", yaxis_title="latency (units)",
+                      xaxis_type="log", yaxis_type="log")
     return fig
 
 

@@ -41,6 +41,13 @@ Sends and receives are implicit: F(s, b) needs the output of F(s-1, b), B(s, b) 
 B(s+1, b) (or BI(s+1, b)); when the two ops run on different workers a transfer follows.
 ``weights_worker`` (master-schedule family) names the worker that owns the weights an op uses; a
 transfer of weights follows when it differs from the worker running the op.
+
+Overlapped pairs (DeepSeek-V3's DualPipe). ``options["overlap_f_b"]`` lists ``(worker, (F stage,
+microbatch), (B stage, microbatch))``: a forward and a full backward of other microbatches that
+``worker`` runs as one overlapped unit, two consecutive ops F then B (torch's OVERLAP_F_B). The
+generator that builds the order records the pairs; :meth:`Schedule.overlapped_pairs` reads them as
+op indices, and an executor that models overlap (the simulator's all-to-all, see
+:mod:`workbench.simulate`) charges them from there.
 """
 from __future__ import annotations
 
@@ -273,6 +280,23 @@ class Schedule:
                 out.add(i)
         return frozenset(out)
 
+    def overlapped_pairs(self) -> tuple[tuple[int, int, int], ...]:
+        """``(worker, i, i + 1)`` for every overlapped pair of ``options["overlap_f_b"]`` (module
+        docstring): op ``i`` of ``worker`` is the pair's F, op ``i + 1`` its B. A pair whose two ops
+        are not consecutive F, B on that worker raises :class:`ScheduleError`."""
+        pairs = self.options.get("overlap_f_b", ())
+        if not pairs:
+            return ()
+        index = [{(op.kind, op.stage, op.microbatch): i for i, op in enumerate(ops)} for ops in self.ops]
+        out = []
+        for w, (fs, fb), (bs, bb) in pairs:
+            i = index[w].get(("F", fs, fb)) if 0 <= w < self.num_workers else None
+            if i is None or index[w].get(("B", bs, bb)) != i + 1:
+                raise ScheduleError(f"overlapped pair F{fs}.{fb} + B{bs}.{bb} is not two consecutive ops F, B "
+                                    f"on worker {w}; list pairs that the op order runs back to back")
+            out.append((w, i, i + 1))
+        return tuple(out)
+
     @property
     def split_backward(self) -> bool:
         return any(op.kind == "BI" for _, op in self)
@@ -407,7 +431,8 @@ def validate(schedule: Schedule) -> None:
     worker that ran the F (it holds the stashed activations); every dependency exists; the
     per-worker orders admit an execution without deadlock (a topological order of the union of
     per-worker order edges and dataflow edges exists); per-worker in-flight limits hold; stash
-    rules: B reads its F's version under ``stash`` and ``vertical-sync``.
+    rules: B reads its F's version under ``stash`` and ``vertical-sync``; listed overlapped pairs
+    (:meth:`Schedule.overlapped_pairs`) are consecutive F, B ops.
 
     Compute ops are numbered by :func:`key_code` so that the checks index flat arrays (one pass
     over the ops in Python, the per-microbatch checks vectorized) instead of hashing tuples.
@@ -456,6 +481,7 @@ def validate(schedule: Schedule) -> None:
         codes.append(kw)
     _check_backwards(schedule, np.array(worker_of).reshape(4, SM), np.array(version_of).reshape(4, SM))
     _check_deadlock(schedule, worker_of, codes)
+    schedule.overlapped_pairs()  # listed overlapped pairs are consecutive F, B ops
 
 
 def _check_backwards(schedule: Schedule, wk: np.ndarray, ver: np.ndarray) -> None:

@@ -19,8 +19,13 @@ when the predecessor ran on another worker, ``f(c)`` the time the weights have a
 the simulator does -- once the link o -> c is free of the previous fetch) and ``T`` the forward or
 backward duration of stage s. Activation links are not queued (the simulator queues them: with
 transfers that overlap on one link the simulated time can exceed t). At each step the rule schedules the
-frontier job of smallest ``t + ε n(s, b, d)`` (ε infinitesimal: ties in t broken by the priority n).
-:func:`from_placement` runs this rule with the durations that will be simulated (:class:`JobCosts`);
+frontier job of smallest ``t + ε n(s, b, d)`` (ε infinitesimal: ties in t broken by the priority n);
+this is ``rule="finish"``, the default. The document's public simulator (``parallelsim.py``) reads
+the rule differently, and ``rule="parallelsim"`` reproduces it: its frontier holds the *finished*
+jobs; it schedules the successor of smallest start time ``t − T(s, d)``, ties broken by the
+priority of the finished job (a virtual job (−1, b, forward) precedes F0). On looped placements
+the finish rule is never slower on the recorded grid but may hold more activations (docs/schedules.md).
+:func:`from_placement` runs either rule with the durations that will be simulated (:class:`JobCosts`);
 with zero transfer and fetch costs, simulating the resulting per-worker order reproduces t exactly.
 The unit-tick order (``costs="unit"``) is :func:`list_schedule`, the event-driven list scheduler
 of the doc's table (every job one tick; an idle worker starts its ready job of smallest n): its
@@ -62,6 +67,15 @@ PRIORITIES = {
     "lowest-stage": "smallest stage s first, then b, forward and backward alike (not breadth first: "
                     "a backward of stage s precedes the forward of stage s of a later batch)",
     "breadth-first": "forwards by (s, b), then backwards by (-s, -b): PyTorch's looped BFS order",
+    "stage-direction-batch": "smallest stage s first, then forwards before backwards, then b (the order "
+                             "parallelsim.py calls OldestStageFirst)",
+}
+
+RULES = {
+    "finish": "the frontier job of smallest finish time t(j), ties broken by n(j) (the workbench's "
+              "cost-aware reading of the greedy rule)",
+    "parallelsim": "the document's simulator (parallelsim.py): the frontier job of smallest start time, ties "
+                   "broken by n of the job its batch ran last (a virtual job (-1, b, forward) before F0)",
 }
 
 
@@ -76,10 +90,12 @@ def priority_key(priority, S: int) -> Callable[[int, int, str], tuple]:
         return lambda s, b, d: (s, b, pos(s, d))
     if priority == "breadth-first":
         return lambda s, b, d: (0, s, b) if d == "forward" else (1, -s, -b)
+    if priority == "stage-direction-batch":
+        return lambda s, b, d: (s, d != "forward", b)
     if priority == "oldest-stage":
         raise ValueError("priority 'oldest-stage' was renamed 'lowest-stage' (it sorts by stage, then batch; "
-                         "it is not breadth first); for PyTorch's breadth-first order use 'breadth-first' "
-                         "or the schedule 'looped-bfs'")
+                         "it is not breadth first); parallelsim.py's OldestStageFirst is 'stage-direction-batch'; "
+                         "for PyTorch's breadth-first order use 'breadth-first' or the schedule 'looped-bfs'")
     if callable(priority):
         return lambda s, b, d: (priority(s, b, d), b, pos(s, d))
     raise ValueError(f"priority must be one of {sorted(PRIORITIES)} or a function n(stage, batch, "
@@ -238,26 +254,36 @@ def list_schedule(w: Placement, stages: int, batches: int, workers: int, priorit
     return df.sort_values(["start", "worker"], kind="stable").reset_index(drop=True)
 
 
+def check_rule(rule: str) -> str:
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {sorted(RULES)}, got {rule!r}")
+    return rule
+
+
 def frontier_schedule(w: Placement, stages: int, batches: int, workers: int, priority="oldest-batch",
-                      costs: JobCosts | None = None) -> pd.DataFrame:
-    """The doc's greedy rule with costs (module docstring): repeatedly schedule the frontier job of
-    smallest finish time, ties broken by the priority. Returns the timeline DataFrame of
-    :func:`list_schedule` (same columns), times in the units of ``costs``."""
+                      costs: JobCosts | None = None, rule: str = "finish") -> pd.DataFrame:
+    """The doc's greedy rule with costs (module docstring): repeatedly schedule one frontier job
+    (the next job of some batch's chain). ``rule="finish"``: the job of smallest finish time, ties
+    broken by its priority n(job). ``rule="parallelsim"``: the job of smallest start time, ties
+    broken by n(prev) of the job ``prev`` its batch ran last (parallelsim.py's reading: its
+    frontier holds the finished jobs). Returns the timeline DataFrame of :func:`list_schedule`
+    (same columns), times in the units of ``costs``."""
     S, B, W = int(stages), int(batches), int(workers)
     if min(S, B, W) < 1:
         raise ValueError(f"stages, batches and workers must be >= 1, got {S}, {B}, {W}")
+    check_rule(rule)
     place = _placements(w, S, B, W)
     key = priority_key(priority, S)
     c = job_costs(costs, S)
-    chains = [chain(S, b) for b in range(B)]
-    nxt, pred_end, pred_worker = [0] * B, [0.0] * B, [None] * B
+    chains = [[(-1, b, "forward")] + chain(S, b) for b in range(B)]  # index 0: the virtual job before F0
+    nxt, pred_end, pred_worker = [1] * B, [0.0] * B, [None] * B
     free, last_start = [0.0] * W, [0.0] * W
     link_free: dict[tuple[int, int], float] = {}  # weight fetches: one at a time per (owner, worker) link
     rows = []
     for _ in range(2 * S * B):
         best = None
         for b in range(B):
-            if nxt[b] == 2 * S:
+            if nxt[b] > 2 * S:
                 continue
             s, _, d = job = chains[b][nxt[b]]
             cw, ow = place[job]
@@ -266,10 +292,11 @@ def frontier_schedule(w: Placement, stages: int, batches: int, workers: int, pri
             if ow != cw:
                 fetched = max(last_start[cw], link_free.get((ow, cw), 0.0)) + c.fetch(s, ow, cw)
             start = max(free[cw], ready, fetched)
-            cand = (start + c.duration(s, d), key(*job), start, job, fetched)
-            if best is None or cand[:2] < best[:2]:
-                best = cand
-        end, _, start, (s, b, d), fetched = best
+            end = start + c.duration(s, d)
+            order = (end, key(*job)) if rule == "finish" else (start, key(*chains[b][nxt[b] - 1]))
+            if best is None or order < best[0]:
+                best = (order, start, end, job, fetched)
+        _, start, end, (s, b, d), fetched = best
         cw, ow = place[(s, b, d)]
         rows.append((cw, s, b, "F" if d == "forward" else "B", start, end, ow))
         free[cw], last_start[cw] = end, start
@@ -282,16 +309,22 @@ def frontier_schedule(w: Placement, stages: int, batches: int, workers: int, pri
 
 
 def from_placement(w: Placement, stages: int, batches: int, workers: int, priority="oldest-batch",
-                   name: str = "master", costs=None) -> Schedule:
+                   name: str = "master", costs=None, rule: str = "finish") -> Schedule:
     """Schedule of placement ``w`` and ``priority`` (see module docstring); one synchronous update
     per stage at the end. ``costs``: the durations that will be simulated (:func:`job_costs`:
     None = forward 1, backward 2; ``(fwd, bwd)``; a :class:`JobCosts`), ordered by the doc's greedy
-    rule (:func:`frontier_schedule`); ``"unit"``: the unit-tick order of :func:`list_schedule`.
-    ``options["latency"]`` is the greedy rule's makespan in the units of the costs."""
+    rule (:func:`frontier_schedule`, ``rule`` one of :data:`RULES`); ``"unit"``: the unit-tick order
+    of :func:`list_schedule`. ``options["latency"]`` is the greedy rule's makespan in the units of
+    the costs. ``rule="parallelsim"`` with ``costs=None`` reproduces parallelsim.py's latency, peak
+    activations and per-worker orders (``priority`` "oldest-batch" is its OldestBatchFirst,
+    "stage-direction-batch" its OldestStageFirst)."""
     if isinstance(costs, str) and costs != "unit":
         raise ValueError(f"costs must be 'unit', None, (fwd, bwd) or a JobCosts, got {costs!r}")
+    if check_rule(rule) != "finish" and costs == "unit":
+        raise ValueError(f"rule {rule!r} orders by durations; costs='unit' is the list scheduler's tick order "
+                         f"(pass costs=(1, 1) for unit durations)")
     tl = (list_schedule(w, stages, batches, workers, priority) if costs == "unit"
-          else frontier_schedule(w, stages, batches, workers, priority, costs))
+          else frontier_schedule(w, stages, batches, workers, priority, costs, rule))
     S, B, W = int(stages), int(batches), int(workers)
     owners = [sorted({int(o) for o in tl.loc[tl["stage"] == s, "weights_worker"]}) for s in range(S)]
     ops: list[list[Op]] = [[] for _ in range(W)]
@@ -307,7 +340,7 @@ def from_placement(w: Placement, stages: int, batches: int, workers: int, priori
                 ops[wk].append(Op("STEP", s, step=0))
     opts = {"priority": priority if isinstance(priority, str) else "custom",
             "costs": "unit" if costs == "unit" else ("default" if costs is None else "given"),
-            "latency": float(tl["end"].max())}
+            "rule": rule, "latency": float(tl["end"].max())}
     if costs == "unit":
         opts["latency_ticks"] = int(tl["end"].max())
     sched = Schedule(name, S, W, B, tuple(map(tuple, ops)), tuple(map(tuple, owners)), "sync", B,
@@ -340,7 +373,8 @@ def placement(name: str, workers: int, group_size: int = 1) -> Placement:
 
 
 def build_master(name: str, stages: int, batches: int, workers: int | None = None,
-                 group_size: int | None = None, priority="oldest-batch", costs=None) -> Schedule:
+                 group_size: int | None = None, priority="oldest-batch", costs=None,
+                 rule: str = "finish") -> Schedule:
     """Built-ins: ddp/fsdp (default W = B), pp (W = S), lpp (default R = 2 when it divides, W = the
     largest multiple of R <= S), fslpp (default R = 2, W = R^2)."""
     S, B = int(stages), int(batches)
@@ -350,31 +384,34 @@ def build_master(name: str, stages: int, batches: int, workers: int | None = Non
     W = int(workers)
     if name in ("ddp", "fsdp", "pp"):
         R = 1
-    return from_placement(placement(name, W, R), S, B, W, priority, name=name, costs=costs)
+    return from_placement(placement(name, W, R), S, B, W, priority, name=name, costs=costs, rule=rule)
 
 
 _DOC = "Rahimi, Unifying Parallelization Schemes to Train Deep Nets"
 _HELP = {"workers": "workers W (default: the plan's; without a plan ddp/fsdp W = batches, pp W = S)",
          "priority": "tie break n(s,b,d): " + ", ".join(PRIORITIES) + " or a function",
-         "costs": "'unit' (unit-tick order) or durations to order by (API: JobCosts; default F=1, B=2)"}
+         "costs": "'unit' (unit-tick order) or durations to order by (API: JobCosts; default F=1, B=2)",
+         "rule": "greedy rule: 'finish' (smallest finish time first) or 'parallelsim' (the document's simulator: "
+                 "smallest start time first)"}
 
 
 def _master(name: str, description: str, bubble, group: bool = False):
     def fn(plan, batches: int, workers: int | None = None, priority: str = "oldest-batch", costs: object = None,
-           **kw) -> Schedule:
+           rule: str = "finish", **kw) -> Schedule:
         from .generators import stage_layout
         if workers is None and hasattr(plan, "num_workers"):
             workers = plan.num_workers
-        return build_master(name, len(stage_layout(plan)), batches, workers, kw.get("group_size"), priority, costs)
+        return build_master(name, len(stage_layout(plan)), batches, workers, kw.get("group_size"), priority, costs,
+                            rule)
     if group:
         def grouped(plan, batches: int, workers: int | None = None, group_size: int | None = None,
-                    priority: str = "oldest-batch", costs: object = None) -> Schedule:
-            return fn(plan, batches, workers, priority, costs, group_size=group_size)
+                    priority: str = "oldest-batch", costs: object = None, rule: str = "finish") -> Schedule:
+            return fn(plan, batches, workers, priority, costs, rule, group_size=group_size)
         target, helps = grouped, {**_HELP, "group_size": "R workers per group (W = G R; default 2)"}
     else:
         def target(plan, batches: int, workers: int | None = None, priority: str = "oldest-batch",
-                   costs: object = None) -> Schedule:
-            return fn(plan, batches, workers, priority, costs)
+                   costs: object = None, rule: str = "finish") -> Schedule:
+            return fn(plan, batches, workers, priority, costs, rule)
         helps = _HELP
     target.__name__ = target.__qualname__ = name
     target.__doc__ = f"Master schedule {name}: {description} (see :mod:`workbench.schedules.master`)."

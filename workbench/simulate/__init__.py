@@ -57,6 +57,20 @@ the one :class:`~workbench.costmodel.CostModel` (which the partitioner's plans u
   with ``P_s`` the stage's parameter bytes and ``B_min`` the slowest link in the ring;
 * weight fetch of stage ``s`` from worker ``a`` to ``b``: ``P_s / bandwidth_between(a, b)``.
 
+Overlapped pairs (DeepSeek-V3's DualPipe)
+-----------------------------------------
+``alltoall=a`` gives every F, B and BI of stage s an in-op all-to-all of ``a[s]`` (expert
+parallelism's dispatch and combine inside a chunk), which the op's compute stream waits for: an op
+alone takes ``c + a``. A schedule that lists overlapped F/B pairs
+(:meth:`Schedule.overlapped_pairs <workbench.schedules.core.Schedule.overlapped_pairs>`, e.g.
+``dualpipev``) runs each pair as one unit in which the all-to-all of one op proceeds while the other
+computes: the pair takes ``c_F + c_B + max(0, a_F - c_B) + max(0, a_B - c_F)``
+(:func:`~workbench.simulate.graph.exposed_alltoall`); ``overlap_pairs=False`` charges the same
+order back to back. An op's compute row shows its compute; the exposed part follows it as an
+``alltoall`` row on the comm lane (the op's outputs leave when it ends) and is reported in
+``alltoall_exposed``. Point-to-point transfers need no pairing to be hidden: they run on link
+channels beside the compute stream for every schedule (above).
+
 Time per minibatch (``SimResult.time_per_minibatch_ms``): the steady-state completion rate of
 microbatches (:func:`steady_state`, warm-up and drain excluded) divided by ``f``, so that every
 schedule reports ms per *profile minibatch* (:mod:`workbench.costmodel` defines it once).
@@ -97,7 +111,8 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
              weight_fetch: float = 0.0, microbatch_fraction: float | None = None, latency_ms: float = 0.0,
              op_overhead_ms: float = 0.0, step_copy_ms=None, allreduce_bandwidth=None,
              allreduce_latency_ms=None, message_cpu_ms: float = 0.0, allreduce_curve=None,
-             allreduce_buckets=None) -> SimResult:
+             allreduce_buckets=None, alltoall: float | Sequence[float] | None = None,
+             overlap_pairs: bool = True) -> SimResult:
     """Simulate ``schedule`` and return its timeline and metrics.
 
     Unit costs by default (``fwd``, ``bwd``, and ``transfer``/``allreduce``/``weight_fetch``/
@@ -110,7 +125,9 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
     update in place at ``step_ms``. ``allreduce_bandwidth`` / ``allreduce_latency_ms``: the ring
     all-reduce's own calibration (or ``allreduce_curve``, its measured times, and
     ``allreduce_buckets``, DDP's buckets), ``message_cpu_ms`` the CPU time of a message at each end
-    (:meth:`CostModel.from_profile`; profile costs only).
+    (:meth:`CostModel.from_profile`; profile costs only). ``alltoall`` (per stage or one number, in
+    either mode): the in-op all-to-all of every F, B and BI (module docstring, "Overlapped pairs");
+    ``overlap_pairs=False`` charges the schedule's overlapped pairs back to back.
 
     Metrics (``result.metrics``), with ``L`` the makespan and ``W`` the workers:
 
@@ -132,6 +149,8 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
     * ``comm_stall[w]``: time worker w's compute stream waited although the producing ops had
       finished (transfers, all-reduces, weight fetches in flight); ``comm_wait_share[w]`` = it / L;
       ``bubble_fraction_mean`` over workers;
+    * ``alltoall_exposed[w]``: all-to-all time worker w's compute stream waited for (counted in
+      ``comm_stall``, not in ``busy``);
     * ``peak_activations[w]`` (stage-microbatch pairs forwarded but not yet backwarded) and
       ``peak_activation_bytes[w]`` (profile costs only);
     * ``weight_versions[w]``: most versions of one stage alive at once on w (the newest plus every
@@ -155,6 +174,9 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
                                message_cpu_ms, allreduce_curve, allreduce_buckets)
     if step_copy_ms is not None:
         costs = dataclasses.replace(costs, step_copy=_per_stage(step_copy_ms, schedule.num_stages, "step_copy_ms"))
+    if alltoall is not None:
+        costs = dataclasses.replace(costs, alltoall=_per_stage(alltoall, schedule.num_stages, "alltoall"),
+                                    overlap_pairs=bool(overlap_pairs))
     return _run(schedule, costs, overlap_comm)
 
 

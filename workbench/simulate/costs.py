@@ -14,7 +14,7 @@ from ..timeline import COMMON_COLUMNS
 
 KIND_CODES = {"F": 0, "B": 1, "BI": 2, "BW": 3, "STEP": 4, "AR": 5}
 KIND_NAMES = ("F", "B", "BI", "BW", "STEP", "allreduce")
-COMM_KINDS = ("send_act", "send_grad", "allreduce", "fetch_weights", "send_wgrad")
+COMM_KINDS = ("send_act", "send_grad", "allreduce", "fetch_weights", "send_wgrad", "alltoall")
 TIMELINE_COLUMNS = COMMON_COLUMNS + ("lane", "src", "dst", "update", "bytes")  # see workbench.timeline
 _F, _B, _BI, _BW, _STEP, _AR = range(6)
 STAT_COLUMNS = ("peak_activations", "activation_transfers", "weight_transfers", "weight_storage", "busy")
@@ -44,6 +44,8 @@ class _Costs:
     batch_size: int | None = None
     step_copy: list | None = None  # per stage: a STEP that keeps the old version (None: as step_ms)
     accumulate: list | None = None  # per stage: what a backward into an empty buffer saves (None: nothing)
+    alltoall: list | None = None  # per stage: in-op all-to-all of an F, B or BI (None: none)
+    overlap_pairs: bool = True  # the schedule's overlapped F/B pairs hide each other's all-to-all
 
     def message(self, nbytes: float, a: int, b: int, fixed_ms: float | None) -> tuple[float, float]:
         """(ms, bytes) of one message of ``nbytes`` from ``a`` to ``b``: the cost model's

@@ -12,7 +12,7 @@ tests/test_simulate.py checks that both give the same edges.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -46,6 +46,7 @@ class OpGraph:
     wws: list  # weights_worker per op
     xfer_count: list  # activation/gradient messages received per worker
     arrays: tuple  # (kc, st, mb, ver, stp, worker) as numpy arrays, for the result
+    exposed: list = field(default_factory=list)  # per op: all-to-all ms its compute stream waits for (in dur)
 
     @property
     def N(self) -> int:
@@ -218,6 +219,28 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
             for i in schedule.fresh_backwards(w):
                 g = wbeg[w] + i
                 dur[g] = max(over, dur[g] - costs.accumulate[st[g]])
+    exposed = [0.0] * N
+    if costs.alltoall is not None:
+        exposed = exposed_alltoall(schedule, costs, kc, st, wbeg, dur)
+        dur = [d + x for d, x in zip(dur, exposed)]
     arrays = (kc_a, st_a, mb_a, np.fromiter(ver, np.int64, N), np.fromiter(stp, np.int64, N), w_a)
     return OpGraph(flat, kc, st, mb, ver, stp, wof, wbeg, wend, dur, cons_idx, cons_ptr, etype, ems, ebytes,
-                   pending, ar_group, ar_size, is_fetch, wws, xfer_count, arrays)
+                   pending, ar_group, ar_size, is_fetch, wws, xfer_count, arrays, exposed)
+
+
+def exposed_alltoall(schedule: Schedule, costs: _Costs, kc: list, st: list, wbeg: list, dur: list) -> list[float]:
+    """Per op, the in-op all-to-all time (expert parallelism's dispatch and combine, ``a[s]`` for an
+    F, B or BI of stage s) that its compute stream waits for. An op alone waits for all of it.
+    In an overlapped pair (:meth:`Schedule.overlapped_pairs`; DeepSeek-V3's DualPipe) the
+    communication of each op runs while the other op computes, so with ``c`` the compute times
+    ``exposed(F) = max(0, a_F - c_B)`` and ``exposed(B) = max(0, a_B - c_F)``; the pair takes
+    ``c_F + c_B + exposed(F) + exposed(B)`` (``c_F + c_B`` when each op's all-to-all fits in the
+    other's compute) where back to back it takes ``c_F + a_F + c_B + a_B``.
+    ``costs.overlap_pairs=False`` charges the same order back to back."""
+    a = costs.alltoall
+    out = [a[s] if k in (_F, _B, _BI) else 0.0 for k, s in zip(kc, st)]
+    if costs.overlap_pairs:
+        for w, i, j in schedule.overlapped_pairs():
+            f, b = wbeg[w] + i, wbeg[w] + j
+            out[f], out[b] = max(0.0, out[f] - dur[b]), max(0.0, out[b] - dur[f])
+    return out

@@ -129,13 +129,15 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
     start_a = np.fromiter(start, float, len(start))
     end_a = np.fromiter(end, float, len(end))
     w_a = np.asarray(wof, dtype=np.int64)
+    exposed = np.asarray(graph.exposed if graph.exposed else [0.0] * len(kc), dtype=float)
+    comm_rows = comm_rows + _alltoall_rows(graph, exposed, end)
     comp = pd.DataFrame({
         "worker": w_a[keep],
         "stage": np.asarray(st, dtype=np.int64)[keep],
         "microbatch": np.asarray(mb, dtype=np.int64)[keep],
         "kind": names[kc_a[keep]],
         "start": start_a[keep],
-        "end": end_a[keep],
+        "end": (end_a - exposed)[keep],  # compute only; the exposed all-to-all follows on the comm lane
         "version": np.asarray(ver, dtype=np.int64)[keep],
         "lane": "compute",
         "src": w_a[keep],
@@ -163,10 +165,12 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
 
     # busy time per worker (compute lane)
     dur = end_a - start_a
-    busy = np.bincount(w_a[keep], weights=dur[keep], minlength=W)
+    waited = np.bincount(w_a, weights=exposed, minlength=W)  # exposed all-to-all: communication, not compute
+    busy = np.bincount(w_a[keep], weights=dur[keep], minlength=W) - waited
+    stall = [s + x for s, x in zip(stall, waited.tolist())]
     work_mask = kc_a < _STEP
-    work = float(dur[work_mask].sum())
-    span_bubble = _span_bubble(w_a[work_mask], start_a[work_mask], end_a[work_mask], W)
+    work = float(dur[work_mask].sum() - exposed.sum())
+    span_bubble = _span_bubble(w_a[work_mask], start_a[work_mask], end_a[work_mask], (dur - exposed)[work_mask], W)
     steps = 1
     is_step = kc_a == _STEP
     if is_step.any():
@@ -205,6 +209,7 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
         "comm_wait_share": [x / L for x in stall],
         "busy": busy.tolist(),
         "comm_stall": list(stall),
+        "alltoall_exposed": waited.tolist(),
         "peak_activations": peak_n,
         "peak_activation_bytes": peak_b,
         "peak_activation_share": peak_share,
@@ -218,7 +223,7 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
     return SimResult(schedule, timeline, makespan, metrics, costs.label)
 
 
-def _span_bubble(worker, start, end, W: int) -> list[float]:
+def _span_bubble(worker, start, end, work, W: int) -> list[float]:
     """Per worker ``1 - work_w / (last end_w - first start_w)`` over its F, B, BI, BW ops: the bubble
     rate the zero-bubble papers' schedulers report (idle time inside the worker's own span, not
     counting its wait before its first op and after its last; NaN for a worker without ops)."""
@@ -226,8 +231,19 @@ def _span_bubble(worker, start, end, W: int) -> list[float]:
     for w in range(W):
         on = worker == w
         span = float(end[on].max() - start[on].min()) if on.any() else 0.0
-        out.append(1.0 - float((end[on] - start[on]).sum()) / span if span > 0 else float("nan"))
+        out.append(1.0 - float(work[on].sum()) / span if span > 0 else float("nan"))
     return out
+
+
+def _alltoall_rows(graph, exposed: np.ndarray, end: list) -> list[tuple]:
+    """Comm-lane rows ``alltoall`` for the exposed all-to-all at the end of each op that has one
+    (:func:`~workbench.simulate.graph.exposed_alltoall`)."""
+    rows = []
+    for g in np.flatnonzero(exposed > 0).tolist():
+        w = graph.wof[g]
+        rows.append((w, graph.st[g], graph.mb[g], "alltoall", end[g] - exposed[g], end[g], graph.ver[g], w, w, -1,
+                     0.0))
+    return rows
 
 
 def steady_state(schedule: Schedule, kc, mb, st, end, makespan: float) -> tuple[float, bool]:

@@ -21,7 +21,8 @@ from ..plot import timeline_traces
 
 #: every op kind a timeline can hold: compute kinds (AR: a measured all-reduce on the compute
 #: stream), then communication kinds (simulate.COMM_KINDS)
-TIMELINE_KINDS = ("F", "B", "BI", "BW", "STEP", "AR", "send_act", "send_grad", "allreduce", "fetch_weights", "send_wgrad")
+TIMELINE_KINDS = ("F", "B", "BI", "BW", "STEP", "AR", "send_act", "send_grad", "allreduce", "fetch_weights", "send_wgrad",
+                  "alltoall")
 _COPY = ("x", "base", "y", "marker", "text", "customdata", "hovertemplate", "textposition", "insidetextanchor")
 _STAGE_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#444444", "#72B7B2", "#E45756")  # traces of stage_widget
 _FONT = dict(family="Inter, Helvetica, Arial, sans-serif", size=12)
