@@ -107,11 +107,11 @@ def test_unit_tick_order_is_the_list_scheduler():
 
 @pytest.mark.parametrize("name,S,B", [("pp", 4, 8), ("fsdp", 4, 6), ("lpp", 4, 8), ("fslpp", 6, 8)])
 def test_order_from_the_simulators_costs_with_transfers_and_fetches(name, S, B):
-    """build_for_simulation orders by the durations simulate() charges (JobCosts.from_simulator:
+    """build_for_simulation orders by the durations simulate() charges (JobCosts.from_timeline of a simulation:
     one cost model), transfers and weight fetches included: the greedy rule's latency is the end
     of the last simulated forward/backward (the simulated makespan adds the final gradient push
     to the owner and the update), and the order is never slower than the unit-tick order."""
-    from workbench.schedules import build_for_simulation
+    from workbench.simulate.planning import build_for_simulation
     for kw in (dict(fwd=1, bwd=2, transfer=0.5), dict(fwd=1, bwd=2, weight_fetch=0.7),
                dict(fwd=[1, 2, 1, 3, 1, 1][:S], bwd=2, transfer=0.25, weight_fetch=0.3)):
         sched = build_for_simulation(name, S, B, kw)

@@ -18,7 +18,8 @@ import pandas as pd
 import pytest
 
 from workbench.profiler import Profile
-from workbench.schedules import build, build_for_simulation, in_flight_peak
+from workbench.schedules import build, in_flight_peak
+from workbench.simulate.planning import build_for_simulation
 from workbench.schedules.vplan import (
     SplitCosts,
     block_orders,

@@ -11,7 +11,8 @@ from workbench.schedules import build, in_flight_peak, validate
 from workbench.schedules.generators import in_flight_of
 from workbench.schedules.vplan import block_orders
 from workbench.schedules.vshape import V_PEAK
-from workbench.schedules.zero_bubble import bubble_memory_table, v_layout
+from workbench.schedules.zero_bubble import v_layout
+from workbench.simulate.planning import bubble_memory_table
 from workbench.simulate import simulate
 
 TORCH_KIND = {"F": "F", "I": "BI", "W": "BW", "B": "B"}

@@ -167,6 +167,7 @@ def cmd_simulate(args) -> int:
     from . import schedules
     from .plan import Plan
     from .simulate import plan_topology, simulate
+    from .simulate.planning import build_for_simulation
     from .topology import Topology
 
     plan = Plan.load(args.plan) if args.plan else None
@@ -190,7 +191,7 @@ def cmd_simulate(args) -> int:
     if args.alltoall is not None:
         kw.update(alltoall=args.alltoall, overlap_pairs=not args.no_overlap_pairs)
     # master schedules are ordered by the greedy rule with the durations simulated below
-    sched = schedules.build_for_simulation(args.schedule, plan or args.stages, args.microbatches, kw, **opts)
+    sched = build_for_simulation(args.schedule, plan or args.stages, args.microbatches, kw, **opts)
     if args.profile and topology.num_workers != sched.num_workers:
         raise UsageError(f"schedule {sched.name} uses {sched.num_workers} workers but the topology has "
                          f"{topology.num_workers}; give a topology of {sched.num_workers} workers "

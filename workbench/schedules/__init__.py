@@ -99,21 +99,6 @@ def gc_paused():
             gc.enable()
 
 
-def build_for_simulation(name: str, plan_or_stage_count, microbatches: int, simulate_kwargs: dict | None = None,
-                         **options) -> Schedule:
-    """:func:`build`, and for a schedule whose order depends on durations (the master family; those
-    registered with ``costs_from``, e.g. the V-shape zero-bubble family) the order planned with the
-    durations ``simulate(schedule, **simulate_kwargs)`` will charge (:meth:`JobCosts.from_simulator`,
-    the registration's ``costs_from``), unless ``costs`` is given."""
-    sched = build(name, plan_or_stage_count, microbatches, **options)
-    sp = spec(name)
-    read = sp.costs_from or (JobCosts.from_simulator if sp.family == "master" else None)
-    if read is None or "costs" in options:
-        return sched
-    costs = read(sched, **(simulate_kwargs or {}))
-    return build(name, plan_or_stage_count, microbatches, costs=costs, **options)
-
-
 def _check_plan_shape(sp: ScheduleSpec, plan, options: dict) -> None:
     """No silent reshaping: a pipeline schedule on a plan of one replicated stage is data parallel
     under another name. A one-line warning (not an error: the partitioner legitimately returns such
@@ -139,5 +124,5 @@ def _reshape_message(sp: ScheduleSpec, plan, sched: Schedule, options: dict) -> 
 
 __all__ = ["COMPUTE", "KINDS", "UPDATE_RULES", "Op", "OpKind", "Schedule", "ScheduleError", "in_flight_peak",
            "validate", "producers", "build", "NAMES", "DESCRIPTIONS", "REGISTRY", "Option", "ScheduleSpec", "register",
-           "spec", "markdown_table", "build_for_simulation", "from_placement", "list_schedule", "placement", "JobCosts",
+           "spec", "markdown_table", "from_placement", "list_schedule", "placement", "JobCosts",
            "worker_stats", "noam_warmup", "build_for_workers", "worker_options", "executor_of", "closed_form_bubble", "stage_layout", "to_torch_csv", "from_torch_csv", "with_recompute"]

@@ -138,17 +138,12 @@ class JobCosts:
         return cls(per(fwd, "fwd"), per(bwd, "bwd"), transfer_ms, fetch_ms)
 
     @classmethod
-    def from_simulator(cls, schedule: Schedule, **simulate_kwargs) -> "JobCosts":
-        """The durations :func:`workbench.simulate.simulate` charges ``schedule`` with the same
-        keyword arguments (unit costs ``fwd=``/``bwd=``/``transfer=``/``weight_fetch=``, or
-        ``profile=``/``plan=``/``topology=``; ``latency_ms``/``op_overhead_ms``): one cost model,
-        read back from the simulated timeline (compute rows F/B per stage, ``send_act``/``send_grad``
-        and ``fetch_weights`` rows per link). Only pairs of workers that the placement uses appear,
-        and the placement, not the order, fixes them: a schedule built with any order gives the
-        costs to re-order it."""
-        from ..simulate import simulate
-
-        tl = simulate(schedule, **simulate_kwargs).timeline
+    def from_timeline(cls, tl: pd.DataFrame, schedule: Schedule) -> "JobCosts":
+        """The durations a simulated timeline of ``schedule`` charged
+        (:func:`workbench.simulate.planning.build_for_simulation` simulates it): compute rows F/B
+        per stage, ``send_act``/``send_grad`` and ``fetch_weights`` rows per link. Only pairs of
+        workers that the placement uses appear, and the placement, not the order, fixes them: a
+        schedule built with any order gives the costs to re-order it."""
         dur = tl["end"] - tl["start"]
         comp = tl["lane"] == "compute"
         per = {(k, int(st)): float(v) for (k, st), v in dur[comp].groupby([tl["kind"][comp], tl["stage"][comp]]).max().items()}
@@ -416,7 +411,7 @@ def _master(name: str, description: str, bubble, group: bool = False):
     target.__name__ = target.__qualname__ = name
     target.__doc__ = f"Master schedule {name}: {description} (see :mod:`workbench.schedules.master`)."
     register(name, description=description, source=_DOC, options=helps, stages_per_worker="placement",
-             microbatches="in total", family="master", bubble=bubble)(target)
+             microbatches="in total", family="master", bubble=bubble, costs_from="job")(target)
     return target
 
 

@@ -76,7 +76,7 @@ class ScheduleSpec:
     executor: str = "pipeline"  # the runtime's executor: pipeline | ddp (DistributedDataParallel) | hogwild
     takes_plan: bool = False  # builds from a partitioner's Plan (stages with replicas): the tuner offers it
     flushes: bool = False  # microbatches count per flush; `steps` flushes per schedule
-    costs_from: Callable | None = None  # (schedule, **simulate kwargs) -> the ``costs`` option the order is planned for
+    costs_from: str | None = None  # the order depends on durations (option ``costs``): "job" (JobCosts) or "split"
 
     @property
     def takes_workers(self) -> bool:
@@ -136,8 +136,9 @@ def register(name: str, *, description: str, source: str, options: dict | None =
     as schedule ``name`` (see module docstring). ``knows``: what else the schedule knows, the
     :class:`ScheduleSpec` fields ``bubble`` (closed-form bubble), ``executor``, ``takes_plan``,
     ``flushes``, ``costs_from`` (for a schedule whose order depends on durations, option ``costs``:
-    the function that reads, from a schedule and the simulator's keyword arguments, the costs the
-    simulator will charge). Returns ``fn`` unchanged."""
+    which costs object it plans with, ``"job"`` for :class:`~workbench.schedules.master.JobCosts`,
+    ``"split"`` for :class:`~workbench.schedules.vplan.SplitCosts`; the simulator reads them from a
+    simulation, :func:`workbench.simulate.planning.build_for_simulation`). Returns ``fn`` unchanged."""
     unknown = set(knows) - {"bubble", "executor", "takes_plan", "flushes", "costs_from"}
     if unknown:
         raise ValueError(f"schedule {name!r}: register() takes no {sorted(unknown)}")

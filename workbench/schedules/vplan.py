@@ -112,14 +112,6 @@ class SplitCosts:
         pick = lambda k: tuple(float(per.get((k, s), 0.0)) for s in range(stages))
         return cls(pick("F"), pick("BI"), pick("BW"), float(msg.max()) if len(msg) else 0.0)
 
-    @classmethod
-    def from_simulator(cls, schedule, **simulate_kwargs) -> SplitCosts:
-        """The durations :func:`workbench.simulate.simulate` charges ``schedule`` with the same keyword
-        arguments (:meth:`from_timeline` of its timeline; any order of the same placement gives them)."""
-        from ..simulate import simulate  # the simulator imports this package
-
-        return cls.from_timeline(simulate(schedule, **simulate_kwargs).timeline, schedule.num_stages)
-
     def duration(self, kind: str, s: int) -> float:
         return {"F": self.f, "BI": self.b, "BW": self.w}[kind][s]
 

@@ -17,7 +17,7 @@ A V chunk is half of a worker's layers, so the limits in chunks are twice these 
 (:data:`V_PEAK`). How each is built is in :mod:`workbench.schedules.vplan`: V-Min and V-Half are
 the paper's building blocks, repeated and squeezed as the authors' generator does; V-ZB is the
 ZB-V rule (the same schedule as ``zb-v``). Each is planned at the F, B, W and communication costs
-the simulator will charge (option ``costs``; :func:`workbench.schedules.build_for_simulation`
+the simulator will charge (option ``costs``; :func:`workbench.simulate.planning.build_for_simulation`
 passes them), and keeps, of its candidates within the memory limit (the paper's rule and the list
 scheduler below, both at those costs), the shortest.
 
@@ -192,21 +192,21 @@ CONTROLLABLE = "Qi et al., Pipeline Parallelism with Controllable Memory (NeurIP
 
 
 @register("v-min", description="V-Min: the paper's least-memory building block ((P+4)//3 microbatches of a worker, ~1/3 of 1F1B), squeezed, planned at the given costs",
-          source=CONTROLLABLE, stages_per_worker=2, options=V_OPTIONS, costs_from=SplitCosts.from_simulator)
+          source=CONTROLLABLE, stages_per_worker=2, options=V_OPTIONS, costs_from="split")
 def v_min(plan, microbatches: int, steps: int = 1, costs: object = None) -> Schedule:
     """V-Min: about 1/3 of 1F1B's activation memory ((P + 4) // 3 microbatches of a worker)."""
     return v_schedule("v-min", plan, microbatches, steps, costs)
 
 
 @register("v-half", description="V-Half: the paper's half-memory building block ((P+2)//2 microbatches of a worker), squeezed, planned at the given costs",
-          source=CONTROLLABLE, stages_per_worker=2, options=V_OPTIONS, costs_from=SplitCosts.from_simulator)
+          source=CONTROLLABLE, stages_per_worker=2, options=V_OPTIONS, costs_from="split")
 def v_half(plan, microbatches: int, steps: int = 1, costs: object = None) -> Schedule:
     """V-Half: about 1/2 of 1F1B's activation memory ((P + 2) // 2 microbatches of a worker)."""
     return v_schedule("v-half", plan, microbatches, steps, costs)
 
 
 @register("v-zb", description="V-ZB: the ZB-V greedy rule at 1F1B's memory (P microbatches of a worker), planned at the given costs",
-          source=CONTROLLABLE, stages_per_worker=2, options=V_OPTIONS, costs_from=SplitCosts.from_simulator)
+          source=CONTROLLABLE, stages_per_worker=2, options=V_OPTIONS, costs_from="split")
 def v_zb(plan, microbatches: int, steps: int = 1, costs: object = None) -> Schedule:
     """V-ZB: 1F1B's activation memory (P microbatches of a worker), zero bubble at T_F = T_B = T_W;
     the same construction as ``zb-v``."""
@@ -215,7 +215,7 @@ def v_zb(plan, microbatches: int, steps: int = 1, costs: object = None) -> Sched
 
 @register("zb-v", description="ZB-V: V placement (rank r holds stages r and 2P-1-r), the paper's greedy rule at 1F1B memory planned at the given costs; variant=torch: ScheduleZBVZeroBubble's order",
           source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024), section 6; torch.distributed.pipelining (variant=torch)",
-          stages_per_worker=2, costs_from=SplitCosts.from_simulator,
+          stages_per_worker=2, costs_from="split",
           options={"steps": "iterations (flushes) in the schedule", "costs": COSTS_HELP,
                    "variant": "paper: the zero-bubble generator's rule, every M; torch: ScheduleZBVZeroBubble "
                               "(plans max(M, 2P-1) microbatches and drops the extra ones)"},

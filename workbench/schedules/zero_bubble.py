@@ -268,35 +268,3 @@ TORCH_CLASS = {"pipedream-flush": "Schedule1F1B", "interleaved-1f1b": "ScheduleI
                "dualpipev": "ScheduleDualPipeV"}
 COMPARED = ["pipedream-flush", "zb-h1", "zb-h2", "interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipev", "v-min",
             "v-half", "v-zb"]
-
-
-def bubble_memory_table(workers: int = 4, microbatches: int = 8, fwd: float = 1.0, bwd: float = 2.0,
-                        names=COMPARED):
-    """Modeled (simulator, unit costs, no communication cost) bubble and peak activation memory of
-    each schedule on ``workers`` workers and ``microbatches`` microbatches, for one model whose
-    per-worker forward costs ``fwd`` and backward ``bwd`` (split: input and weight gradient
-    ``bwd / 2`` each). A schedule with v stages per worker charges ``fwd / v``, ``bwd / v`` per stage.
-
-    Columns: ``makespan`` of one step; ``bubble_fraction`` = 1 - busy / makespan (worst worker);
-    ``span_bubble_fraction`` = 1 - busy / the worker's own span, first op to last (worst worker: the
-    zero-bubble papers' bubble rate);
-    ``steady_idle_per_step``: spacing of stage 0's updates over 3 steps minus M (fwd + bwd);
-    ``peak_activations``: most microbatches' activations held by one worker, in 1F1B units (one
-    microbatch of a whole worker's layers; a V chunk counts 1/2)."""
-    import pandas as pd
-
-    from ..simulate import simulate
-    from . import build_for_simulation
-    rows = []
-    for name in names:
-        v = 1 if name in ("pipedream-flush", "zb-h1", "zb-h2") else 2
-        costs = dict(fwd=fwd / v, bwd=bwd / v)
-        one = simulate(build_for_simulation(name, workers * v, microbatches, costs), **costs)
-        three = simulate(build_for_simulation(name, workers * v, microbatches, costs, steps=3), **costs)
-        rows.append({"schedule": name, "stages_per_worker": v, "makespan": one.makespan,
-                     "bubble_fraction": max(one.metrics["bubble_fraction"]),
-                     "span_bubble_fraction": max(one.metrics["span_bubble_fraction"]),
-                     "steady_idle_per_step": three.metrics["steady_iteration_time"] - microbatches * (fwd + bwd),
-                     "peak_activations": max(one.metrics["peak_activations"]) / v,
-                     "torch": TORCH_CLASS.get(name, "")})
-    return pd.DataFrame(rows).set_index("schedule")
