@@ -172,7 +172,7 @@ def cmd_simulate(args) -> int:
 
     plan = Plan.load(args.plan) if args.plan else None
     opts = dict(args.schedule_option)
-    if plan is not None and plan.in_flight and args.schedule in ("pipedream", "pipedream-flush"):
+    if plan is not None and plan.in_flight and any(o.name == "warmup" for o in schedules.spec(args.schedule).options):
         opts.setdefault("warmup", list(plan.in_flight))  # the plan's communication-aware in-flight count
     if args.profile:
         if plan is None:

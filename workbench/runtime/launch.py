@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..schedules import executor_of
+from ..schedules import executor_of, spec
 from ..schedules.core import Schedule, validate
 from .fetch import check_remote
 from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
@@ -84,8 +84,9 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
         workers = int(os.environ["WORLD_SIZE"])
     if device is None:
         device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= workers else "cpu"
-    if device.startswith("cuda") and (schedule == "dp-asp" or getattr(schedule, "update", "") == "async"):
-        raise ValueError("dp-asp runs Hogwild on shared CPU memory; use --device cpu for it")
+    hogwild = (spec(schedule).executor if isinstance(schedule, str) else executor_of(schedule)) == "hogwild"
+    if device.startswith("cuda") and hogwild:
+        raise ValueError(f"{getattr(schedule, 'name', schedule)} runs Hogwild on shared CPU memory; use --device cpu for it")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but no GPU is visible; use --device cpu")
     backend = backend or ("nccl" if device.startswith("cuda") else "gloo")

@@ -42,7 +42,7 @@ def _make_groups(dist, rank: int, job: Job) -> dict:
     """One process group per distinct replica set of a stage, plus ``act``/``grad``: all ranks, one
     communicator per transfer direction (created in the same order on all ranks)."""
     groups = {}
-    if job.schedule.num_stages > 1 and job.schedule.update != "async" and job.schedule.name != "dp-bsp":
+    if job.schedule.num_stages > 1 and executor_of(job.schedule) == "pipeline":
         for k in ("act", "grad"):
             groups[k] = dist.new_group(list(range(job.schedule.num_workers)), timeout=timedelta(seconds=job.timeout_s))
     if has_remote(job.schedule):  # master family: weight fetches and gradient pushes (fetch.py)
