@@ -38,27 +38,24 @@ COLUMNS = ("latency", "act_xmit", "weight_xmit", "act_storage", "weight_storage"
 UNIT = 0.5  # F and B each half a unit: one stage's forward + backward = 1 unit of time
 
 
-def closed_form(name: str, S: int, B: int, G: int = 1, R: int = 1) -> dict:
-    """The document's table row of ``name`` (module docstring), as numbers."""
-    rows = {
-        "ddp": (S, 0, 0, S, S),
-        "fsdp": (S, 0, S - 1, S, 1),
-        "pp": (B + S - 1, B, 0, min(S, B), 1),
-        "lpp": (S + B / G - 1, B, 0, S / R * min(S, B / G), S / R),
-        "fslpp": (S + B / G - 1, B, S - 1, S / R * min(S, B / G), 1),
-    }
-    if name not in rows:
+def _row(name: str, S: int, B: int, G: int, R: int) -> dict:
+    sp = schedules.REGISTRY.get(name)
+    if sp is None or sp.document_row is None:
         raise ValueError(f"unknown scheme {name!r}; choose one of {SCHEMES}")
-    return dict(zip(COLUMNS, rows[name]))
+    return sp.document_row(S, B, G, R)
+
+
+def closed_form(name: str, S: int, B: int, G: int = 1, R: int = 1) -> dict:
+    """The document's table row of ``name`` (module docstring), as numbers: the placement's
+    registration (``document_row``)."""
+    row = _row(name, S, B, G, R)
+    return {c: row[c] for c in COLUMNS}
 
 
 def shape(name: str, S: int, B: int, G: int = 1, R: int = 1) -> tuple[int, int]:
     """(W, R) the document prescribes: DDP/FSDP ``W = B``, PP ``W = S``, LPP/FSLPP ``W = G R``."""
-    if name in ("ddp", "fsdp"):
-        return B, 1
-    if name == "pp":
-        return S, 1
-    return G * R, R
+    row = _row(name, S, B, G, R)
+    return row["W"], row["R"]
 
 
 def forward_activation_receives(sched) -> list[int]:
@@ -74,7 +71,7 @@ def forward_activation_receives(sched) -> list[int]:
 def simulated_row(name: str, S: int, B: int, G: int = 1, R: int = 1) -> dict:
     """Our value of every table column for one configuration (module docstring), plus ρ."""
     W, R = shape(name, S, B, G, R)
-    looped = {"group_size": R} if name in ("lpp", "fslpp") else {}
+    looped = {"group_size": R} if any(o.name == "group_size" for o in schedules.spec(name).options) else {}
     sched = schedules.build(name, S, B, workers=W, **looped)
     res = simulate(sched, fwd=UNIT, bwd=UNIT)
     stats = res.worker_stats

@@ -390,7 +390,32 @@ _HELP = {"workers": "workers W (default: the plan's; without a plan ddp/fsdp W =
                  "smallest start time first)"}
 
 
-def _master(name: str, description: str, bubble, group: bool = False):
+# ---- the document's table, one row per placement ---------------------------------------------
+# (S stages, B microbatches, G groups of R workers) -> the document's constraint on W and its row:
+# latency, activation transmit, weight transmit, activation storage, weight storage (module docstring
+# of workbench.experiments.unified).
+def _ddp_row(S, B, G, R):
+    return dict(W=B, R=1, latency=S, act_xmit=0, weight_xmit=0, act_storage=S, weight_storage=S)
+
+
+def _fsdp_row(S, B, G, R):
+    return dict(W=B, R=1, latency=S, act_xmit=0, weight_xmit=S - 1, act_storage=S, weight_storage=1)
+
+
+def _pp_row(S, B, G, R):
+    return dict(W=S, R=1, latency=B + S - 1, act_xmit=B, weight_xmit=0, act_storage=min(S, B), weight_storage=1)
+
+
+def _lpp_row(S, B, G, R):
+    return dict(W=G * R, R=R, latency=S + B / G - 1, act_xmit=B, weight_xmit=0, act_storage=S / R * min(S, B / G),
+                weight_storage=S / R)
+
+
+def _fslpp_row(S, B, G, R):
+    return dict(_lpp_row(S, B, G, R), weight_xmit=S - 1, weight_storage=1)
+
+
+def _master(name: str, description: str, bubble, document_row, group: bool = False):
     def fn(plan, batches: int, workers: int | None = None, priority: str = "oldest-batch", costs: object = None,
            rule: str = "finish", **kw) -> Schedule:
         from .generators import stage_layout
@@ -411,15 +436,17 @@ def _master(name: str, description: str, bubble, group: bool = False):
     target.__name__ = target.__qualname__ = name
     target.__doc__ = f"Master schedule {name}: {description} (see :mod:`workbench.schedules.master`)."
     register(name, description=description, source=_DOC, options=helps, stages_per_worker="placement",
-             microbatches="in total", family="master", bubble=bubble, costs_from="job")(target)
+             microbatches="in total", family="master", bubble=bubble, costs_from="job",
+             document_row=document_row)(target)
     return target
 
 
-ddp = _master("ddp", "master schedule w(s,b)=(b,b): a batch per worker, all weights everywhere", cf.data_parallel)
+ddp = _master("ddp", "master schedule w(s,b)=(b,b): a batch per worker, all weights everywhere", cf.data_parallel,
+              _ddp_row)
 fsdp = _master("fsdp", "master schedule w(s,b)=(b,s): a batch per worker, stage s's weights owned by worker s",
-               cf.data_parallel)
-pp = _master("pp", "master schedule w(s,b)=(s,s): GPipe placement, greedy oldest-batch order", cf.fill_drain)
+               cf.data_parallel, _fsdp_row)
+pp = _master("pp", "master schedule w(s,b)=(s,s): GPipe placement, greedy oldest-batch order", cf.fill_drain, _pp_row)
 lpp = _master("lpp", "master schedule looped pipeline: h(s,b)=(R b mod W)+(s mod R) for compute and weights",
-              cf.fill_drain, group=True)
+              cf.fill_drain, _lpp_row, group=True)
 fslpp = _master("fslpp", "master schedule fully sharded looped pipeline: compute h(s,b), weights h(s,s)",
-                cf.fill_drain, group=True)
+                cf.fill_drain, _fslpp_row, group=True)

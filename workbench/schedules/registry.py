@@ -76,6 +76,7 @@ class ScheduleSpec:
     executor: str = "pipeline"  # the runtime's executor: pipeline | ddp (DistributedDataParallel) | hogwild
     takes_plan: bool = False  # builds from a partitioner's Plan (stages with replicas): the tuner offers it
     flushes: bool = False  # microbatches count per flush; `steps` flushes per schedule
+    document_row: Callable | None = None  # (S, B, G, R) -> the unifying document's table row (master family)
     costs_from: str | None = None  # the order depends on durations (option ``costs``): "job" (JobCosts) or "split"
 
     @property
@@ -138,8 +139,9 @@ def register(name: str, *, description: str, source: str, options: dict | None =
     ``flushes``, ``costs_from`` (for a schedule whose order depends on durations, option ``costs``:
     which costs object it plans with, ``"job"`` for :class:`~workbench.schedules.master.JobCosts`,
     ``"split"`` for :class:`~workbench.schedules.vplan.SplitCosts`; the simulator reads them from a
-    simulation, :func:`workbench.simulate.planning.build_for_simulation`). Returns ``fn`` unchanged."""
-    unknown = set(knows) - {"bubble", "executor", "takes_plan", "flushes", "costs_from"}
+    simulation, :func:`workbench.simulate.planning.build_for_simulation`), ``document_row`` (the
+    unifying document's table row of a master-family placement). Returns ``fn`` unchanged."""
+    unknown = set(knows) - {"bubble", "executor", "takes_plan", "flushes", "costs_from", "document_row"}
     if unknown:
         raise ValueError(f"schedule {name!r}: register() takes no {sorted(unknown)}")
     if "\n" in description or not description or not source:
