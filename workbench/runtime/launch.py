@@ -25,6 +25,7 @@ from .rank import first_failure, worker_main
 from .shm import (TRAIN_TRANSPORTS, auto_transport, check_transport, remove_channels, remove_stale_channels,
                   ring_channels)
 from .shm import new_token as new_shm_token
+from .tied import check_tied, tied_weights
 from .stages import DataOrder, even_bounds, plan_bounds, stage_module, stage_params
 
 DEFAULT_LR = 0.05
@@ -144,7 +145,7 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
         raise ValueError(f"the plan has {plan.num_stages} stages but schedule {sched.name!r} has {sched.num_stages}")
     else:
         bounds = even_bounds(L, sched.num_stages)
-    _check_tied(the_model, bounds)
+    check_tied(sched, tied_weights(the_model, bounds))  # weights shared by stages: combined at each update
     train_set = dataset_fn()
     n = len(train_set)
     order = DataOrder(n, batch_size, microbatches, seed)
@@ -259,23 +260,6 @@ def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, dopt
         raise ValueError(f"model {the_model.name} cannot be pickled for the spawned ranks ({type(e).__name__}: "
                          f"{str(e)[:200]}); define its loss and factory in an importable module") from None
     return the_model, model_fn, dataset_fn, the_model.name
-
-
-def _check_tied(model, bounds) -> None:
-    """Refuse stage bounds that split layers sharing a parameter (a tied weight): every stage keeps
-    its own copy of its weights, so the copies would drift apart."""
-    if hasattr(model, "check_stages"):
-        model.check_stages(bounds)
-        return
-    owner = {}
-    for s, (a, z) in enumerate(bounds):
-        for i in range(a, z + 1):
-            for p in model.layers[i].parameters():
-                first = owner.setdefault(id(p), (s, i))
-                if first[0] != s:
-                    names = model.layer_names() if hasattr(model, "layer_names") else [str(j) for j in range(len(model.layers))]
-                    raise ValueError(f"layers {names[first[1]]} and {names[i]} share a weight (tied) but fall into "
-                                     f"stages {first[0]} and {s}; untie it or keep these layers in one stage")
 
 
 def _shared_weights(job: Job):

@@ -25,6 +25,8 @@ from .affinity import place_rank
 from .fetch import has_remote
 from .job import Job, RankContext
 from .outputs import append_outputs, atomic_save, atomic_text, jsonable, latest_checkpoint, load_stage, peak_rss, write_summary
+from .tied import make_groups as tied_groups
+from .tied import tied_weights
 from .stages import DataOrder, as_tuple, microbatch, run_stage, stage_module, stage_params
 
 def _init_dist(rank: int, world: int, job: Job, addr: str | None, port: int | None):
@@ -137,6 +139,7 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
     model = job.model_fn()
     model.to(device)
     model.train()
+    groups.update(tied_groups(dist, sched, tied_weights(model, job.bounds), rank, job.timeout_s))
     dataset = job.dataset_fn()
     dtype = getattr(torch, job.dtype) if job.dtype else None
     order = DataOrder(len(dataset), job.batch_size, sched.microbatches, job.seed)

@@ -54,6 +54,7 @@ from . import opclock, shm
 from .comm import P2P, ShmP2P
 from .fetch import RemoteWeights, has_remote, is_remote
 from .reference import updates_per_round
+from .tied import TiedGradients, tied_weights
 from .stages import (as_leaves, as_tuple, from_tuple, nbytes, run_stage, run_stage_layers, sgd_update, split_input_grad,
                      split_weight_grad, stage_module, stage_roots, vjp)
 
@@ -162,6 +163,8 @@ class PipelineExecutor:
                                         ctx.device, ctx.timeout_s, (groups.get("fetch"), groups.get("push")),
                                         self.prog.per_round)
         self.split = {op.stage for op in self.prog.ops if op.kind == "BI"}  # stages whose backward is split (BI/BW)
+        ties = tied_weights(model, bounds)  # weights tied across stages: gradients combined at STEP (tied.py)
+        self.tied = TiedGradients(schedule, self.rank, ties, groups, ctx.timeout_s) if ties else None
         self.specs = ctx.specs  # specs[s]: [(shape, dtype)] of stage s's output
         self.like_tuple = ctx.like_tuple  # like_tuple[s]: stage s's input is a tuple
         if ctx.transport == "shm":
@@ -312,6 +315,12 @@ class PipelineExecutor:
             if op.kind in ("AR", "STEP") and self.remote is not None:  # pushed gradients join the buffer first
                 wait += self.remote.collect(s, op.step, st.flat)
                 start, ev = started()
+            if op.kind == "STEP" and self.tied is not None:  # weights tied across stages: combine first
+                tw = self.tied.combine(s, op.step, {t: x.grad for t, x in self.state.items()},
+                                       {t: x.versions[x.newest] for t, x in self.state.items()})
+                if tw:
+                    wait += tw
+                    start, ev = started()
             if op.kind == "AR":
                 grp = self.groups.get(tuple(self.schedule.stage_workers[s]))
                 if grp is not None:
