@@ -22,6 +22,7 @@ from .fetch import check_remote
 from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
 from .outputs import RunResult, latest_checkpoint, load_stage
 from .rank import first_failure, worker_main
+from .segment_executor import check_segments, sequence_options
 from .shm import (TRAIN_TRANSPORTS, auto_transport, check_transport, remove_channels, remove_stale_channels,
                   ring_channels)
 from .shm import new_token as new_shm_token
@@ -114,13 +115,13 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
     sopts = dict(schedule_options or {})
     if isinstance(schedule, Schedule):
         sched = schedule
-    else:
+    else:  # a schedule with segments (Seq1F1B) reads the model's sequence length and FLOP estimate
+        sopts = sequence_options(sopts, _schedule_option_names(schedule), the_model)
         sched = schedule_for_workers(schedule, workers, plan, microbatches, sopts)
     validate(sched)
     check_remote(sched)  # master family: remote weights are fetched from their owner (fetch.py)
-    if sched.num_segments > 1:
-        raise ValueError(f"{sched.name} cuts sequences into segments, which a layer-sequential model cannot run; "
-                         f"run it with workbench.runtime.segments.run (segment-wise transformer)")
+    if sched.num_segments > 1:  # runs on the segment executor (segment_executor.py)
+        check_segments(sched, the_model)
     check_transport(transport, TRAIN_TRANSPORTS)
     if transport == "auto":  # shared memory where it runs and pays (one rank per core, CPU, this machine)
         # only where its channels are bounded rings (else they hold every message of an epoch: shm.channel_sizes)
@@ -167,6 +168,11 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
 def stream_schedule(name: str, workers: int, plan, options: dict, microbatches: int) -> Schedule:
     """Schedule ``name`` over ``microbatches`` microbatches: the stream of several minibatches."""
     return schedule_for_workers(name, workers, plan, microbatches, dict(options))
+
+
+def _schedule_option_names(name: str) -> set[str]:
+    from workbench.schedules import spec
+    return {o.name for o in spec(name).options}
 
 
 def _stream_builder(schedule, workers: int, plan, options: dict | None, sched: Schedule):

@@ -134,6 +134,7 @@ def first_failure(jobs: list[Job]) -> dict | None:
 def _train_rank(rank, world, job: Job, dist, groups, device, shared):
     from .ddp import DDPExecutor
     from .hogwild import HogwildExecutor
+    from .segment_executor import SegmentExecutor
     from .worker import PipelineExecutor
     sched = job.schedule
     model = job.model_fn()
@@ -168,6 +169,8 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
         executor = HogwildExecutor(ctx, sched, model, job.bounds, *shared)
     elif sched.name == "dp-bsp":
         executor = DDPExecutor(ctx, sched, model, job.bounds, init, groups)
+    elif sched.num_segments > 1:  # Seq1F1B: (microbatch, segment) units
+        executor = SegmentExecutor(ctx, sched, model, job.bounds, init, groups)
     else:
         executor = PipelineExecutor(ctx, sched, model, job.bounds, init, groups, stream=job.stream)
     if opt_state and job.momentum:

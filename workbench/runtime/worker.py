@@ -55,7 +55,7 @@ from .comm import P2P, ShmP2P
 from .fetch import RemoteWeights, has_remote, is_remote
 from .reference import updates_per_round
 from .tied import TiedGradients, tied_weights
-from .stages import (as_leaves, as_tuple, from_tuple, nbytes, run_stage, run_stage_layers, sgd_update, split_input_grad,
+from .stages import (as_leaves, as_tuple, from_tuple, nbytes, run_stage, run_stage_layers, sgd_step, split_input_grad,
                      split_weight_grad, stage_module, stage_roots, vjp)
 
 
@@ -329,19 +329,7 @@ class PipelineExecutor:
             elif op.kind == "STEP":
                 n = prog.count[(s, op.step)]
                 lr, mu = self.ctx.lr, self.ctx.momentum
-                with torch.no_grad():
-                    old = st.versions[st.newest]
-                    if not st.is_flat:  # parameters no contribution reached: a zero buffer
-                        for nm in st.names:
-                            if nm not in st.grad:
-                                st.grad[nm] = torch.zeros_like(old[nm])
-                    if mu:
-                        for nm in st.names:
-                            st.momentum[nm].mul_(mu).add_(st.grad[nm], alpha=1.0 / n)
-                        d, step_lr = st.momentum, lr
-                    else:  # W - (lr / n) · buffer: one pass over the weights, no division pass over the buffer
-                        d, step_lr = st.grad, lr / n
-                    new = sgd_update({nm: old[nm] for nm in st.names}, d, step_lr, in_place=i not in stashing)
+                new = sgd_step(dict(st.versions[st.newest]), st.grad, st.momentum, lr, mu, n, in_place=i not in stashing)
                 st.newest += 1
                 st.versions[st.newest] = new
                 if st.is_flat:
