@@ -177,6 +177,13 @@ def test_a_class_the_ranks_cannot_import_trains_through_its_traced_layers(runs):
     assert results[("unet", "gpipe")][1]["steps"] == STEPS  # and its weights: test_gpipe_equals_...[unet]
 
 
+# Llama's traced layers, unpickled in a spawned rank, differ from the same layers in this process by
+# ~1e-10 in every gradient (all parameters alike, tied or not; measured: 1.2e-10 max on |g| ~ 0.06),
+# GPT-2's by ~1e-17: Llama is compared at 1e-6 relative, which a missing half of the tied gradient
+# (relative error ~1) still fails by six orders of magnitude.
+TOL = {"gpt2": dict(rtol=1e-9, atol=1e-12), "llama": dict(rtol=1e-6, atol=1e-9)}
+
+
 def tied_lm(kind: str):
     """A tiny GPT-2 or Llama whose output projection is the token embedding (one tensor)."""
     pytest.importorskip("transformers")
@@ -226,7 +233,7 @@ def test_tied_embedding_over_two_stages_gets_the_original_modules_gradient(tied_
         for n, w in ws.items():
             name = re.sub(r"^\d+\.gm\.", "", n)
             got = (w0[name] - w) / LR  # one SGD step: W1 = W0 - lr g
-            torch.testing.assert_close(got, want[name], rtol=1e-9, atol=1e-12, msg=f"stage {s} {name}")
+            torch.testing.assert_close(got, want[name], **TOL[kind], msg=f"stage {s} {name}")
             seen.add((s, name))
     assert {(s, "lm_head.weight") for s in (0, 1)} <= seen
 
@@ -243,7 +250,7 @@ def test_tied_embedding_under_weight_stashing_equals_the_semantic_reference(tied
                           rounds=STEPS, dtype=torch.float64)
     for s, w in enumerate(ref):
         for n, t in w.items():
-            torch.testing.assert_close(summary["weights"][s][n], t, rtol=1e-9, atol=1e-12, msg=n)
+            torch.testing.assert_close(summary["weights"][s][n], t, **TOL[kind], msg=n)
 
 
 def test_cli_trains_a_user_model_by_import_path(tmp_path, capsys):
