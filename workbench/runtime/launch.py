@@ -26,7 +26,7 @@ from .segment_executor import check_segments, sequence_options
 from .shm import (TRAIN_TRANSPORTS, auto_transport, check_transport, remove_channels, remove_stale_channels,
                   ring_channels)
 from .shm import new_token as new_shm_token
-from .tied import check_tied, tied_weights
+from .tied import check_tied, defer_steps, tied_weights
 from .stages import DataOrder, even_bounds, plan_bounds, stage_module, stage_params
 
 DEFAULT_LR = 0.05
@@ -146,7 +146,9 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
         raise ValueError(f"the plan has {plan.num_stages} stages but schedule {sched.name!r} has {sched.num_stages}")
     else:
         bounds = even_bounds(L, sched.num_stages)
-    check_tied(sched, tied_weights(the_model, bounds))  # weights shared by stages: combined at each update
+    ties = tied_weights(the_model, bounds)  # weights shared by stages: combined at each update (tied.py)
+    sched = defer_steps(sched, ties)
+    check_tied(sched, ties)
     train_set = dataset_fn()
     n = len(train_set)
     order = DataOrder(n, batch_size, microbatches, seed)

@@ -26,6 +26,7 @@ weights (master family), and everything the check finds.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -103,6 +104,51 @@ def check_tied(schedule: Schedule, ties) -> None:
                                  f"apply different microbatches ({steps[0][:3]} vs {steps[1][:3]}...), so their "
                                  "gradients cannot be combined: untie it or keep its layers in one stage")
     _check_order(schedule, ties)
+
+
+def defer_steps(schedule: Schedule, ties) -> Schedule:
+    """``schedule`` with every owner's STEP ``t`` of a tie moved to just after its worker's last
+    backward of update ``t`` (of any stage there). V-shapes put the input and the output stage on one
+    worker and interleaving several stages per worker, and both update a stage as soon as its own
+    backwards end: a combine there would sum an unfinished buffer or wait for a rank that waits for
+    this one. Moved, the combine sums complete buffers and every backward the other owners wait for
+    has run. A STEP moves only past ops that do not read the version it creates (else it stays, and
+    :func:`check_tied` refuses what remains)."""
+    owner = {s: i for i, tie in enumerate(ties) for s in tie.stages}
+    ops = [list(o) for o in schedule.ops]
+    moved = False
+    for wops in ops:
+        while (late := _late_steps(wops, owner)) is not None:
+            idx, end = late
+            keep = [op for i, op in enumerate(wops) if i not in idx]
+            at = keep.index(wops[end]) + 1
+            wops[:] = keep[:at] + [wops[i] for i in idx] + keep[at:]
+            moved = True
+    return dataclasses.replace(schedule, ops=tuple(map(tuple, ops))) if moved else schedule
+
+
+def _late_steps(wops: list, owner: dict) -> tuple[list[int], int] | None:
+    """On one worker, the first (indices of the owners' STEP t that precede the worker's last
+    backward of update t of any stage, that backward's index) whose STEPs can move
+    (:func:`defer_steps`), or None."""
+    count: dict[int, int] = defaultdict(int)
+    last: dict[int, int] = {}
+    steps: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i, op in enumerate(wops):
+        t = count[op.stage]
+        if op.kind == "STEP":
+            count[op.stage] += 1
+            if op.stage in owner:
+                steps[(owner[op.stage], t)].append(i)
+        elif op.kind in ("B", "BW"):
+            last[t] = i
+    for (_, t), idx in steps.items():
+        end = last.get(t, -1)
+        early = [i for i in idx if i < end]
+        if early and not any(op.kind != "STEP" and op.stage == wops[i].stage and op.version > wops[i].step
+                             for i in early for op in wops[i + 1:end + 1]):
+            return early, end
+    return None
 
 
 def _updates(schedule: Schedule, stage: int) -> list[list[int]]:
