@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -42,6 +43,19 @@ def test_balanced_split_costs_flops_over_k_and_beats_equal_tokens(k):
     spread = lambda c: df[c].max() / df[c].min()
     assert spread("balanced_flops") < 1.01 < spread("equal_flops")
     assert df["balanced_share"].sum() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("n, k, model", [(64, 4, (108288.0, 2, 64)), (18, 3, (1.0, 1, 1)), (24, 4, (1.0, 1, 1))])
+def test_rounded_split_has_the_smallest_largest_segment_of_all_splits(n, k, model):
+    """Boundaries rounded one by one to the nearest integer gave 16, 17, 15, 16 for the mini gpt's 64
+    tokens (its largest segment costlier than with equal tokens). Brute force over every split into k
+    positive lengths: none has a cheaper largest segment than balanced_tokens'."""
+    import itertools
+
+    cost = lambda toks: max(q.segment_flops(toks, *model))  # noqa: E731
+    best = min(cost(np.diff([0, *cuts, n])) for cuts in itertools.combinations(range(1, n), k - 1))
+    got = q.balanced_tokens(n, k, *model)
+    assert cost(got) == best <= cost(q.equal_tokens(n, k))
 
 
 def test_split_bad_input():
@@ -244,8 +258,8 @@ def test_workbench_train_runs_seq1f1b_with_the_layer_models_reference_weights(tm
     """`workbench train --schedule seq1f1b --schedule-option segments=4` on the zoo's gpt (2 blocks, tied
     embedding, momentum), float64, 2 steps: the checkpointed weights of both stages equal the
     whole-sequence layer-sequential reference (runtime/reference.py), the tied copies are one tensor;
-    the segments are FLOP-balanced from the model (unequal lengths), and every stage ran k forwards
-    per microbatch."""
+    the segments are FLOP-balanced from the model's (P, L, d), and every stage ran k forwards per
+    microbatch."""
     import pandas as pd
 
     from workbench.cli import main
@@ -261,7 +275,10 @@ def test_workbench_train_runs_seq1f1b_with_the_layer_models_reference_weights(tm
     assert "seq1f1b: 2 steps" in capsys.readouterr().out
     job = prepare("gpt", "seq1f1b", out=tmp_path / "ref", schedule_options={"segments": 4}, steps=2, momentum=0.5,
                   num_layers=2, tie_weights=True, **TRAIN)
-    assert sum(job.schedule.segment_tokens) == 64 and len(set(job.schedule.segment_tokens)) > 1
+    from workbench.models.segmented import flop_model, segment_layers
+
+    fm = flop_model(segment_layers(job.model_fn().layers))  # (P, L, d) of the model: FLOP-balanced segments
+    assert job.schedule.segment_tokens == q.balanced_tokens(64, 4, *fm) == (16, 16, 16, 16)
     ck = latest_checkpoint(out)
     got = [load_stage(ck, s, 0)["weights"] for s in range(2)]
     for s, w in enumerate(reference_weights(job, momentum=0.5)):
