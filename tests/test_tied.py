@@ -9,7 +9,13 @@ import torch
 
 from workbench.models import build as build_model
 from workbench.runtime.stages import even_bounds
-from workbench.runtime.tied import TiedWeight, check_tied, combine_ranks, defer_steps, tied_weights
+from workbench.runtime.tied import (
+    TiedWeight,
+    check_tied,
+    combine_ranks,
+    defer_steps,
+    tied_weights,
+)
 from workbench.schedules import REGISTRY, build, validate
 
 REMOTE_OR_ASYNC = {"dp-asp", "fsdp", "fslpp"}  # no common update / fetched weights: refused

@@ -26,8 +26,8 @@ from .segment_executor import check_segments, sequence_options
 from .shm import (TRAIN_TRANSPORTS, auto_transport, check_transport, remove_channels, remove_stale_channels,
                   ring_channels)
 from .shm import new_token as new_shm_token
-from .tied import check_tied, defer_steps, tied_weights
 from .stages import DataOrder, even_bounds, plan_bounds, stage_module, stage_params
+from .tied import check_tied, defer_steps, tied_weights
 
 DEFAULT_LR = 0.05
 

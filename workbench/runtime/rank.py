@@ -25,9 +25,9 @@ from .affinity import place_rank
 from .fetch import has_remote
 from .job import Job, RankContext
 from .outputs import append_outputs, atomic_save, atomic_text, jsonable, latest_checkpoint, load_stage, peak_rss, write_summary
+from .stages import DataOrder, as_tuple, microbatch, run_stage, stage_module, stage_params
 from .tied import make_groups as tied_groups
 from .tied import tied_weights
-from .stages import DataOrder, as_tuple, microbatch, run_stage, stage_module, stage_params
 
 def _init_dist(rank: int, world: int, job: Job, addr: str | None, port: int | None):
     import torch.distributed as dist

@@ -29,8 +29,8 @@ from __future__ import annotations
 import torch
 
 from ..schedules.core import Schedule
-from .tied import check_tied, tied_weights
 from .stages import DataOrder, as_leaves, microbatch, run_stage, stage_module, stage_params, vjp
+from .tied import check_tied, tied_weights
 
 
 def updates_per_round(schedule: Schedule) -> list[int]:

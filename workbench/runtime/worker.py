@@ -54,9 +54,9 @@ from . import opclock, shm
 from .comm import P2P, ShmP2P
 from .fetch import RemoteWeights, has_remote, is_remote
 from .reference import updates_per_round
-from .tied import TiedGradients, tied_weights
 from .stages import (as_leaves, as_tuple, from_tuple, nbytes, run_stage, run_stage_layers, sgd_step, split_input_grad,
                      split_weight_grad, stage_module, stage_roots, vjp)
+from .tied import TiedGradients, tied_weights
 
 
 class RankProgram:
