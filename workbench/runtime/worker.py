@@ -26,7 +26,9 @@ microbatches of ``schedule.step_microbatches(s, t)`` on this rank; ``AR`` sums t
 stage's replicas in their own process group; ``STEP`` creates ``W^(t+1) = W^(t) - lr * d_t`` with
 ``g_t = buffer / n`` (``n`` the number of microbatches the update covers: a mean over the minibatch)
 and ``d_t = g_t``, or with momentum ``mu`` the heavy-ball direction ``d_t = mu * d_(t-1) + g_t``
-(``d_(-1) = 0``, as :class:`torch.optim.SGD` without dampening).
+(``d_(-1) = 0``, as :class:`torch.optim.SGD` without dampening). A weight tied across stages
+(:mod:`.tied`) has one copy per owning stage; before ``STEP`` the owners' buffers of it are summed
+(an all-reduce among the owners' ranks), so every copy takes the same update.
 
 Remote weights (master family: FSDP, FSLPP, any ``from_placement`` placement). An op whose
 ``weights_worker`` is another rank evaluates the stage with a copy of the owner's version fetched for
@@ -146,8 +148,8 @@ class PipelineExecutor:
         # (no drain between minibatches; see run_stream); None: every round drains (run_round)
         self.stream, self._streams = stream, {}
         if schedule.num_segments > 1:
-            raise ValueError(f"{schedule.name} cuts sequences into segments; this runtime runs layer-sequential "
-                             f"models on whole microbatches: use workbench.runtime.segments.run")
+            raise ValueError(f"{schedule.name} cuts sequences into segments; this executor runs whole microbatches: "
+                             f"use workbench.runtime.segment_executor.SegmentExecutor (train() picks it)")
         self.rank, self.S, self.M = ctx.rank, schedule.num_stages, schedule.microbatches
         self.prog = RankProgram(schedule, self.rank)
         self.stashing = schedule.stashing_steps(self.rank)  # STEPs that keep the old version (else in place)
