@@ -149,6 +149,8 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
     ties = tied_weights(the_model, bounds)  # weights shared by stages: combined at each update (tied.py)
     sched = defer_steps(sched, ties)
     check_tied(sched, ties)
+    if ties and stream_fn is not None:  # the stream's schedule combines them too
+        check_tied(stream_fn(2 * sched.microbatches), ties)
     train_set = dataset_fn()
     n = len(train_set)
     order = DataOrder(n, batch_size, microbatches, seed)
