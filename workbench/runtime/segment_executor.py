@@ -25,7 +25,7 @@ import time
 import torch
 from torch import nn
 
-from ..models.segmented import segment_layers
+from ..models.segmented import flop_model, segment_layers
 from ..schedules.core import Schedule
 from .reference import updates_per_round
 from .segments import Mailbox, SegmentStage
@@ -50,8 +50,6 @@ def sequence_options(options: dict, known, model) -> dict:
     """``options`` of a schedule with segments (``known``: the names it takes), completed from the
     model: ``seq_len`` its sequence length, ``model`` the FLOP estimate ``(P, L, d)`` of
     :func:`~workbench.models.segmented.flop_model` (FLOP-balanced segments, Seq1F1B's split)."""
-    from ..models.segmented import flop_model
-
     out = dict(options)
     if "seq_len" in known and "seq_len" not in out and model.inputs:
         out["seq_len"] = int(model.inputs[0].shape[0])
