@@ -10,6 +10,7 @@ from torch import nn
 from workbench.graph import split
 from workbench.models.resnet import resnet18
 from workbench.profiler import profile
+from workbench.runtime.tied import tied_weights
 
 
 def chain(model, x):
@@ -173,7 +174,7 @@ def test_gpt2_from_config_splits_into_tens_of_layers_and_matches():
     assert_same_function(m, g, x, lambda y: (y ** 2).mean(), call=lambda t: m(t).logits)
 
 
-def test_gpt2_tied_embedding_is_counted_once_and_refused_across_stages():
+def test_gpt2_tied_embedding_is_counted_once_and_found_across_stages():
     m = gpt2(tied=True)
     assert m.lm_head.weight is m.transformer.wte.weight
     g = split(m, torch.randint(0, 64, (2, 16)))
@@ -183,9 +184,10 @@ def test_gpt2_tied_embedding_is_counted_once_and_refused_across_stages():
     prof = profile(g, torch.randint(0, 64, (4, 16)), iterations=1, warmup=0, progress=False)
     assert prof.total_param_bytes == unique
     L = len(g.layers)
-    g.check_stages([(0, L - 1)])  # one stage: fine
-    with pytest.raises(ValueError, match=r"transformer.wte.weight and lm_head.weight are one tied weight .*stages \[0, 1\]"):
-        g.check_stages([(0, 5), (6, L - 1)])
+    assert tied_weights(g, [(0, L - 1)]) == ()  # one stage: its own business
+    (tie,) = tied_weights(g, [(0, 5), (6, L - 1)])
+    assert tie.stages == (0, 1) and tie.nbytes == m.lm_head.weight.numel() * m.lm_head.weight.element_size()
+    assert tie.label() == "transformer.wte.weight and lm_head.weight are one tied weight used by stages [0, 1]"
 
 
 def test_to_device_rewrites_the_device_constants_of_the_trace():

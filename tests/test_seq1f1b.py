@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -42,6 +43,19 @@ def test_balanced_split_costs_flops_over_k_and_beats_equal_tokens(k):
     spread = lambda c: df[c].max() / df[c].min()
     assert spread("balanced_flops") < 1.01 < spread("equal_flops")
     assert df["balanced_share"].sum() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("n, k, model", [(64, 4, (108288.0, 2, 64)), (18, 3, (1.0, 1, 1)), (24, 4, (1.0, 1, 1))])
+def test_rounded_split_has_the_smallest_largest_segment_of_all_splits(n, k, model):
+    """Boundaries rounded one by one to the nearest integer gave 16, 17, 15, 16 for the mini gpt's 64
+    tokens (its largest segment costlier than with equal tokens). Brute force over every split into k
+    positive lengths: none has a cheaper largest segment than balanced_tokens'."""
+    import itertools
+
+    cost = lambda toks: max(q.segment_flops(toks, *model))  # noqa: E731
+    best = min(cost(np.diff([0, *cuts, n])) for cuts in itertools.combinations(range(1, n), k - 1))
+    got = q.balanced_tokens(n, k, *model)
+    assert cost(got) == best <= cost(q.equal_tokens(n, k))
 
 
 def test_split_bad_input():
@@ -214,9 +228,79 @@ def test_profile_costs_activation_bytes_per_worker():
     assert seg == pytest.approx([o * (4 - s + 3) / 4 / (4 - s) for s, o in enumerate(one)])
 
 
-def test_layer_runtime_refuses_segments_before_spawning(tmp_path):
+# ---- workbench train: the segment executor on the zoo's gpt -------------------------------------
+TRAIN = dict(workers=2, microbatches=2, batch_size=8, lr=0.05, dtype="float64", progress=False, timeout_s=120,
+             allow_oversubscribe=True, evaluate=False)
+
+
+@pytest.mark.parametrize("model, options, needle", [
+    ("toy-mlp", {}, r"layer 0 \(.*\) cannot run on a segment of a sequence; .*--model gpt"),
+    ("gpt", {"dropout": 0.1}, r"dropout 0.1; segments run without dropout"),
+])
+def test_train_refuses_models_that_cannot_run_on_segments_before_spawning(tmp_path, model, options, needle):
     from workbench.runtime import prepare
 
-    with pytest.raises(ValueError, match="runtime.segments"):
-        prepare("toy-mlp", "seq1f1b", workers=2, microbatches=2, out=tmp_path / "x", allow_oversubscribe=True,
-                schedule_options={"segments": 2})
+    with pytest.raises(ValueError, match=needle):
+        prepare(model, "seq1f1b", out=tmp_path / "x", schedule_options={"segments": 2}, steps=1,
+                **(TRAIN | options | {"num_layers": 2} if model == "gpt" else TRAIN | options))
+
+
+def reference_weights(job, momentum: float = 0.0) -> list[dict]:
+    from workbench.runtime import reference_train
+
+    return reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=job.batch_size,
+                           lr=job.lr, rounds=job.rounds_total, dtype=torch.float64, momentum=momentum)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_workbench_train_runs_seq1f1b_with_the_layer_models_reference_weights(tmp_path, capsys):
+    """`workbench train --schedule seq1f1b --schedule-option segments=4` on the zoo's gpt (2 blocks, tied
+    embedding, momentum), float64, 2 steps: the checkpointed weights of both stages equal the
+    whole-sequence layer-sequential reference (runtime/reference.py), the tied copies are one tensor;
+    the segments are FLOP-balanced from the model's (P, L, d), and every stage ran k forwards per
+    microbatch."""
+    import pandas as pd
+
+    from workbench.cli import main
+    from workbench.runtime import latest_checkpoint, prepare
+    from workbench.runtime.outputs import load_stage
+
+    out = tmp_path / "cli"
+    argv = ["train", "--model", "gpt", "--model-option", "num_layers=2", "--model-option", "tie_weights=true",
+            "--schedule", "seq1f1b", "--schedule-option", "segments=4", "--workers", "2", "--microbatches", "2",
+            "--batch-size", "8", "--steps", "2", "--lr", "0.05", "--momentum", "0.5", "--dtype", "float64",
+            "--no-eval", "--no-progress", "--allow-oversubscribe", "--timeout", "120", "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert "seq1f1b: 2 steps" in capsys.readouterr().out
+    job = prepare("gpt", "seq1f1b", out=tmp_path / "ref", schedule_options={"segments": 4}, steps=2, momentum=0.5,
+                  num_layers=2, tie_weights=True, **TRAIN)
+    from workbench.models.segmented import flop_model, segment_layers
+
+    fm = flop_model(segment_layers(job.model_fn().layers))  # (P, L, d) of the model: FLOP-balanced segments
+    assert job.schedule.segment_tokens == q.balanced_tokens(64, 4, *fm) == (16, 16, 16, 16)
+    ck = latest_checkpoint(out)
+    got = [load_stage(ck, s, 0)["weights"] for s in range(2)]
+    for s, w in enumerate(reference_weights(job, momentum=0.5)):
+        for n, t in w.items():
+            torch.testing.assert_close(got[s][n], t, rtol=1e-10, atol=1e-13, msg=n)
+    assert torch.equal(got[0]["0.tok.weight"], got[1]["1.proj.weight"])  # the tied embedding's two copies
+    tl = pd.read_csv(out / "timeline.csv")
+    assert (tl[tl.kind == "F"].groupby(["stage", "microbatch"]).size() == 4).all()
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_train_runs_the_zero_bubble_and_interleaved_variants_with_the_reference_weights(tmp_path):
+    """seq1f1b-zb (BI/BW per unit) and seq1f1b-interleaved (4 stages on 2 ranks) through
+    workbench.runtime.train on the untied zoo gpt, float64, 2 steps: the reference's weights."""
+    from workbench.runtime import prepare, run_jobs
+
+    jobs = [prepare("gpt", name, out=tmp_path / name, schedule_options=opts, steps=2, num_layers=2,
+                    return_weights=True, **TRAIN)
+            for name, opts in (("seq1f1b-zb", {"segments": 3}), ("seq1f1b-interleaved", {"segments": 2, "chunks": 2}))]
+    for job, summary in zip(jobs, run_jobs(jobs)):
+        assert job.schedule.num_segments > 1 and summary["steps"] == 2
+        for s, w in enumerate(reference_weights(job)):
+            for n, t in w.items():
+                torch.testing.assert_close(summary["weights"][s][n], t, rtol=1e-10, atol=1e-13, msg=f"{job.schedule.name} {n}")

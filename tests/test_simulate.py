@@ -448,3 +448,26 @@ def test_overlapped_pairs_must_be_consecutive():
         validate(bad)
     with pytest.raises(ValueError, match="alltoall"):
         simulate(sched, fwd=1, bwd=2, alltoall=[1.0, 2.0])
+
+
+def test_a_weight_tied_across_stages_charges_its_all_reduce_to_every_owners_step():
+    """The zoo gpt with its output projection tied to the token embedding (layers 0 and 3): the
+    profile lists the tie; on 2 workers joined by 1 GB/s every owner's STEP lasts the ring
+    all-reduce of the embedding's bytes, 2 (r-1)/r n / B = n / 1e9 s, longer than without the tie."""
+    import dataclasses
+
+    from workbench import Topology, profile
+    from workbench.models import build as build_model
+
+    m = build_model("gpt", num_layers=2, tie_weights=True)
+    prof = profile(m, iterations=1, warmup=0, batch_size=2, progress=False)
+    nbytes = m.layers[0].tok.weight.numel() * 4
+    assert prof.meta["tied"] == [[[0, 3], nbytes]]
+    untied = dataclasses.replace(prof, meta={k: v for k, v in prof.meta.items() if k != "tied"})
+    from workbench.schedules import build
+
+    sched, topo = build("gpipe", 2, 2), Topology.flat(2, 1e9)
+    steps = [simulate(sched, profile=p, topology=topo, step_ms=0.5).timeline.query("kind == 'STEP'")
+             for p in (prof, untied)]
+    extra = (steps[0]["end"] - steps[0]["start"]).to_numpy() - (steps[1]["end"] - steps[1]["start"]).to_numpy()
+    assert extra == pytest.approx([nbytes / 1e9 * 1e3] * 2)

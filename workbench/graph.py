@@ -72,7 +72,8 @@ class GraphLayer(nn.Module):
 @dataclass(repr=False)
 class GraphModel(LayerModel):
     """A traced user model (see the module docstring). ``tied`` lists the parameters held by more
-    than one layer: ``(names in the original model, layer indices)``. ``loss_fn(output, target)``,
+    than one layer: ``(names in the original model, layer indices)``; where they fall into several
+    stages the runtime combines their gradients at every update (:mod:`workbench.runtime.tied`). ``loss_fn(output, target)``,
     when given, replaces the task's cross-entropy."""
 
     tied: list = field(default_factory=list)
@@ -123,19 +124,6 @@ class GraphModel(LayerModel):
             if changed:
                 layer.gm.recompile()
         return self
-
-    def check_stages(self, bounds) -> None:
-        """Refuse stage bounds that put the layers sharing a weight into different stages: the
-        runtime keeps one copy of a stage's weights per stage, so tied copies would drift apart."""
-        stage_of = {i: s for s, (a, z) in enumerate(bounds) for i in range(a, z + 1)}
-        for names, idx in self.tied:
-            stages = sorted({stage_of[i] for i in idx})
-            if len(stages) > 1:
-                raise ValueError(
-                    f"{' and '.join(names)} are one tied weight used by layers {idx} "
-                    f"({', '.join(self.names[i] for i in idx)}), which fall into stages {stages}; the runtime "
-                    "keeps one copy per stage, so tied copies would drift apart: untie the weight (e.g. "
-                    "GPT2Config(tie_word_embeddings=False)) or choose stage bounds that keep these layers together")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@ A :class:`Profile` wraps a DataFrame with one row per layer in execution order a
 columns ``name, fwd_ms, bwd_ms, act_bytes, param_bytes``. ``act_bytes`` is the size of everything
 that crosses the cut *after* this layer (the layer's output, plus any skip tensors carried past it)
 for one minibatch. ``meta["kind"]`` says whether the numbers were ``measured`` (and where) or
-``modeled`` (and from what).
+``modeled`` (and from what). A parameter held by several layers (a tied weight) counts in
+``param_bytes`` of its first layer only; :func:`profile` lists it in ``meta["tied"]`` as
+``[layer indices, bytes]`` (the simulator charges its all-reduce between the owning stages).
 """
 from __future__ import annotations
 
@@ -320,6 +322,8 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
     meta = dict(kind="measured", model=name, batch_size=batch_size, device=device_name,
                 iterations=iterations, warmup=warmup, peak_memory_bytes=int(peak),
                 timer="cuda events" if cuda else "time.perf_counter", torch=torch.__version__)
+    if tied := _tied_layers(layers):
+        meta["tied"] = tied
     return Profile(pd.DataFrame(rows), meta)
 
 
@@ -341,6 +345,17 @@ def _call(layer, inp, i: int, name: str):
                          "ReLU(inplace=True) at the start of a layer); trace the model with workbench.graph.split "
                          "(it keeps in-place operations with the layer that produced their input) or use "
                          "inplace=False") from None
+
+
+def _tied_layers(layers) -> list:
+    """``[(layer indices, bytes)]`` of every parameter held by several layers (a tied weight)."""
+    where: dict[int, list] = {}
+    size = {}
+    for i, layer in enumerate(layers):
+        for p in layer.parameters():
+            where.setdefault(id(p), []).append(i)
+            size[id(p)] = p.numel() * p.element_size()
+    return [[sorted(set(idx)), int(size[k])] for k, idx in where.items() if len(set(idx)) > 1]
 
 
 def _new_param_bytes(layer, seen: set) -> int:

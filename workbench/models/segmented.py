@@ -12,12 +12,18 @@ blocks, the keys and values of the earlier segments of the same sequence (the "p
 
 With one segment (offset 0, no past) this is an ordinary causal transformer: the single-process
 reference the Seq1F1B runtime is checked against. No dropout: the comparison is exact.
+
+The zoo's ``gpt`` has the same layers with the same parameter names (``tok``, ``pos``; ``ln1``,
+``qkv``, ``proj``, ``ln2``, ``mlp``; ``norm``, ``proj``): :func:`segment_layers` runs its layers on
+segments, sharing their parameters, which is how ``workbench train`` runs Seq1F1B on it.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .sequence import Block, Decoder, GPTEmbedding
 
 
 class SegEmbedding(nn.Module):
@@ -80,3 +86,37 @@ def flop_model(layers: nn.ModuleList) -> tuple[float, int, int]:
     blocks = [m for m in layers if isinstance(m, SegBlock)]
     P = sum(p.numel() for m in layers if not isinstance(m, SegEmbedding) for p in m.parameters())
     return float(P), len(blocks), blocks[0].qkv.in_features if blocks else 0
+
+
+def _no_dropout(layer: nn.Module, i: int) -> None:
+    p = max((m.p for m in layer.modules() if isinstance(m, nn.Dropout)), default=0.0)
+    if p or getattr(layer, "dropout", 0.0):
+        raise ValueError(f"layer {i} ({type(layer).__name__}) has dropout {p or layer.dropout}; segments run without "
+                         "dropout (a mask per segment would differ from the whole sequence's): build the model with "
+                         "dropout=0 (--model-option dropout=0)")
+
+
+def segment_layers(layers) -> nn.ModuleList:
+    """The zoo gpt's layers (:class:`~workbench.models.sequence.GPTEmbedding`, ``Block``,
+    ``Decoder``) as :class:`SegEmbedding` / :class:`SegBlock` / :class:`SegHead` holding the *same*
+    submodules (parameters shared, names unchanged). ``ValueError`` (one line) for any other layer
+    or for dropout > 0."""
+    out = []
+    for i, layer in enumerate(layers):
+        _no_dropout(layer, i)
+        with torch.device("meta"):  # the shells' own parameters are replaced below: allocate none
+            if isinstance(layer, GPTEmbedding):
+                seg = SegEmbedding(1, 1, 1)
+                seg.tok, seg.pos = layer.tok, layer.pos
+            elif isinstance(layer, Block):
+                seg = SegBlock(layer.heads, layer.heads)
+                seg.heads = layer.heads
+                seg.ln1, seg.ln2, seg.qkv, seg.proj, seg.mlp = layer.ln1, layer.ln2, layer.qkv, layer.proj, layer.mlp
+            elif isinstance(layer, Decoder):
+                seg = SegHead(1, 1)
+                seg.norm, seg.proj = layer.norm, layer.proj
+            else:
+                raise ValueError(f"layer {i} ({type(layer).__name__}) cannot run on a segment of a sequence; schedules "
+                                 "with segments (Seq1F1B) train the zoo's causal transformer: --model gpt")
+        out.append(seg)
+    return nn.ModuleList(out)

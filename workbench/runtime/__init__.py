@@ -6,8 +6,9 @@
 Modules: ``launch`` (parent side: validate, spawn, collect), ``rank`` (one rank's program), ``worker``
 (executors of a rank's op list: pipeline with versioned weights, DDP, Hogwild), ``comm`` (pre-posted
 point-to-point transfers), ``fetch`` (remote weights of the master family: fetches from the owner,
-gradient pushes back), ``stages`` (stage functions, deterministic data order), ``outputs``
-(checkpoints, CSVs, summary), ``job`` (the picklable run description), ``cli`` (``workbench train``).
+gradient pushes back), ``tied`` (weights tied across stages: gradients combined among the owners),
+``segment_executor`` (schedules with segments, Seq1F1B), ``stages`` (stage functions, deterministic
+data order), ``outputs`` (checkpoints, CSVs, summary), ``job`` (the picklable run description), ``cli`` (``workbench train``).
 """
 from .job import Job
 from .launch import prepare, run_job, run_jobs, train

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from ..schedules.core import Schedule
 from . import opclock
 from .stages import MomentumState, as_leaves, as_tuple, float_indices, from_tuple, nbytes, stage_module
+from .tied import tied_weights
 from .worker import RankProgram
 
 
@@ -38,6 +39,9 @@ class DDPExecutor(MomentumState):
         self.prog = RankProgram(schedule, self.rank)
         self.clock = opclock.for_device(ctx.device)  # None: the host's clock around each op (CPU)
         self.R = schedule.num_workers
+        if tied_weights(model, bounds):  # one parameter in two DDP modules: its reducer would update it twice
+            raise ValueError(f"{tied_weights(model, bounds)[0].label()}; dp-bsp wraps each stage in its own DDP "
+                             "module, which cannot share it: train dp-bsp with one stage (no plan)")
         self.modules, self.ddp = [], []
         for s, (a, z) in enumerate(bounds):
             m = stage_module(model.layers, a, z).to(ctx.device)

@@ -23,10 +23,12 @@ from .fetch import check_remote
 from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
 from .outputs import RunResult, latest_checkpoint, load_stage
 from .rank import first_failure, worker_main
+from .segment_executor import check_segments, sequence_options
 from .shm import (TRAIN_TRANSPORTS, auto_transport, check_transport, remove_channels, remove_stale_channels,
                   ring_channels)
 from .shm import new_token as new_shm_token
 from .stages import DataOrder, even_bounds, plan_bounds, stage_module, stage_params
+from .tied import check_tied, defer_steps, tied_weights
 
 DEFAULT_LR = 0.05
 
@@ -112,13 +114,13 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
     sopts = dict(schedule_options or {})
     if isinstance(schedule, Schedule):
         sched = schedule
-    else:
+    else:  # a schedule with segments (Seq1F1B) reads the model's sequence length and FLOP estimate
+        sopts = sequence_options(sopts, _schedule_option_names(schedule), the_model)
         sched = schedule_for_workers(schedule, workers, plan, microbatches, sopts)
     validate(sched)
     check_remote(sched)  # master family: remote weights are fetched from their owner (fetch.py)
-    if sched.num_segments > 1:
-        raise ValueError(f"{sched.name} cuts sequences into segments, which a layer-sequential model cannot run; "
-                         f"run it with workbench.runtime.segments.run (segment-wise transformer)")
+    if sched.num_segments > 1:  # runs on the segment executor (segment_executor.py)
+        check_segments(sched, the_model)
     check_transport(transport, TRAIN_TRANSPORTS)
     if transport == "auto":  # shared memory where it runs and pays (one rank per core, CPU, this machine)
         # only where its channels are bounded rings (else they hold every message of an epoch: shm.channel_sizes)
@@ -143,7 +145,11 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
         raise ValueError(f"the plan has {plan.num_stages} stages but schedule {sched.name!r} has {sched.num_stages}")
     else:
         bounds = even_bounds(L, sched.num_stages)
-    _check_tied(the_model, bounds)
+    ties = tied_weights(the_model, bounds)  # weights shared by stages: combined at each update (tied.py)
+    sched = defer_steps(sched, ties)
+    check_tied(sched, ties)
+    if ties and stream_fn is not None:  # the stream's schedule combines them too
+        check_tied(stream_fn(2 * sched.microbatches), ties)
     train_set = dataset_fn()
     n = len(train_set)
     order = DataOrder(n, batch_size, microbatches, seed)
@@ -165,6 +171,11 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
 def stream_schedule(name: str, workers: int, plan, options: dict, microbatches: int) -> Schedule:
     """Schedule ``name`` over ``microbatches`` microbatches: the stream of several minibatches."""
     return schedule_for_workers(name, workers, plan, microbatches, dict(options))
+
+
+def _schedule_option_names(name: str) -> set[str]:
+    from workbench.schedules import spec
+    return {o.name for o in spec(name).options}
 
 
 def _stream_builder(schedule, workers: int, plan, options: dict | None, sched: Schedule):
@@ -258,23 +269,6 @@ def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, dopt
         raise ValueError(f"model {the_model.name} cannot be pickled for the spawned ranks ({type(e).__name__}: "
                          f"{str(e)[:200]}); define its loss and factory in an importable module") from None
     return the_model, model_fn, dataset_fn, the_model.name
-
-
-def _check_tied(model, bounds) -> None:
-    """Refuse stage bounds that split layers sharing a parameter (a tied weight): every stage keeps
-    its own copy of its weights, so the copies would drift apart."""
-    if hasattr(model, "check_stages"):
-        model.check_stages(bounds)
-        return
-    owner = {}
-    for s, (a, z) in enumerate(bounds):
-        for i in range(a, z + 1):
-            for p in model.layers[i].parameters():
-                first = owner.setdefault(id(p), (s, i))
-                if first[0] != s:
-                    names = model.layer_names() if hasattr(model, "layer_names") else [str(j) for j in range(len(model.layers))]
-                    raise ValueError(f"layers {names[first[1]]} and {names[i]} share a weight (tied) but fall into "
-                                     f"stages {first[0]} and {s}; untie it or keep these layers in one stage")
 
 
 def _shared_weights(job: Job):

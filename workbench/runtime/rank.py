@@ -27,6 +27,8 @@ from .fetch import has_remote
 from .job import Job, RankContext
 from .outputs import append_outputs, atomic_save, atomic_text, jsonable, latest_checkpoint, load_stage, peak_rss, write_summary
 from .stages import DataOrder, as_tuple, microbatch, run_stage, stage_module, stage_params
+from .tied import make_groups as tied_groups
+from .tied import tied_weights
 
 def _init_dist(rank: int, world: int, job: Job, addr: str | None, port: int | None):
     import torch.distributed as dist
@@ -133,11 +135,13 @@ def first_failure(jobs: list[Job]) -> dict | None:
 def _train_rank(rank, world, job: Job, dist, groups, device, shared):
     from .ddp import DDPExecutor
     from .hogwild import HogwildExecutor
+    from .segment_executor import SegmentExecutor
     from .worker import PipelineExecutor
     sched = job.schedule
     model = job.model_fn()
     model.to(device)
     model.train()
+    groups.update(tied_groups(dist, sched, tied_weights(model, job.bounds), rank, job.timeout_s))
     dataset = job.dataset_fn()
     dtype = getattr(torch, job.dtype) if job.dtype else None
     order = DataOrder(len(dataset), job.batch_size, sched.microbatches, job.seed)
@@ -167,6 +171,8 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
         executor = HogwildExecutor(ctx, sched, model, job.bounds, *shared)
     elif kind == "ddp":
         executor = DDPExecutor(ctx, sched, model, job.bounds, init, groups)
+    elif sched.num_segments > 1:  # Seq1F1B: (microbatch, segment) units
+        executor = SegmentExecutor(ctx, sched, model, job.bounds, init, groups)
     else:
         executor = PipelineExecutor(ctx, sched, model, job.bounds, init, groups, stream=job.stream)
     if opt_state and job.momentum:

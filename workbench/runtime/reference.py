@@ -15,7 +15,8 @@ Update ``t`` of stage ``s`` applies the mean of the contributions of the microba
 
     W_s^(t+1) = W_s^(t) - lr * d_s^(t),   d_s^(t) = mean_{b in step t} g_s(b) + mu * d_s^(t-1)
 
-(``mu = 0``: plain SGD; ``d^(-1) = 0``).
+(``mu = 0``: plain SGD; ``d^(-1) = 0``). A weight tied across stages (:mod:`.tied`) is one
+parameter: its ``g`` is the sum over its owning stages of their mean contributions to update ``t``.
 
 With the versions of the sync rules this is minibatch SGD; with PipeDream's stash versions it is
 ``W(t+1) = W(t) - lr grad f(w_1^(t-n+1), ..., w_n^(t))``; 2BW and vertical sync follow from theirs.
@@ -29,6 +30,7 @@ import torch
 
 from ..schedules.core import Schedule
 from .stages import DataOrder, as_leaves, microbatch, run_stage, stage_module, stage_params, vjp
+from .tied import check_tied, tied_weights
 
 
 def updates_per_round(schedule: Schedule) -> list[int]:
@@ -70,6 +72,9 @@ def reference_train(schedule: Schedule, model, bounds, dataset, *, batch_size: i
     per_round = updates_per_round(schedule)
     steps = [[schedule.step_microbatches(s, t) for t in range(per_round[s])] for s in range(S)]
     ver = versions_of(schedule)
+    ties = tied_weights(model, bounds)
+    check_tied(schedule, ties)
+    users = {(s, n): tie.names for tie in ties for s, n in tie.names}  # (stage, name) -> every owner's
     order = DataOrder(len(dataset), batch_size, M, seed)
     rpe = order.rounds_per_epoch
     for k in range(rounds):
@@ -83,9 +88,12 @@ def reference_train(schedule: Schedule, model, bounds, dataset, *, batch_size: i
                 t = v - 1 - off[s]
                 assert 0 <= t < per_round[s], (s, v, t)
                 prev = version(s, v - 1)
-                mbs = steps[s][t]
-                contrib = [grads(b)[s] for b in mbs]
-                d = {n: sum(c[n] for c in contrib) / len(mbs) + momentum * direction[s][v - 1][n] for n in prev}
+
+                def mean(s2: int, n: str):  # stage s2's mean contribution to its update t
+                    return sum(grads(b)[s2][n] for b in steps[s2][t]) / len(steps[s2][t])
+
+                d = {n: sum(mean(*u) for u in users.get((s, n), ((s, n),))) + momentum * direction[s][v - 1][n]
+                     for n in prev}
                 direction[s][v] = d
                 weights[s][v] = {n: prev[n] - lr * d[n] for n in prev}
             return weights[s][v]

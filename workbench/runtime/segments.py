@@ -81,19 +81,28 @@ class SegmentJob:
 
 # ---- one stage -------------------------------------------------------------------------------
 class SegmentStage:
-    """Layers ``first..last`` and the state of the (microbatch, segment) units in flight."""
+    """Layers of one stage (segment layers: :mod:`workbench.models.segmented`) and the state of the
+    (microbatch, segment) units in flight. ``params``: the stage's parameters by name (the tensors
+    its layers hold); ``offsets``: segment boundaries N_0 .. N_k in tokens; the last stage's loss of
+    a unit is its tokens' summed cross entropy divided by ``norm``."""
 
-    def __init__(self, stage: int, layers, first: int, last: int, job: SegmentJob):
-        self.stage, self.layers = stage, [layers[i] for i in range(first, last + 1)]
-        self.params = {f"{first + i}.{n}": p for i, m in enumerate(self.layers) for n, p in m.named_parameters()}
+    def __init__(self, stage: int, layers, is_last: bool, params: dict, offsets, norm: float, recompute: bool = False):
+        self.stage, self.layers, self.is_last, self.params = stage, list(layers), is_last, params
         self.ptrs = {p.data_ptr() for p in self.params.values()}
         self.blocks = [i for i, m in enumerate(self.layers) if isinstance(m, SegBlock)]
-        self.is_last = last == len(layers) - 1
-        self.job, self.offsets, self.k = job, job.offsets(), job.schedule.num_segments
-        self.norm = job.schedule.microbatches_per_step * job.batch * job.x.shape[1]
+        self.offsets, self.k, self.norm, self.recompute = list(offsets), len(offsets) - 1, norm, recompute
         self.units: dict[tuple[int, int], dict] = {}
         self.past: dict[tuple[int, int], list] = {}  # (b, j) -> [(K~, V~) per block]: leaves for later segments
         self.saved_bytes = 0
+
+    @classmethod
+    def of_job(cls, stage: int, layers, first: int, last: int, job: "SegmentJob") -> "SegmentStage":
+        """Layers ``first..last`` of ``segment_gpt`` for a :class:`SegmentJob` (parameters named
+        ``"<layer>.<name>"``, the loss normalised by the step's tokens)."""
+        mine = [layers[i] for i in range(first, last + 1)]
+        params = {f"{first + i}.{n}": p for i, m in enumerate(mine) for n, p in m.named_parameters()}
+        norm = job.schedule.microbatches_per_step * job.batch * job.x.shape[1]
+        return cls(stage, mine, last == len(layers) - 1, params, job.offsets(), norm, job.schedule.recompute)
 
     def _run(self, x, offset: int, j: int, *flat_past):
         """The stage on one segment: returns (output, K, V of each block)."""
@@ -110,8 +119,9 @@ class SegmentStage:
                 h = m(h)
         return (h, *kv)
 
-    def forward(self, b: int, j: int, x: torch.Tensor) -> torch.Tensor | None:
-        """F(s, b, j): returns the activation to send on (None on the last stage)."""
+    def forward(self, b: int, j: int, x: torch.Tensor, target: torch.Tensor | None = None):
+        """F(s, b, j): ``(output, loss)``: the activation to send on, or on the last stage the logits
+        (detached) and the unit's loss (``target``: the segment's next tokens)."""
         x_leaf = x.detach().requires_grad_(True) if x.is_floating_point() else x
         past_leaves = [t for i in range(len(self.blocks)) for t in
                        [self.past[(b, jj)][i][0] for jj in range(j)] + [self.past[(b, jj)][i][1] for jj in range(j)]]
@@ -123,21 +133,20 @@ class SegmentStage:
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            if self.job.schedule.recompute:
+            if self.recompute:
                 outs = checkpoint(self._run, x_leaf, self.offsets[j], j, *past_leaves, use_reentrant=False)
             else:
                 outs = self._run(x_leaf, self.offsets[j], j, *past_leaves)
         y, kv = outs[0], list(outs[1:])
+        out = y.detach()
         if self.is_last:
-            lo, hi = self.offsets[j], self.offsets[j + 1]
-            target = self.job.y[b * self.job.batch:(b + 1) * self.job.batch, lo:hi]
             y = F.cross_entropy(y.reshape(-1, y.shape[-1]), target.reshape(-1), reduction="sum") / self.norm
         self.past[(b, j)] = [(kv[2 * i].detach().requires_grad_(True), kv[2 * i + 1].detach().requires_grad_(True))
                              for i in range(len(self.blocks))]
         held = sum(storages.values()) + x.numel() * x.element_size()
         self.saved_bytes += held
         self.units[(b, j)] = {"x": x_leaf, "y": y, "kv": kv, "past": past_leaves, "bytes": held}
-        return None if self.is_last else y.detach()
+        return out, (y.detach() if self.is_last else None)
 
     def _cotangents(self, b: int, j: int, grad_y):
         """Outputs of unit (b, j) and their gradients: dL/dy, and K~/V~ gradients from later segments."""
@@ -184,8 +193,9 @@ class SegmentStage:
 class Mailbox:
     """Tagged point-to-point transfers between ranks (local hand-over on the same rank)."""
 
-    def __init__(self, schedule: Schedule, rank: int, timeout_s: float):
+    def __init__(self, schedule: Schedule, rank: int, timeout_s: float, group=None):
         self.where, self.rank, self.timeout = schedule.where(), rank, timedelta(seconds=timeout_s)
+        self.group = group  # None: the default process group
         self.S, self.U = schedule.num_stages, schedule.microbatches * schedule.num_segments
         self.local: dict[int, torch.Tensor] = {}
         self.pending = []
@@ -198,13 +208,13 @@ class Mailbox:
             self.local[tag] = t
         else:
             t = t.contiguous()
-            self.pending.append((dist.isend(t, dst, tag=tag), t))  # keep t alive until sent
+            self.pending.append((dist.isend(t, dst, group=self.group, tag=tag), t))  # keep t alive until sent
 
     def recv(self, like: torch.Tensor, src: int, tag: int) -> torch.Tensor:
         if src == self.rank:
             return self.local.pop(tag)
         buf = torch.empty_like(like)
-        if not dist.irecv(buf, src, tag=tag).wait(timeout=self.timeout):
+        if not dist.irecv(buf, src, group=self.group, tag=tag).wait(timeout=self.timeout):
             raise TimeoutError(f"rank {self.rank}: no message with tag {tag} from rank {src} within {self.timeout}")
         return buf
 
@@ -221,7 +231,7 @@ def run_rank(rank: int, job: SegmentJob) -> dict:
     layers = segment_gpt(**job.model)
     bounds = job.layer_bounds(len(layers))
     mine = sorted({op.stage for op in sched.ops[rank]})
-    stages = {s: SegmentStage(s, layers, *bounds[s], job) for s in mine}
+    stages = {s: SegmentStage.of_job(s, layers, *bounds[s], job) for s in mine}
     box = Mailbox(sched, rank, job.timeout_s)
     dim, dtype, B = layers[0].tok.embedding_dim, next(layers.parameters()).dtype, job.batch
     off = stages[mine[0]].offsets
@@ -237,8 +247,9 @@ def run_rank(rank: int, job: SegmentJob) -> dict:
         if op.kind == "F":
             x = (job.x[b * B:(b + 1) * B, off[j]:off[j + 1]] if op.stage == 0 else
                  box.recv(like, box.where[("F", op.stage - 1, u)], box.tag(False, op.stage, u)))
-            y = st.forward(b, j, x)
-            if y is not None:
+            target = job.y[b * B:(b + 1) * B, off[j]:off[j + 1]] if st.is_last else None
+            y, _ = st.forward(b, j, x, target)
+            if not st.is_last:
                 box.send(y, box.where[("F", op.stage + 1, u)], box.tag(False, op.stage + 1, u))
             peak = max(peak, sum(s.saved_bytes for s in stages.values()))
             continue

@@ -146,6 +146,23 @@ def sgd_update(weights: dict, direction: dict, lr: float, in_place: bool) -> dic
         return {n: torch.add(w, direction[n], alpha=-lr).requires_grad_(True) for n, w in weights.items()}
 
 
+def sgd_step(weights: dict, grad: dict, momentum: dict, lr: float, mu: float, n: int, in_place: bool) -> dict:
+    """One STEP from ``grad[name]``, the sum of ``n`` microbatches' gradients (a missing name: no
+    contribution, zero): ``W - lr · d`` with ``d = grad / n``, or with ``mu > 0`` the heavy-ball
+    direction ``d = mu · d_prev + grad / n`` kept in ``momentum`` (updated in place). ``in_place``:
+    see :func:`sgd_update`."""
+    with torch.no_grad():
+        for nm, w in weights.items():
+            if grad.get(nm) is None:  # parameters no contribution reached: a zero buffer
+                grad[nm] = torch.zeros_like(w)
+        if mu:
+            for nm in weights:
+                momentum[nm].mul_(mu).add_(grad[nm], alpha=1.0 / n)
+            return sgd_update(weights, momentum, lr, in_place)
+        # W - (lr / n) · buffer: one pass over the weights, no division pass over the buffer
+        return sgd_update(weights, grad, lr / n, in_place)
+
+
 def nbytes(ts) -> int:
     """Bytes held by the tensors of a sequence (non-tensors count 0)."""
     return sum(t.numel() * t.element_size() for t in ts if torch.is_tensor(t))

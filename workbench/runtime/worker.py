@@ -26,7 +26,9 @@ microbatches of ``schedule.step_microbatches(s, t)`` on this rank; ``AR`` sums t
 stage's replicas in their own process group; ``STEP`` creates ``W^(t+1) = W^(t) - lr * d_t`` with
 ``g_t = buffer / n`` (``n`` the number of microbatches the update covers: a mean over the minibatch)
 and ``d_t = g_t``, or with momentum ``mu`` the heavy-ball direction ``d_t = mu * d_(t-1) + g_t``
-(``d_(-1) = 0``, as :class:`torch.optim.SGD` without dampening).
+(``d_(-1) = 0``, as :class:`torch.optim.SGD` without dampening). A weight tied across stages
+(:mod:`.tied`) has one copy per owning stage; before ``STEP`` the owners' buffers of it are summed
+(an all-reduce among the owners' ranks), so every copy takes the same update.
 
 Remote weights (master family: FSDP, FSLPP, any ``from_placement`` placement). An op whose
 ``weights_worker`` is another rank evaluates the stage with a copy of the owner's version fetched for
@@ -54,8 +56,9 @@ from . import opclock, shm
 from .comm import P2P, ShmP2P
 from .fetch import RemoteWeights, has_remote, is_remote
 from .reference import updates_per_round
-from .stages import (as_leaves, as_tuple, from_tuple, nbytes, run_stage, run_stage_layers, sgd_update, split_input_grad,
+from .stages import (as_leaves, as_tuple, from_tuple, nbytes, run_stage, run_stage_layers, sgd_step, split_input_grad,
                      split_weight_grad, stage_module, stage_roots, vjp)
+from .tied import TiedGradients, tied_weights
 
 
 class RankProgram:
@@ -142,8 +145,8 @@ class PipelineExecutor:
         # (no drain between minibatches; see run_stream); None: every round drains (run_round)
         self.stream, self._streams = stream, {}
         if schedule.num_segments > 1:
-            raise ValueError(f"{schedule.name} cuts sequences into segments; this runtime runs layer-sequential "
-                             f"models on whole microbatches: use workbench.runtime.segments.run")
+            raise ValueError(f"{schedule.name} cuts sequences into segments; this executor runs whole microbatches: "
+                             f"use workbench.runtime.segment_executor.SegmentExecutor (train() picks it)")
         self.rank, self.S, self.M = ctx.rank, schedule.num_stages, schedule.microbatches
         self.prog = RankProgram(schedule, self.rank)
         self.stashing = schedule.stashing_steps(self.rank)  # STEPs that keep the old version (else in place)
@@ -159,6 +162,8 @@ class PipelineExecutor:
                                         ctx.device, ctx.timeout_s, (groups.get("fetch"), groups.get("push")),
                                         self.prog.per_round)
         self.split = {op.stage for op in self.prog.ops if op.kind == "BI"}  # stages whose backward is split (BI/BW)
+        ties = tied_weights(model, bounds)  # weights tied across stages: gradients combined at STEP (tied.py)
+        self.tied = TiedGradients(schedule, self.rank, ties, groups, ctx.timeout_s) if ties else None
         self.specs = ctx.specs  # specs[s]: [(shape, dtype)] of stage s's output
         self.like_tuple = ctx.like_tuple  # like_tuple[s]: stage s's input is a tuple
         if ctx.transport == "shm":
@@ -309,6 +314,12 @@ class PipelineExecutor:
             if op.kind in ("AR", "STEP") and self.remote is not None:  # pushed gradients join the buffer first
                 wait += self.remote.collect(s, op.step, st.flat)
                 start, ev = started()
+            if op.kind == "STEP" and self.tied is not None:  # weights tied across stages: combine first
+                tw = self.tied.combine(s, op.step, {t: x.grad for t, x in self.state.items()},
+                                       {t: x.versions[x.newest] for t, x in self.state.items()})
+                if tw:
+                    wait += tw
+                    start, ev = started()
             if op.kind == "AR":
                 grp = self.groups.get(tuple(self.schedule.stage_workers[s]))
                 if grp is not None:
@@ -317,19 +328,7 @@ class PipelineExecutor:
             elif op.kind == "STEP":
                 n = prog.count[(s, op.step)]
                 lr, mu = self.ctx.lr, self.ctx.momentum
-                with torch.no_grad():
-                    old = st.versions[st.newest]
-                    if not st.is_flat:  # parameters no contribution reached: a zero buffer
-                        for nm in st.names:
-                            if nm not in st.grad:
-                                st.grad[nm] = torch.zeros_like(old[nm])
-                    if mu:
-                        for nm in st.names:
-                            st.momentum[nm].mul_(mu).add_(st.grad[nm], alpha=1.0 / n)
-                        d, step_lr = st.momentum, lr
-                    else:  # W - (lr / n) · buffer: one pass over the weights, no division pass over the buffer
-                        d, step_lr = st.grad, lr / n
-                    new = sgd_update({nm: old[nm] for nm in st.names}, d, step_lr, in_place=i not in stashing)
+                new = sgd_step(dict(st.versions[st.newest]), st.grad, st.momentum, lr, mu, n, in_place=i not in stashing)
                 st.newest += 1
                 st.versions[st.newest] = new
                 if st.is_flat:

@@ -60,7 +60,9 @@ def balanced_tokens(seq_len: int, k: int, params: float, layers: int, dim: int) 
     """Segment lengths (>= 1 token each, summing to ``seq_len``) whose FLOPs are as equal as
     integers allow. Continuous solution: for a target cost T, segment i's length x solves
     ``2 L d x^2 + (2 P + 2 L d N_(i-1)) x = T``; T is bisected until the k lengths sum to
-    ``seq_len``; the cumulative boundaries N_i are then rounded to integers."""
+    ``seq_len``; each cumulative boundary N_i is then rounded down or up so that the largest
+    segment's FLOPs are smallest (:func:`_round_bounds`; rounding every N_i to the nearest integer
+    on its own can give lengths like 16, 17, 15, 16, less even than equal ones)."""
     seq_len, k = _check_m(seq_len, "seq_len"), _check_m(k, "segments")
     if k > seq_len:
         raise ValueError(f"cannot cut {seq_len} tokens into {k} segments; use segments <= seq_len")
@@ -79,11 +81,25 @@ def balanced_tokens(seq_len: int, k: int, params: float, layers: int, dim: int) 
     for _ in range(200):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if sum(lengths(mid)) < seq_len else (lo, mid)
-    bounds = np.rint(np.cumsum(lengths(hi))).astype(int)
-    bounds[-1] = seq_len
+    bounds = _round_bounds(list(np.cumsum(lengths(hi))), params, layers, dim)
     for i in range(k):  # at least one token per segment
         bounds[i] = min(max(bounds[i], (bounds[i - 1] if i else 0) + 1), seq_len - (k - 1 - i))
     return tuple(int(x) for x in np.diff(np.concatenate([[0], bounds])))
+
+
+def _round_bounds(cont, params: float, layers: int, dim: int) -> np.ndarray:
+    """Integer boundaries N_1 .. N_k, each the floor or the ceiling of the continuous ``cont`` (N_k
+    exact), chosen to minimise the largest segment's FLOPs: a dynamic program along the chain, state
+    = the rounding of the last boundary, value = (largest segment FLOPs so far, boundaries)."""
+    def cost(a: int, z: int) -> float:
+        return segment_flops([a, z - a], params, layers, dim)[1] if z > a else math.inf
+
+    best = {0: (0.0, [])}  # previous boundary -> (max FLOPs so far, boundaries)
+    for x in cont:
+        options = {int(round(x))} if x is cont[-1] else {int(math.floor(x)), int(math.floor(x)) + 1}
+        best = {n: min(((max(m, cost(p, n)), bs + [n]) for p, (m, bs) in best.items()), key=lambda t: t[0])
+                for n in options}
+    return np.array(min(best.values(), key=lambda t: t[0])[1])
 
 
 def equal_tokens(seq_len: int, k: int) -> tuple[int, ...]:

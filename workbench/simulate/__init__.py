@@ -55,7 +55,10 @@ the one :class:`~workbench.costmodel.CostModel` (which the partitioner's plans u
   ``f · act_bytes[last layer of s] / bandwidth_between(a, b)``;
 * all-reduce of stage ``s`` over its ``r`` replicas (ring): ``2 (r - 1) / r · P_s / B_min``
   with ``P_s`` the stage's parameter bytes and ``B_min`` the slowest link in the ring;
-* weight fetch of stage ``s`` from worker ``a`` to ``b``: ``P_s / bandwidth_between(a, b)``.
+* weight fetch of stage ``s`` from worker ``a`` to ``b``: ``P_s / bandwidth_between(a, b)``;
+* a weight tied across stages (the profile's ``meta["tied"]``, e.g. GPT-2's input and output
+  embedding): the STEP of every owning stage also pays the ring all-reduce of its bytes among the
+  owners' workers (:func:`~workbench.simulate.costs.tied_allreduce_ms`), as the runtime combines them.
 
 Overlapped pairs (DeepSeek-V3's DualPipe)
 -----------------------------------------
@@ -173,7 +176,8 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
                                latency_ms, op_overhead_ms, overlap_comm, allreduce_bandwidth, allreduce_latency_ms,
                                message_cpu_ms, allreduce_curve, allreduce_buckets)
     if step_copy_ms is not None:
-        costs = dataclasses.replace(costs, step_copy=_per_stage(step_copy_ms, schedule.num_stages, "step_copy_ms"))
+        copy = _per_stage(step_copy_ms, schedule.num_stages, "step_copy_ms")  # plus the tied weights' all-reduce
+        costs = dataclasses.replace(costs, step_copy=[c + t for c, t in zip(copy, costs.tied_ms or [0.0] * len(copy))])
     if alltoall is not None:
         costs = dataclasses.replace(costs, alltoall=_per_stage(alltoall, schedule.num_stages, "alltoall"),
                                     overlap_pairs=bool(overlap_pairs))

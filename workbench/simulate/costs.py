@@ -46,6 +46,7 @@ class _Costs:
     accumulate: list | None = None  # per stage: what a backward into an empty buffer saves (None: nothing)
     alltoall: list | None = None  # per stage: in-op all-to-all of an F, B or BI (None: none)
     overlap_pairs: bool = True  # the schedule's overlapped F/B pairs hide each other's all-to-all
+    tied_ms: list | None = None  # per stage: the tied-weight all-reduce its STEP includes (tied_allreduce_ms)
 
     def message(self, nbytes: float, a: int, b: int, fixed_ms: float | None) -> tuple[float, float]:
         """(ms, bytes) of one message of ``nbytes`` from ``a`` to ``b``: the cost model's
@@ -161,9 +162,27 @@ def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fracti
         ar = _per_stage(allreduce, S, "allreduce")
     else:
         ar = [cm.allreduce_ms(params[s], schedule.stage_workers[s]) for s in range(S)]
+    tied = tied_allreduce_ms(cm, profile.meta.get("tied", ()), ranges, schedule)
     compute = {_F: f, _B: b, _BI: [x for x, _ in split], _BW: [y for _, y in split],
-               _STEP: _per_stage(step_ms, S, "step_ms")}
+               _STEP: [x + t for x, t in zip(_per_stage(step_ms, S, "step_ms"), tied)]}
     acc = [cm.stage_accumulate_ms(a, b_) for a, b_ in ranges]
     return _Costs(compute, cut, params, stash, None, None, ar, topology, cm.label,
                   op_overhead_ms=cm.op_overhead_ms, model=cm, fraction=float(fraction), batch_size=cm.batch_size,
-                  accumulate=None if any(x is None for x in acc) else acc)
+                  accumulate=None if any(x is None for x in acc) else acc, tied_ms=tied)
+
+
+def tied_allreduce_ms(cm: CostModel, tied, ranges, schedule: Schedule) -> list[float]:
+    """Per stage, the ms its STEP spends combining the gradients of weights tied across stages
+    (``tied``: ``[(layer indices, bytes)]``, a Profile's ``meta["tied"]``): every owning stage's STEP
+    is charged :meth:`CostModel.allreduce_ms` of the weight's bytes over the owners' workers (first
+    replica of each; 0 when they share one worker), as :mod:`workbench.runtime.tied` runs it. The
+    owners' STEPs are charged, not synchronised with each other."""
+    out = [0.0] * len(ranges)
+    for layers, nbytes in tied:
+        owners = sorted({s for s, (a, z) in enumerate(ranges) for i in layers if a <= i <= z})
+        if len(owners) < 2:
+            continue
+        ms = cm.allreduce_ms(nbytes, sorted({schedule.stage_workers[s][0] for s in owners}))
+        for s in owners:
+            out[s] += ms
+    return out
