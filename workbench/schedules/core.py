@@ -80,7 +80,7 @@ Key = tuple  # (kind, stage, microbatch) of a compute op
 UPDATE_RULES = ("sync", "stash", "vertical-sync", "no-stash", "2bw", "async")
 
 
-_KIND_OF = {**{str(k): k for k in OpKind}, **{k: k for k in OpKind}}
+_KIND_OF: dict[str, OpKind] = {**{str(k): k for k in OpKind}, **{k: k for k in OpKind}}
 
 
 @dataclass(frozen=True)
@@ -362,7 +362,7 @@ class Schedule:
 
 
 _new = object.__new__
-_KIND_INDEX = {OpKind.F: 0, OpKind.B: 1, OpKind.BI: 2, OpKind.BW: 3}
+_KIND_INDEX: dict[str, int] = {OpKind.F: 0, OpKind.B: 1, OpKind.BI: 2, OpKind.BW: 3}
 
 
 def key_code(key: Key, S: int, U: int) -> int:
@@ -385,7 +385,7 @@ def producer_codes(code: int, S: int, U: int, present, segments: int = 1) -> tup
     SU = S * U
     k, rest = divmod(code, SU)
     if k == 0:
-        out = (code - U,) if rest >= U else ()
+        out: tuple[int, ...] = (code - U,) if rest >= U else ()
         return out + (code - 1,) if segments > 1 and rest % segments else out
     if k == 3:
         return (code - SU,)
@@ -492,8 +492,8 @@ def _check_backwards(schedule: Schedule, wk: np.ndarray, ver: np.ndarray) -> Non
     orphan = np.flatnonzero(has[1:].any(axis=0) & ~has[0])
     if orphan.size:
         s, b = where(orphan[0])
-        k = next(n for n, row in zip(("B", "BI", "BW"), has[1:]) if row[orphan[0]])
-        raise ScheduleError(f"{k}{s}.{b} has no forward")
+        orphan_kind = next(n for n, row in zip(("B", "BI", "BW"), has[1:]) if row[orphan[0]])
+        raise ScheduleError(f"{orphan_kind}{s}.{b} has no forward")
     split = has[2] & has[3]
     bad = np.flatnonzero(has[0] & (has[1] == split))
     if bad.size:
@@ -506,17 +506,17 @@ def _check_backwards(schedule: Schedule, wk: np.ndarray, ver: np.ndarray) -> Non
         raise ScheduleError(f"F{s}.{b} needs exactly one backward (B, or BI+BW); found only "
                             f"{'BI' if has[2][half[0]] else 'BW'}")
     same_version = schedule.update in ("stash", "vertical-sync", "sync")
-    for k, name in ((1, "B"), (2, "BI"), (3, "BW")):
+    for k, kind in ((1, "B"), (2, "BI"), (3, "BW")):
         rows = has[k]
         off = np.flatnonzero(rows & (wk[k] != wk[0]))
         if off.size:
             s, b = where(off[0])
-            raise ScheduleError(f"{name}{s}.{b} runs on worker {wk[k][off[0]]} but its forward (and "
+            raise ScheduleError(f"{kind}{s}.{b} runs on worker {wk[k][off[0]]} but its forward (and "
                                 f"stashed activations) is on worker {wk[0][off[0]]}")
-        off = np.flatnonzero(rows & (ver[k] != ver[0])) if same_version else ()
+        off = np.flatnonzero(rows & (ver[k] != ver[0])) if same_version else np.zeros(0, dtype=int)
         if len(off):
             s, b = where(off[0])
-            raise ScheduleError(f"{name}{s}.{b} reads weight version {ver[k][off[0]]} but its "
+            raise ScheduleError(f"{kind}{s}.{b} reads weight version {ver[k][off[0]]} but its "
                                 f"forward read {ver[0][off[0]]} (rule {schedule.update!r})")
     missing = np.flatnonzero(~has[0])
     if missing.size:  # every microbatch goes through every stage

@@ -94,7 +94,7 @@ def _round_bounds(cont, params: float, layers: int, dim: int) -> np.ndarray:
     def cost(a: int, z: int) -> float:
         return segment_flops([a, z - a], params, layers, dim)[1] if z > a else math.inf
 
-    best = {0: (0.0, [])}  # previous boundary -> (max FLOPs so far, boundaries)
+    best: dict[int, tuple[float, list]] = {0: (0.0, [])}  # previous boundary -> (max FLOPs so far, boundaries)
     for x in cont:
         options = {int(round(x))} if x is cont[-1] else {int(math.floor(x)), int(math.floor(x)) + 1}
         best = {n: min(((max(m, cost(p, n)), bs + [n]) for p, (m, bs) in best.items()), key=lambda t: t[0])

@@ -133,7 +133,8 @@ def inputs_of(kind: str, s: int, b: int, S: int) -> list[Key]:
 def order_times(orders: Sequence[Sequence[Key]], worker_of: Sequence[int], costs: SplitCosts) -> dict[Key, float]:
     """End time of every op when each starts as early as its worker's order and its inputs allow
     (module docstring, "Timing"). ValueError when the orders deadlock."""
-    S, end = len(worker_of), {}
+    S = len(worker_of)
+    end: dict[Key, float] = {}
     pos, free = [0] * len(orders), [0.0] * len(orders)
     left = sum(len(o) for o in orders)
     while left:
@@ -177,8 +178,8 @@ class _GreedyV:
         self.clock = [0.0] * P
         self.live = [0] * P
         self.idle = [0.0] * P  # waits after the worker's first F
-        self.count = {}  # (kind, stage) -> ops issued
-        self.pending_w = [deque() for _ in range(P)]  # (stage, microbatch) of B's whose W has not run
+        self.count: dict[tuple[str, int], int] = {}  # (kind, stage) -> ops issued
+        self.pending_w: list[deque] = [deque() for _ in range(P)]  # (stage, microbatch) of B's whose W has not run
         self.orders: list[list[Key]] = [[] for _ in range(P)]
 
     def legs(self, r: int) -> tuple[int, int]:

@@ -66,7 +66,8 @@ def greedy_orders(worker_of: list[int], M: int, limit: list[int], priority=("BI"
     forced: list[Key | None] = [None] * P
     orders: list[list[Key]] = [[] for _ in range(P)]
     nxt = {(k, s): 0 for k in ("F", "BI", "BW") for s in range(S)}
-    total, t, events = 3 * S * M, 0.0, []
+    total, t = 3 * S * M, 0.0
+    events: list = []
 
     def arrived(key, w):
         lag = cost.comm if worker_of[key[1]] != w else 0.0

@@ -45,7 +45,8 @@ class _Counters:
     """Hands out microbatch indices in order, per (kind, stage): torch's ``*_mb_index`` counters."""
 
     def __init__(self, offset: int = 0):
-        self.next, self.offset = Counter(), offset
+        self.next: Counter = Counter()
+        self.offset = offset
 
     def take(self, kind: str, stage: int) -> Key:
         b = self.next[(kind, stage)]

@@ -53,7 +53,8 @@ class _Costs:
         ``α + n / B``, or in unit mode ``fixed_ms + α`` between different workers."""
         if self.model is not None:
             return self.model.message_ms(nbytes, a, b), nbytes
-        return (fixed_ms + self.latency_ms if a != b else fixed_ms), 0.0
+        fixed = float(fixed_ms or 0.0)
+        return (fixed + self.latency_ms if a != b else fixed), 0.0
 
     def xfer(self, cut: int, a: int, b: int) -> tuple[float, float]:
         """(ms, bytes) of an activation/gradient transfer across ``cut`` from ``a`` to ``b``."""

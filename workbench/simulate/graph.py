@@ -151,15 +151,15 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
         if ww is not None and ww != wof[g] and kc[g] < 4:
             is_fetch[g] = True
             if check_versions and ver[g] > 0:  # the version must exist on the owner
-                p = step_at.get((ww, st[g], ver[g] - 1), -1)
-                if p >= 0:
-                    extra_src.append(p)
+                q = step_at.get((ww, st[g], ver[g] - 1), -1)
+                if q >= 0:
+                    extra_src.append(q)
                     extra_dst.append(g)
             if kc[g] == _B or kc[g] == _BW:  # the weight gradient goes to the owner's step op.version
-                p = step_at.get((ww, st[g], ver[g]), -1)
-                if p >= 0:
+                q = step_at.get((ww, st[g], ver[g]), -1)
+                if q >= 0:
                     extra_src.append(g)
-                    extra_dst.append(p)
+                    extra_dst.append(q)
     ar_size = {}
     for key, members in ar_group.items():
         expect = set(schedule.stage_workers[key[0]])
@@ -169,10 +169,10 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
                              f"replicas {sorted(expect)}")
         ar_size[key] = len(members)
         for g in members:
-            p = step_at.get((wof[g], key[0], key[1]), -1)
-            if p >= 0:
+            q = step_at.get((wof[g], key[0], key[1]), -1)
+            if q >= 0:
                 extra_src.append(g)
-                extra_dst.append(p)
+                extra_dst.append(q)
     if extra_src:
         src = np.concatenate([src, np.asarray(extra_src, dtype=np.int64)])
         dst = np.concatenate([dst, np.asarray(extra_dst, dtype=np.int64)])
@@ -198,9 +198,7 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
                                              costs.fetch_ms, W)
     etype[(etype == 1) & (ems == 0) & (ebytes == 0)] = 4
     xfer_count = np.bincount(wd_[xfer], minlength=W).tolist()
-    etype = etype.tolist()
-    ems = ems.tolist()
-    ebytes = ebytes.tolist()
+    etype_list, ems_list, ebytes_list = etype.tolist(), ems.tolist(), ebytes.tolist()
 
     # ---- durations ----------------------------------------------------------------------
     comp = costs.compute
@@ -224,7 +222,7 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
         exposed = exposed_alltoall(schedule, costs, kc, st, wbeg, dur)
         dur = [d + x for d, x in zip(dur, exposed)]
     arrays = (kc_a, st_a, mb_a, np.fromiter(ver, np.int64, N), np.fromiter(stp, np.int64, N), w_a)
-    return OpGraph(flat, kc, st, mb, ver, stp, wof, wbeg, wend, dur, cons_idx, cons_ptr, etype, ems, ebytes,
+    return OpGraph(flat, kc, st, mb, ver, stp, wof, wbeg, wend, dur, cons_idx, cons_ptr, etype_list, ems_list, ebytes_list,
                    pending, ar_group, ar_size, is_fetch, wws, xfer_count, arrays, exposed)
 
 
@@ -238,6 +236,8 @@ def exposed_alltoall(schedule: Schedule, costs: _Costs, kc: list, st: list, wbeg
     other's compute) where back to back it takes ``c_F + a_F + c_B + a_B``.
     ``costs.overlap_pairs=False`` charges the same order back to back."""
     a = costs.alltoall
+    if a is None:
+        return [0.0] * len(kc)
     out = [a[s] if k in (_F, _B, _BI) else 0.0 for k, s in zip(kc, st)]
     if costs.overlap_pairs:
         for w, i, j in schedule.overlapped_pairs():
