@@ -105,6 +105,7 @@ def segment_layers(layers) -> nn.ModuleList:
     for i, layer in enumerate(layers):
         _no_dropout(layer, i)
         with torch.device("meta"):  # the shells' own parameters are replaced below: allocate none
+            seg: nn.Module
             if isinstance(layer, GPTEmbedding):
                 seg = SegEmbedding(1, 1, 1)
                 seg.tok, seg.pos = layer.tok, layer.pos

@@ -286,9 +286,9 @@ def pipedream(plan, microbatches: int, weights: str = "stash", warmup: object = 
     for s, j, r in _per_worker(layout):
         orders.append(one_f_one_b(_share(0, M, r, j), K[s], s))
         cap.append(K[s])
-    r = [len(ws) for ws in layout]
-    return _make("pipedream", layout, orders, M, rules[weights], 1, lambda s, b: b // r[s],
-                 lambda s: math.ceil(M / r[s]), cap, {"weights": weights, "noam": K[0]})
+    reps = [len(ws) for ws in layout]
+    return _make("pipedream", layout, orders, M, rules[weights], 1, lambda s, b: b // reps[s],
+                 lambda s: math.ceil(M / reps[s]), cap, {"weights": weights, "noam": K[0]})
 
 
 def _warmup(layout, warmup) -> list[int]:

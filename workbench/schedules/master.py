@@ -282,7 +282,8 @@ def frontier_schedule(w: Placement, stages: int, batches: int, workers: int, pri
                 continue
             s, _, d = job = chains[b][nxt[b]]
             cw, ow = place[job]
-            ready = pred_end[b] + (c.transfer(s, d, pred_worker[b], cw) if pred_worker[b] is not None else 0.0)
+            pw = pred_worker[b]
+            ready = pred_end[b] + (c.transfer(s, d, pw, cw) if pw is not None else 0.0)
             fetched = 0.0
             if ow != cw:
                 fetched = max(last_start[cw], link_free.get((ow, cw), 0.0)) + c.fetch(s, ow, cw)
@@ -291,6 +292,7 @@ def frontier_schedule(w: Placement, stages: int, batches: int, workers: int, pri
             order = (end, key(*job)) if rule == "finish" else (start, key(*chains[b][nxt[b] - 1]))
             if best is None or order < best[0]:
                 best = (order, start, end, job, fetched)
+        assert best is not None, "every round has a runnable job (chains are never all finished early)"
         _, start, end, (s, b, d), fetched = best
         cw, ow = place[(s, b, d)]
         rows.append((cw, s, b, "F" if d == "forward" else "B", start, end, ow))
@@ -423,6 +425,7 @@ def _master(name: str, description: str, bubble, document_row, group: bool = Fal
             workers = plan.num_workers
         return build_master(name, len(stage_layout(plan)), batches, workers, kw.get("group_size"), priority, costs,
                             rule)
+    target: Callable[..., Schedule]
     if group:
         def grouped(plan, batches: int, workers: int | None = None, group_size: int | None = None,
                     priority: str = "oldest-batch", costs: object = None, rule: str = "finish") -> Schedule:
