@@ -393,11 +393,14 @@ def _regroup(template, flat):
 #: vendors' data sheets: V100 SXM2 15.7 TFLOP/s, 900 GB/s; GTX 1080 Ti 11.3 TFLOP/s, 484 GB/s;
 #: A100 SXM 19.5 TFLOP/s FP32 (156 TF32 tensor), 1555 GB/s (40 GB); H100 SXM 67 TFLOP/s FP32
 #: (495 dense TF32 tensor), 3350 GB/s. FP32 without tensor cores matches PipeDream's (2019) setting.
+#: ``memory``: device memory in bytes (V100 16 GB, or 32 GB as "V100-32GB"; 1080 Ti 11 GB; A100 40 GB;
+#: H100 SXM 80 GB), recorded in a modeled profile's ``meta["device_memory_bytes"]``.
 GPUS = {
-    "V100": dict(flops=15.7e12, mem_bw=900e9),
-    "1080Ti": dict(flops=11.3e12, mem_bw=484e9),
-    "A100": dict(flops=19.5e12, mem_bw=1555e9),
-    "H100": dict(flops=67e12, mem_bw=3350e9),
+    "V100": dict(flops=15.7e12, mem_bw=900e9, memory=16 * 2**30),
+    "V100-32GB": dict(flops=15.7e12, mem_bw=900e9, memory=32 * 2**30),
+    "1080Ti": dict(flops=11.3e12, mem_bw=484e9, memory=11 * 2**30),
+    "A100": dict(flops=19.5e12, mem_bw=1555e9, memory=40 * 2**30),
+    "H100": dict(flops=67e12, mem_bw=3350e9, memory=80 * 2**30),
 }
 #: Efficiency factors of the projection, chosen a priori (not fitted to the validation profiles):
 #: dense layers reach about half of peak FLOP/s in FP32 cuDNN/cuBLAS kernels and memory-bound
@@ -488,5 +491,5 @@ def project(model_or_frame, gpu: str = "V100", *, batch_size: int = 32, example_
                 method="roofline from torch.utils.flop_counter FLOPs and tensor bytes"
                        + (", Winograd 3x3" if winograd else ""),
                 compute_efficiency=compute_efficiency, memory_efficiency=memory_efficiency,
-                peak_flops=spec["flops"], mem_bw=spec["mem_bw"])
+                peak_flops=spec["flops"], mem_bw=spec["mem_bw"], device_memory_bytes=spec["memory"])
     return Profile(out, meta)
