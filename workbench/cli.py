@@ -22,6 +22,8 @@ def parse_topology(text: str):
 
     name, _, servers = text.partition(":")
     if name in Topology.presets():
+        if servers and not servers.isdigit():
+            raise UsageError(f"bad --topology {text!r}: write PRESET:SERVERS with a whole number of servers (e.g. {name}:4)")
         return Topology.preset(name, servers=int(servers) if servers else 1)
     levels = []
     for part in text.split(","):
@@ -35,12 +37,23 @@ def parse_topology(text: str):
     return Topology(levels=levels)
 
 
+FLAT_WORKERS, FLAT_BANDWIDTH = 4, 10e9  # the flat topology when neither --topology nor --workers is given
+
+
 def _topology_from_args(args):
     from .topology import Topology
 
     if args.topology:
+        _refuse_unused(args, ("workers", "bandwidth"), "--topology gives the workers and bandwidths")
         return parse_topology(args.topology)
-    return Topology.flat(args.workers, args.bandwidth)
+    return Topology.flat(args.workers or FLAT_WORKERS, FLAT_BANDWIDTH if args.bandwidth is None else args.bandwidth)
+
+
+def _refuse_unused(args, names, because: str) -> None:
+    """A flag the command would ignore is refused (a user who gives it expects it to matter)."""
+    given = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n, None) not in (None, False)]
+    if given:
+        raise UsageError(f"{' and '.join(given)} would be ignored: {because}; drop {'them' if len(given) > 1 else 'it'}")
 
 
 def _load_profile(args):
@@ -135,9 +148,10 @@ def cmd_partition(args) -> int:
     from .partition import partition, partition_balanced_time, partition_equal_layers
 
     if args.profile:
+        _refuse_unused(args, ("model", "size", "batch_size"), "they choose the model to profile, and --profile is given")
         prof = _load_profile(args)
     else:
-        prof = _quick_profile(args.model, args.size, args.batch_size)
+        prof = _quick_profile(args.model or "vgg16", args.size or "mini", args.batch_size or 32)
     topo = _topology_from_args(args)
     mem = args.memory_gb * 2**30 if args.memory_gb else None
     plan = partition(prof, topo, straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers,
@@ -166,41 +180,55 @@ def cmd_partition(args) -> int:
 def cmd_simulate(args) -> int:
     from . import schedules
     from .plan import Plan
-    from .simulate import plan_topology, simulate
-    from .topology import Topology
+    from .simulate import simulate
 
     plan = Plan.load(args.plan) if args.plan else None
+    if plan is not None:
+        _refuse_unused(args, ("stages",), "the plan gives the stages")
     opts = dict(args.schedule_option)
     if plan is not None and plan.in_flight and args.schedule in ("pipedream", "pipedream-flush"):
         opts.setdefault("warmup", list(plan.in_flight))  # the plan's communication-aware in-flight count
-    if args.profile:
-        if plan is None:
-            raise UsageError("--profile needs --plan (which layers form each stage)")
-        if args.topology:
-            topology, where = parse_topology(args.topology), "--topology"
-        elif args.workers or plan_topology(plan) is None:
-            topology, where = Topology.flat(args.workers or plan.num_workers, args.bandwidth), "flat --workers/--bandwidth"
-        else:
-            topology, where = plan_topology(plan), "the plan's"
-        print(f"topology ({where}): {topology.describe()}")
-        kw = dict(profile=_load_profile(args), plan=plan, topology=topology, latency_ms=args.latency_ms,
-                  op_overhead_ms=args.op_overhead_ms)
-    else:
-        kw = dict(fwd=args.fwd, bwd=args.bwd)
+    kw, topology = _simulation_costs(args, plan)
     # master schedules are ordered by the greedy rule with the durations simulated below
-    sched = schedules.build_for_simulation(args.schedule, plan or args.stages, args.microbatches, kw, **opts)
-    if args.profile and topology.num_workers != sched.num_workers:
+    sched = schedules.build_for_simulation(args.schedule, plan or (args.stages or 4), args.microbatches, kw, **opts)
+    if topology is not None and topology.num_workers != sched.num_workers:
         raise UsageError(f"schedule {sched.name} uses {sched.num_workers} workers but the topology has "
                          f"{topology.num_workers}; give a topology of {sched.num_workers} workers "
                          f"(--workers {sched.num_workers}) or a schedule for {topology.num_workers}")
     res = simulate(sched, **kw)
     print(res.summary())
     if plan is not None and args.profile and plan.predicted_ms == plan.predicted_ms:
-        print(f"plan: predicted {plan.predicted_ms:.4g} ms/minibatch (cost model) vs simulated "
-              f"{res.time_per_minibatch_ms:.4g} ms/minibatch here ({args.schedule}, {args.microbatches} microbatches"
-              f"{'' if res.metrics['steady_state'] else ', too few for a steady state'})")
+        sim = (f"simulated {res.time_per_minibatch_ms:.4g} ms/minibatch" if res.metrics["steady_state"] else
+               f"no steady state simulated ({res.metrics['no_steady_state_reason']})")
+        print(f"plan: predicted {plan.predicted_ms:.4g} ms/minibatch (cost model) vs {sim} here "
+              f"({args.schedule}, {args.microbatches} microbatches)")
     print(f"wrote {res.save(args.out)}")
     return 0
+
+
+def _simulation_costs(args, plan) -> tuple[dict, object]:
+    """``simulate()`` keywords for the costs the flags name, and the topology (None for unit costs);
+    a flag the chosen cost mode would ignore is refused."""
+    from .simulate import plan_topology
+    from .topology import Topology
+
+    fixed = dict(latency_ms=args.latency_ms, op_overhead_ms=args.op_overhead_ms)
+    if not args.profile:
+        _refuse_unused(args, ("workers", "bandwidth", "topology"), "unit costs (no --profile) have no topology")
+        return dict(fwd=1.0 if args.fwd is None else args.fwd, bwd=2.0 if args.bwd is None else args.bwd, **fixed), None
+    _refuse_unused(args, ("fwd", "bwd"), "with --profile the costs come from the profile")
+    if plan is None:
+        raise UsageError("--profile needs --plan (which layers form each stage)")
+    if args.topology:
+        _refuse_unused(args, ("workers", "bandwidth"), "--topology gives the workers and bandwidths")
+        topology, where = parse_topology(args.topology), "--topology"
+    elif args.workers or args.bandwidth is not None or plan_topology(plan) is None:
+        bandwidth = FLAT_BANDWIDTH if args.bandwidth is None else args.bandwidth
+        topology, where = Topology.flat(args.workers or plan.num_workers, bandwidth), "flat --workers/--bandwidth"
+    else:
+        topology, where = plan_topology(plan), "the plan's"
+    print(f"topology ({where}): {topology.describe()}")
+    return dict(profile=_load_profile(args), plan=plan, topology=topology, **fixed), topology
 
 
 def _schedule_option(text: str):
@@ -281,8 +309,9 @@ def cmd_quickstart(args) -> int:
 
 # ---- parser ---------------------------------------------------------------------------------
 def _add_topology(p):
-    p.add_argument("--workers", type=int, default=4, help="workers of a flat topology (default 4)")
-    p.add_argument("--bandwidth", type=float, default=10e9, help="bytes/s between workers of a flat topology")
+    p.add_argument("--workers", type=int, default=None, help=f"workers of a flat topology (default {FLAT_WORKERS})")
+    p.add_argument("--bandwidth", type=float, default=None,
+                   help=f"bytes/s between workers of a flat topology (default {FLAT_BANDWIDTH:.3g})")
     p.add_argument("--topology", help="hierarchical levels COUNTxBW,... innermost first (e.g. 4x10e9,4x1.25e9) or a preset name")
 
 
@@ -317,9 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("partition", help="PipeDream's dynamic program: stages, replicas, NOAM")
     p.add_argument("--profile", help="profile CSV/JSON or PipeDream graph.txt (default: profile --model now)")
-    p.add_argument("--model", default="vgg16")
-    p.add_argument("--size", default="mini", choices=["mini", "paper"])
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--model", default=None, help="zoo model measured here when no --profile is given (default vgg16)")
+    p.add_argument("--size", default=None, choices=["mini", "paper"], help="model size (default mini)")
+    p.add_argument("--batch-size", type=int, default=None, help="batch size of that measurement (default 32)")
     _add_topology(p)
     p.add_argument("--straight", action="store_true", help="no stage replication")
     p.add_argument("--memory-gb", type=float, help="memory limit per worker (GiB)")
@@ -335,12 +364,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="schedule option, e.g. chunks=2 (repeatable; `workbench schedules` lists them)")
     p.add_argument("--microbatches", type=int, default=16)
     p.add_argument("--plan", help="plan JSON (from `workbench partition --out`)")
-    p.add_argument("--stages", type=int, default=4, help="stages when no --plan is given (one worker each)")
+    p.add_argument("--stages", type=int, default=None, help="stages when no --plan is given (one worker each; default 4)")
     p.add_argument("--profile", help="profile for modeled costs (needs --plan); without it unit costs are used")
-    p.add_argument("--fwd", type=float, default=1.0, help="unit forward cost")
-    p.add_argument("--bwd", type=float, default=2.0, help="unit backward cost")
+    p.add_argument("--fwd", type=float, default=None, help="unit forward cost (unit costs only; default 1)")
+    p.add_argument("--bwd", type=float, default=None, help="unit backward cost (unit costs only; default 2)")
     p.add_argument("--workers", type=int, default=None, help="flat topology size (default: the plan's workers)")
-    p.add_argument("--bandwidth", type=float, default=10e9, help="bytes/s of the flat topology")
+    p.add_argument("--bandwidth", type=float, default=None,
+                   help=f"bytes/s of a flat topology (default {FLAT_BANDWIDTH:.3g}; profile costs only)")
     p.add_argument("--topology", help="levels COUNTxBW,... innermost first, or a preset[:servers] "
                    "(default: the topology stored in the plan)")
     _add_fixed_costs(p)

@@ -266,9 +266,9 @@ def steady_state(schedule: Schedule, kc, mb, st, end) -> tuple[float | None, str
     k = _input_in_flight(schedule)
     inner = _steady_window(len(done), g, k)
     if len(inner) < 2:
-        need = next(m for m in range(len(done) + 1, 4 * (k + 2 * g) + 8) if len(_steady_window(m, g, k)) >= 2)
         return None, (f"{n} microbatches are all warm-up or drain (the input stage holds {k} at once and updates "
-                      f"every {g}): simulate at least {need} microbatches ({g} per update)")
+                      f"every {g}); simulate more microbatches: a steady state needs two updates outside the "
+                      f"first and the last {k} completions")
     lo, hi = int(inner[0]), int(inner[-1])
     return float(done[hi] - done[lo]) / (hi - lo), ""
 
