@@ -409,12 +409,16 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args) or 0
-    except (ValueError, FileNotFoundError) as e:  # bad input: one line, status 2
+    except ValueError as e:  # bad input: one line, status 2
         print(f"workbench {args.command}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into a reader that stopped early (e.g. `| head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
+    except OSError as e:  # a path that cannot be read or written (missing, a file where a folder goes, ...)
+        where = f": {e.filename}" if e.filename else ""
+        print(f"workbench {args.command}: error: {e.strerror or e}{where}; check the paths given", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -345,6 +345,11 @@ def _call(layer, inp, i: int, name: str):
     bare "a leaf Variable that requires grad is being used in an in-place operation"."""
     try:
         return layer(inp)
+    except TypeError as e:
+        raise ValueError(f"layer {i} ({name}: {type(layer).__name__}) cannot take the previous layer's output "
+                         f"({_describe(inp)}) as its one argument ({e}); in a layer-sequential model every layer "
+                         "takes its predecessor's output: wrap a layer of several arguments with the layer that "
+                         "produces them, or trace the model with workbench.graph.split") from None
     except RuntimeError as e:
         if "in-place" not in str(e) and "inplace" not in str(e):
             raise
@@ -352,6 +357,12 @@ def _call(layer, inp, i: int, name: str):
                          "ReLU(inplace=True) at the start of a layer); trace the model with workbench.graph.split "
                          "(it keeps in-place operations with the layer that produced their input) or use "
                          "inplace=False") from None
+
+
+def _describe(x) -> str:
+    """``tensor (8, 4)`` or ``tuple of 2 tensors``: what a layer was given."""
+    ts = _tensors(x)
+    return f"tensor {tuple(ts[0].shape)}" if len(ts) == 1 and ts[0] is x else f"{type(x).__name__} of {len(ts)} tensors"
 
 
 def _new_param_bytes(layer, seen: set) -> int:
