@@ -80,19 +80,23 @@ def cmd_profile(args) -> int:
     from . import models
     from .profiler import profile, project
 
+    if args.pipedream or args.gpu:
+        _refuse_unused(args, ("threads", "workers"), "they set up a measurement, and --gpu/--pipedream give modeled "
+                       "or published times")
     if args.pipedream:
         prof = _pipedream_profile(args.pipedream)
     elif ":" in args.model:  # a user's model: package.module:function
         model, x = _user_model_and_input(args)
         prof = (project(model, args.gpu, example_input=x) if args.gpu else
-                profile(model, x, iterations=args.iterations, warmup=args.warmup, device=args.device))
+                profile(model, x, iterations=args.iterations, warmup=args.warmup, device=args.device,
+                        threads=_profile_threads(args)))
     elif args.gpu:
         model = models.build(args.model, size=args.size, device="meta")
         prof = project(model, args.gpu, batch_size=args.batch_size)
     else:
         model = models.build(args.model, size=args.size, seed=args.seed)
         prof = profile(model, batch_size=args.batch_size, iterations=args.iterations, warmup=args.warmup,
-                       device=args.device)
+                       device=args.device, threads=_profile_threads(args))
     out = _fresh_file(Path(args.out))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
@@ -103,6 +107,15 @@ def cmd_profile(args) -> int:
     print(prof.summary())
     print(f"wrote {out}")
     return 0
+
+
+def _profile_threads(args) -> int:
+    """``--threads``, else what each of ``--workers`` CPU ranks on this machine will get."""
+    from .profiler import threads_per_rank
+
+    if args.threads is not None and args.workers is not None:
+        raise UsageError("give --threads or --workers (which sets the threads each rank gets), not both")
+    return args.threads if args.threads is not None else threads_per_rank(args.workers or 1)
 
 
 def _pipedream_profile(name_or_path: str):
@@ -159,6 +172,8 @@ def cmd_partition(args) -> int:
     label = prof.meta.get("kind", "kind not recorded")
     where = prof.meta.get("device") or prof.meta.get("source")
     print(f"profile: {len(prof)} layers ({label}{', ' + str(where) if where else ''})")
+    if prof.trust_note():
+        print(prof.trust_note())
     print(f"topology: {topo.describe() if hasattr(topo, 'describe') else topo}")
     print(plan.describe())
     k = min(topo.num_workers, len(prof))
@@ -335,6 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads while measuring (default: what each "
+                   "of --workers CPU ranks gets, cores // workers)")
+    p.add_argument("--workers", type=int, default=None, help="CPU ranks the profile is for (default 1: all cores)")
     p.add_argument("--gpu", help="write a MODELED profile for this GPU (V100, 1080Ti, A100, H100) instead of measuring")
     p.add_argument("--pipedream", help="import PipeDream's published profile: a shipped name (vgg16, resnet50, "
                    "alexnet) or a graph.txt path")
