@@ -335,7 +335,10 @@ def _add_fixed_costs(p):
     p.add_argument("--op-overhead-ms", type=float, default=0.0, help="fixed cost per compute op (ms)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
+    """The ``workbench`` parser; ``train_arguments=False`` leaves out the options of ``train``, whose
+    definitions import torch (``main`` adds them only when the command is ``train``, so that
+    ``workbench --help`` and the other commands start without torch)."""
     ap = argparse.ArgumentParser(prog="workbench", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -400,12 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_schedules)
 
     p = sub.add_parser("train", help="really train with a schedule (torch.distributed, one process per worker)")
-    try:
+    if train_arguments:
         from .runtime.cli import add_train_arguments
 
         add_train_arguments(p)
-    except ImportError:  # runtime not installed in this build
-        pass
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("quickstart", help="profile + partition + print a plan for a built-in model (no GPU, no download)")
@@ -424,7 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(train_arguments=argv[:1] == ["train"]).parse_args(argv)
     try:
         return args.fn(args) or 0
     except ValueError as e:  # bad input: one line, status 2

@@ -95,8 +95,9 @@ class Profile:
             why.append(f"repeated runs spread by {m['spread']:.0%} of the median (p90 - p10)")
         if not why:
             return ""
+        fewer = " or with fewer threads (threads=1, --threads 1)" if threads > 1 else ""
         return ("warning: these measured times may be too slow and noisy: " + "; ".join(why)
-                + "; profile again on a quiet machine or with fewer threads (threads=1, --threads 1)")
+                + f"; profile again on a quiet machine{fewer}")
 
     def summary(self) -> str:
         df = self.layers

@@ -29,8 +29,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
-
 from .io import run_folder, run_id
 
 #: notebook -> (experiments module with an optional ``validate_params(quick, **params)``, quick values)
@@ -238,6 +236,8 @@ def _shared_plotlyjs(run_dir: Path):
 # ---- summary ----------------------------------------------------------------------------------
 def collect_claims(run_dir: Path) -> pd.DataFrame:
     """Every ``<run>/<notebook>/claims.csv`` (and below), concatenated with a ``notebook`` column."""
+    import pandas as pd
+
     from .experiments.common import CLAIM_COLUMNS
 
     frames = []
