@@ -46,7 +46,8 @@ def _topology_from_args(args):
     if args.topology:
         _refuse_unused(args, ("workers", "bandwidth"), "--topology gives the workers and bandwidths")
         return parse_topology(args.topology)
-    return Topology.flat(args.workers or FLAT_WORKERS, FLAT_BANDWIDTH if args.bandwidth is None else args.bandwidth)
+    return Topology.flat(FLAT_WORKERS if args.workers is None else args.workers,
+                         FLAT_BANDWIDTH if args.bandwidth is None else args.bandwidth)
 
 
 def _refuse_unused(args, names, because: str) -> None:
@@ -115,7 +116,7 @@ def _profile_threads(args) -> int:
 
     if args.threads is not None and args.workers is not None:
         raise UsageError("give --threads or --workers (which sets the threads each rank gets), not both")
-    return args.threads if args.threads is not None else threads_per_rank(args.workers or 1)
+    return args.threads if args.threads is not None else threads_per_rank(1 if args.workers is None else args.workers)
 
 
 def _pipedream_profile(name_or_path: str):
@@ -164,7 +165,7 @@ def cmd_partition(args) -> int:
         _refuse_unused(args, ("model", "size", "batch_size"), "they choose the model to profile, and --profile is given")
         prof = _load_profile(args)
     else:
-        prof = _quick_profile(args.model or "vgg16", args.size or "mini", args.batch_size or 32)
+        prof = _quick_profile(args.model or "vgg16", args.size or "mini", 32 if args.batch_size is None else args.batch_size)
     topo = _topology_from_args(args)
     mem = args.memory_gb * 2**30 if args.memory_gb else None
     plan = partition(prof, topo, straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers,
@@ -237,9 +238,10 @@ def _simulation_costs(args, plan) -> tuple[dict, object]:
     if args.topology:
         _refuse_unused(args, ("workers", "bandwidth"), "--topology gives the workers and bandwidths")
         topology, where = parse_topology(args.topology), "--topology"
-    elif args.workers or args.bandwidth is not None or plan_topology(plan) is None:
+    elif args.workers is not None or args.bandwidth is not None or plan_topology(plan) is None:
         bandwidth = FLAT_BANDWIDTH if args.bandwidth is None else args.bandwidth
-        topology, where = Topology.flat(args.workers or plan.num_workers, bandwidth), "flat --workers/--bandwidth"
+        workers = plan.num_workers if args.workers is None else args.workers
+        topology, where = Topology.flat(workers, bandwidth), "flat --workers/--bandwidth"
     else:
         topology, where = plan_topology(plan), "the plan's"
     print(f"topology ({where}): {topology.describe()}")
