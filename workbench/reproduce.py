@@ -28,8 +28,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .io import run_folder, run_id
+
+if TYPE_CHECKING:  # pandas is imported where it is used: `workbench --help` starts without it
+    import pandas as pd
 
 #: notebook -> (experiments module with an optional ``validate_params(quick, **params)``, quick values)
 NOTEBOOKS: dict[str, tuple[str | None, dict]] = {
