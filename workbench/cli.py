@@ -300,6 +300,8 @@ def cmd_quickstart(args) -> int:
         plan.save(tmp / "plan_measured.json")
         print(f"== {args.model} (mini): profile MEASURED on {prof.meta['device']}, batch {args.batch_size}; "
               f"plan MODELED for {topo.describe()}")
+        if prof.trust_note():
+            print(prof.trust_note())
         print(plan.describe())
 
         paper = project(models.build(args.model, size="paper", device="meta"), "V100", batch_size=64)
