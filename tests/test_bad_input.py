@@ -92,3 +92,105 @@ def test_dataset_that_is_not_a_tensor_dataset(tmp_path):
 def test_profile_from_frame_keeps_real_rows():
     df = pd.DataFrame(dict(name=["a"], fwd_ms=[1.0], bwd_ms=[2.0], act_bytes=[4.0], param_bytes=[8.0]))
     assert Profile(df).total_ms == 3.0  # the zero check does not reject a real profile
+
+
+# ---- the inputs of issue 27's sweep: one line each ----------------------------------------------
+class TwoArguments(nn.Module):
+    def forward(self, x, y):
+        return x + y
+
+
+def test_two_argument_layer_in_a_sequential_is_named():
+    seq = nn.Sequential(nn.Linear(4, 4), TwoArguments(), nn.Linear(4, 2))
+    from workbench.profiler import profile
+
+    with pytest.raises(ValueError, match=r"layer 1 \(1:TwoArguments: TwoArguments\) cannot take the previous "
+                                         r"layer's output \(tensor \(8, 4\)\)"):
+        profile(seq, torch.randn(8, 4), iterations=1, warmup=0, progress=False)
+
+
+@pytest.fixture(scope="module")
+def vgg16_csv(tmp_path_factory):
+    from workbench.pipedream_graph import shipped
+
+    return shipped("vgg16").save(tmp_path_factory.mktemp("pd") / "vgg16_pd.csv")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--topology", "4xinf"], "bandwidth must be > 0 bytes/s and finite (got inf)"),
+    (["--bandwidth", "inf"], "bandwidth must be > 0 bytes/s and finite (got inf)"),
+    (["--topology", "4xnan"], "bandwidth must be > 0 bytes/s and finite (got nan)"),
+    (["--topology", "4xV100-pcie-10g:two"], "write PRESET:SERVERS with a whole number of servers"),
+])
+def test_infinite_or_unparsable_bandwidth(capsys, vgg16_csv, argv, words):
+    assert words in one_line_error(capsys, ["partition", "--profile", str(vgg16_csv), *argv])
+
+
+def test_infinite_bandwidth_api():
+    from workbench.topology import Topology
+
+    with pytest.raises(ValueError, match="bandwidth must be > 0 bytes/s and finite"):
+        Topology.flat(4, float("inf"))
+
+
+def test_reproduce_out_inside_a_file(capsys, tmp_path):
+    f = tmp_path / "a-file.txt"
+    f.write_text("x")
+    assert f"{f} is a file, not a folder" in one_line_error(capsys, ["reproduce", "--out", str(f), "--quick"])
+    assert f.read_text() == "x"
+
+
+def test_output_path_inside_a_file_profile(capsys, tmp_path):
+    f = tmp_path / "a-file.txt"
+    f.write_text("x")
+    line = one_line_error(capsys, ["profile", "--pipedream", "vgg16", "--out", str(f / "p.csv")])
+    assert "File exists" in line and str(f) in line
+
+
+def test_model_option_of_the_wrong_type(capsys):
+    from workbench import models
+
+    with pytest.raises(ValueError, match=r"mlp option depth must be an int \(default 8\), got 'abc'"):
+        models.build("mlp", depth="abc")
+    line = one_line_error(capsys, ["train", "--model", "mlp", "--model-option", "depth=abc", "--steps", "1"])
+    assert "mlp option depth must be an int (default 8), got 'abc'" in line
+
+
+def test_negative_chunks_named_as_chunks(capsys):
+    line = one_line_error(capsys, ["train", "--schedule", "interleaved-1f1b", "--schedule-option", "chunks=-1",
+                                   "--steps", "1"])
+    assert "chunks must be a positive int" in line and "-2" not in line
+
+
+def test_cnn_given_vectors_names_the_shape_mismatch():
+    from workbench.graph import split
+
+    cnn = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    with pytest.raises(ValueError, match=r"fails on the example input \(\(8, 512\)\) before any tracing") as e:
+        split(cnn, torch.randn(8, 512))
+    assert "by hand" not in str(e.value)
+
+
+def test_cnn_given_the_synthetic_data_set_cli(capsys, tmp_path):
+    line = one_line_error(capsys, ["profile", "--model", "workbench.models.examples:resnet18_digits", "--dataset",
+                                   "synthetic", "--out", str(tmp_path / "p.csv")])
+    assert "fails on the example input" in line and "by hand" not in line
+
+
+def test_cache_building_model_gets_the_use_cache_hint():
+    """A model whose output carries a transformers-style cache object: the hint names use_cache=False."""
+    from workbench.graph import split
+
+    class DynamicCache:  # what transformers' decoder returns with use_cache=True (not a tensor)
+        pass
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x), DynamicCache()
+
+    with pytest.raises(ValueError, match="use_cache=False"):
+        split(Decoder(), torch.randn(2, 4))

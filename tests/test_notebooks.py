@@ -24,3 +24,6 @@ def test_notebook_runs_under_papermill(path, tmp_path):
     errors = [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     assert (tmp_path / "out" / "timeline.csv").exists()
+    if path.name == "01_quickstart.ipynb":  # the measured profile says whether its times can be trusted
+        text = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
+        assert "warning: these measured times" in text or "no warning: load" in text

@@ -426,3 +426,24 @@ def test_published_cluster_a_configurations():
         # with the backward (as the simulator's dp-bsp); PipeDream's Table 1 measured 5.28x for
         # VGG-16, our model gives about 1.3x: the pipeline still wins, by less
         assert plan.speedup_over_data_parallel > 1.1
+
+
+def test_balanced_time_runs_in_o_n_s_memory():
+    """20,000 layers into 4 stages: the O(N^2) formulation allocated 20,000^2 floats (3.2 GB) per
+    stage; the crossing search keeps the split points only (N x S integers)."""
+    import tracemalloc
+
+    n = 20_000
+    rng = np.random.default_rng(3)
+    c = rng.random(n)
+    prof = Profile.from_frame(pd.DataFrame(dict(name=[str(i) for i in range(n)], fwd_ms=c, bwd_ms=c,
+                                                act_bytes=np.ones(n), param_bytes=np.ones(n))))
+    tracemalloc.start()
+    try:
+        plan = partition_balanced_time(prof, 4)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 200 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+    total = 2 * c.sum()
+    assert plan.num_stages == 4 and max(s.time_ms for s in plan.stages) <= total / 4 + 2 * 2 * c.max()

@@ -185,3 +185,82 @@ def test_cli_profiles_a_user_model_measured_and_modeled(tmp_path, capsys):
     assert measured.meta["kind"] == "measured" and modeled.meta["kind"] == "modeled"
     assert measured.layers["param_bytes"].tolist() == modeled.layers["param_bytes"].tolist()
     assert "wrote" in capsys.readouterr().out
+
+
+# ---- honest profiles: threads, repeated timing, load, warning --------------------------------------
+def test_profile_records_threads_spread_and_load_and_restores_threads():
+    from workbench.profiler import threads_per_rank
+
+    before = torch.get_num_threads()
+    net = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    p = profile(net, torch.randn(8, 16), iterations=5, warmup=1, progress=False, threads=1, flops=False)
+    assert torch.get_num_threads() == before
+    m = p.meta
+    assert m["threads"] == 1 and m["cores"] >= 1 and m["device"] == "CPU (1 threads)"
+    assert m["load_before"] is None or m["load_before"] >= 0
+    assert m["spread"] >= 0 and (p.layers[["fwd_spread", "bwd_spread"]] >= 0).all().all()
+    default = profile(net, torch.randn(8, 16), iterations=1, warmup=0, progress=False, flops=False)
+    assert default.meta["threads"] == threads_per_rank(1) == m["cores"]
+    assert threads_per_rank(10**6) == 1
+
+
+def test_spread_is_p90_minus_p10_over_the_median():
+    from workbench.profiler import _spread
+
+    times = [1.0] * 8 + [11.0, 21.0]  # p10 = 1, p90 = 12, median = 1
+    assert _spread(times) == pytest.approx((np.percentile(times, 90) - np.percentile(times, 10)) / 1.0)
+    assert _spread([2.0]) == 0.0
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True])
+def test_bad_threads(threads):
+    with pytest.raises(ValueError, match="threads must be a positive int"):
+        profile(torch.nn.Linear(2, 2), torch.randn(1, 2), progress=False, threads=threads)
+
+
+def _measured(**meta):
+    base = dict(kind="measured", threads=2, cores=2, load_before=0.2, spread=0.05)
+    return Profile.from_frame(frame(), **(base | meta))
+
+
+@pytest.mark.parametrize("meta, words", [
+    (dict(load_before=4.0), "load average 4.0 on 2 cores while profiling with 2 thread(s)"),
+    (dict(load_before=2.5, threads=1), "load average 2.5 on 2 cores while profiling with 1 thread(s)"),
+    (dict(spread=1.35), "repeated runs spread by 135% of the median"),
+])
+def test_trust_note_flags_load_and_spread(meta, words):
+    note = _measured(**meta).trust_note()
+    assert words in note and "\n" not in note and note.startswith("warning:")
+    assert note in _measured(**meta).summary() and "warning:" in _measured(**meta)._repr_html_()
+
+
+def test_trust_note_quiet_modeled_and_old_profiles_say_nothing():
+    assert _measured().trust_note() == ""
+    assert _measured(load_before=1.9, threads=1).trust_note() == ""  # one core left idle, under one process more
+    assert Profile.from_frame(frame(), kind="modeled", load_before=9.0).trust_note() == ""
+    assert Profile.from_frame(frame(), kind="measured").trust_note() == ""  # written before threads were recorded
+
+
+def test_cli_profile_threads_and_workers(tmp_path, capsys):
+    from workbench.cli import main
+    from workbench.profiler import threads_per_rank
+
+    out = tmp_path / "p.json"
+    assert main(["profile", "--model", "mlp", "--threads", "1", "--iterations", "2", "--warmup", "0",
+                 "--out", str(out)]) == 0
+    assert Profile.load(out).meta["threads"] == 1
+    out2 = tmp_path / "p2.json"
+    assert main(["profile", "--model", "mlp", "--workers", "2", "--iterations", "1", "--warmup", "0",
+                 "--out", str(out2)]) == 0
+    assert Profile.load(out2).meta["threads"] == threads_per_rank(2)
+    capsys.readouterr()
+    assert main(["profile", "--model", "mlp", "--threads", "1", "--workers", "2", "--out", str(tmp_path / "x")]) == 2
+    assert "give --threads or --workers" in capsys.readouterr().err
+    assert main(["profile", "--gpu", "V100", "--threads", "1", "--out", str(tmp_path / "y.csv")]) == 2
+
+
+def test_modeled_profile_records_the_gpu_memory():
+    assert GPUS["V100"]["memory"] == 16 * 2**30 and GPUS["V100-32GB"]["memory"] == 32 * 2**30
+    assert GPUS["1080Ti"]["memory"] == 11 * 2**30
+    p = project(frame().assign(flops_fwd=1e9, flops_bwd=2e9, input_bytes=100.0), "1080Ti")
+    assert p.meta["device_memory_bytes"] == 11 * 2**30

@@ -471,3 +471,46 @@ def test_a_weight_tied_across_stages_charges_its_all_reduce_to_every_owners_step
              for p in (prof, untied)]
     extra = (steps[0]["end"] - steps[0]["start"]).to_numpy() - (steps[1]["end"] - steps[1]["start"]).to_numpy()
     assert extra == pytest.approx([nbytes / 1e9 * 1e3] * 2)
+
+
+# ---- steady-state figures only where the run reached a steady state --------------------------------
+def test_too_short_a_run_has_no_steady_state_figure():
+    """4 microbatches through 4 PipeDream stages are warm-up and drain only (the input stage holds 4):
+    no time per minibatch, no throughput, and the reason; the makespan figure is labelled as such."""
+    from workbench import schedules as sch
+    from workbench.simulate import simulate as sim
+
+    res = sim(sch.build("pipedream", 4, 4), fwd=1, bwd=2)
+    m = res.metrics
+    assert res.time_per_minibatch_ms is None and m["steady_state"] is False
+    assert res.throughput_minibatches_per_s is None and res.throughput_samples_per_s is None
+    assert "4 microbatches are all warm-up or drain (the input stage holds 4 at once" in m["no_steady_state_reason"]
+    assert m["makespan_per_minibatch"] == m["makespan"] / 4
+    assert "no steady state" in repr(res) and "no steady state" in res.summary()
+    long = sim(sch.build("pipedream", 4, 12), fwd=1, bwd=2)
+    assert long.time_per_minibatch_ms == 3.0 and long.metrics["no_steady_state_reason"] is None
+
+
+def test_short_pipedream_run_never_beats_the_plans_bottleneck():
+    """The issue's case: a short PipeDream run used to report a 'steady state' below the plan's
+    bottleneck (its drain completes microbatches faster); every figure given now is >= it."""
+    from workbench import Topology, partition
+    from workbench import schedules as sch
+    from workbench.pipedream_graph import shipped
+    from workbench.simulate import simulate as sim
+
+    prof, topo = shipped("vgg16"), Topology.flat(4, 10e9)
+    plan = partition(prof, topo, straight=True, refine=False)
+    for m in (2, 3, 4, 6, 8, 16, 32, 64):
+        res = sim(sch.build("pipedream", plan, m, warmup=list(plan.in_flight)), profile=prof, plan=plan, topology=topo)
+        t = res.time_per_minibatch_ms
+        assert t is None or t >= plan.bottleneck_ms * (1 - 1e-6), (m, t, plan.bottleneck_ms)
+    assert t == pytest.approx(plan.predicted_ms, rel=0.02)
+
+
+def test_one_flush_is_not_a_steady_state_but_several_are():
+    from workbench import schedules as sch
+    from workbench.simulate import simulate as sim
+
+    assert sim(sch.build("gpipe", 4, 8), fwd=1, bwd=2).time_per_minibatch_ms is None
+    assert sim(sch.build("gpipe", 4, 32, steps=4), fwd=1, bwd=2).time_per_minibatch_ms is not None

@@ -49,6 +49,7 @@ def test_presets_match_the_paper_numbers():
     ([(4, 0)], "bandwidth must be > 0"),
     ([(4, -1e9)], "bandwidth must be > 0"),
     ([(4, float("nan"))], "bandwidth must be > 0"),
+    ([(4, float("inf"))], "bandwidth must be > 0 bytes/s and finite"),
     ([(2.5, 1e9)], "positive integer"),
     ([(4, "fast")], "number"),
     ([], "at least one level"),
@@ -62,3 +63,32 @@ def test_bad_levels(levels, msg):
 def test_flat_zero_workers():
     with pytest.raises(ValueError, match="at least one worker"):
         Topology.flat(0, 1e9)
+
+
+def test_presets_carry_their_gpu_memory():
+    gib = 2**30
+    mems = {name: Topology.preset(name).memory_bytes for name in Topology.presets()}
+    assert mems == {"4xV100-pcie-10g": 16 * gib, "8xV100-nvlink-25g": 16 * gib, "1xTitanX-40g": 12 * gib,
+                    "8x1080Ti-pcie-25g": 11 * gib}
+    assert Topology.flat(4, 1e9).memory_bytes is None
+    assert "16 GiB per worker" in Topology.preset("4xV100-pcie-10g", servers=2).describe()
+    with pytest.raises(ValueError, match="memory_bytes must be a finite number > 0"):
+        Topology(((2, 1e9),), memory_bytes=0)
+
+
+def test_a_plan_that_does_not_fit_the_preset_says_so():
+    """PipeDream's VGG-16 profile on Cluster-A (the README's plan): stage 0 holds 3 minibatches of
+    activations, more than a 16 GB V100 (modeled memory); with memory_bytes the plan fits and is quiet."""
+    from workbench import partition
+    from workbench.pipedream_graph import shipped
+
+    prof, topo = shipped("vgg16"), Topology.preset("4xV100-pcie-10g", servers=4)
+    plan = partition(prof, topo, refine=False)
+    need = max(plan.stage_memory_bytes)
+    assert need > topo.memory_bytes
+    note = plan.memory_note()
+    assert note.startswith("does NOT fit") and f"{need / 2**30:.3g} GiB" in note and "16 GiB" in note
+    assert "memory: does NOT fit" in plan.describe()
+    fitted = partition(prof, topo, memory_bytes=topo.memory_bytes)  # refine keeps candidates that fit
+    assert max(fitted.stage_memory_bytes) <= topo.memory_bytes and fitted.memory_note() == ""
+    assert partition(prof, Topology.flat(16, 10e9), refine=False).memory_note() == ""  # memory unknown

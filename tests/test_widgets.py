@@ -221,3 +221,15 @@ def test_notebook_06_runs_under_papermill(tmp_path):
     assert (tmp_path / "out" / "timeline.csv").exists()
     code = [c for c in out.cells if c.cell_type == "code"]
     assert all(len(c.source.splitlines()) <= 20 and "def " not in c.source for c in code)
+
+
+def test_tuner_warns_when_its_measured_profile_was_taken_on_a_busy_cpu(tmp_path):
+    base = synthetic()
+    busy = Profile.from_frame(base.layers, **(base.meta | dict(kind="measured", threads=2, cores=2,
+                                                               load_before=4.0, spread=0.1)))
+    tuner = PartitionTuner(busy, Topology.flat(8, 10e9), microbatches=16, out_dir=tmp_path)
+    assert "load average 4.0 on 2 cores" in tuner.status.value and "⚠" in tuner.status.value
+    quiet = Profile.from_frame(base.layers, **(base.meta | dict(kind="measured", threads=2, cores=2,
+                                                                load_before=0.1, spread=0.1)))
+    assert "warning" not in PartitionTuner(quiet, Topology.flat(8, 10e9), microbatches=16,
+                                           out_dir=tmp_path).status.value

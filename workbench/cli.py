@@ -22,6 +22,8 @@ def parse_topology(text: str):
 
     name, _, servers = text.partition(":")
     if name in Topology.presets():
+        if servers and not servers.isdigit():
+            raise UsageError(f"bad --topology {text!r}: write PRESET:SERVERS with a whole number of servers (e.g. {name}:4)")
         return Topology.preset(name, servers=int(servers) if servers else 1)
     levels = []
     for part in text.split(","):
@@ -35,12 +37,24 @@ def parse_topology(text: str):
     return Topology(levels=levels)
 
 
+FLAT_WORKERS, FLAT_BANDWIDTH = 4, 10e9  # the flat topology when neither --topology nor --workers is given
+
+
 def _topology_from_args(args):
     from .topology import Topology
 
     if args.topology:
+        _refuse_unused(args, ("workers", "bandwidth"), "--topology gives the workers and bandwidths")
         return parse_topology(args.topology)
-    return Topology.flat(args.workers, args.bandwidth)
+    return Topology.flat(FLAT_WORKERS if args.workers is None else args.workers,
+                         FLAT_BANDWIDTH if args.bandwidth is None else args.bandwidth)
+
+
+def _refuse_unused(args, names, because: str) -> None:
+    """A flag the command would ignore is refused (a user who gives it expects it to matter)."""
+    given = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n, None) not in (None, False)]
+    if given:
+        raise UsageError(f"{' and '.join(given)} would be ignored: {because}; drop {'them' if len(given) > 1 else 'it'}")
 
 
 def _load_profile(args):
@@ -67,19 +81,23 @@ def cmd_profile(args) -> int:
     from . import models
     from .profiler import profile, project
 
+    if args.pipedream or args.gpu:
+        _refuse_unused(args, ("threads", "workers"), "they set up a measurement, and --gpu/--pipedream give modeled "
+                       "or published times")
     if args.pipedream:
         prof = _pipedream_profile(args.pipedream)
     elif ":" in args.model:  # a user's model: package.module:function
         model, x = _user_model_and_input(args)
         prof = (project(model, args.gpu, example_input=x) if args.gpu else
-                profile(model, x, iterations=args.iterations, warmup=args.warmup, device=args.device))
+                profile(model, x, iterations=args.iterations, warmup=args.warmup, device=args.device,
+                        threads=_profile_threads(args)))
     elif args.gpu:
         model = models.build(args.model, size=args.size, device="meta")
         prof = project(model, args.gpu, batch_size=args.batch_size)
     else:
         model = models.build(args.model, size=args.size, seed=args.seed)
         prof = profile(model, batch_size=args.batch_size, iterations=args.iterations, warmup=args.warmup,
-                       device=args.device)
+                       device=args.device, threads=_profile_threads(args))
     out = _fresh_file(Path(args.out))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
@@ -90,6 +108,15 @@ def cmd_profile(args) -> int:
     print(prof.summary())
     print(f"wrote {out}")
     return 0
+
+
+def _profile_threads(args) -> int:
+    """``--threads``, else what each of ``--workers`` CPU ranks on this machine will get."""
+    from .profiler import threads_per_rank
+
+    if args.threads is not None and args.workers is not None:
+        raise UsageError("give --threads or --workers (which sets the threads each rank gets), not both")
+    return args.threads if args.threads is not None else threads_per_rank(1 if args.workers is None else args.workers)
 
 
 def _pipedream_profile(name_or_path: str):
@@ -135,9 +162,10 @@ def cmd_partition(args) -> int:
     from .partition import partition, partition_balanced_time, partition_equal_layers
 
     if args.profile:
+        _refuse_unused(args, ("model", "size", "batch_size"), "they choose the model to profile, and --profile is given")
         prof = _load_profile(args)
     else:
-        prof = _quick_profile(args.model, args.size, args.batch_size)
+        prof = _quick_profile(args.model or "vgg16", args.size or "mini", 32 if args.batch_size is None else args.batch_size)
     topo = _topology_from_args(args)
     mem = args.memory_gb * 2**30 if args.memory_gb else None
     plan = partition(prof, topo, straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers,
@@ -145,6 +173,8 @@ def cmd_partition(args) -> int:
     label = prof.meta.get("kind", "kind not recorded")
     where = prof.meta.get("device") or prof.meta.get("source")
     print(f"profile: {len(prof)} layers ({label}{', ' + str(where) if where else ''})")
+    if prof.trust_note():
+        print(prof.trust_note())
     print(f"topology: {topo.describe() if hasattr(topo, 'describe') else topo}")
     print(plan.describe())
     k = min(topo.num_workers, len(prof))
@@ -166,44 +196,59 @@ def cmd_partition(args) -> int:
 def cmd_simulate(args) -> int:
     from . import schedules
     from .plan import Plan
-    from .simulate import plan_topology, simulate
+    from .simulate import simulate
     from .simulate.planning import build_for_simulation
-    from .topology import Topology
 
     plan = Plan.load(args.plan) if args.plan else None
+    if plan is not None:
+        _refuse_unused(args, ("stages",), "the plan gives the stages")
     opts = dict(args.schedule_option)
     if plan is not None and plan.in_flight and any(o.name == "warmup" for o in schedules.spec(args.schedule).options):
         opts.setdefault("warmup", list(plan.in_flight))  # the plan's communication-aware in-flight count
-    if args.profile:
-        if plan is None:
-            raise UsageError("--profile needs --plan (which layers form each stage)")
-        if args.topology:
-            topology, where = parse_topology(args.topology), "--topology"
-        elif args.workers or plan_topology(plan) is None:
-            topology, where = Topology.flat(args.workers or plan.num_workers, args.bandwidth), "flat --workers/--bandwidth"
-        else:
-            topology, where = plan_topology(plan), "the plan's"
-        print(f"topology ({where}): {topology.describe()}")
-        kw = dict(profile=_load_profile(args), plan=plan, topology=topology, latency_ms=args.latency_ms,
-                  op_overhead_ms=args.op_overhead_ms)
-    else:
-        kw = dict(fwd=args.fwd, bwd=args.bwd)
+    kw, topology = _simulation_costs(args, plan)
+    # master schedules are ordered by the greedy rule with the durations simulated below
     if args.alltoall is not None:
         kw.update(alltoall=args.alltoall, overlap_pairs=not args.no_overlap_pairs)
-    # master schedules are ordered by the greedy rule with the durations simulated below
-    sched = build_for_simulation(args.schedule, plan or args.stages, args.microbatches, kw, **opts)
-    if args.profile and topology.num_workers != sched.num_workers:
+    sched = build_for_simulation(args.schedule, plan or (args.stages or 4), args.microbatches, kw, **opts)
+    if topology is not None and topology.num_workers != sched.num_workers:
         raise UsageError(f"schedule {sched.name} uses {sched.num_workers} workers but the topology has "
                          f"{topology.num_workers}; give a topology of {sched.num_workers} workers "
                          f"(--workers {sched.num_workers}) or a schedule for {topology.num_workers}")
     res = simulate(sched, **kw)
     print(res.summary())
     if plan is not None and args.profile and plan.predicted_ms == plan.predicted_ms:
-        print(f"plan: predicted {plan.predicted_ms:.4g} ms/minibatch (cost model) vs simulated "
-              f"{res.time_per_minibatch_ms:.4g} ms/minibatch here ({args.schedule}, {args.microbatches} microbatches"
-              f"{'' if res.metrics['steady_state'] else ', too few for a steady state'})")
+        sim = (f"simulated {res.time_per_minibatch_ms:.4g} ms/minibatch" if res.metrics["steady_state"] else
+               f"no steady state simulated ({res.metrics['no_steady_state_reason']})")
+        print(f"plan: predicted {plan.predicted_ms:.4g} ms/minibatch (cost model) vs {sim} here "
+              f"({args.schedule}, {args.microbatches} microbatches)")
     print(f"wrote {res.save(args.out)}")
     return 0
+
+
+def _simulation_costs(args, plan) -> tuple[dict, object]:
+    """``simulate()`` keywords for the costs the flags name, and the topology (None for unit costs);
+    a flag the chosen cost mode would ignore is refused."""
+    from .simulate import plan_topology
+    from .topology import Topology
+
+    fixed = dict(latency_ms=args.latency_ms, op_overhead_ms=args.op_overhead_ms)
+    if not args.profile:
+        _refuse_unused(args, ("workers", "bandwidth", "topology"), "unit costs (no --profile) have no topology")
+        return dict(fwd=1.0 if args.fwd is None else args.fwd, bwd=2.0 if args.bwd is None else args.bwd, **fixed), None
+    _refuse_unused(args, ("fwd", "bwd"), "with --profile the costs come from the profile")
+    if plan is None:
+        raise UsageError("--profile needs --plan (which layers form each stage)")
+    if args.topology:
+        _refuse_unused(args, ("workers", "bandwidth"), "--topology gives the workers and bandwidths")
+        topology, where = parse_topology(args.topology), "--topology"
+    elif args.workers is not None or args.bandwidth is not None or plan_topology(plan) is None:
+        bandwidth = FLAT_BANDWIDTH if args.bandwidth is None else args.bandwidth
+        workers = plan.num_workers if args.workers is None else args.workers
+        topology, where = Topology.flat(workers, bandwidth), "flat --workers/--bandwidth"
+    else:
+        topology, where = plan_topology(plan), "the plan's"
+    print(f"topology ({where}): {topology.describe()}")
+    return dict(profile=_load_profile(args), plan=plan, topology=topology, **fixed), topology
 
 
 def _schedule_option(text: str):
@@ -258,6 +303,8 @@ def cmd_quickstart(args) -> int:
         plan.save(tmp / "plan_measured.json")
         print(f"== {args.model} (mini): profile MEASURED on {prof.meta['device']}, batch {args.batch_size}; "
               f"plan MODELED for {topo.describe()}")
+        if prof.trust_note():
+            print(prof.trust_note())
         print(plan.describe())
 
         paper = project(models.build(args.model, size="paper", device="meta"), "V100", batch_size=64)
@@ -284,8 +331,9 @@ def cmd_quickstart(args) -> int:
 
 # ---- parser ---------------------------------------------------------------------------------
 def _add_topology(p):
-    p.add_argument("--workers", type=int, default=4, help="workers of a flat topology (default 4)")
-    p.add_argument("--bandwidth", type=float, default=10e9, help="bytes/s between workers of a flat topology")
+    p.add_argument("--workers", type=int, default=None, help=f"workers of a flat topology (default {FLAT_WORKERS})")
+    p.add_argument("--bandwidth", type=float, default=None,
+                   help=f"bytes/s between workers of a flat topology (default {FLAT_BANDWIDTH:.3g})")
     p.add_argument("--topology", help="hierarchical levels COUNTxBW,... innermost first (e.g. 4x10e9,4x1.25e9) or a preset name")
 
 
@@ -294,7 +342,10 @@ def _add_fixed_costs(p):
     p.add_argument("--op-overhead-ms", type=float, default=0.0, help="fixed cost per compute op (ms)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
+    """The ``workbench`` parser; ``train_arguments=False`` leaves out the options of ``train``, whose
+    definitions import torch (``main`` adds them only when the command is ``train``, so that
+    ``workbench --help`` and the other commands start without torch)."""
     ap = argparse.ArgumentParser(prog="workbench", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -309,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads while measuring (default: what each "
+                   "of --workers CPU ranks gets, cores // workers)")
+    p.add_argument("--workers", type=int, default=None, help="CPU ranks the profile is for (default 1: all cores)")
     p.add_argument("--gpu", help="write a MODELED profile for this GPU (V100, 1080Ti, A100, H100) instead of measuring")
     p.add_argument("--pipedream", help="import PipeDream's published profile: a shipped name (vgg16, resnet50, "
                    "alexnet) or a graph.txt path")
@@ -320,9 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("partition", help="PipeDream's dynamic program: stages, replicas, NOAM")
     p.add_argument("--profile", help="profile CSV/JSON or PipeDream graph.txt (default: profile --model now)")
-    p.add_argument("--model", default="vgg16")
-    p.add_argument("--size", default="mini", choices=["mini", "paper"])
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--model", default=None, help="zoo model measured here when no --profile is given (default vgg16)")
+    p.add_argument("--size", default=None, choices=["mini", "paper"], help="model size (default mini)")
+    p.add_argument("--batch-size", type=int, default=None, help="batch size of that measurement (default 32)")
     _add_topology(p)
     p.add_argument("--straight", action="store_true", help="no stage replication")
     p.add_argument("--memory-gb", type=float, help="memory limit per worker (GiB)")
@@ -338,12 +392,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="schedule option, e.g. chunks=2 (repeatable; `workbench schedules` lists them)")
     p.add_argument("--microbatches", type=int, default=16)
     p.add_argument("--plan", help="plan JSON (from `workbench partition --out`)")
-    p.add_argument("--stages", type=int, default=4, help="stages when no --plan is given (one worker each)")
+    p.add_argument("--stages", type=int, default=None, help="stages when no --plan is given (one worker each; default 4)")
     p.add_argument("--profile", help="profile for modeled costs (needs --plan); without it unit costs are used")
-    p.add_argument("--fwd", type=float, default=1.0, help="unit forward cost")
-    p.add_argument("--bwd", type=float, default=2.0, help="unit backward cost")
+    p.add_argument("--fwd", type=float, default=None, help="unit forward cost (unit costs only; default 1)")
+    p.add_argument("--bwd", type=float, default=None, help="unit backward cost (unit costs only; default 2)")
     p.add_argument("--workers", type=int, default=None, help="flat topology size (default: the plan's workers)")
-    p.add_argument("--bandwidth", type=float, default=10e9, help="bytes/s of the flat topology")
+    p.add_argument("--bandwidth", type=float, default=None,
+                   help=f"bytes/s of a flat topology (default {FLAT_BANDWIDTH:.3g}; profile costs only)")
     p.add_argument("--topology", help="levels COUNTxBW,... innermost first, or a preset[:servers] "
                    "(default: the topology stored in the plan)")
     _add_fixed_costs(p)
@@ -360,12 +415,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_schedules)
 
     p = sub.add_parser("train", help="really train with a schedule (torch.distributed, one process per worker)")
-    try:
+    if train_arguments:
         from .runtime.cli import add_train_arguments
 
         add_train_arguments(p)
-    except ImportError:  # runtime not installed in this build
-        pass
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("quickstart", help="profile + partition + print a plan for a built-in model (no GPU, no download)")
@@ -384,15 +437,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(train_arguments=argv[:1] == ["train"]).parse_args(argv)
     try:
         return args.fn(args) or 0
-    except (ValueError, FileNotFoundError) as e:  # bad input: one line, status 2
+    except ValueError as e:  # bad input: one line, status 2
         print(f"workbench {args.command}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into a reader that stopped early (e.g. `| head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
+    except OSError as e:  # a path that cannot be read or written (missing, a file where a folder goes, ...)
+        where = f": {e.filename}" if e.filename else ""
+        print(f"workbench {args.command}: error: {e.strerror or e}{where}; check the paths given", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -129,21 +129,49 @@ class GraphModel(LayerModel):
 # ---------------------------------------------------------------------------------------------
 # Tracing and grouping
 # ---------------------------------------------------------------------------------------------
+_CACHE_HINT = ("the model builds a key/value cache for generation (transformers' DynamicCache), which "
+               "training does not use: build it with use_cache=False (e.g. LlamaConfig(use_cache=False), or "
+               "model.config.use_cache = False)")
+
+
+def _first_line(e: BaseException) -> str:
+    why = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+    return f"{type(e).__name__}: {why}" if why else type(e).__name__
+
+
+def _check_runs(model: nn.Module, args: tuple) -> None:
+    """Run ``model(*args)`` once in eval mode without gradients (no running statistics change), so
+    that an input the model itself rejects (a shape that does not fit, a wrong argument count) is
+    named as such rather than as a tracing failure."""
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(*args)
+    except Exception as e:  # noqa: BLE001 - the model's own error becomes one line for the user
+        shapes = ", ".join(str(tuple(a.shape)) if torch.is_tensor(a) else type(a).__name__ for a in args)
+        raise ValueError(f"{type(model).__name__} fails on the example input ({shapes}) before any tracing: "
+                         f"{_first_line(e)}; give an input (or a data set) whose samples the model accepts") from None
+    finally:
+        model.train(was)
+
+
 def _export(model: nn.Module, args: tuple) -> fx.GraphModule:
     """``torch.export`` in training mode with a dynamic batch dimension -> an unlifted GraphModule."""
     from torch.export import Dim, export
 
     dyn = tuple({0: Dim.AUTO} if torch.is_tensor(a) and a.dim() > 0 else None for a in args)
+    _check_runs(model, args)
     was = model.training
     model.train()
     try:
         ep = export(model, args, dynamic_shapes=dyn, strict=False)
     except Exception as e:  # noqa: BLE001 - any tracing failure becomes one line for the user
-        why = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-        raise ValueError(f"cannot trace {type(model).__name__} with torch.export ({type(e).__name__}: {why}); "
-                         "give the layers by hand: workbench.graph.from_modules([module, ...], example_input), each "
-                         "module taking the previous one's output, or split(..., layers=[names]) on a traceable "
-                         "part") from None
+        raise ValueError(f"cannot trace {type(model).__name__} with torch.export ({_first_line(e)}); "
+                         + (_CACHE_HINT if "Cache" in f"{type(e).__name__} {e}" else
+                            "give the layers by hand: workbench.graph.from_modules([module, ...], example_input), each "
+                            "module taking the previous one's output, or split(..., layers=[names]) on a traceable "
+                            "part")) from None
     finally:
         model.train(was)
     gm = ep.module()

@@ -39,6 +39,7 @@ def run_folder(dest):
     """Yield a temporary folder; on success move it to ``fresh_path(dest)``. The final path is
     available as ``tmp.final`` after the block (``tmp`` is a :class:`RunFolder`)."""
     dest = Path(dest)
+    _check_folder_parent(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     box = RunFolder(tmp)
@@ -50,6 +51,15 @@ def run_folder(dest):
     final = fresh_path(dest)
     os.rename(tmp, final)
     box.final = final
+
+
+def _check_folder_parent(dest: Path) -> None:
+    """ValueError when a folder above ``dest`` exists as a file (an output folder cannot go there)."""
+    for up in dest.parents:
+        if up.exists():
+            if not up.is_dir():
+                raise ValueError(f"{up} is a file, not a folder; give an output folder (--out) that is not inside a file")
+            return
 
 
 class RunFolder(type(Path())):  # type: ignore[misc]  # a Path that remembers where it ended up (PosixPath/WindowsPath)

@@ -598,7 +598,8 @@ def partition(profile: Profile, topology: Topology, straight: bool = False,
     if not math.isfinite(float(top.A[m_top, L.n - 1, 0])):
         raise ValueError(_infeasible_message(L, topo, straight, memory_bytes, use_fewer_workers, cm, recompute))
     meta = {"topology": topo.to_list(), "topology_name": topo.name, "straight": straight,
-            "memory_bytes": memory_bytes, "use_fewer_workers": use_fewer_workers, "recompute": recompute,
+            "memory_bytes": memory_bytes, "device_memory_bytes": _device_memory(topo, profile),
+            "use_fewer_workers": use_fewer_workers, "recompute": recompute,
             "latency_ms": list(cm.latency_ms), "op_overhead_ms": cm.op_overhead_ms,
             "batch_size": cm.batch_size,
             "cost_model": "workbench.costmodel: 1F1B round (F + B + 3o + exposed ring AR) / m, "
@@ -729,11 +730,21 @@ def _straight_plan(profile: Profile, lasts: list[int], method: str, topology: To
     stages = tuple(Stage(f, l, 1, (k,), t) for k, (f, l, t) in enumerate(zip(firsts, lasts, times)))
     dp = data_parallel_ms(profile, topo, cm) if topo is not None else math.nan
     meta = {"topology": topo.to_list() if topo is not None else None,
+            "device_memory_bytes": _device_memory(topo, profile),
             "cuts": [[int(a), int(k), t] for a, k, t in cuts],
             "note": "stage k on worker k" if topo is not None else "no topology: communication not modeled"}
     plan = Plan(stages, bottleneck_ms=max(times + [c[2] for c in cuts]), single_worker_ms=float(cm.fwd_ms.sum() + cm.bwd_ms.sum()),
                 data_parallel_ms=dp, method=method, meta=meta)
     return with_predictions(plan, cm)
+
+
+def _device_memory(topology: Topology | None, profile: Profile) -> float | None:
+    """Memory of one worker's device: the topology's (a preset's GPUs), else the GPU a modeled
+    profile was projected for (``meta["device_memory_bytes"]``), else None (unknown)."""
+    if topology is not None and topology.memory_bytes:
+        return topology.memory_bytes
+    mem = (profile.meta or {}).get("device_memory_bytes")
+    return float(mem) if mem else None
 
 
 def _check_stages(L: _Layers, stages) -> int:
@@ -756,21 +767,44 @@ def partition_balanced_time(profile: Profile, stages: int, topology: Topology | 
     """Straight split minimising the largest stage compute ``max_k sum_{l in k} (fwd_l + bwd_l)``
     (the goal of torchgpipe's ``balance_by_time``; solved exactly by a DP over prefixes:
     ``D_k(j) = min_s max(D_{k-1}(s), C(s+1..j))``). Communication is not part of the objective;
-    it is modeled in the returned times when ``topology`` is given."""
+    it is modeled in the returned times when ``topology`` is given.
+
+    With costs >= 0, ``D_{k-1}(s)`` does not decrease and ``C(s+1..j)`` does not increase in
+    ``s``, so the minimum lies where they cross: at the first ``s`` with
+    ``D_{k-1}(s) + C(0..s) >= C(0..j)`` (a sorted search) or just before it. Time
+    ``O(S N log N)``, memory ``O(S N)`` (the split points)."""
     L = _layers(profile)
     S = _check_stages(L, stages)
     N = L.n
     D = L.Cp[1:].copy()  # D_1(j) = C(0..j)
     arg = np.zeros((S + 1, N), dtype=np.int64)
-    jj = np.arange(N)
     for k in range(2, S + 1):
-        # cand[s, j] = max(D_{k-1}(s), C(s+1..j)) for s < j
-        cand = np.maximum(D[:, None], L.Cp[jj[None, :] + 1] - L.Cp[jj[:, None] + 1])
-        cand[jj[:, None] >= jj[None, :]] = INF
-        arg[k] = np.argmin(cand, axis=0)
-        D = cand[arg[k], jj]
+        D, arg[k] = _balanced_step(D, L.Cp, k)
     lasts, j = [N - 1], N - 1
     for k in range(S, 1, -1):
         j = int(arg[k, j])
         lasts.append(j)
     return _straight_plan(profile, lasts[::-1], "balanced-time", topology)
+
+
+def _balanced_step(D: np.ndarray, Cp: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``D_k(j) = min_{k-2 <= s < j} max(D_{k-1}(s), Cp[j+1] - Cp[s+1])`` and its argmin for every
+    ``j`` (INF for ``j < k - 1``: fewer layers than stages), by the crossing search of
+    :func:`partition_balanced_time`."""
+    N = len(D)
+    lo = k - 2
+    j = np.arange(k - 1, N)
+    G = D[lo:] + Cp[lo + 1:N + 1]  # non-decreasing in s
+    c = np.minimum(lo + np.searchsorted(G, Cp[j + 1], side="left"), j - 1)
+    b = np.maximum(c - 1, lo)
+
+    def f(s):
+        return np.maximum(D[s], Cp[j + 1] - Cp[s + 1])
+
+    fc, fb = f(c), f(b)
+    s = np.where(fb <= fc, b, c)
+    newD = np.full(N, INF)
+    newD[k - 1:] = np.minimum(fb, fc)
+    arg = np.zeros(N, dtype=np.int64)
+    arg[k - 1:] = s
+    return newD, arg

@@ -154,7 +154,21 @@ class Plan:
                 ("NOAM", self.noam, "minibatches")]
         if self.stage_memory_bytes:
             rows.append(("peak memory per worker", max(self.stage_memory_bytes) / 2**30, "GiB"))
+        if self.memory_note():
+            rows.append(("memory", self.memory_note(), ""))
         return rows
+
+    def memory_note(self) -> str:
+        """One line when the plan's peak memory per worker (``max(stage_memory_bytes)``, modeled)
+        exceeds the device memory of the topology it was partitioned for
+        (``meta["device_memory_bytes"]``), else ""."""
+        device = (self.meta or {}).get("device_memory_bytes")
+        if not device or not self.stage_memory_bytes or max(self.stage_memory_bytes) <= device:
+            return ""
+        need = max(self.stage_memory_bytes)
+        worst = self.stage_memory_bytes.index(need)
+        return (f"does NOT fit: stage {worst} needs {need / 2**30:.3g} GiB per worker (modeled), the topology's "
+                f"devices have {device / 2**30:.3g} GiB; partition with memory_bytes (--memory-gb) to fit")
 
     def __repr__(self) -> str:
         return one_line("Plan", self._rows()[:5])
@@ -208,6 +222,8 @@ class Plan:
                         + (f", {self.samples_per_minibatch * self.simulated_throughput_minibatches_per_s:.4g} samples/s"
                            if self.samples_per_minibatch else "") + ")")
         rows.append("why: " + self.why())
+        if self.memory_note():
+            rows.append("memory: " + self.memory_note())
         return "\n".join(rows)
 
     # ---- persistence -------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,12 @@ import pandas as pd
 from .io import json_ready
 
 REQUIRED = ("name", "fwd_ms", "bwd_ms", "act_bytes", "param_bytes")
+#: A measured profile is flagged (:meth:`Profile.trust_note`) when its timed runs spread by more
+#: than this share of the median (``meta["spread"]``) ...
+SPREAD_LIMIT = 0.3
+#: ... or when other work was running: a 1-minute load average before profiling above the cores
+#: the profile left idle (``cores - threads``) by more than this many runnable processes.
+LOAD_MARGIN = 1.0
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,26 @@ class Profile:
     def total_param_bytes(self) -> float:
         return float(self.layers["param_bytes"].sum())
 
+    def trust_note(self) -> str:
+        """One line when a measured profile's numbers are not trustworthy, else "": the timed runs
+        spread widely (``meta["spread"]`` > :data:`SPREAD_LIMIT`), or other processes competed for
+        the cores (``load_before > cores - threads + LOAD_MARGIN``: on a busy CPU a thread waits for
+        time slices of several ms, so small layers come out many times too slow)."""
+        m = self.meta
+        if m.get("kind") != "measured" or "threads" not in m:
+            return ""
+        why = []
+        load, cores, threads = m.get("load_before"), m.get("cores"), m.get("threads")
+        if load is not None and cores and load > cores - threads + LOAD_MARGIN:
+            why.append(f"load average {load:.1f} on {cores} cores while profiling with {threads} thread(s)")
+        if m.get("spread", 0.0) > SPREAD_LIMIT:
+            why.append(f"repeated runs spread by {m['spread']:.0%} of the median (p90 - p10)")
+        if not why:
+            return ""
+        fewer = " or with fewer threads (threads=1, --threads 1)" if threads > 1 else ""
+        return ("warning: these measured times may be too slow and noisy: " + "; ".join(why)
+                + f"; profile again on a quiet machine{fewer}")
+
     def summary(self) -> str:
         df = self.layers
         kind = self.meta.get("kind", "unknown")
@@ -83,8 +110,10 @@ class Profile:
         cols = [c for c in ("name", "fwd_ms", "bwd_ms", "act_bytes", "param_bytes", "flops") if c in df]
         with pd.option_context("display.max_rows", 60, "display.width", 140):
             table = df[cols].to_string()
+        note = f"\n{self.trust_note()}" if self.trust_note() else ""
         return (f"{len(df)} layers, {self.total_ms:.3f} ms fwd+bwd per minibatch, "
-                f"{self.total_param_bytes / 2**20:.2f} MiB parameters ({kind}{', ' + where if where else ''})\n{table}")
+                f"{self.total_param_bytes / 2**20:.2f} MiB parameters ({kind}{', ' + where if where else ''})\n"
+                f"{table}{note}")
 
     # ---- Jupyter manners -----------------------------------------------------------------
     def _rows(self) -> list:
@@ -109,8 +138,9 @@ class Profile:
         from .display import card
 
         cols = [c for c in ("name", "fwd_ms", "bwd_ms", "act_bytes", "param_bytes") if c in self.layers]
-        return card(f"Profile of {self.meta.get('model', 'a model')}", self._rows(), label=self._label(),
-                    table=self.layers[cols])
+        note = self.trust_note()
+        return card(f"Profile of {self.meta.get('model', 'a model')}", self._rows(),
+                    label=self._label() + (f" — {note}" if note else ""), table=self.layers[cols])
 
     # ---- persistence ------------------------------------------------------------------
     def save(self, path) -> Path:
@@ -239,21 +269,27 @@ def _flops(layer, x, first: bool = False) -> tuple[float, float]:
 
 
 def profile(model, example_input=None, *, batch_size: int = 32, iterations: int = 10, warmup: int = 3,
-            device=None, flops: bool = True, progress: bool = True) -> Profile:
+            device=None, flops: bool = True, progress: bool = True, threads: int | None = None) -> Profile:
     """Measure every layer of a layer-sequential model on ``device`` (default: CUDA if available).
 
     For each layer l, with the output of layer l-1 as its (detached) input:
     ``fwd_ms`` / ``bwd_ms`` are medians over ``iterations`` timed runs after ``warmup`` runs
-    (CUDA events on a GPU; ``time.perf_counter`` around synchronised calls on a CPU). The backward
+    (CUDA events on a GPU; ``time.perf_counter`` around synchronised calls on a CPU), and
+    ``fwd_spread`` / ``bwd_spread`` the spread of those runs, ``(p90 - p10) / median``. The backward
     is timed from a gradient of ones on every floating output and includes the input gradient and
     the weight gradients. ``act_bytes`` counts every tensor the layer passes on (what crosses a cut
     after it), ``param_bytes`` its parameters, ``flops_fwd``/``flops_bwd`` come from
     ``torch.utils.flop_counter.FlopCounterMode``. ``meta["peak_memory_bytes"]``: the CUDA
     allocator's peak on a GPU, the process's max resident set size on a CPU.
+
+    ``threads``: torch threads while measuring (restored afterwards); default
+    :func:`threads_per_rank` ``(1)``, all cores this process may use, which is what the one rank
+    of a one-worker CPU job gets; pass ``threads_per_rank(W)`` to measure as each rank of a
+    W-worker job on this machine will run. ``meta`` records ``threads``, ``cores``, the 1-minute
+    load average before and after (``load_before``, ``load_after``) and ``spread``, the spread of
+    the whole profile (:func:`_spread`); :meth:`Profile.trust_note` turns them into a warning.
     """
     import resource
-    import statistics
-    import time
 
     import torch
     from tqdm.auto import tqdm
@@ -262,6 +298,7 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
         raise ValueError(f"iterations must be >= 1 and warmup >= 0 (got {iterations}, {warmup})")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
+    threads = threads_per_rank(1) if threads is None else _check_threads(threads)
     name, layers, names, x = _layers_and_input(model, example_input, batch_size)
     batch_size = _batch_of(x, batch_size)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -270,61 +307,122 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
     x = _to(x, dev)
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev)
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize(dev)
-
-    def timed(fn):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            r = fn()
-            end.record()
-            torch.cuda.synchronize(dev)
-            return r, start.elapsed_time(end)
-        sync()
-        t0 = time.perf_counter()
-        r = fn()
-        sync()
-        return r, (time.perf_counter() - t0) * 1e3
-
-    rows, seen = [], set()
-    for i, layer in enumerate(tqdm(layers, desc=f"profiling {name}", disable=not progress, leave=False)):
-        layer.train()
-        fwd_times, bwd_times = [], []
-        for it in range(warmup + iterations):
-            inp = _detach(x, i > 0)
-            out, tf = timed(lambda: _call(layer, inp, i, names[i]))
-            outs, grads = _backward_inputs(out)
-            tb = 0.0
-            if outs:
-                _, tb = timed(lambda: torch.autograd.backward(outs, grads))
-            if it >= warmup:
-                fwd_times.append(tf)
-                bwd_times.append(tb)
-            layer.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            out = layer(_detach(x))
-        row = dict(name=names[i], fwd_ms=statistics.median(fwd_times), bwd_ms=statistics.median(bwd_times),
-                   act_bytes=float(nbytes(out)),
-                   param_bytes=float(_new_param_bytes(layer, seen)),
-                   input_bytes=float(nbytes(x)))
-        if flops:
-            row["flops_fwd"], row["flops_bwd"] = _flops(layer, x, first=i == 0)
-        rows.append(row)
-        x = _detach(out).detach() if isinstance(out, torch.Tensor) else tuple(t.detach() for t in _tensors(out))
-        if not isinstance(out, torch.Tensor):
-            x = _regroup(out, x)
+    before, load_before = torch.get_num_threads(), _load()
+    torch.set_num_threads(threads)
+    try:
+        rows, seen = [], set()
+        for i, layer in enumerate(tqdm(layers, desc=f"profiling {name}", disable=not progress, leave=False)):
+            fwd_times, bwd_times, out = _time_layer(layer, x, i, names[i], warmup, iterations, dev)
+            row = dict(name=names[i], fwd_ms=_median(fwd_times), bwd_ms=_median(bwd_times),
+                       act_bytes=float(nbytes(out)), param_bytes=float(_new_param_bytes(layer, seen)),
+                       input_bytes=float(nbytes(x)), fwd_spread=_spread(fwd_times), bwd_spread=_spread(bwd_times),
+                       _fwd_range=_range(fwd_times), _bwd_range=_range(bwd_times))
+            if flops:
+                row["flops_fwd"], row["flops_bwd"] = _flops(layer, x, first=i == 0)
+            rows.append(row)
+            x = _detach(out).detach() if isinstance(out, torch.Tensor) else tuple(t.detach() for t in _tensors(out))
+            if not isinstance(out, torch.Tensor):
+                x = _regroup(out, x)
+    finally:
+        torch.set_num_threads(before)
     peak = (torch.cuda.max_memory_allocated(dev) if cuda
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    device_name = torch.cuda.get_device_name(dev) if cuda else f"CPU ({torch.get_num_threads()} threads)"
+    df = pd.DataFrame(rows)
+    ranges = df.pop("_fwd_range") + df.pop("_bwd_range")
+    device_name = torch.cuda.get_device_name(dev) if cuda else f"CPU ({threads} threads)"
     meta = dict(kind="measured", model=name, batch_size=batch_size, device=device_name,
                 iterations=iterations, warmup=warmup, peak_memory_bytes=int(peak),
-                timer="cuda events" if cuda else "time.perf_counter", torch=torch.__version__)
+                timer="cuda events" if cuda else "time.perf_counter", torch=torch.__version__,
+                threads=threads, cores=_cores(), load_before=load_before, load_after=_load(),
+                spread=float(ranges.sum() / max(float((df["fwd_ms"] + df["bwd_ms"]).sum()), 1e-12)))
     if tied := _tied_layers(layers):
         meta["tied"] = tied
-    return Profile(pd.DataFrame(rows), meta)
+    return Profile(df, meta)
+
+
+def _time_layer(layer, x, i: int, name: str, warmup: int, iterations: int, dev):
+    """``iterations`` forward and backward times (ms) of one layer after ``warmup`` untimed runs,
+    and its output (no autograd graph) for the next layer."""
+    import torch
+
+    layer.train()
+    fwd_times, bwd_times = [], []
+    for it in range(warmup + iterations):
+        inp = _detach(x, i > 0)
+        out, tf = _timed(lambda: _call(layer, inp, i, name), dev)
+        outs, grads = _backward_inputs(out)
+        tb = 0.0
+        if outs:
+            _, tb = _timed(lambda: torch.autograd.backward(outs, grads), dev)
+        if it >= warmup:
+            fwd_times.append(tf)
+            bwd_times.append(tb)
+        layer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        out = layer(_detach(x))
+    return fwd_times, bwd_times, out
+
+
+def _timed(fn, dev):
+    """``(fn(), ms)``: CUDA events on a GPU, ``time.perf_counter`` around synchronised calls else."""
+    import time
+
+    import torch
+
+    if dev.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        r = fn()
+        end.record()
+        torch.cuda.synchronize(dev)
+        return r, start.elapsed_time(end)
+    t0 = time.perf_counter()
+    r = fn()
+    return r, (time.perf_counter() - t0) * 1e3
+
+
+def _median(times) -> float:
+    return float(np.median(times))
+
+
+def _range(times) -> float:
+    """``p90 - p10`` of repeated times (0 for one run)."""
+    return float(np.percentile(times, 90) - np.percentile(times, 10)) if len(times) > 1 else 0.0
+
+
+def _spread(times) -> float:
+    """Relative spread ``(p90 - p10) / median`` of repeated times (0 for one run or a zero median)."""
+    med = _median(times)
+    return _range(times) / med if med > 0 else 0.0
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_rank(workers: int = 1) -> int:
+    """Torch threads each of ``workers`` CPU ranks on this machine gets by default from
+    :func:`workbench.runtime.train`: ``max(1, cores // workers)`` (cores this process may use)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive int, got {workers!r}")
+    return max(1, _cores() // workers)
+
+
+def _check_threads(threads) -> int:
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int (torch threads while profiling), got {threads!r}")
+    return threads
+
+
+def _load() -> float | None:
+    """The 1-minute load average (runnable processes, all users), None where the OS has none."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):  # pragma: no cover
+        return None
 
 
 def _batch_of(x, default: int) -> int:
@@ -338,6 +436,11 @@ def _call(layer, inp, i: int, name: str):
     bare "a leaf Variable that requires grad is being used in an in-place operation"."""
     try:
         return layer(inp)
+    except TypeError as e:
+        raise ValueError(f"layer {i} ({name}: {type(layer).__name__}) cannot take the previous layer's output "
+                         f"({_describe(inp)}) as its one argument ({e}); in a layer-sequential model every layer "
+                         "takes its predecessor's output: wrap a layer of several arguments with the layer that "
+                         "produces them, or trace the model with workbench.graph.split") from None
     except RuntimeError as e:
         if "in-place" not in str(e) and "inplace" not in str(e):
             raise
@@ -356,6 +459,12 @@ def _tied_layers(layers) -> list:
             where.setdefault(id(p), []).append(i)
             size[id(p)] = p.numel() * p.element_size()
     return [[sorted(set(idx)), int(size[k])] for k, idx in where.items() if len(set(idx)) > 1]
+
+
+def _describe(x) -> str:
+    """``tensor (8, 4)`` or ``tuple of 2 tensors``: what a layer was given."""
+    ts = _tensors(x)
+    return f"tensor {tuple(ts[0].shape)}" if len(ts) == 1 and ts[0] is x else f"{type(x).__name__} of {len(ts)} tensors"
 
 
 def _new_param_bytes(layer, seen: set) -> int:
@@ -397,11 +506,14 @@ def _regroup(template, flat):
 #: vendors' data sheets: V100 SXM2 15.7 TFLOP/s, 900 GB/s; GTX 1080 Ti 11.3 TFLOP/s, 484 GB/s;
 #: A100 SXM 19.5 TFLOP/s FP32 (156 TF32 tensor), 1555 GB/s (40 GB); H100 SXM 67 TFLOP/s FP32
 #: (495 dense TF32 tensor), 3350 GB/s. FP32 without tensor cores matches PipeDream's (2019) setting.
+#: ``memory``: device memory in bytes (V100 16 GB, or 32 GB as "V100-32GB"; 1080 Ti 11 GB; A100 40 GB;
+#: H100 SXM 80 GB), recorded in a modeled profile's ``meta["device_memory_bytes"]``.
 GPUS = {
-    "V100": dict(flops=15.7e12, mem_bw=900e9),
-    "1080Ti": dict(flops=11.3e12, mem_bw=484e9),
-    "A100": dict(flops=19.5e12, mem_bw=1555e9),
-    "H100": dict(flops=67e12, mem_bw=3350e9),
+    "V100": dict(flops=15.7e12, mem_bw=900e9, memory=16 * 2**30),
+    "V100-32GB": dict(flops=15.7e12, mem_bw=900e9, memory=32 * 2**30),
+    "1080Ti": dict(flops=11.3e12, mem_bw=484e9, memory=11 * 2**30),
+    "A100": dict(flops=19.5e12, mem_bw=1555e9, memory=40 * 2**30),
+    "H100": dict(flops=67e12, mem_bw=3350e9, memory=80 * 2**30),
 }
 #: Efficiency factors of the projection, chosen a priori (not fitted to the validation profiles):
 #: dense layers reach about half of peak FLOP/s in FP32 cuDNN/cuBLAS kernels and memory-bound
@@ -492,5 +604,5 @@ def project(model_or_frame, gpu: str = "V100", *, batch_size: int = 32, example_
                 method="roofline from torch.utils.flop_counter FLOPs and tensor bytes"
                        + (", Winograd 3x3" if winograd else ""),
                 compute_efficiency=compute_efficiency, memory_efficiency=memory_efficiency,
-                peak_flops=spec["flops"], mem_bw=spec["mem_bw"])
+                peak_flops=spec["flops"], mem_bw=spec["mem_bw"], device_memory_bytes=spec["memory"])
     return Profile(out, meta)

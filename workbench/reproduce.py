@@ -28,10 +28,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from .io import run_folder, run_id
+
+if TYPE_CHECKING:  # pandas is imported where it is used: `workbench --help` starts without it
+    import pandas as pd
 
 #: notebook -> (experiments module with an optional ``validate_params(quick, **params)``, quick values)
 NOTEBOOKS: dict[str, tuple[str | None, dict]] = {
@@ -238,6 +240,8 @@ def _shared_plotlyjs(run_dir: Path):
 # ---- summary ----------------------------------------------------------------------------------
 def collect_claims(run_dir: Path) -> pd.DataFrame:
     """Every ``<run>/<notebook>/claims.csv`` (and below), concatenated with a ``notebook`` column."""
+    import pandas as pd
+
     from .experiments.common import CLAIM_COLUMNS
 
     frames = []

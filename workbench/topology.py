@@ -27,17 +27,21 @@ GBPS = 1e9 / 8  # one gigabit per second in bytes per second
 # need two hops), so we use one link, 25e9 B/s, as the all-pairs figure.
 PCIE3_X16 = 12e9
 NVLINK2_LINK = 25e9
+# Device memory per GPU (vendors' data sheets): the V100s of Azure NC24s v3 and AWS p3.16xlarge
+# have 16 GB (HBM2; a 32 GB V100 exists, used by neither); Titan X (Pascal) 12 GB GDDR5X; GTX
+# 1080 Ti 11 GB GDDR5X. Memory sizes of GPUs are binary gigabytes (GiB).
+GIB = 2**30
 
-_PRESETS: dict[str, tuple[int, float, float, str]] = {
-    # name: (GPUs per server, intra-server B/s, inter-server B/s, source)
-    "4xV100-pcie-10g": (4, PCIE3_X16, 10 * GBPS,
-                        "PipeDream Cluster-A: 4x V100/server over PCIe 3.0 x16 (~12 GB/s), 10 Gbps Ethernet"),
-    "8xV100-nvlink-25g": (8, NVLINK2_LINK, 25 * GBPS,
-                          "PipeDream Cluster-B: 8x V100/server with NVLink 2.0 (25 GB/s/link), 25 Gbps"),
-    "1xTitanX-40g": (1, PCIE3_X16, 40 * GBPS,
-                     "PipeDream Cluster-C: 1x Titan X/server, 40 Gbps between servers"),
-    "8x1080Ti-pcie-25g": (8, PCIE3_X16, 25 * GBPS,
-                          "8x GTX 1080 Ti/server over PCIe 3.0 x16 (~12 GB/s), 25 Gbps between servers"),
+_PRESETS: dict[str, tuple[int, float, float, float, str]] = {
+    # name: (GPUs per server, intra-server B/s, inter-server B/s, memory per GPU in bytes, source)
+    "4xV100-pcie-10g": (4, PCIE3_X16, 10 * GBPS, 16 * GIB,
+                        "PipeDream Cluster-A: 4x V100 16 GB/server over PCIe 3.0 x16 (~12 GB/s), 10 Gbps Ethernet"),
+    "8xV100-nvlink-25g": (8, NVLINK2_LINK, 25 * GBPS, 16 * GIB,
+                          "PipeDream Cluster-B: 8x V100 16 GB/server with NVLink 2.0 (25 GB/s/link), 25 Gbps"),
+    "1xTitanX-40g": (1, PCIE3_X16, 40 * GBPS, 12 * GIB,
+                     "PipeDream Cluster-C: 1x Titan X 12 GB/server, 40 Gbps between servers"),
+    "8x1080Ti-pcie-25g": (8, PCIE3_X16, 25 * GBPS, 11 * GIB,
+                          "8x GTX 1080 Ti 11 GB/server over PCIe 3.0 x16 (~12 GB/s), 25 Gbps between servers"),
 }
 
 
@@ -52,8 +56,8 @@ def _check_level(k: int, count, bandwidth) -> tuple[int, float]:
         bw = float(bandwidth)
     except (TypeError, ValueError):
         raise ValueError(f"topology level {k}: bandwidth must be a number in bytes/s, got {bandwidth!r}") from None
-    if math.isnan(bw) or bw <= 0:
-        raise ValueError(f"topology level {k}: bandwidth must be > 0 bytes/s (got {bandwidth!r}); "
+    if not math.isfinite(bw) or bw <= 0:
+        raise ValueError(f"topology level {k}: bandwidth must be > 0 bytes/s and finite (got {bandwidth!r}); "
                          f"e.g. 10 Gbps = 1.25e9")
     return count, bw
 
@@ -63,11 +67,13 @@ class Topology:
     """Levels ``((count, bandwidth_bytes_per_s), ...)``, innermost first.
 
     ``B_k`` (the bandwidth of level k) is the bandwidth between two level-(k-1) components
-    inside one level-k component; level 0 is a single worker.
+    inside one level-k component; level 0 is a single worker. ``memory_bytes``: the memory of one
+    worker's device (the presets carry their GPUs'), None when unknown.
     """
 
     levels: tuple[tuple[int, float], ...]
     name: str = ""
+    memory_bytes: float | None = None
 
     def __post_init__(self):
         levels = tuple(self.levels) if self.levels is not None else ()
@@ -81,6 +87,12 @@ class Topology:
                 raise ValueError(f"topology level {k} must be a pair (count, bandwidth), got {lv!r}") from None
             checked.append(_check_level(k, count, bw))
         object.__setattr__(self, "levels", tuple(checked))
+        if self.memory_bytes is not None:
+            mem = float(self.memory_bytes)
+            if not math.isfinite(mem) or mem <= 0:
+                raise ValueError(f"topology memory_bytes must be a finite number > 0 of bytes per worker, "
+                                 f"got {self.memory_bytes!r}")
+            object.__setattr__(self, "memory_bytes", mem)
 
     # ---- constructors -------------------------------------------------------------------
     @classmethod
@@ -93,13 +105,13 @@ class Topology:
         """One of :meth:`presets` with ``servers`` servers (sources in the module docstring)."""
         if name not in _PRESETS:
             raise ValueError(f"unknown topology preset {name!r}; choose one of {sorted(_PRESETS)}")
-        gpus, intra, inter, _ = _PRESETS[name]
-        return cls(((gpus, intra), (servers, inter)), name=f"{name}x{servers}")
+        gpus, intra, inter, memory, _ = _PRESETS[name]
+        return cls(((gpus, intra), (servers, inter)), name=f"{name}x{servers}", memory_bytes=memory)
 
     @staticmethod
     def presets() -> dict[str, str]:
         """Preset names and where their numbers come from."""
-        return {k: v[3] for k, v in _PRESETS.items()}
+        return {k: v[-1] for k, v in _PRESETS.items()}
 
     # ---- derived ------------------------------------------------------------------------
     @property
@@ -144,4 +156,5 @@ class Topology:
 
     def describe(self) -> str:
         parts = [f"{c} x @ {b / 1e9:.3g} GB/s" for c, b in self.levels]
-        return f"{self.num_workers} workers: " + " -> ".join(parts) + " (innermost first)"
+        mem = f", {self.memory_bytes / GIB:.3g} GiB per worker" if self.memory_bytes else ""
+        return f"{self.num_workers} workers: " + " -> ".join(parts) + f" (innermost first){mem}"

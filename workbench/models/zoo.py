@@ -95,8 +95,20 @@ def config(name: str, size: str = "mini", **overrides) -> dict:
     bad = sorted(set(overrides) - allowed)
     if bad:
         raise ValueError(f"{key} has no option(s) {bad}; valid options: {sorted(allowed)}")
+    for k, v in overrides.items():
+        _check_option(key, k, v, cfg.get(k))
     cfg.update(overrides)
     return cfg
+
+
+def _check_option(model: str, name: str, value, default) -> None:
+    """An override of a number must be a number of the default's kind (an int for an int)."""
+    if default is None or isinstance(default, bool):
+        return
+    if isinstance(default, int) and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"{model} option {name} must be an int (default {default}), got {value!r}")
+    if isinstance(default, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(f"{model} option {name} must be a number (default {default}), got {value!r}")
 
 
 def _builder_args(fn) -> set[str]:

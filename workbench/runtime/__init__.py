@@ -10,9 +10,23 @@ gradient pushes back), ``tied`` (weights tied across stages: gradients combined 
 ``segment_executor`` (schedules with segments, Seq1F1B), ``stages`` (stage functions, deterministic
 data order), ``outputs`` (checkpoints, CSVs, summary), ``job`` (the picklable run description), ``cli`` (``workbench train``).
 """
-from .job import Job
-from .launch import prepare, run_job, run_jobs, train
-from .outputs import latest_checkpoint
-from .reference import reference_train, updates_per_round
+import importlib
+
+#: public name -> the module that defines it, imported on first use (PEP 562), so that
+#: ``workbench train --help`` builds its parser without importing torch
+_EXPORTS = {"Job": ".job", "prepare": ".launch", "run_job": ".launch", "run_jobs": ".launch", "train": ".launch",
+            "latest_checkpoint": ".outputs", "reference_train": ".reference", "updates_per_round": ".reference"}
 
 __all__ = ["train", "prepare", "run_job", "run_jobs", "Job", "latest_checkpoint", "reference_train", "updates_per_round"]
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'workbench.runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

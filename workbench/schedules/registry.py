@@ -103,7 +103,10 @@ class ScheduleSpec:
         if k == "placement":
             return int(workers)
         if isinstance(k, str):
-            return int(workers) * int((options or {}).get(k, self.option(k).default))
+            per = (options or {}).get(k, self.option(k).default)
+            if isinstance(per, bool) or not isinstance(per, int) or per < 1:
+                raise ValueError(f"{self.name}: {k} must be a positive int (stages per worker), got {per!r}")
+            return int(workers) * per
         return int(workers) * int(k)
 
 

@@ -43,28 +43,32 @@ class SimResult:
 
     # ---- headline figures (one place; summary, repr and HTML all read these) -----------------
     @property
-    def time_per_minibatch_ms(self) -> float:
-        """Steady-state time per minibatch (warm-up and drain excluded; see :func:`steady_state`)."""
+    def time_per_minibatch_ms(self) -> float | None:
+        """Steady-state time per minibatch (warm-up and drain excluded; see :func:`steady_state`);
+        None when the run reached no steady state (``metrics["no_steady_state_reason"]`` says why)."""
         return self.metrics["time_per_minibatch_ms"]
 
     @property
-    def throughput_minibatches_per_s(self) -> float:
+    def throughput_minibatches_per_s(self) -> float | None:
         return self.metrics["throughput_minibatches_per_s"]
 
     @property
-    def throughput_samples_per_s(self) -> float:
+    def throughput_samples_per_s(self) -> float | None:
         return self.metrics["throughput_samples_per_s"]
 
     def _rows(self) -> list:
         m = self.metrics
         u = m.get("time_unit", "ms")
-        steady = "" if m["steady_state"] else " (no steady state: makespan / minibatches)"
-        rows = [("schedule", self.schedule.name, ""),
-                ("time per minibatch" + steady, m["time_per_minibatch_ms"], u),
-                ("throughput", m["throughput_minibatches_per_s"] if u == "ms" else 1 / m["time_per_minibatch_ms"],
-                 "minibatches/s" if u == "ms" else "minibatches/unit")]
-        if math.isfinite(m["throughput_samples_per_s"]):
-            rows.append(("throughput", m["throughput_samples_per_s"], "samples/s"))
+        rows = [("schedule", self.schedule.name, "")]
+        if m["steady_state"]:
+            rows += [("time per minibatch", m["time_per_minibatch_ms"], u),
+                     ("throughput", m["throughput_minibatches_per_s"] if u == "ms" else 1 / m["time_per_minibatch_ms"],
+                      "minibatches/s" if u == "ms" else "minibatches/unit")]
+            if math.isfinite(m["throughput_samples_per_s"]):
+                rows.append(("throughput", m["throughput_samples_per_s"], "samples/s"))
+        else:
+            rows += [("no steady state", m["no_steady_state_reason"], ""),
+                     ("makespan / minibatches (warm-up and drain included)", m["makespan_per_minibatch"], u)]
         rows += [("makespan", m["makespan"], u), ("minibatches", m["minibatches"], ""),
                  ("bubble fraction (mean)", m["bubble_fraction_mean"], ""),
                  ("bubble within each worker's span (max)", max((x for x in m["span_bubble_fraction"] if not math.isnan(x)), default=math.nan), ""),
@@ -187,8 +191,8 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
     L = makespan if makespan > 0 else float("nan")
     inputs = np.unique(w_a[(kc_a == _F) & (np.asarray(st) == 0)]).size
     fraction = costs.fraction if costs.model is not None else default_microbatch_fraction(schedule, inputs)
-    steady_mb, is_steady = steady_state(schedule, kc_a, np.asarray(mb), np.asarray(st), end_a, makespan)
-    per_mb = steady_mb / fraction
+    steady_mb, why_not = steady_state(schedule, kc_a, np.asarray(mb), np.asarray(st), end_a)
+    per_mb = steady_mb / fraction if steady_mb is not None else None
     metrics = {
         "makespan": makespan,
         "steps": steps,
@@ -198,10 +202,10 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
         "microbatch_fraction": fraction,
         "minibatches": schedule.microbatches * fraction,
         "time_per_minibatch_ms": per_mb,
-        "steady_state": is_steady,
-        "throughput_minibatches_per_s": 1e3 / per_mb if per_mb > 0 else float("nan"),
-        "throughput_samples_per_s": (costs.batch_size * 1e3 / per_mb) if costs.batch_size and per_mb > 0
-        else float("nan"),
+        "steady_state": per_mb is not None,
+        "no_steady_state_reason": why_not or None,
+        "makespan_per_minibatch": makespan / (schedule.microbatches * fraction) if schedule.microbatches else float("nan"),
+        **_throughputs(per_mb, costs.batch_size),
         "rho": work / (L * W),
         "bubble_fraction": [1.0 - b / L for b in busy.tolist()],
         "bubble_fraction_mean": float(np.mean([1.0 - b / L for b in busy.tolist()])) if W else float("nan"),
@@ -246,42 +250,76 @@ def _alltoall_rows(graph, exposed: np.ndarray, end: list) -> list[tuple]:
     return rows
 
 
-def steady_state(schedule: Schedule, kc, mb, st, end, makespan: float) -> tuple[float, bool]:
-    """Steady-state time per *microbatch* (time unit of the costs) and whether a steady state exists.
+def _throughputs(per_mb: float | None, batch_size) -> dict:
+    """Minibatches and samples per second from the steady-state ms per minibatch (None without a
+    steady state; samples NaN when the profile does not know its batch size)."""
+    if per_mb is None:
+        return {"throughput_minibatches_per_s": None, "throughput_samples_per_s": None}
+    per_s = 1e3 / per_mb if per_mb > 0 else float("nan")
+    return {"throughput_minibatches_per_s": per_s,
+            "throughput_samples_per_s": batch_size * per_s if batch_size else float("nan")}
+
+
+def steady_state(schedule: Schedule, kc, mb, st, end) -> tuple[float | None, str]:
+    """Steady-state time per *microbatch* (time unit of the costs), or ``None`` and the reason why
+    the run has none.
 
     Microbatch b completes when its last backward op of stage 0 (B, BI or BW) ends. Sorting the
     completions ``c_0 <= ... <= c_{n-1}``, the steady state is the slope ``(c_hi - c_lo) / (hi - lo)``
-    over the middle (from index ``k`` to ``n - 1 - k``, ``k = max(n/4, microbatches the input stage
-    holds at once)``), which excludes warm-up and drain. Synchronous
-    schedules that update every ``g = max(microbatches_per_step, replicas of stage 0)`` microbatches
-    complete them in bursts,
-    so ``lo`` and ``hi`` are moved to update boundaries (``c_{kg-1}``); fewer than three updates
-    have no steady state and give ``makespan / n`` with ``False``."""
+    between update boundaries ``lo < hi`` (synchronous schedules that update every
+    ``g = max(microbatches_per_step, replicas of stage 0)`` microbatches complete them in bursts, so
+    only ``c_{jg-1}`` count; ``g = 1`` for asynchronous ones) that lie outside the warm-up and the
+    drain of the input stage, which holds ``k`` microbatches at once: ``lo >= max(n/4, k)`` and
+    ``hi <= n - 1 - max(n/4, k)``, or, where that leaves fewer than two boundaries, ``lo >= k - 1``
+    and ``hi <= n - 1 - k`` (the k-th completion is the first one after the warm-up). A run with
+    fewer than two such boundaries has no steady state: its completions near the ends come faster
+    (drain) or slower (fill) than the bottleneck allows."""
     n = int(schedule.microbatches)
     back = ((kc == _B) | (kc == _BI) | (kc == _BW)) & (st == 0)
-    if n < 2 or not back.any():
-        return (makespan / max(n, 1), False)
+    if not back.any():
+        return None, "no backward op of the input stage completes a microbatch"
     done = pd.Series(end[back]).groupby(mb[back]).max().sort_values().to_numpy()
     g = int(schedule.microbatches_per_step) if schedule.update != "async" else 1
     g = max(g, len(schedule.stage_workers[0]), 1)  # a round of the input stage's replicas
-    bounds = np.arange(g - 1, len(done), g)  # completion indices that end an update
-    if len(bounds) < 3:
-        return (makespan / n, False)
-    skip = max(len(done) // 4, _input_in_flight(schedule))
-    inner = bounds[(bounds >= skip) & (bounds <= len(done) - 1 - skip)]
+    k = _input_in_flight(schedule)
+    inner = _steady_window(len(done), g, k)
     if len(inner) < 2:
-        inner = bounds[(bounds >= len(done) // 4) & (bounds <= (3 * len(done)) // 4)]
-    if len(inner) < 2:
-        inner = bounds[1:] if len(bounds) > 3 else bounds
+        return None, (f"{n} microbatches are all warm-up or drain (the input stage holds {k} at once and updates "
+                      f"every {g}); simulate more microbatches: a steady state needs two updates outside the "
+                      f"first and the last {k} completions")
     lo, hi = int(inner[0]), int(inner[-1])
-    return (float(done[hi] - done[lo]) / (hi - lo), True)
+    return float(done[hi] - done[lo]) / (hi - lo), ""
+
+
+def _steady_window(n: int, g: int, k: int) -> np.ndarray:
+    """Completion indices ``jg - 1`` (update boundaries) of ``n`` completions that lie outside the
+    warm-up and the drain of an input stage holding ``k`` microbatches (:func:`steady_state`)."""
+    bounds = np.arange(g - 1, n, g)
+    skip = max(n // 4, k)
+    inner = bounds[(bounds >= skip) & (bounds <= n - 1 - skip)]
+    if len(inner) < 2:
+        inner = bounds[(bounds >= k - 1) & (bounds <= n - 1 - k)]
+    return inner
 
 
 def _input_in_flight(schedule: Schedule) -> int:
-    """Microbatches the input stage's workers hold at once (their warm-up and their drain)."""
-    if g := schedule.max_in_flight:
-        return int(sum(g[w] for w in schedule.stage_workers[0] if 0 <= w < len(g)))
-    return 0
+    """Microbatches of the input stage (stage 0) its workers hold at once, summed over its replicas:
+    forwarded by stage 0 and not yet through stage 0's last backward op (B, or BW where the
+    backward is split). This bounds the warm-up and the drain of the completions."""
+    total = 0
+    for w in schedule.stage_workers[0]:
+        ops = [op for op in schedule.ops[w] if op.stage == 0]
+        last = "BW" if any(op.kind == "BW" for op in ops) else "B"
+        live: set = set()
+        peak = 0
+        for op in ops:
+            if op.kind == "F":
+                live.add(op.microbatch)
+                peak = max(peak, len(live))
+            elif op.kind == last:
+                live.discard(op.microbatch)
+        total += peak
+    return total
 
 
 def _memory(schedule, costs, kc, st, ver, wof, wbeg, wend):

@@ -73,8 +73,10 @@ def in_flight(plan: Plan) -> int:
 
 
 def simulated_ms_per_minibatch(res: SimResult) -> float:
-    """The simulator's steady-state time per minibatch (``SimResult.time_per_minibatch_ms``)."""
-    return float(res.time_per_minibatch_ms)
+    """The simulator's steady-state time per minibatch (``SimResult.time_per_minibatch_ms``); NaN
+    (shown as n/a) when the simulated run reached no steady state."""
+    ms = res.time_per_minibatch_ms
+    return float("nan") if ms is None else float(ms)
 
 
 def bubble(res: SimResult) -> float:
@@ -101,8 +103,10 @@ def worker_memory_bytes(res: SimResult, profile: Profile, plan: Plan) -> list[fl
 
 
 def samples_per_s(res: SimResult) -> float:
-    """Simulated throughput in samples/s (NaN when the profile does not record its batch size)."""
-    return float(res.throughput_samples_per_s)
+    """Simulated throughput in samples/s (NaN when the profile does not record its batch size or the
+    run reached no steady state)."""
+    x = res.throughput_samples_per_s
+    return float("nan") if x is None else float(x)
 
 
 # ---- manual plans ---------------------------------------------------------------------------

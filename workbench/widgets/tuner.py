@@ -32,8 +32,8 @@ _LEVEL_NAMES = ("inside a server", "between servers", "between racks")
 
 
 def _status_html(text: str, kind: str = "info") -> str:
-    color = {"info": "#555", "ok": "#2a7d2a", "error": "#b00020", "busy": "#8a6d00"}[kind]
-    icon = {"info": "", "ok": "✓ ", "error": "⚠ ", "busy": "… "}[kind]
+    color = {"info": "#555", "ok": "#2a7d2a", "error": "#b00020", "busy": "#8a6d00", "warning": "#8a6d00"}[kind]
+    icon = {"info": "", "ok": "✓ ", "error": "⚠ ", "busy": "… ", "warning": "⚠ "}[kind]
     return f"<div style='color:{color};font-size:13px;min-height:1.4em'>{icon}{html.escape(text)}</div>"
 
 
@@ -304,9 +304,11 @@ class PartitionTuner:
         self.progress.value, self.progress.bar_style = 4, "success"
         self.last_update_ms = (time.perf_counter() - t0) * 1e3
         what = "manual plan" if out.manual else "optimizer's plan"
+        trust = self.profile.trust_note()  # a measured profile taken on a busy CPU
         self.status.value = _status_html(f"{what}: {out.plan.num_stages} stage(s) on {out.plan.num_workers} "
                                          f"worker(s); updated in {self.last_update_ms:.0f} ms"
-                                         + (f" (note: {out.note})" if out.note else ""), "ok")
+                                         + (f" (note: {out.note})" if out.note else "")
+                                         + (f"; {trust}" if trust else ""), "warning" if trust else "ok")
         return out
 
     def _draw(self, out: core.Outcome, st: core.Settings):
