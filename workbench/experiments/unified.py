@@ -25,6 +25,7 @@ storage (the document's memory-time theorem: a batch needs ``S²`` memory-time, 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pandas as pd
 
@@ -71,7 +72,7 @@ def forward_activation_receives(sched) -> list[int]:
 def simulated_row(name: str, S: int, B: int, G: int = 1, R: int = 1) -> dict:
     """Our value of every table column for one configuration (module docstring), plus ρ."""
     W, R = shape(name, S, B, G, R)
-    looped = {"group_size": R} if any(o.name == "group_size" for o in schedules.spec(name).options) else {}
+    looped: dict[str, Any] = {"group_size": R} if any(o.name == "group_size" for o in schedules.spec(name).options) else {}
     sched = schedules.build(name, S, B, workers=W, **looped)
     res = simulate(sched, fwd=UNIT, bwd=UNIT)
     stats = res.worker_stats

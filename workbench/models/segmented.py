@@ -115,7 +115,7 @@ def segment_layers(layers) -> nn.ModuleList:
                 seg.ln1, seg.ln2, seg.qkv, seg.proj, seg.mlp = layer.ln1, layer.ln2, layer.qkv, layer.proj, layer.mlp
             elif isinstance(layer, Decoder):
                 seg = SegHead(1, 1)
-                seg.norm, seg.proj = layer.norm, layer.proj
+                seg.norm, seg.proj = layer.norm, layer.proj  # type: ignore[assignment]  # Identity where the head has no norm
             else:
                 raise ValueError(f"layer {i} ({type(layer).__name__}) cannot run on a segment of a sequence; schedules "
                                  "with segments (Seq1F1B) train the zoo's causal transformer: --model gpt")

@@ -60,8 +60,8 @@ def bubble_memory_table(workers: int = 4, microbatches: int = 8, fwd: float = 1.
     for name in names:
         v = spec(name).stages_for(1, {})
         costs = dict(fwd=fwd / v, bwd=bwd / v)
-        one = simulate(build_for_simulation(name, workers * v, microbatches, costs), **costs)
-        three = simulate(build_for_simulation(name, workers * v, microbatches, costs, steps=3), **costs)
+        one = simulate(build_for_simulation(name, workers * v, microbatches, costs), fwd / v, bwd / v)
+        three = simulate(build_for_simulation(name, workers * v, microbatches, costs, steps=3), fwd / v, bwd / v)
         rows.append({"schedule": name, "stages_per_worker": v, "makespan": one.makespan,
                      "bubble_fraction": max(one.metrics["bubble_fraction"]),
                      "span_bubble_fraction": max(one.metrics["span_bubble_fraction"]),
