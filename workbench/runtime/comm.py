@@ -289,6 +289,12 @@ class ShmP2P(P2P):
         idle = self._write_held if any(self.held.values()) else None
         return self.inbound[src].get(q, specs, f"rank {self.rank}: message {key} from rank {src}", idle)
 
+    def unlink(self) -> None:
+        """Remove the files of this rank's inbound channels; call once every peer has mapped them
+        (the mappings stay valid: :mod:`workbench.runtime.shm`)."""
+        for ch in self.inbound.values():
+            ch.path.unlink(missing_ok=True)
+
     def close(self) -> None:
         for ch in list(self.inbound.values()) + list(self.outbound.values()):
             ch.close()

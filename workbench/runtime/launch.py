@@ -10,7 +10,6 @@ import json
 import math
 import os
 import pickle
-import shutil
 import socket
 import time
 from pathlib import Path
@@ -21,7 +20,8 @@ from ..schedules.core import Schedule, validate
 from .fetch import check_remote
 from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
 from .outputs import RunResult, latest_checkpoint, load_stage
-from .rank import first_failure, worker_main
+from .lifetime import JobStopped, RankFailed, become_rank, spawn
+from .rank import worker_main
 from .shm import (TRAIN_TRANSPORTS, auto_transport, check_transport, remove_channels, remove_stale_channels,
                   ring_channels)
 from .shm import new_token as new_shm_token
@@ -292,10 +292,6 @@ def _shared_weights(job: Job):
     return ws, counters
 
 
-def _spawn_entry(rank, world, jobs, addr, port, shareds):
-    worker_main(rank, world, jobs, addr, port, shareds)
-
-
 def run_job(job: Job, port: int | None = None) -> dict:
     """Run a prepared job (spawn, or this process's rank under torchrun); returns the summary (rank 0)."""
     return run_jobs([job], port)[0]
@@ -313,40 +309,34 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
         if job.resume:
             (out / "summary.json").unlink(missing_ok=True)
         (out / "weights.pt").unlink(missing_ok=True)
-        shutil.rmtree(out / ".errors", ignore_errors=True)
     if _under_torchrun():
         if any(j.schedule.update == "async" for j in jobs):
             raise ValueError("dp-asp (Hogwild on shared memory) needs one machine: launch it without torchrun")
         rank = int(os.environ["RANK"])
+        become_rank(rank)  # this process is a rank of torchrun's: it stops with torchrun (lifetime.py)
         worker_main(rank, world, jobs, None, None, None)
         return [_read_summary(Path(j.out), j) if rank == 0 else {} for j in jobs]
     port = free_port(port)
     if any(j.shm_token for j in jobs):
         remove_stale_channels()  # files of earlier launchers that were killed before they could remove them
     shareds = [_shared_weights(j) if j.schedule.update == "async" else None for j in jobs]
-    import torch.multiprocessing as mp
-    t = time.time()
     try:
-        mp.start_processes(_spawn_entry, args=(world, jobs, "127.0.0.1", port, shareds), nprocs=world, join=True,
-                           start_method="spawn")
-    except mp.ProcessRaisedException as e:
-        first = first_failure(jobs)
-        if first is None:
-            lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-            first = dict(rank=e.error_index, error=lines[-1].strip())
-        raise RuntimeError(f"rank {first['rank']} failed after {time.time() - t:.1f} s: {first['error'][:500]}; "
-                           "the job was stopped") from None
-    except mp.ProcessExitedException as e:
-        first = first_failure(jobs)
-        why = f"rank {first['rank']} failed: {first['error'][:500]}" if first else \
-            (f"rank {e.error_index} exited with code {e.exit_code} (signal {e.signal_name}) before it started; "
-             "if you train from a script, put the training code under `if __name__ == \"__main__\":`")
-        raise RuntimeError(f"{why}; the job was stopped") from None
+        spawn(worker_main, (world, jobs, "127.0.0.1", port, shareds), world, what="training")
+    except (RankFailed, JobStopped) as e:
+        e.args = (f"{e.args[0]}; the job was stopped{_resume_hint(jobs)}",)
+        raise
     finally:
         for j in jobs:
             if j.shm_token:
                 remove_channels(j.shm_token)  # the shared-memory channel files, however the job ended
     return [_read_summary(Path(j.out), j) for j in jobs]
+
+
+def _resume_hint(jobs: list[Job]) -> str:
+    """Where a stopped job can continue: its last complete checkpoint (``--resume``), if any."""
+    done = [(j.out, latest_checkpoint(Path(j.out))) for j in jobs]
+    return "".join(f"; last complete checkpoint {ck} (--resume --out {out} continues from it)"
+                   for out, ck in done if ck is not None)
 
 
 def _read_summary(out: Path, job: Job) -> dict:
