@@ -219,3 +219,59 @@ def _name(p) -> str:
         return p.name()
     except psutil.NoSuchProcess:
         return ""
+
+
+# ---- torchrun: one launcher, and two launchers as two "nodes" -------------------------------------
+def torchrun_job(tmp_path: Path, port: int, *nodes_args: str, out: Path | None = None) -> Job:
+    out = out or tmp_path / "run"
+    return Job([TORCHRUN, *nodes_args, "-m", *train_args(out, free_port())[1:]], out, port)
+
+
+needs_torchrun = pytest.mark.skipif(TORCHRUN is None, reason="torchrun not installed beside this Python")
+
+
+@needs_torchrun
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL],
+                         ids=lambda s: s.name)
+def test_a_signal_to_torchrun_ends_its_ranks(tmp_path, sig):
+    """torchrun forwards SIGINT/SIGTERM/SIGHUP to its workers (each in a session of its own), which
+    die at once on it; on SIGKILL of torchrun they die of their parent-death signal."""
+    port = free_port()
+    job = torchrun_job(tmp_path, port, "--nproc_per_node", "2", "--master_port", str(port))
+    first = job.wait_for_checkpoint()
+    procs = job.processes()
+    assert len([p for p in procs if _name(p).startswith("wb-rank")]) == 2
+    t0 = time.monotonic()
+    os.kill(job.proc.pid, sig)
+    took = job.stop_time(procs, {p.pid for p in procs}, t0)
+    job.proc.communicate(timeout=60 * slack())
+    assert job.proc.returncode != 0 and latest_checkpoint(job.out) >= first
+    job.check_released()
+    print(f"\n[stop] {sig.name} to torchrun: {took:.2f} s (load {os.getloadavg()[0]:.1f})")
+
+
+@needs_torchrun
+@pytest.mark.parametrize("victim", ["host", "guest"])
+def test_a_signal_to_one_of_two_torchrun_nodes_ends_both(tmp_path, victim):
+    """One job as two torchrun "nodes" on this machine (c10d rendezvous on 127.0.0.1, one rank
+    each): SIGTERM to one launcher ends the other node's rank as well (its peer's sockets close)."""
+    port = free_port()
+    rdzv = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+            f"127.0.0.1:{port}", "--rdzv_id", f"stop{os.getpid()}"]
+    nodes = [torchrun_job(tmp_path, port, *rdzv), torchrun_job(tmp_path, port, *rdzv)]
+    first = nodes[0].wait_for_checkpoint()
+    procs = nodes[0].processes() + nodes[1].processes()
+    assert len([p for p in procs if _name(p).startswith("wb-rank")]) == 2
+    hosts = [n for n in nodes if any(c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                                     for c in n.launcher.net_connections())]
+    assert len(hosts) == 1  # the launcher that hosts the rendezvous store
+    target = hosts[0] if victim == "host" else next(n for n in nodes if n is not hosts[0])
+    t0 = time.monotonic()
+    os.kill(target.proc.pid, signal.SIGTERM)
+    took = nodes[0].stop_time(procs, {p.pid for p in procs}, t0)
+    for n in nodes:
+        n.proc.communicate(timeout=60 * slack())
+        assert n.proc.returncode != 0
+    assert latest_checkpoint(nodes[0].out) >= first
+    nodes[0].check_released()
+    print(f"\n[stop] SIGTERM to the torchrun node {victim} of 2: {took:.2f} s (load {os.getloadavg()[0]:.1f})")

@@ -19,8 +19,8 @@ import torch
 from ..schedules.core import Schedule, validate
 from .fetch import check_remote
 from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
-from .outputs import RunResult, latest_checkpoint, load_stage
 from .lifetime import JobStopped, RankFailed, become_rank, spawn
+from .outputs import RunResult, latest_checkpoint, load_stage
 from .rank import worker_main
 from .shm import (TRAIN_TRANSPORTS, auto_transport, check_transport, remove_channels, remove_stale_channels,
                   ring_channels)
@@ -107,6 +107,8 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
     if (out / "summary.json").exists() and not resume:
         raise ValueError(f"{out} already holds a finished run; choose a new --out folder (or --resume to continue it)")
     L = len(the_model.layers)
+    if torchrun and plan is not None:
+        _check_torchrun_layout(plan)
     if plan is not None and plan.num_layers != L:
         raise ValueError(f"the plan covers {plan.num_layers} layers but model {label!r} has {L}; "
                          "partition this model's profile again")
@@ -190,6 +192,20 @@ def _stream_builder(schedule, workers: int, plan, options: dict | None, sched: S
         raise ValueError(f"{schedule}: updates per minibatch {one} do not repeat over two minibatches ({two}) with "
                          f"{sched.microbatches} microbatches; make --microbatches a multiple of the microbatches per update")
     return fn
+
+
+def _check_torchrun_layout(plan) -> None:
+    """A plan partitioned for machines (a topology of two or more levels, ``plan.meta["topology"]``,
+    innermost first) runs under torchrun only with as many ranks per node as its innermost level
+    has workers per machine: torchrun numbers ranks node by node, as the topology numbers workers,
+    so worker w lands on machine w // per_machine for both. Otherwise a stage's replicas, or the
+    cut the partitioner placed on the slow link, would fall across other links than planned."""
+    levels = (plan.meta or {}).get("topology") or []
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 0))
+    if len(levels) >= 2 and local and int(levels[0][0]) != local:
+        raise ValueError(f"the plan was partitioned for {int(levels[0][0])} workers per machine (topology "
+                         f"{[int(c) for c, _ in levels]}, innermost first) but torchrun started {local} per node; "
+                         f"run torchrun with --nproc_per_node {int(levels[0][0])} or partition for this layout")
 
 
 def _check_not_bootstrapping() -> None:

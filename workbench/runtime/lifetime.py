@@ -59,11 +59,13 @@ class JobStopped(KeyboardInterrupt):
 class RankFailed(RuntimeError):
     """A rank ended with a non-zero exit code; the others were stopped. ``rank``, ``exitcode``,
     ``step`` (the step it was in; negative before its first step), ``traceback`` (of the error it
-    raised, "" if it was killed)."""
+    raised, "" if it was killed), ``at`` (``time.time()`` of the failure: when the rank reported its
+    error, or when the launcher saw it exit)."""
 
-    def __init__(self, message: str, rank: int, exitcode: int, step: int, tb: str = ""):
+    def __init__(self, message: str, rank: int, exitcode: int, step: int, tb: str = "", at: float = 0.0):
         super().__init__(message)
         self.rank, self.exitcode, self.step, self.traceback = rank, exitcode, step, tb
+        self.at = at or time.time()
 
 
 def signal_name(signum: int) -> str:
@@ -224,8 +226,8 @@ def _failure(dead: list, reports: list, progress) -> RankFailed:
         return RankFailed(f"rank {i} (pid {p.pid}) was killed by {signal_name(-p.exitcode)} (exit code {p.exitcode}) "
                           f"at {_step_text(progress[i])}", i, p.exitcode, progress[i])
     if reports:
-        i, _, line, tb = min(reports, key=lambda r: r[1])
-        return RankFailed(f"rank {i} failed at {_step_text(progress[i])}: {line}", i, 1, progress[i], tb)
+        i, at, line, tb = min(reports, key=lambda r: r[1])
+        return RankFailed(f"rank {i} failed at {_step_text(progress[i])}: {line}", i, 1, progress[i], tb, at)
     i, p = dead[0]
     if progress[i] == NOT_STARTED:  # it never ran our code: the spawned interpreter failed to start it
         return RankFailed(f"rank {i} exited with code {p.exitcode} before it started; if you train from a script, "
