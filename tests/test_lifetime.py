@@ -84,14 +84,16 @@ class Job:
         assert maps and not any(Path(m.removesuffix(" (deleted)")).exists() for m in maps), maps
         return maps
 
-    def stop_time(self, procs: list, pids: set, t0: float) -> float:
+    def stop_time(self, procs: list, pids: set, t0: float) -> str:
         """Seconds from ``t0`` until every process of ``procs`` is gone (or a zombie) and no channel
-        file of the job is left; fails after the bound."""
-        bound = STOP_S * slack()
+        file of the job is left, and until its ranks were gone (as text); fails after the bound."""
+        bound, ranks = STOP_S * slack(), None
         while time.monotonic() - t0 < bound:
             alive = [p for p in procs if _alive(p)]
+            if ranks is None and not [p for p in alive if _name(p).startswith("wb-rank")]:
+                ranks = time.monotonic() - t0
             if not alive and not self.files(pids):
-                return time.monotonic() - t0
+                return f"{time.monotonic() - t0:.2f} s (ranks gone after {ranks:.2f} s)"
             time.sleep(0.02)
         left = [(p.pid, " ".join(p.cmdline())[:80]) for p in procs if _alive(p)]
         self.kill()
@@ -131,7 +133,7 @@ def start(tmp_path: Path, *extra: str, ignore_sigint: bool = False) -> Job:
     return Job([sys.executable, *train_args(out, port, *extra)], out, port, ignore_sigint)
 
 
-def signal_job(job: Job, sig: int, target: str) -> tuple[float, str]:
+def signal_job(job: Job, sig: int, target: str) -> tuple[str, str]:
     """Send ``sig`` to the launcher's pid or its whole process group; returns (stop time, stderr)."""
     first = job.wait_for_checkpoint()
     procs = job.processes()
@@ -144,7 +146,7 @@ def signal_job(job: Job, sig: int, target: str) -> tuple[float, str]:
     _, err = job.proc.communicate(timeout=60 * slack())
     assert latest_checkpoint(job.out) >= first
     job.check_released()
-    print(f"\n[stop] {signal.Signals(sig).name} to the {target}: {took:.2f} s (load {os.getloadavg()[0]:.1f})")
+    print(f"\n[stop] {signal.Signals(sig).name} to the {target}: {took} (load {os.getloadavg()[0]:.1f})")
     return took, err
 
 
@@ -192,7 +194,7 @@ def test_sigkill_of_the_launcher_takes_its_ranks_along(tmp_path):
     took = job.stop_time(procs, pids, t0)
     job.proc.communicate(timeout=60)
     job.check_released()
-    print(f"\n[stop] SIGKILL to the launcher: {took:.2f} s (load {os.getloadavg()[0]:.1f})")
+    print(f"\n[stop] SIGKILL to the launcher: {took} (load {os.getloadavg()[0]:.1f})")
 
 
 def test_a_rank_killed_ends_the_job_and_is_named_with_its_step(tmp_path):
@@ -211,7 +213,7 @@ def test_a_rank_killed_ends_the_job_and_is_named_with_its_step(tmp_path):
     step = int(line.split(" at step ")[1].split(";")[0])
     assert step >= int(latest_checkpoint(job.out).name[len("round"):]) - 1  # it had trained past the checkpoint
     job.check_released()
-    print(f"\n[stop] SIGKILL to rank 1: {took:.2f} s (load {os.getloadavg()[0]:.1f})")
+    print(f"\n[stop] SIGKILL to rank 1: {took} (load {os.getloadavg()[0]:.1f})")
 
 
 def _name(p) -> str:
@@ -247,7 +249,7 @@ def test_a_signal_to_torchrun_ends_its_ranks(tmp_path, sig):
     job.proc.communicate(timeout=60 * slack())
     assert job.proc.returncode != 0 and latest_checkpoint(job.out) >= first
     job.check_released()
-    print(f"\n[stop] {sig.name} to torchrun: {took:.2f} s (load {os.getloadavg()[0]:.1f})")
+    print(f"\n[stop] {sig.name} to torchrun: {took} (load {os.getloadavg()[0]:.1f})")
 
 
 @needs_torchrun
@@ -274,4 +276,4 @@ def test_a_signal_to_one_of_two_torchrun_nodes_ends_both(tmp_path, victim):
         assert n.proc.returncode != 0
     assert latest_checkpoint(nodes[0].out) >= first
     nodes[0].check_released()
-    print(f"\n[stop] SIGTERM to the torchrun node {victim} of 2: {took:.2f} s (load {os.getloadavg()[0]:.1f})")
+    print(f"\n[stop] SIGTERM to the torchrun node {victim} of 2: {took} (load {os.getloadavg()[0]:.1f})")
