@@ -223,6 +223,55 @@ def _name(p) -> str:
         return ""
 
 
+# ---- lifetime.spawn on its own (no training) ------------------------------------------------------
+def _fail_on(rank: int, bad: int, step: int) -> None:
+    """Rank ``bad`` raises in ``step``; the others would sleep for a minute."""
+    from workbench.runtime.lifetime import reached
+    reached(step)
+    if rank == bad:
+        raise ValueError(f"bad rank {rank}\nsecond line")
+    time.sleep(60)
+
+
+def _rebuild_fails():
+    raise RuntimeError("cannot rebuild this argument")
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        return _rebuild_fails, ()
+
+
+def test_spawn_names_the_failing_rank_and_stops_the_others():
+    from workbench.runtime.lifetime import RankFailed, spawn
+    t = time.time()
+    with pytest.raises(RankFailed, match=r"^rank 1 failed at step 7: ValueError: bad rank 1$") as e:
+        spawn(_fail_on, (1, 7), 2)
+    assert time.time() - e.value.at < STOP_S * slack()  # rank 0's sleep was cut short
+    assert (e.value.rank, e.value.exitcode, e.value.step) == (1, 1, 7) and "second line" in e.value.traceback
+    assert e.value.at >= t and not _children()  # every rank joined (no zombie either)
+
+
+def test_spawn_hints_at_the_main_guard_when_a_rank_never_started():
+    """A rank that fails before the launcher's code runs in it (here: an argument it cannot
+    unpickle; from a script without `if __name__ == "__main__":`, re-importing the script)."""
+    from workbench.runtime.lifetime import RankFailed, spawn
+    with pytest.raises(RankFailed, match=r"rank 0 exited with code 1 before it started; .*__main__"):
+        spawn(_fail_on, (_Unpicklable(), 0), 1)
+
+
+def test_spawn_deadline_stops_the_ranks():
+    from workbench.runtime.lifetime import spawn
+    with pytest.raises(TimeoutError, match="the nap did not finish within 1 s"):
+        spawn(_fail_on, (-1, 0), 1, deadline_s=1, what="the nap")
+    assert not _children()
+
+
+def _children() -> list:
+    """This process's children but multiprocessing's resource tracker (it serves the whole session)."""
+    return [p for p in psutil.Process().children() if "resource_tracker" not in " ".join(p.cmdline())]
+
+
 # ---- torchrun: one launcher, and two launchers as two "nodes" -------------------------------------
 def torchrun_job(tmp_path: Path, port: int, *nodes_args: str, out: Path | None = None) -> Job:
     out = out or tmp_path / "run"

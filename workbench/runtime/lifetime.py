@@ -208,12 +208,12 @@ def _supervise(procs, readers, progress, stop: _StopSignals, deadline_s, what: s
 
 
 def _stopped_message(signum: int, progress) -> str:
-    steps = ", ".join(_step_text(progress[r]) for r in range(len(progress)))
-    return f"stopped by {signal_name(signum)} sent to the launcher (pid {os.getpid()}); ranks were at: {steps}"
+    where = ", ".join(f"rank {r} {_where(progress[r])}" for r in range(len(progress)))
+    return f"stopped by {signal_name(signum)} sent to the launcher (pid {os.getpid()}); {where}"
 
 
-def _step_text(step: int) -> str:
-    return {NOT_STARTED: "not started", SETTING_UP: "setting up"}.get(step, f"step {step}")
+def _where(step: int) -> str:
+    return {NOT_STARTED: "before it started", SETTING_UP: "while setting up"}.get(step, f"at step {step}")
 
 
 def _failure(dead: list, reports: list, progress) -> RankFailed:
@@ -224,15 +224,15 @@ def _failure(dead: list, reports: list, progress) -> RankFailed:
     if killed:
         i, p = killed[0]
         return RankFailed(f"rank {i} (pid {p.pid}) was killed by {signal_name(-p.exitcode)} (exit code {p.exitcode}) "
-                          f"at {_step_text(progress[i])}", i, p.exitcode, progress[i])
+                          f"{_where(progress[i])}", i, p.exitcode, progress[i])
     if reports:
         i, at, line, tb = min(reports, key=lambda r: r[1])
-        return RankFailed(f"rank {i} failed at {_step_text(progress[i])}: {line}", i, 1, progress[i], tb, at)
+        return RankFailed(f"rank {i} failed {_where(progress[i])}: {line}", i, 1, progress[i], tb, at)
     i, p = dead[0]
     if progress[i] == NOT_STARTED:  # it never ran our code: the spawned interpreter failed to start it
         return RankFailed(f"rank {i} exited with code {p.exitcode} before it started; if you train from a script, "
                           "put the training code under `if __name__ == \"__main__\":`", i, p.exitcode, progress[i])
-    return RankFailed(f"rank {i} (pid {p.pid}) exited with code {p.exitcode} at {_step_text(progress[i])}",
+    return RankFailed(f"rank {i} (pid {p.pid}) exited with code {p.exitcode} {_where(progress[i])}",
                       i, p.exitcode, progress[i])
 
 
