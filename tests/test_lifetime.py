@@ -302,6 +302,23 @@ def test_a_signal_to_torchrun_ends_its_ranks(tmp_path, sig):
 
 
 @needs_torchrun
+def test_a_rank_killed_under_torchrun_ends_the_job(tmp_path):
+    """torchrun watches its workers: one killed, it stops the other."""
+    port = free_port()
+    job = torchrun_job(tmp_path, port, "--nproc_per_node", "2", "--master_port", str(port))
+    job.wait_for_checkpoint()
+    procs = job.processes()
+    rank1 = next(p for p in procs if _name(p) == "wb-rank1")
+    t0 = time.monotonic()
+    rank1.kill()
+    took = job.stop_time(procs, {p.pid for p in procs}, t0)
+    _, err = job.proc.communicate(timeout=60 * slack())
+    assert job.proc.returncode != 0 and "Signal 9 (SIGKILL)" in err, err[-2000:]  # torchrun's report names it
+    job.check_released()
+    print(f"\n[stop] SIGKILL to rank 1 under torchrun: {took} (load {os.getloadavg()[0]:.1f})")
+
+
+@needs_torchrun
 @pytest.mark.parametrize("victim", ["host", "guest"])
 def test_a_signal_to_one_of_two_torchrun_nodes_ends_both(tmp_path, victim):
     """One job as two torchrun "nodes" on this machine (c10d rendezvous on 127.0.0.1, one rank
