@@ -397,6 +397,11 @@ def train(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int
     drained at the epoch end only, instead of a fill and a drain per minibatch: the weight rule is
     that schedule's over the epoch's microbatches, :meth:`PipelineExecutor.run_stream`), and model
     options for the zoo.
+
+    A stop signal (SIGINT, SIGTERM, SIGHUP) or a rank's death stops every rank and raises
+    :class:`~workbench.runtime.lifetime.JobStopped` / :class:`~workbench.runtime.lifetime.RankFailed`,
+    whose one-line message names the cause and the last complete checkpoint (``resume=True``
+    continues from it): :mod:`workbench.runtime.lifetime`.
     """
     _check_not_bootstrapping()
     if port is not None:
