@@ -158,8 +158,11 @@ class P2P:
             try:
                 w.wait(self.timeout)
             except Exception as e:  # noqa: BLE001 - re-raise with context
-                raise TimeoutError(f"rank {self.rank}: no message {key} from rank {src} within "
-                                   f"{self.timeout.total_seconds():.0f} s ({e})") from None
+                if "timed out" in str(e).lower() or "timeout" in str(e).lower():
+                    raise TimeoutError(f"rank {self.rank}: no message {key} from rank {src} within "
+                                       f"{self.timeout.total_seconds():.0f} s ({e})") from None
+                raise ConnectionError(f"rank {self.rank}: lost rank {src} while waiting for message {key} "
+                                      f"({str(e).splitlines()[0][:200]})") from None
         waited = (time.perf_counter() - t) * 1e3
         self.prefetch()
         return bufs, waited

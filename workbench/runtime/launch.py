@@ -19,7 +19,7 @@ import torch
 from ..schedules.core import Schedule, validate
 from .fetch import check_remote
 from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
-from .lifetime import JobStopped, RankFailed, become_rank, spawn
+from .lifetime import JobStopped, RankFailed, run_rank, spawn
 from .outputs import RunResult, latest_checkpoint, load_stage
 from .rank import worker_main
 from .shm import (TRAIN_TRANSPORTS, auto_transport, check_transport, remove_channels, remove_stale_channels,
@@ -328,9 +328,8 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
     if _under_torchrun():
         if any(j.schedule.update == "async" for j in jobs):
             raise ValueError("dp-asp (Hogwild on shared memory) needs one machine: launch it without torchrun")
-        rank = int(os.environ["RANK"])
-        become_rank(rank)  # this process is a rank of torchrun's: it stops with torchrun (lifetime.py)
-        worker_main(rank, world, jobs, None, None, None)
+        rank = int(os.environ["RANK"])  # this process is a rank of torchrun's: it stops with torchrun (lifetime.py)
+        run_rank(rank, worker_main, rank, world, jobs, None, None, None)
         return [_read_summary(Path(j.out), j) if rank == 0 else {} for j in jobs]
     port = free_port(port)
     if any(j.shm_token for j in jobs):

@@ -14,7 +14,9 @@ them and raises one exception whose message is one line naming the cause: :class
 rank, with its exit code and the step it reached (:func:`reached`). The caller's ``finally``
 releases what the job holds on disk (shared-memory channel files).
 
-**Rank** (:func:`become_rank`, run first in every rank, spawned or started by ``torchrun``): SIGINT,
+**Rank** (:func:`become_rank`, run first in every rank, spawned or started by ``torchrun``: :func:`run_rank`;
+a rank that raises ends at once with ``os._exit(1)``, its error reported to the launcher or, under
+torchrun, printed as one line): SIGINT,
 SIGTERM and SIGHUP take their default action, immediate termination (unless the rank inherited them
 ignored), so a rank never finishes an op or a wait before it stops: a Python handler would run only
 once the main thread is back in the interpreter, which a gloo wait can delay by the whole timeout.
@@ -111,6 +113,26 @@ def reached(step: int) -> None:
         array[rank] = step
 
 
+def run_rank(rank: int, fn, *args):
+    """``fn(*args)`` as rank ``rank`` of a job whose launcher is not ours (``torchrun``): after
+    :func:`become_rank`, an error prints one line naming the rank and the step it reached and ends
+    the process at once (exit 1; torchrun then stops the job), as a spawned rank's error does."""
+    global _progress
+    become_rank(rank)
+    _progress = ([SETTING_UP], 0)
+    try:
+        return fn(*args)
+    except BaseException as e:  # noqa: BLE001 - this process is the rank: it ends here
+        print(f"workbench: rank {rank} failed {_where(_progress[0][0])}: {_one_line(e)}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _one_line(e: BaseException) -> str:
+    return (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0][:500]
+
+
 def _rank_main(rank: int, fn, args: tuple, progress, errors, parent: int) -> None:
     """Entry of a spawned rank: :func:`become_rank`, then ``fn(rank, *args)``. An error is reported
     to the launcher (one line and its traceback) and the process ends at once (``os._exit``: no
@@ -122,8 +144,7 @@ def _rank_main(rank: int, fn, args: tuple, progress, errors, parent: int) -> Non
     try:
         fn(rank, *args)
     except BaseException as e:  # noqa: BLE001 - every failure is reported, then the rank ends
-        line = (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0][:500]
-        errors.send((rank, time.time(), line, traceback.format_exc()[-8000:]))
+        errors.send((rank, time.time(), _one_line(e), traceback.format_exc()[-8000:]))
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)

@@ -108,12 +108,10 @@ def worker_main(rank: int, world: int, jobs: list[Job], addr: str | None, port: 
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     dist = _init_dist(rank, world, job, addr, port)
-    try:
-        for i, job in enumerate(jobs):
-            groups = _make_groups(dist, rank, job)
-            _train_rank(rank, world, job, dist, groups, device, shareds[i] if shareds else None)
-    finally:
-        dist.destroy_process_group()
+    for i, job in enumerate(jobs):
+        groups = _make_groups(dist, rank, job)
+        _train_rank(rank, world, job, dist, groups, device, shareds[i] if shareds else None)
+    dist.destroy_process_group()  # a rank that failed ends at once instead (lifetime): the kernel closes its sockets
 
 
 def _shared_t0(dist, t0: float) -> float:
