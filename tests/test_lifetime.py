@@ -51,9 +51,10 @@ class Job:
 
     def __init__(self, argv: list[str], out: Path, port: int, ignore_sigint: bool = False):
         self.out, self.port = out, port
-        pre = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
+        if ignore_sigint:  # as a shell starts a background job (`&`) of a script: SIGINT ignored, then exec
+            argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True, preexec_fn=pre)
+                                     start_new_session=True)
         self.launcher = psutil.Process(self.proc.pid)
 
     def wait_for_checkpoint(self, timeout_s: float = 120.0) -> Path:
@@ -245,7 +246,7 @@ class _Unpicklable:
 def test_spawn_names_the_failing_rank_and_stops_the_others():
     from workbench.runtime.lifetime import RankFailed, spawn
     t = time.time()
-    with pytest.raises(RankFailed, match=r"^rank 1 failed at step 7: ValueError: bad rank 1$") as e:
+    with pytest.raises(RankFailed, match=r"^rank 1 \(pid \d+\) failed at step 7 \(exit code 1\): ValueError: bad rank 1$") as e:
         spawn(_fail_on, (1, 7), 2)
     assert time.time() - e.value.at < STOP_S * slack()  # rank 0's sleep was cut short
     assert (e.value.rank, e.value.exitcode, e.value.step) == (1, 1, 7) and "second line" in e.value.traceback

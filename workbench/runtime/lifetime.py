@@ -221,7 +221,7 @@ def _supervise(procs, readers, progress, stop: _StopSignals, deadline_s, what: s
                 time.sleep(0.05)  # a signal to the whole group reaches the launcher too: let its handler run
                 if stop.signum is not None:
                     raise JobStopped(_stopped_message(stop.signum, progress), stop.signum)
-            raise _failure(dead, reports, progress)
+            raise _failure(procs, dead, reports, progress)
         if all(p.exitcode == 0 for p in procs):
             return
         if end is not None and time.monotonic() > end:
@@ -237,7 +237,7 @@ def _where(step: int) -> str:
     return {NOT_STARTED: "before it started", SETTING_UP: "while setting up"}.get(step, f"at step {step}")
 
 
-def _failure(dead: list, reports: list, progress) -> RankFailed:
+def _failure(procs: list, dead: list, reports: list, progress) -> RankFailed:
     """The root cause among what went wrong first: a rank killed by a signal (no peer dies of a
     signal as a consequence before the launcher stops them), else the earliest error a rank
     reported, else the first non-zero exit."""
@@ -247,8 +247,9 @@ def _failure(dead: list, reports: list, progress) -> RankFailed:
         return RankFailed(f"rank {i} (pid {p.pid}) was killed by {signal_name(-p.exitcode)} (exit code {p.exitcode}) "
                           f"{_where(progress[i])}", i, p.exitcode, progress[i])
     if reports:
-        i, at, line, tb = min(reports, key=lambda r: r[1])
-        return RankFailed(f"rank {i} failed {_where(progress[i])}: {line}", i, 1, progress[i], tb, at)
+        i, at, line, tb = min(reports, key=lambda r: r[1])  # the rank ends with os._exit(1) once it reported
+        return RankFailed(f"rank {i} (pid {procs[i].pid}) failed {_where(progress[i])} (exit code 1): {line}",
+                          i, 1, progress[i], tb, at)
     i, p = dead[0]
     if progress[i] == NOT_STARTED:  # it never ran our code: the spawned interpreter failed to start it
         return RankFailed(f"rank {i} exited with code {p.exitcode} before it started; if you train from a script, "
