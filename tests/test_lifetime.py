@@ -268,6 +268,21 @@ def test_spawn_deadline_stops_the_ranks():
     assert not _children()
 
 
+def test_spawn_stops_on_a_signal_and_restores_the_handlers():
+    """In-process: SIGTERM to the launcher while its ranks run raises JobStopped (a KeyboardInterrupt)
+    naming the signal, stops the ranks and gives the process its own handlers back."""
+    import threading
+
+    from workbench.runtime.lifetime import JobStopped, spawn
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    t = time.monotonic()
+    with pytest.raises(JobStopped, match=r"^stopped by SIGTERM sent to the launcher \(pid \d+\); rank 0 ") as e:
+        spawn(_fail_on, (-1, 0), 2)
+    assert e.value.signum == signal.SIGTERM and time.monotonic() - t < 2.0 + STOP_S * slack()
+    assert not _children() and {s: signal.getsignal(s) for s in before} == before
+
+
 def _children() -> list:
     """This process's children but multiprocessing's resource tracker (it serves the whole session)."""
     return [p for p in psutil.Process().children() if "resource_tracker" not in " ".join(p.cmdline())]
