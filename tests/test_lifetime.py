@@ -184,7 +184,7 @@ def test_sigterm_with_sigint_ignored_leaves_no_orphan(tmp_path):
 
 def test_sigkill_of_the_launcher_takes_its_ranks_along(tmp_path):
     """The launcher cannot clean up after SIGKILL: its ranks die with it (parent-death signal) and
-    they had already unlinked their channel files."""
+    they had already unlinked their channel files; the job resumes from its last complete checkpoint."""
     job = start(tmp_path, "--transport", "shm")
     job.wait_for_checkpoint()
     procs = job.processes()
@@ -196,6 +196,12 @@ def test_sigkill_of_the_launcher_takes_its_ranks_along(tmp_path):
     job.proc.communicate(timeout=60)
     job.check_released()
     print(f"\n[stop] SIGKILL to the launcher: {took} (load {os.getloadavg()[0]:.1f})")
+    done = int(latest_checkpoint(job.out).name[len("round"):])  # the job resumes from it, killed mid-epoch or not
+    argv = train_args(job.out, free_port(), "--transport", "shm", "--resume")
+    argv[argv.index("--steps") + 1] = str(done + 4)
+    r = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300 * slack())
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert latest_checkpoint(job.out).name == f"round{done + 4:06d}"
 
 
 def test_a_rank_killed_ends_the_job_and_is_named_with_its_step(tmp_path):
