@@ -14,16 +14,17 @@ them and raises one exception whose message is one line naming the cause: :class
 rank, with its exit code and the step it reached (:func:`reached`). The caller's ``finally``
 releases what the job holds on disk (shared-memory channel files).
 
-**Rank** (:func:`become_rank`, run first in every rank, spawned or started by ``torchrun``: :func:`run_rank`;
-a rank that raises ends at once with ``os._exit(1)``, its error reported to the launcher or, under
-torchrun, printed as one line): SIGINT,
-SIGTERM and SIGHUP take their default action, immediate termination (unless the rank inherited them
-ignored), so a rank never finishes an op or a wait before it stops: a Python handler would run only
-once the main thread is back in the interpreter, which a gloo wait can delay by the whole timeout.
-``torchrun`` forwards the signal it receives to its workers, so its ranks must die on all three.
-The rank asks the kernel for SIGKILL when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``) and
-runs a watchdog thread that exits when its parent pid changes (any POSIX system), so a rank never
-outlives its launcher, even one killed with SIGKILL.
+**Rank** (:func:`become_rank`, run first in every rank: a spawned one, or one started by
+``torchrun`` through :func:`run_rank`): SIGINT, SIGTERM and SIGHUP take their default action,
+immediate termination (unless the rank inherited them ignored), so a rank never finishes an op or
+a wait before it stops: a Python handler would run only once the main thread is back in the
+interpreter, which a gloo wait can delay by the whole timeout. ``torchrun`` forwards the signal it
+receives to its workers, so its ranks must die on all three. The rank asks the kernel for SIGKILL
+when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``) and runs a watchdog thread that exits
+when its parent pid changes (any POSIX system), so a rank never outlives its launcher, even one
+killed with SIGKILL. A rank that raises reports its error (to the launcher through a pipe; under
+torchrun, as one line on stderr) and ends at once with ``os._exit(1)``: no interpreter or process
+group teardown can keep it waiting on a peer that is gone.
 
 Nothing a stopped rank leaves behind is needed: checkpoints are written to temporary names and
 renamed, and a checkpoint counts only once rank 0 marked it ``COMPLETE``
