@@ -219,19 +219,13 @@ def _all_reduce_timer(rank, port, backend, sizes, repeats, warmup, timeout_s, th
 
 def _run_ranks(fn, args: tuple, nprocs: int, timeout_s: float, what: str) -> dict:
     """Spawn ``nprocs`` processes ``fn(rank, port, *args, q)``; rank 0's result from ``q``, or
-    TimeoutError after ``timeout_s`` (processes terminated)."""
+    TimeoutError after ``timeout_s`` (processes stopped: :func:`workbench.runtime.lifetime.spawn`)."""
     import torch.multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    pc = mp.start_processes(fn, args=(free_port(), *args, q), nprocs=nprocs, join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    while not pc.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
-        if time.monotonic() > deadline:
-            for p in pc.processes:
-                if p.is_alive():
-                    p.terminate()
-            raise TimeoutError(f"{what} did not finish within {timeout_s:.0f} s")
+    from .runtime.lifetime import spawn
+
+    q = mp.get_context("spawn").SimpleQueue()
+    spawn(fn, (free_port(), *args, q), nprocs, deadline_s=timeout_s, what=what)
     if q.empty():
         raise RuntimeError(f"{what} finished without a result")
     return q.get()

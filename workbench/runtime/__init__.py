@@ -3,7 +3,8 @@
     train(model, schedule, workers, microbatches, ...)  -> summary dict   (launch.py: spawn or torchrun)
     reference_train(schedule, model, bounds, dataset, ...) -> weights      (reference.py: the oracle)
 
-Modules: ``launch`` (parent side: validate, spawn, collect), ``rank`` (one rank's program), ``worker``
+Modules: ``launch`` (parent side: validate, spawn, collect), ``lifetime`` (the ranks' processes: start,
+watch, stop on a signal or a rank's death), ``rank`` (one rank's program), ``worker``
 (executors of a rank's op list: pipeline with versioned weights, DDP, Hogwild), ``comm`` (pre-posted
 point-to-point transfers), ``fetch`` (remote weights of the master family: fetches from the owner,
 gradient pushes back), ``tied`` (weights tied across stages: gradients combined among the owners),

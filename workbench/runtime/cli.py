@@ -1,11 +1,14 @@
 """``workbench train``: the command-line face of :func:`workbench.runtime.train`.
 
-Exit status 0 on success, 2 on bad input (one line on stderr), 1 when a rank fails at run time.
+Exit status 0 on success, 2 on bad input (one line on stderr), 1 when a rank fails at run time,
+128 + the signal's number when a stop signal ends the job (SIGINT 130, SIGTERM 143, SIGHUP 129; one
+line naming it: :mod:`workbench.runtime.lifetime`).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -67,6 +70,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 def run_train(args) -> int:
     from ..plan import Plan
     from .launch import train
+    from .lifetime import JobStopped
     try:
         plan = Plan.load(args.plan) if args.plan else None
         sopts = dict(args.schedule_option)
@@ -86,6 +90,11 @@ def run_train(args) -> int:
     except RuntimeError as e:
         print(f"workbench train: failed: {e}", file=sys.stderr)
         return 1
+    except JobStopped as e:  # the ranks are stopped and the job's files removed: nothing is left to tear down
+        print(f"workbench train: {e}", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + e.signum)  # not the interpreter's teardown, which took 2.5 s with torch loaded at load 15
     if "schedule" not in summary:  # a non-zero rank under torchrun: rank 0 reports the run
         return 0
     _draw_timeline(summary)

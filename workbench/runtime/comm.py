@@ -158,8 +158,11 @@ class P2P:
             try:
                 w.wait(self.timeout)
             except Exception as e:  # noqa: BLE001 - re-raise with context
-                raise TimeoutError(f"rank {self.rank}: no message {key} from rank {src} within "
-                                   f"{self.timeout.total_seconds():.0f} s ({e})") from None
+                if "timed out" in str(e).lower() or "timeout" in str(e).lower():
+                    raise TimeoutError(f"rank {self.rank}: no message {key} from rank {src} within "
+                                       f"{self.timeout.total_seconds():.0f} s ({e})") from None
+                raise ConnectionError(f"rank {self.rank}: lost rank {src} while waiting for message {key} "
+                                      f"({str(e).splitlines()[0][:200]})") from None
         waited = (time.perf_counter() - t) * 1e3
         self.prefetch()
         return bufs, waited
@@ -288,6 +291,12 @@ class ShmP2P(P2P):
             raise RuntimeError(f"rank {self.rank}: message {key} was not expected (receive plan out of order)") from None
         idle = self._write_held if any(self.held.values()) else None
         return self.inbound[src].get(q, specs, f"rank {self.rank}: message {key} from rank {src}", idle)
+
+    def unlink(self) -> None:
+        """Remove the files of this rank's inbound channels; call once every peer has mapped them
+        (the mappings stay valid: :mod:`workbench.runtime.shm`)."""
+        for ch in self.inbound.values():
+            ch.path.unlink(missing_ok=True)
 
     def close(self) -> None:
         for ch in list(self.inbound.values()) + list(self.outbound.values()):

@@ -10,7 +10,6 @@ import json
 import math
 import os
 import pickle
-import shutil
 import socket
 import time
 from pathlib import Path
@@ -21,8 +20,9 @@ from ..schedules import executor_of, spec
 from ..schedules.core import Schedule, validate
 from .fetch import check_remote
 from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
+from .lifetime import JobStopped, RankFailed, run_rank, spawn
 from .outputs import RunResult, latest_checkpoint, load_stage
-from .rank import first_failure, worker_main
+from .rank import worker_main
 from .segment_executor import check_segments, sequence_options
 from .shm import (TRAIN_TRANSPORTS, auto_transport, check_transport, remove_channels, remove_stale_channels,
                   ring_channels)
@@ -108,6 +108,8 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
     if (out / "summary.json").exists() and not resume:
         raise ValueError(f"{out} already holds a finished run; choose a new --out folder (or --resume to continue it)")
     L = len(the_model.layers)
+    if torchrun and plan is not None:
+        _check_torchrun_layout(plan)
     if plan is not None and plan.num_layers != L:
         raise ValueError(f"the plan covers {plan.num_layers} layers but model {label!r} has {L}; "
                          "partition this model's profile again")
@@ -202,6 +204,20 @@ def _stream_builder(schedule, workers: int, plan, options: dict | None, sched: S
     return fn
 
 
+def _check_torchrun_layout(plan) -> None:
+    """A plan partitioned for machines (a topology of two or more levels, ``plan.meta["topology"]``,
+    innermost first) runs under torchrun only with as many ranks per node as its innermost level
+    has workers per machine: torchrun numbers ranks node by node, as the topology numbers workers,
+    so worker w lands on machine w // per_machine for both. Otherwise a stage's replicas, or the
+    cut the partitioner placed on the slow link, would fall across other links than planned."""
+    levels = (plan.meta or {}).get("topology") or []
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 0))
+    if len(levels) >= 2 and local and int(levels[0][0]) != local:
+        raise ValueError(f"the plan was partitioned for {int(levels[0][0])} workers per machine (topology "
+                         f"{[int(c) for c, _ in levels]}, innermost first) but torchrun started {local} per node; "
+                         f"run torchrun with --nproc_per_node {int(levels[0][0])} or partition for this layout")
+
+
 def _check_not_bootstrapping() -> None:
     """A spawned rank re-imports the parent's ``__main__`` script; a script that calls ``train`` at
     module level would start training again in every rank. Say so instead of multiprocessing's
@@ -285,10 +301,6 @@ def _shared_weights(job: Job):
     return ws, counters
 
 
-def _spawn_entry(rank, world, jobs, addr, port, shareds):
-    worker_main(rank, world, jobs, addr, port, shareds)
-
-
 def run_job(job: Job, port: int | None = None) -> dict:
     """Run a prepared job (spawn, or this process's rank under torchrun); returns the summary (rank 0)."""
     return run_jobs([job], port)[0]
@@ -306,40 +318,33 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
         if job.resume:
             (out / "summary.json").unlink(missing_ok=True)
         (out / "weights.pt").unlink(missing_ok=True)
-        shutil.rmtree(out / ".errors", ignore_errors=True)
     if _under_torchrun():
         if any(j.schedule.update == "async" for j in jobs):
             raise ValueError("dp-asp (Hogwild on shared memory) needs one machine: launch it without torchrun")
-        rank = int(os.environ["RANK"])
-        worker_main(rank, world, jobs, None, None, None)
+        rank = int(os.environ["RANK"])  # this process is a rank of torchrun's: it stops with torchrun (lifetime.py)
+        run_rank(rank, worker_main, rank, world, jobs, None, None, None)
         return [_read_summary(Path(j.out), j) if rank == 0 else {} for j in jobs]
     port = free_port(port)
     if any(j.shm_token for j in jobs):
         remove_stale_channels()  # files of earlier launchers that were killed before they could remove them
     shareds = [_shared_weights(j) if j.schedule.update == "async" else None for j in jobs]
-    import torch.multiprocessing as mp
-    t = time.time()
     try:
-        mp.start_processes(_spawn_entry, args=(world, jobs, "127.0.0.1", port, shareds), nprocs=world, join=True,
-                           start_method="spawn")
-    except mp.ProcessRaisedException as e:
-        first = first_failure(jobs)
-        if first is None:
-            lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-            first = dict(rank=e.error_index, error=lines[-1].strip())
-        raise RuntimeError(f"rank {first['rank']} failed after {time.time() - t:.1f} s: {first['error'][:500]}; "
-                           "the job was stopped") from None
-    except mp.ProcessExitedException as e:
-        first = first_failure(jobs)
-        why = f"rank {first['rank']} failed: {first['error'][:500]}" if first else \
-            (f"rank {e.error_index} exited with code {e.exit_code} (signal {e.signal_name}) before it started; "
-             "if you train from a script, put the training code under `if __name__ == \"__main__\":`")
-        raise RuntimeError(f"{why}; the job was stopped") from None
+        spawn(worker_main, (world, jobs, "127.0.0.1", port, shareds), world, what="training")
+    except (RankFailed, JobStopped) as e:
+        e.args = (f"{e.args[0]}; the job was stopped{_resume_hint(jobs)}",)
+        raise
     finally:
         for j in jobs:
             if j.shm_token:
                 remove_channels(j.shm_token)  # the shared-memory channel files, however the job ended
     return [_read_summary(Path(j.out), j) for j in jobs]
+
+
+def _resume_hint(jobs: list[Job]) -> str:
+    """Where a stopped job can continue: its last complete checkpoint (``--resume``), if any."""
+    done = [(j.out, latest_checkpoint(Path(j.out))) for j in jobs]
+    return "".join(f"; last complete checkpoint {ck} (--resume --out {out} continues from it)"
+                   for out, ck in done if ck is not None)
 
 
 def _read_summary(out: Path, job: Job) -> dict:
@@ -384,6 +389,11 @@ def train(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int
     drained at the epoch end only, instead of a fill and a drain per minibatch: the weight rule is
     that schedule's over the epoch's microbatches, :meth:`PipelineExecutor.run_stream`), and model
     options for the zoo.
+
+    A stop signal (SIGINT, SIGTERM, SIGHUP) or a rank's death stops every rank and raises
+    :class:`~workbench.runtime.lifetime.JobStopped` / :class:`~workbench.runtime.lifetime.RankFailed`,
+    whose one-line message names the cause and the last complete checkpoint (``resume=True``
+    continues from it): :mod:`workbench.runtime.lifetime`.
     """
     _check_not_bootstrapping()
     if port is not None:

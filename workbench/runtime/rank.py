@@ -3,15 +3,14 @@
 Per epoch: post the epoch's receive plan, run the rounds (one minibatch each; fault injection at the
 start of a round), flush the sends, let every stage replica write its checkpoint, evaluate on the
 test split (rank 0), gather metrics and timeline rows on rank 0, which appends them to the CSVs and
-marks the checkpoint complete (the gather is the only synchronization: the other ranks go on). A
-rank that raises records ``(rank, time, error)`` in ``out/.errors`` so the launcher can name the
-first failure (the others fail as a consequence).
+marks the checkpoint complete (the gather is the only synchronization: the other ranks go on). How
+a rank starts, reports a failure and stops (signals, its launcher's death) is
+:mod:`workbench.runtime.lifetime`'s; each round tells it the step the rank reached.
 """
 from __future__ import annotations
 
 import functools
 import gc
-import json
 import os
 import socket
 import sys
@@ -25,7 +24,8 @@ from ..schedules import executor_of
 from .affinity import place_rank
 from .fetch import has_remote
 from .job import Job, RankContext
-from .outputs import append_outputs, atomic_save, atomic_text, jsonable, latest_checkpoint, load_stage, peak_rss, write_summary
+from .lifetime import reached
+from .outputs import append_outputs, atomic_save, jsonable, latest_checkpoint, load_stage, peak_rss, write_summary
 from .stages import DataOrder, as_tuple, microbatch, run_stage, stage_module, stage_params
 from .tied import make_groups as tied_groups
 from .tied import tied_weights
@@ -95,18 +95,10 @@ def worker_main(rank: int, world: int, jobs: list[Job], addr: str | None, port: 
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     dist = _init_dist(rank, world, job, addr, port)
-    try:
-        for i, job in enumerate(jobs):
-            groups = _make_groups(dist, rank, job)
-            _train_rank(rank, world, job, dist, groups, device, shareds[i] if shareds else None)
-    except BaseException as e:  # record the time of the failure: the parent names the first rank that failed
-        err = Path(job.out) / ".errors"
-        err.mkdir(parents=True, exist_ok=True)
-        atomic_text(json.dumps(dict(rank=rank, time=time.time(), error=f"{type(e).__name__}: {e}")),
-                     err / f"rank{rank}.json")
-        raise
-    finally:
-        dist.destroy_process_group()
+    for i, job in enumerate(jobs):
+        groups = _make_groups(dist, rank, job)
+        _train_rank(rank, world, job, dist, groups, device, shareds[i] if shareds else None)
+    dist.destroy_process_group()  # a rank that failed ends at once instead (lifetime): the kernel closes its sockets
 
 
 def _shared_t0(dist, t0: float) -> float:
@@ -118,18 +110,6 @@ def _shared_t0(dist, t0: float) -> float:
     dist.broadcast_object_list(obj, src=0)
     host, t0_rank0 = obj[0]
     return t0_rank0 if host == socket.gethostname() else t0
-
-
-def first_failure(jobs: list[Job]) -> dict | None:
-    """The earliest recorded rank failure of these jobs (the root cause; later ones are consequences)."""
-    errs = []
-    for j in jobs:
-        for p in (Path(j.out) / ".errors").glob("rank*.json"):
-            try:
-                errs.append(json.loads(p.read_text()))
-            except (OSError, json.JSONDecodeError):
-                pass
-    return min(errs, key=lambda e: e["time"]) if errs else None
 
 
 def _train_rank(rank, world, job: Job, dist, groups, device, shared):
@@ -184,6 +164,8 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
     gc.collect()  # before the barrier: its duration differs between ranks and would skew their clocks
     gc.freeze()  # long-lived objects (torch & co.) are no longer scanned by the collector during the steps
     barrier()
+    if hasattr(getattr(executor, "comm", None), "unlink"):
+        executor.comm.unlink()  # every rank has mapped its channels: no file outlives the job, however it ends
     ctx.t0 = _shared_t0(dist, time.perf_counter())
     wall0 = time.time()
     bar = None
@@ -204,8 +186,7 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
                                         reads_inputs, timeline, rows, bar)
         for k in rounds if job.stream is None else ():
             Rg = epoch * rpe + k
-            if job.fail_rank == rank and job.fail_at_step == Rg:
-                raise RuntimeError(f"injected fault at step {Rg}")
+            _start_step(job, rank, Rg)
             cache = {}
 
             def data(b, k=k, cache=cache):
@@ -275,8 +256,7 @@ def _run_stream(executor, job: Job, rank: int, epoch: int, rounds: list[int], rp
         return c[b]
 
     def on_round(Rg):
-        if job.fail_rank == rank and job.fail_at_step == Rg:
-            raise RuntimeError(f"injected fault at step {Rg}")
+        _start_step(job, rank, Rg)
         if bar is not None and Rg > R0:
             bar.update(1)  # a new minibatch entered the pipeline on rank 0: count the one before
 
@@ -286,6 +266,14 @@ def _run_stream(executor, job: Job, rank: int, epoch: int, rounds: list[int], rp
         bar.update(1)
     rows += [dict(step=R0 + j, epoch=epoch, end_ms=ends[j], **metrics[j]) for j in range(len(rounds))]
     return job.batch_size * len(rounds)
+
+
+def _start_step(job: Job, rank: int, step: int) -> None:
+    """This rank starts ``step``: tell the launcher (:func:`~workbench.runtime.lifetime.reached`) and
+    inject the job's fault if it is this rank's and this step's."""
+    reached(step)
+    if job.fail_rank == rank and job.fail_at_step == step:
+        raise RuntimeError(f"injected fault at step {step}")
 
 
 def _write_checkpoint(out: Path, R: int, epoch: int, executor, job: Job, rank: int) -> Path:

@@ -48,6 +48,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..models.segmented import SegBlock, SegEmbedding, segment_gpt
 from ..schedules.core import Schedule
+from .lifetime import spawn
 from .stages import even_bounds
 
 
@@ -282,10 +283,8 @@ def _entry(rank: int, world: int, jobs: list[SegmentJob], port: int, out: str) -
 
 def run(jobs: SegmentJob | list[SegmentJob]) -> dict | list[dict]:
     """Run a job (or several, one after another in the same processes: one start-up) on
-    ``schedule.num_workers`` gloo ranks (``mp.spawn``). Per job: ``grads[stage]`` and
+    ``schedule.num_workers`` gloo ranks (:func:`workbench.runtime.lifetime.spawn`). Per job: ``grads[stage]`` and
     ``weights[stage]`` ({parameter name: tensor}) and ``peak_saved_bytes[rank]``."""
-    import torch.multiprocessing as mp
-
     from .launch import free_port
 
     many = isinstance(jobs, (list, tuple))
@@ -294,7 +293,7 @@ def run(jobs: SegmentJob | list[SegmentJob]) -> dict | list[dict]:
     if any(job.schedule.num_workers != W for job in jobs):
         raise ValueError("jobs run together must have schedules with the same number of workers")
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_entry, args=(W, jobs, free_port(), out), nprocs=W, join=True)
+        spawn(_entry, (W, jobs, free_port(), out), W, what="the segment job")
         parts = [torch.load(Path(out) / f"rank{r}.pt") for r in range(W)]
     merged = []
     for i in range(len(jobs)):

@@ -25,9 +25,11 @@ per message of the epoch instead, as before, so nothing is held. The flag is sto
 ordered on x86-64 (total store order), which :func:`available` requires. Waiting spins briefly,
 then sleeps 20 µs at a time (ranks may share cores), and gives up after the run's timeout.
 
-The files are named after the job's token, which holds the launcher's pid namespace and pid: the launcher
-removes its own when the job ends, however it ends, and a new shared-memory job first removes the
-files of launchers that no longer run (killed with SIGKILL: :func:`remove_stale_channels`).
+The files are named after the job's token, which holds the launcher's pid namespace and pid. Once every
+rank has mapped its channels (the start barrier), each rank unlinks the files of its inbound channels:
+the mappings live on and the kernel frees the memory when the last rank ends, however it ends. Before
+that point the launcher removes the job's files when the job ends, and a new shared-memory job first
+removes the files of launchers that no longer run (killed with SIGKILL: :func:`remove_stale_channels`).
 """
 from __future__ import annotations
 
@@ -143,7 +145,7 @@ class Channel:
     """One direction ``src -> dst`` (module docstring); both ranks open the same file."""
 
     def __init__(self, path: Path, slots: int, slot_bytes: int, timeout_s: float):
-        self.slots, self.timeout_s = int(slots), float(timeout_s)
+        self.path, self.slots, self.timeout_s = Path(path), int(slots), float(timeout_s)
         self.slot_bytes = max(ALIGN, -(-int(slot_bytes) // ALIGN) * ALIGN)
         head = -(-16 * self.slots // ALIGN) * ALIGN
         size = head + self.slots * self.slot_bytes
