@@ -299,8 +299,8 @@ def runtime_link(idle: dict, loaded: dict) -> dict:
     waits for a core that a compute thread holds; a runtime rank receives on its compute thread,
     which is idle while it waits, so a message on the critical path (one a rank waits for) sees
     the idle latency, and what the messages cost a busy core is their CPU time. Charged the loaded
-    latency on every message, the model ran 5-23% high over gloo in session 6 and 5-12% in
-    session 7 (``bench_fidelity.py``'s ``loaded transit`` column); not modeled: a sender that goes
+    latency on every message, the model ran 5-23% high over gloo (``bench_fidelity.py``'s
+    ``loaded transit`` column); not modeled: a sender that goes
     straight on to its next op delays its own send threads (PipeDream's steady state)."""
     if not loaded.get("busy") or idle.get("busy"):
         raise ValueError("runtime_link(idle, loaded): pass measure_link(...) idle first, then measure_link(..., busy=True)")
@@ -467,12 +467,12 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
     Cache and allocator effects of the real op sequence are in the figure: in a paired check on the
     2-vCPU benchmark host a forward of the MLP's last stage right after a backward took 7-16% longer
     than one after a forward (0.88-0.97 -> 1.02-1.09 ms; a later check split, -10% and +17%). With the forwards timed back to back
-    (GPipe's order, until session 7) the runtime's ranks computed 1.06-1.19x the profile in a shm
+    (GPipe's order) the runtime's ranks computed 1.06-1.19x the profile in a shm
     fidelity run (``bench_fidelity.py``'s ``compute_ratio``); in 1F1B order 1.03-1.10x and
     0.96-1.05x in the two shm runs after. Means, not medians: a run pays every op (each op's mean
     was 1-5% above its median there). The STEP right after a backward took 0.13 ms in place and
     0.21-0.25 ms into new tensors for the MLP's last stage, 0.09-0.10 and 0.13-0.16 back to back
-    (the profile until session 7), and 0.14-0.16 / 0.19-0.20 ms timed inside the runtime's ranks."""
+    (as the profile once timed them), and 0.14-0.16 / 0.19-0.20 ms timed inside the runtime's ranks."""
     import torch
 
     from .runtime.stages import (as_leaves, from_tuple, run_stage, run_stage_layers, sgd_update, split_input_grad,

@@ -43,6 +43,7 @@ def _cores() -> int:
 def free_port(port: int | None = None, host: str = "127.0.0.1") -> int:
     """``port`` if it can be bound (ValueError if in use), else a free ephemeral port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the rendezvous store binds: TIME_WAIT is free
         try:
             s.bind((host, port or 0))
         except OSError:

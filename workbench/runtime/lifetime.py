@@ -45,6 +45,7 @@ from multiprocessing import connection
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 GRACE_S = 2.0  # a rank that outlives SIGTERM by this long gets SIGKILL
 POLL_S = 0.1  # the launcher's and the watchdog's polling period
+SETTLE_S = 0.3  # after a rank's reported error, how long the launcher looks for a peer killed by a signal
 NOT_STARTED, SETTING_UP = -2, -1  # progress values before a rank's first step
 
 _PR_SET_PDEATHSIG, _PR_SET_NAME = 1, 15
@@ -217,6 +218,13 @@ def _supervise(procs, readers, progress, stop: _StopSignals, deadline_s, what: s
         if stop.signum is not None:
             raise JobStopped(_stopped_message(stop.signum, progress), stop.signum)
         dead = [(i, p) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        if reports and not any(p.exitcode < 0 for _, p in dead):
+            # a peer's reported error (a reset connection) is often the consequence of another rank's
+            # death whose exit has not been seen yet: give the exits a moment to land
+            settle = time.monotonic() + SETTLE_S
+            while not any(p.exitcode < 0 for _, p in dead) and time.monotonic() < settle:
+                time.sleep(0.02)
+                dead = [(i, p) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
         if dead or reports:
             if any(p.exitcode < 0 for _, p in dead):
                 time.sleep(0.05)  # a signal to the whole group reaches the launcher too: let its handler run
