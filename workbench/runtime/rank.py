@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import time
+from typing import Any
 from datetime import timedelta
 from pathlib import Path
 
@@ -32,7 +33,8 @@ from .tied import tied_weights
 
 def _init_dist(rank: int, world: int, job: Job, addr: str | None, port: int | None):
     import torch.distributed as dist
-    kw = dict(backend=job.backend, rank=rank, world_size=world, timeout=timedelta(seconds=job.timeout_s))
+    kw: dict[str, Any] = dict(backend=job.backend, rank=rank, world_size=world,
+                              timeout=timedelta(seconds=job.timeout_s))
     if addr is None:
         dist.init_process_group(init_method="env://", **kw)
     else:
@@ -43,7 +45,7 @@ def _init_dist(rank: int, world: int, job: Job, addr: str | None, port: int | No
 def _make_groups(dist, rank: int, job: Job) -> dict:
     """One process group per distinct replica set of a stage, plus ``act``/``grad``: all ranks, one
     communicator per transfer direction (created in the same order on all ranks)."""
-    groups = {}
+    groups: dict[Any, Any] = {}
     if job.schedule.num_stages > 1 and executor_of(job.schedule) == "pipeline":
         for k in ("act", "grad"):
             groups[k] = dist.new_group(list(range(job.schedule.num_workers)), timeout=timedelta(seconds=job.timeout_s))
@@ -147,6 +149,7 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
     ctx.specs, ctx.like_tuple = _boundary_specs(model, job.bounds, x0)
     _warm_up_compute(model, job.bounds, x0, y0)
     kind = executor_of(sched)
+    executor: Any  # the four executors share the step loop's duck-typed interface
     if kind == "hogwild":
         executor = HogwildExecutor(ctx, sched, model, job.bounds, *shared)
     elif kind == "ddp":
@@ -180,14 +183,15 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
         perm = order.permutation(epoch)
         if hasattr(executor, "comm"):
             executor.begin_epoch(rounds)
-        timeline, rows = [], []
+        timeline: list = []
+        rows: list = []
         if job.stream is not None:  # the epoch's rounds as one pipeline, drained at the epoch end only
             samples_done += _run_stream(executor, job, rank, epoch, rounds, rpe, order, perm, dataset, device, dtype,
                                         reads_inputs, timeline, rows, bar)
         for k in rounds if job.stream is None else ():
             Rg = epoch * rpe + k
             _start_step(job, rank, Rg)
-            cache = {}
+            cache: dict = {}
 
             def data(b, k=k, cache=cache):
                 if b not in cache:
@@ -295,9 +299,9 @@ def _evaluate(rank, world, job: Job, dist, executor, model, device, dtype) -> di
     which runs the whole model over the test split (mean loss over samples, argmax accuracy)."""
     sched = job.schedule
     mine = {s: {n: t.cpu() for n, t in w.items()} for s, w in executor.weights().items() if sched.stage_workers[s][0] == rank}
-    gathered = [None] * world if rank == 0 else None
+    gathered: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
-    if rank != 0:
+    if gathered is None:
         return None
     weights = {s: w for g in gathered for s, w in g.items()}
     try:
