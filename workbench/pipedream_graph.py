@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from .antichain import LayerGraph, node_on_cycle
+
 if TYPE_CHECKING:
     from .profiler import Profile
 
@@ -50,16 +52,8 @@ def _bytes(text: str, where: str) -> tuple[float, ...]:
     return vals
 
 
-def read_graph(path, label: str | None = None) -> "Profile":
-    """A Profile from PipeDream's ``graph.txt`` (module docstring); ``meta["source"]`` names it
-    ``label`` (default: the path as given)."""
-    from .profiler import Profile
-
-    path = Path(path)
-    if path.is_dir():
-        path = path / "graph.txt"
-    if not path.exists():
-        raise ValueError(f"PipeDream profile {path} does not exist")
+def _parse(path: Path) -> tuple[dict[str, dict], list[tuple[str, str]]]:
+    """Nodes (file order) and edges (file order) of a ``graph.txt``; errors name file, line and node."""
     nodes: dict[str, dict] = {}
     edges: list[tuple[str, str]] = []
     for lineno, line in enumerate(path.read_text().splitlines(), 1):
@@ -74,12 +68,50 @@ def read_graph(path, label: str | None = None) -> "Profile":
             nodes[nid] = dict(node=nid, desc=desc.strip(), fwd_ms=_number(f, where), bwd_ms=_number(b, where),
                               act_parts=parts, act_bytes_own=sum(parts), param_bytes=sum(_bytes(p, f"{where}: parameter_size")))
         else:
-            raise ValueError(f"{where}: not a PipeDream graph.txt line: {line[:80]!r}")
+            nid = re.match(r"^(node\d+) -- ", line)
+            hint = (f" (node {nid.group(1)} needs forward_compute_time=, backward_compute_time=, activation_size=, "
+                    "parameter_size=)") if nid else ""
+            raise ValueError(f"{where}: not a PipeDream graph.txt line{hint}: {line[:80]!r}")
     if not nodes:
         raise ValueError(f"{path} has no nodes; is it a PipeDream graph.txt?")
     for a, b in edges:
         if a not in nodes or b not in nodes:
-            raise ValueError(f"{path}: edge {a} -- {b} names an unknown node")
+            raise ValueError(f"{path}: edge {a} -- {b} names an unknown node {a if a not in nodes else b}")
+    return nodes, edges
+
+
+def layer_graph(path) -> LayerGraph:
+    """The node DAG of a ``graph.txt`` (every node, inputs included, file order) for PipeDream's
+    antichain states (:mod:`workbench.antichain`)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "graph.txt"
+    if not path.exists():
+        raise ValueError(f"PipeDream profile {path} does not exist")
+    nodes, edges = _parse(path)
+    _topological(nodes, edges, path)
+    return _as_layer_graph(nodes, edges)
+
+
+def _as_layer_graph(nodes: dict, edges: list) -> LayerGraph:
+    vals = list(nodes.values())
+    return LayerGraph(tuple(nodes), tuple(d["desc"] for d in vals), tuple(d["fwd_ms"] for d in vals),
+                      tuple(d["bwd_ms"] for d in vals), tuple(d["act_bytes_own"] for d in vals),
+                      tuple(d["param_bytes"] for d in vals), tuple(edges))
+
+
+def read_graph(path, label: str | None = None) -> "Profile":
+    """A Profile from PipeDream's ``graph.txt`` (module docstring); ``meta["source"]`` names it
+    ``label`` (default: the path as given). ``meta["graph"]`` keeps the node DAG
+    (:meth:`LayerGraph.to_dict`) for PipeDream's antichain states."""
+    from .profiler import Profile
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "graph.txt"
+    if not path.exists():
+        raise ValueError(f"PipeDream profile {path} does not exist")
+    nodes, edges = _parse(path)
     order = _topological(nodes, edges, path)
     inputs = [n for n in order if _INPUT.match(nodes[n]["desc"])]
     layers = [n for n in order if n not in set(inputs)]
@@ -105,7 +137,8 @@ def read_graph(path, label: str | None = None) -> "Profile":
                          crossing=len(crossing), act_parts=";".join(f"{v:g}" for v in d["act_parts"])))
     input_bytes = sum(nodes[n]["act_bytes_own"] for n in inputs)
     meta = dict(kind="measured", source=f"PipeDream graph.txt ({label or path})", device="GPU (PipeDream profiler)",
-                input_bytes=input_bytes, input_parts_bytes=[nodes[n]["act_bytes_own"] for n in inputs])
+                input_bytes=input_bytes, input_parts_bytes=[nodes[n]["act_bytes_own"] for n in inputs],
+                graph=_as_layer_graph(nodes, edges).to_dict())
     if input_bytes and len(inputs) == 1:
         meta["batch_size_if_imagenet"] = round(input_bytes / (3 * 224 * 224 * 4))
     return Profile(pd.DataFrame(rows), meta)
@@ -139,7 +172,9 @@ def _topological(nodes, edges, path) -> list[str]:
             if indeg[m] == 0:
                 heapq.heappush(heap, (key(m), m))
     if len(out) != len(nodes):
-        raise ValueError(f"{path}: the graph has a cycle; PipeDream graphs are DAGs")
+        bad = node_on_cycle({n for n in nodes if indeg[n] > 0}, edges)
+        raise ValueError(f"{path}: the graph has a cycle through node {bad}; PipeDream graphs are DAGs: "
+                         "remove the edge that closes it")
     return out
 
 

@@ -1,0 +1,293 @@
+"""PipeDream's own cost model and dynamic program (``cost="pipedream"``), as its public optimizer
+(``optimizer/optimizer_graph_hierarchical.py`` of msr-fiddle/pipedream) prices and solves it.
+
+States are antichains (:mod:`workbench.antichain`); ``C(i, j)``, ``a(i, j)``, ``w(i, j)`` are the
+compute (s), activation and parameter bytes of the states after state ``i-1`` up to state ``j``
+(row ``i = 0``: from the start), i.e. differences of the cumulative sums. A level has ``M``
+machines joined at bandwidth ``B``, each holding ``n_in`` workers of the level inside (1 at the
+innermost level), and ``M_tot`` machines in all. Machine counts ``m`` below are 1-based.
+
+*One stage replicated on m machines* (data parallelism added to compute, not overlapped)::
+
+    T(i, j, m) = ( C(i, j) + 4 (m-1) w(i, j) / (B m) / n_in ) / m
+
+allowed when ``ceil((M - m) / m) (a(i, j) + w(i, j)) <= memory`` (with a memory limit).
+
+*Split* after state ``k`` (an ancestor of ``j`` in the antichain DAG, and for ``i > 0`` not an
+ancestor of state ``i-1``), the last stage on ``m'`` machines::
+
+    L(k, j, m') = ( C(k+1, j) + 4 (m'-1) w(k+1, j) / (B m') ) / m'
+    A(i, j, m)  = min( T(i, j, m),  min_{k, m'} max( A(i, k, m-m'), L(k, j, m'),
+                                                     2 out(k) / (B m' r),  2 out(j) / (B m' r) ) )
+
+``out(s)``: bytes leaving state ``s`` (its augmented antichain's outputs), ``r`` the activation
+compression ratio (``None``: cuts are free), the last term absent for the final state; a split
+needs ``ceil((M - m) / m') (a(k+1, j) + w(k+1, j)) <= memory``. ``straight``: ``m = 1`` per stage
+(``m' = 1``); ``use_fewer_machines``: ``A(i, j, m)`` may take ``A(i, j, m-1)`` when that is lower.
+Ties keep the earlier candidate (the all-replicated stage, then ``k`` in topological order, then
+``m'`` ascending).
+
+*Levels, inside out.* The innermost level is solved for every row ``i``; the next level's
+``C(i, j)`` is the inner ``A(i, j, M_in)`` (a machine of the next level runs the inner optimum on
+all its workers), and ``n_in = M_in``; the outermost level needs row 0 only. Its
+``A(0, N-1, M)`` is PipeDream's "time per stage in pipeline". The plan is read back outside in:
+each outer stage (states ``s..e``) is split again with the inner level's ``A(s, e-1, M_in)``.
+
+*Data parallelism* (PipeDream's DP estimate): ``t = C_total``; for each level inside out
+``t = (t + 4 (M-1) W / (B M) / n_in) / M``.
+
+Quirks kept for parity: in ``L`` the all-reduce is not divided by ``n_in`` (it is in ``T``); for
+``i > 0`` the rows are differences of cumulative sums even where state ``i-1`` is not an ancestor
+of ``j`` (PipeDream prices such pairs too).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .antichain import LayerGraph, States, antichain_states
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class Options:
+    """PipeDream's optimizer flags (``--straight_pipeline``, ``--use_fewer_machines``,
+    ``--use_memory_constraint --memory_size``, ``--activation_compression_ratio``)."""
+
+    straight: bool = False
+    use_fewer_machines: bool = False
+    memory_bytes: float | None = None
+    activation_compression_ratio: float | None = 1.0
+
+
+@dataclass
+class _Level:
+    """One solved level: ``T[i, j, m-1]`` and how it was reached (``split_k = -1``: one stage)."""
+
+    T: np.ndarray
+    split_k: np.ndarray
+    split_m: np.ndarray  # machines (0-based index) left for the prefix
+    used: np.ndarray  # machines of the last stage
+    machines: int
+
+
+@dataclass(frozen=True)
+class Result:
+    """PipeDream's decision: ``stages`` (first state, end state exclusive, replicas across all
+    levels), their nodes, the levels' stage lists, and its times in seconds."""
+
+    states: States
+    stages: tuple[tuple[int, int, int], ...]
+    stage_nodes: tuple[tuple[str, ...], ...]
+    levels: tuple[tuple[tuple[int, int, int], ...], ...]  # outermost first, as PipeDream prints them
+    stage_times_s: tuple[float, ...]
+    workers: tuple[tuple[int, ...], ...]
+    pipeline_s: float
+    data_parallel_s: float
+    single_s: float
+    unused_machines: int
+
+
+def _segments(states: States) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``C, a, w`` of shape (N+1, N): row 0 the cumulative sums, row i the sums after state i-1;
+    ``inf`` where PipeDream has no entry (j < i)."""
+    n = len(states)
+    out = []
+    for cum in (states.compute_s, states.activation, states.parameters):
+        M = np.full((n + 1, n), INF)
+        M[0] = cum
+        for i in range(1, n + 1):
+            M[i, i:] = cum[i:] - cum[i - 1]
+        out.append(M)
+    return out[0], out[1], out[2]
+
+
+def _init(C, act, par, rows, M, within, B, opt: Options, lv: _Level):
+    """The one-stage entries ``T(i, j, m)`` (module docstring)."""
+    n = C.shape[1]
+    jge = np.arange(n)[None, :] >= np.arange(rows)[:, None]
+    for m0 in range(1 if opt.straight else M):
+        a, w, c = act[:rows], par[:rows], C[:rows]
+        ok = jge & np.isfinite(c)
+        if opt.memory_bytes is not None:
+            ok &= ~(math.ceil((M - (m0 + 1)) / (m0 + 1)) * (a + w) > opt.memory_bytes)
+        with np.errstate(invalid="ignore"):  # inf entries (no segment) give nan here, masked by ok
+            dp = (4 * m0 * w) / (B * (m0 + 1)) / within
+            t = (c + dp) / (m0 + 1)
+        lv.T[:, :, m0] = np.where(ok, t, INF)
+        lv.used[:, :, m0] = np.where(ok, m0 + 1, 0)
+
+
+def _solve(states: States, C, act, par, M, within, B, final, opt: Options, below_anc, order) -> _Level:
+    """One level of the dynamic program over every row (``final``: row 0 only); ``order[j]``: the
+    split states of state j in the order they are tried."""
+    n = C.shape[1]
+    rows = 1 if final else n + 1
+    lv = _Level(np.full((rows, n, M), INF), np.full((rows, n, M), -1), np.full((rows, n, M), -1),
+                np.zeros((rows, n, M), dtype=np.int64), M)
+    _init(C, act, par, rows, M, within, B, opt, lv)
+    r = opt.activation_compression_ratio
+    for j in range(1, n):
+        ks = order[j]
+        # row i may use k unless k is an ancestor of state i-1 (below_anc[i, k]); rows i < j only
+        allowed = ~below_anc[:rows][:, ks] & (np.arange(rows) < j)[:, None]
+        for m in range(1, M):
+            _step(lv, states, C, act, par, M, B, r, opt, j, m, ks, allowed, n)
+    return lv
+
+
+def _step(lv: _Level, states, C, act, par, M, B, r, opt, j, m, ks, allowed, n):
+    """``A(:, j, m+1)`` for all rows at once (0-based ``m``)."""
+    cur = lv.T[:, j, m].copy()
+    take = np.zeros_like(cur, dtype=bool)
+    if opt.use_fewer_machines:
+        take = np.isinf(cur) | (lv.T[:, j, m - 1] < cur)
+        cur = np.where(take, lv.T[:, j, m - 1], cur)
+        for arr in (lv.split_k, lv.split_m, lv.used):
+            arr[:, j, m] = np.where(take, arr[:, j, m - 1], arr[:, j, m])
+    if ks.size == 0:
+        lv.T[:, j, m] = cur
+        return
+    mps = np.arange(1, 2 if opt.straight else m + 1)
+    c_last, w_last = C[ks + 1, j][:, None], par[ks + 1, j][:, None]
+    ok = np.isfinite(c_last) & np.ones((1, mps.size), dtype=bool)
+    if opt.memory_bytes is not None:
+        stash = (act[ks + 1, j][:, None] + w_last) * np.ceil((M - (m + 1)) / mps)[None, :]
+        ok &= ~(stash > opt.memory_bytes)
+    with np.errstate(invalid="ignore"):
+        last = (c_last + (4 * (mps - 1) * w_last) / (B * mps)) / mps
+    prev = lv.T[:, ks][:, :, m - mps]  # rows x k x m'
+    cand = np.maximum(prev, last[None])
+    if r is not None:
+        cand = np.maximum(cand, ((2.0 * states.output_activation[ks][:, None]) / (B * mps) / r)[None])
+        if j < n - 1:
+            cand = np.maximum(cand, ((2.0 * states.output_activation[j]) / (B * mps) / r)[None, None])
+    valid = ok[None] & allowed[:, :, None] & np.isfinite(prev)
+    cand = np.where(valid, cand, INF).reshape(len(cur), -1)
+    best = np.argmin(cand, axis=1)
+    val = cand[np.arange(len(cur)), best]
+    better = val < cur
+    kk, mm = np.divmod(best, mps.size)
+    lv.T[:, j, m] = np.where(better, val, cur)
+    lv.split_k[:, j, m] = np.where(better, ks[kk], lv.split_k[:, j, m])
+    lv.split_m[:, j, m] = np.where(better, m - mps[mm], lv.split_m[:, j, m])
+    lv.used[:, j, m] = np.where(better, mps[mm], lv.used[:, j, m])
+
+
+def _read_back(lv: _Level, start: int, end: int) -> list[tuple[int, int, int]]:
+    """Stages (first state, end state, machines) of the optimum for states start..end-1 on all
+    of the level's machines."""
+    m = lv.machines - 1
+    j, out = end - 1, []
+    while True:
+        used = int(lv.used[start if lv.T.shape[0] > 1 else 0, j, m])
+        k = int(lv.split_k[start if lv.T.shape[0] > 1 else 0, j, m])
+        if used == 0:
+            raise ValueError(f"no feasible configuration for states {start}..{end - 1} on {lv.machines} machines")
+        if k < 0:
+            out.append((start, j + 1, used))
+            return out[::-1]
+        out.append((k + 1, j + 1, used))
+        m = int(lv.split_m[start if lv.T.shape[0] > 1 else 0, j, m])
+        j = k
+
+
+def optimize_states(states: States, machines: list[int], bandwidths: list[float], opt: Options = Options(), *,
+                    candidate_order=None) -> Result:
+    """PipeDream's optimizer on ``states`` with ``machines[k]`` machines at ``bandwidths[k]`` per
+    level, innermost first (module docstring).
+
+    ``candidate_order[j]``: the ancestors of state j in the order the DP tries them (default
+    ascending). It only decides between configurations of equal time: PipeDream's own optimizer
+    tries them in the iteration order of a Python set of objects (memory-address order), which
+    tests replay from a recording to compare configurations bit for bit."""
+    if len(machines) != len(bandwidths) or not machines:
+        raise ValueError("give one machine count and one bandwidth per level")
+    n = len(states)
+    order = states.ancestors if candidate_order is None else _check_order(states, candidate_order)
+    C, act, par = _segments(states)
+    below = np.zeros((n + 1, n), dtype=bool)  # below[i, k]: k is an ancestor of state i-1
+    for i in range(1, n + 1):
+        below[i, states.ancestors[i - 1]] = True
+    levels, within = [], 1
+    for lvl, (M, B) in enumerate(zip(machines, bandwidths)):
+        final = lvl == len(machines) - 1
+        lv = _solve(states, C, act, par, int(M), within, float(B), final, opt, below, order)
+        levels.append(lv)
+        if not final:
+            C = np.full_like(C, INF)
+            C[:, :] = lv.T[:, :, -1]
+        within = int(M)
+    return _assemble(states, levels, machines, bandwidths)
+
+
+def _check_order(states: States, order) -> list[np.ndarray]:
+    if len(order) != len(states):
+        raise ValueError(f"candidate_order needs one list per state ({len(states)}), got {len(order)}")
+    out = []
+    for j, ks in enumerate(order):
+        ks = np.asarray(ks, dtype=np.int64)
+        if sorted(ks.tolist()) != states.ancestors[j].tolist():
+            raise ValueError(f"candidate_order[{j}] must be a permutation of the ancestors of state {j}")
+        out.append(ks)
+    return out
+
+
+def _assemble(states: States, levels: list[_Level], machines, bandwidths) -> Result:
+    """Read the plan back outside in: each outer stage is split again on its inner machines."""
+    n = len(states)
+    pipeline_s = float(levels[-1].T[0, n - 1, -1])
+    if not math.isfinite(pipeline_s):
+        raise ValueError("PipeDream's optimizer finds no configuration: raise the memory limit, allow "
+                         "replication (straight=False) or use more machines")
+    # a span: (first state, end state, replication so far, groups = worker ids of each machine above)
+    spans = [(0, n, 1, [list(range(int(np.prod(machines))))])]
+    printed = []
+    for k in range(len(levels) - 1, -1, -1):
+        unit = int(np.prod(machines[:k]))  # workers per machine of level k
+        nxt, lev_stages = [], []
+        for first, end, rep, groups in spans:
+            comp = 0
+            for s, e, used in _read_back(levels[k], first, end):
+                lev_stages.append((s, e, used))
+                sub = [g[c * unit:(c + 1) * unit] for g in groups for c in range(comp, comp + used)]
+                nxt.append((s, e, rep * used, sub))
+                comp += used
+        printed.append(tuple(lev_stages))
+        spans = nxt
+    C, _, par = _segments_of(states)
+    B0 = float(bandwidths[0])
+    stages, workers, times = [], [], []
+    for (s, e, rep, groups), (_, _, u) in zip(spans, printed[-1]):
+        c, w = C(s, e - 1), par(s, e - 1)
+        times.append((c + (4 * (u - 1) * w) / (B0 * u)) / u / (rep // u))
+        stages.append((s, e, rep))
+        workers.append(tuple(x for g in groups for x in g))
+    nodes = states.stage_nodes([e for _, e, _ in stages])
+    return Result(states, tuple(stages), tuple(tuple(x) for x in nodes), tuple(printed), tuple(times),
+                  tuple(workers), pipeline_s, data_parallel_s(states, machines, bandwidths),
+                  float(states.compute_s[-1]), int(np.prod(machines)) - sum(len(ws) for ws in workers))
+
+
+def _segments_of(states: States):
+    """Scalar ``C(i, j)`` and ``w(i, j)`` (row i = after state i-1)."""
+    def seg(cum):
+        return lambda i, j: float(cum[j] - (cum[i - 1] if i > 0 else 0.0))
+    return seg(states.compute_s), None, seg(states.parameters)
+
+
+def data_parallel_s(states: States, machines, bandwidths) -> float:
+    """PipeDream's data-parallel estimate (module docstring), seconds per minibatch."""
+    t, W, within = float(states.compute_s[-1]), float(states.parameters[-1]), 1
+    for M, B in zip(machines, bandwidths):
+        t = sum([t, (4 * (M - 1) * W) / (B * M) / within]) / M
+        within = M
+    return t
+
+
+def optimize_graph(graph: LayerGraph, machines, bandwidths, opt: Options = Options()) -> Result:
+    """:func:`optimize_states` on the antichain states of ``graph``."""
+    return optimize_states(antichain_states(graph), list(machines), list(bandwidths), opt)
