@@ -117,24 +117,13 @@ def read_graph(path, label: str | None = None) -> "Profile":
     layers = [n for n in order if n not in set(inputs)]
     if not layers:
         raise ValueError(f"{path}: only input nodes; a profile needs at least one layer")
-    pos = {n: i for i, n in enumerate(layers)}
-    for n in inputs:
-        pos[n] = -1  # produced before the first layer
-    last_use = dict(pos)  # latest position of a consumer
-    for a, b in edges:
-        if b in pos and pos[b] >= 0:
-            last_use[a] = max(last_use[a], pos[b])
-    producers = inputs + layers
+    own = {n: d["act_bytes_own"] for n, d in nodes.items()}
     rows = []
-    for i, n in enumerate(layers):
-        crossing = [m for m in producers if pos[m] <= i and last_use[m] > i]
-        if i == len(layers) - 1:
-            crossing = [n]  # the model's output (goes to the loss)
+    for n, (act, count) in zip(layers, _crossing(inputs, layers, edges, own)):
         d = nodes[n]
         rows.append(dict(name=f"{n}:{d['desc'].split('(')[0]}", fwd_ms=d["fwd_ms"], bwd_ms=d["bwd_ms"],
-                         act_bytes=sum(nodes[m]["act_bytes_own"] for m in crossing),
-                         param_bytes=d["param_bytes"], node=n, module=d["desc"],
-                         crossing=len(crossing), act_parts=";".join(f"{v:g}" for v in d["act_parts"])))
+                         act_bytes=act, param_bytes=d["param_bytes"], node=n, module=d["desc"],
+                         crossing=count, act_parts=";".join(f"{v:g}" for v in d["act_parts"])))
     input_bytes = sum(nodes[n]["act_bytes_own"] for n in inputs)
     meta = dict(kind="measured", source=f"PipeDream graph.txt ({label or path})", device="GPU (PipeDream profiler)",
                 input_bytes=input_bytes, input_parts_bytes=[nodes[n]["act_bytes_own"] for n in inputs],
@@ -142,6 +131,52 @@ def read_graph(path, label: str | None = None) -> "Profile":
     if input_bytes and len(inputs) == 1:
         meta["batch_size_if_imagenet"] = round(input_bytes / (3 * 224 * 224 * 4))
     return Profile(pd.DataFrame(rows), meta)
+
+
+def _crossing(inputs: list, layers: list, edges, own: dict) -> list[tuple[float, int]]:
+    """Per layer position i: (bytes, count) of the tensors crossing the cut after i (module docstring)."""
+    pos = {n: i for i, n in enumerate(layers)}
+    for n in inputs:
+        pos[n] = -1  # produced before the first layer
+    last_use = dict(pos)  # latest position of a consumer
+    for a, b in edges:
+        if b in pos and pos[b] >= 0 and a in last_use:
+            last_use[a] = max(last_use[a], pos[b])
+    producers = inputs + layers
+    out = []
+    for i, n in enumerate(layers):
+        crossing = [m for m in producers if pos[m] <= i and last_use[m] > i]
+        if i == len(layers) - 1:
+            crossing = [n]  # the model's output (goes to the loss)
+        out.append((sum(own[m] for m in crossing), len(crossing)))
+    return out
+
+
+def in_order(profile: "Profile", layer_nodes: list[str]) -> "Profile":
+    """``profile`` (read from a graph.txt) with its layers in another topological order
+    ``layer_nodes`` (node ids), ``act_bytes`` and ``crossing`` recomputed for that order."""
+    from .profiler import Profile
+
+    if "graph" not in profile.meta or "node" not in profile.layers:
+        raise ValueError("in_order needs a profile read from a PipeDream graph.txt (meta['graph'] and a 'node' column)")
+    g = LayerGraph.from_dict(profile.meta["graph"])
+    df = profile.layers.set_index("node", drop=False)
+    if sorted(layer_nodes) != sorted(df.index):
+        raise ValueError("in_order needs every layer node of the profile exactly once")
+    seen: set = set()
+    pred = {v: [a for a, b in g.edges if b == v] for v in layer_nodes}
+    for v in layer_nodes:
+        late = [a for a in pred[v] if a in df.index and a not in seen]
+        if late:
+            raise ValueError(f"in_order: node {v} comes before its input {late[0]}; give a topological order")
+        seen.add(v)
+    inputs = [v for v in g.ids if v not in df.index]
+    own = dict(zip(g.ids, g.act_bytes))
+    rows = df.loc[list(layer_nodes)].reset_index(drop=True)
+    cross = _crossing(inputs, list(layer_nodes), g.edges, own)
+    rows["act_bytes"] = [a for a, _ in cross]
+    rows["crossing"] = [c for _, c in cross]
+    return Profile(rows, dict(profile.meta))
 
 
 def _number(text: str, where: str) -> float:

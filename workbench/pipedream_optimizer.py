@@ -48,6 +48,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .antichain import LayerGraph, States, antichain_states
+from .plan import Plan, Stage
+from .profiler import Profile
+from .topology import Topology
 
 INF = math.inf
 
@@ -291,3 +294,98 @@ def data_parallel_s(states: States, machines, bandwidths) -> float:
 def optimize_graph(graph: LayerGraph, machines, bandwidths, opt: Options = Options()) -> Result:
     """:func:`optimize_states` on the antichain states of ``graph``."""
     return optimize_states(antichain_states(graph), list(machines), list(bandwidths), opt)
+
+
+# ---- the workbench's entry: a Plan priced by PipeDream's model --------------------------------
+@dataclass(frozen=True)
+class Settings:
+    """``cost="pipedream"`` options of :func:`workbench.partition`: the activation compression
+    ratio ``r`` of the cut terms (``None``: cuts are free, PipeDream's default) and the states the
+    DP runs over: ``"antichains"`` (the node DAG in ``profile.meta["graph"]``, where a profile has
+    one) or ``"layers"`` (the profile's execution-order rows as a chain)."""
+
+    activation_compression_ratio: float | None = 1.0
+    over: str = "antichains"
+
+    def __post_init__(self):
+        if self.over not in ("antichains", "layers"):
+            raise ValueError(f"over must be 'antichains' or 'layers', got {self.over!r}")
+        r = self.activation_compression_ratio
+        if r is not None and not (isinstance(r, (int, float)) and r > 0 and math.isfinite(r)):
+            raise ValueError(f"activation_compression_ratio must be a number > 0 or None, got {r!r}")
+
+
+def profile_states(profile: Profile, over: str = "antichains") -> States:
+    """PipeDream's states of ``profile``: the antichain DAG of ``meta["graph"]`` (a graph.txt
+    profile, or a traced model with a layer graph), else the chain of its rows (prefix states)."""
+    if over == "antichains" and "graph" in profile.meta:
+        return antichain_states(LayerGraph.from_dict(profile.meta["graph"]))
+    df = profile.layers
+    return antichain_states(LayerGraph.chain(df["name"], df["fwd_ms"], df["bwd_ms"], df["act_bytes"],
+                                             df["param_bytes"]), prune=False)
+
+
+def partition_pipedream(profile: Profile, topology: Topology, straight: bool = False, memory_bytes: float | None = None,
+                        use_fewer_workers: bool = False, settings: Settings = Settings()) -> Plan:
+    """A :class:`Plan` chosen and priced by PipeDream's optimizer (module docstring).
+
+    ``bottleneck_ms`` = ``predicted_ms`` = its "time per stage in pipeline" (x 1000),
+    ``data_parallel_ms`` its DP estimate, ``single_worker_ms`` the total compute; each stage's
+    ``time_ms`` is its innermost-level term ``(C + 4 (m-1) w / (B_1 m)) / m`` divided by the
+    replication of the outer stages around it. ``meta["pipedream"]`` has the stage node sets,
+    the per-level stage lists (state indices) and the settings. Where the stages are not contiguous
+    in the profile's layer order, ``meta["layer_order"]`` lists the layer nodes in an order where
+    they are (:func:`workbench.pipedream_graph.in_order` gives that profile) and the stage ranges
+    refer to it."""
+    st = profile_states(profile, settings.over)
+    opt = Options(straight, use_fewer_workers, memory_bytes, settings.activation_compression_ratio)
+    res = optimize_states(st, list(topology.counts), list(topology.bandwidths), opt)
+    graph = settings.over == "antichains" and "graph" in profile.meta
+    lasts, order = _layer_ranges(profile, res, graph)
+    stages = []
+    first = 0
+    for last, (_, _, rep), ws, t in zip(lasts, res.stages, res.workers, res.stage_times_s):
+        stages.append(Stage(first, last, rep, tuple(ws), t * 1e3))
+        first = last + 1
+    meta = {"topology": topology.to_list(), "topology_name": topology.name, "straight": straight,
+            "memory_bytes": memory_bytes, "use_fewer_workers": use_fewer_workers, "cost": "pipedream",
+            "batch_size": profile.meta.get("batch_size"),
+            "cost_model": COST_MODEL,
+            "pipedream": {"over": "antichains" if graph else "layers",
+                          "states": len(st), "activation_compression_ratio": settings.activation_compression_ratio,
+                          "pipeline_s": res.pipeline_s, "data_parallel_s": res.data_parallel_s,
+                          "dp_speedup": res.single_s / res.data_parallel_s, "unused_machines": res.unused_machines,
+                          "levels": [[list(x) for x in lv] for lv in res.levels],
+                          "stage_nodes": [list(x) for x in res.stage_nodes]}}
+    if order is not None:
+        meta["layer_order"] = order
+    return Plan(tuple(stages), bottleneck_ms=res.pipeline_s * 1e3, single_worker_ms=res.single_s * 1e3,
+                data_parallel_ms=res.data_parallel_s * 1e3, method="pipedream", meta=meta,
+                predicted_ms=res.pipeline_s * 1e3)
+
+
+COST_MODEL = ("PipeDream optimizer_graph_hierarchical: stage (C + 4(m-1)w/(B m)/n_in)/m, data parallelism "
+              "added to compute; cut 2a/(B m')/r; levels inside out")
+
+
+def _layer_ranges(profile: Profile, res: Result, graph: bool) -> tuple[list[int], list[str] | None]:
+    """Last profile row of each stage, and a new layer order where the stages are not contiguous."""
+    df = profile.layers
+    if not graph:  # chain: state i = row i
+        return [e - 1 for _, e, _ in res.stages], None
+    stage = {v: s for s, ns in enumerate(res.stage_nodes) for v in ns}
+    g = LayerGraph.from_dict(profile.meta["graph"])
+    pred = {}
+    for a, b in g.edges:
+        pred.setdefault(b, []).append(a)
+    seq = []
+    for v in df["node"]:  # a row PipeDream pruned (a __getitem__ sink) follows its producers
+        stage.setdefault(v, max((stage.get(a, 0) for a in pred.get(v, [])), default=0))
+        seq.append(stage[v])
+    order = None
+    if any(b < a for a, b in zip(seq, seq[1:])):
+        rows = sorted(range(len(seq)), key=lambda i: (seq[i], i))
+        order = [str(df["node"].iloc[i]) for i in rows]
+        seq = [seq[i] for i in rows]
+    lasts = [max(i for i, s in enumerate(seq) if s == k) for k in range(len(res.stages))]
+    return lasts, order
