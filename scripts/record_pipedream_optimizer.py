@@ -17,6 +17,10 @@ to ``tests/data/pipedream_optimizer/<profile>__<config>.json``:
   states (``all_predecessor_ids``: a list made from a Python set of objects, so memory-address
   order). Where several configurations tie at the optimum this order decides which one it prints;
   the tests replay it to compare configurations bit for bit;
+* ``state_compute_s``, ``state_activation``, ``state_parameters``, ``state_output_activation``:
+  its per-state cumulative sums, as it summed them (over a set of objects, so the last bits
+  depend on that set's order; where two splits tie exactly, those bits decide). Tests compare
+  ours with them (relative 1e-12) and replay them with the candidate order;
 * ``wall_s``: how long the run took here (measured, this machine), and the equivalent command line.
 
 The optimizer runs in-process through a small driver (written to a temporary folder) that sets its
@@ -68,8 +72,9 @@ PROFILES = {
 }
 
 #: Runs PipeDream's ``main`` as its ``__main__`` block does (module flags, then ``main``), and
-#: prints the order in which its dynamic program visits the split candidates of every state
-#: (``all_predecessor_ids``, a list built from a Python set of objects: memory-address order).
+#: prints what its dynamic program received: the order in which it visits the split candidates of
+#: every state (``all_predecessor_ids``, a list built from a Python set of objects: memory-address
+#: order) and the per-state cumulative sums (row 0 of its tables).
 _DRIVER = """
 import json, sys
 sys.path.insert(0, ".")
@@ -78,7 +83,10 @@ a = json.loads(sys.argv[1])
 seen = []
 real = opt.compute_partitioning
 def capture(*args, **kw):
-    seen.append(args[4])
+    if not seen:  # the first level's inputs, copied before later levels overwrite them
+        seen.append({"candidate_order": args[4], "state_compute_s": list(args[0][0]),
+                     "state_activation": list(args[1][0]), "state_parameters": list(args[2][0]),
+                     "state_output_activation": list(args[3])})
     return real(*args, **kw)
 opt.compute_partitioning = capture
 for flag in ("straight_pipeline", "use_memory_constraint", "use_fewer_machines", "activation_compression_ratio",
@@ -86,7 +94,7 @@ for flag in ("straight_pipeline", "use_memory_constraint", "use_fewer_machines",
     setattr(opt, flag, a[flag])
 opt.main(a["n"], a["f"], a["b"], a["memory_size"], a["straight_pipeline"], a["use_memory_constraint"],
          a["use_fewer_machines"], a["activation_compression_ratio"], a["o"], verbose=True)
-print("CANDIDATE_ORDER " + json.dumps(seen[0]))
+print("CAPTURED " + json.dumps(seen[0]))
 """
 _STUB = "class Digraph:\n    def __getattr__(self, name):\n        return lambda *a, **k: None\n"
 _STAGE = re.compile(r"^\((\d+), (\d+)\) (\S+) (\d+)$")
@@ -183,8 +191,8 @@ def run_one(repo: Path, profile: str, config: str, timeout: float, helpers: Path
         node_stage = {m.group(1): int(m.group(2)) for line in txt.read_text().splitlines()
                       if (m := _NODE_STAGE.match(line))}
         rec["stages"] = final_stages(rec["levels"], node_stage)
-        order = next(line for line in proc.stdout.splitlines() if line.startswith("CANDIDATE_ORDER "))
-        rec["candidate_order"] = json.loads(order.split(" ", 1)[1])
+        captured = next(line for line in proc.stdout.splitlines() if line.startswith("CAPTURED "))
+        rec |= json.loads(captured.split(" ", 1)[1])
         return rec | {"finished": True}
 
 
