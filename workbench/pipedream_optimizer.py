@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .antichain import LayerGraph, States, antichain_states
+from .pipedream_graph import in_order
 from .plan import Plan, Stage
 from .profiler import Profile
 from .topology import Topology
@@ -389,3 +390,46 @@ def _layer_ranges(profile: Profile, res: Result, graph: bool) -> tuple[list[int]
         seq = [seq[i] for i in rows]
     lasts = [max(i for i, s in enumerate(seq) if s == k) for k in range(len(res.stages))]
     return lasts, order
+
+
+def price_plan(profile: Profile, topology: Topology, plan: Plan, settings: Settings = Settings()) -> float:
+    """PipeDream's time per minibatch (ms) for the flat stages of ``plan`` over the profile's rows
+    on a one-level topology (bandwidth ``B``), as its dynamic program would price that configuration::
+
+        max( max_s (C_s + 4 (r_s-1) w_s / (B r_s)) / r_s,
+             max_{cut after stage s} 2 a / (B r_{s+1}) / r,  2 a / (B r_s) / r  for s >= 1 )
+
+    (``a``: the profile's ``act_bytes`` at the cut; the first stage, priced in one piece, has no
+    output term). One stage on every worker: its data-parallel estimate on any topology. NaN for
+    other plans on several levels: PipeDream prices only the nested configurations its own levels
+    produce."""
+    df = profile.layers
+    if plan.num_stages == 1 and plan.num_workers == topology.num_workers:
+        t, W, within = float(((df["fwd_ms"] + df["bwd_ms"]) / 1e3).sum()), float(df["param_bytes"].sum()), 1
+        for M, Bk in topology.levels:
+            t = (t + (4 * (M - 1) * W) / (Bk * M) / within) / M
+            within = M
+        return t * 1e3
+    if topology.num_levels != 1:
+        return math.nan
+    B = float(topology.bandwidths[0])
+    comp = (df["fwd_ms"] + df["bwd_ms"]).to_numpy(dtype=float) / 1e3
+    par, act = df["param_bytes"].to_numpy(dtype=float), df["act_bytes"].to_numpy(dtype=float)
+    r = settings.activation_compression_ratio
+    worst = 0.0
+    for s, st in enumerate(plan.stages):
+        m = st.replicas
+        c, w = comp[st.first:st.last + 1].sum(), par[st.first:st.last + 1].sum()
+        worst = max(worst, (c + (4 * (m - 1) * w) / (B * m)) / m)
+        if r is not None and s + 1 < len(plan.stages):
+            a = act[st.last]
+            worst = max(worst, (2.0 * a) / (B * plan.stages[s + 1].replicas) / r)
+            if s >= 1:
+                worst = max(worst, (2.0 * a) / (B * m) / r)
+    return worst * 1e3
+
+
+def profile_for(profile: Profile, plan: Plan) -> Profile:
+    """The profile whose layer order ``plan``'s stage ranges refer to (``meta["layer_order"]``)."""
+    order = plan.meta.get("layer_order")
+    return in_order(profile, order) if order else profile
