@@ -69,3 +69,35 @@ def test_cycle_and_missing_times_name_the_node(tmp_path):
     path.write_text(line.format(1) + "node2 -- ReLU() -- activation_size=4.0, parameter_size=0.0\n")
     with pytest.raises(ValueError, match=r"graph.txt:2: not a PipeDream graph.txt line \(node node2 needs forward_compute_time="):
         read_graph(path)
+
+
+def test_traced_model_profile_carries_its_layer_dag():
+    """graph.split + profile: meta["graph"] holds the layers' DAG (a residual block's skip branch
+    reads the block input), so cost="pipedream" runs over its antichains."""
+    import torch
+    from torch import nn
+
+    from workbench.graph import split
+    from workbench.partition import partition
+    from workbench.pipedream_optimizer import profile_states
+    from workbench.profiler import profile
+    from workbench.topology import Topology
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.skip = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x))) + self.skip(x)
+
+    net = nn.Sequential(nn.Linear(4, 8), Block(), nn.Linear(8, 2))
+    m = split(net, torch.randn(2, 4), layers=["0", "1.a", "1.b", "1.skip", "2"])
+    assert [layer.reads_from for layer in m.layers] == [(-1,), (0,), (1,), (0, 2), (3,)]
+    prof = profile(m, torch.randn(4, 4), batch_size=4, iterations=1, warmup=0, progress=False, flops=False)
+    g = LayerGraph.from_dict(prof.meta["graph"])
+    assert ("node1", "node4") in g.edges and g.act_bytes[1] == 4 * 8 * 4  # layer 0's own output
+    st = profile_states(prof)
+    assert [sorted(a) for a in st.antichains] == [["node1"], ["node1", "node2"], ["node1", "node3"], ["node4"], ["node5"]]
+    plan = partition(prof, Topology.flat(2, 1e9), cost="pipedream", straight=True)
+    assert plan.meta["pipedream"]["over"] == "antichains" and plan.num_layers == 5

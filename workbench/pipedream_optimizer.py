@@ -376,18 +376,19 @@ def _layer_ranges(profile: Profile, res: Result, graph: bool) -> tuple[list[int]
         return [e - 1 for _, e, _ in res.stages], None
     stage = {v: s for s, ns in enumerate(res.stage_nodes) for v in ns}
     g = LayerGraph.from_dict(profile.meta["graph"])
+    rows = list(df["node"]) if "node" in df else [v for v, d in zip(g.ids, g.desc) if not d.startswith("Input")]
     pred = {}
     for a, b in g.edges:
         pred.setdefault(b, []).append(a)
     seq = []
-    for v in df["node"]:  # a row PipeDream pruned (a __getitem__ sink) follows its producers
+    for v in rows:  # a row PipeDream pruned (a __getitem__ sink) follows its producers
         stage.setdefault(v, max((stage.get(a, 0) for a in pred.get(v, [])), default=0))
         seq.append(stage[v])
     order = None
     if any(b < a for a, b in zip(seq, seq[1:])):
-        rows = sorted(range(len(seq)), key=lambda i: (seq[i], i))
-        order = [str(df["node"].iloc[i]) for i in rows]
-        seq = [seq[i] for i in rows]
+        rows_sorted = sorted(range(len(seq)), key=lambda i: (seq[i], i))
+        order = [str(rows[i]) for i in rows_sorted]
+        seq = [seq[i] for i in rows_sorted]
     lasts = [max(i for i, s in enumerate(seq) if s == k) for k in range(len(res.stages))]
     return lasts, order
 
