@@ -241,8 +241,12 @@ class _Search:
         return out
 
 
-def antichain_states(graph: LayerGraph, prune: bool = True) -> States:
-    """PipeDream's states of ``graph`` (module docstring); ``prune``: drop inputs and ``__getitem__`` sinks."""
+MAX_STATES = 20_000  # beyond this the O(N^2) tables of the DP do not fit a laptop either
+
+
+def antichain_states(graph: LayerGraph, prune: bool = True, max_states: int = MAX_STATES) -> States:
+    """PipeDream's states of ``graph`` (module docstring); ``prune``: drop inputs and ``__getitem__``
+    sinks. More than ``max_states`` states (wide branching, e.g. Inception, NASNet) is refused."""
     g = graph.without_io() if prune else graph
     if not g.ids:
         raise ValueError("layer graph has only input nodes; a profile needs at least one layer")
@@ -262,6 +266,10 @@ def antichain_states(graph: LayerGraph, prune: bool = True) -> States:
         for B in srch.next(A):
             kB = frozenset(B)
             if kB not in keys:
+                if len(lists) >= max_states:
+                    raise ValueError(f"more than {max_states} antichain states: the graph branches too widely for "
+                                     "PipeDream's states (its optimizer's README says to compress branches first); "
+                                     "partition over the layer order instead (Settings(over='layers'))")
                 keys[kB] = len(lists)
                 lists.append(B)
                 children.append([])

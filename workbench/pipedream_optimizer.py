@@ -125,60 +125,73 @@ def _init(C, act, par, rows, M, within, B, opt: Options, lv: _Level):
         lv.used[:, :, m0] = np.where(ok, m0 + 1, 0)
 
 
-def _solve(states: States, C, act, par, M, within, B, final, opt: Options, below_anc, order) -> _Level:
+@dataclass(frozen=True)
+class _Tables:
+    """What one level's DP reads: segment sums (row i = after state i-1), state outputs, flags."""
+
+    C: np.ndarray
+    act: np.ndarray
+    par: np.ndarray
+    out: np.ndarray
+    M: int
+    B: float
+    opt: Options
+
+
+def _solve(t: _Tables, within: int, final: bool, below_anc, order) -> _Level:
     """One level of the dynamic program over every row (``final``: row 0 only); ``order[j]``: the
-    split states of state j in the order they are tried."""
-    n = C.shape[1]
+    split states of state j in the order they are tried. Row i is solved for states j > i only
+    (PipeDream's loop), so each step works on rows ``0..j-1``."""
+    n = t.C.shape[1]
     rows = 1 if final else n + 1
-    lv = _Level(np.full((rows, n, M), INF), np.full((rows, n, M), -1), np.full((rows, n, M), -1),
-                np.zeros((rows, n, M), dtype=np.int64), M)
-    _init(C, act, par, rows, M, within, B, opt, lv)
-    r = opt.activation_compression_ratio
+    lv = _Level(np.full((rows, n, t.M), INF), np.full((rows, n, t.M), -1), np.full((rows, n, t.M), -1),
+                np.zeros((rows, n, t.M), dtype=np.int64), t.M)
+    _init(t.C, t.act, t.par, rows, t.M, within, t.B, t.opt, lv)
     for j in range(1, n):
         ks = order[j]
-        # row i may use k unless k is an ancestor of state i-1 (below_anc[i, k]); rows i < j only
-        allowed = ~below_anc[:rows][:, ks] & (np.arange(rows) < j)[:, None]
-        for m in range(1, M):
-            _step(lv, states, C, act, par, M, B, r, opt, j, m, ks, allowed, n)
+        R = min(rows, j)
+        allowed = ~below_anc[:R][:, ks]  # row i may not split at an ancestor of state i-1
+        for m in range(1, t.M):
+            _step(lv, t, j, m, ks, R, allowed)
     return lv
 
 
-def _step(lv: _Level, states, C, act, par, M, B, r, opt, j, m, ks, allowed, n):
-    """``A(:, j, m+1)`` for all rows at once (0-based ``m``)."""
-    cur = lv.T[:, j, m].copy()
-    take = np.zeros_like(cur, dtype=bool)
+def _step(lv: _Level, t: _Tables, j: int, m: int, ks: np.ndarray, R: int, allowed: np.ndarray):
+    """``A(i, j, m+1)`` for rows ``i < R`` at once (0-based ``m``)."""
+    T, opt = lv.T, t.opt
+    cur = T[:R, j, m].copy()
     if opt.use_fewer_machines:
-        take = np.isinf(cur) | (lv.T[:, j, m - 1] < cur)
-        cur = np.where(take, lv.T[:, j, m - 1], cur)
+        take = np.isinf(cur) | (T[:R, j, m - 1] < cur)
+        cur = np.where(take, T[:R, j, m - 1], cur)
         for arr in (lv.split_k, lv.split_m, lv.used):
-            arr[:, j, m] = np.where(take, arr[:, j, m - 1], arr[:, j, m])
+            arr[:R, j, m] = np.where(take, arr[:R, j, m - 1], arr[:R, j, m])
+    T[:R, j, m] = cur
     if ks.size == 0:
-        lv.T[:, j, m] = cur
         return
     mps = np.arange(1, 2 if opt.straight else m + 1)
-    c_last, w_last = C[ks + 1, j][:, None], par[ks + 1, j][:, None]
+    c_last, w_last = t.C[ks + 1, j][:, None], t.par[ks + 1, j][:, None]
     ok = np.isfinite(c_last) & np.ones((1, mps.size), dtype=bool)
     if opt.memory_bytes is not None:
-        stash = (act[ks + 1, j][:, None] + w_last) * np.ceil((M - (m + 1)) / mps)[None, :]
+        stash = (t.act[ks + 1, j][:, None] + w_last) * np.ceil((t.M - (m + 1)) / mps)[None, :]
         ok &= ~(stash > opt.memory_bytes)
     with np.errstate(invalid="ignore"):
-        last = (c_last + (4 * (mps - 1) * w_last) / (B * mps)) / mps
-    prev = lv.T[:, ks][:, :, m - mps]  # rows x k x m'
-    cand = np.maximum(prev, last[None])
+        last = (c_last + (4 * (mps - 1) * w_last) / (t.B * mps)) / mps
+    r = opt.activation_compression_ratio
     if r is not None:
-        cand = np.maximum(cand, ((2.0 * states.output_activation[ks][:, None]) / (B * mps) / r)[None])
-        if j < n - 1:
-            cand = np.maximum(cand, ((2.0 * states.output_activation[j]) / (B * mps) / r)[None, None])
+        last = np.maximum(last, (2.0 * t.out[ks][:, None]) / (t.B * mps) / r)
+        if j < len(t.out) - 1:
+            last = np.maximum(last, ((2.0 * t.out[j]) / (t.B * mps) / r)[None, :])
+    prev = T[:R, ks][:, :, m - mps]  # rows x k x m'
     valid = ok[None] & allowed[:, :, None] & np.isfinite(prev)
-    cand = np.where(valid, cand, INF).reshape(len(cur), -1)
+    cand = np.where(valid, np.maximum(prev, last[None]), INF).reshape(R, -1)
     best = np.argmin(cand, axis=1)
-    val = cand[np.arange(len(cur)), best]
+    val = cand[np.arange(R), best]
     better = val < cur
     kk, mm = np.divmod(best, mps.size)
-    lv.T[:, j, m] = np.where(better, val, cur)
-    lv.split_k[:, j, m] = np.where(better, ks[kk], lv.split_k[:, j, m])
-    lv.split_m[:, j, m] = np.where(better, m - mps[mm], lv.split_m[:, j, m])
-    lv.used[:, j, m] = np.where(better, mps[mm], lv.used[:, j, m])
+    T[:R, j, m] = np.where(better, val, cur)
+    lv.split_k[:R, j, m] = np.where(better, ks[kk], lv.split_k[:R, j, m])
+    lv.split_m[:R, j, m] = np.where(better, m - mps[mm], lv.split_m[:R, j, m])
+    lv.used[:R, j, m] = np.where(better, mps[mm], lv.used[:R, j, m])
 
 
 def _read_back(lv: _Level, start: int, end: int) -> list[tuple[int, int, int]]:
@@ -219,7 +232,7 @@ def optimize_states(states: States, machines: list[int], bandwidths: list[float]
     levels, within = [], 1
     for lvl, (M, B) in enumerate(zip(machines, bandwidths)):
         final = lvl == len(machines) - 1
-        lv = _solve(states, C, act, par, int(M), within, float(B), final, opt, below, order)
+        lv = _solve(_Tables(C, act, par, states.output_activation, int(M), float(B), opt), within, final, below, order)
         levels.append(lv)
         if not final:
             C = np.full_like(C, INF)
