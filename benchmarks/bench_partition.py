@@ -219,6 +219,7 @@ def vs_pipedream(a) -> pd.DataFrame:
         row = dict(profile=name, config=rec["config"], machines="x".join(map(str, rec["machines"])),
                    flags=" ".join(rec["flags"]), theirs="live" if a.live else f"recorded ({path.name})",
                    theirs_finished=rec["finished"], theirs_seconds=rec.get("wall_s", rec.get("timeout_s")),
+                   theirs_cpu_seconds=rec.get("cpu_s"), theirs_load1=rec.get("load1"),
                    theirs_states=rec.get("states"), theirs_pipeline_ms=rec.get("pipeline_s", math.nan) * 1e3)
         if prof is not None:
             sec, cpu, st, res = _ours(prof, rec, a.repeat)
@@ -238,8 +239,28 @@ def vs_pipedream(a) -> pd.DataFrame:
     out = fresh_path(a.out or "results/bench/partition_vs_pipedream.csv")
     out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out, index=False)
+    print(markdown(df))
     print(f"wrote {out}")
     return df
+
+
+def markdown(df: pd.DataFrame) -> str:
+    """The parity table of docs/pipedream-optimizer.md from a --vs-pipedream CSV."""
+    def yes(x):
+        return "" if pd.isna(x) else ("yes" if bool(x) else "tie")
+
+    lines = ["| profile | config | states | same configuration (our order / replayed) | PipeDream ms/stage | ours "
+             "ms/stage | PipeDream s (CPU) | ours s (CPU) |", "|---|---|---|---|---|---|---|---|"]
+    for r in df.itertuples():
+        theirs = f"{r.theirs_pipeline_ms:.4f}" if r.theirs_finished else "did not finish"
+        cpu = getattr(r, "theirs_cpu_seconds", None)
+        tsec = (f"{r.theirs_seconds:.1f} ({cpu:.1f})" if r.theirs_finished and cpu == cpu and cpu is not None
+                else (f"{r.theirs_seconds:.1f}" if r.theirs_finished else f"> {r.theirs_seconds:.0f}"))
+        same = f"{yes(getattr(r, 'config_equal', None))} / {yes(getattr(r, 'config_equal_replayed', None))}"
+        lines.append(f"| {r.profile} | {r.config} | {getattr(r, 'ours_states', '')} | {same} | {theirs} | "
+                     f"{getattr(r, 'ours_pipeline_ms', float('nan')):.4f} | {tsec} | "
+                     f"{getattr(r, 'ours_seconds', float('nan')):.2f} ({getattr(r, 'ours_cpu_seconds', float('nan')):.2f}) |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

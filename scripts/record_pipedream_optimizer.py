@@ -21,7 +21,9 @@ to ``tests/data/pipedream_optimizer/<profile>__<config>.json``:
   its per-state cumulative sums, as it summed them (over a set of objects, so the last bits
   depend on that set's order; where two splits tie exactly, those bits decide). Tests compare
   ours with them (relative 1e-12) and replay them with the candidate order;
-* ``wall_s``: how long the run took here (measured, this machine), and the equivalent command line.
+* ``wall_s``, ``cpu_s``, ``load1``: how long the run took here (measured, this machine: wall clock,
+  CPU seconds of the process, which other load disturbs less, and the 1-minute load average at
+  its start), and the equivalent command line.
 
 The optimizer runs in-process through a small driver (written to a temporary folder) that sets its
 module flags as its ``__main__`` block does, wraps ``compute_partitioning`` to read the candidate
@@ -150,6 +152,12 @@ def final_stages(levels: list[dict], node_stage: dict[str, int]) -> list[dict]:
     return out
 
 
+def _children_cpu() -> float:
+    """User + system CPU seconds of the finished child processes (the optimizer's run)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def _limit_memory():
     """At most ``MEMORY_LIMIT`` bytes of address space for a run (its antichain search can explode)."""
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
@@ -177,13 +185,15 @@ def run_one(repo: Path, profile: str, config: str, timeout: float, helpers: Path
         args = _flags(machines, bws, flags, compression, str(repo / PROFILES[profile]), outdir)
         cmd = ["nice", sys.executable, str(helpers / "driver.py"), json.dumps(args)]
         env = dict(os.environ, PYTHONPATH=str(helpers), PYTHONHASHSEED="0")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _children_cpu()
+        rec["load1"] = os.getloadavg()[0]
         try:
             proc = subprocess.run(cmd, cwd=repo / "optimizer", env=env, capture_output=True, text=True, timeout=timeout,
                                   preexec_fn=_limit_memory)
         except subprocess.TimeoutExpired:
             return rec | {"finished": False, "timeout_s": timeout}
         rec["wall_s"] = round(time.perf_counter() - t0, 3)
+        rec["cpu_s"] = round(_children_cpu() - c0, 3)
         if proc.returncode != 0:
             return rec | {"finished": False, "error": proc.stderr.strip().splitlines()[-1:]}
         rec |= parse(proc.stdout)
