@@ -234,9 +234,8 @@ def optimize_states(states: States, machines: list[int], bandwidths: list[float]
         final = lvl == len(machines) - 1
         lv = _solve(_Tables(C, act, par, states.output_activation, int(M), float(B), opt), within, final, below, order)
         levels.append(lv)
-        if not final:
-            C = np.full_like(C, INF)
-            C[:, :] = lv.T[:, :, -1]
+        if not final:  # the next level's compute: this level's optimum on all its machines
+            C = lv.T[:, :, -1].copy()
         within = int(M)
     return _assemble(states, levels, machines, bandwidths)
 
@@ -275,7 +274,7 @@ def _assemble(states: States, levels: list[_Level], machines, bandwidths) -> Res
                 comp += used
         printed.append(tuple(lev_stages))
         spans = nxt
-    C, _, par = _segments_of(states)
+    C, par = _segment(states.compute_s), _segment(states.parameters)
     B0 = float(bandwidths[0])
     stages, workers, times = [], [], []
     for (s, e, rep, groups), (_, _, u) in zip(spans, printed[-1]):
@@ -289,11 +288,9 @@ def _assemble(states: States, levels: list[_Level], machines, bandwidths) -> Res
                   float(states.compute_s[-1]), int(np.prod(machines)) - sum(len(ws) for ws in workers))
 
 
-def _segments_of(states: States):
-    """Scalar ``C(i, j)`` and ``w(i, j)`` (row i = after state i-1)."""
-    def seg(cum):
-        return lambda i, j: float(cum[j] - (cum[i - 1] if i > 0 else 0.0))
-    return seg(states.compute_s), None, seg(states.parameters)
+def _segment(cum: np.ndarray):
+    """``(i, j) -> cum[j] - cum[i-1]`` (row i = after state i-1; row 0 = cum[j])."""
+    return lambda i, j: float(cum[j] - cum[i - 1]) if i > 0 else float(cum[j])
 
 
 def data_parallel_s(states: States, machines, bandwidths) -> float:
