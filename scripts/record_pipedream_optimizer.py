@@ -188,7 +188,7 @@ def run_one(repo: Path, profile: str, config: str, timeout: float, helpers: Path
         t0, c0 = time.perf_counter(), _children_cpu()
         rec["load1"] = os.getloadavg()[0]
         try:
-            proc = subprocess.run(cmd, cwd=repo / "optimizer", env=env, capture_output=True, text=True, timeout=timeout,
+            proc = subprocess.run(cmd, cwd=repo / "optimizer", env=env, capture_output=True, text=True, timeout=timeout, check=False,
                                   preexec_fn=_limit_memory)
         except subprocess.TimeoutExpired:
             return rec | {"finished": False, "timeout_s": timeout}

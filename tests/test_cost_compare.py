@@ -75,8 +75,8 @@ def test_cli_cycle_names_the_node(capsys, tmp_path):
 def test_tuner_toggle_and_comparison(tmp_path):
     from workbench.widgets import PartitionTuner
 
-    df = pd.DataFrame(dict(name=list("abcdef"), fwd_ms=[4.0, 1, 1, 1, 1, 1], bwd_ms=[8.0, 2, 2, 2, 2, 2],
-                           act_bytes=[1e6] * 6, param_bytes=[1e5] * 5 + [1e8]))
+    df = pd.DataFrame({"name": list("abcdef"), "fwd_ms": [4.0, 1, 1, 1, 1, 1], "bwd_ms": [8.0, 2, 2, 2, 2, 2],
+                           "act_bytes": [1e6] * 6, "param_bytes": [1e5] * 5 + [1e8]})
     t = PartitionTuner(Profile(df), Topology.flat(4, 1e9), compare=True, out_dir=tmp_path)
     assert t.outcome.plan.cost == "workbench" and "pipedream model" in t.cards.value
     t.cost.value = "pipedream"

@@ -26,7 +26,12 @@ import pytest
 
 from workbench.partition import partition
 from workbench.pipedream_graph import SHIPPED, shipped
-from workbench.pipedream_optimizer import Options, Settings, optimize_states, profile_states
+from workbench.pipedream_optimizer import (
+    Options,
+    Settings,
+    optimize_states,
+    profile_states,
+)
 from workbench.plan import Plan
 from workbench.profiler import Profile
 from workbench.topology import Topology
@@ -128,8 +133,8 @@ def test_chain_profile_over_layers():
     """A profile without a graph is a chain; over="layers" ignores a graph.txt's DAG."""
     import pandas as pd
 
-    df = pd.DataFrame(dict(name=list("abcd"), fwd_ms=[10.0, 1, 1, 10], bwd_ms=[20.0, 2, 2, 20],
-                           act_bytes=[1e6, 1e6, 1e6, 1e3], param_bytes=[0.0, 0, 0, 1e6]))
+    df = pd.DataFrame({"name": list("abcd"), "fwd_ms": [10.0, 1, 1, 10], "bwd_ms": [20.0, 2, 2, 20],
+                           "act_bytes": [1e6, 1e6, 1e6, 1e3], "param_bytes": [0.0, 0, 0, 1e6]})
     plan = partition(Profile(df), Topology.flat(2, 1e9), cost="pipedream", straight=True)
     assert [(s.first, s.last) for s in plan.stages] == [(0, 1), (2, 3)]
     assert plan.bottleneck_ms == pytest.approx(33.0)  # (10 + 20 + 1 + 2) ms, cuts 2 MB / 1 GB/s = 2 ms

@@ -32,6 +32,7 @@ layer ``i`` and its ``output_activation`` is the profile's ``act_bytes[i]``.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -96,11 +97,11 @@ class LayerGraph:
 
     # ---- conversions ------------------------------------------------------------------
     @classmethod
-    def chain(cls, names, fwd_ms, bwd_ms, act_bytes, param_bytes) -> "LayerGraph":
+    def chain(cls, names, fwd_ms, bwd_ms, act_bytes, param_bytes) -> LayerGraph:
         """Layers in execution order as a chain ``0 -> 1 -> ... -> n-1`` (states = prefixes)."""
         ids = tuple(f"layer{i}" for i in range(len(names)))
         return cls(ids, tuple(map(str, names)), *(tuple(map(float, c)) for c in (fwd_ms, bwd_ms, act_bytes, param_bytes)),
-                   tuple(zip(ids[:-1], ids[1:])))
+                   tuple(itertools.pairwise(ids)))
 
     def to_dict(self) -> dict:
         """JSON-able form (``Profile.meta["graph"]``)."""
@@ -109,7 +110,7 @@ class LayerGraph:
                 "edges": [list(e) for e in self.edges]}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "LayerGraph":
+    def from_dict(cls, d: dict) -> LayerGraph:
         try:
             cols = list(zip(*d["nodes"])) if d["nodes"] else [()] * 6
             ids, desc, f, b, a, p = (tuple(c) for c in cols)
@@ -120,20 +121,18 @@ class LayerGraph:
             raise ValueError(f"not a layer graph ({{'nodes': [[id, desc, fwd_ms, bwd_ms, act_bytes, param_bytes]...], "
                              f"'edges': [[a, b]...]}}): {e}") from None
 
-    def without_io(self) -> "LayerGraph":
+    def without_io(self) -> LayerGraph:
         """PipeDream's pruning: drop the ``Input*`` sources, then the ``__getitem__*`` sinks."""
-        keep = [i for i, d in zip(self.ids, self.desc) if not (d.startswith("Input") and not self._has_pred(i))]
+        targets = {b for _, b in self.edges}
+        keep = [i for i, d in zip(self.ids, self.desc) if not (d.startswith("Input") and i not in targets)]
         g = self._subgraph(keep)
         keep = [i for i, d in zip(g.ids, g.desc) if not (d.startswith("__getitem__") and not g.succ[i])]
         return g._subgraph(keep)
 
-    def _has_pred(self, v: str) -> bool:
-        return any(b == v for _, b in self.edges)
-
-    def _subgraph(self, keep: list[str]) -> "LayerGraph":
+    def _subgraph(self, keep: list[str]) -> LayerGraph:
         k = set(keep)
         idx = [n for n, i in enumerate(self.ids) if i in k]
-        pick = lambda t: tuple(t[n] for n in idx)  # noqa: E731
+        pick = lambda t: tuple(t[n] for n in idx)
         return LayerGraph(pick(self.ids), pick(self.desc), pick(self.fwd_ms), pick(self.bwd_ms), pick(self.act_bytes),
                           pick(self.param_bytes), tuple(e for e in self.edges if e[0] in k and e[1] in k))
 

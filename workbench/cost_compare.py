@@ -54,7 +54,7 @@ def compare_costs(profile: Profile, topology: Topology, straight: bool = False, 
     """Partition under both models (:func:`workbench.partition` with ``cost=`` each) and price each
     choice under both; each plan's ``meta["compare_costs"]`` holds the table rows (its card shows them)."""
     settings = pipedream or Settings()
-    kw = dict(straight=straight, memory_bytes=memory_bytes, use_fewer_workers=use_fewer_workers)
+    kw = {"straight": straight, "memory_bytes": memory_bytes, "use_fewer_workers": use_fewer_workers}
     plans = {"workbench": partition(profile, topology, refine=refine, **kw),
              "pipedream": partition(profile, topology, cost="pipedream", pipedream=settings, **kw)}
     rows = [row(name, plan, profile, topology, settings) for name, plan in plans.items()]

@@ -42,6 +42,7 @@ of ``j`` (PipeDream prices such pairs too).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -395,7 +396,7 @@ def _layer_ranges(profile: Profile, res: Result, graph: bool) -> tuple[list[int]
         stage.setdefault(v, max((stage.get(a, 0) for a in pred.get(v, [])), default=0))
         seq.append(stage[v])
     order = None
-    if any(b < a for a, b in zip(seq, seq[1:])):
+    if any(b < a for a, b in itertools.pairwise(seq)):
         rows_sorted = sorted(range(len(seq)), key=lambda i: (seq[i], i))
         order = [str(rows[i]) for i in rows_sorted]
         seq = [seq[i] for i in rows_sorted]
