@@ -51,7 +51,7 @@ def test_shipped_vgg16_states_form_a_chain():
     st = antichain_states(layer_graph(shipped_path("vgg16")))
     assert len(st) == 40  # PipeDream's optimizer prints "Total number of states: 40"
     assert all(a.tolist() == list(range(j)) for j, a in enumerate(st.ancestors))
-    assert (st.compute_s[1:] >= st.compute_s[:-1]).all()
+    assert (st.compute_s[1:] >= st.compute_s[:-1] - 1e-12).all()  # sums in any order: last bits differ
 
 
 def test_cycle_and_missing_times_name_the_node(tmp_path):

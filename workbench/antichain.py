@@ -192,6 +192,7 @@ class _Search:
             self.pred[b].append(a)
         self.P = self._closure(self.pred, list(g.ids))
         self.S = self._closure(g.succ, list(reversed(g.ids)))
+        self.succ_set = {v: frozenset(w) for v, w in g.succ.items()}
         self._aug: dict = {}
         self._deaug: dict = {}
 
@@ -217,8 +218,10 @@ class _Search:
     def aug(self, A: list[str]) -> list[str]:
         key = frozenset(A)
         if key not in self._aug:
-            extra = {p for a in A for p in self.P[a]
-                     if any(u not in self.P[a] and u != a for u in self.g.succ[p])}
+            extra = set()
+            for a in A:
+                inside = self.P[a] | {a}
+                extra.update(p for p in self.P[a] if not self.succ_set[p] <= inside)
             self._aug[key] = sorted(extra, key=self.order.get) + list(A)
         return self._aug[key]
 
@@ -310,19 +313,15 @@ def _ancestors(children: list[list[int]], topo: list[int]) -> list[np.ndarray]:
 
 def _measure(srch: _Search, antichains: list[list[str]], ancestors) -> States:
     g = srch.g
-    f = dict(zip(g.ids, g.fwd_ms))
-    b = dict(zip(g.ids, g.bwd_ms))
-    act = dict(zip(g.ids, g.act_bytes))
-    par = dict(zip(g.ids, g.param_bytes))
+    comp = (np.asarray(g.fwd_ms, dtype=float) + np.asarray(g.bwd_ms, dtype=float)) / 1000.0
+    act, par = np.asarray(g.act_bytes, dtype=float), np.asarray(g.param_bytes, dtype=float)
     augs = [tuple(srch.aug(A)) for A in antichains]
-    downs, comp, acts, pars = [], [], [], []
+    downs, rows = [], []
     for aug in augs:
-        D = set(aug).union(*(srch.P[x] for x in aug))
-        nodes = sorted(D, key=srch.order.get)
-        downs.append(frozenset(D))
-        comp.append(sum((f[v] + b[v]) / 1000.0 for v in nodes))
-        acts.append(sum(act[v] for v in nodes))
-        pars.append(sum(par[v] for v in nodes))
-    out_act = [sum(act[x] for x in aug) for aug in augs]
-    return States(tuple(augs), tuple(ancestors), np.array(comp), np.array(acts), np.array(pars),
+        D = frozenset(aug).union(*(srch.P[x] for x in aug))
+        downs.append(D)
+        rows.append(np.sort(np.fromiter((srch.order[v] for v in D), dtype=np.int64, count=len(D))))
+    out_act = [float(sum(act[srch.order[x]] for x in aug)) for aug in augs]
+    return States(tuple(augs), tuple(ancestors), np.array([comp[r].sum() for r in rows]),
+                  np.array([act[r].sum() for r in rows]), np.array([par[r].sum() for r in rows]),
                   np.array(out_act, dtype=float), tuple(downs), g)

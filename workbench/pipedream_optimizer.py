@@ -151,14 +151,17 @@ def _solve(t: _Tables, within: int, final: bool, below_anc, order) -> _Level:
     for j in range(1, n):
         ks = order[j]
         R = min(rows, j)
-        allowed = ~below_anc[:R][:, ks]  # row i may not split at an ancestor of state i-1
+        # A(i, k, m') for rows i < j (final: every k comes before j); inf where row i may not split at
+        # k (an ancestor of state i-1)
+        prev = np.where(below_anc[:R][:, ks][:, :, None], INF, lv.T[:R, ks])
         for m in range(1, t.M):
-            _step(lv, t, j, m, ks, R, allowed)
+            _step(lv, t, j, m, ks, R, prev)
     return lv
 
 
-def _step(lv: _Level, t: _Tables, j: int, m: int, ks: np.ndarray, R: int, allowed: np.ndarray):
-    """``A(i, j, m+1)`` for rows ``i < R`` at once (0-based ``m``)."""
+def _step(lv: _Level, t: _Tables, j: int, m: int, ks: np.ndarray, R: int, prev_all: np.ndarray):
+    """``A(i, j, m+1)`` for rows ``i < R`` at once (0-based ``m``); ``prev_all[i, k, m']`` =
+    ``A(i, k, m'+1)`` or inf where the split is not allowed."""
     T, opt = lv.T, t.opt
     cur = T[:R, j, m].copy()
     if opt.use_fewer_machines:
@@ -182,9 +185,8 @@ def _step(lv: _Level, t: _Tables, j: int, m: int, ks: np.ndarray, R: int, allowe
         last = np.maximum(last, (2.0 * t.out[ks][:, None]) / (t.B * mps) / r)
         if j < len(t.out) - 1:
             last = np.maximum(last, ((2.0 * t.out[j]) / (t.B * mps) / r)[None, :])
-    prev = T[:R, ks][:, :, m - mps]  # rows x k x m'
-    valid = ok[None] & allowed[:, :, None] & np.isfinite(prev)
-    cand = np.where(valid, np.maximum(prev, last[None]), INF).reshape(R, -1)
+    last = np.where(ok, last, INF)
+    cand = np.maximum(prev_all[:, :, m - mps], last[None]).reshape(R, -1)  # rows x (k, m')
     best = np.argmin(cand, axis=1)
     val = cand[np.arange(R), best]
     better = val < cur
