@@ -35,7 +35,6 @@ from ``--pipedream-repo`` (a fetched msr-fiddle/pipedream work tree or bare git 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -191,19 +190,19 @@ def _replayed(st, rec) -> bool:
 def vs_pipedream(a) -> pd.DataFrame:
     from workbench.pipedream_graph import SHIPPED, read_graph, shipped
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    import record_pipedream_optimizer as recorder
+
     repo = None
     if a.pipedream_repo is not None or a.live:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-        import record_pipedream_optimizer as recorder
-
         if a.pipedream_repo is None:
             raise SystemExit("--live needs --pipedream-repo")
         tmp = Path(tempfile.mkdtemp(prefix="pipedream-"))
         repo = recorder.checkout(a.pipedream_repo.resolve(), tmp)
     profiles: dict = {}
     rows = []
-    for path in sorted(RECORDED.glob("*.json")):
-        rec = json.loads(path.read_text())
+    for path in sorted(RECORDED.glob("*.json*")):
+        rec = recorder.read(path)
         name = rec["profile"]
         if a.profiles and name not in a.profiles:
             continue
@@ -246,18 +245,25 @@ def vs_pipedream(a) -> pd.DataFrame:
 
 def markdown(df: pd.DataFrame) -> str:
     """The parity table of docs/pipedream-optimizer.md from a --vs-pipedream CSV."""
-    def yes(x):
-        return "" if pd.isna(x) else ("yes" if bool(x) else "tie")
+    def same(ours, replayed) -> str:
+        """"yes"; "tie": another optimum of equal time (PipeDream's order replayed gives its own); "NO"."""
+        if pd.isna(replayed):
+            return ""
+        if bool(ours):
+            return "yes"
+        return "tie" if bool(replayed) else "NO"
 
-    lines = ["| profile | config | states | same configuration (our order / replayed) | PipeDream ms/stage | ours "
-             "ms/stage | PipeDream s (CPU) | ours s (CPU) |", "|---|---|---|---|---|---|---|---|"]
+    head = ("| profile | config | states | same configuration (our order / PipeDream's replayed) | PipeDream "
+            "ms/stage | ours ms/stage | PipeDream s wall (CPU) | ours s wall (CPU) |")
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in df.itertuples():
         theirs = f"{r.theirs_pipeline_ms:.4f}" if r.theirs_finished else "did not finish"
         cpu = getattr(r, "theirs_cpu_seconds", None)
         tsec = (f"{r.theirs_seconds:.1f} ({cpu:.1f})" if r.theirs_finished and cpu == cpu and cpu is not None
                 else (f"{r.theirs_seconds:.1f}" if r.theirs_finished else f"> {r.theirs_seconds:.0f}"))
-        same = f"{yes(getattr(r, 'config_equal', None))} / {yes(getattr(r, 'config_equal_replayed', None))}"
-        lines.append(f"| {r.profile} | {r.config} | {getattr(r, 'ours_states', '')} | {same} | {theirs} | "
+        rep = getattr(r, "config_equal_replayed", None)
+        same_txt = f"{same(getattr(r, 'config_equal', None), rep)} / {'' if pd.isna(rep) else ('yes' if rep else 'NO')}"
+        lines.append(f"| {r.profile} | {r.config} | {getattr(r, 'ours_states', '')} | {same_txt} | {theirs} | "
                      f"{getattr(r, 'ours_pipeline_ms', float('nan')):.4f} | {tsec} | "
                      f"{getattr(r, 'ours_seconds', float('nan')):.2f} ({getattr(r, 'ours_cpu_seconds', float('nan')):.2f}) |")
     return "\n".join(lines)

@@ -3,7 +3,7 @@
 Runs ``optimizer/optimizer_graph_hierarchical.py`` of msr-fiddle/pipedream (a fetched copy: a
 work tree, or a bare git directory such as the ``fetch`` tool's ``/work/.mirror/.../repo``) on its
 published profiles, as its README runs it, and writes what it printed and the stage of every node
-to ``tests/data/pipedream_optimizer/<profile>__<config>.json``:
+to ``tests/data/pipedream_optimizer/<profile>__<config>.json`` (``.json.gz`` when large):
 
 * ``states``: its number of antichain states;
 * ``levels``: per topology level (outermost first, as it prints them) the stages
@@ -40,6 +40,7 @@ temporary folder, never into either repository) stands in for it. Each run gets 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import re
@@ -206,6 +207,28 @@ def run_one(repo: Path, profile: str, config: str, timeout: float, helpers: Path
         return rec | {"finished": True}
 
 
+def write(path: Path, rec: dict) -> Path:
+    """One key per line (long lists on one line); gzipped (``.json.gz``) above ``GZIP_ABOVE`` bytes."""
+    text = "{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in rec.items()) + "\n}\n"
+    gz = path.with_name(path.name + ".gz")
+    for old in (path, gz):
+        old.unlink(missing_ok=True)
+    if len(text) > GZIP_ABOVE:
+        gz.write_bytes(gzip.compress(text.encode(), mtime=0))
+        return gz
+    path.write_text(text)
+    return path
+
+
+GZIP_ABOVE = 400_000
+
+
+def read(path: Path) -> dict:
+    """A recording written by :func:`write`."""
+    raw = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return json.loads(raw)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("pipedream", type=Path, help="fetched msr-fiddle/pipedream (work tree or bare git directory)")
@@ -225,7 +248,7 @@ def main(argv=None) -> int:
         for profile in args.profiles:
             for config in args.configs:
                 rec = run_one(repo, profile, config, args.timeout, helpers)
-                (args.out / f"{profile}__{config}.json").write_text(json.dumps(rec, indent=1) + "\n")
+                write(args.out / f"{profile}__{config}.json", rec)
                 print(profile, config, "finished" if rec["finished"] else "NOT finished",
                       rec.get("pipeline_s"), rec.get("wall_s"), flush=True)
     return 0
