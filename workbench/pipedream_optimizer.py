@@ -5,7 +5,7 @@ States are antichains (:mod:`workbench.antichain`); ``C(i, j)``, ``a(i, j)``, ``
 compute (s), activation and parameter bytes of the states after state ``i-1`` up to state ``j``
 (row ``i = 0``: from the start), i.e. differences of the cumulative sums. A level has ``M``
 machines joined at bandwidth ``B``, each holding ``n_in`` workers of the level inside (1 at the
-innermost level), and ``M_tot`` machines in all. Machine counts ``m`` below are 1-based.
+innermost level). Machine counts ``m`` below are 1-based; ``m <= M``.
 
 *One stage replicated on m machines* (data parallelism added to compute, not overlapped)::
 
@@ -24,8 +24,9 @@ ancestor of state ``i-1``), the last stage on ``m'`` machines::
 compression ratio (``None``: cuts are free), the last term absent for the final state; a split
 needs ``ceil((M - m) / m') (a(k+1, j) + w(k+1, j)) <= memory``. ``straight``: ``m = 1`` per stage
 (``m' = 1``); ``use_fewer_machines``: ``A(i, j, m)`` may take ``A(i, j, m-1)`` when that is lower.
-Ties keep the earlier candidate (the all-replicated stage, then ``k`` in topological order, then
-``m'`` ascending).
+Ties keep the earlier candidate: the one-stage entry (or the ``m-1`` entry it took), then ``k`` in
+the candidate order (default: topological, ascending; PipeDream's own is the iteration order of a
+Python set of objects, which a recording can replay), then ``m'`` ascending.
 
 *Levels, inside out.* The innermost level is solved for every row ``i``; the next level's
 ``C(i, j)`` is the inner ``A(i, j, M_in)`` (a machine of the next level runs the inner optimum on
