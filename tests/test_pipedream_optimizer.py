@@ -157,3 +157,23 @@ def test_bad_options_say_what_to_do():
         partition(prof, Topology.flat(2, 1e9), cost="pipedream", memory_bytes=1.0, straight=True)
     with pytest.raises(ValueError, match="candidate_order"):
         optimize_states(states("alexnet"), [2], [1e9], candidate_order=[[0]])
+
+
+def test_stages_not_contiguous_in_the_profile_order_get_a_layer_order():
+    """ResNet-50 on 16 straight stages: PipeDream's node sets interleave in the profile's order, so
+    the plan carries a topological order where they are contiguous (and its profile)."""
+    from workbench.pipedream_optimizer import profile_for
+
+    prof = shipped("resnet50")
+    plan = partition(prof, Topology.flat(16, 10e9), cost="pipedream", straight=True)
+    order = plan.meta["layer_order"]
+    assert sorted(order) == sorted(prof.layers["node"]) and order != list(prof.layers["node"])
+    again = profile_for(prof, plan)
+    assert list(again.layers["node"]) == order and again.total_ms == pytest.approx(prof.total_ms)
+    for s, nodes in zip(plan.stages, plan.meta["pipedream"]["stage_nodes"]):
+        assert set(order[s.first:s.last + 1]) == set(nodes) - {"node1"}
+    # every node after its inputs
+    pos = {v: i for i, v in enumerate(order)}
+    for a, b in prof.meta["graph"]["edges"]:
+        if a in pos and b in pos:
+            assert pos[a] < pos[b]
