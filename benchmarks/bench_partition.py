@@ -221,7 +221,16 @@ def vs_pipedream(a) -> pd.DataFrame:
                    theirs_cpu_seconds=rec.get("cpu_s"), theirs_load1=rec.get("load1"),
                    theirs_states=rec.get("states"), theirs_pipeline_ms=rec.get("pipeline_s", math.nan) * 1e3)
         if prof is not None:
-            sec, cpu, st, res = _ours(prof, rec, a.repeat)
+            t0, c0 = time.perf_counter(), time.process_time()
+            try:
+                sec, cpu, st, res = _ours(prof, rec, a.repeat)
+            except ValueError as e:  # too many antichain states: refused with a message
+                row |= dict(ours_seconds=time.perf_counter() - t0, ours_cpu_seconds=time.process_time() - c0,
+                            ours_error=str(e).split(":")[0])
+                rows.append(row | dict(load1=os.getloadavg()[0], cpus=os.cpu_count(), machine=platform.node()))
+                print(f"{name:>14} {rec['config']:>15}: ours refused ({row['ours_error']}) after "
+                      f"{row['ours_seconds']:.1f} s", flush=True)
+                continue
             row |= dict(ours_seconds=sec, ours_cpu_seconds=cpu, ours_states=len(st), ours_pipeline_ms=res.pipeline_s * 1e3,
                         ours_stages="-".join(str(r) for *_, r in res.stages))
             if rec["finished"]:
@@ -263,8 +272,12 @@ def markdown(df: pd.DataFrame) -> str:
                 else (f"{r.theirs_seconds:.1f}" if r.theirs_finished else f"> {r.theirs_seconds:.0f}"))
         rep = getattr(r, "config_equal_replayed", None)
         same_txt = f"{same(getattr(r, 'config_equal', None), rep)} / {'' if pd.isna(rep) else ('yes' if rep else 'NO')}"
-        lines.append(f"| {r.profile} | {r.config} | {getattr(r, 'ours_states', '')} | {same_txt} | {theirs} | "
-                     f"{getattr(r, 'ours_pipeline_ms', float('nan')):.4f} | {tsec} | "
+        err = getattr(r, "ours_error", None)
+        ours_ms = (f"{getattr(r, 'ours_pipeline_ms', float('nan')):.4f}" if not isinstance(err, str)
+                   else "refused: " + err)
+        states = getattr(r, "ours_states", "")
+        states = "" if pd.isna(states) else int(states)
+        lines.append(f"| {r.profile} | {r.config} | {states} | {same_txt} | {theirs} | {ours_ms} | {tsec} | "
                      f"{getattr(r, 'ours_seconds', float('nan')):.2f} ({getattr(r, 'ours_cpu_seconds', float('nan')):.2f}) |")
     return "\n".join(lines)
 
