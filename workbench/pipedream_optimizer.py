@@ -143,7 +143,8 @@ class _Tables:
 def _solve(t: _Tables, within: int, final: bool, below_anc, order) -> _Level:
     """One level of the dynamic program over every row (``final``: row 0 only); ``order[j]``: the
     split states of state j in the order they are tried. Row i is solved for states j > i only
-    (PipeDream's loop), so each step works on rows ``0..j-1``."""
+    (PipeDream's loop), so each step works on rows ``0..j-1``, in blocks that skip the split states
+    before the block's first row (``A(i, k) = inf`` for ``k < i``: dropping them changes nothing)."""
     n = t.C.shape[1]
     rows = 1 if final else n + 1
     lv = _Level(np.full((rows, n, t.M), INF), np.full((rows, n, t.M), -1), np.full((rows, n, t.M), -1),
@@ -152,27 +153,46 @@ def _solve(t: _Tables, within: int, final: bool, below_anc, order) -> _Level:
     for j in range(1, n):
         ks = order[j]
         R = min(rows, j)
-        # A(i, k, m') for rows i < j (final: every k comes before j); inf where row i may not split at
-        # k (an ancestor of state i-1)
-        prev = np.where(below_anc[:R][:, ks][:, :, None], INF, lv.T[:R, ks])
+        blocks = _blocks(lv, below_anc, ks, R)
         for m in range(1, t.M):
-            _step(lv, t, j, m, ks, R, prev)
+            cur = _fewer(lv, t.opt, j, m, R)
+            if ks.size == 0:
+                continue
+            mps, last = _last_stage(t, j, m, ks)
+            for i0, i1, idx, prev in blocks:
+                _best(lv, j, m, i0, i1, ks[idx], mps, last[idx], prev, cur[i0:i1])
     return lv
 
 
-def _step(lv: _Level, t: _Tables, j: int, m: int, ks: np.ndarray, R: int, prev_all: np.ndarray):
-    """``A(i, j, m+1)`` for rows ``i < R`` at once (0-based ``m``); ``prev_all[i, k, m']`` =
-    ``A(i, k, m'+1)`` or inf where the split is not allowed."""
-    T, opt = lv.T, t.opt
-    cur = T[:R, j, m].copy()
+def _blocks(lv: _Level, below_anc, ks: np.ndarray, R: int) -> list:
+    """Row blocks ``[i0, i1)`` of rows ``0..R-1``, each with the split states ``k >= i0`` (positions
+    ``idx`` in ``ks``, order kept) and ``A(i, k, m')`` for them (final: every k comes before j),
+    inf where row i may not split at k (an ancestor of state i-1)."""
+    size = max(64, -(-R // 8))
+    out = []
+    for i0 in range(0, R, size):
+        i1 = min(R, i0 + size)
+        idx = np.flatnonzero(ks >= i0)
+        kb = ks[idx]
+        out.append((i0, i1, idx, np.where(below_anc[i0:i1][:, kb][:, :, None], INF, lv.T[i0:i1, kb])))
+    return out
+
+
+def _fewer(lv: _Level, opt: Options, j: int, m: int, R: int) -> np.ndarray:
+    """``use_fewer_machines``: ``A(i, j, m+1)`` takes ``A(i, j, m)`` where lower (or where it has no
+    value yet); returns the current ``A(i, j, m+1)`` of rows ``i < R``."""
+    T = lv.T
     if opt.use_fewer_machines:
+        cur = T[:R, j, m]
         take = np.isinf(cur) | (T[:R, j, m - 1] < cur)
-        cur = np.where(take, T[:R, j, m - 1], cur)
-        for arr in (lv.split_k, lv.split_m, lv.used):
+        for arr in (lv.T, lv.split_k, lv.split_m, lv.used):
             arr[:R, j, m] = np.where(take, arr[:R, j, m - 1], arr[:R, j, m])
-    T[:R, j, m] = cur
-    if ks.size == 0:
-        return
+    return T[:R, j, m].copy()
+
+
+def _last_stage(t: _Tables, j: int, m: int, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``m'`` values and, per (k, m'), the last stage's time with its cut terms (inf: not allowed)."""
+    opt = t.opt
     mps = np.arange(1, 2 if opt.straight else m + 1)
     c_last, w_last = t.C[ks + 1, j][:, None], t.par[ks + 1, j][:, None]
     ok = np.isfinite(c_last) & np.ones((1, mps.size), dtype=bool)
@@ -186,16 +206,25 @@ def _step(lv: _Level, t: _Tables, j: int, m: int, ks: np.ndarray, R: int, prev_a
         last = np.maximum(last, (2.0 * t.out[ks][:, None]) / (t.B * mps) / r)
         if j < len(t.out) - 1:
             last = np.maximum(last, ((2.0 * t.out[j]) / (t.B * mps) / r)[None, :])
-    last = np.where(ok, last, INF)
-    cand = np.maximum(prev_all[:, :, m - mps], last[None]).reshape(R, -1)  # rows x (k, m')
+    return mps, np.where(ok, last, INF)
+
+
+def _best(lv: _Level, j, m, i0, i1, ks, mps, last, prev_all, cur):
+    """``A(i, j, m+1)`` for rows ``i0 <= i < i1`` at once (0-based ``m``): the first (k, m') in
+    order whose ``max(A(i, k, m+1-m'), last stage)`` is below ``cur``; ``prev_all[i, k, m']`` =
+    ``A(i, k, m'+1)``."""
+    if ks.size == 0:
+        return
+    n = i1 - i0
+    cand = np.maximum(prev_all[:, :, m - mps], last[None]).reshape(n, -1)  # rows x (k, m')
     best = np.argmin(cand, axis=1)
-    val = cand[np.arange(R), best]
+    val = cand[np.arange(n), best]
     better = val < cur
     kk, mm = np.divmod(best, mps.size)
-    T[:R, j, m] = np.where(better, val, cur)
-    lv.split_k[:R, j, m] = np.where(better, ks[kk], lv.split_k[:R, j, m])
-    lv.split_m[:R, j, m] = np.where(better, m - mps[mm], lv.split_m[:R, j, m])
-    lv.used[:R, j, m] = np.where(better, mps[mm], lv.used[:R, j, m])
+    lv.T[i0:i1, j, m] = np.where(better, val, cur)
+    lv.split_k[i0:i1, j, m] = np.where(better, ks[kk], lv.split_k[i0:i1, j, m])
+    lv.split_m[i0:i1, j, m] = np.where(better, m - mps[mm], lv.split_m[i0:i1, j, m])
+    lv.used[i0:i1, j, m] = np.where(better, mps[mm], lv.used[i0:i1, j, m])
 
 
 def _read_back(lv: _Level, start: int, end: int) -> list[tuple[int, int, int]]:
