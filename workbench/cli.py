@@ -168,8 +168,23 @@ def cmd_partition(args) -> int:
         prof = _quick_profile(args.model or "vgg16", args.size or "mini", 32 if args.batch_size is None else args.batch_size)
     topo = _topology_from_args(args)
     mem = args.memory_gb * 2**30 if args.memory_gb else None
-    plan = partition(prof, topo, straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers,
-                     latency_ms=args.latency_ms, op_overhead_ms=args.op_overhead_ms, refine=not args.no_refine)
+    comparison = None
+    if args.cost == "pipedream" or args.compare_costs:
+        from .cost_compare import compare_costs
+        from .pipedream_optimizer import Settings
+
+        ratio = None if args.activation_compression_ratio == 0 else args.activation_compression_ratio
+        pd_settings = Settings(activation_compression_ratio=ratio, over=args.over)
+    if args.compare_costs:
+        comparison = compare_costs(prof, topo, straight=args.straight, memory_bytes=mem,
+                                   use_fewer_workers=args.fewer_workers, pipedream=pd_settings, refine=not args.no_refine)
+        plan = comparison.plans[args.cost]
+    elif args.cost == "pipedream":
+        plan = partition(prof, topo, straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers,
+                         cost="pipedream", pipedream=pd_settings)
+    else:
+        plan = partition(prof, topo, straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers,
+                         latency_ms=args.latency_ms, op_overhead_ms=args.op_overhead_ms, refine=not args.no_refine)
     label = prof.meta.get("kind", "kind not recorded")
     where = prof.meta.get("device") or prof.meta.get("source")
     print(f"profile: {len(prof)} layers ({label}{', ' + str(where) if where else ''})")
@@ -177,8 +192,10 @@ def cmd_partition(args) -> int:
         print(prof.trust_note())
     print(f"topology: {topo.describe() if hasattr(topo, 'describe') else topo}")
     print(plan.describe())
+    if comparison is not None:
+        print(comparison.describe())
     k = min(topo.num_workers, len(prof))
-    if k > 1:
+    if k > 1 and args.cost == "workbench":
         for name, fn in (("equal layers", partition_equal_layers), ("balanced time", partition_balanced_time)):
             base = fn(prof, k, topology=topo)
             print(f"baseline {name:>13} ({k} straight stages): {base.predicted_ms:.3f} ms/minibatch "
@@ -383,6 +400,14 @@ def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--fewer-workers", action="store_true", help="allow using fewer than all workers")
     _add_fixed_costs(p)
     p.add_argument("--no-refine", action="store_true", help="DP and closed form only (no simulation of the plan)")
+    p.add_argument("--cost", choices=["workbench", "pipedream"], default="workbench",
+                   help="cost model: the workbench's (default) or PipeDream's optimizer and formulas exactly")
+    p.add_argument("--compare-costs", action="store_true",
+                   help="also show both models' choices side by side, each priced under both")
+    p.add_argument("--activation-compression-ratio", type=float, default=1.0,
+                   help="--cost pipedream: cut terms divided by this ratio (0: cuts are free, PipeDream's default)")
+    p.add_argument("--over", choices=["antichains", "layers"], default="antichains",
+                   help="--cost pipedream: states = antichains of a graph.txt DAG, or the profile's layer order")
     p.add_argument("--out", help="write the plan JSON here (a new file: an existing one gets a -2, -3 ... suffix)")
     p.set_defaults(fn=cmd_partition)
 

@@ -47,13 +47,19 @@ class GraphLayer(nn.Module):
     """One layer: ``live(i) -> live(i+1)`` as a ``torch.fx.GraphModule`` of ATen operations.
 
     Input and output are one tensor when the live set has one value, else a tuple; integers (sizes)
-    travel as 0-d int64 tensors (``in_ints`` / ``out_ints`` mark their positions)."""
+    travel as 0-d int64 tensors (``in_ints`` / ``out_ints`` mark their positions). ``own_out``: the
+    output positions this layer computes (the rest pass through); ``reads_from``: the layers whose
+    values it reads (-1: the model's input). Together they give the layer DAG of
+    :mod:`workbench.antichain`."""
 
     def __init__(self, gm: fx.GraphModule, in_ints: tuple[int, ...], out_ints: tuple[int, ...], n_out: int,
-                 modules: tuple[str, ...]):
+                 modules: tuple[str, ...], own_out: tuple[int, ...] | None = None,
+                 reads_from: tuple[int, ...] | None = None):
         super().__init__()
         self.gm = gm
         self.in_ints, self.out_ints, self.n_out, self.modules_covered = in_ints, out_ints, n_out, modules
+        self.own_out = tuple(range(n_out)) if own_out is None else own_out
+        self.reads_from = reads_from
 
     def forward(self, x):
         args = list(x) if isinstance(x, (tuple, list)) else [x]
@@ -346,8 +352,12 @@ def _build_layers(gm: fx.GraphModule, group: dict, units: list[str]) -> tuple[li
         sub = fx.GraphModule(gm, graph)
         covered = tuple(dict.fromkeys(c for n in body if (c := _covering(n, units))))
         covered = tuple(c for c in covered if not any(d != c and _under(d, c) for d in covered)) or covered
+        # the layer DAG (PipeDream's antichain states): outputs made here, layers whose values it reads
+        used = {a for n in body for a in n.all_input_nodes if a in prod}
         layers.append(GraphLayer(sub, tuple(i for i, v in enumerate(live_in) if _is_int(v)),
-                                 tuple(i for i, v in enumerate(live_out) if _is_int(v)), len(live_out), covered))
+                                 tuple(i for i, v in enumerate(live_out) if _is_int(v)), len(live_out), covered,
+                                 own_out=tuple(i for i, v in enumerate(live_out) if prod.get(v) == g),
+                                 reads_from=tuple(sorted({prod[v] for v in used if prod[v] != g}))))
         label = covered[0] if len(covered) == 1 else (f"{covered[0]}..{covered[-1]}" if covered else "(ops)")
         names.append(f"{g}:{label}")
     return layers, names

@@ -69,6 +69,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .costmodel import CostModel, ring_allreduce_ms
+from .pipedream_optimizer import Settings as PipeDreamSettings
+from .pipedream_optimizer import partition_pipedream
 from .plan import Plan, Stage
 from .profiler import Profile
 from .topology import Topology
@@ -561,7 +563,8 @@ def data_parallel_ms(profile: Profile, topology: Topology, cost_model: CostModel
 
 def partition(profile: Profile, topology: Topology, straight: bool = False,
               memory_bytes: float | None = None, use_fewer_workers: bool = False, *,
-              latency_ms=0.0, op_overhead_ms: float = 0.0, refine: bool = True, recompute: bool = False) -> Plan:
+              latency_ms=0.0, op_overhead_ms: float = 0.0, refine: bool = True, recompute: bool = False,
+              cost: str = "workbench", pipedream: PipeDreamSettings | None = None) -> Plan:
     """PipeDream's optimal partition of ``profile`` onto ``topology`` (see the module docstring),
     checked and refined by simulation.
 
@@ -583,14 +586,21 @@ def partition(profile: Profile, topology: Topology, straight: bool = False,
     ``latency_ms`` (per message, one number or one per level) and ``op_overhead_ms`` (per op) are
     the calibrated fixed costs of :mod:`workbench.calibrate`. ``recompute``: the memory limit and
     ``stage_memory_bytes`` assume activation re-materialization (module docstring, Memory).
+
+    ``cost="pipedream"``: PipeDream's own optimizer and formulas instead
+    (:func:`workbench.pipedream_optimizer.partition_pipedream`, options in ``pipedream``; over the
+    antichain DAG of a graph.txt profile); the cost model named in ``meta["cost"]``.
     """
+    if cost not in COSTS:
+        raise ValueError(f"cost must be one of {', '.join(COSTS)}, got {cost!r}")
     L = _layers(profile)
     topo = _check_topology(topology)
-    if memory_bytes is not None:
-        mb = float(memory_bytes)
-        if not (math.isfinite(mb) and mb > 0):
-            raise ValueError(f"memory_bytes must be a positive number of bytes per worker, got {memory_bytes!r}")
-        memory_bytes = mb
+    if cost == "pipedream":
+        if recompute or latency_ms or op_overhead_ms:
+            raise ValueError("cost='pipedream' prices PipeDream's formulas only: drop recompute, latency_ms and op_overhead_ms")
+        return partition_pipedream(profile, topo, straight, _memory(memory_bytes), use_fewer_workers,
+                                   pipedream or PipeDreamSettings())
+    memory_bytes = _memory(memory_bytes)
     cm = CostModel.from_profile(profile, topo, latency_ms=latency_ms, op_overhead_ms=op_overhead_ms)
     levels = _build_levels(L, topo, straight, memory_bytes, use_fewer_workers, cm, recompute=recompute)
     top = levels[-1]
@@ -601,7 +611,7 @@ def partition(profile: Profile, topology: Topology, straight: bool = False,
             "memory_bytes": memory_bytes, "device_memory_bytes": _device_memory(topo, profile),
             "use_fewer_workers": use_fewer_workers, "recompute": recompute,
             "latency_ms": list(cm.latency_ms), "op_overhead_ms": cm.op_overhead_ms,
-            "batch_size": cm.batch_size,
+            "batch_size": cm.batch_size, "cost": "workbench",
             "cost_model": "workbench.costmodel: 1F1B round (F + B + 3o + exposed ring AR) / m, "
                           "cut = alpha + a/B per direction (full duplex)"}
     dp_ms = data_parallel_ms(profile, topo, cm)
@@ -622,6 +632,18 @@ def partition(profile: Profile, topology: Topology, straight: bool = False,
         return optimum
     shortlist = list({id(q): q for q in [optimum] + ranked[:CANDIDATES]}.values())
     return refine_candidates(shortlist, profile, topo, cm, memory_bytes)
+
+
+COSTS = ("workbench", "pipedream")  # the cost models partition() can price with
+
+
+def _memory(memory_bytes) -> float | None:
+    if memory_bytes is None:
+        return None
+    mb = float(memory_bytes)
+    if not (math.isfinite(mb) and mb > 0):
+        raise ValueError(f"memory_bytes must be a positive number of bytes per worker, got {memory_bytes!r}")
+    return mb
 
 
 CANDIDATES = 3  # the dynamic program's plans with the best closed-form prediction that refinement simulates

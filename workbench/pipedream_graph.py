@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from .antichain import LayerGraph, node_on_cycle
+
 if TYPE_CHECKING:
     from .profiler import Profile
 
@@ -50,16 +52,8 @@ def _bytes(text: str, where: str) -> tuple[float, ...]:
     return vals
 
 
-def read_graph(path, label: str | None = None) -> "Profile":
-    """A Profile from PipeDream's ``graph.txt`` (module docstring); ``meta["source"]`` names it
-    ``label`` (default: the path as given)."""
-    from .profiler import Profile
-
-    path = Path(path)
-    if path.is_dir():
-        path = path / "graph.txt"
-    if not path.exists():
-        raise ValueError(f"PipeDream profile {path} does not exist")
+def _parse(path: Path) -> tuple[dict[str, dict], list[tuple[str, str]]]:
+    """Nodes (file order) and edges (file order) of a ``graph.txt``; errors name file, line and node."""
     nodes: dict[str, dict] = {}
     edges: list[tuple[str, str]] = []
     for lineno, line in enumerate(path.read_text().splitlines(), 1):
@@ -74,41 +68,115 @@ def read_graph(path, label: str | None = None) -> "Profile":
             nodes[nid] = dict(node=nid, desc=desc.strip(), fwd_ms=_number(f, where), bwd_ms=_number(b, where),
                               act_parts=parts, act_bytes_own=sum(parts), param_bytes=sum(_bytes(p, f"{where}: parameter_size")))
         else:
-            raise ValueError(f"{where}: not a PipeDream graph.txt line: {line[:80]!r}")
+            nid = re.match(r"^(node\d+) -- ", line)
+            hint = (f" (node {nid.group(1)} needs forward_compute_time=, backward_compute_time=, activation_size=, "
+                    "parameter_size=)") if nid else ""
+            raise ValueError(f"{where}: not a PipeDream graph.txt line{hint}: {line[:80]!r}")
     if not nodes:
         raise ValueError(f"{path} has no nodes; is it a PipeDream graph.txt?")
     for a, b in edges:
         if a not in nodes or b not in nodes:
-            raise ValueError(f"{path}: edge {a} -- {b} names an unknown node")
+            raise ValueError(f"{path}: edge {a} -- {b} names an unknown node {a if a not in nodes else b}")
+    return nodes, edges
+
+
+def layer_graph(path) -> LayerGraph:
+    """The node DAG of a ``graph.txt`` (every node, inputs included, file order) for PipeDream's
+    antichain states (:mod:`workbench.antichain`)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "graph.txt"
+    if not path.exists():
+        raise ValueError(f"PipeDream profile {path} does not exist")
+    nodes, edges = _parse(path)
+    _topological(nodes, edges, path)
+    return _as_layer_graph(nodes, edges)
+
+
+def _as_layer_graph(nodes: dict, edges: list) -> LayerGraph:
+    vals = list(nodes.values())
+    return LayerGraph(tuple(nodes), tuple(d["desc"] for d in vals), tuple(d["fwd_ms"] for d in vals),
+                      tuple(d["bwd_ms"] for d in vals), tuple(d["act_bytes_own"] for d in vals),
+                      tuple(d["param_bytes"] for d in vals), tuple(edges))
+
+
+def read_graph(path, label: str | None = None) -> "Profile":
+    """A Profile from PipeDream's ``graph.txt`` (module docstring); ``meta["source"]`` names it
+    ``label`` (default: the path as given). ``meta["graph"]`` keeps the node DAG
+    (:meth:`LayerGraph.to_dict`) for PipeDream's antichain states."""
+    from .profiler import Profile
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "graph.txt"
+    if not path.exists():
+        raise ValueError(f"PipeDream profile {path} does not exist")
+    nodes, edges = _parse(path)
     order = _topological(nodes, edges, path)
     inputs = [n for n in order if _INPUT.match(nodes[n]["desc"])]
     layers = [n for n in order if n not in set(inputs)]
     if not layers:
         raise ValueError(f"{path}: only input nodes; a profile needs at least one layer")
+    own = {n: d["act_bytes_own"] for n, d in nodes.items()}
+    rows = []
+    for n, (act, count) in zip(layers, _crossing(inputs, layers, edges, own)):
+        d = nodes[n]
+        rows.append(dict(name=f"{n}:{d['desc'].split('(')[0]}", fwd_ms=d["fwd_ms"], bwd_ms=d["bwd_ms"],
+                         act_bytes=act, param_bytes=d["param_bytes"], node=n, module=d["desc"],
+                         crossing=count, act_parts=";".join(f"{v:g}" for v in d["act_parts"])))
+    input_bytes = sum(nodes[n]["act_bytes_own"] for n in inputs)
+    meta = dict(kind="measured", source=f"PipeDream graph.txt ({label or path})", device="GPU (PipeDream profiler)",
+                input_bytes=input_bytes, input_parts_bytes=[nodes[n]["act_bytes_own"] for n in inputs],
+                graph=_as_layer_graph(nodes, edges).to_dict())
+    if input_bytes and len(inputs) == 1:
+        meta["batch_size_if_imagenet"] = round(input_bytes / (3 * 224 * 224 * 4))
+    return Profile(pd.DataFrame(rows), meta)
+
+
+def _crossing(inputs: list, layers: list, edges, own: dict) -> list[tuple[float, int]]:
+    """Per layer position i: (bytes, count) of the tensors crossing the cut after i (module docstring)."""
     pos = {n: i for i, n in enumerate(layers)}
     for n in inputs:
         pos[n] = -1  # produced before the first layer
     last_use = dict(pos)  # latest position of a consumer
     for a, b in edges:
-        if b in pos and pos[b] >= 0:
+        if b in pos and pos[b] >= 0 and a in last_use:
             last_use[a] = max(last_use[a], pos[b])
     producers = inputs + layers
-    rows = []
+    out = []
     for i, n in enumerate(layers):
         crossing = [m for m in producers if pos[m] <= i and last_use[m] > i]
         if i == len(layers) - 1:
             crossing = [n]  # the model's output (goes to the loss)
-        d = nodes[n]
-        rows.append(dict(name=f"{n}:{d['desc'].split('(')[0]}", fwd_ms=d["fwd_ms"], bwd_ms=d["bwd_ms"],
-                         act_bytes=sum(nodes[m]["act_bytes_own"] for m in crossing),
-                         param_bytes=d["param_bytes"], node=n, module=d["desc"],
-                         crossing=len(crossing), act_parts=";".join(f"{v:g}" for v in d["act_parts"])))
-    input_bytes = sum(nodes[n]["act_bytes_own"] for n in inputs)
-    meta = dict(kind="measured", source=f"PipeDream graph.txt ({label or path})", device="GPU (PipeDream profiler)",
-                input_bytes=input_bytes, input_parts_bytes=[nodes[n]["act_bytes_own"] for n in inputs])
-    if input_bytes and len(inputs) == 1:
-        meta["batch_size_if_imagenet"] = round(input_bytes / (3 * 224 * 224 * 4))
-    return Profile(pd.DataFrame(rows), meta)
+        out.append((sum(own[m] for m in crossing), len(crossing)))
+    return out
+
+
+def in_order(profile: "Profile", layer_nodes: list[str]) -> "Profile":
+    """``profile`` (read from a graph.txt) with its layers in another topological order
+    ``layer_nodes`` (node ids), ``act_bytes`` and ``crossing`` recomputed for that order."""
+    from .profiler import Profile
+
+    if "graph" not in profile.meta or "node" not in profile.layers:
+        raise ValueError("in_order needs a profile read from a PipeDream graph.txt (meta['graph'] and a 'node' column)")
+    g = LayerGraph.from_dict(profile.meta["graph"])
+    df = profile.layers.set_index("node", drop=False)
+    if sorted(layer_nodes) != sorted(df.index):
+        raise ValueError("in_order needs every layer node of the profile exactly once")
+    seen: set = set()
+    pred = {v: [a for a, b in g.edges if b == v] for v in layer_nodes}
+    for v in layer_nodes:
+        late = [a for a in pred[v] if a in df.index and a not in seen]
+        if late:
+            raise ValueError(f"in_order: node {v} comes before its input {late[0]}; give a topological order")
+        seen.add(v)
+    inputs = [v for v in g.ids if v not in df.index]
+    own = dict(zip(g.ids, g.act_bytes))
+    rows = df.loc[list(layer_nodes)].reset_index(drop=True)
+    cross = _crossing(inputs, list(layer_nodes), g.edges, own)
+    rows["act_bytes"] = [a for a, _ in cross]
+    rows["crossing"] = [c for _, c in cross]
+    return Profile(rows, dict(profile.meta))
 
 
 def _number(text: str, where: str) -> float:
@@ -139,7 +207,9 @@ def _topological(nodes, edges, path) -> list[str]:
             if indeg[m] == 0:
                 heapq.heappush(heap, (key(m), m))
     if len(out) != len(nodes):
-        raise ValueError(f"{path}: the graph has a cycle; PipeDream graphs are DAGs")
+        bad = node_on_cycle({n for n in nodes if indeg[n] > 0}, edges)
+        raise ValueError(f"{path}: the graph has a cycle through node {bad}; PipeDream graphs are DAGs: "
+                         "remove the edge that closes it")
     return out
 
 

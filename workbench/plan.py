@@ -145,10 +145,16 @@ class Plan:
     def speedup_over_data_parallel(self) -> float:
         return self.data_parallel_ms / self.bottleneck_ms
 
+    @property
+    def cost(self) -> str:
+        """Which cost model priced the plan: ``"workbench"`` (:mod:`workbench.costmodel`) or
+        ``"pipedream"`` (PipeDream's optimizer, :mod:`workbench.pipedream_optimizer`)."""
+        return self.meta.get("cost", "workbench")
+
     def _rows(self) -> list:
         rows = [("stages", self.num_stages, ""), ("workers", self.num_workers, ""),
                 ("DP estimate", self.bottleneck_ms, "ms/minibatch"),
-                ("predicted (cost model)", self.predicted_ms, "ms/minibatch"),
+                (f"predicted ({self.cost} cost model)", self.predicted_ms, "ms/minibatch"),
                 ("simulated (1F1B steady state)", self.simulated_ms, "ms/minibatch"),
                 ("in flight (input stage)", self.in_flight_count, "minibatches"),
                 ("NOAM", self.noam, "minibatches")]
@@ -174,7 +180,15 @@ class Plan:
         return one_line("Plan", self._rows()[:5])
 
     def _repr_html_(self) -> str:
-        return card(f"Plan ({self.method})", self._rows(), label=self.why(), table=self.stage_table(), max_rows=16)
+        extra = ""
+        if self.meta.get("compare_costs"):
+            import pandas as pd
+
+            both = pd.DataFrame(self.meta["compare_costs"]).set_index("chosen by")
+            extra = ("<div><b>both cost models (modeled ms/minibatch)</b></div>"
+                     + both.to_html(float_format=lambda x: f"{x:.4g}", border=0))
+        return card(f"Plan ({self.method}, {self.cost} cost model)", self._rows(), label=self.why(),
+                    table=self.stage_table(), max_rows=16, extra_html=extra)
 
     def stage_table(self):
         import pandas as pd
@@ -221,6 +235,12 @@ class Plan:
                         f"{self.simulated_throughput_minibatches_per_s:.4g} minibatches/s"
                         + (f", {self.samples_per_minibatch * self.simulated_throughput_minibatches_per_s:.4g} samples/s"
                            if self.samples_per_minibatch else "") + ")")
+        rows.append(f"priced by: {self.meta.get('cost_model', self.cost)}")
+        if self.meta.get("compare_costs"):
+            rows.append(f"{'both cost models':>16} {'stages':>6} {'replicas':>16} {'workbench ms':>12} {'pipedream ms':>12}")
+            for r in self.meta["compare_costs"]:
+                rows.append(f"{r['chosen by']:>16} {r['stages']:>6} {r['replicas']:>16} {r['workbench model ms']:>12.3f} "
+                            f"{r['pipedream model ms']:>12.3f}")
         rows.append("why: " + self.why())
         if self.memory_note():
             rows.append("memory: " + self.memory_note())

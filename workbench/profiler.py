@@ -319,6 +319,8 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
                        _fwd_range=_range(fwd_times), _bwd_range=_range(bwd_times))
             if flops:
                 row["flops_fwd"], row["flops_bwd"] = _flops(layer, x, first=i == 0)
+            if getattr(layer, "reads_from", None) is not None:
+                row["own_act_bytes"] = float(_own_bytes(out, layer.own_out))
             rows.append(row)
             x = _detach(out).detach() if isinstance(out, torch.Tensor) else tuple(t.detach() for t in _tensors(out))
             if not isinstance(out, torch.Tensor):
@@ -337,6 +339,8 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
                 spread=float(ranges.sum() / max(float((df["fwd_ms"] + df["bwd_ms"]).sum()), 1e-12)))
     if tied := _tied_layers(layers):
         meta["tied"] = tied
+    if rows and all("own_act_bytes" in r for r in rows):
+        meta["graph"] = layer_dag(rows, [layer.reads_from for layer in layers])
     return Profile(df, meta)
 
 
@@ -423,6 +427,23 @@ def _load() -> float | None:
         return float(os.getloadavg()[0])
     except (AttributeError, OSError):  # pragma: no cover
         return None
+
+
+def _own_bytes(out, own: tuple[int, ...]) -> int:
+    """Bytes of the outputs a layer computes itself (positions ``own``; the rest pass through)."""
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    return sum(nbytes(outs[k]) for k in own)
+
+
+def layer_dag(rows: list[dict], reads_from: list) -> dict:
+    """The layer DAG of a traced model's profile (``meta["graph"]``, :class:`~workbench.antichain.LayerGraph`
+    form): node ``node0`` is the input (its first layer's ``input_bytes``), ``node{i+1}`` layer i with
+    its own outputs' bytes; an edge from every layer (or the input) whose values layer i reads."""
+    nodes = [["node0", "Input0", 0.0, 0.0, rows[0]["input_bytes"], 0.0]]
+    nodes += [[f"node{i + 1}", r["name"], r["fwd_ms"], r["bwd_ms"], r["own_act_bytes"], r["param_bytes"]]
+              for i, r in enumerate(rows)]
+    edges = [[f"node{j + 1}", f"node{i + 1}"] for i, src in enumerate(reads_from) for j in src]
+    return {"nodes": nodes, "edges": edges}
 
 
 def _batch_of(x, default: int) -> int:

@@ -20,6 +20,7 @@ import pandas as pd
 from .. import schedules
 from ..costmodel import CostModel
 from ..partition import data_parallel_ms, partition, with_predictions
+from ..pipedream_optimizer import profile_for
 from ..plan import Plan, Stage
 from ..profiler import Profile
 from ..simulate import SimResult, simulate
@@ -41,6 +42,7 @@ class Settings:
     schedule: str = "pipedream"
     microbatches: int = 16
     per_step: int = 4
+    cost: str = "workbench"  # or "pipedream": PipeDream's optimizer and formulas
 
     @property
     def topology(self) -> Topology:
@@ -187,9 +189,10 @@ def _excess(stage_ms: float, compute_ms: float) -> float:
 
 # ---- one update -------------------------------------------------------------------------------
 def optimize(profile: Profile, st: Settings) -> Plan:
-    """PipeDream's DP for these settings (all workers; a straight pipeline may use fewer)."""
+    """PipeDream's DP for these settings (all workers; a straight pipeline may use fewer), priced
+    by the settings' cost model."""
     return partition(profile, st.topology, straight=st.straight, memory_bytes=st.memory_bytes,
-                     use_fewer_workers=st.straight)
+                     use_fewer_workers=st.straight, cost=st.cost)
 
 
 def build_schedule(plan: Plan, st: Settings) -> schedules.Schedule:
@@ -220,7 +223,7 @@ def run_settings(profile: Profile, st: Settings, manual: Plan | None = None, bes
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sched = build_schedule(plan, st)
-    sim = simulate(sched, profile=profile, plan=plan, topology=topo)
+    sim = simulate(sched, profile=profile_for(profile, plan), plan=plan, topology=topo)
     note = "; ".join(str(w.message).split(";")[0] for w in caught)
     return Outcome(best, plan, sched, sim, manual is not None, note)
 

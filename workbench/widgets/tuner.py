@@ -18,9 +18,11 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .. import models as zoo
+from ..cost_compare import compare_costs
 from ..display import card
 from ..io import fresh_path, run_id
 from ..pipedream_graph import SHIPPED, shipped
+from ..pipedream_optimizer import profile_for
 from ..plan import Plan
 from ..profiler import Profile, profile as measure_profile
 from ..topology import Topology
@@ -43,11 +45,14 @@ class PartitionTuner:
     ``profile_or_model``: a :class:`Profile`, a zoo model name in :data:`MEASURABLE` (measured here,
     mini size), a model object (profiled with :func:`workbench.profile`), or None (PipeDream's
     published VGG-16 GPU profile). ``topology``: a :class:`Topology` (default: 8 workers at 12 GB/s).
+    ``cost``: the cost model the optimizer prices with (a toggle: ``"workbench"`` or PipeDream's
+    own, ``"pipedream"``); ``compare=True`` adds both models' choices side by side to the cards
+    (:func:`workbench.cost_compare.compare_costs`).
     """
 
     def __init__(self, profile_or_model=None, topology: Topology | None = None, *, schedule: str = "pipedream",
                  microbatches: int = 16, per_step: int = 4, memory_gb: float = 0.0, straight: bool = False,
-                 out_dir="results/widgets"):
+                 out_dir="results/widgets", cost: str = "workbench", compare: bool = False):
         self.out_dir = Path(out_dir)
         self.topology = topology or Topology.flat(8, 12e9)
         self.runnable: str | None = None  # zoo model name when the profile was measured here
@@ -56,7 +61,12 @@ class PartitionTuner:
         self._best: core.Plan | None = None
         self._best_key = None
         self._busy = False
+        self.compare = bool(compare)
+        self.comparison = None  # the last CostComparison shown (compare=True)
         self._build_controls(schedule, microbatches, per_step, memory_gb, straight)
+        self.cost = W.ToggleButtons(options=[("workbench cost model", "workbench"), ("PipeDream's optimizer", "pipedream")],
+                                    value=cost, style={"button_width": "160px"})
+        self.cost.observe(self._on_change, names="value")
         self.cards = W.HTML(layout=W.Layout(width="auto"))
         self.export_msg = W.HTML()
         self.stages_fig, self.timeline_fig = stage_widget(), timeline_widget("simulated timeline")
@@ -165,7 +175,7 @@ class PartitionTuner:
             head,
             row([self.source, self.path, self.load]),
             row([W.HTML("<b>topology</b>", layout=W.Layout(width="80px"))] + [W.HBox(p) for p in self.levels]),
-            row([self.memory, self.straight]),
+            row([self.memory, self.straight, self.cost]),
             row([self.schedule, self.microbatches, self.per_step]),
             row([self.optimize, self.mode, self.copy]),
             row([self.lasts, self.replicas]),
@@ -193,7 +203,7 @@ class PartitionTuner:
         mem = float(self.memory.value) * 1e9 if self.memory.value else None
         return core.Settings(levels=levels, memory_bytes=mem, straight=bool(self.straight.value),
                              schedule=self.schedule.value, microbatches=int(self.microbatches.value),
-                             per_step=int(self.per_step.value))
+                             per_step=int(self.per_step.value), cost=self.cost.value)
 
     def _manual(self, st: core.Settings) -> Plan | None:
         if not self.mode.value:
@@ -290,7 +300,7 @@ class PartitionTuner:
         t0 = time.perf_counter()
         self.progress.bar_style, self.progress.value = "info", 0
         st = self.settings()
-        key = (id(self.profile), st.levels, st.memory_bytes, st.straight)
+        key = (id(self.profile), st.levels, st.memory_bytes, st.straight, st.cost)
         if reoptimize or key != self._best_key:
             self._best, self._best_key = None, None
             self._best = core.optimize(self.profile, st)
@@ -312,7 +322,7 @@ class PartitionTuner:
         return out
 
     def _draw(self, out: core.Outcome, st: core.Settings):
-        prof = self.profile
+        prof = profile_for(self.profile, out.plan)
         mem = core.worker_memory_bytes(out.sim, prof, out.plan)
         update_stages(self.stages_fig, core.stage_table(out.plan, prof), mem, st.memory_bytes,
                       core.predicted_ms(out.plan))
@@ -322,7 +332,7 @@ class PartitionTuner:
         update_timeline(self.timeline_fig, out.sim.timeline, title)
 
     def _cards_html(self, out: core.Outcome, st: core.Settings) -> str:
-        prof = self.profile
+        prof = profile_for(self.profile, out.plan)
         shown = core.summary_rows(out.plan, out.sim, prof, st.memory_bytes)
         cols = {("manual plan" if out.manual else "optimizer's plan"): shown}
         if out.manual and out.best is not None:
@@ -331,13 +341,18 @@ class PartitionTuner:
         table = pd.DataFrame(cols)
         left = card(f"{'manual' if out.manual else 'optimizer'} plan: {_profile_name(prof)} on "
                     f"{_topology_text(st.topology)}", [],
-                    label="stage times per minibatch, modeled (workbench.costmodel)",
+                    label=f"stage times per minibatch, modeled ({out.plan.cost} cost model)",
                     table=core.stage_table(out.plan, prof).round(4))
         comp = table.map(lambda v: v if isinstance(v, str) else (f"{v:.4g}" if isinstance(v, float) else v))
         right = ("<div class='workbench-card'><b>predicted (cost model) vs simulated (schedule)</b>"
                  + comp.to_html(border=0) + "</div>")
+        both = ""
+        if self.compare:
+            self.comparison = compare_costs(self.profile, st.topology, straight=st.straight,
+                                            memory_bytes=st.memory_bytes, use_fewer_workers=st.straight)
+            both = f"<div>{self.comparison._repr_html_()}</div>"
         return (f"<div style='display:flex;gap:28px;align-items:flex-start;font-size:12px'>"
-                f"<div>{left}</div><div>{right}</div></div>")
+                f"<div>{left}</div><div>{right}</div>{both}</div>")
 
     # ---- export and run -----------------------------------------------------------------------
     def export_plan(self) -> Path | None:
