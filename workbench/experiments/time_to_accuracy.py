@@ -406,7 +406,7 @@ def figures(curves: pd.DataFrame, modeled_curves: pd.DataFrame, speed: pd.Series
 
 
 # ---- the notebook's entry point ----------------------------------------------------------------
-QUICK = dict(epochs=6, seeds=(0, 1), target=0.6, check_epochs=1)
+QUICK = dict(epochs=3, seeds=(0, 1), target=0.5, check_epochs=1)
 
 
 def quick_config(**params) -> Config:
