@@ -17,8 +17,9 @@ Two engines give the curves (the ``engine`` column says which):
 
 * ``reference``: :func:`workbench.runtime.reference_train`, the single-process semantic reference
   that applies the schedule's weight rule literally (tested equal to the runtime to 1e-12); used
-  for every deterministic rule, one epoch at a time, PipeDream's schemes as one stream per epoch
-  (``train(stream=True)``: no drain between minibatches);
+  for every deterministic rule, one epoch at a time; the pipelines without a flush (PipeDream's
+  1F1B, model parallelism) as one stream per epoch (``train(stream=True)``: no drain between
+  minibatches), as PipeDream runs;
 * ``runtime``: :func:`workbench.runtime.train` with gloo CPU ranks; ASP has no deterministic
   reference (its staleness is decided by timing), so its seeds always run here.
 """
@@ -85,7 +86,7 @@ def job_for(setup: Setup, scheme: str, seed: int, out):
                    allow_oversubscribe=True, stream=streams(name), timeout_s=setup.timeout_s, **dict(setup.model_options))
 
 
-def test_metrics(job, model, weights: list[dict]) -> tuple[float, float]:
+def evaluate(job, model, weights: list[dict]) -> tuple[float, float]:
     """(test loss, test accuracy) of the stage ``weights`` over the test split, as the runtime's
     evaluation computes them (mean loss over samples, argmax accuracy)."""
     from ..runtime.stages import microbatch, run_stage, stage_module
@@ -104,7 +105,8 @@ def reference_curve(job, epochs: int, keep: tuple[int, ...] = ()) -> tuple[pd.Da
     """Test accuracy after every epoch of ``job`` under its schedule's weight rule, computed by the
     semantic reference: drained runs apply the schedule once per minibatch; stream runs
     (``job.stream``) apply the schedule over all the epoch's microbatches as one pass, which reads
-    the epoch's samples in the runtime's order (``DataOrder`` slices are contiguous). Weights that
+    the epoch's samples in the runtime's order (``DataOrder`` slices are contiguous). Plain SGD (no
+    momentum: each epoch restarts the reference from the last weights). Weights that
     are no longer finite stay so: the remaining epochs repeat that row. Returns the curve and
     ``{epoch: stage weights}`` for the epochs in ``keep``."""
     from ..runtime import reference_train
@@ -120,8 +122,8 @@ def reference_curve(job, epochs: int, keep: tuple[int, ...] = ()) -> tuple[pd.Da
         else:
             kw = dict(schedule=job.schedule, batch_size=job.batch_size, rounds=rpe, start_round=e * rpe)
         weights = reference_train(model=model, bounds=job.bounds, dataset=ds, lr=job.lr, seed=job.seed, init=weights,
-                                  momentum=job.momentum, **kw)
-        loss, acc = test_metrics(job, model, weights)
+                                  **kw)
+        loss, acc = evaluate(job, model, weights)
         rows.append(dict(epoch=e + 1, test_accuracy=acc, test_loss=loss, compute_s=time.perf_counter() - t0))
         if e + 1 in keep:
             kept[e + 1] = weights
@@ -351,11 +353,10 @@ def vertical_sync_check(setup: Setup, seed: int, count: int) -> pd.DataFrame:
     must agree to rounding; stashing and no stashing must not: the comparison can fail)."""
     from ..runtime import reference_train
 
-    hand = None
+    hand = vertical_sync_by_hand(job_for(setup, "pipedream-vertical-sync", seed, None), count)
     rows = []
     for scheme in ("pipedream-vertical-sync", "pipedream", "pipedream-no-stash"):
         job = job_for(setup, scheme, seed, None)
-        hand = hand if hand is not None else vertical_sync_by_hand(job, count)
         mb = job.batch_size // job.schedule.microbatches
         model = job.model_fn()
         init = [{k: v.to(torch.float64) for k, v in w.items()} for w in _stage_weights(model, job.bounds)]
@@ -384,8 +385,8 @@ def staleness(setup: Setup, schemes=("pipedream", "pipedream-no-stash", "pipedre
         sched = job_for(setup, scheme, 0, None).stream(count)
         v = {(op.kind, op.stage, op.microbatch): op.version for _, op in sched if op.kind in ("F", "B")}
         S = sched.num_stages
+        steady = range(S, count)
         for s in range(S):
-            steady = [b for b in range(S, count)]
             rows.append(dict(scheme=scheme, stage=s, forward_delay=float(np.mean([b - v[("F", s, b)] for b in steady])),
                              backward_delay=float(np.mean([b - v[("B", s, b)] for b in steady]))))
     return pd.DataFrame(rows)
