@@ -399,8 +399,9 @@ def figures(curves: pd.DataFrame, modeled_curves: pd.DataFrame, speed: pd.Series
          f"{len(cfg.seeds)} seeds, mean and min-max")
     timed = curves.assign(time_s=curves["epoch"] * curves["scheme"].map(speed))
     return {
-        "accuracy_vs_epoch": curve_figure(curves, "epoch", f"Statistical efficiency (trained: semantic reference, ASP on the real runtime; {n})",
-                                          "epoch", cfg.target),
+        "accuracy_vs_epoch": curve_figure(
+            curves, "epoch", f"Statistical efficiency (trained: semantic reference, ASP on the real runtime; {n})",
+            "epoch", cfg.target),
         "accuracy_vs_time_measured": curve_figure(
             timed.dropna(subset=["time_s"]), "time_s", f"Time to accuracy on this machine: epochs x measured s/epoch "
             f"of real runs ({cfg.workers} CPU gloo ranks)", "seconds (measured per epoch)", cfg.target),
