@@ -83,7 +83,8 @@ def job_for(setup: Setup, scheme: str, seed: int, out):
     batch = setup.microbatches * setup.samples_per_update // mps
     return prepare(setup.model, name, workers=setup.workers, microbatches=setup.microbatches, epochs=setup.epochs,
                    batch_size=batch, lr=setup.lr, seed=seed, out=out, progress=False, schedule_options=dict(opts),
-                   allow_oversubscribe=True, stream=streams(name), timeout_s=setup.timeout_s, **dict(setup.model_options))
+                   allow_oversubscribe=True, stream=streams(name), timeout_s=setup.timeout_s,
+                   **dict(setup.model_options))
 
 
 def evaluate(job, model, weights: list[dict]) -> tuple[float, float]:
@@ -264,7 +265,8 @@ def scheme_summary(per_seed: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
 def compare(per_seed: pd.DataFrame, baseline: str) -> pd.DataFrame:
     """Each scheme's epochs to target against ``baseline``'s over their seeds: two-sided
     Mann-Whitney U (``p_mannwhitney``, exact permutation p-value; a seed that never reached the
-    target ranks last, so censored seeds are handled), and Welch's t-test (``p_welch``; NaN unless every seed of both reached).
+    target ranks last, so censored seeds are handled), and Welch's t-test (``p_welch``; NaN unless
+    every seed of both reached).
     ``ratio`` = scheme mean / baseline mean (inf when only the scheme has a seed that never reached).
     With 5 seeds a side the smallest possible U p-value is 2/252 = 0.008."""
     base = per_seed.loc[per_seed["scheme"] == baseline, "epochs_to_target"].fillna(math.inf).to_numpy(float)
