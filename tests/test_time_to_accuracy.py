@@ -54,6 +54,8 @@ def test_summary_and_tests_between_schemes():
     # censored seeds rank last: still a valid rank test; Welch's t has no finite sample
     assert c.loc["no-stash", "p_mannwhitney"] < 0.05 and math.isnan(c.loc["no-stash", "p_welch"])
     assert c.loc["no-stash", "ratio"] == math.inf
+    # final accuracy: ASP's seeds end at 0.9 like PipeDream's (no difference); four no-stash seeds end at 0.5
+    assert c.loc["dp-asp", "p_final_accuracy"] == pytest.approx(1.0) and c.loc["no-stash", "p_final_accuracy"] < 0.05
     twin = per_seed[per_seed["scheme"] == "pipedream"].assign(scheme="twin")
     same = cv.compare(pd.concat([per_seed, twin]), "pipedream").set_index("scheme")
     assert same.loc["twin", "p_mannwhitney"] == pytest.approx(1.0) and same.loc["twin", "ratio"] == 1

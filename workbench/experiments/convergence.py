@@ -266,20 +266,22 @@ def compare(per_seed: pd.DataFrame, baseline: str) -> pd.DataFrame:
     """Each scheme's epochs to target against ``baseline``'s over their seeds: two-sided
     Mann-Whitney U (``p_mannwhitney``, exact permutation p-value; a seed that never reached the
     target ranks last, so censored seeds are handled), and Welch's t-test (``p_welch``; NaN unless
-    every seed of both reached).
+    every seed of both reached); ``p_final_accuracy``: the same U test on the final test accuracy.
     ``ratio`` = scheme mean / baseline mean (inf when only the scheme has a seed that never reached).
     With 5 seeds a side the smallest possible U p-value is 2/252 = 0.008."""
-    base = per_seed.loc[per_seed["scheme"] == baseline, "epochs_to_target"].fillna(math.inf).to_numpy(float)
+    mine = per_seed[per_seed["scheme"] == baseline]
+    base = mine["epochs_to_target"].fillna(math.inf).to_numpy(float)
     rows = []
     for scheme, g in per_seed.groupby("scheme", sort=False):
         if scheme == baseline:
             continue
         x = g["epochs_to_target"].fillna(math.inf).to_numpy(float)
-        p_u = _mannwhitney(x, base)
         finite = bool(np.isfinite(x).all() and np.isfinite(base).all())
-        p_w = _welch(x, base) if finite else math.nan
         rows.append(dict(scheme=scheme, baseline=baseline, ratio=float(x.mean() / base.mean()) if finite else
-                         (math.inf if np.isfinite(base).all() else math.nan), p_mannwhitney=p_u, p_welch=p_w))
+                         (math.inf if np.isfinite(base).all() else math.nan), p_mannwhitney=_mannwhitney(x, base),
+                         p_welch=_welch(x, base) if finite else math.nan,
+                         p_final_accuracy=_mannwhitney(g["final_accuracy"].to_numpy(float),
+                                                       mine["final_accuracy"].to_numpy(float))))
     return pd.DataFrame(rows)
 
 
