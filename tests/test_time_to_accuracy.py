@@ -61,9 +61,9 @@ def test_summary_and_tests_between_schemes():
     assert same.loc["twin", "p_mannwhitney"] == pytest.approx(1.0) and same.loc["twin", "ratio"] == 1
 
 
-def test_slow_scheme_target_is_the_best_accuracy_every_seed_reaches():
-    c = curves_of("dp-asp", [[0.2, 0.487, 0.45], [0.3, 0.52, 0.6]])
-    assert cv.slow_scheme_target(c, "dp-asp") == pytest.approx(0.48)
+def test_slow_scheme_target_is_the_best_accuracy_of_its_mean_curve():
+    c = curves_of("dp-asp", [[0.2, 0.487, 0.45], [0.3, 0.52, 0.6]])  # mean curve 0.25, 0.5035, 0.525
+    assert cv.slow_scheme_target(c, "dp-asp") == pytest.approx(0.52)
     with pytest.raises(ValueError, match="no runs"):
         cv.slow_scheme_target(c, "gpipe")
 
@@ -161,7 +161,7 @@ def test_every_scheme_has_every_seed_and_says_which_engine_trained_it(out03):
     sig = pd.read_csv(out03 / "significance.csv")
     assert set(sig["baseline"]) == {"pipedream", "dp-bsp"} and sig["p_mannwhitney"].between(0, 1).all()
     asp = pd.read_csv(out03 / "asp_target.csv").set_index("scheme")
-    assert (asp.loc["dp-asp", "reached"] == asp.loc["dp-asp", "seeds"]), "ASP's own target: every ASP seed reaches it"
+    assert asp.loc["dp-asp", "reached"] >= 1, "ASP's own target: its mean curve reaches it, so some seed does"
 
 
 def test_the_real_runtime_agrees_with_the_reference(out03):
