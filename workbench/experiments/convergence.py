@@ -325,3 +325,82 @@ def slow_scheme_target(per_seed_curves: pd.DataFrame, scheme: str, step: float =
         raise ValueError(f"no runs of {scheme!r} to define its target from")
     best = g.groupby("epoch")["test_accuracy"].mean().max()
     return math.floor(best / step + 1e-9) * step
+
+
+# ---- vertical sync: the rule written out by hand -------------------------------------------------
+def vertical_sync_by_hand(job, count: int, dtype: torch.dtype = torch.float64) -> list[dict]:
+    """PipeDream's vertical-sync rule on the whole model, written without the schedule machinery:
+    microbatch ``t`` (the first ``count`` of epoch 0's stream, ``n`` stages) is evaluated -- forward
+    and backward, at every stage -- at the one model version the input stage used,
+    ``w^(max(0, t-n+1))``, and its gradient is applied to the newest weights:
+
+        w^(t+1) = w^(t) - lr * grad f(w_1^(t-n+1), ..., w_n^(t-n+1); x_t, y_t)
+
+    Returns the weights after ``count`` updates, split into the job's stages (names as
+    :func:`~workbench.runtime.stages.stage_params` gives them)."""
+    from torch.func import functional_call
+
+    from ..runtime.stages import DataOrder, microbatch
+
+    model, ds = job.model_fn(), job.dataset_fn()
+    net = model.sequential().to(dtype)
+    n, mb = job.schedule.num_stages, job.batch_size // job.schedule.microbatches
+    perm = DataOrder(len(ds), job.batch_size, job.schedule.microbatches, job.seed).permutation(0)
+    history = [{k: p.detach().clone() for k, p in net.named_parameters()}]
+    for t in range(count):
+        x, y = microbatch(ds, perm[t * mb:(t + 1) * mb], dtype=dtype)
+        read = {k: p.clone().requires_grad_(True) for k, p in history[max(0, t - n + 1)].items()}
+        grads = torch.autograd.grad(model.loss(functional_call(net, read, (x,)), y), list(read.values()))
+        history.append({k: w - job.lr * g for (k, w), g in zip(history[-1].items(), grads)})
+    out = [{} for _ in job.bounds]
+    for name, w in history[-1].items():
+        layer, rest = name.split(".", 1)
+        s = next(i for i, (a, z) in enumerate(job.bounds) if a <= int(layer) <= z)
+        out[s][f"{int(layer) - job.bounds[s][0]}.{rest}"] = w
+    return out
+
+
+def vertical_sync_check(setup: Setup, seed: int, count: int) -> pd.DataFrame:
+    """:func:`vertical_sync_by_hand` against the semantic reference (which the runtime is tested
+    equal to) on the stream schedules of PipeDream's three weight rules, all in float64 over the first
+    ``count`` microbatches of epoch 0: one row per rule with ``max_abs_weight_diff`` (vertical sync
+    must agree to rounding; stashing and no stashing must not: the comparison can fail)."""
+    from ..runtime import reference_train
+
+    hand = vertical_sync_by_hand(job_for(setup, "pipedream-vertical-sync", seed, None), count)
+    rows = []
+    for scheme in ("pipedream-vertical-sync", "pipedream", "pipedream-no-stash"):
+        job = job_for(setup, scheme, seed, None)
+        mb = job.batch_size // job.schedule.microbatches
+        model = job.model_fn()
+        init = [{k: v.to(torch.float64) for k, v in w.items()} for w in _stage_weights(model, job.bounds)]
+        ref = reference_train(job.stream(count), model, job.bounds, job.dataset_fn(), batch_size=count * mb,
+                              lr=job.lr, seed=job.seed, init=init, dtype=torch.float64)
+        rows.append(dict(rule=SCHEMES[scheme][1]["weights"], microbatches=count, stages=job.schedule.num_stages,
+                         max_abs_weight_diff=max(float((ref[s][k] - w).abs().max()) for s, ws in enumerate(hand)
+                                                 for k, w in ws.items())))
+    return pd.DataFrame(rows)
+
+
+def _stage_weights(model, bounds) -> list[dict]:
+    from ..runtime.stages import stage_module, stage_params
+
+    return [stage_params(stage_module(model.layers, a, z)) for a, z in bounds]
+
+
+def staleness(setup: Setup, schemes=("pipedream", "pipedream-no-stash", "pipedream-vertical-sync"),
+              count: int = 64) -> pd.DataFrame:
+    """Per (scheme, stage): how many updates older than the one its gradient is applied to are the
+    weights its forward and its backward read, averaged over the microbatches of a ``count``-long
+    stream after the warm-up (from the schedule's op versions: update ``t`` of a stage applies
+    microbatch ``t``'s gradient to version ``t``)."""
+    rows = []
+    for scheme in schemes:
+        sched = job_for(setup, scheme, 0, None).stream(count)
+        v = {(op.kind, op.stage, op.microbatch): op.version for _, op in sched if op.kind in ("F", "B")}
+        S = sched.num_stages
+        steady = range(S, count)
+        for s in range(S):
+            rows.append(dict(scheme=scheme, stage=s, forward_delay=float(np.mean([b - v[("F", s, b)] for b in steady])),
+                             backward_delay=float(np.mean([b - v[("B", s, b)] for b in steady]))))
+    return pd.DataFrame(rows)
