@@ -198,6 +198,7 @@ STREAM_RUNS = {  # train(stream=True): an epoch's minibatches as one pipeline; n
     "stream": ("pipedream", {}, dict(epochs=2, momentum=MU)),  # two epochs (a drain at each end), momentum
     "stream-2bw": ("pipedream-2bw", {"microbatches_per_step": 4, "warmup": [3, 1]}, dict(steps=STEPS + 4)),
     "stream-vs": ("pipedream", {"weights": "vertical-sync", "warmup": [3, 1]}, dict(steps=STEPS + 4)),
+    "stream-ns": ("pipedream", {"weights": "no-stash"}, dict(steps=STEPS + 4)),
 }
 SHM_RUNS = {"flush-shm": "flush", "zb-h1-shm": "zb-h1", "interleaved-shm": "interleaved", "fsdp-shm": "fsdp",
             "stash-shm": "stash", "full-shm": "full", "stream-shm": "stream"}  # transport="shm" twins: the same weights

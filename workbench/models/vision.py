@@ -1,4 +1,5 @@
-"""Image classifiers as layer lists: VGG-16, ResNet-50 (bottleneck-block granularity), AlexNet, MLP.
+"""Image classifiers as layer lists: VGG-16, ResNet-50 (bottleneck-block granularity), AlexNet, MLP,
+and a small 1-D CNN for MNIST-1D.
 
 Each builder returns ``(layers, names)``. The paper configurations follow the published
 architectures (Simonyan & Zisserman 2015, config D; He et al. 2016 with the stride on the 3x3
@@ -181,6 +182,25 @@ def mlp(depth: int = 8, width: int = 512, in_features: int = 512, num_classes: i
             mods.append(nn.Linear(width, num_classes))
         layers.append(nn.Sequential(*mods))
         names.append(f"fc{i}")
+    for layer in layers:
+        _init(layer)
+    return layers, names
+
+
+def cnn1d(channels: int = 32, length: int = 40, num_classes: int = 10):
+    """A small 1-D CNN for MNIST-1D (Greydanus 2020), one layer per pipeline stage of a 4-stage
+    split: three Conv1d+ReLU (kernel 5, 3, 3; stride 2, so the signal shrinks
+    ``n -> floor((n + 2p - k) / 2) + 1``: 40 -> 20 -> 10 -> 5) and a linear classifier over the
+    flattened ``channels x 5`` features. About 7k parameters at 32 channels."""
+    if channels < 1 or length < 8:
+        raise ValueError(f"cnn1d needs channels >= 1 and length >= 8, got channels={channels}, length={length}")
+    layers, names, n, c = [], [], length, 1
+    for i, (k, p) in enumerate(((5, 2), (3, 1), (3, 1))):
+        layers.append(nn.Sequential(nn.Conv1d(c, channels, k, stride=2, padding=p), nn.ReLU()))
+        names.append(f"conv{i + 1}")
+        n, c = _out(n, k, 2, p), channels
+    layers.append(nn.Sequential(nn.Flatten(), nn.Linear(channels * n, num_classes)))
+    names.append("fc")
     for layer in layers:
         _init(layer)
     return layers, names

@@ -53,6 +53,10 @@ ZOO: dict[str, Entry] = {
                  dict(depth=8, width=512, in_features=512, num_classes=10),
                  dict(depth=8, width=512, in_features=512, num_classes=10),
                  {"paper": "synthetic", "mini": "synthetic"}),
+    "cnn1d": Entry(vision.cnn1d, "classification",
+                   "small 1-D CNN: 3 Conv1d+ReLU (stride 2) + linear classifier; MNIST-1D (1 x 40), 10 classes",
+                   dict(channels=32, length=40, num_classes=10), dict(channels=32, length=40, num_classes=10),
+                   {"paper": "mnist1d", "mini": "mnist1d"}),
     "gnmt": Entry(sequence.gnmt, "seq2seq",
                   "GNMT-16-style LSTM encoder-decoder with attention: 8+8 LSTM layers of 1024, vocab 32k",
                   dict(vocab_size=32000, hidden=1024, num_layers=8, seq_len=50),
@@ -143,6 +147,8 @@ def _specs(key: str, task: str, cfg: dict) -> tuple[tuple[TensorSpec, ...], Tens
         labels = TensorSpec((), torch.int64, cfg["num_classes"])
         if key == "mlp":
             return (TensorSpec((int(cfg["in_features"]),)),), labels
+        if key == "cnn1d":
+            return (TensorSpec((1, int(cfg["length"]))),), labels
         s = int(cfg["image_size"])
         return (TensorSpec((int(cfg["in_channels"]), s, s)),), labels
     tokens = TensorSpec((int(cfg["seq_len"]),), torch.int64, int(cfg["vocab_size"]))

@@ -106,7 +106,8 @@ def reference_train(schedule: Schedule, model, bounds, dataset, *, batch_size: i
             with torch.no_grad():
                 for s in range(S):
                     xs.append(x)
-                    x = run_stage(modules[s], version(s, off[s] + ver[("F", s, b)]), x)
+                    if s < S - 1:  # the inputs of the stages; the last stage's output comes from its vjp
+                        x = run_stage(modules[s], version(s, off[s] + ver[("F", s, b)]), x)
             out, cot = [None] * S, None
             for s in reversed(range(S)):
                 vi, vw = backward_versions(ver, s, b)
@@ -123,8 +124,9 @@ def reference_train(schedule: Schedule, model, bounds, dataset, *, batch_size: i
             memo[b] = out
             return out
 
-        for s in range(S):
-            version(s, off[s] + per_round[s])
+        for t in range(1, max(per_round) + 1):  # oldest first: memoized, so the recursion stays shallow
+            for s in range(S):
+                version(s, off[s] + min(t, per_round[s]))
         for s in range(S):  # keep only the newest version for the next round
             newest = off[s] + per_round[s]
             weights[s] = {newest: weights[s][newest]}

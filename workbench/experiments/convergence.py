@@ -1,0 +1,406 @@
+"""Statistical efficiency of the parallel schemes: learning curves, epochs to target, their spread.
+
+Every scheme trains the same model on the same data with the same learning rate, and every
+optimizer step averages the gradients of the same number of samples ``u`` (``samples_per_update``):
+a scheme whose step averages ``m`` microbatches (``Schedule.microbatches_per_step``: BSP's ``W``
+replicas, GPipe's ``M``) runs microbatches of ``u / m`` samples. The schemes then differ only in
+*which weights* each gradient is computed on (the schedule's weight rule):
+
+* sync (model parallelism, GPipe, BSP): ``W(t+1) = W(t) - lr grad f(W(t))`` -- one trajectory of
+  minibatch SGD, up to the order of the samples;
+* PipeDream with weight stashing (``n`` stages): ``grad f(w_1^(t-n+1), ..., w_n^(t))``;
+* vertical sync: ``grad f(w_1^(t-n+1), ..., w_n^(t-n+1))``;
+* no stashing: the backward of stage ``k`` reads a newer version than its forward;
+* ASP (Hogwild on shared memory): each replica reads whatever weights are current.
+
+Two engines give the curves (the ``engine`` column says which):
+
+* ``reference``: :func:`workbench.runtime.reference_train`, the single-process semantic reference
+  that applies the schedule's weight rule literally (tested equal to the runtime to 1e-12); used
+  for every deterministic rule, one epoch at a time; the pipelines without a flush (PipeDream's
+  1F1B, model parallelism) as one stream per epoch (``train(stream=True)``: no drain between
+  minibatches), as PipeDream runs;
+* ``runtime``: :func:`workbench.runtime.train` with gloo CPU ranks; ASP has no deterministic
+  reference (its staleness is decided by timing), so its seeds always run here.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+# scheme label -> (schedule name, schedule options)
+SCHEMES: dict[str, tuple[str, dict]] = {
+    "pipedream": ("pipedream", {"weights": "stash"}),
+    "pipedream-no-stash": ("pipedream", {"weights": "no-stash"}),
+    "pipedream-vertical-sync": ("pipedream", {"weights": "vertical-sync"}),
+    "gpipe": ("gpipe", {}),
+    "model-parallel": ("model-parallel", {}),
+    "dp-bsp": ("dp-bsp", {}),
+    "dp-asp": ("dp-asp", {}),
+}
+
+
+def streams(name: str) -> bool:
+    """Whether schedule ``name`` runs an epoch as one stream (``train(stream=True)``: a pipeline
+    without a flush, as PipeDream runs; the registry's ``microbatches="in total"``)."""
+    from ..schedules import spec
+
+    sp = spec(name)
+    return sp.family == "pipeline" and sp.microbatches == "in total"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every scheme's run shares."""
+
+    model: str = "cnn1d"
+    workers: int = 4
+    microbatches: int = 4
+    samples_per_update: int = 32
+    lr: float = 0.1
+    epochs: int = 20
+    model_options: tuple = ()  # (name, value) pairs for the zoo builder
+    timeout_s: float = 600.0  # of a real run's collectives
+
+
+def job_for(setup: Setup, scheme: str, seed: int, out):
+    """The runtime's :class:`~workbench.runtime.Job` of ``scheme`` (not started): microbatches of
+    ``samples_per_update / microbatches_per_step`` samples, ``microbatches`` per minibatch."""
+    from ..runtime import prepare
+    from ..runtime.launch import schedule_for_workers
+
+    name, opts = SCHEMES[scheme]
+    mps = schedule_for_workers(name, setup.workers, None, setup.microbatches, dict(opts)).microbatches_per_step
+    if setup.samples_per_update % mps:
+        raise ValueError(f"samples_per_update {setup.samples_per_update} is not divisible by {scheme}'s "
+                         f"{mps} microbatches per update; pick a multiple of {mps}")
+    batch = setup.microbatches * setup.samples_per_update // mps
+    return prepare(setup.model, name, workers=setup.workers, microbatches=setup.microbatches, epochs=setup.epochs,
+                   batch_size=batch, lr=setup.lr, seed=seed, out=out, progress=False, schedule_options=dict(opts),
+                   allow_oversubscribe=True, stream=streams(name), timeout_s=setup.timeout_s,
+                   **dict(setup.model_options))
+
+
+def evaluate(job, model, weights: list[dict]) -> tuple[float, float]:
+    """(test loss, test accuracy) of the stage ``weights`` over the test split, as the runtime's
+    evaluation computes them (mean loss over samples, argmax accuracy)."""
+    from ..runtime.stages import microbatch, run_stage, stage_module
+
+    test = job.dataset_fn(split="test")
+    mods = [stage_module(model.layers, a, z) for a, z in job.bounds]
+    n = len(test)
+    with torch.no_grad():
+        x, y = microbatch(test, torch.arange(n))
+        for m, w in zip(mods, weights):
+            x = run_stage(m, w, x)
+        return float(model.loss(x, y)), model.correct(x, y) / y.numel()
+
+
+def reference_curve(job, epochs: int, keep: tuple[int, ...] = ()) -> tuple[pd.DataFrame, dict]:
+    """Test accuracy after every epoch of ``job`` under its schedule's weight rule, computed by the
+    semantic reference: drained runs apply the schedule once per minibatch; stream runs
+    (``job.stream``) apply the schedule over all the epoch's microbatches as one pass, which reads
+    the epoch's samples in the runtime's order (``DataOrder`` slices are contiguous). Plain SGD (no
+    momentum: each epoch restarts the reference from the last weights). Weights that
+    are no longer finite stay so: the remaining epochs repeat that row. Returns the curve and
+    ``{epoch: stage weights}`` for the epochs in ``keep``."""
+    from ..runtime import reference_train
+    from ..runtime.stages import DataOrder
+
+    model, ds = job.model_fn(), job.dataset_fn()
+    M = job.schedule.microbatches
+    rpe = DataOrder(len(ds), job.batch_size, M, job.seed).rounds_per_epoch
+    weights, rows, kept, t0 = None, [], {}, time.perf_counter()
+    for e in range(epochs):
+        if job.stream is not None:
+            kw = dict(schedule=job.stream(rpe * M), batch_size=rpe * job.batch_size, rounds=1, start_round=e)
+        else:
+            kw = dict(schedule=job.schedule, batch_size=job.batch_size, rounds=rpe, start_round=e * rpe)
+        weights = reference_train(model=model, bounds=job.bounds, dataset=ds, lr=job.lr, seed=job.seed, init=weights,
+                                  **kw)
+        loss, acc = evaluate(job, model, weights)
+        rows.append(dict(epoch=e + 1, test_accuracy=acc, test_loss=loss, compute_s=time.perf_counter() - t0))
+        if e + 1 in keep:
+            kept[e + 1] = weights
+        if not all(torch.isfinite(w).all() for ws in weights for w in ws.values()):  # diverged: stays so
+            rows += [dict(rows[-1], epoch=k + 1) for k in range(e + 1, epochs)]
+            break
+    return pd.DataFrame(rows), kept
+
+
+# ---- the sweep ---------------------------------------------------------------------------------
+def deterministic(setup: Setup, scheme: str) -> bool:
+    """Whether the scheme's weight rule fixes every version (all but ASP's ``async``)."""
+    from ..runtime.launch import schedule_for_workers
+
+    name, opts = SCHEMES[scheme]
+    return schedule_for_workers(name, setup.workers, None, setup.microbatches, dict(opts)).update != "async"
+
+
+def reference_sweep(setup: Setup, schemes, seeds, scratch, keep: dict | None = None) -> tuple[pd.DataFrame, dict]:
+    """Learning curves of every (scheme, seed) from the semantic reference: one row per (scheme,
+    seed, epoch) with ``test_accuracy``, ``test_loss``, ``engine="reference"``; and the weights
+    ``{(scheme, seed): stage weights}`` after ``keep[(scheme, seed)]`` epochs."""
+    torch.set_num_threads(1)
+    keep = keep or {}
+    frames, weights = [], {}
+    for scheme in schemes:
+        for seed in seeds:
+            job = job_for(setup, scheme, seed, Path(scratch) / f"{scheme}-s{seed}")
+            at = keep.get((scheme, seed))
+            curve, kept = reference_curve(job, setup.epochs, () if at is None else (at,))
+            frames.append(curve.assign(scheme=scheme, seed=seed, engine="reference"))
+            if at is not None:
+                weights[(scheme, seed)] = kept[at]
+    return pd.concat(frames, ignore_index=True), weights
+
+
+def runtime_runs(setup: Setup, runs: list[tuple[str, int, int]], out) -> tuple[pd.DataFrame, list[dict]]:
+    """Real runs (:func:`workbench.runtime.run_jobs`: gloo CPU ranks, one spawn) of ``(scheme, seed,
+    epochs)``: their learning curves (``engine="runtime"``, ``wall_s`` measured since the run's start
+    at each epoch's end, test evaluation included) and summaries (with final weights)."""
+    from dataclasses import replace
+
+    from ..runtime import run_jobs
+
+    jobs = []
+    for scheme, seed, epochs in runs:
+        job = job_for(replace(setup, epochs=epochs), scheme, seed, Path(out) / f"{scheme}-s{seed}")
+        jobs.append(replace(job, return_weights=True))
+    summaries = run_jobs(jobs)
+    frames = []
+    for (scheme, seed, _), s in zip(runs, summaries):
+        m = pd.read_csv(Path(s["out"]) / "metrics.csv").dropna(subset=["test_accuracy"])
+        frames.append(pd.DataFrame(dict(epoch=m["epoch"].astype(int).to_numpy() + 1,
+                                        test_accuracy=m["test_accuracy"].to_numpy(float),
+                                        test_loss=m["test_loss"].to_numpy(float),
+                                        wall_s=m["wall_ms"].to_numpy(float) / 1e3, scheme=scheme, seed=seed,
+                                        engine="runtime")))
+    return pd.concat(frames, ignore_index=True), summaries
+
+
+def runtime_check(runs: pd.DataFrame, curves: pd.DataFrame, summaries: list[dict], references: dict) -> pd.DataFrame:
+    """Per real run of a deterministic scheme: its test accuracy per epoch against the reference
+    curve of the same (scheme, seed) (``max_abs_accuracy_diff``) and its final weights against the
+    reference's after the same epochs (``max_abs_weight_diff``; float32 on both sides), and the
+    measured seconds per epoch on this machine."""
+    rows = []
+    for (scheme, seed), g in runs.groupby(["scheme", "seed"], sort=False):
+        ref = curves[(curves["scheme"] == scheme) & (curves["seed"] == seed)].set_index("epoch")["test_accuracy"]
+        acc = g.set_index("epoch")["test_accuracy"]
+        both = acc.index.intersection(ref.index)
+        w = references.get((scheme, seed))
+        summary = next(s for s in summaries if Path(s["out"]).name == f"{scheme}-s{seed}")
+        rows.append(dict(scheme=scheme, seed=seed, epochs=int(g["epoch"].max()),
+                         max_abs_accuracy_diff=float((acc[both] - ref[both]).abs().max()) if len(both) else math.nan,
+                         max_abs_weight_diff=_max_diff(summary["weights"], w) if w is not None else math.nan,
+                         s_per_epoch_measured=float(g["wall_s"].max() / g["epoch"].max())))
+    return pd.DataFrame(rows)
+
+
+def _max_diff(runtime_weights: dict, reference_weights: list[dict]) -> float:
+    """Largest |runtime - reference| over every stage's parameters."""
+    return max(float((runtime_weights[s][n] - w).abs().max()) for s, ws in enumerate(reference_weights)
+               for n, w in ws.items())
+
+
+# ---- statistics ----------------------------------------------------------------------------------
+def epochs_to_target(curves: pd.DataFrame, target: float) -> pd.DataFrame:
+    """Per (scheme, seed): ``epochs_to_target`` = the first epoch whose test accuracy is >= ``target``
+    (NaN: not within the run's epochs), the best and final test accuracy, ``diverged`` (a non-finite
+    test loss) and the epochs run (``budget``)."""
+    rows = []
+    for (scheme, seed), g in curves.groupby(["scheme", "seed"], sort=False):
+        g = g.sort_values("epoch")
+        hit = g[g["test_accuracy"] >= target]
+        rows.append(dict(scheme=scheme, seed=seed, target=target, engine=g["engine"].iloc[0],
+                         epochs_to_target=float(hit["epoch"].iloc[0]) if len(hit) else math.nan,
+                         budget=int(g["epoch"].max()), best_accuracy=float(g["test_accuracy"].max()),
+                         final_accuracy=float(g["test_accuracy"].iloc[-1]),
+                         diverged=bool(not np.isfinite(g["test_loss"]).all())))
+    return pd.DataFrame(rows)
+
+
+def mean_ci(x, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, lower, upper): Student-t interval ``mean -+ t_{(1+level)/2, n-1} s / sqrt(n)`` over the
+    values ``x``; the bounds are NaN for fewer than two values, and all three are inf when any value is
+    (a seed that never reached the target: no finite mean)."""
+    from scipy import stats
+
+    x = np.asarray(x, float)
+    if len(x) == 0:
+        return math.nan, math.nan, math.nan
+    if not np.isfinite(x).all():
+        return math.inf, math.inf, math.inf
+    m = float(x.mean())
+    if len(x) < 2:
+        return m, math.nan, math.nan
+    h = float(stats.t.ppf((1 + level) / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x)))
+    return m, m - h, m + h
+
+
+def scheme_summary(per_seed: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
+    """Per scheme: seeds, how many reached the target, ``epochs_mean`` with its ``level`` interval
+    (:func:`mean_ci`; a seed that did not reach counts as inf), the min / max over seeds, and the
+    final accuracy's mean, min and max."""
+    rows = []
+    for scheme, g in per_seed.groupby("scheme", sort=False):
+        e = g["epochs_to_target"].fillna(math.inf).to_numpy(float)
+        m, lo, hi = mean_ci(e, level)
+        rows.append(dict(scheme=scheme, engine=g["engine"].iloc[0], target=g["target"].iloc[0], seeds=len(g),
+                         reached=int(np.isfinite(e).sum()), epochs_mean=m, ci_low=lo, ci_high=hi,
+                         epochs_min=float(e.min()), epochs_max=float(e.max()), budget=int(g["budget"].max()),
+                         final_accuracy=float(g["final_accuracy"].mean()),
+                         final_accuracy_min=float(g["final_accuracy"].min()),
+                         final_accuracy_max=float(g["final_accuracy"].max()), diverged=int(g["diverged"].sum())))
+    return pd.DataFrame(rows)
+
+
+def compare(per_seed: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """Each scheme's epochs to target against ``baseline``'s over their seeds: two-sided
+    Mann-Whitney U (``p_mannwhitney``, exact permutation p-value; a seed that never reached the
+    target ranks last, so censored seeds are handled), and Welch's t-test (``p_welch``; NaN unless
+    every seed of both reached); ``p_final_accuracy``: the same U test on the final test accuracy.
+    ``ratio`` = scheme mean / baseline mean (inf when only the scheme has a seed that never reached).
+    With 5 seeds a side the smallest possible U p-value is 2/252 = 0.008."""
+    mine = per_seed[per_seed["scheme"] == baseline]
+    base = mine["epochs_to_target"].fillna(math.inf).to_numpy(float)
+    rows = []
+    for scheme, g in per_seed.groupby("scheme", sort=False):
+        if scheme == baseline:
+            continue
+        x = g["epochs_to_target"].fillna(math.inf).to_numpy(float)
+        finite = bool(np.isfinite(x).all() and np.isfinite(base).all())
+        rows.append(dict(scheme=scheme, baseline=baseline, ratio=float(x.mean() / base.mean()) if finite else
+                         (math.inf if np.isfinite(base).all() else math.nan), p_mannwhitney=_mannwhitney(x, base),
+                         p_welch=_welch(x, base) if finite else math.nan,
+                         p_final_accuracy=_mannwhitney(g["final_accuracy"].to_numpy(float),
+                                                       mine["final_accuracy"].to_numpy(float))))
+    return pd.DataFrame(rows)
+
+
+def _welch(x: np.ndarray, y: np.ndarray) -> float:
+    """Welch's two-sided t-test p-value; NaN with fewer than two values a side or no spread at all."""
+    from scipy import stats
+
+    if len(x) < 2 or len(y) < 2 or (x.std() == 0 and y.std() == 0):
+        return math.nan
+    return float(stats.ttest_ind(x, y, equal_var=False).pvalue)
+
+
+def _mannwhitney(x: np.ndarray, y: np.ndarray, max_splits: int = 100_000) -> float:
+    """Two-sided Mann-Whitney U p-value from the exact permutation distribution of U (every way to
+    split the pooled values into groups of ``len(x)`` and ``len(y)``; mid-ranks for ties; inf values
+    rank last): ``P(|U - nm/2| >= |U_obs - nm/2|)``. Beyond ``max_splits`` splits: scipy's normal
+    approximation."""
+    from itertools import combinations
+
+    from scipy import stats
+
+    big = max(np.nanmax(np.where(np.isfinite(x), x, 0)), np.nanmax(np.where(np.isfinite(y), y, 0))) + 1
+    a, b = np.where(np.isfinite(x), x, big), np.where(np.isfinite(y), y, big)
+    n, m = len(a), len(b)
+    if math.comb(n + m, n) > max_splits:
+        return float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
+    ranks = stats.rankdata(np.concatenate([a, b]))
+    centre = n * (n + 1) / 2 + n * m / 2  # U = rank sum - n(n+1)/2, centred at nm/2
+    dev = abs(ranks[:n].sum() - centre)
+    hits = [abs(ranks[list(c)].sum() - centre) >= dev - 1e-9 for c in combinations(range(n + m), n)]
+    return float(np.mean(hits))
+
+
+def slow_scheme_target(per_seed_curves: pd.DataFrame, scheme: str, step: float = 0.01) -> float:
+    """The paper's way of comparing with a scheme that plateaus lower ("7.4x faster than ASP to 48%
+    accuracy": a level its ASP run reached): the best test accuracy of ``scheme``'s learning curve
+    averaged over seeds (mean per epoch, max over epochs), rounded down to ``step``. A seed of it
+    that stays below is censored (ranked last by :func:`compare`)."""
+    g = per_seed_curves[per_seed_curves["scheme"] == scheme]
+    if g.empty:
+        raise ValueError(f"no runs of {scheme!r} to define its target from")
+    best = g.groupby("epoch")["test_accuracy"].mean().max()
+    return math.floor(best / step + 1e-9) * step
+
+
+# ---- vertical sync: the rule written out by hand -------------------------------------------------
+def vertical_sync_by_hand(job, count: int, dtype: torch.dtype = torch.float64) -> list[dict]:
+    """PipeDream's vertical-sync rule on the whole model, written without the schedule machinery:
+    microbatch ``t`` (the first ``count`` of epoch 0's stream, ``n`` stages) is evaluated -- forward
+    and backward, at every stage -- at the one model version the input stage used,
+    ``w^(max(0, t-n+1))``, and its gradient is applied to the newest weights:
+
+        w^(t+1) = w^(t) - lr * grad f(w_1^(t-n+1), ..., w_n^(t-n+1); x_t, y_t)
+
+    Returns the weights after ``count`` updates, split into the job's stages (names as
+    :func:`~workbench.runtime.stages.stage_params` gives them)."""
+    from torch.func import functional_call
+
+    from ..runtime.stages import DataOrder, microbatch
+
+    model, ds = job.model_fn(), job.dataset_fn()
+    net = model.sequential().to(dtype)
+    n, mb = job.schedule.num_stages, job.batch_size // job.schedule.microbatches
+    perm = DataOrder(len(ds), job.batch_size, job.schedule.microbatches, job.seed).permutation(0)
+    history = [{k: p.detach().clone() for k, p in net.named_parameters()}]
+    for t in range(count):
+        x, y = microbatch(ds, perm[t * mb:(t + 1) * mb], dtype=dtype)
+        read = {k: p.clone().requires_grad_(True) for k, p in history[max(0, t - n + 1)].items()}
+        grads = torch.autograd.grad(model.loss(functional_call(net, read, (x,)), y), list(read.values()))
+        history.append({k: w - job.lr * g for (k, w), g in zip(history[-1].items(), grads)})
+    out = [{} for _ in job.bounds]
+    for name, w in history[-1].items():
+        layer, rest = name.split(".", 1)
+        s = next(i for i, (a, z) in enumerate(job.bounds) if a <= int(layer) <= z)
+        out[s][f"{int(layer) - job.bounds[s][0]}.{rest}"] = w
+    return out
+
+
+def vertical_sync_check(setup: Setup, seed: int, count: int) -> pd.DataFrame:
+    """:func:`vertical_sync_by_hand` against the semantic reference (which the runtime is tested
+    equal to) on the stream schedules of PipeDream's three weight rules, all in float64 over the first
+    ``count`` microbatches of epoch 0: one row per rule with ``max_abs_weight_diff`` (vertical sync
+    must agree to rounding; stashing and no stashing must not: the comparison can fail)."""
+    from ..runtime import reference_train
+
+    hand = vertical_sync_by_hand(job_for(setup, "pipedream-vertical-sync", seed, None), count)
+    rows = []
+    for scheme in ("pipedream-vertical-sync", "pipedream", "pipedream-no-stash"):
+        job = job_for(setup, scheme, seed, None)
+        mb = job.batch_size // job.schedule.microbatches
+        model = job.model_fn()
+        init = [{k: v.to(torch.float64) for k, v in w.items()} for w in _stage_weights(model, job.bounds)]
+        ref = reference_train(job.stream(count), model, job.bounds, job.dataset_fn(), batch_size=count * mb,
+                              lr=job.lr, seed=job.seed, init=init, dtype=torch.float64)
+        rows.append(dict(rule=SCHEMES[scheme][1]["weights"], microbatches=count, stages=job.schedule.num_stages,
+                         max_abs_weight_diff=max(float((ref[s][k] - w).abs().max()) for s, ws in enumerate(hand)
+                                                 for k, w in ws.items())))
+    return pd.DataFrame(rows)
+
+
+def _stage_weights(model, bounds) -> list[dict]:
+    from ..runtime.stages import stage_module, stage_params
+
+    return [stage_params(stage_module(model.layers, a, z)) for a, z in bounds]
+
+
+def staleness(setup: Setup, schemes=("pipedream", "pipedream-no-stash", "pipedream-vertical-sync"),
+              count: int = 64) -> pd.DataFrame:
+    """Per (scheme, stage): how many updates older than the one its gradient is applied to are the
+    weights its forward and its backward read, averaged over the microbatches of a ``count``-long
+    stream after the warm-up (from the schedule's op versions: update ``t`` of a stage applies
+    microbatch ``t``'s gradient to version ``t``)."""
+    rows = []
+    for scheme in schemes:
+        sched = job_for(setup, scheme, 0, None).stream(count)
+        v = {(op.kind, op.stage, op.microbatch): op.version for _, op in sched if op.kind in ("F", "B")}
+        S = sched.num_stages
+        steady = range(S, count)
+        for s in range(S):
+            rows.append(dict(scheme=scheme, stage=s, forward_delay=float(np.mean([b - v[("F", s, b)] for b in steady])),
+                             backward_delay=float(np.mean([b - v[("B", s, b)] for b in steady]))))
+    return pd.DataFrame(rows)
