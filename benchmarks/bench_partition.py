@@ -32,6 +32,7 @@ from ``--pipedream-repo`` (a fetched msr-fiddle/pipedream work tree or bare git 
 
     python benchmarks/bench_partition.py --vs-pipedream [--pipedream-repo PATH] [--live] [--repeat 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,17 +73,23 @@ def synthetic(n: int, seed: int = 0) -> Profile:
     nfc = max(1, n // 20)
     par[-nfc:] = rng.uniform(0.5, 1.5, nfc) * 4e9 / nfc
     act[-nfc:] = rng.uniform(0.01, 0.1, nfc) * MB
-    return Profile.from_frame(pd.DataFrame(dict(
-        name=[f"layer{i}" for i in range(n)], fwd_ms=fwd, bwd_ms=2 * fwd,
-        act_bytes=act, param_bytes=par)), kind="synthetic")
+    return Profile.from_frame(
+        pd.DataFrame(
+            dict(name=[f"layer{i}" for i in range(n)], fwd_ms=fwd, bwd_ms=2 * fwd, act_bytes=act, param_bytes=par)
+        ),
+        kind="synthetic",
+    )
 
 
 def main(argv=None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[100, 250, 500, 1000])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", default=None, help="CSV (default results/bench/partition.csv, with --vs-pipedream "
-                    "results/bench/partition_vs_pipedream.csv)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="CSV (default results/bench/partition.csv, with --vs-pipedream results/bench/partition_vs_pipedream.csv)",
+    )
     ap.add_argument("--vs-pipedream", action="store_true", help="time cost='pipedream' against PipeDream's optimizer")
     ap.add_argument("--pipedream-repo", type=Path, help="fetched msr-fiddle/pipedream, for the profiles not shipped")
     ap.add_argument("--live", action="store_true", help="run PipeDream's optimizer again now (else: its recorded time)")
@@ -106,19 +113,36 @@ def main(argv=None) -> pd.DataFrame:
                 best = min(best, time.perf_counter() - t0)
                 best_cpu = min(best_cpu, time.process_time() - c0)
             load1 = os.getloadavg()[0]
-            rows.append(dict(topology=name, workers=topo.num_workers, levels=topo.num_levels, layers=n,
-                             seconds=best, cpu_seconds=best_cpu, dp_seconds=best_dp, dp_cpu_seconds=best_dp_cpu,
-                             stages=plan.num_stages,
-                             bottleneck_ms=plan.bottleneck_ms, predicted_ms=plan.predicted_ms,
-                             simulated_ms=plan.simulated_ms, in_flight=plan.in_flight_count,
-                             speedup_vs_single=plan.speedup_over_single,
-                             speedup_vs_data_parallel=plan.speedup_over_data_parallel,
-                             load1=load1, cpus=os.cpu_count(), machine=platform.node()))
-            print(f"{name:>7} N={n:>5}: {best:7.3f} s refined, {best_dp:.3f} s DP only (cpu {best_cpu:.3f} s and "
-                  f"{best_dp_cpu:.3f} s; "
-                  f"{plan.num_stages} stages, DP {plan.bottleneck_ms:.2f} ms, predicted {plan.predicted_ms:.2f} ms, "
-                  f"simulated {plan.simulated_ms:.2f} ms, {plan.speedup_over_data_parallel:.2f}x over data "
-                  f"parallel; load {load1:.2f})", flush=True)
+            rows.append(
+                dict(
+                    topology=name,
+                    workers=topo.num_workers,
+                    levels=topo.num_levels,
+                    layers=n,
+                    seconds=best,
+                    cpu_seconds=best_cpu,
+                    dp_seconds=best_dp,
+                    dp_cpu_seconds=best_dp_cpu,
+                    stages=plan.num_stages,
+                    bottleneck_ms=plan.bottleneck_ms,
+                    predicted_ms=plan.predicted_ms,
+                    simulated_ms=plan.simulated_ms,
+                    in_flight=plan.in_flight_count,
+                    speedup_vs_single=plan.speedup_over_single,
+                    speedup_vs_data_parallel=plan.speedup_over_data_parallel,
+                    load1=load1,
+                    cpus=os.cpu_count(),
+                    machine=platform.node(),
+                )
+            )
+            print(
+                f"{name:>7} N={n:>5}: {best:7.3f} s refined, {best_dp:.3f} s DP only (cpu {best_cpu:.3f} s and "
+                f"{best_dp_cpu:.3f} s; "
+                f"{plan.num_stages} stages, DP {plan.bottleneck_ms:.2f} ms, predicted {plan.predicted_ms:.2f} ms, "
+                f"simulated {plan.simulated_ms:.2f} ms, {plan.speedup_over_data_parallel:.2f}x over data "
+                f"parallel; load {load1:.2f})",
+                flush=True,
+            )
     df = pd.DataFrame(rows)
     out = Path(a.out)  # the current result replaces the previous one (earlier runs: git history)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -137,8 +161,10 @@ def main(argv=None) -> pd.DataFrame:
             print(f"  {c}: {np.log(t[-1] / t[-2]) / np.log(n[-1] / n[-2]):.2f}")
     if 1000 in table.index and "8x8" in table.columns:
         t = table.loc[1000, "8x8"]
-        print(f"1000 layers on 8x8 with refinement: {t:.2f} s -> {'OK' if t < 2 else 'OVER'} the 2 s target "
-              f"(DP only {df.set_index(['layers', 'topology']).loc[(1000, '8x8'), 'dp_seconds']:.2f} s)")
+        print(
+            f"1000 layers on 8x8 with refinement: {t:.2f} s -> {'OK' if t < 2 else 'OVER'} the 2 s target "
+            f"(DP only {df.set_index(['layers', 'topology']).loc[(1000, '8x8'), 'dp_seconds']:.2f} s)"
+        )
     print(f"wrote {out}")
     return df
 
@@ -170,8 +196,9 @@ def _ours(prof: Profile, rec: dict, repeat: int):
 
 def _same_config(res, rec) -> bool:
     nodes = [sorted(n, key=lambda v: int(v[4:])) for n in res.stage_nodes]
-    return ([x["nodes"] for x in rec["stages"]] == nodes
-            and [x["replicas"] for x in rec["stages"]] == [r for *_, r in res.stages])
+    return [x["nodes"] for x in rec["stages"]] == nodes and [x["replicas"] for x in rec["stages"]] == [
+        r for *_, r in res.stages
+    ]
 
 
 def _replayed(st, rec) -> bool:
@@ -180,11 +207,17 @@ def _replayed(st, rec) -> bool:
 
     from workbench.pipedream_optimizer import optimize_states
 
-    sums = {"compute_s": "state_compute_s", "activation": "state_activation", "parameters": "state_parameters",
-            "output_activation": "state_output_activation"}
+    sums = {
+        "compute_s": "state_compute_s",
+        "activation": "state_activation",
+        "parameters": "state_parameters",
+        "output_activation": "state_output_activation",
+    }
     st = replace(st, **{k: np.array(rec[v], dtype=float) for k, v in sums.items()})
-    return _same_config(optimize_states(st, rec["machines"], rec["bandwidths"], _options(rec),
-                                        candidate_order=rec["candidate_order"]), rec)
+    return _same_config(
+        optimize_states(st, rec["machines"], rec["bandwidths"], _options(rec), candidate_order=rec["candidate_order"]),
+        rec,
+    )
 
 
 def vs_pipedream(a) -> pd.DataFrame:
@@ -207,46 +240,74 @@ def vs_pipedream(a) -> pd.DataFrame:
         if a.profiles and name not in a.profiles:
             continue
         if name not in profiles:
-            profiles[name] = shipped(name) if name in SHIPPED else (
-                read_graph(repo / recorder.PROFILES[name], label=name) if repo is not None else None)
+            profiles[name] = (
+                shipped(name)
+                if name in SHIPPED
+                else (read_graph(repo / recorder.PROFILES[name], label=name) if repo is not None else None)
+            )
         prof = profiles[name]
         if a.live:
             helpers = Path(tempfile.mkdtemp(prefix="helpers-"))
             (helpers / "graphviz.py").write_text(recorder._STUB)
             (helpers / "driver.py").write_text(recorder._DRIVER)
             rec = recorder.run_one(repo, name, rec["config"], 600.0, helpers)
-        row = dict(profile=name, config=rec["config"], machines="x".join(map(str, rec["machines"])),
-                   flags=" ".join(rec["flags"]), theirs="live" if a.live else f"recorded ({path.name})",
-                   theirs_finished=rec["finished"], theirs_seconds=rec.get("wall_s", rec.get("timeout_s")),
-                   theirs_cpu_seconds=rec.get("cpu_s"), theirs_load1=rec.get("load1"),
-                   theirs_states=rec.get("states"), theirs_pipeline_ms=rec.get("pipeline_s", math.nan) * 1e3)
+        row = dict(
+            profile=name,
+            config=rec["config"],
+            machines="x".join(map(str, rec["machines"])),
+            flags=" ".join(rec["flags"]),
+            theirs="live" if a.live else f"recorded ({path.name})",
+            theirs_finished=rec["finished"],
+            theirs_seconds=rec.get("wall_s", rec.get("timeout_s")),
+            theirs_cpu_seconds=rec.get("cpu_s"),
+            theirs_load1=rec.get("load1"),
+            theirs_states=rec.get("states"),
+            theirs_pipeline_ms=rec.get("pipeline_s", math.nan) * 1e3,
+        )
         if prof is not None:
             t0, c0 = time.perf_counter(), time.process_time()
             try:
                 sec, cpu, st, res = _ours(prof, rec, a.repeat)
             except ValueError as e:  # too many antichain states: refused with a message
-                row |= dict(ours_seconds=time.perf_counter() - t0, ours_cpu_seconds=time.process_time() - c0,
-                            ours_error=str(e).split(":")[0])
+                row |= dict(
+                    ours_seconds=time.perf_counter() - t0,
+                    ours_cpu_seconds=time.process_time() - c0,
+                    ours_error=str(e).split(":")[0],
+                )
                 rows.append(row | dict(load1=os.getloadavg()[0], cpus=os.cpu_count(), machine=platform.node()))
-                print(f"{name:>14} {rec['config']:>15}: ours refused ({row['ours_error']}) after "
-                      f"{row['ours_seconds']:.1f} s", flush=True)
+                print(
+                    f"{name:>14} {rec['config']:>15}: ours refused ({row['ours_error']}) after "
+                    f"{row['ours_seconds']:.1f} s",
+                    flush=True,
+                )
                 continue
-            row |= dict(ours_seconds=sec, ours_cpu_seconds=cpu, ours_states=len(st), ours_pipeline_ms=res.pipeline_s * 1e3,
-                        ours_stages="-".join(str(r) for *_, r in res.stages))
+            row |= dict(
+                ours_seconds=sec,
+                ours_cpu_seconds=cpu,
+                ours_states=len(st),
+                ours_pipeline_ms=res.pipeline_s * 1e3,
+                ours_stages="-".join(str(r) for *_, r in res.stages),
+            )
             if rec["finished"]:
-                row |= dict(time_rel_diff=abs(res.pipeline_s / rec["pipeline_s"] - 1),
-                            config_equal=_same_config(res, rec), config_equal_replayed=_replayed(st, rec),
-                            speedup=rec["wall_s"] / sec)
+                row |= dict(
+                    time_rel_diff=abs(res.pipeline_s / rec["pipeline_s"] - 1),
+                    config_equal=_same_config(res, rec),
+                    config_equal_replayed=_replayed(st, rec),
+                    speedup=rec["wall_s"] / sec,
+                )
         row |= dict(load1=os.getloadavg()[0], cpus=os.cpu_count(), machine=platform.node())
         rows.append(row)
-        print(f"{name:>14} {rec['config']:>15}: ours {row.get('ours_seconds', math.nan):7.3f} s, theirs "
-              f"{row['theirs_seconds'] if row['theirs_seconds'] is not None else math.nan:8.2f} s"
-              f"{'' if rec['finished'] else ' (did not finish)'}; rel diff {row.get('time_rel_diff', math.nan):.1e}, "
-              f"config {row.get('config_equal')}, replayed {row.get('config_equal_replayed')}", flush=True)
+        print(
+            f"{name:>14} {rec['config']:>15}: ours {row.get('ours_seconds', math.nan):7.3f} s, theirs "
+            f"{row['theirs_seconds'] if row['theirs_seconds'] is not None else math.nan:8.2f} s"
+            f"{'' if rec['finished'] else ' (did not finish)'}; rel diff {row.get('time_rel_diff', math.nan):.1e}, "
+            f"config {row.get('config_equal')}, replayed {row.get('config_equal_replayed')}",
+            flush=True,
+        )
     df = pd.DataFrame(rows)
-    out = fresh_path(a.out or "results/bench/partition_vs_pipedream.csv")
+    out = Path(a.out or "results/bench/partition_vs_pipedream.csv")
     out.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out, index=False)
+    atomic_text(df.to_csv(index=False), out)  # the one current CSV of this benchmark (history: git)
     print(markdown(df))
     print(f"wrote {out}")
     return df
@@ -254,31 +315,40 @@ def vs_pipedream(a) -> pd.DataFrame:
 
 def markdown(df: pd.DataFrame) -> str:
     """The parity table of docs/pipedream-optimizer.md from a --vs-pipedream CSV."""
+
     def same(ours, replayed) -> str:
-        """"yes"; "tie": another optimum of equal time (PipeDream's order replayed gives its own); "NO"."""
+        """ "yes"; "tie": another optimum of equal time (PipeDream's order replayed gives its own); "NO"."""
         if pd.isna(replayed):
             return ""
         if bool(ours):
             return "yes"
         return "tie" if bool(replayed) else "NO"
 
-    head = ("| profile | config | states | same configuration (our order / PipeDream's replayed) | PipeDream "
-            "ms/stage | ours ms/stage | PipeDream s wall (CPU) | ours s wall (CPU) |")
+    head = (
+        "| profile | config | states | same configuration (our order / PipeDream's replayed) | PipeDream "
+        "ms/stage | ours ms/stage | PipeDream s wall (CPU) | ours s wall (CPU) |"
+    )
     lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in df.itertuples():
         theirs = f"{r.theirs_pipeline_ms:.4f}" if r.theirs_finished else "did not finish"
         cpu = getattr(r, "theirs_cpu_seconds", None)
-        tsec = (f"{r.theirs_seconds:.1f} ({cpu:.1f})" if r.theirs_finished and cpu == cpu and cpu is not None
-                else (f"{r.theirs_seconds:.1f}" if r.theirs_finished else f"> {r.theirs_seconds:.0f}"))
+        tsec = (
+            f"{r.theirs_seconds:.1f} ({cpu:.1f})"
+            if r.theirs_finished and cpu == cpu and cpu is not None
+            else (f"{r.theirs_seconds:.1f}" if r.theirs_finished else f"> {r.theirs_seconds:.0f}")
+        )
         rep = getattr(r, "config_equal_replayed", None)
         same_txt = f"{same(getattr(r, 'config_equal', None), rep)} / {'' if pd.isna(rep) else ('yes' if rep else 'NO')}"
         err = getattr(r, "ours_error", None)
-        ours_ms = (f"{getattr(r, 'ours_pipeline_ms', float('nan')):.4f}" if not isinstance(err, str)
-                   else "refused: " + err)
+        ours_ms = (
+            f"{getattr(r, 'ours_pipeline_ms', float('nan')):.4f}" if not isinstance(err, str) else "refused: " + err
+        )
         states = getattr(r, "ours_states", "")
         states = "" if pd.isna(states) else int(states)
-        lines.append(f"| {r.profile} | {r.config} | {states} | {same_txt} | {theirs} | {ours_ms} | {tsec} | "
-                     f"{getattr(r, 'ours_seconds', float('nan')):.2f} ({getattr(r, 'ours_cpu_seconds', float('nan')):.2f}) |")
+        lines.append(
+            f"| {r.profile} | {r.config} | {states} | {same_txt} | {theirs} | {ours_ms} | {tsec} | "
+            f"{getattr(r, 'ours_seconds', float('nan')):.2f} ({getattr(r, 'ours_cpu_seconds', float('nan')):.2f}) |"
+        )
     return "\n".join(lines)
 
 

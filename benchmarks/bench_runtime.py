@@ -78,6 +78,7 @@ Writes ``results/bench/runtime.csv`` with the 1-minute load average beside every
 
     python benchmarks/bench_runtime.py [--models mlp,gpt] [--steps N] [--warmup 5] [--repeat 3] [--device cpu|cuda]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -98,17 +99,44 @@ M, P, LR = 8, 2, 0.01
 SINGLE_M, IDEAL_M = "single-update-per-microbatch", "ideal-update-per-microbatch"
 UPDATE_PAIRS = {"mlp": 200, "gpt": 40}  # alternated minibatch pairs of _SingleLoop.update_cost (about 20 s each)
 CONFIGS = {  # model -> batch, default timed steps, workbench schedules, torch schedules
-    "mlp": dict(batch=256, steps=30, schedules=["gpipe", "pipedream-flush", "pipedream-flush+warmup", "zb-h1",
-                                                "pipedream", "pipedream+stream+warmup", "pipedream-2bw+stream+warmup",
-                                                "gpipe+gloo", "pipedream-flush+gloo", "zb-h1+gloo", "pipedream+gloo",
-                                                "pipedream+stream+warmup+gloo", "pipedream-2bw+stream+warmup+gloo",
-                                                "pipedream-flush+default-malloc", "pipedream+default-malloc"],
-                torch=["gpipe", "1f1b"]),
-    "gpt": dict(batch=32, steps=10, schedules=["pipedream-flush", "pipedream-flush+warmup", "interleaved-1f1b",
-                                               "pipedream", "pipedream+stream+warmup", "pipedream-2bw+stream+warmup",
-                                               "pipedream-flush+gloo", "interleaved-1f1b+gloo",
-                                               "pipedream-2bw+stream+warmup+gloo"],
-                torch=["1f1b", "interleaved-1f1b"]),
+    "mlp": dict(
+        batch=256,
+        steps=30,
+        schedules=[
+            "gpipe",
+            "pipedream-flush",
+            "pipedream-flush+warmup",
+            "zb-h1",
+            "pipedream",
+            "pipedream+stream+warmup",
+            "pipedream-2bw+stream+warmup",
+            "gpipe+gloo",
+            "pipedream-flush+gloo",
+            "zb-h1+gloo",
+            "pipedream+gloo",
+            "pipedream+stream+warmup+gloo",
+            "pipedream-2bw+stream+warmup+gloo",
+            "pipedream-flush+default-malloc",
+            "pipedream+default-malloc",
+        ],
+        torch=["gpipe", "1f1b"],
+    ),
+    "gpt": dict(
+        batch=32,
+        steps=10,
+        schedules=[
+            "pipedream-flush",
+            "pipedream-flush+warmup",
+            "interleaved-1f1b",
+            "pipedream",
+            "pipedream+stream+warmup",
+            "pipedream-2bw+stream+warmup",
+            "pipedream-flush+gloo",
+            "interleaved-1f1b+gloo",
+            "pipedream-2bw+stream+warmup+gloo",
+        ],
+        torch=["1f1b", "interleaved-1f1b"],
+    ),
 }
 # A row runs the runtime as a user gets it (transport "auto": the shared-memory transport on this machine, where
 # every rank has a core of its own), and the suffixes of its name change one thing:
@@ -128,22 +156,28 @@ def plan_warmup(name: str) -> list[int]:
     ping-pong's latency and bandwidth, the CPU per message of the loaded one)."""
     from workbench.calibrate import in_flight, measure_link, runtime_link, stage_profile
     from workbench.runtime.stages import even_bounds
+
     model = _model(name)
     bounds = even_bounds(len(model.layers), P)
     sizes = (4, 16 << 10, 64 << 10, 256 << 10, 1 << 20)
-    link = runtime_link(measure_link("gloo", sizes=sizes, repeats=30),
-                        measure_link("gloo", sizes=sizes, repeats=60, busy=True))
+    link = runtime_link(
+        measure_link("gloo", sizes=sizes, repeats=30), measure_link("gloo", sizes=sizes, repeats=60, busy=True)
+    )
     sp = stage_profile(model, bounds, CONFIGS[name]["batch"] // M, threads=1, iterations=10, warmup=3)
     k = in_flight(sp, link)
-    print(f"{name}: planner warm-up {k} (stage F {[round(x, 2) for x in sp.fwd_ms]} ms, B "
-          f"{[round(x, 2) for x in sp.bwd_ms]} ms; link {link['latency_ms']:.3f} ms + n / "
-          f"{link['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, {link.get('message_cpu_ms', 0.0):.3f} ms CPU per message, "
-          f"loaded latency {link['loaded_latency_ms']:.3f} ms)", flush=True)
+    print(
+        f"{name}: planner warm-up {k} (stage F {[round(x, 2) for x in sp.fwd_ms]} ms, B "
+        f"{[round(x, 2) for x in sp.bwd_ms]} ms; link {link['latency_ms']:.3f} ms + n / "
+        f"{link['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s, {link.get('message_cpu_ms', 0.0):.3f} ms CPU per message, "
+        f"loaded latency {link['loaded_latency_ms']:.3f} ms)",
+        flush=True,
+    )
     return k
 
 
 def _model(name: str):
     from workbench.models import build
+
     return build(name, seed=0)
 
 
@@ -164,6 +198,7 @@ def sgd_step(params: list) -> None:
     """The single and torch rows' SGD step: the runtime's STEP (:func:`workbench.runtime.stages.sgd_update`
     in place, ``W - LR * grad``), then the gradients dropped (the next backward's become them)."""
     from workbench.runtime.stages import sgd_update
+
     sgd_update(dict(enumerate(params)), {i: p.grad for i, p in enumerate(params)}, LR, in_place=True)
     for p in params:
         p.grad = None
@@ -181,6 +216,7 @@ class _SingleLoop:
 
     def __init__(self, name: str, n: int, device="cpu"):
         from workbench.runtime.allocator import retain_freed_memory
+
         torch.set_num_threads(1)
         retain_freed_memory()  # every process of the benchmark uses the runtime ranks' malloc settings
         self.device = device
@@ -227,6 +263,7 @@ class _SingleLoop:
             self.step(i % n, u)
             self._sync()
             return time.perf_counter() - t
+
         for i in range(4):
             timed(i, 1), timed(i, M)
         r = [timed(i, M) / timed(i, 1) for i in range(pairs)]
@@ -235,6 +272,7 @@ class _SingleLoop:
 
 def _single_worker(rank, world, name, steps, warmup, device, q):
     from workbench.runtime.affinity import pin_rank
+
     pin_rank(rank, world, 1, device)
     q.put(bench_single(name, steps, warmup, device))
 
@@ -243,6 +281,7 @@ def bench_single_concurrent(name: str, steps: int, warmup: int, device="cpu") ->
     """``single`` run in ``P`` processes at once, each pinned to its own core as the runtime's ranks
     are: the per-process throughput when every core computes (memory bandwidth and caches shared)."""
     import torch.multiprocessing as mp
+
     q = mp.get_context("spawn").SimpleQueue()
     mp.start_processes(_single_worker, args=(P, name, steps, warmup, device, q), nprocs=P, start_method="spawn")
     return statistics.fmean(q.get() for _ in range(P))
@@ -254,13 +293,15 @@ def _torch_pp_worker(rank, world, port, name, kind, steps, warmup, device, q):
 
     from workbench.runtime.affinity import place_rank
     from workbench.runtime.stages import even_bounds, stage_module
+
     torch.set_num_threads(1)
     place_rank(rank, world, 1, device)  # set up as the workbench's runtime sets up its ranks
     dev = torch.device("cuda", rank) if device == "cuda" else torch.device("cpu")
     if device == "cuda":
         torch.cuda.set_device(dev)
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=world)
+    dist.init_process_group(
+        "nccl" if device == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
     model = _model(name)
     per_rank = 2 if kind == "interleaved-1f1b" else 1
     S = world * per_rank
@@ -294,27 +335,53 @@ def bench_torch_pipelining(name: str, kind: str, steps: int, warmup: int, device
     import torch.multiprocessing as mp
 
     from workbench.runtime.launch import free_port
+
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
-    mp.start_processes(_torch_pp_worker, args=(P, free_port(), name, kind, steps, warmup, device, q), nprocs=P,
-                       start_method="spawn")
+    mp.start_processes(
+        _torch_pp_worker, args=(P, free_port(), name, kind, steps, warmup, device, q), nprocs=P, start_method="spawn"
+    )
     return q.get()
 
 
-def bench_workbench(name: str, schedule: str, steps: int, warmup: int, device="cpu",
-                    options: dict | None = None, transport: str = "auto", stream: bool = False) -> tuple[float, Path]:
+def bench_workbench(
+    name: str,
+    schedule: str,
+    steps: int,
+    warmup: int,
+    device="cpu",
+    options: dict | None = None,
+    transport: str = "auto",
+    stream: bool = False,
+) -> tuple[float, Path]:
     from workbench.runtime import train
+
     batch = CONFIGS[name]["batch"]
     out = Path(tempfile.mkdtemp(prefix="bench_rt_")) / schedule
     # mlp: a synthetic set of 64 steps per epoch, so the timed steps hold no epoch end (its checkpoint and
     # CSV writes, 15-25 ms each on this machine, are not in the torch rows either); gpt: 15 steps < an epoch
     data = dict(dataset_options={"num_train": 64 * batch}) if name == "mlp" else {}
-    train(name, schedule, workers=P, microbatches=M, steps=steps + warmup, batch_size=batch, lr=LR, out=out,
-          threads=1, progress=False, device=device, evaluate=False, schedule_options=options or {},
-          transport=transport, stream=stream, **data)
+    train(
+        name,
+        schedule,
+        workers=P,
+        microbatches=M,
+        steps=steps + warmup,
+        batch_size=batch,
+        lr=LR,
+        out=out,
+        threads=1,
+        progress=False,
+        device=device,
+        evaluate=False,
+        schedule_options=options or {},
+        transport=transport,
+        stream=stream,
+        **data,
+    )
     with open(out / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    if len({r["epoch"] for r in rows[warmup - 1:]}) > 1:
+    if len({r["epoch"] for r in rows[warmup - 1 :]}) > 1:
         raise RuntimeError(f"{name} {schedule}: the timed steps cross an epoch end; use fewer --steps")
     timed = rows[warmup:]
     span = float(timed[-1]["wall_ms"]) - float(rows[warmup - 1]["wall_ms"])
@@ -326,6 +393,7 @@ def where_time_goes(out: Path, warmup: int) -> dict:
     import pandas as pd
 
     from workbench.runtime.breakdown import breakdown
+
     return breakdown(pd.read_csv(out / "timeline.csv"), warmup).mean().to_dict()
 
 
@@ -337,6 +405,7 @@ def fidelity(out: Path, schedule: str, warmup: int, options: dict | None = None,
 
     from workbench.runtime.launch import schedule_for_workers
     from workbench.simulate import simulate
+
     tl = pd.read_csv(out / "timeline.csv")
     tl = tl[tl.step >= warmup]
     rounds = tl.step.nunique() if stream else 1
@@ -345,8 +414,9 @@ def fidelity(out: Path, schedule: str, warmup: int, options: dict | None = None,
     tl = tl.assign(dur=tl.end - tl.start)
     mean = tl.groupby(["kind", "stage"]).dur.mean()
     fwd = [float(mean[("F", s)]) for s in range(S)]
-    bwd = [float(mean[("B", s)]) if ("B", s) in mean.index else float(mean[("BI", s)] + mean[("BW", s)])
-           for s in range(S)]  # split backward: the simulator charges BI = BW = bwd / 2
+    bwd = [
+        float(mean[("B", s)]) if ("B", s) in mean.index else float(mean[("BI", s)] + mean[("BW", s)]) for s in range(S)
+    ]  # split backward: the simulator charges BI = BW = bwd / 2
     step_ms = float(tl[tl.kind == "STEP"].dur.mean())
     sim = simulate(sched, fwd=fwd, bwd=bwd, step_ms=step_ms)
     modeled = sim.metrics["makespan"] / rounds
@@ -363,11 +433,14 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
     for _ in range(repeat):  # interleaved repetitions: slow phases of a shared machine hit every row alike
         runs.setdefault("single", []).append(dict(v=bench_single(name, steps, warmup, device)))
         if device == "cpu":
-            runs.setdefault("single-concurrent", []).append(dict(v=bench_single_concurrent(name, steps, warmup, device)))
+            runs.setdefault("single-concurrent", []).append(
+                dict(v=bench_single_concurrent(name, steps, warmup, device))
+            )
         for kind in cfg["torch"]:
             ref = bench_single(name, steps, warmup, device)  # paired: the single run just before this row
-            runs.setdefault(f"torch-{kind}", []).append(dict(v=bench_torch_pipelining(name, kind, steps, warmup, device),
-                                                             ref=ref))
+            runs.setdefault(f"torch-{kind}", []).append(
+                dict(v=bench_torch_pipelining(name, kind, steps, warmup, device), ref=ref)
+            )
         for sch in cfg["schedules"]:
             if device != "cpu" and "+gloo" in sch:
                 continue  # on GPUs the default is NCCL: no shared-memory twin to compare
@@ -386,11 +459,21 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
                 v, out = bench_workbench(name, base, steps, warmup, device, opts, transport, stream)
             summary = json.loads((out / "summary.json").read_text())
             used = summary["transport"]  # what "auto" resolved to
-            label = ";".join([f"{k}={','.join(map(str, x)) if isinstance(x, list) else x}" for k, x in opts.items()]
-                             + [f"transport={used}", f"malloc={malloc}"] + (["stream"] if stream else []))
-            runs.setdefault(f"workbench-{sch}", []).append(dict(v=v, ref=ref, updates_per_step=summary["updates_per_step"],
-                                                                **fidelity(out, base, warmup, opts, stream),
-                                                                **where_time_goes(out, warmup), options=label))
+            label = ";".join(
+                [f"{k}={','.join(map(str, x)) if isinstance(x, list) else x}" for k, x in opts.items()]
+                + [f"transport={used}", f"malloc={malloc}"]
+                + (["stream"] if stream else [])
+            )
+            runs.setdefault(f"workbench-{sch}", []).append(
+                dict(
+                    v=v,
+                    ref=ref,
+                    updates_per_step=summary["updates_per_step"],
+                    **fidelity(out, base, warmup, opts, stream),
+                    **where_time_goes(out, warmup),
+                    options=label,
+                )
+            )
     single = statistics.median(r["v"] for r in runs["single"])
     ideal = P * single * M / (M + P - 1)
     torch_1f1b = statistics.median(r["v"] for r in runs["torch-1f1b"])
@@ -400,14 +483,24 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
     ideal_m = P * single_m * M / (M + P - 1)  # the same bubble, the optimizer work of M updates per minibatch
     conc = statistics.median(r["v"] for r in runs["single-concurrent"]) if "single-concurrent" in runs else None
     ideal_conc = P * conc * M / (M + P - 1) if conc else None
-    rows = [dict(model=name, name="single", samples_per_s=single), dict(model=name, name="ideal", samples_per_s=ideal),
-            dict(model=name, name="ideal-stream", samples_per_s=P * single),
-            dict(model=name, name=SINGLE_M, samples_per_s=single_m, updates_per_step=M,
-                 options=f"step time ratio to single {upd_ratio:.4f} (quartiles {q1:.4f}-{q3:.4f})"),
-            dict(model=name, name=IDEAL_M, samples_per_s=ideal_m, updates_per_step=M)]
+    rows = [
+        dict(model=name, name="single", samples_per_s=single),
+        dict(model=name, name="ideal", samples_per_s=ideal),
+        dict(model=name, name="ideal-stream", samples_per_s=P * single),
+        dict(
+            model=name,
+            name=SINGLE_M,
+            samples_per_s=single_m,
+            updates_per_step=M,
+            options=f"step time ratio to single {upd_ratio:.4f} (quartiles {q1:.4f}-{q3:.4f})",
+        ),
+        dict(model=name, name=IDEAL_M, samples_per_s=ideal_m, updates_per_step=M),
+    ]
     if conc:
-        rows += [dict(model=name, name="single-concurrent", samples_per_s=conc),
-                 dict(model=name, name="ideal-concurrent", samples_per_s=ideal_conc)]
+        rows += [
+            dict(model=name, name="single-concurrent", samples_per_s=conc),
+            dict(model=name, name="ideal-concurrent", samples_per_s=ideal_conc),
+        ]
     for k, rs in runs.items():
         if k in ("single", "single-concurrent"):
             continue
@@ -417,8 +510,9 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
             row["of_ideal_paired"] = statistics.median(paired)
             row["paired_min"], row["paired_max"] = min(paired), max(paired)
             if "modeled_ms" in rs[0]:  # the same runs with their communication and overhead free
-                row["of_ideal_zero_overhead"] = statistics.median(x * r["measured_ms"] / r["modeled_ms"]
-                                                                  for x, r in zip(paired, rs))
+                row["of_ideal_zero_overhead"] = statistics.median(
+                    x * r["measured_ms"] / r["modeled_ms"] for x, r in zip(paired, rs)
+                )
         for col in [c for c in rs[0] if c not in ("v", "ref")]:
             row[col] = rs[0][col] if isinstance(rs[0][col], str) else statistics.median(r[col] for r in rs)
         rows.append(row)
@@ -426,38 +520,88 @@ def run_model(name: str, steps: int, warmup: int, repeat: int, device: str) -> l
     for r in rows:
         if "of_ideal_paired" in r:
             same = upd_ratio if r.get("updates_per_step") == M else 1.0
-            r.update(of_ideal_same_updates_paired=r["of_ideal_paired"] * same,
-                     vs_torch_1f1b_paired=r["of_ideal_paired"] / torch_paired)
+            r.update(
+                of_ideal_same_updates_paired=r["of_ideal_paired"] * same,
+                vs_torch_1f1b_paired=r["of_ideal_paired"] / torch_paired,
+            )
             if "of_ideal_zero_overhead" in r:
                 r["vs_torch_1f1b_zero_overhead"] = r["of_ideal_zero_overhead"] / torch_paired
-        r.update(of_ideal=r["samples_per_s"] / ideal, of_single=r["samples_per_s"] / single,
-                 of_ideal_concurrent=r["samples_per_s"] / ideal_conc if ideal_conc else float("nan"),
-                 of_ideal_same_updates=r["samples_per_s"] / (ideal_m if r.get("updates_per_step") == M else ideal),
-                 vs_torch_1f1b=r["samples_per_s"] / torch_1f1b, steps=steps, repeat=repeat, device=device,
-                 cores=len(os.sched_getaffinity(0)), load_avg_1min=round(os.getloadavg()[0], 2))
+        r.update(
+            of_ideal=r["samples_per_s"] / ideal,
+            of_single=r["samples_per_s"] / single,
+            of_ideal_concurrent=r["samples_per_s"] / ideal_conc if ideal_conc else float("nan"),
+            of_ideal_same_updates=r["samples_per_s"] / (ideal_m if r.get("updates_per_step") == M else ideal),
+            vs_torch_1f1b=r["samples_per_s"] / torch_1f1b,
+            steps=steps,
+            repeat=repeat,
+            device=device,
+            cores=len(os.sched_getaffinity(0)),
+            load_avg_1min=round(os.getloadavg()[0], 2),
+        )
     return rows
 
 
-COLUMNS = ["model", "name", "options", "updates_per_step", "samples_per_s", "of_ideal", "of_ideal_same_updates",
-           "of_ideal_concurrent", "of_single", "vs_torch_1f1b", "of_ideal_paired", "of_ideal_same_updates_paired",
-           "vs_torch_1f1b_paired", "paired_min", "paired_max", "of_ideal_zero_overhead", "vs_torch_1f1b_zero_overhead",
-           "modeled_ms", "measured_ms",
-           "step_ms", "compute_ms", "recv_wait_ms", "send_ms", "data_ms", "optimizer_ms", "allreduce_ms",
-           "overhead_ms", "steps", "repeat", "device", "cores", "load_avg_1min"]
+COLUMNS = [
+    "model",
+    "name",
+    "options",
+    "updates_per_step",
+    "samples_per_s",
+    "of_ideal",
+    "of_ideal_same_updates",
+    "of_ideal_concurrent",
+    "of_single",
+    "vs_torch_1f1b",
+    "of_ideal_paired",
+    "of_ideal_same_updates_paired",
+    "vs_torch_1f1b_paired",
+    "paired_min",
+    "paired_max",
+    "of_ideal_zero_overhead",
+    "vs_torch_1f1b_zero_overhead",
+    "modeled_ms",
+    "measured_ms",
+    "step_ms",
+    "compute_ms",
+    "recv_wait_ms",
+    "send_ms",
+    "data_ms",
+    "optimizer_ms",
+    "allreduce_ms",
+    "overhead_ms",
+    "steps",
+    "repeat",
+    "device",
+    "cores",
+    "load_avg_1min",
+]
 
 
 def print_tables(rows: list[dict]) -> None:
-    cols = [("samples/s", "samples_per_s", 11, 1), ("of ideal", "of_ideal", 9, 2), ("same upd", "of_ideal_same_updates", 9, 2),
-            ("of ideal*", "of_ideal_concurrent", 10, 2), ("vs torch", "vs_torch_1f1b", 9, 2),
-            ("paired", "of_ideal_paired", 8, 2), ("p.same", "of_ideal_same_updates_paired", 8, 2),
-            ("p.torch", "vs_torch_1f1b_paired", 8, 2), ("p.min", "paired_min", 7, 2), ("p.max", "paired_max", 7, 2),
-            ("0-ovh", "of_ideal_zero_overhead", 7, 2), ("0-ovh.t", "vs_torch_1f1b_zero_overhead", 8, 2),
-            ("model ms", "modeled_ms", 9, 1), ("meas ms", "measured_ms", 9, 1),
-            ("load", "load_avg_1min", 6, 1)]
+    cols = [
+        ("samples/s", "samples_per_s", 11, 1),
+        ("of ideal", "of_ideal", 9, 2),
+        ("same upd", "of_ideal_same_updates", 9, 2),
+        ("of ideal*", "of_ideal_concurrent", 10, 2),
+        ("vs torch", "vs_torch_1f1b", 9, 2),
+        ("paired", "of_ideal_paired", 8, 2),
+        ("p.same", "of_ideal_same_updates_paired", 8, 2),
+        ("p.torch", "vs_torch_1f1b_paired", 8, 2),
+        ("p.min", "paired_min", 7, 2),
+        ("p.max", "paired_max", 7, 2),
+        ("0-ovh", "of_ideal_zero_overhead", 7, 2),
+        ("0-ovh.t", "vs_torch_1f1b_zero_overhead", 8, 2),
+        ("model ms", "modeled_ms", 9, 1),
+        ("meas ms", "measured_ms", 9, 1),
+        ("load", "load_avg_1min", 6, 1),
+    ]
     print(f"{'model':<6}{'name':<44}" + "".join(f"{h:>{w}}" for h, _, w, _ in cols))
     for r in rows:
-        print(f"{r['model']:<6}{r['name']:<44}" + "".join(f"{r[k]:>{w}.{d}f}" if k in r else " " * w for _, k, w, d in cols))
-    parts = COLUMNS[COLUMNS.index("step_ms"):COLUMNS.index("overhead_ms") + 1]
+        print(
+            f"{r['model']:<6}{r['name']:<44}"
+            + "".join(f"{r[k]:>{w}.{d}f}" if k in r else " " * w for _, k, w, d in cols)
+        )
+    parts = COLUMNS[COLUMNS.index("step_ms") : COLUMNS.index("overhead_ms") + 1]
     print("\nwhere the time goes (measured, ms per step, mean over the ranks):")
     print(f"{'model':<6}{'name':<44}" + "".join(f"{p.removesuffix('_ms'):>10}" for p in parts))
     for r in rows:
@@ -481,6 +625,7 @@ def main(argv=None) -> int:
         rows += run_model(name, a.steps or CONFIGS[name]["steps"], a.warmup, a.repeat, a.device)
     print_tables(rows)
     from workbench.runtime.outputs import atomic_text
+
     out = Path(a.out)  # the current result replaces the previous one (earlier runs: git history)
     out.parent.mkdir(parents=True, exist_ok=True)
     text = io.StringIO()

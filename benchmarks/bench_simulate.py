@@ -9,6 +9,7 @@ ops and over the compute ops alone. Building the schedule (best of ``--repeats``
 included) is the column ``build_seconds``; ``build_plus_simulate_s`` adds the two (issue 8's target:
 under 1 s for 64 stages x 1024 microbatches); ``load_1min`` is the machine's load when measured.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,6 +51,7 @@ def one_f_one_b(S: int, M: int) -> Schedule:
 def make(S: int, M: int) -> tuple[Schedule, str]:
     try:
         from workbench.schedules import build
+
         return build("pipedream", S, M), "build"
     except ImportError:
         return one_f_one_b(S, M), "by hand"
@@ -73,18 +75,45 @@ def main(argv=None) -> pd.DataFrame:
             res = simulate(sched, fwd=1.0, bwd=2.0)
             best = min(best, time.perf_counter() - t0)
         compute_ops = int((res.timeline["kind"].isin(["F", "B", "BI", "BW"])).sum())
-        rows.append({"stages": S, "microbatches": M, "ops": sched.num_ops, "compute_ops": compute_ops,
-                     "seconds": round(best, 4), "ops_per_s": round(sched.num_ops / best),
-                     "compute_ops_per_s": round(compute_ops / best), "build_seconds": round(build_s, 3), "build_plus_simulate_s": round(build_s + best, 3),
-                     "load_1min": round(os.getloadavg()[0], 1),
-                     "schedule_from": how, "makespan": res.makespan,
-                     "python": platform.python_version(), "machine": platform.machine()})
+        rows.append(
+            {
+                "stages": S,
+                "microbatches": M,
+                "ops": sched.num_ops,
+                "compute_ops": compute_ops,
+                "seconds": round(best, 4),
+                "ops_per_s": round(sched.num_ops / best),
+                "compute_ops_per_s": round(compute_ops / best),
+                "build_seconds": round(build_s, 3),
+                "build_plus_simulate_s": round(build_s + best, 3),
+                "load_1min": round(os.getloadavg()[0], 1),
+                "schedule_from": how,
+                "makespan": res.makespan,
+                "python": platform.python_version(),
+                "machine": platform.machine(),
+            }
+        )
     df = pd.DataFrame(rows)
     out = Path(args.out)  # the current result replaces the previous one (earlier runs: git history)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_text(df.to_csv(index=False), out)
-    print(df[["stages", "microbatches", "ops", "compute_ops", "seconds", "ops_per_s", "compute_ops_per_s",
-              "build_seconds", "build_plus_simulate_s", "load_1min", "schedule_from"]].to_string(index=False))
+    print(
+        df[
+            [
+                "stages",
+                "microbatches",
+                "ops",
+                "compute_ops",
+                "seconds",
+                "ops_per_s",
+                "compute_ops_per_s",
+                "build_seconds",
+                "build_plus_simulate_s",
+                "load_1min",
+                "schedule_from",
+            ]
+        ].to_string(index=False)
+    )
     print(f"wrote {out}")
     return df
 

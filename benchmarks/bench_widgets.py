@@ -11,6 +11,7 @@ observer that re-partitions and redraws), plus, for comparison in the same run, 
 timeline FigureWidget (what the widget avoids). Median and best of ``--repeats``; the machine's
 load average is written beside the numbers (timings on a shared machine are noisy).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,9 +36,15 @@ CASES = [("flat 8 @ 1 GB/s", ((8, 1e9),)), ("4 @ 12 GB/s x 2 @ 1.25 GB/s", ((4, 
 def profile_50(seed: int = 0) -> Profile:
     rng = np.random.default_rng(seed)
     n = 50
-    df = pd.DataFrame({"name": [f"layer{i}" for i in range(n)], "fwd_ms": rng.uniform(0.5, 3, n),
-                       "bwd_ms": rng.uniform(1, 6, n), "act_bytes": rng.uniform(1e5, 4e6, n),
-                       "param_bytes": rng.uniform(1e4, 8e6, n)})
+    df = pd.DataFrame(
+        {
+            "name": [f"layer{i}" for i in range(n)],
+            "fwd_ms": rng.uniform(0.5, 3, n),
+            "bwd_ms": rng.uniform(1, 6, n),
+            "act_bytes": rng.uniform(1e5, 4e6, n),
+            "param_bytes": rng.uniform(1e4, 8e6, n),
+        }
+    )
     return Profile.from_frame(df, kind="synthetic", model="synthetic50", batch_size=32)
 
 
@@ -65,14 +72,22 @@ def bench_case(prof: Profile, name: str, levels, schedule: str, repeats: int) ->
         bw.value = next(values)
         assert tuner.outcome is not None and "✓" in tuner.status.value, tuner.status.value
 
-    row = {"case": name, "schedule": schedule, "layers": len(prof), "workers": st.topology.num_workers,
-           "stages": plan.num_stages, "ops": sched.num_ops}
-    for key, fn in (("partition_ms", lambda: core.optimize(prof, st)),
-                    ("schedule_ms", lambda: core.build_schedule(plan, st)),
-                    ("simulate_ms", lambda: simulate(sched, profile=prof, plan=plan, topology=st.topology)),
-                    ("redraw_ms", lambda: tuner._draw(out, st)),
-                    ("update_ms", whole),
-                    ("fresh_figure_ms", lambda: go.FigureWidget(timeline_figure(sim.timeline)))):
+    row = {
+        "case": name,
+        "schedule": schedule,
+        "layers": len(prof),
+        "workers": st.topology.num_workers,
+        "stages": plan.num_stages,
+        "ops": sched.num_ops,
+    }
+    for key, fn in (
+        ("partition_ms", lambda: core.optimize(prof, st)),
+        ("schedule_ms", lambda: core.build_schedule(plan, st)),
+        ("simulate_ms", lambda: simulate(sched, profile=prof, plan=plan, topology=st.topology)),
+        ("redraw_ms", lambda: tuner._draw(out, st)),
+        ("update_ms", whole),
+        ("fresh_figure_ms", lambda: go.FigureWidget(timeline_figure(sim.timeline))),
+    ):
         med, best = timed(fn, repeats)
         row[key] = round(med, 2)
         row[key.replace("_ms", "_best_ms")] = round(best, 2)
@@ -86,22 +101,39 @@ def main(argv=None) -> pd.DataFrame:
     args = ap.parse_args(argv)
     prof = profile_50()
     load0 = os.getloadavg()[0]
-    rows = [bench_case(prof, name, levels, schedule, args.repeats)
-            for name, levels in CASES for schedule in ("pipedream", "gpipe")]
+    rows = [
+        bench_case(prof, name, levels, schedule, args.repeats)
+        for name, levels in CASES
+        for schedule in ("pipedream", "gpipe")
+    ]
     load1 = os.getloadavg()[0]
     df = pd.DataFrame(rows)
     df["load_1min"] = f"{load0:.1f}-{load1:.1f}"
     df["cpus"] = os.cpu_count()
     df["python"] = platform.python_version()
     from workbench.runtime.outputs import atomic_text
+
     out = Path(args.out)  # the current result replaces the previous one (earlier runs: git history)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_text(df.to_csv(index=False), out)
-    cols = ["case", "schedule", "stages", "ops", "partition_ms", "schedule_ms", "simulate_ms", "redraw_ms",
-            "update_ms", "update_best_ms", "fresh_figure_ms"]
+    cols = [
+        "case",
+        "schedule",
+        "stages",
+        "ops",
+        "partition_ms",
+        "schedule_ms",
+        "simulate_ms",
+        "redraw_ms",
+        "update_ms",
+        "update_best_ms",
+        "fresh_figure_ms",
+    ]
     print(df[cols].to_string(index=False))
-    print(f"median of {args.repeats} (ms); goal: update_ms < 200; load average {load0:.1f} -> {load1:.1f} "
-          f"on {os.cpu_count()} CPUs; wrote {out}")
+    print(
+        f"median of {args.repeats} (ms); goal: update_ms < 200; load average {load0:.1f} -> {load1:.1f} "
+        f"on {os.cpu_count()} CPUs; wrote {out}"
+    )
     return df
 
 

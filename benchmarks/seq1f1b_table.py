@@ -9,6 +9,7 @@ in bytes: ``recompute_bytes`` models it from PipeDream's vgg16 GPU profile, 4-st
 
     PYTHONPATH=. python benchmarks/seq1f1b_table.py
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -19,11 +20,20 @@ from workbench.schedules import build
 from workbench.simulate import simulate
 from workbench.topology import Topology
 
-ROWS = [("pipedream-flush", {}), ("zb-h1", {}), ("interleaved-1f1b", {"chunks": 2}),
-        ("seq1f1b", {"segments": 2}), ("seq1f1b", {"segments": 4}),
-        ("seq1f1b-interleaved", {"segments": 2, "chunks": 2}), ("seq1f1b-interleaved", {"segments": 4, "chunks": 2}),
-        ("seq1f1b-zb", {"segments": 2}), ("seq1f1b-zb", {"segments": 4}),
-        ("pipedream-flush", {"recompute": True}), ("gpipe", {}), ("gpipe", {"recompute": True})]
+ROWS = [
+    ("pipedream-flush", {}),
+    ("zb-h1", {}),
+    ("interleaved-1f1b", {"chunks": 2}),
+    ("seq1f1b", {"segments": 2}),
+    ("seq1f1b", {"segments": 4}),
+    ("seq1f1b-interleaved", {"segments": 2, "chunks": 2}),
+    ("seq1f1b-interleaved", {"segments": 4, "chunks": 2}),
+    ("seq1f1b-zb", {"segments": 2}),
+    ("seq1f1b-zb", {"segments": 4}),
+    ("pipedream-flush", {"recompute": True}),
+    ("gpipe", {}),
+    ("gpipe", {"recompute": True}),
+]
 
 
 def table(workers: int = 4, microbatches: int = 8, fwd: float = 1.0, bwd: float = 2.0) -> pd.DataFrame:
@@ -33,9 +43,15 @@ def table(workers: int = 4, microbatches: int = 8, fwd: float = 1.0, bwd: float 
         sched = build(name, workers * chunks, microbatches, **opts)
         res = simulate(sched, fwd=fwd / chunks, bwd=bwd / chunks)
         m = res.metrics
-        rows.append({"schedule": name, "options": ", ".join(f"{k}={v}" for k, v in opts.items()),
-                     "makespan": res.makespan, "bubble": max(m["bubble_fraction"]),
-                     "peak_activations": float("nan") if sched.recompute else max(m["peak_activation_share"]) / chunks})
+        rows.append(
+            {
+                "schedule": name,
+                "options": ", ".join(f"{k}={v}" for k, v in opts.items()),
+                "makespan": res.makespan,
+                "bubble": max(m["bubble_fraction"]),
+                "peak_activations": float("nan") if sched.recompute else max(m["peak_activation_share"]) / chunks,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -44,11 +60,11 @@ def recompute_bytes(microbatches: int = 8) -> pd.DataFrame:
     plan = partition(prof, topo, straight=True)
     out = {}
     for re in (False, True):
-        res = simulate(build("pipedream-flush", plan, microbatches, recompute=re), profile=prof, plan=plan, topology=topo)
+        res = simulate(
+            build("pipedream-flush", plan, microbatches, recompute=re), profile=prof, plan=plan, topology=topo
+        )
         out[f"recompute={re}"] = [x / 2**30 for x in res.metrics["peak_activation_bytes"]] + [res.makespan]
     return pd.DataFrame(out, index=[f"worker {w} GiB" for w in range(4)] + ["makespan ms"])
-
-
 
 
 def measured_memory(seq_len: int = 64, microbatches: int = 4, batch: int = 2) -> pd.DataFrame:
@@ -60,14 +76,28 @@ def measured_memory(seq_len: int = 64, microbatches: int = 4, batch: int = 2) ->
     x, y, vocab = R.pydocs_batch(microbatches * batch, seq_len, seed=0)
     model = dict(vocab=vocab, context=seq_len, dim=32, num_layers=2, heads=2, seed=0)
     P = flop_model(segment_gpt(**model))
-    cases = [("pipedream-flush", {}), ("seq1f1b", {"segments": 2}), ("seq1f1b", {"segments": 4}),
-             ("pipedream-flush", {"recompute": True}), ("seq1f1b", {"segments": 4, "recompute": True})]
-    scheds = [build(n, 2, microbatches, **(o | ({"seq_len": seq_len, "model": P} if "segments" in o else {})))
-              for n, o in cases]
+    cases = [
+        ("pipedream-flush", {}),
+        ("seq1f1b", {"segments": 2}),
+        ("seq1f1b", {"segments": 4}),
+        ("pipedream-flush", {"recompute": True}),
+        ("seq1f1b", {"segments": 4, "recompute": True}),
+    ]
+    scheds = [
+        build(n, 2, microbatches, **(o | ({"seq_len": seq_len, "model": P} if "segments" in o else {})))
+        for n, o in cases
+    ]
     outs = R.run([R.SegmentJob(s, x, y, model=model, timeout_s=300) for s in scheds])
-    return pd.DataFrame([{"schedule": n, "options": ", ".join(f"{k}={v}" for k, v in o.items()),
-                          **{f"rank {r} KiB": b / 1024 for r, b in enumerate(out["peak_saved_bytes"])}}
-                         for (n, o), out in zip(cases, outs)])
+    return pd.DataFrame(
+        [
+            {
+                "schedule": n,
+                "options": ", ".join(f"{k}={v}" for k, v in o.items()),
+                **{f"rank {r} KiB": b / 1024 for r, b in enumerate(out["peak_saved_bytes"])},
+            }
+            for (n, o), out in zip(cases, outs)
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ library defaults, fixed a priori: this script does not fit them.
 
 Writes results/bench/projection.csv and prints a table. Needs ../shared/pipedream-profiles.
 """
+
 from __future__ import annotations
 
 import sys
@@ -27,9 +28,16 @@ def compare(name: str, gpu: str = "V100", winograd: bool = True) -> dict:
     batch = int(real.meta["batch_size_if_imagenet"])
     modeled = project(models.build(name, size="paper", device="meta"), gpu, batch_size=batch, winograd=winograd)
     r, m = real.layers, modeled.layers
-    row = dict(model=name, batch_size=batch, gpu=gpu, winograd=winograd,
-               measured_fwd_ms=r.fwd_ms.sum(), modeled_fwd_ms=m.fwd_ms.sum(),
-               measured_bwd_ms=r.bwd_ms.sum(), modeled_bwd_ms=m.bwd_ms.sum())
+    row = dict(
+        model=name,
+        batch_size=batch,
+        gpu=gpu,
+        winograd=winograd,
+        measured_fwd_ms=r.fwd_ms.sum(),
+        modeled_fwd_ms=m.fwd_ms.sum(),
+        measured_bwd_ms=r.bwd_ms.sum(),
+        modeled_bwd_ms=m.bwd_ms.sum(),
+    )
     row["measured_total_ms"] = row["measured_fwd_ms"] + row["measured_bwd_ms"]
     row["modeled_total_ms"] = row["modeled_fwd_ms"] + row["modeled_bwd_ms"]
     row["error_total_pct"] = 100 * (row["modeled_total_ms"] / row["measured_total_ms"] - 1)
@@ -45,8 +53,18 @@ def main() -> int:
     out = ROOT / "results" / "bench"
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "projection.csv", index=False)
-    cols = ["model", "winograd", "batch_size", "measured_total_ms", "modeled_total_ms", "error_total_pct",
-            "measured_fwd_ms", "modeled_fwd_ms", "measured_bwd_ms", "modeled_bwd_ms"]
+    cols = [
+        "model",
+        "winograd",
+        "batch_size",
+        "measured_total_ms",
+        "modeled_total_ms",
+        "error_total_pct",
+        "measured_fwd_ms",
+        "modeled_fwd_ms",
+        "measured_bwd_ms",
+        "modeled_bwd_ms",
+    ]
     print("modeled V100 (roofline, a-priori efficiencies) vs measured PipeDream GPU profiles")
     print(df[cols].round(1).to_string(index=False))
     for w, g in df.groupby("winograd"):

@@ -5,6 +5,7 @@
 Every code cell calls ``workbench.experiments``; the cell tagged ``parameters`` holds what
 ``workbench reproduce`` (papermill) overrides.
 """
+
 from pathlib import Path
 
 import nbformat
@@ -37,7 +38,8 @@ with the backward pass). **Measured**: the same share for small zoo models train
 gloo ranks. Also bytes sent per sample by PipeDream's configurations vs data parallelism (Figure 17).
 Logic: `workbench/experiments/dp_overhead.py`.
 """),
-    code("""
+    code(
+        """
 quick = False
 out_dir = "results/reproduce/manual/02_dp_communication_overhead"
 models = None            # Figure-1 models (None: quick/full default), e.g. ["vgg16", "resnet50"]
@@ -46,7 +48,9 @@ gpu_counts = None        # None: 1, 2, 4, 8, 16, 32
 measured_models = None   # zoo models trained for real here (None: quick/full default; [] to skip)
 ranks = 2                # gloo CPU ranks of the measured runs
 measured_steps = None
-""", tags=["parameters"]),
+""",
+        tags=["parameters"],
+    ),
     code("""
 import pandas as pd
 from workbench.experiments import common, dp_overhead as dpo
@@ -119,12 +123,15 @@ forms. Then the bound ρ ≤ M/S with each scheme's point, LPP over group count 
 and the two readings of the greedy rule (the workbench's default and the document's simulator).
 **Modeled** (unit costs, no profile). Logic: `workbench/experiments/unified.py`.
 """),
-    code("""
+    code(
+        """
 quick = False
 out_dir = "results/reproduce/manual/05_unified_schedules"
 sweep_S = 8   # LPP sweep: stages
 sweep_B = 16  # LPP sweep: microbatches
-""", tags=["parameters"]),
+""",
+        tags=["parameters"],
+    ),
     code("""
 import pandas as pd
 from workbench.experiments import common, unified
@@ -182,9 +189,13 @@ pd.DataFrame(claims)
 
 
 def write(name, cells):
-    nb = new_notebook(cells=cells, metadata={"kernelspec": {"display_name": "Python 3", "language": "python",
-                                                             "name": "python3"},
-                                             "language_info": {"name": "python"}})
+    nb = new_notebook(
+        cells=cells,
+        metadata={
+            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+            "language_info": {"name": "python"},
+        },
+    )
     path = HERE / f"{name}.ipynb"
     nbformat.write(nb, path)
     return path

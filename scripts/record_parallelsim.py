@@ -15,6 +15,7 @@ worker) and, for the smaller cases, every worker's job order (``F<s>.<b>`` / ``B
 compares ``from_placement(..., rule="parallelsim")`` with it. This script imports nothing of the
 workbench (it runs under another interpreter); the placements are the document's formulas.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,10 @@ from pathlib import Path
 
 def doc_placement(scheme: str, W: int, R: int):
     """(compute worker, weights worker) of job (s, b) for the document's five schemes."""
+
     def h(x, y):  # the document's looped hash h(x, y) = (R y mod W) + (x mod R)
         return (R * y) % W + x % R
+
     return {
         "ddp": lambda s, b: (b % W, b % W),
         "fsdp": lambda s, b: (b % W, s % W),
@@ -61,6 +64,7 @@ def run_case(ps, case: dict) -> dict:
 
     def schedule(work):
         return ps.ComputeAndWeightWorkers(*place(work.stage, work.batch))
+
     schedule.__name__ = case["scheme"]
     order = (ps.OldestBatchFirst if case["priority"] == "oldest-batch" else ps.OldestStageFirst)(S, B)
     stats = ps.simulate(W, S, B, schedule, order)
@@ -69,8 +73,9 @@ def run_case(ps, case: dict) -> dict:
     for wh in stats.all_work:
         kind = "F" if wh.work.direction == ps.Direction.FORWARD else "B"
         orders[wh.performed_by].append(f"{kind}{wh.work.stage}.{wh.work.batch}")
-    out = dict(case, latency=int(stats.end_time()), peak_activations=max(per_worker),
-               peak_activations_per_worker=per_worker)
+    out = dict(
+        case, latency=int(stats.end_time()), peak_activations=max(per_worker), peak_activations_per_worker=per_worker
+    )
     if S * B <= ORDERS_UP_TO:
         out["orders"] = orders
     return out
@@ -78,8 +83,9 @@ def run_case(ps, case: dict) -> dict:
 
 def git_head(path: Path) -> str:
     try:
-        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -96,8 +102,12 @@ def main() -> None:
     import parallelsim as ps  # the reference, from the checkout given on the command line
 
     commit = args.commit or git_head(args.reference)
-    data = dict(reference="github.com/a-rahimi/parallel-training parallelsim.py", commit=commit,
-                durations=dict(forward=1, backward=2), cases=[run_case(ps, c) for c in grid()])
+    data = dict(
+        reference="github.com/a-rahimi/parallel-training parallelsim.py",
+        commit=commit,
+        durations=dict(forward=1, backward=2),
+        cases=[run_case(ps, c) for c in grid()],
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, separators=(",", ":")) + "\n")
     print(f"wrote {len(data['cases'])} cases to {args.out}")

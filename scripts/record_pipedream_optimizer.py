@@ -37,6 +37,7 @@ temporary folder, never into either repository) stands in for it. Each run gets 
     python scripts/record_pipedream_optimizer.py /work/.mirror/msr-fiddle+pipedream/repo \\
         [--profiles vgg16 resnet50] [--configs flat8 h4x2] [--timeout 300]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,9 +69,23 @@ CONFIGS = {
 NO_COMPRESSION = {"flat8_nocomm": ([8], [1.25e9], [])}
 
 PROFILES = {
-    **{n: f"profiler/image_classification/profiles/{n}/graph.txt" for n in (
-        "alexnet", "vgg16", "resnet18", "resnet50", "resnet101", "resnext50", "resnext101",
-        "squeezenet1_0", "densenet121", "inception_v3", "nasnetamobile", "nasnetalarge")},
+    **{
+        n: f"profiler/image_classification/profiles/{n}/graph.txt"
+        for n in (
+            "alexnet",
+            "vgg16",
+            "resnet18",
+            "resnet50",
+            "resnet101",
+            "resnext50",
+            "resnext101",
+            "squeezenet1_0",
+            "densenet121",
+            "inception_v3",
+            "nasnetamobile",
+            "nasnetalarge",
+        )
+    },
     **{n: f"profiler/translation/profiles/{n}/graph.txt" for n in ("gnmt", "gnmt_large")},
 }
 
@@ -108,8 +123,11 @@ def checkout(source: Path, into: Path) -> Path:
     """A work tree of the fetched copy (a bare git directory is exported with ``git archive``)."""
     if (source / "optimizer" / "optimizer_graph_hierarchical.py").exists():
         return source
-    tar = subprocess.run(["git", "--git-dir", str(source), "archive", "HEAD", "optimizer", "graph", "profiler"],
-                         check=True, capture_output=True).stdout
+    tar = subprocess.run(
+        ["git", "--git-dir", str(source), "archive", "HEAD", "optimizer", "graph", "profiler"],
+        check=True,
+        capture_output=True,
+    ).stdout
     subprocess.run(["tar", "x", "--exclude=*.pdf", "-C", str(into)], input=tar, check=True)
     return into
 
@@ -170,18 +188,42 @@ MEMORY_LIMIT = 4 << 30
 def _flags(machines, bws, flags, compression, profile_path: str, outdir: str) -> dict:
     """The optimizer's arguments as its argparse would set them."""
     mem = float(flags[flags.index("--memory_size") + 1]) if "--memory_size" in flags else 16e9
-    return {"n": machines, "b": bws, "f": profile_path, "o": outdir, "memory_size": mem,
-            "straight_pipeline": "--straight_pipeline" in flags, "use_memory_constraint": "--use_memory_constraint" in flags,
-            "use_fewer_machines": "--use_fewer_machines" in flags, "activation_compression_ratio": compression}
+    return {
+        "n": machines,
+        "b": bws,
+        "f": profile_path,
+        "o": outdir,
+        "memory_size": mem,
+        "straight_pipeline": "--straight_pipeline" in flags,
+        "use_memory_constraint": "--use_memory_constraint" in flags,
+        "use_fewer_machines": "--use_fewer_machines" in flags,
+        "activation_compression_ratio": compression,
+    }
 
 
 def run_one(repo: Path, profile: str, config: str, timeout: float, helpers: Path) -> dict:
     machines, bws, flags = {**CONFIGS, **NO_COMPRESSION}[config]
     compression = None if config in NO_COMPRESSION else 1.0
-    cli = ["python", "optimizer_graph_hierarchical.py", "-f", PROFILES[profile], "-n", *map(str, machines),
-           "-b", *map(repr, bws), *flags] + ([] if compression is None else ["--activation_compression_ratio", "1"])
-    rec = {"profile": profile, "config": config, "machines": machines, "bandwidths": bws, "flags": flags,
-           "activation_compression_ratio": compression, "command": " ".join(cli)}
+    cli = [
+        "python",
+        "optimizer_graph_hierarchical.py",
+        "-f",
+        PROFILES[profile],
+        "-n",
+        *map(str, machines),
+        "-b",
+        *map(repr, bws),
+        *flags,
+    ] + ([] if compression is None else ["--activation_compression_ratio", "1"])
+    rec = {
+        "profile": profile,
+        "config": config,
+        "machines": machines,
+        "bandwidths": bws,
+        "flags": flags,
+        "activation_compression_ratio": compression,
+        "command": " ".join(cli),
+    }
     with tempfile.TemporaryDirectory() as outdir:
         args = _flags(machines, bws, flags, compression, str(repo / PROFILES[profile]), outdir)
         cmd = ["nice", sys.executable, str(helpers / "driver.py"), json.dumps(args)]
@@ -189,8 +231,16 @@ def run_one(repo: Path, profile: str, config: str, timeout: float, helpers: Path
         t0, c0 = time.perf_counter(), _children_cpu()
         rec["load1"] = os.getloadavg()[0]
         try:
-            proc = subprocess.run(cmd, cwd=repo / "optimizer", env=env, capture_output=True, text=True, timeout=timeout, check=False,
-                                  preexec_fn=_limit_memory)
+            proc = subprocess.run(
+                cmd,
+                cwd=repo / "optimizer",
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+                preexec_fn=_limit_memory,
+            )
         except subprocess.TimeoutExpired:
             return rec | {"finished": False, "timeout_s": timeout}
         rec["wall_s"] = round(time.perf_counter() - t0, 3)
@@ -199,8 +249,9 @@ def run_one(repo: Path, profile: str, config: str, timeout: float, helpers: Path
             return rec | {"finished": False, "error": proc.stderr.strip().splitlines()[-1:]}
         rec |= parse(proc.stdout)
         txt = next(Path(outdir).glob("gpus=*.txt"))
-        node_stage = {m.group(1): int(m.group(2)) for line in txt.read_text().splitlines()
-                      if (m := _NODE_STAGE.match(line))}
+        node_stage = {
+            m.group(1): int(m.group(2)) for line in txt.read_text().splitlines() if (m := _NODE_STAGE.match(line))
+        }
         rec["stages"] = final_stages(rec["levels"], node_stage)
         captured = next(line for line in proc.stdout.splitlines() if line.startswith("CAPTURED "))
         rec |= json.loads(captured.split(" ", 1)[1])
@@ -249,8 +300,14 @@ def main(argv=None) -> int:
             for config in args.configs:
                 rec = run_one(repo, profile, config, args.timeout, helpers)
                 write(args.out / f"{profile}__{config}.json", rec)
-                print(profile, config, "finished" if rec["finished"] else "NOT finished",
-                      rec.get("pipeline_s"), rec.get("wall_s"), flush=True)
+                print(
+                    profile,
+                    config,
+                    "finished" if rec["finished"] else "NOT finished",
+                    rec.get("pipeline_s"),
+                    rec.get("wall_s"),
+                    flush=True,
+                )
     return 0
 
 

@@ -23,6 +23,7 @@ grid point (P workers, M microbatches, per-op costs F, B, W and communication C)
 Memory accounting given to ``zbv.py``: one unit per F, released by the W (f_mem = 1, b_mem = 0,
 w_mem = -1) and ``max_mem = 2P``, its default (1F1B's memory, P microbatches of a worker).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,9 @@ def read_source(root: Path, name: str) -> str:
     f = root / SCHED / f"{name}.py"
     if f.exists():
         return f.read_text()
-    return subprocess.run(["git", "--git-dir", str(root), "show", f"HEAD:{SCHED}/{name}.py"], check=True,
-                          capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", "--git-dir", str(root), "show", f"HEAD:{SCHED}/{name}.py"], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def load(root: Path, name: str) -> types.ModuleType:
@@ -85,8 +87,10 @@ def run_zbv(mod, P, M, f, b, w, c):
             if best is None or bubble < best[2]:
                 best = (sched, end, bubble)
     sched, end, bubble = best
-    orders = [[[["F", "BI", "BW"][cat], stage_of(P, r, idx if cat == 0 else 1 - idx), mb] for cat, idx, mb in ops]
-              for r, ops in enumerate(sched)]
+    orders = [
+        [[["F", "BI", "BW"][cat], stage_of(P, r, idx if cat == 0 else 1 - idx), mb] for cat, idx, mb in ops]
+        for r, ops in enumerate(sched)
+    ]
     return orders, float(max(end)), float(bubble)
 
 
@@ -108,22 +112,44 @@ def run_zbv_greedy(mod, P, M, f, b, w, c, mem: str):
 def record(root: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     zbv, greedy = load(root, "zbv"), load(root, "zbv_greedy")
-    runs = {"zbv": lambda *a: run_zbv(zbv, *a), "v_min": lambda *a: run_zbv_greedy(greedy, *a, "min"),
-            "v_half": lambda *a: run_zbv_greedy(greedy, *a, "half")}
-    commit = subprocess.run(["git", "--git-dir", str(root if (root / "HEAD").exists() else root / ".git"), "rev-parse",
-                             "HEAD"], check=False, capture_output=True, text=True).stdout.strip()
+    runs = {
+        "zbv": lambda *a: run_zbv(zbv, *a),
+        "v_min": lambda *a: run_zbv_greedy(greedy, *a, "min"),
+        "v_half": lambda *a: run_zbv_greedy(greedy, *a, "half"),
+    }
+    commit = subprocess.run(
+        ["git", "--git-dir", str(root if (root / "HEAD").exists() else root / ".git"), "rev-parse", "HEAD"],
+        check=False,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     for name, fn in runs.items():
         cases = []
         for P in GRID_P:
             for M in GRID_M:
                 for f, b, w, c in GRID_COSTS:
                     orders, makespan, metric = fn(P, M, f, b, w, c)
-                    cases.append({"P": P, "M": M, "F": f, "B": b, "W": w, "C": c, "makespan": makespan,
-                                  "reference_metric": metric, "peak_chunks": [peak_chunks(o) for o in orders],
-                                  "orders": orders})
+                    cases.append(
+                        {
+                            "P": P,
+                            "M": M,
+                            "F": f,
+                            "B": b,
+                            "W": w,
+                            "C": c,
+                            "makespan": makespan,
+                            "reference_metric": metric,
+                            "peak_chunks": [peak_chunks(o) for o in orders],
+                            "orders": orders,
+                        }
+                    )
                     print(f"{name} P={P} M={M} F,B,W,C={f},{b},{w},{c}: makespan {makespan:g}", file=sys.stderr)
-        doc = {"source": "github.com/sail-sg/zero-bubble-pipeline-parallelism", "commit": commit,
-               "scheduler": f"{SCHED}/{'zbv_greedy' if name.startswith('v_') else 'zbv'}.py", "cases": cases}
+        doc = {
+            "source": "github.com/sail-sg/zero-bubble-pipeline-parallelism",
+            "commit": commit,
+            "scheduler": f"{SCHED}/{'zbv_greedy' if name.startswith('v_') else 'zbv'}.py",
+            "cases": cases,
+        }
         (out / f"{name}.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n")
 
 
@@ -133,7 +159,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "tests/data/zero_bubble")
     args = ap.parse_args(argv)
     if not (args.path / SCHED).exists() and not (args.path / "HEAD").exists():
-        print(f"error: {args.path} is neither a checkout nor a git directory of the zero-bubble repository", file=sys.stderr)
+        print(
+            f"error: {args.path} is neither a checkout nor a git directory of the zero-bubble repository",
+            file=sys.stderr,
+        )
         return 2
     record(args.path, args.out)
     return 0

@@ -1,6 +1,7 @@
 """Shared fixtures. ``quick_run``: one ``workbench reproduce --quick`` per test session; the
 notebook tests (test_dp_overhead, test_unified, and the 03/04 tests) read their CSVs from it, so
 CI executes every reproduction notebook exactly once."""
+
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,9 @@ def quick_run(tmp_path_factory) -> Path:
     runs = [p for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert len(runs) == 1, f"expected one run folder in {out}, found {runs}"
     run = runs[0]
-    assert rc == 0, f"workbench reproduce --quick exited {rc}; see {run / 'summary.md'}:\n" + (run / "summary.md").read_text()
+    assert rc == 0, (
+        f"workbench reproduce --quick exited {rc}; see {run / 'summary.md'}:\n" + (run / "summary.md").read_text()
+    )
     return run
 
 

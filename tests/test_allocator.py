@@ -1,4 +1,5 @@
 """runtime.allocator: a rank keeps freed memory, so re-allocating the same sizes does not page-fault."""
+
 import subprocess
 import sys
 
@@ -25,8 +26,11 @@ print(faults() - f0)
 
 def _probe(env_value: str) -> tuple[str, int]:
     import os
+
     env = dict(os.environ, WORKBENCH_MALLOC=env_value)
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
     took, faults = out.stdout.split()
     return took, int(faults)
 

@@ -1,5 +1,6 @@
 """PipeDream's antichain states: a hand-checked diamond, chains, pruning of inputs and
 ``__getitem__`` sinks, and one-line errors that name the node."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,9 +12,15 @@ from workbench.pipedream_graph import layer_graph, read_graph, shipped_path
 def diamond() -> LayerGraph:
     """in -> a -> {b, c} -> d (b and c are parallel branches)."""
     ids = ("n0", "n1", "n2", "n3", "n4")
-    return LayerGraph(ids, ("Input0", "A", "B", "C", "D"), (0, 1, 2, 3, 4), (0, 10, 20, 30, 40),
-                      (99, 1, 2, 3, 4), (0, 100, 200, 300, 400),
-                      (("n0", "n1"), ("n1", "n2"), ("n1", "n3"), ("n2", "n4"), ("n3", "n4")))
+    return LayerGraph(
+        ids,
+        ("Input0", "A", "B", "C", "D"),
+        (0, 1, 2, 3, 4),
+        (0, 10, 20, 30, 40),
+        (99, 1, 2, 3, 4),
+        (0, 100, 200, 300, 400),
+        (("n0", "n1"), ("n1", "n2"), ("n1", "n3"), ("n2", "n4"), ("n3", "n4")),
+    )
 
 
 def test_diamond_states_by_hand():
@@ -40,8 +47,15 @@ def test_chain_states_are_prefixes():
 
 def test_getitem_sinks_are_pruned_and_round_trip():
     g = diamond()
-    g = LayerGraph(g.ids + ("n5",), g.desc + ("__getitem__",), g.fwd_ms + (1,), g.bwd_ms + (1,),
-                   g.act_bytes + (1,), g.param_bytes + (0,), g.edges + (("n4", "n5"),))
+    g = LayerGraph(
+        g.ids + ("n5",),
+        g.desc + ("__getitem__",),
+        g.fwd_ms + (1,),
+        g.bwd_ms + (1,),
+        g.act_bytes + (1,),
+        g.param_bytes + (0,),
+        g.edges + (("n4", "n5"),),
+    )
     st = antichain_states(g)
     assert "n5" not in st.graph.ids and len(st) == 5
     assert LayerGraph.from_dict(g.to_dict()) == g
@@ -62,12 +76,16 @@ def test_cycle_and_missing_times_name_the_node(tmp_path):
         LayerGraph(g.ids, g.desc, (0, 1, 2, None, 4), g.bwd_ms, g.act_bytes, g.param_bytes, g.edges)
     line = "node{} -- ReLU() -- forward_compute_time=1.0, backward_compute_time=1.0, activation_size=4.0, parameter_size=0.0\n"
     path = tmp_path / "graph.txt"
-    path.write_text(line.format(1) + line.format(2) + line.format(3) + "\tnode1 -- node2\n\tnode2 -- node3\n\tnode3 -- node2\n")
+    path.write_text(
+        line.format(1) + line.format(2) + line.format(3) + "\tnode1 -- node2\n\tnode2 -- node3\n\tnode3 -- node2\n"
+    )
     with pytest.raises(ValueError, match=r"graph.txt: the graph has a cycle through node node[23];") as e:
         read_graph(path)
     assert "\n" not in str(e.value)
     path.write_text(line.format(1) + "node2 -- ReLU() -- activation_size=4.0, parameter_size=0.0\n")
-    with pytest.raises(ValueError, match=r"graph.txt:2: not a PipeDream graph.txt line \(node node2 needs forward_compute_time="):
+    with pytest.raises(
+        ValueError, match=r"graph.txt:2: not a PipeDream graph.txt line \(node node2 needs forward_compute_time="
+    ):
         read_graph(path)
 
 
@@ -98,6 +116,12 @@ def test_traced_model_profile_carries_its_layer_dag():
     g = LayerGraph.from_dict(prof.meta["graph"])
     assert ("node1", "node4") in g.edges and g.act_bytes[1] == 4 * 8 * 4  # layer 0's own output
     st = profile_states(prof)
-    assert [sorted(a) for a in st.antichains] == [["node1"], ["node1", "node2"], ["node1", "node3"], ["node4"], ["node5"]]
+    assert [sorted(a) for a in st.antichains] == [
+        ["node1"],
+        ["node1", "node2"],
+        ["node1", "node3"],
+        ["node4"],
+        ["node5"],
+    ]
     plan = partition(prof, Topology.flat(2, 1e9), cost="pipedream", straight=True)
     assert plan.meta["pipedream"]["over"] == "antichains" and plan.num_layers == 5

@@ -1,5 +1,6 @@
 """Bad input gets one clear line (and exit status 2 from the CLI), never a traceback: one test each.
 All of them fail before any process is spawned, so the file runs in seconds."""
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,8 @@ def test_all_zero_profile(capsys, zero_profile):
     with pytest.raises(ValueError, match="zero compute time"):
         Profile.load(zero_profile)
     assert "has zero compute time (fwd_ms + bwd_ms) in all 2 layers" in one_line_error(
-        capsys, ["partition", "--profile", str(zero_profile), "--workers", "2"])
+        capsys, ["partition", "--profile", str(zero_profile), "--workers", "2"]
+    )
 
 
 def test_profile_json_that_is_a_list(capsys, tmp_path):
@@ -47,17 +49,20 @@ def test_unknown_shipped_pipedream_profile(capsys, tmp_path):
     assert "neither a shipped profile (alexnet, resnet50, vgg16)" in line
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--batch-size", "0"], "batch_size must be an integer >= 1, got 0"),
-    (["--lr", "nan"], "lr must be a finite number > 0, got nan"),
-    (["--lr", "-1"], "lr must be a finite number > 0"),
-    (["--microbatches", "0"], "microbatches must be an integer >= 1"),
-    (["--momentum", "1.5"], "momentum must be in [0, 1)"),
-    (["--model", "nosuch"], "unknown model 'nosuch'; choose one of"),
-    (["--model", "workbench.models.examples:nosuch", "--dataset", "digits"], "has no 'nosuch'"),
-    (["--model", "nosuch_pkg.mod:fn", "--dataset", "digits"], "cannot import 'nosuch_pkg.mod'"),
-    (["--model", "workbench.models.examples:resnet18_digits"], "needs a data set (dataset= / --dataset)"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--batch-size", "0"], "batch_size must be an integer >= 1, got 0"),
+        (["--lr", "nan"], "lr must be a finite number > 0, got nan"),
+        (["--lr", "-1"], "lr must be a finite number > 0"),
+        (["--microbatches", "0"], "microbatches must be an integer >= 1"),
+        (["--momentum", "1.5"], "momentum must be in [0, 1)"),
+        (["--model", "nosuch"], "unknown model 'nosuch'; choose one of"),
+        (["--model", "workbench.models.examples:nosuch", "--dataset", "digits"], "has no 'nosuch'"),
+        (["--model", "nosuch_pkg.mod:fn", "--dataset", "digits"], "cannot import 'nosuch_pkg.mod'"),
+        (["--model", "workbench.models.examples:resnet18_digits"], "needs a data set (dataset= / --dataset)"),
+    ],
+)
 def test_train_bad_numbers_and_models(capsys, tmp_path, argv, words):
     line = one_line_error(capsys, ["train", *argv, "--steps", "1", "--no-progress", "--out", str(tmp_path / "o")])
     assert words in line
@@ -73,8 +78,17 @@ def test_unknown_model_object_gets_a_short_message(tmp_path):
 def test_nn_sequential_is_traced_not_refused(tmp_path):
     """`unknown model Sequential(...)` is gone: an nn.Module is a model (traced by workbench.graph.split)."""
     seq = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(inplace=True), nn.Linear(32, 10))
-    job = prepare(seq, "gpipe", workers=2, microbatches=2, batch_size=8, steps=1, out=tmp_path / "o", dataset="digits",
-                  allow_oversubscribe=True)
+    job = prepare(
+        seq,
+        "gpipe",
+        workers=2,
+        microbatches=2,
+        batch_size=8,
+        steps=1,
+        out=tmp_path / "o",
+        dataset="digits",
+        allow_oversubscribe=True,
+    )
     assert len(job.model_fn().layers) == 3 and job.options["model"] == "Sequential"
 
 
@@ -104,8 +118,11 @@ def test_two_argument_layer_in_a_sequential_is_named():
     seq = nn.Sequential(nn.Linear(4, 4), TwoArguments(), nn.Linear(4, 2))
     from workbench.profiler import profile
 
-    with pytest.raises(ValueError, match=r"layer 1 \(1:TwoArguments: TwoArguments\) cannot take the previous "
-                                         r"layer's output \(tensor \(8, 4\)\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"layer 1 \(1:TwoArguments: TwoArguments\) cannot take the previous "
+        r"layer's output \(tensor \(8, 4\)\)",
+    ):
         profile(seq, torch.randn(8, 4), iterations=1, warmup=0, progress=False)
 
 
@@ -116,12 +133,15 @@ def vgg16_csv(tmp_path_factory):
     return shipped("vgg16").save(tmp_path_factory.mktemp("pd") / "vgg16_pd.csv")
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--topology", "4xinf"], "bandwidth must be > 0 bytes/s and finite (got inf)"),
-    (["--bandwidth", "inf"], "bandwidth must be > 0 bytes/s and finite (got inf)"),
-    (["--topology", "4xnan"], "bandwidth must be > 0 bytes/s and finite (got nan)"),
-    (["--topology", "4xV100-pcie-10g:two"], "write PRESET:SERVERS with a whole number of servers"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--topology", "4xinf"], "bandwidth must be > 0 bytes/s and finite (got inf)"),
+        (["--bandwidth", "inf"], "bandwidth must be > 0 bytes/s and finite (got inf)"),
+        (["--topology", "4xnan"], "bandwidth must be > 0 bytes/s and finite (got nan)"),
+        (["--topology", "4xV100-pcie-10g:two"], "write PRESET:SERVERS with a whole number of servers"),
+    ],
+)
 def test_infinite_or_unparsable_bandwidth(capsys, vgg16_csv, argv, words):
     assert words in one_line_error(capsys, ["partition", "--profile", str(vgg16_csv), *argv])
 
@@ -157,8 +177,9 @@ def test_model_option_of_the_wrong_type(capsys):
 
 
 def test_negative_chunks_named_as_chunks(capsys):
-    line = one_line_error(capsys, ["train", "--schedule", "interleaved-1f1b", "--schedule-option", "chunks=-1",
-                                   "--steps", "1"])
+    line = one_line_error(
+        capsys, ["train", "--schedule", "interleaved-1f1b", "--schedule-option", "chunks=-1", "--steps", "1"]
+    )
     assert "chunks must be a positive int" in line and "-2" not in line
 
 
@@ -172,8 +193,18 @@ def test_cnn_given_vectors_names_the_shape_mismatch():
 
 
 def test_cnn_given_the_synthetic_data_set_cli(capsys, tmp_path):
-    line = one_line_error(capsys, ["profile", "--model", "workbench.models.examples:resnet18_digits", "--dataset",
-                                   "synthetic", "--out", str(tmp_path / "p.csv")])
+    line = one_line_error(
+        capsys,
+        [
+            "profile",
+            "--model",
+            "workbench.models.examples:resnet18_digits",
+            "--dataset",
+            "synthetic",
+            "--out",
+            str(tmp_path / "p.csv"),
+        ],
+    )
     assert "fails on the example input" in line and "by hand" not in line
 
 

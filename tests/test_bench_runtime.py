@@ -1,6 +1,7 @@
 """The runtime benchmark's single-process loops do the optimizer work their rows claim: one SGD
 update per minibatch over the mean of the microbatches' gradients (``single``), or an update after
 every microbatch (``single-update-per-microbatch``, PipeDream's weight rule)."""
+
 import importlib.util
 from pathlib import Path
 
@@ -34,10 +35,12 @@ def _grads(loop, x, y):
 def _expected(loop, w0, xs, ys, rule: str, M: int, lr: float) -> list:
     """Hand-written reference of one minibatch from weights ``w0``: ``one`` = W - lr * mean of the
     microbatches' gradients; ``every`` = M sequential updates, each from the weights the last left."""
+
     def load(ws):
         with torch.no_grad():
             for p, w in zip(loop.params, ws):
                 p.copy_(w)
+
     if rule == "one":
         load(w0)
         gs = [_grads(loop, x, y) for x, y in zip(xs, ys)]

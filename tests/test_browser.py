@@ -3,6 +3,7 @@ Playwright) open notebooks/06_partition_tuning.ipynb, run every cell, check that
 the timelines rendered, move a control, check that the timeline changed, and save screenshots in a
 new folder under results/screenshots/. The server, the kernel and the browser are stopped at the
 end even when the test fails, and the test checks that none of their processes is left."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "06_partition_tuning.ipynb"
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 if not Path(CHROMIUM).exists():
@@ -105,17 +115,37 @@ def lab(tmp_path):
     shutil.copy(NOTEBOOK, work / NOTEBOOK.name)
     port, token = _free_port(), uuid.uuid4().hex
     settings = tmp_path / "lab-settings"
-    for plugin, value in (("notebook-extension/tracker", {"windowingMode": "none"}),  # render every cell
-                          ("apputils-extension/notification", {"fetchNews": "false", "checkForUpdates": False})):
+    for plugin, value in (
+        ("notebook-extension/tracker", {"windowingMode": "none"}),  # render every cell
+        ("apputils-extension/notification", {"fetchNews": "false", "checkForUpdates": False}),
+    ):
         f = settings / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps(value))
-    env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(settings), PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-               JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"), JUPYTER_DATA_DIR=str(tmp_path / "data"),
-               JUPYTER_RUNTIME_DIR=str(tmp_path / "run"), IPYTHONDIR=str(tmp_path / "ipython"))
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}", "--LabApp.expose_app_in_browser=True",
-           "--ServerApp.port_retries=0", "--allow-root", "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    env = dict(
+        os.environ,
+        JUPYTERLAB_SETTINGS_DIR=str(settings),
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        JUPYTER_CONFIG_DIR=str(tmp_path / "cfg"),
+        JUPYTER_DATA_DIR=str(tmp_path / "data"),
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "run"),
+        IPYTHONDIR=str(tmp_path / "ipython"),
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={work}",
+        "--LabApp.expose_app_in_browser=True",
+        "--ServerApp.port_retries=0",
+        "--allow-root",
+        "--LabApp.news_url=",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
     log_path = tmp_path / "jupyter.log"
     log = open(log_path, "w")
     proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -156,25 +186,35 @@ def test_notebook_in_jupyterlab_headless_chromium(lab, tmp_path):
 
     shots = {}
     with playwright_api.sync_playwright() as pw:
-        browser = pw.chromium.launch_persistent_context(str(tmp_path / "chromium-profile"), executable_path=CHROMIUM,
-                                                        headless=True, args=ARGS,
-                                                        viewport={"width": 1280, "height": 2400})
+        browser = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=ARGS,
+            viewport={"width": 1280, "height": 2400},
+        )
         lab["seen"].extend(psutil.Process().children(recursive=True))  # driver, Chromium, server, kernel
         try:
             page = browser.pages[0] if browser.pages else browser.new_page()
             page.set_default_timeout(120_000)
             console: list[str] = []
-            page.on("console", lambda m: console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None)
+            page.on(
+                "console", lambda m: console.append(f"{m.type}: {m.text}") if m.type in ("error", "warning") else None
+            )
             page.goto(f"{lab['url']}/lab/tree/{NOTEBOOK.name}?token={lab['token']}")
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget "
-                                   "&& window.jupyterapp.shell.currentWidget.context "
-                                   "&& window.jupyterapp.shell.currentWidget.sessionContext.session")
+            page.wait_for_function(
+                "() => window.jupyterapp && window.jupyterapp.shell.currentWidget "
+                "&& window.jupyterapp.shell.currentWidget.context "
+                "&& window.jupyterapp.shell.currentWidget.sessionContext.session"
+            )
             page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
             # the tuner and the explorer rendered: their controls and four plotly figures with bars
             page.wait_for_selector(".jp-OutputArea-output h3:has-text('PipeDream partition tuner')")
             page.wait_for_selector(".jp-OutputArea-output h3:has-text('Schedule explorer')")
-            page.wait_for_function("() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
-                                   ".filter(gd => gd.querySelectorAll('.barlayer .point').length > 0).length >= 4")
+            page.wait_for_function(
+                "() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
+                ".filter(gd => gd.querySelectorAll('.barlayer .point').length > 0).length >= 4"
+            )
             assert page.locator(".widget-dropdown select").count() >= 3
             assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
             errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']")
@@ -196,8 +236,10 @@ def test_notebook_in_jupyterlab_headless_chromium(lab, tmp_path):
             assert len(memory_after) == 1 and len(memory_after[0]) == 8
             if max(memory_after[0]) < max(memory_before[0]):
                 top = max(memory_before[0])
-                page.wait_for_function(f"() => Array.from(document.querySelectorAll('.js-plotly-plot')).some(gd => "
-                                       f"gd._fullLayout && gd._fullLayout.yaxis2 && gd._fullLayout.yaxis2.range[1] < {top})")
+                page.wait_for_function(
+                    f"() => Array.from(document.querySelectorAll('.js-plotly-plot')).some(gd => "
+                    f"gd._fullLayout && gd._fullLayout.yaxis2 && gd._fullLayout.yaxis2.range[1] < {top})"
+                )
             assert len(page.evaluate(_TIMELINES)) == len(page.evaluate(_TIMELINES))  # no new output cells
             status = page.locator(".jp-OutputArea-output div", has_text="optimizer's plan:").last.inner_text()
             assert "updated in" in status
@@ -221,8 +263,9 @@ def test_notebook_in_jupyterlab_headless_chromium(lab, tmp_path):
     with run_folder(ROOT / "results" / "screenshots" / run_id("browser")) as d:
         for name, png in shots.items():
             (d / f"{name}.png").write_bytes(png)
-        (d / "meta.json").write_text(json.dumps({"measured": "JupyterLab + headless Chromium, this machine",
-                                                 "notebook": NOTEBOOK.name}))
+        (d / "meta.json").write_text(
+            json.dumps({"measured": "JupyterLab + headless Chromium, this machine", "notebook": NOTEBOOK.name})
+        )
     assert len(list(d.final.glob("*.png"))) == 3
 
 
@@ -234,14 +277,18 @@ def _choose_schedule(page, name: str) -> None:
     same callback arrive). One retry through another schedule is allowed and reported as a warning;
     a second loss fails the test."""
     dropdown = page.locator(".widget-dropdown", has_text="schedule").first.locator("select")
-    shows = ("() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
-             ".some(gd => ((gd.layout.title || {}).text || '').startsWith('simulated %s'))")
+    shows = (
+        "() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
+        ".some(gd => ((gd.layout.title || {}).text || '').startsWith('simulated %s'))"
+    )
     dropdown.select_option(name)
     try:
         page.wait_for_function(shows % name, timeout=45_000)
         return
     except playwright_api.TimeoutError:
-        warnings.warn(f"the browser did not apply the timeline update for {name!r} within 45 s; retrying once")
+        warnings.warn(
+            f"the browser did not apply the timeline update for {name!r} within 45 s; retrying once", stacklevel=2
+        )
     dropdown.select_option("pipedream-flush")
     page.wait_for_function(shows % "pipedream-flush", timeout=60_000)
     dropdown.select_option(name)

@@ -1,5 +1,6 @@
 """Tests of the calibration helpers and the simulator's fixed costs (latency per message, overhead per
 op). Expected values are derived by hand in the comments, never taken from the code's output."""
+
 from __future__ import annotations
 
 import math
@@ -11,15 +12,16 @@ import pandas as pd
 import pytest
 
 from workbench import Profile
-from workbench.calibrate import (StageProfile, fit_link, measured_step_ms, modeled_step_ms, repeat_rounds,
-                                 solve_overhead)
+from workbench.calibrate import StageProfile, fit_link, measured_step_ms, modeled_step_ms, repeat_rounds, solve_overhead
 from workbench.schedules.core import Op, Schedule, validate
 from workbench.simulate import simulate
 
 
 def two_stage_gpipe(M: int) -> Schedule:
-    ops = [[Op("F", s, b) for b in range(M)] + [Op("B", s, b) for b in range(M)] + [Op("STEP", s, step=0)]
-           for s in range(2)]
+    ops = [
+        [Op("F", s, b) for b in range(M)] + [Op("B", s, b) for b in range(M)] + [Op("STEP", s, step=0)]
+        for s in range(2)
+    ]
     return Schedule("gpipe2", 2, 2, M, ops, ((0,), (1,)), microbatches_per_step=M)
 
 
@@ -42,8 +44,18 @@ def test_latency_adds_once_per_transfer_on_the_critical_path(lat):
 
 def test_latency_adds_to_bandwidth_term():
     """1e6 bytes over 1e9 B/s = 1 ms per transfer, plus 0.25 ms latency, twice: 3 + 4 + 2 * 1.25."""
-    prof = Profile(pd.DataFrame({"name": ["a", "b"], "fwd_ms": [1.0, 1.0], "bwd_ms": [2.0, 2.0],
-                                 "act_bytes": [1e6, 0.0], "param_bytes": [0.0, 0.0]}), {"name": "toy"})
+    prof = Profile(
+        pd.DataFrame(
+            {
+                "name": ["a", "b"],
+                "fwd_ms": [1.0, 1.0],
+                "bwd_ms": [2.0, 2.0],
+                "act_bytes": [1e6, 0.0],
+                "param_bytes": [0.0, 0.0],
+            }
+        ),
+        {"name": "toy"},
+    )
 
     class Flat:
         num_workers, levels = 2, [(2, 1e9)]
@@ -147,8 +159,12 @@ def test_repeat_rounds_is_valid_and_sequential_rounds_add_up():
 
 
 def _stage_profile(f, b, step, cut=0.0):
-    prof = Profile(pd.DataFrame({"name": ["l0", "l1"], "fwd_ms": f, "bwd_ms": b, "act_bytes": [cut, 0.0],
-                                 "param_bytes": [0.0, 0.0]}), {"name": "toy"})
+    prof = Profile(
+        pd.DataFrame(
+            {"name": ["l0", "l1"], "fwd_ms": f, "bwd_ms": b, "act_bytes": [cut, 0.0], "param_bytes": [0.0, 0.0]}
+        ),
+        {"name": "toy"},
+    )
     return StageProfile(prof, ((0, 0), (1, 1)), tuple(step), 32, 1, tuple(f), tuple(b))
 
 
@@ -173,6 +189,7 @@ def test_first_backward_of_an_update_skips_the_accumulation():
     import dataclasses
 
     from workbench.schedules import build
+
     sp = _stage_profile([1.0, 1.0], [2.0, 2.0], [0.5, 0.5])
     a, M = 0.3, 8
     acc = dataclasses.replace(sp, grad_accumulate_ms=(a, a))
@@ -198,6 +215,7 @@ def test_first_backward_of_an_update_skips_the_accumulation():
 
 def _plan2():
     from workbench.plan import Plan
+
     return Plan.from_boundaries([0, 1], [1, 1])
 
 
@@ -207,6 +225,7 @@ def test_in_flight_of_a_calibration_counts_the_link():
     2 messages + the last stage's slot: ceil((3 + 2 (L + n / beta) + 3) / 3); without a link NOAM
     (2, 1); L = 0.5 ms, 64 KiB at 1.6 GB/s: ceil(2.35) = 3."""
     from workbench.calibrate import in_flight
+
     sp = _stage_profile([1.0, 1.0], [2.0, 2.0], [0.0, 0.0], cut=64 << 10)
     assert in_flight(sp, None) == [2, 1]
     assert in_flight(sp, dict(latency_ms=0.5, bandwidth_bytes_per_s=1.6e9, message_cpu_ms=0.0)) == [3, 1]
@@ -245,8 +264,9 @@ def test_stashing_steps_are_exactly_those_whose_old_version_is_read_later():
         s = build(name, 2, 8)
         assert all(s.stashing_steps(w) == frozenset() for w in range(2)), name
     f = build("fsdp", 2, 4, workers=2)
-    assert all(f.stashing_steps(w) == frozenset(i for i, op in enumerate(f.ops[w]) if op.kind == "STEP")
-               for w in range(2))
+    assert all(
+        f.stashing_steps(w) == frozenset(i for i, op in enumerate(f.ops[w]) if op.kind == "STEP") for w in range(2)
+    )
 
 
 def test_simulator_charges_the_copying_step_only_where_a_version_is_stashed():
@@ -341,8 +361,10 @@ def test_stage_profile_measures_every_column():
     from workbench.calibrate import stage_profile
     from workbench.models import build
     from workbench.schedules import build as build_schedule
-    sp = stage_profile(build("mlp", seed=0, depth=4, width=64, in_features=64), [(0, 1), (2, 3)], 8,
-                       iterations=3, warmup=1)
+
+    sp = stage_profile(
+        build("mlp", seed=0, depth=4, width=64, in_features=64), [(0, 1), (2, 3)], 8, iterations=3, warmup=1
+    )
     for col in ("fwd_ms", "bwd_ms", "step_ms", "step_copy_ms", "bwd_input_ms", "bwd_weight_ms", "grad_accumulate_ms"):
         vals = getattr(sp, col)
         assert len(vals) == 2 and all(math.isfinite(v) and v >= 0 for v in vals), col
@@ -357,6 +379,7 @@ def test_on_ranks_takes_each_stage_from_its_rank_and_a_replicated_stage_at_its_s
     0, stage 1 from core 1 (the mean would put the bottleneck stage 1.5 ms below what its rank runs);
     a stage on both ranks (data parallel): the slower core, as its synchronous step waits for it."""
     from workbench.calibrate import on_ranks
+
     fast = _stage_profile([1.0, 2.0], [2.0, 4.0], [0.5, 0.5])
     slow = _stage_profile([1.5, 3.0], [3.0, 6.0], [0.75, 0.75])
     sp = on_ranks([fast, slow], [[0], [1]])
@@ -375,6 +398,7 @@ def test_on_ranks_takes_each_stage_from_its_rank_and_a_replicated_stage_at_its_s
 
 def test_runtime_link_takes_the_idle_transit_and_the_loaded_cpu_per_message():
     from workbench.calibrate import runtime_link
+
     idle = dict(latency_ms=0.03, bandwidth_bytes_per_s=5e9, busy=False)
     loaded = dict(latency_ms=0.87, bandwidth_bytes_per_s=1.3e9, busy=True, message_cpu_ms=0.22)
     r = runtime_link(idle, loaded)
@@ -399,6 +423,7 @@ def test_stage_timing_runs_the_ops_in_1f1b_order(monkeypatch):
 
     import workbench.runtime.stages as stages
     from workbench.calibrate import _time_stage
+
     calls = []
     for name in ("run_stage", "run_stage_layers", "vjp", "split_input_grad", "split_weight_grad", "sgd_update"):
         real = getattr(stages, name)
@@ -406,13 +431,21 @@ def test_stage_timing_runs_the_ops_in_1f1b_order(monkeypatch):
         def spy(*a, _real=real, _name=name, **k):
             calls.append((_name, k.get("in_place", a[3] if _name == "sgd_update" and len(a) > 3 else None)))
             return _real(*a, **k)
+
         monkeypatch.setattr(stages, name, spy)
     layers = [torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)]
     before = [p.detach().clone() for p in layers[0].parameters()]
-    f, b, bi, bw, acc, step, step_copy = _time_stage(layers, torch.randn(4, 8), first=False, iterations=2, warmup=0,
-                                                     microbatches=4)
-    short = {"run_stage": "F", "run_stage_layers": "Fs", "vjp": "B", "split_input_grad": "BI", "split_weight_grad": "BW",
-             "sgd_update": "STEP"}
+    f, b, bi, bw, acc, step, step_copy = _time_stage(
+        layers, torch.randn(4, 8), first=False, iterations=2, warmup=0, microbatches=4
+    )
+    short = {
+        "run_stage": "F",
+        "run_stage_layers": "Fs",
+        "vjp": "B",
+        "split_input_grad": "BI",
+        "split_weight_grad": "BW",
+        "sgd_update": "STEP",
+    }
     one = ["F", "F", "B", "F", "B", "F", "B", "B", "STEP"] + ["Fs"] * 4 + ["BI", "BW"] * 4
     assert [short[c] for c, _ in calls] == one * 2
     assert [flag for c, flag in calls if c == "sgd_update"] == [True, False]

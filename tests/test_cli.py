@@ -10,17 +10,21 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
 
 
 def run_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "workbench.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "workbench.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["profile", "--model", "no-such-model", "--out", "x.csv"], "no-such-model"),
-    (["partition", "--profile", "missing.csv", "--workers", "2"], "does not exist"),
-    (["partition", "--profile", "PROFILE", "--workers", "0"], "worker"),
-    (["partition", "--profile", "PROFILE", "--topology", "4y1e9"], "COUNTxBANDWIDTH"),
-    (["partition", "--profile", "PROFILE", "--workers", "2", "--bandwidth", "0"], "bandwidth"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["profile", "--model", "no-such-model", "--out", "x.csv"], "no-such-model"),
+        (["partition", "--profile", "missing.csv", "--workers", "2"], "does not exist"),
+        (["partition", "--profile", "PROFILE", "--workers", "0"], "worker"),
+        (["partition", "--profile", "PROFILE", "--topology", "4y1e9"], "COUNTxBANDWIDTH"),
+        (["partition", "--profile", "PROFILE", "--workers", "2", "--bandwidth", "0"], "bandwidth"),
+    ],
+)
 def test_bad_input_one_line_exit_2(tmp_path, args, needle):
     prof = tmp_path / "p.csv"
     prof.write_text("name,fwd_ms,bwd_ms,act_bytes,param_bytes\na,1,2,100,10\nb,1,2,100,10\n")
@@ -39,7 +43,9 @@ def test_argparse_errors_are_status_2():
 
 def test_partition_writes_plan(tmp_path, capsys):
     prof = tmp_path / "p.csv"
-    prof.write_text("name,fwd_ms,bwd_ms,act_bytes,param_bytes\n" + "".join(f"l{i},{i + 1},{2 * i + 2},1000,100\n" for i in range(8)))
+    prof.write_text(
+        "name,fwd_ms,bwd_ms,act_bytes,param_bytes\n" + "".join(f"l{i},{i + 1},{2 * i + 2},1000,100\n" for i in range(8))
+    )
     out = tmp_path / "plan.json"
     assert main(["partition", "--profile", str(prof), "--workers", "4", "--out", str(out)]) == 0
     from workbench.plan import Plan
@@ -63,8 +69,26 @@ def test_simulate_writes_timeline_metrics_html(tmp_path, capsys):
     plan = tmp_path / "plan.json"
     assert main(["partition", "--profile", str(prof), "--workers", "4", "--straight", "--out", str(plan)]) == 0
     out = tmp_path / "sim"
-    assert main(["simulate", "--profile", str(prof), "--plan", str(plan), "--workers", "4", "--schedule",
-                 "pipedream", "--microbatches", "16", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--profile",
+                str(prof),
+                "--plan",
+                str(plan),
+                "--workers",
+                "4",
+                "--schedule",
+                "pipedream",
+                "--microbatches",
+                "16",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     import json
 
     import pandas as pd
@@ -95,8 +119,25 @@ def test_simulate_alltoall_overlap_of_dualpipev_pairs(tmp_path):
     spans = {}
     for flag in ([], ["--no-overlap-pairs"]):
         out = tmp_path / ("b2b" if flag else "paired")
-        assert main(["simulate", "--schedule", "dualpipev", "--stages", "8", "--microbatches", "16", "--alltoall", "1",
-                     *flag, "--out", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "simulate",
+                    "--schedule",
+                    "dualpipev",
+                    "--stages",
+                    "8",
+                    "--microbatches",
+                    "16",
+                    "--alltoall",
+                    "1",
+                    *flag,
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         m = json.loads((out / "metrics.json").read_text())
         spans[bool(flag)] = (m["makespan"], m["alltoall_exposed"])
     assert spans[True][1] == [64.0] * 4  # 2 stages x 16 microbatches x (F + B), each waits 1
@@ -132,9 +173,19 @@ def sim_inputs(tmp_path_factory):
 UNIT = ["--microbatches", "12"]
 
 
-@pytest.mark.parametrize("flag", [["--schedule", "gpipe"], ["--microbatches", "20"], ["--stages", "3"],
-                                  ["--fwd", "2"], ["--bwd", "3"], ["--latency-ms", "0.5"], ["--op-overhead-ms", "5"],
-                                  ["--schedule-option", "weights=vertical-sync"]])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--schedule", "gpipe"],
+        ["--microbatches", "20"],
+        ["--stages", "3"],
+        ["--fwd", "2"],
+        ["--bwd", "3"],
+        ["--latency-ms", "0.5"],
+        ["--op-overhead-ms", "5"],
+        ["--schedule-option", "weights=vertical-sync"],
+    ],
+)
 def test_simulate_unit_cost_flag_changes_the_result(tmp_path, capsys, flag):
     rc0, base = _metrics(tmp_path, capsys, UNIT)
     rc1, other = _metrics(tmp_path, capsys, [*UNIT, *flag])
@@ -166,8 +217,16 @@ def test_simulate_topology_flags_without_profile_are_refused(tmp_path, capsys, f
     assert rc == 2 and "would be ignored: unit costs (no --profile) have no topology" in err
 
 
-@pytest.mark.parametrize("flag", [["--bandwidth", "1e8"], ["--topology", "2x10e9,2x1e8"], ["--latency-ms", "1"],
-                                  ["--op-overhead-ms", "1"], ["--workers", "4", "--bandwidth", "1e8"]])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--bandwidth", "1e8"],
+        ["--topology", "2x10e9,2x1e8"],
+        ["--latency-ms", "1"],
+        ["--op-overhead-ms", "1"],
+        ["--workers", "4", "--bandwidth", "1e8"],
+    ],
+)
 def test_simulate_profile_cost_flag_changes_the_result(tmp_path, capsys, sim_inputs, flag):
     prof, plan = sim_inputs
     base_argv = ["--profile", str(prof), "--plan", str(plan), "--microbatches", "24"]
@@ -176,10 +235,15 @@ def test_simulate_profile_cost_flag_changes_the_result(tmp_path, capsys, sim_inp
     assert rc0 == rc1 == 0 and _figures(other) != _figures(base), flag
 
 
-@pytest.mark.parametrize("flag, words", [(["--fwd", "2"], "--fwd would be ignored"),
-                                         (["--bwd", "2"], "--bwd would be ignored"),
-                                         (["--stages", "2"], "--stages would be ignored: the plan gives the stages"),
-                                         (["--topology", "4x1e9", "--workers", "4"], "--workers would be ignored")])
+@pytest.mark.parametrize(
+    "flag, words",
+    [
+        (["--fwd", "2"], "--fwd would be ignored"),
+        (["--bwd", "2"], "--bwd would be ignored"),
+        (["--stages", "2"], "--stages would be ignored: the plan gives the stages"),
+        (["--topology", "4x1e9", "--workers", "4"], "--workers would be ignored"),
+    ],
+)
 def test_simulate_profile_cost_ignored_flags_are_refused(tmp_path, capsys, sim_inputs, flag, words):
     prof, plan = sim_inputs
     rc, err = _metrics(tmp_path, capsys, ["--profile", str(prof), "--plan", str(plan), *flag])
@@ -189,8 +253,9 @@ def test_simulate_profile_cost_ignored_flags_are_refused(tmp_path, capsys, sim_i
 def test_simulate_without_steady_state_says_so(tmp_path, capsys, sim_inputs):
     """4 microbatches of a 4-worker PipeDream plan are warm-up and drain only: no steady-state figure."""
     prof, plan = sim_inputs
-    rc = main(["simulate", "--profile", str(prof), "--plan", str(plan), "--microbatches", "4",
-               "--out", str(tmp_path / "s")])
+    rc = main(
+        ["simulate", "--profile", str(prof), "--plan", str(plan), "--microbatches", "4", "--out", str(tmp_path / "s")]
+    )
     text = capsys.readouterr().out
     assert rc == 0 and "no steady state simulated (4 microbatches are all warm-up or drain" in text
     import json
@@ -220,15 +285,31 @@ def part_profile(tmp_path_factory):
     from workbench.profiler import Profile
 
     n = 12
-    df = pd.DataFrame(dict(name=[f"l{i}" for i in range(n)], fwd_ms=[1.0 + (i % 3) for i in range(n)],
-                           bwd_ms=[2.0 + (i % 2) for i in range(n)],
-                           act_bytes=[1e6] * (n - 2) + [1e9, 1e9], param_bytes=[1e9] + [1e6] * (n - 1)))
+    df = pd.DataFrame(
+        dict(
+            name=[f"l{i}" for i in range(n)],
+            fwd_ms=[1.0 + (i % 3) for i in range(n)],
+            bwd_ms=[2.0 + (i % 2) for i in range(n)],
+            act_bytes=[1e6] * (n - 2) + [1e9, 1e9],
+            param_bytes=[1e9] + [1e6] * (n - 1),
+        )
+    )
     return Profile(df, {"batch_size": 8}).save(tmp_path_factory.mktemp("part") / "p.json")
 
 
-@pytest.mark.parametrize("flag", [["--workers", "2"], ["--bandwidth", "1e8"], ["--topology", "2x10e9,2x1e8"],
-                                  ["--straight"], ["--memory-gb", "2"], ["--latency-ms", "1"],
-                                  ["--op-overhead-ms", "1"], ["--no-refine"]])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--workers", "2"],
+        ["--bandwidth", "1e8"],
+        ["--topology", "2x10e9,2x1e8"],
+        ["--straight"],
+        ["--memory-gb", "2"],
+        ["--latency-ms", "1"],
+        ["--op-overhead-ms", "1"],
+        ["--no-refine"],
+    ],
+)
 def test_partition_flag_changes_the_plan(tmp_path, capsys, part_profile, flag):
     rc0, base = _plan_of(tmp_path, capsys, ["--profile", str(part_profile)])
     rc1, other = _plan_of(tmp_path, capsys, ["--profile", str(part_profile), *flag])
@@ -241,8 +322,9 @@ def test_partition_fewer_workers_changes_the_plan(tmp_path, capsys):
 
     from workbench.profiler import Profile
 
-    df = pd.DataFrame(dict(name=["a", "b"], fwd_ms=[1.0, 1.0], bwd_ms=[1.0, 1.0], act_bytes=[1e10, 1.0],
-                           param_bytes=[1.0, 1.0]))
+    df = pd.DataFrame(
+        dict(name=["a", "b"], fwd_ms=[1.0, 1.0], bwd_ms=[1.0, 1.0], act_bytes=[1e10, 1.0], param_bytes=[1.0, 1.0])
+    )
     prof = Profile(df).save(tmp_path / "two.json")
     argv = ["--profile", str(prof), "--workers", "2", "--bandwidth", "1e6", "--straight"]
     rc0, base = _plan_of(tmp_path, capsys, argv)
@@ -250,11 +332,16 @@ def test_partition_fewer_workers_changes_the_plan(tmp_path, capsys):
     assert rc0 == rc1 == 0 and len(other["stages"]) == 1 and other != base
 
 
-@pytest.mark.parametrize("flag, words", [(["--model", "mlp"], "--model would be ignored"),
-                                         (["--size", "paper"], "--size would be ignored"),
-                                         (["--batch-size", "8"], "--batch-size would be ignored"),
-                                         (["--topology", "2x1e9", "--workers", "2"], "--workers would be ignored"),
-                                         (["--topology", "2x1e9", "--bandwidth", "1e9"], "--bandwidth would be ignored")])
+@pytest.mark.parametrize(
+    "flag, words",
+    [
+        (["--model", "mlp"], "--model would be ignored"),
+        (["--size", "paper"], "--size would be ignored"),
+        (["--batch-size", "8"], "--batch-size would be ignored"),
+        (["--topology", "2x1e9", "--workers", "2"], "--workers would be ignored"),
+        (["--topology", "2x1e9", "--bandwidth", "1e9"], "--bandwidth would be ignored"),
+    ],
+)
 def test_partition_ignored_flags_are_refused(tmp_path, capsys, part_profile, flag, words):
     rc, err = _plan_of(tmp_path, capsys, ["--profile", str(part_profile), *flag])
     assert rc == 2 and words in err and len(err.splitlines()) == 1
@@ -270,8 +357,10 @@ def test_partition_without_profile_uses_model_size_and_batch(tmp_path, capsys):
 def test_help_imports_neither_torch_nor_pandas():
     """`workbench --help` builds its parser without torch or pandas (measured: 1.9 s with them, about
     0.1 s without on this 2-core machine when quiet); a subprocess, so that nothing is imported yet."""
-    code = ("import sys\nfrom workbench.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in ('torch', 'pandas', 'numpy') if m in sys.modules))")
+    code = (
+        "import sys\nfrom workbench.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('torch', 'pandas', 'numpy') if m in sys.modules))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "[]", r.stdout + r.stderr
 

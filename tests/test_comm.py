@@ -1,4 +1,5 @@
 """The sender thread of workbench.runtime.comm (no processes: a stand-in for ``isend``)."""
+
 import threading
 import time
 

@@ -1,4 +1,5 @@
 """Both cost models side by side: the comparison table, the plan card, the CLI and the tuner."""
+
 from __future__ import annotations
 
 import math
@@ -28,7 +29,9 @@ def test_vgg16_on_4x2_both_choices_under_both_models():
     assert t.loc["workbench model", "workbench model ms"] <= t.loc["pipedream model", "workbench model ms"]
     assert t.loc["pipedream model", "pipedream model ms"] <= t.loc["workbench model", "pipedream model ms"]
     # data parallelism under PipeDream's model is its own DP estimate
-    assert t.loc["workbench model", "pipedream model ms"] == pytest.approx(c.plans["pipedream"].data_parallel_ms, rel=1e-12)
+    assert t.loc["workbench model", "pipedream model ms"] == pytest.approx(
+        c.plans["pipedream"].data_parallel_ms, rel=1e-12
+    )
     assert t.loc["pipedream model", "pipedream model ms"] == pytest.approx(157.438816, rel=1e-6)
     for plan in c.plans.values():
         assert plan.meta["compare_costs"][1]["replicas"] == "4-1-1-1-1"
@@ -51,14 +54,37 @@ def test_price_plan_reproduces_the_dp_on_a_chain():
 
 def test_cli_cost_pipedream_and_compare(capsys, tmp_path):
     out = tmp_path / "plan.json"
-    rc = main(["partition", "--profile", str(shipped_path("vgg16")), "--topology", "4x12e9,2x1.25e9",
-               "--cost", "pipedream", "--compare-costs", "--out", str(out)])
+    rc = main(
+        [
+            "partition",
+            "--profile",
+            str(shipped_path("vgg16")),
+            "--topology",
+            "4x12e9,2x1.25e9",
+            "--cost",
+            "pipedream",
+            "--compare-costs",
+            "--out",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     assert rc == 0 and "4-1-1-1-1" in text and "pipedream model" in text and "157.439" in text
     plan = Plan.load(out)
     assert plan.meta["cost"] == "pipedream" and [s.replicas for s in plan.stages] == [4, 1, 1, 1, 1]
-    rc = main(["partition", "--profile", str(shipped_path("vgg16")), "--workers", "4", "--cost", "pipedream",
-               "--activation-compression-ratio", "-2"])
+    rc = main(
+        [
+            "partition",
+            "--profile",
+            str(shipped_path("vgg16")),
+            "--workers",
+            "4",
+            "--cost",
+            "pipedream",
+            "--activation-compression-ratio",
+            "-2",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "activation_compression_ratio" in err
 
@@ -75,11 +101,19 @@ def test_cli_cycle_names_the_node(capsys, tmp_path):
 def test_tuner_toggle_and_comparison(tmp_path):
     from workbench.widgets import PartitionTuner
 
-    df = pd.DataFrame({"name": list("abcdef"), "fwd_ms": [4.0, 1, 1, 1, 1, 1], "bwd_ms": [8.0, 2, 2, 2, 2, 2],
-                           "act_bytes": [1e6] * 6, "param_bytes": [1e5] * 5 + [1e8]})
+    df = pd.DataFrame(
+        {
+            "name": list("abcdef"),
+            "fwd_ms": [4.0, 1, 1, 1, 1, 1],
+            "bwd_ms": [8.0, 2, 2, 2, 2, 2],
+            "act_bytes": [1e6] * 6,
+            "param_bytes": [1e5] * 5 + [1e8],
+        }
+    )
     t = PartitionTuner(Profile(df), Topology.flat(4, 1e9), compare=True, out_dir=tmp_path)
     assert t.outcome.plan.cost == "workbench" and "pipedream model" in t.cards.value
     t.cost.value = "pipedream"
     assert t.outcome.plan.cost == "pipedream" and "✓" in t.status.value
     assert t.outcome.plan.bottleneck_ms == pytest.approx(
-        partition(Profile(df), Topology.flat(4, 1e9), cost="pipedream").bottleneck_ms)
+        partition(Profile(df), Topology.flat(4, 1e9), cost="pipedream").bottleneck_ms
+    )

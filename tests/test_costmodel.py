@@ -1,5 +1,6 @@
 """The one cost model: closed forms by hand, the plan's prediction against the simulator on the
 shipped PipeDream GPU profiles (the sweep), refinement, and bad input."""
+
 from __future__ import annotations
 
 import math
@@ -20,8 +21,10 @@ from workbench.topology import Topology
 
 def make_profile(fwd, bwd, act, par, **meta):
     n = len(fwd)
-    return Profile.from_frame(pd.DataFrame(dict(name=[f"l{i}" for i in range(n)], fwd_ms=fwd, bwd_ms=bwd,
-                                                act_bytes=act, param_bytes=par)), **meta)
+    return Profile.from_frame(
+        pd.DataFrame(dict(name=[f"l{i}" for i in range(n)], fwd_ms=fwd, bwd_ms=bwd, act_bytes=act, param_bytes=par)),
+        **meta,
+    )
 
 
 # ---- closed forms by hand ------------------------------------------------------------------
@@ -87,8 +90,14 @@ DP_TOPOLOGIES = ["flat4", "flat8", "4x4", "8x2", "clusterA-8", "clusterA-16", "n
 def one_stage_plan(prof, workers):
     """All layers on one stage replicated on ``workers`` (the data-parallel layout)."""
     n = len(prof.layers)
-    return Plan((Stage(0, n - 1, workers, tuple(range(workers)), 0.0),), bottleneck_ms=0.0,
-                single_worker_ms=0.0, data_parallel_ms=0.0, method="data-parallel", meta={})
+    return Plan(
+        (Stage(0, n - 1, workers, tuple(range(workers)), 0.0),),
+        bottleneck_ms=0.0,
+        single_worker_ms=0.0,
+        data_parallel_ms=0.0,
+        method="data-parallel",
+        meta={},
+    )
 
 
 @pytest.mark.parametrize("topo", DP_TOPOLOGIES)
@@ -104,7 +113,9 @@ def test_data_parallel_ms_equals_simulated_dp_bsp(model, topo):
     assert res.metrics["steady_state"]
     dp = data_parallel_ms(prof, top)
     ratio = res.time_per_minibatch_ms / dp
-    assert abs(ratio - 1) <= 0.05, f"{model} {topo}: simulated dp-bsp {res.time_per_minibatch_ms:.2f} ms, data_parallel_ms {dp:.2f}"
+    assert abs(ratio - 1) <= 0.05, (
+        f"{model} {topo}: simulated dp-bsp {res.time_per_minibatch_ms:.2f} ms, data_parallel_ms {dp:.2f}"
+    )
     plan = partition(prof, top, refine=False)
     assert plan.data_parallel_ms == pytest.approx(dp)
     assert plan.bottleneck_ms <= dp * (1 + 1e-9)  # the all-replicated plan is one of the DP's candidates
@@ -121,7 +132,9 @@ def test_simulated_steady_state_within_5_percent_of_the_plan(model, topo, straig
     res = simulate_plan(plan, prof, microbatches=max(64, 4 * plan.in_flight_count * plan.stages[0].replicas))
     assert res.metrics["steady_state"]
     ratio = res.time_per_minibatch_ms / plan.predicted_ms
-    assert abs(ratio - 1) <= 0.05, f"{model} {topo} straight={straight}: simulated/predicted = {ratio:.3f}\n{plan.describe()}"
+    assert abs(ratio - 1) <= 0.05, (
+        f"{model} {topo} straight={straight}: simulated/predicted = {ratio:.3f}\n{plan.describe()}"
+    )
 
 
 def test_refinement_keeps_a_plan_that_agrees_and_reports_both_figures(tmp_path):
@@ -131,7 +144,9 @@ def test_refinement_keeps_a_plan_that_agrees_and_reports_both_figures(tmp_path):
     assert math.isfinite(plan.simulated_ms) and plan.simulated_ms == pytest.approx(plan.predicted_ms, rel=0.05)
     assert plan.in_flight_count > plan.noam  # big ResNet activations: NOAM alone stalls the pipeline
     d = Plan.load(plan.save(tmp_path / "plan.json")).to_dict()
-    assert d["simulated_ms"] == pytest.approx(plan.simulated_ms) and d["predicted_ms"] == pytest.approx(plan.predicted_ms)
+    assert d["simulated_ms"] == pytest.approx(plan.simulated_ms) and d["predicted_ms"] == pytest.approx(
+        plan.predicted_ms
+    )
     assert d["in_flight"] == list(plan.in_flight)
     text = plan.describe()
     assert "predicted" in text and "simulated" in text and "why:" in text
@@ -145,7 +160,9 @@ def test_refinement_respects_the_memory_limit():
     prof = shipped("resnet50")
     topo = TOPOLOGIES["flat4"]
     free = partition(prof, topo, straight=True, refine=False)
-    noam = with_predictions(free, CostModel.from_profile(prof, topo), noam_warmup(tuple(s.workers for s in free.stages)))
+    noam = with_predictions(
+        free, CostModel.from_profile(prof, topo), noam_warmup(tuple(s.workers for s in free.stages))
+    )
     limit = (max(noam.stage_memory_bytes) + max(free.stage_memory_bytes)) / 2
     assert max(noam.stage_memory_bytes) < limit < max(free.stage_memory_bytes)
     plan = partition(prof, topo, straight=True, memory_bytes=limit)
@@ -169,28 +186,34 @@ def test_throughput_units_gpipe_and_pipedream_agree_per_minibatch():
 
 
 # ---- bad input -----------------------------------------------------------------------------
-@pytest.mark.parametrize("kw, match", [
-    (dict(transfer=float("nan")), "transfer must be a finite number >= 0"),
-    (dict(transfer=float("inf")), "transfer must be a finite number >= 0"),
-    (dict(transfer=-1.0), "transfer must be a finite number >= 0"),
-    (dict(weight_fetch=-1), "weight_fetch must be a finite number >= 0"),
-    (dict(fwd=-1.0), "fwd must be a finite number >= 0"),
-    (dict(bwd=float("nan")), "bwd must be a finite number >= 0"),
-    (dict(allreduce=float("inf")), "allreduce must be a finite number >= 0"),
-    (dict(latency_ms=-0.1), "latency_ms must be a finite number >= 0"),
-    (dict(op_overhead_ms=float("nan")), "op_overhead_ms must be a finite number >= 0"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(transfer=float("nan")), "transfer must be a finite number >= 0"),
+        (dict(transfer=float("inf")), "transfer must be a finite number >= 0"),
+        (dict(transfer=-1.0), "transfer must be a finite number >= 0"),
+        (dict(weight_fetch=-1), "weight_fetch must be a finite number >= 0"),
+        (dict(fwd=-1.0), "fwd must be a finite number >= 0"),
+        (dict(bwd=float("nan")), "bwd must be a finite number >= 0"),
+        (dict(allreduce=float("inf")), "allreduce must be a finite number >= 0"),
+        (dict(latency_ms=-0.1), "latency_ms must be a finite number >= 0"),
+        (dict(op_overhead_ms=float("nan")), "op_overhead_ms must be a finite number >= 0"),
+    ],
+)
 def test_bad_costs_give_one_clear_line(kw, match):
     with pytest.raises(ValueError, match=match) as e:
         simulate(build("gpipe", 2, 2), **kw)
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("levels, match", [
-    (((2, 0.0),), "bandwidth must be > 0"),
-    (((2, -1e9),), "bandwidth must be > 0"),
-    (((2, float("nan")),), "bandwidth must be > 0"),
-])
+@pytest.mark.parametrize(
+    "levels, match",
+    [
+        (((2, 0.0),), "bandwidth must be > 0"),
+        (((2, -1e9),), "bandwidth must be > 0"),
+        (((2, float("nan")),), "bandwidth must be > 0"),
+    ],
+)
 def test_bad_bandwidths(levels, match):
     with pytest.raises(ValueError, match=match):
         Topology(levels)
@@ -221,8 +244,22 @@ def test_cli_partition_and_simulate_use_one_topology(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "DP estimate" in out and "predicted" in out and "simulated" in out and "why:" in out
     assert main(args) == 0 and (tmp_path / "plan-2.json").exists()  # the first plan is kept
-    assert main(["simulate", "--profile", str(prof), "--plan", str(plan), "--microbatches", "64",
-                 "--out", str(tmp_path / "sim")]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--profile",
+                str(prof),
+                "--plan",
+                str(plan),
+                "--microbatches",
+                "64",
+                "--out",
+                str(tmp_path / "sim"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "topology (the plan's): 4 workers" in out and "predicted" in out
     predicted = Plan.load(plan).predicted_ms
@@ -247,6 +284,7 @@ def test_refinement_simulates_the_dp_candidates_and_keeps_the_fastest(model, top
     of the last top-level stage): the DP optimum is the smallest DP estimate among them, it is
     simulated, and the kept plan is the fastest simulated candidate (no worse than the optimum's)."""
     from workbench.partition import refine_plan
+
     prof, top = shipped(model), TOPOLOGIES[topo]
     plan = partition(prof, top)
     rows = plan.meta["candidates"]
@@ -260,8 +298,12 @@ def test_refinement_simulates_the_dp_candidates_and_keeps_the_fastest(model, top
     # a candidate left unsimulated is predicted no faster than the kept plan's simulated figure
     assert all(r["predicted_ms"] >= plan.simulated_ms * 0.995 for r in rows if r["simulated_ms"] is None)
     # one figure shown twice is the same number: the kept plan's row
-    kept = [r for r in rows if r["last_layers"] == [s.last for s in plan.stages]
-            and r["replicas"] == "-".join(str(s.replicas) for s in plan.stages)]
+    kept = [
+        r
+        for r in rows
+        if r["last_layers"] == [s.last for s in plan.stages]
+        and r["replicas"] == "-".join(str(s.replicas) for s in plan.stages)
+    ]
     assert kept and kept[0]["simulated_ms"] == plan.simulated_ms and kept[0]["predicted_ms"] == plan.predicted_ms
 
 
@@ -288,8 +330,9 @@ def test_calibrated_allreduce_replaces_the_links_in_every_ring():
     replaces the links (10 / 1 GB/s, α 0.1 / 2 ms) in the ring formula, flat and across servers."""
     p = make_profile([1, 2], [2, 4], [1e9, 5e8], [1e9, 0])
     topo = Topology(((4, 10e9), (2, 1e9)))
-    cm = CostModel.from_profile(p, topo, latency_ms=[0.1, 2.0], allreduce_bandwidth=[1e9, 0.5e9],
-                                allreduce_latency_ms=[0.5, 3.0])
+    cm = CostModel.from_profile(
+        p, topo, latency_ms=[0.1, 2.0], allreduce_bandwidth=[1e9, 0.5e9], allreduce_latency_ms=[0.5, 3.0]
+    )
     # inside a server, 2 replicas: 2*1/2*1e9/1e9 s + 2*1*0.5 ms
     assert cm.allreduce_ms(1e9, (0, 1)) == pytest.approx(1000.0 + 1.0)
     # across servers (0, 1, 4, 5): slowest calibrated step 0.5 GB/s, 3 ms: 2*3/4*1e9/0.5e9 s + 2*3*3 ms
@@ -299,8 +342,13 @@ def test_calibrated_allreduce_replaces_the_links_in_every_ring():
     # messages still use the links
     assert cm.message_ms(1e9, 0, 1) == pytest.approx(0.1 + 100.0)
     # and the simulator charges it: dp-bsp on 2 workers of one server
-    res = simulate(build("dp-bsp", 1, 2, workers=2), profile=make_profile([1], [2], [0], [1e9]),
-                   topology=Topology(((2, 10e9),)), allreduce_bandwidth=1e9, allreduce_latency_ms=0.5)
+    res = simulate(
+        build("dp-bsp", 1, 2, workers=2),
+        profile=make_profile([1], [2], [0], [1e9]),
+        topology=Topology(((2, 10e9),)),
+        allreduce_bandwidth=1e9,
+        allreduce_latency_ms=0.5,
+    )
     ar = res.timeline[res.timeline.kind == "allreduce"]
     assert (ar.end - ar.start).max() == pytest.approx(1000.0 + 1.0)
 
@@ -330,15 +378,27 @@ def test_message_cpu_time_is_charged_alike_by_the_plan_and_the_simulator():
 def test_measured_split_backward_replaces_the_halves():
     """A profile with bwd_input_ms / bwd_weight_ms (the first stage needs no input gradient) gives
     BI and BW their measured times; without the columns each is half of bwd_ms."""
-    df = pd.DataFrame(dict(name=["a", "b"], fwd_ms=[1.0, 1.0], bwd_ms=[2.0, 2.0], act_bytes=[0.0, 0.0],
-                           param_bytes=[0.0, 0.0], bwd_input_ms=[0.1, 1.0], bwd_weight_ms=[2.0, 1.5]))
+    df = pd.DataFrame(
+        dict(
+            name=["a", "b"],
+            fwd_ms=[1.0, 1.0],
+            bwd_ms=[2.0, 2.0],
+            act_bytes=[0.0, 0.0],
+            param_bytes=[0.0, 0.0],
+            bwd_input_ms=[0.1, 1.0],
+            bwd_weight_ms=[2.0, 1.5],
+        )
+    )
     sched = build("zb-h1", 2, 4)
     res = simulate(sched, profile=Profile(df, {"name": "split"}), microbatch_fraction=1.0)
     dur = (res.compute.end - res.compute.start).round(9)
     by = {(k, s): set(dur[(res.compute.kind == k) & (res.compute.stage == s)]) for k in ("BI", "BW") for s in (0, 1)}
     assert by == {("BI", 0): {0.1}, ("BI", 1): {1.0}, ("BW", 0): {2.0}, ("BW", 1): {1.5}}
-    plain = simulate(sched, profile=Profile(df.drop(columns=["bwd_input_ms", "bwd_weight_ms"]), {"name": "p"}),
-                     microbatch_fraction=1.0)
+    plain = simulate(
+        sched,
+        profile=Profile(df.drop(columns=["bwd_input_ms", "bwd_weight_ms"]), {"name": "p"}),
+        microbatch_fraction=1.0,
+    )
     assert set((plain.compute.end - plain.compute.start)[plain.compute.kind.isin(["BI", "BW"])].round(9)) == {1.0}
 
 
@@ -350,8 +410,14 @@ def test_message_cpu_time_runs_in_idle_time_first():
     CPU time; 7 if every message stretched both its ops)."""
     p = make_profile([1, 1], [2, 2], [1e3, 0], [0, 0])
     plan = Plan.from_boundaries([0, 1], [1, 1])
-    res = simulate(build("model-parallel", 2, 1), profile=p, plan=plan, topology=Topology.flat(2, 1e18),
-                   message_cpu_ms=0.25, microbatch_fraction=1.0)
+    res = simulate(
+        build("model-parallel", 2, 1),
+        profile=p,
+        plan=plan,
+        topology=Topology.flat(2, 1e18),
+        message_cpu_ms=0.25,
+        microbatch_fraction=1.0,
+    )
     c = res.compute.set_index(["worker", "kind"])
     assert (c.loc[(0, "F")].start, c.loc[(0, "F")].end) == pytest.approx((0.0, 1.0))
     assert (c.loc[(1, "F")].start, c.loc[(1, "F")].end) == pytest.approx((1.0, 2.25))
@@ -365,7 +431,7 @@ def test_measured_allreduce_curve_and_ddp_buckets():
     interpolated; DDP's buckets (1 MiB first, then 25 MiB) turn 9 MiB of gradients into two
     all-reduces: 1 MiB (3 ms) + 8 MiB (7 ms) = 10 ms, where one all-reduce of 9 MiB costs 7.625 ms.
     Other replica counts use the ring formula."""
-    mib = 2 ** 20
+    mib = 2**20
     curve = dict(sizes=[4, mib, 8 * mib, 16 * mib], ms=[0.1, 3.0, 7.0, 12.0], world_size=2)
     p = make_profile([1], [2], [0], [9 * mib])
     topo = Topology.flat(4, 1e9)

@@ -1,5 +1,6 @@
 """PipeDream Figure 1 (notebook 02): the paper's four observations read back from the quick run's
 CSV, the bytes-per-sample comparison, the measured share, and the model's closed form on a toy."""
+
 import math
 
 import pandas as pd
@@ -99,8 +100,15 @@ def test_measured_share_on_this_machine(quick_run):
 # ---- the model itself, without the notebook -----------------------------------------------------
 def _toy(compute_ms, param_bytes):
     half = [c / 2 for c in compute_ms]
-    df = pd.DataFrame(dict(name=[f"l{i}" for i in range(len(half))], fwd_ms=half, bwd_ms=half,
-                           act_bytes=[1.0] * len(half), param_bytes=param_bytes))
+    df = pd.DataFrame(
+        dict(
+            name=[f"l{i}" for i in range(len(half))],
+            fwd_ms=half,
+            bwd_ms=half,
+            act_bytes=[1.0] * len(half),
+            param_bytes=param_bytes,
+        )
+    )
     return Profile.from_frame(df, kind="modeled", batch_size=1)
 
 

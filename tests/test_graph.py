@@ -1,6 +1,7 @@
 """workbench.graph.split: any nn.Module -> layers whose chain is the module (forward and gradients),
 cuts that carry skip tensors, in-place operations kept with their producer, tied weights counted once,
 and one-line refusals (untraceable code, unknown layer names, tied weights across stages)."""
+
 from __future__ import annotations
 
 import pytest
@@ -40,12 +41,12 @@ def test_resnet18_splits_into_blocks_and_computes_the_same_function():
     m = resnet18(num_classes=10, width=4, in_channels=1, small_input=True)
     g = split(m, torch.randn(2, 1, 8, 8))
     # conv1, bn1+relu (the in-place ReLU stays with the BN that produced its input), 8 blocks, pool, fc
-    assert g.names == ["0:conv1", "1:bn1..relu"] + [f"{i + 2}:layer{k}.{j}" for i, (k, j) in
-                                                    enumerate((k, j) for k in range(1, 5) for j in range(2))] \
-        + ["10:avgpool", "11:fc"]
+    assert g.names == ["0:conv1", "1:bn1..relu"] + [
+        f"{i + 2}:layer{k}.{j}" for i, (k, j) in enumerate((k, j) for k in range(1, 5) for j in range(2))
+    ] + ["10:avgpool", "11:fc"]
     assert g.task == "classification" and g.target.high == 10 and g.tied == []
     x = torch.randn(5, 1, 8, 8)  # another batch size than traced: the batch dimension is dynamic
-    assert_same_function(m, g, x, lambda y: (y ** 2).sum())
+    assert_same_function(m, g, x, lambda y: (y**2).sum())
 
 
 class Skip(nn.Module):
@@ -122,7 +123,9 @@ def test_in_place_operations_stay_with_their_producer_and_train():
 
 def test_profile_names_the_layer_of_an_in_place_input_instead_of_autograds_error():
     seq = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
-    with pytest.raises(ValueError, match=r"layer 1 \(1:ReLU: ReLU\) modifies its input in place.*workbench.graph.split"):
+    with pytest.raises(
+        ValueError, match=r"layer 1 \(1:ReLU: ReLU\) modifies its input in place.*workbench.graph.split"
+    ):
         profile(seq, torch.randn(3, 4), iterations=1, warmup=0, progress=False)
     traced = profile(split(seq, torch.randn(2, 4)), torch.randn(3, 4), iterations=1, warmup=0, progress=False)
     assert len(traced) == 2  # Linear+ReLU(inplace) then Linear
@@ -152,8 +155,11 @@ def test_layers_override_and_unknown_names():
     assert g.names == ["0:l1..l3", "1:head"]
     x = torch.randn(3, 6)
     torch.testing.assert_close(chain(g, x), m(x), rtol=0, atol=0)
-    with pytest.raises(ValueError, match=r"unknown module\(s\) \['l9'\] of Skip; its top-level modules are "
-                                         r"\['l1', 'l2', 'l3', 'head'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown module\(s\) \['l9'\] of Skip; its top-level modules are "
+        r"\['l1', 'l2', 'l3', 'head'\]",
+    ):
         split(m, torch.randn(2, 6), layers=["l9"])
 
 
@@ -171,14 +177,14 @@ def test_gpt2_from_config_splits_into_tens_of_layers_and_matches():
     assert g.task == "lm" and g.target.shape == (16,) and g.target.high == 64
     assert 10 <= len(g.layers) <= 30 and g.names[-1].endswith("lm_head")
     x = torch.randint(0, 64, (3, 16))
-    assert_same_function(m, g, x, lambda y: (y ** 2).mean(), call=lambda t: m(t).logits)
+    assert_same_function(m, g, x, lambda y: (y**2).mean(), call=lambda t: m(t).logits)
 
 
 def test_gpt2_tied_embedding_is_counted_once_and_found_across_stages():
     m = gpt2(tied=True)
     assert m.lm_head.weight is m.transformer.wte.weight
     g = split(m, torch.randint(0, 64, (2, 16)))
-    (names, idx), = g.tied
+    ((names, idx),) = g.tied
     assert names == ["transformer.wte.weight", "lm_head.weight"] and idx == [0, len(g.layers) - 1]
     unique = sum(p.numel() * p.element_size() for p in m.parameters())  # nn.Module.parameters() dedups
     prof = profile(g, torch.randint(0, 64, (4, 16)), iterations=1, warmup=0, progress=False)

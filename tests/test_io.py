@@ -1,4 +1,5 @@
 """workbench.io: fresh names never overwrite, keep a file's suffix, and run folders move into place."""
+
 from __future__ import annotations
 
 import pytest

@@ -10,6 +10,7 @@ core (``slack()``: the stop itself needs almost no CPU, but a loaded machine sch
 launcher late), so the tests hold on a shared machine at load 20; the measured times are printed
 (``-s``) for docs/runtime.md.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,9 +42,26 @@ def slack() -> float:
 
 
 def train_args(out: Path, port: int, *extra: str) -> list[str]:
-    return ["-m", "workbench.cli", "train", "--model", "toy-mlp", "--workers", "2", "--steps", "1000000",
-            "--no-progress", "--out", str(out), "--port", str(port), "--timeout", "60", "--allow-oversubscribe",
-            *extra]
+    return [
+        "-m",
+        "workbench.cli",
+        "train",
+        "--model",
+        "toy-mlp",
+        "--workers",
+        "2",
+        "--steps",
+        "1000000",
+        "--no-progress",
+        "--out",
+        str(out),
+        "--port",
+        str(port),
+        "--timeout",
+        "60",
+        "--allow-oversubscribe",
+        *extra,
+    ]
 
 
 class Job:
@@ -53,8 +71,9 @@ class Job:
         self.out, self.port = out, port
         if ignore_sigint:  # as a shell starts a background job (`&`) of a script: SIGINT ignored, then exec
             argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         self.launcher = psutil.Process(self.proc.pid)
 
     def wait_for_checkpoint(self, timeout_s: float = 120.0) -> Path:
@@ -139,8 +158,9 @@ def signal_job(job: Job, sig: int, target: str) -> tuple[str, str]:
     first = job.wait_for_checkpoint()
     procs = job.processes()
     pids = {p.pid for p in procs}
-    assert len([p for p in procs if _name(p).startswith("wb-rank")]) == 2 and job.mapped_channels(procs), \
+    assert len([p for p in procs if _name(p).startswith("wb-rank")]) == 2 and job.mapped_channels(procs), (
         "expected 2 ranks with shared-memory channels"
+    )
     t0 = time.monotonic()
     (os.killpg if target == "group" else os.kill)(job.proc.pid, sig)
     took = job.stop_time(procs, pids, t0)
@@ -158,10 +178,18 @@ def one_line(err: str) -> str:
     return lines[-1]
 
 
-@pytest.mark.parametrize("sig,target", [(signal.SIGINT, "launcher"), (signal.SIGTERM, "launcher"),
-                                        (signal.SIGHUP, "launcher"), (signal.SIGINT, "group"),
-                                        (signal.SIGTERM, "group"), (signal.SIGHUP, "group")],
-                         ids=lambda v: v.name if isinstance(v, signal.Signals) else v)
+@pytest.mark.parametrize(
+    "sig,target",
+    [
+        (signal.SIGINT, "launcher"),
+        (signal.SIGTERM, "launcher"),
+        (signal.SIGHUP, "launcher"),
+        (signal.SIGINT, "group"),
+        (signal.SIGTERM, "group"),
+        (signal.SIGHUP, "group"),
+    ],
+    ids=lambda v: v.name if isinstance(v, signal.Signals) else v,
+)
 def test_a_stop_signal_ends_the_whole_job(tmp_path, sig, target):
     job = start(tmp_path, "--transport", "shm")
     _, err = signal_job(job, sig, target)
@@ -196,7 +224,7 @@ def test_sigkill_of_the_launcher_takes_its_ranks_along(tmp_path):
     job.proc.communicate(timeout=60)
     job.check_released()
     print(f"\n[stop] SIGKILL to the launcher: {took} (load {os.getloadavg()[0]:.1f})")
-    done = int(latest_checkpoint(job.out).name[len("round"):])  # the job resumes from it, killed mid-epoch or not
+    done = int(latest_checkpoint(job.out).name[len("round") :])  # the job resumes from it, killed mid-epoch or not
     argv = train_args(job.out, free_port(), "--transport", "shm", "--resume")
     argv[argv.index("--steps") + 1] = str(done + 4)
     r = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300 * slack())
@@ -218,7 +246,7 @@ def test_a_rank_killed_ends_the_job_and_is_named_with_its_step(tmp_path):
     line = one_line(err)
     assert f"rank 1 (pid {rank1.pid}) was killed by SIGKILL (exit code -9) at step " in line, line
     step = int(line.split(" at step ")[1].split(";")[0])
-    assert step >= int(latest_checkpoint(job.out).name[len("round"):]) - 1  # it had trained past the checkpoint
+    assert step >= int(latest_checkpoint(job.out).name[len("round") :]) - 1  # it had trained past the checkpoint
     job.check_released()
     print(f"\n[stop] SIGKILL to rank 1: {took} (load {os.getloadavg()[0]:.1f})")
 
@@ -234,6 +262,7 @@ def _name(p) -> str:
 def _fail_on(rank: int, bad: int, step: int) -> None:
     """Rank ``bad`` raises in ``step``; the others would sleep for a minute."""
     from workbench.runtime.lifetime import reached
+
     reached(step)
     if rank == bad:
         raise ValueError(f"bad rank {rank}\nsecond line")
@@ -251,8 +280,11 @@ class _Unpicklable:
 
 def test_spawn_names_the_failing_rank_and_stops_the_others():
     from workbench.runtime.lifetime import RankFailed, spawn
+
     t = time.time()
-    with pytest.raises(RankFailed, match=r"^rank 1 \(pid \d+\) failed at step 7 \(exit code 1\): ValueError: bad rank 1$") as e:
+    with pytest.raises(
+        RankFailed, match=r"^rank 1 \(pid \d+\) failed at step 7 \(exit code 1\): ValueError: bad rank 1$"
+    ) as e:
         spawn(_fail_on, (1, 7), 2)
     assert time.time() - e.value.at < STOP_S * slack()  # rank 0's sleep was cut short
     assert (e.value.rank, e.value.exitcode, e.value.step) == (1, 1, 7) and "second line" in e.value.traceback
@@ -263,12 +295,14 @@ def test_spawn_hints_at_the_main_guard_when_a_rank_never_started():
     """A rank that fails before the launcher's code runs in it (here: an argument it cannot
     unpickle; from a script without `if __name__ == "__main__":`, re-importing the script)."""
     from workbench.runtime.lifetime import RankFailed, spawn
+
     with pytest.raises(RankFailed, match=r"rank 0 exited with code 1 before it started; .*__main__"):
         spawn(_fail_on, (_Unpicklable(), 0), 1)
 
 
 def test_spawn_deadline_stops_the_ranks():
     from workbench.runtime.lifetime import spawn
+
     with pytest.raises(TimeoutError, match="the nap did not finish within 1 s"):
         spawn(_fail_on, (-1, 0), 1, deadline_s=1, what="the nap")
     assert not _children()
@@ -280,6 +314,7 @@ def test_spawn_stops_on_a_signal_and_restores_the_handlers():
     import threading
 
     from workbench.runtime.lifetime import JobStopped, spawn
+
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
     t = time.monotonic()
@@ -304,8 +339,7 @@ needs_torchrun = pytest.mark.skipif(TORCHRUN is None, reason="torchrun not insta
 
 
 @needs_torchrun
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL],
-                         ids=lambda s: s.name)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
 def test_a_signal_to_torchrun_ends_its_ranks(tmp_path, sig):
     """torchrun forwards SIGINT/SIGTERM/SIGHUP to its workers (each in a session of its own), which
     die at once on it; on SIGKILL of torchrun they die of their parent-death signal."""
@@ -346,14 +380,27 @@ def test_a_signal_to_one_of_two_torchrun_nodes_ends_both(tmp_path, victim):
     """One job as two torchrun "nodes" on this machine (c10d rendezvous on 127.0.0.1, one rank
     each): SIGTERM to one launcher ends the other node's rank as well (its peer's sockets close)."""
     port = free_port()
-    rdzv = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
-            f"127.0.0.1:{port}", "--rdzv_id", f"stop{os.getpid()}"]
+    rdzv = [
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "1",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv_id",
+        f"stop{os.getpid()}",
+    ]
     nodes = [torchrun_job(tmp_path, port, *rdzv), torchrun_job(tmp_path, port, *rdzv)]
     first = nodes[0].wait_for_checkpoint()
     procs = nodes[0].processes() + nodes[1].processes()
     assert len([p for p in procs if _name(p).startswith("wb-rank")]) == 2
-    hosts = [n for n in nodes if any(c.laddr.port == port and c.status == psutil.CONN_LISTEN
-                                     for c in n.launcher.net_connections())]
+    hosts = [
+        n
+        for n in nodes
+        if any(c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in n.launcher.net_connections())
+    ]
     assert len(hosts) == 1  # the launcher that hosts the rendezvous store
     target = hosts[0] if victim == "host" else next(n for n in nodes if n is not hosts[0])
     t0 = time.monotonic()

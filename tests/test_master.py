@@ -2,6 +2,7 @@
 rule run with the durations that are simulated. The rule is written out again here, independently,
 from its formula: repeatedly take, among the frontier jobs (those whose predecessor is done), the
 one of smallest finish time t(j) + eps * n(j), t(j) = max(free(worker), t(pred)) + T(j)."""
+
 from __future__ import annotations
 
 import json
@@ -17,18 +18,24 @@ EPS = 1e-7  # n(s, b, d) < 1e4 and durations are multiples of 0.5: eps n never o
 
 def doc_placements(W, R):
     h = lambda s, b: (R * b) % W + s % R  # noqa: E731  the doc's looped hash
-    return {"ddp": lambda s, b: (b % W, b % W), "fsdp": lambda s, b: (b % W, s % W),
-            "pp": lambda s, b: (s % W, s % W), "lpp": lambda s, b: (h(s, b), h(s, b)),
-            "fslpp": lambda s, b: (h(s, b), h(s, s))}
+    return {
+        "ddp": lambda s, b: (b % W, b % W),
+        "fsdp": lambda s, b: (b % W, s % W),
+        "pp": lambda s, b: (s % W, s % W),
+        "lpp": lambda s, b: (h(s, b), h(s, b)),
+        "fslpp": lambda s, b: (h(s, b), h(s, s)),
+    }
 
 
 def doc_greedy(place, S, B, W, fwd, bwd):
     """Independent frontier argmin; n(s, b, d) = 2 S b + position of (s, d) in b's chain (oldest batch).
     Returns (makespan, peak activations per worker)."""
+
     def pred(s, b, d):
         if d == "f":
             return (s - 1, b, "f") if s > 0 else None
         return (s + 1, b, "b") if s < S - 1 else (s, b, "f")
+
     n = lambda s, b, d: 2 * S * b + (s if d == "f" else 2 * S - 1 - s)  # noqa: E731
     todo = {(s, b, d) for s in range(S) for b in range(B) for d in "fb"}
     end, free, runs = {}, [0.0] * W, [[] for _ in range(W)]
@@ -38,6 +45,7 @@ def doc_greedy(place, S, B, W, fwd, bwd):
         def finish(j):
             c = place(j[0], j[1])[0]
             return max(free[c], end[pred(*j)] if pred(*j) else 0.0) + (fwd[j[0]] if j[2] == "f" else bwd[j[0]])
+
         j = min(frontier, key=lambda j: finish(j) + EPS * n(*j))
         c = place(j[0], j[1])[0]
         end[j] = free[c] = finish(j)
@@ -53,11 +61,16 @@ def doc_greedy(place, S, B, W, fwd, bwd):
     return max(end.values()), peaks
 
 
-GRID = [(S, B, W, R) for S, B, W, R in [(2, 4, 2, 2), (4, 4, 4, 2), (4, 6, 2, 2), (3, 5, 3, 3), (6, 8, 4, 2),
-                                        (4, 8, 4, 4), (5, 7, 5, 1)]]
-COSTS = {"1:1": lambda S: ([1.0] * S, [1.0] * S), "1:2": lambda S: ([1.0] * S, [2.0] * S),
-         "1:3": lambda S: ([1.0] * S, [3.0] * S),
-         "uneven": lambda S: ([1.0 + (s % 3) for s in range(S)], [2.0 + 1.5 * (s % 2) for s in range(S)])}
+GRID = [
+    (S, B, W, R)
+    for S, B, W, R in [(2, 4, 2, 2), (4, 4, 4, 2), (4, 6, 2, 2), (3, 5, 3, 3), (6, 8, 4, 2), (4, 8, 4, 4), (5, 7, 5, 1)]
+]
+COSTS = {
+    "1:1": lambda S: ([1.0] * S, [1.0] * S),
+    "1:2": lambda S: ([1.0] * S, [2.0] * S),
+    "1:3": lambda S: ([1.0] * S, [3.0] * S),
+    "uneven": lambda S: ([1.0 + (s % 3) for s in range(S)], [2.0 + 1.5 * (s % 2) for s in range(S)]),
+}
 
 
 @pytest.mark.parametrize("ratio", list(COSTS))
@@ -70,8 +83,11 @@ def test_simulated_latency_and_peaks_equal_the_documents_greedy_rule(name, ratio
             W = S
         fwd, bwd = COSTS[ratio](S)
         want_latency, want_peaks = doc_greedy(doc_placements(W, R)[name], S, B, W, fwd, bwd)
-        sched = build(name, S, B, workers=W, group_size=R, costs=(fwd, bwd)) if name in ("lpp", "fslpp") \
+        sched = (
+            build(name, S, B, workers=W, group_size=R, costs=(fwd, bwd))
+            if name in ("lpp", "fslpp")
             else build(name, S, B, workers=W, costs=(fwd, bwd))
+        )
         res = simulate(sched, fwd=fwd, bwd=bwd)
         assert res.makespan == pytest.approx(want_latency), (name, ratio, S, B, W, R)
         assert sched.options["latency"] == pytest.approx(want_latency)
@@ -112,8 +128,12 @@ def test_order_from_the_simulators_costs_with_transfers_and_fetches(name, S, B):
     of the last simulated forward/backward (the simulated makespan adds the final gradient push
     to the owner and the update), and the order is never slower than the unit-tick order."""
     from workbench.simulate.planning import build_for_simulation
-    for kw in (dict(fwd=1, bwd=2, transfer=0.5), dict(fwd=1, bwd=2, weight_fetch=0.7),
-               dict(fwd=[1, 2, 1, 3, 1, 1][:S], bwd=2, transfer=0.25, weight_fetch=0.3)):
+
+    for kw in (
+        dict(fwd=1, bwd=2, transfer=0.5),
+        dict(fwd=1, bwd=2, weight_fetch=0.7),
+        dict(fwd=[1, 2, 1, 3, 1, 1][:S], bwd=2, transfer=0.25, weight_fetch=0.3),
+    ):
         sched = build_for_simulation(name, S, B, kw)
         res = simulate(sched, **kw)
         tl = res.timeline
@@ -132,8 +152,15 @@ def parallelsim_cases():
 
 def build_case(case, rule):
     looped = {"group_size": case["R"]} if case["scheme"] in ("lpp", "fslpp") else {}
-    return build(case["scheme"], case["S"], case["B"], workers=case["W"], priority=PS_PRIORITY[case["priority"]],
-                 rule=rule, **looped)
+    return build(
+        case["scheme"],
+        case["S"],
+        case["B"],
+        workers=case["W"],
+        priority=PS_PRIORITY[case["priority"]],
+        rule=rule,
+        **looped,
+    )
 
 
 def test_parallelsim_rule_reproduces_the_documents_simulator_on_its_grid():
@@ -159,8 +186,11 @@ def test_parallelsim_rule_reproduces_the_documents_simulator_on_its_grid():
 def test_the_two_rules_differ_where_the_issue_says():
     """The cost-aware default ('finish') and the document's simulator disagree on LPP: S=4, B=8, W=4, R=2
     (oldest batch first) gives 27 with 8 peak activations by finish time, 28 with 6 by the reference."""
-    case = next(c for c in parallelsim_cases() if (c["scheme"], c["S"], c["B"], c["W"], c["R"], c["priority"])
-                == ("lpp", 4, 8, 4, 2, "oldest-batch"))
+    case = next(
+        c
+        for c in parallelsim_cases()
+        if (c["scheme"], c["S"], c["B"], c["W"], c["R"], c["priority"]) == ("lpp", 4, 8, 4, 2, "oldest-batch")
+    )
     assert (case["latency"], case["peak_activations"]) == (28, 6)
     finish = build_case(case, "finish")
     assert finish.options["latency"] == 27

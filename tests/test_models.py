@@ -1,4 +1,5 @@
 """Model zoo and offline data sets (workbench.models)."""
+
 from __future__ import annotations
 
 import math
@@ -78,9 +79,16 @@ def test_loss_is_mean_token_cross_entropy():
 # (He et al. / torchvision), AlexNet 61M (Krizhevsky et al.), AWD-LSTM 33M on WikiText-2 (Merity
 # et al. 2018, Table 2, tied), GPT-2 small 124M (tied; the paper's table says 117M, the released
 # checkpoint has 124M).
-@pytest.mark.parametrize("name,published,overrides", [
-    ("vgg16", 138e6, {}), ("resnet50", 25.6e6, {}), ("alexnet", 61e6, {}),
-    ("awd-lstm", 33e6, {"tie_weights": True}), ("gpt", 124e6, {"tie_weights": True})])
+@pytest.mark.parametrize(
+    "name,published,overrides",
+    [
+        ("vgg16", 138e6, {}),
+        ("resnet50", 25.6e6, {}),
+        ("alexnet", 61e6, {}),
+        ("awd-lstm", 33e6, {"tie_weights": True}),
+        ("gpt", 124e6, {"tie_weights": True}),
+    ],
+)
 def test_paper_size_parameter_counts(name, published, overrides):
     m = build(name, "paper", device="meta", **overrides)
     assert all(p.device.type == "meta" for p in m.parameters())
@@ -97,8 +105,17 @@ def test_gnmt_paper_count_matches_lstm_formula():
     """GNMT-16 (8+8 layers, 1024, 32k vocab): no single published count; derive it from the layer
     formulas: 2 embeddings, bi-LSTM, LSTM(2H), 6 LSTM(H), attention query, 7 LSTM(2H), softmax."""
     v, h = 32000, 1024
-    expected = (2 * v * h + 2 * _lstm_params(h, h) + _lstm_params(2 * h, h) + 6 * _lstm_params(h, h)
-                + _lstm_params(h, h) + h * h + 7 * _lstm_params(2 * h, h) + h * v + v)
+    expected = (
+        2 * v * h
+        + 2 * _lstm_params(h, h)
+        + _lstm_params(2 * h, h)
+        + 6 * _lstm_params(h, h)
+        + _lstm_params(h, h)
+        + h * h
+        + 7 * _lstm_params(2 * h, h)
+        + h * v
+        + v
+    )
     m = build("gnmt", "paper", device="meta")
     assert m.num_parameters() == expected
     assert len(m) == 2 * 8 + 3
@@ -196,8 +213,13 @@ def test_synthetic_batches_and_dataset_errors(tmp_path):
     assert torch.equal(synthetic(m, 1, 3, seed=5)[0][0], synthetic(m, 1, 3, seed=5)[0][0])
     blobs = load_dataset("synthetic", in_features=512, num_train=64)
     assert blobs.tensors[0].shape == (64, 512)
-    for bad in [dict(name="cifar10", root=tmp_path / "nope"), dict(name="cifar10"), dict(name="imagenet"),
-                dict(name="tensors", root=tmp_path), dict(name="no-such-set")]:
+    for bad in [
+        dict(name="cifar10", root=tmp_path / "nope"),
+        dict(name="cifar10"),
+        dict(name="imagenet"),
+        dict(name="tensors", root=tmp_path),
+        dict(name="no-such-set"),
+    ]:
         with pytest.raises(ValueError):
             load_dataset(bad.pop("name"), **bad)
     with pytest.raises(ValueError, match="split"):

@@ -1,4 +1,5 @@
 """Every notebook runs top to bottom under papermill with its parameters cell overridden."""
+
 from pathlib import Path
 
 import nbformat
@@ -19,8 +20,14 @@ def test_notebook_runs_under_papermill(path, tmp_path):
     nb = nbformat.read(path, as_version=4)
     assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells)
     params = dict(QUICK.get(path.name, {}), out=str(tmp_path / "out"))
-    executed = papermill.execute_notebook(str(path), str(tmp_path / path.name), parameters=params,
-                                          cwd=str(tmp_path), kernel_name="python3", progress_bar=False)
+    executed = papermill.execute_notebook(
+        str(path),
+        str(tmp_path / path.name),
+        parameters=params,
+        cwd=str(tmp_path),
+        kernel_name="python3",
+        progress_bar=False,
+    )
     errors = [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     assert (tmp_path / "out" / "timeline.csv").exists()

@@ -1,6 +1,7 @@
 """The measured timeline's device clock (workbench.runtime.opclock): the mapping of event times onto
 a rank's time axis, and the executor's bookkeeping run end to end with host events on CPU ranks
 (CUDA events need a GPU; the code path between the events and the timeline is the same)."""
+
 from __future__ import annotations
 
 import json
@@ -42,6 +43,7 @@ def test_resolve_maps_device_times_onto_the_rank_axis():
     made = []
     clock = EventClock(lambda: made.append(_Event(gpu)) or made[-1])
     import time
+
     t0 = time.perf_counter()
     clock.begin(t0)
     b = clock.base_ms
@@ -49,7 +51,10 @@ def test_resolve_maps_device_times_onto_the_rank_axis():
     clock.begin(t0)  # once per run
     assert len(made) == 1
     nan = float("nan")
-    timeline = [(0, 0, 0, "F", 1.0, 2.0, 0, 7, 0.5, 0.3, 0.2, 1.5), (0, 0, -1, "STEP", 3.0, 4.0, 1, 7, 0.0, 0.0, 0.0, nan)]
+    timeline = [
+        (0, 0, 0, "F", 1.0, 2.0, 0, 7, 0.5, 0.3, 0.2, 1.5),
+        (0, 0, -1, "STEP", 3.0, 4.0, 1, 7, 0.0, 0.0, 0.0, nan),
+    ]
     # op 1: device idle from 100.002 (pre) to 100.005 (its receive), computes until 100.009, sends at 100.008
     gpu.now = 100.002
     pre = clock.mark()
@@ -92,8 +97,21 @@ def test_event_clock_run_gives_a_consistent_timeline_and_the_same_weights(tmp_pa
     from workbench.runtime import train
     from workbench.runtime.cli import _draw_timeline
 
-    kw = dict(workers=2, microbatches=4, steps=3, batch_size=16, threads=1, progress=False, evaluate=False,
-              return_weights=True, transport=transport, stream=stream, depth=2, width=16, in_features=16)
+    kw = dict(
+        workers=2,
+        microbatches=4,
+        steps=3,
+        batch_size=16,
+        threads=1,
+        progress=False,
+        evaluate=False,
+        return_weights=True,
+        transport=transport,
+        stream=stream,
+        depth=2,
+        width=16,
+        in_features=16,
+    )
     schedule = "pipedream" if stream else "pipedream-flush"
     monkeypatch.delenv("WORKBENCH_EVENT_CLOCK", raising=False)
     host = train("mlp", schedule, out=tmp_path / "host", **kw)
@@ -130,8 +148,19 @@ def test_event_clock_ddp_run(tmp_path, monkeypatch):
     host-clock run, one op after another per rank, no receive waits (it receives nothing)."""
     from workbench.runtime import train
 
-    kw = dict(workers=2, microbatches=2, steps=3, batch_size=16, threads=1, progress=False, evaluate=False,
-              return_weights=True, depth=2, width=16, in_features=16)
+    kw = dict(
+        workers=2,
+        microbatches=2,
+        steps=3,
+        batch_size=16,
+        threads=1,
+        progress=False,
+        evaluate=False,
+        return_weights=True,
+        depth=2,
+        width=16,
+        in_features=16,
+    )
     monkeypatch.delenv("WORKBENCH_EVENT_CLOCK", raising=False)
     host = train("mlp", "dp-bsp", out=tmp_path / "host", **kw)
     monkeypatch.setenv("WORKBENCH_EVENT_CLOCK", "host")

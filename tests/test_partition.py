@@ -10,6 +10,8 @@ cost model of workbench.costmodel (no latency, no per-op overhead):
   where the "compute" of a range on one server is the one-level brute force of that range on
   M_1 GPUs at B_1 (the paper's A_{k-1}(i->j, M_{k-1})).
 """
+
+import functools
 import itertools
 import math
 from pathlib import Path
@@ -17,16 +19,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings, strategies as st
-
-import functools
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workbench.costmodel import CostModel
-from workbench.partition import (_build_levels, _layers, data_parallel_ms, partition as _partition,
-                                 partition_balanced_time, partition_equal_layers)
+from workbench.partition import (
+    _build_levels,
+    _layers,
+    data_parallel_ms,
+    partition_balanced_time,
+    partition_equal_layers,
+)
+from workbench.partition import partition as _partition
 from workbench.profiler import Profile
 from workbench.topology import Topology
-
 
 # the DP alone (refinement by simulation is tested in tests/test_costmodel.py)
 partition = functools.partial(_partition, refine=False)
@@ -39,8 +45,9 @@ def build_levels(L, topo, straight, memory, fewer, fast=True):
 
 def make_profile(fwd, bwd, act, par):
     n = len(fwd)
-    return Profile.from_frame(pd.DataFrame(dict(name=[f"l{i}" for i in range(n)], fwd_ms=fwd, bwd_ms=bwd,
-                                                act_bytes=act, param_bytes=par)))
+    return Profile.from_frame(
+        pd.DataFrame(dict(name=[f"l{i}" for i in range(n)], fwd_ms=fwd, bwd_ms=bwd, act_bytes=act, param_bytes=par))
+    )
 
 
 def random_profile(rng, n):
@@ -52,7 +59,10 @@ def profiles(draw, max_layers=6):
     n = draw(st.integers(1, max_layers))
     ms = st.floats(0, 20, allow_nan=False)
     by = st.floats(0, 1e8, allow_nan=False)
-    col = lambda s: draw(st.lists(s, min_size=n, max_size=n))
+
+    def col(s):
+        return draw(st.lists(s, min_size=n, max_size=n))
+
     return make_profile(col(ms), col(ms), col(by), col(by))
 
 
@@ -82,11 +92,11 @@ def brute(stage, act, par, i, j, M, B, straight=False, memory=None, comp=None):
                 for (f, l), r in zip(ranges, reps):
                     if memory is not None:
                         v = math.ceil(left / r)
-                        if v * (sum(par[f:l + 1]) + sum(act[f:l + 1])) > memory:
+                        if v * (sum(par[f : l + 1]) + sum(act[f : l + 1])) > memory:
                             t = math.inf
-                    t = max(t, stage(f, l, r, 2 * (r - 1) / r * sum(par[f:l + 1]) / B * 1000))
+                    t = max(t, stage(f, l, r, 2 * (r - 1) / r * sum(par[f : l + 1]) / B * 1000))
                     left -= r
-                for (f, l) in ranges[:-1]:
+                for _f, l in ranges[:-1]:
                     t = max(t, act[l] / B * 1000)
                 best = min(best, t)
     return best
@@ -100,7 +110,7 @@ def columns(p):
 def gpu_stage(p):
     """Level 1: the 1F1B round of a replica, (F + max(B, AR)) / r."""
     F, Bk = list(p.layers.fwd_ms), list(p.layers.bwd_ms)
-    return lambda f, l, r, ar: (sum(F[f:l + 1]) + max(sum(Bk[f:l + 1]), ar)) / r
+    return lambda f, l, r, ar: (sum(F[f : l + 1]) + max(sum(Bk[f : l + 1]), ar)) / r
 
 
 def brute_flat(p, M, B, **kw):
@@ -115,15 +125,18 @@ def brute_two(p, M1, B1, M2, B2, straight=False):
     (R + max(0, AR - (R - F))) / (M1 r) (CostModel.outer_round_ms)."""
     C, a, w = columns(p)
     F = list(p.layers.fwd_ms)
-    inner = lambda f, l: brute(gpu_stage(p), a, w, f, l, M1, B1, straight=straight)
+
+    def inner(f, l):
+        return brute(gpu_stage(p), a, w, f, l, M1, B1, straight=straight)
 
     def server(f, l, r, _ar):
-        A, fw, n = inner(f, l), sum(F[f:l + 1]), r * M1
+        A, fw, n = inner(f, l), sum(F[f : l + 1]), r * M1
         if r == 1:
             return A
-        ar = 2 * (n - 1) / n * sum(w[f:l + 1]) / (min(B1, B2) if M1 > 1 else B2) * 1000  # links crossed
+        ar = 2 * (n - 1) / n * sum(w[f : l + 1]) / (min(B1, B2) if M1 > 1 else B2) * 1000  # links crossed
         R = M1 * A
         return (R + max(0.0, ar - max(0.0, R - fw))) / n
+
     return brute(server, a, w, 0, len(C) - 1, M2, B2, straight=straight)
 
 
@@ -215,8 +228,9 @@ def test_one_level_equals_two_levels_with_a_trivial_level(p, M, B, B2):
         # equal up to float rounding (the levels add the same terms in another order: 1 ulp seen)
         assert other.bottleneck_ms == pytest.approx(flat.bottleneck_ms, rel=1e-12, abs=1e-12)
         if other.bottleneck_ms == flat.bottleneck_ms:  # without a rounding tie, the same stages
-            assert [(s.first, s.last, s.replicas, s.workers) for s in other.stages] == \
-                   [(s.first, s.last, s.replicas, s.workers) for s in flat.stages]
+            assert [(s.first, s.last, s.replicas, s.workers) for s in other.stages] == [
+                (s.first, s.last, s.replicas, s.workers) for s in flat.stages
+            ]
 
 
 @pytest.mark.parametrize("M, rows_all", [(8, True), (5, True), (16, False)])
@@ -244,7 +258,7 @@ def heavy_tailed_profile(rng, n):
     par = np.round(rng.lognormal(0.0, 2.0, n)) * 1e6 * np.linspace(0.1, 10, n)
     act = np.round(rng.uniform(0, 8, n)) * 1e6
     z = rng.integers(0, n - 8)
-    fwd[z:z + 6] = bwd[z:z + 6] = par[z:z + 6] = 0.0
+    fwd[z : z + 6] = bwd[z : z + 6] = par[z : z + 6] = 0.0
     fwd[int(0.8 * n)] = 40.0 * fwd.mean() + 1
     return make_profile(fwd, bwd, act, par)
 
@@ -262,7 +276,7 @@ def test_crossing_search_equals_direct_on_larger_inputs(M, rows_all, seed):
         a = build_levels(L, topo, kw.get("straight", False), kw.get("memory"), False, fast=True)
         b = build_levels(L, topo, kw.get("straight", False), kw.get("memory"), False, fast=False)
         if "memory" not in kw:  # a range of at least m layers always fits on exactly m workers
-            m, j, r = np.ogrid[:M + 1, :130, :a[0].A.shape[2]]
+            m, j, r = np.ogrid[: M + 1, :130, : a[0].A.shape[2]]
             assert np.isfinite(a[0].A[(m >= 1) & (j - r + 1 >= m)]).all()
         for la, lb in zip(a, b):
             np.testing.assert_array_equal(la.A, lb.A)
@@ -330,7 +344,7 @@ def test_balanced_time_is_optimal(p, S):
         with pytest.raises(ValueError, match="non-empty stages"):
             partition_balanced_time(p, S)
         return
-    want = min(max(sum(C[f:l + 1]) for f, l in r) for r in splits(0, len(C) - 1, S))
+    want = min(max(sum(C[f : l + 1]) for f, l in r) for r in splits(0, len(C) - 1, S))
     plan = partition_balanced_time(p, S)
     assert plan.method == "balanced-time" and plan.num_stages == S
     assert plan.bottleneck_ms == pytest.approx(want, rel=1e-9, abs=1e-12)
@@ -436,8 +450,11 @@ def test_balanced_time_runs_in_o_n_s_memory():
     n = 20_000
     rng = np.random.default_rng(3)
     c = rng.random(n)
-    prof = Profile.from_frame(pd.DataFrame(dict(name=[str(i) for i in range(n)], fwd_ms=c, bwd_ms=c,
-                                                act_bytes=np.ones(n), param_bytes=np.ones(n))))
+    prof = Profile.from_frame(
+        pd.DataFrame(
+            dict(name=[str(i) for i in range(n)], fwd_ms=c, bwd_ms=c, act_bytes=np.ones(n), param_bytes=np.ones(n))
+        )
+    )
     tracemalloc.start()
     try:
         plan = partition_balanced_time(prof, 4)

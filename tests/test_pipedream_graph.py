@@ -1,5 +1,6 @@
 """PipeDream graph.txt import: list-valued activation sizes (recurrent models), several input
 nodes, clear errors with file and line, and the shipped profiles' source label."""
+
 from __future__ import annotations
 
 import pytest
@@ -42,19 +43,26 @@ def test_gnmt_like_graph_lists_and_inputs(tmp_path):
     assert list(again.layers["act_bytes"]) == list(df["act_bytes"])
 
 
-@pytest.mark.parametrize("bad,where", [
-    ("activation_size=[1.0; x]", "graph.txt:2: activation_size"),
-    ("activation_size=-5.0", "graph.txt:2: activation_size"),
-    ("forward_compute_time=abc", "graph.txt:2: compute time 'abc'"),
-])
+@pytest.mark.parametrize(
+    "bad,where",
+    [
+        ("activation_size=[1.0; x]", "graph.txt:2: activation_size"),
+        ("activation_size=-5.0", "graph.txt:2: activation_size"),
+        ("forward_compute_time=abc", "graph.txt:2: compute time 'abc'"),
+    ],
+)
 def test_unparseable_values_name_file_and_line(tmp_path, bad, where):
-    line = ("node2 -- ReLU() -- forward_compute_time=1.0, backward_compute_time=1.0, activation_size=4.0, "
-            "parameter_size=0.0")
+    line = (
+        "node2 -- ReLU() -- forward_compute_time=1.0, backward_compute_time=1.0, activation_size=4.0, "
+        "parameter_size=0.0"
+    )
     key = bad.split("=")[0]
     line = line.replace(next(p for p in line.split(", ") if p.split(" -- ")[-1].startswith(key)).split(" -- ")[-1], bad)
     path = tmp_path / "graph.txt"
-    path.write_text("node1 -- Input0 -- forward_compute_time=0.0, backward_compute_time=0.0, activation_size=4.0, "
-                    "parameter_size=0.0\n" + line + "\n\tnode1 -- node2\n")
+    path.write_text(
+        "node1 -- Input0 -- forward_compute_time=0.0, backward_compute_time=0.0, activation_size=4.0, "
+        "parameter_size=0.0\n" + line + "\n\tnode1 -- node2\n"
+    )
     with pytest.raises(ValueError, match=where):
         read_graph(path)
     path.write_text("node1 -- Input0\n")

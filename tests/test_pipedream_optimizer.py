@@ -14,6 +14,7 @@ replicated, fewer machines, memory limit, no cut costs).
   are optima of the same objective.
 * Times: "time per stage in pipeline", its DP estimate and the single-machine time, relative 1e-6.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -67,8 +68,12 @@ def test_every_shipped_profile_has_recordings():
     assert len(RECORDS) >= 27
 
 
-SUMS = {"compute_s": "state_compute_s", "activation": "state_activation", "parameters": "state_parameters",
-        "output_activation": "state_output_activation"}
+SUMS = {
+    "compute_s": "state_compute_s",
+    "activation": "state_activation",
+    "parameters": "state_parameters",
+    "output_activation": "state_output_activation",
+}
 
 
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.name.split(".")[0])
@@ -102,9 +107,15 @@ def test_partition_cost_pipedream_equals_its_times(path):
     rec = load(path)
     opt = options(rec)
     topo = Topology(tuple(zip(rec["machines"], rec["bandwidths"])))
-    plan = partition(shipped(rec["profile"]), topo, straight=opt.straight, use_fewer_workers=opt.use_fewer_machines,
-                     memory_bytes=opt.memory_bytes, cost="pipedream",
-                     pipedream=Settings(activation_compression_ratio=opt.activation_compression_ratio))
+    plan = partition(
+        shipped(rec["profile"]),
+        topo,
+        straight=opt.straight,
+        use_fewer_workers=opt.use_fewer_machines,
+        memory_bytes=opt.memory_bytes,
+        cost="pipedream",
+        pipedream=Settings(activation_compression_ratio=opt.activation_compression_ratio),
+    )
     assert plan.meta["cost"] == "pipedream"
     assert plan.bottleneck_ms == pytest.approx(rec["pipeline_s"] * 1e3, rel=1e-6)
     assert plan.data_parallel_ms == pytest.approx(rec["single_s"] / rec["dp_speedup"] * 1e3, rel=1e-6)
@@ -112,7 +123,7 @@ def test_partition_cost_pipedream_equals_its_times(path):
     assert plan.num_workers == math.prod(rec["machines"]) - plan.meta["pipedream"]["unused_machines"]
     # every layer of the profile is in exactly one stage, in an order where the stages are contiguous
     nodes = plan.meta.get("layer_order") or list(shipped(rec["profile"]).layers["node"])
-    by_stage = [set(nodes[s.first:s.last + 1]) for s in plan.stages]
+    by_stage = [set(nodes[s.first : s.last + 1]) for s in plan.stages]
     for mine, theirs in zip(by_stage, plan.meta["pipedream"]["stage_nodes"]):
         assert set(theirs) - {"node1"} <= mine  # node1: the input, not a profile row
     again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
@@ -135,13 +146,19 @@ def test_chain_profile_over_layers():
     """A profile without a graph is a chain; over="layers" ignores a graph.txt's DAG."""
     import pandas as pd
 
-    df = pd.DataFrame({"name": list("abcd"), "fwd_ms": [10.0, 1, 1, 10], "bwd_ms": [20.0, 2, 2, 20],
-                           "act_bytes": [1e6, 1e6, 1e6, 1e3], "param_bytes": [0.0, 0, 0, 1e6]})
+    df = pd.DataFrame(
+        {
+            "name": list("abcd"),
+            "fwd_ms": [10.0, 1, 1, 10],
+            "bwd_ms": [20.0, 2, 2, 20],
+            "act_bytes": [1e6, 1e6, 1e6, 1e3],
+            "param_bytes": [0.0, 0, 0, 1e6],
+        }
+    )
     plan = partition(Profile(df), Topology.flat(2, 1e9), cost="pipedream", straight=True)
     assert [(s.first, s.last) for s in plan.stages] == [(0, 1), (2, 3)]
     assert plan.bottleneck_ms == pytest.approx(33.0)  # (10 + 20 + 1 + 2) ms, cuts 2 MB / 1 GB/s = 2 ms
-    flat = partition(shipped("resnet50"), Topology.flat(4, 12e9), cost="pipedream",
-                     pipedream=Settings(over="layers"))
+    flat = partition(shipped("resnet50"), Topology.flat(4, 12e9), cost="pipedream", pipedream=Settings(over="layers"))
     assert flat.meta["pipedream"]["over"] == "layers" and flat.meta["pipedream"]["states"] == len(shipped("resnet50"))
 
 
@@ -171,7 +188,7 @@ def test_stages_not_contiguous_in_the_profile_order_get_a_layer_order():
     again = profile_for(prof, plan)
     assert list(again.layers["node"]) == order and again.total_ms == pytest.approx(prof.total_ms)
     for s, nodes in zip(plan.stages, plan.meta["pipedream"]["stage_nodes"]):
-        assert set(order[s.first:s.last + 1]) == set(nodes) - {"node1"}
+        assert set(order[s.first : s.last + 1]) == set(nodes) - {"node1"}
     # every node after its inputs
     pos = {v: i for i, v in enumerate(order)}
     for a, b in prof.meta["graph"]["edges"]:

@@ -1,4 +1,5 @@
 """Tests of the plotly timelines (structure of the figure, not pixels)."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -11,8 +12,10 @@ from workbench.simulate import simulate
 
 def _pipeline(S=3, M=4) -> Schedule:
     """GPipe by hand: all forwards, then all backwards, then a STEP."""
-    ops = [[Op("F", s, b) for b in range(M)] + [Op("B", s, b) for b in range(M)] + [Op("STEP", s, step=0)]
-           for s in range(S)]
+    ops = [
+        [Op("F", s, b) for b in range(M)] + [Op("B", s, b) for b in range(M)] + [Op("STEP", s, step=0)]
+        for s in range(S)
+    ]
     return Schedule("gpipe", S, S, M, ops, tuple((s,) for s in range(S)), microbatches_per_step=M)
 
 
@@ -95,6 +98,7 @@ def test_compare_aligns_each_timeline_to_zero():
 
 def test_save_html_uses_one_shared_plotlyjs_when_asked(tmp_path, monkeypatch):
     import plotly.graph_objects as go
+
     from workbench.plot import SHARED_PLOTLYJS_ENV, save_html, write_shared_plotlyjs
 
     fig = go.Figure(go.Bar(x=[1, 2], y=[3, 4]))

@@ -11,8 +11,15 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
 
 
 def frame(n=4):
-    return pd.DataFrame(dict(name=[f"l{i}" for i in range(n)], fwd_ms=np.arange(1, n + 1.0),
-                             bwd_ms=2 * np.arange(1, n + 1.0), act_bytes=[100.0] * n, param_bytes=[10.0] * n))
+    return pd.DataFrame(
+        dict(
+            name=[f"l{i}" for i in range(n)],
+            fwd_ms=np.arange(1, n + 1.0),
+            bwd_ms=2 * np.arange(1, n + 1.0),
+            act_bytes=[100.0] * n,
+            param_bytes=[10.0] * n,
+        )
+    )
 
 
 @pytest.mark.parametrize("col,value", [("fwd_ms", -1.0), ("bwd_ms", float("nan")), ("act_bytes", float("inf"))])
@@ -52,8 +59,13 @@ def test_pipedream_branching_cut_bytes(tmp_path):
     """a -> b -> d and a -> c -> d: cuts inside the diamond carry two tensors."""
     g = tmp_path / "graph.txt"
     line = "{n} -- {d} -- forward_compute_time={f}, backward_compute_time={b}, activation_size={a}, parameter_size={p}"
-    nodes = [("node1", "Input", 5, 0, 1000, 0), ("node2", "Conv2d(a)", 1, 2, 10, 4), ("node3", "ReLU()", 1, 1, 20, 0),
-             ("node4", "Conv2d(c)", 3, 4, 30, 8), ("node5", "Add(inplace)", 0, 0, 40, 0)]
+    nodes = [
+        ("node1", "Input", 5, 0, 1000, 0),
+        ("node2", "Conv2d(a)", 1, 2, 10, 4),
+        ("node3", "ReLU()", 1, 1, 20, 0),
+        ("node4", "Conv2d(c)", 3, 4, 30, 8),
+        ("node5", "Add(inplace)", 0, 0, 40, 0),
+    ]
     text = [line.format(n=n, d=d, f=f, b=b, a=a, p=p) for n, d, f, b, a, p in reversed(nodes)]
     text += ["\tnode1 -- node2", "\tnode2 -- node3", "\tnode2 -- node4", "\tnode3 -- node5", "\tnode4 -- node5"]
     g.write_text("\n".join(text) + "\n")
@@ -67,7 +79,9 @@ def test_pipedream_branching_cut_bytes(tmp_path):
 
 
 @pytest.mark.skipif(not SHARED.exists(), reason="../shared/pipedream-profiles not present")
-@pytest.mark.parametrize("model,layers,params_m", [("alexnet", 22, 61.1), ("vgg16", 40, 138.36), ("resnet50", 176, 25.56)])
+@pytest.mark.parametrize(
+    "model,layers,params_m", [("alexnet", 22, 61.1), ("vgg16", 40, 138.36), ("resnet50", 176, 25.56)]
+)
 def test_pipedream_real_profiles(model, layers, params_m):
     p = Profile.from_pipedream(SHARED / model / "graph.txt")
     assert len(p) == layers
@@ -131,8 +145,11 @@ def test_projection_is_modeled_and_ordered_by_gpu_speed():
 
 
 def test_winograd_discount_applies_to_3x3_stride1_convs_only():
-    net = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.Conv2d(64, 64, 3, padding=1),
-                              torch.nn.Conv2d(64, 64, 3, stride=2, padding=1)).to("meta")
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(64, 64, 3, padding=1),
+        torch.nn.Conv2d(64, 64, 3, padding=1),
+        torch.nn.Conv2d(64, 64, 3, stride=2, padding=1),
+    ).to("meta")
     with torch.device("meta"):
         x = torch.randn(64, 64, 56, 56)
     stats = analyze(net, x)
@@ -155,8 +172,9 @@ def test_profile_records_the_real_batch_and_counts_tied_weights_once():
 
     emb, head = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False)
     head.weight = emb.weight  # tied input/output embedding
-    prof = profile(nn.Sequential(emb, head), torch.randint(0, 10, (6, 3)), batch_size=128, iterations=1, warmup=0,
-                   progress=False)
+    prof = profile(
+        nn.Sequential(emb, head), torch.randint(0, 10, (6, 3)), batch_size=128, iterations=1, warmup=0, progress=False
+    )
     assert prof.meta["batch_size"] == 6  # the example input's batch, not the batch_size argument
     assert prof.layers["param_bytes"].tolist() == [10 * 4 * 4, 0.0]
     assert prof.total_param_bytes == sum(p.numel() * 4 for p in nn.Sequential(emb, head).parameters())
@@ -176,8 +194,19 @@ def test_cli_profiles_a_user_model_measured_and_modeled(tmp_path, capsys):
     from workbench.cli import main
     from workbench.profiler import Profile
 
-    base = ["profile", "--model", "workbench.models.examples:resnet18_digits", "--dataset", "digits",
-            "--batch-size", "16", "--iterations", "1", "--warmup", "0"]
+    base = [
+        "profile",
+        "--model",
+        "workbench.models.examples:resnet18_digits",
+        "--dataset",
+        "digits",
+        "--batch-size",
+        "16",
+        "--iterations",
+        "1",
+        "--warmup",
+        "0",
+    ]
     assert main(base + ["--out", str(tmp_path / "p.json")]) == 0
     assert main(base + ["--gpu", "V100", "--out", str(tmp_path / "p.json")]) == 0  # never overwrites: p-2.json
     measured, modeled = Profile.load(tmp_path / "p.json"), Profile.load(tmp_path / "p-2.json")
@@ -223,11 +252,14 @@ def _measured(**meta):
     return Profile.from_frame(frame(), **(base | meta))
 
 
-@pytest.mark.parametrize("meta, words", [
-    (dict(load_before=4.0), "load average 4.0 on 2 cores while profiling with 2 thread(s)"),
-    (dict(load_before=2.5, threads=1), "load average 2.5 on 2 cores while profiling with 1 thread(s)"),
-    (dict(spread=1.35), "repeated runs spread by 135% of the median"),
-])
+@pytest.mark.parametrize(
+    "meta, words",
+    [
+        (dict(load_before=4.0), "load average 4.0 on 2 cores while profiling with 2 thread(s)"),
+        (dict(load_before=2.5, threads=1), "load average 2.5 on 2 cores while profiling with 1 thread(s)"),
+        (dict(spread=1.35), "repeated runs spread by 135% of the median"),
+    ],
+)
 def test_trust_note_flags_load_and_spread(meta, words):
     note = _measured(**meta).trust_note()
     assert words in note and "\n" not in note and note.startswith("warning:")
@@ -246,12 +278,16 @@ def test_cli_profile_threads_and_workers(tmp_path, capsys):
     from workbench.profiler import threads_per_rank
 
     out = tmp_path / "p.json"
-    assert main(["profile", "--model", "mlp", "--threads", "1", "--iterations", "2", "--warmup", "0",
-                 "--out", str(out)]) == 0
+    assert (
+        main(["profile", "--model", "mlp", "--threads", "1", "--iterations", "2", "--warmup", "0", "--out", str(out)])
+        == 0
+    )
     assert Profile.load(out).meta["threads"] == 1
     out2 = tmp_path / "p2.json"
-    assert main(["profile", "--model", "mlp", "--workers", "2", "--iterations", "1", "--warmup", "0",
-                 "--out", str(out2)]) == 0
+    assert (
+        main(["profile", "--model", "mlp", "--workers", "2", "--iterations", "1", "--warmup", "0", "--out", str(out2)])
+        == 0
+    )
     assert Profile.load(out2).meta["threads"] == threads_per_rank(2)
     capsys.readouterr()
     assert main(["profile", "--model", "mlp", "--threads", "1", "--workers", "2", "--out", str(tmp_path / "x")]) == 2

@@ -1,6 +1,7 @@
 """Activation re-materialization (GPipe): an option on any schedule. The simulator charges the
 extra forward and keeps only stage inputs; the partitioner's memory limit accounts for it; the
 runtime (torch.utils.checkpoint) keeps gradients exact and measurably saves activation memory."""
+
 from __future__ import annotations
 
 import pytest
@@ -43,8 +44,8 @@ def _stage_bytes(profile, plan, in_flight, recompute):
     df = profile.layers
     out = []
     for st, v in zip(plan.stages, in_flight):
-        w = df["param_bytes"].iloc[st.first:st.last + 1].sum()
-        A = df["act_bytes"].iloc[st.first:st.last + 1].sum()
+        w = df["param_bytes"].iloc[st.first : st.last + 1].sum()
+        A = df["act_bytes"].iloc[st.first : st.last + 1].sum()
         a_in = df["act_bytes"].iloc[st.first - 1] if st.first > 0 else 0.0
         out.append(v * (w + a_in) + A if recompute else v * (w + A))
     return out
@@ -74,7 +75,9 @@ def test_simulated_memory_saved_and_time_paid(vgg16):
     plain = simulate(build("pipedream-flush", plan, 8), **kw)
     re = simulate(build("pipedream-flush", plan, 8, recompute=True), **kw)
     want = [b / 8 for b in _stage_bytes(vgg16, plan, [4, 3, 2, 1], recompute=True)]  # per microbatch: 1/8
-    params = [vgg16.layers["param_bytes"].iloc[s.first:s.last + 1].sum() * k / 8 for s, k in zip(plan.stages, [4, 3, 2, 1])]
+    params = [
+        vgg16.layers["param_bytes"].iloc[s.first : s.last + 1].sum() * k / 8 for s, k in zip(plan.stages, [4, 3, 2, 1])
+    ]
     assert re.metrics["peak_activation_bytes"] == pytest.approx([w - p for w, p in zip(want, params)])
     r, p = re.metrics["peak_activation_bytes"], plain.metrics["peak_activation_bytes"]
     assert all(r[w] < p[w] for w in range(3))  # K_w >= 2 microbatches in flight: saved
@@ -94,8 +97,12 @@ def test_runtime_gradients_exact_and_memory_measured():
     x, y, vocab = R.pydocs_batch(4, n, seed=1)
     model = dict(vocab=vocab, context=n, dim=16, num_layers=2, heads=2, seed=3)
     P = flop_model(segment_gpt(**model))
-    scheds = [build("pipedream-flush", 2, 2), build("pipedream-flush", 2, 2, recompute=True),
-              build("zb-h1", 2, 2, recompute=True), build("seq1f1b", 2, 2, segments=2, seq_len=n, model=P, recompute=True)]
+    scheds = [
+        build("pipedream-flush", 2, 2),
+        build("pipedream-flush", 2, 2, recompute=True),
+        build("zb-h1", 2, 2, recompute=True),
+        build("seq1f1b", 2, 2, segments=2, seq_len=n, model=P, recompute=True),
+    ]
     jobs = [R.SegmentJob(s, x, y, model=model, lr=0.5, timeout_s=120) for s in scheds]
     outs = R.run(jobs)
     for job, out in zip(jobs, outs):
@@ -114,11 +121,31 @@ def test_layer_runtime_with_checkpoint_matches_reference(tmp_path):
     stage forwards under torch.utils.checkpoint; weights after 2 steps equal the reference's."""
     from workbench.runtime import prepare, reference_train, run_jobs
 
-    common = dict(batch_size=16, lr=0.1, dtype="float64", widths=(8, 16, 16, 16, 4), progress=False,
-                  return_weights=True, timeout_s=60, allow_oversubscribe=True)
-    jobs = [prepare("toy-mlp", build(name, 2, 4, steps=2, recompute=True), workers=2, microbatches=4, steps=2,
-                    out=tmp_path / name, **common) for name in ("pipedream-flush", "zb-h1")]
+    common = dict(
+        batch_size=16,
+        lr=0.1,
+        dtype="float64",
+        widths=(8, 16, 16, 16, 4),
+        progress=False,
+        return_weights=True,
+        timeout_s=60,
+        allow_oversubscribe=True,
+    )
+    jobs = [
+        prepare(
+            "toy-mlp",
+            build(name, 2, 4, steps=2, recompute=True),
+            workers=2,
+            microbatches=4,
+            steps=2,
+            out=tmp_path / name,
+            **common,
+        )
+        for name in ("pipedream-flush", "zb-h1")
+    ]
     for job, summary in zip(jobs, run_jobs(jobs)):
-        ref = reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=16, lr=0.1, rounds=2)
+        ref = reference_train(
+            job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=16, lr=0.1, rounds=2
+        )
         diff = max((summary["weights"][s][n] - ref[s][n]).abs().max().item() for s in range(len(ref)) for n in ref[s])
         assert diff < 1e-12

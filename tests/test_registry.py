@@ -1,11 +1,12 @@
 """The schedule registry: one table read by the builder, the CLIs, the launcher and the docs."""
+
 from __future__ import annotations
 
 import pytest
 
 from workbench.cli import main
 from workbench.runtime.launch import schedule_for_workers
-from workbench.schedules import (NAMES, REGISTRY, Op, OpKind, build, markdown_table, register, spec, validate)
+from workbench.schedules import NAMES, REGISTRY, Op, OpKind, build, markdown_table, register, spec, validate
 from workbench.schedules.registry import parse_option
 
 
@@ -70,7 +71,9 @@ def test_docs_schedule_table_is_the_registry_table():
     text = (Path(__file__).resolve().parents[1] / "docs" / "schedules.md").read_text()
     begin = text.index("-->\n", text.index("<!-- schedule-table")) + len("-->\n")
     end = text.index("\n<!-- /schedule-table -->")
-    assert text[begin:end] == markdown_table(), "docs/schedules.md's table is stale: paste `workbench schedules --markdown`"
+    assert text[begin:end] == markdown_table(), (
+        "docs/schedules.md's table is stale: paste `workbench schedules --markdown`"
+    )
 
 
 def test_op_kind_is_a_str_enum():
@@ -89,7 +92,9 @@ def test_dependencies_are_derived_once_and_give_the_receive_plan():
     assert deps[("BI", 1, 0)] == (("F", 1, 0), ("BI", 2, 0)) and deps[("BW", 1, 0)] == (("BI", 1, 0),)
     assert deps[("BI", 2, 0)] == (("F", 2, 0),)
     got = sched.remote_inputs(1)  # worker 1 receives activations from 0 and gradients from 2
-    assert {(dep, src) for _, dep, src in got} == {(("F", 0, b), 0) for b in range(2)} | {(("BI", 2, b), 2) for b in range(2)}
+    assert {(dep, src) for _, dep, src in got} == {(("F", 0, b), 0) for b in range(2)} | {
+        (("BI", 2, b), 2) for b in range(2)
+    }
     assert all(sched.ops[1][i].kind in ("F", "BI") for i, _, _ in got)
 
 
@@ -99,8 +104,24 @@ def test_cli_lists_schedules_and_passes_options(tmp_path, capsys):
     assert main(["schedules", "--markdown"]) == 0
     assert capsys.readouterr().out.startswith("| schedule |")
     out = tmp_path / "sim"
-    assert main(["simulate", "--schedule", "looped-bfs", "--stages", "4", "--microbatches", "4",
-                 "--schedule-option", "chunks=2", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--schedule",
+                "looped-bfs",
+                "--stages",
+                "4",
+                "--microbatches",
+                "4",
+                "--schedule-option",
+                "chunks=2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert main(["simulate", "--schedule", "gpipe", "--schedule-option", "chunks=2", "--out", str(out)]) == 2
     assert "takes options ['steps'], not 'chunks'" in capsys.readouterr().err
     assert parse_option("group-size=2") == ("group_size", "2")
@@ -108,30 +129,56 @@ def test_cli_lists_schedules_and_passes_options(tmp_path, capsys):
 
 def test_no_silent_reshaping_of_a_plan():
     from workbench.plan import Plan
+
     straight4 = Plan.from_boundaries([0, 1, 2, 3])
-    with pytest.raises(ValueError, match=r"chunks=2 runs the plan's 4 stages on 2 of its 4 workers .* pass chunks=1, "
-                                         r"or a stage count instead of the plan \(8 stages for 4 workers\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"chunks=2 runs the plan's 4 stages on 2 of its 4 workers .* pass chunks=1, "
+        r"or a stage count instead of the plan \(8 stages for 4 workers\)",
+    ):
         build("interleaved-1f1b", straight4, 4)
     assert build("interleaved-1f1b", straight4, 4, chunks=1).num_workers == 4
     assert build("interleaved-1f1b", 8, 8).num_workers == 4
     assert build("ddp", straight4, 8).num_workers == 4  # the plan's workers, not one per batch
     assert build("ddp", straight4, 8, workers=8).num_workers == 8  # explicit: as asked
-    with pytest.warns(UserWarning, match=r"the plan is data parallel \(1 stage on 4 workers\), so gpipe runs as data "
-                                         r"parallelism with gradient accumulation; use dp-bsp"):
+    with pytest.warns(
+        UserWarning,
+        match=r"the plan is data parallel \(1 stage on 4 workers\), so gpipe runs as data "
+        r"parallelism with gradient accumulation; use dp-bsp",
+    ):
         build("gpipe", Plan.from_boundaries([3], [4]), 4)
     assert build("pipedream", Plan.from_boundaries([3], [4]), 4).num_workers == 4  # PipeDream's data parallel
 
 
 def test_cli_refuses_a_topology_of_another_size(tmp_path, capsys):
+    import pandas as pd
+
     from workbench.plan import Plan
     from workbench.profiler import Profile
-    import pandas as pd
-    prof = Profile(pd.DataFrame({"name": ["a", "b"], "fwd_ms": [1.0, 1.0], "bwd_ms": [2.0, 2.0],
-                                 "act_bytes": [1e3, 1e3], "param_bytes": [1e3, 1e3]}), {"kind": "measured"})
+
+    prof = Profile(
+        pd.DataFrame(
+            {
+                "name": ["a", "b"],
+                "fwd_ms": [1.0, 1.0],
+                "bwd_ms": [2.0, 2.0],
+                "act_bytes": [1e3, 1e3],
+                "param_bytes": [1e3, 1e3],
+            }
+        ),
+        {"kind": "measured"},
+    )
     prof.save(tmp_path / "p.csv")
     Plan.from_boundaries([0, 1]).save(tmp_path / "plan.json")
-    args = ["simulate", "--plan", str(tmp_path / "plan.json"), "--profile", str(tmp_path / "p.csv"),
-            "--out", str(tmp_path / "o")]
+    args = [
+        "simulate",
+        "--plan",
+        str(tmp_path / "plan.json"),
+        "--profile",
+        str(tmp_path / "p.csv"),
+        "--out",
+        str(tmp_path / "o"),
+    ]
     assert main(args + ["--workers", "3"]) == 2
     assert "uses 2 workers but the topology has 3" in capsys.readouterr().err
     assert main(args) == 0
@@ -139,8 +186,10 @@ def test_cli_refuses_a_topology_of_another_size(tmp_path, capsys):
 
 def test_schedule_repr_and_card():
     sched = build("zb-h1", 3, 4)
-    assert repr(sched) == ("Schedule[zb-h1](workers=3, stages=3, microbatches=4, ops=39, update=sync, "
-                           "updates per stage=1, peak in flight=3 microbatches)")
+    assert repr(sched) == (
+        "Schedule[zb-h1](workers=3, stages=3, microbatches=4, ops=39, update=sync, "
+        "updates per stage=1, peak in flight=3 microbatches)"
+    )
     html = sched._repr_html_()
     assert "workbench-card" in html and "F0.0@v0" in html and "no costs" in html
 

@@ -1,5 +1,6 @@
 """``workbench reproduce``: a new run folder each time, failures reported with notebook and cell,
 bad parameters rejected with one line and exit status 2 before anything runs."""
+
 import math
 
 import nbformat
@@ -46,8 +47,10 @@ def test_quick_run_writes_figures_and_no_temporary_folder(quick_run):
 def _notebook(path, params: str, body: str):
     params_cell = new_code_cell(params)
     params_cell.metadata["tags"] = ["parameters"]
-    nb = new_notebook(cells=[params_cell, new_code_cell(body)],
-                      metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nb = new_notebook(
+        cells=[params_cell, new_code_cell(body)],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    )
     nbformat.write(nb, path)
 
 
@@ -56,10 +59,13 @@ def tiny_notebooks(tmp_path):
     d = tmp_path / "notebooks"
     d.mkdir()
     _notebook(d / "01_quickstart.ipynb", 'out = "x"', "print('about to fail')\n1 / 0")
-    _notebook(d / "05_unified_schedules.ipynb", 'quick = False\nout_dir = "x"\nsweep_S = 8\nsweep_B = 16',
-              "from workbench.experiments import common\n"
-              "out = common.out_folder(out_dir)\n"
-              "common.write_claims([common.claim('toy', 'two', 2.0, 3.0, 'units', 'modeled (toy)')], out)")
+    _notebook(
+        d / "05_unified_schedules.ipynb",
+        'quick = False\nout_dir = "x"\nsweep_S = 8\nsweep_B = 16',
+        "from workbench.experiments import common\n"
+        "out = common.out_folder(out_dir)\n"
+        "common.write_claims([common.claim('toy', 'two', 2.0, 3.0, 'units', 'modeled (toy)')], out)",
+    )
     return d
 
 
@@ -73,8 +79,10 @@ def test_failure_is_reported_others_run_and_runs_never_overwrite(tiny_notebooks,
     first = [p for p in out.iterdir()]
     assert len(first) == 1
     summary = (first[0] / "summary.md").read_text()
-    assert "| 01_quickstart | **failed**: cell 2 of the executed 01_quickstart.ipynb (`print('about to fail')`): " \
-           "ZeroDivisionError" in summary  # cell 0: parameters, 1: papermill's injected parameters
+    assert (
+        "| 01_quickstart | **failed**: cell 2 of the executed 01_quickstart.ipynb (`print('about to fail')`): "
+        "ZeroDivisionError" in summary
+    )  # cell 0: parameters, 1: papermill's injected parameters
     assert "| 05_unified_schedules | ok |" in summary
     assert "| toy | two | 2 | 3 | 1.5 | units | modeled (toy) |" in summary
     assert "**missing**" in summary  # 02-04 are absent from the tiny folder: listed, not run
@@ -100,16 +108,19 @@ def test_relative_out_folder_keeps_each_notebooks_outputs_in_the_run(tiny_notebo
 
 
 # ---- bad parameters: one line, exit 2, nothing written ------------------------------------------
-@pytest.mark.parametrize("content,args,message", [
-    (None, ["--only", "07"], "unknown notebook '07'"),
-    (None, ["--params", "does-not-exist.yaml"], "does-not-exist.yaml does not exist"),
-    ("02:\n  models: [vgg17]\n", [], "unknown model 'vgg17'"),
-    ("02:\n  measured_models: [nosuchnet]\n", [], "unknown model 'nosuchnet'"),
-    ('{"02_dp_communication_overhead": {"gpu_counts": [0, 4]}}', [], "gpu_counts must be an integer >= 1"),
-    ("05:\n  sweep_S: 0\n", [], "sweep_S must be a positive integer"),
-    ("05:\n  no_such_parameter: 1\n", [], "has no parameter(s) ['no_such_parameter']"),
-    ("02: [1, 2]\n", [], "must map notebook names"),
-])
+@pytest.mark.parametrize(
+    "content,args,message",
+    [
+        (None, ["--only", "07"], "unknown notebook '07'"),
+        (None, ["--params", "does-not-exist.yaml"], "does-not-exist.yaml does not exist"),
+        ("02:\n  models: [vgg17]\n", [], "unknown model 'vgg17'"),
+        ("02:\n  measured_models: [nosuchnet]\n", [], "unknown model 'nosuchnet'"),
+        ('{"02_dp_communication_overhead": {"gpu_counts": [0, 4]}}', [], "gpu_counts must be an integer >= 1"),
+        ("05:\n  sweep_S: 0\n", [], "sweep_S must be a positive integer"),
+        ("05:\n  no_such_parameter: 1\n", [], "has no parameter(s) ['no_such_parameter']"),
+        ("02: [1, 2]\n", [], "must map notebook names"),
+    ],
+)
 def test_bad_parameters_fail_with_one_line(tmp_path, capsys, monkeypatch, content, args, message):
     monkeypatch.chdir(tmp_path)
     if content is not None:

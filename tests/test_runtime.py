@@ -5,6 +5,7 @@ papers' formulas (not from the generators); spawned tests (2-3 gloo ranks on CPU
 check the runtime's final weights against plain SGD (sync rules) or the reference (the others).
 Spawning costs ~10 s per process set on 2 cores, so many runs share one spawn (``run_jobs``).
 """
+
 from __future__ import annotations
 
 import csv
@@ -27,9 +28,17 @@ from workbench.schedules import build, from_placement, worker_stats
 
 WIDTHS = (8, 16, 16, 16, 4)  # 7 layers: Linear/ReLU alternating
 BATCH, LR = 16, 0.1
-COMMON = dict(batch_size=BATCH, lr=LR, dtype="float64", widths=WIDTHS, progress=False, return_weights=True,
-              timeout_s=30, allow_oversubscribe=True,  # 2 ranks must run on a 1-core CI machine too
-              transport="gloo")  # the shm twins (SHM_RUNS) compare against gloo; "auto" would pick shm here
+COMMON = dict(
+    batch_size=BATCH,
+    lr=LR,
+    dtype="float64",
+    widths=WIDTHS,
+    progress=False,
+    return_weights=True,
+    timeout_s=30,
+    allow_oversubscribe=True,  # 2 ranks must run on a 1-core CI machine too
+    transport="gloo",
+)  # the shm twins (SHM_RUNS) compare against gloo; "auto" would pick shm here
 
 
 def stop_bound_s() -> float:
@@ -74,7 +83,10 @@ def versioned_sgd(model_fn, ds, bounds, versions, groups):
         total = None
         for b in mbs:
             x, y = microbatch(ds, order.indices(perm, 0, b))
-            ws = [{n: p.clone().requires_grad_(True) for n, p in hist[k][versions(t, k)].items()} for k in range(len(mods))]
+            ws = [
+                {n: p.clone().requires_grad_(True) for n, p in hist[k][versions(t, k)].items()}
+                for k in range(len(mods))
+            ]
             for k, m in enumerate(mods):
                 x = run_stage(m, ws[k], x)
             leaves = [p for w in ws for p in w.values()]
@@ -92,6 +104,7 @@ def max_diff(a, b):
 
 def bounds_of(n_stages, layers=7):
     from workbench.runtime.stages import even_bounds
+
     return even_bounds(layers, n_stages)
 
 
@@ -139,7 +152,9 @@ def test_reference_vertical_sync_and_2bw_rules():
     sched = build("pipedream-2bw", 2, M2)
     m = sched.microbatches_per_step
     bw = reference_train(sched, model_fn(), b2, ds, batch_size=BATCH, lr=LR)
-    want = versioned_sgd(model_fn, ds, b2, lambda t, k: max(0, t - 1), [list(range(t * m, t * m + m)) for t in range(M2 // m)])
+    want = versioned_sgd(
+        model_fn, ds, b2, lambda t, k: max(0, t - 1), [list(range(t * m, t * m + m)) for t in range(M2 // m)]
+    )
     assert max_diff(bw, want) < 1e-12
 
 
@@ -151,8 +166,15 @@ def test_layerwise_split_backward_equals_one_vjp(model, first, last):
     single-op layers (MLP) and blocks of many ops with residual paths (mini GPT). A stage with a weight
     tied across two of its layers is not split (its gradient would be counted twice)."""
     from workbench.models import build as build_model
-    from workbench.runtime.stages import (as_leaves, run_stage_layers, split_input_grad, split_weight_grad,
-                                          stage_roots, vjp)
+    from workbench.runtime.stages import (
+        as_leaves,
+        run_stage_layers,
+        split_input_grad,
+        split_weight_grad,
+        stage_roots,
+        vjp,
+    )
+
     torch.manual_seed(0)
     net = toy()[0]() if model == "toy-mlp" else build_model(model, seed=0)
     mod = stage_module(net.layers, first, last).double()
@@ -200,8 +222,15 @@ STREAM_RUNS = {  # train(stream=True): an epoch's minibatches as one pipeline; n
     "stream-vs": ("pipedream", {"weights": "vertical-sync", "warmup": [3, 1]}, dict(steps=STEPS + 4)),
     "stream-ns": ("pipedream", {"weights": "no-stash"}, dict(steps=STEPS + 4)),
 }
-SHM_RUNS = {"flush-shm": "flush", "zb-h1-shm": "zb-h1", "interleaved-shm": "interleaved", "fsdp-shm": "fsdp",
-            "stash-shm": "stash", "full-shm": "full", "stream-shm": "stream"}  # transport="shm" twins: the same weights
+SHM_RUNS = {
+    "flush-shm": "flush",
+    "zb-h1-shm": "zb-h1",
+    "interleaved-shm": "interleaved",
+    "fsdp-shm": "fsdp",
+    "stash-shm": "stash",
+    "full-shm": "full",
+    "stream-shm": "stream",
+}  # transport="shm" twins: the same weights
 
 
 @pytest.fixture(scope="module")
@@ -210,29 +239,69 @@ def runs(tmp_path_factory):
     jobs, names = [], []
     lookahead = {"flush": 0, "zb-h1": 1}  # just-in-time receives (NCCL's mode) and a short window; others: all ahead
     for key, (name, opts, m) in {**SYNC_RUNS, **RULE_RUNS}.items():
-        jobs.append(prepare("toy-mlp", name, workers=2, microbatches=m, steps=STEPS, out=root / key,
-                            schedule_options=opts, lookahead=lookahead.get(key), **COMMON))
+        jobs.append(
+            prepare(
+                "toy-mlp",
+                name,
+                workers=2,
+                microbatches=m,
+                steps=STEPS,
+                out=root / key,
+                schedule_options=opts,
+                lookahead=lookahead.get(key),
+                **COMMON,
+            )
+        )
         names.append(key)
     jobs.append(prepare("toy-mlp", "dp-asp", workers=2, microbatches=4, steps=12, out=root / "asp", **COMMON))
     names.append("asp")
-    jobs.append(prepare("toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=root / "full", momentum=MU,
-                        **COMMON))
+    jobs.append(
+        prepare("toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=root / "full", momentum=MU, **COMMON)
+    )
     names.append("full")
-    jobs.append(prepare("toy-mlp", "dp-bsp", workers=2, microbatches=2, steps=STEPS, out=root / "bsp-mom", momentum=MU,
-                        **COMMON))
+    jobs.append(
+        prepare(
+            "toy-mlp", "dp-bsp", workers=2, microbatches=2, steps=STEPS, out=root / "bsp-mom", momentum=MU, **COMMON
+        )
+    )
     names.append("bsp-mom")
     zoo = dict(COMMON, dtype=None, widths=None)  # the zoo's MLP on the offline digits set, float32
     zoo.pop("widths")
-    jobs.append(prepare("mlp", "pipedream-flush", workers=2, microbatches=4, epochs=2, out=root / "zoo", depth=4, width=32,
-                        in_features=64, **zoo))
+    jobs.append(
+        prepare(
+            "mlp",
+            "pipedream-flush",
+            workers=2,
+            microbatches=4,
+            epochs=2,
+            out=root / "zoo",
+            depth=4,
+            width=32,
+            in_features=64,
+            **zoo,
+        )
+    )
     names.append("zoo")
     for key, (name, opts, kw) in STREAM_RUNS.items():
-        jobs.append(prepare("toy-mlp", name, workers=2, microbatches=4, out=root / key, schedule_options=opts, stream=True,
-                            **kw, **COMMON))
+        jobs.append(
+            prepare(
+                "toy-mlp",
+                name,
+                workers=2,
+                microbatches=4,
+                out=root / key,
+                schedule_options=opts,
+                stream=True,
+                **kw,
+                **COMMON,
+            )
+        )
         names.append(key)
     for key, base in SHM_RUNS.items():
         twin = jobs[names.index(base)]
-        jobs.append(dataclasses.replace(twin, out=str(root / key), transport="shm", shm_token=f"test{os.getpid()}{key}"))
+        jobs.append(
+            dataclasses.replace(twin, out=str(root / key), transport="shm", shm_token=f"test{os.getpid()}{key}")
+        )
         names.append(key)
     t = time.time()
     os.environ["WORKBENCH_SHM_SLOTS"] = "2"  # shm rings of 2 slots: wrapped many times, messages held back
@@ -262,8 +331,16 @@ def stream_reference(job, rounds: int, passes: int = 1):
     """The reference of a stream: the schedule over all the microbatches of ``rounds`` minibatches as
     ONE minibatch of ``rounds * BATCH`` samples (the same samples in the same order: DataOrder's slices
     are contiguous), ``passes`` times (one per epoch when ``rounds`` is the epoch)."""
-    return reference_train(job.stream(rounds * job.schedule.microbatches), job.model_fn(), job.bounds, job.dataset_fn(),
-                           batch_size=rounds * BATCH, lr=LR, rounds=passes, momentum=job.momentum)
+    return reference_train(
+        job.stream(rounds * job.schedule.microbatches),
+        job.model_fn(),
+        job.bounds,
+        job.dataset_fn(),
+        batch_size=rounds * BATCH,
+        lr=LR,
+        rounds=passes,
+        momentum=job.momentum,
+    )
 
 
 @pytest.mark.distributed
@@ -281,8 +358,16 @@ def test_stream_runs_an_epoch_as_one_pipeline_with_its_weight_rule(runs, key):
     else:  # a part of one epoch: one stream
         ref = stream_reference(job, job.rounds_total)
     assert max_diff(summary["weights"], ref) < 1e-12
-    per_minibatch = reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR,
-                                    rounds=job.rounds_total, momentum=job.momentum)
+    per_minibatch = reference_train(
+        job.schedule,
+        job.model_fn(),
+        job.bounds,
+        job.dataset_fn(),
+        batch_size=BATCH,
+        lr=LR,
+        rounds=job.rounds_total,
+        momentum=job.momentum,
+    )
     assert max_diff(summary["weights"], per_minibatch) > 1e-4  # a different rule at every minibatch boundary
     rows = list(csv.DictReader(open(Path(job.out) / "metrics.csv")))
     assert [int(r["step"]) for r in rows] == list(range(job.rounds_total))
@@ -304,23 +389,55 @@ def test_stream_resumes_bit_exactly_after_a_fault(runs, tmp_path):
     rpe = len(job.dataset_fn()) // BATCH
     out = tmp_path / "faulty"
     with pytest.raises(RuntimeError, match=r"rank 0 .*injected fault at step"):
-        train("toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=out, fail_rank=0, fail_at_step=rpe + 2,
-              momentum=MU, stream=True, **COMMON)
+        train(
+            "toy-mlp",
+            "pipedream",
+            workers=2,
+            microbatches=4,
+            epochs=2,
+            out=out,
+            fail_rank=0,
+            fail_at_step=rpe + 2,
+            momentum=MU,
+            stream=True,
+            **COMMON,
+        )
     assert latest_checkpoint(out).name == f"round{rpe:06d}"
-    resumed = train("toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=out, resume=True, momentum=MU,
-                    stream=True, **COMMON)
+    resumed = train(
+        "toy-mlp",
+        "pipedream",
+        workers=2,
+        microbatches=4,
+        epochs=2,
+        out=out,
+        resume=True,
+        momentum=MU,
+        stream=True,
+        **COMMON,
+    )
     assert max_diff(resumed["weights"], full["weights"]) < 1e-12
 
 
 def test_stream_refuses_schedules_with_a_flush(tmp_path):
     kw = dict(COMMON, out=tmp_path / "x")
-    with pytest.raises(ValueError, match="flushes the pipeline at every minibatch.*model-parallel, pipedream, pipedream-2bw"):
+    with pytest.raises(
+        ValueError, match="flushes the pipeline at every minibatch.*model-parallel, pipedream, pipedream-2bw"
+    ):
         prepare("toy-mlp", "gpipe", workers=2, microbatches=4, stream=True, **kw)
     with pytest.raises(ValueError, match="give the schedule by name"):
         prepare("toy-mlp", build("pipedream", 2, 4), workers=2, microbatches=4, stream=True, **kw)
-    with pytest.raises(ValueError, match="do not repeat over two minibatches"):  # 3 microbatches per update, 4 per minibatch
-        prepare("toy-mlp", "pipedream-2bw", workers=2, microbatches=4, stream=True,
-                schedule_options={"microbatches_per_step": 3}, **kw)
+    with pytest.raises(
+        ValueError, match="do not repeat over two minibatches"
+    ):  # 3 microbatches per update, 4 per minibatch
+        prepare(
+            "toy-mlp",
+            "pipedream-2bw",
+            workers=2,
+            microbatches=4,
+            stream=True,
+            schedule_options={"microbatches_per_step": 3},
+            **kw,
+        )
 
 
 @pytest.mark.distributed
@@ -329,15 +446,19 @@ def test_sync_schedules_match_minibatch_sgd(runs, key):
     job, summary = runs[0][key]
     want = plain_sgd(job.model_fn, job.dataset_fn(), job.bounds, STEPS, job.schedule.microbatches)
     assert max_diff(summary["weights"], want) < 1e-5
-    assert max_diff(summary["weights"], [stage_params(stage_module(job.model_fn().layers, a, z)) for a, z in job.bounds]) > 1e-3
+    assert (
+        max_diff(summary["weights"], [stage_params(stage_module(job.model_fn().layers, a, z)) for a, z in job.bounds])
+        > 1e-3
+    )
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("key", list(RULE_RUNS))
 def test_pipedream_rules_match_reference(runs, key):
     job, summary = runs[0][key]
-    ref = reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR,
-                          rounds=STEPS)
+    ref = reference_train(
+        job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR, rounds=STEPS
+    )
     assert max_diff(summary["weights"], ref) < 1e-5
     if key == "no-stash":
         stash = runs[0]["stash"][1]["weights"]
@@ -368,7 +489,10 @@ def test_outputs_written(runs):
     assert len(tl) == 2 * rpe * job.schedule.num_ops
     assert all(float(r["end"]) >= float(r["start"]) >= 0 for r in tl)
     ck = latest_checkpoint(out)
-    assert ck.name == f"round{2 * rpe:06d}" and sorted(p.name for p in ck.glob("*.pt")) == ["stage0_replica0.pt", "stage1_replica0.pt"]
+    assert ck.name == f"round{2 * rpe:06d}" and sorted(p.name for p in ck.glob("*.pt")) == [
+        "stage0_replica0.pt",
+        "stage1_replica0.pt",
+    ]
     s = json.loads((out / "summary.json").read_text())
     assert s["steps"] == 2 * rpe and s["samples_per_s"] > 0 and all(r["peak_rss_bytes"] > 0 for r in s["ranks"])
     with pytest.raises(ValueError, match="already holds a finished run"):
@@ -381,16 +505,27 @@ def test_fault_stops_job_then_resume_matches_uninterrupted(runs):
     out = runs[1] / "faulty"
     rpe = len(full_job.dataset_fn()) // BATCH
     with pytest.raises(RankFailed, match=r"rank 1 .*injected fault at step") as e:
-        train("toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=out, fail_rank=1,
-              fail_at_step=rpe + 1, momentum=MU, **COMMON)
+        train(
+            "toy-mlp",
+            "pipedream",
+            workers=2,
+            microbatches=4,
+            epochs=2,
+            out=out,
+            fail_rank=1,
+            fail_at_step=rpe + 1,
+            momentum=MU,
+            **COMMON,
+        )
     assert time.time() - e.value.at < stop_bound_s()  # from the fault, not from the job's start
     assert e.value.rank == 1 and e.value.step == rpe + 1 and "injected fault" in e.value.traceback
     psutil = pytest.importorskip("psutil")
     left = [p for p in psutil.Process().children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
     assert [p for p in left if p.status() != psutil.STATUS_ZOMBIE] == []  # the launcher joined its ranks
     assert latest_checkpoint(out).name == f"round{rpe:06d}"  # epoch 1's checkpoint survived
-    resumed = train("toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=out, resume=True, momentum=MU,
-                    **COMMON)
+    resumed = train(
+        "toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=out, resume=True, momentum=MU, **COMMON
+    )
     assert max_diff(resumed["weights"], full["weights"]) < 1e-12
     rows = list(csv.DictReader(open(out / "metrics.csv")))
     assert [int(r["step"]) for r in rows] == list(range(2 * rpe))
@@ -399,8 +534,7 @@ def test_fault_stops_job_then_resume_matches_uninterrupted(runs):
 @pytest.mark.distributed
 def test_replicated_stage_round_robin_matches_reference(tmp_path):
     plan = Plan.from_boundaries([2, 6], [2, 1])  # stage 0 on workers 0,1; stage 1 on worker 2
-    job = prepare("toy-mlp", "pipedream", workers=3, microbatches=4, steps=2, out=tmp_path / "r", plan=plan,
-                  **COMMON)
+    job = prepare("toy-mlp", "pipedream", workers=3, microbatches=4, steps=2, out=tmp_path / "r", plan=plan, **COMMON)
     (summary,) = run_jobs([job])
     ref = reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR, rounds=2)
     assert max_diff(summary["weights"], ref) < 1e-5
@@ -410,8 +544,9 @@ def test_replicated_stage_round_robin_matches_reference(tmp_path):
 def test_momentum_runs_match_reference_and_torch_sgd(runs):
     job, summary = runs[0]["full"]  # PipeDream stash with momentum over two epochs
     rounds = 2 * (len(job.dataset_fn()) // BATCH)
-    ref = reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR,
-                          rounds=rounds, momentum=MU)
+    ref = reference_train(
+        job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR, rounds=rounds, momentum=MU
+    )
     assert max_diff(summary["weights"], ref) < 1e-5
     job, summary = runs[0]["bsp-mom"]  # DDP with momentum against torch.optim.SGD on the whole model
     model = job.model_fn()
@@ -448,8 +583,13 @@ def test_bad_inputs_raise_one_line_value_errors(tmp_path):
     with pytest.raises(ValueError, match="not divisible"):
         prepare("toy-mlp", "gpipe", workers=2, microbatches=5, **kw)
     with pytest.raises(ValueError, match="remote weights|another worker"):  # forward and backward read different owners
-        prepare("toy-mlp", from_placement(lambda s, b, d: (b % 2, 0 if d == "forward" else 1), 2, 2, 2), workers=2,
-                microbatches=2, **kw)
+        prepare(
+            "toy-mlp",
+            from_placement(lambda s, b, d: (b % 2, 0 if d == "forward" else 1), 2, 2, 2),
+            workers=2,
+            microbatches=2,
+            **kw,
+        )
     kw["allow_oversubscribe"] = True
     with pytest.raises(ValueError, match="transport must be 'auto' or 'gloo' or 'shm'"):
         prepare("toy-mlp", "gpipe", workers=2, microbatches=4, transport="tcp", **kw)
@@ -467,6 +607,7 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
     import argparse
 
     from workbench.runtime.cli import add_train_arguments, run_train
+
     p = argparse.ArgumentParser()
     add_train_arguments(p)
     args = p.parse_args(["--model", "toy-mlp", "--workers", "512", "--out", str(tmp_path / "o"), "--no-progress"])
@@ -492,8 +633,20 @@ MASTER4_RUNS = {  # 4 ranks on 2 cores (oversubscribed); name -> (schedule or na
 @pytest.fixture(scope="module")
 def runs4(tmp_path_factory):
     root = tmp_path_factory.mktemp("rt4")
-    jobs = [prepare("toy-mlp", name, workers=4, microbatches=m, steps=STEPS, out=root / key, schedule_options=opts,
-                    momentum=mu, **COMMON) for key, (name, opts, m, mu) in MASTER4_RUNS.items()]
+    jobs = [
+        prepare(
+            "toy-mlp",
+            name,
+            workers=4,
+            microbatches=m,
+            steps=STEPS,
+            out=root / key,
+            schedule_options=opts,
+            momentum=mu,
+            **COMMON,
+        )
+        for key, (name, opts, m, mu) in MASTER4_RUNS.items()
+    ]
     return dict(zip(MASTER4_RUNS, zip(jobs, run_jobs(jobs))))
 
 
@@ -502,19 +655,39 @@ def pushes_expected(schedule):
     worker holding no replica of the stage computes backwards for (its microbatch gradients are summed)."""
     out = []
     for w, ops in enumerate(schedule.ops):
-        out.append(len({(op.stage, op.weights_worker) for op in ops if op.kind in ("B", "BW")
-                        and op.weights_worker not in (None, w) and w not in schedule.stage_workers[op.stage]}))
+        out.append(
+            len(
+                {
+                    (op.stage, op.weights_worker)
+                    for op in ops
+                    if op.kind in ("B", "BW")
+                    and op.weights_worker not in (None, w)
+                    and w not in schedule.stage_workers[op.stage]
+                }
+            )
+        )
     return out
 
 
 def check_master_run(job, summary, sgd: bool):
-    ref = reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR,
-                          rounds=STEPS, momentum=job.momentum)
+    ref = reference_train(
+        job.schedule,
+        job.model_fn(),
+        job.bounds,
+        job.dataset_fn(),
+        batch_size=BATCH,
+        lr=LR,
+        rounds=STEPS,
+        momentum=job.momentum,
+    )
     assert max_diff(summary["weights"], ref) < 1e-5
     if sgd:  # synchronous: plain minibatch SGD on the whole model
         want = plain_sgd(job.model_fn, job.dataset_fn(), job.bounds, STEPS, job.schedule.microbatches)
         assert max_diff(summary["weights"], want) < 1e-5
-    assert max_diff(summary["weights"], [stage_params(stage_module(job.model_fn().layers, a, z)) for a, z in job.bounds]) > 1e-3
+    assert (
+        max_diff(summary["weights"], [stage_params(stage_module(job.model_fn().layers, a, z)) for a, z in job.bounds])
+        > 1e-3
+    )
     stats = worker_stats(job.schedule)
     fetched = [r["weight_fetches"] for r in summary["ranks"]]
     assert sum(fetched) > 0  # the schedule really reads remote weights
@@ -523,8 +696,8 @@ def check_master_run(job, summary, sgd: bool):
     assert [r["gradient_pushes"] for r in summary["ranks"]] == [STEPS * n for n in pushes_expected(job.schedule)]
     stage_bytes = [sum(p.numel() * p.element_size() for p in w.values()) for w in summary["weights"].values()]
     assert sum(r["weight_fetch_bytes"] for r in summary["ranks"]) == STEPS * sum(
-        stage_bytes[op.stage] for w, op in job.schedule
-        if op.kind == "F" and op.weights_worker not in (None, w))
+        stage_bytes[op.stage] for w, op in job.schedule if op.kind == "F" and op.weights_worker not in (None, w)
+    )
 
 
 @pytest.mark.distributed
@@ -544,8 +717,11 @@ def test_master_schedules_on_four_ranks(runs4, key):
 
 def test_reference_master_schedules_are_minibatch_sgd():
     model_fn, ds = toy()
-    for sched in (build("fsdp", 3, 4, workers=2), build("fslpp", 4, 4, workers=4, group_size=2),
-                  from_placement(replicated_owner_placement, 2, 4, 4)):
+    for sched in (
+        build("fsdp", 3, 4, workers=2),
+        build("fslpp", 4, 4, workers=4, group_size=2),
+        from_placement(replicated_owner_placement, 2, 4, 4),
+    ):
         b = bounds_of(sched.num_stages)
         ref = reference_train(sched, model_fn(), b, ds, batch_size=BATCH, lr=LR, rounds=3)
         assert max_diff(ref, plain_sgd(model_fn, ds, b, 3, 4)) < 1e-12, sched.name
@@ -558,13 +734,18 @@ def test_epoch_outputs_are_appended_and_a_resume_drops_a_torn_line(tmp_path):
     from types import SimpleNamespace
 
     from workbench.runtime.outputs import append_outputs
+
     job = SimpleNamespace(options={}, batch_size=8)
 
     def epoch(e):  # one rank, two steps of one F op each
-        rows = [dict(step=2 * e + k, epoch=e, loss=1.0, n=8, correct=4, samples=8, end_ms=10.0 * (2 * e + k + 1))
-                for k in range(2)]
-        tl = [(0, 0, 2 * e + k, "F", 10.0 * (2 * e + k), 10.0 * (2 * e + k) + 5, 0, 2 * e + k, 0.0, 0.0, 0.0, 0.0)
-              for k in range(2)]
+        rows = [
+            dict(step=2 * e + k, epoch=e, loss=1.0, n=8, correct=4, samples=8, end_ms=10.0 * (2 * e + k + 1))
+            for k in range(2)
+        ]
+        tl = [
+            (0, 0, 2 * e + k, "F", 10.0 * (2 * e + k), 10.0 * (2 * e + k) + 5, 0, 2 * e + k, 0.0, 0.0, 0.0, 0.0)
+            for k in range(2)
+        ]
         return [(rows, tl)]
 
     append_outputs(tmp_path, epoch(0), job, -1)
@@ -590,8 +771,17 @@ def test_epoch_outputs_are_appended_and_a_resume_drops_a_torn_line(tmp_path):
 def test_shared_memory_fault_stops_the_job_and_leaves_no_channel(tmp_path):
     """A rank that fails while its peer polls a shared-memory slot: the job stops quickly with the
     failing rank named, no process and no channel file is left."""
-    job = prepare("toy-mlp", "pipedream-flush", workers=2, microbatches=4, steps=4, out=tmp_path / "f", fail_rank=1,
-                  fail_at_step=2, **dict(COMMON, transport="shm"))
+    job = prepare(
+        "toy-mlp",
+        "pipedream-flush",
+        workers=2,
+        microbatches=4,
+        steps=4,
+        out=tmp_path / "f",
+        fail_rank=1,
+        fail_at_step=2,
+        **dict(COMMON, transport="shm"),
+    )
     assert job.shm_token.split(".")[1] == str(os.getpid())  # the token names this launcher
     with pytest.raises(RankFailed, match=r"rank 1 .*injected fault at step 2") as e:
         run_job(job)
@@ -606,6 +796,7 @@ def test_shm_stale_channel_files_of_dead_launchers_are_removed(tmp_path, monkeyp
     import sys
 
     from workbench.runtime import shm
+
     monkeypatch.setattr(shm, "SHM_DIR", tmp_path)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -628,6 +819,7 @@ def test_shm_channel_numbers_messages_and_times_out(tmp_path, monkeypatch):
     order; a slot is reused only after its message was read; waiting for a message that never
     comes raises a TimeoutError naming it."""
     from workbench.runtime import shm
+
     monkeypatch.setattr(shm, "SHM_DIR", tmp_path)
     path = shm.channel_path("t", 0, 1)
     tx, rx = shm.Channel(path, 2, 16, timeout_s=0.05), shm.Channel(path, 2, 16, timeout_s=0.05)
@@ -657,6 +849,7 @@ def test_shm_sender_holds_messages_back_instead_of_waiting(tmp_path, monkeypatch
 
     from workbench.runtime import shm
     from workbench.runtime.comm import ShmP2P
+
     monkeypatch.setattr(shm, "SHM_DIR", tmp_path)
     spec = [((3,), torch.float64)]
     chans = [shm.Channel(shm.channel_path("h", 0, 1), 2, 24, timeout_s=5) for _ in range(2)]
@@ -695,6 +888,7 @@ def test_auto_transport_picks_shared_memory_only_where_it_runs_and_pays(tmp_path
     messages only, gloo otherwise (torchrun, GPUs, more ranks than cores, no point-to-point messages,
     all-reduces or weight fetches within an epoch, a /dev/shm too small for the channels)."""
     from workbench.runtime import launch, shm
+
     if shm.available():
         pytest.skip(shm.available())
 

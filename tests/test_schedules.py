@@ -1,5 +1,6 @@
 """Schedules: every generator validates, the validator rejects broken schedules, and the numbers of
 the papers (NOAM, PipeDream Figure 8, version rules, the unifying document's table) hold."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,8 +12,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workbench.plan import Plan
-from workbench.schedules import (NAMES, DESCRIPTIONS, Op, ScheduleError, build, from_placement, in_flight_peak,
-                                 list_schedule, noam_warmup, placement, validate, worker_stats)
+from workbench.schedules import (
+    DESCRIPTIONS,
+    NAMES,
+    Op,
+    ScheduleError,
+    build,
+    from_placement,
+    in_flight_peak,
+    list_schedule,
+    noam_warmup,
+    placement,
+    validate,
+    worker_stats,
+)
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -30,8 +43,12 @@ PIPELINE = ["model-parallel", "gpipe", "pipedream", "pipedream-flush", "pipedrea
 
 
 @FAST
-@given(name=st.sampled_from(PIPELINE), replicas=st.lists(st.integers(1, 3), min_size=1, max_size=4),
-       M=st.integers(1, 9), opt=st.integers(0, 2))
+@given(
+    name=st.sampled_from(PIPELINE),
+    replicas=st.lists(st.integers(1, 3), min_size=1, max_size=4),
+    M=st.integers(1, 9),
+    opt=st.integers(0, 2),
+)
 def test_pipeline_schedules_validate(name, replicas, M, opt):
     options = {}
     if name == "pipedream":
@@ -65,19 +82,49 @@ def test_interleaved_validates(P, v, groups, steps):
 
 
 @FAST
-@given(name=st.sampled_from(["ddp", "fsdp", "pp", "lpp", "fslpp"]), S=st.integers(1, 5), B=st.integers(1, 6),
-       R=st.integers(1, 3), prio=st.sampled_from(["oldest-batch", "lowest-stage", "breadth-first"]))
+@given(
+    name=st.sampled_from(["ddp", "fsdp", "pp", "lpp", "fslpp"]),
+    S=st.integers(1, 5),
+    B=st.integers(1, 6),
+    R=st.integers(1, 3),
+    prio=st.sampled_from(["oldest-batch", "lowest-stage", "breadth-first"]),
+)
 def test_master_schedules_validate(name, S, B, R, prio):
-    sched = build(name, S, B, group_size=R, priority=prio) if name in ("lpp", "fslpp") else build(name, S, B, priority=prio)
+    sched = (
+        build(name, S, B, group_size=R, priority=prio) if name in ("lpp", "fslpp") else build(name, S, B, priority=prio)
+    )
     validate(sched)
     assert sched.options["latency"] >= 3 * S  # one batch's chain: S forwards of 1, S backwards of 2
 
 
 def test_names_and_descriptions():
-    assert set(NAMES) == {"model-parallel", "gpipe", "pipedream", "pipedream-flush", "pipedream-2bw",
-                          "interleaved-1f1b", "looped-bfs", "zb-h1", "dp-bsp", "dp-asp", "ddp", "fsdp", "pp", "lpp", "fslpp",
-                          "zb-h2", "interleaved-zb", "zb-v", "dualpipev", "v-min", "v-half", "v-zb",
-                          "seq1f1b", "seq1f1b-interleaved", "seq1f1b-zb"}
+    assert set(NAMES) == {
+        "model-parallel",
+        "gpipe",
+        "pipedream",
+        "pipedream-flush",
+        "pipedream-2bw",
+        "interleaved-1f1b",
+        "looped-bfs",
+        "zb-h1",
+        "dp-bsp",
+        "dp-asp",
+        "ddp",
+        "fsdp",
+        "pp",
+        "lpp",
+        "fslpp",
+        "zb-h2",
+        "interleaved-zb",
+        "zb-v",
+        "dualpipev",
+        "v-min",
+        "v-half",
+        "v-zb",
+        "seq1f1b",
+        "seq1f1b-interleaved",
+        "seq1f1b-zb",
+    }
     assert all(DESCRIPTIONS[n] and "\n" not in DESCRIPTIONS[n] for n in NAMES)
 
 
@@ -126,8 +173,10 @@ def test_validator_rejects_missing_backward_and_in_flight():
         validate(_replace_ops(sched, 0, [op for op in sched.ops[0] if (op.kind, op.microbatch) != ("B", 1)]))
     with pytest.raises(ScheduleError, match="in flight"):
         validate(dataclasses.replace(sched, max_in_flight=(2, 2, 1)))
-    bad = [dataclasses.replace(op, version=op.version + 1) if op.kind == "B" and op.microbatch == 3 else op
-           for op in sched.ops[0]]
+    bad = [
+        dataclasses.replace(op, version=op.version + 1) if op.kind == "B" and op.microbatch == 3 else op
+        for op in sched.ops[0]
+    ]
     with pytest.raises(ScheduleError, match="version"):
         validate(_replace_ops(sched, 0, bad))
 
@@ -142,7 +191,7 @@ def test_noam_warmup_straight(S, extra):
         kinds = [op.kind for op in sched.ops[s] if op.kind in ("F", "B")]
         first_b = kinds.index("B")
         assert first_b == S - s  # stage s admits S - s forwards before its first backward
-        steady = kinds[first_b:first_b + 2 * (M - (S - s))]
+        steady = kinds[first_b : first_b + 2 * (M - (S - s))]
         assert steady == ["B", "F"] * (M - (S - s))  # then strictly one backward, one forward
 
 
@@ -151,6 +200,7 @@ def test_pipedream_flush_warmup_option():
     Schedule1F1B order); with message latency, one more forward on the first stage hides it (the
     simulated step shrinks by the round trips it took), without latency nothing changes."""
     from workbench.simulate import simulate
+
     default, deeper = build("pipedream-flush", 2, 8), build("pipedream-flush", 2, 8, warmup=[3, 1])
     first = lambda sc: " ".join(f"{op.kind}{op.microbatch}" for op in sc.ops[0] if op.kind in ("F", "B"))[:23]  # noqa: E731
     assert first(default) == "F0 F1 B0 F2 B1 F3 B2 F4" and first(deeper) == "F0 F1 F2 B0 F3 B1 F4 B2"
@@ -185,8 +235,11 @@ def test_pipedream_figure_8():
 
 
 @FAST
-@given(replicas=st.lists(st.integers(1, 3), min_size=1, max_size=4), M=st.integers(1, 9),
-       name=st.sampled_from(["pipedream", "gpipe", "pipedream-flush", "pipedream-2bw"]))
+@given(
+    replicas=st.lists(st.integers(1, 3), min_size=1, max_size=4),
+    M=st.integers(1, 9),
+    name=st.sampled_from(["pipedream", "gpipe", "pipedream-flush", "pipedream-2bw"]),
+)
 def test_round_robin_over_replicas(replicas, M, name):
     plan = plan_of(replicas)
     with warnings.catch_warnings():
@@ -225,9 +278,9 @@ def test_versions_stash_vertical_nostash(S, M):
 def test_versions_2bw_delay_one(S, M, extra):
     m = S + extra
     sched = build("pipedream-2bw", S, M, microbatches_per_step=m)
-    for w, op in compute_ops(sched):
+    for _w, op in compute_ops(sched):
         assert op.version == max(op.microbatch // m - 1, 0)  # batch t reads W(t-1)
-    for w, ops in enumerate(sched.ops):  # at most two versions live: current and previous
+    for _w, ops in enumerate(sched.ops):  # at most two versions live: current and previous
         n = 0
         for op in ops:
             n += op.kind == "STEP"
@@ -236,11 +289,15 @@ def test_versions_2bw_delay_one(S, M, extra):
 
 
 @FAST
-@given(name=st.sampled_from(["gpipe", "pipedream-flush", "zb-h1"]), S=st.integers(1, 4), M=st.integers(1, 5),
-       steps=st.integers(1, 3))
+@given(
+    name=st.sampled_from(["gpipe", "pipedream-flush", "zb-h1"]),
+    S=st.integers(1, 4),
+    M=st.integers(1, 5),
+    steps=st.integers(1, 3),
+)
 def test_versions_sync(name, S, M, steps):
     sched = build(name, S, M, steps=steps)
-    for w, op in compute_ops(sched):
+    for _w, op in compute_ops(sched):
         assert op.version == op.microbatch // M
     for s in range(S):
         for t in range(steps):
@@ -348,10 +405,17 @@ def test_fsdp_gradients_reach_owner():
 
 def test_worker_stats_with_timeline():
     sched = build("gpipe", 2, 2)
-    tl = pd.DataFrame({"worker": [0, 0, 1, 1], "kind": ["F", "STEP", "F", "B"], "start": [0, 5, 1, 2],
-                       "end": [1.5, 6, 2, 4.5]})
+    tl = pd.DataFrame(
+        {"worker": [0, 0, 1, 1], "kind": ["F", "STEP", "F", "B"], "start": [0, 5, 1, 2], "end": [1.5, 6, 2, 4.5]}
+    )
     df = worker_stats(sched, tl)
-    assert list(df.columns) == ["peak_activations", "activation_transfers", "weight_transfers", "weight_storage", "busy"]
+    assert list(df.columns) == [
+        "peak_activations",
+        "activation_transfers",
+        "weight_transfers",
+        "weight_storage",
+        "busy",
+    ]
     assert df["busy"].tolist() == [1.5, 3.5]
     with pytest.raises(ValueError, match="columns"):
         worker_stats(sched, tl.drop(columns="kind"))
@@ -406,6 +470,7 @@ def _deadlocks(sched) -> bool:
             return [("BI", s, b)]
         nxt = [("BI", s + 1, b) if ("BI", s + 1, b) in keys else ("B", s + 1, b)] if s < sched.num_stages - 1 else []
         return [("F", s, b)] + nxt
+
     pos, done, moved = [0] * W, set(), True
     while moved:
         moved = False
@@ -414,8 +479,12 @@ def _deadlocks(sched) -> bool:
                 op = ops[w][pos[w]]
                 if op.kind == "AR":
                     hs = sched.stage_workers[op.stage]
-                    if all(pos[h] < len(ops[h]) and (ops[h][pos[h]].kind, ops[h][pos[h]].stage, ops[h][pos[h]].step)
-                           == ("AR", op.stage, op.step) for h in hs):
+                    if all(
+                        pos[h] < len(ops[h])
+                        and (ops[h][pos[h]].kind, ops[h][pos[h]].stage, ops[h][pos[h]].step)
+                        == ("AR", op.stage, op.step)
+                        for h in hs
+                    ):
                         for h in hs:
                             pos[h] += 1
                         moved = True
@@ -431,8 +500,12 @@ def _deadlocks(sched) -> bool:
 
 
 @FAST
-@given(name=st.sampled_from(["gpipe", "pipedream-flush", "zb-h1", "dp-bsp", "interleaved-1f1b", "looped-bfs"]),
-       S=st.integers(2, 4), M=st.integers(1, 6), data=st.data())
+@given(
+    name=st.sampled_from(["gpipe", "pipedream-flush", "zb-h1", "dp-bsp", "interleaved-1f1b", "looped-bfs"]),
+    S=st.integers(2, 4),
+    M=st.integers(1, 6),
+    data=st.data(),
+)
 def test_validator_agrees_with_an_independent_deadlock_check(name, S, M, data):
     opts = {"workers": 2} if name == "dp-bsp" else {"chunks": 2} if name in ("interleaved-1f1b", "looped-bfs") else {}
     if name == "interleaved-1f1b" and M % max(1, M // S):

@@ -1,6 +1,7 @@
 """Seq1F1B (Sun et al. 2024): segment splits, the schedules' orders and dependency rules, the
 closed forms of its bubble and activation memory, and a real 2-rank run whose gradients equal the
 whole-sequence single-process reference."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,10 @@ GPT_SMALL = (85e6, 12, 768)  # (P, L, d): GPT-2 small's non-embedding parameters
 
 
 def compute(sched):
-    return [[(op.kind, op.stage, op.microbatch, op.segment) for op in ops if op.kind in ("F", "B", "BI", "BW")]
-            for ops in sched.ops]
+    return [
+        [(op.kind, op.stage, op.microbatch, op.segment) for op in ops if op.kind in ("F", "B", "BI", "BW")]
+        for ops in sched.ops
+    ]
 
 
 # ---- segment lengths -------------------------------------------------------------------------
@@ -40,7 +43,10 @@ def test_balanced_split_costs_flops_over_k_and_beats_equal_tokens(k):
     one_token = q.segment_flops([1], *GPT_SMALL)[0] + 2 * GPT_SMALL[1] * n * GPT_SMALL[2]  # most a token can cost
     assert (df["balanced_flops"] - total / k).abs().max() <= one_token  # FLOPs(S)/k up to rounding
     assert list(df["balanced_tokens"]) == sorted(df["balanced_tokens"], reverse=True)  # later: more context
-    spread = lambda c: df[c].max() / df[c].min()
+
+    def spread(c):
+        return df[c].max() / df[c].min()
+
     assert spread("balanced_flops") < 1.01 < spread("equal_flops")
     assert df["balanced_share"].sum() == pytest.approx(1.0)
 
@@ -69,24 +75,40 @@ def test_split_bad_input():
 def test_input_stage_order_matches_the_paper():
     """S = 2, k = 2: K_0 = S + k - 1 = 3 warm-up units, then B(oldest unit, last segment first), F."""
     sched = q.seq1f1b(2, 3, segments=2)
-    assert compute(sched)[0][:8] == [("F", 0, 0, 0), ("F", 0, 0, 1), ("F", 0, 1, 0), ("B", 0, 0, 1),
-                                     ("F", 0, 1, 1), ("B", 0, 0, 0), ("F", 0, 2, 0), ("B", 0, 1, 1)]
+    assert compute(sched)[0][:8] == [
+        ("F", 0, 0, 0),
+        ("F", 0, 0, 1),
+        ("F", 0, 1, 0),
+        ("B", 0, 0, 1),
+        ("F", 0, 1, 1),
+        ("B", 0, 0, 0),
+        ("F", 0, 2, 0),
+        ("B", 0, 1, 1),
+    ]
     assert q.seq1f1b_warmup(4, 3) == [6, 5, 4, 3]
 
 
 @pytest.mark.parametrize("S,M", [(2, 2), (3, 5), (4, 8), (4, 6)])
 def test_one_segment_is_the_unsegmented_schedule(S, M):
-    strip = lambda s: [[(o.kind, o.stage, o.microbatch, o.step) for o in ops] for ops in s.ops]
+    def strip(s):
+        return [[(o.kind, o.stage, o.microbatch, o.step) for o in ops] for ops in s.ops]
+
     assert strip(q.seq1f1b(S, M, segments=1)) == strip(build("pipedream-flush", S, M))
     assert strip(q.seq1f1b_zb(S, M, segments=1)) == strip(build("zb-h1", S, M))
-    assert strip(q.seq1f1b_interleaved(2 * S, M, segments=1, chunks=2)) == \
-        strip(build("interleaved-1f1b", 2 * S, M, chunks=2))
+    assert strip(q.seq1f1b_interleaved(2 * S, M, segments=1, chunks=2)) == strip(
+        build("interleaved-1f1b", 2 * S, M, chunks=2)
+    )
     assert compute(q.seq1f1b_interleaved(S, M, segments=3, chunks=1)) == compute(q.seq1f1b(S, M, segments=3))
 
 
 @FAST
-@given(S=st.integers(1, 4), M=st.integers(1, 6), k=st.integers(1, 4), steps=st.integers(1, 2),
-       name=st.sampled_from(["seq1f1b", "seq1f1b-zb", "seq1f1b-interleaved"]))
+@given(
+    S=st.integers(1, 4),
+    M=st.integers(1, 6),
+    k=st.integers(1, 4),
+    steps=st.integers(1, 2),
+    name=st.sampled_from(["seq1f1b", "seq1f1b-zb", "seq1f1b-interleaved"]),
+)
 def test_every_variant_validates_and_respects_segment_order(S, M, k, steps, name):
     opts = {"segments": k, "steps": steps, "seq_len": 64}
     if name == "seq1f1b-interleaved":
@@ -124,6 +146,7 @@ def test_bad_sizes_say_what_would_work():
         q.seq1f1b_interleaved(8, 9, segments=1, chunks=2)  # torch's rounds: 9 units on 4 workers
     with pytest.raises(ValueError, match="straight pipeline"):
         from workbench.plan import Plan
+
         q.seq1f1b(Plan.from_boundaries([0, 1], [2, 1]), 4)
 
 
@@ -150,8 +173,12 @@ def test_segment_flop_shares_are_charged():
     assert dur == pytest.approx(list(sched.segment_flops)) and dur[1] > dur[0]  # equal tokens, unequal cost
     balanced = simulate(q.seq1f1b(2, 8, segments=2, seq_len=1024, model=GPT_SMALL), fwd=1.0, bwd=2.0)
     assert balanced.makespan < res.makespan * 4  # sanity: 4x the microbatches, less than 4x the time
-    assert balanced.makespan < simulate(q.seq1f1b(2, 8, segments=2, seq_len=1024, model=GPT_SMALL, split="tokens"),
-                                        fwd=1.0, bwd=2.0).makespan
+    assert (
+        balanced.makespan
+        < simulate(
+            q.seq1f1b(2, 8, segments=2, seq_len=1024, model=GPT_SMALL, split="tokens"), fwd=1.0, bwd=2.0
+        ).makespan
+    )
 
 
 def test_seq1f1b_zb_fills_the_cool_down():
@@ -177,10 +204,13 @@ def test_runtime_gradients_equal_whole_sequence_reference():
     x, y, vocab = R.pydocs_batch(4, n, seed=0)
     model = dict(vocab=vocab, context=n, dim=16, num_layers=2, heads=2, seed=0)
     long_context = (1.0, 1, 1)  # FLOP model dominated by attention: segments of unequal length
-    scheds = [q.seq1f1b(2, 1, segments=3, seq_len=n, model=long_context, steps=2),  # 2 steps of 1 x 2 sequences
-              q.seq1f1b_zb(2, 2, segments=3, seq_len=n, model=long_context),
-              q.seq1f1b_interleaved(4, 2, segments=2, chunks=2, seq_len=n, split="tokens"),
-              build("pipedream-flush", 2, 2), q.seq1f1b(2, 2, segments=3, seq_len=n, model=long_context)]
+    scheds = [
+        q.seq1f1b(2, 1, segments=3, seq_len=n, model=long_context, steps=2),  # 2 steps of 1 x 2 sequences
+        q.seq1f1b_zb(2, 2, segments=3, seq_len=n, model=long_context),
+        q.seq1f1b_interleaved(4, 2, segments=2, chunks=2, seq_len=n, split="tokens"),
+        build("pipedream-flush", 2, 2),
+        q.seq1f1b(2, 2, segments=3, seq_len=n, model=long_context),
+    ]
     assert len(set(scheds[0].segment_tokens)) > 1
     jobs = [R.SegmentJob(s, x, y, model=model, lr=0.5, timeout_s=120) for s in scheds]
     outs = R.run(jobs)
@@ -220,8 +250,9 @@ def test_profile_costs_activation_bytes_per_worker():
 
     from workbench.profiler import Profile
 
-    df = pd.DataFrame({"name": [f"l{i}" for i in range(4)], "fwd_ms": 1.0, "bwd_ms": 2.0,
-                       "act_bytes": 1e6, "param_bytes": 1e6})
+    df = pd.DataFrame(
+        {"name": [f"l{i}" for i in range(4)], "fwd_ms": 1.0, "bwd_ms": 2.0, "act_bytes": 1e6, "param_bytes": 1e6}
+    )
     prof = Profile.from_frame(df, model="uniform-4", kind="synthetic")
     one = simulate(build("pipedream-flush", 4, 8), profile=prof).metrics["peak_activation_bytes"]
     seg = simulate(q.seq1f1b(4, 8, segments=4), profile=prof).metrics["peak_activation_bytes"]
@@ -229,27 +260,54 @@ def test_profile_costs_activation_bytes_per_worker():
 
 
 # ---- workbench train: the segment executor on the zoo's gpt -------------------------------------
-TRAIN = dict(workers=2, microbatches=2, batch_size=8, lr=0.05, dtype="float64", progress=False, timeout_s=120,
-             allow_oversubscribe=True, evaluate=False)
+TRAIN = dict(
+    workers=2,
+    microbatches=2,
+    batch_size=8,
+    lr=0.05,
+    dtype="float64",
+    progress=False,
+    timeout_s=120,
+    allow_oversubscribe=True,
+    evaluate=False,
+)
 
 
-@pytest.mark.parametrize("model, options, needle", [
-    ("toy-mlp", {}, r"layer 0 \(.*\) cannot run on a segment of a sequence; .*--model gpt"),
-    ("gpt", {"dropout": 0.1}, r"dropout 0.1; segments run without dropout"),
-])
+@pytest.mark.parametrize(
+    "model, options, needle",
+    [
+        ("toy-mlp", {}, r"layer 0 \(.*\) cannot run on a segment of a sequence; .*--model gpt"),
+        ("gpt", {"dropout": 0.1}, r"dropout 0.1; segments run without dropout"),
+    ],
+)
 def test_train_refuses_models_that_cannot_run_on_segments_before_spawning(tmp_path, model, options, needle):
     from workbench.runtime import prepare
 
     with pytest.raises(ValueError, match=needle):
-        prepare(model, "seq1f1b", out=tmp_path / "x", schedule_options={"segments": 2}, steps=1,
-                **(TRAIN | options | {"num_layers": 2} if model == "gpt" else TRAIN | options))
+        prepare(
+            model,
+            "seq1f1b",
+            out=tmp_path / "x",
+            schedule_options={"segments": 2},
+            steps=1,
+            **(TRAIN | options | {"num_layers": 2} if model == "gpt" else TRAIN | options),
+        )
 
 
 def reference_weights(job, momentum: float = 0.0) -> list[dict]:
     from workbench.runtime import reference_train
 
-    return reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=job.batch_size,
-                           lr=job.lr, rounds=job.rounds_total, dtype=torch.float64, momentum=momentum)
+    return reference_train(
+        job.schedule,
+        job.model_fn(),
+        job.bounds,
+        job.dataset_fn(),
+        batch_size=job.batch_size,
+        lr=job.lr,
+        rounds=job.rounds_total,
+        dtype=torch.float64,
+        momentum=momentum,
+    )
 
 
 @pytest.mark.distributed
@@ -267,14 +325,53 @@ def test_workbench_train_runs_seq1f1b_with_the_layer_models_reference_weights(tm
     from workbench.runtime.outputs import load_stage
 
     out = tmp_path / "cli"
-    argv = ["train", "--model", "gpt", "--model-option", "num_layers=2", "--model-option", "tie_weights=true",
-            "--schedule", "seq1f1b", "--schedule-option", "segments=4", "--workers", "2", "--microbatches", "2",
-            "--batch-size", "8", "--steps", "2", "--lr", "0.05", "--momentum", "0.5", "--dtype", "float64",
-            "--no-eval", "--no-progress", "--allow-oversubscribe", "--timeout", "120", "--out", str(out)]
+    argv = [
+        "train",
+        "--model",
+        "gpt",
+        "--model-option",
+        "num_layers=2",
+        "--model-option",
+        "tie_weights=true",
+        "--schedule",
+        "seq1f1b",
+        "--schedule-option",
+        "segments=4",
+        "--workers",
+        "2",
+        "--microbatches",
+        "2",
+        "--batch-size",
+        "8",
+        "--steps",
+        "2",
+        "--lr",
+        "0.05",
+        "--momentum",
+        "0.5",
+        "--dtype",
+        "float64",
+        "--no-eval",
+        "--no-progress",
+        "--allow-oversubscribe",
+        "--timeout",
+        "120",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0, capsys.readouterr().err
     assert "seq1f1b: 2 steps" in capsys.readouterr().out
-    job = prepare("gpt", "seq1f1b", out=tmp_path / "ref", schedule_options={"segments": 4}, steps=2, momentum=0.5,
-                  num_layers=2, tie_weights=True, **TRAIN)
+    job = prepare(
+        "gpt",
+        "seq1f1b",
+        out=tmp_path / "ref",
+        schedule_options={"segments": 4},
+        steps=2,
+        momentum=0.5,
+        num_layers=2,
+        tie_weights=True,
+        **TRAIN,
+    )
     from workbench.models.segmented import flop_model, segment_layers
 
     fm = flop_model(segment_layers(job.model_fn().layers))  # (P, L, d) of the model: FLOP-balanced segments
@@ -296,11 +393,16 @@ def test_train_runs_the_zero_bubble_and_interleaved_variants_with_the_reference_
     workbench.runtime.train on the untied zoo gpt, float64, 2 steps: the reference's weights."""
     from workbench.runtime import prepare, run_jobs
 
-    jobs = [prepare("gpt", name, out=tmp_path / name, schedule_options=opts, steps=2, num_layers=2,
-                    return_weights=True, **TRAIN)
-            for name, opts in (("seq1f1b-zb", {"segments": 3}), ("seq1f1b-interleaved", {"segments": 2, "chunks": 2}))]
+    jobs = [
+        prepare(
+            "gpt", name, out=tmp_path / name, schedule_options=opts, steps=2, num_layers=2, return_weights=True, **TRAIN
+        )
+        for name, opts in (("seq1f1b-zb", {"segments": 3}), ("seq1f1b-interleaved", {"segments": 2, "chunks": 2}))
+    ]
     for job, summary in zip(jobs, run_jobs(jobs)):
         assert job.schedule.num_segments > 1 and summary["steps"] == 2
         for s, w in enumerate(reference_weights(job)):
             for n, t in w.items():
-                torch.testing.assert_close(summary["weights"][s][n], t, rtol=1e-10, atol=1e-13, msg=f"{job.schedule.name} {n}")
+                torch.testing.assert_close(
+                    summary["weights"][s][n], t, rtol=1e-10, atol=1e-13, msg=f"{job.schedule.name} {n}"
+                )

@@ -1,5 +1,6 @@
 """Tests of the discrete-event simulator. Expected numbers are derived by hand in comments, from
 closed forms (GPipe bubble, ring all-reduce) or from bounds (memory-time), never from the code."""
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,10 @@ def one_f_one_b(S: int, M: int) -> Schedule:
 
 
 def gpipe(S: int, M: int) -> Schedule:
-    ops = [[Op("F", s, b) for b in range(M)] + [Op("B", s, b) for b in range(M)] + [Op("STEP", s, step=0)]
-           for s in range(S)]
+    ops = [
+        [Op("F", s, b) for b in range(M)] + [Op("B", s, b) for b in range(M)] + [Op("STEP", s, step=0)]
+        for s in range(S)
+    ]
     return Schedule("gpipe", S, S, M, ops, tuple((s,) for s in range(S)), microbatches_per_step=M)
 
 
@@ -62,8 +65,18 @@ class FlatTopology:
 
 
 def profile(fwd, bwd, act, params) -> Profile:
-    return Profile(pd.DataFrame({"name": [f"l{i}" for i in range(len(fwd))], "fwd_ms": fwd, "bwd_ms": bwd,
-                                 "act_bytes": act, "param_bytes": params}), {"name": "toy"})
+    return Profile(
+        pd.DataFrame(
+            {
+                "name": [f"l{i}" for i in range(len(fwd))],
+                "fwd_ms": fwd,
+                "bwd_ms": bwd,
+                "act_bytes": act,
+                "param_bytes": params,
+            }
+        ),
+        {"name": "toy"},
+    )
 
 
 def compute_rows(tl: pd.DataFrame) -> pd.DataFrame:
@@ -130,6 +143,7 @@ def test_pipedream_figure8_timeline():
     schedules = [one_f_one_b(4, 8)]
     try:
         from workbench.schedules import build
+
         schedules.append(build("pipedream", 4, 8))
     except ImportError:
         pass
@@ -161,6 +175,7 @@ def _chain(kinds_split: bool, S: int, s: int, f: float, b: float) -> float:
 def _names():
     try:
         from workbench.schedules import NAMES
+
         return list(NAMES)
     except ImportError:
         return []
@@ -253,8 +268,19 @@ def test_real_topology_levels_if_available():
 
 def _replicated(r: int, two_stages: bool) -> Schedule:
     if two_stages:
-        ops = [[Op("F", 0, w), Op("F", 1, w), Op("B", 1, w), Op("AR", 1, step=0), Op("B", 0, w), Op("AR", 0, step=0),
-                Op("STEP", 1, step=0), Op("STEP", 0, step=0)] for w in range(r)]
+        ops = [
+            [
+                Op("F", 0, w),
+                Op("F", 1, w),
+                Op("B", 1, w),
+                Op("AR", 1, step=0),
+                Op("B", 0, w),
+                Op("AR", 0, step=0),
+                Op("STEP", 1, step=0),
+                Op("STEP", 0, step=0),
+            ]
+            for w in range(r)
+        ]
         return Schedule("dp", 2, r, r, ops, (tuple(range(r)),) * 2, microbatches_per_step=r)
     ops = [[Op("F", 0, w), Op("B", 0, w), Op("AR", 0, step=0), Op("STEP", 0, step=0)] for w in range(r)]
     return Schedule("dp", 1, r, r, ops, (tuple(range(r)),), microbatches_per_step=r)
@@ -272,8 +298,9 @@ def test_allreduce_time_of_replicated_stage(r):
     assert len(rows) == r
     assert (rows["end"] - rows["start"]).to_numpy() == pytest.approx([ar] * r)
     assert res.makespan == pytest.approx(1 + max(2, ar))
-    assert simulate(_replicated(r, False), profile=prof, topology=FlatTopology(r, 1e9),
-                    overlap_comm=False).makespan == pytest.approx(1 + 2 + ar)
+    assert simulate(
+        _replicated(r, False), profile=prof, topology=FlatTopology(r, 1e9), overlap_comm=False
+    ).makespan == pytest.approx(1 + 2 + ar)
     # each worker sends 2 (r - 1) / r * P bytes around the ring
     assert sum(res.metrics["bytes_per_level"].values()) == pytest.approx(r * 2 * (r - 1) / r * 1e9)
 
@@ -332,8 +359,13 @@ def test_result_schema_metrics_and_save(tmp_path):
     assert res.label == "modeled (unit costs)"
     assert res.metrics["steps"] == 6 and res.metrics["iteration_time"] == pytest.approx(res.makespan / 6)
     ws = res.worker_stats
-    assert list(ws.columns) == ["peak_activations", "activation_transfers", "weight_transfers",
-                                "weight_storage", "busy"]
+    assert list(ws.columns) == [
+        "peak_activations",
+        "activation_transfers",
+        "weight_transfers",
+        "weight_storage",
+        "busy",
+    ]
     assert ws["busy"].to_numpy() == pytest.approx([6 * 3.0] * 3)
     assert "bubble_fraction" in res.summary()
     out = res.save(tmp_path / "sim")
@@ -365,10 +397,19 @@ def test_timeline_schema_is_shared_with_the_runtime():
     assert sorted(steps.loc[steps["stage"] == 0, "update"]) == [0, 1, 2]  # update index of the stage
 
 
-@pytest.mark.parametrize("name, stages, kw", [
-    ("pipedream", 4, {}), ("gpipe", 3, {}), ("zb-h1", 3, {}), ("interleaved-1f1b", 2, {"chunks": 2}),
-    ("seq1f1b", 3, {"segments": 3}), ("seq1f1b-zb", 2, {"segments": 2}), ("fsdp", 3, {}), ("dp-bsp", 2, {}),
-])
+@pytest.mark.parametrize(
+    "name, stages, kw",
+    [
+        ("pipedream", 4, {}),
+        ("gpipe", 3, {}),
+        ("zb-h1", 3, {}),
+        ("interleaved-1f1b", 2, {"chunks": 2}),
+        ("seq1f1b", 3, {"segments": 3}),
+        ("seq1f1b-zb", 2, {"segments": 2}),
+        ("fsdp", 3, {}),
+        ("dp-bsp", 2, {}),
+    ],
+)
 def test_simulator_edges_are_schedule_dependencies(name, stages, kw):
     """The simulator evaluates the dataflow on integer arrays; its compute-op edges must be exactly
     Schedule.dependencies() (the derivation the validator and the runtime read)."""
@@ -379,8 +420,12 @@ def test_simulator_edges_are_schedule_dependencies(name, stages, kw):
     sched = build(name, stages, 4, **kw)
     g = build_graph(sched, _unit_costs(sched, 1.0, 2.0, None, 0.0, 0.0, 0.0, 0.0, 0.0))
     key = [(op.kind, op.stage, sched.unit(op)) if op.kind in ("F", "B", "BI", "BW") else None for op in g.flat]
-    got = {(key[p], key[c]) for p in range(len(g.flat)) for c in g.cons_idx[g.cons_ptr[p]:g.cons_ptr[p + 1]]
-           if key[p] is not None and key[c] is not None}
+    got = {
+        (key[p], key[c])
+        for p in range(len(g.flat))
+        for c in g.cons_idx[g.cons_ptr[p] : g.cons_ptr[p + 1]]
+        if key[p] is not None and key[c] is not None
+    }
     want = {(p, c) for c, ps in sched.dependencies().items() for p in ps}
     assert got == want
 
@@ -392,12 +437,15 @@ def paired_one_stage() -> Schedule:
     return Schedule("paired", 1, 1, 2, (ops,), ((0,),), "sync", 2, None, {"overlap_f_b": ((0, (0, 1), (0, 0)),)})
 
 
-@pytest.mark.parametrize("a,paired,back_to_back", [
-    # a = 1: F0 1+1, pair F1 1+max(0, 1-2) and B0 2+max(0, 1-1), B1 2+1 -> 2+1+2+3 = 8; back to back 2+2+3+3 = 10
-    (1.0, 8.0, 10.0),
-    # a = 3: F0 4, pair F1 1+(3-2) and B0 2+(3-1), B1 5 -> 4+2+4+5 = 15; back to back 4+4+5+5 = 18
-    (3.0, 15.0, 18.0),
-])
+@pytest.mark.parametrize(
+    "a,paired,back_to_back",
+    [
+        # a = 1: F0 1+1, pair F1 1+max(0, 1-2) and B0 2+max(0, 1-1), B1 2+1 -> 2+1+2+3 = 8; back to back 2+2+3+3 = 10
+        (1.0, 8.0, 10.0),
+        # a = 3: F0 4, pair F1 1+(3-2) and B0 2+(3-1), B1 5 -> 4+2+4+5 = 15; back to back 4+4+5+5 = 18
+        (3.0, 15.0, 18.0),
+    ],
+)
 def test_overlapped_pair_hides_each_others_alltoall(a, paired, back_to_back):
     sched = paired_one_stage()
     validate(sched)
@@ -432,16 +480,19 @@ def test_dualpipev_overlap_gain_over_the_same_order_back_to_back():
     assert on.makespan < off.makespan
     zbv = build("zb-v", 8, 16)
     assert not zbv.overlapped_pairs()
-    assert simulate(zbv, fwd=1, bwd=2, alltoall=1.0).makespan == \
-        simulate(zbv, fwd=1, bwd=2, alltoall=1.0, overlap_pairs=False).makespan
+    assert (
+        simulate(zbv, fwd=1, bwd=2, alltoall=1.0).makespan
+        == simulate(zbv, fwd=1, bwd=2, alltoall=1.0, overlap_pairs=False).makespan
+    )
 
 
 def test_overlapped_pairs_must_be_consecutive():
     from workbench.schedules.core import ScheduleError
 
     sched = paired_one_stage()
-    bad = Schedule("bad", 1, 1, 2, sched.ops, sched.stage_workers, "sync", 2, None,
-                   {"overlap_f_b": ((0, (0, 0), (0, 1)),)})
+    bad = Schedule(
+        "bad", 1, 1, 2, sched.ops, sched.stage_workers, "sync", 2, None, {"overlap_f_b": ((0, (0, 0), (0, 1)),)}
+    )
     with pytest.raises(ScheduleError, match="not two consecutive ops"):
         simulate(bad, fwd=1, bwd=2, alltoall=1.0)
     with pytest.raises(ScheduleError, match="not two consecutive ops"):
@@ -467,8 +518,9 @@ def test_a_weight_tied_across_stages_charges_its_all_reduce_to_every_owners_step
     from workbench.schedules import build
 
     sched, topo = build("gpipe", 2, 2), Topology.flat(2, 1e9)
-    steps = [simulate(sched, profile=p, topology=topo, step_ms=0.5).timeline.query("kind == 'STEP'")
-             for p in (prof, untied)]
+    steps = [
+        simulate(sched, profile=p, topology=topo, step_ms=0.5).timeline.query("kind == 'STEP'") for p in (prof, untied)
+    ]
     extra = (steps[0]["end"] - steps[0]["start"]).to_numpy() - (steps[1]["end"] - steps[1]["start"]).to_numpy()
     assert extra == pytest.approx([nbytes / 1e9 * 1e3] * 2)
 

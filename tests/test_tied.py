@@ -2,6 +2,7 @@
 which schedules can combine their gradients before every update (the rest refused in one line).
 The real runs (tied GPT-2 and Llama over two gloo ranks against the original module's gradient and
 the semantic reference) are in tests/test_user_models.py."""
+
 from __future__ import annotations
 
 import pytest
@@ -43,10 +44,13 @@ def test_replicated_owners_combine_replica_by_replica():
     assert combine_ranks(sched, tie) == [(0,), (1,)]  # each rank sums its own two stages' buffers
 
 
-@pytest.mark.parametrize("name, why", [
-    ("dp-asp", "the 'async' rule"),
-    ("fsdp", "fetches weights from other workers"),
-])
+@pytest.mark.parametrize(
+    "name, why",
+    [
+        ("dp-asp", "the 'async' rule"),
+        ("fsdp", "fetches weights from other workers"),
+    ],
+)
 def test_rules_without_a_common_update_are_refused_in_one_line(name, why):
     sched = build(name, 2, 4, workers=2)
     with pytest.raises(ValueError, match=r"^a and b are one tied weight used by stages \[0, 1\]; .*" + why) as e:
@@ -71,7 +75,7 @@ def test_every_schedule_combines_a_tie_of_its_first_and_last_stage_or_refuses_it
             check_tied(moved, ties)
         return
     check_tied(moved, ties)
-    for w, ops in enumerate(moved.ops):  # every owner's STEP follows the worker's backwards of its update
+    for _w, ops in enumerate(moved.ops):  # every owner's STEP follows the worker's backwards of its update
         last_b = max((i for i, op in enumerate(ops) if op.kind in ("B", "BW")), default=-1)
         if moved.update == "sync" and moved.microbatches_per_step == moved.microbatches:
             assert all(i > last_b for i, op in enumerate(ops) if op.kind == "STEP" and op.stage in (0, 3))
@@ -97,17 +101,40 @@ def test_v_shape_and_interleaved_runs_with_a_tied_embedding_equal_the_reference(
     rank 0, stage 3 on rank 1: an all-reduce) give the semantic reference's weights, tied copies equal."""
     from workbench.runtime import prepare, reference_train, run_jobs
 
-    common = dict(workers=2, microbatches=4, batch_size=8, lr=0.05, dtype="float64", progress=False, steps=2,
-                  return_weights=True, timeout_s=120, allow_oversubscribe=True, evaluate=False)
-    jobs = [prepare("gpt", name, out=tmp_path / name, num_layers=2, tie_weights=True, **common)
-            for name in ("zb-v", "interleaved-1f1b")]
+    common = dict(
+        workers=2,
+        microbatches=4,
+        batch_size=8,
+        lr=0.05,
+        dtype="float64",
+        progress=False,
+        steps=2,
+        return_weights=True,
+        timeout_s=120,
+        allow_oversubscribe=True,
+        evaluate=False,
+    )
+    jobs = [
+        prepare("gpt", name, out=tmp_path / name, num_layers=2, tie_weights=True, **common)
+        for name in ("zb-v", "interleaved-1f1b")
+    ]
     for job, summary in zip(jobs, run_jobs(jobs)):
         (tie,) = tied_weights(job.model_fn(), job.bounds)
         assert tie.stages == (0, 3)
         (s0, n0), (s1, n1) = tie.names
         assert torch.equal(summary["weights"][s0][n0], summary["weights"][s1][n1])
-        ref = reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=8, lr=0.05,
-                              rounds=2, dtype=torch.float64)
+        ref = reference_train(
+            job.schedule,
+            job.model_fn(),
+            job.bounds,
+            job.dataset_fn(),
+            batch_size=8,
+            lr=0.05,
+            rounds=2,
+            dtype=torch.float64,
+        )
         for s, w in enumerate(ref):
             for n, t in w.items():
-                torch.testing.assert_close(summary["weights"][s][n], t, rtol=1e-10, atol=1e-13, msg=f"{job.schedule.name} {n}")
+                torch.testing.assert_close(
+                    summary["weights"][s][n], t, rtol=1e-10, atol=1e-13, msg=f"{job.schedule.name} {n}"
+                )

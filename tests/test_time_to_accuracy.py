@@ -1,5 +1,6 @@
 """Notebook 03 (time to accuracy): the statistics on small inputs, the weight rules against
 hand-written ones, and the quick run's CSVs."""
+
 import math
 from pathlib import Path
 
@@ -14,8 +15,11 @@ from workbench.experiments import time_to_accuracy as tta
 
 
 def curves_of(scheme, accs_by_seed, engine="reference"):
-    rows = [dict(scheme=scheme, seed=seed, epoch=e + 1, test_accuracy=a, test_loss=1.0, engine=engine)
-            for seed, accs in enumerate(accs_by_seed) for e, a in enumerate(accs)]
+    rows = [
+        dict(scheme=scheme, seed=seed, epoch=e + 1, test_accuracy=a, test_loss=1.0, engine=engine)
+        for seed, accs in enumerate(accs_by_seed)
+        for e, a in enumerate(accs)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -106,7 +110,8 @@ def test_modeled_hardware_on_cluster_a_vgg16():
     # on 4 GPUs PipeDream's optimal plan is one stage on all four: the same work as BSP, the same time
     assert by.loc[("pipedream", 4), "stages"] == 1
     assert by.loc[("pipedream", 4), "ms_per_minibatch_modeled"] == pytest.approx(
-        by.loc[("dp-bsp", 4), "ms_per_minibatch_modeled"], rel=1e-9)
+        by.loc[("dp-bsp", 4), "ms_per_minibatch_modeled"], rel=1e-9
+    )
     # BSP's communication share jumps when training spans two servers over 10 Gbps
     assert by.loc[("dp-bsp", 8), "comm_share_modeled"] > 2 * by.loc[("dp-bsp", 4), "comm_share_modeled"]
     # model parallelism keeps one microbatch in flight: no speedup over one GPU
@@ -140,8 +145,11 @@ def test_claims_csv_has_the_contract_columns_and_labels(out03):
     claims = pd.read_csv(out03 / "claims.csv")
     assert tuple(claims.columns) == CLAIM_COLUMNS
     assert claims["label"].str.match(r"^(measured|modeled)").all()
-    for claim_text in ("VGG-16 Cluster-A BSP speedup over 1 machine, 8 machines", "PipeDream faster than GPipe",
-                       "PipeDream faster than ASP to target accuracy"):
+    for claim_text in (
+        "VGG-16 Cluster-A BSP speedup over 1 machine, 8 machines",
+        "PipeDream faster than GPipe",
+        "PipeDream faster than ASP to target accuracy",
+    ):
         assert (claims["claim"] == claim_text).any()
     done = claims.dropna(subset=["ours"])
     assert (done["ratio"] - done["ours"] / done["paper"]).abs().max() < 1e-9
@@ -172,8 +180,9 @@ def test_the_real_runtime_agrees_with_the_reference(out03):
     # no stashing's inconsistent gradients amplify float32 rounding (summation order differs between
     # the engines); in float64 the runtime equals the reference (test_runtime's stream-ns run)
     stable = check.drop(index="pipedream-no-stash")
-    assert (stable["max_abs_weight_diff"] < 1e-4).all() and (stable["max_abs_accuracy_diff"] <= 0.002).all(), \
+    assert (stable["max_abs_weight_diff"] < 1e-4).all() and (stable["max_abs_accuracy_diff"] <= 0.002).all(), (
         check.to_string()
+    )
     assert check.loc["pipedream-no-stash", "max_abs_accuracy_diff"] <= 0.05
     vs = pd.read_csv(out03 / "vertical_sync_check.csv").set_index("rule")["max_abs_weight_diff"]
     assert vs["vertical-sync"] < 1e-12 and vs["stash"] > 1e-4

@@ -1,4 +1,5 @@
 """Notebook 04 (pipeline timelines): closed forms vs the simulator, and the quick run's CSVs."""
+
 import math
 from pathlib import Path
 
@@ -9,7 +10,6 @@ import pytest
 import workbench as wb
 from workbench.experiments import CLAIM_COLUMNS
 from workbench.experiments import timelines as tl
-
 
 
 @pytest.mark.parametrize("workers,microbatches", [(2, 6), (4, 8), (4, 12)])

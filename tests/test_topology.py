@@ -44,17 +44,20 @@ def test_presets_match_the_paper_numbers():
         Topology.preset("nope")
 
 
-@pytest.mark.parametrize("levels, msg", [
-    ([(0, 1e9)], "count must be >= 1"),
-    ([(4, 0)], "bandwidth must be > 0"),
-    ([(4, -1e9)], "bandwidth must be > 0"),
-    ([(4, float("nan"))], "bandwidth must be > 0"),
-    ([(4, float("inf"))], "bandwidth must be > 0 bytes/s and finite"),
-    ([(2.5, 1e9)], "positive integer"),
-    ([(4, "fast")], "number"),
-    ([], "at least one level"),
-    ([(4,)], "pair"),
-])
+@pytest.mark.parametrize(
+    "levels, msg",
+    [
+        ([(0, 1e9)], "count must be >= 1"),
+        ([(4, 0)], "bandwidth must be > 0"),
+        ([(4, -1e9)], "bandwidth must be > 0"),
+        ([(4, float("nan"))], "bandwidth must be > 0"),
+        ([(4, float("inf"))], "bandwidth must be > 0 bytes/s and finite"),
+        ([(2.5, 1e9)], "positive integer"),
+        ([(4, "fast")], "number"),
+        ([], "at least one level"),
+        ([(4,)], "pair"),
+    ],
+)
 def test_bad_levels(levels, msg):
     with pytest.raises(ValueError, match=msg):
         Topology(levels)
@@ -68,8 +71,12 @@ def test_flat_zero_workers():
 def test_presets_carry_their_gpu_memory():
     gib = 2**30
     mems = {name: Topology.preset(name).memory_bytes for name in Topology.presets()}
-    assert mems == {"4xV100-pcie-10g": 16 * gib, "8xV100-nvlink-25g": 16 * gib, "1xTitanX-40g": 12 * gib,
-                    "8x1080Ti-pcie-25g": 11 * gib}
+    assert mems == {
+        "4xV100-pcie-10g": 16 * gib,
+        "8xV100-nvlink-25g": 16 * gib,
+        "1xTitanX-40g": 12 * gib,
+        "8x1080Ti-pcie-25g": 11 * gib,
+    }
     assert Topology.flat(4, 1e9).memory_bytes is None
     assert "16 GiB per worker" in Topology.preset("4xV100-pcie-10g", servers=2).describe()
     with pytest.raises(ValueError, match="memory_bytes must be a finite number > 0"):

@@ -1,6 +1,7 @@
 """PyTorch's schedules as the reference: per-rank orders built by torch's own schedule classes
 (without processes: their order functions run on a stand-in ``self``), compared op by op; and
 torch's schedule CSV read and written both ways."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -15,13 +16,21 @@ KIND = {"F": "F", "B": "B", "I": "BI", "W": "BW"}
 
 
 def compute_only(order: dict) -> dict[int, list[tuple]]:
-    return {r: [(KIND[a.computation_type.value], a.stage_index, a.microbatch_index) for a in acts
-                if a is not None and a.computation_type.value in KIND] for r, acts in order.items()}
+    return {
+        r: [
+            (KIND[a.computation_type.value], a.stage_index, a.microbatch_index)
+            for a in acts
+            if a is not None and a.computation_type.value in KIND
+        ]
+        for r, acts in order.items()
+    }
 
 
 def ours(sched) -> dict[int, list[tuple]]:
-    return {w: [(str(op.kind), op.stage, op.microbatch) for op in ops if op.kind in ("F", "B", "BI", "BW")]
-            for w, ops in enumerate(sched.ops)}
+    return {
+        w: [(str(op.kind), op.stage, op.microbatch) for op in ops if op.kind in ("F", "B", "BI", "BW")]
+        for w, ops in enumerate(sched.ops)
+    }
 
 
 def torch_looped(cls, P: int, v: int, M: int) -> dict:
@@ -29,8 +38,14 @@ def torch_looped(cls, P: int, v: int, M: int) -> dict:
     rounds = max(1, M // P)
     if cls is ts.ScheduleInterleaved1F1B and M % rounds:  # as torch's constructor checks
         raise ValueError("torch refuses")
-    me = SimpleNamespace(pp_group_size=P, n_local_stages=v, _stages=[None] * v, _n_microbatches=M,
-                         number_of_rounds=rounds, microbatches_per_round=M // rounds)
+    me = SimpleNamespace(
+        pp_group_size=P,
+        n_local_stages=v,
+        _stages=[None] * v,
+        _n_microbatches=M,
+        number_of_rounds=rounds,
+        microbatches_per_round=M // rounds,
+    )
     return compute_only({r: cls._calculate_single_rank_operations(me, r) for r in range(P)})
 
 
@@ -79,16 +94,25 @@ def torch_runtime_loads(path, P: int, S: int, M: int):
     rt.pipeline_order, rt._stages, rt._defer_pp_recv = {}, [], False
     rt.pp_group_size, rt._num_stages, rt._n_microbatches = P, S, M
     rt._load_csv(str(path))
-    p2p = {r: [a for a in acts if a.computation_type.value not in ("UNSHARD", "RESHARD", "REDUCE_GRAD")]
-           for r, acts in rt.pipeline_order_with_comms.items()}  # torch's dry run knows compute and send/recv only
+    p2p = {
+        r: [a for a in acts if a.computation_type.value not in ("UNSHARD", "RESHARD", "REDUCE_GRAD")]
+        for r, acts in rt.pipeline_order_with_comms.items()
+    }  # torch's dry run knows compute and send/recv only
     assert sum(a.computation_type.value.startswith("SEND") for acts in p2p.values() for a in acts) > 0
     ts._simulate_comms_compute(p2p, lambda s: rt.stage_index_to_group_rank[s], S)
     return rt
 
 
-@pytest.mark.parametrize("name,stages,M,opts", [("pipedream-flush", 4, 6, {}), ("gpipe", 3, 4, {}),
-                                                ("interleaved-1f1b", 6, 5, {"chunks": 2}),
-                                                ("looped-bfs", 4, 3, {"chunks": 2}), ("zb-h1", 3, 5, {})])
+@pytest.mark.parametrize(
+    "name,stages,M,opts",
+    [
+        ("pipedream-flush", 4, 6, {}),
+        ("gpipe", 3, 4, {}),
+        ("interleaved-1f1b", 6, 5, {"chunks": 2}),
+        ("looped-bfs", 4, 3, {"chunks": 2}),
+        ("zb-h1", 3, 5, {}),
+    ],
+)
 def test_csv_round_trip_and_torch_runtime_loads_it(tmp_path, name, stages, M, opts):
     sched = build(name, stages, M, **opts)
     path = tmp_path / f"{name}.csv"
@@ -110,9 +134,22 @@ def test_csv_round_trip_and_torch_runtime_loads_it(tmp_path, name, stages, M, op
 def test_torch_dumped_schedule_simulates_with_real_costs(tmp_path):
     """A schedule torch builds (interleaved zero bubble, 2 ranks x 2 stages) dumped by torch's own
     ``_dump_csv`` reads back, validates and simulates with per-stage costs."""
-    me = SimpleNamespace(pipeline_order={r: ts.ScheduleInterleavedZeroBubble._calculate_single_rank_operations(
-        SimpleNamespace(pp_group_size=2, n_local_stages=2, _n_microbatches=4, number_of_rounds=2,
-                        microbatches_per_round=2, _stages=[None] * 2), r) for r in range(2)})
+    me = SimpleNamespace(
+        pipeline_order={
+            r: ts.ScheduleInterleavedZeroBubble._calculate_single_rank_operations(
+                SimpleNamespace(
+                    pp_group_size=2,
+                    n_local_stages=2,
+                    _n_microbatches=4,
+                    number_of_rounds=2,
+                    microbatches_per_round=2,
+                    _stages=[None] * 2,
+                ),
+                r,
+            )
+            for r in range(2)
+        }
+    )
     path = tmp_path / "izb.csv"
     ts.PipelineScheduleMulti._dump_csv(me, str(path))
     sched = from_torch_csv(path, name="torch-izb")

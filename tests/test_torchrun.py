@@ -1,6 +1,7 @@
 """The same `workbench train` entry point under torchrun (env:// rendezvous; two launchers as two
 "nodes" with a c10d rendezvous) gives the same weights as spawned by `train`. The stop path under
 torchrun is tested in test_lifetime.py."""
+
 import os
 import shutil
 import subprocess
@@ -27,9 +28,31 @@ def final_weights(out: Path) -> dict:
 @pytest.mark.skipif(TORCHRUN is None, reason="torchrun not installed beside this Python")
 def test_torchrun_matches_spawn(tmp_path):
     args = dict(model="mlp", schedule="pipedream", workers=2, microbatches=4, steps=3, seed=3)
-    cmd = [TORCHRUN, "--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "workbench.cli", "train",
-           "--model", "mlp", "--schedule", "pipedream", "--workers", "2", "--microbatches", "4", "--steps", "3",
-           "--seed", "3", "--no-progress", "--out", str(tmp_path / "torchrun")]
+    cmd = [
+        TORCHRUN,
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "workbench.cli",
+        "train",
+        "--model",
+        "mlp",
+        "--schedule",
+        "pipedream",
+        "--workers",
+        "2",
+        "--microbatches",
+        "4",
+        "--steps",
+        "3",
+        "--seed",
+        "3",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "torchrun"),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "torchrun" / "timeline.html").stat().st_size > 10_000  # the CLI draws the measured run
@@ -57,17 +80,58 @@ def test_two_torchrun_nodes_match_one_launcher(tmp_path, per_machine):
     same plan: ranks are numbered node by node, as the plan's topology numbers workers."""
     plan = two_machine_plan(tmp_path / "plan.json", per_machine)
     port, workers = free_port(), 2 * per_machine
-    train_args = ["--model", "toy-mlp", "--plan", str(plan), "--workers", str(workers), "--microbatches", "4",
-                  "--steps", "6", "--seed", "3", "--no-progress", "--allow-oversubscribe", "--timeout", "120"]
-    cmd = [TORCHRUN, "--nnodes", "2", "--nproc_per_node", str(per_machine), "--rdzv_backend", "c10d",
-           "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", f"two{os.getpid()}", "-m", "workbench.cli", "train",
-           *train_args, "--out", str(tmp_path / "nodes")]
+    train_args = [
+        "--model",
+        "toy-mlp",
+        "--plan",
+        str(plan),
+        "--workers",
+        str(workers),
+        "--microbatches",
+        "4",
+        "--steps",
+        "6",
+        "--seed",
+        "3",
+        "--no-progress",
+        "--allow-oversubscribe",
+        "--timeout",
+        "120",
+    ]
+    cmd = [
+        TORCHRUN,
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        str(per_machine),
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv_id",
+        f"two{os.getpid()}",
+        "-m",
+        "workbench.cli",
+        "train",
+        *train_args,
+        "--out",
+        str(tmp_path / "nodes"),
+    ]
     nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for n in nodes:
         _, err = n.communicate(timeout=600)
         assert n.returncode == 0, err[-3000:]
-    train(out=tmp_path / "spawn", progress=False, model="toy-mlp", plan=Plan.load(plan), workers=workers,
-          microbatches=4, steps=6, seed=3, allow_oversubscribe=True)
+    train(
+        out=tmp_path / "spawn",
+        progress=False,
+        model="toy-mlp",
+        plan=Plan.load(plan),
+        workers=workers,
+        microbatches=4,
+        steps=6,
+        seed=3,
+        allow_oversubscribe=True,
+    )
     a, b = final_weights(tmp_path / "nodes"), final_weights(tmp_path / "spawn")
     assert a.keys() == b.keys() and len(a) == workers
     for name in a:

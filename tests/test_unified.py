@@ -1,5 +1,6 @@
 """Notebook 05: the "Unifying" document's table computed by the simulator equals its closed forms
 (read back from the quick run's CSV), ρ ≤ M/S everywhere, and the LPP sweep's structure."""
+
 import pandas as pd
 import pytest
 
@@ -92,9 +93,11 @@ def test_rule_comparison_matches_the_recorded_reference():
     import json
     from pathlib import Path
 
-    ref = {(c["S"], c["B"], c["W"], c["R"]): c for c in
-           json.loads((Path(__file__).parent / "data" / "parallelsim" / "grid.json").read_text())["cases"]
-           if c["scheme"] == "lpp" and c["priority"] == "oldest-batch"}
+    ref = {
+        (c["S"], c["B"], c["W"], c["R"]): c
+        for c in json.loads((Path(__file__).parent / "data" / "parallelsim" / "grid.json").read_text())["cases"]
+        if c["scheme"] == "lpp" and c["priority"] == "oldest-batch"
+    }
     rules = unified.rule_comparison(unified.rule_configurations(quick=True))
     assert len(rules) >= 2
     for r in rules.itertuples():

@@ -7,6 +7,7 @@ nn.Module (``W <- W - lr * mean_b grad L_b``, BatchNorm statistics per microbatc
 pipeline), which checks the tracing and the runtime together; PipeDream's stashed weights must
 match the single-process semantic reference (runtime/reference.py) on the traced layers. float64.
 """
+
 from __future__ import annotations
 
 import re
@@ -19,7 +20,7 @@ from torch.utils.data import TensorDataset
 from workbench import Topology, partition, profile, simulate
 from workbench.graph import split
 from workbench.models.examples import resnet18_digits
-from workbench.runtime import prepare, reference_train, run_jobs, train
+from workbench.runtime import prepare, reference_train, run_jobs
 from workbench.runtime.stages import DataOrder, microbatch
 from workbench.runtime.tied import tied_weights
 from workbench.schedules import build
@@ -27,8 +28,19 @@ from workbench.schedules import build
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 BATCH, M, LR, STEPS = 8, 2, 0.05, 2
-COMMON = dict(workers=2, microbatches=M, steps=STEPS, batch_size=BATCH, lr=LR, dtype="float64", progress=False,
-              return_weights=True, timeout_s=60, allow_oversubscribe=True, evaluate=False)
+COMMON = dict(
+    workers=2,
+    microbatches=M,
+    steps=STEPS,
+    batch_size=BATCH,
+    lr=LR,
+    dtype="float64",
+    progress=False,
+    return_weights=True,
+    timeout_s=60,
+    allow_oversubscribe=True,
+    evaluate=False,
+)
 
 
 def images(n=32, seed=0):
@@ -103,7 +115,7 @@ def ce(out, y):
 
 def plan_for(gmodel, ds):
     """Measured profile of the traced model at the microbatch size -> straight 2-stage PipeDream plan."""
-    x = ds.tensors[0][:BATCH // M]
+    x = ds.tensors[0][: BATCH // M]
     prof = profile(gmodel, x, iterations=1, warmup=0, progress=False)
     assert prof.meta["batch_size"] == BATCH // M
     return prof, partition(prof, Topology.flat(2, 1e9), straight=True)
@@ -159,8 +171,16 @@ def test_gpipe_equals_microbatch_sgd_on_the_original_module(runs, key):
 def test_pipedream_equals_the_semantic_reference(runs, key):
     results, _ = runs
     job, summary = results[(key, "pipedream")]
-    ref = reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR,
-                          rounds=STEPS, dtype=torch.float64)
+    ref = reference_train(
+        job.schedule,
+        job.model_fn(),
+        job.bounds,
+        job.dataset_fn(),
+        batch_size=BATCH,
+        lr=LR,
+        rounds=STEPS,
+        dtype=torch.float64,
+    )
     for s, w in enumerate(ref):
         for n, t in w.items():
             torch.testing.assert_close(summary["weights"][s][n], t, rtol=1e-9, atol=1e-11, msg=n)
@@ -213,8 +233,11 @@ def tied_runs(tmp_path_factory):
     out, jobs, keys = tmp_path_factory.mktemp("tied"), [], []
     for kind in ("gpt2", "llama"):
         for sched, steps in (("gpipe", 1), ("pipedream", STEPS)):
-            jobs.append(prepare(tied_lm(kind), sched, out=out / f"{kind}-{sched}", dataset=tokens(),
-                                **(COMMON | dict(steps=steps))))
+            jobs.append(
+                prepare(
+                    tied_lm(kind), sched, out=out / f"{kind}-{sched}", dataset=tokens(), **(COMMON | dict(steps=steps))
+                )
+            )
             keys.append((kind, sched))
     return dict(zip(keys, zip(jobs, run_jobs(jobs))))
 
@@ -246,8 +269,16 @@ def test_tied_embedding_under_weight_stashing_equals_the_semantic_reference(tied
     (tie,) = tied_weights(job.model_fn(), job.bounds)
     (s0, n0), (s1, n1) = tie.names
     assert torch.equal(summary["weights"][s0][n0], summary["weights"][s1][n1])
-    ref = reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR,
-                          rounds=STEPS, dtype=torch.float64)
+    ref = reference_train(
+        job.schedule,
+        job.model_fn(),
+        job.bounds,
+        job.dataset_fn(),
+        batch_size=BATCH,
+        lr=LR,
+        rounds=STEPS,
+        dtype=torch.float64,
+    )
     for s, w in enumerate(ref):
         for n, t in w.items():
             torch.testing.assert_close(summary["weights"][s][n], t, **TOL[kind], msg=n)
@@ -256,8 +287,27 @@ def test_tied_embedding_under_weight_stashing_equals_the_semantic_reference(tied
 def test_cli_trains_a_user_model_by_import_path(tmp_path, capsys):
     from workbench.cli import main
 
-    rc = main(["train", "--model", "workbench.models.examples:resnet18_digits", "--dataset", "digits",
-               "--schedule", "gpipe", "--steps", "2", "--batch-size", "16", "--microbatches", "2", "--no-progress",
-               "--allow-oversubscribe", "--no-eval", "--out", str(tmp_path / "cli")])
+    rc = main(
+        [
+            "train",
+            "--model",
+            "workbench.models.examples:resnet18_digits",
+            "--dataset",
+            "digits",
+            "--schedule",
+            "gpipe",
+            "--steps",
+            "2",
+            "--batch-size",
+            "16",
+            "--microbatches",
+            "2",
+            "--no-progress",
+            "--allow-oversubscribe",
+            "--no-eval",
+            "--out",
+            str(tmp_path / "cli"),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     assert "gpipe: 2 steps" in capsys.readouterr().out

@@ -9,6 +9,7 @@ per-op costs (F, B, W, C).
 * each registered schedule, planned at the grid's costs, is no longer than the reference and holds
   no more activation chunks than the paper's bound.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,6 @@ import pytest
 
 from workbench.profiler import Profile
 from workbench.schedules import build, in_flight_peak
-from workbench.simulate.planning import build_for_simulation
 from workbench.schedules.vplan import (
     SplitCosts,
     block_orders,
@@ -31,6 +31,7 @@ from workbench.schedules.vplan import (
 from workbench.schedules.vshape import V_PEAK
 from workbench.schedules.zero_bubble import _finish, v_layout
 from workbench.simulate import simulate
+from workbench.simulate.planning import build_for_simulation
 
 DATA = Path(__file__).parent / "data" / "zero_bubble"
 SCHEDULES = {"zbv": ("zb-v", "v-zb"), "v_min": ("v-min",), "v_half": ("v-half",)}
@@ -41,8 +42,10 @@ def cases(ref: str) -> list[dict]:
 
 
 def grid(ref: str):
-    return [pytest.param(ref, i, id=f"{ref}-P{c['P']}-M{c['M']}-{c['F']}{c['B']}{c['W']}{c['C']}")
-            for i, c in enumerate(cases(ref))]
+    return [
+        pytest.param(ref, i, id=f"{ref}-P{c['P']}-M{c['M']}-{c['F']}{c['B']}{c['W']}{c['C']}")
+        for i, c in enumerate(cases(ref))
+    ]
 
 
 ALL = [p for ref in SCHEDULES for p in grid(ref)]
@@ -51,15 +54,25 @@ ALL = [p for ref in SCHEDULES for p in grid(ref)]
 def split_profile(P: int, f: float, b: float, w: float) -> Profile:
     """2P layers, one per stage, with forward f, input gradient b, weight gradient w (ms)."""
     n = 2 * P
-    df = pd.DataFrame(dict(name=[f"l{i}" for i in range(n)], fwd_ms=[float(f)] * n, bwd_ms=[float(b + w)] * n,
-                           act_bytes=[0.0] * n, param_bytes=[0.0] * n, bwd_input_ms=[float(b)] * n,
-                           bwd_weight_ms=[float(w)] * n))
+    df = pd.DataFrame(
+        dict(
+            name=[f"l{i}" for i in range(n)],
+            fwd_ms=[float(f)] * n,
+            bwd_ms=[float(b + w)] * n,
+            act_bytes=[0.0] * n,
+            param_bytes=[0.0] * n,
+            bwd_input_ms=[float(b)] * n,
+            bwd_weight_ms=[float(w)] * n,
+        )
+    )
     return Profile(df, {"name": "split"})
 
 
 def sim_kwargs(c: dict) -> dict:
     """The simulator charging F, B (BI), W (BW) per op and C per message between workers."""
-    return dict(profile=split_profile(c["P"], c["F"], c["B"], c["W"]), microbatch_fraction=1.0, latency_ms=float(c["C"]))
+    return dict(
+        profile=split_profile(c["P"], c["F"], c["B"], c["W"]), microbatch_fraction=1.0, latency_ms=float(c["C"])
+    )
 
 
 def keys(orders) -> list[list[tuple]]:
@@ -161,13 +174,24 @@ def test_unequal_stage_costs_plan_and_time_like_the_simulator():
     memory bound, and the simulator times it as the planner did."""
     P, M = 3, 7
     f, b, w = [1, 2, 0.5, 1, 2, 1], [2, 1, 1, 0.5, 2, 1], [0.25, 1, 2, 1, 1, 0.5]
-    df = pd.DataFrame({"name": [f"l{i}" for i in range(2 * P)], "fwd_ms": f, "bwd_ms": [x + y for x, y in zip(b, w)],
-                       "act_bytes": [0.0] * 6, "param_bytes": [0.0] * 6, "bwd_input_ms": b, "bwd_weight_ms": w})
+    df = pd.DataFrame(
+        {
+            "name": [f"l{i}" for i in range(2 * P)],
+            "fwd_ms": f,
+            "bwd_ms": [x + y for x, y in zip(b, w)],
+            "act_bytes": [0.0] * 6,
+            "param_bytes": [0.0] * 6,
+            "bwd_input_ms": b,
+            "bwd_weight_ms": w,
+        }
+    )
     kw = {"profile": Profile(df, {"name": "uneven"}), "microbatch_fraction": 1.0, "latency_ms": 0.5}
     for name in ("zb-v", "v-zb", "v-min", "v-half"):
         sched = build_for_simulation(name, 2 * P, M, kw)
         costs = SplitCosts.of(sched.options["planned_costs"], 2 * P)
         assert costs == SplitCosts.of((f, b, w, 0.5), 2 * P)
         orders = [[(o.kind, o.stage, o.microbatch) for o in ops if o.kind in ("F", "BI", "BW")] for ops in sched.ops]
-        assert simulate(sched, **kw).makespan == pytest.approx(makespan(orders, [v_worker(P, s) for s in range(2 * P)], costs))
+        assert simulate(sched, **kw).makespan == pytest.approx(
+            makespan(orders, [v_worker(P, s) for s in range(2 * P)], costs)
+        )
         assert max(in_flight_peak(ops) for ops in sched.ops) <= 2 * V_PEAK[name](P)

@@ -1,31 +1,39 @@
 """Headless tests of workbench.widgets: set control values from Python, let the observers fire, and
 check what changed (plan, figure data, messages), including invalid manual plans."""
+
 import json
-import math
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from workbench import Plan, Profile, Topology, partition, schedules, simulate
-from workbench.pipedream_graph import shipped
-from workbench.widgets import PartitionTuner, ScheduleExplorer, closed_form_bubble, explore
-from workbench.widgets import core
+from workbench import Plan, Profile, Topology, partition
 from workbench.costmodel import CostModel
+from workbench.pipedream_graph import shipped
+from workbench.widgets import PartitionTuner, ScheduleExplorer, closed_form_bubble, core, explore
 
 
 def synthetic(n=50, seed=0) -> Profile:
     rng = np.random.default_rng(seed)
-    df = pd.DataFrame({"name": [f"layer{i}" for i in range(n)], "fwd_ms": rng.uniform(0.5, 3, n),
-                       "bwd_ms": rng.uniform(1, 6, n), "act_bytes": rng.uniform(1e5, 4e6, n),
-                       "param_bytes": rng.uniform(1e4, 8e6, n)})
+    df = pd.DataFrame(
+        {
+            "name": [f"layer{i}" for i in range(n)],
+            "fwd_ms": rng.uniform(0.5, 3, n),
+            "bwd_ms": rng.uniform(1, 6, n),
+            "act_bytes": rng.uniform(1e5, 4e6, n),
+            "param_bytes": rng.uniform(1e4, 8e6, n),
+        }
+    )
     return Profile.from_frame(df, kind="synthetic", model=f"synthetic{n}", batch_size=32)
 
 
 def xs(fig):
     """The bar data of every visible trace, to compare a figure before and after a change."""
-    return [(t.name, tuple(np.asarray(t.x, float).round(9)), tuple(np.asarray(t.base, float).round(9)))
-            for t in fig.data if t.visible]
+    return [
+        (t.name, tuple(np.asarray(t.x, float).round(9)), tuple(np.asarray(t.base, float).round(9)))
+        for t in fig.data
+        if t.visible
+    ]
 
 
 @pytest.fixture
@@ -34,18 +42,22 @@ def tuner(tmp_path):
 
 
 # ---- the cost model behind the widgets -----------------------------------------------------------
-@pytest.mark.parametrize("name,topo", [("vgg16", Topology.flat(8, 12e9)), ("resnet50", Topology.flat(4, 1.25e9)),
-                                       ("alexnet", Topology.flat(6, 3e9))])
+@pytest.mark.parametrize(
+    "name,topo",
+    [("vgg16", Topology.flat(8, 12e9)), ("resnet50", Topology.flat(4, 1.25e9)), ("alexnet", Topology.flat(6, 3e9))],
+)
 def test_manual_pricing_reproduces_the_optimizers_objective(name, topo):
     prof = shipped(name)
     for straight in (False, True):
         best = partition(prof, topo, straight=straight)
-        again = core.modeled_plan(prof, Plan.from_boundaries([s.last for s in best.stages],
-                                                             [s.replicas for s in best.stages]), topo)
+        again = core.modeled_plan(
+            prof, Plan.from_boundaries([s.last for s in best.stages], [s.replicas for s in best.stages]), topo
+        )
         assert again.predicted_ms == pytest.approx(best.predicted_ms, rel=1e-12)
         assert again.bottleneck_ms == pytest.approx(best.bottleneck_ms, rel=1e-9)  # one level: DP = cost model
         assert again.stage_memory_bytes == pytest.approx(
-            CostModel.from_profile(prof, topo).stage_memory_bytes(again, again.in_flight))
+            CostModel.from_profile(prof, topo).stage_memory_bytes(again, again.in_flight)
+        )
 
 
 def test_manual_plan_worse_than_optimum_and_simulated_close_on_a_straight_pipeline():
@@ -64,15 +76,18 @@ def test_simulated_time_per_minibatch_counts_every_replica(lasts, reps):
     assert core.simulated_ms_per_minibatch(out.sim) == pytest.approx(core.predicted_ms(out.plan), rel=0.05)
 
 
-@pytest.mark.parametrize("lasts,reps,msg", [
-    ("3, 7", "", "must end at layer 49"),
-    ("9, 9, 49", "", "must increase"),
-    ("a, 49", "", "whole numbers"),
-    ("9, 49", "1", "2 stages but 1 replica"),
-    ("9, 49", "4, 5", "topology has 8"),
-    ("9, 49", "0, 1", "at least one replica"),
-    ("", "", "give the last layer"),
-])
+@pytest.mark.parametrize(
+    "lasts,reps,msg",
+    [
+        ("3, 7", "", "must end at layer 49"),
+        ("9, 9, 49", "", "must increase"),
+        ("a, 49", "", "whole numbers"),
+        ("9, 49", "1", "2 stages but 1 replica"),
+        ("9, 49", "4, 5", "topology has 8"),
+        ("9, 49", "0, 1", "at least one replica"),
+        ("", "", "give the last layer"),
+    ],
+)
 def test_parse_manual_says_what_is_wrong(lasts, reps, msg):
     with pytest.raises(ValueError, match=msg):
         core.parse_manual(lasts, reps, 50, 8)
@@ -179,10 +194,23 @@ def test_run_it_adds_a_measured_timeline(tmp_path):
 
 
 # ---- the schedule explorer ----------------------------------------------------------------------
-@pytest.mark.parametrize("name,S,M,f,b", [
-    ("gpipe", 4, 8, 1, 2), ("pipedream-flush", 3, 5, 1, 3), ("pipedream", 4, 6, 2, 2), ("pipedream-2bw", 4, 8, 1, 2),
-    ("model-parallel", 4, 3, 1, 2), ("interleaved-1f1b", 4, 8, 1, 2), ("zb-h1", 4, 8, 1, 2), ("zb-h1", 3, 6, 1, 3),
-    ("zb-h1", 5, 10, 2, 2), ("zb-h1", 4, 8, 2, 6), ("dp-bsp", 3, 5, 1, 2), ("pp", 4, 8, 1, 2)])
+@pytest.mark.parametrize(
+    "name,S,M,f,b",
+    [
+        ("gpipe", 4, 8, 1, 2),
+        ("pipedream-flush", 3, 5, 1, 3),
+        ("pipedream", 4, 6, 2, 2),
+        ("pipedream-2bw", 4, 8, 1, 2),
+        ("model-parallel", 4, 3, 1, 2),
+        ("interleaved-1f1b", 4, 8, 1, 2),
+        ("zb-h1", 4, 8, 1, 2),
+        ("zb-h1", 3, 6, 1, 3),
+        ("zb-h1", 5, 10, 2, 2),
+        ("zb-h1", 4, 8, 2, 6),
+        ("dp-bsp", 3, 5, 1, 2),
+        ("pp", 4, 8, 1, 2),
+    ],
+)
 def test_closed_form_bubble_matches_the_simulator(name, S, M, f, b):
     res = explore(name, S, M, f, b)
     form, _ = closed_form_bubble(name, S, M, f, b)
@@ -207,16 +235,22 @@ def test_explorer_updates_in_place_and_reports_bad_input():
 def test_notebook_06_runs_under_papermill(tmp_path):
     """The thin notebook runs top to bottom with its parameters overridden and saves the simulated
     timeline of the tuned plan (tests/test_notebooks.py covers 01 only)."""
+    from pathlib import Path
+
     import nbformat
     import papermill
-    from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "notebooks" / "06_partition_tuning.ipynb"
     nb = nbformat.read(path, as_version=4)
     assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells)
-    out = papermill.execute_notebook(str(path), str(tmp_path / path.name), cwd=str(tmp_path), kernel_name="python3",
-                                     progress_bar=False, parameters=dict(profile="alexnet", servers=1,
-                                                                         schedule="gpipe", out=str(tmp_path / "out")))
+    out = papermill.execute_notebook(
+        str(path),
+        str(tmp_path / path.name),
+        cwd=str(tmp_path),
+        kernel_name="python3",
+        progress_bar=False,
+        parameters=dict(profile="alexnet", servers=1, schedule="gpipe", out=str(tmp_path / "out")),
+    )
     assert not [o for c in out.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert (tmp_path / "out" / "timeline.csv").exists()
     code = [c for c in out.cells if c.cell_type == "code"]
@@ -225,11 +259,14 @@ def test_notebook_06_runs_under_papermill(tmp_path):
 
 def test_tuner_warns_when_its_measured_profile_was_taken_on_a_busy_cpu(tmp_path):
     base = synthetic()
-    busy = Profile.from_frame(base.layers, **(base.meta | dict(kind="measured", threads=2, cores=2,
-                                                               load_before=4.0, spread=0.1)))
+    busy = Profile.from_frame(
+        base.layers, **(base.meta | dict(kind="measured", threads=2, cores=2, load_before=4.0, spread=0.1))
+    )
     tuner = PartitionTuner(busy, Topology.flat(8, 10e9), microbatches=16, out_dir=tmp_path)
     assert "load average 4.0 on 2 cores" in tuner.status.value and "⚠" in tuner.status.value
-    quiet = Profile.from_frame(base.layers, **(base.meta | dict(kind="measured", threads=2, cores=2,
-                                                                load_before=0.1, spread=0.1)))
-    assert "warning" not in PartitionTuner(quiet, Topology.flat(8, 10e9), microbatches=16,
-                                           out_dir=tmp_path).status.value
+    quiet = Profile.from_frame(
+        base.layers, **(base.meta | dict(kind="measured", threads=2, cores=2, load_before=0.1, spread=0.1))
+    )
+    assert (
+        "warning" not in PartitionTuner(quiet, Topology.flat(8, 10e9), microbatches=16, out_dir=tmp_path).status.value
+    )

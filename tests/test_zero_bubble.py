@@ -1,6 +1,7 @@
 """Zero bubble beyond ZB-H1: per-rank orders equal torch.distributed.pipelining's (built without
 processes), the zero-bubble paper's closed forms for bubbles and memory, the V-shape family's memory
 fractions, bad input, and a real run on gloo ranks against minibatch SGD."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,8 @@ from workbench.schedules.generators import in_flight_of
 from workbench.schedules.vplan import block_orders
 from workbench.schedules.vshape import V_PEAK
 from workbench.schedules.zero_bubble import v_layout
-from workbench.simulate.planning import bubble_memory_table
 from workbench.simulate import simulate
+from workbench.simulate.planning import bubble_memory_table
 
 TORCH_KIND = {"F": "F", "I": "BI", "W": "BW", "B": "B"}
 
@@ -179,8 +180,9 @@ def test_v_family_memory_within_limit_and_bubble_bounded(P):
 
 def test_v_family_trades_memory_for_bubble():
     P, M = 4, 16
-    bubble = {n: max(simulate(build(n, 2 * P, M), 1, 2).metrics["bubble_fraction"])
-              for n in ("v-min", "v-half", "v-zb")}
+    bubble = {
+        n: max(simulate(build(n, 2 * P, M), 1, 2).metrics["bubble_fraction"]) for n in ("v-min", "v-half", "v-zb")
+    }
     assert bubble["v-min"] > bubble["v-half"] > bubble["v-zb"]
     one_f_one_b = max(simulate(build("pipedream-flush", P, M), 1, 2).metrics["bubble_fraction"])
     assert bubble["v-min"] < one_f_one_b  # a third of the memory of 1F1B, fewer bubbles
@@ -212,6 +214,7 @@ def test_bad_input_names_the_constraint_and_a_fix():
         build("interleaved-zb", 8, 9, chunks=2)
     with pytest.raises(ValueError, match="straight pipeline"):
         from workbench.plan import Plan
+
         build("zb-h2", Plan.from_boundaries([0, 1], [2, 1]), 4)
     with pytest.raises(ValueError, match="options"):
         build("zb-v", 4, 4, chunks=3)
@@ -220,11 +223,27 @@ def test_bad_input_names_the_constraint_and_a_fix():
 # ---- a real run on gloo ranks: gradients equal the single-process reference and minibatch SGD --------
 WIDTHS = (8, 16, 16, 16, 4)  # toy MLP, 7 layers (Linear/ReLU alternating), float64
 BATCH, LR, ROUNDS = 12, 0.1, 2
-RUN = dict(batch_size=BATCH, lr=LR, dtype="float64", widths=WIDTHS, progress=False, return_weights=True, timeout_s=60,
-           allow_oversubscribe=True, steps=ROUNDS)
+RUN = dict(
+    batch_size=BATCH,
+    lr=LR,
+    dtype="float64",
+    widths=WIDTHS,
+    progress=False,
+    return_weights=True,
+    timeout_s=60,
+    allow_oversubscribe=True,
+    steps=ROUNDS,
+)
 RANKS = {  # workers -> [(schedule name, microbatches, options)]; the launcher derives the stage count
-    2: [("zb-h2", 4, {}), ("interleaved-zb", 4, {"chunks": 2}), ("zb-v", 4, {}), ("dualpipev", 6, {}),
-        ("v-min", 4, {}), ("v-half", 4, {}), ("v-zb", 4, {})],
+    2: [
+        ("zb-h2", 4, {}),
+        ("interleaved-zb", 4, {"chunks": 2}),
+        ("zb-v", 4, {}),
+        ("dualpipev", 6, {}),
+        ("v-min", 4, {}),
+        ("v-half", 4, {}),
+        ("v-zb", 4, {}),
+    ],
     3: [("zb-v", 6, {}), ("dualpipev", 6, {})],  # a middle rank of the V: sends both ways on both chunks
 }
 
@@ -232,6 +251,7 @@ RANKS = {  # workers -> [(schedule name, microbatches, options)]; the launcher d
 def minibatch_sgd(job):
     """W <- W - lr * grad of the mean loss over each minibatch, on the whole model in one process."""
     from workbench.runtime.stages import DataOrder, microbatch, stage_module, stage_params
+
     model, ds = job.model_fn(), job.dataset_fn()
     net = torch.nn.Sequential(*model.layers)
     M = job.schedule.microbatches
@@ -254,25 +274,36 @@ def max_diff(a, b):
 @pytest.fixture(scope="module", params=sorted(RANKS))
 def zb_runs(request, tmp_path_factory):
     from workbench.runtime import prepare, run_jobs
+
     P = request.param
     root = tmp_path_factory.mktemp(f"zb{P}")
-    jobs = [prepare("toy-mlp", name, workers=P, microbatches=M, out=root / name, schedule_options=opts, **RUN)
-            for name, M, opts in RANKS[P]]
+    jobs = [
+        prepare("toy-mlp", name, workers=P, microbatches=M, out=root / name, schedule_options=opts, **RUN)
+        for name, M, opts in RANKS[P]
+    ]
     return P, jobs, run_jobs(jobs)
 
 
 @pytest.mark.distributed
 def test_runtime_matches_reference_and_minibatch_sgd(zb_runs):
     from workbench.runtime import reference_train
+
     P, jobs, summaries = zb_runs
     for job, summary in zip(jobs, summaries):
-        assert job.schedule.num_workers == P and job.schedule.num_stages == (P if job.schedule.name == "zb-h2" else 2 * P)
-        ref = reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR,
-                              rounds=ROUNDS)
+        assert job.schedule.num_workers == P and job.schedule.num_stages == (
+            P if job.schedule.name == "zb-h2" else 2 * P
+        )
+        ref = reference_train(
+            job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR, rounds=ROUNDS
+        )
         assert max_diff(summary["weights"], ref) < 1e-12, job.schedule.name
         assert max_diff(summary["weights"], minibatch_sgd(job)) < 1e-12, job.schedule.name
-        init = [dict(w) for w in reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(),
-                                                 batch_size=BATCH, lr=0.0, rounds=1)]
+        init = [
+            dict(w)
+            for w in reference_train(
+                job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=0.0, rounds=1
+            )
+        ]
         assert max_diff(summary["weights"], init) > 1e-3  # it did train
         for info in summary["ranks"]:  # measured stash depth = the schedule's, stage by stage
             r = info["rank"]

@@ -7,6 +7,7 @@ simulate it and run it for real with torch.distributed.
 ``import workbench`` imports nothing heavy (no torch, no pandas): each name below is imported on
 first use (PEP 562), so that the ``workbench`` command starts fast (``workbench --help``).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -16,9 +17,18 @@ import types
 __version__ = "0.1.0"
 
 #: public name -> the module that defines it
-_EXPORTS = {"Plan": ".plan", "Stage": ".plan", "Profile": ".profiler", "profile": ".profiler",
-            "project": ".profiler", "Topology": ".topology", "partition": ".partition", "simulate": ".simulate",
-            "SimResult": ".simulate", "schedules": None}
+_EXPORTS = {
+    "Plan": ".plan",
+    "Stage": ".plan",
+    "Profile": ".profiler",
+    "profile": ".profiler",
+    "project": ".profiler",
+    "Topology": ".topology",
+    "partition": ".partition",
+    "simulate": ".simulate",
+    "SimResult": ".simulate",
+    "schedules": None,
+}
 #: functions that share their name with a submodule (``workbench.partition(...)``): the package
 #: attribute stays the function even after ``import workbench.partition`` (the import system sets
 #: the submodule as the package's attribute; :class:`_Package` keeps the function instead). Import

@@ -30,6 +30,7 @@ state order is a function of the node and edge order only.
 For a chain (a profile's execution-order layers) the states are the prefixes: state ``i`` ends at
 layer ``i`` and its ``output_activation`` is the profile's ``act_bytes[i]``.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -100,26 +101,37 @@ class LayerGraph:
     def chain(cls, names, fwd_ms, bwd_ms, act_bytes, param_bytes) -> LayerGraph:
         """Layers in execution order as a chain ``0 -> 1 -> ... -> n-1`` (states = prefixes)."""
         ids = tuple(f"layer{i}" for i in range(len(names)))
-        return cls(ids, tuple(map(str, names)), *(tuple(map(float, c)) for c in (fwd_ms, bwd_ms, act_bytes, param_bytes)),
-                   tuple(itertools.pairwise(ids)))
+        return cls(
+            ids,
+            tuple(map(str, names)),
+            *(tuple(map(float, c)) for c in (fwd_ms, bwd_ms, act_bytes, param_bytes)),
+            tuple(itertools.pairwise(ids)),
+        )
 
     def to_dict(self) -> dict:
         """JSON-able form (``Profile.meta["graph"]``)."""
-        return {"nodes": [list(t) for t in zip(self.ids, self.desc, self.fwd_ms, self.bwd_ms, self.act_bytes,
-                                               self.param_bytes)],
-                "edges": [list(e) for e in self.edges]}
+        return {
+            "nodes": [
+                list(t) for t in zip(self.ids, self.desc, self.fwd_ms, self.bwd_ms, self.act_bytes, self.param_bytes)
+            ],
+            "edges": [list(e) for e in self.edges],
+        }
 
     @classmethod
     def from_dict(cls, d: dict) -> LayerGraph:
         try:
             cols = list(zip(*d["nodes"])) if d["nodes"] else [()] * 6
             ids, desc, f, b, a, p = (tuple(c) for c in cols)
-            return cls(tuple(map(str, ids)), tuple(map(str, desc)), f, b, a, p, tuple((str(x), str(y)) for x, y in d["edges"]))
+            return cls(
+                tuple(map(str, ids)), tuple(map(str, desc)), f, b, a, p, tuple((str(x), str(y)) for x, y in d["edges"])
+            )
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, ValueError) and str(e).startswith("layer graph"):
                 raise
-            raise ValueError(f"not a layer graph ({{'nodes': [[id, desc, fwd_ms, bwd_ms, act_bytes, param_bytes]...], "
-                             f"'edges': [[a, b]...]}}): {e}") from None
+            raise ValueError(
+                f"not a layer graph ({{'nodes': [[id, desc, fwd_ms, bwd_ms, act_bytes, param_bytes]...], "
+                f"'edges': [[a, b]...]}}): {e}"
+            ) from None
 
     def without_io(self) -> LayerGraph:
         """PipeDream's pruning: drop the ``Input*`` sources, then the ``__getitem__*`` sinks."""
@@ -132,9 +144,19 @@ class LayerGraph:
     def _subgraph(self, keep: list[str]) -> LayerGraph:
         k = set(keep)
         idx = [n for n, i in enumerate(self.ids) if i in k]
-        pick = lambda t: tuple(t[n] for n in idx)
-        return LayerGraph(pick(self.ids), pick(self.desc), pick(self.fwd_ms), pick(self.bwd_ms), pick(self.act_bytes),
-                          pick(self.param_bytes), tuple(e for e in self.edges if e[0] in k and e[1] in k))
+
+        def pick(t):
+            return tuple(t[n] for n in idx)
+
+        return LayerGraph(
+            pick(self.ids),
+            pick(self.desc),
+            pick(self.fwd_ms),
+            pick(self.bwd_ms),
+            pick(self.act_bytes),
+            pick(self.param_bytes),
+            tuple(e for e in self.edges if e[0] in k and e[1] in k),
+        )
 
 
 def node_on_cycle(remaining: set, edges) -> str:
@@ -269,9 +291,11 @@ def antichain_states(graph: LayerGraph, prune: bool = True, max_states: int = MA
             kB = frozenset(B)
             if kB not in keys:
                 if len(lists) >= max_states:
-                    raise ValueError(f"more than {max_states} antichain states: the graph branches too widely for "
-                                     "PipeDream's states (its optimizer's README says to compress branches first); "
-                                     "partition over the layer order instead (Settings(over='layers'))")
+                    raise ValueError(
+                        f"more than {max_states} antichain states: the graph branches too widely for "
+                        "PipeDream's states (its optimizer's README says to compress branches first); "
+                        "partition over the layer order instead (Settings(over='layers'))"
+                    )
                 keys[kB] = len(lists)
                 lists.append(B)
                 children.append([])
@@ -322,6 +346,13 @@ def _measure(srch: _Search, antichains: list[list[str]], ancestors) -> States:
         downs.append(D)
         rows.append(np.sort(np.fromiter((srch.order[v] for v in D), dtype=np.int64, count=len(D))))
     out_act = [float(sum(act[srch.order[x]] for x in aug)) for aug in augs]
-    return States(tuple(augs), tuple(ancestors), np.array([comp[r].sum() for r in rows]),
-                  np.array([act[r].sum() for r in rows]), np.array([par[r].sum() for r in rows]),
-                  np.array(out_act, dtype=float), tuple(downs), g)
+    return States(
+        tuple(augs),
+        tuple(ancestors),
+        np.array([comp[r].sum() for r in rows]),
+        np.array([act[r].sum() for r in rows]),
+        np.array([par[r].sum() for r in rows]),
+        np.array(out_act, dtype=float),
+        tuple(downs),
+        g,
+    )

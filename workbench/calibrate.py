@@ -28,13 +28,15 @@ runtime runs the rounds of an epoch without a barrier between them, so rounds of
 overlap) and returns the steady-state time per round: the median spacing of the rounds' first
 op starts, the same statistic :func:`measured_step_ms` takes from a measured ``timeline.csv``.
 """
+
 from __future__ import annotations
 
 import math
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -73,8 +75,7 @@ def fit_link(sizes: Sequence[float], times_ms: Sequence[float], relative: bool =
     if x <= 0:
         raise ValueError("the timings do not grow with message size; measure larger messages")
     rel = (alpha + n * x - t) / t
-    return dict(latency_ms=float(alpha), bandwidth_bytes_per_s=float(1e3 / x),
-                rel_rmse=float(np.sqrt(np.mean(rel ** 2))))
+    return dict(latency_ms=float(alpha), bandwidth_bytes_per_s=float(1e3 / x), rel_rmse=float(np.sqrt(np.mean(rel**2))))
 
 
 def _busy_compute(stop, count: list) -> None:
@@ -121,9 +122,12 @@ def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, 
         chan, count_q = {}, {"tx": 0, "rx": 0}
         if shm_token:  # the runtime's shm transport: a send is a copy into the peer's slot (no sender thread)
             from .runtime import shm
+
             peer = 1 - rank
-            chan = {"tx": shm.Channel(shm.channel_path(shm_token, rank, peer), 4, max(sizes), timeout_s),
-                    "rx": shm.Channel(shm.channel_path(shm_token, peer, rank), 4, max(sizes), timeout_s)}
+            chan = {
+                "tx": shm.Channel(shm.channel_path(shm_token, rank, peer), 4, max(sizes), timeout_s),
+                "rx": shm.Channel(shm.channel_path(shm_token, peer, rank), 4, max(sizes), timeout_s),
+            }
 
         def send(buf, dst):
             if chan:
@@ -210,7 +214,9 @@ def _all_reduce_timer(rank, port, backend, sizes, repeats, warmup, timeout_s, th
                 if i >= warmup:
                     ts.append((time.perf_counter() - t0) * 1e3)
                 buf.fill_(1.0)
-            out[int(buf.numel() * 4)] = statistics.fmean(ts)  # the mean: gloo's times are bimodal (1 MiB: 0.6 or 3-4 ms)
+            out[int(buf.numel() * 4)] = statistics.fmean(
+                ts
+            )  # the mean: gloo's times are bimodal (1 MiB: 0.6 or 3-4 ms)
         if rank == 0:
             q.put(out)
     finally:
@@ -240,8 +246,16 @@ def _check_sizes(sizes, repeats: int, warmup: int) -> list[int]:
     return sizes
 
 
-def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, repeats: int = 30, warmup: int = 5,
-                 timeout_s: float = 120.0, threads: int = 1, busy: bool = False, transport: str = "gloo") -> dict:
+def measure_link(
+    backend: str = "gloo",
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    repeats: int = 30,
+    warmup: int = 5,
+    timeout_s: float = 120.0,
+    threads: int = 1,
+    busy: bool = False,
+    transport: str = "gloo",
+) -> dict:
     """Ping-pong between two spawned processes on this machine; fit ``t = α + n / β``.
 
     For each size ``n`` (bytes, rounded down to whole float32 elements, at least one), rank 0
@@ -264,12 +278,18 @@ def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, re
     machine) instead of ``backend``'s point-to-point; the process group still uses ``backend``.
     Its waiting receiver polls, so loaded, a message's CPU time includes the polling."""
     from .runtime import shm
+
     shm.check_transport(transport)
     sizes = _check_sizes(sizes, repeats, warmup)
     token = shm.new_token() if transport == "shm" else ""
     try:
-        one_way, cpu = _run_ranks(_ping_pong, (backend, sizes, repeats, warmup, timeout_s, threads, bool(busy), token),
-                                  2, timeout_s, f"link ping-pong ({backend if not token else 'shm'})")
+        one_way, cpu = _run_ranks(
+            _ping_pong,
+            (backend, sizes, repeats, warmup, timeout_s, threads, bool(busy), token),
+            2,
+            timeout_s,
+            f"link ping-pong ({backend if not token else 'shm'})",
+        )
     finally:
         if token:
             shm.remove_channels(token)
@@ -281,10 +301,21 @@ def measure_link(backend: str = "gloo", sizes: Sequence[int] = DEFAULT_SIZES, re
             raise
         # loaded means are noisy: when they do not grow with the size, keep the latency and call the
         # bandwidth unresolved (infinite) rather than fail the calibration
-        fit = dict(latency_ms=float(statistics.fmean(one_way.values())), bandwidth_bytes_per_s=math.inf,
-                   rel_rmse=float("nan"), note="loaded times did not grow with size: latency only")
-    out = dict(fit, sizes=n, one_way_ms=[one_way[k] for k in n], backend=backend, repeats=repeats, busy=bool(busy),
-               transport=transport)
+        fit = dict(
+            latency_ms=float(statistics.fmean(one_way.values())),
+            bandwidth_bytes_per_s=math.inf,
+            rel_rmse=float("nan"),
+            note="loaded times did not grow with size: latency only",
+        )
+    out = dict(
+        fit,
+        sizes=n,
+        one_way_ms=[one_way[k] for k in n],
+        backend=backend,
+        repeats=repeats,
+        busy=bool(busy),
+        transport=transport,
+    )
     if busy:
         out["cpu_ms_per_message"] = [cpu[k] for k in n]
         small = [k for k in n if k <= 256 << 10] or n[:1]
@@ -303,13 +334,27 @@ def runtime_link(idle: dict, loaded: dict) -> dict:
     ``loaded transit`` column); not modeled: a sender that goes
     straight on to its next op delays its own send threads (PipeDream's steady state)."""
     if not loaded.get("busy") or idle.get("busy"):
-        raise ValueError("runtime_link(idle, loaded): pass measure_link(...) idle first, then measure_link(..., busy=True)")
-    return dict(loaded, latency_ms=idle["latency_ms"], bandwidth_bytes_per_s=idle["bandwidth_bytes_per_s"],
-                loaded_latency_ms=loaded["latency_ms"], loaded_bandwidth_bytes_per_s=loaded["bandwidth_bytes_per_s"])
+        raise ValueError(
+            "runtime_link(idle, loaded): pass measure_link(...) idle first, then measure_link(..., busy=True)"
+        )
+    return dict(
+        loaded,
+        latency_ms=idle["latency_ms"],
+        bandwidth_bytes_per_s=idle["bandwidth_bytes_per_s"],
+        loaded_latency_ms=loaded["latency_ms"],
+        loaded_bandwidth_bytes_per_s=loaded["bandwidth_bytes_per_s"],
+    )
 
 
-def measure_allreduce(backend: str = "gloo", sizes: Sequence[int] = ALLREDUCE_SIZES, world_size: int = 2,
-                      repeats: int = 20, warmup: int = 5, timeout_s: float = 120.0, threads: int = 1) -> dict:
+def measure_allreduce(
+    backend: str = "gloo",
+    sizes: Sequence[int] = ALLREDUCE_SIZES,
+    world_size: int = 2,
+    repeats: int = 20,
+    warmup: int = 5,
+    timeout_s: float = 120.0,
+    threads: int = 1,
+) -> dict:
     """Time ``torch.distributed.all_reduce`` over ``world_size`` spawned processes on this machine
     (median per size, after a barrier) and express it in the ring model the :class:`CostModel` uses,
     ``t = 2 (r-1)/r · n / B_bus + 2 (r-1) α``: fit ``t = α' + n / β'`` (:func:`fit_link`), then the
@@ -322,16 +367,28 @@ def measure_allreduce(backend: str = "gloo", sizes: Sequence[int] = ALLREDUCE_SI
     if world_size < 2:
         raise ValueError(f"world_size must be >= 2, got {world_size}")
     sizes = _check_sizes(sizes, repeats, warmup)
-    ms = _run_ranks(_all_reduce_timer, (backend, sizes, repeats, warmup, timeout_s, threads, world_size), world_size,
-                    timeout_s, f"all-reduce timing ({backend})")
+    ms = _run_ranks(
+        _all_reduce_timer,
+        (backend, sizes, repeats, warmup, timeout_s, threads, world_size),
+        world_size,
+        timeout_s,
+        f"all-reduce timing ({backend})",
+    )
     n = sorted(ms)
     # plain least squares: the MB-sized gradients of whole stages decide the bandwidth (gloo's time
     # for 1 MiB alone jumped between 0.6 and 3.8 ms from run to run here)
     fit = fit_link(n, [ms[k] for k in n], relative=False)
     r = world_size
-    return dict(latency_ms=fit["latency_ms"] / (2 * (r - 1)),
-                bandwidth_bytes_per_s=fit["bandwidth_bytes_per_s"] * 2 * (r - 1) / r, rel_rmse=fit["rel_rmse"],
-                sizes=n, ms=[ms[k] for k in n], world_size=r, backend=backend, repeats=repeats)
+    return dict(
+        latency_ms=fit["latency_ms"] / (2 * (r - 1)),
+        bandwidth_bytes_per_s=fit["bandwidth_bytes_per_s"] * 2 * (r - 1) / r,
+        rel_rmse=fit["rel_rmse"],
+        sizes=n,
+        ms=[ms[k] for k in n],
+        world_size=r,
+        backend=backend,
+        repeats=repeats,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,9 +435,16 @@ class StageProfile:
         if len(self.fwd_ms) != len(self.bounds):
             raise ValueError("this StageProfile has no stage-level timings; measure it with stage_profile()")
         df = self.profile.layers
-        rows = [dict(name=f"stage{s}[{a}..{z}]", fwd_ms=self.fwd_ms[s], bwd_ms=self.bwd_ms[s],
-                     act_bytes=float(df.act_bytes[z]), param_bytes=float(df.param_bytes[a:z + 1].sum()))
-                for s, (a, z) in enumerate(self.bounds)]
+        rows = [
+            dict(
+                name=f"stage{s}[{a}..{z}]",
+                fwd_ms=self.fwd_ms[s],
+                bwd_ms=self.bwd_ms[s],
+                act_bytes=float(df.act_bytes[z]),
+                param_bytes=float(df.param_bytes[a : z + 1].sum()),
+            )
+            for s, (a, z) in enumerate(self.bounds)
+        ]
         if len(self.bwd_input_ms) == len(rows) == len(self.bwd_weight_ms):  # the measured split backward
             for r, bi, bw in zip(rows, self.bwd_input_ms, self.bwd_weight_ms):
                 r.update(bwd_input_ms=bi, bwd_weight_ms=bw)
@@ -392,20 +456,30 @@ class StageProfile:
     def stage_ms(self) -> pd.DataFrame:
         """Per stage: fwd_ms, bwd_ms (sums over the stage's layers), step_ms, cut_bytes."""
         df = self.profile.layers
-        rows = [dict(stage=s, first=a, last=z, layer_fwd_ms=float(df.fwd_ms[a:z + 1].sum()),
-                     layer_bwd_ms=float(df.bwd_ms[a:z + 1].sum()),
-                     stage_fwd_ms=self.fwd_ms[s] if self.fwd_ms else float("nan"),
-                     stage_bwd_ms=self.bwd_ms[s] if self.bwd_ms else float("nan"), step_ms=self.step_ms[s],
-                     step_copy_ms=self.step_copy_ms[s] if self.step_copy_ms else float("nan"),
-                     cut_bytes=float(df.act_bytes[z])) for s, (a, z) in enumerate(self.bounds)]
+        rows = [
+            dict(
+                stage=s,
+                first=a,
+                last=z,
+                layer_fwd_ms=float(df.fwd_ms[a : z + 1].sum()),
+                layer_bwd_ms=float(df.bwd_ms[a : z + 1].sum()),
+                stage_fwd_ms=self.fwd_ms[s] if self.fwd_ms else float("nan"),
+                stage_bwd_ms=self.bwd_ms[s] if self.bwd_ms else float("nan"),
+                step_ms=self.step_ms[s],
+                step_copy_ms=self.step_copy_ms[s] if self.step_copy_ms else float("nan"),
+                cut_bytes=float(df.act_bytes[z]),
+            )
+            for s, (a, z) in enumerate(self.bounds)
+        ]
         return pd.DataFrame(rows).set_index("stage")
 
 
 STAGE_TIMINGS = ("fwd_ms", "bwd_ms", "step_ms", "step_copy_ms", "bwd_input_ms", "bwd_weight_ms", "grad_accumulate_ms")
 
 
-def on_ranks(profiles: Sequence[StageProfile], stage_ranks: Sequence[Sequence[int]],
-             combine: Callable = max) -> StageProfile:
+def on_ranks(
+    profiles: Sequence[StageProfile], stage_ranks: Sequence[Sequence[int]], combine: Callable = max
+) -> StageProfile:
     """One StageProfile from profiles measured at once in one process per rank (``profiles[r]``:
     the process pinned where rank ``r`` runs): each stage's timings from the rank(s) that run it,
     a replicated stage at its slowest replica (``combine``, default ``max``: a synchronous step waits
@@ -415,6 +489,7 @@ def on_ranks(profiles: Sequence[StageProfile], stage_ranks: Sequence[Sequence[in
     fidelity runs after it the mean of the two cores modeled within -2..+5% of this, mostly within
     1% (``bench_fidelity.py``'s ``core mean``). The per-layer profile stays the first process's."""
     from dataclasses import replace
+
     if len(stage_ranks) != len(profiles[0].bounds):
         raise ValueError(f"stage_ranks names {len(stage_ranks)} stages, the profiles have {len(profiles[0].bounds)}")
     for s, ranks in enumerate(stage_ranks):
@@ -423,8 +498,9 @@ def on_ranks(profiles: Sequence[StageProfile], stage_ranks: Sequence[Sequence[in
     timings: dict[str, Any] = {}
     for attr in STAGE_TIMINGS:
         if all(len(getattr(p, attr)) == len(stage_ranks) for p in profiles):
-            timings[attr] = tuple(combine([getattr(profiles[r], attr)[s] for r in ranks])
-                                  for s, ranks in enumerate(stage_ranks))
+            timings[attr] = tuple(
+                combine([getattr(profiles[r], attr)[s] for r in ranks]) for s, ranks in enumerate(stage_ranks)
+            )
     return replace(profiles[0], **timings, meta=dict(profiles[0].meta, stage_ranks=[list(r) for r in stage_ranks]))
 
 
@@ -446,8 +522,17 @@ def _bounds(plan_or_bounds, num_layers: int) -> tuple[tuple[int, int], ...]:
     return tuple(b)
 
 
-def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
-                microbatches: int = 4, model=None, target=None, lr: float = 1e-9) -> tuple[float, ...]:
+def _time_stage(
+    layers: list,
+    x,
+    first: bool,
+    iterations: int,
+    warmup: int,
+    microbatches: int = 4,
+    model=None,
+    target=None,
+    lr: float = 1e-9,
+) -> tuple[float, ...]:
     """Mean ms of the stage forward, backward, split backward (input-gradient half BI, then
     weight-gradient half BW, as zero-bubble schedules run it), and what the first backward of an
     update saves (its gradients become the empty buffer; the later ones add into it: B is theirs)
@@ -475,8 +560,17 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
     (as the profile once timed them), and 0.14-0.16 / 0.19-0.20 ms timed inside the runtime's ranks."""
     import torch
 
-    from .runtime.stages import (as_leaves, from_tuple, run_stage, run_stage_layers, sgd_update, split_input_grad,
-                                 split_weight_grad, stage_roots, vjp)
+    from .runtime.stages import (
+        as_leaves,
+        from_tuple,
+        run_stage,
+        run_stage_layers,
+        sgd_update,
+        split_input_grad,
+        split_weight_grad,
+        stage_roots,
+        vjp,
+    )
 
     mod = torch.nn.Sequential(*layers)
     params = {n: p.detach().clone().requires_grad_(True) for n, p in mod.named_parameters()}
@@ -538,7 +632,9 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
         for xl, y, loss, layers in reversed(split):  # the split backward: BI (input gradient, keeps the graph), then BW
             kw = start(y, loss)
             t0 = time.perf_counter()
-            if layers is None:  # the whole stage: BI, then BW from the top (the runtime's first stage, unsplittable stages)
+            if (
+                layers is None
+            ):  # the whole stage: BI, then BW from the top (the runtime's first stage, unsplittable stages)
                 vjp(mod, params, xl, isinstance(x, tuple), y, **kw, want_weights=False, retain_graph=True)
                 t1 = time.perf_counter()
                 vjp(mod, params, xl, isinstance(x, tuple), y, **kw, want_input=False, into=into)
@@ -553,12 +649,26 @@ def _time_stage(layers: list, x, first: bool, iterations: int, warmup: int,
             F, B, BI, BW, Bf, S_in, S_copy = [], [], [], [], [], [], []
     mean = statistics.fmean
     b = mean(B) if B else mean(Bf)  # one microbatch per update: every backward is the first
-    return (mean(F), b, mean(BI), mean(BW), max(0.0, b - mean(Bf)), mean(S_in) if S_in else 0.0,
-            mean(S_copy) if S_copy else (mean(S_in) if S_in else 0.0))
+    return (
+        mean(F),
+        b,
+        mean(BI),
+        mean(BW),
+        max(0.0, b - mean(Bf)),
+        mean(S_in) if S_in else 0.0,
+        mean(S_copy) if S_copy else (mean(S_in) if S_in else 0.0),
+    )
 
 
-def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1, iterations: int = 20,
-                  warmup: int = 5, device: str = "cpu") -> StageProfile:
+def stage_profile(
+    model,
+    plan_or_bounds,
+    microbatch_size: int,
+    threads: int = 1,
+    iterations: int = 20,
+    warmup: int = 5,
+    device: str = "cpu",
+) -> StageProfile:
     """Measure per-layer fwd/bwd at ``microbatch_size`` with ``torch.set_num_threads(threads)``
     (restored afterwards) and each stage's optimizer-step time. ``model``: a LayerModel;
     ``plan_or_bounds``: a :class:`~workbench.plan.Plan` or ``[(first, last), ...]``."""
@@ -573,17 +683,30 @@ def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1,
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        prof = profile(model, batch_size=microbatch_size, iterations=iterations, warmup=warmup, device=device,
-                       progress=False, flops=False)
+        prof = profile(
+            model,
+            batch_size=microbatch_size,
+            iterations=iterations,
+            warmup=warmup,
+            device=device,
+            progress=False,
+            flops=False,
+        )
         from .profiler import _detach, _layers_and_input
 
         _, _, _, x = _layers_and_input(model, None, microbatch_size)
         fwd, bwd, split, acc, step, step_copy = [], [], [], [], [], []
         for a, z in bounds:
             last = z == len(layers) - 1 and hasattr(model, "loss") and hasattr(model, "example_target")
-            f, b, bi, bw, ac, st_in, st_copy = _time_stage(layers[a:z + 1], x, a == 0, iterations, warmup,
-                                                           model=model if last else None,
-                                                           target=model.example_target(microbatch_size) if last else None)
+            f, b, bi, bw, ac, st_in, st_copy = _time_stage(
+                layers[a : z + 1],
+                x,
+                a == 0,
+                iterations,
+                warmup,
+                model=model if last else None,
+                target=model.example_target(microbatch_size) if last else None,
+            )
             step.append(st_in)
             step_copy.append(st_copy)
             fwd.append(f)
@@ -591,13 +714,24 @@ def stage_profile(model, plan_or_bounds, microbatch_size: int, threads: int = 1,
             split.append((bi, bw))
             acc.append(ac)
             with torch.no_grad():
-                for layer in layers[a:z + 1]:
+                for layer in layers[a : z + 1]:
                     x = layer(_detach(x, False))
     finally:
         torch.set_num_threads(before)
-    return StageProfile(prof, bounds, tuple(step), int(microbatch_size), int(threads), tuple(fwd), tuple(bwd),
-                        dict(iterations=iterations, warmup=warmup, device=device), tuple(step_copy),
-                        tuple(x for x, _ in split), tuple(y for _, y in split), tuple(acc))
+    return StageProfile(
+        prof,
+        bounds,
+        tuple(step),
+        int(microbatch_size),
+        int(threads),
+        tuple(fwd),
+        tuple(bwd),
+        dict(iterations=iterations, warmup=warmup, device=device),
+        tuple(step_copy),
+        tuple(x for x, _ in split),
+        tuple(y for _, y in split),
+        tuple(acc),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -619,15 +753,33 @@ def repeat_rounds(schedule: Schedule, rounds: int) -> Schedule:
         for r in range(rounds):
             for op in wops:
                 if op.kind in ("AR", "STEP"):
-                    lst.append(Op(op.kind, op.stage, op.microbatch, op.version, op.step + r * per[op.stage],
-                                  op.weights_worker))
+                    lst.append(
+                        Op(op.kind, op.stage, op.microbatch, op.version, op.step + r * per[op.stage], op.weights_worker)
+                    )
                 else:
-                    lst.append(Op(op.kind, op.stage, op.microbatch + r * M, op.version + r * per[op.stage], op.step,
-                                  op.weights_worker))
+                    lst.append(
+                        Op(
+                            op.kind,
+                            op.stage,
+                            op.microbatch + r * M,
+                            op.version + r * per[op.stage],
+                            op.step,
+                            op.weights_worker,
+                        )
+                    )
         ops.append(lst)
-    return Schedule(schedule.name, schedule.num_stages, schedule.num_workers, M * rounds,
-                    tuple(tuple(lst) for lst in ops), schedule.stage_workers,
-                    schedule.update, schedule.microbatches_per_step, None, dict(schedule.options))
+    return Schedule(
+        schedule.name,
+        schedule.num_stages,
+        schedule.num_workers,
+        M * rounds,
+        tuple(tuple(lst) for lst in ops),
+        schedule.stage_workers,
+        schedule.update,
+        schedule.microbatches_per_step,
+        None,
+        dict(schedule.options),
+    )
 
 
 def _round_spacing(starts: Sequence[float]) -> float:
@@ -659,14 +811,24 @@ def in_flight(stages: StageProfile, link: dict | None, replicas: Sequence[int] |
     from .costmodel import CostModel
 
     prof, plan, topo, lat = _machine_model(stages, list(replicas or [1] * len(stages.bounds)), link)
-    cm = CostModel.from_profile(prof, topo, latency_ms=lat,
-                                message_cpu_ms=float(link.get("message_cpu_ms", 0.0)) if link else 0.0)
+    cm = CostModel.from_profile(
+        prof, topo, latency_ms=lat, message_cpu_ms=float(link.get("message_cpu_ms", 0.0)) if link else 0.0
+    )
     return cm.in_flight(plan)
 
 
-def modeled_step_ms(schedule: Schedule, stages: StageProfile, link: dict | None = None, op_overhead_ms: float = 0.0,
-                    rounds: int = 6, overlap_comm: bool = True, level: str = "stage",
-                    allreduce: dict | None = None, allreduce_buckets=None, microbatches: int | None = None) -> float:
+def modeled_step_ms(
+    schedule: Schedule,
+    stages: StageProfile,
+    link: dict | None = None,
+    op_overhead_ms: float = 0.0,
+    rounds: int = 6,
+    overlap_comm: bool = True,
+    level: str = "stage",
+    allreduce: dict | None = None,
+    allreduce_buckets=None,
+    microbatches: int | None = None,
+) -> float:
     """Steady-state modeled ms per round: simulate :func:`repeat_rounds` with the profile at the
     microbatch size (``microbatch_fraction=1``), per-stage ``step_ms`` (``step_copy_ms`` for the
     STEPs that keep a stashed version), a flat topology at the link bandwidth plus ``latency_ms``
@@ -683,15 +845,31 @@ def modeled_step_ms(schedule: Schedule, stages: StageProfile, link: dict | None 
     if len(stages.bounds) != schedule.num_stages:
         raise ValueError(f"the stage profile has {len(stages.bounds)} stages, the schedule {schedule.num_stages}")
     prof, plan, topo, lat = _machine_model(stages, [len(ws) for ws in schedule.stage_workers], link, level)
-    ar = dict(allreduce_bandwidth=allreduce["bandwidth_bytes_per_s"],
-              allreduce_latency_ms=max(0.0, float(allreduce["latency_ms"])),
-              allreduce_curve=allreduce if "ms" in allreduce else None) if allreduce and topo else {}
+    ar = (
+        dict(
+            allreduce_bandwidth=allreduce["bandwidth_bytes_per_s"],
+            allreduce_latency_ms=max(0.0, float(allreduce["latency_ms"])),
+            allreduce_curve=allreduce if "ms" in allreduce else None,
+        )
+        if allreduce and topo
+        else {}
+    )
     if allreduce_buckets is not None and topo:
         ar["allreduce_buckets"] = allreduce_buckets
-    res = simulate(repeat_rounds(schedule, rounds), profile=prof, plan=plan, topology=topo,
-                   step_ms=list(stages.step_ms), step_copy_ms=list(stages.step_copy_ms) or None,
-                   microbatch_fraction=1.0, latency_ms=lat, op_overhead_ms=op_overhead_ms,
-                   overlap_comm=overlap_comm, message_cpu_ms=float(link.get("message_cpu_ms", 0.0)) if link else 0.0, **ar)
+    res = simulate(
+        repeat_rounds(schedule, rounds),
+        profile=prof,
+        plan=plan,
+        topology=topo,
+        step_ms=list(stages.step_ms),
+        step_copy_ms=list(stages.step_copy_ms) or None,
+        microbatch_fraction=1.0,
+        latency_ms=lat,
+        op_overhead_ms=op_overhead_ms,
+        overlap_comm=overlap_comm,
+        message_cpu_ms=float(link.get("message_cpu_ms", 0.0)) if link else 0.0,
+        **ar,
+    )
     comp = res.compute
     M = microbatches or schedule.microbatches
     first = comp[comp.kind != "STEP"].assign(r=lambda d: d.microbatch // M).groupby("r").start.min()

@@ -3,6 +3,7 @@
 Every subcommand writes files (CSV/JSON/HTML) and prints a readable table. Bad input prints one
 line on stderr and exits with status 2, without a traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,9 @@ def parse_topology(text: str):
     name, _, servers = text.partition(":")
     if name in Topology.presets():
         if servers and not servers.isdigit():
-            raise UsageError(f"bad --topology {text!r}: write PRESET:SERVERS with a whole number of servers (e.g. {name}:4)")
+            raise UsageError(
+                f"bad --topology {text!r}: write PRESET:SERVERS with a whole number of servers (e.g. {name}:4)"
+            )
         return Topology.preset(name, servers=int(servers) if servers else 1)
     levels = []
     for part in text.split(","):
@@ -31,9 +34,11 @@ def parse_topology(text: str):
             count, bw = part.lower().split("x")
             levels.append((int(count), float(bw)))
         except ValueError:
-            raise UsageError(f"bad --topology {part!r}: write COUNTxBANDWIDTH levels, innermost first (e.g. "
-                             f"8x10e9,4x3.1e9; bandwidth in bytes/s) or a preset name[:servers] from "
-                             f"{sorted(Topology.presets())}") from None
+            raise UsageError(
+                f"bad --topology {part!r}: write COUNTxBANDWIDTH levels, innermost first (e.g. "
+                f"8x10e9,4x3.1e9; bandwidth in bytes/s) or a preset name[:servers] from "
+                f"{sorted(Topology.presets())}"
+            ) from None
     return Topology(levels=levels)
 
 
@@ -46,15 +51,19 @@ def _topology_from_args(args):
     if args.topology:
         _refuse_unused(args, ("workers", "bandwidth"), "--topology gives the workers and bandwidths")
         return parse_topology(args.topology)
-    return Topology.flat(FLAT_WORKERS if args.workers is None else args.workers,
-                         FLAT_BANDWIDTH if args.bandwidth is None else args.bandwidth)
+    return Topology.flat(
+        FLAT_WORKERS if args.workers is None else args.workers,
+        FLAT_BANDWIDTH if args.bandwidth is None else args.bandwidth,
+    )
 
 
 def _refuse_unused(args, names, because: str) -> None:
     """A flag the command would ignore is refused (a user who gives it expects it to matter)."""
     given = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n, None) not in (None, False)]
     if given:
-        raise UsageError(f"{' and '.join(given)} would be ignored: {because}; drop {'them' if len(given) > 1 else 'it'}")
+        raise UsageError(
+            f"{' and '.join(given)} would be ignored: {because}; drop {'them' if len(given) > 1 else 'it'}"
+        )
 
 
 def _load_profile(args):
@@ -65,10 +74,10 @@ def _load_profile(args):
 
 # ---- subcommands ----------------------------------------------------------------------------
 def cmd_models(args) -> int:
+    import pandas as pd
+
     from .models import list_models
     from .models.data import dataset_info
-
-    import pandas as pd
 
     with pd.option_context("display.width", 160, "display.max_colwidth", 60):
         print(list_models().to_string(index=False))
@@ -82,22 +91,40 @@ def cmd_profile(args) -> int:
     from .profiler import profile, project
 
     if args.pipedream or args.gpu:
-        _refuse_unused(args, ("threads", "workers"), "they set up a measurement, and --gpu/--pipedream give modeled "
-                       "or published times")
+        _refuse_unused(
+            args,
+            ("threads", "workers"),
+            "they set up a measurement, and --gpu/--pipedream give modeled or published times",
+        )
     if args.pipedream:
         prof = _pipedream_profile(args.pipedream)
     elif ":" in args.model:  # a user's model: package.module:function
         model, x = _user_model_and_input(args)
-        prof = (project(model, args.gpu, example_input=x) if args.gpu else
-                profile(model, x, iterations=args.iterations, warmup=args.warmup, device=args.device,
-                        threads=_profile_threads(args)))
+        prof = (
+            project(model, args.gpu, example_input=x)
+            if args.gpu
+            else profile(
+                model,
+                x,
+                iterations=args.iterations,
+                warmup=args.warmup,
+                device=args.device,
+                threads=_profile_threads(args),
+            )
+        )
     elif args.gpu:
         model = models.build(args.model, size=args.size, device="meta")
         prof = project(model, args.gpu, batch_size=args.batch_size)
     else:
         model = models.build(args.model, size=args.size, seed=args.seed)
-        prof = profile(model, batch_size=args.batch_size, iterations=args.iterations, warmup=args.warmup,
-                       device=args.device, threads=_profile_threads(args))
+        prof = profile(
+            model,
+            batch_size=args.batch_size,
+            iterations=args.iterations,
+            warmup=args.warmup,
+            device=args.device,
+            threads=_profile_threads(args),
+        )
     out = _fresh_file(Path(args.out))
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
@@ -127,8 +154,10 @@ def _pipedream_profile(name_or_path: str):
     if name_or_path in SHIPPED:
         return shipped(name_or_path)
     if not Path(name_or_path).exists():
-        raise UsageError(f"--pipedream {name_or_path!r} is neither a shipped profile ({', '.join(SHIPPED)}) "
-                         "nor an existing graph.txt")
+        raise UsageError(
+            f"--pipedream {name_or_path!r} is neither a shipped profile ({', '.join(SHIPPED)}) "
+            "nor an existing graph.txt"
+        )
     return Profile.from_pipedream(name_or_path)
 
 
@@ -138,14 +167,16 @@ def _user_model_and_input(args):
     from .runtime.job import as_dataset, as_layer_model
 
     if not args.dataset:
-        raise UsageError("a user model (--model package.module:function) needs --dataset (a built-in name, see "
-                         "`workbench models`, or package.module:function returning a TensorDataset) for its input")
+        raise UsageError(
+            "a user model (--model package.module:function) needs --dataset (a built-in name, see "
+            "`workbench models`, or package.module:function returning a TensorDataset) for its input"
+        )
     ds = load_dataset(args.dataset, "train") if ":" not in args.dataset else as_dataset(args.dataset)[0]
     if args.batch_size < 1 or args.batch_size > len(ds):
         raise UsageError(f"--batch-size must be in 1..{len(ds)} (the data set's size), got {args.batch_size}")
     model = as_layer_model(args.model, ds, args.seed)
     *xs, _ = ds.tensors
-    xs = tuple(x[:args.batch_size] for x in xs)
+    xs = tuple(x[: args.batch_size] for x in xs)
     return model, xs[0] if len(xs) == 1 else xs
 
 
@@ -162,10 +193,14 @@ def cmd_partition(args) -> int:
     from .partition import partition, partition_balanced_time, partition_equal_layers
 
     if args.profile:
-        _refuse_unused(args, ("model", "size", "batch_size"), "they choose the model to profile, and --profile is given")
+        _refuse_unused(
+            args, ("model", "size", "batch_size"), "they choose the model to profile, and --profile is given"
+        )
         prof = _load_profile(args)
     else:
-        prof = _quick_profile(args.model or "vgg16", args.size or "mini", 32 if args.batch_size is None else args.batch_size)
+        prof = _quick_profile(
+            args.model or "vgg16", args.size or "mini", 32 if args.batch_size is None else args.batch_size
+        )
     topo = _topology_from_args(args)
     mem = args.memory_gb * 2**30 if args.memory_gb else None
     comparison = None
@@ -176,15 +211,37 @@ def cmd_partition(args) -> int:
         ratio = None if args.activation_compression_ratio == 0 else args.activation_compression_ratio
         pd_settings = Settings(activation_compression_ratio=ratio, over=args.over)
     if args.compare_costs:
-        comparison = compare_costs(prof, topo, straight=args.straight, memory_bytes=mem,
-                                   use_fewer_workers=args.fewer_workers, pipedream=pd_settings, refine=not args.no_refine)
+        comparison = compare_costs(
+            prof,
+            topo,
+            straight=args.straight,
+            memory_bytes=mem,
+            use_fewer_workers=args.fewer_workers,
+            pipedream=pd_settings,
+            refine=not args.no_refine,
+        )
         plan = comparison.plans[args.cost]
     elif args.cost == "pipedream":
-        plan = partition(prof, topo, straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers,
-                         cost="pipedream", pipedream=pd_settings)
+        plan = partition(
+            prof,
+            topo,
+            straight=args.straight,
+            memory_bytes=mem,
+            use_fewer_workers=args.fewer_workers,
+            cost="pipedream",
+            pipedream=pd_settings,
+        )
     else:
-        plan = partition(prof, topo, straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers,
-                         latency_ms=args.latency_ms, op_overhead_ms=args.op_overhead_ms, refine=not args.no_refine)
+        plan = partition(
+            prof,
+            topo,
+            straight=args.straight,
+            memory_bytes=mem,
+            use_fewer_workers=args.fewer_workers,
+            latency_ms=args.latency_ms,
+            op_overhead_ms=args.op_overhead_ms,
+            refine=not args.no_refine,
+        )
     label = prof.meta.get("kind", "kind not recorded")
     where = prof.meta.get("device") or prof.meta.get("source")
     print(f"profile: {len(prof)} layers ({label}{', ' + str(where) if where else ''})")
@@ -198,8 +255,10 @@ def cmd_partition(args) -> int:
     if k > 1 and args.cost == "workbench":
         for name, fn in (("equal layers", partition_equal_layers), ("balanced time", partition_balanced_time)):
             base = fn(prof, k, topology=topo)
-            print(f"baseline {name:>13} ({k} straight stages): {base.predicted_ms:.3f} ms/minibatch "
-                  f"(cost model), x{base.predicted_ms / plan.predicted_ms:.2f} the plan's prediction")
+            print(
+                f"baseline {name:>13} ({k} straight stages): {base.predicted_ms:.3f} ms/minibatch "
+                f"(cost model), x{base.predicted_ms / plan.predicted_ms:.2f} the plan's prediction"
+            )
     if args.out:
         from .io import fresh_path
 
@@ -228,16 +287,23 @@ def cmd_simulate(args) -> int:
         kw.update(alltoall=args.alltoall, overlap_pairs=not args.no_overlap_pairs)
     sched = build_for_simulation(args.schedule, plan or (args.stages or 4), args.microbatches, kw, **opts)
     if topology is not None and topology.num_workers != sched.num_workers:
-        raise UsageError(f"schedule {sched.name} uses {sched.num_workers} workers but the topology has "
-                         f"{topology.num_workers}; give a topology of {sched.num_workers} workers "
-                         f"(--workers {sched.num_workers}) or a schedule for {topology.num_workers}")
+        raise UsageError(
+            f"schedule {sched.name} uses {sched.num_workers} workers but the topology has "
+            f"{topology.num_workers}; give a topology of {sched.num_workers} workers "
+            f"(--workers {sched.num_workers}) or a schedule for {topology.num_workers}"
+        )
     res = simulate(sched, **kw)
     print(res.summary())
     if plan is not None and args.profile and plan.predicted_ms == plan.predicted_ms:
-        sim = (f"simulated {res.time_per_minibatch_ms:.4g} ms/minibatch" if res.metrics["steady_state"] else
-               f"no steady state simulated ({res.metrics['no_steady_state_reason']})")
-        print(f"plan: predicted {plan.predicted_ms:.4g} ms/minibatch (cost model) vs {sim} here "
-              f"({args.schedule}, {args.microbatches} microbatches)")
+        sim = (
+            f"simulated {res.time_per_minibatch_ms:.4g} ms/minibatch"
+            if res.metrics["steady_state"]
+            else f"no steady state simulated ({res.metrics['no_steady_state_reason']})"
+        )
+        print(
+            f"plan: predicted {plan.predicted_ms:.4g} ms/minibatch (cost model) vs {sim} here "
+            f"({args.schedule}, {args.microbatches} microbatches)"
+        )
     print(f"wrote {res.save(args.out)}")
     return 0
 
@@ -270,6 +336,7 @@ def _simulation_costs(args, plan) -> tuple[dict, object]:
 
 def _schedule_option(text: str):
     from .schedules.registry import parse_option
+
     try:
         return parse_option(text)
     except ValueError as e:
@@ -278,6 +345,7 @@ def _schedule_option(text: str):
 
 def cmd_schedules(args) -> int:
     from . import schedules
+
     if args.markdown:
         print(schedules.markdown_table())
         return 0
@@ -304,7 +372,7 @@ def cmd_quickstart(args) -> int:
     """Profile a built-in mini model on this CPU and partition it for a flat cluster; then take the
     paper-size model's modeled V100 profile, partition it for PipeDream's Cluster-A (4 servers x 4
     V100) and simulate PipeDream's 1F1B schedule on that plan. Everything lands in a new run folder."""
-    from . import models, schedules
+    from . import models
     from .io import run_folder, run_id
     from .partition import partition
     from .profiler import profile, project
@@ -318,8 +386,10 @@ def cmd_quickstart(args) -> int:
         topo = Topology.flat(args.workers, 10e9)
         plan = partition(prof, topo)
         plan.save(tmp / "plan_measured.json")
-        print(f"== {args.model} (mini): profile MEASURED on {prof.meta['device']}, batch {args.batch_size}; "
-              f"plan MODELED for {topo.describe()}")
+        print(
+            f"== {args.model} (mini): profile MEASURED on {prof.meta['device']}, batch {args.batch_size}; "
+            f"plan MODELED for {topo.describe()}"
+        )
         if prof.trust_note():
             print(prof.trust_note())
         print(plan.describe())
@@ -329,19 +399,25 @@ def cmd_quickstart(args) -> int:
         cluster = Topology.preset("4xV100-pcie-10g", servers=4)
         plan2 = partition(paper, cluster)
         plan2.save(tmp / "plan_modeled_V100.json")
-        print(f"\n== {args.model} (paper size): profile MODELED for V100 (roofline from FLOPs/bytes, batch 64); "
-              f"plan MODELED for {cluster.describe()}")
+        print(
+            f"\n== {args.model} (paper size): profile MODELED for V100 (roofline from FLOPs/bytes, batch 64); "
+            f"plan MODELED for {cluster.describe()}"
+        )
         print(plan2.describe())
 
         microbatches = max(args.microbatches, steady_microbatches(plan2))
         res = simulate_plan(plan2, paper, cluster, microbatches=microbatches)
         res.save(tmp / "simulation")
-        print(f"\n== PipeDream 1F1B on that plan ({plan2.in_flight_count} minibatches in flight at the input stage, "
-              f"{microbatches} minibatches): {res.label}")
+        print(
+            f"\n== PipeDream 1F1B on that plan ({plan2.in_flight_count} minibatches in flight at the input stage, "
+            f"{microbatches} minibatches): {res.label}"
+        )
         print(res.summary())
-        print(f"plan predicted {plan2.predicted_ms:.4g} ms/minibatch; simulated steady state "
-              f"{res.time_per_minibatch_ms:.4g} ms/minibatch (warm-up and drain excluded; makespan / minibatches "
-              f"= {res.makespan / res.metrics['minibatches']:.4g} ms includes them)")
+        print(
+            f"plan predicted {plan2.predicted_ms:.4g} ms/minibatch; simulated steady state "
+            f"{res.time_per_minibatch_ms:.4g} ms/minibatch (warm-up and drain excluded; makespan / minibatches "
+            f"= {res.makespan / res.metrics['minibatches']:.4g} ms includes them)"
+        )
     print(f"\nwrote {tmp.final} (profiles, plans, simulation/timeline.html)")
     return 0
 
@@ -349,9 +425,15 @@ def cmd_quickstart(args) -> int:
 # ---- parser ---------------------------------------------------------------------------------
 def _add_topology(p):
     p.add_argument("--workers", type=int, default=None, help=f"workers of a flat topology (default {FLAT_WORKERS})")
-    p.add_argument("--bandwidth", type=float, default=None,
-                   help=f"bytes/s between workers of a flat topology (default {FLAT_BANDWIDTH:.3g})")
-    p.add_argument("--topology", help="hierarchical levels COUNTxBW,... innermost first (e.g. 4x10e9,4x1.25e9) or a preset name")
+    p.add_argument(
+        "--bandwidth",
+        type=float,
+        default=None,
+        help=f"bytes/s between workers of a flat topology (default {FLAT_BANDWIDTH:.3g})",
+    )
+    p.add_argument(
+        "--topology", help="hierarchical levels COUNTxBW,... innermost first (e.g. 4x10e9,4x1.25e9) or a preset name"
+    )
 
 
 def _add_fixed_costs(p):
@@ -370,21 +452,34 @@ def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_models)
 
     p = sub.add_parser("profile", help="per-layer fwd/bwd ms, activation and parameter bytes, FLOPs")
-    p.add_argument("--model", default="vgg16", help="zoo name, or package.module:function returning an nn.Module "
-                   "(traced into layers by workbench.graph.split; needs --dataset)")
+    p.add_argument(
+        "--model",
+        default="vgg16",
+        help="zoo name, or package.module:function returning an nn.Module "
+        "(traced into layers by workbench.graph.split; needs --dataset)",
+    )
     p.add_argument("--size", default="mini", choices=["mini", "paper"])
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads while measuring (default: what each "
-                   "of --workers CPU ranks gets, cores // workers)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads while measuring (default: what each of --workers CPU ranks gets, cores // workers)",
+    )
     p.add_argument("--workers", type=int, default=None, help="CPU ranks the profile is for (default 1: all cores)")
     p.add_argument("--gpu", help="write a MODELED profile for this GPU (V100, 1080Ti, A100, H100) instead of measuring")
-    p.add_argument("--pipedream", help="import PipeDream's published profile: a shipped name (vgg16, resnet50, "
-                   "alexnet) or a graph.txt path")
-    p.add_argument("--dataset", help="input samples for a user model (--model package.module:function): a built-in "
-                   "data set name or package.module:function returning a TensorDataset")
+    p.add_argument(
+        "--pipedream",
+        help="import PipeDream's published profile: a shipped name (vgg16, resnet50, alexnet) or a graph.txt path",
+    )
+    p.add_argument(
+        "--dataset",
+        help="input samples for a user model (--model package.module:function): a built-in "
+        "data set name or package.module:function returning a TensorDataset",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results/profile.csv", help="output .csv or .json")
     p.set_defaults(fn=cmd_profile)
@@ -400,38 +495,74 @@ def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--fewer-workers", action="store_true", help="allow using fewer than all workers")
     _add_fixed_costs(p)
     p.add_argument("--no-refine", action="store_true", help="DP and closed form only (no simulation of the plan)")
-    p.add_argument("--cost", choices=["workbench", "pipedream"], default="workbench",
-                   help="cost model: the workbench's (default) or PipeDream's optimizer and formulas exactly")
-    p.add_argument("--compare-costs", action="store_true",
-                   help="also show both models' choices side by side, each priced under both")
-    p.add_argument("--activation-compression-ratio", type=float, default=1.0,
-                   help="--cost pipedream: cut terms divided by this ratio (0: cuts are free, PipeDream's default)")
-    p.add_argument("--over", choices=["antichains", "layers"], default="antichains",
-                   help="--cost pipedream: states = antichains of a graph.txt DAG, or the profile's layer order")
+    p.add_argument(
+        "--cost",
+        choices=["workbench", "pipedream"],
+        default="workbench",
+        help="cost model: the workbench's (default) or PipeDream's optimizer and formulas exactly",
+    )
+    p.add_argument(
+        "--compare-costs",
+        action="store_true",
+        help="also show both models' choices side by side, each priced under both",
+    )
+    p.add_argument(
+        "--activation-compression-ratio",
+        type=float,
+        default=1.0,
+        help="--cost pipedream: cut terms divided by this ratio (0: cuts are free, PipeDream's default)",
+    )
+    p.add_argument(
+        "--over",
+        choices=["antichains", "layers"],
+        default="antichains",
+        help="--cost pipedream: states = antichains of a graph.txt DAG, or the profile's layer order",
+    )
     p.add_argument("--out", help="write the plan JSON here (a new file: an existing one gets a -2, -3 ... suffix)")
     p.set_defaults(fn=cmd_partition)
 
     p = sub.add_parser("simulate", help="discrete-event simulation of a schedule -> timeline CSV, metrics JSON, HTML")
     p.add_argument("--schedule", default="pipedream", help="schedule name (`workbench schedules` lists them)")
-    p.add_argument("--schedule-option", type=_schedule_option, action="append", default=[], metavar="KEY=VALUE",
-                   help="schedule option, e.g. chunks=2 (repeatable; `workbench schedules` lists them)")
+    p.add_argument(
+        "--schedule-option",
+        type=_schedule_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="schedule option, e.g. chunks=2 (repeatable; `workbench schedules` lists them)",
+    )
     p.add_argument("--microbatches", type=int, default=16)
     p.add_argument("--plan", help="plan JSON (from `workbench partition --out`)")
-    p.add_argument("--stages", type=int, default=None, help="stages when no --plan is given (one worker each; default 4)")
+    p.add_argument(
+        "--stages", type=int, default=None, help="stages when no --plan is given (one worker each; default 4)"
+    )
     p.add_argument("--profile", help="profile for modeled costs (needs --plan); without it unit costs are used")
     p.add_argument("--fwd", type=float, default=None, help="unit forward cost (unit costs only; default 1)")
     p.add_argument("--bwd", type=float, default=None, help="unit backward cost (unit costs only; default 2)")
     p.add_argument("--workers", type=int, default=None, help="flat topology size (default: the plan's workers)")
-    p.add_argument("--bandwidth", type=float, default=None,
-                   help=f"bytes/s of a flat topology (default {FLAT_BANDWIDTH:.3g}; profile costs only)")
-    p.add_argument("--topology", help="levels COUNTxBW,... innermost first, or a preset[:servers] "
-                   "(default: the topology stored in the plan)")
+    p.add_argument(
+        "--bandwidth",
+        type=float,
+        default=None,
+        help=f"bytes/s of a flat topology (default {FLAT_BANDWIDTH:.3g}; profile costs only)",
+    )
+    p.add_argument(
+        "--topology",
+        help="levels COUNTxBW,... innermost first, or a preset[:servers] (default: the topology stored in the plan)",
+    )
     _add_fixed_costs(p)
-    p.add_argument("--alltoall", type=float, default=None,
-                   help="in-op all-to-all of every forward/backward (expert parallelism), per stage; a schedule's "
-                        "overlapped F/B pairs (dualpipev) hide each other's")
-    p.add_argument("--no-overlap-pairs", action="store_true",
-                   help="charge a schedule's overlapped F/B pairs back to back (with --alltoall)")
+    p.add_argument(
+        "--alltoall",
+        type=float,
+        default=None,
+        help="in-op all-to-all of every forward/backward (expert parallelism), per stage; a schedule's "
+        "overlapped F/B pairs (dualpipev) hide each other's",
+    )
+    p.add_argument(
+        "--no-overlap-pairs",
+        action="store_true",
+        help="charge a schedule's overlapped F/B pairs back to back (with --alltoall)",
+    )
     p.add_argument("--out", default="results/simulate")
     p.set_defaults(fn=cmd_simulate)
 
@@ -446,7 +577,9 @@ def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
         add_train_arguments(p)
     p.set_defaults(fn=cmd_train)
 
-    p = sub.add_parser("quickstart", help="profile + partition + print a plan for a built-in model (no GPU, no download)")
+    p = sub.add_parser(
+        "quickstart", help="profile + partition + print a plan for a built-in model (no GPU, no download)"
+    )
     p.add_argument("--model", default="vgg16")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--batch-size", type=int, default=64)
@@ -456,6 +589,7 @@ def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
 
     p = sub.add_parser("reproduce", help="run the paper-reproduction notebooks (papermill) into a new run folder")
     from .reproduce import add_arguments, cmd_reproduce
+
     add_arguments(p)
     p.set_defaults(fn=cmd_reproduce)
     return ap
@@ -467,7 +601,10 @@ def main(argv=None) -> int:
     try:
         return args.fn(args) or 0
     except ValueError as e:  # bad input: one line, status 2
-        print(f"workbench {args.command}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        print(
+            f"workbench {args.command}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+            file=sys.stderr,
+        )
         return 2
     except BrokenPipeError:  # output piped into a reader that stopped early (e.g. `| head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit

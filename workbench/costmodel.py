@@ -42,6 +42,7 @@ minibatches each used directed link carries one message: ``cut_ms(s) = max_links
 The predicted time per minibatch is ``max(max_s stage_ms, max_s cut_ms)``; :func:`in_flight` gives
 the minibatches each stage must admit for the pipeline to reach it.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,8 +56,7 @@ from .topology import Topology
 
 def check_ms(name: str, value) -> float:
     """``value`` as a float of milliseconds, or one clear ValueError (finite and >= 0)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)) \
-            or value < 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)) or value < 0:
         raise ValueError(f"{name} must be a finite number >= 0 (ms), got {value!r}")
     return float(value)
 
@@ -65,7 +65,9 @@ def _per_level(name: str, value, levels: int) -> tuple[float, ...]:
     if isinstance(value, (list, tuple, np.ndarray)):
         vals = [check_ms(f"{name}[{k}]", v) for k, v in enumerate(value)]
         if len(vals) != levels:
-            raise ValueError(f"{name} has {len(vals)} values for {levels} topology levels; give one per level or a number")
+            raise ValueError(
+                f"{name} has {len(vals)} values for {levels} topology levels; give one per level or a number"
+            )
         return tuple(vals)
     return (check_ms(name, value),) * levels
 
@@ -90,7 +92,9 @@ class CostModel:
     allreduce_bandwidth: tuple[float, ...] | None = None  # ring bus bandwidth per level; None: the link's
     allreduce_latency_ms: tuple[float, ...] | None = None  # ring per-step latency per level; None: the link's
     message_cpu_ms: float = 0.0  # CPU time a message between workers takes from each end's compute (LogP's o)
-    allreduce_curve: tuple[tuple[float, float], ...] | None = None  # measured ((bytes, ms), ...) of the library's all-reduce on ...
+    allreduce_curve: tuple[tuple[float, float], ...] | None = (
+        None  # measured ((bytes, ms), ...) of the library's all-reduce on ...
+    )
     allreduce_curve_replicas: int = 0  # ... this many replicas (other counts use the ring formula)
     allreduce_buckets: tuple[float, float] | None = None  # (first, each further) bucket bytes: DDP's gradient buckets
     bwd_input_ms: np.ndarray | None = None  # measured split of the backward (zero-bubble BI / BW); None: half each
@@ -101,10 +105,19 @@ class CostModel:
 
     # ---- construction ------------------------------------------------------------------
     @classmethod
-    def from_profile(cls, profile, topology=None, latency_ms=0.0, op_overhead_ms: float = 0.0,
-                     overlap_allreduce: bool = True, allreduce_bandwidth=None,
-                     allreduce_latency_ms=None, message_cpu_ms: float = 0.0, allreduce_curve=None,
-                     allreduce_buckets=None) -> "CostModel":
+    def from_profile(
+        cls,
+        profile,
+        topology=None,
+        latency_ms=0.0,
+        op_overhead_ms: float = 0.0,
+        overlap_allreduce: bool = True,
+        allreduce_bandwidth=None,
+        allreduce_latency_ms=None,
+        message_cpu_ms: float = 0.0,
+        allreduce_curve=None,
+        allreduce_buckets=None,
+    ) -> CostModel:
         """The cost model of ``profile`` on ``topology``; ``latency_ms`` is one number or one per level.
         ``allreduce_bandwidth`` / ``allreduce_latency_ms`` (one number or one per level): the ring
         all-reduce's own bus bandwidth and per-step latency when the library's collective is slower
@@ -121,20 +134,29 @@ class CostModel:
         cols = {c: df[c].to_numpy(dtype=float) for c in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes")}
         levels = len(getattr(topology, "levels", ())) if topology is not None else 1
         lat = _per_level("latency_ms", latency_ms, max(1, levels))
-        ar_lat = None if allreduce_latency_ms is None else _per_level("allreduce_latency_ms", allreduce_latency_ms,
-                                                                        max(1, levels))
+        ar_lat = (
+            None
+            if allreduce_latency_ms is None
+            else _per_level("allreduce_latency_ms", allreduce_latency_ms, max(1, levels))
+        )
         ar_bw = None
         if allreduce_bandwidth is not None:
-            vals = allreduce_bandwidth if isinstance(allreduce_bandwidth, (list, tuple, np.ndarray)) \
+            vals = (
+                allreduce_bandwidth
+                if isinstance(allreduce_bandwidth, (list, tuple, np.ndarray))
                 else [allreduce_bandwidth] * max(1, levels)
+            )
             if len(vals) != max(1, levels):
                 raise ValueError(f"allreduce_bandwidth has {len(vals)} values for {max(1, levels)} topology levels")
             for v in vals:
                 if isinstance(v, bool) or not isinstance(v, numbers.Real) or not float(v) > 0 or math.isnan(v):
                     raise ValueError(f"allreduce_bandwidth must be > 0 bytes/s, got {v!r}")
             ar_bw = tuple(float(v) for v in vals)
-        split = {c: df[c].to_numpy(dtype=float) for c in ("bwd_input_ms", "bwd_weight_ms")
-                 if c in df.columns and df[c].notna().all()}
+        split = {
+            c: df[c].to_numpy(dtype=float)
+            for c in ("bwd_input_ms", "bwd_weight_ms")
+            if c in df.columns and df[c].notna().all()
+        }
         if len(split) < 2:
             split = {}
         if "grad_accumulate_ms" in df.columns and df["grad_accumulate_ms"].notna().all():
@@ -145,7 +167,9 @@ class CostModel:
                 pts = sorted((float(n), float(t)) for n, t in zip(allreduce_curve["sizes"], allreduce_curve["ms"]))
                 curve_r = int(allreduce_curve["world_size"])
             except (KeyError, TypeError, ValueError):
-                raise ValueError("allreduce_curve must be a measure_allreduce() result (sizes, ms, world_size)") from None
+                raise ValueError(
+                    "allreduce_curve must be a measure_allreduce() result (sizes, ms, world_size)"
+                ) from None
             if len(pts) < 2 or any(not (math.isfinite(t) and t >= 0 and n >= 0) for n, t in pts):
                 raise ValueError("allreduce_curve needs at least 2 sizes with finite times >= 0")
             curve = tuple(pts)
@@ -153,15 +177,28 @@ class CostModel:
         if allreduce_buckets is not None:
             values = tuple(float(b) for b in allreduce_buckets)
             if len(values) != 2 or not all(b > 0 for b in values):
-                raise ValueError(f"allreduce_buckets must be (first bytes, bucket bytes) > 0, got {allreduce_buckets!r}")
+                raise ValueError(
+                    f"allreduce_buckets must be (first bytes, bucket bytes) > 0, got {allreduce_buckets!r}"
+                )
             buckets = (values[0], values[1])
         meta = profile.meta or {}
         bs = meta.get("batch_size") or meta.get("batch_size_if_imagenet")
-        return cls(**cols, topology=topology, latency_ms=lat, op_overhead_ms=check_ms("op_overhead_ms", op_overhead_ms),
-                   overlap_allreduce=bool(overlap_allreduce), batch_size=int(bs) if bs else None,
-                   label=_label(profile, topology, lat, op_overhead_ms), allreduce_bandwidth=ar_bw,
-                   allreduce_latency_ms=ar_lat, message_cpu_ms=check_ms("message_cpu_ms", message_cpu_ms),
-                   allreduce_curve=curve, allreduce_curve_replicas=curve_r, allreduce_buckets=buckets, **split)
+        return cls(
+            **cols,
+            topology=topology,
+            latency_ms=lat,
+            op_overhead_ms=check_ms("op_overhead_ms", op_overhead_ms),
+            overlap_allreduce=bool(overlap_allreduce),
+            batch_size=int(bs) if bs else None,
+            label=_label(profile, topology, lat, op_overhead_ms),
+            allreduce_bandwidth=ar_bw,
+            allreduce_latency_ms=ar_lat,
+            message_cpu_ms=check_ms("message_cpu_ms", message_cpu_ms),
+            allreduce_curve=curve,
+            allreduce_curve_replicas=curve_r,
+            allreduce_buckets=buckets,
+            **split,
+        )
 
     def __post_init__(self):
         for name in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes"):
@@ -181,8 +218,15 @@ class CostModel:
                     raise ValueError(f"cost model column {name!r} must be finite and >= 0 for every layer")
                 object.__setattr__(self, name, x)
         z = np.zeros(1)
-        for name in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes", "bwd_input_ms", "bwd_weight_ms",
-                     "grad_accumulate_ms"):
+        for name in (
+            "fwd_ms",
+            "bwd_ms",
+            "act_bytes",
+            "param_bytes",
+            "bwd_input_ms",
+            "bwd_weight_ms",
+            "grad_accumulate_ms",
+        ):
             if getattr(self, name) is not None:
                 self._prefix[name] = np.concatenate([z, np.cumsum(getattr(self, name))])
 
@@ -219,8 +263,10 @@ class CostModel:
         if self.bwd_input_ms is None or self.bwd_weight_ms is None:
             half = self.stage_bwd_ms(first, last, fraction) / 2
             return half, half
-        return (float(fraction * self.range_sum("bwd_input_ms", first, last)),
-                float(fraction * self.range_sum("bwd_weight_ms", first, last)))
+        return (
+            float(fraction * self.range_sum("bwd_input_ms", first, last)),
+            float(fraction * self.range_sum("bwd_weight_ms", first, last)),
+        )
 
     def op_ms(self, compute_ms: float) -> float:
         """Duration of one op on the compute stream: its compute plus the per-op overhead."""
@@ -353,7 +399,9 @@ class CostModel:
     def level_cut_ms(self, k: int) -> np.ndarray:
         """Per layer l, one message of the cut after l over a level-k link: ``α_k + a_l / B_k``."""
         bw = float(self.topology.levels[k - 1][1]) if self.topology is not None else math.inf
-        return self.level_latency_ms(k) + (np.zeros_like(self.act_bytes) if bw == math.inf else self.act_bytes / bw * 1e3)
+        return self.level_latency_ms(k) + (
+            np.zeros_like(self.act_bytes) if bw == math.inf else self.act_bytes / bw * 1e3
+        )
 
     def fetch_ms(self, nbytes: float, a: int, b: int) -> float:
         """Fetching ``nbytes`` of weights from worker a to b: one message."""
@@ -378,8 +426,10 @@ class CostModel:
     def plan_times(self, plan) -> tuple[list[float], list[float]]:
         """(stage_ms per stage, cut_ms per cut) of a flat :class:`~workbench.plan.Plan`."""
         S = plan.num_stages
-        stages = [self.stage_ms(s.first, s.last, s.workers) + self.stage_message_cpu_ms(k, S) / s.replicas
-                  for k, s in enumerate(plan.stages)]
+        stages = [
+            self.stage_ms(s.first, s.last, s.workers) + self.stage_message_cpu_ms(k, S) / s.replicas
+            for k, s in enumerate(plan.stages)
+        ]
         cuts = [self.cut_ms(a.last, a.workers, b.workers) for a, b in zip(plan.stages, plan.stages[1:])]
         return stages, cuts
 

@@ -6,11 +6,12 @@ Every object a notebook displays (Profile, Plan, Schedule, SimResult, run result
 figure; callers pass the numbers they already hold, so a number shown here is the same number the
 object reports elsewhere.
 """
+
 from __future__ import annotations
 
 import html
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import pandas as pd
 
@@ -35,13 +36,21 @@ def one_line(kind: str, rows: Iterable[Row]) -> str:
     return f"{kind}(" + ", ".join(f"{n}={fmt(v, u)}" for n, v, u in rows) + ")"
 
 
-def card(title: str, rows: Sequence[Row], label: str | None = None, table: pd.DataFrame | None = None,
-         max_rows: int = 12, extra_html: str = "") -> str:
+def card(
+    title: str,
+    rows: Sequence[Row],
+    label: str | None = None,
+    table: pd.DataFrame | None = None,
+    max_rows: int = 12,
+    extra_html: str = "",
+) -> str:
     """A compact HTML card: title, key figures with units, label, and the first rows of ``table``."""
-    body = "".join(f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(n)}</th>"
-                   f"<td style='text-align:right'>{html.escape(fmt(v, u))}</td></tr>" for n, v, u in rows)
-    parts = [f"<div class='workbench-card'><b>{html.escape(title)}</b>",
-             f"<table style='margin:4px 0'>{body}</table>"]
+    body = "".join(
+        f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(n)}</th>"
+        f"<td style='text-align:right'>{html.escape(fmt(v, u))}</td></tr>"
+        for n, v, u in rows
+    )
+    parts = [f"<div class='workbench-card'><b>{html.escape(title)}</b>", f"<table style='margin:4px 0'>{body}</table>"]
     if label:
         parts.append(f"<div style='color:#555;font-size:90%'>{html.escape(label)}</div>")
     if table is not None and len(table):

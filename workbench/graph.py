@@ -28,6 +28,7 @@ The result is a :class:`GraphModel`, a :class:`~workbench.models.base.LayerModel
 classes (only ``torch.fx`` graphs of ATen operations and the parameter tensors), so it pickles into
 spawned ranks even when the model's class was defined in a notebook.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -52,9 +53,16 @@ class GraphLayer(nn.Module):
     values it reads (-1: the model's input). Together they give the layer DAG of
     :mod:`workbench.antichain`."""
 
-    def __init__(self, gm: fx.GraphModule, in_ints: tuple[int, ...], out_ints: tuple[int, ...], n_out: int,
-                 modules: tuple[str, ...], own_out: tuple[int, ...] | None = None,
-                 reads_from: tuple[int, ...] | None = None):
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        in_ints: tuple[int, ...],
+        out_ints: tuple[int, ...],
+        n_out: int,
+        modules: tuple[str, ...],
+        own_out: tuple[int, ...] | None = None,
+        reads_from: tuple[int, ...] | None = None,
+    ):
         super().__init__()
         self.gm = gm
         self.in_ints, self.out_ints, self.n_out, self.modules_covered = in_ints, out_ints, n_out, modules
@@ -93,8 +101,12 @@ class GraphModel(LayerModel):
     # ---- Jupyter manners -----------------------------------------------------------------
     def _rows(self) -> list:
         mib = sum(p.numel() * p.element_size() for p in self.parameters()) / 2**20
-        return [("layers", len(self.layers), ""), ("parameters", mib, "MiB (tied counted once)"),
-                ("task", self.task, ""), ("tied weights", len(self.tied), "")]
+        return [
+            ("layers", len(self.layers), ""),
+            ("parameters", mib, "MiB (tied counted once)"),
+            ("task", self.task, ""),
+            ("tied weights", len(self.tied), ""),
+        ]
 
     def __repr__(self) -> str:
         from .display import one_line
@@ -105,16 +117,17 @@ class GraphModel(LayerModel):
         import pandas as pd
 
         from .display import card
-
         from .profiler import _new_param_bytes
 
         seen: set = set()  # a tied weight counts at its first layer, as in a Profile
-        table = pd.DataFrame([dict(layer=n, param_bytes=_new_param_bytes(layer, seen))
-                              for n, layer in zip(self.names, self.layers)])
-        return card(f"{self.name}: layers for the pipeline", self._rows(), label=self.description, table=table,
-                    max_rows=30)
+        table = pd.DataFrame(
+            [dict(layer=n, param_bytes=_new_param_bytes(layer, seen)) for n, layer in zip(self.names, self.layers)]
+        )
+        return card(
+            f"{self.name}: layers for the pipeline", self._rows(), label=self.description, table=table, max_rows=30
+        )
 
-    def to(self, device) -> "GraphModel":
+    def to(self, device) -> GraphModel:
         """Move the weights and rewrite the device constants the trace recorded (``arange(...,
         device=cpu)``) so the layers create their tensors on ``device`` too."""
         super().to(device)
@@ -135,9 +148,11 @@ class GraphModel(LayerModel):
 # ---------------------------------------------------------------------------------------------
 # Tracing and grouping
 # ---------------------------------------------------------------------------------------------
-_CACHE_HINT = ("the model builds a key/value cache for generation (transformers' DynamicCache), which "
-               "training does not use: build it with use_cache=False (e.g. LlamaConfig(use_cache=False), or "
-               "model.config.use_cache = False)")
+_CACHE_HINT = (
+    "the model builds a key/value cache for generation (transformers' DynamicCache), which "
+    "training does not use: build it with use_cache=False (e.g. LlamaConfig(use_cache=False), or "
+    "model.config.use_cache = False)"
+)
 
 
 def _first_line(e: BaseException) -> str:
@@ -156,8 +171,10 @@ def _check_runs(model: nn.Module, args: tuple) -> None:
             model(*args)
     except Exception as e:  # noqa: BLE001 - the model's own error becomes one line for the user
         shapes = ", ".join(str(tuple(a.shape)) if torch.is_tensor(a) else type(a).__name__ for a in args)
-        raise ValueError(f"{type(model).__name__} fails on the example input ({shapes}) before any tracing: "
-                         f"{_first_line(e)}; give an input (or a data set) whose samples the model accepts") from None
+        raise ValueError(
+            f"{type(model).__name__} fails on the example input ({shapes}) before any tracing: "
+            f"{_first_line(e)}; give an input (or a data set) whose samples the model accepts"
+        ) from None
     finally:
         model.train(was)
 
@@ -173,11 +190,16 @@ def _export(model: nn.Module, args: tuple) -> fx.GraphModule:
     try:
         ep = export(model, args, dynamic_shapes=dyn, strict=False)
     except Exception as e:  # noqa: BLE001 - any tracing failure becomes one line for the user
-        raise ValueError(f"cannot trace {type(model).__name__} with torch.export ({_first_line(e)}); "
-                         + (_CACHE_HINT if "Cache" in f"{type(e).__name__} {e}" else
-                            "give the layers by hand: workbench.graph.from_modules([module, ...], example_input), each "
-                            "module taking the previous one's output, or split(..., layers=[names]) on a traceable "
-                            "part")) from None
+        raise ValueError(
+            f"cannot trace {type(model).__name__} with torch.export ({_first_line(e)}); "
+            + (
+                _CACHE_HINT
+                if "Cache" in f"{type(e).__name__} {e}"
+                else "give the layers by hand: workbench.graph.from_modules([module, ...], example_input), each "
+                "module taking the previous one's output, or split(..., layers=[names]) on a traceable "
+                "part"
+            )
+        ) from None
     finally:
         model.train(was)
     gm = ep.module()
@@ -260,8 +282,13 @@ def _view_base(v: fx.Node) -> fx.Node:
     """Follow views (ops whose result aliases their first argument) back to the base value."""
     while v.op == "call_function":
         schema = getattr(v.target, "_schema", None)
-        if not (schema and schema.returns and schema.returns[0].alias_info is not None and v.args
-                and isinstance(v.args[0], fx.Node)):
+        if not (
+            schema
+            and schema.returns
+            and schema.returns[0].alias_info is not None
+            and v.args
+            and isinstance(v.args[0], fx.Node)
+        ):
             break
         v = v.args[0]
     return v
@@ -354,10 +381,17 @@ def _build_layers(gm: fx.GraphModule, group: dict, units: list[str]) -> tuple[li
         covered = tuple(c for c in covered if not any(d != c and _under(d, c) for d in covered)) or covered
         # the layer DAG (PipeDream's antichain states): outputs made here, layers whose values it reads
         used = {a for n in body for a in n.all_input_nodes if a in prod}
-        layers.append(GraphLayer(sub, tuple(i for i, v in enumerate(live_in) if _is_int(v)),
-                                 tuple(i for i, v in enumerate(live_out) if _is_int(v)), len(live_out), covered,
-                                 own_out=tuple(i for i, v in enumerate(live_out) if prod.get(v) == g),
-                                 reads_from=tuple(sorted({prod[v] for v in used if prod[v] != g}))))
+        layers.append(
+            GraphLayer(
+                sub,
+                tuple(i for i, v in enumerate(live_in) if _is_int(v)),
+                tuple(i for i, v in enumerate(live_out) if _is_int(v)),
+                len(live_out),
+                covered,
+                own_out=tuple(i for i, v in enumerate(live_out) if prod.get(v) == g),
+                reads_from=tuple(sorted({prod[v] for v in used if prod[v] != g})),
+            )
+        )
         label = covered[0] if len(covered) == 1 else (f"{covered[0]}..{covered[-1]}" if covered else "(ops)")
         names.append(f"{g}:{label}")
     return layers, names
@@ -392,8 +426,11 @@ def _task_and_specs(args: tuple, out_shape, task: str | None):
     task = task or ("lm" if out_shape is not None and len(out_shape) == 3 else "classification")
     classes = int(out_shape[-1]) if out_shape is not None and not isinstance(out_shape[-1], torch.SymInt) else None
     inputs = tuple(_spec(a, classes if task == "lm" else None) for a in args)
-    target = TensorSpec(tuple(args[0].shape[1:]), torch.int64, classes) if task == "lm" else \
-        TensorSpec((), torch.int64, classes)
+    target = (
+        TensorSpec(tuple(args[0].shape[1:]), torch.int64, classes)
+        if task == "lm"
+        else TensorSpec((), torch.int64, classes)
+    )
     return task, inputs, target
 
 
@@ -412,14 +449,34 @@ def from_modules(modules, example_input, *, name: str = "modules", task: str | N
     task, inputs, target = _task_and_specs(args, tuple(out.shape), task)
     names = [f"{i}:{type(m).__name__}" for i, m in enumerate(layers)]
     tied = _tied(nn.Sequential(*layers), layers)
-    return GraphModel(name=name, size="user", layers=layers, names=names, dataset="user", task=task, inputs=inputs,
-                      target=target, config=dict(traced=None), description=f"{len(layers)} layers given by hand",
-                      tied=tied, loss_fn=loss)
+    return GraphModel(
+        name=name,
+        size="user",
+        layers=layers,
+        names=names,
+        dataset="user",
+        task=task,
+        inputs=inputs,
+        target=target,
+        config=dict(traced=None),
+        description=f"{len(layers)} layers given by hand",
+        tied=tied,
+        loss_fn=loss,
+    )
 
 
-def split(model: nn.Module, example_input, *, layers: list[str] | None = None, min_layers: int = 12,
-          name: str | None = None, task: str | None = None, dataset: str = "user", loss=None,
-          description: str = "") -> GraphModel:
+def split(
+    model: nn.Module,
+    example_input,
+    *,
+    layers: list[str] | None = None,
+    min_layers: int = 12,
+    name: str | None = None,
+    task: str | None = None,
+    dataset: str = "user",
+    loss=None,
+    description: str = "",
+) -> GraphModel:
     """Trace ``model`` on ``example_input`` (a tensor, or a tuple of positional inputs; batch first)
     and cut it into layers (see the module docstring).
 
@@ -444,8 +501,9 @@ def split(model: nn.Module, example_input, *, layers: list[str] | None = None, m
         unknown = [u for u in layers if u not in known]
         if unknown:
             top = [n for n, _ in model.named_children()]
-            raise ValueError(f"layers= names unknown module(s) {unknown} of {type(model).__name__}; "
-                             f"its top-level modules are {top}")
+            raise ValueError(
+                f"layers= names unknown module(s) {unknown} of {type(model).__name__}; its top-level modules are {top}"
+            )
         units = list(layers)
     else:
         units = auto_units(model, used, min_layers)
@@ -458,8 +516,17 @@ def split(model: nn.Module, example_input, *, layers: list[str] | None = None, m
     out_val = _value(first_out) if isinstance(first_out, fx.Node) else None
     out_shape = tuple(out_val.shape) if isinstance(out_val, torch.Tensor) else None
     task, inputs, target = _task_and_specs(args, out_shape, task)
-    return GraphModel(name=name or type(model).__name__, size="user", layers=list(glayers), names=names,
-                      dataset=dataset, task=task, inputs=inputs, target=target,
-                      config=dict(traced="torch.export", min_layers=min_layers, layers=layers),
-                      description=description or f"{type(model).__name__} traced by torch.export into {len(glayers)} layers",
-                      tied=_tied(model, glayers), loss_fn=loss)
+    return GraphModel(
+        name=name or type(model).__name__,
+        size="user",
+        layers=list(glayers),
+        names=names,
+        dataset=dataset,
+        task=task,
+        inputs=inputs,
+        target=target,
+        config=dict(traced="torch.export", min_layers=min_layers, layers=layers),
+        description=description or f"{type(model).__name__} traced by torch.export into {len(glayers)} layers",
+        tied=_tied(model, glayers),
+        loss_fn=loss,
+    )

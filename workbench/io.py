@@ -4,6 +4,7 @@ Every command writes into a fresh temporary folder beside its destination and re
 place only when it finished; an existing destination is never overwritten (a new run folder with a
 numeric suffix is used instead).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -58,7 +59,9 @@ def _check_folder_parent(dest: Path) -> None:
     for up in dest.parents:
         if up.exists():
             if not up.is_dir():
-                raise ValueError(f"{up} is a file, not a folder; give an output folder (--out) that is not inside a file")
+                raise ValueError(
+                    f"{up} is a file, not a folder; give an output folder (--out) that is not inside a file"
+                )
             return
 
 

@@ -61,6 +61,7 @@ minibatch in flight (0 for the first stage, whose input is the data, not counted
 rebuilds its activations for one minibatch at a time in the backward:
 ``mem = v * (sum w_l + a_(first-1)) + sum a_l`` (:meth:`CostModel.stage_memory_bytes` alike).
 """
+
 from __future__ import annotations
 
 import math
@@ -97,8 +98,9 @@ class _Layers:
 
 def _layers(profile) -> _Layers:
     if not isinstance(profile, Profile):
-        raise ValueError(f"partition needs a workbench Profile, got {type(profile).__name__}; "
-                         f"build one with Profile.from_frame(df)")
+        raise ValueError(
+            f"partition needs a workbench Profile, got {type(profile).__name__}; build one with Profile.from_frame(df)"
+        )
     df = profile.layers
     if len(df) == 0:
         raise ValueError("profile has no layers; nothing to partition")
@@ -111,9 +113,16 @@ def _layers(profile) -> _Layers:
     compute = cols["fwd_ms"] + cols["bwd_ms"]
     act, param = cols["act_bytes"], cols["param_bytes"]
     z = np.zeros(1)
-    return _Layers(compute, act, param, np.concatenate([z, np.cumsum(compute)]),
-                   np.concatenate([z, np.cumsum(param)]), np.concatenate([z, np.cumsum(act)]),
-                   np.concatenate([z, np.cumsum(cols["fwd_ms"])]), np.concatenate([z, np.cumsum(cols["bwd_ms"])]))
+    return _Layers(
+        compute,
+        act,
+        param,
+        np.concatenate([z, np.cumsum(compute)]),
+        np.concatenate([z, np.cumsum(param)]),
+        np.concatenate([z, np.cumsum(act)]),
+        np.concatenate([z, np.cumsum(cols["fwd_ms"])]),
+        np.concatenate([z, np.cumsum(cols["bwd_ms"])]),
+    )
 
 
 def _check_topology(topology) -> Topology:
@@ -183,8 +192,13 @@ class _Level:
 
     def pairs(self):
         """(p, m', v) for every split "prefix on p, last stage on m'", sorted by m = p + m'."""
-        out = [(p, mp, -(-(self.M - p) // mp)) for m in range(2, self.M + 1) for p in range(1, m)
-               for mp in [m - p] if not (self.straight and mp > 1)]
+        out = [
+            (p, mp, -(-(self.M - p) // mp))
+            for m in range(2, self.M + 1)
+            for p in range(1, m)
+            for mp in [m - p]
+            if not (self.straight and mp > 1)
+        ]
         pp, mp, vv = (np.array([o[i] for o in out], dtype=np.int64) for i in range(3))
         return pp, mp, vv
 
@@ -308,7 +322,7 @@ class _CrossingState:
         nblk = -(-N // b)
         # rows 0..N-1: TIB; row N: all inf (sentinel); rows N+1+k: BSC[k] (k = 0..nblk)
         self.TIB = np.full((P, N + 2 + nblk, R), INF)
-        self.BSC = self.TIB[:, N + 1:, :]
+        self.BSC = self.TIB[:, N + 1 :, :]
         npairs = pp.size
         self.npairs, self.pp = npairs, pp
         e_pair = np.tile(np.arange(npairs), R)
@@ -328,7 +342,7 @@ class _CrossingState:
         """Append ``G[1:, j, :nr]`` (shape (P, nr))."""
         b, TIB, BSC = self.b, self.TIB, self.BSC
         k = j >> self.SHIFT
-        blk = TIB[:, k * b:j + 1, :nr]
+        blk = TIB[:, k * b : j + 1, :nr]
         np.minimum(blk, gcol[:, None, :], out=blk)
         if j == k * b + b - 1:  # block k complete
             bm = TIB[:, k * b, :nr]
@@ -353,6 +367,7 @@ class _CrossingState:
 
             def h(idx, q):
                 return lv.T(q + 1, j, em[idx], ev[idx], alpha=ea[idx])
+
         live = slice(0, E)
         qptr, Gp = self.qptr[:E], self.Gp[:E]  # views: updated in place
         bad = np.flatnonzero(Gp < h(live, qptr))
@@ -437,13 +452,25 @@ class _Node:
     child: list | None  # pipeline of the level below inside one component (None at level 1)
 
 
-def _build_levels(L: _Layers, topo: Topology, straight, memory, fewer, cm: CostModel, fast=True,
-                  recompute=False) -> list[_Level]:
+def _build_levels(
+    L: _Layers, topo: Topology, straight, memory, fewer, cm: CostModel, fast=True, recompute=False
+) -> list[_Level]:
     levels, prev = [], None
     nlev = topo.num_levels
     for k, (M, B) in enumerate(topo.levels, start=1):
-        lv = _Level(k, M, B, L, cm, prev, straight, memory, rows_all=k < nlev,
-                    inner_workers=topo.component_size(k - 1), recompute=recompute)
+        lv = _Level(
+            k,
+            M,
+            B,
+            L,
+            cm,
+            prev,
+            straight,
+            memory,
+            rows_all=k < nlev,
+            inner_workers=topo.component_size(k - 1),
+            recompute=recompute,
+        )
         lv.A = _solve(lv, fast=fast and prev is None)
         if k < nlev:
             full = lv.A[1:].min(axis=0) if fewer else lv.A[M]
@@ -496,7 +523,7 @@ def _candidates(levels, m_top: int, n: int, fewer: bool) -> list[tuple[float, li
     lv = levels[-1]
     j = n - 1
     out = []
-    for m in ([m_top] + [x for x in range(1, lv.M + 1) if x != m_top] if fewer else [m_top]):
+    for m in [m_top] + [x for x in range(1, lv.M + 1) if x != m_top] if fewer else [m_top]:
         if m != m_top:
             if math.isfinite(float(lv.A[m, j, 0])):
                 out.append((float(lv.A[m, j, 0]), _rebuild(levels, top, 0, j, m, fewer)))
@@ -513,7 +540,12 @@ def _candidates(levels, m_top: int, n: int, fewer: bool) -> list[tuple[float, li
             b = int(np.argmin(val))
             if math.isfinite(val[b]):
                 tl = float(lv.T(b + 1, j, mp, -(-(lv.M - p) // mp)))
-                out.append((float(val[b]), _rebuild(levels, top, 0, b, p, fewer) + [_node(levels, top, b + 1, j, mp, tl, fewer)]))
+                out.append(
+                    (
+                        float(val[b]),
+                        _rebuild(levels, top, 0, b, p, fewer) + [_node(levels, top, b + 1, j, mp, tl, fewer)],
+                    )
+                )
     return out
 
 
@@ -561,10 +593,20 @@ def data_parallel_ms(profile: Profile, topology: Topology, cost_model: CostModel
     return cm.stage_ms(0, cm.num_layers - 1, range(topo.num_workers))
 
 
-def partition(profile: Profile, topology: Topology, straight: bool = False,
-              memory_bytes: float | None = None, use_fewer_workers: bool = False, *,
-              latency_ms=0.0, op_overhead_ms: float = 0.0, refine: bool = True, recompute: bool = False,
-              cost: str = "workbench", pipedream: PipeDreamSettings | None = None) -> Plan:
+def partition(
+    profile: Profile,
+    topology: Topology,
+    straight: bool = False,
+    memory_bytes: float | None = None,
+    use_fewer_workers: bool = False,
+    *,
+    latency_ms=0.0,
+    op_overhead_ms: float = 0.0,
+    refine: bool = True,
+    recompute: bool = False,
+    cost: str = "workbench",
+    pipedream: PipeDreamSettings | None = None,
+) -> Plan:
     """PipeDream's optimal partition of ``profile`` onto ``topology`` (see the module docstring),
     checked and refined by simulation.
 
@@ -597,9 +639,12 @@ def partition(profile: Profile, topology: Topology, straight: bool = False,
     topo = _check_topology(topology)
     if cost == "pipedream":
         if recompute or latency_ms or op_overhead_ms:
-            raise ValueError("cost='pipedream' prices PipeDream's formulas only: drop recompute, latency_ms and op_overhead_ms")
-        return partition_pipedream(profile, topo, straight, _memory(memory_bytes), use_fewer_workers,
-                                   pipedream or PipeDreamSettings())
+            raise ValueError(
+                "cost='pipedream' prices PipeDream's formulas only: drop recompute, latency_ms and op_overhead_ms"
+            )
+        return partition_pipedream(
+            profile, topo, straight, _memory(memory_bytes), use_fewer_workers, pipedream or PipeDreamSettings()
+        )
     memory_bytes = _memory(memory_bytes)
     cm = CostModel.from_profile(profile, topo, latency_ms=latency_ms, op_overhead_ms=op_overhead_ms)
     levels = _build_levels(L, topo, straight, memory_bytes, use_fewer_workers, cm, recompute=recompute)
@@ -607,24 +652,40 @@ def partition(profile: Profile, topology: Topology, straight: bool = False,
     m_top = _best_m(top, L.n - 1, 0, use_fewer_workers)
     if not math.isfinite(float(top.A[m_top, L.n - 1, 0])):
         raise ValueError(_infeasible_message(L, topo, straight, memory_bytes, use_fewer_workers, cm, recompute))
-    meta = {"topology": topo.to_list(), "topology_name": topo.name, "straight": straight,
-            "memory_bytes": memory_bytes, "device_memory_bytes": _device_memory(topo, profile),
-            "use_fewer_workers": use_fewer_workers, "recompute": recompute,
-            "latency_ms": list(cm.latency_ms), "op_overhead_ms": cm.op_overhead_ms,
-            "batch_size": cm.batch_size, "cost": "workbench",
-            "cost_model": "workbench.costmodel: 1F1B round (F + B + 3o + exposed ring AR) / m, "
-                          "cut = alpha + a/B per direction (full duplex)"}
+    meta = {
+        "topology": topo.to_list(),
+        "topology_name": topo.name,
+        "straight": straight,
+        "memory_bytes": memory_bytes,
+        "device_memory_bytes": _device_memory(topo, profile),
+        "use_fewer_workers": use_fewer_workers,
+        "recompute": recompute,
+        "latency_ms": list(cm.latency_ms),
+        "op_overhead_ms": cm.op_overhead_ms,
+        "batch_size": cm.batch_size,
+        "cost": "workbench",
+        "cost_model": "workbench.costmodel: 1F1B round (F + B + 3o + exposed ring AR) / m, "
+        "cut = alpha + a/B per direction (full duplex)",
+    }
     dp_ms = data_parallel_ms(profile, topo, cm)
     plans = {}
     if refine:
         pool = _candidates(levels, m_top, L.n, use_fewer_workers)
     else:
-        pool = [(float(top.A[m_top, L.n - 1, 0]), _rebuild(levels, topo.num_levels, 0, L.n - 1, m_top, use_fewer_workers))]
+        pool = [
+            (float(top.A[m_top, L.n - 1, 0]), _rebuild(levels, topo.num_levels, 0, L.n - 1, m_top, use_fewer_workers))
+        ]
     for value, pipeline in pool:
         flat, cuts = _flatten(levels, topo.num_levels, pipeline, L, topo)
         stages = tuple(Stage(f, l, len(ws), tuple(ws), float(t)) for f, l, ws, t in flat)
-        cand = Plan(stages, bottleneck_ms=value, single_worker_ms=float(L.Cp[-1]), data_parallel_ms=dp_ms,
-                    method="pipedream", meta=meta | {"cuts": [[int(a), int(k), float(t)] for a, k, t in cuts]})
+        cand = Plan(
+            stages,
+            bottleneck_ms=value,
+            single_worker_ms=float(L.Cp[-1]),
+            data_parallel_ms=dp_ms,
+            method="pipedream",
+            meta=meta | {"cuts": [[int(a), int(k), float(t)] for a, k, t in cuts]},
+        )
         plans.setdefault(tuple((st.first, st.last, st.workers) for st in stages), with_predictions(cand, cm))
     ranked = sorted(plans.values(), key=lambda q: (q.predicted_ms, q.bottleneck_ms))
     optimum = min(plans.values(), key=lambda q: q.bottleneck_ms)
@@ -649,8 +710,9 @@ def _memory(memory_bytes) -> float | None:
 CANDIDATES = 3  # the dynamic program's plans with the best closed-form prediction that refinement simulates
 
 
-def refine_candidates(plans: list[Plan], profile: Profile, topology: Topology, cm: CostModel,
-                      memory_bytes: float | None = None) -> Plan:
+def refine_candidates(
+    plans: list[Plan], profile: Profile, topology: Topology, cm: CostModel, memory_bytes: float | None = None
+) -> Plan:
     """Simulate the candidates (:func:`refine_plan`) in order of their closed-form prediction and
     keep the one with the lowest simulated steady state that fits ``memory_bytes`` (ties within
     0.5%: the earlier). A candidate whose prediction is not below the best simulated figure so far
@@ -663,13 +725,20 @@ def refine_candidates(plans: list[Plan], profile: Profile, topology: Topology, c
             done = q
         else:
             done = refine_plan(q, profile, topology, cm, memory_bytes)
-            if best is None or (math.isfinite(done.simulated_ms) and (not math.isfinite(best.simulated_ms)
-                                                                      or done.simulated_ms < best.simulated_ms * (1 - 0.005))):
+            if best is None or (
+                math.isfinite(done.simulated_ms)
+                and (not math.isfinite(best.simulated_ms) or done.simulated_ms < best.simulated_ms * (1 - 0.005))
+            ):
                 best = done
-        rows.append({"replicas": "-".join(str(st.replicas) for st in q.stages),
-                     "last_layers": [int(st.last) for st in q.stages], "dp_estimate_ms": q.bottleneck_ms,
-                     "predicted_ms": q.predicted_ms,
-                     "simulated_ms": done.simulated_ms if math.isfinite(done.simulated_ms) else None})
+        rows.append(
+            {
+                "replicas": "-".join(str(st.replicas) for st in q.stages),
+                "last_layers": [int(st.last) for st in q.stages],
+                "dp_estimate_ms": q.bottleneck_ms,
+                "predicted_ms": q.predicted_ms,
+                "simulated_ms": done.simulated_ms if math.isfinite(done.simulated_ms) else None,
+            }
+        )
     return replace(best, meta=best.meta | {"candidates": rows})
 
 
@@ -677,12 +746,17 @@ def with_predictions(plan: Plan, cm: CostModel, in_flight=None) -> Plan:
     """``plan`` with the cost model's closed-form figures: ``predicted_ms``, ``in_flight`` (default
     :meth:`CostModel.in_flight`) and ``stage_memory_bytes``."""
     k = tuple(cm.in_flight(plan) if in_flight is None else in_flight)
-    return replace(plan, predicted_ms=cm.predicted_ms(plan), in_flight=k,
-                   stage_memory_bytes=tuple(cm.stage_memory_bytes(plan, k, recompute=plan.meta.get("recompute", False))))
+    return replace(
+        plan,
+        predicted_ms=cm.predicted_ms(plan),
+        in_flight=k,
+        stage_memory_bytes=tuple(cm.stage_memory_bytes(plan, k, recompute=plan.meta.get("recompute", False))),
+    )
 
 
-def refine_plan(plan: Plan, profile: Profile, topology: Topology, cm: CostModel,
-                memory_bytes: float | None = None) -> Plan:
+def refine_plan(
+    plan: Plan, profile: Profile, topology: Topology, cm: CostModel, memory_bytes: float | None = None
+) -> Plan:
     """Simulate ``plan``'s 1F1B schedule (:func:`workbench.simulate.simulate_plan`) with PipeDream's
     NOAM warm-up and, unless that already reaches the prediction (within 0.5%; the prediction is a
     bottleneck bound the steady state cannot beat), with the communication-aware ``in_flight``;
@@ -716,8 +790,10 @@ def _infeasible_message(L: _Layers, topo, straight, memory, fewer, cm, recompute
         alone = L.param + L.act
         worst = int(np.argmax(alone))
         if alone[worst] > memory:
-            return (f"memory_bytes={memory:.4g} is too small: layer {worst} alone needs "
-                    f"{alone[worst]:.4g} bytes (weights + stashed activations of one minibatch)")
+            return (
+                f"memory_bytes={memory:.4g} is too small: layer {worst} alone needs "
+                f"{alone[worst]:.4g} bytes (weights + stashed activations of one minibatch)"
+            )
         free = _build_levels(L, topo, straight, None, fewer, cm)[-1]
         if math.isfinite(free.A[1:, -1, 0].min() if fewer else free.A[topo.counts[-1], -1, 0]):
             lo, hi = memory, float((L.Wp[-1] + L.Ap[-1]) * topo.num_workers)
@@ -726,13 +802,17 @@ def _infeasible_message(L: _Layers, topo, straight, memory, fewer, cm, recompute
                 top = _build_levels(L, topo, straight, mid, fewer, cm, recompute=recompute)[-1]
                 val = top.A[1:, -1, 0].min() if fewer else top.A[topo.counts[-1], -1, 0]
                 lo, hi = (lo, mid) if math.isfinite(val) else (mid, hi)
-            return (f"no partition fits in memory_bytes={memory:.4g} per worker; the smallest limit "
-                    f"that fits is about {hi:.4g} bytes (raise memory_bytes, add workers"
-                    f"{'' if recompute else ', or pass recompute=True'})")
+            return (
+                f"no partition fits in memory_bytes={memory:.4g} per worker; the smallest limit "
+                f"that fits is about {hi:.4g} bytes (raise memory_bytes, add workers"
+                f"{'' if recompute else ', or pass recompute=True'})"
+            )
     if straight:
-        return (f"a straight pipeline needs at least one layer per worker: {L.n} layers cannot fill "
-                f"{topo.num_workers} workers ({topo.counts} per level); use use_fewer_workers=True, "
-                f"fewer workers, or allow replication (straight=False)")
+        return (
+            f"a straight pipeline needs at least one layer per worker: {L.n} layers cannot fill "
+            f"{topo.num_workers} workers ({topo.counts} per level); use use_fewer_workers=True, "
+            f"fewer workers, or allow replication (straight=False)"
+        )
     return "no feasible partition for this profile and topology"
 
 
@@ -751,12 +831,20 @@ def _straight_plan(profile: Profile, lasts: list[int], method: str, topology: To
         cuts = [(lasts[k], topo.level_between(k, k + 1), cm.cut_ms(lasts[k], (k,), (k + 1,))) for k in range(S - 1)]
     stages = tuple(Stage(f, l, 1, (k,), t) for k, (f, l, t) in enumerate(zip(firsts, lasts, times)))
     dp = data_parallel_ms(profile, topo, cm) if topo is not None else math.nan
-    meta = {"topology": topo.to_list() if topo is not None else None,
-            "device_memory_bytes": _device_memory(topo, profile),
-            "cuts": [[int(a), int(k), t] for a, k, t in cuts],
-            "note": "stage k on worker k" if topo is not None else "no topology: communication not modeled"}
-    plan = Plan(stages, bottleneck_ms=max(times + [c[2] for c in cuts]), single_worker_ms=float(cm.fwd_ms.sum() + cm.bwd_ms.sum()),
-                data_parallel_ms=dp, method=method, meta=meta)
+    meta = {
+        "topology": topo.to_list() if topo is not None else None,
+        "device_memory_bytes": _device_memory(topo, profile),
+        "cuts": [[int(a), int(k), t] for a, k, t in cuts],
+        "note": "stage k on worker k" if topo is not None else "no topology: communication not modeled",
+    }
+    plan = Plan(
+        stages,
+        bottleneck_ms=max(times + [c[2] for c in cuts]),
+        single_worker_ms=float(cm.fwd_ms.sum() + cm.bwd_ms.sum()),
+        data_parallel_ms=dp,
+        method=method,
+        meta=meta,
+    )
     return with_predictions(plan, cm)
 
 
@@ -816,7 +904,7 @@ def _balanced_step(D: np.ndarray, Cp: np.ndarray, k: int) -> tuple[np.ndarray, n
     N = len(D)
     lo = k - 2
     j = np.arange(k - 1, N)
-    G = D[lo:] + Cp[lo + 1:N + 1]  # non-decreasing in s
+    G = D[lo:] + Cp[lo + 1 : N + 1]  # non-decreasing in s
     c = np.minimum(lo + np.searchsorted(G, Cp[j + 1], side="left"), j - 1)
     b = np.maximum(c - 1, lo)
 
@@ -826,7 +914,7 @@ def _balanced_step(D: np.ndarray, Cp: np.ndarray, k: int) -> tuple[np.ndarray, n
     fc, fb = f(c), f(b)
     s = np.where(fb <= fc, b, c)
     newD = np.full(N, INF)
-    newD[k - 1:] = np.minimum(fb, fc)
+    newD[k - 1 :] = np.minimum(fb, fc)
     arg = np.zeros(N, dtype=np.int64)
-    arg[k - 1:] = s
+    arg[k - 1 :] = s
     return newD, arg

@@ -19,6 +19,7 @@ at a position > i must be sent across the cut (PipeDream's runtime forwards it s
 output; across a ResNet block it also counts the skip tensor; in GNMT, the source lengths
 (``Input1``) that the decoder reads.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -33,8 +34,10 @@ from .antichain import LayerGraph, node_on_cycle
 if TYPE_CHECKING:
     from .profiler import Profile
 
-_NODE = re.compile(r"^(node\d+) -- (.*) -- forward_compute_time=([^,]+), backward_compute_time=([^,]+), "
-                   r"activation_size=([^,]+), parameter_size=(.+)$")
+_NODE = re.compile(
+    r"^(node\d+) -- (.*) -- forward_compute_time=([^,]+), backward_compute_time=([^,]+), "
+    r"activation_size=([^,]+), parameter_size=(.+)$"
+)
 _EDGE = re.compile(r"^\s+(node\d+) -- (node\d+)\s*$")
 _INPUT = re.compile(r"^Input\d*$")
 
@@ -65,12 +68,25 @@ def _parse(path: Path) -> tuple[dict[str, dict], list[tuple[str, str]]]:
         elif m := _NODE.match(line):
             nid, desc, f, b, a, p = m.groups()
             parts = _bytes(a, f"{where}: activation_size")
-            nodes[nid] = dict(node=nid, desc=desc.strip(), fwd_ms=_number(f, where), bwd_ms=_number(b, where),
-                              act_parts=parts, act_bytes_own=sum(parts), param_bytes=sum(_bytes(p, f"{where}: parameter_size")))
+            nodes[nid] = dict(
+                node=nid,
+                desc=desc.strip(),
+                fwd_ms=_number(f, where),
+                bwd_ms=_number(b, where),
+                act_parts=parts,
+                act_bytes_own=sum(parts),
+                param_bytes=sum(_bytes(p, f"{where}: parameter_size")),
+            )
         else:
             nid = re.match(r"^(node\d+) -- ", line)
-            hint = (f" (node {nid.group(1)} needs forward_compute_time=, backward_compute_time=, activation_size=, "
-                    "parameter_size=)") if nid else ""
+            hint = (
+                (
+                    f" (node {nid.group(1)} needs forward_compute_time=, backward_compute_time=, activation_size=, "
+                    "parameter_size=)"
+                )
+                if nid
+                else ""
+            )
             raise ValueError(f"{where}: not a PipeDream graph.txt line{hint}: {line[:80]!r}")
     if not nodes:
         raise ValueError(f"{path} has no nodes; is it a PipeDream graph.txt?")
@@ -95,12 +111,18 @@ def layer_graph(path) -> LayerGraph:
 
 def _as_layer_graph(nodes: dict, edges: list) -> LayerGraph:
     vals = list(nodes.values())
-    return LayerGraph(tuple(nodes), tuple(d["desc"] for d in vals), tuple(d["fwd_ms"] for d in vals),
-                      tuple(d["bwd_ms"] for d in vals), tuple(d["act_bytes_own"] for d in vals),
-                      tuple(d["param_bytes"] for d in vals), tuple(edges))
+    return LayerGraph(
+        tuple(nodes),
+        tuple(d["desc"] for d in vals),
+        tuple(d["fwd_ms"] for d in vals),
+        tuple(d["bwd_ms"] for d in vals),
+        tuple(d["act_bytes_own"] for d in vals),
+        tuple(d["param_bytes"] for d in vals),
+        tuple(edges),
+    )
 
 
-def read_graph(path, label: str | None = None) -> "Profile":
+def read_graph(path, label: str | None = None) -> Profile:
     """A Profile from PipeDream's ``graph.txt`` (module docstring); ``meta["source"]`` names it
     ``label`` (default: the path as given). ``meta["graph"]`` keeps the node DAG
     (:meth:`LayerGraph.to_dict`) for PipeDream's antichain states."""
@@ -121,13 +143,28 @@ def read_graph(path, label: str | None = None) -> "Profile":
     rows = []
     for n, (act, count) in zip(layers, _crossing(inputs, layers, edges, own)):
         d = nodes[n]
-        rows.append(dict(name=f"{n}:{d['desc'].split('(')[0]}", fwd_ms=d["fwd_ms"], bwd_ms=d["bwd_ms"],
-                         act_bytes=act, param_bytes=d["param_bytes"], node=n, module=d["desc"],
-                         crossing=count, act_parts=";".join(f"{v:g}" for v in d["act_parts"])))
+        rows.append(
+            dict(
+                name=f"{n}:{d['desc'].split('(')[0]}",
+                fwd_ms=d["fwd_ms"],
+                bwd_ms=d["bwd_ms"],
+                act_bytes=act,
+                param_bytes=d["param_bytes"],
+                node=n,
+                module=d["desc"],
+                crossing=count,
+                act_parts=";".join(f"{v:g}" for v in d["act_parts"]),
+            )
+        )
     input_bytes = sum(nodes[n]["act_bytes_own"] for n in inputs)
-    meta = dict(kind="measured", source=f"PipeDream graph.txt ({label or path})", device="GPU (PipeDream profiler)",
-                input_bytes=input_bytes, input_parts_bytes=[nodes[n]["act_bytes_own"] for n in inputs],
-                graph=_as_layer_graph(nodes, edges).to_dict())
+    meta = dict(
+        kind="measured",
+        source=f"PipeDream graph.txt ({label or path})",
+        device="GPU (PipeDream profiler)",
+        input_bytes=input_bytes,
+        input_parts_bytes=[nodes[n]["act_bytes_own"] for n in inputs],
+        graph=_as_layer_graph(nodes, edges).to_dict(),
+    )
     if input_bytes and len(inputs) == 1:
         meta["batch_size_if_imagenet"] = round(input_bytes / (3 * 224 * 224 * 4))
     return Profile(pd.DataFrame(rows), meta)
@@ -152,7 +189,7 @@ def _crossing(inputs: list, layers: list, edges, own: dict) -> list[tuple[float,
     return out
 
 
-def in_order(profile: "Profile", layer_nodes: list[str]) -> "Profile":
+def in_order(profile: Profile, layer_nodes: list[str]) -> Profile:
     """``profile`` (read from a graph.txt) with its layers in another topological order
     ``layer_nodes`` (node ids), ``act_bytes`` and ``crossing`` recomputed for that order."""
     from .profiler import Profile
@@ -190,7 +227,7 @@ def _number(text: str, where: str) -> float:
 
 
 def _topological(nodes, edges, path) -> list[str]:
-    succ = {n: [] for n in nodes}
+    succ: dict[str, list[str]] = {n: [] for n in nodes}
     indeg = {n: 0 for n in nodes}
     for a, b in edges:
         succ[a].append(b)
@@ -208,8 +245,10 @@ def _topological(nodes, edges, path) -> list[str]:
                 heapq.heappush(heap, (key(m), m))
     if len(out) != len(nodes):
         bad = node_on_cycle({n for n in nodes if indeg[n] > 0}, edges)
-        raise ValueError(f"{path}: the graph has a cycle through node {bad}; PipeDream graphs are DAGs: "
-                         "remove the edge that closes it")
+        raise ValueError(
+            f"{path}: the graph has a cycle through node {bad}; PipeDream graphs are DAGs: "
+            "remove the edge that closes it"
+        )
     return out
 
 
@@ -224,6 +263,6 @@ def shipped_path(name: str) -> Path:
     return Path(__file__).resolve().parent / "data" / "pipedream" / name / "graph.txt"
 
 
-def shipped(name: str) -> "Profile":
+def shipped(name: str) -> Profile:
     """PipeDream's published GPU profile of ``name`` (alexnet, resnet50, vgg16) as a Profile."""
     return read_graph(shipped_path(name), label=f"shipped {name}")

@@ -41,6 +41,7 @@ Quirks kept for parity: in ``L`` the all-reduce is not divided by ``n_in`` (it i
 ``i > 0`` the rows are differences of cumulative sums even where state ``i-1`` is not an ancestor
 of ``j`` (PipeDream prices such pairs too).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -147,8 +148,13 @@ def _solve(t: _Tables, within: int, final: bool, below_anc, order) -> _Level:
     before the block's first row (``A(i, k) = inf`` for ``k < i``: dropping them changes nothing)."""
     n = t.C.shape[1]
     rows = 1 if final else n + 1
-    lv = _Level(np.full((rows, n, t.M), INF), np.full((rows, n, t.M), -1), np.full((rows, n, t.M), -1),
-                np.zeros((rows, n, t.M), dtype=np.int64), t.M)
+    lv = _Level(
+        np.full((rows, n, t.M), INF),
+        np.full((rows, n, t.M), -1),
+        np.full((rows, n, t.M), -1),
+        np.zeros((rows, n, t.M), dtype=np.int64),
+        t.M,
+    )
     _init(t.C, t.act, t.par, rows, t.M, within, t.B, t.opt, lv)
     for j in range(1, n):
         ks = order[j]
@@ -245,8 +251,9 @@ def _read_back(lv: _Level, start: int, end: int) -> list[tuple[int, int, int]]:
         j = k
 
 
-def optimize_states(states: States, machines: list[int], bandwidths: list[float], opt: Options = Options(), *,
-                    candidate_order=None) -> Result:
+def optimize_states(
+    states: States, machines: list[int], bandwidths: list[float], opt: Options = Options(), *, candidate_order=None
+) -> Result:
     """PipeDream's optimizer on ``states`` with ``machines[k]`` machines at ``bandwidths[k]`` per
     level, innermost first (module docstring).
 
@@ -290,8 +297,10 @@ def _assemble(states: States, levels: list[_Level], machines, bandwidths) -> Res
     n = len(states)
     pipeline_s = float(levels[-1].T[0, n - 1, -1])
     if not math.isfinite(pipeline_s):
-        raise ValueError("PipeDream's optimizer finds no configuration: raise the memory limit, allow "
-                         "replication (straight=False) or use more machines")
+        raise ValueError(
+            "PipeDream's optimizer finds no configuration: raise the memory limit, allow "
+            "replication (straight=False) or use more machines"
+        )
     # a span: (first state, end state, replication so far, groups = worker ids of each machine above)
     spans = [(0, n, 1, [list(range(int(np.prod(machines))))])]
     printed = []
@@ -302,7 +311,7 @@ def _assemble(states: States, levels: list[_Level], machines, bandwidths) -> Res
             comp = 0
             for s, e, used in _read_back(levels[k], first, end):
                 lev_stages.append((s, e, used))
-                sub = [g[c * unit:(c + 1) * unit] for g in groups for c in range(comp, comp + used)]
+                sub = [g[c * unit : (c + 1) * unit] for g in groups for c in range(comp, comp + used)]
                 nxt.append((s, e, rep * used, sub))
                 comp += used
         printed.append(tuple(lev_stages))
@@ -316,9 +325,18 @@ def _assemble(states: States, levels: list[_Level], machines, bandwidths) -> Res
         stages.append((s, e, rep))
         workers.append(tuple(x for g in groups for x in g))
     nodes = states.stage_nodes([e for _, e, _ in stages])
-    return Result(states, tuple(stages), tuple(tuple(x) for x in nodes), tuple(printed), tuple(times),
-                  tuple(workers), pipeline_s, data_parallel_s(states, machines, bandwidths),
-                  float(states.compute_s[-1]), int(np.prod(machines)) - sum(len(ws) for ws in workers))
+    return Result(
+        states,
+        tuple(stages),
+        tuple(tuple(x) for x in nodes),
+        tuple(printed),
+        tuple(times),
+        tuple(workers),
+        pipeline_s,
+        data_parallel_s(states, machines, bandwidths),
+        float(states.compute_s[-1]),
+        int(np.prod(machines)) - sum(len(ws) for ws in workers),
+    )
 
 
 def _segment(cum: np.ndarray):
@@ -365,12 +383,19 @@ def profile_states(profile: Profile, over: str = "antichains") -> States:
     if over == "antichains" and "graph" in profile.meta:
         return antichain_states(LayerGraph.from_dict(profile.meta["graph"]))
     df = profile.layers
-    return antichain_states(LayerGraph.chain(df["name"], df["fwd_ms"], df["bwd_ms"], df["act_bytes"],
-                                             df["param_bytes"]), prune=False)
+    return antichain_states(
+        LayerGraph.chain(df["name"], df["fwd_ms"], df["bwd_ms"], df["act_bytes"], df["param_bytes"]), prune=False
+    )
 
 
-def partition_pipedream(profile: Profile, topology: Topology, straight: bool = False, memory_bytes: float | None = None,
-                        use_fewer_workers: bool = False, settings: Settings = Settings()) -> Plan:
+def partition_pipedream(
+    profile: Profile,
+    topology: Topology,
+    straight: bool = False,
+    memory_bytes: float | None = None,
+    use_fewer_workers: bool = False,
+    settings: Settings = Settings(),
+) -> Plan:
     """A :class:`Plan` chosen and priced by PipeDream's optimizer (module docstring).
 
     ``bottleneck_ms`` = ``predicted_ms`` = its "time per stage in pipeline" (x 1000),
@@ -391,25 +416,44 @@ def partition_pipedream(profile: Profile, topology: Topology, straight: bool = F
     for last, (_, _, rep), ws, t in zip(lasts, res.stages, res.workers, res.stage_times_s):
         stages.append(Stage(first, last, rep, tuple(ws), t * 1e3))
         first = last + 1
-    meta = {"topology": topology.to_list(), "topology_name": topology.name, "straight": straight,
-            "memory_bytes": memory_bytes, "use_fewer_workers": use_fewer_workers, "cost": "pipedream",
-            "batch_size": profile.meta.get("batch_size"),
-            "cost_model": COST_MODEL,
-            "pipedream": {"over": "antichains" if graph else "layers",
-                          "states": len(st), "activation_compression_ratio": settings.activation_compression_ratio,
-                          "pipeline_s": res.pipeline_s, "data_parallel_s": res.data_parallel_s,
-                          "dp_speedup": res.single_s / res.data_parallel_s, "unused_machines": res.unused_machines,
-                          "levels": [[list(x) for x in lv] for lv in res.levels],
-                          "stage_nodes": [list(x) for x in res.stage_nodes]}}
+    meta = {
+        "topology": topology.to_list(),
+        "topology_name": topology.name,
+        "straight": straight,
+        "memory_bytes": memory_bytes,
+        "use_fewer_workers": use_fewer_workers,
+        "cost": "pipedream",
+        "batch_size": profile.meta.get("batch_size"),
+        "cost_model": COST_MODEL,
+        "pipedream": {
+            "over": "antichains" if graph else "layers",
+            "states": len(st),
+            "activation_compression_ratio": settings.activation_compression_ratio,
+            "pipeline_s": res.pipeline_s,
+            "data_parallel_s": res.data_parallel_s,
+            "dp_speedup": res.single_s / res.data_parallel_s,
+            "unused_machines": res.unused_machines,
+            "levels": [[list(x) for x in lv] for lv in res.levels],
+            "stage_nodes": [list(x) for x in res.stage_nodes],
+        },
+    }
     if order is not None:
         meta["layer_order"] = order
-    return Plan(tuple(stages), bottleneck_ms=res.pipeline_s * 1e3, single_worker_ms=res.single_s * 1e3,
-                data_parallel_ms=res.data_parallel_s * 1e3, method="pipedream", meta=meta,
-                predicted_ms=res.pipeline_s * 1e3)
+    return Plan(
+        tuple(stages),
+        bottleneck_ms=res.pipeline_s * 1e3,
+        single_worker_ms=res.single_s * 1e3,
+        data_parallel_ms=res.data_parallel_s * 1e3,
+        method="pipedream",
+        meta=meta,
+        predicted_ms=res.pipeline_s * 1e3,
+    )
 
 
-COST_MODEL = ("PipeDream optimizer_graph_hierarchical: stage (C + 4(m-1)w/(B m)/n_in)/m, data parallelism "
-              "added to compute; cut 2a/(B m')/r; levels inside out")
+COST_MODEL = (
+    "PipeDream optimizer_graph_hierarchical: stage (C + 4(m-1)w/(B m)/n_in)/m, data parallelism "
+    "added to compute; cut 2a/(B m')/r; levels inside out"
+)
 
 
 def _layer_ranges(profile: Profile, res: Result, graph: bool) -> tuple[list[int], list[str] | None]:
@@ -420,7 +464,7 @@ def _layer_ranges(profile: Profile, res: Result, graph: bool) -> tuple[list[int]
     stage = {v: s for s, ns in enumerate(res.stage_nodes) for v in ns}
     g = LayerGraph.from_dict(profile.meta["graph"])
     rows = list(df["node"]) if "node" in df else [v for v, d in zip(g.ids, g.desc) if not d.startswith("Input")]
-    pred = {}
+    pred: dict = {}
     for a, b in g.edges:
         pred.setdefault(b, []).append(a)
     seq = []
@@ -463,7 +507,7 @@ def price_plan(profile: Profile, topology: Topology, plan: Plan, settings: Setti
     worst = 0.0
     for s, st in enumerate(plan.stages):
         m = st.replicas
-        c, w = comp[st.first:st.last + 1].sum(), par[st.first:st.last + 1].sum()
+        c, w = comp[st.first : st.last + 1].sum(), par[st.first : st.last + 1].sum()
         worst = max(worst, (c + (4 * (m - 1) * w) / (B * m)) / m)
         if r is not None and s + 1 < len(plan.stages):
             a = act[st.last]

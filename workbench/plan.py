@@ -4,6 +4,7 @@ A :class:`Plan` is a small immutable object. Stages cover inclusive, contiguous 
 indices (0-based, execution order). Worker ids are 0..W-1 and are assigned to stages in order, so
 stage 0 gets the first ``replicas`` workers, stage 1 the next ones, and so on.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -11,6 +12,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .display import card, one_line
 
@@ -69,13 +71,15 @@ class Plan:
         expect = 0
         for s in self.stages:
             if s.first != expect or s.last < s.first:
-                raise ValueError(f"stages must cover contiguous layer ranges from 0; got {s.first}..{s.last} after layer {expect - 1}")
+                raise ValueError(
+                    f"stages must cover contiguous layer ranges from 0; got {s.first}..{s.last} after layer {expect - 1}"
+                )
             if s.replicas < 1 or len(s.workers) != s.replicas:
                 raise ValueError(f"stage {s.first}..{s.last}: replicas={s.replicas} but workers={s.workers}")
             expect = s.last + 1
 
     @classmethod
-    def from_boundaries(cls, last_layers, replicas=None, **kw) -> "Plan":
+    def from_boundaries(cls, last_layers, replicas=None, **kw) -> Plan:
         """Build a plan from the last layer index of each stage, e.g. ``[3, 7]`` for two stages of
         an 8-layer model; ``replicas`` defaults to one worker per stage."""
         replicas = list(replicas) if replicas is not None else [1] * len(last_layers)
@@ -88,7 +92,7 @@ class Plan:
         return cls(tuple(stages), **kw)
 
     @classmethod
-    def even(cls, num_layers: int, num_stages: int, **kw) -> "Plan":
+    def even(cls, num_layers: int, num_stages: int, **kw) -> Plan:
         """THE default split wherever no plan is given (simulator, runtime, baselines): contiguous
         stages of near-equal layer counts, the first ``num_layers mod num_stages`` one layer longer,
         stage k on worker k. (A profile-aware split is a plan: ``partition`` or
@@ -96,8 +100,10 @@ class Plan:
         if isinstance(num_stages, bool) or int(num_stages) != num_stages or num_stages < 1:
             raise ValueError(f"stages must be a positive integer, got {num_stages!r}")
         if num_stages > num_layers:
-            raise ValueError(f"cannot split {num_layers} layers into {num_stages} non-empty stages; "
-                             f"use at most {num_layers} stages or a deeper model")
+            raise ValueError(
+                f"cannot split {num_layers} layers into {num_stages} non-empty stages; "
+                f"use at most {num_layers} stages or a deeper model"
+            )
         base, extra = divmod(int(num_layers), int(num_stages))
         lasts = list(itertools.accumulate(base + (1 if k < extra else 0) for k in range(int(num_stages))))
         return cls.from_boundaries([x - 1 for x in lasts], **kw)
@@ -152,12 +158,15 @@ class Plan:
         return self.meta.get("cost", "workbench")
 
     def _rows(self) -> list:
-        rows = [("stages", self.num_stages, ""), ("workers", self.num_workers, ""),
-                ("DP estimate", self.bottleneck_ms, "ms/minibatch"),
-                (f"predicted ({self.cost} cost model)", self.predicted_ms, "ms/minibatch"),
-                ("simulated (1F1B steady state)", self.simulated_ms, "ms/minibatch"),
-                ("in flight (input stage)", self.in_flight_count, "minibatches"),
-                ("NOAM", self.noam, "minibatches")]
+        rows: list[tuple[str, Any, str]] = [
+            ("stages", self.num_stages, ""),
+            ("workers", self.num_workers, ""),
+            ("DP estimate", self.bottleneck_ms, "ms/minibatch"),
+            (f"predicted ({self.cost} cost model)", self.predicted_ms, "ms/minibatch"),
+            ("simulated (1F1B steady state)", self.simulated_ms, "ms/minibatch"),
+            ("in flight (input stage)", self.in_flight_count, "minibatches"),
+            ("NOAM", self.noam, "minibatches"),
+        ]
         if self.stage_memory_bytes:
             rows.append(("peak memory per worker", max(self.stage_memory_bytes) / 2**30, "GiB"))
         if self.memory_note():
@@ -173,8 +182,10 @@ class Plan:
             return ""
         need = max(self.stage_memory_bytes)
         worst = self.stage_memory_bytes.index(need)
-        return (f"does NOT fit: stage {worst} needs {need / 2**30:.3g} GiB per worker (modeled), the topology's "
-                f"devices have {device / 2**30:.3g} GiB; partition with memory_bytes (--memory-gb) to fit")
+        return (
+            f"does NOT fit: stage {worst} needs {need / 2**30:.3g} GiB per worker (modeled), the topology's "
+            f"devices have {device / 2**30:.3g} GiB; partition with memory_bytes (--memory-gb) to fit"
+        )
 
     def __repr__(self) -> str:
         return one_line("Plan", self._rows()[:5])
@@ -185,16 +196,29 @@ class Plan:
             import pandas as pd
 
             both = pd.DataFrame(self.meta["compare_costs"]).set_index("chosen by")
-            extra = ("<div><b>both cost models (modeled ms/minibatch)</b></div>"
-                     + both.to_html(float_format=lambda x: f"{x:.4g}", border=0))
-        return card(f"Plan ({self.method}, {self.cost} cost model)", self._rows(), label=self.why(),
-                    table=self.stage_table(), max_rows=16, extra_html=extra)
+            extra = "<div><b>both cost models (modeled ms/minibatch)</b></div>" + both.to_html(
+                float_format=lambda x: f"{x:.4g}", border=0
+            )
+        return card(
+            f"Plan ({self.method}, {self.cost} cost model)",
+            self._rows(),
+            label=self.why(),
+            table=self.stage_table(),
+            max_rows=16,
+            extra_html=extra,
+        )
 
     def stage_table(self):
         import pandas as pd
 
-        df = pd.DataFrame({"first": [s.first for s in self.stages], "last": [s.last for s in self.stages],
-                           "replicas": [s.replicas for s in self.stages], "time_ms": [s.time_ms for s in self.stages]})
+        df = pd.DataFrame(
+            {
+                "first": [s.first for s in self.stages],
+                "last": [s.last for s in self.stages],
+                "replicas": [s.replicas for s in self.stages],
+                "time_ms": [s.time_ms for s in self.stages],
+            }
+        )
         if self.in_flight:
             df["in_flight"] = list(self.in_flight)
         if self.stage_memory_bytes:
@@ -207,40 +231,69 @@ class Plan:
         parts = [f"DP estimate {self.bottleneck_ms:.4g} ms/minibatch"]
         if math.isfinite(self.predicted_ms):
             same = abs(self.predicted_ms - self.bottleneck_ms) <= 1e-6 * max(1.0, self.bottleneck_ms)
-            parts.append(f"cost model {self.predicted_ms:.4g} ms" +
-                         ("" if same else " (flat stages priced exactly; the DP prices outer levels as max(inner, all-reduce))"))
+            parts.append(
+                f"cost model {self.predicted_ms:.4g} ms"
+                + (
+                    ""
+                    if same
+                    else " (flat stages priced exactly; the DP prices outer levels as max(inner, all-reduce))"
+                )
+            )
         if math.isfinite(self.simulated_ms):
             gap = self.simulated_ms / self.predicted_ms - 1 if self.predicted_ms > 0 else float("nan")
-            how = ("agrees with the cost model" if abs(gap) < 0.005 else
-                   f"{gap:+.1%} vs the cost model: waiting in the 1F1B order that the bottleneck bound ignores")
-            parts.append(f"simulated 1F1B steady state {self.simulated_ms:.4g} ms ({how}) with "
-                         f"{self.in_flight_count} minibatches in flight at the input stage (NOAM {self.noam})")
+            how = (
+                "agrees with the cost model"
+                if abs(gap) < 0.005
+                else f"{gap:+.1%} vs the cost model: waiting in the 1F1B order that the bottleneck bound ignores"
+            )
+            parts.append(
+                f"simulated 1F1B steady state {self.simulated_ms:.4g} ms ({how}) with "
+                f"{self.in_flight_count} minibatches in flight at the input stage (NOAM {self.noam})"
+            )
         return "; ".join(parts)
 
     def describe(self) -> str:
-        rows = [f"{'stage':>5} {'layers':>11} {'replicas':>8} {'workers':>14} {'time_ms':>10} {'in_flight':>9} {'mem_GiB':>8}"]
+        rows = [
+            f"{'stage':>5} {'layers':>11} {'replicas':>8} {'workers':>14} {'time_ms':>10} {'in_flight':>9} {'mem_GiB':>8}"
+        ]
         for i, s in enumerate(self.stages):
             ws = ",".join(map(str, s.workers)) if s.replicas <= 4 else f"{s.workers[0]}..{s.workers[-1]}"
             k = self.in_flight[i] if self.in_flight else ""
             mem = f"{self.stage_memory_bytes[i] / 2**30:.3g}" if self.stage_memory_bytes else ""
-            rows.append(f"{i:>5} {f'{s.first}-{s.last}':>11} {s.replicas:>8} {ws:>14} {s.time_ms:>10.3f} {k:>9} {mem:>8}")
-        rows.append(f"DP estimate (bottleneck stage or cut) {self.bottleneck_ms:.3f} ms/minibatch (modeled), NOAM {self.noam}, "
-                    f"speedup x{self.speedup_over_single:.2f} vs 1 worker, "
-                    f"x{self.speedup_over_data_parallel:.2f} vs data parallel")
+            rows.append(
+                f"{i:>5} {f'{s.first}-{s.last}':>11} {s.replicas:>8} {ws:>14} {s.time_ms:>10.3f} {k:>9} {mem:>8}"
+            )
+        rows.append(
+            f"DP estimate (bottleneck stage or cut) {self.bottleneck_ms:.3f} ms/minibatch (modeled), NOAM {self.noam}, "
+            f"speedup x{self.speedup_over_single:.2f} vs 1 worker, "
+            f"x{self.speedup_over_data_parallel:.2f} vs data parallel"
+        )
         if math.isfinite(self.predicted_ms):
-            rows.append(f"predicted {self.predicted_ms:.3f} ms/minibatch (cost model, closed form), "
-                        f"{self.in_flight_count} minibatches in flight at the input stage")
+            rows.append(
+                f"predicted {self.predicted_ms:.3f} ms/minibatch (cost model, closed form), "
+                f"{self.in_flight_count} minibatches in flight at the input stage"
+            )
         if math.isfinite(self.simulated_ms):
-            rows.append(f"simulated {self.simulated_ms:.3f} ms/minibatch (1F1B steady state, "
-                        f"{self.simulated_throughput_minibatches_per_s:.4g} minibatches/s"
-                        + (f", {self.samples_per_minibatch * self.simulated_throughput_minibatches_per_s:.4g} samples/s"
-                           if self.samples_per_minibatch else "") + ")")
+            rows.append(
+                f"simulated {self.simulated_ms:.3f} ms/minibatch (1F1B steady state, "
+                f"{self.simulated_throughput_minibatches_per_s:.4g} minibatches/s"
+                + (
+                    f", {self.samples_per_minibatch * self.simulated_throughput_minibatches_per_s:.4g} samples/s"
+                    if self.samples_per_minibatch
+                    else ""
+                )
+                + ")"
+            )
         rows.append(f"priced by: {self.meta.get('cost_model', self.cost)}")
         if self.meta.get("compare_costs"):
-            rows.append(f"{'both cost models':>16} {'stages':>6} {'replicas':>16} {'workbench ms':>12} {'pipedream ms':>12}")
+            rows.append(
+                f"{'both cost models':>16} {'stages':>6} {'replicas':>16} {'workbench ms':>12} {'pipedream ms':>12}"
+            )
             for r in self.meta["compare_costs"]:
-                rows.append(f"{r['chosen by']:>16} {r['stages']:>6} {r['replicas']:>16} {r['workbench model ms']:>12.3f} "
-                            f"{r['pipedream model ms']:>12.3f}")
+                rows.append(
+                    f"{r['chosen by']:>16} {r['stages']:>6} {r['replicas']:>16} {r['workbench model ms']:>12.3f} "
+                    f"{r['pipedream model ms']:>12.3f}"
+                )
         rows.append("why: " + self.why())
         if self.memory_note():
             rows.append("memory: " + self.memory_note())
@@ -256,7 +309,7 @@ class Plan:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
+    def from_dict(cls, d: dict) -> Plan:
         d = dict(d)
         d.pop("noam", None)
         stages = tuple(Stage(**(s | {"workers": tuple(s["workers"])})) for s in d.pop("stages"))
@@ -268,7 +321,7 @@ class Plan:
         return path
 
     @classmethod
-    def load(cls, path) -> "Plan":
+    def load(cls, path) -> Plan:
         try:
             return cls.from_dict(json.loads(Path(path).read_text()))
         except (KeyError, TypeError, json.JSONDecodeError) as e:

@@ -9,6 +9,7 @@ backward-type ops (B, BI, BW) carry a diagonal hatch and a dark outline and are 
 their kind, forwards are plain; communication bars are translucent. There is one trace per kind,
 so the legend toggles kinds. Hover shows stage, microbatch, kind, version, start and end.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,10 @@ def _check(timeline: pd.DataFrame) -> pd.DataFrame:
         raise ValueError(f"a timeline must be a pandas DataFrame, got {type(timeline).__name__}")
     missing = {"worker", "kind", "start", "end"} - set(timeline.columns)
     if missing:
-        raise ValueError(f"timeline lacks columns {sorted(missing)}; need worker, kind, start, end "
-                         f"(plus stage, microbatch, version if known)")
+        raise ValueError(
+            f"timeline lacks columns {sorted(missing)}; need worker, kind, start, end "
+            f"(plus stage, microbatch, version if known)"
+        )
     tl = timeline.copy()
     for col, default in (("stage", -1), ("microbatch", -1), ("version", -1), ("lane", "compute")):
         if col not in tl:
@@ -56,8 +59,11 @@ def _cap(tl: pd.DataFrame, max_ops: int) -> pd.DataFrame:
         return tl
     cut = float(np.sort(tl["start"].to_numpy())[max_ops - 1])
     kept = tl[tl["start"] <= cut]
-    warnings.warn(f"timeline has {len(tl)} ops; drawing the {len(kept)} that start by t={cut:.4g} "
-                  f"(pass max_ops= to change the cap)", stacklevel=3)
+    warnings.warn(
+        f"timeline has {len(tl)} ops; drawing the {len(kept)} that start by t={cut:.4g} "
+        f"(pass max_ops= to change the cap)",
+        stacklevel=3,
+    )
     return kept
 
 
@@ -90,18 +96,32 @@ def _trace_specs(tl: pd.DataFrame, row_label: pd.Series, showlegend: bool = True
         start, end = cols["start"][idx].astype(float), cols["end"][idx].astype(float)
         colors = [("#bbbbbb" if m < 0 else PALETTE[m % len(PALETTE)]) for m in mb.tolist()]
         custom = np.stack([cols["stage"][idx].astype(int), mb, cols["version"][idx].astype(int), start, end], axis=1)
-        specs.append(dict(
-            x=end - start, base=start, y=labels[idx], orientation="h",
-            name=f"{group}{kind}", legendgroup=f"{group}{kind}", showlegend=showlegend,
-            marker=dict(color=colors, opacity=style["opacity"],
-                        line=dict(color=style["line"], width=style["width"]),
-                        pattern=dict(shape=style["pattern"], fillmode="overlay", fgcolor="rgba(0,0,0,0.55)", size=6)),
-            text=[kind] * len(idx) if kind in BACKWARD_KINDS else None, textposition="inside",
-            insidetextanchor="middle", customdata=custom,
-            hovertemplate=(f"<b>{kind}</b> stage %{{customdata[0]}} microbatch %{{customdata[1]}}"
-                           "<br>version %{customdata[2]}<br>start %{customdata[3]:.4g} end %{customdata[4]:.4g}"
-                           "<extra>%{y}</extra>"),
-        ))
+        specs.append(
+            dict(
+                x=end - start,
+                base=start,
+                y=labels[idx],
+                orientation="h",
+                name=f"{group}{kind}",
+                legendgroup=f"{group}{kind}",
+                showlegend=showlegend,
+                marker=dict(
+                    color=colors,
+                    opacity=style["opacity"],
+                    line=dict(color=style["line"], width=style["width"]),
+                    pattern=dict(shape=style["pattern"], fillmode="overlay", fgcolor="rgba(0,0,0,0.55)", size=6),
+                ),
+                text=[kind] * len(idx) if kind in BACKWARD_KINDS else None,
+                textposition="inside",
+                insidetextanchor="middle",
+                customdata=custom,
+                hovertemplate=(
+                    f"<b>{kind}</b> stage %{{customdata[0]}} microbatch %{{customdata[1]}}"
+                    "<br>version %{customdata[2]}<br>start %{customdata[3]:.4g} end %{customdata[4]:.4g}"
+                    "<extra>%{y}</extra>"
+                ),
+            )
+        )
     return specs
 
 
@@ -124,15 +144,22 @@ def timeline_figure(timeline: pd.DataFrame, title: str | None = None, max_ops: i
     order, label = _rows(tl)
     fig = go.Figure(_traces(tl, label))
     heading = f"{title} — {len(tl)} ops" if title else f"{len(tl)} ops"
-    fig.update_layout(barmode="overlay", bargap=0.15, title=heading, xaxis_title="time",
-                      legend_title_text="op kind", height=max(250, 28 * len(order) + 120),
-                      meta={"ops": int(len(tl))})
+    fig.update_layout(
+        barmode="overlay",
+        bargap=0.15,
+        title=heading,
+        xaxis_title="time",
+        legend_title_text="op kind",
+        height=max(250, 28 * len(order) + 120),
+        meta={"ops": int(len(tl))},
+    )
     fig.update_yaxes(categoryorder="array", categoryarray=order[::-1], type="category")
     return fig
 
 
-def compare_figure(timelines: dict[str, pd.DataFrame], title: str | None = None, max_ops: int = MAX_OPS,
-                   align: bool = True) -> go.Figure:
+def compare_figure(
+    timelines: dict[str, pd.DataFrame], title: str | None = None, max_ops: int = MAX_OPS, align: bool = True
+) -> go.Figure:
     """Timelines side by side (stacked, one subplot each, sharing the time axis), e.g.
     ``compare_figure({"modeled": sim.timeline, "measured": run.timeline})``. With ``align`` each
     timeline is shifted so that its first operation starts at 0 (a measured run's clock starts
@@ -154,8 +181,13 @@ def compare_figure(timelines: dict[str, pd.DataFrame], title: str | None = None,
             tr.legendgroup = tr.name  # one legend entry per kind toggles it in every panel
             fig.add_trace(tr, row=i, col=1)
         fig.update_yaxes(categoryorder="array", categoryarray=order[::-1], type="category", row=i, col=1)
-    fig.update_layout(barmode="overlay", bargap=0.15, title=title, legend_title_text="op kind",
-                      height=max(300, 28 * total_rows + 150 * len(names)))
+    fig.update_layout(
+        barmode="overlay",
+        bargap=0.15,
+        title=title,
+        legend_title_text="op kind",
+        height=max(300, 28 * total_rows + 150 * len(names)),
+    )
     fig.update_xaxes(title_text="time", row=len(names), col=1)
     return fig
 

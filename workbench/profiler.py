@@ -9,10 +9,10 @@ for one minibatch. ``meta["kind"]`` says whether the numbers were ``measured`` (
 ``param_bytes`` of its first layer only; :func:`profile` lists it in ``meta["tied"]`` as
 ``[layer indices, bytes]`` (the simulator charges its all-reduce between the owning stages).
 """
+
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,8 +48,10 @@ class Profile:
             bad = np.flatnonzero(~np.isfinite(col) | (col < 0))
             if bad.size:
                 i = int(bad[0])
-                raise ValueError(f"profile column {c!r} must be finite and >= 0; layer {i} "
-                                 f"({df['name'].iloc[i]!r}) has {df[c].iloc[i]!r}")
+                raise ValueError(
+                    f"profile column {c!r} must be finite and >= 0; layer {i} "
+                    f"({df['name'].iloc[i]!r}) has {df[c].iloc[i]!r}"
+                )
         df = df.reset_index(drop=True).copy()
         for c in REQUIRED[1:]:
             df[c] = df[c].astype(float)
@@ -57,11 +59,11 @@ class Profile:
 
     # ---- constructors -----------------------------------------------------------------
     @classmethod
-    def from_frame(cls, df: pd.DataFrame, **meta) -> "Profile":
+    def from_frame(cls, df: pd.DataFrame, **meta) -> Profile:
         return cls(df, dict(meta))
 
     @classmethod
-    def from_pipedream(cls, path) -> "Profile":
+    def from_pipedream(cls, path) -> Profile:
         from .pipedream_graph import read_graph
 
         return read_graph(path)
@@ -100,8 +102,11 @@ class Profile:
         if not why:
             return ""
         fewer = " or with fewer threads (threads=1, --threads 1)" if threads > 1 else ""
-        return ("warning: these measured times may be too slow and noisy: " + "; ".join(why)
-                + f"; profile again on a quiet machine{fewer}")
+        return (
+            "warning: these measured times may be too slow and noisy: "
+            + "; ".join(why)
+            + f"; profile again on a quiet machine{fewer}"
+        )
 
     def summary(self) -> str:
         df = self.layers
@@ -111,17 +116,23 @@ class Profile:
         with pd.option_context("display.max_rows", 60, "display.width", 140):
             table = df[cols].to_string()
         note = f"\n{self.trust_note()}" if self.trust_note() else ""
-        return (f"{len(df)} layers, {self.total_ms:.3f} ms fwd+bwd per minibatch, "
-                f"{self.total_param_bytes / 2**20:.2f} MiB parameters ({kind}{', ' + where if where else ''})\n"
-                f"{table}{note}")
+        return (
+            f"{len(df)} layers, {self.total_ms:.3f} ms fwd+bwd per minibatch, "
+            f"{self.total_param_bytes / 2**20:.2f} MiB parameters ({kind}{', ' + where if where else ''})\n"
+            f"{table}{note}"
+        )
 
     # ---- Jupyter manners -----------------------------------------------------------------
     def _rows(self) -> list:
         df = self.layers
         batch = self.meta.get("batch_size")
-        return [("layers", len(df), ""), ("batch size", batch if batch else "not recorded", "samples" if batch else ""),
-                ("fwd+bwd", self.total_ms, "ms per minibatch"), ("parameters", self.total_param_bytes / 2**20, "MiB"),
-                ("largest cut", float(df["act_bytes"].max()) / 2**20, "MiB")]
+        return [
+            ("layers", len(df), ""),
+            ("batch size", batch if batch else "not recorded", "samples" if batch else ""),
+            ("fwd+bwd", self.total_ms, "ms per minibatch"),
+            ("parameters", self.total_param_bytes / 2**20, "MiB"),
+            ("largest cut", float(df["act_bytes"].max()) / 2**20, "MiB"),
+        ]
 
     def _label(self) -> str:
         kind = self.meta.get("kind", "kind not recorded")
@@ -131,41 +142,50 @@ class Profile:
     def __repr__(self) -> str:
         from .display import one_line
 
-        return one_line("Profile", [("model", self.meta.get("model", "unnamed"), "")] + self._rows()[:4]
-                        + [("kind", self._label(), "")])
+        return one_line(
+            "Profile",
+            [("model", self.meta.get("model", "unnamed"), "")] + self._rows()[:4] + [("kind", self._label(), "")],
+        )
 
     def _repr_html_(self) -> str:
         from .display import card
 
         cols = [c for c in ("name", "fwd_ms", "bwd_ms", "act_bytes", "param_bytes") if c in self.layers]
         note = self.trust_note()
-        return card(f"Profile of {self.meta.get('model', 'a model')}", self._rows(),
-                    label=self._label() + (f" — {note}" if note else ""), table=self.layers[cols])
+        return card(
+            f"Profile of {self.meta.get('model', 'a model')}",
+            self._rows(),
+            label=self._label() + (f" — {note}" if note else ""),
+            table=self.layers[cols],
+        )
 
     # ---- persistence ------------------------------------------------------------------
     def save(self, path) -> Path:
         """Write JSON (``.json``) or CSV (anything else; meta goes to ``<path>.meta.json``)."""
         path = Path(path)
         if path.suffix == ".json":
-            path.write_text(json.dumps(json_ready({"meta": self.meta, "layers": self.layers.to_dict(orient="list")}),
-                                       indent=1))
+            path.write_text(
+                json.dumps(json_ready({"meta": self.meta, "layers": self.layers.to_dict(orient="list")}), indent=1)
+            )
         else:
             self.layers.to_csv(path, index=False)
             Path(str(path) + ".meta.json").write_text(json.dumps(json_ready(self.meta), indent=1))
         return path
 
     @classmethod
-    def load(cls, path) -> "Profile":
+    def load(cls, path) -> Profile:
         """Read a profile file (see :meth:`save`, or a PipeDream graph.txt); a file whose layers all
         have zero compute time is refused (nothing to partition or simulate)."""
         prof = cls._load(Path(path))
         if prof.total_ms <= 0:
-            raise ValueError(f"profile {path} has zero compute time (fwd_ms + bwd_ms) in all {len(prof)} layers; "
-                             "nothing to balance: measure the model (workbench profile) or fill in per-layer times")
+            raise ValueError(
+                f"profile {path} has zero compute time (fwd_ms + bwd_ms) in all {len(prof)} layers; "
+                "nothing to balance: measure the model (workbench profile) or fill in per-layer times"
+            )
         return prof
 
     @classmethod
-    def _load(cls, path: Path) -> "Profile":
+    def _load(cls, path: Path) -> Profile:
         if not path.exists():
             raise ValueError(f"profile file {path} does not exist")
         if path.name == "graph.txt" or path.suffix == ".txt":
@@ -174,14 +194,18 @@ class Profile:
             if path.suffix == ".json":
                 d = json.loads(path.read_text())
                 if not isinstance(d, dict) or not isinstance(d.get("layers"), (dict, list)):
-                    raise ValueError(f"{path} holds a JSON {type(d).__name__}, not a profile: expected an object "
-                                     '{"meta": {...}, "layers": {column: [values per layer]}} as Profile.save writes')
+                    raise ValueError(
+                        f"{path} holds a JSON {type(d).__name__}, not a profile: expected an object "
+                        '{"meta": {...}, "layers": {column: [values per layer]}} as Profile.save writes'
+                    )
                 return cls(pd.DataFrame(d["layers"]), d.get("meta", {}) if isinstance(d.get("meta"), dict) else {})
             meta_path = Path(str(path) + ".meta.json")
             meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
             return cls(pd.read_csv(path), meta)
         except (KeyError, json.JSONDecodeError, pd.errors.ParserError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path} is not a profile (CSV/JSON from Profile.save or a PipeDream graph.txt): {e}") from None
+            raise ValueError(
+                f"{path} is not a profile (CSV/JSON from Profile.save or a PipeDream graph.txt): {e}"
+            ) from None
 
 
 def _tensors(x):
@@ -231,8 +255,10 @@ def _layers_and_input(model, example_input, batch_size):
 
         return _layers_and_input(split(model, example_input), example_input, batch_size)
     else:
-        raise ValueError(f"profile() needs an nn.Module, a workbench.models LayerModel or a list of modules, "
-                         f"got {type(model).__name__}")
+        raise ValueError(
+            f"profile() needs an nn.Module, a workbench.models LayerModel or a list of modules, "
+            f"got {type(model).__name__}"
+        )
     if example_input is None:
         raise ValueError("profile() needs example_input for a plain list of layers")
     if not layers:
@@ -268,8 +294,18 @@ def _flops(layer, x, first: bool = False) -> tuple[float, float]:
     return float(fwd), float(bwd)
 
 
-def profile(model, example_input=None, *, batch_size: int = 32, iterations: int = 10, warmup: int = 3,
-            device=None, flops: bool = True, progress: bool = True, threads: int | None = None) -> Profile:
+def profile(
+    model,
+    example_input=None,
+    *,
+    batch_size: int = 32,
+    iterations: int = 10,
+    warmup: int = 3,
+    device=None,
+    flops: bool = True,
+    progress: bool = True,
+    threads: int | None = None,
+) -> Profile:
     """Measure every layer of a layer-sequential model on ``device`` (default: CUDA if available).
 
     For each layer l, with the output of layer l-1 as its (detached) input:
@@ -313,10 +349,18 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
         rows, seen = [], set()
         for i, layer in enumerate(tqdm(layers, desc=f"profiling {name}", disable=not progress, leave=False)):
             fwd_times, bwd_times, out = _time_layer(layer, x, i, names[i], warmup, iterations, dev)
-            row = dict(name=names[i], fwd_ms=_median(fwd_times), bwd_ms=_median(bwd_times),
-                       act_bytes=float(nbytes(out)), param_bytes=float(_new_param_bytes(layer, seen)),
-                       input_bytes=float(nbytes(x)), fwd_spread=_spread(fwd_times), bwd_spread=_spread(bwd_times),
-                       _fwd_range=_range(fwd_times), _bwd_range=_range(bwd_times))
+            row = dict(
+                name=names[i],
+                fwd_ms=_median(fwd_times),
+                bwd_ms=_median(bwd_times),
+                act_bytes=float(nbytes(out)),
+                param_bytes=float(_new_param_bytes(layer, seen)),
+                input_bytes=float(nbytes(x)),
+                fwd_spread=_spread(fwd_times),
+                bwd_spread=_spread(bwd_times),
+                _fwd_range=_range(fwd_times),
+                _bwd_range=_range(bwd_times),
+            )
             if flops:
                 row["flops_fwd"], row["flops_bwd"] = _flops(layer, x, first=i == 0)
             if getattr(layer, "reads_from", None) is not None:
@@ -327,16 +371,26 @@ def profile(model, example_input=None, *, batch_size: int = 32, iterations: int 
                 x = _regroup(out, x)
     finally:
         torch.set_num_threads(before)
-    peak = (torch.cuda.max_memory_allocated(dev) if cuda
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    peak = torch.cuda.max_memory_allocated(dev) if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     df = pd.DataFrame(rows)
     ranges = df.pop("_fwd_range") + df.pop("_bwd_range")
     device_name = torch.cuda.get_device_name(dev) if cuda else f"CPU ({threads} threads)"
-    meta = dict(kind="measured", model=name, batch_size=batch_size, device=device_name,
-                iterations=iterations, warmup=warmup, peak_memory_bytes=int(peak),
-                timer="cuda events" if cuda else "time.perf_counter", torch=torch.__version__,
-                threads=threads, cores=_cores(), load_before=load_before, load_after=_load(),
-                spread=float(ranges.sum() / max(float((df["fwd_ms"] + df["bwd_ms"]).sum()), 1e-12)))
+    meta = dict(
+        kind="measured",
+        model=name,
+        batch_size=batch_size,
+        device=device_name,
+        iterations=iterations,
+        warmup=warmup,
+        peak_memory_bytes=int(peak),
+        timer="cuda events" if cuda else "time.perf_counter",
+        torch=torch.__version__,
+        threads=threads,
+        cores=_cores(),
+        load_before=load_before,
+        load_after=_load(),
+        spread=float(ranges.sum() / max(float((df["fwd_ms"] + df["bwd_ms"]).sum()), 1e-12)),
+    )
     if tied := _tied_layers(layers):
         meta["tied"] = tied
     if rows and all("own_act_bytes" in r for r in rows):
@@ -440,8 +494,10 @@ def layer_dag(rows: list[dict], reads_from: list) -> dict:
     form): node ``node0`` is the input (its first layer's ``input_bytes``), ``node{i+1}`` layer i with
     its own outputs' bytes; an edge from every layer (or the input) whose values layer i reads."""
     nodes = [["node0", "Input0", 0.0, 0.0, rows[0]["input_bytes"], 0.0]]
-    nodes += [[f"node{i + 1}", r["name"], r["fwd_ms"], r["bwd_ms"], r["own_act_bytes"], r["param_bytes"]]
-              for i, r in enumerate(rows)]
+    nodes += [
+        [f"node{i + 1}", r["name"], r["fwd_ms"], r["bwd_ms"], r["own_act_bytes"], r["param_bytes"]]
+        for i, r in enumerate(rows)
+    ]
     edges = [[f"node{j + 1}", f"node{i + 1}"] for i, src in enumerate(reads_from) for j in src]
     return {"nodes": nodes, "edges": edges}
 
@@ -458,17 +514,21 @@ def _call(layer, inp, i: int, name: str):
     try:
         return layer(inp)
     except TypeError as e:
-        raise ValueError(f"layer {i} ({name}: {type(layer).__name__}) cannot take the previous layer's output "
-                         f"({_describe(inp)}) as its one argument ({e}); in a layer-sequential model every layer "
-                         "takes its predecessor's output: wrap a layer of several arguments with the layer that "
-                         "produces them, or trace the model with workbench.graph.split") from None
+        raise ValueError(
+            f"layer {i} ({name}: {type(layer).__name__}) cannot take the previous layer's output "
+            f"({_describe(inp)}) as its one argument ({e}); in a layer-sequential model every layer "
+            "takes its predecessor's output: wrap a layer of several arguments with the layer that "
+            "produces them, or trace the model with workbench.graph.split"
+        ) from None
     except RuntimeError as e:
         if "in-place" not in str(e) and "inplace" not in str(e):
             raise
-        raise ValueError(f"layer {i} ({name}: {type(layer).__name__}) modifies its input in place (e.g. "
-                         "ReLU(inplace=True) at the start of a layer); trace the model with workbench.graph.split "
-                         "(it keeps in-place operations with the layer that produced their input) or use "
-                         "inplace=False") from None
+        raise ValueError(
+            f"layer {i} ({name}: {type(layer).__name__}) modifies its input in place (e.g. "
+            "ReLU(inplace=True) at the start of a layer); trace the model with workbench.graph.split "
+            "(it keeps in-place operations with the layer that produced their input) or use "
+            "inplace=False"
+        ) from None
 
 
 def _tied_layers(layers) -> list:
@@ -555,9 +615,15 @@ def _winograd_flops(layer, x) -> float:
         n, c_out = out.shape[0], out.shape[1]
         total[0] += 2.0 * n * c_out * out.shape[2] * out.shape[3] * mod.in_channels * 9
 
-    handles = [m.register_forward_hook(hook) for m in layer.modules()
-               if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (3, 3) and m.stride == (1, 1)
-               and m.groups == 1 and m.dilation == (1, 1)]
+    handles = [
+        m.register_forward_hook(hook)
+        for m in layer.modules()
+        if isinstance(m, torch.nn.Conv2d)
+        and m.kernel_size == (3, 3)
+        and m.stride == (1, 1)
+        and m.groups == 1
+        and m.dilation == (1, 1)
+    ]
     if handles:
         with torch.no_grad():
             layer(x)
@@ -576,10 +642,18 @@ def analyze(model, example_input=None, *, batch_size: int = 32) -> pd.DataFrame:
     for i, layer in enumerate(layers):
         fwd, bwd = _flops(layer, x, first=i == 0)
         out = layer(_detach(x, i > 0))
-        rows.append(dict(name=names[i], flops_fwd=fwd, flops_bwd=bwd, flops_conv3x3=_winograd_flops(layer, x),
-                         input_grad=i > 0,
-                         act_bytes=float(nbytes(out)), input_bytes=float(nbytes(x)),
-                         param_bytes=float(_new_param_bytes(layer, seen))))
+        rows.append(
+            dict(
+                name=names[i],
+                flops_fwd=fwd,
+                flops_bwd=bwd,
+                flops_conv3x3=_winograd_flops(layer, x),
+                input_grad=i > 0,
+                act_bytes=float(nbytes(out)),
+                input_bytes=float(nbytes(x)),
+                param_bytes=float(_new_param_bytes(layer, seen)),
+            )
+        )
         x = _regroup(out, [t.detach() for t in _tensors(out)])
     return pd.DataFrame(rows)
 
@@ -589,9 +663,16 @@ def analyze(model, example_input=None, *, batch_size: int = 32) -> pd.DataFrame:
 WINOGRAD_SPEEDUP = 36 / 16
 
 
-def project(model_or_frame, gpu: str = "V100", *, batch_size: int = 32, example_input=None,
-            compute_efficiency: float = COMPUTE_EFFICIENCY, memory_efficiency: float = MEMORY_EFFICIENCY,
-            winograd: bool = True) -> Profile:
+def project(
+    model_or_frame,
+    gpu: str = "V100",
+    *,
+    batch_size: int = 32,
+    example_input=None,
+    compute_efficiency: float = COMPUTE_EFFICIENCY,
+    memory_efficiency: float = MEMORY_EFFICIENCY,
+    winograd: bool = True,
+) -> Profile:
     """A *modeled* profile for ``gpu`` (one of :data:`GPUS`), from FLOPs and bytes (roofline):
 
     ``fwd_ms = max(F_fwd / (peak · ce), (input + output + params) bytes / (bw · me)) + launch``
@@ -607,8 +688,11 @@ def project(model_or_frame, gpu: str = "V100", *, batch_size: int = 32, example_
         raise ValueError(f"unknown GPU {gpu!r}; choose one of {sorted(GPUS)}")
     if not (0 < compute_efficiency <= 1 and 0 < memory_efficiency <= 1):
         raise ValueError("efficiency factors must be in (0, 1]")
-    df = model_or_frame if isinstance(model_or_frame, pd.DataFrame) else analyze(
-        model_or_frame, example_input, batch_size=batch_size)
+    df = (
+        model_or_frame
+        if isinstance(model_or_frame, pd.DataFrame)
+        else analyze(model_or_frame, example_input, batch_size=batch_size)
+    )
     spec = GPUS[gpu]
     peak, bw = spec["flops"] * compute_efficiency, spec["mem_bw"] * memory_efficiency
     io = df["input_bytes"] + df["act_bytes"]
@@ -621,9 +705,16 @@ def project(model_or_frame, gpu: str = "V100", *, batch_size: int = 32, example_
     out["fwd_ms"] = np.maximum(f_fwd / peak, (io + df["param_bytes"]) / bw) * 1e3 + LAUNCH_MS
     out["bwd_ms"] = np.maximum(f_bwd / peak, (2 * io + 2 * df["param_bytes"]) / bw) * 1e3 + LAUNCH_MS
     name = getattr(model_or_frame, "name", "frame")
-    meta = dict(kind="modeled", device=f"{gpu} (modeled)", model=name, batch_size=_batch_of(example_input, batch_size),
-                method="roofline from torch.utils.flop_counter FLOPs and tensor bytes"
-                       + (", Winograd 3x3" if winograd else ""),
-                compute_efficiency=compute_efficiency, memory_efficiency=memory_efficiency,
-                peak_flops=spec["flops"], mem_bw=spec["mem_bw"], device_memory_bytes=spec["memory"])
+    meta = dict(
+        kind="modeled",
+        device=f"{gpu} (modeled)",
+        model=name,
+        batch_size=_batch_of(example_input, batch_size),
+        method="roofline from torch.utils.flop_counter FLOPs and tensor bytes" + (", Winograd 3x3" if winograd else ""),
+        compute_efficiency=compute_efficiency,
+        memory_efficiency=memory_efficiency,
+        peak_flops=spec["flops"],
+        mem_bw=spec["mem_bw"],
+        device_memory_bytes=spec["memory"],
+    )
     return Profile(out, meta)

@@ -15,6 +15,7 @@ Parameters are checked before anything runs (unknown notebook or parameter, a zo
 not exist, a count below 1, a missing or unreadable params file): one line on stderr, exit 2. A
 notebook that fails is reported with its name and failing cell; the others still run; exit 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,8 +79,9 @@ def load_params(path) -> dict[str, dict]:
     """``{notebook: {parameter: value}}`` from a YAML or JSON file (keys resolved to full names)."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"params file {path} does not exist; pass a YAML or JSON file "
-                         f"{{notebook: {{parameter: value}}}}")
+        raise ValueError(
+            f"params file {path} does not exist; pass a YAML or JSON file {{notebook: {{parameter: value}}}}"
+        )
     text = path.read_text()
     try:
         if path.suffix.lower() == ".json":
@@ -94,8 +96,11 @@ def load_params(path) -> dict[str, dict]:
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ValueError(f"params file {path} must map notebook names to {{parameter: value}} mappings")
     # YAML reads an unquoted 02 as the integer 2: numbers name notebooks by their two-digit prefix
-    return {full: dict(v) for k, v in data.items()
-            for full in resolve_names([f"{k:02d}" if isinstance(k, int) and not isinstance(k, bool) else str(k)])}
+    return {
+        full: dict(v)
+        for k, v in data.items()
+        for full in resolve_names([f"{k:02d}" if isinstance(k, int) and not isinstance(k, bool) else str(k)])
+    }
 
 
 def notebook_parameters(path: Path) -> dict:
@@ -112,7 +117,9 @@ def _check_counts(name: str, params: dict) -> None:
         vals = params[key] if isinstance(params[key], (list, tuple)) else [params[key]]
         for v in vals:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name}: parameter {key} must be an integer >= 1 (or a list of them), got {params[key]!r}")
+                raise ValueError(
+                    f"{name}: parameter {key} must be an integer >= 1 (or a list of them), got {params[key]!r}"
+                )
 
 
 def _check_models(name: str, params: dict) -> None:
@@ -122,7 +129,7 @@ def _check_models(name: str, params: dict) -> None:
         vals = params.get(key)
         if vals is None:
             continue
-        for v in (vals if isinstance(vals, (list, tuple)) else [vals]):
+        for v in vals if isinstance(vals, (list, tuple)) else [vals]:
             config(v)  # "unknown model ..." for a name the zoo does not have
 
 
@@ -182,31 +189,39 @@ def run_notebook(name: str, path: Path, params: dict, run_dir: Path, quick: bool
         base.pop("quick", None)
     t0 = time.perf_counter()
     try:
-        papermill.execute_notebook(str(path), str(run_dir / f"{name}.ipynb"), parameters=base | params,
-                                   cwd=str(run_dir), kernel_name="python3", progress_bar=progress,
-                                   log_output=False)
+        papermill.execute_notebook(
+            str(path),
+            str(run_dir / f"{name}.ipynb"),
+            parameters=base | params,
+            cwd=str(run_dir),
+            kernel_name="python3",
+            progress_bar=progress,
+            log_output=False,
+        )
         status, error = "ok", ""
     except PapermillExecutionError as e:
         status = "failed"
         first = (e.source or "").strip().splitlines()[0][:60] if (e.source or "").strip() else ""
-        error = (f"cell {e.cell_index} of the executed {name}.ipynb (`{first}`): {e.ename}: "
-                 f"{str(e.evalue).splitlines()[0] if e.evalue else ''}")
+        error = (
+            f"cell {e.cell_index} of the executed {name}.ipynb (`{first}`): {e.ename}: "
+            f"{str(e.evalue).splitlines()[0] if e.evalue else ''}"
+        )
     except Exception as e:  # noqa: BLE001  (kernel death, missing kernel: report and go on)
         status, error = "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     files = sorted(str(p.relative_to(run_dir)) for p in out_dir.rglob("*") if p.is_file()) if out_dir.exists() else []
     return Outcome(name, status, time.perf_counter() - t0, error, files)
 
 
-def run(only=None, params_file=None, quick: bool = False, out="results/reproduce", nb_dir=None,
-        progress: bool = True) -> tuple[Path, list[Outcome]]:
+def run(
+    only=None, params_file=None, quick: bool = False, out="results/reproduce", nb_dir=None, progress: bool = True
+) -> tuple[Path, list[Outcome]]:
     """Check every parameter, run the notebooks, write ``summary.md``; returns (run folder, outcomes)."""
     from tqdm.auto import tqdm
 
     nb_dir = Path(nb_dir) if nb_dir else notebooks_dir()
     runs, missing = plan_runs(only, params_file, quick, nb_dir)
     outcomes = [Outcome(n, "missing", error=f"{n}.ipynb is not in {nb_dir}") for n in missing]
-    with run_folder(Path(out) / run_id("reproduce-" + ("quick" if quick else "full"))) as tmp, \
-            _shared_plotlyjs(tmp):
+    with run_folder(Path(out) / run_id("reproduce-" + ("quick" if quick else "full"))) as tmp, _shared_plotlyjs(tmp):
         bar = tqdm(runs, desc="notebooks", unit="nb", disable=not progress)
         for name, path, params in bar:
             bar.set_postfix_str(name)
@@ -263,7 +278,11 @@ def _num(x) -> str:
 
 
 def _cell(text) -> str:
-    return "" if text is None or (isinstance(text, float) and math.isnan(text)) else str(text).replace("|", "\\|").replace("\n", " ")
+    return (
+        ""
+        if text is None or (isinstance(text, float) and math.isnan(text))
+        else str(text).replace("|", "\\|").replace("\n", " ")
+    )
 
 
 def summary_markdown(run_dir: Path, outcomes: list[Outcome], quick: bool) -> str:
@@ -271,27 +290,42 @@ def summary_markdown(run_dir: Path, outcomes: list[Outcome], quick: bool) -> str
     import torch
 
     load = os.getloadavg()
-    lines = [f"# Reproduction run ({'quick' if quick else 'full'}, finished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
-             "",
-             f"Mode: **{'quick' if quick else 'full'}**. Machine: {platform.node()}, {os.cpu_count()} CPU cores, "
-             f"{platform.platform()}, Python {platform.python_version()}, torch {torch.__version__}; "
-             f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min).",
-             "", "## Notebooks", "", "| notebook | status | seconds | outputs |", "|---|---|---|---|"]
+    lines = [
+        f"# Reproduction run ({'quick' if quick else 'full'}, finished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        "",
+        f"Mode: **{'quick' if quick else 'full'}**. Machine: {platform.node()}, {os.cpu_count()} CPU cores, "
+        f"{platform.platform()}, Python {platform.python_version()}, torch {torch.__version__}; "
+        f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min).",
+        "",
+        "## Notebooks",
+        "",
+        "| notebook | status | seconds | outputs |",
+        "|---|---|---|---|",
+    ]
     for o in outcomes:
         outs = ", ".join(f for f in o.files if f.endswith((".csv", ".html")))
         status = o.status if o.status == "ok" else f"**{o.status}**: {_cell(o.error)}"
         lines.append(f"| {o.name} | {status} | {o.seconds:.0f} | {_cell(outs)} |")
     claims = collect_claims(run_dir)
-    lines += ["", "## Paper vs reproduction", "",
-              "`ratio` = ours / paper. `label` says where a number was measured or what it was modeled from.", ""]
+    lines += [
+        "",
+        "## Paper vs reproduction",
+        "",
+        "`ratio` = ours / paper. `label` says where a number was measured or what it was modeled from.",
+        "",
+    ]
     if claims.empty:
         lines.append("(no claims.csv was written)")
     else:
-        lines += ["| notebook | experiment | claim | paper | ours | ratio | unit | label | explanation |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "| notebook | experiment | claim | paper | ours | ratio | unit | label | explanation |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in claims.itertuples(index=False):
-            lines.append(f"| {r.notebook} | {_cell(r.experiment)} | {_cell(r.claim)} | {_num(r.paper)} | {_num(r.ours)} | "
-                         f"{_num(r.ratio)} | {_cell(r.unit)} | {_cell(r.label)} | {_cell(r.explanation)} |")
+            lines.append(
+                f"| {r.notebook} | {_cell(r.experiment)} | {_cell(r.claim)} | {_num(r.paper)} | {_num(r.ours)} | "
+                f"{_num(r.ratio)} | {_cell(r.unit)} | {_cell(r.label)} | {_cell(r.explanation)} |"
+            )
     return "\n".join(lines) + "\n"
 
 

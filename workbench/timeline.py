@@ -14,6 +14,7 @@ Columns both write:
 The simulator adds ``lane`` (compute / comm), ``src``, ``dst``, ``bytes`` and ``update`` (for STEP and
 AR rows the index of that update of the stage within the pass, else -1); the runtime adds ``wait_ms``.
 """
+
 from __future__ import annotations
 
 COMMON_COLUMNS = ("worker", "stage", "microbatch", "kind", "start", "end", "version", "round", "step")

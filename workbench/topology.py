@@ -9,6 +9,7 @@ component iff ``a // S_k == b // S_k``.
 
 Bandwidths are bytes per second. Network figures quoted in bits per second are divided by 8.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,14 +35,34 @@ GIB = 2**30
 
 _PRESETS: dict[str, tuple[int, float, float, float, str]] = {
     # name: (GPUs per server, intra-server B/s, inter-server B/s, memory per GPU in bytes, source)
-    "4xV100-pcie-10g": (4, PCIE3_X16, 10 * GBPS, 16 * GIB,
-                        "PipeDream Cluster-A: 4x V100 16 GB/server over PCIe 3.0 x16 (~12 GB/s), 10 Gbps Ethernet"),
-    "8xV100-nvlink-25g": (8, NVLINK2_LINK, 25 * GBPS, 16 * GIB,
-                          "PipeDream Cluster-B: 8x V100 16 GB/server with NVLink 2.0 (25 GB/s/link), 25 Gbps"),
-    "1xTitanX-40g": (1, PCIE3_X16, 40 * GBPS, 12 * GIB,
-                     "PipeDream Cluster-C: 1x Titan X 12 GB/server, 40 Gbps between servers"),
-    "8x1080Ti-pcie-25g": (8, PCIE3_X16, 25 * GBPS, 11 * GIB,
-                          "8x GTX 1080 Ti 11 GB/server over PCIe 3.0 x16 (~12 GB/s), 25 Gbps between servers"),
+    "4xV100-pcie-10g": (
+        4,
+        PCIE3_X16,
+        10 * GBPS,
+        16 * GIB,
+        "PipeDream Cluster-A: 4x V100 16 GB/server over PCIe 3.0 x16 (~12 GB/s), 10 Gbps Ethernet",
+    ),
+    "8xV100-nvlink-25g": (
+        8,
+        NVLINK2_LINK,
+        25 * GBPS,
+        16 * GIB,
+        "PipeDream Cluster-B: 8x V100 16 GB/server with NVLink 2.0 (25 GB/s/link), 25 Gbps",
+    ),
+    "1xTitanX-40g": (
+        1,
+        PCIE3_X16,
+        40 * GBPS,
+        12 * GIB,
+        "PipeDream Cluster-C: 1x Titan X 12 GB/server, 40 Gbps between servers",
+    ),
+    "8x1080Ti-pcie-25g": (
+        8,
+        PCIE3_X16,
+        25 * GBPS,
+        11 * GIB,
+        "8x GTX 1080 Ti 11 GB/server over PCIe 3.0 x16 (~12 GB/s), 25 Gbps between servers",
+    ),
 }
 
 
@@ -57,8 +78,9 @@ def _check_level(k: int, count, bandwidth) -> tuple[int, float]:
     except (TypeError, ValueError):
         raise ValueError(f"topology level {k}: bandwidth must be a number in bytes/s, got {bandwidth!r}") from None
     if not math.isfinite(bw) or bw <= 0:
-        raise ValueError(f"topology level {k}: bandwidth must be > 0 bytes/s and finite (got {bandwidth!r}); "
-                         f"e.g. 10 Gbps = 1.25e9")
+        raise ValueError(
+            f"topology level {k}: bandwidth must be > 0 bytes/s and finite (got {bandwidth!r}); e.g. 10 Gbps = 1.25e9"
+        )
     return count, bw
 
 
@@ -90,18 +112,19 @@ class Topology:
         if self.memory_bytes is not None:
             mem = float(self.memory_bytes)
             if not math.isfinite(mem) or mem <= 0:
-                raise ValueError(f"topology memory_bytes must be a finite number > 0 of bytes per worker, "
-                                 f"got {self.memory_bytes!r}")
+                raise ValueError(
+                    f"topology memory_bytes must be a finite number > 0 of bytes per worker, got {self.memory_bytes!r}"
+                )
             object.__setattr__(self, "memory_bytes", mem)
 
     # ---- constructors -------------------------------------------------------------------
     @classmethod
-    def flat(cls, workers: int, bandwidth: float) -> "Topology":
+    def flat(cls, workers: int, bandwidth: float) -> Topology:
         """``workers`` workers, every pair connected at ``bandwidth`` bytes/s."""
         return cls(((workers, bandwidth),), name=f"flat{workers}")
 
     @classmethod
-    def preset(cls, name: str, servers: int = 1) -> "Topology":
+    def preset(cls, name: str, servers: int = 1) -> Topology:
         """One of :meth:`presets` with ``servers`` servers (sources in the module docstring)."""
         if name not in _PRESETS:
             raise ValueError(f"unknown topology preset {name!r}; choose one of {sorted(_PRESETS)}")

@@ -22,6 +22,7 @@ Layout (Trace Event Format, times in µs = the timeline's ms x 1000):
   backward, a vertical-sync forward), summed over the stages whose updates (``STEP``) it runs. Its
   peak per stage is the simulator's ``weight_versions`` and the runtime's ``peak_versions`` (tested).
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,11 @@ def to_chrome_trace(timeline: pd.DataFrame, path=None, label: str = "", lastrnds
     tl = _rows(timeline, lastrnds)
     measured = "lane" not in tl
     events = _metadata(tl) + _slices(tl, measured) + _flows(tl) + _counters(tl)
-    trace = {"traceEvents": events, "displayTimeUnit": "ms",
-             "otherData": {"label": label, "timeline": "measured" if measured else "modeled", "time_unit": "us"}}
+    trace = {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"label": label, "timeline": "measured" if measured else "modeled", "time_unit": "us"},
+    }
     if path is not None:
         path = Path(path)
         tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -84,12 +88,23 @@ def _slices(tl: pd.DataFrame, measured: bool) -> list[dict]:
     out = []
     for r in tl.itertuples(index=False):
         comm = getattr(r, "lane", "compute") == "comm"
-        args: dict[str, float] = dict(stage=int(r.stage), microbatch=int(r.microbatch), round=int(r.rnd),
-                                      version=int(r.version))
+        args: dict[str, float] = dict(
+            stage=int(r.stage), microbatch=int(r.microbatch), round=int(r.rnd), version=int(r.version)
+        )
         if comm:
             args.update(src=int(r.src), dst=int(r.dst), bytes=float(r.bytes))
-        out.append(dict(ph="X", name=_name(r), cat=r.kind, pid=int(r.worker), tid=COMM if comm else COMPUTE,
-                        ts=r.start * 1e3, dur=(r.end - r.start) * 1e3, args=args))
+        out.append(
+            dict(
+                ph="X",
+                name=_name(r),
+                cat=r.kind,
+                pid=int(r.worker),
+                tid=COMM if comm else COMPUTE,
+                ts=r.start * 1e3,
+                dur=(r.end - r.start) * 1e3,
+                args=args,
+            )
+        )
         if measured:
             out += _measured_comm(r)
     return out
@@ -101,8 +116,18 @@ def _measured_comm(r) -> list[dict]:
     for col, name, t0 in (("wait_ms", "recv wait", lambda v: r.start - v), ("send_ms", "send", lambda v: send_at)):
         v = float(getattr(r, col, 0.0) or 0.0)
         if v == v and v > 0 and t0(v) == t0(v):  # not NaN
-            out.append(dict(ph="X", name=f"{name} s{r.stage} mb{r.microbatch}", cat=name, pid=int(r.worker), tid=COMM,
-                            ts=t0(v) * 1e3, dur=v * 1e3, args=dict(stage=int(r.stage), microbatch=int(r.microbatch))))
+            out.append(
+                dict(
+                    ph="X",
+                    name=f"{name} s{r.stage} mb{r.microbatch}",
+                    cat=name,
+                    pid=int(r.worker),
+                    tid=COMM,
+                    ts=t0(v) * 1e3,
+                    dur=v * 1e3,
+                    args=dict(stage=int(r.stage), microbatch=int(r.microbatch)),
+                )
+            )
     return out
 
 
@@ -220,6 +245,13 @@ def _counters(tl: pd.DataFrame) -> list[dict]:
         held = {}
         for r in g.sort_values("t_ms", kind="stable").itertuples(index=False):
             held[r.stage] = r.versions
-            out.append(dict(ph="C", name="weight versions", pid=int(w), ts=r.t_ms * 1e3,
-                            args=dict(versions=int(sum(held.values())))))
+            out.append(
+                dict(
+                    ph="C",
+                    name="weight versions",
+                    pid=int(w),
+                    ts=r.t_ms * 1e3,
+                    args=dict(versions=int(sum(held.values()))),
+                )
+            )
     return out

@@ -10,6 +10,7 @@ Every experiment writes its CSV tables, standalone HTML figures and a ``claims.c
 numbers beside ours, :data:`common.CLAIM_COLUMNS`) into its ``out_dir``; ``workbench reproduce``
 collects the claims into ``summary.md``.
 """
+
 from .common import CLAIM_COLUMNS, claim, out_folder, save_figure, save_table, write_claims
 
 __all__ = ["CLAIM_COLUMNS", "claim", "out_folder", "save_figure", "save_table", "write_claims"]

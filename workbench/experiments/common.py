@@ -6,6 +6,7 @@
 ``explanation`` of any gap. ``workbench reproduce`` concatenates every notebook's claims into
 ``summary.md``.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,15 +29,22 @@ def out_folder(out_dir) -> Path:
     return path
 
 
-def claim(experiment: str, claim: str, paper: float, ours: float, unit: str, label: str,
-          explanation: str = "") -> dict:
+def claim(experiment: str, claim: str, paper: float, ours: float, unit: str, label: str, explanation: str = "") -> dict:
     """One row of ``claims.csv``; ``ratio = ours / paper`` (NaN when the paper's value is 0 or missing)."""
     if not str(label).startswith(("measured", "modeled")):
         raise ValueError(f"claim {claim!r}: label must start with 'measured' or 'modeled', got {label!r}")
     paper_f, ours_f = float(paper), float(ours)
     ratio = ours_f / paper_f if paper_f and math.isfinite(paper_f) else math.nan
-    return dict(experiment=experiment, claim=claim, paper=paper_f, ours=ours_f, ratio=ratio, unit=unit,
-                label=label, explanation=explanation)
+    return dict(
+        experiment=experiment,
+        claim=claim,
+        paper=paper_f,
+        ours=ours_f,
+        ratio=ratio,
+        unit=unit,
+        label=label,
+        explanation=explanation,
+    )
 
 
 def write_claims(rows, out_dir) -> Path:

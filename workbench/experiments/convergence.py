@@ -23,6 +23,7 @@ Two engines give the curves (the ``engine`` column says which):
 * ``runtime``: :func:`workbench.runtime.train` with gloo CPU ranks; ASP has no deterministic
   reference (its staleness is decided by timing), so its seeds always run here.
 """
+
 from __future__ import annotations
 
 import math
@@ -78,13 +79,28 @@ def job_for(setup: Setup, scheme: str, seed: int, out):
     name, opts = SCHEMES[scheme]
     mps = schedule_for_workers(name, setup.workers, None, setup.microbatches, dict(opts)).microbatches_per_step
     if setup.samples_per_update % mps:
-        raise ValueError(f"samples_per_update {setup.samples_per_update} is not divisible by {scheme}'s "
-                         f"{mps} microbatches per update; pick a multiple of {mps}")
+        raise ValueError(
+            f"samples_per_update {setup.samples_per_update} is not divisible by {scheme}'s "
+            f"{mps} microbatches per update; pick a multiple of {mps}"
+        )
     batch = setup.microbatches * setup.samples_per_update // mps
-    return prepare(setup.model, name, workers=setup.workers, microbatches=setup.microbatches, epochs=setup.epochs,
-                   batch_size=batch, lr=setup.lr, seed=seed, out=out, progress=False, schedule_options=dict(opts),
-                   allow_oversubscribe=True, stream=streams(name), timeout_s=setup.timeout_s,
-                   **dict(setup.model_options))
+    return prepare(
+        setup.model,
+        name,
+        workers=setup.workers,
+        microbatches=setup.microbatches,
+        epochs=setup.epochs,
+        batch_size=batch,
+        lr=setup.lr,
+        seed=seed,
+        out=out,
+        progress=False,
+        schedule_options=dict(opts),
+        allow_oversubscribe=True,
+        stream=streams(name),
+        timeout_s=setup.timeout_s,
+        **dict(setup.model_options),
+    )
 
 
 def evaluate(job, model, weights: list[dict]) -> tuple[float, float]:
@@ -122,8 +138,9 @@ def reference_curve(job, epochs: int, keep: tuple[int, ...] = ()) -> tuple[pd.Da
             kw = dict(schedule=job.stream(rpe * M), batch_size=rpe * job.batch_size, rounds=1, start_round=e)
         else:
             kw = dict(schedule=job.schedule, batch_size=job.batch_size, rounds=rpe, start_round=e * rpe)
-        weights = reference_train(model=model, bounds=job.bounds, dataset=ds, lr=job.lr, seed=job.seed, init=weights,
-                                  **kw)
+        weights = reference_train(
+            model=model, bounds=job.bounds, dataset=ds, lr=job.lr, seed=job.seed, init=weights, **kw
+        )
         loss, acc = evaluate(job, model, weights)
         rows.append(dict(epoch=e + 1, test_accuracy=acc, test_loss=loss, compute_s=time.perf_counter() - t0))
         if e + 1 in keep:
@@ -177,11 +194,19 @@ def runtime_runs(setup: Setup, runs: list[tuple[str, int, int]], out) -> tuple[p
     frames = []
     for (scheme, seed, _), s in zip(runs, summaries):
         m = pd.read_csv(Path(s["out"]) / "metrics.csv").dropna(subset=["test_accuracy"])
-        frames.append(pd.DataFrame(dict(epoch=m["epoch"].astype(int).to_numpy() + 1,
-                                        test_accuracy=m["test_accuracy"].to_numpy(float),
-                                        test_loss=m["test_loss"].to_numpy(float),
-                                        wall_s=m["wall_ms"].to_numpy(float) / 1e3, scheme=scheme, seed=seed,
-                                        engine="runtime")))
+        frames.append(
+            pd.DataFrame(
+                dict(
+                    epoch=m["epoch"].astype(int).to_numpy() + 1,
+                    test_accuracy=m["test_accuracy"].to_numpy(float),
+                    test_loss=m["test_loss"].to_numpy(float),
+                    wall_s=m["wall_ms"].to_numpy(float) / 1e3,
+                    scheme=scheme,
+                    seed=seed,
+                    engine="runtime",
+                )
+            )
+        )
     return pd.concat(frames, ignore_index=True), summaries
 
 
@@ -197,17 +222,24 @@ def runtime_check(runs: pd.DataFrame, curves: pd.DataFrame, summaries: list[dict
         both = acc.index.intersection(ref.index)
         w = references.get((scheme, seed))
         summary = next(s for s in summaries if Path(s["out"]).name == f"{scheme}-s{seed}")
-        rows.append(dict(scheme=scheme, seed=seed, epochs=int(g["epoch"].max()),
-                         max_abs_accuracy_diff=float((acc[both] - ref[both]).abs().max()) if len(both) else math.nan,
-                         max_abs_weight_diff=_max_diff(summary["weights"], w) if w is not None else math.nan,
-                         s_per_epoch_measured=float(g["wall_s"].max() / g["epoch"].max())))
+        rows.append(
+            dict(
+                scheme=scheme,
+                seed=seed,
+                epochs=int(g["epoch"].max()),
+                max_abs_accuracy_diff=float((acc[both] - ref[both]).abs().max()) if len(both) else math.nan,
+                max_abs_weight_diff=_max_diff(summary["weights"], w) if w is not None else math.nan,
+                s_per_epoch_measured=float(g["wall_s"].max() / g["epoch"].max()),
+            )
+        )
     return pd.DataFrame(rows)
 
 
 def _max_diff(runtime_weights: dict, reference_weights: list[dict]) -> float:
     """Largest |runtime - reference| over every stage's parameters."""
-    return max(float((runtime_weights[s][n] - w).abs().max()) for s, ws in enumerate(reference_weights)
-               for n, w in ws.items())
+    return max(
+        float((runtime_weights[s][n] - w).abs().max()) for s, ws in enumerate(reference_weights) for n, w in ws.items()
+    )
 
 
 # ---- statistics ----------------------------------------------------------------------------------
@@ -219,11 +251,19 @@ def epochs_to_target(curves: pd.DataFrame, target: float) -> pd.DataFrame:
     for (scheme, seed), g in curves.groupby(["scheme", "seed"], sort=False):
         g = g.sort_values("epoch")
         hit = g[g["test_accuracy"] >= target]
-        rows.append(dict(scheme=scheme, seed=seed, target=target, engine=g["engine"].iloc[0],
-                         epochs_to_target=float(hit["epoch"].iloc[0]) if len(hit) else math.nan,
-                         budget=int(g["epoch"].max()), best_accuracy=float(g["test_accuracy"].max()),
-                         final_accuracy=float(g["test_accuracy"].iloc[-1]),
-                         diverged=bool(not np.isfinite(g["test_loss"]).all())))
+        rows.append(
+            dict(
+                scheme=scheme,
+                seed=seed,
+                target=target,
+                engine=g["engine"].iloc[0],
+                epochs_to_target=float(hit["epoch"].iloc[0]) if len(hit) else math.nan,
+                budget=int(g["epoch"].max()),
+                best_accuracy=float(g["test_accuracy"].max()),
+                final_accuracy=float(g["test_accuracy"].iloc[-1]),
+                diverged=bool(not np.isfinite(g["test_loss"]).all()),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -253,12 +293,25 @@ def scheme_summary(per_seed: pd.DataFrame, level: float = 0.95) -> pd.DataFrame:
     for scheme, g in per_seed.groupby("scheme", sort=False):
         e = g["epochs_to_target"].fillna(math.inf).to_numpy(float)
         m, lo, hi = mean_ci(e, level)
-        rows.append(dict(scheme=scheme, engine=g["engine"].iloc[0], target=g["target"].iloc[0], seeds=len(g),
-                         reached=int(np.isfinite(e).sum()), epochs_mean=m, ci_low=lo, ci_high=hi,
-                         epochs_min=float(e.min()), epochs_max=float(e.max()), budget=int(g["budget"].max()),
-                         final_accuracy=float(g["final_accuracy"].mean()),
-                         final_accuracy_min=float(g["final_accuracy"].min()),
-                         final_accuracy_max=float(g["final_accuracy"].max()), diverged=int(g["diverged"].sum())))
+        rows.append(
+            dict(
+                scheme=scheme,
+                engine=g["engine"].iloc[0],
+                target=g["target"].iloc[0],
+                seeds=len(g),
+                reached=int(np.isfinite(e).sum()),
+                epochs_mean=m,
+                ci_low=lo,
+                ci_high=hi,
+                epochs_min=float(e.min()),
+                epochs_max=float(e.max()),
+                budget=int(g["budget"].max()),
+                final_accuracy=float(g["final_accuracy"].mean()),
+                final_accuracy_min=float(g["final_accuracy"].min()),
+                final_accuracy_max=float(g["final_accuracy"].max()),
+                diverged=int(g["diverged"].sum()),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -277,11 +330,18 @@ def compare(per_seed: pd.DataFrame, baseline: str) -> pd.DataFrame:
             continue
         x = g["epochs_to_target"].fillna(math.inf).to_numpy(float)
         finite = bool(np.isfinite(x).all() and np.isfinite(base).all())
-        rows.append(dict(scheme=scheme, baseline=baseline, ratio=float(x.mean() / base.mean()) if finite else
-                         (math.inf if np.isfinite(base).all() else math.nan), p_mannwhitney=_mannwhitney(x, base),
-                         p_welch=_welch(x, base) if finite else math.nan,
-                         p_final_accuracy=_mannwhitney(g["final_accuracy"].to_numpy(float),
-                                                       mine["final_accuracy"].to_numpy(float))))
+        rows.append(
+            dict(
+                scheme=scheme,
+                baseline=baseline,
+                ratio=float(x.mean() / base.mean()) if finite else (math.inf if np.isfinite(base).all() else math.nan),
+                p_mannwhitney=_mannwhitney(x, base),
+                p_welch=_welch(x, base) if finite else math.nan,
+                p_final_accuracy=_mannwhitney(
+                    g["final_accuracy"].to_numpy(float), mine["final_accuracy"].to_numpy(float)
+                ),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -348,11 +408,11 @@ def vertical_sync_by_hand(job, count: int, dtype: torch.dtype = torch.float64) -
     perm = DataOrder(len(ds), job.batch_size, job.schedule.microbatches, job.seed).permutation(0)
     history = [{k: p.detach().clone() for k, p in net.named_parameters()}]
     for t in range(count):
-        x, y = microbatch(ds, perm[t * mb:(t + 1) * mb], dtype=dtype)
+        x, y = microbatch(ds, perm[t * mb : (t + 1) * mb], dtype=dtype)
         read = {k: p.clone().requires_grad_(True) for k, p in history[max(0, t - n + 1)].items()}
         grads = torch.autograd.grad(model.loss(functional_call(net, read, (x,)), y), list(read.values()))
         history.append({k: w - job.lr * g for (k, w), g in zip(history[-1].items(), grads)})
-    out = [{} for _ in job.bounds]
+    out: list[dict] = [{} for _ in job.bounds]
     for name, w in history[-1].items():
         layer, rest = name.split(".", 1)
         s = next(i for i, (a, z) in enumerate(job.bounds) if a <= int(layer) <= z)
@@ -374,11 +434,27 @@ def vertical_sync_check(setup: Setup, seed: int, count: int) -> pd.DataFrame:
         mb = job.batch_size // job.schedule.microbatches
         model = job.model_fn()
         init = [{k: v.to(torch.float64) for k, v in w.items()} for w in _stage_weights(model, job.bounds)]
-        ref = reference_train(job.stream(count), model, job.bounds, job.dataset_fn(), batch_size=count * mb,
-                              lr=job.lr, seed=job.seed, init=init, dtype=torch.float64)
-        rows.append(dict(rule=SCHEMES[scheme][1]["weights"], microbatches=count, stages=job.schedule.num_stages,
-                         max_abs_weight_diff=max(float((ref[s][k] - w).abs().max()) for s, ws in enumerate(hand)
-                                                 for k, w in ws.items())))
+        ref = reference_train(
+            job.stream(count),
+            model,
+            job.bounds,
+            job.dataset_fn(),
+            batch_size=count * mb,
+            lr=job.lr,
+            seed=job.seed,
+            init=init,
+            dtype=torch.float64,
+        )
+        rows.append(
+            dict(
+                rule=SCHEMES[scheme][1]["weights"],
+                microbatches=count,
+                stages=job.schedule.num_stages,
+                max_abs_weight_diff=max(
+                    float((ref[s][k] - w).abs().max()) for s, ws in enumerate(hand) for k, w in ws.items()
+                ),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -388,8 +464,9 @@ def _stage_weights(model, bounds) -> list[dict]:
     return [stage_params(stage_module(model.layers, a, z)) for a, z in bounds]
 
 
-def staleness(setup: Setup, schemes=("pipedream", "pipedream-no-stash", "pipedream-vertical-sync"),
-              count: int = 64) -> pd.DataFrame:
+def staleness(
+    setup: Setup, schemes=("pipedream", "pipedream-no-stash", "pipedream-vertical-sync"), count: int = 64
+) -> pd.DataFrame:
     """Per (scheme, stage): how many updates older than the one its gradient is applied to are the
     weights its forward and its backward read, averaged over the microbatches of a ``count``-long
     stream after the warm-up (from the schedule's op versions: update ``t`` of a stage applies
@@ -401,6 +478,12 @@ def staleness(setup: Setup, schemes=("pipedream", "pipedream-no-stash", "pipedre
         S = sched.num_stages
         steady = range(S, count)
         for s in range(S):
-            rows.append(dict(scheme=scheme, stage=s, forward_delay=float(np.mean([b - v[("F", s, b)] for b in steady])),
-                             backward_delay=float(np.mean([b - v[("B", s, b)] for b in steady]))))
+            rows.append(
+                dict(
+                    scheme=scheme,
+                    stage=s,
+                    forward_delay=float(np.mean([b - v[("F", s, b)] for b in steady])),
+                    backward_delay=float(np.mean([b - v[("B", s, b)] for b in steady])),
+                )
+            )
     return pd.DataFrame(rows)

@@ -31,14 +31,15 @@ Bytes per sample (PipeDream §5.5, Figure 17: PipeDream's plan sends far less th
 parallelism for VGG-16 and AWD-LM): simulated bytes on all links divided by workers and samples,
 for PipeDream's plan (``workbench.partition`` + the ``pipedream`` schedule) and for ``dp-bsp``.
 """
+
 from __future__ import annotations
 
 import math
 import os
 import tempfile
-from typing import Any
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -55,9 +56,11 @@ from .common import claim
 
 #: server type -> GPU of its profile (topology presets: workbench/topology.py, with their sources)
 SERVERS = {"8x1080Ti-pcie-25g": "1080Ti", "4xV100-pcie-10g": "V100", "8xV100-nvlink-25g": "V100"}
-SERVER_LABELS = {"8x1080Ti-pcie-25g": "8x1080Ti/server, PCIe, 25 Gbps",
-                 "4xV100-pcie-10g": "4xV100/server, PCIe, 10 Gbps (Cluster-A)",
-                 "8xV100-nvlink-25g": "8xV100/server, NVLink, 25 Gbps (Cluster-B)"}
+SERVER_LABELS = {
+    "8x1080Ti-pcie-25g": "8x1080Ti/server, PCIe, 25 Gbps",
+    "4xV100-pcie-10g": "4xV100/server, PCIe, 10 Gbps (Cluster-A)",
+    "8xV100-nvlink-25g": "8xV100/server, NVLink, 25 Gbps (Cluster-B)",
+}
 GPU_COUNTS = (1, 2, 4, 8, 16, 32)
 DDP_BUCKET_BYTES = 25 * 2**20  # torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=25)
 
@@ -97,34 +100,51 @@ def check_params(models_: list[str], servers: list[str], gpu_counts: list[int]) 
             raise ValueError(f"GPU counts must be integers >= 1, got {g!r}")
 
 
-QUICK: dict[str, Any] = dict(models=["alexnet", "vgg16", "resnet50", "gnmt8"], measured_models=["mlp"], measured_steps=6,
-             repeats=1)
-FULL: dict[str, Any] = dict(models=list(FIGURE1_MODELS), measured_models=["mlp", "vgg16", "resnet50", "awd-lstm"],
-            measured_steps=12, repeats=2)
+QUICK: dict[str, Any] = dict(
+    models=["alexnet", "vgg16", "resnet50", "gnmt8"], measured_models=["mlp"], measured_steps=6, repeats=1
+)
+FULL: dict[str, Any] = dict(
+    models=list(FIGURE1_MODELS), measured_models=["mlp", "vgg16", "resnet50", "awd-lstm"], measured_steps=12, repeats=2
+)
 
 
-def settings(quick: bool, models=None, servers=None, gpu_counts=None, measured_models=None, ranks: int = 2,
-             measured_steps=None) -> dict:
+def settings(
+    quick: bool, models=None, servers=None, gpu_counts=None, measured_models=None, ranks: int = 2, measured_steps=None
+) -> dict:
     """The notebook's parameters: ``None`` takes the quick or full default; validated (one-line
     ``ValueError``)."""
     base = QUICK if quick else FULL
-    cfg: dict[str, Any] = dict(models=list(models or base["models"]), servers=list(servers or SERVERS),
-               gpu_counts=[int(g) for g in (gpu_counts or GPU_COUNTS)],
-               measured_models=list(base["measured_models"] if measured_models is None else measured_models),
-               ranks=ranks, measured_steps=int(measured_steps or base["measured_steps"]), repeats=base["repeats"])
+    cfg: dict[str, Any] = dict(
+        models=list(models or base["models"]),
+        servers=list(servers or SERVERS),
+        gpu_counts=[int(g) for g in (gpu_counts or GPU_COUNTS)],
+        measured_models=list(base["measured_models"] if measured_models is None else measured_models),
+        ranks=ranks,
+        measured_steps=int(measured_steps or base["measured_steps"]),
+        repeats=base["repeats"],
+    )
     check_params(cfg["models"], cfg["servers"], cfg["gpu_counts"])
     for m in cfg["measured_models"]:
         zoo.config(m)  # raises "unknown model ..." for a name the zoo does not have
-    if measured_steps is not None and (isinstance(measured_steps, bool) or not isinstance(measured_steps, int)
-                                       or measured_steps < 3):
+    if measured_steps is not None and (
+        isinstance(measured_steps, bool) or not isinstance(measured_steps, int) or measured_steps < 3
+    ):
         raise ValueError(f"measured_steps must be an integer >= 3 (the first step is dropped), got {measured_steps!r}")
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
         raise ValueError(f"ranks must be an integer >= 2 (the measured run compares N ranks with 1), got {ranks!r}")
     return cfg
 
 
-def validate_params(quick: bool, models=None, servers=None, gpu_counts=None, measured_models=None, ranks: int = 2,
-                    measured_steps=None, **_ignored) -> None:
+def validate_params(
+    quick: bool,
+    models=None,
+    servers=None,
+    gpu_counts=None,
+    measured_models=None,
+    ranks: int = 2,
+    measured_steps=None,
+    **_ignored,
+) -> None:
     """``workbench reproduce``'s check of the notebook's parameters (one-line ``ValueError``)."""
     settings(quick, models, servers, gpu_counts, measured_models, ranks, measured_steps)
 
@@ -182,8 +202,9 @@ def server_topology(server: str, gpus: int) -> Topology:
     return Topology.preset(server, servers=max(1, math.ceil(gpus / per)))
 
 
-def dp_comm_share(profile: Profile, topology: Topology, gpus: int, rounds: int = 3,
-                  bucket_bytes: float = DDP_BUCKET_BYTES) -> dict:
+def dp_comm_share(
+    profile: Profile, topology: Topology, gpus: int, rounds: int = 3, bucket_bytes: float = DDP_BUCKET_BYTES
+) -> dict:
     """Simulated data-parallel training on ``gpus`` workers of ``topology`` (``rounds`` iterations):
     ``comm_share`` = the cost model's ``comm_wait_share`` (time a GPU waits on communication /
     makespan; data parallelism has no warm-up, so every iteration is alike), ``iteration_ms`` =
@@ -192,8 +213,13 @@ def dp_comm_share(profile: Profile, topology: Topology, gpus: int, rounds: int =
     plan = bucket_plan(profile, bucket_bytes)
     sched = schedules.build("dp-bsp", plan, gpus * rounds, workers=gpus)
     res = simulate(sched, profile=profile, plan=plan, topology=topology)
-    return dict(iteration_ms=gpus * float(res.metrics["time_per_minibatch_ms"]), compute_ms=float(profile.total_ms),
-                comm_share=float(np.mean(res.metrics["comm_wait_share"])), buckets=plan.num_stages, label=res.label)
+    return dict(
+        iteration_ms=gpus * float(res.metrics["time_per_minibatch_ms"]),
+        compute_ms=float(profile.total_ms),
+        comm_share=float(np.mean(res.metrics["comm_wait_share"])),
+        buckets=plan.num_stages,
+        label=res.label,
+    )
 
 
 def figure1_table(profs: dict, servers, gpu_counts) -> pd.DataFrame:
@@ -208,10 +234,20 @@ def figure1_table(profs: dict, servers, gpu_counts) -> pd.DataFrame:
                 topo = server_topology(server, g)
                 r = dp_comm_share(prof, topo, g)
                 r.pop("label")
-                rows.append(dict(model=name, source=source, server=server, gpu=gpu, gpus=g,
-                                 servers_used=math.ceil(g / per), gpus_per_server=per, **r,
-                                 label=f"modeled (profile: {_profile_text(prof, source)}; topology "
-                                       f"{server} x{topo.counts[1]}: {topo.describe()})"))
+                rows.append(
+                    dict(
+                        model=name,
+                        source=source,
+                        server=server,
+                        gpu=gpu,
+                        gpus=g,
+                        servers_used=math.ceil(g / per),
+                        gpus_per_server=per,
+                        **r,
+                        label=f"modeled (profile: {_profile_text(prof, source)}; topology "
+                        f"{server} x{topo.counts[1]}: {topo.describe()})",
+                    )
+                )
     return pd.DataFrame(rows)
 
 
@@ -249,9 +285,14 @@ def config_table(profile: Profile, topology: Topology, minibatches: int = 16) ->
     rows = []
     for name, (plan, sched) in runs.items():
         res = simulate(sched, profile=profile, plan=plan, topology=topology)
-        rows.append(dict(config=name, ms_per_minibatch=res.makespan / minibatches,
-                         bytes_per_sample=_sent_per_sample(res, W, minibatches, batch),
-                         stages=" | ".join(f"layers {s.first}-{s.last} x{s.replicas}" for s in plan.stages)))
+        rows.append(
+            dict(
+                config=name,
+                ms_per_minibatch=res.makespan / minibatches,
+                bytes_per_sample=_sent_per_sample(res, W, minibatches, batch),
+                stages=" | ".join(f"layers {s.first}-{s.last} x{s.replicas}" for s in plan.stages),
+            )
+        )
     df = pd.DataFrame(rows)
     df["reduction_vs_dp"] = 1.0 - df["bytes_per_sample"] / df["bytes_per_sample"].iloc[0]
     return df
@@ -271,8 +312,9 @@ def pick_configs(configs: pd.DataFrame, workers: int, front_last: int) -> dict[s
     return out
 
 
-def bytes_table(profs: dict, server: str = "4xV100-pcie-10g", gpus: int = 4,
-                names=("vgg16", "awd-lstm")) -> tuple[pd.DataFrame, pd.DataFrame]:
+def bytes_table(
+    profs: dict, server: str = "4xV100-pcie-10g", gpus: int = 4, names=("vgg16", "awd-lstm")
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(all configurations, the picked ones: :func:`pick_configs`) for each model on ``gpus`` GPUs
     of one ``server``; the hybrid's split is the first stage of ``partition`` on 4 such servers."""
     topo = server_topology(server, gpus)
@@ -284,11 +326,20 @@ def bytes_table(profs: dict, server: str = "4xV100-pcie-10g", gpus: int = 4,
         front_last = partition(prof, server_topology(server, 4 * topo.counts[0])).stages[0].last
         label = f"modeled (profile: {_profile_text(prof, 'projected')}; topology {server} x1: {topo.describe()})"
         for kind, row in pick_configs(cfg, gpus, front_last).items():
-            picked.append(dict(model=n, pick=kind, config=row["config"], stages=row["stages"],
-                               ms_per_minibatch=row["ms_per_minibatch"], bytes_per_sample=row["bytes_per_sample"],
-                               dp_bytes_per_sample=cfg["bytes_per_sample"].iloc[0],
-                               dp_ms_per_minibatch=cfg["ms_per_minibatch"].iloc[0],
-                               reduction=row["reduction_vs_dp"], label=label))
+            picked.append(
+                dict(
+                    model=n,
+                    pick=kind,
+                    config=row["config"],
+                    stages=row["stages"],
+                    ms_per_minibatch=row["ms_per_minibatch"],
+                    bytes_per_sample=row["bytes_per_sample"],
+                    dp_bytes_per_sample=cfg["bytes_per_sample"].iloc[0],
+                    dp_ms_per_minibatch=cfg["ms_per_minibatch"].iloc[0],
+                    reduction=row["reduction_vs_dp"],
+                    label=label,
+                )
+            )
     return pd.concat(every, ignore_index=True), pd.DataFrame(picked)
 
 
@@ -302,8 +353,15 @@ def _step_ms(out: Path) -> float:
     return float((span["end"] - span["start"]).median())
 
 
-def measured_share(model: str, workers: int = 2, steps: int = 12, batch_per_rank: int = 32, seed: int = 0,
-                   repeats: int = 1, timeout_s: float = 120.0) -> dict:
+def measured_share(
+    model: str,
+    workers: int = 2,
+    steps: int = 12,
+    batch_per_rank: int = 32,
+    seed: int = 0,
+    repeats: int = 1,
+    timeout_s: float = 120.0,
+) -> dict:
     """Train the zoo's mini ``model`` with ``dp-bsp`` for real on 1 rank and on ``workers`` gloo
     CPU ranks (same per-rank minibatch, 1 thread per rank), alternating ``repeats`` times, and
     return ``comm_share = 1 − T_1 / T_N`` with ``T_n`` the smallest median step time of the n-rank
@@ -315,16 +373,37 @@ def measured_share(model: str, workers: int = 2, steps: int = 12, batch_per_rank
     for _ in range(repeats):
         for n in (1, workers):
             with tempfile.TemporaryDirectory() as tmp:
-                train(model, "dp-bsp", workers=n, microbatches=n, steps=steps, batch_size=batch_per_rank * n,
-                      seed=seed, out=tmp, evaluate=False, progress=False, threads=1, timeout_s=timeout_s,
-                      schedule_options={"workers": n})
+                train(
+                    model,
+                    "dp-bsp",
+                    workers=n,
+                    microbatches=n,
+                    steps=steps,
+                    batch_size=batch_per_rank * n,
+                    seed=seed,
+                    out=tmp,
+                    evaluate=False,
+                    progress=False,
+                    threads=1,
+                    timeout_s=timeout_s,
+                    schedule_options={"workers": n},
+                )
                 times[n].append(_step_ms(Path(tmp)))
     t1, tn = min(times[1]), min(times[workers])
-    return dict(model=model, size="mini", ranks=workers, batch_per_rank=batch_per_rank, steps=steps,
-                repeats=repeats, step_ms_1=t1, step_ms_n=tn, comm_share=1.0 - t1 / tn,
-                label=f"measured (this machine: {workers} CPU gloo ranks vs 1, 1 thread each, DDP dp-bsp, "
-                      f"best of {repeats} median(s) of {steps - 1} steps; 1-min load {load:.1f} on "
-                      f"{os.cpu_count()} cores)")
+    return dict(
+        model=model,
+        size="mini",
+        ranks=workers,
+        batch_per_rank=batch_per_rank,
+        steps=steps,
+        repeats=repeats,
+        step_ms_1=t1,
+        step_ms_n=tn,
+        comm_share=1.0 - t1 / tn,
+        label=f"measured (this machine: {workers} CPU gloo ranks vs 1, 1 thread each, DDP dp-bsp, "
+        f"best of {repeats} median(s) of {steps - 1} steps; 1-min load {load:.1f} on "
+        f"{os.cpu_count()} cores)",
+    )
 
 
 def measured_table(names, workers: int = 2, steps: int = 12, repeats: int = 1) -> pd.DataFrame:
@@ -340,19 +419,32 @@ def figure1(fig1: pd.DataFrame):
     from plotly.subplots import make_subplots
 
     servers = [s for s in SERVERS if s in set(fig1.server)]
-    fig = make_subplots(rows=1, cols=len(servers), shared_yaxes=True,
-                        subplot_titles=[SERVER_LABELS[s] for s in servers])
+    fig = make_subplots(
+        rows=1, cols=len(servers), shared_yaxes=True, subplot_titles=[SERVER_LABELS[s] for s in servers]
+    )
     colors = {m: qualitative.Plotly[i % 10] for i, m in enumerate(MODELS)}
     for col, server in enumerate(servers, start=1):
         for (model, source), g in fig1[fig1.server == server].groupby(["model", "source"], sort=False):
-            fig.add_trace(go.Scatter(x=g.gpus, y=100 * g.comm_share, mode="lines+markers",
-                                     name=f"{model} ({source})", legendgroup=f"{model}{source}", showlegend=col == 1,
-                                     line=dict(color=colors[model], dash="dash" if source == "pipedream" else "solid")),
-                          row=1, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=g.gpus,
+                    y=100 * g.comm_share,
+                    mode="lines+markers",
+                    name=f"{model} ({source})",
+                    legendgroup=f"{model}{source}",
+                    showlegend=col == 1,
+                    line=dict(color=colors[model], dash="dash" if source == "pipedream" else "solid"),
+                ),
+                row=1,
+                col=col,
+            )
         fig.update_xaxes(type="log", title_text="GPUs", tickvals=sorted(set(fig1.gpus)), row=1, col=col)
     fig.update_yaxes(title_text="% of DP iteration stalled on communication (modeled)", row=1, col=1)
-    fig.update_layout(title="PipeDream Fig. 1 reproduced: data-parallel communication overhead, weak scaling "
-                            "(modeled: simulator, ring all-reduce of DDP buckets)", height=450)
+    fig.update_layout(
+        title="PipeDream Fig. 1 reproduced: data-parallel communication overhead, weak scaling "
+        "(modeled: simulator, ring all-reduce of DDP buckets)",
+        height=450,
+    )
     return fig
 
 
@@ -360,11 +452,23 @@ def bytes_figure(configs: pd.DataFrame):
     """Time per minibatch vs bytes per sample of every configuration (DP highlighted), per model."""
     import plotly.express as px
 
-    df = configs.assign(kind=np.where(configs["config"] == "data-parallel", "data parallel",
-                                      np.where(configs["config"] == "straight", "straight pipeline", "2-stage hybrid")))
-    fig = px.scatter(df, x="bytes_per_sample", y="ms_per_minibatch", color="kind", facet_col="model",
-                     hover_data=["config", "stages"], log_x=True,
-                     title="Bytes sent per sample and worker vs time per minibatch (modeled, 4 V100, one server)")
+    df = configs.assign(
+        kind=np.where(
+            configs["config"] == "data-parallel",
+            "data parallel",
+            np.where(configs["config"] == "straight", "straight pipeline", "2-stage hybrid"),
+        )
+    )
+    fig = px.scatter(
+        df,
+        x="bytes_per_sample",
+        y="ms_per_minibatch",
+        color="kind",
+        facet_col="model",
+        hover_data=["config", "stages"],
+        log_x=True,
+        title="Bytes sent per sample and worker vs time per minibatch (modeled, 4 V100, one server)",
+    )
     fig.update_xaxes(matches=None)
     fig.update_yaxes(matches=None)
     return fig
@@ -387,32 +491,51 @@ def observations(fig1: pd.DataFrame, source: str = "projected") -> pd.DataFrame:
         at = g[g.gpus == gmax].set_index("model")["comm_share"]
         heavy = at[[m for m in HEAVY if m in at.index]]
         if "resnet50" in at.index and len(heavy):
-            rows.append(dict(observation="1: FC/recurrent models high, ResNet-50 low", server=server,
-                             value=f"median {100 * heavy.median():.1f}% vs {100 * at['resnet50']:.1f}% at {gmax} GPUs",
-                             holds=bool(heavy.median() > 5 * at["resnet50"])))
+            rows.append(
+                dict(
+                    observation="1: FC/recurrent models high, ResNet-50 low",
+                    server=server,
+                    value=f"median {100 * heavy.median():.1f}% vs {100 * at['resnet50']:.1f}% at {gmax} GPUs",
+                    holds=bool(heavy.median() > 5 * at["resnet50"]),
+                )
+            )
         per = int(g.gpus_per_server.iloc[0])
         s = g.pivot_table(index="gpus", columns="model", values="comm_share")
         if {per // 2, per, 2 * per} <= set(s.index):
             jump, before = s.loc[2 * per] - s.loc[per], s.loc[per] - s.loc[per // 2]
-            rows.append(dict(observation="2: jump when spanning servers", server=server,
-                             value=f"{per}->{2 * per} GPUs: +{100 * jump.min():.1f}..{100 * jump.max():.1f} pts; "
-                                   f"{per // 2}->{per}: +{100 * before.min():.1f}..{100 * before.max():.1f}",
-                             holds=bool((jump >= before - 1e-12).all() and (jump > before + 0.2).sum() >= 2)))
+            rows.append(
+                dict(
+                    observation="2: jump when spanning servers",
+                    server=server,
+                    value=f"{per}->{2 * per} GPUs: +{100 * jump.min():.1f}..{100 * jump.max():.1f} pts; "
+                    f"{per // 2}->{per}: +{100 * before.min():.1f}..{100 * before.max():.1f}",
+                    holds=bool((jump >= before - 1e-12).all() and (jump > before + 0.2).sum() >= 2),
+                )
+            )
         lo = min(x for x in s.index if x > 1) if (s.index > 1).any() else None
         if lo is not None and lo < gmax:
             grow = s.loc[gmax] - s.loc[lo]
-            rows.append(dict(observation="3: grows with GPUs", server=server,
-                             value=f"{lo}->{gmax} GPUs: +{100 * grow.min():.2f}..{100 * grow.max():.1f} pts",
-                             holds=bool((grow > 0.01).sum() >= 2 and (s.diff().iloc[1:] >= -1e-9).all().all())))
+            rows.append(
+                dict(
+                    observation="3: grows with GPUs",
+                    server=server,
+                    value=f"{lo}->{gmax} GPUs: +{100 * grow.min():.2f}..{100 * grow.max():.1f} pts",
+                    holds=bool((grow > 0.01).sum() >= 2 and (s.diff().iloc[1:] >= -1e-9).all().all()),
+                )
+            )
     v100, ti = f[f.server == "8xV100-nvlink-25g"], f[f.server == "8x1080Ti-pcie-25g"]
     if len(v100) and len(ti):
         both = v100.merge(ti, on=["model", "gpus"], suffixes=("_v100", "_1080ti"))
         both = both[both.gpus > 8]
         diff = both.comm_share_v100 - both.comm_share_1080ti
-        rows.append(dict(observation="4: higher on V100 than 1080Ti (same 25 Gbps between servers)",
-                         server="8xV100-nvlink-25g vs 8x1080Ti-pcie-25g",
-                         value=f"V100 - 1080Ti at >8 GPUs: +{100 * diff.min():.2f}..{100 * diff.max():.1f} pts",
-                         holds=bool(len(diff) and (diff >= 0).all() and (diff > 0).any())))
+        rows.append(
+            dict(
+                observation="4: higher on V100 than 1080Ti (same 25 Gbps between servers)",
+                server="8xV100-nvlink-25g vs 8x1080Ti-pcie-25g",
+                value=f"V100 - 1080Ti at >8 GPUs: +{100 * diff.min():.2f}..{100 * diff.max():.1f} pts",
+                holds=bool(len(diff) and (diff >= 0).all() and (diff > 0).any()),
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -423,11 +546,11 @@ def share_at(fig1: pd.DataFrame, model: str, server: str, gpus: int, source: str
 
 _BYTES_NOTE = {
     "fastest": "Our fastest non-DP config may still replicate big layers (more all-reduce) because the "
-               "modeled all-reduce is cheap on 12 GB/s PCIe.",
+    "modeled all-reduce is cheap on 12 GB/s PCIe.",
     "straight": "A straight pipeline sends every cut's activations and gradients (for VGG-16 the large early "
-                "conv activations: more than DP).",
+    "conv activations: more than DP).",
     "3-1": "Front = the first stage of our partitioner's plan for Cluster-A (4 servers x 4 V100), "
-           "i.e. the layers PipeDream replicates.",
+    "i.e. the layers PipeDream replicates.",
 }
 #: which picked configuration is PipeDream's own for each model (Table 1 shapes)
 PAPER_CONFIG = {"vgg16": "3-1", "awd-lstm": "straight"}
@@ -442,33 +565,64 @@ def claims(fig1: pd.DataFrame, bytes_df: pd.DataFrame, measured: pd.DataFrame | 
     top = fig1[(fig1.gpus == gmax) & (fig1.source == "projected")]
     if len(top):
         worst = top.loc[top["comm_share"].idxmax()]
-        rows.append(claim(exp, f"highest DP comm. share at {gmax} GPUs (ours: {worst.model} on {worst.server})",
-                          90.0, 100 * worst.comm_share, "%", worst.label,
-                          "paper: overheads up to ~90% at 32 GPUs (read off Figure 1, approximate); ours: simulated "
-                          "ring all-reduce of 25 MiB DDP buckets at the links' full bandwidth, overlapped with the "
-                          "backward pass; real NCCL over TCP reaches less than line rate, so ours is lower"))
+        rows.append(
+            claim(
+                exp,
+                f"highest DP comm. share at {gmax} GPUs (ours: {worst.model} on {worst.server})",
+                90.0,
+                100 * worst.comm_share,
+                "%",
+                worst.label,
+                "paper: overheads up to ~90% at 32 GPUs (read off Figure 1, approximate); ours: simulated "
+                "ring all-reduce of 25 MiB DDP buckets at the links' full bandwidth, overlapped with the "
+                "backward pass; real NCCL over TCP reaches less than line rate, so ours is lower",
+            )
+        )
     vgg = ("vgg16", "8xV100-nvlink-25g", gmax, "projected")
     if vgg in lab.index:
-        rows.append(claim(exp, f"vgg16 DP comm. share on {gmax} V100 (NVLink, 25 Gbps)", math.nan,
-                          100 * share_at(fig1, *vgg[:3]), "%", lab[vgg],
-                          "the paper counts VGG-16 among the high-overhead models; in our model its 553 MB "
-                          "all-reduce (mostly the FC layers, reduced first) hides behind the "
-                          f"{fig1.set_index(['model', 'server', 'gpus', 'source']).loc[vgg, 'compute_ms']:.0f} ms "
-                          "compute of its 128-image minibatch even at 25 Gbps; on 10 Gbps (Cluster-A) it is "
-                          f"{100 * share_at(fig1, 'vgg16', '4xV100-pcie-10g', gmax):.0f}%"))
+        rows.append(
+            claim(
+                exp,
+                f"vgg16 DP comm. share on {gmax} V100 (NVLink, 25 Gbps)",
+                math.nan,
+                100 * share_at(fig1, *vgg[:3]),
+                "%",
+                lab[vgg],
+                "the paper counts VGG-16 among the high-overhead models; in our model its 553 MB "
+                "all-reduce (mostly the FC layers, reduced first) hides behind the "
+                f"{fig1.set_index(['model', 'server', 'gpus', 'source']).loc[vgg, 'compute_ms']:.0f} ms "
+                "compute of its 128-image minibatch even at 25 Gbps; on 10 Gbps (Cluster-A) it is "
+                f"{100 * share_at(fig1, 'vgg16', '4xV100-pcie-10g', gmax):.0f}%",
+            )
+        )
     exp2 = "PipeDream Fig. 17 (bytes per sample, 4 GPUs Cluster-A)"
     for r in bytes_df.itertuples():
         if r.pick not in ("fastest", PAPER_CONFIG.get(r.model)):
             continue
-        rows.append(claim(exp2, f"{r.model}: bytes/sample saved vs DP, {r.pick} non-DP config", 85.0,
-                          100 * r.reduction, "%", r.label,
-                          "paper: 'more than 85%' less (a lower bound) for its best non-DP config; ours: "
-                          f"simulated bytes of {r.config} ({r.stages}) vs DP's ring all-reduce. "
-                          + _BYTES_NOTE.get(r.pick, "")))
+        rows.append(
+            claim(
+                exp2,
+                f"{r.model}: bytes/sample saved vs DP, {r.pick} non-DP config",
+                85.0,
+                100 * r.reduction,
+                "%",
+                r.label,
+                "paper: 'more than 85%' less (a lower bound) for its best non-DP config; ours: "
+                f"simulated bytes of {r.config} ({r.stages}) vs DP's ring all-reduce. " + _BYTES_NOTE.get(r.pick, ""),
+            )
+        )
     if measured is not None:
         for r in measured.itertuples():
-            rows.append(claim("PipeDream Fig. 1, measured here", f"{r.model} (mini) DP comm. share, "
-                              f"{r.ranks} CPU ranks", math.nan, 100 * r.comm_share, "%", r.label,
-                              "no paper counterpart (tiny CPU models on one host, shared 2-core machine); "
-                              "shows the measurement path, not the GPU numbers"))
+            rows.append(
+                claim(
+                    "PipeDream Fig. 1, measured here",
+                    f"{r.model} (mini) DP comm. share, {r.ranks} CPU ranks",
+                    math.nan,
+                    100 * r.comm_share,
+                    "%",
+                    r.label,
+                    "no paper counterpart (tiny CPU models on one host, shared 2-core machine); "
+                    "shows the measurement path, not the GPU numbers",
+                )
+            )
     return rows

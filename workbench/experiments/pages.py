@@ -1,4 +1,5 @@
 """Output helpers of notebooks 03 and 04: several figures in one standalone page, and slim run folders."""
+
 from __future__ import annotations
 
 import html
@@ -11,8 +12,10 @@ def save_page(figs: dict, path, title: str) -> Path:
     one file of a few MB instead of one per figure)."""
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs.values())]
     path = Path(path)
-    path.write_text(f"<html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>"
-                    f"<h2>{html.escape(title)}</h2>" + "".join(parts) + "</body></html>")
+    path.write_text(
+        f"<html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>"
+        f"<h2>{html.escape(title)}</h2>" + "".join(parts) + "</body></html>"
+    )
     return path
 
 

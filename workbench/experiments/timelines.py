@@ -31,6 +31,7 @@ For each schedule name the package exposes (:func:`schedule_names`):
   papers' rate (columns ``span_bubble_*``) is ``max_w (1 - work_w / span_w)`` with ``span_w`` from
   worker w's first compute op to its last (:func:`span_bubble_fraction`).
 """
+
 from __future__ import annotations
 
 import math
@@ -41,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from .. import schedules
+from ..simulate import simulate
 from .common import check_config, claim, out_folder, save_figure, save_table, write_claims
 from .pages import save_page, slim_runs
 
@@ -83,8 +85,10 @@ class Config:
 
     def __post_init__(self):
         if self.workers < 2 or self.microbatches < 1 or self.steps < 2:
-            raise ValueError(f"need workers >= 2, microbatches >= 1 and steps >= 2; got {self.workers}, "
-                             f"{self.microbatches}, {self.steps}")
+            raise ValueError(
+                f"need workers >= 2, microbatches >= 1 and steps >= 2; got {self.workers}, "
+                f"{self.microbatches}, {self.steps}"
+            )
         self.names()
 
 
@@ -131,10 +135,22 @@ def span_bubble_fraction(timeline: pd.DataFrame) -> float:
 def _prepare(cfg: Config, name: str, out: Path):
     from ..runtime import prepare
 
-    return prepare(cfg.model, name, workers=cfg.workers, microbatches=cfg.microbatches, steps=cfg.steps,
-                   batch_size=cfg.batch_size, seed=cfg.seed, out=out, progress=False, allow_oversubscribe=True,
-                   timeout_s=cfg.timeout_s, evaluate=False, schedule_options=dict(cfg.schedule_options.get(name, {})),
-                   **cfg.model_options)
+    return prepare(
+        cfg.model,
+        name,
+        workers=cfg.workers,
+        microbatches=cfg.microbatches,
+        steps=cfg.steps,
+        batch_size=cfg.batch_size,
+        seed=cfg.seed,
+        out=out,
+        progress=False,
+        allow_oversubscribe=True,
+        timeout_s=cfg.timeout_s,
+        evaluate=False,
+        schedule_options=dict(cfg.schedule_options.get(name, {})),
+        **cfg.model_options,
+    )
 
 
 def measured_runs(cfg: Config, out_dir) -> tuple[dict, pd.DataFrame]:
@@ -153,7 +169,7 @@ def measured_runs(cfg: Config, out_dir) -> tuple[dict, pd.DataFrame]:
         summaries = dict(zip(jobs, run_jobs(list(jobs.values())))) if jobs else {}
     except RuntimeError:  # one schedule failed at run time: run them one by one and report the failures
         summaries = {}
-        for name, job in jobs.items():
+        for name, _job in jobs.items():
             try:
                 summaries[name] = run_job(_prepare(cfg, name, Path(out_dir) / "runs" / f"{name}-alone"))
             except (RuntimeError, ValueError) as e:
@@ -187,38 +203,51 @@ def stage_costs(job, cache: dict):
 
     key = tuple(map(tuple, job.bounds))
     if key not in cache:
-        cache[key] = stage_profile(job.model_fn(), list(key), job.batch_size // job.schedule.microbatches,
-                                   threads=job.threads, iterations=5, warmup=2)
+        cache[key] = stage_profile(
+            job.model_fn(),
+            list(key),
+            job.batch_size // job.schedule.microbatches,
+            threads=job.threads,
+            iterations=5,
+            warmup=2,
+        )
     return cache[key]
 
 
 def modeled(job, stages, rounds: int):
     """Simulate ``rounds`` back-to-back rounds of the job's schedule with the measured stage costs
     (microbatch_fraction 1: the costs are at the microbatch size; communication free)."""
-    import workbench as wb
+
     from ..calibrate import repeat_rounds
     from ..plan import Plan
 
     sched = job.schedule
     plan = Plan.from_boundaries(list(range(sched.num_stages)), [len(ws) for ws in sched.stage_workers])
-    return wb.simulate(repeat_rounds(sched, rounds), profile=stages.as_profile("stage"), plan=plan,
-                       step_ms=list(stages.step_ms), step_copy_ms=list(stages.step_copy_ms) or None,
-                       microbatch_fraction=1.0)
+    return simulate(
+        repeat_rounds(sched, rounds),
+        profile=stages.as_profile("stage"),
+        plan=plan,
+        step_ms=list(stages.step_ms),
+        step_copy_ms=list(stages.step_copy_ms) or None,
+        microbatch_fraction=1.0,
+    )
 
 
 # ---- the table: closed form, unit, modeled, measured ----------------------------------------------
-_GAP = ("measured exceeds modeled by what the simulation leaves out: per-op Python/dispatch overhead, gloo "
-        "message latency, {w} ranks sharing 2 loaded CPU cores (compute slows and jitters); the modeled column "
-        "uses stage costs timed alone here and free communication")
+_GAP = (
+    "measured exceeds modeled by what the simulation leaves out: per-op Python/dispatch overhead, gloo "
+    "message latency, {w} ranks sharing 2 loaded CPU cores (compute slows and jitters); the modeled column "
+    "uses stage costs timed alone here and free communication"
+)
 
 
 def compare(name: str, job, summary: dict, sim, cfg: Config) -> dict:
     """One row: the bubbles (closed form, unit-cost simulation, modeled, measured), the round time
     (modeled, measured), and peak stashed microbatches / weight versions (modeled, measured max over ranks)."""
-    import workbench as wb
+
     from ..calibrate import measured_step_ms
 
-    unit = wb.simulate(job.schedule, fwd=1.0, bwd=2.0)
+    unit = simulate(job.schedule, fwd=1.0, bwd=2.0)
     unit_b = float(np.mean(unit.metrics["bubble_fraction"]))
     cf, formula = closed_form_bubble(job.schedule)
     tl = measured_timeline(summary)
@@ -226,15 +255,26 @@ def compare(name: str, job, summary: dict, sim, cfg: Config) -> dict:
     m = sim.metrics
     meas_round = measured_step_ms(tl, skip=1)
     mod_round = _round_spacing_modeled(sim, job.schedule.microbatches)
-    return dict(schedule=name, workers=job.schedule.num_workers, stages=job.schedule.num_stages,
-                microbatches=job.schedule.microbatches, closed_form=cf, formula=formula,
-                bubble_unit_sim=unit_b,
-                bubble_modeled=bubble_fraction(sim.timeline), bubble_measured=bubble_fraction(tl),
-                span_bubble_modeled=span_bubble_fraction(sim.timeline), span_bubble_measured=span_bubble_fraction(tl),
-                round_ms_modeled=mod_round, round_ms_measured=meas_round,
-                peak_stash_modeled=int(max(m["peak_activations"])), peak_stash_measured=acts,
-                weight_versions_modeled=int(max(m["weight_versions"])), weight_versions_measured=vers,
-                explanation=_explain(cf, unit_b, bubble_fraction(sim.timeline), bubble_fraction(tl), cfg))
+    return dict(
+        schedule=name,
+        workers=job.schedule.num_workers,
+        stages=job.schedule.num_stages,
+        microbatches=job.schedule.microbatches,
+        closed_form=cf,
+        formula=formula,
+        bubble_unit_sim=unit_b,
+        bubble_modeled=bubble_fraction(sim.timeline),
+        bubble_measured=bubble_fraction(tl),
+        span_bubble_modeled=span_bubble_fraction(sim.timeline),
+        span_bubble_measured=span_bubble_fraction(tl),
+        round_ms_modeled=mod_round,
+        round_ms_measured=meas_round,
+        peak_stash_modeled=int(max(m["peak_activations"])),
+        peak_stash_measured=acts,
+        weight_versions_modeled=int(max(m["weight_versions"])),
+        weight_versions_measured=vers,
+        explanation=_explain(cf, unit_b, bubble_fraction(sim.timeline), bubble_fraction(tl), cfg),
+    )
 
 
 def _round_spacing_modeled(sim, microbatches: int) -> float:
@@ -249,13 +289,24 @@ def _explain(cf: float, unit_b: float, modeled_b: float, measured_b: float, cfg:
     """Why the four bubbles of a row differ (computed from the row's numbers)."""
     parts = []
     if math.isfinite(cf):
-        parts.append("unit-cost simulation equals the closed form" if abs(unit_b - cf) < 1e-9 else
-                     f"unit-cost simulation differs from the closed form by {unit_b - cf:+.3g}")
-        parts.append(f"modeled {modeled_b - cf:+.3f} vs the closed form: measured stage costs are unequal "
-                     "(F:B is not 1:2, stages differ, STEP takes time) and rounds repeat back to back")
-    parts.append(f"measured {measured_b - modeled_b:+.3f} vs modeled: " + (_GAP.format(w=cfg.workers) if measured_b > modeled_b else
-                 "ranks overlapped work the model serialises, or the stage costs timed alone overestimate "
-                 "compute under this load"))
+        parts.append(
+            "unit-cost simulation equals the closed form"
+            if abs(unit_b - cf) < 1e-9
+            else f"unit-cost simulation differs from the closed form by {unit_b - cf:+.3g}"
+        )
+        parts.append(
+            f"modeled {modeled_b - cf:+.3f} vs the closed form: measured stage costs are unequal "
+            "(F:B is not 1:2, stages differ, STEP takes time) and rounds repeat back to back"
+        )
+    parts.append(
+        f"measured {measured_b - modeled_b:+.3f} vs modeled: "
+        + (
+            _GAP.format(w=cfg.workers)
+            if measured_b > modeled_b
+            else "ranks overlapped work the model serialises, or the stage costs timed alone overestimate "
+            "compute under this load"
+        )
+    )
     return "; ".join(parts)
 
 
@@ -263,9 +314,13 @@ def timeline_pair(name: str, sim, summary: dict, cfg: Config):
     """Modeled and measured timelines of one schedule, stacked on one time axis (ms)."""
     from ..plot import compare_figure
 
-    return compare_figure({f"modeled (stage costs measured here, comm free)": sim.timeline,
-                           f"measured ({cfg.workers} CPU gloo ranks, {cfg.model})": measured_timeline(summary)},
-                          title=f"{name}: {cfg.steps} rounds of {cfg.microbatches} microbatches (ms)")
+    return compare_figure(
+        {
+            "modeled (stage costs measured here, comm free)": sim.timeline,
+            f"measured ({cfg.workers} CPU gloo ranks, {cfg.model})": measured_timeline(summary),
+        },
+        title=f"{name}: {cfg.steps} rounds of {cfg.microbatches} microbatches (ms)",
+    )
 
 
 def panels_figure(table: pd.DataFrame):
@@ -274,17 +329,27 @@ def panels_figure(table: pd.DataFrame):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=("bubble fraction", "peak stashed microbatches per worker",
-                                        "peak weight versions per stage"))
+    fig = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.06,
+        subplot_titles=("bubble fraction", "peak stashed microbatches per worker", "peak weight versions per stage"),
+    )
     x = table["schedule"]
-    for col, name in (("closed_form", "closed form (unit costs)"), ("bubble_modeled", "modeled"),
-                      ("bubble_measured", "measured")):
+    for col, name in (
+        ("closed_form", "closed form (unit costs)"),
+        ("bubble_modeled", "modeled"),
+        ("bubble_measured", "measured"),
+    ):
         fig.add_trace(go.Bar(x=x, y=table[col], name=name, legendgroup=name), row=1, col=1)
     for row, base in ((2, "peak_stash"), (3, "weight_versions")):
         for suffix in ("modeled", "measured"):
-            fig.add_trace(go.Bar(x=x, y=table[f"{base}_{suffix}"], name=suffix, legendgroup=suffix, showlegend=False),
-                          row=row, col=1)
+            fig.add_trace(
+                go.Bar(x=x, y=table[f"{base}_{suffix}"], name=suffix, legendgroup=suffix, showlegend=False),
+                row=row,
+                col=1,
+            )
     fig.update_layout(barmode="group", height=800, title="Bubble, memory and weight versions per schedule")
     return fig
 
@@ -295,8 +360,17 @@ def bubble_claims(table: pd.DataFrame, cfg: Config) -> list[dict]:
     rows = []
     for r in table.itertuples():
         if math.isfinite(r.closed_form) and r.closed_form > 0:
-            rows.append(claim(EXPERIMENT, f"{r.schedule} bubble fraction = {r.formula}", r.closed_form,
-                              r.bubble_measured, "fraction", lab, r.explanation))
+            rows.append(
+                claim(
+                    EXPERIMENT,
+                    f"{r.schedule} bubble fraction = {r.formula}",
+                    r.closed_form,
+                    r.bubble_measured,
+                    "fraction",
+                    lab,
+                    r.explanation,
+                )
+            )
     return rows
 
 

@@ -22,6 +22,7 @@ document's ``sum 1[w(s-1, b) != w]``); weight xmit, weight storage = the simulat
 The throughput per worker ``ρ = S B / (L W)`` obeys ``ρ ≤ M / S`` with ``M`` the peak activation
 storage (the document's memory-time theorem: a batch needs ``S²`` memory-time, so ``L W M ≥ B S²``).
 """
+
 from __future__ import annotations
 
 import math
@@ -72,16 +73,25 @@ def forward_activation_receives(sched) -> list[int]:
 def simulated_row(name: str, S: int, B: int, G: int = 1, R: int = 1) -> dict:
     """Our value of every table column for one configuration (module docstring), plus ρ."""
     W, R = shape(name, S, B, G, R)
-    looped: dict[str, Any] = {"group_size": R} if any(o.name == "group_size" for o in schedules.spec(name).options) else {}
+    looped: dict[str, Any] = (
+        {"group_size": R} if any(o.name == "group_size" for o in schedules.spec(name).options) else {}
+    )
     sched = schedules.build(name, S, B, workers=W, **looped)
     res = simulate(sched, fwd=UNIT, bwd=UNIT)
     stats = res.worker_stats
     L = res.makespan
     M = max(res.metrics["peak_activations"])
-    return dict(latency=L, act_xmit=max(forward_activation_receives(sched)),
-                weight_xmit=int(stats["weight_transfers"].max()), act_storage=M,
-                weight_storage=int(stats["weight_storage"].max()), W=W, rho=S * B / (L * W), bound=M / S,
-                rho_simulator=res.metrics["rho"])
+    return dict(
+        latency=L,
+        act_xmit=max(forward_activation_receives(sched)),
+        weight_xmit=int(stats["weight_transfers"].max()),
+        act_storage=M,
+        weight_storage=int(stats["weight_storage"].max()),
+        W=W,
+        rho=S * B / (L * W),
+        bound=M / S,
+        rho_simulator=res.metrics["rho"],
+    )
 
 
 def configurations(quick: bool) -> list[dict]:
@@ -120,9 +130,22 @@ def lpp_sweep(S: int, B: int) -> pd.DataFrame:
         for G in [g for g in range(1, B + 1) if B % g == 0]:
             ours = simulated_row("lpp", S, B, G, R)
             doc = closed_form("lpp", S, B, G, R)
-            rows.append(dict(S=S, B=B, G=G, R=R, W=G * R, latency=ours["latency"], latency_doc=doc["latency"],
-                             act_storage=ours["act_storage"], act_storage_doc=doc["act_storage"],
-                             rho=ours["rho"], bound=ours["bound"], work_bound=S * B / (G * R)))
+            rows.append(
+                dict(
+                    S=S,
+                    B=B,
+                    G=G,
+                    R=R,
+                    W=G * R,
+                    latency=ours["latency"],
+                    latency_doc=doc["latency"],
+                    act_storage=ours["act_storage"],
+                    act_storage_doc=doc["act_storage"],
+                    rho=ours["rho"],
+                    bound=ours["bound"],
+                    work_bound=S * B / (G * R),
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -130,8 +153,19 @@ def rule_configurations(quick: bool) -> list[dict]:
     """(scheme, S, B, W, R) of the greedy-rule comparison: LPP with R < S, where the two readings of
     the greedy rule differ (R = 1: equal latency, different memory). FSLPP has LPP's compute placement, so without communication cost it is
     ordered and timed identically (tests/test_master.py checks both against the reference)."""
-    shapes = [(4, 8, 4, 2), (8, 16, 2, 1)] if quick else [(4, 8, 4, 2), (6, 12, 8, 2), (8, 16, 4, 2), (8, 16, 8, 4),
-                                                         (8, 16, 2, 1), (16, 32, 16, 2), (16, 32, 16, 4)]
+    shapes = (
+        [(4, 8, 4, 2), (8, 16, 2, 1)]
+        if quick
+        else [
+            (4, 8, 4, 2),
+            (6, 12, 8, 2),
+            (8, 16, 4, 2),
+            (8, 16, 8, 4),
+            (8, 16, 2, 1),
+            (16, 32, 16, 2),
+            (16, 32, 16, 4),
+        ]
+    )
     return [dict(scheme="lpp", S=S, B=B, W=W, R=R) for S, B, W, R in shapes]
 
 
@@ -145,8 +179,9 @@ def rule_comparison(configs: list[dict], fwd: float = 1.0, bwd: float = 2.0) -> 
     for c in configs:
         row = dict(c)
         for rule in RULES:
-            sched = schedules.build(c["scheme"], c["S"], c["B"], workers=c["W"], group_size=c["R"],
-                                    costs=(fwd, bwd), rule=rule)
+            sched = schedules.build(
+                c["scheme"], c["S"], c["B"], workers=c["W"], group_size=c["R"], costs=(fwd, bwd), rule=rule
+            )
             res = simulate(sched, fwd=fwd, bwd=bwd)
             tl = res.timeline
             row[f"latency_{rule}"] = float(tl.loc[tl["kind"].isin(["F", "B"]), "end"].max())
@@ -176,15 +211,32 @@ def rho_figure(tab: pd.DataFrame, sweep: pd.DataFrame):
     fig = go.Figure()
     top = max(tab["bound"].max(), sweep["bound"].max(), 1.0)
     fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="bound ρ = M/S", line=dict(dash="dash")))
-    fig.add_trace(go.Scatter(x=sweep["bound"], y=sweep["rho"], mode="markers", name="LPP sweep (G, R)",
-                             marker=dict(color="lightgray", size=9),
-                             text=[f"G={g}, R={r}" for g, r in zip(sweep.G, sweep.R)]))
+    fig.add_trace(
+        go.Scatter(
+            x=sweep["bound"],
+            y=sweep["rho"],
+            mode="markers",
+            name="LPP sweep (G, R)",
+            marker=dict(color="lightgray", size=9),
+            text=[f"G={g}, R={r}" for g, r in zip(sweep.G, sweep.R)],
+        )
+    )
     for name, g in tab.groupby("scheme", sort=False):
-        fig.add_trace(go.Scatter(x=g["bound"], y=g["rho"], mode="markers", name=name.upper(), marker=dict(size=12),
-                                 text=[f"S={r.S}, B={r.B}, G={r.G}, R={r.R}, W={r.W}" for r in g.itertuples()]))
-    fig.update_layout(title="Throughput per worker ρ = SB/(LW) vs peak activations M/S (modeled: simulator, unit costs)",
-                      xaxis_title="M / S (peak activation storage per worker / stages)",
-                      yaxis_title="ρ (jobs per worker per unit time)")
+        fig.add_trace(
+            go.Scatter(
+                x=g["bound"],
+                y=g["rho"],
+                mode="markers",
+                name=name.upper(),
+                marker=dict(size=12),
+                text=[f"S={r.S}, B={r.B}, G={r.G}, R={r.R}, W={r.W}" for r in g.itertuples()],
+            )
+        )
+    fig.update_layout(
+        title="Throughput per worker ρ = SB/(LW) vs peak activations M/S (modeled: simulator, unit costs)",
+        xaxis_title="M / S (peak activation storage per worker / stages)",
+        yaxis_title="ρ (jobs per worker per unit time)",
+    )
     return fig
 
 
@@ -195,11 +247,23 @@ def sweep_figure(sweep: pd.DataFrame):
     fig = go.Figure()
     for R, g in sweep.groupby("R"):
         fig.add_trace(go.Scatter(x=g.G, y=g.latency, mode="lines+markers", name=f"R={R} simulated"))
-        fig.add_trace(go.Scatter(x=g.G, y=g.latency_doc, mode="lines", name=f"R={R}: S+B/G-1",
-                                 line=dict(dash="dot"), showlegend=bool(R == sweep.R.max())))
+        fig.add_trace(
+            go.Scatter(
+                x=g.G,
+                y=g.latency_doc,
+                mode="lines",
+                name=f"R={R}: S+B/G-1",
+                line=dict(dash="dot"),
+                showlegend=bool(R == sweep.R.max()),
+            )
+        )
     S, B = int(sweep.S.iloc[0]), int(sweep.B.iloc[0])
-    fig.update_layout(title=f"LPP latency over group count G and group size R (S={S}, B={B}; modeled, unit costs)",
-                      xaxis_title="groups G", yaxis_title="latency (units)", xaxis_type="log")
+    fig.update_layout(
+        title=f"LPP latency over group count G and group size R (S={S}, B={B}; modeled, unit costs)",
+        xaxis_title="groups G",
+        yaxis_title="latency (units)",
+        xaxis_type="log",
+    )
     return fig
 
 
@@ -210,17 +274,42 @@ def rule_figure(rules: pd.DataFrame):
 
     fig = go.Figure()
     text = [f"{r.scheme.upper()} S={r.S}, B={r.B}, W={r.W}, R={r.R}" for r in rules.itertuples()]
-    for rule, label in (("parallelsim", "parallelsim.py rule (earliest start)"),
-                        ("finish", "workbench default (earliest finish)")):
-        fig.add_trace(go.Scatter(x=rules[f"peak_{rule}"], y=rules[f"latency_{rule}"], mode="markers", name=label,
-                                 text=text, marker=dict(size=10)))
+    for rule, label in (
+        ("parallelsim", "parallelsim.py rule (earliest start)"),
+        ("finish", "workbench default (earliest finish)"),
+    ):
+        fig.add_trace(
+            go.Scatter(
+                x=rules[f"peak_{rule}"],
+                y=rules[f"latency_{rule}"],
+                mode="markers",
+                name=label,
+                text=text,
+                marker=dict(size=10),
+            )
+        )
     for r in rules.itertuples():
-        fig.add_annotation(x=r.peak_finish, y=r.latency_finish, ax=r.peak_parallelsim, ay=r.latency_parallelsim,
-                           xref="x", yref="y", axref="x", ayref="y", showarrow=True, arrowhead=2, opacity=0.4)
-    fig.update_layout(title="Two readings of the greedy rule: latency vs peak activations "
-                            "(modeled: simulator, forward 1, backward 2, no communication)",
-                      xaxis_title="peak activations (max over workers)", yaxis_title="latency (units)",
-                      xaxis_type="log", yaxis_type="log")
+        fig.add_annotation(
+            x=r.peak_finish,
+            y=r.latency_finish,
+            ax=r.peak_parallelsim,
+            ay=r.latency_parallelsim,
+            xref="x",
+            yref="y",
+            axref="x",
+            ayref="y",
+            showarrow=True,
+            arrowhead=2,
+            opacity=0.4,
+        )
+    fig.update_layout(
+        title="Two readings of the greedy rule: latency vs peak activations "
+        "(modeled: simulator, forward 1, backward 2, no communication)",
+        xaxis_title="peak activations (max over workers)",
+        yaxis_title="latency (units)",
+        xaxis_type="log",
+        yaxis_type="log",
+    )
     return fig
 
 
@@ -231,33 +320,52 @@ def claims(tab: pd.DataFrame) -> list[dict]:
     first = tab[(tab.S == tab.S.iloc[0]) & (tab.B == tab.B.iloc[0])]
     rows = []
     for r in first.itertuples():
-        label = (f"modeled (simulator, unit costs F = B = 1/2, no communication cost; S={r.S}, B={r.B}, "
-                 f"G={r.G}, R={r.R}, W={r.W})")
+        label = (
+            f"modeled (simulator, unit costs F = B = 1/2, no communication cost; S={r.S}, B={r.B}, "
+            f"G={r.G}, R={r.R}, W={r.W})"
+        )
         example = r.scheme == "lpp" and r.G == r.B // 2 and r.G != 2
-        for k in (("latency",) if example else COLUMNS):
+        for k in ("latency",) if example else COLUMNS:
             paper, ours = getattr(r, f"{k}_doc"), getattr(r, k)
             gap = "" if math.isclose(paper, ours) else _GAP.get((r.scheme, k), "differs; see unified_table.csv")
-            rows.append(claim(exp, f"{r.scheme.upper()} (G={r.G}, R={r.R}, W={r.W}) {k.replace('_', ' ')}",
-                              paper, ours, "units", label, gap))
+            rows.append(
+                claim(
+                    exp,
+                    f"{r.scheme.upper()} (G={r.G}, R={r.R}, W={r.W}) {k.replace('_', ' ')}",
+                    paper,
+                    ours,
+                    "units",
+                    label,
+                    gap,
+                )
+            )
         if example:
-            rows.append(claim(exp, f"LPP (G=B/2={r.G}, R=S) throughput per worker rho = M/(S+1)",
-                              r.act_storage / (r.S + 1), r.rho, "jobs/worker/unit", label,
-                              "the document's near-optimality example: rho within S/(S+1) of the bound M/S"))
+            rows.append(
+                claim(
+                    exp,
+                    f"LPP (G=B/2={r.G}, R=S) throughput per worker rho = M/(S+1)",
+                    r.act_storage / (r.S + 1),
+                    r.rho,
+                    "jobs/worker/unit",
+                    label,
+                    "the document's near-optimality example: rho within S/(S+1) of the bound M/S",
+                )
+            )
     return rows
 
 
 _GAP = {
     ("fsdp", "weight_xmit"): "max over workers: with W = B > S, workers that own no stage fetch all S stages; "
-                             "the S owners fetch S - 1 (the document's figure)",
+    "the S owners fetch S - 1 (the document's figure)",
     ("fslpp", "weight_xmit"): "counted as the document's own formula sum_(s,b) 1[w_weights(s,b) != w]: with R = S "
-                              "a worker computes one stage for its group's B/G microbatches and, unless it owns "
-                              "that stage, fetches it once per microbatch (B/G); the table's S - 1 counts stages",
+    "a worker computes one stage for its group's B/G microbatches and, unless it owns "
+    "that stage, fetches it once per microbatch (B/G); the table's S - 1 counts stages",
     ("lpp", "act_xmit"): "per worker: each of the G groups carries B/G microbatches, so a worker receives B/G "
-                         "activations; the document's B counts the whole batch",
+    "activations; the document's B counts the whole batch",
     ("fslpp", "act_xmit"): "as LPP: a worker receives the B/G microbatches of its group",
     ("pp", "act_storage"): "the master schedule's greedy order (oldest batch first) has no in-flight cap, so a "
-                           "worker keeps admitting forwards while it waits for the first backward; min(S, B) "
-                           "assumes a 1F1B-style cap of S",
+    "worker keeps admitting forwards while it waits for the first backward; min(S, B) "
+    "assumes a 1F1B-style cap of S",
     ("lpp", "act_storage"): "greedy oldest-batch order keeps more forwards in flight than (S/R) min(S, B/G)",
     ("fslpp", "act_storage"): "as LPP: greedy oldest-batch order",
 }

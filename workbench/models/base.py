@@ -9,6 +9,7 @@ Batches from :mod:`workbench.models.data` are ``(input_1, ..., input_k, target)`
 is ``input_1`` when ``k == 1`` and the tuple ``(input_1, ..., input_k)`` otherwise
 (:meth:`LayerModel.split_batch`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -90,17 +91,17 @@ class LayerModel:
             return p.device
         return torch.device("cpu")
 
-    def to(self, device) -> "LayerModel":
+    def to(self, device) -> LayerModel:
         for layer in self.layers:
             layer.to(device)
         return self
 
-    def train(self, mode: bool = True) -> "LayerModel":
+    def train(self, mode: bool = True) -> LayerModel:
         for layer in self.layers:
             layer.train(mode)
         return self
 
-    def eval(self) -> "LayerModel":
+    def eval(self) -> LayerModel:
         return self.train(False)
 
     # ---- data ---------------------------------------------------------------------------
@@ -126,4 +127,3 @@ class LayerModel:
 
     def correct(self, output: torch.Tensor, target: torch.Tensor) -> int:
         return int((output.argmax(dim=-1) == target).sum().item())
-

@@ -28,6 +28,7 @@ User-supplied (``root=`` must exist, else ValueError): ``cifar10`` (the python-p
 ``data_batch_1..5``/``test_batch`` of CIFAR-10), ``tensors`` (``{split}.pt`` holding ``(x, y)``
 or ``{split}_x.npy`` + ``{split}_y.npy``).
 """
+
 from __future__ import annotations
 
 import ast
@@ -37,8 +38,9 @@ import pickle
 import random
 import re
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -51,19 +53,117 @@ PAPER_DATASETS = {"imagenet", "wikitext-2", "wmt16-en-de", "openwebtext"}
 # Pure-Python stdlib modules whose docstrings form the ``pydocs`` corpus (paths under the stdlib
 # directory, without ".py"; a package's __init__ is tried when the module is a directory).
 CORPUS_MODULES = (
-    "argparse", "collections/__init__", "dataclasses", "functools", "inspect", "json/__init__", "json/decoder",
-    "logging/__init__", "os", "shutil", "subprocess", "textwrap", "threading", "typing", "unittest/case",
-    "urllib/parse", "email/message", "http/client", "tarfile", "zipfile", "difflib", "fractions", "statistics",
-    "random", "heapq", "bisect", "calendar", "string", "pprint", "pickle", "copy", "enum", "ast", "tokenize",
-    "doctest", "configparser", "csv", "socket", "asyncio/tasks", "concurrent/futures/_base", "contextlib",
-    "pathlib", "glob", "fnmatch", "tempfile", "queue", "sched", "gettext", "locale", "codecs", "io", "numbers",
-    "operator", "traceback", "warnings", "weakref", "types", "base64", "hashlib", "hmac", "secrets", "uuid",
-    "ipaddress", "imaplib", "smtplib", "ftplib", "mailbox", "optparse", "getopt", "cmd", "shlex", "pdb", "bdb",
-    "timeit", "trace", "profile", "pstats", "modulefinder", "pydoc", "platform", "sysconfig", "site", "code",
-    "codeop", "dis", "pickletools", "filecmp", "fileinput", "stat", "colorsys", "quopri", "mimetypes", "netrc",
-    "plistlib", "selectors", "signal", "socketserver", "ssl", "xml/dom/minidom", "xml/etree/ElementTree",
-    "html/parser", "http/server", "http/cookiejar", "urllib/request", "logging/handlers", "multiprocessing/pool",
-    "sqlite3/__init__", "_pydecimal", "datetime", "re/__init__", "graphlib",
+    "argparse",
+    "collections/__init__",
+    "dataclasses",
+    "functools",
+    "inspect",
+    "json/__init__",
+    "json/decoder",
+    "logging/__init__",
+    "os",
+    "shutil",
+    "subprocess",
+    "textwrap",
+    "threading",
+    "typing",
+    "unittest/case",
+    "urllib/parse",
+    "email/message",
+    "http/client",
+    "tarfile",
+    "zipfile",
+    "difflib",
+    "fractions",
+    "statistics",
+    "random",
+    "heapq",
+    "bisect",
+    "calendar",
+    "string",
+    "pprint",
+    "pickle",
+    "copy",
+    "enum",
+    "ast",
+    "tokenize",
+    "doctest",
+    "configparser",
+    "csv",
+    "socket",
+    "asyncio/tasks",
+    "concurrent/futures/_base",
+    "contextlib",
+    "pathlib",
+    "glob",
+    "fnmatch",
+    "tempfile",
+    "queue",
+    "sched",
+    "gettext",
+    "locale",
+    "codecs",
+    "io",
+    "numbers",
+    "operator",
+    "traceback",
+    "warnings",
+    "weakref",
+    "types",
+    "base64",
+    "hashlib",
+    "hmac",
+    "secrets",
+    "uuid",
+    "ipaddress",
+    "imaplib",
+    "smtplib",
+    "ftplib",
+    "mailbox",
+    "optparse",
+    "getopt",
+    "cmd",
+    "shlex",
+    "pdb",
+    "bdb",
+    "timeit",
+    "trace",
+    "profile",
+    "pstats",
+    "modulefinder",
+    "pydoc",
+    "platform",
+    "sysconfig",
+    "site",
+    "code",
+    "codeop",
+    "dis",
+    "pickletools",
+    "filecmp",
+    "fileinput",
+    "stat",
+    "colorsys",
+    "quopri",
+    "mimetypes",
+    "netrc",
+    "plistlib",
+    "selectors",
+    "signal",
+    "socketserver",
+    "ssl",
+    "xml/dom/minidom",
+    "xml/etree/ElementTree",
+    "html/parser",
+    "http/server",
+    "http/cookiejar",
+    "urllib/request",
+    "logging/handlers",
+    "multiprocessing/pool",
+    "sqlite3/__init__",
+    "_pydecimal",
+    "datetime",
+    "re/__init__",
+    "graphlib",
 )
 MIN_CORPUS_CHARS = 200_000
 
@@ -85,11 +185,21 @@ def load_dataset(name: str, split: str = "train", seed: int = 0, **kw) -> Tensor
     """Load data set ``name`` (see the module docstring) for ``split`` ("train" or "test")."""
     _check_split(split)
     key = str(name).lower()
-    loaders: dict[str, Callable[..., Any]] = {"digits": _digits, "mnist1d": _mnist1d, "pydocs": _pydocs, "reverse": _reverse,
-               "synthetic": _synthetic_classes, "cifar10": _cifar10, "tensors": _tensors, "imagefolder": _tensors}
+    loaders: dict[str, Callable[..., Any]] = {
+        "digits": _digits,
+        "mnist1d": _mnist1d,
+        "pydocs": _pydocs,
+        "reverse": _reverse,
+        "synthetic": _synthetic_classes,
+        "cifar10": _cifar10,
+        "tensors": _tensors,
+        "imagefolder": _tensors,
+    }
     if key in PAPER_DATASETS:
-        raise ValueError(f"{name!r} is not shipped (no downloads); save it as tensors and use "
-                         f"load_dataset('tensors', root=DIR), or train the mini model on its offline data set")
+        raise ValueError(
+            f"{name!r} is not shipped (no downloads); save it as tensors and use "
+            f"load_dataset('tensors', root=DIR), or train the mini model on its offline data set"
+        )
     if key not in loaders:
         raise ValueError(f"unknown data set {name!r}; choose one of {sorted(loaders)}")
     return loaders[key](split, seed, **kw)
@@ -123,8 +233,12 @@ def _mnist1d_arrays(num_samples: int, generator_seed: int):
     finally:
         np.random.set_state(np_state)
         random.setstate(py_state)
-    return (d["x"].astype(np.float32), d["y"].astype(np.int64), d["x_test"].astype(np.float32),
-            d["y_test"].astype(np.int64))
+    return (
+        d["x"].astype(np.float32),
+        d["y"].astype(np.int64),
+        d["x_test"].astype(np.float32),
+        d["y_test"].astype(np.int64),
+    )
 
 
 def _mnist1d(split: str, seed: int, num_samples: int = 5000, generator_seed: int = 42) -> TensorDataset:
@@ -204,8 +318,10 @@ def corpus_text(max_chars: int | None = None) -> str:
         if len(text) >= max_chars:
             return text[:max_chars]
     if len(text) < MIN_CORPUS_CHARS:
-        raise ValueError(f"the standard library at {stdlib} yields only {len(text)} characters of docstrings "
-                         f"(need {MIN_CORPUS_CHARS}); is this a stripped Python without .py sources?")
+        raise ValueError(
+            f"the standard library at {stdlib} yields only {len(text)} characters of docstrings "
+            f"(need {MIN_CORPUS_CHARS}); is this a stripped Python without .py sources?"
+        )
     return text
 
 
@@ -224,8 +340,15 @@ def build_vocab(tokens: list[str], vocab_size: int) -> list[str]:
     return ["<unk>"] + ranked[: vocab_size - 1]
 
 
-def _pydocs(split: str, seed: int, seq_len: int = 64, level: str = "char", vocab_size: int | None = None,
-            test_fraction: float = 0.1, max_chars: int | None = None) -> TensorDataset:
+def _pydocs(
+    split: str,
+    seed: int,
+    seq_len: int = 64,
+    level: str = "char",
+    vocab_size: int | None = None,
+    test_fraction: float = 0.1,
+    max_chars: int | None = None,
+) -> TensorDataset:
     """``seed`` is not used (the split is contiguous). ``max_chars`` truncates the corpus first."""
     text = corpus_text(None if max_chars is None else int(max_chars))
     cut = int(len(text) * (1 - test_fraction))
@@ -238,7 +361,7 @@ def _pydocs(split: str, seed: int, seq_len: int = 64, level: str = "char", vocab
     if n < 1:
         raise ValueError(f"pydocs {split}: {len(ids)} tokens are too few for seq_len={seq_len}")
     x = ids[: n * seq_len].view(n, seq_len)
-    y = ids[1: n * seq_len + 1].view(n, seq_len)
+    y = ids[1 : n * seq_len + 1].view(n, seq_len)
     return TokenDataset(vocab, x, y)
 
 
@@ -246,8 +369,9 @@ def _pydocs(split: str, seed: int, seq_len: int = 64, level: str = "char", vocab
 BOS = 1
 
 
-def _reverse(split: str, seed: int, vocab_size: int = 32, seq_len: int = 12, num_train: int = 8000,
-             num_test: int = 1000) -> TensorDataset:
+def _reverse(
+    split: str, seed: int, vocab_size: int = 32, seq_len: int = 12, num_train: int = 8000, num_test: int = 1000
+) -> TensorDataset:
     if vocab_size < 4:
         raise ValueError(f"reverse needs vocab_size >= 4 (pad, BOS and 2+ symbols), got {vocab_size}")
     g = torch.Generator().manual_seed(seed)
@@ -262,8 +386,15 @@ def _reverse(split: str, seed: int, vocab_size: int = 32, seq_len: int = 12, num
 
 
 # -------------------------------------------------------------------------------- synthetic
-def _synthetic_classes(split: str, seed: int, in_features: int = 512, num_classes: int = 10,
-                       num_train: int = 4096, num_test: int = 1024, separation: float = 3.0) -> TensorDataset:
+def _synthetic_classes(
+    split: str,
+    seed: int,
+    in_features: int = 512,
+    num_classes: int = 10,
+    num_train: int = 4096,
+    num_test: int = 1024,
+    separation: float = 3.0,
+) -> TensorDataset:
     g = torch.Generator().manual_seed(seed)
     centroids = torch.randn(num_classes, in_features, generator=g)
     centroids = separation * centroids / centroids.norm(dim=1, keepdim=True)
@@ -286,16 +417,22 @@ def dataset_info() -> pd.DataFrame:
     rows = [
         ("digits", "classification", "x 1x8x8 float, y int", "10 classes", "scikit-learn (ships the data)", True),
         ("mnist1d", "classification", "x 1x40 float, y int", "10 classes", "mnist1d package generator", True),
-        ("pydocs", "lm", "x [seq_len] int, y [seq_len] int", "128 chars (or words)",
-         "Python stdlib docstrings", True),
+        ("pydocs", "lm", "x [seq_len] int, y [seq_len] int", "128 chars (or words)", "Python stdlib docstrings", True),
         ("reverse", "seq2seq", "src, tgt_in, tgt_out [seq_len] int", "32 symbols", "synthetic, seeded", True),
-        ("synthetic", "classification", "x [in_features] float, y int", "10 classes",
-         "Gaussian mixture, seeded", True),
+        ("synthetic", "classification", "x [in_features] float, y int", "10 classes", "Gaussian mixture, seeded", True),
         ("cifar10", "classification", "x 3x32x32 float, y int", "10 classes", "user-supplied root=", False),
         ("tensors", "any", "as saved", "-", "user-supplied root=", False),
     ]
     return pd.DataFrame(rows, columns=["name", "task", "item", "labels", "source", "offline"])
 
 
-__all__ = ["load_dataset", "dataset_info", "synthetic", "corpus_text", "tokenize", "build_vocab", "BOS",
-           "CORPUS_MODULES"]
+__all__ = [
+    "load_dataset",
+    "dataset_info",
+    "synthetic",
+    "corpus_text",
+    "tokenize",
+    "build_vocab",
+    "BOS",
+    "CORPUS_MODULES",
+]

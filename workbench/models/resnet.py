@@ -6,6 +6,7 @@ free-form ``forward``: :func:`workbench.graph.split` turns it into layers like a
 ``width`` scales the channel counts (64 in torchvision); ``small_input`` replaces the 7x7/2 stem and
 the max-pool by a 3x3/1 convolution for 8x8 to 32x32 images.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,8 +49,14 @@ class BasicBlock(nn.Module):
 class ResNet(nn.Module):
     """torchvision's ``ResNet`` with ``BasicBlock`` (stem, four stages ``layer1..layer4``, pool, fc)."""
 
-    def __init__(self, blocks=(2, 2, 2, 2), num_classes: int = 1000, width: int = 64, in_channels: int = 3,
-                 small_input: bool = False):
+    def __init__(
+        self,
+        blocks=(2, 2, 2, 2),
+        num_classes: int = 1000,
+        width: int = 64,
+        in_channels: int = 3,
+        small_input: bool = False,
+    ):
         super().__init__()
         self.inplanes = width
         if small_input:

@@ -17,6 +17,7 @@ The zoo's ``gpt`` has the same layers with the same parameter names (``tok``, ``
 ``qkv``, ``proj``, ``ln2``, ``mlp``; ``norm``, ``proj``): :func:`segment_layers` runs its layers on
 segments, sharing their parameters, which is how ``workbench train`` runs Seq1F1B on it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -48,8 +49,9 @@ class SegBlock(nn.Module):
     def forward(self, x: torch.Tensor, offset: int = 0, past_k=(), past_v=()):
         """x [B, n, d] -> (y [B, n, d], k, v [B, heads, n, d/heads]); ``past_k/v``: earlier segments'."""
         b, n, d = x.shape
-        q, k, v = (z.view(b, n, self.heads, d // self.heads).transpose(1, 2)
-                   for z in self.qkv(self.ln1(x)).split(d, dim=2))
+        q, k, v = (
+            z.view(b, n, self.heads, d // self.heads).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(d, dim=2)
+        )
         keys, values = torch.cat([*past_k, k], dim=2), torch.cat([*past_v, v], dim=2)
         N = keys.shape[2]
         mask = torch.arange(N, device=x.device)[None, :] <= offset + torch.arange(n, device=x.device)[:, None]
@@ -67,12 +69,20 @@ class SegHead(nn.Module):
         return self.proj(self.norm(h))
 
 
-def segment_gpt(vocab: int = 128, context: int = 64, dim: int = 32, num_layers: int = 4, heads: int = 2,
-                seed: int = 0, dtype: torch.dtype = torch.float64) -> nn.ModuleList:
+def segment_gpt(
+    vocab: int = 128,
+    context: int = 64,
+    dim: int = 32,
+    num_layers: int = 4,
+    heads: int = 2,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+) -> nn.ModuleList:
     """Embedding, ``num_layers`` :class:`SegBlock`, :class:`SegHead`; N(0, 0.02) weights from ``seed``."""
     torch.manual_seed(seed)
-    layers = nn.ModuleList([SegEmbedding(vocab, context, dim)] + [SegBlock(dim, heads) for _ in range(num_layers)]
-                           + [SegHead(dim, vocab)])
+    layers = nn.ModuleList(
+        [SegEmbedding(vocab, context, dim)] + [SegBlock(dim, heads) for _ in range(num_layers)] + [SegHead(dim, vocab)]
+    )
     for m in layers.modules():
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=0.02)
@@ -91,9 +101,11 @@ def flop_model(layers: nn.ModuleList) -> tuple[float, int, int]:
 def _no_dropout(layer: nn.Module, i: int) -> None:
     p = max((m.p for m in layer.modules() if isinstance(m, nn.Dropout)), default=0.0)
     if p or getattr(layer, "dropout", 0.0):
-        raise ValueError(f"layer {i} ({type(layer).__name__}) has dropout {p or layer.dropout}; segments run without "
-                         "dropout (a mask per segment would differ from the whole sequence's): build the model with "
-                         "dropout=0 (--model-option dropout=0)")
+        raise ValueError(
+            f"layer {i} ({type(layer).__name__}) has dropout {p or layer.dropout}; segments run without "
+            "dropout (a mask per segment would differ from the whole sequence's): build the model with "
+            "dropout=0 (--model-option dropout=0)"
+        )
 
 
 def segment_layers(layers) -> nn.ModuleList:
@@ -117,7 +129,9 @@ def segment_layers(layers) -> nn.ModuleList:
                 seg = SegHead(1, 1)
                 seg.norm, seg.proj = layer.norm, layer.proj  # type: ignore[assignment]  # Identity where the head has no norm
             else:
-                raise ValueError(f"layer {i} ({type(layer).__name__}) cannot run on a segment of a sequence; schedules "
-                                 "with segments (Seq1F1B) train the zoo's causal transformer: --model gpt")
+                raise ValueError(
+                    f"layer {i} ({type(layer).__name__}) cannot run on a segment of a sequence; schedules "
+                    "with segments (Seq1F1B) train the zoo's causal transformer: --model gpt"
+                )
         out.append(seg)
     return nn.ModuleList(out)

@@ -7,6 +7,7 @@ only on its input, as pipelining requires.
 A PyTorch LSTM layer (one direction) with input size ``i`` and hidden size ``h`` has
 ``4h(i + h) + 8h`` parameters (four gates, input and recurrent weights, two bias vectors).
 """
+
 from __future__ import annotations
 
 import math
@@ -113,8 +114,13 @@ def gnmt(vocab_size: int = 32000, hidden: int = 1024, num_layers: int = 8):
     layers += [TargetEmbedding(vocab_size, h), AttentionDecoderLSTM(h, h)]
     layers += [DecoderLSTM(h, residual=i >= 2) for i in range(1, num_layers)]
     layers.append(Seq2SeqClassifier(h, vocab_size))
-    names = (["src_embed"] + [f"enc{i + 1}" for i in range(num_layers)] + ["tgt_embed"]
-             + [f"dec{i + 1}" for i in range(num_layers)] + ["classifier"])
+    names = (
+        ["src_embed"]
+        + [f"enc{i + 1}" for i in range(num_layers)]
+        + ["tgt_embed"]
+        + [f"dec{i + 1}" for i in range(num_layers)]
+        + ["classifier"]
+    )
     return layers, names
 
 
@@ -155,8 +161,14 @@ class Decoder(nn.Module):
         return self.proj(self.norm(h))
 
 
-def awd_lstm(vocab_size: int = 33278, emb: int = 400, hidden: int = 1150, num_layers: int = 3,
-             dropout: float = 0.4, tie_weights: bool = False):
+def awd_lstm(
+    vocab_size: int = 33278,
+    emb: int = 400,
+    hidden: int = 1150,
+    num_layers: int = 3,
+    dropout: float = 0.4,
+    tie_weights: bool = False,
+):
     """AWD-LSTM-style LM (Merity et al. 2018): embedding (``emb``), ``num_layers`` LSTMs
     (emb -> hidden -> ... -> emb), linear decoder to the vocabulary. Published: 24M parameters
     on PTB (10k vocab), 33M on WikiText-2 (33,278 vocab), with the decoder tied to the embedding.
@@ -201,22 +213,29 @@ class Block(nn.Module):
         self.heads, self.dropout = heads, dropout
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(approximate="tanh"), nn.Linear(4 * dim, dim),
-                                 nn.Dropout(dropout))
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, 4 * dim), nn.GELU(approximate="tanh"), nn.Linear(4 * dim, dim), nn.Dropout(dropout)
+        )
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x):
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
         q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         x = x + self.drop(self.proj(y.transpose(1, 2).reshape(b, t, d)))
         return x + self.mlp(self.ln2(x))
 
 
-def gpt(vocab_size: int = 50257, context: int = 1024, dim: int = 768, num_layers: int = 12,
-        heads: int = 12, dropout: float = 0.1, tie_weights: bool = False):
+def gpt(
+    vocab_size: int = 50257,
+    context: int = 1024,
+    dim: int = 768,
+    num_layers: int = 12,
+    heads: int = 12,
+    dropout: float = 0.1,
+    tie_weights: bool = False,
+):
     """GPT-2-style decoder-only transformer (Radford et al. 2019, "small": 12 x 768, 12 heads,
     1024 context, 50,257 vocab; 124M parameters with the output projection tied to the token
     embedding). Layers: embedding, ``num_layers`` blocks, final LayerNorm + projection.

@@ -9,6 +9,7 @@ form). Mini configurations keep the layer structure and shrink channels, kernels
 A convolution's output side is ``floor((n + 2p - k) / s) + 1``; max-pooling is applied only while
 the feature map is larger than 1x1, so the same layer list works for 224x224 and 8x8 inputs.
 """
+
 from __future__ import annotations
 
 from torch import nn
@@ -31,8 +32,15 @@ def _init(module: nn.Module) -> None:
 VGG16_CHANNELS: tuple[int | str, ...] = (1, 1, "M", 2, 2, "M", 4, 4, 4, "M", 8, 8, 8, "M", 8, 8, 8, "M")  # x width
 
 
-def vgg16(width: int = 64, hidden: int = 4096, image_size: int = 224, in_channels: int = 3,
-          num_classes: int = 1000, dropout: float = 0.5, batch_norm: bool = False):
+def vgg16(
+    width: int = 64,
+    hidden: int = 4096,
+    image_size: int = 224,
+    in_channels: int = 3,
+    num_classes: int = 1000,
+    dropout: float = 0.5,
+    batch_norm: bool = False,
+):
     """VGG-16 (config D): 13 conv3x3+ReLU layers (a 2x2 max-pool folded into the conv before it)
     and 3 fully connected layers = 16 layers. Paper size: 138.4M parameters.
 
@@ -44,7 +52,7 @@ def vgg16(width: int = 64, hidden: int = 4096, image_size: int = 224, in_channel
     c, side, block, idx = in_channels, image_size, 1, 1
     cfg = list(VGG16_CHANNELS)
     pools = [i for i, v in enumerate(cfg) if v == "M"]
-    kept = set(pools[len(pools) - min(len(pools), max(image_size.bit_length() - 1, 0)):])
+    kept = set(pools[len(pools) - min(len(pools), max(image_size.bit_length() - 1, 0)) :])
     for i, v in enumerate(cfg):
         if v == "M":
             continue
@@ -73,8 +81,15 @@ def vgg16(width: int = 64, hidden: int = 4096, image_size: int = 224, in_channel
 
 
 # ------------------------------------------------------------------------------------ AlexNet
-def alexnet(width: int = 64, hidden: int = 4096, image_size: int = 224, in_channels: int = 3,
-            num_classes: int = 1000, dropout: float = 0.5, small_input: bool = False):
+def alexnet(
+    width: int = 64,
+    hidden: int = 4096,
+    image_size: int = 224,
+    in_channels: int = 3,
+    num_classes: int = 1000,
+    dropout: float = 0.5,
+    small_input: bool = False,
+):
     """AlexNet: 5 conv layers (channels 64, 192, 384, 256, 256 for width=64) and 3 fully
     connected layers = 8 layers. Paper size (single tower, 224x224): 61.1M parameters.
 
@@ -120,9 +135,15 @@ class Bottleneck(nn.Module):
         super().__init__()
         c_out = width * self.expansion
         self.residual = nn.Sequential(
-            nn.Conv2d(c_in, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
-            nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
-            nn.Conv2d(width, c_out, 1, bias=False), nn.BatchNorm2d(c_out))
+            nn.Conv2d(c_in, width, 1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.Conv2d(width, c_out, 1, bias=False),
+            nn.BatchNorm2d(c_out),
+        )
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or c_in != c_out:
             self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
@@ -132,9 +153,15 @@ class Bottleneck(nn.Module):
         return self.relu(self.residual(x) + self.shortcut(x))
 
 
-def resnet50(width: int = 64, image_size: int = 224, in_channels: int = 3, num_classes: int = 1000,
-             blocks: tuple[int, ...] = (3, 4, 6, 3), small_input: bool = False,
-             zero_init_residual: bool = False):
+def resnet50(
+    width: int = 64,
+    image_size: int = 224,
+    in_channels: int = 3,
+    num_classes: int = 1000,
+    blocks: tuple[int, ...] = (3, 4, 6, 3),
+    small_input: bool = False,
+    zero_init_residual: bool = False,
+):
     """ResNet-50 at bottleneck-block granularity: stem, 16 bottleneck blocks, head = 18 layers.
     Paper size: 25.6M parameters. The residual sum stays inside a block, so every layer boundary
     carries one tensor. ``small_input`` uses a 3x3/1 stem without max-pool (for tiny images).
@@ -142,12 +169,16 @@ def resnet50(width: int = 64, image_size: int = 224, in_channels: int = 3, num_c
     if small_input:
         stem = nn.Sequential(nn.Conv2d(in_channels, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
     else:
-        stem = nn.Sequential(nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False),
-                             nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1))
+        stem = nn.Sequential(
+            nn.Conv2d(in_channels, width, 7, stride=2, padding=3, bias=False),
+            nn.BatchNorm2d(width),
+            nn.ReLU(),
+            nn.MaxPool2d(3, stride=2, padding=1),
+        )
     layers: list[nn.Module] = [stem]
     names, c = ["stem"], width
     for stage, n in enumerate(blocks):
-        w = width * 2 ** stage
+        w = width * 2**stage
         for b in range(n):
             stride = 2 if (b == 0 and stage > 0) else 1
             layers.append(Bottleneck(c, w, stride))

@@ -5,9 +5,10 @@ with ``device="meta"`` to allocate no memory); ``"mini"`` keeps the family and t
 (same number of layers) but shrinks widths and inputs so that it trains on 2 CPU cores in minutes
 on an offline data set from :mod:`workbench.models.data`.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -31,51 +32,86 @@ class Entry:
 
 
 ZOO: dict[str, Entry] = {
-    "vgg16": Entry(vision.vgg16, "classification",
-                   "VGG-16 (config D): 13 conv + 3 FC layers; ImageNet 224x224x3, 1000 classes",
-                   dict(width=64, hidden=4096, image_size=224, in_channels=3, num_classes=1000, dropout=0.5),
-                   dict(width=8, hidden=64, image_size=8, in_channels=1, num_classes=10, dropout=0.0),
-                   {"paper": "imagenet", "mini": "digits"}),
-    "resnet50": Entry(vision.resnet50, "classification",
-                      "ResNet-50: stem + 16 bottleneck blocks + FC; ImageNet 224x224x3, 1000 classes",
-                      dict(width=64, image_size=224, in_channels=3, num_classes=1000),
-                      dict(width=8, image_size=8, in_channels=1, num_classes=10, small_input=True,
-                           zero_init_residual=True),
-                      {"paper": "imagenet", "mini": "digits"}),
-    "alexnet": Entry(vision.alexnet, "classification",
-                     "AlexNet (single tower): 5 conv + 3 FC layers; ImageNet 224x224x3, 1000 classes",
-                     dict(width=64, hidden=4096, image_size=224, in_channels=3, num_classes=1000, dropout=0.5),
-                     dict(width=8, hidden=64, image_size=8, in_channels=1, num_classes=10, dropout=0.0,
-                          small_input=True),
-                     {"paper": "imagenet", "mini": "digits"}),
-    "mlp": Entry(vision.mlp, "classification",
-                 "MLP: depth x (Linear+ReLU) of width units, output projection in the last layer",
-                 dict(depth=8, width=512, in_features=512, num_classes=10),
-                 dict(depth=8, width=512, in_features=512, num_classes=10),
-                 {"paper": "synthetic", "mini": "synthetic"}),
-    "cnn1d": Entry(vision.cnn1d, "classification",
-                   "small 1-D CNN: 3 Conv1d+ReLU (stride 2) + linear classifier; MNIST-1D (1 x 40), 10 classes",
-                   dict(channels=32, length=40, num_classes=10), dict(channels=32, length=40, num_classes=10),
-                   {"paper": "mnist1d", "mini": "mnist1d"}),
-    "gnmt": Entry(sequence.gnmt, "seq2seq",
-                  "GNMT-16-style LSTM encoder-decoder with attention: 8+8 LSTM layers of 1024, vocab 32k",
-                  dict(vocab_size=32000, hidden=1024, num_layers=8, seq_len=50),
-                  dict(vocab_size=32, hidden=64, num_layers=8, seq_len=12),
-                  {"paper": "wmt16-en-de", "mini": "reverse"}, extra=("seq_len",)),
-    "awd-lstm": Entry(sequence.awd_lstm, "lm",
-                      "AWD-LSTM-style LM: embedding 400, 3 LSTM layers (1150 hidden), vocab 33,278",
-                      dict(vocab_size=33278, emb=400, hidden=1150, num_layers=3, dropout=0.4, seq_len=70),
-                      dict(vocab_size=128, emb=128, hidden=256, num_layers=3, dropout=0.0, seq_len=64),
-                      {"paper": "wikitext-2", "mini": "pydocs"}, extra=("seq_len",)),
-    "gpt": Entry(sequence.gpt, "lm",
-                 "GPT-2-small-style transformer LM: 12 blocks x 768, 12 heads, context 1024, vocab 50,257",
-                 dict(vocab_size=50257, context=1024, dim=768, num_layers=12, heads=12, dropout=0.1, seq_len=1024),
-                 dict(vocab_size=128, context=64, dim=64, num_layers=12, heads=4, dropout=0.0, seq_len=64),
-                 {"paper": "openwebtext", "mini": "pydocs"}, extra=("seq_len",)),
+    "vgg16": Entry(
+        vision.vgg16,
+        "classification",
+        "VGG-16 (config D): 13 conv + 3 FC layers; ImageNet 224x224x3, 1000 classes",
+        dict(width=64, hidden=4096, image_size=224, in_channels=3, num_classes=1000, dropout=0.5),
+        dict(width=8, hidden=64, image_size=8, in_channels=1, num_classes=10, dropout=0.0),
+        {"paper": "imagenet", "mini": "digits"},
+    ),
+    "resnet50": Entry(
+        vision.resnet50,
+        "classification",
+        "ResNet-50: stem + 16 bottleneck blocks + FC; ImageNet 224x224x3, 1000 classes",
+        dict(width=64, image_size=224, in_channels=3, num_classes=1000),
+        dict(width=8, image_size=8, in_channels=1, num_classes=10, small_input=True, zero_init_residual=True),
+        {"paper": "imagenet", "mini": "digits"},
+    ),
+    "alexnet": Entry(
+        vision.alexnet,
+        "classification",
+        "AlexNet (single tower): 5 conv + 3 FC layers; ImageNet 224x224x3, 1000 classes",
+        dict(width=64, hidden=4096, image_size=224, in_channels=3, num_classes=1000, dropout=0.5),
+        dict(width=8, hidden=64, image_size=8, in_channels=1, num_classes=10, dropout=0.0, small_input=True),
+        {"paper": "imagenet", "mini": "digits"},
+    ),
+    "mlp": Entry(
+        vision.mlp,
+        "classification",
+        "MLP: depth x (Linear+ReLU) of width units, output projection in the last layer",
+        dict(depth=8, width=512, in_features=512, num_classes=10),
+        dict(depth=8, width=512, in_features=512, num_classes=10),
+        {"paper": "synthetic", "mini": "synthetic"},
+    ),
+    "cnn1d": Entry(
+        vision.cnn1d,
+        "classification",
+        "small 1-D CNN: 3 Conv1d+ReLU (stride 2) + linear classifier; MNIST-1D (1 x 40), 10 classes",
+        dict(channels=32, length=40, num_classes=10),
+        dict(channels=32, length=40, num_classes=10),
+        {"paper": "mnist1d", "mini": "mnist1d"},
+    ),
+    "gnmt": Entry(
+        sequence.gnmt,
+        "seq2seq",
+        "GNMT-16-style LSTM encoder-decoder with attention: 8+8 LSTM layers of 1024, vocab 32k",
+        dict(vocab_size=32000, hidden=1024, num_layers=8, seq_len=50),
+        dict(vocab_size=32, hidden=64, num_layers=8, seq_len=12),
+        {"paper": "wmt16-en-de", "mini": "reverse"},
+        extra=("seq_len",),
+    ),
+    "awd-lstm": Entry(
+        sequence.awd_lstm,
+        "lm",
+        "AWD-LSTM-style LM: embedding 400, 3 LSTM layers (1150 hidden), vocab 33,278",
+        dict(vocab_size=33278, emb=400, hidden=1150, num_layers=3, dropout=0.4, seq_len=70),
+        dict(vocab_size=128, emb=128, hidden=256, num_layers=3, dropout=0.0, seq_len=64),
+        {"paper": "wikitext-2", "mini": "pydocs"},
+        extra=("seq_len",),
+    ),
+    "gpt": Entry(
+        sequence.gpt,
+        "lm",
+        "GPT-2-small-style transformer LM: 12 blocks x 768, 12 heads, context 1024, vocab 50,257",
+        dict(vocab_size=50257, context=1024, dim=768, num_layers=12, heads=12, dropout=0.1, seq_len=1024),
+        dict(vocab_size=128, context=64, dim=64, num_layers=12, heads=4, dropout=0.0, seq_len=64),
+        {"paper": "openwebtext", "mini": "pydocs"},
+        extra=("seq_len",),
+    ),
 }
 
-ALIASES = {"awd": "awd-lstm", "awd_lstm": "awd-lstm", "awdlstm": "awd-lstm", "vgg": "vgg16", "vgg-16": "vgg16",
-           "resnet": "resnet50", "resnet-50": "resnet50", "gpt2": "gpt", "gpt-2": "gpt"}
+ALIASES = {
+    "awd": "awd-lstm",
+    "awd_lstm": "awd-lstm",
+    "awdlstm": "awd-lstm",
+    "vgg": "vgg16",
+    "vgg-16": "vgg16",
+    "resnet": "resnet50",
+    "resnet-50": "resnet50",
+    "gpt2": "gpt",
+    "gpt-2": "gpt",
+}
 
 
 def _resolve(name: str) -> str:
@@ -83,8 +119,10 @@ def _resolve(name: str) -> str:
     key = ALIASES.get(key, key)
     if key not in ZOO:
         shown = name if isinstance(name, str) else type(name).__name__
-        raise ValueError(f"unknown model {shown!r}; choose one of {sorted(ZOO)}, or give your own as an nn.Module "
-                         "(Python) or package.module:function (command line)")
+        raise ValueError(
+            f"unknown model {shown!r}; choose one of {sorted(ZOO)}, or give your own as an nn.Module "
+            "(Python) or package.module:function (command line)"
+        )
     return key
 
 
@@ -138,8 +176,18 @@ def build(name: str, size: str = "mini", seed: int = 0, device=None, **overrides
     dataset = entry.datasets[size]
     if key == "mlp":
         dataset = {64: "digits", 40: "mnist1d"}.get(int(cfg["in_features"]), "synthetic")
-    return LayerModel(name=key, size=size, layers=list(layers), names=list(names), dataset=dataset,
-                      task=entry.task, inputs=inputs, target=target, config=cfg, description=entry.description)
+    return LayerModel(
+        name=key,
+        size=size,
+        layers=list(layers),
+        names=list(names),
+        dataset=dataset,
+        task=entry.task,
+        inputs=inputs,
+        target=target,
+        config=cfg,
+        description=entry.description,
+    )
 
 
 def _specs(key: str, task: str, cfg: dict) -> tuple[tuple[TensorSpec, ...], TensorSpec]:
@@ -164,7 +212,17 @@ def list_models(sizes: tuple[str, ...] = SIZES) -> pd.DataFrame:
     for key, entry in ZOO.items():
         for size in sizes:
             m = build(key, size, device="meta")
-            rows.append(dict(name=key, size=size, layers=len(m), params=m.num_parameters(), dataset=m.dataset,
-                             task=m.task, description=entry.description if size == "paper" else
-                             f"mini {key}: " + ", ".join(f"{k}={v}" for k, v in m.config.items())))
+            rows.append(
+                dict(
+                    name=key,
+                    size=size,
+                    layers=len(m),
+                    params=m.num_parameters(),
+                    dataset=m.dataset,
+                    task=m.task,
+                    description=entry.description
+                    if size == "paper"
+                    else f"mini {key}: " + ", ".join(f"{k}={v}" for k, v in m.config.items()),
+                )
+            )
     return pd.DataFrame(rows, columns=["name", "size", "layers", "params", "dataset", "task", "description"])

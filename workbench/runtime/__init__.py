@@ -11,14 +11,32 @@ gradient pushes back), ``tied`` (weights tied across stages: gradients combined 
 ``segment_executor`` (schedules with segments, Seq1F1B), ``stages`` (stage functions, deterministic
 data order), ``outputs`` (checkpoints, CSVs, summary), ``job`` (the picklable run description), ``cli`` (``workbench train``).
 """
+
 import importlib
 
 #: public name -> the module that defines it, imported on first use (PEP 562), so that
 #: ``workbench train --help`` builds its parser without importing torch
-_EXPORTS = {"Job": ".job", "prepare": ".launch", "run_job": ".launch", "run_jobs": ".launch", "train": ".launch",
-            "latest_checkpoint": ".outputs", "reference_train": ".reference", "updates_per_round": ".reference"}
+_EXPORTS = {
+    "Job": ".job",
+    "prepare": ".launch",
+    "run_job": ".launch",
+    "run_jobs": ".launch",
+    "train": ".launch",
+    "latest_checkpoint": ".outputs",
+    "reference_train": ".reference",
+    "updates_per_round": ".reference",
+}
 
-__all__ = ["train", "prepare", "run_job", "run_jobs", "Job", "latest_checkpoint", "reference_train", "updates_per_round"]
+__all__ = [
+    "train",
+    "prepare",
+    "run_job",
+    "run_jobs",
+    "Job",
+    "latest_checkpoint",
+    "reference_train",
+    "updates_per_round",
+]
 
 
 def __getattr__(name: str):

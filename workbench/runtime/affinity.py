@@ -12,6 +12,7 @@ by removing the slow outliers.
 ``WORKBENCH_PIN=0`` turns it off; it never applies to GPU jobs or when the ranks' threads
 outnumber the cores (then the scheduler balances them).
 """
+
 from __future__ import annotations
 
 import os
@@ -21,6 +22,7 @@ def place_rank(local_rank: int, local_world: int, threads: int = 1, device_type:
     """Set up this process as the runtime sets up each rank: :func:`pin_rank` and the allocator
     settings of :func:`workbench.runtime.allocator.retain_freed_memory`. Returns the pinned cores."""
     from .allocator import retain_freed_memory
+
     cores = pin_rank(local_rank, local_world, threads, device_type)
     retain_freed_memory()
     return cores
@@ -35,6 +37,6 @@ def pin_rank(local_rank: int, local_world: int, threads: int = 1, device_type: s
     threads = max(1, int(threads))
     if local_world * threads > len(cpus) or not 0 <= local_rank < local_world:
         return None
-    mine = cpus[local_rank * threads:(local_rank + 1) * threads]
+    mine = cpus[local_rank * threads : (local_rank + 1) * threads]
     os.sched_setaffinity(0, mine)
     return mine

@@ -19,6 +19,7 @@ mapped for the next op). The cost: a rank's resident memory stays at its peak in
 between ops, as with PyTorch's CUDA caching allocator. ``WORKBENCH_MALLOC=0`` leaves glibc's
 defaults; other C libraries (macOS, musl) are left alone.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -38,7 +39,7 @@ def retain_freed_memory() -> bool:
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.gnu_get_libc_version  # glibc only: musl has mallopt as a no-op
+        _ = libc.gnu_get_libc_version  # glibc only (AttributeError elsewhere): musl has mallopt as a no-op
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False

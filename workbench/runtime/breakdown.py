@@ -14,6 +14,7 @@ For rank ``w`` over the rounds ``R`` of a window, with ``n`` rounds and the wind
 
 each divided by ``n`` (ms per step), so the columns of a rank add up to ``T / n``.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -35,14 +36,16 @@ def breakdown(timeline: pd.DataFrame, first_round: int = 0) -> pd.DataFrame:
     wall_ms = float(tl.end.max() - (tl.start - tl.wait).min())
     work = tl.kind.isin(["F", "B", "BI", "BW"])
     g = tl.groupby("worker")
-    out = pd.DataFrame({
-        "compute_ms": tl[work].assign(c=lambda d: d.dur - d.send - d.data).groupby("worker").c.sum(),
-        "recv_wait_ms": g.wait.sum(),
-        "send_ms": g.send.sum(),
-        "data_ms": g.data.sum(),
-        "optimizer_ms": tl[tl.kind == "STEP"].groupby("worker").dur.sum(),
-        "allreduce_ms": tl[tl.kind == "AR"].groupby("worker").dur.sum(),
-    }).fillna(0.0)
+    out = pd.DataFrame(
+        {
+            "compute_ms": tl[work].assign(c=lambda d: d.dur - d.send - d.data).groupby("worker").c.sum(),
+            "recv_wait_ms": g.wait.sum(),
+            "send_ms": g.send.sum(),
+            "data_ms": g.data.sum(),
+            "optimizer_ms": tl[tl.kind == "STEP"].groupby("worker").dur.sum(),
+            "allreduce_ms": tl[tl.kind == "AR"].groupby("worker").dur.sum(),
+        }
+    ).fillna(0.0)
     out["overhead_ms"] = wall_ms - out.sum(axis=1)
     out = out / n
     out["step_ms"] = wall_ms / n

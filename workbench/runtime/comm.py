@@ -7,6 +7,7 @@ tag ``((g * S + boundary) * 2 + kind) * 8 + i`` so receives can be posted in any
 the op that consumes them (see :class:`P2P` for how many), so communication overlaps compute. Transfers between two ops of the same rank use a local mailbox.
 Every wait has a timeout. Activations and gradients use separate process groups (see ``P2P``).
 """
+
 from __future__ import annotations
 
 import os
@@ -50,9 +51,18 @@ class P2P:
     off (the switch of the A/B measurement in docs/readme-speed.md).
     """
 
-    def __init__(self, rank: int, num_stages: int, device, timeout_s: float, lookahead: int | None = None,
-                 groups=(None, None), backend: str = "gloo", buffer_budget: int = 256 << 20,
-                 send_thread: bool | None = None):
+    def __init__(
+        self,
+        rank: int,
+        num_stages: int,
+        device,
+        timeout_s: float,
+        lookahead: int | None = None,
+        groups=(None, None),
+        backend: str = "gloo",
+        buffer_budget: int = 256 << 20,
+        send_thread: bool | None = None,
+    ):
         self.rank, self.S, self.device = rank, num_stages, device
         # one communicator per direction (activations, gradients): with NCCL, where a send blocks its
         # stream until the peer receives, a pair of ranks exchanging in both directions would
@@ -159,10 +169,14 @@ class P2P:
                 w.wait(self.timeout)
             except Exception as e:  # noqa: BLE001 - re-raise with context
                 if "timed out" in str(e).lower() or "timeout" in str(e).lower():
-                    raise TimeoutError(f"rank {self.rank}: no message {key} from rank {src} within "
-                                       f"{self.timeout.total_seconds():.0f} s ({e})") from None
-                raise ConnectionError(f"rank {self.rank}: lost rank {src} while waiting for message {key} "
-                                      f"({str(e).splitlines()[0][:200]})") from None
+                    raise TimeoutError(
+                        f"rank {self.rank}: no message {key} from rank {src} within "
+                        f"{self.timeout.total_seconds():.0f} s ({e})"
+                    ) from None
+                raise ConnectionError(
+                    f"rank {self.rank}: lost rank {src} while waiting for message {key} "
+                    f"({str(e).splitlines()[0][:200]})"
+                ) from None
         waited = (time.perf_counter() - t) * 1e3
         self.prefetch()
         return bufs, waited
@@ -256,7 +270,9 @@ class ShmP2P(P2P):
         try:
             q = self.send_index.pop(key)
         except KeyError:
-            raise RuntimeError(f"rank {self.rank}: message {key} to rank {dst} is not in rank {dst}'s receive plan") from None
+            raise RuntimeError(
+                f"rank {self.rank}: message {key} to rank {dst} is not in rank {dst}'s receive plan"
+            ) from None
         self.held[dst].append((q, tensors, f"rank {self.rank}: message {key} to rank {dst}"))
         self._write_held()
 
@@ -277,8 +293,10 @@ class ShmP2P(P2P):
             self._write_held()
             if time.perf_counter() > deadline:
                 dst = next(d for d, m in self.held.items() if m)
-                raise TimeoutError(f"rank {self.rank}: rank {dst} read none of its messages within "
-                                   f"{self.timeout.total_seconds():.0f} s")
+                raise TimeoutError(
+                    f"rank {self.rank}: rank {dst} read none of its messages within "
+                    f"{self.timeout.total_seconds():.0f} s"
+                )
             time.sleep(20e-6)
         super().flush()
 
@@ -288,7 +306,9 @@ class ShmP2P(P2P):
         try:
             src, q, specs = self.recv_index.pop(key)
         except KeyError:
-            raise RuntimeError(f"rank {self.rank}: message {key} was not expected (receive plan out of order)") from None
+            raise RuntimeError(
+                f"rank {self.rank}: message {key} was not expected (receive plan out of order)"
+            ) from None
         idle = self._write_held if any(self.held.values()) else None
         return self.inbound[src].get(q, specs, f"rank {self.rank}: message {key} from rank {src}", idle)
 

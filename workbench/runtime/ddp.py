@@ -1,4 +1,5 @@
 """Data-parallel BSP (``dp-bsp``) executed with :class:`torch.nn.parallel.DistributedDataParallel`."""
+
 from __future__ import annotations
 
 import contextlib
@@ -14,11 +15,10 @@ from .stages import MomentumState, as_leaves, as_tuple, float_indices, from_tupl
 from .tied import tied_weights
 from .worker import RankProgram
 
-
 # DDP all-reduces the gradients in buckets: the first (the last layers' gradients, ready first) of
 # torch's default first-bucket size, then buckets of bucket_cap_mb (its default, 25 MiB). The cost
 # model charges one all-reduce per bucket (CostModel.allreduce_buckets).
-DDP_BUCKETS = (float(getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2 ** 20)), 25.0 * 2 ** 20)
+DDP_BUCKETS = (float(getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2**20)), 25.0 * 2**20)
 
 
 class DDPExecutor(MomentumState):
@@ -34,14 +34,17 @@ class DDPExecutor(MomentumState):
 
     def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], groups: dict):
         from torch.nn.parallel import DistributedDataParallel as DDP
+
         self.ctx, self.schedule, self.model, self.rank = ctx, schedule, model, ctx.rank
         self.S, self.M = schedule.num_stages, schedule.microbatches
         self.prog = RankProgram(schedule, self.rank)
         self.clock = opclock.for_device(ctx.device)  # None: the host's clock around each op (CPU)
         self.R = schedule.num_workers
         if tied_weights(model, bounds):  # one parameter in two DDP modules: its reducer would update it twice
-            raise ValueError(f"{tied_weights(model, bounds)[0].label()}; dp-bsp wraps each stage in its own DDP "
-                             "module, which cannot share it: train dp-bsp with one stage (no plan)")
+            raise ValueError(
+                f"{tied_weights(model, bounds)[0].label()}; dp-bsp wraps each stage in its own DDP "
+                "module, which cannot share it: train dp-bsp with one stage (no plan)"
+            )
         self.modules, self.ddp = [], []
         for s, (a, z) in enumerate(bounds):
             m = stage_module(model.layers, a, z).to(ctx.device)
@@ -51,8 +54,14 @@ class DDPExecutor(MomentumState):
             self.modules.append(m)
             # gradients are views into DDP's all-reduce buckets: no copy into the bucket and back out
             # (measured: 1-2 ms less per backward of the 8 x 512 MLP on 2 gloo ranks)
-            self.ddp.append(DDP(m, device_ids=None if ctx.device.type == "cpu" else [ctx.device.index],
-                                gradient_as_bucket_view=True, bucket_cap_mb=DDP_BUCKETS[1] / 2 ** 20))
+            self.ddp.append(
+                DDP(
+                    m,
+                    device_ids=None if ctx.device.type == "cpu" else [ctx.device.index],
+                    gradient_as_bucket_view=True,
+                    bucket_cap_mb=DDP_BUCKETS[1] / 2**20,
+                )
+            )
         ops = self.prog.ops
         # the microbatch whose backward completes each (stage, update) on this worker: forward with sync
         self.sync, self.step_of = set(), {}
@@ -71,9 +80,11 @@ class DDPExecutor(MomentumState):
         for s, b in self.sync:
             i_f = next(i for i, o in enumerate(ops) if (o.kind, o.stage, o.microbatch) == ("F", s, b))
             i_b = next(i for i, o in enumerate(ops) if (o.kind, o.stage, o.microbatch) == ("B", s, b))
-            if any(o.kind == "B" and o.stage == s for o in ops[i_f + 1:i_b]):
-                raise ValueError("DDP needs each update's last forward of a stage to be followed by its own backward "
-                                 "before any other backward of that stage")
+            if any(o.kind == "B" and o.stage == s for o in ops[i_f + 1 : i_b]):
+                raise ValueError(
+                    "DDP needs each update's last forward of a stage to be followed by its own backward "
+                    "before any other backward of that stage"
+                )
         self.records: dict = {}
         self.peak_live = 0
         self.peak_act_bytes = 0
@@ -94,7 +105,7 @@ class DDPExecutor(MomentumState):
                 x = data(b)[0] if s == 0 else self.records[(s - 1, b)]["y"].detach()
                 xl = as_leaves(x, requires_grad=s > 0)
                 sync = (s, b) in self.sync
-                with (contextlib.nullcontext() if sync else self.ddp[s].no_sync()):
+                with contextlib.nullcontext() if sync else self.ddp[s].no_sync():
                     y = self.ddp[s](from_tuple(xl, isinstance(x, tuple)))
                 rec = {"x": xl, "y": y, "bytes": nbytes(xl) + nbytes(as_tuple(y))}
                 if s == self.S - 1:
@@ -120,7 +131,9 @@ class DDPExecutor(MomentumState):
                     torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])
                 if s > 0:
                     xs = [rec["x"][i] for i in float_indices(rec["x"])]
-                    self.records[("cot", s - 1, b)] = [t.grad if t.grad is not None else torch.zeros_like(t) for t in xs]
+                    self.records[("cot", s - 1, b)] = [
+                        t.grad if t.grad is not None else torch.zeros_like(t) for t in xs
+                    ]
             elif op.kind == "STEP":
                 mu = self.ctx.momentum
                 with torch.no_grad():
@@ -135,8 +148,19 @@ class DDPExecutor(MomentumState):
             if clock is not None:
                 clock.add(len(timeline), pre, pre, clock.mark())
             rel = op.step + 1 if op.kind == "STEP" else (op.step if op.kind == "AR" else op.version)
-            timeline.append((self.rank, s, R * self.M + b if b >= 0 else -1, op.kind,
-                             (start - t0) * 1e3, (end - t0) * 1e3, R * self.prog.per_round[s] + rel, R, 0.0))
+            timeline.append(
+                (
+                    self.rank,
+                    s,
+                    R * self.M + b if b >= 0 else -1,
+                    op.kind,
+                    (start - t0) * 1e3,
+                    (end - t0) * 1e3,
+                    R * self.prog.per_round[s] + rel,
+                    R,
+                    0.0,
+                )
+            )
         if clock is not None:  # the round's rows in the device's times (one synchronization)
             clock.resolve(timeline, R)
 
@@ -144,5 +168,7 @@ class DDPExecutor(MomentumState):
         return {s: {n: p.detach().clone() for n, p in m.named_parameters()} for s, m in enumerate(self.modules)}
 
     def memory(self):
-        return {s: dict(peak_versions=1, peak_live_microbatches=self.peak_live, peak_activation_bytes=self.peak_act_bytes)
-                for s in range(self.S)}
+        return {
+            s: dict(peak_versions=1, peak_live_microbatches=self.peak_live, peak_activation_bytes=self.peak_act_bytes)
+            for s in range(self.S)
+        }

@@ -23,6 +23,7 @@ activation and gradient traffic, with tags unique within an epoch:
 ``fetch: (g * S + s)`` with ``g = k * M + b`` and ``push: ((k * S + s) * T + t)`` (``k`` the round
 within the epoch, ``T`` the most updates a stage makes per round). Every wait has the job's timeout.
 """
+
 from __future__ import annotations
 
 import time
@@ -56,18 +57,24 @@ def check_remote(schedule: Schedule) -> None:
         o = op.weights_worker if op.weights_worker is not None else w
         if is_remote(op, w):
             if schedule.update == "async":
-                raise ValueError(f"schedule {schedule.name!r}: remote weights ({op} on worker {w}) under the 'async' "
-                                 "rule are not supported; use a synchronous rule")
+                raise ValueError(
+                    f"schedule {schedule.name!r}: remote weights ({op} on worker {w}) under the 'async' "
+                    "rule are not supported; use a synchronous rule"
+                )
             if o not in schedule.stage_workers[op.stage]:
-                raise ValueError(f"schedule {schedule.name!r}: {op} on worker {w} reads weights of worker {o}, which "
-                                 f"holds no replica of stage {op.stage} (holders {schedule.stage_workers[op.stage]})")
+                raise ValueError(
+                    f"schedule {schedule.name!r}: {op} on worker {w} reads weights of worker {o}, which "
+                    f"holds no replica of stage {op.stage} (holders {schedule.stage_workers[op.stage]})"
+                )
             remote.add((op.stage, op.microbatch))
         reads.setdefault((op.stage, op.microbatch), set()).add((o, op.version))
     for s, b in sorted(remote):
         if len(reads[(s, b)]) > 1:
-            raise ValueError(f"schedule {schedule.name!r}: the ops of stage {s}, microbatch {b} read weights (worker, "
-                             f"version) {sorted(reads[(s, b)])}; remote weights must come from one owner's version for "
-                             "a forward and its backward (give both directions the same weights_worker)")
+            raise ValueError(
+                f"schedule {schedule.name!r}: the ops of stage {s}, microbatch {b} read weights (worker, "
+                f"version) {sorted(reads[(s, b)])}; remote weights must come from one owner's version for "
+                "a forward and its backward (give both directions the same weights_worker)"
+            )
 
 
 class RemotePlan:
@@ -121,8 +128,16 @@ class RemotePlan:
 class RemoteWeights:
     """Executes a :class:`RemotePlan`: posts and waits the fetches and pushes of one rank."""
 
-    def __init__(self, schedule: Schedule, rank: int, layouts: dict[int, tuple[list[tuple[str, torch.Size]], torch.dtype]],
-                 device, timeout_s: float, groups: tuple, updates_per_round: list[int]):
+    def __init__(
+        self,
+        schedule: Schedule,
+        rank: int,
+        layouts: dict[int, tuple[list[tuple[str, torch.Size]], torch.dtype]],
+        device,
+        timeout_s: float,
+        groups: tuple,
+        updates_per_round: list[int],
+    ):
         self.plan = RemotePlan(schedule, rank)
         self.rank, self.S, self.M = rank, schedule.num_stages, schedule.microbatches
         # stage -> [(name, shape)] in the order of the flat vector, and the stage's dtype
@@ -140,8 +155,14 @@ class RemoteWeights:
         self.push_bufs: dict = {}  # consumer: (s, t, owner) -> flat sum
         self.push_recvs: dict = {}  # owner: (s, t) -> [(work, buffer, consumer)]
         self.collected: set = set()
-        self.stats = dict(weight_fetches=0, weight_fetch_bytes=0, gradient_pushes=0, gradient_push_bytes=0,
-                          weight_sends=0, weight_fetch_wait_ms=0.0)
+        self.stats = dict(
+            weight_fetches=0,
+            weight_fetch_bytes=0,
+            gradient_pushes=0,
+            gradient_push_bytes=0,
+            weight_sends=0,
+            weight_fetch_wait_ms=0.0,
+        )
 
     # ---- tags ---------------------------------------------------------------------------
     def _fetch_tag(self, s: int, b: int) -> int:
@@ -206,7 +227,7 @@ class RemoteWeights:
         self._prefetch()
         out, k = {}, 0
         for n, sh in self.layouts[s]:
-            out[n] = buf[k:k + sh.numel()].view(sh).detach().requires_grad_(True)
+            out[n] = buf[k : k + sh.numel()].view(sh).detach().requires_grad_(True)
             k += sh.numel()
         return out, waited
 
@@ -248,5 +269,6 @@ class RemoteWeights:
         try:
             work.wait(self.timeout)
         except Exception as e:  # noqa: BLE001 - re-raise with context
-            raise TimeoutError(f"rank {self.rank}: {what} did not complete within "
-                               f"{self.timeout.total_seconds():.0f} s ({e})") from None
+            raise TimeoutError(
+                f"rank {self.rank}: {what} did not complete within {self.timeout.total_seconds():.0f} s ({e})"
+            ) from None

@@ -1,4 +1,5 @@
 """Asynchronous data parallelism (``dp-asp``): Hogwild on shared-memory weights, staleness measured."""
+
 from __future__ import annotations
 
 import time
@@ -64,9 +65,12 @@ class HogwildExecutor(MomentumState):
             elif op.kind in ("B", "BW"):
                 rec = self.records.pop((s, b))
                 last = s == self.S - 1
-                kw = dict(loss_fn=self.model.loss, target=rec["target"]) if last else dict(cot=self.records.pop(("cot", s, b)))
-                dx, dw, _ = vjp(self.modules[s], rec["params"], rec["x"], rec["like"],
-                                rec["y"], **kw)
+                kw = (
+                    dict(loss_fn=self.model.loss, target=rec["target"])
+                    if last
+                    else dict(cot=self.records.pop(("cot", s, b)))
+                )
+                dx, dw, _ = vjp(self.modules[s], rec["params"], rec["x"], rec["like"], rec["y"], **kw)
                 for n, g in dw.items():
                     self.buf[s][n].add_(g)
                 if s > 0:
@@ -86,14 +90,33 @@ class HogwildExecutor(MomentumState):
             else:
                 raise ValueError(f"the async rule cannot run {op.kind} ops")
             end = time.perf_counter()
-            timeline.append((self.rank, s, R * self.M + b if b >= 0 else -1, op.kind,
-                             (start - t0) * 1e3, (end - t0) * 1e3, version, R, 0.0))
+            timeline.append(
+                (
+                    self.rank,
+                    s,
+                    R * self.M + b if b >= 0 else -1,
+                    op.kind,
+                    (start - t0) * 1e3,
+                    (end - t0) * 1e3,
+                    version,
+                    R,
+                    0.0,
+                )
+            )
 
     def weights(self):
         return {s: {n: t.detach().clone() for n, t in sh.items()} for s, sh in enumerate(self.shared)}
 
     def memory(self):
         st = self.staleness
-        return {s: dict(peak_versions=1, peak_live_microbatches=None, peak_activation_bytes=None,
-                        staleness_mean=(sum(st) / len(st)) if st else 0.0, staleness_max=max(st, default=0),
-                        updates=len(st)) for s in range(self.S)}
+        return {
+            s: dict(
+                peak_versions=1,
+                peak_live_microbatches=None,
+                peak_activation_bytes=None,
+                staleness_mean=(sum(st) / len(st)) if st else 0.0,
+                staleness_max=max(st, default=0),
+                updates=len(st),
+            )
+            for s in range(self.S)
+        }

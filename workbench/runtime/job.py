@@ -4,19 +4,22 @@ Ranks rebuild the model and the data set from recipes (``functools.partial`` of 
 and :func:`build_dataset`) rather than receiving objects, so every process holds the same
 deterministic weights and samples without any transfer.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from ..schedules.core import Schedule
 
+
 def build_model(name: str, dtype: str | None = None, seed: int = 0, **options):
     """A LayerModel from the zoo (``workbench.models.build``), or ``toy-mlp`` from :mod:`.toy`."""
     if name == "toy-mlp":
         from .toy import toy_mlp
+
         model = toy_mlp(seed=seed, **options)
     else:
         try:
@@ -79,8 +82,10 @@ def as_dataset(dataset):
     train, test = dataset if isinstance(dataset, (tuple, list)) and len(dataset) == 2 else (dataset, None)
     for d in (train, test):
         if d is not None and not isinstance(d, TensorDataset):
-            raise ValueError(f"a data set must be a torch.utils.data.TensorDataset(inputs..., targets) (or a pair "
-                             f"(train, test) of them), got {type(d).__name__}")
+            raise ValueError(
+                f"a data set must be a torch.utils.data.TensorDataset(inputs..., targets) (or a pair "
+                f"(train, test) of them), got {type(d).__name__}"
+            )
     return train, test
 
 
@@ -103,13 +108,17 @@ def as_layer_model(model, train_set, seed: int = 0, dtype: str | None = None):
             torch.manual_seed(seed)
             built = model()
         if not isinstance(built, (nn.Module, LayerModel)):
-            raise ValueError(f"model factory {getattr(model, '__name__', model)!r} returned {type(built).__name__}; "
-                             "it must return an nn.Module")
+            raise ValueError(
+                f"model factory {getattr(model, '__name__', model)!r} returned {type(built).__name__}; "
+                "it must return an nn.Module"
+            )
         model = built
         if isinstance(model, LayerModel):
             return model
     if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be a zoo name, an nn.Module, a LayerModel or a factory, got {type(model).__name__}")
+        raise ValueError(
+            f"model must be a zoo name, an nn.Module, a LayerModel or a factory, got {type(model).__name__}"
+        )
     if train_set is None:
         raise ValueError(f"training {type(model).__name__} needs a data set: dataset=TensorDataset(inputs..., targets)")
     from ..graph import from_modules, split
@@ -132,8 +141,10 @@ def build_dataset(model_name: str, dataset: str, split: str = "train", **options
     """The model's training (or test) set; ``options`` go to the loader (e.g. the synthetic set's sizes)."""
     if model_name == "toy-mlp" or dataset == "toy":
         from .toy import toy_dataset
+
         return toy_dataset(split=split, **options)
     from workbench.models.data import load_dataset
+
     return load_dataset(dataset, split, **options)
 
 
@@ -188,5 +199,3 @@ class RankContext:
     rounds_per_epoch: int = 0
     specs: list = field(default_factory=list)
     like_tuple: list = field(default_factory=list)
-
-

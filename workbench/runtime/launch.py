@@ -3,6 +3,7 @@
 :func:`workbench.runtime.rank.worker_main`. Outputs are described in :mod:`workbench.runtime.outputs`;
 a folder holding a finished run is never overwritten.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,8 +25,14 @@ from .lifetime import JobStopped, RankFailed, run_rank, spawn
 from .outputs import RunResult, latest_checkpoint, load_stage
 from .rank import worker_main
 from .segment_executor import check_segments, sequence_options
-from .shm import (TRAIN_TRANSPORTS, auto_transport, check_transport, remove_channels, remove_stale_channels,
-                  ring_channels)
+from .shm import (
+    TRAIN_TRANSPORTS,
+    auto_transport,
+    check_transport,
+    remove_channels,
+    remove_stale_channels,
+    ring_channels,
+)
 from .shm import new_token as new_shm_token
 from .stages import DataOrder, even_bounds, plan_bounds, stage_module, stage_params
 from .tied import check_tied, defer_steps, tied_weights
@@ -47,7 +54,9 @@ def free_port(port: int | None = None, host: str = "127.0.0.1") -> int:
         try:
             s.bind((host, port or 0))
         except OSError:
-            raise ValueError(f"port {port} is in use; pick another --port or leave it out to choose a free one") from None
+            raise ValueError(
+                f"port {port} is in use; pick another --port or leave it out to choose a free one"
+            ) from None
         return s.getsockname()[1]
 
 
@@ -59,6 +68,7 @@ def make_schedule(schedule, plan_or_stages, microbatches: int, **options) -> Sch
     if isinstance(schedule, Schedule):
         return schedule
     from workbench.schedules import build
+
     return build(schedule, plan_or_stages, microbatches, **options)
 
 
@@ -67,41 +77,75 @@ def schedule_for_workers(name: str, workers: int, plan, microbatches: int, optio
     schedule taking ``workers`` (data parallel, master family) gets it; without a plan the stage count
     is ``spec.stages_for(workers, options)`` (k stages per worker; 1 for data parallel)."""
     from workbench.schedules import build_for_workers, worker_options
+
     options.update(worker_options(name, workers, options))  # the caller keeps the typed options
     return build_for_workers(name, workers, microbatches, plan, options)
 
 
-def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, steps: int | None = None,
-            epochs: int = 1, batch_size: int = 64, lr: float = DEFAULT_LR, seed: int = 0, out=None, plan=None,
-            device: str | None = None, backend: str | None = None, resume: bool = False, fail_rank: int | None = None,
-            fail_at_step: int | None = None, timeout_s: float = 60.0, allow_oversubscribe: bool = False,
-            threads: int | None = None, progress: bool = True, return_weights: bool = False, dtype: str | None = None,
-            schedule_options: dict | None = None, dataset_options: dict | None = None, lookahead: int | None = None,
-            evaluate: bool = True, momentum: float = 0.0, dataset=None, transport: str = "auto", stream: bool = False,
-            **model_options) -> Job:
+def prepare(
+    model="mlp",
+    schedule="pipedream",
+    workers: int = 2,
+    microbatches: int = 4,
+    steps: int | None = None,
+    epochs: int = 1,
+    batch_size: int = 64,
+    lr: float = DEFAULT_LR,
+    seed: int = 0,
+    out=None,
+    plan=None,
+    device: str | None = None,
+    backend: str | None = None,
+    resume: bool = False,
+    fail_rank: int | None = None,
+    fail_at_step: int | None = None,
+    timeout_s: float = 60.0,
+    allow_oversubscribe: bool = False,
+    threads: int | None = None,
+    progress: bool = True,
+    return_weights: bool = False,
+    dtype: str | None = None,
+    schedule_options: dict | None = None,
+    dataset_options: dict | None = None,
+    lookahead: int | None = None,
+    evaluate: bool = True,
+    momentum: float = 0.0,
+    dataset=None,
+    transport: str = "auto",
+    stream: bool = False,
+    **model_options,
+) -> Job:
     """Validate the arguments of :func:`train` and build the picklable :class:`Job`."""
     torchrun = _under_torchrun()
-    _check_numbers(workers=workers, microbatches=microbatches, batch_size=batch_size, lr=lr, momentum=momentum,
-                   timeout_s=timeout_s)
+    _check_numbers(
+        workers=workers, microbatches=microbatches, batch_size=batch_size, lr=lr, momentum=momentum, timeout_s=timeout_s
+    )
     if torchrun and int(os.environ["WORLD_SIZE"]) != workers:
         workers = int(os.environ["WORLD_SIZE"])
     if device is None:
         device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= workers else "cpu"
     hogwild = (spec(schedule).executor if isinstance(schedule, str) else executor_of(schedule)) == "hogwild"
     if device.startswith("cuda") and hogwild:
-        raise ValueError(f"{getattr(schedule, 'name', schedule)} runs Hogwild on shared CPU memory; use --device cpu for it")
+        raise ValueError(
+            f"{getattr(schedule, 'name', schedule)} runs Hogwild on shared CPU memory; use --device cpu for it"
+        )
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but no GPU is visible; use --device cpu")
     backend = backend or ("nccl" if device.startswith("cuda") else "gloo")
     if not torchrun:
         if device == "cpu" and workers > _cores() and not allow_oversubscribe:
-            raise ValueError(f"{workers} workers on {_cores()} CPU cores; use fewer workers or allow_oversubscribe=True "
-                             "(--allow-oversubscribe)")
+            raise ValueError(
+                f"{workers} workers on {_cores()} CPU cores; use fewer workers or allow_oversubscribe=True "
+                "(--allow-oversubscribe)"
+            )
         if device.startswith("cuda") and workers > torch.cuda.device_count() and not allow_oversubscribe:
-            raise ValueError(f"{workers} workers on {torch.cuda.device_count()} GPUs; use fewer workers or allow_oversubscribe")
+            raise ValueError(
+                f"{workers} workers on {torch.cuda.device_count()} GPUs; use fewer workers or allow_oversubscribe"
+            )
     mseed = model_options.pop("model_seed", seed)
-    the_model, model_fn, dataset_fn, label = _model_and_data(model, dataset, dtype, mseed, model_options,
-                                                             dict(dataset_options or {}))
+    the_model, model_fn, dataset_fn, label = _model_and_data(
+        model, dataset, dtype, mseed, model_options, dict(dataset_options or {})
+    )
     if out is None:  # a fresh run folder
         name = schedule if isinstance(schedule, str) else schedule.name
         out = Path("results") / "train" / f"{label}-{name}-w{workers}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
@@ -112,8 +156,10 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
     if torchrun and plan is not None:
         _check_torchrun_layout(plan)
     if plan is not None and plan.num_layers != L:
-        raise ValueError(f"the plan covers {plan.num_layers} layers but model {label!r} has {L}; "
-                         "partition this model's profile again")
+        raise ValueError(
+            f"the plan covers {plan.num_layers} layers but model {label!r} has {L}; "
+            "partition this model's profile again"
+        )
     sopts = dict(schedule_options or {})
     if isinstance(schedule, Schedule):
         sched = schedule
@@ -127,19 +173,29 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
     check_transport(transport, TRAIN_TRANSPORTS)
     if transport == "auto":  # shared memory where it runs and pays (one rank per core, CPU, this machine)
         # only where its channels are bounded rings (else they hold every message of an epoch: shm.channel_sizes)
-        transport = auto_transport(workers, _cores(), spawned=not torchrun, device=device, backend=backend,
-                                   messages=executor_of(sched) == "pipeline" and ring_channels(sched))
+        transport = auto_transport(
+            workers,
+            _cores(),
+            spawned=not torchrun,
+            device=device,
+            backend=backend,
+            messages=executor_of(sched) == "pipeline" and ring_channels(sched),
+        )
     if transport == "shm":
         if torchrun or not device == "cpu" or backend != "gloo":
-            raise ValueError("transport='shm' needs CPU ranks spawned by train() on one machine "
-                             "(no torchrun, device cpu, gloo)")
+            raise ValueError(
+                "transport='shm' needs CPU ranks spawned by train() on one machine (no torchrun, device cpu, gloo)"
+            )
         if executor_of(sched) != "pipeline":
-            raise ValueError(f"transport='shm' carries pipeline messages; {sched.name} has none "
-                             "(it all-reduces or shares memory)")
+            raise ValueError(
+                f"transport='shm' carries pipeline messages; {sched.name} has none (it all-reduces or shares memory)"
+            )
     stream_fn = _stream_builder(schedule, workers, plan, schedule_options, sched) if stream else None
     if sched.num_workers != workers:
-        raise ValueError(f"schedule {sched.name!r} uses {sched.num_workers} workers but workers={workers}; "
-                         f"run it with --workers {sched.num_workers} (workers={sched.num_workers})")
+        raise ValueError(
+            f"schedule {sched.name!r} uses {sched.num_workers} workers but workers={workers}; "
+            f"run it with --workers {sched.num_workers} (workers={sched.num_workers})"
+        )
     if sched.microbatches != microbatches:
         microbatches = sched.microbatches
     if plan is not None and plan.num_stages == sched.num_stages:
@@ -162,13 +218,39 @@ def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: i
     if fail_rank is not None and not 0 <= fail_rank < workers:
         raise ValueError(f"fail_rank {fail_rank} is not a rank of {workers} workers")
     threads = threads or max(1, _cores() // workers)
-    return Job(model_fn=model_fn, dataset_fn=dataset_fn, schedule=sched, bounds=bounds, batch_size=batch_size, lr=lr,
-               seed=seed, rounds_total=rounds_total, out=str(out), dtype=dtype, resume=resume, fail_rank=fail_rank,
-               fail_at_step=fail_at_step, timeout_s=timeout_s, device=device, backend=backend, threads=threads,
-               progress=progress, return_weights=return_weights, lookahead=lookahead, evaluate=evaluate, momentum=momentum,
-               transport=transport, shm_token=new_shm_token() if transport == "shm" else "", stream=stream_fn,
-               options=dict(model=label, model_options=model_options, schedule_options=sopts,
-                            targets_per_sample=int(train_set.tensors[-1][0].numel())))
+    return Job(
+        model_fn=model_fn,
+        dataset_fn=dataset_fn,
+        schedule=sched,
+        bounds=bounds,
+        batch_size=batch_size,
+        lr=lr,
+        seed=seed,
+        rounds_total=rounds_total,
+        out=str(out),
+        dtype=dtype,
+        resume=resume,
+        fail_rank=fail_rank,
+        fail_at_step=fail_at_step,
+        timeout_s=timeout_s,
+        device=device,
+        backend=backend,
+        threads=threads,
+        progress=progress,
+        return_weights=return_weights,
+        lookahead=lookahead,
+        evaluate=evaluate,
+        momentum=momentum,
+        transport=transport,
+        shm_token=new_shm_token() if transport == "shm" else "",
+        stream=stream_fn,
+        options=dict(
+            model=label,
+            model_options=model_options,
+            schedule_options=sopts,
+            targets_per_sample=int(train_set.tensors[-1][0].numel()),
+        ),
+    )
 
 
 def stream_schedule(name: str, workers: int, plan, options: dict, microbatches: int) -> Schedule:
@@ -178,6 +260,7 @@ def stream_schedule(name: str, workers: int, plan, options: dict, microbatches: 
 
 def _schedule_option_names(name: str) -> set[str]:
     from workbench.schedules import spec
+
     return {o.name for o in spec(name).options}
 
 
@@ -192,16 +275,24 @@ def _stream_builder(schedule, workers: int, plan, options: dict | None, sched: S
         raise ValueError("stream=True builds the schedule over each epoch's microbatches: give the schedule by name")
     sp = spec(schedule)
     if sp.family != "pipeline" or sp.microbatches != "in total":
-        ok = ", ".join(sorted(n for n, x in REGISTRY.items() if x.family == "pipeline" and x.microbatches == "in total"))
-        why = "flushes the pipeline at every minibatch (its update rule needs it)" if sp.family == "pipeline" else \
-            f"is not a pipeline ({sp.family})"
+        ok = ", ".join(
+            sorted(n for n, x in REGISTRY.items() if x.family == "pipeline" and x.microbatches == "in total")
+        )
+        why = (
+            "flushes the pipeline at every minibatch (its update rule needs it)"
+            if sp.family == "pipeline"
+            else f"is not a pipeline ({sp.family})"
+        )
         raise ValueError(f"{schedule} {why}; stream=True (--stream) is for pipeline schedules without a flush: {ok}")
     fn = functools.partial(stream_schedule, schedule, workers, plan, dict(options or {}))
     from .reference import updates_per_round
+
     two, one = updates_per_round(fn(2 * sched.microbatches)), updates_per_round(sched)
     if two != [2 * u for u in one]:
-        raise ValueError(f"{schedule}: updates per minibatch {one} do not repeat over two minibatches ({two}) with "
-                         f"{sched.microbatches} microbatches; make --microbatches a multiple of the microbatches per update")
+        raise ValueError(
+            f"{schedule}: updates per minibatch {one} do not repeat over two minibatches ({two}) with "
+            f"{sched.microbatches} microbatches; make --microbatches a multiple of the microbatches per update"
+        )
     return fn
 
 
@@ -214,9 +305,11 @@ def _check_torchrun_layout(plan) -> None:
     levels = (plan.meta or {}).get("topology") or []
     local = int(os.environ.get("LOCAL_WORLD_SIZE", 0))
     if len(levels) >= 2 and local and int(levels[0][0]) != local:
-        raise ValueError(f"the plan was partitioned for {int(levels[0][0])} workers per machine (topology "
-                         f"{[int(c) for c, _ in levels]}, innermost first) but torchrun started {local} per node; "
-                         f"run torchrun with --nproc_per_node {int(levels[0][0])} or partition for this layout")
+        raise ValueError(
+            f"the plan was partitioned for {int(levels[0][0])} workers per machine (topology "
+            f"{[int(c) for c, _ in levels]}, innermost first) but torchrun started {local} per node; "
+            f"run torchrun with --nproc_per_node {int(levels[0][0])} or partition for this layout"
+        )
 
 
 def _check_not_bootstrapping() -> None:
@@ -226,8 +319,10 @@ def _check_not_bootstrapping() -> None:
     import multiprocessing as mp
 
     if mp.parent_process() is not None and getattr(mp.current_process(), "_inheriting", False):
-        raise RuntimeError("workbench.runtime.train was called while a spawned rank imported your script: put the "
-                           "training code under `if __name__ == \"__main__\":` (see the README, 'Your own model')")
+        raise RuntimeError(
+            "workbench.runtime.train was called while a spawned rank imported your script: put the "
+            "training code under `if __name__ == \"__main__\":` (see the README, 'Your own model')"
+        )
 
 
 def _check_numbers(**values) -> None:
@@ -255,8 +350,10 @@ def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, dopt
 
     def data_recipe(default_name: str | None, model_name: str = "user"):
         if dataset is None and default_name is None:
-            raise ValueError("a user model needs a data set (dataset= / --dataset): a TensorDataset(inputs..., targets), a pair "
-                             "(train, test), a built-in name (`workbench models` lists them) or package.module:function")
+            raise ValueError(
+                "a user model needs a data set (dataset= / --dataset): a TensorDataset(inputs..., targets), a pair "
+                "(train, test), a built-in name (`workbench models` lists them) or package.module:function"
+            )
         if dataset is None or (isinstance(dataset, str) and ":" not in dataset):
             return functools.partial(build_dataset, model_name, dataset or default_name, **dopts)
         train, test = as_dataset(dataset)
@@ -270,8 +367,9 @@ def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, dopt
             dopts.setdefault("num_classes", the_model.config.get("num_classes", 10))
         return the_model, model_fn, data_recipe(the_model.dataset, model), model
     if model_options:
-        raise ValueError(f"model options {sorted(model_options)} apply to zoo models only; configure your model "
-                         "in its factory")
+        raise ValueError(
+            f"model options {sorted(model_options)} apply to zoo models only; configure your model in its factory"
+        )
     if isinstance(model, str):
         model = load_object(model)  # package.module:function: fail on a bad name before loading data
     dataset_fn = data_recipe(None)
@@ -283,8 +381,10 @@ def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, dopt
     try:
         pickle.dumps(model_fn)
     except Exception as e:  # noqa: BLE001
-        raise ValueError(f"model {the_model.name} cannot be pickled for the spawned ranks ({type(e).__name__}: "
-                         f"{str(e)[:200]}); define its loss and factory in an importable module") from None
+        raise ValueError(
+            f"model {the_model.name} cannot be pickled for the spawned ranks ({type(e).__name__}: "
+            f"{str(e)[:200]}); define its loss and factory in an importable module"
+        ) from None
     return the_model, model_fn, dataset_fn, the_model.name
 
 
@@ -344,8 +444,11 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
 def _resume_hint(jobs: list[Job]) -> str:
     """Where a stopped job can continue: its last complete checkpoint (``--resume``), if any."""
     done = [(j.out, latest_checkpoint(Path(j.out))) for j in jobs]
-    return "".join(f"; last complete checkpoint {ck} (--resume --out {out} continues from it)"
-                   for out, ck in done if ck is not None)
+    return "".join(
+        f"; last complete checkpoint {ck} (--resume --out {out} continues from it)"
+        for out, ck in done
+        if ck is not None
+    )
 
 
 def _read_summary(out: Path, job: Job) -> dict:
@@ -356,10 +459,27 @@ def _read_summary(out: Path, job: Job) -> dict:
     return summary
 
 
-def train(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, steps: int | None = None,
-          epochs: int = 1, batch_size: int = 64, lr: float = DEFAULT_LR, seed: int = 0, out=None, plan=None,
-          device: str | None = None, backend: str | None = None, resume: bool = False, fail_rank: int | None = None,
-          fail_at_step: int | None = None, timeout_s: float = 60.0, port: int | None = None, **options) -> dict:
+def train(
+    model="mlp",
+    schedule="pipedream",
+    workers: int = 2,
+    microbatches: int = 4,
+    steps: int | None = None,
+    epochs: int = 1,
+    batch_size: int = 64,
+    lr: float = DEFAULT_LR,
+    seed: int = 0,
+    out=None,
+    plan=None,
+    device: str | None = None,
+    backend: str | None = None,
+    resume: bool = False,
+    fail_rank: int | None = None,
+    fail_at_step: int | None = None,
+    timeout_s: float = 60.0,
+    port: int | None = None,
+    **options,
+) -> dict:
     """Train ``model`` with ``schedule`` on ``workers`` processes; returns the run summary
     (:class:`~workbench.runtime.outputs.RunResult`, a dict with a Jupyter card).
 
@@ -399,6 +519,24 @@ def train(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int
     _check_not_bootstrapping()
     if port is not None:
         free_port(port)
-    job = prepare(model, schedule, workers, microbatches, steps, epochs, batch_size, lr, seed, out, plan, device,
-                  backend, resume, fail_rank, fail_at_step, timeout_s, **options)
+    job = prepare(
+        model,
+        schedule,
+        workers,
+        microbatches,
+        steps,
+        epochs,
+        batch_size,
+        lr,
+        seed,
+        out,
+        plan,
+        device,
+        backend,
+        resume,
+        fail_rank,
+        fail_at_step,
+        timeout_s,
+        **options,
+    )
     return run_job(job, port)

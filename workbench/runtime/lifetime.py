@@ -31,6 +31,7 @@ renamed, and a checkpoint counts only once rank 0 marked it ``COMPLETE``
 (:func:`~workbench.runtime.outputs.latest_checkpoint`); channel files are unlinked by the ranks as
 soon as all of them have mapped them (:meth:`~workbench.runtime.comm.ShmP2P.unlink`).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -190,8 +191,12 @@ def spawn(fn, args: tuple, world: int, *, deadline_s: float | None = None, what:
     with _StopSignals() as stop:
         try:
             for r in range(world):
-                p = ctx.Process(target=_rank_main, args=(r, fn, args, progress, pipes[r][1], os.getpid()),
-                                name=f"workbench-rank{r}", daemon=False)
+                p = ctx.Process(
+                    target=_rank_main,
+                    args=(r, fn, args, progress, pipes[r][1], os.getpid()),
+                    name=f"workbench-rank{r}",
+                    daemon=False,
+                )
                 p.start()
                 procs.append(p)
                 pipes[r][1].close()  # the rank holds its own copy: at its end the reader sees EOF
@@ -253,18 +258,35 @@ def _failure(procs: list, dead: list, reports: list, progress) -> RankFailed:
     killed = [(i, p) for i, p in dead if p.exitcode < 0]
     if killed:
         i, p = killed[0]
-        return RankFailed(f"rank {i} (pid {p.pid}) was killed by {signal_name(-p.exitcode)} (exit code {p.exitcode}) "
-                          f"{_where(progress[i])}", i, p.exitcode, progress[i])
+        return RankFailed(
+            f"rank {i} (pid {p.pid}) was killed by {signal_name(-p.exitcode)} (exit code {p.exitcode}) "
+            f"{_where(progress[i])}",
+            i,
+            p.exitcode,
+            progress[i],
+        )
     if reports:
         i, at, line, tb = min(reports, key=lambda r: r[1])  # the rank ends with os._exit(1) once it reported
-        return RankFailed(f"rank {i} (pid {procs[i].pid}) failed {_where(progress[i])} (exit code 1): {line}",
-                          i, 1, progress[i], tb, at)
+        return RankFailed(
+            f"rank {i} (pid {procs[i].pid}) failed {_where(progress[i])} (exit code 1): {line}",
+            i,
+            1,
+            progress[i],
+            tb,
+            at,
+        )
     i, p = dead[0]
     if progress[i] == NOT_STARTED:  # it never ran our code: the spawned interpreter failed to start it
-        return RankFailed(f"rank {i} exited with code {p.exitcode} before it started; if you train from a script, "
-                          "put the training code under `if __name__ == \"__main__\":`", i, p.exitcode, progress[i])
-    return RankFailed(f"rank {i} (pid {p.pid}) exited with code {p.exitcode} {_where(progress[i])}",
-                      i, p.exitcode, progress[i])
+        return RankFailed(
+            f"rank {i} exited with code {p.exitcode} before it started; if you train from a script, "
+            'put the training code under `if __name__ == "__main__":`',
+            i,
+            p.exitcode,
+            progress[i],
+        )
+    return RankFailed(
+        f"rank {i} (pid {p.pid}) exited with code {p.exitcode} {_where(progress[i])}", i, p.exitcode, progress[i]
+    )
 
 
 def stop_ranks(procs, grace_s: float = GRACE_S) -> None:

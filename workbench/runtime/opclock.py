@@ -35,12 +35,13 @@ way on a GPU; the Hogwild executor runs on CPU processes only.
 host's clock behind the event interface), so the bookkeeping above runs, and is tested, on machines
 without a GPU.
 """
+
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
-from typing import Callable
 
 # timeline row fields (worker.PipelineExecutor._run; ddp.DDPExecutor's rows end at wait_ms): rank, stage,
 # microbatch, kind, start, end, version, round, wait_ms, send_ms, data_ms, send_at
@@ -62,7 +63,7 @@ class HostEvent:
     def synchronize(self) -> None:
         pass
 
-    def elapsed_time(self, end: "HostEvent") -> float:
+    def elapsed_time(self, end: HostEvent) -> float:
         return (end.t - self.t) * 1e3
 
 
@@ -124,10 +125,12 @@ def for_device(device) -> EventClock | None:
     """The clock of a rank computing on ``device``: CUDA events on a GPU; on a CPU ``None`` (the
     host's clock, timed around each op), or host events with ``WORKBENCH_EVENT_CLOCK=host``."""
     import torch
+
     dev = torch.device(device)
     if dev.type == "cuda":
-        return EventClock(lambda: torch.cuda.Event(enable_timing=True), lambda: torch.cuda.synchronize(dev),
-                          "cuda-events")
+        return EventClock(
+            lambda: torch.cuda.Event(enable_timing=True), lambda: torch.cuda.synchronize(dev), "cuda-events"
+        )
     if os.environ.get("WORKBENCH_EVENT_CLOCK") == "host":
         return EventClock(HostEvent, name="host-events")
     return None

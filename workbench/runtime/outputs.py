@@ -24,6 +24,7 @@ minibatch), ``ceil(microbatches / replicas)`` for dp-bsp. ``samples_per_s``
 Every file is written under a temporary name and renamed into place, so a failed run leaves its
 earlier complete checkpoints and never a half-written file.
 """
+
 from __future__ import annotations
 
 import csv
@@ -40,10 +41,32 @@ from .reference import updates_per_round
 # executors' tuples; send_ms / data_ms (time inside the op spent posting sends / copying the microbatch's
 # input or target) and send_at (ms since t0 when the op's first send began) are written by the pipeline
 # executor only (see workbench.runtime.breakdown, workbench.trace_events)
-RECORD_COLUMNS = ["worker", "stage", "microbatch", "kind", "start", "end", "version", "round", "wait_ms", "send_ms",
-                  "data_ms", "send_at"]
+RECORD_COLUMNS = [
+    "worker",
+    "stage",
+    "microbatch",
+    "kind",
+    "start",
+    "end",
+    "version",
+    "round",
+    "wait_ms",
+    "send_ms",
+    "data_ms",
+    "send_at",
+]
 TIMELINE_COLUMNS = RECORD_COLUMNS + ["step"]  # step: alias of round (workbench.timeline)
-METRIC_COLUMNS = ["step", "epoch", "loss", "accuracy", "samples", "samples_per_s", "wall_ms", "test_loss", "test_accuracy"]
+METRIC_COLUMNS = [
+    "step",
+    "epoch",
+    "loss",
+    "accuracy",
+    "samples",
+    "samples_per_s",
+    "wall_ms",
+    "test_loss",
+    "test_accuracy",
+]
 
 
 def atomic_save(obj, path: Path) -> None:
@@ -78,6 +101,7 @@ def jsonable(d):
 
 def peak_rss() -> int:
     import resource
+
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
@@ -94,8 +118,9 @@ def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
     for rows, tl in gathered:
         timeline.extend(tl)
         for r in rows:
-            acc = steps.setdefault(r["step"], dict(step=r["step"], epoch=r["epoch"], loss=0.0, n=0, correct=0,
-                                                   samples=0, end_ms=0.0))
+            acc = steps.setdefault(
+                r["step"], dict(step=r["step"], epoch=r["epoch"], loss=0.0, n=0, correct=0, samples=0, end_ms=0.0)
+            )
             for k in ("loss", "n", "correct", "samples"):
                 acc[k] += r[k]
             for k in ("test_loss", "test_accuracy"):
@@ -112,16 +137,27 @@ def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
     for st in sorted(steps):
         a = steps[st]
         dt = max(a["end_ms"] - prev_end, 1e-9)
-        new.append(dict(step=st, epoch=a["epoch"], loss=a["loss"] / max(a["n"], 1),
-                        accuracy=a["correct"] / max(a["samples"] * per_sample, 1), samples=job.batch_size,
-                        samples_per_s=job.batch_size / dt * 1e3, wall_ms=a["end_ms"],
-                        test_loss=a.get("test_loss", ""), test_accuracy=a.get("test_accuracy", "")))
+        new.append(
+            dict(
+                step=st,
+                epoch=a["epoch"],
+                loss=a["loss"] / max(a["n"], 1),
+                accuracy=a["correct"] / max(a["samples"] * per_sample, 1),
+                samples=job.batch_size,
+                samples_per_s=job.batch_size / dt * 1e3,
+                wall_ms=a["end_ms"],
+                test_loss=a.get("test_loss", ""),
+                test_accuracy=a.get("test_accuracy", ""),
+            )
+        )
         prev_end = a["end_ms"]
     timeline.sort(key=lambda r: (r[4], r[0]))
     tl_rows = [dict(zip(RECORD_COLUMNS, r)) | {"step": r[RECORD_COLUMNS.index("round")]} for r in timeline]
     if rewrite:
-        old_tl = [r | {"round": r.get("round") or r["step"], "step": r.get("round") or r["step"]}
-                  for r in _read_rows(tl_path, None)]
+        old_tl = [
+            r | {"round": r.get("round") or r["step"], "step": r.get("round") or r["step"]}
+            for r in _read_rows(tl_path, None)
+        ]
         old_tl = [r for r in old_tl if int(r["round"]) < truncate_from]
         _write_csv(metrics_path, METRIC_COLUMNS, old + new)
         _write_csv(tl_path, TIMELINE_COLUMNS, old_tl + tl_rows)
@@ -191,11 +227,25 @@ def write_summary(out: Path, job: Job, gathered) -> None:
     steady = (len(walls) - 1 - k) * job.batch_size / (walls[-1] - walls[k]) * 1e3 if len(walls) - k > 1 else None
     minibatch_ms = (walls[-1] - walls[k]) / (len(walls) - 1 - k) if len(walls) - k > 1 else None
     summary = dict(
-        schedule=job.schedule.name, update=job.schedule.update, workers=job.schedule.num_workers,
-        stages=job.schedule.num_stages, microbatches=job.schedule.microbatches, batch_size=job.batch_size,
-        lr=job.lr, momentum=job.momentum, seed=job.seed, steps=len(rows), bounds=[list(b) for b in job.bounds], backend=job.backend,
-        transport=job.transport, stream=job.stream is not None, device=job.device, wall_s=wall_s, samples_per_s=samples / wall_s if wall_s > 0 else None,
-        samples_per_s_steady=steady, minibatch_ms_steady=minibatch_ms,
+        schedule=job.schedule.name,
+        update=job.schedule.update,
+        workers=job.schedule.num_workers,
+        stages=job.schedule.num_stages,
+        microbatches=job.schedule.microbatches,
+        batch_size=job.batch_size,
+        lr=job.lr,
+        momentum=job.momentum,
+        seed=job.seed,
+        steps=len(rows),
+        bounds=[list(b) for b in job.bounds],
+        backend=job.backend,
+        transport=job.transport,
+        stream=job.stream is not None,
+        device=job.device,
+        wall_s=wall_s,
+        samples_per_s=samples / wall_s if wall_s > 0 else None,
+        samples_per_s_steady=steady,
+        minibatch_ms_steady=minibatch_ms,
         minibatch_ms=wall_s * 1e3 / max(len(rows) - k, 1) if rows else None,
         microbatch_size=job.batch_size // max(job.schedule.microbatches, 1),
         updates_per_step=updates_per_round(job.schedule)[0],
@@ -203,7 +253,8 @@ def write_summary(out: Path, job: Job, gathered) -> None:
         final_accuracy=float(rows[-1]["accuracy"]) if rows else None,
         final_test_accuracy=float(rows[-1]["test_accuracy"]) if rows and rows[-1].get("test_accuracy") else None,
         final_test_loss=float(rows[-1]["test_loss"]) if rows and rows[-1].get("test_loss") else None,
-        ranks=infos, options=jsonable(job.options),
+        ranks=infos,
+        options=jsonable(job.options),
     )
     if job.schedule.update == "async":
         st = [m for i in infos for m in i["memory"].values()]
@@ -219,18 +270,20 @@ def write_summary(out: Path, job: Job, gathered) -> None:
         atomic_save(weights, out / "weights.pt")
 
 
-
-
 class RunResult(dict):
     """The summary of a run (the dict of ``summary.json``) with Jupyter manners: a one-line repr
     and an HTML card of the measured figures (units in the names) with a link to the timeline."""
 
     def _rows(self) -> list:
-        return [("schedule", self.get("schedule"), ""), ("workers", self.get("workers"), ""),
-                ("minibatches", self.get("steps"), f"x {self.get('batch_size')} samples"),
-                ("throughput", self.get("samples_per_s_steady") or self.get("samples_per_s"), "samples/s"),
-                ("time per minibatch", self.get("minibatch_ms_steady") or self.get("minibatch_ms"), "ms"),
-                ("final loss", self.get("final_loss"), ""), ("train accuracy", self.get("final_accuracy"), "")]
+        return [
+            ("schedule", self.get("schedule"), ""),
+            ("workers", self.get("workers"), ""),
+            ("minibatches", self.get("steps"), f"x {self.get('batch_size')} samples"),
+            ("throughput", self.get("samples_per_s_steady") or self.get("samples_per_s"), "samples/s"),
+            ("time per minibatch", self.get("minibatch_ms_steady") or self.get("minibatch_ms"), "ms"),
+            ("final loss", self.get("final_loss"), ""),
+            ("train accuracy", self.get("final_accuracy"), ""),
+        ]
 
     def __repr__(self) -> str:
         from ..display import one_line
@@ -244,9 +297,18 @@ class RunResult(dict):
 
         out = Path(str(self.get("out", "")))
         page = next((p for p in ("timeline.html", "timeline.csv") if (out / p).exists()), None)
-        link = (f"<div><a href='{html.escape(str(out / page))}' target='_blank'>measured timeline ({page})</a></div>"
-                if page else "")
-        label = (f"measured on {self.get('workers')} {self.get('backend', '')} ranks ({self.get('device', '')}); "
-                 f"steady = after the first minibatch; folder {out}")
-        return card(f"Training run: {self.get('options', {}).get('model', '')} with {self.get('schedule')}",
-                    self._rows(), label=label, extra_html=link)
+        link = (
+            f"<div><a href='{html.escape(str(out / page))}' target='_blank'>measured timeline ({page})</a></div>"
+            if page
+            else ""
+        )
+        label = (
+            f"measured on {self.get('workers')} {self.get('backend', '')} ranks ({self.get('device', '')}); "
+            f"steady = after the first minibatch; folder {out}"
+        )
+        return card(
+            f"Training run: {self.get('options', {}).get('model', '')} with {self.get('schedule')}",
+            self._rows(),
+            label=label,
+            extra_html=link,
+        )

@@ -7,6 +7,7 @@ marks the checkpoint complete (the gather is the only synchronization: the other
 a rank starts, reports a failure and stops (signals, its launcher's death) is
 :mod:`workbench.runtime.lifetime`'s; each round tells it the step the rank reached.
 """
+
 from __future__ import annotations
 
 import functools
@@ -15,9 +16,9 @@ import os
 import socket
 import sys
 import time
-from typing import Any
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,10 +32,13 @@ from .stages import DataOrder, as_tuple, microbatch, run_stage, stage_module, st
 from .tied import make_groups as tied_groups
 from .tied import tied_weights
 
+
 def _init_dist(rank: int, world: int, job: Job, addr: str | None, port: int | None):
     import torch.distributed as dist
-    kw: dict[str, Any] = dict(backend=job.backend, rank=rank, world_size=world,
-                              timeout=timedelta(seconds=job.timeout_s))
+
+    kw: dict[str, Any] = dict(
+        backend=job.backend, rank=rank, world_size=world, timeout=timedelta(seconds=job.timeout_s)
+    )
     if addr is None:
         dist.init_process_group(init_method="env://", **kw)
     else:
@@ -65,7 +69,9 @@ def _boundary_specs(model, bounds, x) -> tuple[list, list]:
     with torch.no_grad():
         for a, z in bounds:
             like.append(isinstance(x, tuple))
-            x = run_stage(stage_module(model.layers, a, z), dict(stage_module(model.layers, a, z).named_parameters()), x)
+            x = run_stage(
+                stage_module(model.layers, a, z), dict(stage_module(model.layers, a, z).named_parameters()), x
+            )
             specs.append([(tuple(t.shape), t.dtype) for t in as_tuple(x)])
     return specs, like
 
@@ -90,8 +96,12 @@ def worker_main(rank: int, world: int, jobs: list[Job], addr: str | None, port: 
     job = jobs[0]
     torch.set_num_threads(max(1, job.threads))
     # pinned to its cores, freed memory kept (no page faults per op: runtime.allocator)
-    place_rank(int(os.environ.get("LOCAL_RANK", rank)), int(os.environ.get("LOCAL_WORLD_SIZE", world)), job.threads,
-               "cuda" if job.device.startswith("cuda") else "cpu")
+    place_rank(
+        int(os.environ.get("LOCAL_RANK", rank)),
+        int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+        job.threads,
+        "cuda" if job.device.startswith("cuda") else "cpu",
+    )
     device = torch.device("cpu")
     if job.device.startswith("cuda"):
         device = torch.device("cuda", rank % torch.cuda.device_count())
@@ -119,6 +129,7 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
     from .hogwild import HogwildExecutor
     from .segment_executor import SegmentExecutor
     from .worker import PipelineExecutor
+
     sched = job.schedule
     model = job.model_fn()
     model.to(device)
@@ -141,10 +152,21 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
             saved = load_stage(ckpt, s, rep)
             init[s] = {n: t.to(device) for n, t in saved["weights"].items()}
             opt_state[s] = {n: t.to(device) for n, t in saved["optimizer"].get("momentum_buffer", {}).items()}
-        start_round = int(ckpt.name[len("round"):])
-    ctx = RankContext(rank, world, device, job.lr, job.timeout_s, momentum=job.momentum, start_round=start_round,
-                      lookahead=job.lookahead, backend=job.backend, transport=job.transport, shm_token=job.shm_token,
-                      rounds_per_epoch=rpe)
+        start_round = int(ckpt.name[len("round") :])
+    ctx = RankContext(
+        rank,
+        world,
+        device,
+        job.lr,
+        job.timeout_s,
+        momentum=job.momentum,
+        start_round=start_round,
+        lookahead=job.lookahead,
+        backend=job.backend,
+        transport=job.transport,
+        shm_token=job.shm_token,
+        rounds_per_epoch=rpe,
+    )
     x0, y0 = microbatch(dataset, order.indices(order.permutation(0), 0, 0), device, dtype)
     ctx.specs, ctx.like_tuple = _boundary_specs(model, job.bounds, x0)
     _warm_up_compute(model, job.bounds, x0, y0)
@@ -162,8 +184,11 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
         executor.load_optimizer_state(opt_state)
     if hasattr(executor, "comm"):
         executor.warm_up()
-    barrier = functools.partial(dist.monitored_barrier, timeout=timedelta(seconds=job.timeout_s)) \
-        if job.backend == "gloo" else dist.barrier
+    barrier = (
+        functools.partial(dist.monitored_barrier, timeout=timedelta(seconds=job.timeout_s))
+        if job.backend == "gloo"
+        else dist.barrier
+    )
     gc.collect()  # before the barrier: its duration differs between ranks and would skew their clocks
     gc.freeze()  # long-lived objects (torch & co.) are no longer scanned by the collector during the steps
     barrier()
@@ -174,7 +199,10 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
     bar = None
     if rank == 0 and job.progress:
         from tqdm.auto import tqdm
-        bar = tqdm(total=job.rounds_total, initial=start_round, desc=f"{sched.name} train", unit="step", file=sys.stderr)
+
+        bar = tqdm(
+            total=job.rounds_total, initial=start_round, desc=f"{sched.name} train", unit="step", file=sys.stderr
+        )
     R = start_round
     samples_done = 0
     while R < job.rounds_total:
@@ -186,8 +214,23 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
         timeline: list = []
         rows: list = []
         if job.stream is not None:  # the epoch's rounds as one pipeline, drained at the epoch end only
-            samples_done += _run_stream(executor, job, rank, epoch, rounds, rpe, order, perm, dataset, device, dtype,
-                                        reads_inputs, timeline, rows, bar)
+            samples_done += _run_stream(
+                executor,
+                job,
+                rank,
+                epoch,
+                rounds,
+                rpe,
+                order,
+                perm,
+                dataset,
+                device,
+                dtype,
+                reads_inputs,
+                timeline,
+                rows,
+                bar,
+            )
         for k in rounds if job.stream is None else ():
             Rg = epoch * rpe + k
             _start_step(job, rank, Rg)
@@ -227,13 +270,20 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
     if hasattr(getattr(executor, "comm", None), "close"):
         executor.comm.close()
     wall_s = time.time() - wall0
-    info = dict(rank=rank, stages=my_stages, memory=jsonable(executor.memory()), peak_rss_bytes=peak_rss(),
-                cuda_max_memory_allocated=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-                # what timed the measured timeline: the host's clock around each op, or device events (opclock)
-                timeline_clock=getattr(getattr(executor, "clock", None), "name", "host"),
-                bytes_sent=getattr(getattr(executor, "comm", None), "bytes_sent", 0),
-                receive_post_ms=getattr(getattr(executor, "comm", None), "post_ms", 0.0), wall_s=wall_s,
-                samples=samples_done, **(executor.remote.stats if getattr(executor, "remote", None) else {}))
+    info = dict(
+        rank=rank,
+        stages=my_stages,
+        memory=jsonable(executor.memory()),
+        peak_rss_bytes=peak_rss(),
+        cuda_max_memory_allocated=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        # what timed the measured timeline: the host's clock around each op, or device events (opclock)
+        timeline_clock=getattr(getattr(executor, "clock", None), "name", "host"),
+        bytes_sent=getattr(getattr(executor, "comm", None), "bytes_sent", 0),
+        receive_post_ms=getattr(getattr(executor, "comm", None), "post_ms", 0.0),
+        wall_s=wall_s,
+        samples=samples_done,
+        **(executor.remote.stats if getattr(executor, "remote", None) else {}),
+    )
     weights = executor.weights() if job.return_weights else None
     gathered = [None] * world if rank == 0 else None
     dist.gather_object((info, weights), gathered, dst=0)
@@ -242,8 +292,23 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
     return None
 
 
-def _run_stream(executor, job: Job, rank: int, epoch: int, rounds: list[int], rpe: int, order, perm, dataset, device,
-                dtype, reads_inputs: bool, timeline: list, rows: list, bar) -> int:
+def _run_stream(
+    executor,
+    job: Job,
+    rank: int,
+    epoch: int,
+    rounds: list[int],
+    rpe: int,
+    order,
+    perm,
+    dataset,
+    device,
+    dtype,
+    reads_inputs: bool,
+    timeline: list,
+    rows: list,
+    bar,
+) -> int:
     """The rounds of one epoch as one stream (:meth:`PipelineExecutor.run_stream`): one metrics row per
     minibatch, ending where this rank's last op of that minibatch ended. Returns the samples trained."""
     R0 = epoch * rpe + rounds[0]
@@ -288,9 +353,19 @@ def _write_checkpoint(out: Path, R: int, epoch: int, executor, job: Job, rank: i
     opt = executor.optimizer_state()
     for s, w in executor.weights().items():
         rep = job.schedule.stage_workers[s].index(rank)
-        atomic_save(dict(weights=w, step=R, epoch=epoch, stage=s, replica=rep, schedule=job.schedule.name,
-                         optimizer=dict(kind="sgd", lr=job.lr, momentum=job.momentum, momentum_buffer=opt[s]),
-                         rng=torch.get_rng_state()), ck / f"stage{s}_replica{rep}.pt")
+        atomic_save(
+            dict(
+                weights=w,
+                step=R,
+                epoch=epoch,
+                stage=s,
+                replica=rep,
+                schedule=job.schedule.name,
+                optimizer=dict(kind="sgd", lr=job.lr, momentum=job.momentum, momentum_buffer=opt[s]),
+                rng=torch.get_rng_state(),
+            ),
+            ck / f"stage{s}_replica{rep}.pt",
+        )
     return ck
 
 
@@ -298,7 +373,11 @@ def _evaluate(rank, world, job: Job, dist, executor, model, device, dtype) -> di
     """Test loss/accuracy of the newest weights: replica 0 of every stage sends its weights to rank 0,
     which runs the whole model over the test split (mean loss over samples, argmax accuracy)."""
     sched = job.schedule
-    mine = {s: {n: t.cpu() for n, t in w.items()} for s, w in executor.weights().items() if sched.stage_workers[s][0] == rank}
+    mine = {
+        s: {n: t.cpu() for n, t in w.items()}
+        for s, w in executor.weights().items()
+        if sched.stage_workers[s][0] == rank
+    }
     gathered: list[Any] | None = [None] * world if rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if gathered is None:
@@ -319,5 +398,3 @@ def _evaluate(rank, world, job: Job, dist, executor, model, device, dtype) -> di
             correct += model.correct(x, y)
             targets += y.numel()  # a language model scores every token: accuracy = hits / tokens
     return dict(test_loss=total / n, test_accuracy=correct / max(targets, 1))
-
-

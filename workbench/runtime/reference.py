@@ -24,6 +24,7 @@ With the versions of the sync rules this is minibatch SGD; with PipeDream's stas
 A run is ``rounds`` repetitions of the schedule (one minibatch of ``M`` microbatches each); in
 round ``R`` version ``v`` of an op means ``R * updates_per_round(s) + v``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,9 +55,21 @@ def backward_versions(v: dict, s: int, b: int) -> tuple[int, int]:
     return v[("BI", s, b)], v[("BW", s, b)]
 
 
-def reference_train(schedule: Schedule, model, bounds, dataset, *, batch_size: int, lr: float, seed: int = 0,
-                    rounds: int = 1, start_round: int = 0, init: list[dict] | None = None,
-                    dtype: torch.dtype | None = None, momentum: float = 0.0) -> list[dict[str, torch.Tensor]]:
+def reference_train(
+    schedule: Schedule,
+    model,
+    bounds,
+    dataset,
+    *,
+    batch_size: int,
+    lr: float,
+    seed: int = 0,
+    rounds: int = 1,
+    start_round: int = 0,
+    init: list[dict] | None = None,
+    dtype: torch.dtype | None = None,
+    momentum: float = 0.0,
+) -> list[dict[str, torch.Tensor]]:
     """Final weights of every stage after ``rounds`` minibatches starting at global minibatch ``start_round``.
 
     ``bounds[s] = (first, last)`` layers of stage ``s``; ``init`` optional starting weights per stage.
@@ -92,8 +105,10 @@ def reference_train(schedule: Schedule, model, bounds, dataset, *, batch_size: i
                 def mean(s2: int, n: str):  # stage s2's mean contribution to its update t
                     return sum(grads(b)[s2][n] for b in steps[s2][t]) / len(steps[s2][t])
 
-                d = {n: sum(mean(*u) for u in users.get((s, n), ((s, n),))) + momentum * direction[s][v - 1][n]
-                     for n in prev}
+                d = {
+                    n: sum(mean(*u) for u in users.get((s, n), ((s, n),))) + momentum * direction[s][v - 1][n]
+                    for n in prev
+                }
                 direction[s][v] = d
                 weights[s][v] = {n: prev[n] - lr * d[n] for n in prev}
             return weights[s][v]

@@ -17,6 +17,7 @@ every op of update t reads version t and a stage keeps one version, updated in p
 Measured timeline: one row per op (a unit's F/B/BI/BW, STEP) in the runtime's columns; the segment
 of a row is not a column (rows of one microbatch follow the schedule's segment order).
 """
+
 from __future__ import annotations
 
 import copy
@@ -38,12 +39,16 @@ def check_segments(schedule: Schedule, model) -> None:
     segments (:func:`segment_layers`), a synchronous rule, segments covering the model's sequence."""
     segment_layers(model.layers)
     if schedule.update != "sync":
-        raise ValueError(f"{schedule.name} has weight rule {schedule.update!r}; the segment runtime runs synchronous "
-                         "schedules (one version per stage)")
+        raise ValueError(
+            f"{schedule.name} has weight rule {schedule.update!r}; the segment runtime runs synchronous "
+            "schedules (one version per stage)"
+        )
     seq = int(model.inputs[0].shape[0])
     if sum(schedule.segment_tokens) != seq:
-        raise ValueError(f"{schedule.name}'s segments cover {sum(schedule.segment_tokens)} tokens but {model.name}'s "
-                         f"sequences have {seq}; build it with --schedule-option seq_len={seq}")
+        raise ValueError(
+            f"{schedule.name}'s segments cover {sum(schedule.segment_tokens)} tokens but {model.name}'s "
+            f"sequences have {seq}; build it with --schedule-option seq_len={seq}"
+        )
 
 
 def sequence_options(options: dict, known, model) -> dict:
@@ -81,12 +86,16 @@ class SegmentExecutor:
                 for n, p in params.items():
                     p.copy_(init_weights[s][n])
             norm = ctx.specs[-1][0][0][0] * self.offsets[-1]  # microbatch size x tokens per sequence
-            self.stages[s] = SegmentStage(s, layers, z == len(model.layers) - 1, params, self.offsets, norm,
-                                          schedule.recompute)
+            self.stages[s] = SegmentStage(
+                s, layers, z == len(model.layers) - 1, params, self.offsets, norm, schedule.recompute
+            )
             self.momentum[s] = {n: torch.zeros_like(p) for n, p in params.items()}
             self.peak[s] = 0
-        self.count = {(op.stage, op.step): len(schedule.step_microbatches(op.stage, op.step, worker=self.rank))
-                      for op in ops if op.kind == "STEP"}
+        self.count = {
+            (op.stage, op.step): len(schedule.step_microbatches(op.stage, op.step, worker=self.rank))
+            for op in ops
+            if op.kind == "STEP"
+        }
         self.per_round = updates_per_round(schedule)
         self.version = {s: ctx.start_round * self.per_round[s] for s in self.stages}
         self.box = Mailbox(schedule, self.rank, ctx.timeout_s, group=groups.get("act"))
@@ -96,8 +105,9 @@ class SegmentExecutor:
     def _like(self, s: int, j: int) -> torch.Tensor:
         """A buffer shaped like stage ``s``'s output on segment ``j``."""
         shape, dtype = self.ctx.specs[s][0]
-        return torch.empty((shape[0], self.offsets[j + 1] - self.offsets[j], *shape[2:]), dtype=dtype,
-                           device=self.ctx.device)
+        return torch.empty(
+            (shape[0], self.offsets[j + 1] - self.offsets[j], *shape[2:]), dtype=dtype, device=self.ctx.device
+        )
 
     def run_round(self, k: int, R: int, data, timeline: list, metrics: dict) -> None:
         """Round ``k`` of the epoch (global minibatch ``R``): one pass of the op list; ``data(b)`` ->
@@ -114,12 +124,32 @@ class SegmentExecutor:
             end = time.perf_counter()
             b = op.microbatch
             v = self.version[op.stage] if op.kind == "STEP" else R * self.per_round[op.stage] + op.version
-            timeline.append((self.rank, op.stage, R * self.M + b if b >= 0 else -1, op.kind, (start - t0) * 1e3,
-                             (end - t0) * 1e3, v, R, wait, 0.0, 0.0, float("nan")))
+            timeline.append(
+                (
+                    self.rank,
+                    op.stage,
+                    R * self.M + b if b >= 0 else -1,
+                    op.kind,
+                    (start - t0) * 1e3,
+                    (end - t0) * 1e3,
+                    v,
+                    R,
+                    wait,
+                    0.0,
+                    0.0,
+                    float("nan"),
+                )
+            )
 
     def _recv(self, s_from: int, s: int, j: int, op, grad: bool) -> tuple[torch.Tensor, float]:
         u = self.schedule.unit(op)
-        key = ("F", s_from, u) if not grad else ("BI", s_from, u) if ("BI", s_from, u) in self.box.where else ("B", s_from, u)
+        key = (
+            ("F", s_from, u)
+            if not grad
+            else ("BI", s_from, u)
+            if ("BI", s_from, u) in self.box.where
+            else ("B", s_from, u)
+        )
         t = time.perf_counter()
         x = self.box.recv(self._like(min(s_from, s), j), self.box.where[key], self.box.tag(grad, s, u))
         return x, (time.perf_counter() - t) * 1e3
@@ -166,8 +196,15 @@ class SegmentExecutor:
             for s2, x in self.stages.items():
                 for n, p in x.params.items():
                     p.grad = grads[s2].get(n)
-        sgd_step(st.params, grads[s], self.momentum[s], self.ctx.lr, self.ctx.momentum, self.count[(s, op.step)],
-                 in_place=True)
+        sgd_step(
+            st.params,
+            grads[s],
+            self.momentum[s],
+            self.ctx.lr,
+            self.ctx.momentum,
+            self.count[(s, op.step)],
+            in_place=True,
+        )
         for p in st.params.values():
             p.grad = None
         self.version[s] += 1

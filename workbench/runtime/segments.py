@@ -33,6 +33,7 @@ Communication: activations and gradients with ``isend``/``irecv`` and a tag per 
 every receive waits at most ``timeout_s`` (the process group has the same timeout), so a broken
 schedule fails instead of hanging.
 """
+
 from __future__ import annotations
 
 import math
@@ -75,9 +76,11 @@ class SegmentJob:
         """N_0 = 0, N_1, ..., N_k: segment boundaries in tokens (one segment: the whole sequence)."""
         n = self.schedule.segment_tokens or (self.x.shape[1],)
         if sum(n) != self.x.shape[1]:
-            raise ValueError(f"segments cover {sum(n)} tokens but the sequences have {self.x.shape[1]}; "
-                             f"build the schedule with seq_len={self.x.shape[1]}")
-        return [0] + [sum(n[:i + 1]) for i in range(len(n))]
+            raise ValueError(
+                f"segments cover {sum(n)} tokens but the sequences have {self.x.shape[1]}; "
+                f"build the schedule with seq_len={self.x.shape[1]}"
+            )
+        return [0] + [sum(n[: i + 1]) for i in range(len(n))]
 
 
 # ---- one stage -------------------------------------------------------------------------------
@@ -97,7 +100,7 @@ class SegmentStage:
         self.saved_bytes = 0
 
     @classmethod
-    def of_job(cls, stage: int, layers, first: int, last: int, job: "SegmentJob") -> "SegmentStage":
+    def of_job(cls, stage: int, layers, first: int, last: int, job: SegmentJob) -> SegmentStage:
         """Layers ``first..last`` of ``segment_gpt`` for a :class:`SegmentJob` (parameters named
         ``"<layer>.<name>"``, the loss normalised by the step's tokens)."""
         mine = [layers[i] for i in range(first, last + 1)]
@@ -108,9 +111,9 @@ class SegmentStage:
     def _run(self, x, offset: int, j: int, *flat_past):
         """The stage on one segment: returns (output, K, V of each block)."""
         kv, h, i = [], x, 0
-        for li, m in enumerate(self.layers):
+        for _li, m in enumerate(self.layers):
             if isinstance(m, SegBlock):
-                past = flat_past[i * 2 * j:(i + 1) * 2 * j]
+                past = flat_past[i * 2 * j : (i + 1) * 2 * j]
                 h, kk, vv = m(h, offset, past[:j], past[j:])
                 kv += [kk, vv]
                 i += 1
@@ -124,8 +127,11 @@ class SegmentStage:
         """F(s, b, j): ``(output, loss)``: the activation to send on, or on the last stage the logits
         (detached) and the unit's loss (``target``: the segment's next tokens)."""
         x_leaf = x.detach().requires_grad_(True) if x.is_floating_point() else x
-        past_leaves = [t for i in range(len(self.blocks)) for t in
-                       [self.past[(b, jj)][i][0] for jj in range(j)] + [self.past[(b, jj)][i][1] for jj in range(j)]]
+        past_leaves = [
+            t
+            for i in range(len(self.blocks))
+            for t in [self.past[(b, jj)][i][0] for jj in range(j)] + [self.past[(b, jj)][i][1] for jj in range(j)]
+        ]
         storages: dict[int, int] = {}
 
         def pack(t):
@@ -142,8 +148,10 @@ class SegmentStage:
         out = y.detach()
         if self.is_last:
             y = F.cross_entropy(y.reshape(-1, y.shape[-1]), target.reshape(-1), reduction="sum") / self.norm
-        self.past[(b, j)] = [(kv[2 * i].detach().requires_grad_(True), kv[2 * i + 1].detach().requires_grad_(True))
-                             for i in range(len(self.blocks))]
+        self.past[(b, j)] = [
+            (kv[2 * i].detach().requires_grad_(True), kv[2 * i + 1].detach().requires_grad_(True))
+            for i in range(len(self.blocks))
+        ]
         held = sum(storages.values()) + x.numel() * x.element_size()
         self.saved_bytes += held
         self.units[(b, j)] = {"x": x_leaf, "y": y, "kv": kv, "past": past_leaves, "bytes": held}
@@ -246,9 +254,12 @@ def run_rank(rank: int, job: SegmentJob) -> dict:
         b, j, u = op.microbatch, op.segment or 0, sched.unit(op)
         like = torch.empty(B, off[j + 1] - off[j], dim, dtype=dtype)
         if op.kind == "F":
-            x = (job.x[b * B:(b + 1) * B, off[j]:off[j + 1]] if op.stage == 0 else
-                 box.recv(like, box.where[("F", op.stage - 1, u)], box.tag(False, op.stage, u)))
-            target = job.y[b * B:(b + 1) * B, off[j]:off[j + 1]] if st.is_last else None
+            x = (
+                job.x[b * B : (b + 1) * B, off[j] : off[j + 1]]
+                if op.stage == 0
+                else box.recv(like, box.where[("F", op.stage - 1, u)], box.tag(False, op.stage, u))
+            )
+            target = job.y[b * B : (b + 1) * B, off[j] : off[j + 1]] if st.is_last else None
             y, _ = st.forward(b, j, x, target)
             if not st.is_last:
                 box.send(y, box.where[("F", op.stage + 1, u)], box.tag(False, op.stage + 1, u))
@@ -269,8 +280,7 @@ def run_rank(rank: int, job: SegmentJob) -> dict:
 def _entry(rank: int, world: int, jobs: list[SegmentJob], port: int, out: str) -> None:
     torch.set_num_threads(1)
     timeout = timedelta(seconds=max(job.timeout_s for job in jobs))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timeout)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timeout)
     try:
         results = []
         for job in jobs:  # one after another; a barrier keeps their messages apart
@@ -310,15 +320,17 @@ def reference(job: SegmentJob) -> dict:
     microbatches, its gradient, and SGD; the same ``grads`` / ``weights`` layout as :func:`run`."""
     layers = segment_gpt(**job.model)
     bounds = job.layer_bounds(len(layers))
-    params = {s: {f"{first + i}.{n}": p for i, m in enumerate(layers[first:last + 1]) for n, p in m.named_parameters()}
-              for s, (first, last) in enumerate(bounds)}
+    params = {
+        s: {f"{first + i}.{n}": p for i, m in enumerate(layers[first : last + 1]) for n, p in m.named_parameters()}
+        for s, (first, last) in enumerate(bounds)
+    }
     m = job.schedule.microbatches_per_step * job.batch
     grads = {}
     for t in range(math.ceil(job.x.shape[0] / m)):
-        h = job.x[t * m:(t + 1) * m]
+        h = job.x[t * m : (t + 1) * m]
         for layer in layers:
             h = layer(h)[0] if isinstance(layer, SegBlock) else layer(h)
-        loss = F.cross_entropy(h.reshape(-1, h.shape[-1]), job.y[t * m:(t + 1) * m].reshape(-1))
+        loss = F.cross_entropy(h.reshape(-1, h.shape[-1]), job.y[t * m : (t + 1) * m].reshape(-1))
         loss.backward()
         with torch.no_grad():
             for s, ps in params.items():

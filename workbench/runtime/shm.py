@@ -31,6 +31,7 @@ the mappings live on and the kernel frees the memory when the last rank ends, ho
 that point the launcher removes the job's files when the job ends, and a new shared-memory job first
 removes the files of launchers that no longer run (killed with SIGKILL: :func:`remove_stale_channels`).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -158,7 +159,7 @@ class Channel:
         finally:
             os.close(fd)
         words = np.frombuffer(self.mm, dtype=np.int64, count=2 * self.slots)
-        self.flags, self.acks = words[:self.slots], words[self.slots:]
+        self.flags, self.acks = words[: self.slots], words[self.slots :]
         self.data = torch.frombuffer(self.mm, dtype=torch.uint8, offset=head, count=self.slots * self.slot_bytes)
 
     def _wait(self, ready, what: str, idle=None) -> float:
@@ -194,7 +195,7 @@ class Channel:
             n = flat.numel()
             if off + n > (slot + 1) * self.slot_bytes:
                 raise ValueError(f"{what}: {n} bytes exceed the channel's slot of {self.slot_bytes} bytes")
-            self.data[off:off + n].copy_(flat)
+            self.data[off : off + n].copy_(flat)
             off += n
         self.flags[slot] = q + 1
 
@@ -206,7 +207,7 @@ class Channel:
         off, out = slot * self.slot_bytes, []
         for shape, dt in specs:
             n = spec_bytes([(shape, dt)])
-            out.append(self.data[off:off + n].view(dt).reshape(shape).clone())
+            out.append(self.data[off : off + n].view(dt).reshape(shape).clone())
             off += n
         self.acks[slot] = q + 1
         return out, waited

@@ -9,6 +9,7 @@ Data: epoch ``e`` visits the training set in the order ``perm_e = randperm(n, se
 ``r`` of the epoch is ``perm_e[r*B : (r+1)*B]`` and its microbatch ``b`` the ``b``-th of ``M`` equal
 slices. Every rank computes the same slices from ``(seed, e, r, b)``, so no data travels.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,7 +36,7 @@ def plan_bounds(plan) -> Bounds:
 
 def stage_module(layers: list[nn.Module], first: int, last: int) -> nn.Sequential:
     """The layers of one stage as a module (shares the layer objects)."""
-    return nn.Sequential(*layers[first:last + 1])
+    return nn.Sequential(*layers[first : last + 1])
 
 
 def stage_params(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -98,8 +99,10 @@ class DataOrder:
 
     def __post_init__(self):
         if self.batch_size % self.microbatches:
-            raise ValueError(f"batch size {self.batch_size} is not divisible by {self.microbatches} microbatches; "
-                             "pick a batch size that is a multiple of --microbatches")
+            raise ValueError(
+                f"batch size {self.batch_size} is not divisible by {self.microbatches} microbatches; "
+                "pick a batch size that is a multiple of --microbatches"
+            )
         if self.batch_size > self.num_samples:
             raise ValueError(f"batch size {self.batch_size} exceeds the {self.num_samples} training samples")
 
@@ -117,7 +120,7 @@ class DataOrder:
 
     def indices(self, perm: torch.Tensor, r: int, b: int) -> torch.Tensor:
         start = r * self.batch_size + b * self.microbatch_size
-        return perm[start:start + self.microbatch_size]
+        return perm[start : start + self.microbatch_size]
 
 
 def microbatch(dataset, idx: torch.Tensor, device="cpu", dtype: torch.dtype | None = None, inputs: bool = True):
@@ -189,9 +192,22 @@ def as_leaves(x, requires_grad: bool) -> tuple:
     return tuple(out)
 
 
-def vjp(module: nn.Module, params: dict[str, torch.Tensor], x_leaves: tuple, like_tuple: bool, y=None, *,
-        loss_fn=None, target=None, cot=None, want_input: bool = True, want_weights: bool = True,
-        retain_graph: bool = False, loss=None, into: dict[str, torch.Tensor] | None = None):
+def vjp(
+    module: nn.Module,
+    params: dict[str, torch.Tensor],
+    x_leaves: tuple,
+    like_tuple: bool,
+    y=None,
+    *,
+    loss_fn=None,
+    target=None,
+    cot=None,
+    want_input: bool = True,
+    want_weights: bool = True,
+    retain_graph: bool = False,
+    loss=None,
+    into: dict[str, torch.Tensor] | None = None,
+):
     """Vector-Jacobian product of stage ``f_s(x; W)`` at ``(x, W = params)``.
 
     Returns ``(dL/dx for the floating inputs, dL/dW per parameter, y)``. For the last stage
@@ -227,8 +243,8 @@ def vjp(module: nn.Module, params: dict[str, torch.Tensor], x_leaves: tuple, lik
     else:
         res = torch.autograd.grad(outs, targets, grads, allow_unused=True, retain_graph=retain_graph)
     res = [torch.zeros_like(t) if r is None else r for t, r in zip(targets, res)]
-    dx = res[:len(xin)]
-    dw = dict(zip(names, res[len(xin):]))
+    dx = res[: len(xin)]
+    dw = dict(zip(names, res[len(xin) :]))
     return dx, dw, y
 
 
@@ -322,7 +338,7 @@ def split_input_grad(layers: list, x_leaves: tuple, roots: list, grads, want_inp
     dx = [torch.zeros_like(x) if g is None else g for x, g in zip(xin, res)]
     cots, k = [], len(xin)
     for ts in inner:
-        cots.append(res[k:k + len(ts)])
+        cots.append(res[k : k + len(ts)])
         k += len(ts)
     return dx, cots
 

@@ -24,6 +24,7 @@ backward of that update on a rank that holds two owners (:func:`check_tied`). Re
 line: the ``async`` rule (Hogwild has no common update), schedules whose workers fetch each other's
 weights (master family), and everything the check finds.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -75,8 +76,10 @@ def tied_weights(model, bounds) -> tuple[TiedWeight, ...]:
 
 def combine_ranks(schedule: Schedule, tie: TiedWeight) -> list[tuple[int, ...]]:
     """Per replica ``r``: the ranks whose replica ``r`` of an owning stage takes part in the combine."""
-    return [tuple(sorted({schedule.stage_workers[s][r] for s in tie.stages}))
-            for r in range(len(schedule.stage_workers[tie.stages[0]]))]
+    return [
+        tuple(sorted({schedule.stage_workers[s][r] for s in tie.stages}))
+        for r in range(len(schedule.stage_workers[tie.stages[0]]))
+    ]
 
 
 def check_tied(schedule: Schedule, ties) -> None:
@@ -86,23 +89,31 @@ def check_tied(schedule: Schedule, ties) -> None:
         return
     what = ties[0].label()
     if schedule.update == "async":
-        raise ValueError(f"{what}; the 'async' rule (Hogwild) has no common update to combine its gradients at: "
-                         "untie it or keep its layers in one stage")
+        raise ValueError(
+            f"{what}; the 'async' rule (Hogwild) has no common update to combine its gradients at: "
+            "untie it or keep its layers in one stage"
+        )
     if schedule.remote_weights:
-        raise ValueError(f"{what}; {schedule.name} fetches weights from other workers, which the tied-weight combine "
-                         "does not support: untie it or keep its layers in one stage")
+        raise ValueError(
+            f"{what}; {schedule.name} fetches weights from other workers, which the tied-weight combine "
+            "does not support: untie it or keep its layers in one stage"
+        )
     for tie in ties:
         s0 = tie.stages[0]
         for s in tie.stages[1:]:
             if len(schedule.stage_workers[s]) != len(schedule.stage_workers[s0]):
-                raise ValueError(f"{tie.label()} but stages {s0} and {s} have "
-                                 f"{len(schedule.stage_workers[s0])} and {len(schedule.stage_workers[s])} replicas; "
-                                 "give the owning stages as many replicas")
+                raise ValueError(
+                    f"{tie.label()} but stages {s0} and {s} have "
+                    f"{len(schedule.stage_workers[s0])} and {len(schedule.stage_workers[s])} replicas; "
+                    "give the owning stages as many replicas"
+                )
             steps = [_updates(schedule, x) for x in (s0, s)]
             if steps[0] != steps[1]:
-                raise ValueError(f"{tie.label()} but {schedule.name}'s updates of stages {s0} and {s} "
-                                 f"apply different microbatches ({steps[0][:3]} vs {steps[1][:3]}...), so their "
-                                 "gradients cannot be combined: untie it or keep its layers in one stage")
+                raise ValueError(
+                    f"{tie.label()} but {schedule.name}'s updates of stages {s0} and {s} "
+                    f"apply different microbatches ({steps[0][:3]} vs {steps[1][:3]}...), so their "
+                    "gradients cannot be combined: untie it or keep its layers in one stage"
+                )
     _check_order(schedule, ties)
 
 
@@ -145,8 +156,11 @@ def _late_steps(wops: list, owner: dict) -> tuple[list[int], int] | None:
     for (_, t), idx in steps.items():
         end = last.get(t, -1)
         early = [i for i in idx if i < end]
-        if early and not any(op.kind != "STEP" and op.stage == wops[i].stage and op.version > wops[i].step
-                             for i in early for op in wops[i + 1:end + 1]):
+        if early and not any(
+            op.kind != "STEP" and op.stage == wops[i].stage and op.version > wops[i].step
+            for i in early
+            for op in wops[i + 1 : end + 1]
+        ):
             return early, end
     return None
 
@@ -165,7 +179,7 @@ def _check_order(schedule: Schedule, ties) -> None:
     owner = {s: i for i, tie in enumerate(ties) for s in tie.stages}
     members = {}  # (tie, rank) -> ranks of its combine
     for i, tie in enumerate(ties):
-        for r, ranks in enumerate(combine_ranks(schedule, tie)):
+        for _r, ranks in enumerate(combine_ranks(schedule, tie)):
             for w in ranks:
                 members[(i, w)] = set(ranks)
     deps, unit = schedule.dependencies(), schedule.unit
@@ -195,9 +209,11 @@ def _check_order(schedule: Schedule, ties) -> None:
     stuck = [(w, ops[w][ptr[w]]) for w in range(W) if ptr[w] < len(ops[w])]
     if stuck:
         w, op = stuck[0]
-        raise ValueError(f"{ties[0].label()}, and combining its gradients at every owner's update "
-                         f"deadlocks {schedule.name} (worker {w} waits at {op}); untie it or choose stage bounds that "
-                         "keep its layers in one stage")
+        raise ValueError(
+            f"{ties[0].label()}, and combining its gradients at every owner's update "
+            f"deadlocks {schedule.name} (worker {w} waits at {op}); untie it or choose stage bounds that "
+            "keep its layers in one stage"
+        )
 
 
 def _check_local(schedule: Schedule, w: int, owner: dict) -> None:
@@ -217,9 +233,11 @@ def _check_local(schedule: Schedule, w: int, owner: dict) -> None:
             last_bwd[(owner[op.stage], t)] = i
     for key, i in last_bwd.items():
         if key in first and first[key] < i:
-            raise ValueError(f"tied weight: {schedule.name} updates one of its owning stages on worker {w} before "
-                             f"another owner's last backward of update {key[1]} there, so their gradients cannot be "
-                             "combined first; untie it or keep its layers in one stage")
+            raise ValueError(
+                f"tied weight: {schedule.name} updates one of its owning stages on worker {w} before "
+                f"another owner's last backward of update {key[1]} there, so their gradients cannot be "
+                "combined first; untie it or keep its layers in one stage"
+            )
 
 
 class TiedGradients:
@@ -230,7 +248,9 @@ class TiedGradients:
     def __init__(self, schedule: Schedule, rank: int, ties, groups: dict, timeout_s: float):
         self.ties, self.rank, self.timeout = ties, rank, timedelta(seconds=timeout_s)
         self.owner = {s: i for i, tie in enumerate(ties) for s in tie.stages}
-        self.local = {i: [(s, n) for s, n in tie.names if rank in schedule.stage_workers[s]] for i, tie in enumerate(ties)}
+        self.local = {
+            i: [(s, n) for s, n in tie.names if rank in schedule.stage_workers[s]] for i, tie in enumerate(ties)
+        }
         self.groups = {i: groups.get(("tied", i, rank)) for i in range(len(ties))}
         self.pending: dict[tuple[int, int], int] = {}  # (tie, step) -> local owners whose STEP is still to come
 

@@ -43,6 +43,7 @@ An executor offers ``receive_plan(rounds)``, ``run_round(k, R, data, timeline, m
 ``comm`` transport also ``begin_epoch(rounds)``),
 ``weights()``, ``optimizer_state()``, ``load_optimizer_state(state)`` and ``memory()``.
 """
+
 from __future__ import annotations
 
 import time
@@ -56,8 +57,20 @@ from . import opclock, shm
 from .comm import P2P, ShmP2P
 from .fetch import RemoteWeights, has_remote, is_remote
 from .reference import updates_per_round
-from .stages import (as_leaves, as_tuple, from_tuple, nbytes, run_stage, run_stage_layers, sgd_step, split_input_grad,
-                     split_weight_grad, stage_module, stage_roots, vjp)
+from .stages import (
+    as_leaves,
+    as_tuple,
+    from_tuple,
+    nbytes,
+    run_stage,
+    run_stage_layers,
+    sgd_step,
+    split_input_grad,
+    split_weight_grad,
+    stage_module,
+    stage_roots,
+    vjp,
+)
 from .tied import TiedGradients, tied_weights
 
 
@@ -85,7 +98,9 @@ class RankProgram:
         for i, op in enumerate(self.ops):
             if op.kind in ("F", "B", "BI", "BW") and not is_remote(op, rank):  # remote reads are fetched copies
                 self.last_read[(op.stage, op.version)] = i
-        self.version = {(op.kind, op.stage, op.microbatch): op.version for _, op in schedule if op.kind in ("F", "B", "BI", "BW")}
+        self.version = {
+            (op.kind, op.stage, op.microbatch): op.version for _, op in schedule if op.kind in ("F", "B", "BI", "BW")
+        }
 
     def backward_version(self, s: int, b: int) -> int:
         v = self.version
@@ -95,18 +110,27 @@ class RankProgram:
         return self.where[("F", s + 1, b)]
 
 
-
 class StageState:
     """Versioned weights and the update buffer of one stage on one rank. A rank that only computes
     with another worker's weights of the stage (``held=False``, master family) keeps no version,
     only the layout ``[(name, shape)]`` of the fetched flat vector and the stashed microbatches."""
 
-    def __init__(self, stage: int, module, weights: dict[str, torch.Tensor], device, version: int = 0,
-                 held: bool = True, flat: bool = True):
+    def __init__(
+        self,
+        stage: int,
+        module,
+        weights: dict[str, torch.Tensor],
+        device,
+        version: int = 0,
+        held: bool = True,
+        flat: bool = True,
+    ):
         self.stage, self.module, self.held = stage, module, held
         self.names = list(weights)
         self.layout = [(n, w.shape) for n, w in weights.items()]
-        self.versions = {version: {n: w.detach().to(device).requires_grad_(True) for n, w in weights.items()}} if held else {}
+        self.versions = (
+            {version: {n: w.detach().to(device).requires_grad_(True) for n, w in weights.items()}} if held else {}
+        )
         self.newest = version
         total = sum(w.numel() for w in weights.values()) if held else 0  # no update buffer without weights
         dtype = next(iter(weights.values())).dtype if weights else torch.float32
@@ -116,8 +140,8 @@ class StageState:
         # (``{}`` = all zero; see ``vjp(into=...)``): no zeroing pass and no first addition per update
         self.is_flat = flat
         self.grad, k = {}, 0
-        for n, w in (weights.items() if held and flat else ()):
-            self.grad[n] = self.flat[k:k + w.numel()].view_as(w)
+        for n, w in weights.items() if held and flat else ():
+            self.grad[n] = self.flat[k : k + w.numel()].view_as(w)
             k += w.numel()
         self.momentum = {n: torch.zeros_like(w, device=device) for n, w in weights.items()} if held else {}
         self.records: dict[int, dict] = {}
@@ -138,29 +162,44 @@ class StageState:
 class PipelineExecutor:
     """Executes a rank's op list with exact versioned-weight semantics (module docstring)."""
 
-    def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], groups: dict,
-                 stream=None):
+    def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], groups: dict, stream=None):
         self.ctx, self.schedule, self.model = ctx, schedule, model
         # stream(n) -> the schedule over n microbatches: the rounds of an epoch run as one pipeline
         # (no drain between minibatches; see run_stream); None: every round drains (run_round)
         self.stream, self._streams = stream, {}
         if schedule.num_segments > 1:
-            raise ValueError(f"{schedule.name} cuts sequences into segments; this executor runs whole microbatches: "
-                             f"use workbench.runtime.segment_executor.SegmentExecutor (train() picks it)")
+            raise ValueError(
+                f"{schedule.name} cuts sequences into segments; this executor runs whole microbatches: "
+                f"use workbench.runtime.segment_executor.SegmentExecutor (train() picks it)"
+            )
         self.rank, self.S, self.M = ctx.rank, schedule.num_stages, schedule.microbatches
         self.prog = RankProgram(schedule, self.rank)
         self.stashing = schedule.stashing_steps(self.rank)  # STEPs that keep the old version (else in place)
         flat = schedule.flat_buffers(self.rank)  # all-reduced or pushed-to stages: one flat buffer
-        self.state = {s: StageState(s, stage_module(model.layers, *bounds[s]).to(ctx.device), init_weights[s], ctx.device,
-                                    ctx.start_round * self.prog.per_round[s], held=self.rank in schedule.stage_workers[s],
-                                    flat=s in flat)
-                      for s in self.prog.stages}
+        self.state = {
+            s: StageState(
+                s,
+                stage_module(model.layers, *bounds[s]).to(ctx.device),
+                init_weights[s],
+                ctx.device,
+                ctx.start_round * self.prog.per_round[s],
+                held=self.rank in schedule.stage_workers[s],
+                flat=s in flat,
+            )
+            for s in self.prog.stages
+        }
         self.groups = groups
         self.remote = None  # fetches / pushes of the master family (see fetch.py)
         if has_remote(schedule):
-            self.remote = RemoteWeights(schedule, self.rank, {s: (st.layout, st.flat.dtype) for s, st in self.state.items()},
-                                        ctx.device, ctx.timeout_s, (groups.get("fetch"), groups.get("push")),
-                                        self.prog.per_round)
+            self.remote = RemoteWeights(
+                schedule,
+                self.rank,
+                {s: (st.layout, st.flat.dtype) for s, st in self.state.items()},
+                ctx.device,
+                ctx.timeout_s,
+                (groups.get("fetch"), groups.get("push")),
+                self.prog.per_round,
+            )
         self.split = {op.stage for op in self.prog.ops if op.kind == "BI"}  # stages whose backward is split (BI/BW)
         ties = tied_weights(model, bounds)  # weights tied across stages: gradients combined at STEP (tied.py)
         self.tied = TiedGradients(schedule, self.rank, ties, groups, ctx.timeout_s) if ties else None
@@ -169,8 +208,15 @@ class PipelineExecutor:
         if ctx.transport == "shm":
             self.comm = self._shm_comm(ctx)
         else:
-            self.comm = P2P(self.rank, self.S, ctx.device, ctx.timeout_s, lookahead=ctx.lookahead,
-                            groups=(groups.get("act"), groups.get("grad")), backend=ctx.backend)
+            self.comm = P2P(
+                self.rank,
+                self.S,
+                ctx.device,
+                ctx.timeout_s,
+                lookahead=ctx.lookahead,
+                groups=(groups.get("act"), groups.get("grad")),
+                backend=ctx.backend,
+            )
         self.clock = opclock.for_device(ctx.device)  # None: the host's clock around each op (CPU)
         if self.clock is not None:
             self.comm.on_first_send = self.clock.on_send
@@ -180,11 +226,19 @@ class PipelineExecutor:
         epoch = list(range(max(1, ctx.rounds_per_epoch)))
         plans = {r: self.receive_plan(epoch, r) for r in range(self.schedule.num_workers)}
         sizes = shm.channel_sizes(plans, budget=shm.CHANNEL_BYTES if shm.ring_channels(self.schedule) else None)
-        chan = {(a, b): shm.Channel(shm.channel_path(ctx.shm_token, a, b), n, nb, ctx.timeout_s)
-                for (a, b), (n, nb) in sizes.items() if self.rank in (a, b)}
-        return ShmP2P(self.rank, self.S, ctx.device, ctx.timeout_s,
-                      inbound={a: c for (a, b), c in chan.items() if b == self.rank},
-                      outbound={b: c for (a, b), c in chan.items() if a == self.rank})
+        chan = {
+            (a, b): shm.Channel(shm.channel_path(ctx.shm_token, a, b), n, nb, ctx.timeout_s)
+            for (a, b), (n, nb) in sizes.items()
+            if self.rank in (a, b)
+        }
+        return ShmP2P(
+            self.rank,
+            self.S,
+            ctx.device,
+            ctx.timeout_s,
+            inbound={a: c for (a, b), c in chan.items() if b == self.rank},
+            outbound={b: c for (a, b), c in chan.items() if a == self.rank},
+        )
 
     def begin_epoch(self, rounds: list[int]) -> None:
         """Hand the epoch's receive plan to the transport (gloo posts the receives; shm numbers the
@@ -206,8 +260,8 @@ class PipelineExecutor:
         peers.discard(self.rank)
         works = []
         for p in sorted(peers):
-            works.append(dist.isend(torch.ones(1, device=self.ctx.device), p, tag=2 ** 30))
-            works.append(dist.irecv(torch.empty(1, device=self.ctx.device), p, tag=2 ** 30))
+            works.append(dist.isend(torch.ones(1, device=self.ctx.device), p, tag=2**30))
+            works.append(dist.irecv(torch.empty(1, device=self.ctx.device), p, tag=2**30))
         for w in works:
             w.wait(timedelta(seconds=self.ctx.timeout_s))
 
@@ -219,8 +273,11 @@ class PipelineExecutor:
         plan = []
         rank = self.rank if rank is None else rank
         # a stream is one pass of its schedule over the rounds' microbatches, numbered from the first round's
-        passes = [(rounds[0], self._stream_program(len(rounds))[0])] if self.stream and rounds else \
-            [(k, self.schedule) for k in rounds]
+        passes = (
+            [(rounds[0], self._stream_program(len(rounds))[0])]
+            if self.stream and rounds
+            else [(k, self.schedule) for k in rounds]
+        )
         for k, sched in passes:
             inputs, ops = sched.remote_inputs(rank), sched.ops[rank]
             for i, (_, s_from, b), src in inputs:
@@ -237,7 +294,9 @@ class PipelineExecutor:
         round is one pass of the schedule: it fills the pipeline and drains it."""
         self._run(self.prog, self.stashing, k, R, data, timeline, lambda b: metrics, lambda b: R)
 
-    def run_stream(self, rounds: list[int], R0: int, data, timeline: list, metrics: list[dict], on_round=None) -> list[float]:
+    def run_stream(
+        self, rounds: list[int], R0: int, data, timeline: list, metrics: list[dict], on_round=None
+    ) -> list[float]:
         """The minibatches ``rounds`` of the epoch (global minibatch ``R0`` first) as one stream: one
         pass of ``stream(len(rounds) * M)``, the schedule over all their microbatches, so the next
         minibatch's forwards enter the pipeline while the last one's backwards drain (PipeDream has no
@@ -248,8 +307,18 @@ class PipelineExecutor:
         included)."""
         prog, stashing = self._stream_program(len(rounds))[1:]
         M, ends = self.M, [0.0] * len(rounds)
-        self._run(prog, stashing, rounds[0], R0, lambda b: data(b // M, b % M), timeline, lambda b: metrics[b // M],
-                  lambda b: R0 + b // M, ends, on_round)
+        self._run(
+            prog,
+            stashing,
+            rounds[0],
+            R0,
+            lambda b: data(b // M, b % M),
+            timeline,
+            lambda b: metrics[b // M],
+            lambda b: R0 + b // M,
+            ends,
+            on_round,
+        )
         return ends
 
     def _stream_program(self, n: int):
@@ -261,8 +330,19 @@ class PipelineExecutor:
             self._streams[n] = (sched, RankProgram(sched, self.rank), sched.stashing_steps(self.rank))
         return self._streams[n]
 
-    def _run(self, prog: RankProgram, stashing, k: int, R: int, data, timeline: list, metrics_of, round_of,
-             ends: list | None = None, on_round=None) -> None:
+    def _run(
+        self,
+        prog: RankProgram,
+        stashing,
+        k: int,
+        R: int,
+        data,
+        timeline: list,
+        metrics_of,
+        round_of,
+        ends: list | None = None,
+        on_round=None,
+    ) -> None:
         """One pass of ``prog``'s op list: microbatch ``b`` of the pass is microbatch ``k * M + b`` of the
         epoch and ``R * M + b`` of the run; versions count from ``R`` minibatches' updates;
         ``round_of(b)``: the minibatch (global) of microbatch ``b``, for the timeline and ``ends``."""
@@ -273,6 +353,7 @@ class PipelineExecutor:
 
         def started():  # an op's computation starts (again after a wait): host time, device event (opclock)
             return time.perf_counter(), (clock.mark() if clock is not None else None)
+
         if self.remote is not None:
             self.remote.begin_round(k, {s: st.versions[st.newest] for s, st in self.state.items() if st.held})
         data = _TimedData(data)  # data_ms: the input / target copy of a microbatch (breakdown columns)
@@ -315,8 +396,12 @@ class PipelineExecutor:
                 wait += self.remote.collect(s, op.step, st.flat)
                 start, ev = started()
             if op.kind == "STEP" and self.tied is not None:  # weights tied across stages: combine first
-                tw = self.tied.combine(s, op.step, {t: x.grad for t, x in self.state.items()},
-                                       {t: x.versions[x.newest] for t, x in self.state.items()})
+                tw = self.tied.combine(
+                    s,
+                    op.step,
+                    {t: x.grad for t, x in self.state.items()},
+                    {t: x.versions[x.newest] for t, x in self.state.items()},
+                )
                 if tw:
                     wait += tw
                     start, ev = started()
@@ -328,7 +413,9 @@ class PipelineExecutor:
             elif op.kind == "STEP":
                 n = prog.count[(s, op.step)]
                 lr, mu = self.ctx.lr, self.ctx.momentum
-                new = sgd_step(dict(st.versions[st.newest]), st.grad, st.momentum, lr, mu, n, in_place=i not in stashing)
+                new = sgd_step(
+                    dict(st.versions[st.newest]), st.grad, st.momentum, lr, mu, n, in_place=i not in stashing
+                )
                 st.newest += 1
                 st.versions[st.newest] = new
                 if st.is_flat:
@@ -340,10 +427,22 @@ class PipelineExecutor:
             end = time.perf_counter()
             if clock is not None:
                 clock.add(len(timeline), pre, ev, clock.mark())
-            timeline.append((self.rank, s, R * self.M + b if b >= 0 else -1, op.kind, (start - t0) * 1e3,
-                             (end - t0) * 1e3, off[s] + op.version if op.kind in ("F", "B", "BI", "BW") else st.newest,
-                             mine, wait, self.comm.send_ms - send0, data.ms - data0,
-                             _since(self.comm.op_send_start, t0)))
+            timeline.append(
+                (
+                    self.rank,
+                    s,
+                    R * self.M + b if b >= 0 else -1,
+                    op.kind,
+                    (start - t0) * 1e3,
+                    (end - t0) * 1e3,
+                    off[s] + op.version if op.kind in ("F", "B", "BI", "BW") else st.newest,
+                    mine,
+                    wait,
+                    self.comm.send_ms - send0,
+                    data.ms - data0,
+                    _since(self.comm.op_send_start, t0),
+                )
+            )
             if ends is not None:
                 ends[mine - R] = (end - t0) * 1e3
             self._free(prog, st, off[s], i)
@@ -372,8 +471,16 @@ class PipelineExecutor:
                 # (the first stage sends no input gradient: its BI has nothing to do early, BW does it all)
                 y, layers = run_stage_layers(st.module, params, from_tuple(xl, self.like_tuple[s]))
             else:
-                y = _stage_forward(st.module, params, from_tuple(xl, self.like_tuple[s]), self.schedule.recompute and keep_graph)
-        rec = {"x": xl, "y": y if keep_graph else None, "v": v, "bytes": nbytes(xl) + nbytes(as_tuple(y)), "layers": layers}
+                y = _stage_forward(
+                    st.module, params, from_tuple(xl, self.like_tuple[s]), self.schedule.recompute and keep_graph
+                )
+        rec = {
+            "x": xl,
+            "y": y if keep_graph else None,
+            "v": v,
+            "bytes": nbytes(xl) + nbytes(as_tuple(y)),
+            "layers": layers,
+        }
         if remote:  # the backward reuses the fetched weights (check_remote: same owner and version)
             rec["params"] = params
         if last:
@@ -397,8 +504,11 @@ class PipelineExecutor:
         rec = st.records[g]
         last = s == self.S - 1
         y = rec["y"] if rec["v"] == v else None
-        kw = dict(loss_fn=self.model.loss, target=rec["target"], loss=rec["loss"] if y is not None else None) if last \
+        kw = (
+            dict(loss_fn=self.model.loss, target=rec["target"], loss=rec["loss"] if y is not None else None)
+            if last
             else dict(cot=cot if cot is not None else rec.get("cot"))
+        )
         remote = is_remote(op, self.rank)
         params = rec["params"] if remote or v not in st.versions else st.versions[v]
         if op.kind == "BI" and rec["layers"] is not None and y is not None:
@@ -412,7 +522,9 @@ class PipelineExecutor:
             return
         elif op.kind == "BI":
             recomputed = y is None
-            dx, _, y = vjp(st.module, params, rec["x"], self.like_tuple[s], y, **kw, want_weights=False, retain_graph=True)
+            dx, _, y = vjp(
+                st.module, params, rec["x"], self.like_tuple[s], y, **kw, want_weights=False, retain_graph=True
+            )
             rec.update(y=y, v=v, params=params, cot=cot)
             if recomputed and last:
                 rec["loss"] = None  # the stored loss belongs to the forward's evaluation, not to this one
@@ -421,8 +533,9 @@ class PipelineExecutor:
             self.remote.add_gradient(i, dw)
             del st.records[g]
         else:  # the weight gradient is added to the update buffer by the backward pass itself
-            dx, _, _ = vjp(st.module, params, rec["x"], self.like_tuple[s], y, **kw, want_input=op.kind == "B",
-                           into=st.grad)
+            dx, _, _ = vjp(
+                st.module, params, rec["x"], self.like_tuple[s], y, **kw, want_input=op.kind == "B", into=st.grad
+            )
             del st.records[g]
         if op.kind != "BW" and s > 0:
             self.comm.send((1, s - 1, g), dx, prog.where[("F", s - 1, b)])
@@ -447,8 +560,14 @@ class PipelineExecutor:
                     self.state[s].momentum[n].copy_(b)
 
     def memory(self) -> dict:
-        return {s: dict(peak_versions=st.peak_versions, peak_live_microbatches=st.peak_live,
-                        peak_activation_bytes=st.peak_act_bytes) for s, st in self.state.items()}
+        return {
+            s: dict(
+                peak_versions=st.peak_versions,
+                peak_live_microbatches=st.peak_live,
+                peak_activation_bytes=st.peak_act_bytes,
+            )
+            for s, st in self.state.items()
+        }
 
 
 def _since(t: float | None, t0: float) -> float:
@@ -479,4 +598,5 @@ def _stage_forward(module, params, x, recompute: bool):
     if not recompute:
         return run_stage(module, params, x)
     from torch.utils.checkpoint import checkpoint
+
     return checkpoint(run_stage, module, params, x, use_reentrant=False)

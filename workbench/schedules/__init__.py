@@ -12,6 +12,7 @@ Adding a schedule: write its generator in a module of this package (a new file i
 builder, ``workbench simulate/train --schedule NAME --schedule-option key=value``, the runtime's
 launcher, :func:`markdown_table` (the README's table) and the tests pick it up with no other edit.
 """
+
 from __future__ import annotations
 
 import gc
@@ -20,16 +21,27 @@ import pkgutil
 import warnings
 from contextlib import contextmanager
 
-from .core import (COMPUTE, KINDS, UPDATE_RULES, Op, OpKind, Schedule, ScheduleError, in_flight_peak, producers,
-                   validate, with_recompute)
+from .core import (
+    COMPUTE,
+    KINDS,
+    UPDATE_RULES,
+    Op,
+    OpKind,
+    Schedule,
+    ScheduleError,
+    in_flight_peak,
+    producers,
+    validate,
+    with_recompute,
+)
 from .registry import REGISTRY, Option, ScheduleSpec, markdown_table, register, spec
 
 for _m in pkgutil.iter_modules(__path__):  # registers every schedule of the package (one decorator each)
     importlib.import_module(f"{__name__}.{_m.name}")
 
+from .closed_forms import closed_form_bubble  # noqa: E402
 from .generators import noam_warmup, stage_layout  # noqa: E402
 from .master import JobCosts, from_placement, list_schedule, placement  # noqa: E402
-from .closed_forms import closed_form_bubble  # noqa: E402
 from .stats import worker_stats  # noqa: E402
 from .torch_csv import from_torch_csv, to_torch_csv  # noqa: E402
 
@@ -104,10 +116,13 @@ def _check_plan_shape(sp: ScheduleSpec, plan, options: dict) -> None:
     under another name. A one-line warning (not an error: the partitioner legitimately returns such
     plans, e.g. VGG-16 on one 4-GPU server, and the schedule still runs, round robin over replicas)."""
     if sp.family == "pipeline" and not sp.data_parallel_plan and plan.num_stages == 1 and plan.num_workers > 1:
-        warnings.warn(f"the plan is data parallel (1 stage on {plan.num_workers} workers), so {sp.name} runs as data "
-                      f"parallelism with gradient accumulation; use dp-bsp (or pipedream) to say so, or partition "
-                      f"into several stages (partition(..., straight=True), --straight) for a pipeline",
-                      UserWarning, stacklevel=3)
+        warnings.warn(
+            f"the plan is data parallel (1 stage on {plan.num_workers} workers), so {sp.name} runs as data "
+            f"parallelism with gradient accumulation; use dp-bsp (or pipedream) to say so, or partition "
+            f"into several stages (partition(..., straight=True), --straight) for a pipeline",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _reshape_message(sp: ScheduleSpec, plan, sched: Schedule, options: dict) -> str:
@@ -115,14 +130,49 @@ def _reshape_message(sp: ScheduleSpec, plan, sched: Schedule, options: dict) -> 
     if isinstance(sp.stages_per_worker, str) and sp.stages_per_worker not in ("all", "placement"):
         k = sp.stages_per_worker
         v = options.get(k, sp.option(k).default)
-        return (f"{sp.name} with {k}={v} runs the plan's {S} stages on {got} of its {have} workers (stage s on worker "
-                f"s mod {got}, which a plan of one worker per stage cannot express); pass {k}=1, or a stage count "
-                f"instead of the plan ({v * have} stages for {have} workers)")
-    return (f"{sp.name} uses {got} workers but the plan has {have}; pass workers={got} explicitly "
-            f"(--schedule-option workers={got}) if that is intended")
+        return (
+            f"{sp.name} with {k}={v} runs the plan's {S} stages on {got} of its {have} workers (stage s on worker "
+            f"s mod {got}, which a plan of one worker per stage cannot express); pass {k}=1, or a stage count "
+            f"instead of the plan ({v * have} stages for {have} workers)"
+        )
+    return (
+        f"{sp.name} uses {got} workers but the plan has {have}; pass workers={got} explicitly "
+        f"(--schedule-option workers={got}) if that is intended"
+    )
 
 
-__all__ = ["COMPUTE", "KINDS", "UPDATE_RULES", "Op", "OpKind", "Schedule", "ScheduleError", "in_flight_peak",
-           "validate", "producers", "build", "NAMES", "DESCRIPTIONS", "REGISTRY", "Option", "ScheduleSpec", "register",
-           "spec", "markdown_table", "from_placement", "list_schedule", "placement", "JobCosts",
-           "worker_stats", "noam_warmup", "build_for_workers", "worker_options", "executor_of", "closed_form_bubble", "stage_layout", "to_torch_csv", "from_torch_csv", "with_recompute"]
+__all__ = [
+    "COMPUTE",
+    "KINDS",
+    "UPDATE_RULES",
+    "Op",
+    "OpKind",
+    "Schedule",
+    "ScheduleError",
+    "in_flight_peak",
+    "validate",
+    "producers",
+    "build",
+    "NAMES",
+    "DESCRIPTIONS",
+    "REGISTRY",
+    "Option",
+    "ScheduleSpec",
+    "register",
+    "spec",
+    "markdown_table",
+    "from_placement",
+    "list_schedule",
+    "placement",
+    "JobCosts",
+    "worker_stats",
+    "noam_warmup",
+    "build_for_workers",
+    "worker_options",
+    "executor_of",
+    "closed_form_bubble",
+    "stage_layout",
+    "to_torch_csv",
+    "from_torch_csv",
+    "with_recompute",
+]

@@ -16,11 +16,12 @@ A schedule registers the form that applies to it (``register(..., bubble=fill_dr
 
 Each form returns ``(fraction, formula with its values)``; NaN where no paper states a one-round form.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .core import Schedule
 from .registry import REGISTRY
@@ -40,8 +41,15 @@ class Shape:
 
     @classmethod
     def of(cls, schedule: Schedule, fwd: float = 1.0, bwd: float = 2.0) -> Shape:
-        return cls(pipeline_depth(schedule), schedule.microbatches_per_step, schedule.microbatches,
-                   max(1, schedule.num_stages // schedule.num_workers), schedule.num_workers, fwd, bwd)
+        return cls(
+            pipeline_depth(schedule),
+            schedule.microbatches_per_step,
+            schedule.microbatches,
+            max(1, schedule.num_stages // schedule.num_workers),
+            schedule.num_workers,
+            fwd,
+            bwd,
+        )
 
 
 BubbleForm = Callable[[Shape], "tuple[float, str]"]
@@ -77,13 +85,16 @@ def interleaved(c: Shape) -> tuple[float, str]:
 
 def zb_h1(c: Shape) -> tuple[float, str]:
     p, m, x = c.depth, c.per_step, max(c.fwd, c.bwd / 2)
-    return ((p - 1) * x / (m * (c.fwd + c.bwd) + (p - 1) * x),
-            f"(p-1)x/(m(F+B)+(p-1)x), x=max(F,B/2)={x:g}, p={p}, m={m}")
+    return (
+        (p - 1) * x / (m * (c.fwd + c.bwd) + (p - 1) * x),
+        f"(p-1)x/(m(F+B)+(p-1)x), x=max(F,B/2)={x:g}, p={p}, m={m}",
+    )
 
 
 def zb_h2(c: Shape) -> tuple[float, str]:
-    return math.nan, ("the paper's (p-1)(T_F+T_B-2T_W) is the per-step idle once steps tile; one round keeps "
-                      "the pipeline fill")
+    return math.nan, (
+        "the paper's (p-1)(T_F+T_B-2T_W) is the per-step idle once steps tile; one round keeps the pipeline fill"
+    )
 
 
 def data_parallel(c: Shape) -> tuple[float, str]:

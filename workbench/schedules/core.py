@@ -49,14 +49,15 @@ generator that builds the order records the pairs; :meth:`Schedule.overlapped_pa
 op indices, and an executor that models overlap (the simulator's all-to-all, see
 :mod:`workbench.simulate`) charges them from there.
 """
+
 from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict, deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
-from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -141,7 +142,7 @@ class Schedule:
         if self.update not in UPDATE_RULES:
             raise ValueError(f"unknown update rule {self.update!r}; expected one of {UPDATE_RULES}")
 
-    # ---- lookups ---------------------------------------------------------------------
+        # ---- lookups ---------------------------------------------------------------------
         object.__setattr__(self, "segment_tokens", tuple(int(n) for n in self.segment_tokens))
         object.__setattr__(self, "segment_flops", tuple(float(f) for f in self.segment_flops))
         if self.segment_flops and len(self.segment_flops) != len(self.segment_tokens):
@@ -182,8 +183,12 @@ class Schedule:
 
     @cached_property
     def _where(self) -> dict[Key, int]:
-        return {(op.kind, op.stage, self.unit(op)): w for w, ops in enumerate(self.ops) for op in ops
-                if op.kind in _COMPUTE_SET}
+        return {
+            (op.kind, op.stage, self.unit(op)): w
+            for w, ops in enumerate(self.ops)
+            for op in ops
+            if op.kind in _COMPUTE_SET
+        }
 
     def dependencies(self) -> dict[Key, tuple[Key, ...]]:
         """The dataflow edges of the schedule, derived once (cached) and read by the validator's
@@ -208,8 +213,10 @@ class Schedule:
         where, S, k = self._where, self.num_stages, self.num_segments
         U = self.microbatches * k  # units (microbatch, segment)
         present = {key_code(key, S, U) for key in where}.__contains__
-        return {key: tuple(code_key(c, S, U) for c in producer_codes(key_code(key, S, U), S, U, present, k))
-                for key in where}
+        return {
+            key: tuple(code_key(c, S, U) for c in producer_codes(key_code(key, S, U), S, U, present, k))
+            for key in where
+        }
 
     def remote_inputs(self, worker: int) -> list[tuple[int, Key, int]]:
         """``(op index on worker, producer key, producer worker)`` for every activation or
@@ -229,8 +236,9 @@ class Schedule:
     @cached_property
     def remote_weights(self) -> bool:
         """Some compute op reads weights held by another worker (``weights_worker``: master family)."""
-        return any(op.kind in _COMPUTE_SET and op.weights_worker is not None and op.weights_worker != w
-                   for w, op in self)
+        return any(
+            op.kind in _COMPUTE_SET and op.weights_worker is not None and op.weights_worker != w for w, op in self
+        )
 
     def stashing_steps(self, worker: int) -> frozenset[int]:
         """Indices of ``worker``'s STEP ops that must write the new weights into new tensors,
@@ -292,8 +300,10 @@ class Schedule:
         for w, (fs, fb), (bs, bb) in pairs:
             i = index[w].get(("F", fs, fb)) if 0 <= w < self.num_workers else None
             if i is None or index[w].get(("B", bs, bb)) != i + 1:
-                raise ScheduleError(f"overlapped pair F{fs}.{fb} + B{bs}.{bb} is not two consecutive ops F, B "
-                                    f"on worker {w}; list pairs that the op order runs back to back")
+                raise ScheduleError(
+                    f"overlapped pair F{fs}.{fb} + B{bs}.{bb} is not two consecutive ops F, B "
+                    f"on worker {w}; list pairs that the op order runs back to back"
+                )
             out.append((w, i, i + 1))
         return tuple(out)
 
@@ -323,41 +333,64 @@ class Schedule:
             if w in holders:
                 continue
             for op in ops:
-                if (op.stage == stage and op.kind in ("B", "BW") and op.version == step
-                        and op.weights_worker in workers and not op.segment):
+                if (
+                    op.stage == stage
+                    and op.kind in ("B", "BW")
+                    and op.version == step
+                    and op.weights_worker in workers
+                    and not op.segment
+                ):
                     out.append(op.microbatch)
         return sorted(out)
 
     # ---- display ----------------------------------------------------------------------
     def _rows(self) -> list[tuple[str, object, str]]:
         steps = max((op.step + 1 for _, op in self if op.kind == "STEP"), default=0)
-        return [("workers", self.num_workers, ""), ("stages", self.num_stages, ""),
-                ("microbatches", self.microbatches, ""), ("ops", self.num_ops, ""), ("update", self.update, ""),
-                ("updates per stage", steps, ""),
-                ("peak in flight", max((in_flight_peak(o) for o in self.ops), default=0), "microbatches")]
+        return [
+            ("workers", self.num_workers, ""),
+            ("stages", self.num_stages, ""),
+            ("microbatches", self.microbatches, ""),
+            ("ops", self.num_ops, ""),
+            ("update", self.update, ""),
+            ("updates per stage", steps, ""),
+            ("peak in flight", max((in_flight_peak(o) for o in self.ops), default=0), "microbatches"),
+        ]
 
     def __repr__(self) -> str:
         from ..display import one_line
+
         return one_line(f"Schedule[{self.name}]", self._rows())
 
     def _repr_html_(self) -> str:
         import pandas as pd
 
         from ..display import card
-        table = pd.DataFrame({"ops": [len(o) for o in self.ops],
-                              "peak in flight": [in_flight_peak(o) for o in self.ops],
-                              "first ops": [" ".join(str(op) for op in o[:8]) + (" …" if len(o) > 8 else "")
-                                            for o in self.ops]},
-                             index=pd.RangeIndex(self.num_workers, name="worker"))
-        return card(f"Schedule {self.name}", self._rows(),
-                    label="per-worker op lists (no costs: simulate() gives times); counts from the ops", table=table)
+
+        table = pd.DataFrame(
+            {
+                "ops": [len(o) for o in self.ops],
+                "peak in flight": [in_flight_peak(o) for o in self.ops],
+                "first ops": [" ".join(str(op) for op in o[:8]) + (" …" if len(o) > 8 else "") for o in self.ops],
+            },
+            index=pd.RangeIndex(self.num_workers, name="worker"),
+        )
+        return card(
+            f"Schedule {self.name}",
+            self._rows(),
+            label="per-worker op lists (no costs: simulate() gives times); counts from the ops",
+            table=table,
+        )
 
     def describe(self, width: int = 12) -> str:
         """Compact text rendering, one line per worker."""
-        lines = [f"{self.name}: {self.num_workers} workers, {self.num_stages} stages, "
-                 f"{self.microbatches} microbatches, update={self.update}"]
+        lines = [
+            f"{self.name}: {self.num_workers} workers, {self.num_stages} stages, "
+            f"{self.microbatches} microbatches, update={self.update}"
+        ]
         for w, ops in enumerate(self.ops):
-            lines.append(f"w{w}: " + " ".join(str(o) for o in ops[: width * 4]) + (" ..." if len(ops) > width * 4 else ""))
+            lines.append(
+                f"w{w}: " + " ".join(str(o) for o in ops[: width * 4]) + (" ..." if len(ops) > width * 4 else "")
+            )
         return "\n".join(lines)
 
 
@@ -397,14 +430,28 @@ def producer_codes(code: int, S: int, U: int, present, segments: int = 1) -> tup
     return out + (code + 1,) if segments > 1 and rest % segments < segments - 1 else out
 
 
-def make_op(kind: OpKind, stage: int, microbatch: int = -1, version: int = 0, step: int = -1,
-            weights_worker: int | None = None, segment: int | None = None) -> Op:
+def make_op(
+    kind: OpKind,
+    stage: int,
+    microbatch: int = -1,
+    version: int = 0,
+    step: int = -1,
+    weights_worker: int | None = None,
+    segment: int | None = None,
+) -> Op:
     """``Op(kind, ...)`` without the checks, about 3x faster: for generators that pass an
     :class:`OpKind` member (the result is an ordinary, equal and equally hashed Op)."""
     op = _new(Op)
     d = op.__dict__
-    d["kind"], d["stage"], d["microbatch"], d["version"], d["step"], d["weights_worker"], d["segment"] = \
-        kind, stage, microbatch, version, step, weights_worker, segment
+    d["kind"], d["stage"], d["microbatch"], d["version"], d["step"], d["weights_worker"], d["segment"] = (
+        kind,
+        stage,
+        microbatch,
+        version,
+        step,
+        weights_worker,
+        segment,
+    )
     return op
 
 
@@ -457,8 +504,10 @@ def validate(schedule: Schedule) -> None:
                     raise ScheduleError(f"worker {w}: {op} has microbatch outside 0..{M - 1}")
                 if nseg or op.segment is not None:
                     if op.segment is None or not 0 <= op.segment < nseg:
-                        raise ScheduleError(f"worker {w}: {op} has segment outside 0..{nseg - 1}; every compute "
-                                            f"op of a schedule with segment_tokens needs a segment, and only those")
+                        raise ScheduleError(
+                            f"worker {w}: {op} has segment outside 0..{nseg - 1}; every compute "
+                            f"op of a schedule with segment_tokens needs a segment, and only those"
+                        )
                     b = b * nseg + op.segment
                 c = (k * S + s) * U + b
                 if worker_of[c] >= 0:
@@ -498,26 +547,32 @@ def _check_backwards(schedule: Schedule, wk: np.ndarray, ver: np.ndarray) -> Non
     bad = np.flatnonzero(has[0] & (has[1] == split))
     if bad.size:
         s, b = where(bad[0])
-        raise ScheduleError(f"F{s}.{b} needs exactly one backward (B, or BI+BW); found "
-                            f"{'both' if has[1][bad[0]] else 'none'}")
+        raise ScheduleError(
+            f"F{s}.{b} needs exactly one backward (B, or BI+BW); found {'both' if has[1][bad[0]] else 'none'}"
+        )
     half = np.flatnonzero(has[0] & ~has[1] & (has[2] != has[3]))
     if half.size:
         s, b = where(half[0])
-        raise ScheduleError(f"F{s}.{b} needs exactly one backward (B, or BI+BW); found only "
-                            f"{'BI' if has[2][half[0]] else 'BW'}")
+        raise ScheduleError(
+            f"F{s}.{b} needs exactly one backward (B, or BI+BW); found only {'BI' if has[2][half[0]] else 'BW'}"
+        )
     same_version = schedule.update in ("stash", "vertical-sync", "sync")
     for k, kind in ((1, "B"), (2, "BI"), (3, "BW")):
         rows = has[k]
         off = np.flatnonzero(rows & (wk[k] != wk[0]))
         if off.size:
             s, b = where(off[0])
-            raise ScheduleError(f"{kind}{s}.{b} runs on worker {wk[k][off[0]]} but its forward (and "
-                                f"stashed activations) is on worker {wk[0][off[0]]}")
+            raise ScheduleError(
+                f"{kind}{s}.{b} runs on worker {wk[k][off[0]]} but its forward (and "
+                f"stashed activations) is on worker {wk[0][off[0]]}"
+            )
         off = np.flatnonzero(rows & (ver[k] != ver[0])) if same_version else np.zeros(0, dtype=int)
         if len(off):
             s, b = where(off[0])
-            raise ScheduleError(f"{kind}{s}.{b} reads weight version {ver[k][off[0]]} but its "
-                                f"forward read {ver[0][off[0]]} (rule {schedule.update!r})")
+            raise ScheduleError(
+                f"{kind}{s}.{b} reads weight version {ver[k][off[0]]} but its "
+                f"forward read {ver[0][off[0]]} (rule {schedule.update!r})"
+            )
     missing = np.flatnonzero(~has[0])
     if missing.size:  # every microbatch goes through every stage
         s, b = where(missing[0])
@@ -574,8 +629,10 @@ def _check_deadlock(schedule: Schedule, worker_of: list[int], codes: list[list[i
                     if not done[d]:
                         if worker_of[d] < 0:
                             key, dep = code_key(c, S, U), code_key(d, S, U)
-                            raise ScheduleError(f"{key[0]}{key[1]}.{key[2]} on worker {w} depends on "
-                                                f"{dep[0]}{dep[1]}.{dep[2]}, which no worker runs")
+                            raise ScheduleError(
+                                f"{key[0]}{key[1]}.{key[2]} on worker {w} depends on "
+                                f"{dep[0]}{dep[1]}.{dep[2]}, which no worker runs"
+                            )
                         blocked = d
                         break
                 if blocked < 0 and extra:
@@ -589,7 +646,10 @@ def _check_deadlock(schedule: Schedule, worker_of: list[int], codes: list[list[i
                 i += 1
                 continue
             op = wops[i]
-            if pushes and (blocked := next((d for d in pushes.get((op.stage, op.step, w), ()) if not done[d]), -1)) >= 0:
+            if (
+                pushes
+                and (blocked := next((d for d in pushes.get((op.stage, op.step, w), ()) if not done[d]), -1)) >= 0
+            ):
                 waiting[blocked].append(w)
                 break
             if op.kind == "STEP":
@@ -609,8 +669,10 @@ def _check_deadlock(schedule: Schedule, worker_of: list[int], codes: list[list[i
         ptr[w] = i
     stuck = [(w, ops[w][ptr[w]]) for w in range(len(ops)) if ptr[w] < len(ops[w])]
     if stuck:
-        raise ScheduleError("schedule deadlocks; first ops that can never start: "
-                            + ", ".join(f"worker {w}: {op}" for w, op in stuck[:4]))
+        raise ScheduleError(
+            "schedule deadlocks; first ops that can never start: "
+            + ", ".join(f"worker {w}: {op}" for w, op in stuck[:4])
+        )
 
 
 def in_flight_peak(ops: Iterable[Op]) -> int:

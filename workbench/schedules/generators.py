@@ -18,13 +18,14 @@ PipeDream with replicas groups updates by rounds: update t of stage s averages t
 microbatches t*r_s .. t*r_s + r_s - 1, one per replica (synchronous data parallelism inside a
 stage, as in the PipeDream paper), so every replica of a stage holds the same version.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
-from .core import Op, OpKind, Schedule, make_op, validate
 from . import closed_forms as cf
+from .core import Op, OpKind, Schedule, make_op, validate
 from .registry import register
 
 Key = tuple[str, int, int]  # (kind, stage, microbatch)
@@ -97,8 +98,9 @@ def zb_h1_order(mbs: list, K: int, cap: int, stage: int, backward_order: list | 
 
 
 # ---- updates and versions ---------------------------------------------------------------
-def insert_updates(orders: list[list[Key]], layout, group: Callable[[int, int], int],
-                   n_groups: Callable[[int], int]) -> list[list[tuple]]:
+def insert_updates(
+    orders: list[list[Key]], layout, group: Callable[[int, int], int], n_groups: Callable[[int], int]
+) -> list[list[tuple]]:
     """Insert ("AR", s, g) / ("STEP", s, g) into each worker's order (rule in module docstring)."""
     out = []
     for w, order in enumerate(orders):
@@ -166,14 +168,21 @@ def assign_versions(orders: list[list[tuple]], rule: str, two_bw_batch: int = 0)
         if rule == "2bw":
             v = max(b // two_bw_batch - 1, 0)
             if local[(kind, s, b)] not in (v, v + 1):
-                raise ValueError(f"2BW needs at most two weight versions, but {kind}{s}.{b} would read "
-                                 f"version {v} while version {local[(kind, s, b)]} is current; use "
-                                 f"microbatches_per_step >= max_s K_s r_s (the number of stages if straight)")
+                raise ValueError(
+                    f"2BW needs at most two weight versions, but {kind}{s}.{b} would read "
+                    f"version {v} while version {local[(kind, s, b)]} is current; use "
+                    f"microbatches_per_step >= max_s K_s r_s (the number of stages if straight)"
+                )
             return v
         raise ValueError(f"unknown update rule {rule!r}")
 
-    return [[make_op(_KINDS[k], s, x, version(k, s, x)) if k != "AR" and k != "STEP" else make_op(_KINDS[k], s, step=x)
-             for k, s, x in ops] for ops in orders]
+    return [
+        [
+            make_op(_KINDS[k], s, x, version(k, s, x)) if k != "AR" and k != "STEP" else make_op(_KINDS[k], s, step=x)
+            for k, s, x in ops
+        ]
+        for ops in orders
+    ]
 
 
 _KINDS = {str(k): k for k in OpKind}
@@ -201,13 +210,21 @@ def _local_versions(ops: list[tuple], stash: bool) -> list[Op]:
     return out
 
 
-def _make(name, layout, orders, M, update, mps, group, n_groups, max_in_flight, options,
-          two_bw_batch=0) -> Schedule:
+def _make(name, layout, orders, M, update, mps, group, n_groups, max_in_flight, options, two_bw_batch=0) -> Schedule:
     with_updates = insert_updates(orders, layout, group, n_groups)
     ops = assign_versions(with_updates, update, two_bw_batch)
-    sched = Schedule(name=name, num_stages=len(layout), num_workers=len(orders), microbatches=M,
-                     ops=tuple(tuple(o) for o in ops), stage_workers=layout, update=update,
-                     microbatches_per_step=mps, max_in_flight=tuple(max_in_flight), options=dict(options))
+    sched = Schedule(
+        name=name,
+        num_stages=len(layout),
+        num_workers=len(orders),
+        microbatches=M,
+        ops=tuple(tuple(o) for o in ops),
+        stage_workers=layout,
+        update=update,
+        microbatches_per_step=mps,
+        max_in_flight=tuple(max_in_flight),
+        options=dict(options),
+    )
     validate(sched)
     return sched
 
@@ -232,9 +249,14 @@ def _check_m(M, what="microbatches"):
 
 
 # ---- pipeline schedules -----------------------------------------------------------------
-@register("model-parallel", description="one microbatch in flight through all stages, then every stage updates",
-          source="Narayanan et al., PipeDream (SOSP 2019), Figure 2", microbatches="in total",
-          bubble=cf.one_in_flight, takes_plan=True)
+@register(
+    "model-parallel",
+    description="one microbatch in flight through all stages, then every stage updates",
+    source="Narayanan et al., PipeDream (SOSP 2019), Figure 2",
+    microbatches="in total",
+    bubble=cf.one_in_flight,
+    takes_plan=True,
+)
 def model_parallel(plan, microbatches: int) -> Schedule:
     """One microbatch in flight: F0..F(S-1), B(S-1)..B0, then every stage updates (version b)."""
     layout, M = stage_layout(plan), _check_m(microbatches)
@@ -242,13 +264,18 @@ def model_parallel(plan, microbatches: int) -> Schedule:
     for b in range(M):
         for s, ws in enumerate(layout):
             orders[ws[b % len(ws)]] += [("F", s, b), ("B", s, b)]
-    return _make("model-parallel", layout, orders, M, "sync", 1, lambda s, b: b, lambda s: M,
-                 [1] * len(orders), {})
+    return _make("model-parallel", layout, orders, M, "sync", 1, lambda s, b: b, lambda s: M, [1] * len(orders), {})
 
 
-@register("gpipe", description="fill-drain: all forwards, then all backwards, gradient accumulation, one step per flush",
-          source="Huang et al., GPipe (NeurIPS 2019)", options={"steps": "iterations (flushes) in the schedule"},
-          bubble=cf.fill_drain, takes_plan=True, flushes=True)
+@register(
+    "gpipe",
+    description="fill-drain: all forwards, then all backwards, gradient accumulation, one step per flush",
+    source="Huang et al., GPipe (NeurIPS 2019)",
+    options={"steps": "iterations (flushes) in the schedule"},
+    bubble=cf.fill_drain,
+    takes_plan=True,
+    flushes=True,
+)
 def gpipe(plan, microbatches: int, steps: int = 1) -> Schedule:
     """Fill-drain: per iteration every worker runs all its forwards, then its backwards in reverse
     order; the gradients of the M microbatches accumulate and each stage steps once at the flush."""
@@ -261,17 +288,23 @@ def gpipe(plan, microbatches: int, steps: int = 1) -> Schedule:
             o += [("F", s, b) for b in mbs] + [("B", s, b) for b in reversed(mbs)]
         orders.append(o)
         cap.append(max(1, max(len(_share(t * M, M, r, j)) for t in range(T))))
-    return _make("gpipe", layout, orders, M * T, "sync", M, lambda s, b: b // M, lambda s: T, cap,
-                 {"steps": T})
+    return _make("gpipe", layout, orders, M * T, "sync", M, lambda s, b: b // M, lambda s: T, cap, {"steps": T})
 
 
-@register("pipedream", description="1F1B: NOAM warm-up, then one forward one backward, round robin over replicas, no flush",
-          source="Narayanan et al., PipeDream (SOSP 2019)",
-          options={"weights": "weight rule: stashing, vertical sync or none",
-                   "warmup": "forwards each stage admits before its first backward (default NOAM; Plan.in_flight counts communication)"},
-          choices={"weights": ("stash", "vertical-sync", "no-stash")}, microbatches="in total",
-          data_parallel_plan=True,
-          bubble=cf.one_round, takes_plan=True)
+@register(
+    "pipedream",
+    description="1F1B: NOAM warm-up, then one forward one backward, round robin over replicas, no flush",
+    source="Narayanan et al., PipeDream (SOSP 2019)",
+    options={
+        "weights": "weight rule: stashing, vertical sync or none",
+        "warmup": "forwards each stage admits before its first backward (default NOAM; Plan.in_flight counts communication)",
+    },
+    choices={"weights": ("stash", "vertical-sync", "no-stash")},
+    microbatches="in total",
+    data_parallel_plan=True,
+    bubble=cf.one_round,
+    takes_plan=True,
+)
 def pipedream(plan, microbatches: int, weights: str = "stash", warmup: object = None) -> Schedule:
     """1F1B with NOAM warm-up, round robin over replicas, no flush, an update after every
     microbatch (a replicated stage: every round of r_s microbatches, AR then STEP).
@@ -287,8 +320,18 @@ def pipedream(plan, microbatches: int, weights: str = "stash", warmup: object = 
         orders.append(one_f_one_b(_share(0, M, r, j), K[s], s))
         cap.append(K[s])
     reps = [len(ws) for ws in layout]
-    return _make("pipedream", layout, orders, M, rules[weights], 1, lambda s, b: b // reps[s],
-                 lambda s: math.ceil(M / reps[s]), cap, {"weights": weights, "noam": K[0]})
+    return _make(
+        "pipedream",
+        layout,
+        orders,
+        M,
+        rules[weights],
+        1,
+        lambda s, b: b // reps[s],
+        lambda s: math.ceil(M / reps[s]),
+        cap,
+        {"weights": weights, "noam": K[0]},
+    )
 
 
 def _warmup(layout, warmup) -> list[int]:
@@ -303,12 +346,19 @@ def _warmup(layout, warmup) -> list[int]:
     return K
 
 
-@register("pipedream-flush", description="1F1B inside each batch of microbatches, then a flush and a synchronous step",
-          source="Narayanan et al., PipeDream-2BW (ICML 2021)",
-          options={"steps": "iterations (flushes) in the schedule",
-                   "warmup": "forwards each stage admits before its first backward (default NOAM, as torch's "
-                             "Schedule1F1B; Plan.in_flight adds what communication needs)"},
-          bubble=cf.fill_drain, takes_plan=True, flushes=True)
+@register(
+    "pipedream-flush",
+    description="1F1B inside each batch of microbatches, then a flush and a synchronous step",
+    source="Narayanan et al., PipeDream-2BW (ICML 2021)",
+    options={
+        "steps": "iterations (flushes) in the schedule",
+        "warmup": "forwards each stage admits before its first backward (default NOAM, as torch's "
+        "Schedule1F1B; Plan.in_flight adds what communication needs)",
+    },
+    bubble=cf.fill_drain,
+    takes_plan=True,
+    flushes=True,
+)
 def pipedream_flush(plan, microbatches: int, steps: int = 1, warmup: object = None) -> Schedule:
     """1F1B inside each iteration of M microbatches, then a flush and one synchronous update.
     ``warmup``: forwards each stage admits before its first backward (one int per stage, capped at
@@ -321,15 +371,32 @@ def pipedream_flush(plan, microbatches: int, steps: int = 1, warmup: object = No
     for s, j, r in _per_worker(layout):
         orders.append([k for t in range(T) for k in one_f_one_b(_share(t * M, M, r, j), K[s], s)])
         cap.append(min(K[s], M))
-    return _make("pipedream-flush", layout, orders, M * T, "sync", M, lambda s, b: b // M,
-                 lambda s: T, cap, {"steps": T} if warmup is None else {"steps": T, "warmup": K})
+    return _make(
+        "pipedream-flush",
+        layout,
+        orders,
+        M * T,
+        "sync",
+        M,
+        lambda s, b: b // M,
+        lambda s: T,
+        cap,
+        {"steps": T} if warmup is None else {"steps": T, "warmup": K},
+    )
 
 
-@register("pipedream-2bw", description="1F1B without flush, gradient accumulation per batch, two weight buffers, delay one",
-          source="Narayanan et al., PipeDream-2BW (ICML 2021)", microbatches="in total",
-          options={"microbatches_per_step": "microbatches per update (default: max_s K_s r_s)",
-                   "warmup": "forwards each stage admits before its first backward (default NOAM; Plan.in_flight counts communication)"},
-          bubble=cf.one_round, takes_plan=True)
+@register(
+    "pipedream-2bw",
+    description="1F1B without flush, gradient accumulation per batch, two weight buffers, delay one",
+    source="Narayanan et al., PipeDream-2BW (ICML 2021)",
+    microbatches="in total",
+    options={
+        "microbatches_per_step": "microbatches per update (default: max_s K_s r_s)",
+        "warmup": "forwards each stage admits before its first backward (default NOAM; Plan.in_flight counts communication)",
+    },
+    bubble=cf.one_round,
+    takes_plan=True,
+)
 def pipedream_2bw(plan, microbatches: int, microbatches_per_step: int | None = None, warmup: object = None) -> Schedule:
     """1F1B without flush; gradients accumulate over batches of m microbatches (default
     max_s K_s r_s, = S when straight with NOAM's warm-up K_s: enough for two buffers); two weight buffers and a delay of one update: W(t+1) = W(t) - nu * grad f(W(t-1)), so batch t reads version
@@ -338,18 +405,29 @@ def pipedream_2bw(plan, microbatches: int, microbatches_per_step: int | None = N
     layout, M = stage_layout(plan), _check_m(microbatches)
     K = _warmup(layout, warmup)
     m_min = max(k * len(ws) for k, ws in zip(K, layout))  # = S for a straight pipeline
-    m = _check_m(microbatches_per_step if microbatches_per_step is not None else m_min,
-                 "microbatches_per_step")
+    m = _check_m(microbatches_per_step if microbatches_per_step is not None else m_min, "microbatches_per_step")
     if m < m_min:
-        raise ValueError(f"pipedream-2bw needs microbatches_per_step >= {m_min} (max_s K_s r_s; the number "
-                         f"of stages when straight) so that two weight buffers suffice; got {m}")
+        raise ValueError(
+            f"pipedream-2bw needs microbatches_per_step >= {m_min} (max_s K_s r_s; the number "
+            f"of stages when straight) so that two weight buffers suffice; got {m}"
+        )
     orders, cap = [], []
     for s, j, r in _per_worker(layout):
         orders.append(one_f_one_b(_share(0, M, r, j), K[s], s))
         cap.append(K[s])
-    return _make("pipedream-2bw", layout, orders, M, "2bw", m, lambda s, b: b // m,
-                 lambda s: math.ceil(M / m), cap, {"microbatches_per_step": m} | ({} if warmup is None else {"warmup": K}),
-                 two_bw_batch=m)
+    return _make(
+        "pipedream-2bw",
+        layout,
+        orders,
+        M,
+        "2bw",
+        m,
+        lambda s, b: b // m,
+        lambda s: math.ceil(M / m),
+        cap,
+        {"microbatches_per_step": m} | ({} if warmup is None else {"warmup": K}),
+        two_bw_batch=m,
+    )
 
 
 def _straight(layout, name):
@@ -364,9 +442,11 @@ def interleaved_rounds(P: int, M: int) -> int:
     rounds = max(1, M // P)
     if M % rounds:
         ok = [m for m in range(max(1, M - P), M + P + 1) if m % max(1, m // P) == 0]
-        raise ValueError(f"interleaved-1f1b: {M} microbatches on {P} workers run in {rounds} rounds of "
-                         f"M / rounds microbatches, which needs M to be a multiple of {rounds}; "
-                         f"use e.g. {[m for m in ok if m != M][:4]} microbatches")
+        raise ValueError(
+            f"interleaved-1f1b: {M} microbatches on {P} workers run in {rounds} rounds of "
+            f"M / rounds microbatches, which needs M to be a multiple of {rounds}; "
+            f"use e.g. {[m for m in ok if m != M][:4]} microbatches"
+        )
     return M // rounds
 
 
@@ -392,10 +472,14 @@ def interleaved_order(rank: int, P: int, v: int, M: int) -> list[Key]:
     return out + [key(i, "B") for i in range(total - warm, total)]
 
 
-@register("interleaved-1f1b", description="Megatron 1F1B with `chunks` virtual stages per worker (stage s on worker s mod P)",
-          source="Narayanan et al., Megatron-LM (SC 2021)", stages_per_worker="chunks",
-          options={"chunks": "virtual stages per worker", "steps": "iterations (flushes) in the schedule"},
-          bubble=cf.interleaved)
+@register(
+    "interleaved-1f1b",
+    description="Megatron 1F1B with `chunks` virtual stages per worker (stage s on worker s mod P)",
+    source="Narayanan et al., Megatron-LM (SC 2021)",
+    stages_per_worker="chunks",
+    options={"chunks": "virtual stages per worker", "steps": "iterations (flushes) in the schedule"},
+    bubble=cf.interleaved,
+)
 def interleaved_1f1b(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> Schedule:
     """Megatron interleaved 1F1B: S = P v stages on P workers, stage s on worker s mod P, per-rank
     order of :func:`interleaved_order` (equal to torch's ``ScheduleInterleaved1F1B``), a flush and
@@ -406,8 +490,18 @@ def interleaved_1f1b(plan, microbatches: int, chunks: int = 2, steps: int = 1) -
         it = interleaved_order(rank, P, v, M)
         orders.append([(kd, s, b + t * M) for t in range(T) for kd, s, b in it])
         cap.append(in_flight_of(it))
-    return _make("interleaved-1f1b", layout, orders, M * T, "sync", M, lambda s, b: b // M,
-                 lambda s: T, cap, {"chunks": v, "steps": T})
+    return _make(
+        "interleaved-1f1b",
+        layout,
+        orders,
+        M * T,
+        "sync",
+        M,
+        lambda s, b: b // M,
+        lambda s: T,
+        cap,
+        {"chunks": v, "steps": T},
+    )
 
 
 def _looped_layout(plan, microbatches, chunks, steps, name):
@@ -416,8 +510,10 @@ def _looped_layout(plan, microbatches, chunks, steps, name):
     _straight(base, name)
     S, M, T, v = len(base), _check_m(microbatches), _check_m(steps, "steps"), _check_m(chunks, "chunks")
     if S % v:
-        raise ValueError(f"{name}: {S} stages do not split into chunks={v} per worker; "
-                         f"pass a stage count that is a multiple of chunks (e.g. {S - S % v or v})")
+        raise ValueError(
+            f"{name}: {S} stages do not split into chunks={v} per worker; "
+            f"pass a stage count that is a multiple of chunks (e.g. {S - S % v or v})"
+        )
     P = S // v
     return tuple((s % P,) for s in range(S)), P, M, T, v
 
@@ -439,14 +535,22 @@ def looped_bfs_order(rank: int, P: int, v: int, M: int) -> list[Key]:
     stages rank, rank + P, ..., each over microbatches 0..M-1, then the backwards of its stages
     from the last, each over microbatches M-1..0."""
     stages = range(rank, P * v, P)
-    return [("F", s, b) for s in stages for b in range(M)] + \
-           [("B", s, b) for s in reversed(stages) for b in reversed(range(M))]
+    return [("F", s, b) for s in stages for b in range(M)] + [
+        ("B", s, b) for s in reversed(stages) for b in reversed(range(M))
+    ]
 
 
-@register("looped-bfs", description="breadth-first looped pipeline: all forwards stage by stage, then all backwards from the last stage",
-          source="Lamy-Poirier, Breadth-First Pipeline Parallelism (MLSys 2023)", stages_per_worker="chunks",
-          options={"chunks": "stages per worker (stage s on worker s mod P)", "steps": "iterations (flushes) in the schedule"},
-          bubble=cf.interleaved)
+@register(
+    "looped-bfs",
+    description="breadth-first looped pipeline: all forwards stage by stage, then all backwards from the last stage",
+    source="Lamy-Poirier, Breadth-First Pipeline Parallelism (MLSys 2023)",
+    stages_per_worker="chunks",
+    options={
+        "chunks": "stages per worker (stage s on worker s mod P)",
+        "steps": "iterations (flushes) in the schedule",
+    },
+    bubble=cf.interleaved,
+)
 def looped_bfs(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> Schedule:
     """Looped BFS: S = P v stages, stage s on worker s mod P, per-rank order
     :func:`looped_bfs_order` (equal to torch's ``ScheduleLoopedBFS``), gradient accumulation over
@@ -454,13 +558,29 @@ def looped_bfs(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> Sche
     (stage, microbatch) activations at the turn (peak M v)."""
     layout, P, M, T, v = _looped_layout(plan, microbatches, chunks, steps, "looped-bfs")
     orders = [[(kd, s, b + t * M) for t in range(T) for kd, s, b in looped_bfs_order(r, P, v, M)] for r in range(P)]
-    return _make("looped-bfs", layout, orders, M * T, "sync", M, lambda s, b: b // M, lambda s: T,
-                 [M * v] * P, {"chunks": v, "steps": T})
+    return _make(
+        "looped-bfs",
+        layout,
+        orders,
+        M * T,
+        "sync",
+        M,
+        lambda s, b: b // M,
+        lambda s: T,
+        [M * v] * P,
+        {"chunks": v, "steps": T},
+    )
 
 
-@register("zb-h1", description="zero-bubble H1: backward split into BI/BW, deferred BW fills bubbles, 1F1B peak memory",
-          source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024)", options={"steps": "iterations (flushes) in the schedule"},
-          bubble=cf.zb_h1, takes_plan=True, flushes=True)
+@register(
+    "zb-h1",
+    description="zero-bubble H1: backward split into BI/BW, deferred BW fills bubbles, 1F1B peak memory",
+    source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024)",
+    options={"steps": "iterations (flushes) in the schedule"},
+    bubble=cf.zb_h1,
+    takes_plan=True,
+    flushes=True,
+)
 def zb_h1(plan, microbatches: int, steps: int = 1) -> Schedule:
     """Zero-bubble H1: 1F1B with the backward split into BI (input gradient) and BW (weight
     gradient); BW of later stages is deferred to fill the cool-down bubble while no worker holds
@@ -471,8 +591,7 @@ def zb_h1(plan, microbatches: int, steps: int = 1) -> Schedule:
     for s, j, r in _per_worker(layout):
         orders.append([k for t in range(T) for k in zb_h1_order(_share(t * M, M, r, j), K[s], max(K), s)])
         cap.append(max(K))
-    return _make("zb-h1", layout, orders, M * T, "sync", M, lambda s, b: b // M, lambda s: T, cap,
-                 {"steps": T})
+    return _make("zb-h1", layout, orders, M * T, "sync", M, lambda s, b: b // M, lambda s: T, cap, {"steps": T})
 
 
 # ---- data parallel ----------------------------------------------------------------------
@@ -482,10 +601,17 @@ def _dp_shape(plan, workers):
     return S, W
 
 
-@register("dp-bsp", description="data parallel: each worker all stages, per-stage all-reduce overlapped with backward",
-          source="Li et al., PyTorch Distributed (VLDB 2020)", stages_per_worker="all", family="data-parallel",
-          microbatches="in total", options={"workers": "data-parallel workers (default: the plan's)"},
-          bubble=cf.data_parallel, executor="ddp")
+@register(
+    "dp-bsp",
+    description="data parallel: each worker all stages, per-stage all-reduce overlapped with backward",
+    source="Li et al., PyTorch Distributed (VLDB 2020)",
+    stages_per_worker="all",
+    family="data-parallel",
+    microbatches="in total",
+    options={"workers": "data-parallel workers (default: the plan's)"},
+    bubble=cf.data_parallel,
+    executor="ddp",
+)
 def dp_bsp(plan, microbatches: int, workers: int | None = None) -> Schedule:
     """Data parallel, bulk synchronous: every worker holds all S stages (gradient buckets); worker
     w runs microbatches b = w mod W; each round, the AR of stage s follows B of s right away (it
@@ -513,10 +639,17 @@ def dp_bsp(plan, microbatches: int, workers: int | None = None) -> Schedule:
     return sched
 
 
-@register("dp-asp", description="data parallel, asynchronous: each worker steps on its own gradients, no all-reduce",
-          source="Recht et al., Hogwild! (NeurIPS 2011)", stages_per_worker="all", family="data-parallel",
-          microbatches="in total", options={"workers": "data-parallel workers (default: the plan's)"},
-          bubble=cf.data_parallel, executor="hogwild")
+@register(
+    "dp-asp",
+    description="data parallel, asynchronous: each worker steps on its own gradients, no all-reduce",
+    source="Recht et al., Hogwild! (NeurIPS 2011)",
+    stages_per_worker="all",
+    family="data-parallel",
+    microbatches="in total",
+    options={"workers": "data-parallel workers (default: the plan's)"},
+    bubble=cf.data_parallel,
+    executor="hogwild",
+)
 def dp_asp(plan, microbatches: int, workers: int | None = None) -> Schedule:
     """Data parallel, asynchronous (parameter-server ASP): worker w runs microbatches b = w mod W,
     and after B of stage s pushes its gradient and pulls the current weights (STEP, no AR).

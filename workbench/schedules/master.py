@@ -39,17 +39,18 @@ iteration every owner of s runs AR (if s has several owners) and STEP; gradients
 worker that does not own the weights are pushed to ``weights_worker`` (see
 ``Schedule.step_microbatches``).
 """
+
 from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import pandas as pd
 
-from .core import Op, Schedule, in_flight_peak, validate
 from . import closed_forms as cf
+from .core import Op, Schedule, in_flight_peak, validate
 from .registry import register
 
 Placement = Callable[[int, int, str], tuple[int, int]]
@@ -65,25 +66,27 @@ def chain(S: int, b: int) -> list[tuple[int, int, str]]:
 PRIORITIES = {
     "oldest-batch": "smallest batch b first (depth first: a batch runs to completion before newer ones)",
     "lowest-stage": "smallest stage s first, then b, forward and backward alike (not breadth first: "
-                    "a backward of stage s precedes the forward of stage s of a later batch)",
+    "a backward of stage s precedes the forward of stage s of a later batch)",
     "breadth-first": "forwards by (s, b), then backwards by (-s, -b): PyTorch's looped BFS order",
     "stage-direction-batch": "smallest stage s first, then forwards before backwards, then b (the order "
-                             "parallelsim.py calls OldestStageFirst)",
+    "parallelsim.py calls OldestStageFirst)",
 }
 
 RULES = {
     "finish": "the frontier job of smallest finish time t(j), ties broken by n(j) (the workbench's "
-              "cost-aware reading of the greedy rule)",
+    "cost-aware reading of the greedy rule)",
     "parallelsim": "the document's simulator (parallelsim.py): the frontier job of smallest start time, ties "
-                   "broken by n of the job its batch ran last (a virtual job (-1, b, forward) before F0)",
+    "broken by n of the job its batch ran last (a virtual job (-1, b, forward) before F0)",
 }
 
 
 def priority_key(priority, S: int) -> Callable[[int, int, str], tuple]:
     """Sort key n(s, b, d) of a job for a named priority (:data:`PRIORITIES`) or a user function
     n(s, b, d). Ties are broken by the job's position in its batch's chain, then b, for determinism."""
+
     def pos(s, d):
         return s if d == "forward" else 2 * S - 1 - s
+
     if priority == "oldest-batch":
         return lambda s, b, d: (b, pos(s, d))
     if priority == "lowest-stage":
@@ -93,13 +96,16 @@ def priority_key(priority, S: int) -> Callable[[int, int, str], tuple]:
     if priority == "stage-direction-batch":
         return lambda s, b, d: (s, d != "forward", b)
     if priority == "oldest-stage":
-        raise ValueError("priority 'oldest-stage' was renamed 'lowest-stage' (it sorts by stage, then batch; "
-                         "it is not breadth first); parallelsim.py's OldestStageFirst is 'stage-direction-batch'; "
-                         "for PyTorch's breadth-first order use 'breadth-first' or the schedule 'looped-bfs'")
+        raise ValueError(
+            "priority 'oldest-stage' was renamed 'lowest-stage' (it sorts by stage, then batch; "
+            "it is not breadth first); parallelsim.py's OldestStageFirst is 'stage-direction-batch'; "
+            "for PyTorch's breadth-first order use 'breadth-first' or the schedule 'looped-bfs'"
+        )
     if callable(priority):
         return lambda s, b, d: (priority(s, b, d), b, pos(s, d))
-    raise ValueError(f"priority must be one of {sorted(PRIORITIES)} or a function n(stage, batch, "
-                     f"direction), got {priority!r}")
+    raise ValueError(
+        f"priority must be one of {sorted(PRIORITIES)} or a function n(stage, batch, direction), got {priority!r}"
+    )
 
 
 @dataclass(frozen=True)
@@ -126,19 +132,27 @@ class JobCosts:
                 raise ValueError(f"JobCosts.{name} must be finite and >= 0 (or a function), got {v!r}")
 
     @classmethod
-    def scalar(cls, fwd: float | Sequence[float], bwd: float | Sequence[float], stages: int,
-               transfer_ms: Callable | float = 0.0, fetch_ms: Callable | float = 0.0) -> "JobCosts":
+    def scalar(
+        cls,
+        fwd: float | Sequence[float],
+        bwd: float | Sequence[float],
+        stages: int,
+        transfer_ms: Callable | float = 0.0,
+        fetch_ms: Callable | float = 0.0,
+    ) -> JobCosts:
         """Costs of ``stages`` stages from numbers or one number per stage (the simulator's
         ``fwd=``/``bwd=`` arguments)."""
+
         def per(x, what):
             vals = [float(x)] * stages if isinstance(x, (int, float)) else [float(v) for v in x]
             if len(vals) != stages:
                 raise ValueError(f"{what} has {len(vals)} values for {stages} stages; give one per stage or a number")
             return tuple(vals)
+
         return cls(per(fwd, "fwd"), per(bwd, "bwd"), transfer_ms, fetch_ms)
 
     @classmethod
-    def from_timeline(cls, tl: pd.DataFrame, schedule: Schedule) -> "JobCosts":
+    def from_timeline(cls, tl: pd.DataFrame, schedule: Schedule) -> JobCosts:
         """The durations a simulated timeline of ``schedule`` charged
         (:func:`workbench.simulate.planning.build_for_simulation` simulates it): compute rows F/B
         per stage, ``send_act``/``send_grad`` and ``fetch_weights`` rows per link. Only pairs of
@@ -146,17 +160,26 @@ class JobCosts:
         schedule built with any order gives the costs to re-order it."""
         dur = tl["end"] - tl["start"]
         comp = tl["lane"] == "compute"
-        per = {(k, int(st)): float(v) for (k, st), v in dur[comp].groupby([tl["kind"][comp], tl["stage"][comp]]).max().items()}
+        per = {
+            (k, int(st)): float(v)
+            for (k, st), v in dur[comp].groupby([tl["kind"][comp], tl["stage"][comp]]).max().items()
+        }
         S = schedule.num_stages
         fwd = tuple(per.get(("F", st), 0.0) for st in range(S))
         bwd = tuple(per.get(("B", st), 0.0) for st in range(S))
-        links = {(str(r.kind), int(r.stage), int(r.src), int(r.dst)): float(r.end - r.start)
-                 for r in tl[~comp].itertuples(index=False)
-                 if r.kind in ("send_act", "send_grad", "fetch_weights")}
-        return cls(fwd, bwd,
-                   transfer_ms=lambda st, d, a, b: links.get(("send_act", st - 1, a, b) if d == "forward"
-                                                             else ("send_grad", st + 1, a, b), 0.0),
-                   fetch_ms=lambda st, a, b: links.get(("fetch_weights", st, a, b), 0.0))
+        links = {
+            (str(r.kind), int(r.stage), int(r.src), int(r.dst)): float(r.end - r.start)
+            for r in tl[~comp].itertuples(index=False)
+            if r.kind in ("send_act", "send_grad", "fetch_weights")
+        }
+        return cls(
+            fwd,
+            bwd,
+            transfer_ms=lambda st, d, a, b: links.get(
+                ("send_act", st - 1, a, b) if d == "forward" else ("send_grad", st + 1, a, b), 0.0
+            ),
+            fetch_ms=lambda st, a, b: links.get(("fetch_weights", st, a, b), 0.0),
+        )
 
     def duration(self, s: int, d: str) -> float:
         return self.fwd_ms[s] if d == "forward" else self.bwd_ms[s]
@@ -195,20 +218,24 @@ def _placements(w: Placement, S: int, B: int, W: int) -> dict:
                 try:
                     c, o = (int(x) for x in got)
                 except (TypeError, ValueError):
-                    raise ValueError(f"w({s}, {b}, {d!r}) must return (compute_worker, weights_worker), "
-                                     f"got {got!r}") from None
+                    raise ValueError(
+                        f"w({s}, {b}, {d!r}) must return (compute_worker, weights_worker), got {got!r}"
+                    ) from None
                 if not (0 <= c < W and 0 <= o < W):
                     raise ValueError(f"w({s}, {b}, {d!r}) = {got!r} names a worker outside 0..{W - 1}")
                 place[(s, b, d)] = (c, o)
             if place[(s, b, "forward")][0] != place[(s, b, "backward")][0]:
-                raise ValueError(f"w({s}, {b}, ·) puts the forward on worker {place[(s, b, 'forward')][0]} "
-                                 f"and the backward on {place[(s, b, 'backward')][0]}; the backward must "
-                                 f"run where the forward's activations are stored")
+                raise ValueError(
+                    f"w({s}, {b}, ·) puts the forward on worker {place[(s, b, 'forward')][0]} "
+                    f"and the backward on {place[(s, b, 'backward')][0]}; the backward must "
+                    f"run where the forward's activations are stored"
+                )
     return place
 
 
-def list_schedule(w: Placement, stages: int, batches: int, workers: int, priority="oldest-batch",
-                  fwd: int = 1, bwd: int = 1) -> pd.DataFrame:
+def list_schedule(
+    w: Placement, stages: int, batches: int, workers: int, priority="oldest-batch", fwd: int = 1, bwd: int = 1
+) -> pd.DataFrame:
     """Run the greedy list scheduler; returns a timeline DataFrame with columns
     ``worker, stage, microbatch, kind, start, end, weights_worker`` (kind F or B), sorted by start.
     Durations are ``fwd`` and ``bwd`` ticks (unit ticks by default, as in the doc's table)."""
@@ -218,20 +245,20 @@ def list_schedule(w: Placement, stages: int, batches: int, workers: int, priorit
     place = _placements(w, S, B, W)
     key = priority_key(priority, S)
     chains = [chain(S, b) for b in range(B)]
-    nxt = [0] * B                                # index of each batch's next job in its chain
-    ready: list[list] = [[] for _ in range(W)]   # per-worker heap of (key, job)
+    nxt = [0] * B  # index of each batch's next job in its chain
+    ready: list[list] = [[] for _ in range(W)]  # per-worker heap of (key, job)
     free_at = [0] * W
-    events: list[tuple[int, int]] = []           # (time, batch whose next job becomes ready)
+    events: list[tuple[int, int]] = []  # (time, batch whose next job becomes ready)
     for b in range(B):
         heapq.heappush(events, (0, b))
     rows = []
     t = 0
     while events:
         t = events[0][0]
-        while events and events[0][0] == t:      # release every job that becomes ready at t
+        while events and events[0][0] == t:  # release every job that becomes ready at t
             _, b = heapq.heappop(events)
             if b < 0:
-                continue                         # a worker-free event
+                continue  # a worker-free event
             if nxt[b] < 2 * S:
                 job = chains[b][nxt[b]]
                 heapq.heappush(ready[place[job][0]], (key(*job), job))
@@ -255,8 +282,15 @@ def check_rule(rule: str) -> str:
     return rule
 
 
-def frontier_schedule(w: Placement, stages: int, batches: int, workers: int, priority="oldest-batch",
-                      costs: JobCosts | None = None, rule: str = "finish") -> pd.DataFrame:
+def frontier_schedule(
+    w: Placement,
+    stages: int,
+    batches: int,
+    workers: int,
+    priority="oldest-batch",
+    costs: JobCosts | None = None,
+    rule: str = "finish",
+) -> pd.DataFrame:
     """The doc's greedy rule with costs (module docstring): repeatedly schedule one frontier job
     (the next job of some batch's chain). ``rule="finish"``: the job of smallest finish time, ties
     broken by its priority n(job). ``rule="parallelsim"``: the job of smallest start time, ties
@@ -305,8 +339,16 @@ def frontier_schedule(w: Placement, stages: int, batches: int, workers: int, pri
     return df.sort_values(["start", "worker"], kind="stable").reset_index(drop=True)
 
 
-def from_placement(w: Placement, stages: int, batches: int, workers: int, priority="oldest-batch",
-                   name: str = "master", costs=None, rule: str = "finish") -> Schedule:
+def from_placement(
+    w: Placement,
+    stages: int,
+    batches: int,
+    workers: int,
+    priority="oldest-batch",
+    name: str = "master",
+    costs=None,
+    rule: str = "finish",
+) -> Schedule:
     """Schedule of placement ``w`` and ``priority`` (see module docstring); one synchronous update
     per stage at the end. ``costs``: the durations that will be simulated (:func:`job_costs`:
     None = forward 1, backward 2; ``(fwd, bwd)``; a :class:`JobCosts`), ordered by the doc's greedy
@@ -318,30 +360,49 @@ def from_placement(w: Placement, stages: int, batches: int, workers: int, priori
     if isinstance(costs, str) and costs != "unit":
         raise ValueError(f"costs must be 'unit', None, (fwd, bwd) or a JobCosts, got {costs!r}")
     if check_rule(rule) != "finish" and costs == "unit":
-        raise ValueError(f"rule {rule!r} orders by durations; costs='unit' is the list scheduler's tick order "
-                         f"(pass costs=(1, 1) for unit durations)")
-    tl = (list_schedule(w, stages, batches, workers, priority) if costs == "unit"
-          else frontier_schedule(w, stages, batches, workers, priority, costs, rule))
+        raise ValueError(
+            f"rule {rule!r} orders by durations; costs='unit' is the list scheduler's tick order "
+            f"(pass costs=(1, 1) for unit durations)"
+        )
+    tl = (
+        list_schedule(w, stages, batches, workers, priority)
+        if costs == "unit"
+        else frontier_schedule(w, stages, batches, workers, priority, costs, rule)
+    )
     S, B, W = int(stages), int(batches), int(workers)
     owners = [sorted({int(o) for o in tl.loc[tl["stage"] == s, "weights_worker"]}) for s in range(S)]
     ops: list[list[Op]] = [[] for _ in range(W)]
     for r in tl.itertuples(index=False):
         ww = int(r.weights_worker)
-        ops[r.worker].append(Op(r.kind, int(r.stage), int(r.microbatch), 0,
-                                weights_worker=None if ww == r.worker else ww))
+        ops[r.worker].append(
+            Op(r.kind, int(r.stage), int(r.microbatch), 0, weights_worker=None if ww == r.worker else ww)
+        )
     for wk in range(W):
         for s in reversed(range(S)):
             if wk in owners[s]:
                 if len(owners[s]) > 1:
                     ops[wk].append(Op("AR", s, step=0))
                 ops[wk].append(Op("STEP", s, step=0))
-    opts = {"priority": priority if isinstance(priority, str) else "custom",
-            "costs": "unit" if costs == "unit" else ("default" if costs is None else "given"),
-            "rule": rule, "latency": float(tl["end"].max())}
+    opts = {
+        "priority": priority if isinstance(priority, str) else "custom",
+        "costs": "unit" if costs == "unit" else ("default" if costs is None else "given"),
+        "rule": rule,
+        "latency": float(tl["end"].max()),
+    }
     if costs == "unit":
         opts["latency_ticks"] = int(tl["end"].max())
-    sched = Schedule(name, S, W, B, tuple(map(tuple, ops)), tuple(map(tuple, owners)), "sync", B,
-                     tuple(in_flight_peak(o) for o in ops), opts)
+    sched = Schedule(
+        name,
+        S,
+        W,
+        B,
+        tuple(map(tuple, ops)),
+        tuple(map(tuple, owners)),
+        "sync",
+        B,
+        tuple(in_flight_peak(o) for o in ops),
+        opts,
+    )
     validate(sched)
     return sched
 
@@ -369,9 +430,16 @@ def placement(name: str, workers: int, group_size: int = 1) -> Placement:
     return table[name]
 
 
-def build_master(name: str, stages: int, batches: int, workers: int | None = None,
-                 group_size: int | None = None, priority="oldest-batch", costs=None,
-                 rule: str = "finish") -> Schedule:
+def build_master(
+    name: str,
+    stages: int,
+    batches: int,
+    workers: int | None = None,
+    group_size: int | None = None,
+    priority="oldest-batch",
+    costs=None,
+    rule: str = "finish",
+) -> Schedule:
     """Built-ins: ddp/fsdp (default W = B), pp (W = S), lpp (default R = 2 when it divides, W = the
     largest multiple of R <= S), fslpp (default R = 2, W = R^2)."""
     S, B = int(stages), int(batches)
@@ -385,11 +453,13 @@ def build_master(name: str, stages: int, batches: int, workers: int | None = Non
 
 
 _DOC = "Rahimi, Unifying Parallelization Schemes to Train Deep Nets"
-_HELP = {"workers": "workers W (default: the plan's; without a plan ddp/fsdp W = batches, pp W = S)",
-         "priority": "tie break n(s,b,d): " + ", ".join(PRIORITIES) + " or a function",
-         "costs": "'unit' (unit-tick order) or durations to order by (API: JobCosts; default F=1, B=2)",
-         "rule": "greedy rule: 'finish' (smallest finish time first) or 'parallelsim' (the document's simulator: "
-                 "smallest start time first)"}
+_HELP = {
+    "workers": "workers W (default: the plan's; without a plan ddp/fsdp W = batches, pp W = S)",
+    "priority": "tie break n(s,b,d): " + ", ".join(PRIORITIES) + " or a function",
+    "costs": "'unit' (unit-tick order) or durations to order by (API: JobCosts; default F=1, B=2)",
+    "rule": "greedy rule: 'finish' (smallest finish time first) or 'parallelsim' (the document's simulator: "
+    "smallest start time first)",
+}
 
 
 # ---- the document's table, one row per placement ---------------------------------------------
@@ -409,8 +479,15 @@ def _pp_row(S, B, G, R):
 
 
 def _lpp_row(S, B, G, R):
-    return dict(W=G * R, R=R, latency=S + B / G - 1, act_xmit=B, weight_xmit=0, act_storage=S / R * min(S, B / G),
-                weight_storage=S / R)
+    return dict(
+        W=G * R,
+        R=R,
+        latency=S + B / G - 1,
+        act_xmit=B,
+        weight_xmit=0,
+        act_storage=S / R * min(S, B / G),
+        weight_storage=S / R,
+    )
 
 
 def _fslpp_row(S, B, G, R):
@@ -418,38 +495,89 @@ def _fslpp_row(S, B, G, R):
 
 
 def _master(name: str, description: str, bubble, document_row, group: bool = False):
-    def fn(plan, batches: int, workers: int | None = None, priority: str = "oldest-batch", costs: object = None,
-           rule: str = "finish", **kw) -> Schedule:
+    def fn(
+        plan,
+        batches: int,
+        workers: int | None = None,
+        priority: str = "oldest-batch",
+        costs: object = None,
+        rule: str = "finish",
+        **kw,
+    ) -> Schedule:
         from .generators import stage_layout
+
         if workers is None and hasattr(plan, "num_workers"):
             workers = plan.num_workers
-        return build_master(name, len(stage_layout(plan)), batches, workers, kw.get("group_size"), priority, costs,
-                            rule)
+        return build_master(
+            name, len(stage_layout(plan)), batches, workers, kw.get("group_size"), priority, costs, rule
+        )
+
     target: Callable[..., Schedule]
     if group:
-        def grouped(plan, batches: int, workers: int | None = None, group_size: int | None = None,
-                    priority: str = "oldest-batch", costs: object = None, rule: str = "finish") -> Schedule:
+
+        def grouped(
+            plan,
+            batches: int,
+            workers: int | None = None,
+            group_size: int | None = None,
+            priority: str = "oldest-batch",
+            costs: object = None,
+            rule: str = "finish",
+        ) -> Schedule:
             return fn(plan, batches, workers, priority, costs, rule, group_size=group_size)
+
         target, helps = grouped, {**_HELP, "group_size": "R workers per group (W = G R; default 2)"}
     else:
-        def target(plan, batches: int, workers: int | None = None, priority: str = "oldest-batch",
-                   costs: object = None, rule: str = "finish") -> Schedule:
+
+        def target(
+            plan,
+            batches: int,
+            workers: int | None = None,
+            priority: str = "oldest-batch",
+            costs: object = None,
+            rule: str = "finish",
+        ) -> Schedule:
             return fn(plan, batches, workers, priority, costs, rule)
+
         helps = _HELP
     target.__name__ = target.__qualname__ = name
     target.__doc__ = f"Master schedule {name}: {description} (see :mod:`workbench.schedules.master`)."
-    register(name, description=description, source=_DOC, options=helps, stages_per_worker="placement",
-             microbatches="in total", family="master", bubble=bubble, costs_from="job",
-             document_row=document_row)(target)
+    register(
+        name,
+        description=description,
+        source=_DOC,
+        options=helps,
+        stages_per_worker="placement",
+        microbatches="in total",
+        family="master",
+        bubble=bubble,
+        costs_from="job",
+        document_row=document_row,
+    )(target)
     return target
 
 
-ddp = _master("ddp", "master schedule w(s,b)=(b,b): a batch per worker, all weights everywhere", cf.data_parallel,
-              _ddp_row)
-fsdp = _master("fsdp", "master schedule w(s,b)=(b,s): a batch per worker, stage s's weights owned by worker s",
-               cf.data_parallel, _fsdp_row)
+ddp = _master(
+    "ddp", "master schedule w(s,b)=(b,b): a batch per worker, all weights everywhere", cf.data_parallel, _ddp_row
+)
+fsdp = _master(
+    "fsdp",
+    "master schedule w(s,b)=(b,s): a batch per worker, stage s's weights owned by worker s",
+    cf.data_parallel,
+    _fsdp_row,
+)
 pp = _master("pp", "master schedule w(s,b)=(s,s): GPipe placement, greedy oldest-batch order", cf.fill_drain, _pp_row)
-lpp = _master("lpp", "master schedule looped pipeline: h(s,b)=(R b mod W)+(s mod R) for compute and weights",
-              cf.fill_drain, _lpp_row, group=True)
-fslpp = _master("fslpp", "master schedule fully sharded looped pipeline: compute h(s,b), weights h(s,s)",
-                cf.fill_drain, _fslpp_row, group=True)
+lpp = _master(
+    "lpp",
+    "master schedule looped pipeline: h(s,b)=(R b mod W)+(s mod R) for compute and weights",
+    cf.fill_drain,
+    _lpp_row,
+    group=True,
+)
+fslpp = _master(
+    "fslpp",
+    "master schedule fully sharded looped pipeline: compute h(s,b), weights h(s,s)",
+    cf.fill_drain,
+    _fslpp_row,
+    group=True,
+)

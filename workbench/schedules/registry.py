@@ -24,11 +24,12 @@ the CLIs need to turn a worker count into a stage count (and to refuse a silent 
 * ``"placement"``: the master-schedule family; a placement function decides, the schedule takes
   ``workers``.
 """
+
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool, "object": object}
 
@@ -50,9 +51,12 @@ class Option:
             try:
                 value = {"true": True, "false": False}[value.lower()] if self.type is bool else self.type(value)
             except (KeyError, ValueError):
-                raise ValueError(f"{schedule}: option {self.name} must be {self.type.__name__}, got {value!r}") from None
-        if value is not None and not (isinstance(value, self.type) or (self.type is float and isinstance(value, int))
-                                      or callable(value)):
+                raise ValueError(
+                    f"{schedule}: option {self.name} must be {self.type.__name__}, got {value!r}"
+                ) from None
+        if value is not None and not (
+            isinstance(value, self.type) or (self.type is float and isinstance(value, int)) or callable(value)
+        ):
             raise ValueError(f"{schedule}: option {self.name} must be {self.type.__name__}, got {value!r}")
         if self.choices is not None and value not in self.choices and not callable(value):
             raise ValueError(f"{schedule}: option {self.name} must be one of {list(self.choices)}, got {value!r}")
@@ -110,7 +114,6 @@ class ScheduleSpec:
         return int(workers) * int(k)
 
 
-
 REGISTRY: dict[str, ScheduleSpec] = {}
 
 
@@ -126,16 +129,28 @@ def _options_of(fn: Callable, helps: dict, choices: dict) -> tuple[Option, ...]:
         else:
             ann = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "str")
             typ = next((t for n, t in _TYPES.items() if ann.split("|")[0].strip() == n), str)
-        out.append(Option(p.name, typ, default, helps.get(p.name, ""), tuple(choices[p.name]) if p.name in choices else None))
+        out.append(
+            Option(p.name, typ, default, helps.get(p.name, ""), tuple(choices[p.name]) if p.name in choices else None)
+        )
     unknown = (set(helps) | set(choices)) - {o.name for o in out}
     if unknown:
         raise ValueError(f"{fn.__name__}: help or choices for options it does not take: {sorted(unknown)}")
     return tuple(out)
 
 
-def register(name: str, *, description: str, source: str, options: dict | None = None, choices: dict | None = None,
-             stages_per_worker: int | str = 1, microbatches: str = "per step", family: str = "pipeline",
-             data_parallel_plan: bool = False, **knows):
+def register(
+    name: str,
+    *,
+    description: str,
+    source: str,
+    options: dict | None = None,
+    choices: dict | None = None,
+    stages_per_worker: int | str = 1,
+    microbatches: str = "per step",
+    family: str = "pipeline",
+    data_parallel_plan: bool = False,
+    **knows,
+):
     """Decorator: register generator ``fn(plan_or_stage_count, microbatches, **options) -> Schedule``
     as schedule ``name`` (see module docstring). ``knows``: what else the schedule knows, the
     :class:`ScheduleSpec` fields ``bubble`` (closed-form bubble), ``executor``, ``takes_plan``,
@@ -152,9 +167,21 @@ def register(name: str, *, description: str, source: str, options: dict | None =
 
     def deco(fn: Callable) -> Callable:
         if name in REGISTRY and REGISTRY[name].build is not fn:
-            raise ValueError(f"schedule {name!r} is registered twice ({REGISTRY[name].build.__module__} and {fn.__module__})")
-        REGISTRY[name] = ScheduleSpec(name, fn, description, source, _options_of(fn, options or {}, choices or {}),
-                                      stages_per_worker, microbatches, family, data_parallel_plan, **knows)
+            raise ValueError(
+                f"schedule {name!r} is registered twice ({REGISTRY[name].build.__module__} and {fn.__module__})"
+            )
+        REGISTRY[name] = ScheduleSpec(
+            name,
+            fn,
+            description,
+            source,
+            _options_of(fn, options or {}, choices or {}),
+            stages_per_worker,
+            microbatches,
+            family,
+            data_parallel_plan,
+            **knows,
+        )
         return fn
 
     return deco
@@ -172,8 +199,10 @@ def markdown_table() -> str:
     rows = ["| schedule | what it does | stages per worker | options | source |", "|---|---|---|---|---|"]
     for s in REGISTRY.values():
         opts = ", ".join(f"`{o.name}`={o.default!r}" for o in s.options) or "—"
-        per = {"all": "all (data parallel)", "placement": "placement w(s,b,d)"}.get(str(s.stages_per_worker),
-                                                                                 f"`{s.stages_per_worker}`" if isinstance(s.stages_per_worker, str) else str(s.stages_per_worker))
+        per = {"all": "all (data parallel)", "placement": "placement w(s,b,d)"}.get(
+            str(s.stages_per_worker),
+            f"`{s.stages_per_worker}`" if isinstance(s.stages_per_worker, str) else str(s.stages_per_worker),
+        )
         rows.append(f"| `{s.name}` | {s.description} | {per} | {opts} | {s.source} |")
     return "\n".join(rows)
 

@@ -28,6 +28,7 @@ interleaving: ``chunks`` stages per worker, stage s on worker s mod P) and :func
 (ZB-H1's split backward: the weight-gradient half BW deferred to fill the cool-down bubble).
 With ``k = 1`` they equal ``pipedream-flush``, ``interleaved-1f1b`` and ``zb-h1`` op for op.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,10 +43,13 @@ from .registry import register
 
 Unit = tuple[int, int]  # (microbatch, segment)
 _SOURCE = "Sun et al., Seq1F1B (NAACL 2025; arXiv 2406.03488)"
-_OPTIONS = {"segments": "k: segments per sequence", "seq_len": "tokens per sequence (default: segments)",
-            "steps": "iterations (flushes) in the schedule",
-            "model": "(P, L, d) of the FLOP estimate, or 'P,L,d' (default: FLOPs proportional to tokens)",
-            "split": "segment lengths: FLOP-balanced or equal tokens"}
+_OPTIONS = {
+    "segments": "k: segments per sequence",
+    "seq_len": "tokens per sequence (default: segments)",
+    "steps": "iterations (flushes) in the schedule",
+    "model": "(P, L, d) of the FLOP estimate, or 'P,L,d' (default: FLOPs proportional to tokens)",
+    "split": "segment lengths: FLOP-balanced or equal tokens",
+}
 _CHOICES = {"split": ("flops", "tokens")}
 
 
@@ -91,14 +95,16 @@ def _round_bounds(cont, params: float, layers: int, dim: int) -> np.ndarray:
     """Integer boundaries N_1 .. N_k, each the floor or the ceiling of the continuous ``cont`` (N_k
     exact), chosen to minimise the largest segment's FLOPs: a dynamic program along the chain, state
     = the rounding of the last boundary, value = (largest segment FLOPs so far, boundaries)."""
+
     def cost(a: int, z: int) -> float:
         return segment_flops([a, z - a], params, layers, dim)[1] if z > a else math.inf
 
     best: dict[int, tuple[float, list]] = {0: (0.0, [])}  # previous boundary -> (max FLOPs so far, boundaries)
     for x in cont:
         options = {int(round(x))} if x is cont[-1] else {int(math.floor(x)), int(math.floor(x)) + 1}
-        best = {n: min(((max(m, cost(p, n)), bs + [n]) for p, (m, bs) in best.items()), key=lambda t: t[0])
-                for n in options}
+        best = {
+            n: min(((max(m, cost(p, n)), bs + [n]) for p, (m, bs) in best.items()), key=lambda t: t[0]) for n in options
+        }
     return np.array(min(best.values(), key=lambda t: t[0])[1])
 
 
@@ -116,8 +122,16 @@ def segment_splits(seq_len: int, k: int, params: float, layers: int, dim: int) -
     estimate; ``*_share`` = the segment's fraction of its split's total FLOPs (1/k when balanced)."""
     eq, bal = equal_tokens(seq_len, k), balanced_tokens(seq_len, k, params, layers, dim)
     fe, fb = segment_flops(eq, params, layers, dim), segment_flops(bal, params, layers, dim)
-    df = pd.DataFrame({"equal_tokens": eq, "equal_flops": fe, "equal_share": np.divide(fe, sum(fe)),
-                       "balanced_tokens": bal, "balanced_flops": fb, "balanced_share": np.divide(fb, sum(fb))})
+    df = pd.DataFrame(
+        {
+            "equal_tokens": eq,
+            "equal_flops": fe,
+            "equal_share": np.divide(fe, sum(fe)),
+            "balanced_tokens": bal,
+            "balanced_flops": fb,
+            "balanced_share": np.divide(fb, sum(fb)),
+        }
+    )
     df.index.name = "segment"
     return df
 
@@ -180,12 +194,29 @@ def _make(name, layout, orders, M, T, k, tokens, flops, cap, options) -> Schedul
     orders, then Ops with ``microbatch`` and ``segment`` set; validated."""
     as_id = [[(kind, s, b * k + j) for kind, s, (b, j) in o] for o in orders]
     with_updates = insert_updates(as_id, layout, lambda s, u: u // k // M, lambda s: T)
-    ops = [[op if op.kind in ("AR", "STEP") else dataclasses.replace(op, microbatch=op.microbatch // k,
-                                                                     segment=op.microbatch % k)
-            for op in o] for o in assign_versions(with_updates, "sync")]
-    sched = Schedule(name=name, num_stages=len(layout), num_workers=len(orders), microbatches=M * T,
-                     ops=tuple(map(tuple, ops)), stage_workers=layout, update="sync", microbatches_per_step=M,
-                     max_in_flight=tuple(cap), options=dict(options), segment_tokens=tokens, segment_flops=flops)
+    ops = [
+        [
+            op
+            if op.kind in ("AR", "STEP")
+            else dataclasses.replace(op, microbatch=op.microbatch // k, segment=op.microbatch % k)
+            for op in o
+        ]
+        for o in assign_versions(with_updates, "sync")
+    ]
+    sched = Schedule(
+        name=name,
+        num_stages=len(layout),
+        num_workers=len(orders),
+        microbatches=M * T,
+        ops=tuple(map(tuple, ops)),
+        stage_workers=layout,
+        update="sync",
+        microbatches_per_step=M,
+        max_in_flight=tuple(cap),
+        options=dict(options),
+        segment_tokens=tokens,
+        segment_flops=flops,
+    )
     validate(sched)
     return sched
 
@@ -199,11 +230,22 @@ def _common(plan, microbatches, segments, seq_len, steps, model, split):
     return layout, M, T, k, tokens, flops, opts
 
 
-@register("seq1f1b", description="Seq1F1B: 1F1B over (microbatch, segment) units, segment backwards in reverse order",
-          source=_SOURCE,
-          options=_OPTIONS, choices=_CHOICES)
-def seq1f1b(plan, microbatches: int, segments: int = 2, seq_len: int | None = None, steps: int = 1,
-            model: object = None, split: str = "flops") -> Schedule:
+@register(
+    "seq1f1b",
+    description="Seq1F1B: 1F1B over (microbatch, segment) units, segment backwards in reverse order",
+    source=_SOURCE,
+    options=_OPTIONS,
+    choices=_CHOICES,
+)
+def seq1f1b(
+    plan,
+    microbatches: int,
+    segments: int = 2,
+    seq_len: int | None = None,
+    steps: int = 1,
+    model: object = None,
+    split: str = "flops",
+) -> Schedule:
     """Seq1F1B on a straight pipeline: per iteration of ``microbatches`` sequences, 1F1B over the
     (microbatch, segment) units with K_s warm-up units (module docstring), then a flush and one
     synchronous step. ``seq_len`` tokens (default: ``segments``) cut by FLOPs of ``model = (P, L,
@@ -222,11 +264,22 @@ def seq1f1b(plan, microbatches: int, segments: int = 2, seq_len: int | None = No
     return _make("seq1f1b", layout, orders, M, T, k, tokens, flops, [min(x, M * k) for x in K], opts)
 
 
-@register("seq1f1b-zb", description="Seq1F1B with ZB-H1's split backward: deferred weight gradients fill the cool-down",
-          source=_SOURCE + " with Qi et al., Zero Bubble (ICLR 2024)",
-          options=_OPTIONS, choices=_CHOICES)
-def seq1f1b_zb(plan, microbatches: int, segments: int = 2, seq_len: int | None = None, steps: int = 1,
-               model: object = None, split: str = "flops") -> Schedule:
+@register(
+    "seq1f1b-zb",
+    description="Seq1F1B with ZB-H1's split backward: deferred weight gradients fill the cool-down",
+    source=_SOURCE + " with Qi et al., Zero Bubble (ICLR 2024)",
+    options=_OPTIONS,
+    choices=_CHOICES,
+)
+def seq1f1b_zb(
+    plan,
+    microbatches: int,
+    segments: int = 2,
+    seq_len: int | None = None,
+    steps: int = 1,
+    model: object = None,
+    split: str = "flops",
+) -> Schedule:
     """Seq1F1B with ZB-H1's split backward: BI (input and key/value gradients) in Seq1F1B's order,
     BW (weight gradients) deferred to fill the cool-down; no worker holds more units than the input
     stage's ``K_0 = S + k - 1``."""
@@ -265,9 +318,11 @@ def interleaved_units_order(rank: int, P: int, v: int, fu: list[Unit], bu: list[
     U = len(fu)
     rounds = max(1, U // P) if v > 1 else 1  # one chunk: rounds do not change the order
     if U % rounds:
-        raise ValueError(f"seq1f1b-interleaved: {U} units (microbatches x segments) on {P} workers run in "
-                         f"{rounds} rounds of equal size, which needs the units to be a multiple of {rounds}; "
-                         f"change microbatches or segments")
+        raise ValueError(
+            f"seq1f1b-interleaved: {U} units (microbatches x segments) on {P} workers run in "
+            f"{rounds} rounds of equal size, which needs the units to be a multiple of {rounds}; "
+            f"change microbatches or segments"
+        )
     m, total = U // rounds, U * v
 
     def key(i, kind):
@@ -280,15 +335,27 @@ def interleaved_units_order(rank: int, P: int, v: int, fu: list[Unit], bu: list[
     out = fwd[:warm]
     for i in range(total - warm):
         out += [fwd[warm + i], bwd[i]]
-    return out + bwd[total - warm:]
+    return out + bwd[total - warm :]
 
 
-@register("seq1f1b-interleaved", description="Seq1F1B with interleaving: `chunks` stages per worker over (microbatch, segment) units",
-          source=_SOURCE + " with Narayanan et al., Megatron-LM (SC 2021)",
-          stages_per_worker="chunks", options=_OPTIONS | {"chunks": "stages per worker (stage s on worker s mod P)"},
-          choices=_CHOICES)
-def seq1f1b_interleaved(plan, microbatches: int, segments: int = 2, chunks: int = 2, seq_len: int | None = None,
-                        steps: int = 1, model: object = None, split: str = "flops") -> Schedule:
+@register(
+    "seq1f1b-interleaved",
+    description="Seq1F1B with interleaving: `chunks` stages per worker over (microbatch, segment) units",
+    source=_SOURCE + " with Narayanan et al., Megatron-LM (SC 2021)",
+    stages_per_worker="chunks",
+    options=_OPTIONS | {"chunks": "stages per worker (stage s on worker s mod P)"},
+    choices=_CHOICES,
+)
+def seq1f1b_interleaved(
+    plan,
+    microbatches: int,
+    segments: int = 2,
+    chunks: int = 2,
+    seq_len: int | None = None,
+    steps: int = 1,
+    model: object = None,
+    split: str = "flops",
+) -> Schedule:
     """Interleaved Seq1F1B: S = P v stages on P workers (stage s on worker s mod P), torch's
     interleaved 1F1B order over (microbatch, segment) units (:func:`interleaved_units_order`),
     a flush and one synchronous step per iteration."""
@@ -296,8 +363,10 @@ def seq1f1b_interleaved(plan, microbatches: int, segments: int = 2, chunks: int 
     _straight(base, "seq1f1b-interleaved")
     S, v = len(base), _check_m(chunks, "chunks")
     if S % v:
-        raise ValueError(f"seq1f1b-interleaved: {S} stages do not split into chunks={v} per worker; "
-                         f"pass a stage count that is a multiple of chunks")
+        raise ValueError(
+            f"seq1f1b-interleaved: {S} stages do not split into chunks={v} per worker; "
+            f"pass a stage count that is a multiple of chunks"
+        )
     P = S // v
     layout = tuple((s % P,) for s in range(S))
     orders, cap = [], []
@@ -320,5 +389,14 @@ def _in_flight(order: list[tuple]) -> int:
     return peak
 
 
-__all__ = ["segment_flops", "balanced_tokens", "equal_tokens", "segment_splits", "seq1f1b", "seq1f1b_zb",
-           "seq1f1b_interleaved", "seq1f1b_warmup", "interleaved_warmup"]
+__all__ = [
+    "segment_flops",
+    "balanced_tokens",
+    "equal_tokens",
+    "segment_splits",
+    "seq1f1b",
+    "seq1f1b_zb",
+    "seq1f1b_interleaved",
+    "seq1f1b_warmup",
+    "interleaved_warmup",
+]

@@ -16,6 +16,7 @@ For a worker ``w`` (sums run over the compute ops in ``schedule.ops[w]``):
   ``end - start`` over compute kinds; otherwise unit costs F = 1, B = 2, BI = BW = 1 (AR, STEP 0),
   times the segment's FLOP share (Seq1F1B), B / BI + F with recompute.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -23,6 +24,8 @@ import pandas as pd
 from .core import COMPUTE, Schedule, in_flight_peak, producers
 
 UNIT_COST = {"F": 1, "B": 2, "BI": 1, "BW": 1}
+
+
 def unit_cost(schedule: Schedule, op) -> float:
     """:data:`UNIT_COST` of a compute op, times its Seq1F1B segment's FLOP share; with recompute a
     B / BI also re-runs the forward (+ F), as the simulator charges it."""
@@ -47,13 +50,15 @@ def worker_stats(schedule: Schedule, timeline: pd.DataFrame | None = None) -> pd
                 act += 1
             if op.weights_worker is not None and op.weights_worker != w:
                 fetched.add((op.stage, op.microbatch))
-        rows.append({
-            "peak_activations": in_flight_peak(ops),
-            "activation_transfers": act,
-            "weight_transfers": len(fetched),
-            "weight_storage": sum(w in ws for ws in schedule.stage_workers),
-            "busy": sum(unit_cost(schedule, op) for op in ops if op.kind in COMPUTE),
-        })
+        rows.append(
+            {
+                "peak_activations": in_flight_peak(ops),
+                "activation_transfers": act,
+                "weight_transfers": len(fetched),
+                "weight_storage": sum(w in ws for ws in schedule.stage_workers),
+                "busy": sum(unit_cost(schedule, op) for op in ops if op.kind in COMPUTE),
+            }
+        )
     df = pd.DataFrame(rows, columns=COLUMNS, index=pd.RangeIndex(schedule.num_workers, name="worker"))
     if timeline is not None:
         missing = {"worker", "kind", "start", "end"} - set(timeline.columns)

@@ -19,6 +19,7 @@ schedules whose updates interleave with the microbatches (PipeDream, 2BW, data p
 several rounds), replicated stages, and remote weights (master family) have no torch equivalent
 and are refused with the reason.
 """
+
 from __future__ import annotations
 
 import csv
@@ -36,21 +37,31 @@ def torch_order(schedule: Schedule) -> dict[int, list[str]]:
     """Per-rank action strings of ``schedule``'s compute ops (torch's ``_Action`` repr), checking
     that torch's runtime can express it (module docstring)."""
     if schedule.num_segments > 1:
-        raise ValueError(f"{schedule.name}: cuts sequences into segments; torch's actions have no segment "
-                         f"(export an unsegmented schedule, e.g. segments=1)")
+        raise ValueError(
+            f"{schedule.name}: cuts sequences into segments; torch's actions have no segment "
+            f"(export an unsegmented schedule, e.g. segments=1)"
+        )
     if any(len(ws) > 1 for ws in schedule.stage_workers):
-        raise ValueError(f"{schedule.name}: a replicated stage has no torch pipelining equivalent (one rank per "
-                         "stage); export a straight pipeline")
+        raise ValueError(
+            f"{schedule.name}: a replicated stage has no torch pipelining equivalent (one rank per "
+            "stage); export a straight pipeline"
+        )
     steps = {(op.stage, op.step) for _, op in schedule if op.kind == "STEP"}
     if any(t > 0 for _, t in steps) or schedule.update != "sync":
-        raise ValueError(f"{schedule.name}: torch's schedule is one iteration with one update per stage after it; "
-                         f"this schedule updates {1 + max(t for _, t in steps)} times (rule {schedule.update!r}); "
-                         "build a flush schedule with steps=1")
+        raise ValueError(
+            f"{schedule.name}: torch's schedule is one iteration with one update per stage after it; "
+            f"this schedule updates {1 + max(t for _, t in steps)} times (rule {schedule.update!r}); "
+            "build a flush schedule with steps=1"
+        )
     if any(op.weights_worker is not None and op.weights_worker != w for w, op in schedule):
-        raise ValueError(f"{schedule.name}: reads weights from other workers (master family); torch's CSV has no "
-                         "placement of weights")
-    return {w: [f"{op.stage}{TO_TORCH[op.kind]}{op.microbatch}" for op in ops if op.kind in COMPUTE]
-            for w, ops in enumerate(schedule.ops)}
+        raise ValueError(
+            f"{schedule.name}: reads weights from other workers (master family); torch's CSV has no "
+            "placement of weights"
+        )
+    return {
+        w: [f"{op.stage}{TO_TORCH[op.kind]}{op.microbatch}" for op in ops if op.kind in COMPUTE]
+        for w, ops in enumerate(schedule.ops)
+    }
 
 
 def to_torch_csv(schedule: Schedule, path=None) -> str:
@@ -72,6 +83,7 @@ def to_torch_csv(schedule: Schedule, path=None) -> str:
 
 def _actions(cell: str, where: str):
     from torch.distributed.pipelining.schedules import _Action
+
     try:
         action = _Action.from_str(cell)
     except RuntimeError as e:
@@ -112,7 +124,9 @@ def from_torch_csv(source, name: str = "torch-csv") -> Schedule:
         for c, cell in enumerate(row):
             for kind, s, b in _actions(cell, f"{label} row {r + 1} cell {c + 1}"):
                 if owner.setdefault(s, r) != r:
-                    raise ValueError(f"{label}: stage {s} appears on ranks {owner[s]} and {r}; a stage lives on one rank")
+                    raise ValueError(
+                        f"{label}: stage {s} appears on ranks {owner[s]} and {r}; a stage lives on one rank"
+                    )
                 order.append(Op(kind, s, b))
         orders.append(order)
     S = max(owner) + 1
@@ -120,10 +134,22 @@ def from_torch_csv(source, name: str = "torch-csv") -> Schedule:
     if missing:
         raise ValueError(f"{label}: stages {missing} have no actions; stages must be 0..{S - 1}")
     M = 1 + max(op.microbatch for ops in orders for op in ops)
-    ops = [tuple(o) + tuple(Op("STEP", s, step=0) for s in sorted((s for s, w in owner.items() if w == r), reverse=True))
-           for r, o in enumerate(orders)]
+    ops = [
+        tuple(o) + tuple(Op("STEP", s, step=0) for s in sorted((s for s, w in owner.items() if w == r), reverse=True))
+        for r, o in enumerate(orders)
+    ]
     layout = tuple((owner[s],) for s in range(S))
-    sched = Schedule(name, S, len(ops), M, tuple(ops), layout, "sync", M, tuple(max(1, in_flight_peak(o)) for o in ops),
-                     {"source": label})
+    sched = Schedule(
+        name,
+        S,
+        len(ops),
+        M,
+        tuple(ops),
+        layout,
+        "sync",
+        M,
+        tuple(max(1, in_flight_peak(o)) for o in ops),
+        {"source": label},
+    )
     validate(sched)
     return sched

@@ -48,6 +48,7 @@ re-placed after). The squeezed order is then timed at the real costs.
 shortest makespan at the costs it is given: the rule's orders above and the memory-limited list
 scheduler of :mod:`workbench.schedules.vshape` run at the same costs, under the same memory limit.
 """
+
 from __future__ import annotations
 
 import math
@@ -97,9 +98,14 @@ class SplitCosts:
         def per(x, what):
             vals = [float(x)] * stages if isinstance(x, (int, float)) else [float(v) for v in x]
             if len(vals) != stages:
-                raise ValueError(f"costs {what} has {len(vals)} values for {stages} stages; give one per stage or a number")
+                raise ValueError(
+                    f"costs {what} has {len(vals)} values for {stages} stages; give one per stage or a number"
+                )
             return tuple(vals)
-        return cls(per(costs[0], "F"), per(costs[1], "B"), per(costs[2], "W"), float(costs[3]) if len(costs) == 4 else 0.0)
+
+        return cls(
+            per(costs[0], "F"), per(costs[1], "B"), per(costs[2], "W"), float(costs[3]) if len(costs) == 4 else 0.0
+        )
 
     @classmethod
     def from_timeline(cls, timeline, stages: int) -> SplitCosts:
@@ -109,7 +115,10 @@ class SplitCosts:
         comp = timeline["lane"] == "compute"
         per = dur[comp].groupby([timeline["kind"][comp], timeline["stage"][comp]]).max().to_dict()
         msg = dur[timeline["kind"].isin(["send_act", "send_grad"])]
-        pick = lambda k: tuple(float(per.get((k, s), 0.0)) for s in range(stages))
+
+        def pick(k):
+            return tuple(float(per.get((k, s), 0.0)) for s in range(stages))
+
         return cls(pick("F"), pick("BI"), pick("BW"), float(msg.max()) if len(msg) else 0.0)
 
     def duration(self, kind: str, s: int) -> float:
@@ -238,17 +247,21 @@ class _GreedyV:
             s0, s1 = self.legs(r)
             if r < P - 1:
                 arrive = self.end[("F", s1 - 1, 0)] + self.costs.comm
-                while (self.live[r] + 2 * r + 2 <= self.limit and self.clock[r] + self.costs.f[s0] <= arrive
-                       and self.n("F", s0) < M):
+                while (
+                    self.live[r] + 2 * r + 2 <= self.limit
+                    and self.clock[r] + self.costs.f[s0] <= arrive
+                    and self.n("F", s0) < M
+                ):
                     for j in range(r + 1):
                         self.put(j, "F", j)
             self.put(r, "F", s1)
         leg = 0
         for r in range(1, P):
+
             def total(x):
                 return self.n("F", x) + self.n("F", 2 * P - 1 - x)
-            while (total(r) < total(r - 1)
-                   or self.n("F", 2 * P - 1 - r) <= self.n("F", 2 * P - r) < M):
+
+            while total(r) < total(r - 1) or self.n("F", 2 * P - 1 - r) <= self.n("F", 2 * P - r) < M:
                 for j in reversed(range(r, P)):
                     s = self.legs(j)[leg]
                     if self.n("F", s) < M:
@@ -413,7 +426,9 @@ def squeeze(P: int, M: int, slots: list[dict], with_w: bool) -> list[dict]:
     slots = [place_w(s, False) if with_w else {k: list(s[k]) for k in LANES} for s in slots]
     cap = max(slot_peak(s) for s in slots)
     taken: list[set[int]] = [set() for _ in range(P)]
-    ops = sorted((t, r, i, lane, b) for r, s in enumerate(slots) for i, lane in enumerate(s) for b, t in enumerate(s[lane]))
+    ops = sorted(
+        (t, r, i, lane, b) for r, s in enumerate(slots) for i, lane in enumerate(s) for b, t in enumerate(s[lane])
+    )
     phase = 0  # 0: warm-up, 1: steady state (kept), 2: cool-down (moved)
     for t, r, _, lane, b in ops:
         if phase == 0 and lane == "B0" and r == 0:
@@ -464,8 +479,9 @@ def _unit_asap(P: int, slots: list[dict]) -> list[dict]:
 def block_orders(P: int, M: int, memory: str) -> list[list[Key]]:
     """V-Min / V-Half orders (module docstring): the building block repeated M times, squeezed with
     and then without W's, W's placed per leg."""
-    slots = [{lane: [x + REPEAT * b for b in range(M)] for lane, x in zip(LANES, offs)}
-             for offs in block_offsets(P, memory)]
+    slots = [
+        {lane: [x + REPEAT * b for b in range(M)] for lane, x in zip(LANES, offs)} for offs in block_offsets(P, memory)
+    ]
     slots = squeeze(P, M, slots, with_w=True)
     slots = squeeze(P, M, [{k: s[k] for k in LANES} for s in slots], with_w=False)
     return lane_orders(P, [place_w({k: s[k] for k in LANES}, True) for s in slots])

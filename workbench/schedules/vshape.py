@@ -32,23 +32,34 @@ to 2P - 1 microbatches (the paper's (2p - 1) M_B): per-step idle time (P - 1)(T_
 for T_W <= T_F (tested), zero at T_F = T_B = T_W once consecutive steps tile (each stage steps as
 soon as its own W's are done: no global flush in this IR). A single step keeps the pipeline fill.
 """
+
 from __future__ import annotations
 
 import heapq
 
+from . import closed_forms as cf
 from .core import Schedule, ScheduleError
 from .generators import Key, _check_m, _straight, stage_layout
-from . import closed_forms as cf
 from .registry import register
 from .vplan import SplitCosts, block_orders, makespan, v_worker, zbv_orders
 from .zero_bubble import _finish, _pipeline_size, _steps, v_layout, zbv_order
 
-VARIANTS = [(("BI", "F", "BW"), False), (("BI", "F", "BW"), True), (("F", "BI", "BW"), False),
-            (("F", "BI", "BW"), True)]  # (priority of ready kinds, W right after its B)
+VARIANTS = [
+    (("BI", "F", "BW"), False),
+    (("BI", "F", "BW"), True),
+    (("F", "BI", "BW"), False),
+    (("F", "BI", "BW"), True),
+]  # (priority of ready kinds, W right after its B)
 
 
-def greedy_orders(worker_of: list[int], M: int, limit: list[int], priority=("BI", "F", "BW"), w_with_b: bool = False,
-                  cost: SplitCosts | None = None) -> tuple[list[list[Key]], float]:
+def greedy_orders(
+    worker_of: list[int],
+    M: int,
+    limit: list[int],
+    priority=("BI", "F", "BW"),
+    w_with_b: bool = False,
+    cost: SplitCosts | None = None,
+) -> tuple[list[list[Key]], float]:
     """Per-worker orders of F/BI/BW for stages s = 0..S-1 on ``worker_of[s]``, M microbatches,
     at most ``limit[w]`` live (stage, microbatch) activation chunks on worker w, and the makespan
     of those orders at ``cost`` (default: F = B = W = 1, no communication; module docstring). A
@@ -130,9 +141,13 @@ def _with_offset(orders: list[list[Key]], T: int, M: int) -> list[list[Key]]:
     return [[(k, s, b + t * M) for t in range(T) for k, s, b in o] for o in orders]
 
 
-@register("zb-h2", description="zero-bubble H2: up to 2P-1 microbatches in flight, W fills every gap, no bubble once steps tile",
-          source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024), section 3", options={"steps": "iterations (flushes) in the schedule"},
-          bubble=cf.zb_h2)
+@register(
+    "zb-h2",
+    description="zero-bubble H2: up to 2P-1 microbatches in flight, W fills every gap, no bubble once steps tile",
+    source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024), section 3",
+    options={"steps": "iterations (flushes) in the schedule"},
+    bubble=cf.zb_h2,
+)
 def zb_h2(plan, microbatches: int, steps: int = 1) -> Schedule:
     """ZB-H2: worker i admits 2(P - 1 - i) + 1 microbatches (peak 2P - 1 on worker 0, about twice
     1F1B's P); greedy order of the module docstring; per-step idle (P-1)(T_F + T_B - 2 T_W)."""
@@ -155,9 +170,11 @@ RULE = {  # the paper's own construction of each schedule (module docstring of v
     "v-zb": lambda P, M, costs, limit: zbv_orders(P, M, costs, limit),
     "zb-v": lambda P, M, costs, limit: zbv_orders(P, M, costs, limit),
 }
-COSTS_HELP = ("per-op durations the order is planned for: 'F,B,W[,C]' (B input gradient, W weight gradient, "
-              "C per message between workers) or a SplitCosts; default unit F = B = W = 1, C = 0; "
-              "build_for_simulation passes the simulator's")
+COSTS_HELP = (
+    "per-op durations the order is planned for: 'F,B,W[,C]' (B input gradient, W weight gradient, "
+    "C per message between workers) or a SplitCosts; default unit F = B = W = 1, C = 0; "
+    "build_for_simulation passes the simulator's"
+)
 
 
 def v_candidates(name: str, P: int, M: int, costs: SplitCosts) -> list[list[list[Key]]]:
@@ -192,35 +209,60 @@ V_OPTIONS = {"steps": "iterations (flushes) in the schedule", "costs": COSTS_HEL
 CONTROLLABLE = "Qi et al., Pipeline Parallelism with Controllable Memory (NeurIPS 2024)"
 
 
-@register("v-min", description="V-Min: the paper's least-memory building block ((P+4)//3 microbatches of a worker, ~1/3 of 1F1B), squeezed, planned at the given costs",
-          source=CONTROLLABLE, stages_per_worker=2, options=V_OPTIONS, costs_from="split")
+@register(
+    "v-min",
+    description="V-Min: the paper's least-memory building block ((P+4)//3 microbatches of a worker, ~1/3 of 1F1B), squeezed, planned at the given costs",
+    source=CONTROLLABLE,
+    stages_per_worker=2,
+    options=V_OPTIONS,
+    costs_from="split",
+)
 def v_min(plan, microbatches: int, steps: int = 1, costs: object = None) -> Schedule:
     """V-Min: about 1/3 of 1F1B's activation memory ((P + 4) // 3 microbatches of a worker)."""
     return v_schedule("v-min", plan, microbatches, steps, costs)
 
 
-@register("v-half", description="V-Half: the paper's half-memory building block ((P+2)//2 microbatches of a worker), squeezed, planned at the given costs",
-          source=CONTROLLABLE, stages_per_worker=2, options=V_OPTIONS, costs_from="split")
+@register(
+    "v-half",
+    description="V-Half: the paper's half-memory building block ((P+2)//2 microbatches of a worker), squeezed, planned at the given costs",
+    source=CONTROLLABLE,
+    stages_per_worker=2,
+    options=V_OPTIONS,
+    costs_from="split",
+)
 def v_half(plan, microbatches: int, steps: int = 1, costs: object = None) -> Schedule:
     """V-Half: about 1/2 of 1F1B's activation memory ((P + 2) // 2 microbatches of a worker)."""
     return v_schedule("v-half", plan, microbatches, steps, costs)
 
 
-@register("v-zb", description="V-ZB: the ZB-V greedy rule at 1F1B's memory (P microbatches of a worker), planned at the given costs",
-          source=CONTROLLABLE, stages_per_worker=2, options=V_OPTIONS, costs_from="split")
+@register(
+    "v-zb",
+    description="V-ZB: the ZB-V greedy rule at 1F1B's memory (P microbatches of a worker), planned at the given costs",
+    source=CONTROLLABLE,
+    stages_per_worker=2,
+    options=V_OPTIONS,
+    costs_from="split",
+)
 def v_zb(plan, microbatches: int, steps: int = 1, costs: object = None) -> Schedule:
     """V-ZB: 1F1B's activation memory (P microbatches of a worker), zero bubble at T_F = T_B = T_W;
     the same construction as ``zb-v``."""
     return v_schedule("v-zb", plan, microbatches, steps, costs)
 
 
-@register("zb-v", description="ZB-V: V placement (rank r holds stages r and 2P-1-r), the paper's greedy rule at 1F1B memory planned at the given costs; variant=torch: ScheduleZBVZeroBubble's order",
-          source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024), section 6; torch.distributed.pipelining (variant=torch)",
-          stages_per_worker=2, costs_from="split",
-          options={"steps": "iterations (flushes) in the schedule", "costs": COSTS_HELP,
-                   "variant": "paper: the zero-bubble generator's rule, every M; torch: ScheduleZBVZeroBubble "
-                              "(plans max(M, 2P-1) microbatches and drops the extra ones)"},
-          choices={"variant": ("paper", "torch")})
+@register(
+    "zb-v",
+    description="ZB-V: V placement (rank r holds stages r and 2P-1-r), the paper's greedy rule at 1F1B memory planned at the given costs; variant=torch: ScheduleZBVZeroBubble's order",
+    source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024), section 6; torch.distributed.pipelining (variant=torch)",
+    stages_per_worker=2,
+    costs_from="split",
+    options={
+        "steps": "iterations (flushes) in the schedule",
+        "costs": COSTS_HELP,
+        "variant": "paper: the zero-bubble generator's rule, every M; torch: ScheduleZBVZeroBubble "
+        "(plans max(M, 2P-1) microbatches and drops the extra ones)",
+    },
+    choices={"variant": ("paper", "torch")},
+)
 def zb_v(plan, microbatches: int, steps: int = 1, costs: object = None, variant: str = "paper") -> Schedule:
     """ZB-V (zero-bubble paper §6): 2P stages in a V on P workers, peak 2P chunks (1F1B's P
     microbatches of a worker). ``variant="torch"``: torch's ScheduleZBVZeroBubble op by op

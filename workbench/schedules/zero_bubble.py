@@ -32,6 +32,7 @@ Per-rank orders of the three torch schedules are ports of torch 2.13's
 ``_calculate_single_rank_operations`` (microbatch counters per stage and kind); the tests build
 torch's own ``pipeline_order`` without processes and compare op by op.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -69,8 +70,7 @@ def _finish(name, layout, orders, M, T, options, limit: int | None = None):
     ``limit``: the schedule's bound on live (stage, microbatch) pairs per worker, which
     :func:`validate` then checks (default: the orders' own peak)."""
     cap = [limit if limit is not None else _peak(o) for o in orders]
-    return _make(name, layout, orders, M * T, "sync", M, lambda s, b: b // M, lambda s: T, cap,
-                 dict(options, steps=T))
+    return _make(name, layout, orders, M * T, "sync", M, lambda s, b: b // M, lambda s: T, cap, dict(options, steps=T))
 
 
 def _peak(order: list[Key]) -> int:
@@ -85,8 +85,10 @@ def _pipeline_size(plan, name: str, chunks: int) -> tuple[int, int]:
     _straight(base, name)
     S, v = len(base), _check_m(chunks, "chunks")
     if S % v:
-        raise ValueError(f"{name}: {S} stages do not split into {v} stages per worker; pass a stage count that "
-                         f"is a multiple of {v} (e.g. {v * max(1, S // v)})")
+        raise ValueError(
+            f"{name}: {S} stages do not split into {v} stages per worker; pass a stage count that "
+            f"is a multiple of {v} (e.g. {v * max(1, S // v)})"
+        )
     return S // v, v
 
 
@@ -119,9 +121,16 @@ def zb1p_order(rank: int, P: int, v: int, M: int, offset: int = 0) -> list[Key]:
     return out
 
 
-@register("interleaved-zb", description="interleaved zero bubble (torch ScheduleInterleavedZeroBubble): `chunks` stages per worker, split backward",
-          source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024); torch.distributed.pipelining", stages_per_worker="chunks",
-          options={"chunks": "stages per worker (stage s on worker s mod P)", "steps": "iterations (flushes) in the schedule"})
+@register(
+    "interleaved-zb",
+    description="interleaved zero bubble (torch ScheduleInterleavedZeroBubble): `chunks` stages per worker, split backward",
+    source="Qi et al., Zero Bubble Pipeline Parallelism (ICLR 2024); torch.distributed.pipelining",
+    stages_per_worker="chunks",
+    options={
+        "chunks": "stages per worker (stage s on worker s mod P)",
+        "steps": "iterations (flushes) in the schedule",
+    },
+)
 def interleaved_zb(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> Schedule:
     """Interleaved zero bubble (ZB1P with v = ``chunks`` stages per worker, stage s on worker
     s mod P), torch's ScheduleInterleavedZeroBubble. M must be a multiple of max(1, M // P)."""
@@ -130,8 +139,10 @@ def interleaved_zb(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> 
     rounds = max(1, M // P)
     if M % rounds:
         ok = [m for m in range(max(1, M - P), M + P + 1) if m % max(1, m // P) == 0]
-        raise ValueError(f"interleaved-zb: {M} microbatches are not a multiple of the {rounds} rounds "
-                         f"(max(1, M // P) with P = {P} workers); use one of {ok}")
+        raise ValueError(
+            f"interleaved-zb: {M} microbatches are not a multiple of the {rounds} rounds "
+            f"(max(1, M // P) with P = {P} workers); use one of {ok}"
+        )
     layout = tuple((s % P,) for s in range(P * v))
     orders = _steps(lambda r, off: zb1p_order(r, P, v, M, off), P, M, T)
     return _finish("interleaved-zb", layout, orders, M, T, {"chunks": v})
@@ -240,17 +251,23 @@ def dualpipev_order(rank: int, P: int, M: int, offset: int = 0) -> tuple[list[Ke
     return out, pairs
 
 
-@register("dualpipev", description="DualPipeV (torch ScheduleDualPipeV): V placement, forward and backward of two microbatches paired",
-          source="DeepSeek-AI, DeepSeek-V3 Technical Report (2024); torch.distributed.pipelining", stages_per_worker=2,
-          options={"steps": "iterations (flushes) in the schedule"})
+@register(
+    "dualpipev",
+    description="DualPipeV (torch ScheduleDualPipeV): V placement, forward and backward of two microbatches paired",
+    source="DeepSeek-AI, DeepSeek-V3 Technical Report (2024); torch.distributed.pipelining",
+    stages_per_worker=2,
+    options={"steps": "iterations (flushes) in the schedule"},
+)
 def dualpipev(plan, microbatches: int, steps: int = 1) -> Schedule:
     """DualPipeV (DeepSeek-V3 report; torch ScheduleDualPipeV): V placement, overlapped F/B pairs.
     Needs M >= 2P microbatches (the number of stages)."""
     P, _ = _pipeline_size(plan, "dualpipev", 2)
     M, T = _check_m(microbatches), _check_m(steps, "steps")
     if M < 2 * P:
-        raise ValueError(f"dualpipev needs at least as many microbatches as stages (2P = {2 * P} for {P} "
-                         f"workers); got {M}: use microbatches >= {2 * P} or fewer workers")
+        raise ValueError(
+            f"dualpipev needs at least as many microbatches as stages (2P = {2 * P} for {P} "
+            f"workers); got {M}: use microbatches >= {2 * P} or fewer workers"
+        )
     orders, pairs = [], []
     for r in range(P):
         o = []
@@ -263,9 +280,23 @@ def dualpipev(plan, microbatches: int, steps: int = 1) -> Schedule:
 
 
 # ---- one common setting for every pipeline schedule -------------------------------------------
-TORCH_CLASS = {"pipedream-flush": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B",
-               "zb-h1": "ScheduleInterleavedZeroBubble (1 stage/rank)",
-               "interleaved-zb": "ScheduleInterleavedZeroBubble", "zb-v": "ScheduleZBVZeroBubble (variant=torch)",
-               "dualpipev": "ScheduleDualPipeV"}
-COMPARED = ["pipedream-flush", "zb-h1", "zb-h2", "interleaved-1f1b", "interleaved-zb", "zb-v", "dualpipev", "v-min",
-            "v-half", "v-zb"]
+TORCH_CLASS = {
+    "pipedream-flush": "Schedule1F1B",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "zb-h1": "ScheduleInterleavedZeroBubble (1 stage/rank)",
+    "interleaved-zb": "ScheduleInterleavedZeroBubble",
+    "zb-v": "ScheduleZBVZeroBubble (variant=torch)",
+    "dualpipev": "ScheduleDualPipeV",
+}
+COMPARED = [
+    "pipedream-flush",
+    "zb-h1",
+    "zb-h2",
+    "interleaved-1f1b",
+    "interleaved-zb",
+    "zb-v",
+    "dualpipev",
+    "v-min",
+    "v-half",
+    "v-zb",
+]

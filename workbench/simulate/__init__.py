@@ -93,29 +93,60 @@ topological order (one pass over precomputed integer arrays); ops only wait on o
 finish earlier, so the result equals a time-ordered event simulation. If no worker can make
 progress before all ops ran, the schedule deadlocks and :class:`ValueError` names the stuck ops.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..schedules.core import Schedule
-from .costs import (COMM_KINDS, KIND_CODES, KIND_NAMES, STAT_COLUMNS, TIMELINE_COLUMNS, _per_stage, _profile_costs,
-                    _stage_ranges, _unit_costs, default_microbatch_fraction)
+from .costs import (
+    COMM_KINDS,
+    KIND_CODES,
+    KIND_NAMES,
+    STAT_COLUMNS,
+    TIMELINE_COLUMNS,
+    _per_stage,
+    _profile_costs,
+    _unit_costs,
+    default_microbatch_fraction,
+)
+from .costs import (
+    _stage_ranges as _stage_ranges,  # tests reach it here
+)
 from .graph import OpGraph, build_graph
 from .result import SimResult, assemble, steady_state
 from .sweep import sweep
 
+
 # ---------------------------------------------------------------------------------------------
 # the simulator
 # ---------------------------------------------------------------------------------------------
-def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float | Sequence[float] = 2.0, *,
-             profile=None, plan=None, topology=None, allreduce: float | Sequence[float] | None = None,
-             overlap_comm: bool = True, step_ms: float | Sequence[float] = 0.0, transfer: float = 0.0,
-             weight_fetch: float = 0.0, microbatch_fraction: float | None = None, latency_ms: float = 0.0,
-             op_overhead_ms: float = 0.0, step_copy_ms=None, allreduce_bandwidth=None,
-             allreduce_latency_ms=None, message_cpu_ms: float = 0.0, allreduce_curve=None,
-             allreduce_buckets=None, alltoall: float | Sequence[float] | None = None,
-             overlap_pairs: bool = True) -> SimResult:
+def simulate(
+    schedule: Schedule,
+    fwd: float | Sequence[float] = 1.0,
+    bwd: float | Sequence[float] = 2.0,
+    *,
+    profile=None,
+    plan=None,
+    topology=None,
+    allreduce: float | Sequence[float] | None = None,
+    overlap_comm: bool = True,
+    step_ms: float | Sequence[float] = 0.0,
+    transfer: float = 0.0,
+    weight_fetch: float = 0.0,
+    microbatch_fraction: float | None = None,
+    latency_ms: float = 0.0,
+    op_overhead_ms: float = 0.0,
+    step_copy_ms=None,
+    allreduce_bandwidth=None,
+    allreduce_latency_ms=None,
+    message_cpu_ms: float = 0.0,
+    allreduce_curve=None,
+    allreduce_buckets=None,
+    alltoall: float | Sequence[float] | None = None,
+    overlap_pairs: bool = True,
+) -> SimResult:
     """Simulate ``schedule`` and return its timeline and metrics.
 
     Unit costs by default (``fwd``, ``bwd``, and ``transfer``/``allreduce``/``weight_fetch``/
@@ -165,22 +196,43 @@ def simulate(schedule: Schedule, fwd: float | Sequence[float] = 1.0, bwd: float 
     if profile is None:
         if plan is not None or topology is not None:
             raise ValueError("plan/topology costs need a profile; pass profile=... (or use unit costs fwd=, bwd=)")
-        if (allreduce_bandwidth is not None or allreduce_latency_ms is not None or message_cpu_ms
-                or allreduce_curve is not None or allreduce_buckets is not None):
-            raise ValueError("allreduce_bandwidth/allreduce_latency_ms/message_cpu_ms need profile costs; with unit "
-                             "costs give allreduce= and transfer=")
-        costs = _unit_costs(schedule, fwd, bwd, allreduce, transfer, weight_fetch, step_ms, latency_ms,
-                            op_overhead_ms)
+        if (
+            allreduce_bandwidth is not None
+            or allreduce_latency_ms is not None
+            or message_cpu_ms
+            or allreduce_curve is not None
+            or allreduce_buckets is not None
+        ):
+            raise ValueError(
+                "allreduce_bandwidth/allreduce_latency_ms/message_cpu_ms need profile costs; with unit "
+                "costs give allreduce= and transfer="
+            )
+        costs = _unit_costs(schedule, fwd, bwd, allreduce, transfer, weight_fetch, step_ms, latency_ms, op_overhead_ms)
     else:
-        costs = _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, microbatch_fraction,
-                               latency_ms, op_overhead_ms, overlap_comm, allreduce_bandwidth, allreduce_latency_ms,
-                               message_cpu_ms, allreduce_curve, allreduce_buckets)
+        costs = _profile_costs(
+            schedule,
+            profile,
+            plan,
+            topology,
+            allreduce,
+            step_ms,
+            microbatch_fraction,
+            latency_ms,
+            op_overhead_ms,
+            overlap_comm,
+            allreduce_bandwidth,
+            allreduce_latency_ms,
+            message_cpu_ms,
+            allreduce_curve,
+            allreduce_buckets,
+        )
     if step_copy_ms is not None:
         copy = _per_stage(step_copy_ms, schedule.num_stages, "step_copy_ms")  # plus the tied weights' all-reduce
         costs = dataclasses.replace(costs, step_copy=[c + t for c, t in zip(copy, costs.tied_ms or [0.0] * len(copy))])
     if alltoall is not None:
-        costs = dataclasses.replace(costs, alltoall=_per_stage(alltoall, schedule.num_stages, "alltoall"),
-                                    overlap_pairs=bool(overlap_pairs))
+        costs = dataclasses.replace(
+            costs, alltoall=_per_stage(alltoall, schedule.num_stages, "alltoall"), overlap_pairs=bool(overlap_pairs)
+        )
     return _run(schedule, costs, overlap_comm)
 
 
@@ -194,8 +246,16 @@ def _run(schedule: Schedule, costs, overlap_comm: bool) -> SimResult:
         return assemble(schedule, costs, graph, sweep(graph, costs, overlap_comm, schedule.name))
 
 
-def simulate_plan(plan, profile, topology=None, microbatches: int | None = None, *, latency_ms=0.0,
-                  op_overhead_ms: float = 0.0, overlap_comm: bool = True) -> SimResult:
+def simulate_plan(
+    plan,
+    profile,
+    topology=None,
+    microbatches: int | None = None,
+    *,
+    latency_ms=0.0,
+    op_overhead_ms: float = 0.0,
+    overlap_comm: bool = True,
+) -> SimResult:
     """Simulate PipeDream's 1F1B schedule of ``plan`` with the plan's own warm-up (``plan.in_flight``,
     else NOAM) on ``topology`` (default: the topology stored in the plan), ``microbatches``
     minibatches (default: enough for a steady state)."""
@@ -206,8 +266,15 @@ def simulate_plan(plan, profile, topology=None, microbatches: int | None = None,
     if microbatches is None:
         microbatches = steady_microbatches(plan)
     sched = build("pipedream", plan, int(microbatches), warmup=list(plan.in_flight) if plan.in_flight else None)
-    return simulate(sched, profile=profile, plan=plan, topology=topology, latency_ms=latency_ms,
-                    op_overhead_ms=op_overhead_ms, overlap_comm=overlap_comm)
+    return simulate(
+        sched,
+        profile=profile,
+        plan=plan,
+        topology=topology,
+        latency_ms=latency_ms,
+        op_overhead_ms=op_overhead_ms,
+        overlap_comm=overlap_comm,
+    )
 
 
 def steady_microbatches(plan) -> int:
@@ -226,5 +293,18 @@ def plan_topology(plan):
     return Topology(tuple((int(c), float(b)) for c, b in levels), name=(plan.meta or {}).get("topology_name", ""))
 
 
-__all__ = ["simulate", "simulate_plan", "steady_microbatches", "plan_topology", "SimResult", "steady_state", "default_microbatch_fraction",
-           "KIND_CODES", "KIND_NAMES", "COMM_KINDS", "TIMELINE_COLUMNS", "STAT_COLUMNS", "OpGraph"]
+__all__ = [
+    "simulate",
+    "simulate_plan",
+    "steady_microbatches",
+    "plan_topology",
+    "SimResult",
+    "steady_state",
+    "default_microbatch_fraction",
+    "KIND_CODES",
+    "KIND_NAMES",
+    "COMM_KINDS",
+    "TIMELINE_COLUMNS",
+    "STAT_COLUMNS",
+    "OpGraph",
+]

@@ -1,5 +1,6 @@
 """Per-op charges of one simulation (ms), from the one :class:`~workbench.costmodel.CostModel` (profile
 costs) or from unit constants; see the package docstring, "Costs"."""
+
 from __future__ import annotations
 
 import math
@@ -71,20 +72,25 @@ def _per_stage(x, S: int, name: str) -> list[float]:
     else:
         vals = [float(v) for v in x]
         if len(vals) != S:
-            raise ValueError(f"{name} has {len(vals)} values but the schedule has {S} stages; give one per stage or a number")
+            raise ValueError(
+                f"{name} has {len(vals)} values but the schedule has {S} stages; give one per stage or a number"
+            )
     for v in vals:
         check_ms(name, v)
     return vals
 
 
-def _unit_costs(schedule: Schedule, fwd, bwd, allreduce, transfer, weight_fetch, step_ms, latency_ms,
-                op_overhead_ms) -> _Costs:
+def _unit_costs(
+    schedule: Schedule, fwd, bwd, allreduce, transfer, weight_fetch, step_ms, latency_ms, op_overhead_ms
+) -> _Costs:
     S = schedule.num_stages
     f = _per_stage(fwd, S, "fwd")
     b = _per_stage(bwd, S, "bwd")
     lat = check_ms("latency_ms", latency_ms)
-    ar = [a + ring_allreduce_ms(0.0, len(schedule.stage_workers[s]), math.inf, lat)
-          for s, a in enumerate(_per_stage(0.0 if allreduce is None else allreduce, S, "allreduce"))]
+    ar = [
+        a + ring_allreduce_ms(0.0, len(schedule.stage_workers[s]), math.inf, lat)
+        for s, a in enumerate(_per_stage(0.0 if allreduce is None else allreduce, S, "allreduce"))
+    ]
     half = [x / 2 for x in b]
     compute = {_F: f, _B: b, _BI: half, _BW: half, _STEP: _per_stage(step_ms, S, "step_ms")}
     zeros = [0.0] * S
@@ -92,8 +98,19 @@ def _unit_costs(schedule: Schedule, fwd, bwd, allreduce, transfer, weight_fetch,
     label = "modeled (unit costs)"
     if lat or over:
         label += f", latency {lat:g} ms/message, overhead {over:g} ms/op"
-    return _Costs(compute, zeros, zeros, zeros, check_ms("transfer", transfer), check_ms("weight_fetch", weight_fetch),
-                  ar, None, label, latency_ms=lat, op_overhead_ms=over)
+    return _Costs(
+        compute,
+        zeros,
+        zeros,
+        zeros,
+        check_ms("transfer", transfer),
+        check_ms("weight_fetch", weight_fetch),
+        ar,
+        None,
+        label,
+        latency_ms=lat,
+        op_overhead_ms=over,
+    )
 
 
 def op_ms(schedule: Schedule, op, comp: dict) -> float:
@@ -125,8 +142,10 @@ def _stage_ranges(schedule: Schedule, profile, plan) -> list[tuple[int, int]]:
     S, L = schedule.num_stages, len(profile.layers)
     if plan is not None:
         if plan.num_stages != S:
-            raise ValueError(f"plan has {plan.num_stages} stages but the schedule has {S}; build the schedule "
-                             f"from this plan, or pass plan=None to split the profile into {S} stages of equal layer counts")
+            raise ValueError(
+                f"plan has {plan.num_stages} stages but the schedule has {S}; build the schedule "
+                f"from this plan, or pass plan=None to split the profile into {S} stages of equal layer counts"
+            )
         if plan.num_layers != L:
             raise ValueError(f"plan covers {plan.num_layers} layers but the profile has {L}")
         return [(st.first, st.last) for st in plan.stages]
@@ -135,9 +154,23 @@ def _stage_ranges(schedule: Schedule, profile, plan) -> list[tuple[int, int]]:
     return [(st.first, st.last) for st in Plan.even(L, S).stages]  # the runtime's default too
 
 
-def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fraction, latency_ms, op_overhead_ms,
-                   overlap_comm, allreduce_bandwidth=None, allreduce_latency_ms=None, message_cpu_ms=0.0,
-                   allreduce_curve=None, allreduce_buckets=None) -> _Costs:
+def _profile_costs(
+    schedule,
+    profile,
+    plan,
+    topology,
+    allreduce,
+    step_ms,
+    fraction,
+    latency_ms,
+    op_overhead_ms,
+    overlap_comm,
+    allreduce_bandwidth=None,
+    allreduce_latency_ms=None,
+    message_cpu_ms=0.0,
+    allreduce_curve=None,
+    allreduce_buckets=None,
+) -> _Costs:
     """Per-stage charges of ``schedule`` from :meth:`CostModel.from_profile` (module docstring)."""
     S = schedule.num_stages
     ranges = _stage_ranges(schedule, profile, plan)
@@ -149,10 +182,18 @@ def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fracti
         n = int(getattr(topology, "num_workers", schedule.num_workers))
         if n < schedule.num_workers:
             raise ValueError(f"topology has {n} workers but the schedule needs {schedule.num_workers}")
-    cm = CostModel.from_profile(profile, topology, latency_ms=latency_ms, op_overhead_ms=op_overhead_ms,
-                                overlap_allreduce=overlap_comm, allreduce_bandwidth=allreduce_bandwidth,
-                                allreduce_latency_ms=allreduce_latency_ms, message_cpu_ms=message_cpu_ms,
-                                allreduce_curve=allreduce_curve, allreduce_buckets=allreduce_buckets)
+    cm = CostModel.from_profile(
+        profile,
+        topology,
+        latency_ms=latency_ms,
+        op_overhead_ms=op_overhead_ms,
+        overlap_allreduce=overlap_comm,
+        allreduce_bandwidth=allreduce_bandwidth,
+        allreduce_latency_ms=allreduce_latency_ms,
+        message_cpu_ms=message_cpu_ms,
+        allreduce_curve=allreduce_curve,
+        allreduce_buckets=allreduce_buckets,
+    )
     f = [cm.stage_fwd_ms(a, b, fraction) for a, b in ranges]
     b = [cm.stage_bwd_ms(a, b_, fraction) for a, b_ in ranges]
     split = [cm.stage_split_bwd_ms(a, b_, fraction) for a, b_ in ranges]
@@ -164,12 +205,31 @@ def _profile_costs(schedule, profile, plan, topology, allreduce, step_ms, fracti
     else:
         ar = [cm.allreduce_ms(params[s], schedule.stage_workers[s]) for s in range(S)]
     tied = tied_allreduce_ms(cm, profile.meta.get("tied", ()), ranges, schedule)
-    compute = {_F: f, _B: b, _BI: [x for x, _ in split], _BW: [y for _, y in split],
-               _STEP: [x + t for x, t in zip(_per_stage(step_ms, S, "step_ms"), tied)]}
+    compute = {
+        _F: f,
+        _B: b,
+        _BI: [x for x, _ in split],
+        _BW: [y for _, y in split],
+        _STEP: [x + t for x, t in zip(_per_stage(step_ms, S, "step_ms"), tied)],
+    }
     acc = [cm.stage_accumulate_ms(a, b_) for a, b_ in ranges]
-    return _Costs(compute, cut, params, stash, None, None, ar, topology, cm.label,
-                  op_overhead_ms=cm.op_overhead_ms, model=cm, fraction=float(fraction), batch_size=cm.batch_size,
-                  accumulate=None if any(x is None for x in acc) else acc, tied_ms=tied)
+    return _Costs(
+        compute,
+        cut,
+        params,
+        stash,
+        None,
+        None,
+        ar,
+        topology,
+        cm.label,
+        op_overhead_ms=cm.op_overhead_ms,
+        model=cm,
+        fraction=float(fraction),
+        batch_size=cm.batch_size,
+        accumulate=None if any(x is None for x in acc) else acc,
+        tied_ms=tied,
+    )
 
 
 def tied_allreduce_ms(cm: CostModel, tied, ranges, schedule: Schedule) -> list[float]:

@@ -10,6 +10,7 @@ F(s) and B/BI(s+1) -> B/BI(s); BI(s) -> BW(s); segment neighbours), evaluated he
 arrays because the dict costs as much as the whole sweep on large schedules;
 tests/test_simulate.py checks that both give the same edges.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -60,8 +61,13 @@ def _edge_messages(costs: _Costs, senders, receivers, item, item_bytes, fixed_ms
         return np.zeros(0), np.zeros(0)
     n_items = len(item_bytes)
     keys, inv = np.unique((senders * W + receivers) * n_items + item, return_inverse=True)
-    priced = np.array([costs.message(item_bytes[k % n_items], int(k // n_items) // W, int(k // n_items) % W, fixed_ms)
-                       for k in keys.tolist()], dtype=float).reshape(-1, 2)
+    priced = np.array(
+        [
+            costs.message(item_bytes[k % n_items], int(k // n_items) // W, int(k // n_items) % W, fixed_ms)
+            for k in keys.tolist()
+        ],
+        dtype=float,
+    ).reshape(-1, 2)
     return priced[inv, 0], priced[inv, 1]
 
 
@@ -87,8 +93,13 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
     kc_a = np.asarray(kc, dtype=np.int64)
     st_a = np.asarray(st, dtype=np.int64)
     mb_a = np.asarray(mb, dtype=np.int64)
-    un_a = mb_a if not schedule.segment_tokens else np.asarray(  # Schedule.unit of compute ops
-        [schedule.unit(o) if k < 4 else o.microbatch for o, k in zip(flat, kc)], dtype=np.int64)
+    un_a = (
+        mb_a
+        if not schedule.segment_tokens
+        else np.asarray(  # Schedule.unit of compute ops
+            [schedule.unit(o) if k < 4 else o.microbatch for o, k in zip(flat, kc)], dtype=np.int64
+        )
+    )
     gids = np.arange(N, dtype=np.int64)
     is_comp = kc_a < 4
     if ((st_a < 0) | (st_a >= S)).any() or (is_comp & ((un_a < 0) | (un_a >= M))).any():
@@ -105,8 +116,7 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
     ck, cs, cb = kc_a[cg], st_a[cg], un_a[cg]
     # first producer: F(s-1) for F (s > 0), BI(s) for BW, F(s) for B/BI
     need1 = (ck != _F) | (cs > 0)
-    k1 = np.where(ck == _F, (_F * S + cs - 1) * M + cb,
-                  np.where(ck == _BW, (_BI * S + cs) * M + cb, cs * M + cb))
+    k1 = np.where(ck == _F, (_F * S + cs - 1) * M + cb, np.where(ck == _BW, (_BI * S + cs) * M + cb, cs * M + cb))
     # second producer of B/BI below the last stage: BI(s+1) if it exists, else B(s+1)
     need2 = ((ck == _B) | (ck == _BI)) & (cs < S - 1)
     nxt = np.minimum(cs + 1, S - 1)
@@ -165,8 +175,10 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
         expect = set(schedule.stage_workers[key[0]])
         got = [wof[g] for g in members]
         if set(got) != expect or len(got) != len(expect):
-            raise ValueError(f"AR of stage {key[0]} step {key[1]} is on workers {sorted(got)}, expected the stage's "
-                             f"replicas {sorted(expect)}")
+            raise ValueError(
+                f"AR of stage {key[0]} step {key[1]} is on workers {sorted(got)}, expected the stage's "
+                f"replicas {sorted(expect)}"
+            )
         ar_size[key] = len(members)
         for g in members:
             q = step_at.get((wof[g], key[0], key[1]), -1)
@@ -191,11 +203,13 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
     ems = np.zeros(len(src))
     ebytes = np.zeros(len(src))
     xfer = etype == 1
-    ems[xfer], ebytes[xfer] = _edge_messages(costs, ws_[xfer], wd_[xfer], np.minimum(st_a[src], st_a[dst])[xfer],
-                                             costs.cut_bytes, costs.transfer_ms, W)
+    ems[xfer], ebytes[xfer] = _edge_messages(
+        costs, ws_[xfer], wd_[xfer], np.minimum(st_a[src], st_a[dst])[xfer], costs.cut_bytes, costs.transfer_ms, W
+    )
     push = etype == 3  # a weight gradient pushed to the owner's STEP: the stage's parameter bytes
-    ems[push], ebytes[push] = _edge_messages(costs, ws_[push], wd_[push], st_a[src][push], costs.param_bytes,
-                                             costs.fetch_ms, W)
+    ems[push], ebytes[push] = _edge_messages(
+        costs, ws_[push], wd_[push], st_a[src][push], costs.param_bytes, costs.fetch_ms, W
+    )
     etype[(etype == 1) & (ems == 0) & (ebytes == 0)] = 4
     xfer_count = np.bincount(wd_[xfer], minlength=W).tolist()
     etype_list, ems_list, ebytes_list = etype.tolist(), ems.tolist(), ebytes.tolist()
@@ -222,8 +236,31 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
         exposed = exposed_alltoall(schedule, costs, kc, st, wbeg, dur)
         dur = [d + x for d, x in zip(dur, exposed)]
     arrays = (kc_a, st_a, mb_a, np.fromiter(ver, np.int64, N), np.fromiter(stp, np.int64, N), w_a)
-    return OpGraph(flat, kc, st, mb, ver, stp, wof, wbeg, wend, dur, cons_idx, cons_ptr, etype_list, ems_list, ebytes_list,
-                   pending, ar_group, ar_size, is_fetch, wws, xfer_count, arrays, exposed)
+    return OpGraph(
+        flat,
+        kc,
+        st,
+        mb,
+        ver,
+        stp,
+        wof,
+        wbeg,
+        wend,
+        dur,
+        cons_idx,
+        cons_ptr,
+        etype_list,
+        ems_list,
+        ebytes_list,
+        pending,
+        ar_group,
+        ar_size,
+        is_fetch,
+        wws,
+        xfer_count,
+        arrays,
+        exposed,
+    )
 
 
 def exposed_alltoall(schedule: Schedule, costs: _Costs, kc: list, st: list, wbeg: list, dur: list) -> list[float]:

@@ -7,6 +7,7 @@ durations back from the timeline (one cost model: the same charges the simulatio
 builds the schedule again with them. This lives beside the simulator so that the schedules package
 never imports it.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -31,8 +32,9 @@ def planning_costs(schedule: Schedule, **simulate_kwargs) -> JobCosts | SplitCos
     raise ValueError(f"{schedule.name} does not plan its order with durations (registered costs_from={kind!r})")
 
 
-def build_for_simulation(name: str, plan_or_stage_count, microbatches: int, simulate_kwargs: dict | None = None,
-                         **options) -> Schedule:
+def build_for_simulation(
+    name: str, plan_or_stage_count, microbatches: int, simulate_kwargs: dict | None = None, **options
+) -> Schedule:
     """:func:`~workbench.schedules.build`, and for a schedule whose order depends on durations (its
     registration's ``costs_from``) the order planned with the durations
     ``simulate(schedule, **simulate_kwargs)`` will charge, unless ``costs`` is given."""
@@ -43,8 +45,9 @@ def build_for_simulation(name: str, plan_or_stage_count, microbatches: int, simu
     return build(name, plan_or_stage_count, microbatches, costs=costs, **options)
 
 
-def bubble_memory_table(workers: int = 4, microbatches: int = 8, fwd: float = 1.0, bwd: float = 2.0,
-                        names=COMPARED) -> pd.DataFrame:
+def bubble_memory_table(
+    workers: int = 4, microbatches: int = 8, fwd: float = 1.0, bwd: float = 2.0, names=COMPARED
+) -> pd.DataFrame:
     """Modeled (simulator, unit costs, no communication cost) bubble and peak activation memory of
     each schedule on ``workers`` workers and ``microbatches`` microbatches, for one model whose
     per-worker forward costs ``fwd`` and backward ``bwd`` (split: input and weight gradient
@@ -62,10 +65,16 @@ def bubble_memory_table(workers: int = 4, microbatches: int = 8, fwd: float = 1.
         costs = dict(fwd=fwd / v, bwd=bwd / v)
         one = simulate(build_for_simulation(name, workers * v, microbatches, costs), fwd / v, bwd / v)
         three = simulate(build_for_simulation(name, workers * v, microbatches, costs, steps=3), fwd / v, bwd / v)
-        rows.append({"schedule": name, "stages_per_worker": v, "makespan": one.makespan,
-                     "bubble_fraction": max(one.metrics["bubble_fraction"]),
-                     "span_bubble_fraction": max(one.metrics["span_bubble_fraction"]),
-                     "steady_idle_per_step": three.metrics["steady_iteration_time"] - microbatches * (fwd + bwd),
-                     "peak_activations": max(one.metrics["peak_activations"]) / v,
-                     "torch": TORCH_CLASS.get(name, "")})
+        rows.append(
+            {
+                "schedule": name,
+                "stages_per_worker": v,
+                "makespan": one.makespan,
+                "bubble_fraction": max(one.metrics["bubble_fraction"]),
+                "span_bubble_fraction": max(one.metrics["span_bubble_fraction"]),
+                "steady_idle_per_step": three.metrics["steady_iteration_time"] - microbatches * (fwd + bwd),
+                "peak_activations": max(one.metrics["peak_activations"]) / v,
+                "torch": TORCH_CLASS.get(name, ""),
+            }
+        )
     return pd.DataFrame(rows).set_index("schedule")

@@ -1,10 +1,12 @@
 """The result of a simulation: timeline, metrics (steady state, bubbles, memory) and their display."""
+
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -13,6 +15,7 @@ from ..display import card, fmt, one_line
 from ..io import json_ready
 from ..schedules.core import Schedule
 from .costs import _AR, _B, _BI, _BW, _F, _STEP, KIND_NAMES, TIMELINE_COLUMNS, _Costs, default_microbatch_fraction
+
 
 # ---------------------------------------------------------------------------------------------
 # result
@@ -59,46 +62,79 @@ class SimResult:
     def _rows(self) -> list:
         m = self.metrics
         u = m.get("time_unit", "ms")
-        rows = [("schedule", self.schedule.name, "")]
+        rows: list[tuple[str, Any, str]] = [("schedule", self.schedule.name, "")]
         if m["steady_state"]:
-            rows += [("time per minibatch", m["time_per_minibatch_ms"], u),
-                     ("throughput", m["throughput_minibatches_per_s"] if u == "ms" else 1 / m["time_per_minibatch_ms"],
-                      "minibatches/s" if u == "ms" else "minibatches/unit")]
+            rows += [
+                ("time per minibatch", m["time_per_minibatch_ms"], u),
+                (
+                    "throughput",
+                    m["throughput_minibatches_per_s"] if u == "ms" else 1 / m["time_per_minibatch_ms"],
+                    "minibatches/s" if u == "ms" else "minibatches/unit",
+                ),
+            ]
             if math.isfinite(m["throughput_samples_per_s"]):
                 rows.append(("throughput", m["throughput_samples_per_s"], "samples/s"))
         else:
-            rows += [("no steady state", m["no_steady_state_reason"], ""),
-                     ("makespan / minibatches (warm-up and drain included)", m["makespan_per_minibatch"], u)]
-        rows += [("makespan", m["makespan"], u), ("minibatches", m["minibatches"], ""),
-                 ("bubble fraction (mean)", m["bubble_fraction_mean"], ""),
-                 ("bubble within each worker's span (max)", max((x for x in m["span_bubble_fraction"] if not math.isnan(x)), default=math.nan), ""),
-                 ("comm wait share (max)", max(m["comm_wait_share"], default=0.0), "")]
+            rows += [
+                ("no steady state", m["no_steady_state_reason"], ""),
+                ("makespan / minibatches (warm-up and drain included)", m["makespan_per_minibatch"], u),
+            ]
+        rows += [
+            ("makespan", m["makespan"], u),
+            ("minibatches", m["minibatches"], ""),
+            ("bubble fraction (mean)", m["bubble_fraction_mean"], ""),
+            (
+                "bubble within each worker's span (max)",
+                max((x for x in m["span_bubble_fraction"] if not math.isnan(x)), default=math.nan),
+                "",
+            ),
+            ("comm wait share (max)", max(m["comm_wait_share"], default=0.0), ""),
+        ]
         return rows
 
     def __repr__(self) -> str:
         return one_line("SimResult", self._rows()[:3])
 
     def _repr_html_(self) -> str:
-        table = pd.DataFrame({"bubble_fraction": self.metrics["bubble_fraction"],
-                              "span_bubble_fraction": self.metrics["span_bubble_fraction"],
-                              "comm_wait_share": self.metrics["comm_wait_share"],
-                              "peak_activations": self.metrics["peak_activations"]})
+        table = pd.DataFrame(
+            {
+                "bubble_fraction": self.metrics["bubble_fraction"],
+                "span_bubble_fraction": self.metrics["span_bubble_fraction"],
+                "comm_wait_share": self.metrics["comm_wait_share"],
+                "peak_activations": self.metrics["peak_activations"],
+            }
+        )
         table.index.name = "worker"
         return card(f"Simulation of {self.schedule.name}", self._rows(), label=self.label, table=table, max_rows=8)
 
     def summary(self) -> str:
         m = self.metrics
         u = m.get("time_unit", "ms")
-        lines = [f"{self.schedule.name}: {self.label}",
-                 "; ".join(f"{n} {fmt(v, unit)}" for n, v, unit in self._rows()[1:]),
-                 f"makespan {m['makespan']:.4g} {u} ({m['steps']} update(s) of a stage), rho {m['rho']:.3f}"]
-        table = pd.DataFrame({k: m[k] for k in ("bubble_fraction", "span_bubble_fraction", "comm_stall", "peak_activations",
-                                                 "peak_activation_bytes", "weight_versions")})
+        lines = [
+            f"{self.schedule.name}: {self.label}",
+            "; ".join(f"{n} {fmt(v, unit)}" for n, v, unit in self._rows()[1:]),
+            f"makespan {m['makespan']:.4g} {u} ({m['steps']} update(s) of a stage), rho {m['rho']:.3f}",
+        ]
+        table = pd.DataFrame(
+            {
+                k: m[k]
+                for k in (
+                    "bubble_fraction",
+                    "span_bubble_fraction",
+                    "comm_stall",
+                    "peak_activations",
+                    "peak_activation_bytes",
+                    "weight_versions",
+                )
+            }
+        )
         table.index.name = "worker"
         with pd.option_context("display.max_rows", 40, "display.width", 120):
             lines.append(table.to_string(float_format=lambda x: f"{x:.4g}"))
         if m["bytes_per_level"]:
-            lines.append("bytes per link level: " + ", ".join(f"L{k}: {v:.4g}" for k, v in m["bytes_per_level"].items()))
+            lines.append(
+                "bytes per link level: " + ", ".join(f"L{k}: {v:.4g}" for k, v in m["bytes_per_level"].items())
+            )
         return "\n".join(lines)
 
     def save(self, directory) -> Path:
@@ -135,27 +171,45 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
     w_a = np.asarray(wof, dtype=np.int64)
     exposed = np.asarray(graph.exposed if graph.exposed else [0.0] * len(kc), dtype=float)
     comm_rows = comm_rows + _alltoall_rows(graph, exposed, end)
-    comp = pd.DataFrame({
-        "worker": w_a[keep],
-        "stage": np.asarray(st, dtype=np.int64)[keep],
-        "microbatch": np.asarray(mb, dtype=np.int64)[keep],
-        "kind": names[kc_a[keep]],
-        "start": start_a[keep],
-        "end": (end_a - exposed)[keep],  # compute only; the exposed all-to-all follows on the comm lane
-        "version": np.asarray(ver, dtype=np.int64)[keep],
-        "lane": "compute",
-        "src": w_a[keep],
-        "dst": w_a[keep],
-        "update": np.asarray(stp, dtype=np.int64)[keep],
-        "bytes": 0.0,
-        "round": 0,
-        "step": 0,
-    })
+    comp = pd.DataFrame(
+        {
+            "worker": w_a[keep],
+            "stage": np.asarray(st, dtype=np.int64)[keep],
+            "microbatch": np.asarray(mb, dtype=np.int64)[keep],
+            "kind": names[kc_a[keep]],
+            "start": start_a[keep],
+            "end": (end_a - exposed)[keep],  # compute only; the exposed all-to-all follows on the comm lane
+            "version": np.asarray(ver, dtype=np.int64)[keep],
+            "lane": "compute",
+            "src": w_a[keep],
+            "dst": w_a[keep],
+            "update": np.asarray(stp, dtype=np.int64)[keep],
+            "bytes": 0.0,
+            "round": 0,
+            "step": 0,
+        }
+    )
     if schedule.segment_tokens:  # optional column: the Seq1F1B segment of each compute op
-        comp["segment"] = np.asarray([-1 if o.segment is None else o.segment for ops in schedule.ops for o in ops])[keep]
+        comp["segment"] = np.asarray([-1 if o.segment is None else o.segment for ops in schedule.ops for o in ops])[
+            keep
+        ]
     if comm_rows:
-        comm = pd.DataFrame(comm_rows, columns=["worker", "stage", "microbatch", "kind", "start", "end", "version",
-                                                "src", "dst", "update", "bytes"])
+        comm = pd.DataFrame(
+            comm_rows,
+            columns=[
+                "worker",
+                "stage",
+                "microbatch",
+                "kind",
+                "start",
+                "end",
+                "version",
+                "src",
+                "dst",
+                "update",
+                "bytes",
+            ],
+        )
         comm["lane"] = "comm"
         comm["round"] = comm["step"] = 0
         timeline = pd.concat([comp, comm[list(TIMELINE_COLUMNS)]], ignore_index=True)
@@ -204,7 +258,9 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
         "time_per_minibatch_ms": per_mb,
         "steady_state": per_mb is not None,
         "no_steady_state_reason": why_not or None,
-        "makespan_per_minibatch": makespan / (schedule.microbatches * fraction) if schedule.microbatches else float("nan"),
+        "makespan_per_minibatch": makespan / (schedule.microbatches * fraction)
+        if schedule.microbatches
+        else float("nan"),
         **_throughputs(per_mb, costs.batch_size),
         "rho": work / (L * W),
         "bubble_fraction": [1.0 - b / L for b in busy.tolist()],
@@ -245,8 +301,7 @@ def _alltoall_rows(graph, exposed: np.ndarray, end: list) -> list[tuple]:
     rows = []
     for g in np.flatnonzero(exposed > 0).tolist():
         w = graph.wof[g]
-        rows.append((w, graph.st[g], graph.mb[g], "alltoall", end[g] - exposed[g], end[g], graph.ver[g], w, w, -1,
-                     0.0))
+        rows.append((w, graph.st[g], graph.mb[g], "alltoall", end[g] - exposed[g], end[g], graph.ver[g], w, w, -1, 0.0))
     return rows
 
 
@@ -256,8 +311,10 @@ def _throughputs(per_mb: float | None, batch_size) -> dict:
     if per_mb is None:
         return {"throughput_minibatches_per_s": None, "throughput_samples_per_s": None}
     per_s = 1e3 / per_mb if per_mb > 0 else float("nan")
-    return {"throughput_minibatches_per_s": per_s,
-            "throughput_samples_per_s": batch_size * per_s if batch_size else float("nan")}
+    return {
+        "throughput_minibatches_per_s": per_s,
+        "throughput_samples_per_s": batch_size * per_s if batch_size else float("nan"),
+    }
 
 
 def steady_state(schedule: Schedule, kc, mb, st, end) -> tuple[float | None, str]:
@@ -284,9 +341,11 @@ def steady_state(schedule: Schedule, kc, mb, st, end) -> tuple[float | None, str
     k = _input_in_flight(schedule)
     inner = _steady_window(len(done), g, k)
     if len(inner) < 2:
-        return None, (f"{n} microbatches are all warm-up or drain (the input stage holds {k} at once and updates "
-                      f"every {g}); simulate more microbatches: a steady state needs two updates outside the "
-                      f"first and the last {k} completions")
+        return None, (
+            f"{n} microbatches are all warm-up or drain (the input stage holds {k} at once and updates "
+            f"every {g}); simulate more microbatches: a steady state needs two updates outside the "
+            f"first and the last {k} completions"
+        )
     lo, hi = int(inner[0]), int(inner[-1])
     return float(done[hi] - done[lo]) / (hi - lo), ""
 
@@ -428,8 +487,12 @@ def _stash_bytes(schedule: Schedule, costs: _Costs, kc_a, st_a):
     stage s-1; stage 0's input, the data, is not counted, as without recompute); B re-creates
     ``A_s`` for its duration (transient) and frees the input; split backward: BI re-creates
     ``A_s`` and holds it until BW frees it with the input."""
-    share = np.asarray([schedule.segment_share(op, "tokens") if k < _STEP else 0.0
-                        for op, k in zip((op for ops in schedule.ops for op in ops), kc_a)])
+    share = np.asarray(
+        [
+            schedule.segment_share(op, "tokens") if k < _STEP else 0.0
+            for op, k in zip((op for ops in schedule.ops for op in ops), kc_a)
+        ]
+    )
     full = np.asarray(costs.act_stash_bytes, dtype=float)[st_a] * share
     if not schedule.recompute:
         sign = np.where(kc_a == _F, 1.0, np.where((kc_a == _B) | (kc_a == _BW), -1.0, 0.0))

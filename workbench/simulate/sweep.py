@@ -6,13 +6,14 @@ consumer's worker back on the stack. Ops only wait on ops that end earlier, so t
 time-ordered event simulation. Channels (package docstring): one FIFO per directed link for
 messages, one per link for weight fetches, one collective channel per worker for all-reduces.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
 from ..costmodel import link_level
-from .costs import _AR, _B, _BW, _F, _STEP, _Costs
+from .costs import _AR, _F, _Costs
 from .graph import OpGraph
 
 
@@ -47,7 +48,7 @@ def _left_over(items: list, idle_from: float, t: float) -> float:
 def sweep(graph: OpGraph, costs: _Costs, overlap_comm: bool, name: str = "schedule") -> Sweep:
     """Run the sweep; a :class:`ValueError` names the stuck ops if the schedule deadlocks."""
     gr = graph  # unpacked into locals: the loop below is the simulator's hot path
-    flat, kc, st, mb, ver, stp, wof = gr.flat, gr.kc, gr.st, gr.mb, gr.ver, gr.stp, gr.wof
+    kc, st, mb, ver, stp, wof = gr.kc, gr.st, gr.mb, gr.ver, gr.stp, gr.wof
     wbeg, wend, dur, cons_idx, cons_ptr = gr.wbeg, gr.wend, gr.dur, gr.cons_idx, gr.cons_ptr
     etype, ems, ebytes, pending = gr.etype, gr.ems, gr.ebytes, list(gr.pending)
     ar_group, ar_size, is_fetch, wws = gr.ar_group, gr.ar_size, gr.is_fetch, gr.wws
@@ -109,7 +110,7 @@ def sweep(graph: OpGraph, costs: _Costs, overlap_comm: bool, name: str = "schedu
             if pbytes and topo is not None:
                 lv = level(w, ws[(i + 1) % r])
                 level_bytes[lv] = level_bytes.get(lv, 0.0) + pbytes
-            for c in cons_idx[cons_ptr[g]:cons_ptr[g + 1]]:
+            for c in cons_idx[cons_ptr[g] : cons_ptr[g + 1]]:
                 if t1 > arrive[c]:
                     arrive[c] = t1
                 if sync > nodep[c]:
@@ -246,5 +247,7 @@ def _check_progress(graph: OpGraph, ptr: list, name: str) -> None:
             else:
                 waits = "waits for inputs that never arrive"
             desc.append(f"worker {w}: {op} ({waits})")
-        raise ValueError(f"schedule {name!r} deadlocks: no worker can make progress after "
-                         f"{sum(ptr[w] - wbeg[w] for w in range(W))} of {N} ops; stuck: " + "; ".join(desc))
+        raise ValueError(
+            f"schedule {name!r} deadlocks: no worker can make progress after "
+            f"{sum(ptr[w] - wbeg[w] for w in range(W))} of {N} ops; stuck: " + "; ".join(desc)
+        )

@@ -7,6 +7,7 @@ own. :func:`modeled_plan` prices a *manual* plan with the same ``CostModel`` the
 (stage and cut times, the 1F1B prediction, the in-flight warm-up and the memory it costs), so a
 manual plan that equals the optimizer's gets the optimizer's numbers (a test checks it).
 """
+
 from __future__ import annotations
 
 import math
@@ -14,21 +15,21 @@ import re
 import warnings
 from dataclasses import dataclass, replace
 
-import numpy as np
 import pandas as pd
 
 from .. import schedules
 from ..costmodel import CostModel
 from ..partition import data_parallel_ms, partition, with_predictions
 from ..pipedream_optimizer import profile_for
-from ..plan import Plan, Stage
+from ..plan import Plan
 from ..profiler import Profile
 from ..simulate import SimResult, simulate
 from ..topology import Topology
 
 #: schedules that take a (possibly replicated) Plan; the ones with a flush take ``per_step``
-PLAN_SCHEDULES = tuple(sorted((n for n, sp in schedules.REGISTRY.items() if sp.takes_plan),
-                              key=lambda n: (n != "pipedream", n)))  # PipeDream's own first: the default
+PLAN_SCHEDULES = tuple(
+    sorted((n for n, sp in schedules.REGISTRY.items() if sp.takes_plan), key=lambda n: (n != "pipedream", n))
+)  # PipeDream's own first: the default
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def bubble(res: SimResult) -> float:
 
 def stage_param_bytes(profile: Profile, plan: Plan) -> list[float]:
     w = profile.layers["param_bytes"].to_numpy(float)
-    return [float(w[s.first:s.last + 1].sum()) for s in plan.stages]
+    return [float(w[s.first : s.last + 1].sum()) for s in plan.stages]
 
 
 def worker_memory_bytes(res: SimResult, profile: Profile, plan: Plan) -> list[float]:
@@ -127,8 +128,9 @@ def parse_manual(text_lasts: str, text_replicas: str, layers: int, workers: int)
     if not lasts:
         raise ValueError(f"give the last layer of each stage, e.g. '{layers // 2 - 1}, {layers - 1}'")
     if lasts[-1] != layers - 1:
-        raise ValueError(f"the last stage must end at layer {layers - 1} (the model has {layers} layers, 0-based); "
-                         f"got {lasts[-1]}")
+        raise ValueError(
+            f"the last stage must end at layer {layers - 1} (the model has {layers} layers, 0-based); got {lasts[-1]}"
+        )
     for a, b in zip([-1] + lasts, lasts):
         if b <= a:
             raise ValueError(f"stage boundaries must increase and each stage needs a layer: {b} after {a}")
@@ -138,8 +140,9 @@ def parse_manual(text_lasts: str, text_replicas: str, layers: int, workers: int)
     if any(r < 1 for r in reps):
         raise ValueError(f"every stage needs at least one replica; got {reps}")
     if sum(reps) > workers:
-        raise ValueError(f"the stages use {sum(reps)} workers but the topology has {workers}; "
-                         f"lower the replicas or add workers")
+        raise ValueError(
+            f"the stages use {sum(reps)} workers but the topology has {workers}; lower the replicas or add workers"
+        )
     return Plan.from_boundaries(lasts, reps, method="manual")
 
 
@@ -153,12 +156,23 @@ def modeled_plan(profile: Profile, plan: Plan, topology: Topology) -> Plan:
     cm = CostModel.from_profile(profile, topology)
     stage_ms, cut_ms = cm.plan_times(plan)
     stages = tuple(replace(s, time_ms=t) for s, t in zip(plan.stages, stage_ms))
-    cuts = [[int(a.last), int(topology.level_between(a.workers[-1], b.workers[0])), float(t)]
-            for a, b, t in zip(plan.stages, plan.stages[1:], cut_ms)]
-    meta = dict(plan.meta) | {"topology": topology.to_list(), "cuts": cuts,
-                              "cost_model": "workbench.costmodel applied to a manual plan"}
-    priced = Plan(stages, bottleneck_ms=max(stage_ms + cut_ms), single_worker_ms=profile.total_ms,
-                  data_parallel_ms=data_parallel_ms(profile, topology, cm), method=plan.method, meta=meta)
+    cuts = [
+        [int(a.last), int(topology.level_between(a.workers[-1], b.workers[0])), float(t)]
+        for a, b, t in zip(plan.stages, plan.stages[1:], cut_ms)
+    ]
+    meta = dict(plan.meta) | {
+        "topology": topology.to_list(),
+        "cuts": cuts,
+        "cost_model": "workbench.costmodel applied to a manual plan",
+    }
+    priced = Plan(
+        stages,
+        bottleneck_ms=max(stage_ms + cut_ms),
+        single_worker_ms=profile.total_ms,
+        data_parallel_ms=data_parallel_ms(profile, topology, cm),
+        method=plan.method,
+        meta=meta,
+    )
     return with_predictions(priced, cm)
 
 
@@ -170,11 +184,18 @@ def stage_table(plan: Plan, profile: Profile) -> pd.DataFrame:
     cut_after = {int(a): float(t) for a, _, t in plan.meta.get("cuts", [])}
     rows = []
     for k, s in enumerate(plan.stages):
-        compute = float(C[s.first:s.last + 1].sum()) / s.replicas
-        rows.append({"stage": k, "layers": f"{s.first}-{s.last}", "replicas": s.replicas,
-                     "compute_ms": compute, "stage_ms": s.time_ms,
-                     "comm_ms": _excess(s.time_ms, compute),
-                     "cut_ms": cut_after.get(s.last, 0.0)})
+        compute = float(C[s.first : s.last + 1].sum()) / s.replicas
+        rows.append(
+            {
+                "stage": k,
+                "layers": f"{s.first}-{s.last}",
+                "replicas": s.replicas,
+                "compute_ms": compute,
+                "stage_ms": s.time_ms,
+                "comm_ms": _excess(s.time_ms, compute),
+                "cut_ms": cut_after.get(s.last, 0.0),
+            }
+        )
     return pd.DataFrame(rows).set_index("stage")
 
 
@@ -191,8 +212,14 @@ def _excess(stage_ms: float, compute_ms: float) -> float:
 def optimize(profile: Profile, st: Settings) -> Plan:
     """PipeDream's DP for these settings (all workers; a straight pipeline may use fewer), priced
     by the settings' cost model."""
-    return partition(profile, st.topology, straight=st.straight, memory_bytes=st.memory_bytes,
-                     use_fewer_workers=st.straight, cost=st.cost)
+    return partition(
+        profile,
+        st.topology,
+        straight=st.straight,
+        memory_bytes=st.memory_bytes,
+        use_fewer_workers=st.straight,
+        cost=st.cost,
+    )
 
 
 def build_schedule(plan: Plan, st: Settings) -> schedules.Schedule:
@@ -205,8 +232,10 @@ def build_schedule(plan: Plan, st: Settings) -> schedules.Schedule:
         raise ValueError("microbatches and microbatches per step must be >= 1")
     if schedules.spec(name).flushes:
         if M % k:
-            raise ValueError(f"{name}: {M} microbatches do not split into flushes of {k}; make microbatches a "
-                             f"multiple of the per-step count")
+            raise ValueError(
+                f"{name}: {M} microbatches do not split into flushes of {k}; make microbatches a "
+                f"multiple of the per-step count"
+            )
         return schedules.build(name, plan, k, steps=M // k)
     if any(o.name == "microbatches_per_step" for o in schedules.spec(name).options):  # 2BW: an update every k
         return schedules.build(name, plan, M, microbatches_per_step=k)
@@ -232,8 +261,14 @@ def summary_rows(plan: Plan, sim: SimResult, profile: Profile, memory_bytes: flo
     """The figures shown for one plan (predicted, simulated, throughput, bubble, peak memory)."""
     ms = simulated_ms_per_minibatch(sim)
     mem = worker_memory_bytes(sim, profile, plan)
-    return {"stages": plan.num_stages, "workers": plan.num_workers, "in flight (input stage)": in_flight(plan),
-            "predicted ms/minibatch": predicted_ms(plan), "simulated ms/minibatch": ms,
-            "samples/s (simulated)": samples_per_s(sim), "bubble (simulated)": bubble(sim),
-            "peak memory GB (simulated)": max(mem) / 1e9,
-            "fits memory": "n/a" if not memory_bytes else ("yes" if max(mem) <= memory_bytes else "NO")}
+    return {
+        "stages": plan.num_stages,
+        "workers": plan.num_workers,
+        "in flight (input stage)": in_flight(plan),
+        "predicted ms/minibatch": predicted_ms(plan),
+        "simulated ms/minibatch": ms,
+        "samples/s (simulated)": samples_per_s(sim),
+        "bubble (simulated)": bubble(sim),
+        "peak memory GB (simulated)": max(mem) / 1e9,
+        "fits memory": "n/a" if not memory_bytes else ("yes" if max(mem) <= memory_bytes else "NO"),
+    }

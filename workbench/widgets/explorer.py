@@ -5,8 +5,8 @@ Costs are in *units* (a forward of one stage on one microbatch costs ``fwd``); t
 mode charges ``bwd`` for a backward and ``bwd / 2`` each for the split BI / BW of zero-bubble
 schedules, ``transfer`` per activation or gradient message between workers.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import html
 import math
@@ -20,6 +20,7 @@ from ..display import card
 from ..simulate import SimResult, simulate
 from .figures import _FONT, timeline_widget, update_timeline, widget
 
+
 def closed_form_bubble(name: str, S: int, M: int, fwd: float, bwd: float, chunks: int = 2) -> tuple[float, str] | None:
     """Mean bubble fraction ``1 - busy / makespan`` in closed form of schedule ``name`` as
     :func:`explore` builds it (``S`` workers, ``M`` microbatches, a worker's share of the model
@@ -31,11 +32,20 @@ def closed_form_bubble(name: str, S: int, M: int, fwd: float, bwd: float, chunks
 
 def _build(name: str, workers: int, microbatches: int, chunks: int) -> schedules.Schedule:
     takes_chunks = any(o.name == "chunks" for o in schedules.spec(name).options)
-    return schedules.build_for_workers(name, workers, microbatches, options={"chunks": chunks} if takes_chunks else None)
+    return schedules.build_for_workers(
+        name, workers, microbatches, options={"chunks": chunks} if takes_chunks else None
+    )
 
 
-def explore(name: str, stages: int, microbatches: int, fwd: float = 1.0, bwd: float = 2.0,
-            transfer: float = 0.0, chunks: int = 2) -> SimResult:
+def explore(
+    name: str,
+    stages: int,
+    microbatches: int,
+    fwd: float = 1.0,
+    bwd: float = 2.0,
+    transfer: float = 0.0,
+    chunks: int = 2,
+) -> SimResult:
     """Build schedule ``name`` on ``stages`` workers (``chunks`` virtual stages each where the
     schedule takes them) with ``microbatches`` and simulate it with unit costs: the model costs
     ``stages`` x (``fwd``, ``bwd``), split evenly over the schedule's stages (a worker's share of a
@@ -48,54 +58,115 @@ def explore(name: str, stages: int, microbatches: int, fwd: float = 1.0, bwd: fl
 class ScheduleExplorer:
     """Pick a schedule and its shape; timeline, bubble and per-worker memory update in place."""
 
-    def __init__(self, schedule: str = "pipedream-flush", stages: int = 4, microbatches: int = 8,
-                 fwd: float = 1.0, bwd: float = 2.0, transfer: float = 0.0):
+    def __init__(
+        self,
+        schedule: str = "pipedream-flush",
+        stages: int = 4,
+        microbatches: int = 8,
+        fwd: float = 1.0,
+        bwd: float = 2.0,
+        transfer: float = 0.0,
+    ):
         style = {"description_width": "initial"}
-        self.schedule = W.Dropdown(options=schedules.NAMES, value=schedule, description="schedule", style=style,
-                                   layout=W.Layout(width="220px"))
-        self.stages = W.IntSlider(value=stages, min=1, max=16, description="stages (workers)", style=style,
-                                  continuous_update=False, layout=W.Layout(width="300px"))
-        self.microbatches = W.IntSlider(value=microbatches, min=1, max=64, description="microbatches",
-                                        style=style, continuous_update=False, layout=W.Layout(width="300px"))
-        self.fwd = W.BoundedFloatText(value=fwd, min=0.01, max=100, step=0.1, description="forward (units)",
-                                      style=style, layout=W.Layout(width="190px"))
-        self.bwd = W.BoundedFloatText(value=bwd, min=0.0, max=100, step=0.1, style=style,
-                                      description="backward incl. weight grad (units)", layout=W.Layout(width="290px"))
-        self.transfer = W.BoundedFloatText(value=transfer, min=0, max=100, step=0.1, style=style,
-                                           description="communication per message (units)",
-                                           layout=W.Layout(width="290px"))
-        self.chunks = W.IntSlider(value=2, min=1, max=8, description="chunks (interleaved)", style=style,
-                                  continuous_update=False, layout=W.Layout(width="300px"))
+        self.schedule = W.Dropdown(
+            options=schedules.NAMES, value=schedule, description="schedule", style=style, layout=W.Layout(width="220px")
+        )
+        self.stages = W.IntSlider(
+            value=stages,
+            min=1,
+            max=16,
+            description="stages (workers)",
+            style=style,
+            continuous_update=False,
+            layout=W.Layout(width="300px"),
+        )
+        self.microbatches = W.IntSlider(
+            value=microbatches,
+            min=1,
+            max=64,
+            description="microbatches",
+            style=style,
+            continuous_update=False,
+            layout=W.Layout(width="300px"),
+        )
+        self.fwd = W.BoundedFloatText(
+            value=fwd,
+            min=0.01,
+            max=100,
+            step=0.1,
+            description="forward (units)",
+            style=style,
+            layout=W.Layout(width="190px"),
+        )
+        self.bwd = W.BoundedFloatText(
+            value=bwd,
+            min=0.0,
+            max=100,
+            step=0.1,
+            style=style,
+            description="backward incl. weight grad (units)",
+            layout=W.Layout(width="290px"),
+        )
+        self.transfer = W.BoundedFloatText(
+            value=transfer,
+            min=0,
+            max=100,
+            step=0.1,
+            style=style,
+            description="communication per message (units)",
+            layout=W.Layout(width="290px"),
+        )
+        self.chunks = W.IntSlider(
+            value=2,
+            min=1,
+            max=8,
+            description="chunks (interleaved)",
+            style=style,
+            continuous_update=False,
+            layout=W.Layout(width="300px"),
+        )
         self.stats = W.HTML(layout=W.Layout(width="500px"))
         self.timeline_fig = timeline_widget("timeline", "units")
         self.memory_fig = go.Figure(go.Bar(x=[], y=[], marker_color="#72B7B2", name="peak activations"))
-        self.memory_fig.update_layout(title=dict(text="peak stashed activations per worker (microbatches)", x=0.01,
-                                                 font=dict(size=13)),
-                                      height=240, width=320, margin=dict(l=50, r=10, t=45, b=40), font=_FONT,
-                                      template="plotly_white", xaxis=dict(title="worker", type="category"),
-                                      yaxis=dict(title="microbatches"))
+        self.memory_fig.update_layout(
+            title=dict(text="peak stashed activations per worker (microbatches)", x=0.01, font=dict(size=13)),
+            height=240,
+            width=320,
+            margin=dict(l=50, r=10, t=45, b=40),
+            font=_FONT,
+            template="plotly_white",
+            xaxis=dict(title="worker", type="category"),
+            yaxis=dict(title="microbatches"),
+        )
         self.result: SimResult | None = None
         for w in (self.schedule, self.stages, self.microbatches, self.fwd, self.bwd, self.transfer, self.chunks):
             w.observe(lambda _: self.update(), names="value")
         self.update()  # the first draw goes into plain figures, which become widgets complete
         self.memory_fig, self.timeline_fig = widget(self.memory_fig), widget(self.timeline_fig)
-        self.ui = W.VBox([
-            W.HTML("<h3 style='margin:4px 0'>Schedule explorer</h3><div style='color:#555'>Unit costs, "
-                   "identical stages, <b>modeled</b> by the discrete-event simulator.</div>"),
-            W.HBox([self.schedule, self.stages, self.microbatches]),
-            W.HBox([self.fwd, self.bwd, self.transfer]),
-            self.chunks,
-            W.HBox([self.stats, self.memory_fig]),
-            self.timeline_fig,
-        ])
+        self.ui = W.VBox(
+            [
+                W.HTML(
+                    "<h3 style='margin:4px 0'>Schedule explorer</h3><div style='color:#555'>Unit costs, "
+                    "identical stages, <b>modeled</b> by the discrete-event simulator.</div>"
+                ),
+                W.HBox([self.schedule, self.stages, self.microbatches]),
+                W.HBox([self.fwd, self.bwd, self.transfer]),
+                self.chunks,
+                W.HBox([self.stats, self.memory_fig]),
+                self.timeline_fig,
+            ]
+        )
 
     def _ipython_display_(self):
         from IPython.display import display
+
         display(self.ui)
 
     def __repr__(self) -> str:
-        return f"ScheduleExplorer(schedule={self.schedule.value!r}, stages={self.stages.value}, " \
-               f"microbatches={self.microbatches.value})"
+        return (
+            f"ScheduleExplorer(schedule={self.schedule.value!r}, stages={self.stages.value}, "
+            f"microbatches={self.microbatches.value})"
+        )
 
     def update(self) -> SimResult | None:
         """Simulate the current settings and redraw; a bad combination shows one line instead."""
@@ -105,8 +176,9 @@ class ScheduleExplorer:
             res = explore(name, S, M, f, b, c, v)
         except Exception as e:  # noqa: BLE001 - one line, never a traceback, in a widget callback
             lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-            self.stats.value = (f"<div style='color:#b00020'>⚠ {html.escape(lines[0] if lines else type(e).__name__)}"
-                                "</div>")
+            self.stats.value = (
+                f"<div style='color:#b00020'>⚠ {html.escape(lines[0] if lines else type(e).__name__)}</div>"
+            )
             return None
         self.result = res
         m = res.metrics
@@ -117,12 +189,20 @@ class ScheduleExplorer:
             rows.append((f"bubble, closed form {form[1]}", form[0], ""))
         else:
             rows.append(("bubble, closed form", "n/a" if c == 0 else "n/a (communication > 0)", ""))
-        rows += [("peak activations (max over workers)", max(m["peak_activations"]), "microbatches"),
-                 ("weight versions (max)", max(m["weight_versions"]), "")]
-        self.stats.value = card(f"{name}: {schedules.DESCRIPTIONS[name]}", rows,
-                                label=f"{res.label}; F={f:g}, B={b:g}, comm={c:g} units")
-        self.memory_fig.plotly_update(restyle_data={"x": [[str(w) for w in range(len(m["peak_activations"]))]],
-                                                    "y": [list(m["peak_activations"])]},
-                                      relayout_data={"xaxis.autorange": True, "yaxis.autorange": True}, trace_indexes=[0])
+        rows += [
+            ("peak activations (max over workers)", max(m["peak_activations"]), "microbatches"),
+            ("weight versions (max)", max(m["weight_versions"]), ""),
+        ]
+        self.stats.value = card(
+            f"{name}: {schedules.DESCRIPTIONS[name]}", rows, label=f"{res.label}; F={f:g}, B={b:g}, comm={c:g} units"
+        )
+        self.memory_fig.plotly_update(
+            restyle_data={
+                "x": [[str(w) for w in range(len(m["peak_activations"]))]],
+                "y": [list(m["peak_activations"])],
+            },
+            relayout_data={"xaxis.autorange": True, "yaxis.autorange": True},
+            trace_indexes=[0],
+        )
         update_timeline(self.timeline_fig, res.timeline, f"{name}: {S} workers, {M} microbatches (modeled, units)")
         return res

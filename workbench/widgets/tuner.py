@@ -6,6 +6,7 @@ exist: the plan cards (HTML), the stage bars and the timeline (``FigureWidget``,
 ``batch_update``). A bad setting (an infeasible memory limit, a manual plan that does not cover the
 layers, ...) shows one line in the status bar and leaves the last valid figures in place.
 """
+
 from __future__ import annotations
 
 import html
@@ -24,7 +25,8 @@ from ..io import fresh_path, run_id
 from ..pipedream_graph import SHIPPED, shipped
 from ..pipedream_optimizer import profile_for
 from ..plan import Plan
-from ..profiler import Profile, profile as measure_profile
+from ..profiler import Profile
+from ..profiler import profile as measure_profile
 from ..topology import Topology
 from . import core
 from .figures import stage_widget, timeline_widget, update_stages, update_timeline, widget
@@ -50,9 +52,20 @@ class PartitionTuner:
     (:func:`workbench.cost_compare.compare_costs`).
     """
 
-    def __init__(self, profile_or_model=None, topology: Topology | None = None, *, schedule: str = "pipedream",
-                 microbatches: int = 16, per_step: int = 4, memory_gb: float = 0.0, straight: bool = False,
-                 out_dir="results/widgets", cost: str = "workbench", compare: bool = False):
+    def __init__(
+        self,
+        profile_or_model=None,
+        topology: Topology | None = None,
+        *,
+        schedule: str = "pipedream",
+        microbatches: int = 16,
+        per_step: int = 4,
+        memory_gb: float = 0.0,
+        straight: bool = False,
+        out_dir="results/widgets",
+        cost: str = "workbench",
+        compare: bool = False,
+    ):
         self.out_dir = Path(out_dir)
         self.topology = topology or Topology.flat(8, 12e9)
         self.runnable: str | None = None  # zoo model name when the profile was measured here
@@ -64,8 +77,11 @@ class PartitionTuner:
         self.compare = bool(compare)
         self.comparison = None  # the last CostComparison shown (compare=True)
         self._build_controls(schedule, microbatches, per_step, memory_gb, straight)
-        self.cost = W.ToggleButtons(options=[("workbench cost model", "workbench"), ("PipeDream's optimizer", "pipedream")],
-                                    value=cost, style={"button_width": "160px"})
+        self.cost = W.ToggleButtons(
+            options=[("workbench cost model", "workbench"), ("PipeDream's optimizer", "pipedream")],
+            value=cost,
+            style={"button_width": "160px"},
+        )
         self.cost.observe(self._on_change, names="value")
         self.cards = W.HTML(layout=W.Layout(width="auto"))
         self.export_msg = W.HTML()
@@ -103,50 +119,107 @@ class PartitionTuner:
     def _build_controls(self, schedule, microbatches, per_step, memory_gb, straight):
         wide = W.Layout(width="auto")
         style = {"description_width": "initial"}
-        opts = [("profile given to the tuner", "given")] + \
-               [(f"PipeDream {n} (GPU, published)", f"shipped:{n}") for n in SHIPPED] + \
-               [(f"{n} mini (measured here, CPU)", f"measure:{n}") for n in MEASURABLE] + \
-               [("import a file (graph.txt / CSV / JSON) ...", "file")]
-        self.source = W.Dropdown(options=opts, value="given", description="profile", style=style,
-                                 layout=W.Layout(width="340px"))
+        opts = (
+            [("profile given to the tuner", "given")]
+            + [(f"PipeDream {n} (GPU, published)", f"shipped:{n}") for n in SHIPPED]
+            + [(f"{n} mini (measured here, CPU)", f"measure:{n}") for n in MEASURABLE]
+            + [("import a file (graph.txt / CSV / JSON) ...", "file")]
+        )
+        self.source = W.Dropdown(
+            options=opts, value="given", description="profile", style=style, layout=W.Layout(width="340px")
+        )
         self.path = W.Text(placeholder="path to graph.txt, profile CSV or JSON", layout=W.Layout(width="300px"))
         self.load = W.Button(description="load file", icon="folder-open", layout=W.Layout(width="110px"))
         self.levels = []
         for k, (count, bw) in enumerate(self.topology.levels):
             name = _LEVEL_NAMES[k] if k < len(_LEVEL_NAMES) else f"level {k + 1}"
-            n = W.BoundedIntText(value=count, min=1, max=64, description=f"L{k + 1} count ({name})", style=style,
-                                 layout=W.Layout(width="260px"))
-            b = W.BoundedFloatText(value=bw / 1e9, min=1e-3, max=1e4, step=0.25, description="GB/s", style=style,
-                                   layout=W.Layout(width="150px"))
+            n = W.BoundedIntText(
+                value=count,
+                min=1,
+                max=64,
+                description=f"L{k + 1} count ({name})",
+                style=style,
+                layout=W.Layout(width="260px"),
+            )
+            b = W.BoundedFloatText(
+                value=bw / 1e9,
+                min=1e-3,
+                max=1e4,
+                step=0.25,
+                description="GB/s",
+                style=style,
+                layout=W.Layout(width="150px"),
+            )
             self.levels.append((n, b))
-        self.memory = W.BoundedFloatText(value=memory_gb, min=0, max=1e4, step=1, style=style,
-                                         description="memory limit per worker (GB, 0 = none)",
-                                         layout=W.Layout(width="330px"))
-        self.straight = W.ToggleButtons(options=[("replicated stages", False), ("straight pipeline", True)],
-                                        value=straight, style={"button_width": "140px"})
-        self.schedule = W.Dropdown(options=list(core.PLAN_SCHEDULES), value=schedule, description="schedule",
-                                   style=style, layout=W.Layout(width="240px"))
-        self.microbatches = W.IntSlider(value=microbatches, min=1, max=64, description="microbatches", style=style,
-                                        continuous_update=False, layout=W.Layout(width="330px"))
-        self.per_step = W.IntSlider(value=per_step, min=1, max=64, style=style, continuous_update=False,
-                                    description="in flight per flush / update", layout=W.Layout(width="360px"))
-        self.optimize = W.Button(description="re-run optimizer", icon="refresh", button_style="primary",
-                                 layout=W.Layout(width="160px"))
-        self.mode = W.ToggleButtons(options=[("optimizer's plan", False), ("manual plan", True)], value=False,
-                                    style={"button_width": "130px"})
-        self.lasts = W.Text(description="last layer of each stage", style=style, layout=W.Layout(width="420px"),
-                            continuous_update=False)
-        self.replicas = W.Text(description="replicas per stage", style=style, layout=W.Layout(width="300px"),
-                               continuous_update=False)
+        self.memory = W.BoundedFloatText(
+            value=memory_gb,
+            min=0,
+            max=1e4,
+            step=1,
+            style=style,
+            description="memory limit per worker (GB, 0 = none)",
+            layout=W.Layout(width="330px"),
+        )
+        self.straight = W.ToggleButtons(
+            options=[("replicated stages", False), ("straight pipeline", True)],
+            value=straight,
+            style={"button_width": "140px"},
+        )
+        self.schedule = W.Dropdown(
+            options=list(core.PLAN_SCHEDULES),
+            value=schedule,
+            description="schedule",
+            style=style,
+            layout=W.Layout(width="240px"),
+        )
+        self.microbatches = W.IntSlider(
+            value=microbatches,
+            min=1,
+            max=64,
+            description="microbatches",
+            style=style,
+            continuous_update=False,
+            layout=W.Layout(width="330px"),
+        )
+        self.per_step = W.IntSlider(
+            value=per_step,
+            min=1,
+            max=64,
+            style=style,
+            continuous_update=False,
+            description="in flight per flush / update",
+            layout=W.Layout(width="360px"),
+        )
+        self.optimize = W.Button(
+            description="re-run optimizer", icon="refresh", button_style="primary", layout=W.Layout(width="160px")
+        )
+        self.mode = W.ToggleButtons(
+            options=[("optimizer's plan", False), ("manual plan", True)], value=False, style={"button_width": "130px"}
+        )
+        self.lasts = W.Text(
+            description="last layer of each stage", style=style, layout=W.Layout(width="420px"), continuous_update=False
+        )
+        self.replicas = W.Text(
+            description="replicas per stage", style=style, layout=W.Layout(width="300px"), continuous_update=False
+        )
         self.copy = W.Button(description="copy optimizer's plan", icon="copy", layout=W.Layout(width="190px"))
         self.export = W.Button(description="export plan", icon="download", layout=W.Layout(width="140px"))
-        self.run = W.Button(description="run it (real, short)", icon="play", button_style="warning",
-                            layout=W.Layout(width="170px"))
+        self.run = W.Button(
+            description="run it (real, short)", icon="play", button_style="warning", layout=W.Layout(width="170px")
+        )
         self.progress = W.IntProgress(value=0, min=0, max=4, layout=W.Layout(width="160px"))
         self.status = W.HTML(_status_html("ready"), layout=wide)
 
-        for w in [self.memory, self.straight, self.schedule, self.microbatches, self.per_step, self.mode,
-                  self.lasts, self.replicas] + [x for pair in self.levels for x in pair]:
+        for w in [
+            self.memory,
+            self.straight,
+            self.schedule,
+            self.microbatches,
+            self.per_step,
+            self.mode,
+            self.lasts,
+            self.replicas,
+        ] + [x for pair in self.levels for x in pair]:
             w.observe(self._on_change, names="value")
         self.source.observe(self._on_source, names="value")
         self.load.on_click(lambda _: self._load_file())
@@ -167,28 +240,34 @@ class PartitionTuner:
 
     def _build_outputs(self):
         self.measured_box = W.VBox([], layout=W.Layout(width="100%"))
-        head = W.HTML("<h3 style='margin:4px 0'>PipeDream partition tuner</h3><div style='color:#555'>"
-                      "Times are <b>modeled</b> from the chosen profile and topology with the one cost model "
-                      "(partitioner and simulator); the run button adds a <b>measured</b> timeline.</div>")
+        head = W.HTML(
+            "<h3 style='margin:4px 0'>PipeDream partition tuner</h3><div style='color:#555'>"
+            "Times are <b>modeled</b> from the chosen profile and topology with the one cost model "
+            "(partitioner and simulator); the run button adds a <b>measured</b> timeline.</div>"
+        )
         row = W.HBox
-        self.ui = W.VBox([
-            head,
-            row([self.source, self.path, self.load]),
-            row([W.HTML("<b>topology</b>", layout=W.Layout(width="80px"))] + [W.HBox(p) for p in self.levels]),
-            row([self.memory, self.straight, self.cost]),
-            row([self.schedule, self.microbatches, self.per_step]),
-            row([self.optimize, self.mode, self.copy]),
-            row([self.lasts, self.replicas]),
-            row([self.progress, self.status]),
-            self.cards,
-            self.stages_fig,
-            self.timeline_fig,
-            row([self.export, self.run, self.export_msg]),
-            self.measured_box,
-        ], layout=W.Layout(width="100%"))
+        self.ui = W.VBox(
+            [
+                head,
+                row([self.source, self.path, self.load]),
+                row([W.HTML("<b>topology</b>", layout=W.Layout(width="80px"))] + [W.HBox(p) for p in self.levels]),
+                row([self.memory, self.straight, self.cost]),
+                row([self.schedule, self.microbatches, self.per_step]),
+                row([self.optimize, self.mode, self.copy]),
+                row([self.lasts, self.replicas]),
+                row([self.progress, self.status]),
+                self.cards,
+                self.stages_fig,
+                self.timeline_fig,
+                row([self.export, self.run, self.export_msg]),
+                self.measured_box,
+            ],
+            layout=W.Layout(width="100%"),
+        )
 
     def _ipython_display_(self):
         from IPython.display import display
+
         display(self.ui)
 
     def __repr__(self) -> str:
@@ -201,9 +280,15 @@ class PartitionTuner:
     def settings(self) -> core.Settings:
         levels = tuple((int(n.value), float(b.value) * 1e9) for n, b in self.levels)
         mem = float(self.memory.value) * 1e9 if self.memory.value else None
-        return core.Settings(levels=levels, memory_bytes=mem, straight=bool(self.straight.value),
-                             schedule=self.schedule.value, microbatches=int(self.microbatches.value),
-                             per_step=int(self.per_step.value), cost=self.cost.value)
+        return core.Settings(
+            levels=levels,
+            memory_bytes=mem,
+            straight=bool(self.straight.value),
+            schedule=self.schedule.value,
+            microbatches=int(self.microbatches.value),
+            per_step=int(self.per_step.value),
+            cost=self.cost.value,
+        )
 
     def _manual(self, st: core.Settings) -> Plan | None:
         if not self.mode.value:
@@ -220,8 +305,9 @@ class PartitionTuner:
         if self._busy:
             return
         if value == "given" or value == "file":
-            self.status.value = _status_html("type a path and press 'load file'" if value == "file" else
-                                             "choose a profile", "info")
+            self.status.value = _status_html(
+                "type a path and press 'load file'" if value == "file" else "choose a profile", "info"
+            )
             return
         self._guard(lambda: self._set_profile(self._fetch(value)))
 
@@ -315,20 +401,26 @@ class PartitionTuner:
         self.last_update_ms = (time.perf_counter() - t0) * 1e3
         what = "manual plan" if out.manual else "optimizer's plan"
         trust = self.profile.trust_note()  # a measured profile taken on a busy CPU
-        self.status.value = _status_html(f"{what}: {out.plan.num_stages} stage(s) on {out.plan.num_workers} "
-                                         f"worker(s); updated in {self.last_update_ms:.0f} ms"
-                                         + (f" (note: {out.note})" if out.note else "")
-                                         + (f"; {trust}" if trust else ""), "warning" if trust else "ok")
+        self.status.value = _status_html(
+            f"{what}: {out.plan.num_stages} stage(s) on {out.plan.num_workers} "
+            f"worker(s); updated in {self.last_update_ms:.0f} ms"
+            + (f" (note: {out.note})" if out.note else "")
+            + (f"; {trust}" if trust else ""),
+            "warning" if trust else "ok",
+        )
         return out
 
     def _draw(self, out: core.Outcome, st: core.Settings):
         prof = profile_for(self.profile, out.plan)
         mem = core.worker_memory_bytes(out.sim, prof, out.plan)
-        update_stages(self.stages_fig, core.stage_table(out.plan, prof), mem, st.memory_bytes,
-                      core.predicted_ms(out.plan))
+        update_stages(
+            self.stages_fig, core.stage_table(out.plan, prof), mem, st.memory_bytes, core.predicted_ms(out.plan)
+        )
         self.cards.value = self._cards_html(out, st)
-        title = (f"simulated {st.schedule}: {out.plan.num_stages} stage(s) on {out.plan.num_workers} worker(s), "
-                 f"{st.microbatches} microbatches (modeled)")
+        title = (
+            f"simulated {st.schedule}: {out.plan.num_stages} stage(s) on {out.plan.num_workers} worker(s), "
+            f"{st.microbatches} microbatches (modeled)"
+        )
         update_timeline(self.timeline_fig, out.sim.timeline, title)
 
     def _cards_html(self, out: core.Outcome, st: core.Settings) -> str:
@@ -339,25 +431,38 @@ class PartitionTuner:
             best_sim = core.run_settings(prof, st, best=out.best).sim
             cols["optimizer's best"] = core.summary_rows(out.best, best_sim, prof, st.memory_bytes)
         table = pd.DataFrame(cols)
-        left = card(f"{'manual' if out.manual else 'optimizer'} plan: {_profile_name(prof)} on "
-                    f"{_topology_text(st.topology)}", [],
-                    label=f"stage times per minibatch, modeled ({out.plan.cost} cost model)",
-                    table=core.stage_table(out.plan, prof).round(4))
+        left = card(
+            f"{'manual' if out.manual else 'optimizer'} plan: {_profile_name(prof)} on {_topology_text(st.topology)}",
+            [],
+            label=f"stage times per minibatch, modeled ({out.plan.cost} cost model)",
+            table=core.stage_table(out.plan, prof).round(4),
+        )
         comp = table.map(lambda v: v if isinstance(v, str) else (f"{v:.4g}" if isinstance(v, float) else v))
-        right = ("<div class='workbench-card'><b>predicted (cost model) vs simulated (schedule)</b>"
-                 + comp.to_html(border=0) + "</div>")
+        right = (
+            "<div class='workbench-card'><b>predicted (cost model) vs simulated (schedule)</b>"
+            + comp.to_html(border=0)
+            + "</div>"
+        )
         both = ""
         if self.compare:
-            self.comparison = compare_costs(self.profile, st.topology, straight=st.straight,
-                                            memory_bytes=st.memory_bytes, use_fewer_workers=st.straight)
+            self.comparison = compare_costs(
+                self.profile,
+                st.topology,
+                straight=st.straight,
+                memory_bytes=st.memory_bytes,
+                use_fewer_workers=st.straight,
+            )
             both = f"<div>{self.comparison._repr_html_()}</div>"
-        return (f"<div style='display:flex;gap:28px;align-items:flex-start;font-size:12px'>"
-                f"<div>{left}</div><div>{right}</div>{both}</div>")
+        return (
+            f"<div style='display:flex;gap:28px;align-items:flex-start;font-size:12px'>"
+            f"<div>{left}</div><div>{right}</div>{both}</div>"
+        )
 
     # ---- export and run -----------------------------------------------------------------------
     def export_plan(self) -> Path | None:
         """Write the shown plan as JSON (the format ``workbench train --plan`` / ``simulate --plan``
         read) to a new file under ``out_dir``; never overwrites."""
+
         def go():
             if self.outcome is None:
                 raise ValueError("no valid plan to export: fix the settings first")
@@ -366,6 +471,7 @@ class PartitionTuner:
             self.outcome.plan.save(path)
             self.export_msg.value = _status_html(f"wrote {path}", "ok")
             return path
+
         return self._guard(go)
 
     def run_it(self, steps: int = 2, timeout_s: float = 120.0) -> dict | None:
@@ -379,21 +485,38 @@ class PartitionTuner:
         if self.outcome is None:
             raise ValueError("no valid plan to run: fix the settings first")
         if self.runnable is None:
-            raise ValueError("'run it' trains a zoo model for real: choose a profile measured here "
-                             f"({', '.join(MEASURABLE)} mini) so the plan fits the model")
+            raise ValueError(
+                "'run it' trains a zoo model for real: choose a profile measured here "
+                f"({', '.join(MEASURABLE)} mini) so the plan fits the model"
+            )
         out = self.outcome
         st = self.settings()
-        self.export_msg.value = _status_html(f"training {self.runnable} mini with {st.schedule} on "
-                                             f"{out.plan.num_workers} processes ({steps} steps) ...", "busy")
+        self.export_msg.value = _status_html(
+            f"training {self.runnable} mini with {st.schedule} on {out.plan.num_workers} processes ({steps} steps) ...",
+            "busy",
+        )
         self.progress.bar_style, self.progress.value = "warning", 2
         dest = fresh_path(self.out_dir / run_id(f"run-{self.runnable}-{st.schedule}"))
         sched = out.schedule
-        summary = train(self.runnable, sched, workers=sched.num_workers, microbatches=sched.microbatches,
-                        steps=steps, plan=out.plan, out=dest, size="mini", allow_oversubscribe=True,
-                        timeout_s=timeout_s, progress=False, evaluate=False)
+        summary = train(
+            self.runnable,
+            sched,
+            workers=sched.num_workers,
+            microbatches=sched.microbatches,
+            steps=steps,
+            plan=out.plan,
+            out=dest,
+            size="mini",
+            allow_oversubscribe=True,
+            timeout_s=timeout_s,
+            progress=False,
+            evaluate=False,
+        )
         measured = pd.read_csv(Path(summary["out"]) / "timeline.csv")
-        title = (f"measured: {self.runnable} mini, {st.schedule}, {sched.num_workers} gloo ranks on this CPU, "
-                 f"{steps} steps ({summary['out']})")
+        title = (
+            f"measured: {self.runnable} mini, {st.schedule}, {sched.num_workers} gloo ranks on this CPU, "
+            f"{steps} steps ({summary['out']})"
+        )
         if self.measured_fig is None:
             fig = timeline_widget("measured timeline", "ms")
             update_timeline(fig, measured, title)
