@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from .profiler import Profile
-from .runtime.launch import free_port
+from .runtime.ports import free_port
 from .schedules.core import Op, Schedule
 from .timeline import round_column
 

@@ -117,11 +117,10 @@ class GraphModel(LayerModel):
         import pandas as pd
 
         from .display import card
-        from .profiler import _new_param_bytes
 
         seen: set = set()  # a tied weight counts at its first layer, as in a Profile
         table = pd.DataFrame(
-            [dict(layer=n, param_bytes=_new_param_bytes(layer, seen)) for n, layer in zip(self.names, self.layers)]
+            [dict(layer=n, param_bytes=new_param_bytes(layer, seen)) for n, layer in zip(self.names, self.layers)]
         )
         return card(
             f"{self.name}: layers for the pipeline", self._rows(), label=self.description, table=table, max_rows=30
@@ -530,3 +529,13 @@ def split(
         tied=_tied(model, glayers),
         loss_fn=loss,
     )
+
+
+def new_param_bytes(layer, seen: set) -> int:
+    """Bytes of the layer's parameters not counted by an earlier layer (a tied weight counts once)."""
+    total = 0
+    for p in layer.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+    return total

@@ -25,14 +25,11 @@ from __future__ import annotations
 import heapq
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from .antichain import LayerGraph, node_on_cycle
-
-if TYPE_CHECKING:
-    from .profiler import Profile
+from .profile_table import Profile, register_reader
 
 _NODE = re.compile(
     r"^(node\d+) -- (.*) -- forward_compute_time=([^,]+), backward_compute_time=([^,]+), "
@@ -126,8 +123,6 @@ def read_graph(path, label: str | None = None) -> Profile:
     """A Profile from PipeDream's ``graph.txt`` (module docstring); ``meta["source"]`` names it
     ``label`` (default: the path as given). ``meta["graph"]`` keeps the node DAG
     (:meth:`LayerGraph.to_dict`) for PipeDream's antichain states."""
-    from .profiler import Profile
-
     path = Path(path)
     if path.is_dir():
         path = path / "graph.txt"
@@ -192,8 +187,6 @@ def _crossing(inputs: list, layers: list, edges, own: dict) -> list[tuple[float,
 def in_order(profile: Profile, layer_nodes: list[str]) -> Profile:
     """``profile`` (read from a graph.txt) with its layers in another topological order
     ``layer_nodes`` (node ids), ``act_bytes`` and ``crossing`` recomputed for that order."""
-    from .profiler import Profile
-
     if "graph" not in profile.meta or "node" not in profile.layers:
         raise ValueError("in_order needs a profile read from a PipeDream graph.txt (meta['graph'] and a 'node' column)")
     g = LayerGraph.from_dict(profile.meta["graph"])
@@ -266,3 +259,6 @@ def shipped_path(name: str) -> Path:
 def shipped(name: str) -> Profile:
     """PipeDream's published GPU profile of ``name`` (alexnet, resnet50, vgg16) as a Profile."""
     return read_graph(shipped_path(name), label=f"shipped {name}")
+
+
+register_reader("pipedream", read_graph)

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import pickle
-import socket
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from .fetch import check_remote
 from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
 from .lifetime import JobStopped, RankFailed, run_rank, spawn
 from .outputs import RunResult, latest_checkpoint, load_stage
+from .ports import free_port
 from .rank import worker_main
 from .segment_executor import check_segments, sequence_options
 from .shm import (
@@ -45,19 +45,6 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover
         return os.cpu_count() or 1
-
-
-def free_port(port: int | None = None, host: str = "127.0.0.1") -> int:
-    """``port`` if it can be bound (ValueError if in use), else a free ephemeral port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the rendezvous store binds: TIME_WAIT is free
-        try:
-            s.bind((host, port or 0))
-        except OSError:
-            raise ValueError(
-                f"port {port} is in use; pick another --port or leave it out to choose a free one"
-            ) from None
-        return s.getsockname()[1]
 
 
 def _under_torchrun() -> bool:

@@ -295,7 +295,7 @@ def run(jobs: SegmentJob | list[SegmentJob]) -> dict | list[dict]:
     """Run a job (or several, one after another in the same processes: one start-up) on
     ``schedule.num_workers`` gloo ranks (:func:`workbench.runtime.lifetime.spawn`). Per job: ``grads[stage]`` and
     ``weights[stage]`` ({parameter name: tensor}) and ``peak_saved_bytes[rank]``."""
-    from .launch import free_port
+    from .ports import free_port
 
     many = isinstance(jobs, (list, tuple))
     jobs = list(jobs) if many else [jobs]
