@@ -225,3 +225,15 @@ def test_cache_building_model_gets_the_use_cache_hint():
 
     with pytest.raises(ValueError, match="use_cache=False"):
         split(Decoder(), torch.randn(2, 4))
+
+
+def test_a_model_that_cannot_take_the_data_set_is_refused_before_the_ranks_start(tmp_path):
+    """The zoo mlp (512 inputs) given digits (8x8 = 64 features): one ValueError from prepare, with the
+    layer's own error and the inputs' shape, instead of every rank failing on its first microbatch; the
+    same model sized to the data set passes."""
+    with pytest.raises(ValueError, match=r"cannot take the data set's samples \(inputs of shape \[\(2, 1, 8, 8\)\]\)"):
+        prepare("mlp", "gpipe", workers=2, microbatches=2, steps=1, dataset="digits", out=tmp_path / "r")
+    job = prepare(
+        "mlp", "gpipe", workers=2, microbatches=2, steps=1, dataset="digits", out=tmp_path / "ok", in_features=64
+    )
+    assert job.schedule.name == "gpipe"

@@ -34,7 +34,7 @@ from .shm import (
     ring_channels,
 )
 from .shm import new_token as new_shm_token
-from .stages import DataOrder, even_bounds, plan_bounds, stage_module, stage_params
+from .stages import DataOrder, as_tuple, even_bounds, microbatch, plan_bounds, stage_module, stage_params
 from .tied import check_tied, defer_steps, tied_weights
 
 DEFAULT_LR = 0.05
@@ -197,6 +197,7 @@ def prepare(
     if ties and stream_fn is not None:  # the stream's schedule combines them too
         check_tied(stream_fn(2 * sched.microbatches), ties)
     train_set = dataset_fn()
+    _check_takes_data(the_model, train_set, dtype, label)
     n = len(train_set)
     order = DataOrder(n, batch_size, microbatches, seed)
     rounds_total = steps if steps is not None else epochs * order.rounds_per_epoch
@@ -325,6 +326,31 @@ def _check_numbers(**values) -> None:
         raise ValueError(f"momentum must be in [0, 1), got {mu!r}")
     if not (isinstance(t, (int, float)) and t > 0):
         raise ValueError(f"timeout must be > 0 seconds, got {t!r}")
+
+
+def _check_takes_data(model, train_set, dtype: str | None, label: str) -> None:
+    """One line before any rank starts when the model cannot take the data set's samples (else
+    every rank fails on its first microbatch with the layer's own error). The model runs once in
+    eval mode on two samples, without gradients, and goes back to its mode: no buffer (BatchNorm's
+    running statistics) and no random state changes."""
+    x, _ = microbatch(train_set, torch.arange(min(2, len(train_set))), "cpu", getattr(torch, dtype) if dtype else None)
+    module = stage_module(model.layers, 0, len(model.layers) - 1)
+    modes = [(m, m.training) for m in module.modules()]
+    try:
+        module.eval()
+        with torch.no_grad():
+            module(x)
+    except (RuntimeError, TypeError, ValueError, IndexError) as e:
+        shapes = [tuple(t.shape) for t in as_tuple(x)]
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(
+            f"model {label!r} cannot take the data set's samples (inputs of shape {shapes}): {first}; choose a data "
+            "set the model takes (`workbench models` lists them) or size the model to it (e.g. --model-option "
+            "in_features=...)"
+        ) from None
+    finally:
+        for m, mode in modes:
+            m.training = mode
 
 
 def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, dopts: dict):
