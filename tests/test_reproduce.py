@@ -36,6 +36,11 @@ def test_quick_run_summary_lists_every_notebook_and_claim(quick_run):
         rows += len(df)
     table = summary.split("## Paper vs reproduction")[1].splitlines()
     assert len([line for line in table if line.startswith("| 0")]) == rows  # one table line per claim
+    every = pd.read_csv(quick_run / "claims.csv")  # all notebooks' claims in one file, each with its fit
+    assert len(every) == rows and set(every["fit"]) <= {"in-sample", "out-of-sample", "none"}
+    assert (every.loc[every["label"].str.startswith("measured"), "fit"] == "none").all()
+    assert "in-sample" in set(every["fit"]) and "out-of-sample" in set(every["fit"])
+    assert "Code: commit " in summary and "## How close" in summary and "## Hardware settings" in summary
 
 
 def test_quick_run_writes_figures_and_no_temporary_folder(quick_run):

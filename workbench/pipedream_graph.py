@@ -246,7 +246,7 @@ def _topological(nodes, edges, path) -> list[str]:
 
 
 #: PipeDream's published GPU profiles that ship inside the package (see data/pipedream/README.md).
-SHIPPED = ("alexnet", "resnet50", "vgg16")
+SHIPPED = ("alexnet", "resnet50", "vgg16", "inception_v3", "gnmt", "gnmt_large")
 
 
 def shipped_path(name: str) -> Path:
@@ -257,7 +257,7 @@ def shipped_path(name: str) -> Path:
 
 
 def shipped(name: str) -> Profile:
-    """PipeDream's published GPU profile of ``name`` (alexnet, resnet50, vgg16) as a Profile."""
+    """PipeDream's published GPU profile of ``name`` (one of :data:`SHIPPED`) as a Profile."""
     return read_graph(shipped_path(name), label=f"shipped {name}")
 
 

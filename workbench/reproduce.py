@@ -221,6 +221,7 @@ def run(
     nb_dir = Path(nb_dir) if nb_dir else notebooks_dir()
     runs, missing = plan_runs(only, params_file, quick, nb_dir)
     outcomes = [Outcome(n, "missing", error=f"{n}.ipynb is not in {nb_dir}") for n in missing]
+    load_start = os.getloadavg()
     with run_folder(Path(out) / run_id("reproduce-" + ("quick" if quick else "full"))) as tmp, _shared_plotlyjs(tmp):
         bar = tqdm(runs, desc="notebooks", unit="nb", disable=not progress)
         for name, path, params in bar:
@@ -231,7 +232,9 @@ def run(
                 tqdm.write(f"FAILED {name}: {outcome.error}", file=sys.stderr)
         order = list(NOTEBOOKS)
         outcomes.sort(key=lambda o: order.index(o.name))
-        (tmp / "summary.md").write_text(summary_markdown(tmp, outcomes, quick))
+        claims = collect_claims(tmp)
+        claims.to_csv(tmp / "claims.csv", index=False)
+        (tmp / "summary.md").write_text(summary_markdown(tmp, outcomes, quick, claims, load_start))
     return tmp.final, outcomes
 
 
@@ -285,17 +288,44 @@ def _cell(text) -> str:
     )
 
 
-def summary_markdown(run_dir: Path, outcomes: list[Outcome], quick: bool) -> str:
-    """The run's ``summary.md``: machine, notebook status table, failures, paper-vs-ours table."""
+def code_version() -> str:
+    """The git commit the package runs from (``+ uncommitted changes`` when the tree differs), or
+    "unknown" outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "workbench", "notebooks"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
+
+
+def summary_markdown(
+    run_dir: Path, outcomes: list[Outcome], quick: bool, claims: pd.DataFrame | None = None, load_start=None
+) -> str:
+    """The run's ``summary.md``: machine, code version, load, notebook status table, failures, the
+    claims' errors by ``fit``, the calibrated parameters and settings, and the paper-vs-ours table."""
     import torch
 
     load = os.getloadavg()
+    start = f"{load_start[0]:.1f} / {load_start[1]:.1f} / {load_start[2]:.1f} at the start, " if load_start else ""
     lines = [
         f"# Reproduction run ({'quick' if quick else 'full'}, finished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
         "",
-        f"Mode: **{'quick' if quick else 'full'}**. Machine: {platform.node()}, {os.cpu_count()} CPU cores, "
-        f"{platform.platform()}, Python {platform.python_version()}, torch {torch.__version__}; "
-        f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min).",
+        f"Mode: **{'quick' if quick else 'full'}**. Code: commit {code_version()}. Machine: {platform.node()}, "
+        f"{os.cpu_count()} CPU cores, {platform.platform()}, Python {platform.python_version()}, torch "
+        f"{torch.__version__}; load average (1/5/15 min) {start}"
+        f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end.",
         "",
         "## Notebooks",
         "",
@@ -306,7 +336,9 @@ def summary_markdown(run_dir: Path, outcomes: list[Outcome], quick: bool) -> str
         outs = ", ".join(f for f in o.files if f.endswith((".csv", ".html")))
         status = o.status if o.status == "ok" else f"**{o.status}**: {_cell(o.error)}"
         lines.append(f"| {o.name} | {status} | {o.seconds:.0f} | {_cell(outs)} |")
-    claims = collect_claims(run_dir)
+    if claims is None:
+        claims = collect_claims(run_dir)
+    lines += _fit_section(claims) + _calibration_section(run_dir)
     lines += [
         "",
         "## Paper vs reproduction",
@@ -318,15 +350,68 @@ def summary_markdown(run_dir: Path, outcomes: list[Outcome], quick: bool) -> str
         lines.append("(no claims.csv was written)")
     else:
         lines += [
-            "| notebook | experiment | claim | paper | ours | ratio | unit | label | explanation |",
+            "| notebook | claim | paper | ours | ratio | unit | fit | label | explanation |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in claims.itertuples(index=False):
             lines.append(
-                f"| {r.notebook} | {_cell(r.experiment)} | {_cell(r.claim)} | {_num(r.paper)} | {_num(r.ours)} | "
-                f"{_num(r.ratio)} | {_cell(r.unit)} | {_cell(r.label)} | {_cell(r.explanation)} |"
+                f"| {r.notebook} | {_cell(r.claim)} | {_num(r.paper)} | {_num(r.ours)} | "
+                f"{_num(r.ratio)} | {_cell(r.unit)} | {_cell(getattr(r, 'fit', ''))} | {_cell(r.label)} | "
+                f"{_cell(r.explanation)} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _table(df: pd.DataFrame) -> list[str]:
+    cols = list(df.columns)
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += [
+        "| " + " | ".join(_num(v) if isinstance(v, float) else _cell(v) for v in row) + " |"
+        for row in df.itertuples(index=False)
+    ]
+    return out
+
+
+def _fit_section(claims: pd.DataFrame) -> list[str]:
+    """Errors of the numeric claims by ``fit`` (in-sample, out-of-sample, none), overall and per notebook."""
+    from .experiments.common import fit_summary
+
+    if claims.empty or "fit" not in claims.columns:
+        return []
+    lines = [
+        "",
+        "## How close: the claims with a number on both sides, by `fit`",
+        "",
+        "`in-sample`: a calibrated parameter was fitted to the paper's number; `out-of-sample`: modeled with "
+        "nothing fitted to it; `none`: measured here (no model). Within 25% = |ours / paper − 1| ≤ 0.25. "
+        f"Every claim is in `claims.csv` of this folder ({len(claims)} rows).",
+        "",
+    ]
+    lines += _table(fit_summary(claims))
+    lines += ["", "Per notebook:", ""]
+    lines += _table(fit_summary(claims, by=["notebook", "fit"]))
+    return lines
+
+
+def _calibration_section(run_dir: Path) -> list[str]:
+    """The calibrated parameters and where each hardware setting comes from (notebook 02's CSVs)."""
+    import pandas as pd
+
+    folder = Path(run_dir) / "02_dp_communication_overhead"
+    if not (folder / "calibration_parameters.csv").exists():
+        return []
+    lines = [
+        "",
+        "## Hardware settings and their calibration (notebook 02, `workbench/experiments/calibration.py`)",
+        "",
+        "Each group's links have at most two free parameters, fitted to the papers' data-parallel numbers "
+        "only (the `in-sample` rows); `bandwidth_GBps` is in the units of PipeDream's V100 profiles' compute.",
+        "",
+    ]
+    lines += _table(pd.read_csv(folder / "calibration_parameters.csv"))
+    lines += ["", "Where each setting comes from:", ""]
+    lines += _table(pd.read_csv(folder / "settings.csv"))
+    return lines
 
 
 # ---- command line -----------------------------------------------------------------------------

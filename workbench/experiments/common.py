@@ -2,8 +2,10 @@
 
 ``claims.csv`` has exactly the columns :data:`CLAIM_COLUMNS`, one row per number a paper states:
 ``paper`` (the published value), ``ours`` (our value in the same ``unit``), ``ratio = ours / paper``,
-``label`` ("measured (this machine: ...)" or "modeled (profile X, topology Y)") and an
-``explanation`` of any gap. ``workbench reproduce`` concatenates every notebook's claims into
+``label`` ("measured (this machine: ...)" or "modeled (profile X, topology Y)"), an
+``explanation`` of any gap, and ``fit``: ``in-sample`` (a calibrated parameter was fitted to this
+number), ``out-of-sample`` (modeled with nothing fitted to it: a prediction), ``none`` (not modeled:
+measured here, or no value). ``workbench reproduce`` concatenates every notebook's claims into
 ``summary.md``.
 """
 
@@ -16,7 +18,8 @@ import pandas as pd
 
 from ..io import fresh_path
 
-CLAIM_COLUMNS = ("experiment", "claim", "paper", "ours", "ratio", "unit", "label", "explanation")
+CLAIM_COLUMNS = ("experiment", "claim", "paper", "ours", "ratio", "unit", "label", "explanation", "fit")
+FITS = ("in-sample", "out-of-sample", "none")
 
 
 def out_folder(out_dir) -> Path:
@@ -29,11 +32,25 @@ def out_folder(out_dir) -> Path:
     return path
 
 
-def claim(experiment: str, claim: str, paper: float, ours: float, unit: str, label: str, explanation: str = "") -> dict:
-    """One row of ``claims.csv``; ``ratio = ours / paper`` (NaN when the paper's value is 0 or missing)."""
+def claim(
+    experiment: str,
+    claim: str,
+    paper: float,
+    ours: float,
+    unit: str,
+    label: str,
+    explanation: str = "",
+    fit: str | None = None,
+) -> dict:
+    """One row of ``claims.csv``; ``ratio = ours / paper`` (NaN when the paper's value is 0 or missing).
+    ``fit`` defaults to ``out-of-sample`` for a modeled value and ``none`` for a measured or missing one."""
     if not str(label).startswith(("measured", "modeled")):
         raise ValueError(f"claim {claim!r}: label must start with 'measured' or 'modeled', got {label!r}")
     paper_f, ours_f = float(paper), float(ours)
+    if fit is None:
+        fit = "out-of-sample" if str(label).startswith("modeled") and math.isfinite(ours_f) else "none"
+    if fit not in FITS:
+        raise ValueError(f"claim {claim!r}: fit must be one of {FITS}, got {fit!r}")
     ratio = ours_f / paper_f if paper_f and math.isfinite(paper_f) else math.nan
     return dict(
         experiment=experiment,
@@ -44,7 +61,19 @@ def claim(experiment: str, claim: str, paper: float, ours: float, unit: str, lab
         unit=unit,
         label=label,
         explanation=explanation,
+        fit=fit,
     )
+
+
+def fit_summary(claims: pd.DataFrame, by=("fit",)) -> pd.DataFrame:
+    """Per ``by`` group of the rows with a number on both sides: rows, how many within ±25% of the
+    paper, the share within, the median ``|ours / paper − 1|``."""
+    ratio = pd.to_numeric(claims["ratio"], errors="coerce")
+    df = claims[ratio.notna() & ratio.map(math.isfinite)].assign(abs_error=(ratio - 1).abs())
+    out = df.groupby(list(by)).agg(rows=("claim", "size"), within_25=("abs_error", lambda e: int((e <= 0.25).sum())),
+                                   median_abs_error=("abs_error", "median"))  # fmt: skip
+    out.insert(2, "share_within_25", out["within_25"] / out["rows"])
+    return out.reset_index()
 
 
 def write_claims(rows, out_dir) -> Path:

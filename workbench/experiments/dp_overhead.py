@@ -562,22 +562,6 @@ def claims(fig1: pd.DataFrame, bytes_df: pd.DataFrame, measured: pd.DataFrame | 
     rows = []
     gmax = int(fig1.gpus.max())
     lab = fig1.set_index(["model", "server", "gpus", "source"])["label"]
-    top = fig1[(fig1.gpus == gmax) & (fig1.source == "projected")]
-    if len(top):
-        worst = top.loc[top["comm_share"].idxmax()]
-        rows.append(
-            claim(
-                exp,
-                f"highest DP comm. share at {gmax} GPUs (ours: {worst.model} on {worst.server})",
-                90.0,
-                100 * worst.comm_share,
-                "%",
-                worst.label,
-                "paper: overheads up to ~90% at 32 GPUs (read off Figure 1, approximate); ours: simulated "
-                "ring all-reduce of 25 MiB DDP buckets at the links' full bandwidth, overlapped with the "
-                "backward pass; real NCCL over TCP reaches less than line rate, so ours is lower",
-            )
-        )
     vgg = ("vgg16", "8xV100-nvlink-25g", gmax, "projected")
     if vgg in lab.index:
         rows.append(

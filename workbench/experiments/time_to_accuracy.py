@@ -17,9 +17,10 @@
   rule) and takes BSP's ``E``.
 * ``T_epoch`` (hardware efficiency) two ways:
   - measured: the real runs' wall clock per epoch on this machine (CPU gloo ranks);
-  - modeled: the paper's cluster (``Topology.preset``) and PipeDream's published GPU profile
-    (``pipedream_graph.shipped``), each scheme's schedule simulated (:func:`workbench.simulate`,
-    the one ``CostModel``) on its plan: its steady-state ``time_per_minibatch_ms`` (warm-up and
+  - modeled: the paper's setting calibrated on its data-parallel numbers
+    (:mod:`workbench.experiments.calibration`; default the arXiv version's Cluster-A, one GPU per
+    machine) and PipeDream's published GPU profile (``pipedream_graph.shipped``), each scheme's
+    schedule simulated (:func:`workbench.simulate`, the one ``CostModel``) on its plan: its steady-state ``time_per_minibatch_ms`` (warm-up and
     drain excluded; a minibatch is the profile's batch), ``speedup = single-GPU ms / that``, and the
     modeled time to target in *single-GPU epochs* ``E / speedup``. The planner's prediction
     (``Plan.predicted_ms``) is reported beside it.
@@ -43,7 +44,7 @@ from .pages import save_page, slim_runs
 EXPERIMENT = "03_time_to_accuracy"
 # modeled only: PipeDream's 1F1B on the straight (unreplicated) optimal plan, the paper's "straight pipeline"
 HARDWARE_SCHEMES: dict[str, tuple[str, dict]] = {**SCHEMES, "pipedream-straight": ("pipedream", {"weights": "stash"})}
-CLUSTER_A = "4xV100-pcie-10g"
+SETTING = "arxiv-A"  # the arXiv version's Cluster-A, calibrated (experiments.calibration)
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Config:
     schemes: tuple[str, ...] = tuple(SCHEMES)
     check_epochs: int = 2  # seed 0 of every deterministic scheme through the real runtime (0: none)
     profile: str = "vgg16"
-    preset: str = CLUSTER_A
+    setting: str = SETTING
     gpus: tuple[int, ...] = (4, 8, 16)
     timeout_s: float = 600.0
 
@@ -83,8 +84,8 @@ class Config:
             raise ValueError(f"check_epochs must be in 0..epochs ({self.epochs}), got {self.check_epochs}")
         if any(g < 1 for g in self.gpus):
             raise ValueError(f"gpus must be positive GPU counts, got {self.gpus}")
-        if self.preset not in _presets():
-            raise ValueError(f"unknown topology preset {self.preset!r}; choose one of {sorted(_presets())}")
+        if self.setting not in _settings():
+            raise ValueError(f"unknown hardware setting {self.setting!r}; choose one of {sorted(_settings())}")
 
     @property
     def setup(self) -> cv.Setup:
@@ -100,10 +101,10 @@ class Config:
         )
 
 
-def _presets() -> dict:
-    from ..topology import Topology
+def _settings() -> dict:
+    from .calibration import SETTINGS
 
-    return Topology.presets()
+    return SETTINGS
 
 
 # ---- statistical efficiency ----------------------------------------------------------------------
@@ -154,7 +155,7 @@ def _with_speed(stats: pd.DataFrame, speed: pd.Series) -> pd.DataFrame:
 
 
 # ---- hardware efficiency: modeled on the paper's cluster -------------------------------------
-def _plan_for(scheme: str, profile, topology):
+def _plan_for(scheme: str, profile, topology, latency_ms: float = 0.0):
     """The plan a scheme runs on ``topology``: PipeDream's optimal plan for the PipeDream variants,
     the straight (one worker per stage) optimum for GPipe and model parallelism, one stage for data
     parallelism."""
@@ -164,9 +165,9 @@ def _plan_for(scheme: str, profile, topology):
 
     name = HARDWARE_SCHEMES[scheme][0]
     if scheme == "pipedream-straight" or name in ("gpipe", "model-parallel"):
-        return wb.partition(profile, topology, straight=True)
+        return wb.partition(profile, topology, straight=True, latency_ms=latency_ms)
     if name == "pipedream":
-        return wb.partition(profile, topology)
+        return wb.partition(profile, topology, latency_ms=latency_ms)
     return Plan.from_boundaries([len(profile.layers) - 1])
 
 
@@ -187,47 +188,51 @@ def _schedule_for(scheme: str, plan, workers: int):
 
 
 def modeled_hardware(
-    profile_name: str = "vgg16", preset: str = CLUSTER_A, gpus=(4, 8, 16), schemes=tuple(HARDWARE_SCHEMES)
+    profile_name: str = "vgg16", setting: str = SETTING, gpus=(4, 8, 16), schemes=tuple(HARDWARE_SCHEMES)
 ) -> pd.DataFrame:
     """Per (scheme, GPUs): the simulated steady-state ms per minibatch (the profile's minibatch; the
     cost model's ``SimResult.time_per_minibatch_ms``), speedup over one GPU, mean share of time
     waiting on communication, and the planner's own prediction (``Plan.predicted_ms``; BSP:
-    ``partition.data_parallel_ms``) for the schemes it models."""
+    ``partition.data_parallel_ms``) for the schemes it models, on ``setting``'s calibrated links."""
     from .. import pipedream_graph
-    from ..topology import Topology
+    from .calibration import SETTINGS, calibrated
 
+    if setting not in SETTINGS:
+        raise ValueError(f"unknown hardware setting {setting!r}; choose one of {sorted(SETTINGS)}")
+    s = SETTINGS[setting]
+    params = calibrated()[s.group]
     profile = pipedream_graph.shipped(profile_name)
-    per_gpu = Topology.preset(preset, 1).counts[0]
     rows = []
     for n in gpus:
-        if n % per_gpu:
-            raise ValueError(f"{n} GPUs is not a whole number of {preset} servers ({per_gpu} GPUs each)")
-        topo = Topology.preset(preset, n // per_gpu)
+        if n > s.gpus_per_machine and n % s.gpus_per_machine:
+            raise ValueError(f"{n} GPUs is not a whole number of {setting} machines ({s.gpus_per_machine} GPUs each)")
+        topo, lat = s.topology(n, params)
         for scheme in schemes:
-            rows.append(_hardware_row(scheme, profile, topo, profile_name))
+            rows.append(_hardware_row(scheme, profile, topo, lat, f"{profile_name}; {s.title} calibrated"))
     return pd.DataFrame(rows)
 
 
-def _hardware_row(scheme, profile, topo, profile_name) -> dict:
+def _hardware_row(scheme, profile, topo, latency_ms, what) -> dict:
     import workbench as wb
 
-    plan = _plan_for(scheme, profile, topo)
-    res = wb.simulate(_schedule_for(scheme, plan, topo.num_workers), profile=profile, plan=plan, topology=topo)
+    plan = _plan_for(scheme, profile, topo, latency_ms)
+    res = wb.simulate(
+        _schedule_for(scheme, plan, topo.num_workers), profile=profile, plan=plan, topology=topo, latency_ms=latency_ms
+    )
     single = _single_gpu_ms(profile)
     ms = res.time_per_minibatch_ms
     return dict(
         scheme=scheme,
         gpus=topo.num_workers,
-        servers=topo.counts[-1],
         stages=plan.num_stages,
         plan=_plan_text(plan, scheme),
         ms_per_minibatch_modeled=ms,
         speedup_modeled=single / ms,
         comm_share_modeled=float(np.mean(res.metrics["comm_wait_share"])),
         steady_state=bool(res.metrics["steady_state"]),
-        planner_speedup=_planner_speedup(scheme, plan, profile, topo),
-        label=f"modeled (profile {profile_name}: PipeDream's GPU graph.txt; topology {topo.name}; "
-        f"workbench.simulate steady state)",
+        planner_speedup=_planner_speedup(scheme, plan, profile, topo, latency_ms),
+        label=f"modeled (profile {what}: PipeDream's GPU graph.txt; topology {topo.describe()}, latency "
+        f"{latency_ms:.3g} ms; workbench.simulate steady state)",
     )
 
 
@@ -246,13 +251,15 @@ def _plan_text(plan, scheme) -> str:
     return "-".join(str(s.replicas) for s in plan.stages)
 
 
-def _planner_speedup(scheme, plan, profile, topo) -> float:
+def _planner_speedup(scheme, plan, profile, topo, latency_ms: float = 0.0) -> float:
     """The planner's predicted speedup over one GPU (``Plan.predicted_ms``; BSP: ``data_parallel_ms``)."""
+    from ..costmodel import CostModel
     from ..partition import data_parallel_ms
 
     name = HARDWARE_SCHEMES[scheme][0]
     if name == "dp-bsp":
-        return _single_gpu_ms(profile) / data_parallel_ms(profile, topo)
+        cm = CostModel.from_profile(profile, topo, latency_ms=latency_ms)
+        return _single_gpu_ms(profile) / data_parallel_ms(profile, topo, cm)
     if name == "pipedream":
         return _single_gpu_ms(profile) / plan.predicted_ms
     return math.nan
@@ -304,120 +311,6 @@ def learning_curves_modeled(curves: pd.DataFrame, hardware: pd.DataFrame, gpus: 
 
 
 # ---- the paper's claims beside ours ------------------------------------------------------------
-def _hw(hardware: pd.DataFrame, scheme: str, gpus: int, column: str = "speedup_modeled") -> float:
-    row = hardware[(hardware["scheme"] == scheme) & (hardware["gpus"] == gpus)]
-    return float(row[column].iloc[0]) if len(row) else math.nan
-
-
-_MODEL_GAP = (
-    "the simulator (the one CostModel) overlaps each ring all-reduce with the backward that produces "
-    "its gradients and charges link bandwidth and latency only (no NCCL/PCIe contention, no framework "
-    "overhead), so BSP on PCIe looks far better than the paper measured; the planner's prediction "
-    "(hardware.csv planner_speedup) equals the simulation for PipeDream, while for BSP its "
-    "data_parallel_ms charges an inter-server all-reduce per minibatch of each server and is lower; "
-    "the paper measured real runs"
-)
-
-
-def hardware_claims(hardware: pd.DataFrame, proxy: pd.DataFrame, profile: str, preset: str) -> list[dict]:
-    """VGG-16 on Cluster-A: BSP / PipeDream / straight-pipeline speedups over one GPU, BSP's
-    communication share; Inception-v3 through a ResNet-50 proxy; S2VT not reproduced."""
-    lab = f"modeled (profile {profile}: PipeDream graph.txt; topology {preset}, 4 GPUs/server; workbench.simulate)"
-    rows = []
-    for n, bsp, pdm in ((4, 1.47, 3.14), (8, 2.35, 7.04), (16, 3.28, 9.86)):
-        rows.append(
-            claim(
-                EXPERIMENT,
-                f"VGG-16 Cluster-A BSP speedup over 1 machine, {n} machines",
-                bsp,
-                _hw(hardware, "dp-bsp", n),
-                "x",
-                lab,
-                "machines read as GPUs (1, 2, 4 servers); " + _MODEL_GAP,
-            )
-        )
-        rows.append(
-            claim(
-                EXPERIMENT,
-                f"VGG-16 Cluster-A PipeDream speedup over 1 machine, {n} machines",
-                pdm,
-                _hw(hardware, "pipedream", n),
-                "x",
-                lab,
-                f"plan {_hw_text(hardware, 'pipedream', n)} (replicas per stage); " + _MODEL_GAP,
-            )
-        )
-    for n, st in ((4, 2.56), (8, 3.49)):
-        rows.append(
-            claim(
-                EXPERIMENT,
-                f"VGG-16 straight pipeline speedup over 1 machine, {n} machines",
-                st,
-                _hw(hardware, "pipedream-straight", n),
-                "x",
-                lab,
-                "PipeDream 1F1B on the best unreplicated plan; its bottleneck is the largest "
-                "layer (fc6), so more machines do not help in our model; " + _MODEL_GAP,
-            )
-        )
-    rows.append(
-        claim(
-            EXPERIMENT,
-            "VGG-16 BSP share of time communicating, 8 machines",
-            72,
-            100 * _hw(hardware, "dp-bsp", 8, "comm_share_modeled"),
-            "%",
-            lab,
-            "mean compute-stream stall on communication / makespan; " + _MODEL_GAP,
-        )
-    )
-    plab = f"modeled (profile resnet50 as an Inception-v3 proxy: PipeDream graph.txt; topology {preset})"
-    why = (
-        "no Inception-v3 profile ships; ResNet-50 is the closest shipped profile (25 M vs 24 M parameters, "
-        "all-convolutional, similar compute per parameter)"
-    )
-    rows.append(
-        claim(
-            EXPERIMENT,
-            "Inception-v3 BSP share of time communicating, 8 machines",
-            5,
-            100 * _hw(proxy, "dp-bsp", 8, "comm_share_modeled"),
-            "%",
-            plab,
-            why,
-        )
-    )
-    rows.append(
-        claim(
-            EXPERIMENT,
-            "Inception-v3 BSP speedup over 1 machine, 8 machines",
-            7.66,
-            _hw(proxy, "dp-bsp", 8),
-            "x",
-            plab,
-            why,
-        )
-    )
-    for c, v, u in (
-        ("S2VT BSP speedup over 1 machine, 4 machines", 1.1, "x"),
-        ("S2VT BSP share of time communicating, 4 machines", 70, "%"),
-        ("S2VT PipeDream speedup over 1 machine, 4 machines", 3.34, "x"),
-    ):
-        rows.append(
-            claim(
-                EXPERIMENT,
-                c,
-                v,
-                math.nan,
-                u,
-                "modeled (not reproduced)",
-                "not reproduced: no S2VT (video captioning LSTM) profile ships and the zoo has no "
-                "video model; an LSTM proxy would not carry S2VT's layer sizes",
-            )
-        )
-    return rows
-
-
 def _hw_text(hardware, scheme, n) -> str:
     row = hardware[(hardware["scheme"] == scheme) & (hardware["gpus"] == n)]
     return str(row["plan"].iloc[0]) if len(row) else "?"
@@ -432,7 +325,6 @@ def tta_claims(
     rows = []
     for scheme, c, paper, pick in (
         ("dp-asp", "PipeDream faster than ASP to target accuracy", 7.4, "max"),
-        ("dp-bsp", "PipeDream faster than data parallelism to target (up to)", 5.3, "max"),
         ("model-parallel", "PipeDream faster than model parallelism (low end)", 2.6, "min"),
         ("model-parallel", "PipeDream faster than model parallelism (high end)", 15, "max"),
         ("gpipe", "PipeDream faster than GPipe", 1.7, "max"),
@@ -443,7 +335,7 @@ def tta_claims(
         target = float(st["target"].iloc[0])
         lab = (
             f"modeled (epochs to {target:.0%} from {cfg.model} on MNIST-1D, {len(cfg.seeds)} seeds, x simulated "
-            f"{cfg.profile} hardware speedup on {cfg.preset})"
+            f"{cfg.profile} hardware speedup on {cfg.setting})"
         )
         note = f"statistical efficiency from a small {cfg.model}, not {cfg.profile} on ImageNet; {_reach_text(st)}"
         x = table.loc[table["scheme"] == scheme, "x_vs_pipedream_modeled"]
@@ -546,7 +438,7 @@ def figures(curves: pd.DataFrame, modeled_curves: pd.DataFrame, speed: pd.Series
         "accuracy_vs_time_modeled": curve_figure(
             modeled_curves,
             "single_gpu_epochs_modeled",
-            f"Modeled: epochs / simulated speedup of {cfg.profile} on {cfg.preset}, {gpus} GPUs",
+            f"Modeled: epochs / simulated speedup of {cfg.profile} on {cfg.setting}, {gpus} GPUs",
             "time in single-GPU epochs (modeled)",
             cfg.target,
         ),
@@ -572,13 +464,10 @@ def run(cfg: Config, out_dir) -> dict:
     tables["vertical_sync_check"] = cv.vertical_sync_check(cfg.setup, cfg.seeds[0], 4 * cfg.workers)
     tables["staleness"] = cv.staleness(cfg.setup)
     stats, asp = tables["statistical"], tables.get("asp_target")
-    hardware = modeled_hardware(cfg.profile, cfg.preset, cfg.gpus)
-    proxy = modeled_hardware("resnet50", CLUSTER_A, (8,), ("dp-bsp",))
+    hardware = modeled_hardware(cfg.profile, cfg.setting, cfg.gpus)
     tta = time_to_target(stats, hardware)
     tta_asp = time_to_target(asp, hardware) if asp is not None else None
-    claims = pd.DataFrame(
-        hardware_claims(hardware, proxy, cfg.profile, cfg.preset) + tta_claims(tta, tta_asp, stats, asp, cfg)
-    )
+    claims = pd.DataFrame(tta_claims(tta, tta_asp, stats, asp, cfg))
     big = max(cfg.gpus)
     tables.update(hardware=hardware, time_to_target=tta, claims=claims)
     for name, df in tables.items():

@@ -1,0 +1,608 @@
+"""PipeDream's hardware claims, each on its own setting: data-parallel communication calibrated on
+the papers' data-parallel measurements only, every PipeDream-side number then predicted.
+
+Two versions of the paper report numbers on different machines (:data:`SETTINGS`):
+
+* arXiv v1 (Harlap et al. 2018, arXiv:1806.03377): machines with **one GPU each**, Caffe workers,
+  data parallelism through a sharded parameter server over ZeroMQ with wait-free backpropagation.
+  Cluster-A: Titan X, 25 Gbps; Cluster-B: V100 (AWS p3.2xlarge), 10 Gbps (faster GPUs on a slower
+  network).
+* SOSP'19 (Narayanan et al.): servers of 4 V100 over PCIe with 10 Gbps between them (Cluster-A),
+  8 V100 with NVLink and 25 Gbps (Cluster-B), one Titan X per server at 40 Gbps (Cluster-C);
+  PyTorch with NCCL/Gloo data parallelism.
+
+**The calibrated model is the workbench's one cost model** (:class:`~workbench.costmodel.CostModel`),
+not a new formula: a data-parallel round of ``m`` replicas costs ``F + B + max(0, AR − B)`` with
+the ring all-reduce ``AR = 2 (m−1)/m · |w| / B_eff + 2 (m−1) α`` (wait-free backprop: the all-reduce
+overlaps the backward that produces its gradients); ``partition.data_parallel_ms`` gives it per
+minibatch. A setting's free parameters (at most two) change only its links:
+
+* arXiv settings: the effective bandwidth ``B_eff`` and the per-step latency ``α`` of every link
+  (fitted in the units of the profiles' compute: PipeDream's published V100 profiles, so a slower
+  GPU shows up as a higher ``B_eff`` relative to it);
+* SOSP settings: one efficiency ``η`` shared by all of them: every link runs at ``η`` times its
+  nominal rate (the topology presets of :mod:`workbench.topology`), ``α = 0``.
+
+Fitting (:func:`calibrate`) minimises the squared log errors of the in-sample numbers: BSP speedups
+(``speedup = single / data_parallel_ms``) and communication shares (as ``1 − share``, the compute
+share, so that a share and a speedup weigh alike). The PipeDream-side numbers are then predicted with
+no further fitting: the workbench partitioner's plan on the calibrated topology
+(``Plan.predicted_ms``, PipeDream 1F1B in the same cost model), its speedup over one GPU and over
+BSP, straight pipelines, and the bytes each configuration sends. Every row of ``claims.csv`` says
+``fit``: ``in-sample``, ``out-of-sample`` or ``none``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+import pandas as pd
+
+from ..costmodel import CostModel
+from ..partition import data_parallel_ms, partition
+from ..pipedream_graph import shipped
+from ..pipedream_optimizer import Settings as PipeDreamSettings
+from ..plan import Plan
+from ..profiler import Profile
+from ..topology import GBPS, Topology
+from .common import claim, fit_summary
+
+EXPERIMENT = "02_dp_communication_overhead"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One paper's hardware: GPUs per machine, the links (nominal), the data-parallel system, the
+    free parameters of its calibration and where the description comes from."""
+
+    key: str
+    title: str
+    paper: str
+    gpus_per_machine: int
+    gpu: str
+    inter_bytes_s: float
+    intra_bytes_s: float | None
+    dp_system: str
+    free: str  # "bandwidth+latency" (its own two) or "efficiency" (one, shared by the group)
+    group: str
+    source: str
+
+    def topology(self, workers: int, params: dict) -> tuple[Topology, float]:
+        """``(topology, latency_ms)`` of ``workers`` GPUs under the calibrated ``params``."""
+        if self.free == "bandwidth+latency":
+            return Topology.flat(workers, params["bandwidth"]), params["latency_ms"]
+        eta = params["efficiency"]
+        per = self.gpus_per_machine
+        if per == 1 or workers > per:
+            levels = [(per, self.intra_bytes_s)] if per > 1 else []
+            levels.append((math.ceil(workers / per), self.inter_bytes_s))
+        else:
+            levels = [(workers, self.intra_bytes_s)]
+        return Topology(tuple((n, float(b or self.inter_bytes_s) * eta) for n, b in levels), name=f"{self.key}x{workers}"), 0.0
+
+
+ARXIV = "PipeDream arXiv:1806.03377v1 (2018)"
+SOSP = "PipeDream, SOSP 2019"
+PS = "Caffe workers, sharded parameter server over ZeroMQ, wait-free backprop"
+DDP = "PyTorch data parallelism (NCCL ring all-reduce, overlapped with the backward)"
+SETTINGS = {
+    s.key: s
+    for s in (
+        Setting(
+            "arxiv-A",
+            "arXiv Cluster-A",
+            ARXIV,
+            1,
+            "Titan X",
+            25 * GBPS,
+            None,
+            PS,
+            "bandwidth+latency",
+            "arxiv-A",
+            "arXiv v1 §5.1: one Titan X per machine, 25 Gbps Ethernet (the paper's Fig. 1 text: 8 Titan X "
+            "machines on 25 Gbps)",
+        ),
+        Setting(
+            "arxiv-B",
+            "arXiv Cluster-B",
+            ARXIV,
+            1,
+            "V100",
+            10 * GBPS,
+            None,
+            PS,
+            "bandwidth+latency",
+            "arxiv-B",
+            "arXiv v1 §5.1: AWS p3.2xlarge, one V100 per machine, 10 Gbps (assumption from the instance "
+            "type's 'up to 10 Gbps')",
+        ),
+        Setting(
+            "sosp-A",
+            "SOSP Cluster-A",
+            SOSP,
+            4,
+            "V100",
+            10 * GBPS,
+            12e9,
+            DDP,
+            "efficiency",
+            "sosp",
+            "SOSP Table 2: Azure NC24 v3, 4 V100 per server over PCIe, 10 Gbps between servers",
+        ),
+        Setting(
+            "sosp-B",
+            "SOSP Cluster-B",
+            SOSP,
+            8,
+            "V100",
+            25 * GBPS,
+            25e9,
+            DDP,
+            "efficiency",
+            "sosp",
+            "SOSP Table 2: AWS p3.16xlarge, 8 V100 per server with NVLink, 25 Gbps between servers",
+        ),
+        Setting(
+            "sosp-C",
+            "SOSP Cluster-C",
+            SOSP,
+            1,
+            "Titan X",
+            40 * GBPS,
+            None,
+            DDP,
+            "efficiency",
+            "sosp",
+            "SOSP Table 2: private cluster, one Titan X per server, 40 Gbps",
+        ),
+    )
+}
+
+
+# ---- the paper's numbers --------------------------------------------------------------------
+@dataclass(frozen=True)
+class PaperNumber:
+    """One number a paper states. ``quantity``: ``bsp_speedup`` (over one GPU), ``comm_share`` (BSP's
+    share of time communicating, %), ``fig1_max_share`` (the highest BSP share over Fig. 1's models at
+    ``workers`` GPUs, %), ``pipedream_speedup`` (over one GPU), ``pipedream_over_bsp``,
+    ``straight_speedup`` (straight pipeline over one GPU), ``comm_reduction`` (PipeDream's bytes per
+    minibatch below BSP's, %). ``role``: ``dp`` numbers calibrate (in-sample), ``predict`` numbers are
+    predicted (out-of-sample)."""
+
+    setting: str
+    model: str
+    workers: int
+    quantity: str
+    paper: float
+    role: str
+    where: str
+    stand_in: str = ""
+    paper_config: str = ""
+
+
+PAPER = (
+    # arXiv v1, Table 1 and §2 (Cluster-A)
+    PaperNumber("arxiv-A", "vgg16", 4, "bsp_speedup", 1.47, "dp", "arXiv Table 1"),
+    PaperNumber("arxiv-A", "vgg16", 8, "bsp_speedup", 2.35, "dp", "arXiv Table 1"),
+    PaperNumber("arxiv-A", "vgg16", 16, "bsp_speedup", 3.28, "dp", "arXiv Table 1"),
+    PaperNumber("arxiv-A", "vgg16", 8, "comm_share", 72.0, "dp", "arXiv Fig. 1 / §2"),
+    PaperNumber("arxiv-A", "inception_v3", 8, "bsp_speedup", 7.66, "dp", "arXiv Table 1"),
+    PaperNumber("arxiv-A", "inception_v3", 8, "comm_share", 5.0, "dp", "arXiv Fig. 1 / §2"),
+    PaperNumber("arxiv-A", "vgg16", 4, "pipedream_speedup", 3.14, "predict", "arXiv Table 1"),
+    PaperNumber("arxiv-A", "vgg16", 8, "pipedream_speedup", 7.04, "predict", "arXiv Table 1"),
+    PaperNumber("arxiv-A", "vgg16", 16, "pipedream_speedup", 9.86, "predict", "arXiv Table 1"),
+    PaperNumber("arxiv-A", "vgg16", 8, "pipedream_over_bsp", 2.99, "predict", "arXiv Table 1"),
+    PaperNumber("arxiv-A", "vgg16", 4, "straight_speedup", 2.56, "predict", "arXiv §5 (straight pipeline)"),
+    PaperNumber("arxiv-A", "vgg16", 8, "straight_speedup", 3.49, "predict", "arXiv §5 (straight pipeline)"),
+    PaperNumber("arxiv-A", "vgg16", 8, "comm_reduction", 95.0, "predict", "arXiv abstract / Table 1"),
+    PaperNumber("arxiv-A", "s2vt", 4, "bsp_speedup", 1.1, "predict", "arXiv Table 1", "S2VT"),
+    PaperNumber("arxiv-A", "s2vt", 4, "comm_share", 70.0, "predict", "arXiv Fig. 1 / §2", "S2VT"),
+    PaperNumber("arxiv-A", "s2vt", 4, "pipedream_speedup", 3.34, "predict", "arXiv Table 1", "S2VT"),
+    PaperNumber("arxiv-A", "s2vt", 4, "pipedream_over_bsp", 3.01, "predict", "arXiv Table 1", "S2VT"),
+    # arXiv v1, Table 1 (Cluster-B): BSP speedups in-sample, PipeDream's gains predicted
+    PaperNumber("arxiv-B", "vgg16", 8, "bsp_speedup", 1.36, "dp", "arXiv Table 1"),
+    PaperNumber("arxiv-B", "inception_v3", 8, "bsp_speedup", 4.74, "dp", "arXiv Table 1"),
+    PaperNumber("arxiv-B", "vgg16", 8, "pipedream_over_bsp", 5.12, "predict", "arXiv Table 1"),
+    PaperNumber("arxiv-B", "inception_v3", 8, "pipedream_over_bsp", 1.45, "predict", "arXiv Table 1 (+45%)"),
+    # SOSP'19: Fig. 1 calibrates; Table 1's speedups over data parallelism are predicted
+    PaperNumber("sosp-A", "fig1", 32, "fig1_max_share", 90.0, "dp", "SOSP Fig. 1 / §2.1 (up to 90%)"),
+    PaperNumber("sosp-A", "vgg16", 16, "pipedream_over_bsp", 5.28, "predict", "SOSP Table 1 (4x4, up to 5.3x)", "", "15-1"),
+    PaperNumber("sosp-B", "vgg16", 16, "pipedream_over_bsp", 2.98, "predict", "SOSP Table 1 (2x8)", "", "15-1"),
+    PaperNumber("sosp-B", "gnmt_large", 16, "pipedream_over_bsp", 3.14, "predict", "SOSP Table 1 (2x8, 3.1x)", "", "straight"),
+    PaperNumber("sosp-A", "awd-lstm", 4, "pipedream_over_bsp", 4.25, "predict", "SOSP Table 1 (1x4, 4.3x)", "", "straight"),
+    PaperNumber("sosp-C", "s2vt", 4, "pipedream_over_bsp", 3.01, "predict", "SOSP Table 1 (4x1, 3x)", "S2VT", "2-1-1"),
+)  # fmt: skip
+
+QUANTITY_TEXT = {
+    "bsp_speedup": ("BSP speedup over 1 GPU", "x"),
+    "comm_share": ("BSP share of time communicating", "%"),
+    "fig1_max_share": ("highest data-parallel communication share (Fig. 1 models)", "%"),
+    "pipedream_speedup": ("PipeDream speedup over 1 GPU", "x"),
+    "pipedream_over_bsp": ("PipeDream speedup over data parallelism", "x"),
+    "straight_speedup": ("straight pipeline speedup over 1 GPU", "x"),
+    "comm_reduction": ("PipeDream's communication below data parallelism's", "%"),
+}
+#: Fig. 1's models, all with PipeDream's published V100 profiles; its V100 panels (Cluster-A and -B)
+#: calibrate (its 1080 Ti panel would need roofline profiles of every model).
+FIG1_MODELS = ("alexnet", "vgg16", "resnet50", "gnmt", "gnmt_large")
+
+
+# ---- profiles -------------------------------------------------------------------------------
+@cache
+def model_profile(model: str, gpu: str = "V100") -> Profile:
+    """PipeDream's published GPU profile of ``model`` where one ships (measured on V100), else the
+    workbench's roofline projection (:mod:`workbench.experiments.dp_overhead`): AWD-LM, and S2VT's
+    stand-in, an LSTM encoder-decoder of S2VT's size (2+2 LSTM layers of 1000, a 13k vocabulary,
+    80 steps; the Titan X of Cluster-C projected as the 1080 Ti, the same GP102 chip)."""
+    from . import dp_overhead as dpo
+
+    if model in ("vgg16", "resnet50", "alexnet", "inception_v3", "gnmt", "gnmt_large") and gpu == "V100":
+        prof = shipped(model)
+        return Profile(prof.layers, {**prof.meta, "model": model})
+    if model == "s2vt":
+        from ..models import zoo
+        from ..profiler import analyze, project
+
+        net = zoo.build("gnmt", "paper", device="meta", vocab_size=13000, hidden=1000, num_layers=2, seq_len=80)
+        prof = project(analyze(net, batch_size=32), {"Titan X": "1080Ti"}.get(gpu, gpu), batch_size=32)
+        return Profile(prof.layers, {**prof.meta, "model": "s2vt (LSTM encoder-decoder stand-in)"})
+    name = {"gnmt": "gnmt8", "gnmt_large": "gnmt16"}.get(model, model)
+    return dpo.projected_profile(name, dpo.analyses([name])[name], {"Titan X": "1080Ti"}.get(gpu, gpu))
+
+
+def _profile_for(setting: Setting, model: str) -> Profile:
+    """arXiv settings are fitted in V100-profile units (the GPU's speed is absorbed by ``B_eff``);
+    SOSP settings use the setting's own GPU (its links are nominal times ``η``)."""
+    return model_profile(model, "V100" if setting.free == "bandwidth+latency" else setting.gpu)
+
+
+# ---- the model --------------------------------------------------------------------------------
+def bsp(setting: Setting, model: str, workers: int, params: dict) -> dict:
+    """BSP (data parallelism) in the calibrated cost model: speedup over one GPU and the share of
+    a round the GPU waits on communication, ``1 − (F + B) / round``."""
+    prof = _profile_for(setting, model)
+    topo, lat = setting.topology(workers, params)
+    cm = CostModel.from_profile(prof, topo, latency_ms=lat)
+    per_minibatch = data_parallel_ms(prof, topo, cm)
+    single = float(prof.total_ms)
+    return dict(speedup=single / per_minibatch, share=100.0 * (1.0 - single / (workers * per_minibatch)))
+
+
+def pipedream_plan(setting: Setting, model: str, workers: int, params: dict, straight: bool = False) -> Plan:
+    """The workbench partitioner's plan (PipeDream 1F1B) on the calibrated topology."""
+    prof = _profile_for(setting, model)
+    topo, lat = setting.topology(workers, params)
+    return partition(prof, topo, straight=straight, latency_ms=lat)
+
+
+def bytes_per_minibatch(plan: Plan, profile: Profile) -> float:
+    """Bytes a plan puts on the network per minibatch: ``2 a`` per cut (activation and gradient)
+    plus each replicated stage's ring all-reduce, ``2 (r−1)/r · w`` per minibatch. One stage on
+    every worker: data parallelism's ``2 (W−1)/W · |w|``."""
+    act = profile.layers["act_bytes"].to_numpy(float)
+    par = profile.layers["param_bytes"].to_numpy(float)
+    total = sum(2.0 * act[s.last] for s in plan.stages[:-1])
+    for s in plan.stages:
+        total += 2.0 * (s.replicas - 1) / s.replicas * par[s.first : s.last + 1].sum()
+    return float(total)
+
+
+def predict(num: PaperNumber, params: dict) -> tuple[float, str]:
+    """Our value of ``num`` under the calibrated ``params`` and the configuration behind it."""
+    setting = SETTINGS[num.setting]
+    q, m = num.quantity, num.workers
+    if q == "fig1_max_share":
+        shares = {
+            (mo, s.key): bsp(s, mo, m, params)["share"]
+            for s in SETTINGS.values()
+            if s.group == setting.group and s.gpus_per_machine > 1
+            for mo in FIG1_MODELS
+        }
+        (mo, key), v = max(shares.items(), key=lambda kv: kv[1])
+        return v, f"{mo} on {key}"
+    if q in ("bsp_speedup", "comm_share"):
+        r = bsp(setting, num.model, m, params)
+        return (r["speedup"] if q == "bsp_speedup" else r["share"]), f"1 stage x {m}"
+    plan = pipedream_plan(setting, num.model, m, params, straight=q == "straight_speedup")
+    shape = "-".join(str(s.replicas) for s in plan.stages)
+    if q in ("pipedream_speedup", "straight_speedup"):
+        return plan.single_worker_ms / plan.predicted_ms, shape
+    if q == "pipedream_over_bsp":
+        return plan.single_worker_ms / plan.predicted_ms / bsp(setting, num.model, m, params)["speedup"], shape
+    if q == "comm_reduction":
+        prof = _profile_for(setting, num.model)
+        dp_bytes = 2.0 * (m - 1) / m * float(prof.layers["param_bytes"].sum())
+        return 100.0 * (1.0 - bytes_per_minibatch(plan, prof) / dp_bytes), shape
+    raise ValueError(f"unknown quantity {q!r}; choose one of {sorted(QUANTITY_TEXT)}")
+
+
+# ---- calibration ------------------------------------------------------------------------------
+def _params(free: str, x) -> dict:
+    if free == "bandwidth+latency":
+        return dict(bandwidth=float(np.exp(x[0])), latency_ms=float(np.exp(x[1])))
+    return dict(efficiency=float(np.exp(x[0])))
+
+
+def _residual(num: PaperNumber, value: float) -> float:
+    """Log error; a share compares as the compute share ``100 − share`` (weighs like a speedup)."""
+    if num.quantity in ("comm_share", "fig1_max_share"):
+        value, paper = 100.0 - value, 100.0 - num.paper
+    else:
+        paper = num.paper
+    return float(np.log(max(value, 1e-9) / paper))
+
+
+def in_sample(group: str) -> list[PaperNumber]:
+    """The data-parallel numbers that calibrate ``group``."""
+    return [n for n in PAPER if n.role == "dp" and SETTINGS[n.setting].group == group]
+
+
+def calibrate(group: str) -> dict:
+    """Fit ``group``'s free parameters to its in-sample numbers (module docstring): least squares of
+    the log errors, from the best point of a coarse grid. Returns the parameters and the fit's RMS
+    log error."""
+    from scipy.optimize import least_squares, minimize_scalar
+
+    nums = in_sample(group)
+    if not nums:
+        raise ValueError(
+            f"no data-parallel numbers calibrate {group!r}; groups: {sorted({s.group for s in SETTINGS.values()})}"
+        )
+    free = SETTINGS[nums[0].setting].free
+
+    def residuals(x):
+        p = _params(free, x)
+        return np.array([_residual(n, predict(n, p)[0]) for n in nums])
+
+    if free == "bandwidth+latency":
+        grid = [(b, a) for b in np.log(np.geomspace(1e7, 1e11, 9)) for a in np.log(np.geomspace(1e-3, 1e2, 6))]
+        start = min(grid, key=lambda x: float(np.sum(residuals(x) ** 2)))
+        x = least_squares(residuals, start, x_scale=1.0).x
+    else:
+        res = minimize_scalar(
+            lambda t: float(np.sum(residuals([t]) ** 2)), bounds=(np.log(1e-3), np.log(10.0)), method="bounded"
+        )
+        x = np.array([res.x])
+    r = residuals(x)
+    return dict(
+        group=group, free=free, **_params(free, x), rms_log_error=float(np.sqrt(np.mean(r**2))), points=len(nums)
+    )
+
+
+@cache
+def calibrated() -> dict[str, dict]:
+    """Every group's fitted parameters (cached: the fit is deterministic)."""
+    return {g: calibrate(g) for g in sorted({s.group for s in SETTINGS.values()})}
+
+
+# ---- claims, configurations, figures ----------------------------------------------------------
+#: Why a row stays more than 25% from the paper (checked against the numbers each run computes).
+CAUSES = {
+    ("arxiv-A", "vgg16", 16, "bsp_speedup"): (
+        "the paper's BSP gains 1.4x from 8 to 16 machines; two link parameters give the ring's "
+        "2(m-1)/m growth plus a per-step latency, which the 4- and 8-machine points pin, and that "
+        "predicts more (a parameter server's incast at 16 shards is not in the model)"
+    ),
+    ("arxiv-A", "inception_v3", 8, "comm_share"): (
+        "an absolute gap of a few points on a small share: the fitted links leave Inception-v3's "
+        "all-reduce slightly longer than its backward; its speedup (same measurement) is within 10%"
+    ),
+    ("arxiv-A", "vgg16", 16, "pipedream_speedup"): (
+        "in the model the replicated convolutional stage of 15-1 still hides its all-reduce behind its "
+        "backward at 16 machines, so it scales nearly linearly; the paper measured 9.86x (the BSP row at "
+        "16 shows the same model optimism)"
+    ),
+    ("arxiv-A", "vgg16", 4, "straight_speedup"): (
+        "layer granularity: the shipped V100 profile's heaviest single layer takes 1/1.5 of a minibatch's "
+        "compute, so no straight split beats 1.5x; the paper's Caffe/Titan X profile was flatter"
+    ),
+    ("arxiv-A", "vgg16", 8, "straight_speedup"): (
+        "layer granularity: the shipped V100 profile's heaviest single layer takes 1/1.5 of a minibatch's "
+        "compute, so no straight split beats 1.5x; the paper's Caffe/Titan X profile was flatter"
+    ),
+}
+_STAND_IN = (
+    "stand-in: no S2VT profile exists; an LSTM encoder-decoder of S2VT's size (workbench.project roofline) "
+    "has a different compute-to-parameter ratio than the paper's Caffe S2VT, so its data-parallel share differs"
+)
+_SOSP_GAP = (
+    "SOSP's only data-parallel number is Fig. 1's 'up to 90%', which PipeDream's own GNMT-8 profile already "
+    "reaches at the nominal links (the fitted efficiency is {eta:.2f}); Table 1's data-parallel baselines "
+    "were far slower than such links allow (PipeDream's own optimizer, run on this setting, also predicts "
+    "far less than the measured gain), and one parameter fitted to Fig. 1 cannot carry that"
+)
+
+
+def _label(setting: Setting, num: PaperNumber, params: dict) -> str:
+    prof = _profile_for(setting, num.model) if num.model != "fig1" else None
+    topo, lat = setting.topology(num.workers, params)
+    src = prof.meta.get("source", "?") if prof is not None else "Fig. 1 models, PipeDream GPU profiles and rooflines"
+    fitted = ", ".join(f"{k}={v:.4g}" for k, v in params.items() if k in ("bandwidth", "latency_ms", "efficiency"))
+    return f"modeled (profile: {src}; topology {topo.describe()}, latency {lat:.3g} ms; calibrated {fitted})"
+
+
+def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.DataFrame]:
+    """Every :data:`PAPER` number as a ``claims.csv`` row (``fit`` in-sample / out-of-sample), and
+    the configurations table: the calibrated model's choice, PipeDream's optimizer's
+    (``cost="pipedream"`` on the same calibrated links) and the paper's where it names one."""
+    fitted = params_by_group or calibrated()
+    rows, configs = [], []
+    for num in PAPER:
+        setting = SETTINGS[num.setting]
+        params = fitted[setting.group]
+        ours, config = predict(num, params)
+        text, unit = QUANTITY_TEXT[num.quantity]
+        model = f"{num.model} ({num.stand_in} stand-in)" if num.stand_in else num.model
+        err = ours / num.paper - 1
+        why = [num.where, f"ours: {config}"]
+        if num.paper_config:
+            why.append(f"paper's configuration {num.paper_config}")
+        if num.stand_in:
+            why.append(_STAND_IN)
+        if abs(err) > 0.25 and not num.stand_in:
+            cause = CAUSES.get((num.setting, num.model, num.workers, num.quantity))
+            if cause is None and setting.group == "sosp":
+                cause = _SOSP_GAP.format(eta=params.get("efficiency", math.nan))
+            why.append(cause or "no cause identified")
+        rows.append(
+            claim(
+                EXPERIMENT,
+                f"{model} {setting.title} {text}, {num.workers} GPUs",
+                num.paper,
+                ours,
+                unit,
+                _label(setting, num, params),
+                "; ".join(why),
+                fit="in-sample" if num.role == "dp" else "out-of-sample",
+            )
+        )
+        if num.quantity in ("pipedream_speedup", "pipedream_over_bsp"):
+            configs.append(configuration(num, params, config))
+    return rows, pd.DataFrame(configs).drop_duplicates(["setting", "model", "gpus"])
+
+
+def configuration(num: PaperNumber, params: dict, ours: str) -> dict:
+    """One row of ``configurations.csv``: replicas per stage chosen by each model."""
+    setting = SETTINGS[num.setting]
+    prof = _profile_for(setting, num.model)
+    topo, _ = setting.topology(num.workers, params)
+    over = "antichains" if len(prof.layers) < 200 else "layers"  # Inception-v3's DAG has > 20,000 antichains
+    pd_plan = partition(prof, topo, cost="pipedream", pipedream=PipeDreamSettings(over=over))
+    return dict(
+        setting=num.setting,
+        model=num.model,
+        gpus=num.workers,
+        calibrated_model=ours,
+        pipedream_optimizer="-".join(str(s.replicas) for s in pd_plan.stages),
+        pipedream_optimizer_speedup_over_dp=pd_plan.meta["pipedream"]["data_parallel_s"]
+        / pd_plan.meta["pipedream"]["pipeline_s"],
+        paper=num.paper_config or "not named",
+    )
+
+
+def parameters_table(params_by_group: dict | None = None) -> pd.DataFrame:
+    """The fitted parameters per group, with the in-sample numbers they saw."""
+    fitted = params_by_group or calibrated()
+    rows = []
+    for g, p in fitted.items():
+        rows.append(
+            dict(
+                group=g,
+                settings=", ".join(s.key for s in SETTINGS.values() if s.group == g),
+                free=p["free"],
+                bandwidth_GBps=p.get("bandwidth", math.nan) / 1e9,
+                latency_ms=p.get("latency_ms", math.nan),
+                efficiency=p.get("efficiency", math.nan),
+                points=p["points"],
+                rms_log_error=p["rms_log_error"],
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+def settings_table() -> pd.DataFrame:
+    """Each setting, its data-parallel system and where its description comes from."""
+    return pd.DataFrame(
+        [
+            dict(
+                setting=s.key,
+                paper=s.paper,
+                gpus_per_machine=s.gpus_per_machine,
+                gpu=s.gpu,
+                inter_Gbps=s.inter_bytes_s / GBPS,
+                data_parallelism=s.dp_system,
+                calibration=s.free,
+                source=s.source,
+            )
+            for s in SETTINGS.values()
+        ]
+    )
+
+
+def calibration_figure(claims: pd.DataFrame):
+    """Paper (x) vs model (y), log-log, in-sample and out-of-sample marked, with y = x and ±25%."""
+    import plotly.graph_objects as go
+
+    df = claims[np.isfinite(claims["ratio"].astype(float)) & (claims["ours"].astype(float) > 0)]
+    fig = go.Figure()
+    for fit, symbol in (("in-sample", "circle"), ("out-of-sample", "diamond")):
+        d = df[df["fit"] == fit]
+        fig.add_scatter(x=d["paper"], y=d["ours"], mode="markers", name=fit, marker=dict(symbol=symbol, size=10),
+                        text=d["claim"], hovertemplate="%{text}<br>paper %{x:.3g}, ours %{y:.3g}<extra></extra>")  # fmt: skip
+    lo, hi = float(df[["paper", "ours"]].min().min()) / 1.5, float(df[["paper", "ours"]].max().max()) * 1.5
+    for k, name, dash in ((1.0, "y = x", "solid"), (1.25, "+25%", "dot"), (0.75, "-25%", "dot")):
+        fig.add_scatter(x=[lo, hi], y=[k * lo, k * hi], mode="lines", name=name, line=dict(dash=dash, color="gray"))
+    fig.update_layout(
+        title="PipeDream's numbers vs the calibrated model (modeled; in-sample = the calibration saw it)",
+        xaxis=dict(title="paper", type="log"),
+        yaxis=dict(title="ours (modeled)", type="log"),
+    )
+    return fig
+
+
+def scaling_table(setting: str = "arxiv-A", model: str = "vgg16", workers=(1, 2, 4, 8, 12, 16)) -> pd.DataFrame:
+    """BSP and PipeDream speedup over one GPU against the number of GPUs (modeled, calibrated)."""
+    s, params = SETTINGS[setting], calibrated()[SETTINGS[setting].group]
+    rows = []
+    for m in workers:
+        plan = pipedream_plan(s, model, m, params)
+        rows.append(
+            dict(
+                setting=setting,
+                model=model,
+                gpus=m,
+                bsp=bsp(s, model, m, params)["speedup"] if m > 1 else 1.0,
+                pipedream=plan.single_worker_ms / plan.predicted_ms,
+                pipedream_config="-".join(str(x.replicas) for x in plan.stages),
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+def scaling_figure(scaling: pd.DataFrame):
+    """Speedup vs GPUs, the model's lines with the paper's points overlaid."""
+    import plotly.graph_objects as go
+
+    setting, model = scaling["setting"].iloc[0], scaling["model"].iloc[0]
+    fig = go.Figure()
+    for col, quantity in (("bsp", "bsp_speedup"), ("pipedream", "pipedream_speedup")):
+        fig.add_scatter(x=scaling["gpus"], y=scaling[col], mode="lines+markers", name=f"{col} (modeled)")
+        pts = [n for n in PAPER if n.setting == setting and n.model == model and n.quantity == quantity]
+        fig.add_scatter(x=[n.workers for n in pts], y=[n.paper for n in pts], mode="markers", name=f"{col} (paper)",
+                        marker=dict(symbol="x", size=12))  # fmt: skip
+    fig.add_scatter(
+        x=scaling["gpus"], y=scaling["gpus"], mode="lines", name="linear", line=dict(dash="dot", color="gray")
+    )
+    fig.update_layout(
+        title=f"{model} on {SETTINGS[setting].title}: speedup over one GPU (modeled, calibrated links; paper's points)",
+        xaxis_title="GPUs",
+        yaxis_title="speedup over 1 GPU",
+    )
+    return fig
+
+
+def run(out) -> dict:
+    """Calibrate, predict, and write ``settings.csv``, ``calibration_parameters.csv``,
+    ``configurations.csv``, ``scaling.csv`` and ``calibration.html`` into ``out``; returns the
+    tables and the claim rows (the notebook adds them to its ``claims.csv``)."""
+    from .common import save_table
+    from .pages import save_page
+
+    rows, configs = claim_rows()
+    claims = pd.DataFrame(rows)
+    scaling = scaling_table()
+    tables = dict(
+        settings=settings_table(),
+        calibration_parameters=parameters_table(),
+        configurations=configs,
+        scaling=scaling,
+        calibration_errors=fit_summary(claims),
+    )
+    for name, df in tables.items():
+        save_table(df, out, name)
+    figs = {"calibration": calibration_figure(claims), "scaling": scaling_figure(scaling)}
+    save_page(figs, out / "calibration.html", "PipeDream's claims on their own hardware: calibration and predictions")
+    return dict(rows=rows, claims=claims, figures=figs, **tables)
