@@ -81,7 +81,9 @@ class Setting:
             levels.append((math.ceil(workers / per), self.inter_bytes_s))
         else:
             levels = [(workers, self.intra_bytes_s)]
-        return Topology(tuple((n, float(b or self.inter_bytes_s) * eta) for n, b in levels), name=f"{self.key}x{workers}"), 0.0
+        return Topology(
+            tuple((n, float(b or self.inter_bytes_s) * eta) for n, b in levels), name=f"{self.key}x{workers}"
+        ), 0.0
 
 
 ARXIV = "PipeDream arXiv:1806.03377v1 (2018)"
