@@ -10,7 +10,7 @@ QUICK_RUN_TIMEOUT_S = 1500  # the whole quick reproduction, run inside the first
 
 
 #: fixtures that (may) start the quick run: their tests get the longer timeout
-NEEDS_QUICK_RUN = {"quick_run", "reproduce_quick", "out03", "out04"}
+NEEDS_QUICK_RUN = {"quick_run", "reproduce_quick", "out03", "out04", "any_run"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -34,6 +34,24 @@ def quick_run(tmp_path_factory) -> Path:
         f"workbench reproduce --quick exited {rc}; see {run / 'summary.md'}:\n" + (run / "summary.md").read_text()
     )
     return run
+
+
+COMMITTED_RUNS = Path(__file__).resolve().parents[1] / "results" / "reproduce"
+
+
+@pytest.fixture(scope="session")
+def committed_run() -> Path:
+    """The committed full run under ``results/reproduce/`` (the newest ``reproduce-full-*`` folder)."""
+    runs = sorted(p for p in COMMITTED_RUNS.glob("reproduce-full-*") if p.is_dir())
+    if not runs:
+        pytest.skip("no committed full run under results/reproduce/")
+    return runs[-1]
+
+
+@pytest.fixture(scope="session", params=["quick", "committed"])
+def any_run(request) -> Path:
+    """The trend tests read both the session's quick run and the committed full run."""
+    return request.getfixturevalue("quick_run" if request.param == "quick" else "committed_run")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,81 @@
+"""The committed full run under ``results/reproduce/``: made by the current code's reproduction, it
+has a row for every claim of the paper with its ``fit``, says which commit made it, and its
+statistical-efficiency table separates ASP from BSP."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from workbench.experiments import calibration as cal
+from workbench.experiments.common import CLAIM_COLUMNS, FITS
+
+#: Claims the reproduction must carry, as substrings of ``claims.csv``'s claim column.
+REQUIRED = (
+    "vgg16 arXiv Cluster-A BSP speedup over 1 GPU, 4 GPUs",
+    "vgg16 arXiv Cluster-A PipeDream speedup over 1 GPU, 16 GPUs",
+    "vgg16 arXiv Cluster-A BSP share of time communicating, 8 GPUs",
+    "vgg16 arXiv Cluster-A PipeDream speedup over data parallelism, 8 GPUs",
+    "inception_v3 arXiv Cluster-A BSP share of time communicating",
+    "inception_v3 arXiv Cluster-A BSP speedup",
+    "vgg16 arXiv Cluster-B PipeDream speedup over data parallelism",
+    "inception_v3 arXiv Cluster-B PipeDream speedup over data parallelism",
+    "S2VT stand-in) arXiv Cluster-A BSP speedup",
+    "S2VT stand-in) arXiv Cluster-A PipeDream speedup over data parallelism",
+    "PipeDream's communication below data parallelism's",
+    "PipeDream faster than ASP to target accuracy",
+    "SOSP Cluster-A PipeDream speedup over data parallelism",
+    "gnmt_large SOSP Cluster-B",
+    "awd-lstm SOSP Cluster-A",
+    "S2VT stand-in) SOSP Cluster-C",
+    "PipeDream faster than model parallelism (low end)",
+    "PipeDream faster than model parallelism (high end)",
+    "PipeDream faster than GPipe",
+    "highest data-parallel communication share (Fig. 1 models)",
+    "bytes/sample saved vs DP",
+)
+
+
+def test_the_committed_run_says_which_code_made_it(committed_run):
+    summary = (committed_run / "summary.md").read_text()
+    assert "Mode: **full**" in summary and "Code: commit " in summary and "at the start" in summary
+    assert "## How close" in summary and "## Hardware settings" in summary
+
+
+def test_every_claim_has_a_row_with_its_fit(committed_run):
+    claims = pd.read_csv(committed_run / "claims.csv")
+    assert tuple(claims.columns[1:]) == CLAIM_COLUMNS and set(claims["fit"]) <= set(FITS)
+    for text in REQUIRED:
+        assert claims["claim"].str.contains(text, regex=False).any(), text
+    # every paper number of the calibration has its row, in-sample exactly where it calibrates
+    cal_rows = claims[claims["experiment"] == cal.EXPERIMENT].reset_index(drop=True)
+    assert len(cal_rows) == len(cal.PAPER)
+    for row, num in zip(cal_rows.itertuples(), cal.PAPER):
+        assert row.fit == ("in-sample" if num.role == "dp" else "out-of-sample") and row.paper == num.paper
+    # a measured number is never a fitted one
+    assert (claims.loc[claims["label"].str.startswith("measured"), "fit"] == "none").all()
+
+
+def test_no_two_claims_hold_the_same_measured_number(committed_run):
+    claims = pd.read_csv(committed_run / "claims.csv")
+    measured = claims[claims["label"].str.startswith("measured") & claims["ours"].map(math.isfinite)]
+    assert not measured.duplicated(subset=["ours", "unit"]).any(), measured[
+        measured.duplicated(["ours", "unit"], keep=False)
+    ]
+
+
+def test_every_large_gap_names_its_cause(committed_run):
+    claims = pd.read_csv(committed_run / "claims.csv")
+    off = claims[(claims["ratio"] - 1).abs() > 0.25]
+    assert off["explanation"].fillna("").str.len().gt(20).all()
+    assert not off["explanation"].fillna("").str.contains("no cause identified").any()
+
+
+def test_statistical_efficiency_separates_asp_from_bsp(committed_run):
+    out = committed_run / "03_time_to_accuracy"
+    sig = pd.read_csv(out / "significance.csv")
+    row = sig[(sig["scheme"] == "dp-asp") & (sig["baseline"] == "dp-bsp")].iloc[0]
+    assert row["p_mannwhitney"] < 0.05
+    stats = pd.read_csv(out / "statistical.csv").set_index("scheme")
+    assert stats.loc["dp-bsp", "epochs_mean"] >= 10  # the task needs >= 10 epochs of BSP to its target
