@@ -10,6 +10,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .topology import Topology
 
 
 class UsageError(ValueError):
@@ -28,7 +32,7 @@ def parse_topology(text: str):
                 f"bad --topology {text!r}: write PRESET:SERVERS with a whole number of servers (e.g. {name}:4)"
             )
         return Topology.preset(name, servers=int(servers) if servers else 1)
-    levels = []
+    levels: list[tuple[int, float]] = []
     for part in text.split(","):
         try:
             count, bw = part.lower().split("x")
@@ -39,7 +43,7 @@ def parse_topology(text: str):
                 f"8x10e9,4x3.1e9; bandwidth in bytes/s) or a preset name[:servers] from "
                 f"{sorted(Topology.presets())}"
             ) from None
-    return Topology(levels=levels)
+    return Topology(levels=tuple(levels))
 
 
 FLAT_WORKERS, FLAT_BANDWIDTH = 4, 10e9  # the flat topology when neither --topology nor --workers is given
@@ -308,7 +312,7 @@ def cmd_simulate(args) -> int:
     return 0
 
 
-def _simulation_costs(args, plan) -> tuple[dict, object]:
+def _simulation_costs(args, plan) -> tuple[dict, Topology | None]:
     """``simulate()`` keywords for the costs the flags name, and the topology (None for unit costs);
     a flag the chosen cost mode would ignore is refused."""
     from .simulate import plan_topology

@@ -65,7 +65,7 @@ rebuilds its activations for one minibatch at a time in the backward:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -157,7 +157,8 @@ class _Level:
     memory: float | None
     rows_all: bool  # every start i (inner level) or only start 0 (top level)
     inner_workers: int = 1  # workers in one level-(k-1) component
-    A: np.ndarray | None = None  # A[m, j, r]: range start(r)..j on exactly m components
+    # A[m, j, r]: range start(r)..j on exactly m components (filled by _solve)
+    A: np.ndarray = field(default_factory=lambda: np.empty((0, 0, 0)))
     recompute: bool = False  # activation re-materialization (module docstring, Memory)
 
     @property
@@ -259,6 +260,7 @@ def _solve(lv: _Level, fast: bool) -> np.ndarray:
             if state is not None:
                 state.add_column(gcol, j, nr)
             else:
+                assert G is not None
                 G[1:, j, :nr] = gcol
     return A
 
@@ -509,8 +511,8 @@ def _rebuild(levels, k, i, j, m, fewer) -> list[_Node]:
             break
     if best is None:
         raise AssertionError("partition DP: could not reconstruct the optimum (please report)")
-    s, p, mp, tlast = best
-    return _rebuild(levels, k, i, s, p, fewer) + [_node(levels, k, s + 1, j, mp, tlast, fewer)]
+    split, p, mp, tlast = best
+    return _rebuild(levels, k, i, split, p, fewer) + [_node(levels, k, split + 1, j, mp, tlast, fewer)]
 
 
 def _candidates(levels, m_top: int, n: int, fewer: bool) -> list[tuple[float, list[_Node]]]:
@@ -668,7 +670,7 @@ def partition(
         "cut = alpha + a/B per direction (full duplex)",
     }
     dp_ms = data_parallel_ms(profile, topo, cm)
-    plans = {}
+    plans: dict[tuple, Plan] = {}
     if refine:
         pool = _candidates(levels, m_top, L.n, use_fewer_workers)
     else:
@@ -719,7 +721,8 @@ def refine_candidates(
     is not simulated (the prediction is the closed-form bottleneck, which the steady state does not
     beat). ``meta["candidates"]`` lists every candidate's replicas, last layers, DP estimate,
     prediction and simulated figure (None: not simulated)."""
-    best, rows = None, []
+    best: Plan | None = None
+    rows = []
     for q in sorted(plans, key=lambda q: (q.predicted_ms, q.bottleneck_ms)):
         if best is not None and math.isfinite(best.simulated_ms) and q.predicted_ms >= best.simulated_ms * (1 - 0.005):
             done = q
@@ -739,6 +742,8 @@ def refine_candidates(
                 "simulated_ms": done.simulated_ms if math.isfinite(done.simulated_ms) else None,
             }
         )
+    if best is None:
+        raise ValueError("refine_candidates needs at least one plan")
     return replace(best, meta=best.meta | {"candidates": rows})
 
 
@@ -768,13 +773,13 @@ def refine_plan(
     used = sorted(w for s in plan.stages for w in s.workers)
     if used != list(range(len(used))):  # fewer workers, not a prefix of the ids: no schedule layout for it
         return replace(plan, meta=plan.meta | {"not_simulated": "the plan's workers are not 0..W-1"})
-    best = None
+    best: tuple[float, Plan] | None = None
     for k in dict.fromkeys([tuple(noam_warmup(tuple(s.workers for s in plan.stages))), plan.in_flight]):
         cand = with_predictions(plan, cm, k)
         if memory_bytes is not None and max(cand.stage_memory_bytes) > memory_bytes:
             continue
         res = simulate_plan(cand, profile, topology, latency_ms=list(cm.latency_ms), op_overhead_ms=cm.op_overhead_ms)
-        t = res.time_per_minibatch_ms
+        t = math.nan if res.time_per_minibatch_ms is None else res.time_per_minibatch_ms  # nan: no steady state
         if best is None or t < best[0] * (1 - 0.005):
             best = (t, cand)
         if t <= cand.predicted_ms * 1.005:

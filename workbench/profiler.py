@@ -161,7 +161,7 @@ def profile(
     before, load_before = torch.get_num_threads(), _load()
     torch.set_num_threads(threads)
     try:
-        rows, seen = [], set()
+        rows, seen = [], set[int]()
         for i, layer in enumerate(tqdm(layers, desc=f"profiling {name}", disable=not progress, leave=False)):
             fwd_times, bwd_times, out = _time_layer(layer, x, i, names[i], warmup, iterations, dev)
             row = dict(
@@ -445,7 +445,7 @@ def analyze(model, example_input=None, *, batch_size: int = 32) -> pd.DataFrame:
     from .graph import new_param_bytes
 
     name, layers, names, x = _layers_and_input(model, example_input, batch_size)
-    rows, seen = [], set()
+    rows, seen = [], set[int]()
     for i, layer in enumerate(layers):
         fwd, bwd = _flops(layer, x, first=i == 0)
         out = layer(_detach(x, i > 0))

@@ -19,7 +19,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .. import models as zoo
-from ..cost_compare import compare_costs
+from ..cost_compare import CostComparison, compare_costs
 from ..display import card
 from ..io import fresh_path, run_id
 from ..pipedream_graph import SHIPPED, shipped
@@ -72,10 +72,10 @@ class PartitionTuner:
         self.outcome: core.Outcome | None = None
         self.last_update_ms = math.nan
         self._best: core.Plan | None = None
-        self._best_key = None
+        self._best_key: tuple | None = None
         self._busy = False
         self.compare = bool(compare)
-        self.comparison = None  # the last CostComparison shown (compare=True)
+        self.comparison: CostComparison | None = None  # the last one shown (compare=True)
         self._build_controls(schedule, microbatches, per_step, memory_gb, straight)
         self.cost = W.ToggleButtons(
             options=[("workbench cost model", "workbench"), ("PipeDream's optimizer", "pipedream")],
