@@ -193,20 +193,10 @@ def _fresh_file(path: Path) -> Path:
     return path
 
 
-def cmd_partition(args) -> int:
-    from .partition import partition, partition_balanced_time, partition_equal_layers
+def _plan_for(args, prof, topo, mem):
+    """The plan of the chosen cost model, and with ``--compare-costs`` both models' comparison."""
+    from .partition import partition
 
-    if args.profile:
-        _refuse_unused(
-            args, ("model", "size", "batch_size"), "they choose the model to profile, and --profile is given"
-        )
-        prof = _load_profile(args)
-    else:
-        prof = _quick_profile(
-            args.model or "vgg16", args.size or "mini", 32 if args.batch_size is None else args.batch_size
-        )
-    topo = _topology_from_args(args)
-    mem = args.memory_gb * 2**30 if args.memory_gb else None
     comparison = None
     if args.cost == "pipedream" or args.compare_costs:
         from .cost_compare import compare_costs
@@ -246,6 +236,24 @@ def cmd_partition(args) -> int:
             op_overhead_ms=args.op_overhead_ms,
             refine=not args.no_refine,
         )
+    return plan, comparison
+
+
+def cmd_partition(args) -> int:
+    from .partition import partition_balanced_time, partition_equal_layers
+
+    if args.profile:
+        _refuse_unused(
+            args, ("model", "size", "batch_size"), "they choose the model to profile, and --profile is given"
+        )
+        prof = _load_profile(args)
+    else:
+        prof = _quick_profile(
+            args.model or "vgg16", args.size or "mini", 32 if args.batch_size is None else args.batch_size
+        )
+    topo = _topology_from_args(args)
+    mem = args.memory_gb * 2**30 if args.memory_gb else None
+    plan, comparison = _plan_for(args, prof, topo, mem)
     label = prof.meta.get("kind", "kind not recorded")
     where = prof.meta.get("device") or prof.meta.get("source")
     print(f"profile: {len(prof)} layers ({label}{', ' + str(where) if where else ''})")
@@ -445,16 +453,8 @@ def _add_fixed_costs(p):
     p.add_argument("--op-overhead-ms", type=float, default=0.0, help="fixed cost per compute op (ms)")
 
 
-def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
-    """The ``workbench`` parser; ``train_arguments=False`` leaves out the options of ``train``, whose
-    definitions import torch (``main`` adds them only when the command is ``train``, so that
-    ``workbench --help`` and the other commands start without torch)."""
-    ap = argparse.ArgumentParser(prog="workbench", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("models", help="list the model zoo and the offline data sets")
-    p.set_defaults(fn=cmd_models)
-
+def _add_profile_command(sub) -> None:
+    """``workbench profile``: measure, model (--gpu) or import (--pipedream) a per-layer profile."""
     p = sub.add_parser("profile", help="per-layer fwd/bwd ms, activation and parameter bytes, FLOPs")
     p.add_argument(
         "--model",
@@ -488,6 +488,9 @@ def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--out", default="results/profile.csv", help="output .csv or .json")
     p.set_defaults(fn=cmd_profile)
 
+
+def _add_partition_command(sub) -> None:
+    """``workbench partition``: the options of the dynamic program and of its two cost models."""
     p = sub.add_parser("partition", help="PipeDream's dynamic program: stages, replicas, NOAM")
     p.add_argument("--profile", help="profile CSV/JSON or PipeDream graph.txt (default: profile --model now)")
     p.add_argument("--model", default=None, help="zoo model measured here when no --profile is given (default vgg16)")
@@ -525,6 +528,9 @@ def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the plan JSON here (a new file: an existing one gets a -2, -3 ... suffix)")
     p.set_defaults(fn=cmd_partition)
 
+
+def _add_simulate_command(sub) -> None:
+    """``workbench simulate``: the schedule, its costs (unit or from a profile and a topology) and the outputs."""
     p = sub.add_parser("simulate", help="discrete-event simulation of a schedule -> timeline CSV, metrics JSON, HTML")
     p.add_argument("--schedule", default="pipedream", help="schedule name (`workbench schedules` lists them)")
     p.add_argument(
@@ -569,6 +575,20 @@ def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default="results/simulate")
     p.set_defaults(fn=cmd_simulate)
+
+
+def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
+    """The ``workbench`` parser; ``train_arguments=False`` leaves out the options of ``train``, whose
+    definitions import torch (``main`` adds them only when the command is ``train``, so that
+    ``workbench --help`` and the other commands start without torch)."""
+    ap = argparse.ArgumentParser(prog="workbench", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("models", help="list the model zoo and the offline data sets")
+    p.set_defaults(fn=cmd_models)
+    _add_profile_command(sub)
+    _add_partition_command(sub)
+    _add_simulate_command(sub)
 
     p = sub.add_parser("schedules", help="list the registered schedules, their options and sources")
     p.add_argument("--markdown", action="store_true", help="print the README's table of schedules")

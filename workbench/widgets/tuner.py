@@ -145,7 +145,7 @@ class PartitionTuner:
         self.path = W.Text(placeholder="path to graph.txt, profile CSV or JSON", layout=W.Layout(width="300px"))
         self.load = W.Button(description="load file", icon="folder-open", layout=W.Layout(width="110px"))
 
-    def _topology_controls(self):
+    def _topology_controls(self) -> None:
         """One (workers, GB/s) pair of boxes per level of the topology, innermost first."""
         self.levels: list[tuple[W.BoundedIntText, W.BoundedFloatText]] = []
         for k, (count, bw) in enumerate(self.topology.levels):
