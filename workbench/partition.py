@@ -64,8 +64,11 @@ rebuilds its activations for one minibatch at a time in the backward:
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -595,22 +598,35 @@ def data_parallel_ms(profile: Profile, topology: Topology, cost_model: CostModel
     return cm.stage_ms(0, cm.num_layers - 1, range(topo.num_workers))
 
 
-def partition(
-    profile: Profile,
-    topology: Topology,
-    straight: bool = False,
-    memory_bytes: float | None = None,
-    use_fewer_workers: bool = False,
-    *,
-    latency_ms=0.0,
-    op_overhead_ms: float = 0.0,
-    refine: bool = True,
-    recompute: bool = False,
-    cost: str = "workbench",
-    pipedream: PipeDreamSettings | None = None,
-) -> Plan:
+@dataclass(frozen=True)
+class PartitionOptions:
+    """What :func:`partition` searches and how it prices (each field is also a keyword of it).
+
+    * ``straight``: no stage replication; ``memory_bytes``: limit per worker (None: none);
+      ``use_fewer_workers``: the best plan on any number of workers up to the topology's;
+    * ``latency_ms`` (per message, one number or one per level) and ``op_overhead_ms`` (per op):
+      the calibrated fixed costs of :mod:`workbench.calibrate`;
+    * ``refine``: simulate the best candidates (:func:`refine_candidates`); ``recompute``:
+      activation re-materialization in the memory figures (module docstring, Memory);
+    * ``cost``: ``"workbench"`` (the cost model) or ``"pipedream"`` (PipeDream's optimizer and
+      formulas, with the options in ``pipedream``).
+    """
+
+    straight: bool = False
+    memory_bytes: float | None = None
+    use_fewer_workers: bool = False
+    latency_ms: float | Sequence[float] = 0.0
+    op_overhead_ms: float = 0.0
+    refine: bool = True
+    recompute: bool = False
+    cost: str = "workbench"
+    pipedream: PipeDreamSettings | None = None
+
+
+def partition(profile: Profile, topology: Topology, options: PartitionOptions | None = None, **keywords: Any) -> Plan:
     """PipeDream's optimal partition of ``profile`` onto ``topology`` (see the module docstring),
-    checked and refined by simulation.
+    checked and refined by simulation, with the options of :class:`PartitionOptions`: ``options``,
+    or its fields as keywords (``partition(p, topo, straight=True)``), which override ``options``.
 
     Returns a :class:`Plan` whose stages are flat (first, last, replicas, workers, time_ms): a
     level-k stage replicated over m level-(k-1) components contributes each of its inner stages
@@ -635,33 +651,61 @@ def partition(
     (:func:`workbench.pipedream_optimizer.partition_pipedream`, options in ``pipedream``; over the
     antichain DAG of a graph.txt profile); the cost model named in ``meta["cost"]``.
     """
-    if cost not in COSTS:
-        raise ValueError(f"cost must be one of {', '.join(COSTS)}, got {cost!r}")
+    if options is not None and not isinstance(options, PartitionOptions):
+        raise TypeError(
+            f"partition's third argument is a PartitionOptions, got {options!r}; pass straight=..., "
+            "memory_bytes=... as keywords"
+        )
+    o = dataclasses.replace(options or PartitionOptions(), **keywords)
+    if o.cost not in COSTS:
+        raise ValueError(f"cost must be one of {', '.join(COSTS)}, got {o.cost!r}")
     L = _layers(profile)
     topo = _check_topology(topology)
-    if cost == "pipedream":
-        if recompute or latency_ms or op_overhead_ms:
-            raise ValueError(
-                "cost='pipedream' prices PipeDream's formulas only: drop recompute, latency_ms and op_overhead_ms"
-            )
-        return partition_pipedream(
-            profile, topo, straight, _memory(memory_bytes), use_fewer_workers, pipedream or PipeDreamSettings()
-        )
-    memory_bytes = _memory(memory_bytes)
-    cm = CostModel.from_profile(profile, topo, latency_ms=latency_ms, op_overhead_ms=op_overhead_ms)
-    levels = _build_levels(L, topo, straight, memory_bytes, use_fewer_workers, cm, recompute=recompute)
+    if o.cost == "pipedream":
+        return _partition_pipedream(profile, topo, o)
+    memory_bytes = _memory(o.memory_bytes)
+    fewer = o.use_fewer_workers
+    cm = CostModel.from_profile(profile, topo, latency_ms=o.latency_ms, op_overhead_ms=o.op_overhead_ms)
+    levels = _build_levels(L, topo, o.straight, memory_bytes, fewer, cm, recompute=o.recompute)
     top = levels[-1]
-    m_top = _best_m(top, L.n - 1, 0, use_fewer_workers)
+    m_top = _best_m(top, L.n - 1, 0, fewer)
     if not math.isfinite(float(top.A[m_top, L.n - 1, 0])):
-        raise ValueError(_infeasible_message(L, topo, straight, memory_bytes, use_fewer_workers, cm, recompute))
-    meta = {
+        raise ValueError(_infeasible_message(L, topo, o.straight, memory_bytes, fewer, cm, o.recompute))
+    if o.refine:
+        pool = _candidates(levels, m_top, L.n, fewer)
+    else:
+        pool = [(float(top.A[m_top, L.n - 1, 0]), _rebuild(levels, topo.num_levels, 0, L.n - 1, m_top, fewer))]
+    meta = _workbench_meta(profile, topo, o, memory_bytes, cm)
+    plans = _candidate_plans(pool, levels, L, topo, cm, meta, data_parallel_ms(profile, topo, cm))
+    ranked = sorted(plans, key=lambda q: (q.predicted_ms, q.bottleneck_ms))
+    optimum = min(plans, key=lambda q: q.bottleneck_ms)
+    if not o.refine:
+        return optimum
+    shortlist = list({id(q): q for q in [optimum] + ranked[:CANDIDATES]}.values())
+    return refine_candidates(shortlist, profile, topo, cm, memory_bytes)
+
+
+def _partition_pipedream(profile: Profile, topo: Topology, o: PartitionOptions) -> Plan:
+    """``cost="pipedream"``: PipeDream's optimizer, which has no fixed costs or recompute to price."""
+    if o.recompute or o.latency_ms or o.op_overhead_ms:
+        raise ValueError(
+            "cost='pipedream' prices PipeDream's formulas only: drop recompute, latency_ms and op_overhead_ms"
+        )
+    return partition_pipedream(
+        profile, topo, o.straight, _memory(o.memory_bytes), o.use_fewer_workers, o.pipedream or PipeDreamSettings()
+    )
+
+
+def _workbench_meta(profile: Profile, topo: Topology, o: PartitionOptions, memory_bytes, cm: CostModel) -> dict:
+    """``Plan.meta`` of a workbench-priced plan: the search's options and the cost model's calibration."""
+    return {
         "topology": topo.to_list(),
         "topology_name": topo.name,
-        "straight": straight,
+        "straight": o.straight,
         "memory_bytes": memory_bytes,
         "device_memory_bytes": _device_memory(topo, profile),
-        "use_fewer_workers": use_fewer_workers,
-        "recompute": recompute,
+        "use_fewer_workers": o.use_fewer_workers,
+        "recompute": o.recompute,
         "latency_ms": list(cm.latency_ms),
         "op_overhead_ms": cm.op_overhead_ms,
         "batch_size": cm.batch_size,
@@ -669,14 +713,12 @@ def partition(
         "cost_model": "workbench.costmodel: 1F1B round (F + B + 3o + exposed ring AR) / m, "
         "cut = alpha + a/B per direction (full duplex)",
     }
-    dp_ms = data_parallel_ms(profile, topo, cm)
+
+
+def _candidate_plans(pool, levels, L: _Layers, topo: Topology, cm: CostModel, meta: dict, dp_ms: float) -> list[Plan]:
+    """One flat :class:`Plan` (with the cost model's predictions) per distinct pipeline of ``pool``
+    (``(A, pipeline)`` pairs, in order; a repeated stage layout keeps its first)."""
     plans: dict[tuple, Plan] = {}
-    if refine:
-        pool = _candidates(levels, m_top, L.n, use_fewer_workers)
-    else:
-        pool = [
-            (float(top.A[m_top, L.n - 1, 0]), _rebuild(levels, topo.num_levels, 0, L.n - 1, m_top, use_fewer_workers))
-        ]
     for value, pipeline in pool:
         flat, cuts = _flatten(levels, topo.num_levels, pipeline, L, topo)
         stages = tuple(Stage(f, l, len(ws), tuple(ws), float(t)) for f, l, ws, t in flat)
@@ -689,12 +731,7 @@ def partition(
             meta=meta | {"cuts": [[int(a), int(k), float(t)] for a, k, t in cuts]},
         )
         plans.setdefault(tuple((st.first, st.last, st.workers) for st in stages), with_predictions(cand, cm))
-    ranked = sorted(plans.values(), key=lambda q: (q.predicted_ms, q.bottleneck_ms))
-    optimum = min(plans.values(), key=lambda q: q.bottleneck_ms)
-    if not refine:
-        return optimum
-    shortlist = list({id(q): q for q in [optimum] + ranked[:CANDIDATES]}.values())
-    return refine_candidates(shortlist, profile, topo, cm, memory_bytes)
+    return list(plans.values())
 
 
 COSTS = ("workbench", "pipedream")  # the cost models partition() can price with
