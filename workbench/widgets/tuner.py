@@ -57,7 +57,7 @@ class PartitionTuner:
         profile_or_model=None,
         topology: Topology | None = None,
         *,
-        schedule: str = "pipedream",
+        schedule: str = core.DEFAULT_SCHEDULE,
         microbatches: int = 16,
         per_step: int = 4,
         memory_gb: float = 0.0,
