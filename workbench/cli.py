@@ -197,7 +197,7 @@ def _plan_for(args, prof, topo, mem):
     """The plan of the chosen cost model, and with ``--compare-costs`` both models' comparison."""
     from .partition import partition
 
-    comparison = None
+    common = dict(straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers)
     if args.cost == "pipedream" or args.compare_costs:
         from .cost_compare import compare_costs
         from .pipedream_optimizer import Settings
@@ -205,38 +205,12 @@ def _plan_for(args, prof, topo, mem):
         ratio = None if args.activation_compression_ratio == 0 else args.activation_compression_ratio
         pd_settings = Settings(activation_compression_ratio=ratio, over=args.over)
     if args.compare_costs:
-        comparison = compare_costs(
-            prof,
-            topo,
-            straight=args.straight,
-            memory_bytes=mem,
-            use_fewer_workers=args.fewer_workers,
-            pipedream=pd_settings,
-            refine=not args.no_refine,
-        )
-        plan = comparison.plans[args.cost]
-    elif args.cost == "pipedream":
-        plan = partition(
-            prof,
-            topo,
-            straight=args.straight,
-            memory_bytes=mem,
-            use_fewer_workers=args.fewer_workers,
-            cost="pipedream",
-            pipedream=pd_settings,
-        )
-    else:
-        plan = partition(
-            prof,
-            topo,
-            straight=args.straight,
-            memory_bytes=mem,
-            use_fewer_workers=args.fewer_workers,
-            latency_ms=args.latency_ms,
-            op_overhead_ms=args.op_overhead_ms,
-            refine=not args.no_refine,
-        )
-    return plan, comparison
+        comparison = compare_costs(prof, topo, pipedream=pd_settings, refine=not args.no_refine, **common)
+        return comparison.plans[args.cost], comparison
+    if args.cost == "pipedream":
+        return partition(prof, topo, cost="pipedream", pipedream=pd_settings, **common), None
+    fixed = dict(latency_ms=args.latency_ms, op_overhead_ms=args.op_overhead_ms)
+    return partition(prof, topo, refine=not args.no_refine, **fixed, **common), None
 
 
 def cmd_partition(args) -> int:
