@@ -464,3 +464,20 @@ def test_balanced_time_runs_in_o_n_s_memory():
     assert peak < 200 * 2**20, f"peak {peak / 2**20:.0f} MiB"
     total = 2 * c.sum()
     assert plan.num_stages == 4 and max(s.time_ms for s in plan.stages) <= total / 4 + 2 * 2 * c.max()
+
+
+def test_options_object_and_keywords_give_the_same_plan():
+    """``PartitionOptions`` and the keywords name the same search; a keyword overrides the object;
+    a bare positional value where the options go is refused."""
+    from workbench.partition import PartitionOptions
+
+    p = make_profile([5, 7, 3, 9], [10, 12, 6, 20], [1e6, 2e6, 1e6, 1e6], [1e7, 1e6, 5e6, 1e6])
+    topo = Topology.flat(4, 1e9)
+    by_keywords = _partition(p, topo, straight=True, refine=False)
+    by_object = _partition(p, topo, PartitionOptions(straight=True, refine=False))
+    assert by_object.stages == by_keywords.stages and by_object.meta == by_keywords.meta
+    replicated = _partition(p, topo, PartitionOptions(straight=True, refine=False), straight=False)
+    assert replicated.meta["straight"] is False
+    assert replicated.stages == _partition(p, topo, refine=False).stages
+    with pytest.raises(TypeError, match="PartitionOptions"):
+        _partition(p, topo, True)

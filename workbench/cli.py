@@ -10,6 +10,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .topology import Topology
 
 
 class UsageError(ValueError):
@@ -28,7 +32,7 @@ def parse_topology(text: str):
                 f"bad --topology {text!r}: write PRESET:SERVERS with a whole number of servers (e.g. {name}:4)"
             )
         return Topology.preset(name, servers=int(servers) if servers else 1)
-    levels = []
+    levels: list[tuple[int, float]] = []
     for part in text.split(","):
         try:
             count, bw = part.lower().split("x")
@@ -39,7 +43,7 @@ def parse_topology(text: str):
                 f"8x10e9,4x3.1e9; bandwidth in bytes/s) or a preset name[:servers] from "
                 f"{sorted(Topology.presets())}"
             ) from None
-    return Topology(levels=levels)
+    return Topology(levels=tuple(levels))
 
 
 FLAT_WORKERS, FLAT_BANDWIDTH = 4, 10e9  # the flat topology when neither --topology nor --workers is given
@@ -189,8 +193,28 @@ def _fresh_file(path: Path) -> Path:
     return path
 
 
+def _plan_for(args, prof, topo, mem):
+    """The plan of the chosen cost model, and with ``--compare-costs`` both models' comparison."""
+    from .partition import partition
+
+    common = dict(straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers)
+    if args.cost == "pipedream" or args.compare_costs:
+        from .cost_compare import compare_costs
+        from .pipedream_optimizer import Settings
+
+        ratio = None if args.activation_compression_ratio == 0 else args.activation_compression_ratio
+        pd_settings = Settings(activation_compression_ratio=ratio, over=args.over)
+    if args.compare_costs:
+        comparison = compare_costs(prof, topo, pipedream=pd_settings, refine=not args.no_refine, **common)
+        return comparison.plans[args.cost], comparison
+    if args.cost == "pipedream":
+        return partition(prof, topo, cost="pipedream", pipedream=pd_settings, **common), None
+    fixed = dict(latency_ms=args.latency_ms, op_overhead_ms=args.op_overhead_ms)
+    return partition(prof, topo, refine=not args.no_refine, **fixed, **common), None
+
+
 def cmd_partition(args) -> int:
-    from .partition import partition, partition_balanced_time, partition_equal_layers
+    from .partition import partition_balanced_time, partition_equal_layers
 
     if args.profile:
         _refuse_unused(
@@ -203,45 +227,7 @@ def cmd_partition(args) -> int:
         )
     topo = _topology_from_args(args)
     mem = args.memory_gb * 2**30 if args.memory_gb else None
-    comparison = None
-    if args.cost == "pipedream" or args.compare_costs:
-        from .cost_compare import compare_costs
-        from .pipedream_optimizer import Settings
-
-        ratio = None if args.activation_compression_ratio == 0 else args.activation_compression_ratio
-        pd_settings = Settings(activation_compression_ratio=ratio, over=args.over)
-    if args.compare_costs:
-        comparison = compare_costs(
-            prof,
-            topo,
-            straight=args.straight,
-            memory_bytes=mem,
-            use_fewer_workers=args.fewer_workers,
-            pipedream=pd_settings,
-            refine=not args.no_refine,
-        )
-        plan = comparison.plans[args.cost]
-    elif args.cost == "pipedream":
-        plan = partition(
-            prof,
-            topo,
-            straight=args.straight,
-            memory_bytes=mem,
-            use_fewer_workers=args.fewer_workers,
-            cost="pipedream",
-            pipedream=pd_settings,
-        )
-    else:
-        plan = partition(
-            prof,
-            topo,
-            straight=args.straight,
-            memory_bytes=mem,
-            use_fewer_workers=args.fewer_workers,
-            latency_ms=args.latency_ms,
-            op_overhead_ms=args.op_overhead_ms,
-            refine=not args.no_refine,
-        )
+    plan, comparison = _plan_for(args, prof, topo, mem)
     label = prof.meta.get("kind", "kind not recorded")
     where = prof.meta.get("device") or prof.meta.get("source")
     print(f"profile: {len(prof)} layers ({label}{', ' + str(where) if where else ''})")
@@ -308,7 +294,7 @@ def cmd_simulate(args) -> int:
     return 0
 
 
-def _simulation_costs(args, plan) -> tuple[dict, object]:
+def _simulation_costs(args, plan) -> tuple[dict, Topology | None]:
     """``simulate()`` keywords for the costs the flags name, and the topology (None for unit costs);
     a flag the chosen cost mode would ignore is refused."""
     from .simulate import plan_topology
@@ -441,16 +427,8 @@ def _add_fixed_costs(p):
     p.add_argument("--op-overhead-ms", type=float, default=0.0, help="fixed cost per compute op (ms)")
 
 
-def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
-    """The ``workbench`` parser; ``train_arguments=False`` leaves out the options of ``train``, whose
-    definitions import torch (``main`` adds them only when the command is ``train``, so that
-    ``workbench --help`` and the other commands start without torch)."""
-    ap = argparse.ArgumentParser(prog="workbench", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("models", help="list the model zoo and the offline data sets")
-    p.set_defaults(fn=cmd_models)
-
+def _add_profile_command(sub) -> None:
+    """``workbench profile``: measure, model (--gpu) or import (--pipedream) a per-layer profile."""
     p = sub.add_parser("profile", help="per-layer fwd/bwd ms, activation and parameter bytes, FLOPs")
     p.add_argument(
         "--model",
@@ -484,6 +462,9 @@ def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--out", default="results/profile.csv", help="output .csv or .json")
     p.set_defaults(fn=cmd_profile)
 
+
+def _add_partition_command(sub) -> None:
+    """``workbench partition``: the options of the dynamic program and of its two cost models."""
     p = sub.add_parser("partition", help="PipeDream's dynamic program: stages, replicas, NOAM")
     p.add_argument("--profile", help="profile CSV/JSON or PipeDream graph.txt (default: profile --model now)")
     p.add_argument("--model", default=None, help="zoo model measured here when no --profile is given (default vgg16)")
@@ -521,6 +502,9 @@ def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the plan JSON here (a new file: an existing one gets a -2, -3 ... suffix)")
     p.set_defaults(fn=cmd_partition)
 
+
+def _add_simulate_command(sub) -> None:
+    """``workbench simulate``: the schedule, its costs (unit or from a profile and a topology) and the outputs."""
     p = sub.add_parser("simulate", help="discrete-event simulation of a schedule -> timeline CSV, metrics JSON, HTML")
     p.add_argument("--schedule", default="pipedream", help="schedule name (`workbench schedules` lists them)")
     p.add_argument(
@@ -565,6 +549,20 @@ def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default="results/simulate")
     p.set_defaults(fn=cmd_simulate)
+
+
+def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
+    """The ``workbench`` parser; ``train_arguments=False`` leaves out the options of ``train``, whose
+    definitions import torch (``main`` adds them only when the command is ``train``, so that
+    ``workbench --help`` and the other commands start without torch)."""
+    ap = argparse.ArgumentParser(prog="workbench", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("models", help="list the model zoo and the offline data sets")
+    p.set_defaults(fn=cmd_models)
+    _add_profile_command(sub)
+    _add_partition_command(sub)
+    _add_simulate_command(sub)
 
     p = sub.add_parser("schedules", help="list the registered schedules, their options and sources")
     p.add_argument("--markdown", action="store_true", help="print the README's table of schedules")

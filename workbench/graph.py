@@ -31,6 +31,7 @@ spawned ranks even when the model's class was defined in a notebook.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -299,7 +300,7 @@ def _value(n: fx.Node):
 
 def _forbidden_cuts(gm: fx.GraphModule, group: dict) -> set[int]:
     """Cuts ``c`` (before layer c) that must not be made (see the module docstring)."""
-    bad = set()
+    bad: set[int] = set()
     for n in gm.graph.nodes:
         if n not in group:
             continue
@@ -354,7 +355,7 @@ def _build_layers(gm: fx.GraphModule, group: dict, units: list[str]) -> tuple[li
     order = {n: i for i, n in enumerate(nodes)}
 
     def live(c: int) -> list[fx.Node]:
-        return sorted((v for v in prod if prod[v] < c <= last[v]), key=order.get)
+        return sorted((v for v in prod if prod[v] < c <= last[v]), key=order.__getitem__)
 
     layers, names = [], []
     for g in range(G):
@@ -406,12 +407,13 @@ def _spec(t: torch.Tensor, vocab: int | None = None) -> TensorSpec:
     return TensorSpec(tuple(t.shape[1:]), t.dtype, high)
 
 
-def _tied(model: nn.Module, layers: list[nn.Module]) -> list:
+def _tied(model: nn.Module, layers: Sequence[nn.Module]) -> list:
     """Parameters with several names in ``model`` or held by several layers: (names, layer indices)."""
-    names = {}
+    names: dict[int, list[str]] = {}
     for n, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(n)
-    by_id, out = {}, []
+    by_id: dict[int, list[int]] = {}
+    out = []
     for i, layer in enumerate(layers):
         for p in layer.parameters():
             by_id.setdefault(id(p), []).append(i)

@@ -64,8 +64,11 @@ rebuilds its activations for one minibatch at a time in the backward:
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -157,7 +160,8 @@ class _Level:
     memory: float | None
     rows_all: bool  # every start i (inner level) or only start 0 (top level)
     inner_workers: int = 1  # workers in one level-(k-1) component
-    A: np.ndarray | None = None  # A[m, j, r]: range start(r)..j on exactly m components
+    # A[m, j, r]: range start(r)..j on exactly m components (filled by _solve)
+    A: np.ndarray = field(default_factory=lambda: np.empty((0, 0, 0)))
     recompute: bool = False  # activation re-materialization (module docstring, Memory)
 
     @property
@@ -259,6 +263,7 @@ def _solve(lv: _Level, fast: bool) -> np.ndarray:
             if state is not None:
                 state.add_column(gcol, j, nr)
             else:
+                assert G is not None
                 G[1:, j, :nr] = gcol
     return A
 
@@ -509,8 +514,8 @@ def _rebuild(levels, k, i, j, m, fewer) -> list[_Node]:
             break
     if best is None:
         raise AssertionError("partition DP: could not reconstruct the optimum (please report)")
-    s, p, mp, tlast = best
-    return _rebuild(levels, k, i, s, p, fewer) + [_node(levels, k, s + 1, j, mp, tlast, fewer)]
+    split, p, mp, tlast = best
+    return _rebuild(levels, k, i, split, p, fewer) + [_node(levels, k, split + 1, j, mp, tlast, fewer)]
 
 
 def _candidates(levels, m_top: int, n: int, fewer: bool) -> list[tuple[float, list[_Node]]]:
@@ -593,22 +598,35 @@ def data_parallel_ms(profile: Profile, topology: Topology, cost_model: CostModel
     return cm.stage_ms(0, cm.num_layers - 1, range(topo.num_workers))
 
 
-def partition(
-    profile: Profile,
-    topology: Topology,
-    straight: bool = False,
-    memory_bytes: float | None = None,
-    use_fewer_workers: bool = False,
-    *,
-    latency_ms=0.0,
-    op_overhead_ms: float = 0.0,
-    refine: bool = True,
-    recompute: bool = False,
-    cost: str = "workbench",
-    pipedream: PipeDreamSettings | None = None,
-) -> Plan:
+@dataclass(frozen=True)
+class PartitionOptions:
+    """What :func:`partition` searches and how it prices (each field is also a keyword of it).
+
+    * ``straight``: no stage replication; ``memory_bytes``: limit per worker (None: none);
+      ``use_fewer_workers``: the best plan on any number of workers up to the topology's;
+    * ``latency_ms`` (per message, one number or one per level) and ``op_overhead_ms`` (per op):
+      the calibrated fixed costs of :mod:`workbench.calibrate`;
+    * ``refine``: simulate the best candidates (:func:`refine_candidates`); ``recompute``:
+      activation re-materialization in the memory figures (module docstring, Memory);
+    * ``cost``: ``"workbench"`` (the cost model) or ``"pipedream"`` (PipeDream's optimizer and
+      formulas, with the options in ``pipedream``).
+    """
+
+    straight: bool = False
+    memory_bytes: float | None = None
+    use_fewer_workers: bool = False
+    latency_ms: float | Sequence[float] = 0.0
+    op_overhead_ms: float = 0.0
+    refine: bool = True
+    recompute: bool = False
+    cost: str = "workbench"
+    pipedream: PipeDreamSettings | None = None
+
+
+def partition(profile: Profile, topology: Topology, options: PartitionOptions | None = None, **keywords: Any) -> Plan:
     """PipeDream's optimal partition of ``profile`` onto ``topology`` (see the module docstring),
-    checked and refined by simulation.
+    checked and refined by simulation, with the options of :class:`PartitionOptions`: ``options``,
+    or its fields as keywords (``partition(p, topo, straight=True)``), which override ``options``.
 
     Returns a :class:`Plan` whose stages are flat (first, last, replicas, workers, time_ms): a
     level-k stage replicated over m level-(k-1) components contributes each of its inner stages
@@ -633,33 +651,61 @@ def partition(
     (:func:`workbench.pipedream_optimizer.partition_pipedream`, options in ``pipedream``; over the
     antichain DAG of a graph.txt profile); the cost model named in ``meta["cost"]``.
     """
-    if cost not in COSTS:
-        raise ValueError(f"cost must be one of {', '.join(COSTS)}, got {cost!r}")
+    if options is not None and not isinstance(options, PartitionOptions):
+        raise TypeError(
+            f"partition's third argument is a PartitionOptions, got {options!r}; pass straight=..., "
+            "memory_bytes=... as keywords"
+        )
+    o = dataclasses.replace(options or PartitionOptions(), **keywords)
+    if o.cost not in COSTS:
+        raise ValueError(f"cost must be one of {', '.join(COSTS)}, got {o.cost!r}")
     L = _layers(profile)
     topo = _check_topology(topology)
-    if cost == "pipedream":
-        if recompute or latency_ms or op_overhead_ms:
-            raise ValueError(
-                "cost='pipedream' prices PipeDream's formulas only: drop recompute, latency_ms and op_overhead_ms"
-            )
-        return partition_pipedream(
-            profile, topo, straight, _memory(memory_bytes), use_fewer_workers, pipedream or PipeDreamSettings()
-        )
-    memory_bytes = _memory(memory_bytes)
-    cm = CostModel.from_profile(profile, topo, latency_ms=latency_ms, op_overhead_ms=op_overhead_ms)
-    levels = _build_levels(L, topo, straight, memory_bytes, use_fewer_workers, cm, recompute=recompute)
+    if o.cost == "pipedream":
+        return _partition_pipedream(profile, topo, o)
+    memory_bytes = _memory(o.memory_bytes)
+    fewer = o.use_fewer_workers
+    cm = CostModel.from_profile(profile, topo, latency_ms=o.latency_ms, op_overhead_ms=o.op_overhead_ms)
+    levels = _build_levels(L, topo, o.straight, memory_bytes, fewer, cm, recompute=o.recompute)
     top = levels[-1]
-    m_top = _best_m(top, L.n - 1, 0, use_fewer_workers)
+    m_top = _best_m(top, L.n - 1, 0, fewer)
     if not math.isfinite(float(top.A[m_top, L.n - 1, 0])):
-        raise ValueError(_infeasible_message(L, topo, straight, memory_bytes, use_fewer_workers, cm, recompute))
-    meta = {
+        raise ValueError(_infeasible_message(L, topo, o.straight, memory_bytes, fewer, cm, o.recompute))
+    if o.refine:
+        pool = _candidates(levels, m_top, L.n, fewer)
+    else:
+        pool = [(float(top.A[m_top, L.n - 1, 0]), _rebuild(levels, topo.num_levels, 0, L.n - 1, m_top, fewer))]
+    meta = _workbench_meta(profile, topo, o, memory_bytes, cm)
+    plans = _candidate_plans(pool, levels, L, topo, cm, meta, data_parallel_ms(profile, topo, cm))
+    ranked = sorted(plans, key=lambda q: (q.predicted_ms, q.bottleneck_ms))
+    optimum = min(plans, key=lambda q: q.bottleneck_ms)
+    if not o.refine:
+        return optimum
+    shortlist = list({id(q): q for q in [optimum] + ranked[:CANDIDATES]}.values())
+    return refine_candidates(shortlist, profile, topo, cm, memory_bytes)
+
+
+def _partition_pipedream(profile: Profile, topo: Topology, o: PartitionOptions) -> Plan:
+    """``cost="pipedream"``: PipeDream's optimizer, which has no fixed costs or recompute to price."""
+    if o.recompute or o.latency_ms or o.op_overhead_ms:
+        raise ValueError(
+            "cost='pipedream' prices PipeDream's formulas only: drop recompute, latency_ms and op_overhead_ms"
+        )
+    return partition_pipedream(
+        profile, topo, o.straight, _memory(o.memory_bytes), o.use_fewer_workers, o.pipedream or PipeDreamSettings()
+    )
+
+
+def _workbench_meta(profile: Profile, topo: Topology, o: PartitionOptions, memory_bytes, cm: CostModel) -> dict:
+    """``Plan.meta`` of a workbench-priced plan: the search's options and the cost model's calibration."""
+    return {
         "topology": topo.to_list(),
         "topology_name": topo.name,
-        "straight": straight,
+        "straight": o.straight,
         "memory_bytes": memory_bytes,
         "device_memory_bytes": _device_memory(topo, profile),
-        "use_fewer_workers": use_fewer_workers,
-        "recompute": recompute,
+        "use_fewer_workers": o.use_fewer_workers,
+        "recompute": o.recompute,
         "latency_ms": list(cm.latency_ms),
         "op_overhead_ms": cm.op_overhead_ms,
         "batch_size": cm.batch_size,
@@ -667,14 +713,12 @@ def partition(
         "cost_model": "workbench.costmodel: 1F1B round (F + B + 3o + exposed ring AR) / m, "
         "cut = alpha + a/B per direction (full duplex)",
     }
-    dp_ms = data_parallel_ms(profile, topo, cm)
-    plans = {}
-    if refine:
-        pool = _candidates(levels, m_top, L.n, use_fewer_workers)
-    else:
-        pool = [
-            (float(top.A[m_top, L.n - 1, 0]), _rebuild(levels, topo.num_levels, 0, L.n - 1, m_top, use_fewer_workers))
-        ]
+
+
+def _candidate_plans(pool, levels, L: _Layers, topo: Topology, cm: CostModel, meta: dict, dp_ms: float) -> list[Plan]:
+    """One flat :class:`Plan` (with the cost model's predictions) per distinct pipeline of ``pool``
+    (``(A, pipeline)`` pairs, in order; a repeated stage layout keeps its first)."""
+    plans: dict[tuple, Plan] = {}
     for value, pipeline in pool:
         flat, cuts = _flatten(levels, topo.num_levels, pipeline, L, topo)
         stages = tuple(Stage(f, l, len(ws), tuple(ws), float(t)) for f, l, ws, t in flat)
@@ -687,12 +731,7 @@ def partition(
             meta=meta | {"cuts": [[int(a), int(k), float(t)] for a, k, t in cuts]},
         )
         plans.setdefault(tuple((st.first, st.last, st.workers) for st in stages), with_predictions(cand, cm))
-    ranked = sorted(plans.values(), key=lambda q: (q.predicted_ms, q.bottleneck_ms))
-    optimum = min(plans.values(), key=lambda q: q.bottleneck_ms)
-    if not refine:
-        return optimum
-    shortlist = list({id(q): q for q in [optimum] + ranked[:CANDIDATES]}.values())
-    return refine_candidates(shortlist, profile, topo, cm, memory_bytes)
+    return list(plans.values())
 
 
 COSTS = ("workbench", "pipedream")  # the cost models partition() can price with
@@ -719,7 +758,8 @@ def refine_candidates(
     is not simulated (the prediction is the closed-form bottleneck, which the steady state does not
     beat). ``meta["candidates"]`` lists every candidate's replicas, last layers, DP estimate,
     prediction and simulated figure (None: not simulated)."""
-    best, rows = None, []
+    best: Plan | None = None
+    rows = []
     for q in sorted(plans, key=lambda q: (q.predicted_ms, q.bottleneck_ms)):
         if best is not None and math.isfinite(best.simulated_ms) and q.predicted_ms >= best.simulated_ms * (1 - 0.005):
             done = q
@@ -739,6 +779,8 @@ def refine_candidates(
                 "simulated_ms": done.simulated_ms if math.isfinite(done.simulated_ms) else None,
             }
         )
+    if best is None:
+        raise ValueError("refine_candidates needs at least one plan")
     return replace(best, meta=best.meta | {"candidates": rows})
 
 
@@ -768,13 +810,13 @@ def refine_plan(
     used = sorted(w for s in plan.stages for w in s.workers)
     if used != list(range(len(used))):  # fewer workers, not a prefix of the ids: no schedule layout for it
         return replace(plan, meta=plan.meta | {"not_simulated": "the plan's workers are not 0..W-1"})
-    best = None
+    best: tuple[float, Plan] | None = None
     for k in dict.fromkeys([tuple(noam_warmup(tuple(s.workers for s in plan.stages))), plan.in_flight]):
         cand = with_predictions(plan, cm, k)
         if memory_bytes is not None and max(cand.stage_memory_bytes) > memory_bytes:
             continue
         res = simulate_plan(cand, profile, topology, latency_ms=list(cm.latency_ms), op_overhead_ms=cm.op_overhead_ms)
-        t = res.time_per_minibatch_ms
+        t = math.nan if res.time_per_minibatch_ms is None else res.time_per_minibatch_ms  # nan: no steady state
         if best is None or t < best[0] * (1 - 0.005):
             best = (t, cand)
         if t <= cand.predicted_ms * 1.005:

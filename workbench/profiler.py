@@ -13,6 +13,8 @@ for one minibatch. ``meta["kind"]`` says whether the numbers were ``measured`` (
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -138,12 +140,7 @@ def profile(
     load average before and after (``load_before``, ``load_after``) and ``spread``, the spread of
     the whole profile (:func:`_spread`); :meth:`Profile.trust_note` turns them into a warning.
     """
-    import resource
-
     import torch
-    from tqdm.auto import tqdm
-
-    from .graph import new_param_bytes
 
     if iterations < 1 or warmup < 0:
         raise ValueError(f"iterations must be >= 1 and warmup >= 0 (got {iterations}, {warmup})")
@@ -153,50 +150,88 @@ def profile(
     name, layers, names, x = _layers_and_input(model, example_input, batch_size)
     batch_size = _batch_of(x, batch_size)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    cuda = dev.type == "cuda"
+    timing = _Timing(warmup, iterations, dev, flops)
     layers = [l.to(dev) for l in layers]
-    x = _to(x, dev)
-    if cuda:
+    if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     before, load_before = torch.get_num_threads(), _load()
     torch.set_num_threads(threads)
     try:
-        rows, seen = [], set()
-        for i, layer in enumerate(tqdm(layers, desc=f"profiling {name}", disable=not progress, leave=False)):
-            fwd_times, bwd_times, out = _time_layer(layer, x, i, names[i], warmup, iterations, dev)
-            row = dict(
-                name=names[i],
-                fwd_ms=_median(fwd_times),
-                bwd_ms=_median(bwd_times),
-                act_bytes=float(nbytes(out)),
-                param_bytes=float(new_param_bytes(layer, seen)),
-                input_bytes=float(nbytes(x)),
-                fwd_spread=_spread(fwd_times),
-                bwd_spread=_spread(bwd_times),
-                _fwd_range=_range(fwd_times),
-                _bwd_range=_range(bwd_times),
-            )
-            if flops:
-                row["flops_fwd"], row["flops_bwd"] = _flops(layer, x, first=i == 0)
-            if getattr(layer, "reads_from", None) is not None:
-                row["own_act_bytes"] = float(_own_bytes(out, layer.own_out))
-            rows.append(row)
-            x = _detach(out).detach() if isinstance(out, torch.Tensor) else tuple(t.detach() for t in _tensors(out))
-            if not isinstance(out, torch.Tensor):
-                x = _regroup(out, x)
+        rows = _measure_layers(layers, names, _to(x, dev), timing, f"profiling {name}", progress)
     finally:
         torch.set_num_threads(before)
-    peak = torch.cuda.max_memory_allocated(dev) if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    meta = _measurement_meta(name, batch_size, timing, threads, load_before)
     df = pd.DataFrame(rows)
     ranges = df.pop("_fwd_range") + df.pop("_bwd_range")
-    device_name = torch.cuda.get_device_name(dev) if cuda else f"CPU ({threads} threads)"
-    meta = dict(
+    meta["spread"] = float(ranges.sum() / max(float((df["fwd_ms"] + df["bwd_ms"]).sum()), 1e-12))
+    if tied := _tied_layers(layers):
+        meta["tied"] = tied
+    if rows and all("own_act_bytes" in r for r in rows):
+        meta["graph"] = layer_dag(rows, [layer.reads_from for layer in layers])
+    return Profile(df, meta)
+
+
+@dataclass(frozen=True)
+class _Timing:
+    """How :func:`profile` times each layer: ``warmup`` untimed then ``iterations`` timed runs on
+    ``dev``; ``flops``: also count FLOPs."""
+
+    warmup: int
+    iterations: int
+    dev: Any
+    flops: bool
+
+
+def _measure_layers(layers, names, x, timing: _Timing, desc: str, progress: bool) -> list[dict]:
+    """One row per layer (the columns :func:`profile` documents, plus the private ``_fwd_range`` /
+    ``_bwd_range``), each layer fed the detached output of the one before."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from .graph import new_param_bytes
+
+    rows, seen = [], set[int]()
+    for i, layer in enumerate(tqdm(layers, desc=desc, disable=not progress, leave=False)):
+        fwd_times, bwd_times, out = _time_layer(layer, x, i, names[i], timing.warmup, timing.iterations, timing.dev)
+        row = dict(
+            name=names[i],
+            fwd_ms=_median(fwd_times),
+            bwd_ms=_median(bwd_times),
+            act_bytes=float(nbytes(out)),
+            param_bytes=float(new_param_bytes(layer, seen)),
+            input_bytes=float(nbytes(x)),
+            fwd_spread=_spread(fwd_times),
+            bwd_spread=_spread(bwd_times),
+            _fwd_range=_range(fwd_times),
+            _bwd_range=_range(bwd_times),
+        )
+        if timing.flops:
+            row["flops_fwd"], row["flops_bwd"] = _flops(layer, x, first=i == 0)
+        if getattr(layer, "reads_from", None) is not None:
+            row["own_act_bytes"] = float(_own_bytes(out, layer.own_out))
+        rows.append(row)
+        x = _detach(out).detach() if isinstance(out, torch.Tensor) else tuple(t.detach() for t in _tensors(out))
+        if not isinstance(out, torch.Tensor):
+            x = _regroup(out, x)
+    return rows
+
+
+def _measurement_meta(model: str, batch_size: int, timing: _Timing, threads: int, load_before: float | None) -> dict:
+    """Where and how a profile was measured (read right after the measurement: peak memory, load)."""
+    import resource
+
+    import torch
+
+    dev = timing.dev
+    cuda = dev.type == "cuda"
+    peak = torch.cuda.max_memory_allocated(dev) if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return dict(
         kind="measured",
-        model=name,
+        model=model,
         batch_size=batch_size,
-        device=device_name,
-        iterations=iterations,
-        warmup=warmup,
+        device=torch.cuda.get_device_name(dev) if cuda else f"CPU ({threads} threads)",
+        iterations=timing.iterations,
+        warmup=timing.warmup,
         peak_memory_bytes=int(peak),
         timer="cuda events" if cuda else "time.perf_counter",
         torch=torch.__version__,
@@ -204,13 +239,7 @@ def profile(
         cores=_cores(),
         load_before=load_before,
         load_after=_load(),
-        spread=float(ranges.sum() / max(float((df["fwd_ms"] + df["bwd_ms"]).sum()), 1e-12)),
     )
-    if tied := _tied_layers(layers):
-        meta["tied"] = tied
-    if rows and all("own_act_bytes" in r for r in rows):
-        meta["graph"] = layer_dag(rows, [layer.reads_from for layer in layers])
-    return Profile(df, meta)
 
 
 def _time_layer(layer, x, i: int, name: str, warmup: int, iterations: int, dev):
@@ -445,7 +474,7 @@ def analyze(model, example_input=None, *, batch_size: int = 32) -> pd.DataFrame:
     from .graph import new_param_bytes
 
     name, layers, names, x = _layers_and_input(model, example_input, batch_size)
-    rows, seen = [], set()
+    rows, seen = [], set[int]()
     for i, layer in enumerate(layers):
         fwd, bwd = _flops(layer, x, first=i == 0)
         out = layer(_detach(x, i > 0))

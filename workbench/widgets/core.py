@@ -26,21 +26,24 @@ from ..profiler import Profile
 from ..simulate import SimResult, simulate
 from ..topology import Topology
 
-#: schedules that take a (possibly replicated) Plan; the ones with a flush take ``per_step``
+DEFAULT_SCHEDULE = "pipedream"  # the tuner's schedule until the user picks another
+#: schedules that take a (possibly replicated) Plan (``takes_plan``), the default first, then by name;
+#: the ones with a flush take ``per_step``
 PLAN_SCHEDULES = tuple(
-    sorted((n for n, sp in schedules.REGISTRY.items() if sp.takes_plan), key=lambda n: (n != "pipedream", n))
-)  # PipeDream's own first: the default
+    sorted((n for n, sp in schedules.REGISTRY.items() if sp.takes_plan), key=lambda n: (n != DEFAULT_SCHEDULE, n))
+)
 
 
 @dataclass(frozen=True)
 class Settings:
     """One state of the tuner's controls. ``levels`` = ((workers, bytes/s), ...) innermost first;
-    ``per_step``: microbatches in flight per flush (gpipe, flush, zb-h1) or per update (2BW)."""
+    ``per_step``: microbatches in flight per flush (schedules registered with ``flushes``) or per
+    update (a schedule with the option ``microbatches_per_step``: 2BW)."""
 
     levels: tuple[tuple[int, float], ...] = ((8, 12e9),)
     memory_bytes: float | None = None
     straight: bool = False
-    schedule: str = "pipedream"
+    schedule: str = DEFAULT_SCHEDULE
     microbatches: int = 16
     per_step: int = 4
     cost: str = "workbench"  # or "pipedream": PipeDream's optimizer and formulas

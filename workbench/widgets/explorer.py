@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 from .. import schedules
 from ..display import card
 from ..simulate import SimResult, simulate
+from . import controls
 from .figures import _FONT, timeline_widget, update_timeline, widget
 
 
@@ -55,6 +56,22 @@ def explore(
     return simulate(sched, fwd=fwd * share, bwd=bwd * share, transfer=transfer)
 
 
+def _memory_figure() -> go.Figure:
+    """The bar chart of peak stashed activations per worker (data filled by ``update``)."""
+    fig = go.Figure(go.Bar(x=[], y=[], marker_color="#72B7B2", name="peak activations"))
+    fig.update_layout(
+        title=dict(text="peak stashed activations per worker (microbatches)", x=0.01, font=dict(size=13)),
+        height=240,
+        width=320,
+        margin=dict(l=50, r=10, t=45, b=40),
+        font=_FONT,
+        template="plotly_white",
+        xaxis=dict(title="worker", type="category"),
+        yaxis=dict(title="microbatches"),
+    )
+    return fig
+
+
 class ScheduleExplorer:
     """Pick a schedule and its shape; timeline, bubble and per-worker memory update in place."""
 
@@ -67,77 +84,10 @@ class ScheduleExplorer:
         bwd: float = 2.0,
         transfer: float = 0.0,
     ):
-        style = {"description_width": "initial"}
-        self.schedule = W.Dropdown(
-            options=schedules.NAMES, value=schedule, description="schedule", style=style, layout=W.Layout(width="220px")
-        )
-        self.stages = W.IntSlider(
-            value=stages,
-            min=1,
-            max=16,
-            description="stages (workers)",
-            style=style,
-            continuous_update=False,
-            layout=W.Layout(width="300px"),
-        )
-        self.microbatches = W.IntSlider(
-            value=microbatches,
-            min=1,
-            max=64,
-            description="microbatches",
-            style=style,
-            continuous_update=False,
-            layout=W.Layout(width="300px"),
-        )
-        self.fwd = W.BoundedFloatText(
-            value=fwd,
-            min=0.01,
-            max=100,
-            step=0.1,
-            description="forward (units)",
-            style=style,
-            layout=W.Layout(width="190px"),
-        )
-        self.bwd = W.BoundedFloatText(
-            value=bwd,
-            min=0.0,
-            max=100,
-            step=0.1,
-            style=style,
-            description="backward incl. weight grad (units)",
-            layout=W.Layout(width="290px"),
-        )
-        self.transfer = W.BoundedFloatText(
-            value=transfer,
-            min=0,
-            max=100,
-            step=0.1,
-            style=style,
-            description="communication per message (units)",
-            layout=W.Layout(width="290px"),
-        )
-        self.chunks = W.IntSlider(
-            value=2,
-            min=1,
-            max=8,
-            description="chunks (interleaved)",
-            style=style,
-            continuous_update=False,
-            layout=W.Layout(width="300px"),
-        )
+        self._build_controls(schedule, stages, microbatches, fwd, bwd, transfer)
         self.stats = W.HTML(layout=W.Layout(width="500px"))
         self.timeline_fig = timeline_widget("timeline", "units")
-        self.memory_fig = go.Figure(go.Bar(x=[], y=[], marker_color="#72B7B2", name="peak activations"))
-        self.memory_fig.update_layout(
-            title=dict(text="peak stashed activations per worker (microbatches)", x=0.01, font=dict(size=13)),
-            height=240,
-            width=320,
-            margin=dict(l=50, r=10, t=45, b=40),
-            font=_FONT,
-            template="plotly_white",
-            xaxis=dict(title="worker", type="category"),
-            yaxis=dict(title="microbatches"),
-        )
+        self.memory_fig = _memory_figure()
         self.result: SimResult | None = None
         for w in (self.schedule, self.stages, self.microbatches, self.fwd, self.bwd, self.transfer, self.chunks):
             w.observe(lambda _: self.update(), names="value")
@@ -156,6 +106,15 @@ class ScheduleExplorer:
                 self.timeline_fig,
             ]
         )
+
+    def _build_controls(self, schedule: str, stages: int, microbatches: int, fwd: float, bwd: float, transfer: float):
+        self.schedule = controls.dropdown(schedules.NAMES, schedule, "schedule", "220px")
+        self.stages = controls.int_slider(stages, 1, 16, "stages (workers)", "300px")
+        self.microbatches = controls.int_slider(microbatches, 1, 64, "microbatches", "300px")
+        self.fwd = controls.float_box(fwd, 0.01, 100, 0.1, "forward (units)", "190px")
+        self.bwd = controls.float_box(bwd, 0.0, 100, 0.1, "backward incl. weight grad (units)", "290px")
+        self.transfer = controls.float_box(transfer, 0, 100, 0.1, "communication per message (units)", "290px")
+        self.chunks = controls.int_slider(2, 1, 8, "chunks (interleaved)", "300px")
 
     def _ipython_display_(self):
         from IPython.display import display

@@ -136,6 +136,11 @@ def update_timeline(fig: go.Figure, timeline: pd.DataFrame, title: str) -> None:
     fig.plotly_update(restyle_data=restyle, relayout_data=relayout, trace_indexes=list(range(len(names))))
 
 
+def _level_line(name: str, color: str, dash: str, group: str, **line) -> go.Scatter:
+    """An empty dashed line trace (a bound or a limit across the bars; data set by the update)."""
+    return go.Scatter(x=[], y=[], name=name, mode="lines", line=dict(color=color, dash=dash, **line), legendgroup=group)
+
+
 def stage_widget(memory_title: str = "peak memory per worker (GB, simulated)") -> go.Figure:
     """Per-stage time bars (compute, all-reduce, cut) beside per-worker memory against the limit."""
     fig = make_subplots(
@@ -147,31 +152,9 @@ def stage_widget(memory_title: str = "peak memory per worker (GB, simulated)") -
     )
     for name, color in zip(("compute", "all-reduce", "cut to next stage"), _STAGE_COLORS):
         fig.add_trace(go.Bar(x=[], y=[], name=name, marker_color=color, legendgroup="time"), row=1, col=1)
-    fig.add_trace(
-        go.Scatter(
-            x=[],
-            y=[],
-            name="bottleneck (predicted)",
-            mode="lines",
-            line=dict(color=_STAGE_COLORS[3], dash="dot", width=1.5),
-            legendgroup="time",
-        ),
-        row=1,
-        col=1,
-    )
+    fig.add_trace(_level_line("bottleneck (predicted)", _STAGE_COLORS[3], "dot", "time", width=1.5), row=1, col=1)
     fig.add_trace(go.Bar(x=[], y=[], name="memory", marker_color=_STAGE_COLORS[4], legendgroup="mem"), row=1, col=2)
-    fig.add_trace(
-        go.Scatter(
-            x=[],
-            y=[],
-            name="memory limit",
-            mode="lines",
-            line=dict(color=_STAGE_COLORS[5], dash="dash"),
-            legendgroup="mem",
-        ),
-        row=1,
-        col=2,
-    )
+    fig.add_trace(_level_line("memory limit", _STAGE_COLORS[5], "dash", "mem"), row=1, col=2)
     fig.update_annotations(font_size=13)
     w = fig
     w.update_layout(

@@ -19,7 +19,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .. import models as zoo
-from ..cost_compare import compare_costs
+from ..cost_compare import CostComparison, compare_costs
 from ..display import card
 from ..io import fresh_path, run_id
 from ..pipedream_graph import SHIPPED, shipped
@@ -28,7 +28,7 @@ from ..plan import Plan
 from ..profiler import Profile
 from ..profiler import profile as measure_profile
 from ..topology import Topology
-from . import core
+from . import controls, core
 from .figures import stage_widget, timeline_widget, update_stages, update_timeline, widget
 
 MEASURABLE = ("mlp", "vgg16", "alexnet")  # zoo models small enough ("mini") to profile here in seconds
@@ -57,7 +57,7 @@ class PartitionTuner:
         profile_or_model=None,
         topology: Topology | None = None,
         *,
-        schedule: str = "pipedream",
+        schedule: str = core.DEFAULT_SCHEDULE,
         microbatches: int = 16,
         per_step: int = 4,
         memory_gb: float = 0.0,
@@ -72,10 +72,10 @@ class PartitionTuner:
         self.outcome: core.Outcome | None = None
         self.last_update_ms = math.nan
         self._best: core.Plan | None = None
-        self._best_key = None
+        self._best_key: tuple | None = None
         self._busy = False
         self.compare = bool(compare)
-        self.comparison = None  # the last CostComparison shown (compare=True)
+        self.comparison: CostComparison | None = None  # the last one shown (compare=True)
         self._build_controls(schedule, microbatches, per_step, memory_gb, straight)
         self.cost = W.ToggleButtons(
             options=[("workbench cost model", "workbench"), ("PipeDream's optimizer", "pipedream")],
@@ -117,99 +117,60 @@ class PartitionTuner:
         return measure_profile(obj, batch_size=64)
 
     def _build_controls(self, schedule, microbatches, per_step, memory_gb, straight):
-        wide = W.Layout(width="auto")
-        style = {"description_width": "initial"}
+        self._source_controls()
+        self._topology_controls()
+        self.memory = controls.float_box(memory_gb, 0, 1e4, 1, "memory limit per worker (GB, 0 = none)", "330px")
+        self.straight = W.ToggleButtons(
+            options=[("replicated stages", False), ("straight pipeline", True)],
+            value=straight,
+            style={"button_width": "140px"},
+        )
+        self.schedule = controls.dropdown(list(core.PLAN_SCHEDULES), schedule, "schedule", "240px")
+        self.microbatches = controls.int_slider(microbatches, 1, 64, "microbatches", "330px")
+        self.per_step = controls.int_slider(per_step, 1, 64, "in flight per flush / update", "360px")
+        self._plan_controls()
+        self.progress = W.IntProgress(value=0, min=0, max=4, layout=W.Layout(width="160px"))
+        self.status = W.HTML(_status_html("ready"), layout=W.Layout(width="auto"))
+        self._connect_controls()
+
+    def _source_controls(self):
+        """Where the profile comes from: given, PipeDream's shipped, measured here, or a file."""
         opts = (
             [("profile given to the tuner", "given")]
             + [(f"PipeDream {n} (GPU, published)", f"shipped:{n}") for n in SHIPPED]
             + [(f"{n} mini (measured here, CPU)", f"measure:{n}") for n in MEASURABLE]
             + [("import a file (graph.txt / CSV / JSON) ...", "file")]
         )
-        self.source = W.Dropdown(
-            options=opts, value="given", description="profile", style=style, layout=W.Layout(width="340px")
-        )
+        self.source = controls.dropdown(opts, "given", "profile", "340px")
         self.path = W.Text(placeholder="path to graph.txt, profile CSV or JSON", layout=W.Layout(width="300px"))
         self.load = W.Button(description="load file", icon="folder-open", layout=W.Layout(width="110px"))
-        self.levels = []
+
+    def _topology_controls(self) -> None:
+        """One (workers, GB/s) pair of boxes per level of the topology, innermost first."""
+        self.levels: list[tuple[W.BoundedIntText, W.BoundedFloatText]] = []
         for k, (count, bw) in enumerate(self.topology.levels):
             name = _LEVEL_NAMES[k] if k < len(_LEVEL_NAMES) else f"level {k + 1}"
-            n = W.BoundedIntText(
-                value=count,
-                min=1,
-                max=64,
-                description=f"L{k + 1} count ({name})",
-                style=style,
-                layout=W.Layout(width="260px"),
-            )
-            b = W.BoundedFloatText(
-                value=bw / 1e9,
-                min=1e-3,
-                max=1e4,
-                step=0.25,
-                description="GB/s",
-                style=style,
-                layout=W.Layout(width="150px"),
-            )
+            n = controls.int_box(count, 1, 64, f"L{k + 1} count ({name})", "260px")
+            b = controls.float_box(bw / 1e9, 1e-3, 1e4, 0.25, "GB/s", "150px")
             self.levels.append((n, b))
-        self.memory = W.BoundedFloatText(
-            value=memory_gb,
-            min=0,
-            max=1e4,
-            step=1,
-            style=style,
-            description="memory limit per worker (GB, 0 = none)",
-            layout=W.Layout(width="330px"),
-        )
-        self.straight = W.ToggleButtons(
-            options=[("replicated stages", False), ("straight pipeline", True)],
-            value=straight,
-            style={"button_width": "140px"},
-        )
-        self.schedule = W.Dropdown(
-            options=list(core.PLAN_SCHEDULES),
-            value=schedule,
-            description="schedule",
-            style=style,
-            layout=W.Layout(width="240px"),
-        )
-        self.microbatches = W.IntSlider(
-            value=microbatches,
-            min=1,
-            max=64,
-            description="microbatches",
-            style=style,
-            continuous_update=False,
-            layout=W.Layout(width="330px"),
-        )
-        self.per_step = W.IntSlider(
-            value=per_step,
-            min=1,
-            max=64,
-            style=style,
-            continuous_update=False,
-            description="in flight per flush / update",
-            layout=W.Layout(width="360px"),
-        )
+
+    def _plan_controls(self):
+        """Optimizer or manual plan, the manual plan's text boxes, and the plan's buttons."""
         self.optimize = W.Button(
             description="re-run optimizer", icon="refresh", button_style="primary", layout=W.Layout(width="160px")
         )
         self.mode = W.ToggleButtons(
             options=[("optimizer's plan", False), ("manual plan", True)], value=False, style={"button_width": "130px"}
         )
-        self.lasts = W.Text(
-            description="last layer of each stage", style=style, layout=W.Layout(width="420px"), continuous_update=False
-        )
-        self.replicas = W.Text(
-            description="replicas per stage", style=style, layout=W.Layout(width="300px"), continuous_update=False
-        )
+        self.lasts = controls.text_box("last layer of each stage", "420px")
+        self.replicas = controls.text_box("replicas per stage", "300px")
         self.copy = W.Button(description="copy optimizer's plan", icon="copy", layout=W.Layout(width="190px"))
         self.export = W.Button(description="export plan", icon="download", layout=W.Layout(width="140px"))
         self.run = W.Button(
             description="run it (real, short)", icon="play", button_style="warning", layout=W.Layout(width="170px")
         )
-        self.progress = W.IntProgress(value=0, min=0, max=4, layout=W.Layout(width="160px"))
-        self.status = W.HTML(_status_html("ready"), layout=wide)
 
+    def _connect_controls(self):
         for w in [
             self.memory,
             self.straight,
