@@ -151,7 +151,7 @@ def _profile_threads(args) -> int:
 
 
 def _pipedream_profile(name_or_path: str):
-    """A shipped PipeDream profile by name (vgg16, resnet50, alexnet) or a graph.txt path."""
+    """A shipped PipeDream profile by name (see pipedream_graph.SHIPPED) or a graph.txt path."""
     from .pipedream_graph import SHIPPED, shipped
     from .profiler import Profile
 
@@ -451,7 +451,7 @@ def _add_profile_command(sub) -> None:
     p.add_argument("--gpu", help="write a MODELED profile for this GPU (V100, 1080Ti, A100, H100) instead of measuring")
     p.add_argument(
         "--pipedream",
-        help="import PipeDream's published profile: a shipped name (vgg16, resnet50, alexnet) or a graph.txt path",
+        help="import PipeDream's published profile: a shipped name (vgg16, resnet50, alexnet, inception_v3, gnmt, gnmt_large) or a graph.txt path",
     )
     p.add_argument(
         "--dataset",
