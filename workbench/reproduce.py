@@ -411,6 +411,14 @@ def _calibration_section(run_dir: Path) -> list[str]:
     lines += _table(pd.read_csv(folder / "calibration_parameters.csv"))
     lines += ["", "Where each setting comes from:", ""]
     lines += _table(pd.read_csv(folder / "settings.csv"))
+    if (folder / "configurations.csv").exists():
+        lines += [
+            "",
+            "Configurations (replicas per stage) on the calibrated links: the calibrated model's, PipeDream's own "
+            "optimizer's (`cost=\"pipedream\"`, with its predicted gain over its data-parallel estimate), the paper's:",
+            "",
+        ]
+        lines += _table(pd.read_csv(folder / "configurations.csv"))
     return lines
 
 

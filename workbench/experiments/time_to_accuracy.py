@@ -155,6 +155,13 @@ def _with_speed(stats: pd.DataFrame, speed: pd.Series) -> pd.DataFrame:
 
 
 # ---- hardware efficiency: modeled on the paper's cluster -------------------------------------
+def _spec(scheme: str):
+    """The registration of the schedule a hardware scheme runs (what it knows decides the plan)."""
+    from ..schedules import spec
+
+    return spec(HARDWARE_SCHEMES[scheme][0])
+
+
 def _plan_for(scheme: str, profile, topology, latency_ms: float = 0.0):
     """The plan a scheme runs on ``topology``: PipeDream's optimal plan for the PipeDream variants,
     the straight (one worker per stage) optimum for GPipe and model parallelism, one stage for data
@@ -163,12 +170,12 @@ def _plan_for(scheme: str, profile, topology, latency_ms: float = 0.0):
 
     from ..plan import Plan
 
-    name = HARDWARE_SCHEMES[scheme][0]
-    if scheme == "pipedream-straight" or name in ("gpipe", "model-parallel"):
+    sp = _spec(scheme)
+    if sp.family == "data-parallel":
+        return Plan.from_boundaries([len(profile.layers) - 1])
+    if scheme == "pipedream-straight" or not sp.data_parallel_plan:  # stages cannot be replicated
         return wb.partition(profile, topology, straight=True, latency_ms=latency_ms)
-    if name == "pipedream":
-        return wb.partition(profile, topology, latency_ms=latency_ms)
-    return Plan.from_boundaries([len(profile.layers) - 1])
+    return wb.partition(profile, topology, latency_ms=latency_ms)
 
 
 def _schedule_for(scheme: str, plan, workers: int):
@@ -177,12 +184,12 @@ def _schedule_for(scheme: str, plan, workers: int):
     from .. import schedules
 
     name, opts = HARDWARE_SCHEMES[scheme]
-    S = plan.num_stages
-    if name == "gpipe":
+    sp, S = _spec(scheme), plan.num_stages
+    if sp.flushes:
         return schedules.build(name, plan, 4 * S, steps=4)
-    if name in ("dp-bsp", "dp-asp"):
+    if sp.family == "data-parallel":
         return schedules.build(name, plan, 8 * workers, workers=workers)
-    if name == "pipedream" and plan.in_flight:
+    if plan.in_flight and any(o.name == "warmup" for o in sp.options):
         opts = dict(opts, warmup=list(plan.in_flight))
     return schedules.build(name, plan, 16 * workers, **opts)
 
@@ -246,7 +253,7 @@ def _single_gpu_ms(profile) -> float:
 
 
 def _plan_text(plan, scheme) -> str:
-    if HARDWARE_SCHEMES[scheme][0] in ("dp-bsp", "dp-asp"):
+    if _spec(scheme).family == "data-parallel":
         return "1 stage on every GPU"
     return "-".join(str(s.replicas) for s in plan.stages)
 
@@ -256,11 +263,11 @@ def _planner_speedup(scheme, plan, profile, topo, latency_ms: float = 0.0) -> fl
     from ..costmodel import CostModel
     from ..partition import data_parallel_ms
 
-    name = HARDWARE_SCHEMES[scheme][0]
-    if name == "dp-bsp":
+    sp = _spec(scheme)
+    if sp.executor == "ddp":
         cm = CostModel.from_profile(profile, topo, latency_ms=latency_ms)
         return _single_gpu_ms(profile) / data_parallel_ms(profile, topo, cm)
-    if name == "pipedream":
+    if sp.data_parallel_plan:  # the partitioner's plan and its closed-form prediction
         return _single_gpu_ms(profile) / plan.predicted_ms
     return math.nan
 
