@@ -104,8 +104,8 @@ SETTINGS = {
             PS,
             "bandwidth+latency",
             "arxiv-A",
-            "arXiv v1 §5.1: one Titan X per machine, 25 Gbps Ethernet (the paper's Fig. 1 text: 8 Titan X "
-            "machines on 25 Gbps)",
+            "arXiv v1, evaluation setup and §2 (VGG-16's 72% on 8 Titan X machines over 25 Gbps): one Titan X "
+            "per machine, 25 Gbps Ethernet",
         ),
         Setting(
             "arxiv-B",
@@ -118,8 +118,8 @@ SETTINGS = {
             PS,
             "bandwidth+latency",
             "arxiv-B",
-            "arXiv v1 §5.1: AWS p3.2xlarge, one V100 per machine, 10 Gbps (assumption from the instance "
-            "type's 'up to 10 Gbps')",
+            "arXiv v1, evaluation setup: AWS p3.2xlarge, one V100 per machine; 10 Gbps is an assumption (the "
+            "instance type's 'up to 10 Gbps')",
         ),
         Setting(
             "sosp-A",
@@ -132,7 +132,7 @@ SETTINGS = {
             DDP,
             "efficiency",
             "sosp",
-            "SOSP Table 2: Azure NC24 v3, 4 V100 per server over PCIe, 10 Gbps between servers",
+            "SOSP §5.1 (Cluster-A): Azure NC24 v3, 4 V100 per server over PCIe, 10 Gbps between servers",
         ),
         Setting(
             "sosp-B",
@@ -145,7 +145,7 @@ SETTINGS = {
             DDP,
             "efficiency",
             "sosp",
-            "SOSP Table 2: AWS p3.16xlarge, 8 V100 per server with NVLink, 25 Gbps between servers",
+            "SOSP §5.1 (Cluster-B): AWS p3.16xlarge, 8 V100 per server with NVLink, 25 Gbps between servers",
         ),
         Setting(
             "sosp-C",
@@ -158,7 +158,7 @@ SETTINGS = {
             DDP,
             "efficiency",
             "sosp",
-            "SOSP Table 2: private cluster, one Titan X per server, 40 Gbps",
+            "SOSP §5.1 (Cluster-C): private cluster, one Titan X per server, 40 Gbps",
         ),
     )
 }
