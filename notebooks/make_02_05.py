@@ -107,8 +107,9 @@ measured
 ## Each claim on its own hardware: calibrated on data parallelism, PipeDream predicted
 
 The papers' settings (arXiv v1: one GPU per machine, a parameter server; SOSP: multi-GPU servers,
-PyTorch all-reduce). Each setting's links get at most two free parameters, fitted only to the papers'
-data-parallel numbers; every PipeDream-side number is then predicted by the same cost model
+PyTorch all-reduce). Each setting's data-parallel all-reduce gets at most two free parameters, fitted
+only to the papers' data-parallel numbers (pipeline links stay at their nominal rates); every
+PipeDream-side number is then predicted by the same cost model
 (`workbench/experiments/calibration.py`). **Modeled**; `fit` says in-sample or out-of-sample.
 """),
     code("""

@@ -605,7 +605,10 @@ class PartitionOptions:
     * ``straight``: no stage replication; ``memory_bytes``: limit per worker (None: none);
       ``use_fewer_workers``: the best plan on any number of workers up to the topology's;
     * ``latency_ms`` (per message, one number or one per level) and ``op_overhead_ms`` (per op):
-      the calibrated fixed costs of :mod:`workbench.calibrate`;
+      the calibrated fixed costs of :mod:`workbench.calibrate`; ``allreduce_bandwidth`` and
+      ``allreduce_latency_ms`` (one number or one per level): the ring all-reduce's own bus bandwidth
+      and per-step latency where data parallelism's collective is slower than the links (None: the
+      links'; :class:`~workbench.costmodel.CostModel`);
     * ``refine``: simulate the best candidates (:func:`refine_candidates`); ``recompute``:
       activation re-materialization in the memory figures (module docstring, Memory);
     * ``cost``: ``"workbench"`` (the cost model) or ``"pipedream"`` (PipeDream's optimizer and
@@ -617,6 +620,8 @@ class PartitionOptions:
     use_fewer_workers: bool = False
     latency_ms: float | Sequence[float] = 0.0
     op_overhead_ms: float = 0.0
+    allreduce_bandwidth: float | Sequence[float] | None = None
+    allreduce_latency_ms: float | Sequence[float] | None = None
     refine: bool = True
     recompute: bool = False
     cost: str = "workbench"
@@ -665,7 +670,14 @@ def partition(profile: Profile, topology: Topology, options: PartitionOptions | 
         return _partition_pipedream(profile, topo, o)
     memory_bytes = _memory(o.memory_bytes)
     fewer = o.use_fewer_workers
-    cm = CostModel.from_profile(profile, topo, latency_ms=o.latency_ms, op_overhead_ms=o.op_overhead_ms)
+    cm = CostModel.from_profile(
+        profile,
+        topo,
+        latency_ms=o.latency_ms,
+        op_overhead_ms=o.op_overhead_ms,
+        allreduce_bandwidth=o.allreduce_bandwidth,
+        allreduce_latency_ms=o.allreduce_latency_ms,
+    )
     levels = _build_levels(L, topo, o.straight, memory_bytes, fewer, cm, recompute=o.recompute)
     top = levels[-1]
     m_top = _best_m(top, L.n - 1, 0, fewer)
@@ -687,9 +699,10 @@ def partition(profile: Profile, topology: Topology, options: PartitionOptions | 
 
 def _partition_pipedream(profile: Profile, topo: Topology, o: PartitionOptions) -> Plan:
     """``cost="pipedream"``: PipeDream's optimizer, which has no fixed costs or recompute to price."""
-    if o.recompute or o.latency_ms or o.op_overhead_ms:
+    if o.recompute or o.latency_ms or o.op_overhead_ms or o.allreduce_bandwidth or o.allreduce_latency_ms:
         raise ValueError(
-            "cost='pipedream' prices PipeDream's formulas only: drop recompute, latency_ms and op_overhead_ms"
+            "cost='pipedream' prices PipeDream's formulas only: drop recompute, latency_ms, op_overhead_ms "
+            "and the allreduce_ options"
         )
     return partition_pipedream(
         profile, topo, o.straight, _memory(o.memory_bytes), o.use_fewer_workers, o.pipedream or PipeDreamSettings()
@@ -708,6 +721,8 @@ def _workbench_meta(profile: Profile, topo: Topology, o: PartitionOptions, memor
         "recompute": o.recompute,
         "latency_ms": list(cm.latency_ms),
         "op_overhead_ms": cm.op_overhead_ms,
+        "allreduce_bandwidth": None if cm.allreduce_bandwidth is None else list(cm.allreduce_bandwidth),
+        "allreduce_latency_ms": None if cm.allreduce_latency_ms is None else list(cm.allreduce_latency_ms),
         "batch_size": cm.batch_size,
         "cost": "workbench",
         "cost_model": "workbench.costmodel: 1F1B round (F + B + 3o + exposed ring AR) / m, "
@@ -815,7 +830,15 @@ def refine_plan(
         cand = with_predictions(plan, cm, k)
         if memory_bytes is not None and max(cand.stage_memory_bytes) > memory_bytes:
             continue
-        res = simulate_plan(cand, profile, topology, latency_ms=list(cm.latency_ms), op_overhead_ms=cm.op_overhead_ms)
+        res = simulate_plan(
+            cand,
+            profile,
+            topology,
+            latency_ms=list(cm.latency_ms),
+            op_overhead_ms=cm.op_overhead_ms,
+            allreduce_bandwidth=None if cm.allreduce_bandwidth is None else list(cm.allreduce_bandwidth),
+            allreduce_latency_ms=None if cm.allreduce_latency_ms is None else list(cm.allreduce_latency_ms),
+        )
         t = math.nan if res.time_per_minibatch_ms is None else res.time_per_minibatch_ms  # nan: no steady state
         if best is None or t < best[0] * (1 - 0.005):
             best = (t, cand)

@@ -404,8 +404,9 @@ def _calibration_section(run_dir: Path) -> list[str]:
         "",
         "## Hardware settings and their calibration (notebook 02, `workbench/experiments/calibration.py`)",
         "",
-        "Each group's links have at most two free parameters, fitted to the papers' data-parallel numbers "
-        "only (the `in-sample` rows); `bandwidth_GBps` is in the units of PipeDream's V100 profiles' compute.",
+        "Each group's data-parallel all-reduce has at most two free parameters, fitted to the papers' "
+        "data-parallel numbers only (the `in-sample` rows): its bus bandwidth (GB/s) and per-step latency "
+        "(arXiv), or its efficiency relative to the links' nominal rates (SOSP); pipeline links stay nominal.",
         "",
     ]
     lines += _table(pd.read_csv(folder / "calibration_parameters.csv"))

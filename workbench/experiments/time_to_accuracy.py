@@ -162,7 +162,7 @@ def _spec(scheme: str):
     return spec(HARDWARE_SCHEMES[scheme][0])
 
 
-def _plan_for(scheme: str, profile, topology, latency_ms: float = 0.0):
+def _plan_for(scheme: str, profile, topology, cost: dict | None = None):
     """The plan a scheme runs on ``topology``: PipeDream's optimal plan for the PipeDream variants,
     the straight (one worker per stage) optimum for GPipe and model parallelism, one stage for data
     parallelism."""
@@ -174,8 +174,8 @@ def _plan_for(scheme: str, profile, topology, latency_ms: float = 0.0):
     if sp.family == "data-parallel":
         return Plan.from_boundaries([len(profile.layers) - 1])
     if scheme == "pipedream-straight" or not sp.data_parallel_plan:  # stages cannot be replicated
-        return wb.partition(profile, topology, straight=True, latency_ms=latency_ms)
-    return wb.partition(profile, topology, latency_ms=latency_ms)
+        return wb.partition(profile, topology, straight=True, **(cost or {}))
+    return wb.partition(profile, topology, **(cost or {}))
 
 
 def _schedule_for(scheme: str, plan, workers: int):
@@ -201,31 +201,32 @@ def modeled_hardware(
     cost model's ``SimResult.time_per_minibatch_ms``), speedup over one GPU, mean share of time
     waiting on communication, and the planner's own prediction (``Plan.predicted_ms``; BSP:
     ``partition.data_parallel_ms``) for the schemes it models, on ``setting``'s calibrated links."""
-    from .. import pipedream_graph
     from .calibration import SETTINGS, calibrated
 
     if setting not in SETTINGS:
         raise ValueError(f"unknown hardware setting {setting!r}; choose one of {sorted(SETTINGS)}")
     s = SETTINGS[setting]
     params = calibrated()[s.group]
-    profile = pipedream_graph.shipped(profile_name)
+    from .calibration import model_profile
+
+    profile = model_profile(profile_name, s.gpu)
     rows = []
     for n in gpus:
         if n > s.gpus_per_machine and n % s.gpus_per_machine:
             raise ValueError(f"{n} GPUs is not a whole number of {setting} machines ({s.gpus_per_machine} GPUs each)")
-        topo, lat = s.topology(n, params)
+        topo = s.topology(n)
+        cost = s.collective(topo, params)
         for scheme in schemes:
-            rows.append(_hardware_row(scheme, profile, topo, lat, f"{profile_name}; {s.title} calibrated"))
+            rows.append(_hardware_row(scheme, profile, topo, cost, f"{profile_name}; {s.title} calibrated"))
     return pd.DataFrame(rows)
 
 
-def _hardware_row(scheme, profile, topo, latency_ms, what) -> dict:
+def _hardware_row(scheme, profile, topo, cost: dict, what) -> dict:
+    """``cost``: the calibrated all-reduce (``allreduce_bandwidth``, ``allreduce_latency_ms``)."""
     import workbench as wb
 
-    plan = _plan_for(scheme, profile, topo, latency_ms)
-    res = wb.simulate(
-        _schedule_for(scheme, plan, topo.num_workers), profile=profile, plan=plan, topology=topo, latency_ms=latency_ms
-    )
+    plan = _plan_for(scheme, profile, topo, cost)
+    res = wb.simulate(_schedule_for(scheme, plan, topo.num_workers), profile=profile, plan=plan, topology=topo, **cost)
     single = _single_gpu_ms(profile)
     ms = res.time_per_minibatch_ms
     return dict(
@@ -237,9 +238,9 @@ def _hardware_row(scheme, profile, topo, latency_ms, what) -> dict:
         speedup_modeled=single / ms,
         comm_share_modeled=float(np.mean(res.metrics["comm_wait_share"])),
         steady_state=bool(res.metrics["steady_state"]),
-        planner_speedup=_planner_speedup(scheme, plan, profile, topo, latency_ms),
-        label=f"modeled (profile {what}: PipeDream's GPU graph.txt; topology {topo.describe()}, latency "
-        f"{latency_ms:.3g} ms; workbench.simulate steady state)",
+        planner_speedup=_planner_speedup(scheme, plan, profile, topo, cost),
+        label=f"modeled (profile {what}: PipeDream's GPU graph.txt; topology {topo.describe()} at nominal rates, "
+        "data-parallel all-reduce calibrated; workbench.simulate steady state)",
     )
 
 
@@ -258,14 +259,14 @@ def _plan_text(plan, scheme) -> str:
     return "-".join(str(s.replicas) for s in plan.stages)
 
 
-def _planner_speedup(scheme, plan, profile, topo, latency_ms: float = 0.0) -> float:
+def _planner_speedup(scheme, plan, profile, topo, cost: dict | None = None) -> float:
     """The planner's predicted speedup over one GPU (``Plan.predicted_ms``; BSP: ``data_parallel_ms``)."""
     from ..costmodel import CostModel
     from ..partition import data_parallel_ms
 
     sp = _spec(scheme)
     if sp.executor == "ddp":
-        cm = CostModel.from_profile(profile, topo, latency_ms=latency_ms)
+        cm = CostModel.from_profile(profile, topo, **(cost or {}))
         return _single_gpu_ms(profile) / data_parallel_ms(profile, topo, cm)
     if sp.data_parallel_plan:  # the partitioner's plan and its closed-form prediction
         return _single_gpu_ms(profile) / plan.predicted_ms

@@ -255,10 +255,13 @@ def simulate_plan(
     latency_ms=0.0,
     op_overhead_ms: float = 0.0,
     overlap_comm: bool = True,
+    allreduce_bandwidth=None,
+    allreduce_latency_ms=None,
 ) -> SimResult:
     """Simulate PipeDream's 1F1B schedule of ``plan`` with the plan's own warm-up (``plan.in_flight``,
     else NOAM) on ``topology`` (default: the topology stored in the plan), ``microbatches``
-    minibatches (default: enough for a steady state)."""
+    minibatches (default: enough for a steady state); the all-reduce calibrated on its own where
+    ``allreduce_bandwidth`` / ``allreduce_latency_ms`` are given (:func:`simulate`)."""
     from ..schedules import build
 
     if topology is None:
@@ -274,6 +277,8 @@ def simulate_plan(
         latency_ms=latency_ms,
         op_overhead_ms=op_overhead_ms,
         overlap_comm=overlap_comm,
+        allreduce_bandwidth=allreduce_bandwidth,
+        allreduce_latency_ms=allreduce_latency_ms,
     )
 
 
