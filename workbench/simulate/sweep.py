@@ -113,8 +113,7 @@ class _Sweeper:
         self.stack = list(range(W - 1, -1, -1))  # workers that may make progress
 
     def run(self) -> None:
-        """Sweep until no worker can make progress: each worker runs its ops in order until one
-        waits for a producer that has not ended; that producer's end puts the worker back on the stack."""
+        """Sweep until no worker can progress: a worker runs its ops until one waits for a producer."""
         gr = self.graph  # unpacked into locals: the loop below is the simulator's hot path
         kc, st, mb, ver, wof, wend, dur = gr.kc, gr.st, gr.mb, gr.ver, gr.wof, gr.wend, gr.dur
         cons_idx, cons_ptr, etype, ems, ebytes = gr.cons_idx, gr.cons_ptr, gr.etype, gr.ems, gr.ebytes
@@ -122,7 +121,7 @@ class _Sweeper:
         free, prev_start, stall, ptr, stack = self.free, self.prev_start, self.stall, self.ptr, self.stack
         link_free, is_fetch, arrived, msg_cpu = self.link_free, gr.is_fetch, self.arrived, self.msg_cpu
         send_work, recv_work, record = self.send_work, self.recv_work, self.channels.record
-        overlap_comm, W, INF = self.overlap_comm, self.W, math.inf
+        overlap_comm, W, ver_ready = self.overlap_comm, self.W, self.ver_ready
         while stack:
             w = stack.pop()
             i, stop, fw, ps, stl = ptr[w], wend[w], free[w], prev_start[w], 0.0
@@ -133,7 +132,7 @@ class _Sweeper:
                         ptr[w], free[w] = i, fw
                         self._finish_allreduce((st[i], gr.stp[i]))
                     if not overlap_comm:  # the worker waits for the all-reduce to end
-                        if end[i] == INF:
+                        if end[i] == math.inf:
                             break
                         if end[i] > fw:
                             stl += end[i] - fw
@@ -150,13 +149,15 @@ class _Sweeper:
                 t = fw if fw > ready else ready
                 nd = nodep[i]
                 base = fw if fw > nd else nd
-                if t > base:
+                if t > base:  # waited for a transfer, an all-reduce or a fetch
                     stl += t - base
                 e = t + dur[i]
-                if msg_cpu:
-                    e += self._message_cpu_left(w, i, fw, t)
-                sent = 0
-                start[i], end[i] = t, e
+                if msg_cpu:  # the messages' CPU work that did not fit in the idle time before t
+                    items = send_work[w] + recv_work.pop(i, [])
+                    if items:
+                        send_work[w] = []
+                        e += _left_over(items, fw, t)
+                start[i], end[i], sent = t, e, 0
                 ps, fw = t, e
                 for j in range(cons_ptr[i], cons_ptr[i + 1]):
                     c = cons_idx[j]
@@ -177,7 +178,7 @@ class _Sweeper:
                             name = "send_wgrad" if typ == 3 else "send_act" if k == _F else "send_grad"
                             record((w, st[i], mb[i], name, t0, a, ver[i], w, wc, -1, ebytes[j]))
                     elif typ == 2:  # a weight version now exists for a remote reader to fetch
-                        self.ver_ready[c] = e
+                        ver_ready[c] = e
                     if a > arrive[c]:
                         arrive[c] = a
                     if e > nodep[c]:
@@ -191,15 +192,6 @@ class _Sweeper:
                 i += 1
             ptr[w], free[w], prev_start[w] = i, fw, ps
             stall[w] += stl
-
-    def _message_cpu_left(self, w: int, g: int, idle_from: float, t: float) -> float:
-        """The CPU work of messages worker ``w`` sent since its last op and op ``g`` received that
-        did not fit into the idle time before ``g`` starts at ``t`` (:func:`_left_over`)."""
-        items = self.send_work[w] + self.recv_work.pop(g, [])
-        if not items:
-            return 0.0
-        self.send_work[w] = []
-        return _left_over(items, idle_from, t)
 
     def _reach_allreduce(self, g: int, fw: float, ps: float) -> bool:
         """A worker reaches all-reduce op ``g`` at ``fw`` (its backward before started at ``ps``);
