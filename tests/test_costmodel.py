@@ -447,3 +447,28 @@ def test_measured_allreduce_curve_and_ddp_buckets():
         CostModel.from_profile(p, topo, allreduce_buckets=(0, 1))
     with pytest.raises(ValueError, match="allreduce_curve"):
         CostModel.from_profile(p, topo, allreduce_curve={"sizes": [1]})
+
+
+def test_cost_options_object_equals_keywords():
+    """``from_profile(p, topo, CostOptions(...))`` builds the model the keywords build; keywords
+    override the object's fields."""
+    from workbench.costmodel import CostOptions
+
+    p, topo = make_profile([1, 2, 3], [2, 4, 6], [1e8, 2e8, 3e8], [1e8, 0, 5e7]), Topology(((2, 10e9), (2, 1e9)))
+    curve = {"sizes": [1e6, 1e8], "ms": [0.5, 40.0], "world_size": 2}
+    kw = dict(latency_ms=[0.1, 2.0], op_overhead_ms=0.05, message_cpu_ms=0.2, allreduce_curve=curve)
+    a = CostModel.from_profile(p, topo, **kw)
+    b = CostModel.from_profile(p, topo, CostOptions(**kw))
+    c = CostModel.from_profile(
+        p,
+        topo,
+        CostOptions(latency_ms=9.0, **{k: v for k, v in kw.items() if k != "latency_ms"}),
+        latency_ms=[0.1, 2.0],
+    )
+    for cm in (b, c):
+        assert cm.latency_ms == a.latency_ms == (0.1, 2.0)
+        assert cm.allreduce_curve == a.allreduce_curve and cm.label == a.label
+        assert cm.message_ms(1e8, 0, 3) == a.message_ms(1e8, 0, 3)
+        assert cm.allreduce_ms(1e8, (0, 1)) == a.allreduce_ms(1e8, (0, 1))
+    with pytest.raises(TypeError):
+        CostModel.from_profile(p, topo, latency=0.1)

@@ -45,9 +45,12 @@ the minibatches each stage must admit for the pipeline to reach it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -70,6 +73,41 @@ def _per_level(name: str, value, levels: int) -> tuple[float, ...]:
             )
         return tuple(vals)
     return (check_ms(name, value),) * levels
+
+
+@dataclass(frozen=True)
+class CostOptions:
+    """How a :class:`CostModel` is calibrated beyond its profile and topology (the module docstring's
+    symbols in brackets).
+
+    * ``latency_ms`` (``α``): fixed cost of every message between workers, one number or one per
+      topology level (innermost first);
+    * ``op_overhead_ms`` (``o``): fixed cost of every F, B, BI, BW and STEP op;
+    * ``overlap_allreduce``: the all-reduce overlaps the backward that produces its gradients
+      (exposed ``max(0, AR - B)``) or follows it (exposed ``AR``);
+    * ``allreduce_bandwidth`` / ``allreduce_latency_ms`` (one number or one per level): the ring
+      all-reduce's own bus bandwidth and per-step latency where the library's collective is slower
+      than its links (:func:`workbench.calibrate.measure_allreduce`); None: the links';
+    * ``message_cpu_ms`` (LogP's ``o``): CPU time each activation/gradient message takes from the
+      compute of the op that sends it and of the op that receives it
+      (:func:`workbench.calibrate.measure_link` with ``busy=True``; where communication runs on the
+      compute cores);
+    * ``allreduce_curve``: a :func:`~workbench.calibrate.measure_allreduce` result (``sizes``, ``ms``,
+      ``world_size``): all-reduces over that many replicas cost the measured time, interpolated in the
+      size (gloo's time is not a line: 1 MiB took 0.6 to 3.8 ms here, 256 KiB 0.26 ms);
+    * ``allreduce_buckets`` ``(first, cap)``: the gradients are all-reduced in buckets of ``first``
+      bytes, then ``cap`` bytes each, as DistributedDataParallel does
+      (``workbench.runtime.ddp.DDP_BUCKETS``).
+    """
+
+    latency_ms: float | Sequence[float] = 0.0
+    op_overhead_ms: float = 0.0
+    overlap_allreduce: bool = True
+    allreduce_bandwidth: float | Sequence[float] | None = None
+    allreduce_latency_ms: float | Sequence[float] | None = None
+    message_cpu_ms: float = 0.0
+    allreduce_curve: Mapping | None = None
+    allreduce_buckets: Sequence[float] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,99 +143,30 @@ class CostModel:
 
     # ---- construction ------------------------------------------------------------------
     @classmethod
-    def from_profile(
-        cls,
-        profile,
-        topology=None,
-        latency_ms=0.0,
-        op_overhead_ms: float = 0.0,
-        overlap_allreduce: bool = True,
-        allreduce_bandwidth=None,
-        allreduce_latency_ms=None,
-        message_cpu_ms: float = 0.0,
-        allreduce_curve=None,
-        allreduce_buckets=None,
-    ) -> CostModel:
-        """The cost model of ``profile`` on ``topology``; ``latency_ms`` is one number or one per level.
-        ``allreduce_bandwidth`` / ``allreduce_latency_ms`` (one number or one per level): the ring
-        all-reduce's own bus bandwidth and per-step latency when the library's collective is slower
-        than its links (:func:`workbench.calibrate.measure_allreduce`); None: the links'.
-        ``message_cpu_ms``: CPU time each activation/gradient message takes from the compute of the
-        op that sends it and of the op that receives it (:func:`workbench.calibrate.measure_link`
-        with ``busy=True``; where communication runs on the compute cores). ``allreduce_curve``: a
-        :func:`~workbench.calibrate.measure_allreduce` result (``sizes``, ``ms``, ``world_size``):
-        all-reduces over that many replicas cost the measured time, interpolated in the size (gloo's
-        time is not a line: 1 MiB took 0.6 to 3.8 ms here, 256 KiB 0.26 ms). ``allreduce_buckets``
-        ``(first, cap)``: the gradients are all-reduced in buckets of ``first`` bytes, then ``cap``
-        bytes each, as DistributedDataParallel does (``workbench.runtime.ddp.DDP_BUCKETS``)."""
-        df = profile.layers
-        cols = {c: df[c].to_numpy(dtype=float) for c in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes")}
-        levels = len(getattr(topology, "levels", ())) if topology is not None else 1
-        lat = _per_level("latency_ms", latency_ms, max(1, levels))
-        ar_lat = (
-            None
-            if allreduce_latency_ms is None
-            else _per_level("allreduce_latency_ms", allreduce_latency_ms, max(1, levels))
-        )
-        ar_bw = None
-        if allreduce_bandwidth is not None:
-            vals = (
-                allreduce_bandwidth
-                if isinstance(allreduce_bandwidth, (list, tuple, np.ndarray))
-                else [allreduce_bandwidth] * max(1, levels)
-            )
-            if len(vals) != max(1, levels):
-                raise ValueError(f"allreduce_bandwidth has {len(vals)} values for {max(1, levels)} topology levels")
-            for v in vals:
-                if isinstance(v, bool) or not isinstance(v, numbers.Real) or not float(v) > 0 or math.isnan(v):
-                    raise ValueError(f"allreduce_bandwidth must be > 0 bytes/s, got {v!r}")
-            ar_bw = tuple(float(v) for v in vals)
-        split = {
-            c: df[c].to_numpy(dtype=float)
-            for c in ("bwd_input_ms", "bwd_weight_ms")
-            if c in df.columns and df[c].notna().all()
-        }
-        if len(split) < 2:
-            split = {}
-        if "grad_accumulate_ms" in df.columns and df["grad_accumulate_ms"].notna().all():
-            split["grad_accumulate_ms"] = df["grad_accumulate_ms"].to_numpy(dtype=float)
-        curve, curve_r = None, 0
-        if allreduce_curve is not None:
-            try:
-                pts = sorted((float(n), float(t)) for n, t in zip(allreduce_curve["sizes"], allreduce_curve["ms"]))
-                curve_r = int(allreduce_curve["world_size"])
-            except (KeyError, TypeError, ValueError):
-                raise ValueError(
-                    "allreduce_curve must be a measure_allreduce() result (sizes, ms, world_size)"
-                ) from None
-            if len(pts) < 2 or any(not (math.isfinite(t) and t >= 0 and n >= 0) for n, t in pts):
-                raise ValueError("allreduce_curve needs at least 2 sizes with finite times >= 0")
-            curve = tuple(pts)
-        buckets = None
-        if allreduce_buckets is not None:
-            values = tuple(float(b) for b in allreduce_buckets)
-            if len(values) != 2 or not all(b > 0 for b in values):
-                raise ValueError(
-                    f"allreduce_buckets must be (first bytes, bucket bytes) > 0, got {allreduce_buckets!r}"
-                )
-            buckets = (values[0], values[1])
+    def from_profile(cls, profile, topology=None, options: CostOptions | None = None, **keywords: Any) -> CostModel:
+        """The cost model of ``profile`` on ``topology`` (None: every link free), calibrated by
+        ``options`` (:class:`CostOptions`; default: no latency, overhead or CPU time per message,
+        the links' own ring all-reduce); keywords set single fields of it
+        (``from_profile(p, topo, latency_ms=0.1)``) and override ``options``.
+
+        Steps: the profile's per-layer columns (:func:`_layer_columns`), each calibration field
+        checked and put in per-level form (:func:`_calibration`), the batch size and the label."""
+        opts = dataclasses.replace(options or CostOptions(), **keywords)
+        levels = max(1, len(getattr(topology, "levels", ())) if topology is not None else 1)
+        lat = _per_level("latency_ms", opts.latency_ms, levels)
+        calibration = _calibration(opts, levels)
         meta = profile.meta or {}
         bs = meta.get("batch_size") or meta.get("batch_size_if_imagenet")
         return cls(
-            **cols,
+            **_layer_columns(profile.layers),
             topology=topology,
             latency_ms=lat,
-            op_overhead_ms=check_ms("op_overhead_ms", op_overhead_ms),
-            overlap_allreduce=bool(overlap_allreduce),
+            op_overhead_ms=check_ms("op_overhead_ms", opts.op_overhead_ms),
+            overlap_allreduce=bool(opts.overlap_allreduce),
             batch_size=int(bs) if bs else None,
-            label=_label(profile, topology, lat, op_overhead_ms),
-            allreduce_bandwidth=ar_bw,
-            allreduce_latency_ms=ar_lat,
-            message_cpu_ms=check_ms("message_cpu_ms", message_cpu_ms),
-            allreduce_curve=curve,
-            allreduce_curve_replicas=curve_r,
-            allreduce_buckets=buckets,
-            **split,
+            label=_label(profile, topology, lat, opts.op_overhead_ms),
+            message_cpu_ms=check_ms("message_cpu_ms", opts.message_cpu_ms),
+            **calibration,
         )
 
     def __post_init__(self):
@@ -538,3 +507,77 @@ def _label(profile, topology, lat, over) -> str:
     if any(lat) or over:
         text += f", latency {'/'.join(f'{x:g}' for x in lat)} ms/message, overhead {over:g} ms/op"
     return text
+
+
+def _layer_columns(df) -> dict:
+    """The per-layer arrays of a profile's table: forward, backward, activation and parameter bytes,
+    and the measured backward split (``bwd_input_ms`` and ``bwd_weight_ms``, both or neither) and
+    ``grad_accumulate_ms`` where every layer has them."""
+    cols = {c: df[c].to_numpy(dtype=float) for c in ("fwd_ms", "bwd_ms", "act_bytes", "param_bytes")}
+    split = {
+        c: df[c].to_numpy(dtype=float)
+        for c in ("bwd_input_ms", "bwd_weight_ms")
+        if c in df.columns and df[c].notna().all()
+    }
+    if len(split) < 2:
+        split = {}
+    if "grad_accumulate_ms" in df.columns and df["grad_accumulate_ms"].notna().all():
+        split["grad_accumulate_ms"] = df["grad_accumulate_ms"].to_numpy(dtype=float)
+    return cols | split
+
+
+def _calibration(opts: CostOptions, levels: int) -> dict:
+    """The all-reduce calibration of ``opts`` as :class:`CostModel` fields, each checked (one
+    ValueError that names the field): per-level latency and bandwidth, the measured curve sorted by
+    size, the DDP buckets."""
+    ar_lat = (
+        None
+        if opts.allreduce_latency_ms is None
+        else _per_level("allreduce_latency_ms", opts.allreduce_latency_ms, levels)
+    )
+    ar_bw = _allreduce_bandwidth(opts.allreduce_bandwidth, levels)
+    curve, curve_r = _allreduce_curve(opts.allreduce_curve)
+    return dict(
+        allreduce_bandwidth=ar_bw,
+        allreduce_latency_ms=ar_lat,
+        allreduce_curve=curve,
+        allreduce_curve_replicas=curve_r,
+        allreduce_buckets=_allreduce_buckets(opts.allreduce_buckets),
+    )
+
+
+def _allreduce_bandwidth(value, levels: int) -> tuple[float, ...] | None:
+    """One bus bandwidth (bytes/s, > 0) per topology level, from one number or one per level."""
+    if value is None:
+        return None
+    vals = value if isinstance(value, (list, tuple, np.ndarray)) else [value] * levels
+    if len(vals) != levels:
+        raise ValueError(f"allreduce_bandwidth has {len(vals)} values for {levels} topology levels")
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not float(v) > 0 or math.isnan(v):
+            raise ValueError(f"allreduce_bandwidth must be > 0 bytes/s, got {v!r}")
+    return tuple(float(v) for v in vals)
+
+
+def _allreduce_curve(curve) -> tuple[tuple[tuple[float, float], ...] | None, int]:
+    """``((bytes, ms), ...)`` sorted by size and the replica count of a measured all-reduce curve."""
+    if curve is None:
+        return None, 0
+    try:
+        pts = sorted((float(n), float(t)) for n, t in zip(curve["sizes"], curve["ms"]))
+        replicas = int(curve["world_size"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("allreduce_curve must be a measure_allreduce() result (sizes, ms, world_size)") from None
+    if len(pts) < 2 or any(not (math.isfinite(t) and t >= 0 and n >= 0) for n, t in pts):
+        raise ValueError("allreduce_curve needs at least 2 sizes with finite times >= 0")
+    return tuple(pts), replicas
+
+
+def _allreduce_buckets(buckets) -> tuple[float, float] | None:
+    """DDP's ``(first bucket bytes, further bucket bytes)``, both > 0."""
+    if buckets is None:
+        return None
+    values = tuple(float(b) for b in buckets)
+    if len(values) != 2 or not all(b > 0 for b in values):
+        raise ValueError(f"allreduce_buckets must be (first bytes, bucket bytes) > 0, got {buckets!r}")
+    return (values[0], values[1])

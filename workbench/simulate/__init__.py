@@ -96,9 +96,10 @@ progress before all ops ran, the schedule deadlocks and :class:`ValueError` name
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
+from ..costmodel import CostOptions
 from ..schedules.core import Schedule
 from .costs import (
     COMM_KINDS,
@@ -106,15 +107,14 @@ from .costs import (
     KIND_NAMES,
     STAT_COLUMNS,
     TIMELINE_COLUMNS,
-    _per_stage,
-    _profile_costs,
-    _unit_costs,
     default_microbatch_fraction,
+    simulation_costs,
 )
 from .costs import (
     _stage_ranges as _stage_ranges,  # tests reach it here
 )
 from .graph import OpGraph, build_graph
+from .options import SimOptions
 from .result import SimResult, assemble, steady_state
 from .sweep import sweep
 
@@ -130,38 +130,28 @@ def simulate(
     profile=None,
     plan=None,
     topology=None,
-    allreduce: float | Sequence[float] | None = None,
-    overlap_comm: bool = True,
-    step_ms: float | Sequence[float] = 0.0,
-    transfer: float = 0.0,
-    weight_fetch: float = 0.0,
-    microbatch_fraction: float | None = None,
-    latency_ms: float = 0.0,
-    op_overhead_ms: float = 0.0,
-    step_copy_ms=None,
-    allreduce_bandwidth=None,
-    allreduce_latency_ms=None,
-    message_cpu_ms: float = 0.0,
-    allreduce_curve=None,
-    allreduce_buckets=None,
-    alltoall: float | Sequence[float] | None = None,
-    overlap_pairs: bool = True,
+    options: SimOptions | None = None,
+    **keywords: Any,
 ) -> SimResult:
     """Simulate ``schedule`` and return its timeline and metrics.
 
-    Unit costs by default (``fwd``, ``bwd``, and ``transfer``/``allreduce``/``weight_fetch``/
-    ``step_ms`` which default to 0); with ``profile`` the costs come from the profile, ``plan``
-    (stage layer ranges) and ``topology`` (bandwidths) as described in the module docstring.
-    ``latency_ms`` (per message between workers) and ``op_overhead_ms`` (per F/B/BI/BW/STEP op)
-    add fixed costs in either mode (module docstring, "Fixed costs"). ``step_copy_ms`` (per stage or
-    one number; default ``step_ms``): the cost of a STEP that writes new tensors because the version
-    it replaces is still read (:meth:`Schedule.stashing_steps`, as the runtime decides); the others
-    update in place at ``step_ms``. ``allreduce_bandwidth`` / ``allreduce_latency_ms``: the ring
-    all-reduce's own calibration (or ``allreduce_curve``, its measured times, and
-    ``allreduce_buckets``, DDP's buckets), ``message_cpu_ms`` the CPU time of a message at each end
-    (:meth:`CostModel.from_profile`; profile costs only). ``alltoall`` (per stage or one number, in
-    either mode): the in-op all-to-all of every F, B and BI (module docstring, "Overlapped pairs");
-    ``overlap_pairs=False`` charges the schedule's overlapped pairs back to back.
+    Unit costs by default (``fwd``, ``bwd`` per stage or one number); with ``profile`` the costs
+    come from the profile, ``plan`` (stage layer ranges) and ``topology`` (bandwidths) as described
+    in the package docstring. Everything else is an option (:class:`SimOptions`, with the cost
+    model's calibration in :class:`~workbench.costmodel.CostOptions`), given as ``options=`` or as
+    flat keywords, which override ``options``: ``allreduce``, ``transfer``, ``weight_fetch`` and
+    ``step_ms`` (unit costs; 0 by default); ``latency_ms`` (per message between workers) and
+    ``op_overhead_ms`` (per F/B/BI/BW/STEP op), fixed costs in either mode (package docstring,
+    "Fixed costs"); ``step_copy_ms`` (per stage or one number; default ``step_ms``): the cost of a
+    STEP that writes new tensors because the version it replaces is still read
+    (:meth:`Schedule.stashing_steps`, as the runtime decides); the others update in place at
+    ``step_ms``; ``allreduce_bandwidth`` / ``allreduce_latency_ms``: the ring all-reduce's own
+    calibration (or ``allreduce_curve``, its measured times, and ``allreduce_buckets``, DDP's
+    buckets), ``message_cpu_ms`` the CPU time of a message at each end (profile costs only);
+    ``alltoall`` (per stage or one number, in either mode): the in-op all-to-all of every F, B and
+    BI (package docstring, "Overlapped pairs"); ``overlap_pairs=False`` charges the schedule's
+    overlapped pairs back to back; ``overlap_comm`` (default True): all-reduces overlap the
+    backward before them; ``microbatch_fraction`` (profile costs).
 
     Metrics (``result.metrics``), with ``L`` the makespan and ``W`` the workers:
 
@@ -191,49 +181,11 @@ def simulate(
       version a forwarded microbatch still needs for its backward);
     * ``bytes_per_level``: bytes sent over links of each topology level (profile costs only).
     """
+    opts = SimOptions.from_keywords(options, **keywords)
     if not isinstance(schedule, Schedule):
         raise ValueError(f"simulate() needs a workbench.schedules.Schedule, got {type(schedule).__name__}")
-    if profile is None:
-        if plan is not None or topology is not None:
-            raise ValueError("plan/topology costs need a profile; pass profile=... (or use unit costs fwd=, bwd=)")
-        if (
-            allreduce_bandwidth is not None
-            or allreduce_latency_ms is not None
-            or message_cpu_ms
-            or allreduce_curve is not None
-            or allreduce_buckets is not None
-        ):
-            raise ValueError(
-                "allreduce_bandwidth/allreduce_latency_ms/message_cpu_ms need profile costs; with unit "
-                "costs give allreduce= and transfer="
-            )
-        costs = _unit_costs(schedule, fwd, bwd, allreduce, transfer, weight_fetch, step_ms, latency_ms, op_overhead_ms)
-    else:
-        costs = _profile_costs(
-            schedule,
-            profile,
-            plan,
-            topology,
-            allreduce,
-            step_ms,
-            microbatch_fraction,
-            latency_ms,
-            op_overhead_ms,
-            overlap_comm,
-            allreduce_bandwidth,
-            allreduce_latency_ms,
-            message_cpu_ms,
-            allreduce_curve,
-            allreduce_buckets,
-        )
-    if step_copy_ms is not None:
-        copy = _per_stage(step_copy_ms, schedule.num_stages, "step_copy_ms")  # plus the tied weights' all-reduce
-        costs = dataclasses.replace(costs, step_copy=[c + t for c, t in zip(copy, costs.tied_ms or [0.0] * len(copy))])
-    if alltoall is not None:
-        costs = dataclasses.replace(
-            costs, alltoall=_per_stage(alltoall, schedule.num_stages, "alltoall"), overlap_pairs=bool(overlap_pairs)
-        )
-    return _run(schedule, costs, overlap_comm)
+    costs = simulation_costs(schedule, fwd, bwd, profile, plan, topology, opts)
+    return _run(schedule, costs, opts.overlap_comm)
 
 
 def _run(schedule: Schedule, costs, overlap_comm: bool) -> SimResult:
@@ -300,6 +252,8 @@ def plan_topology(plan):
 
 __all__ = [
     "simulate",
+    "SimOptions",
+    "CostOptions",
     "simulate_plan",
     "steady_microbatches",
     "plan_topology",

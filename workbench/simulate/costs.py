@@ -4,7 +4,7 @@ costs) or from unit constants; see the package docstring, "Costs"."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -12,6 +12,7 @@ from ..costmodel import CostModel, check_ms, ring_allreduce_ms
 from ..plan import Plan
 from ..schedules.core import Schedule
 from ..timeline import COMMON_COLUMNS
+from .options import SimOptions
 
 KIND_CODES = {"F": 0, "B": 1, "BI": 2, "BW": 3, "STEP": 4, "AR": 5}
 KIND_NAMES = ("F", "B", "BI", "BW", "STEP", "allreduce")
@@ -154,24 +155,10 @@ def _stage_ranges(schedule: Schedule, profile, plan) -> list[tuple[int, int]]:
     return [(st.first, st.last) for st in Plan.even(L, S).stages]  # the runtime's default too
 
 
-def _profile_costs(
-    schedule,
-    profile,
-    plan,
-    topology,
-    allreduce,
-    step_ms,
-    fraction,
-    latency_ms,
-    op_overhead_ms,
-    overlap_comm,
-    allreduce_bandwidth=None,
-    allreduce_latency_ms=None,
-    message_cpu_ms=0.0,
-    allreduce_curve=None,
-    allreduce_buckets=None,
-) -> _Costs:
-    """Per-stage charges of ``schedule`` from :meth:`CostModel.from_profile` (module docstring)."""
+def _profile_costs(schedule: Schedule, profile, plan, topology, options: SimOptions) -> _Costs:
+    """Per-stage charges of ``schedule`` from :meth:`CostModel.from_profile` calibrated by
+    ``options.cost`` (package docstring, "Costs")."""
+    fraction = options.microbatch_fraction
     S = schedule.num_stages
     ranges = _stage_ranges(schedule, profile, plan)
     if fraction is None:
@@ -182,26 +169,15 @@ def _profile_costs(
         n = int(getattr(topology, "num_workers", schedule.num_workers))
         if n < schedule.num_workers:
             raise ValueError(f"topology has {n} workers but the schedule needs {schedule.num_workers}")
-    cm = CostModel.from_profile(
-        profile,
-        topology,
-        latency_ms=latency_ms,
-        op_overhead_ms=op_overhead_ms,
-        overlap_allreduce=overlap_comm,
-        allreduce_bandwidth=allreduce_bandwidth,
-        allreduce_latency_ms=allreduce_latency_ms,
-        message_cpu_ms=message_cpu_ms,
-        allreduce_curve=allreduce_curve,
-        allreduce_buckets=allreduce_buckets,
-    )
+    cm = CostModel.from_profile(profile, topology, options.cost)
     f = [cm.stage_fwd_ms(a, b, fraction) for a, b in ranges]
     b = [cm.stage_bwd_ms(a, b_, fraction) for a, b_ in ranges]
     split = [cm.stage_split_bwd_ms(a, b_, fraction) for a, b_ in ranges]
     cut = [cm.cut_bytes(b_, fraction) for _, b_ in ranges]
     stash = [float(fraction * cm.range_sum("act_bytes", a, b_)) for a, b_ in ranges]
     params = [float(cm.range_sum("param_bytes", a, b_)) for a, b_ in ranges]
-    if allreduce is not None:
-        ar = _per_stage(allreduce, S, "allreduce")
+    if options.allreduce is not None:
+        ar = _per_stage(options.allreduce, S, "allreduce")
     else:
         ar = [cm.allreduce_ms(params[s], schedule.stage_workers[s]) for s in range(S)]
     tied = tied_allreduce_ms(cm, profile.meta.get("tied", ()), ranges, schedule)
@@ -210,7 +186,7 @@ def _profile_costs(
         _B: b,
         _BI: [x for x, _ in split],
         _BW: [y for _, y in split],
-        _STEP: [x + t for x, t in zip(_per_stage(step_ms, S, "step_ms"), tied)],
+        _STEP: [x + t for x, t in zip(_per_stage(options.step_ms, S, "step_ms"), tied)],
     }
     acc = [cm.stage_accumulate_ms(a, b_) for a, b_ in ranges]
     return _Costs(
@@ -230,6 +206,56 @@ def _profile_costs(
         accumulate=None if any(x is None for x in acc) else acc,
         tied_ms=tied,
     )
+
+
+def simulation_costs(schedule: Schedule, fwd, bwd, profile, plan, topology, options: SimOptions) -> _Costs:
+    """The per-op charges of one simulation: unit costs (``fwd``, ``bwd`` and ``options``) without a
+    profile, else the profile's on ``plan`` and ``topology``; then the options either source takes:
+    ``step_copy_ms`` (plus the tied weights' all-reduce the STEP includes) and the in-op
+    ``alltoall`` with ``overlap_pairs``."""
+    S = schedule.num_stages
+    if profile is None:
+        _check_unit_options(plan, topology, options)
+        o = options
+        costs = _unit_costs(
+            schedule,
+            fwd,
+            bwd,
+            o.allreduce,
+            o.transfer,
+            o.weight_fetch,
+            o.step_ms,
+            o.cost.latency_ms,
+            o.cost.op_overhead_ms,
+        )
+    else:
+        costs = _profile_costs(schedule, profile, plan, topology, options)
+    if options.step_copy_ms is not None:
+        copy = _per_stage(options.step_copy_ms, S, "step_copy_ms")
+        costs = replace(costs, step_copy=[c + t for c, t in zip(copy, costs.tied_ms or [0.0] * len(copy))])
+    if options.alltoall is not None:
+        costs = replace(
+            costs, alltoall=_per_stage(options.alltoall, S, "alltoall"), overlap_pairs=bool(options.overlap_pairs)
+        )
+    return costs
+
+
+def _check_unit_options(plan, topology, options: SimOptions) -> None:
+    """Refuse, in one line, what only profile costs can use."""
+    if plan is not None or topology is not None:
+        raise ValueError("plan/topology costs need a profile; pass profile=... (or use unit costs fwd=, bwd=)")
+    c = options.cost
+    if (
+        c.allreduce_bandwidth is not None
+        or c.allreduce_latency_ms is not None
+        or c.message_cpu_ms
+        or c.allreduce_curve is not None
+        or c.allreduce_buckets is not None
+    ):
+        raise ValueError(
+            "allreduce_bandwidth/allreduce_latency_ms/message_cpu_ms need profile costs; with unit "
+            "costs give allreduce= and transfer="
+        )
 
 
 def tied_allreduce_ms(cm: CostModel, tied, ranges, schedule: Schedule) -> list[float]:

@@ -155,34 +155,63 @@ class SimResult:
         return d.final
 
 
+@dataclass(frozen=True)
+class _Ops:
+    """The swept ops as arrays indexed by op id (program order, worker after worker)."""
+
+    kc: np.ndarray  # kind codes (int8)
+    st: np.ndarray  # stage
+    mb: np.ndarray  # microbatch
+    w: np.ndarray  # worker
+    start: np.ndarray
+    end: np.ndarray
+    exposed: np.ndarray  # all-to-all ms the op's compute stream waited for (inside [start, end])
+
+    @classmethod
+    def of(cls, graph, swept) -> _Ops:
+        kc, st, mb, _, _, wof = graph.arrays
+        n = len(kc)
+        return cls(
+            kc=np.asarray(kc, dtype=np.int8),
+            st=np.asarray(st, dtype=np.int64),
+            mb=np.asarray(mb, dtype=np.int64),
+            w=np.asarray(wof, dtype=np.int64),
+            start=np.fromiter(swept.start, float, len(swept.start)),
+            end=np.fromiter(swept.end, float, len(swept.end)),
+            exposed=np.asarray(graph.exposed if graph.exposed else [0.0] * n, dtype=float),
+        )
+
+
 def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
     """The :class:`SimResult` of a swept op graph: the timeline (compute and communication lanes,
-    :mod:`workbench.timeline` schema) and the metrics of :func:`workbench.simulate.simulate`."""
-    kc, st, mb, ver, stp, wof = graph.arrays
-    wbeg, wend, xfer_count = graph.wbeg, graph.wend, graph.xfer_count
-    start, end, stall, comm_rows = swept.start, swept.end, swept.stall, swept.comm_rows
-    level_bytes, fetch_count = swept.level_bytes, swept.fetch_count
-    W = schedule.num_workers
-    kc_a = np.asarray(kc, dtype=np.int8)
-    keep = kc_a != _AR
-    names = np.array(KIND_NAMES, dtype=object)
-    start_a = np.fromiter(start, float, len(start))
-    end_a = np.fromiter(end, float, len(end))
-    w_a = np.asarray(wof, dtype=np.int64)
-    exposed = np.asarray(graph.exposed if graph.exposed else [0.0] * len(kc), dtype=float)
-    comm_rows = comm_rows + _alltoall_rows(graph, exposed, end)
+    :mod:`workbench.timeline` schema, :func:`_timeline`) and the metrics of
+    :func:`workbench.simulate.simulate` (:func:`_metrics`)."""
+    ops = _Ops.of(graph, swept)
+    comm_rows = swept.comm_rows + _alltoall_rows(graph, ops.exposed, swept.end)
+    timeline = _timeline(schedule, graph, ops, comm_rows)
+    metrics = _metrics(schedule, costs, graph, swept, ops)
+    return SimResult(schedule, timeline, metrics["makespan"], metrics, costs.label)
+
+
+def _timeline(schedule: Schedule, graph, ops: _Ops, comm_rows: list) -> pd.DataFrame:
+    """Compute-lane rows (one per op but the all-reduces, which are comm-lane rows) and the
+    comm-lane rows, in :data:`TIMELINE_COLUMNS` (plus ``segment`` for Seq1F1B);
+    ``round = step = 0``: one pass over the op lists."""
+    _, _, _, ver, stp, _ = graph.arrays
+    keep = ops.kc != _AR
+    w = ops.w[keep]
     comp = pd.DataFrame(
         {
-            "worker": w_a[keep],
-            "stage": np.asarray(st, dtype=np.int64)[keep],
-            "microbatch": np.asarray(mb, dtype=np.int64)[keep],
-            "kind": names[kc_a[keep]],
-            "start": start_a[keep],
-            "end": (end_a - exposed)[keep],  # compute only; the exposed all-to-all follows on the comm lane
+            "worker": w,
+            "stage": ops.st[keep],
+            "microbatch": ops.mb[keep],
+            "kind": np.array(KIND_NAMES, dtype=object)[ops.kc[keep]],
+            "start": ops.start[keep],
+            "end": (ops.end - ops.exposed)[keep],  # compute only; the exposed all-to-all follows on the comm lane
             "version": np.asarray(ver, dtype=np.int64)[keep],
             "lane": "compute",
-            "src": w_a[keep],
-            "dst": w_a[keep],
+            "src": w,
+            "dst": w,
             "update": np.asarray(stp, dtype=np.int64)[keep],
             "bytes": 0.0,
             "round": 0,
@@ -190,77 +219,46 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
         }
     )
     if schedule.segment_tokens:  # optional column: the Seq1F1B segment of each compute op
-        comp["segment"] = np.asarray([-1 if o.segment is None else o.segment for ops in schedule.ops for o in ops])[
-            keep
-        ]
+        segments = [-1 if o.segment is None else o.segment for o_s in schedule.ops for o in o_s]
+        comp["segment"] = np.asarray(segments)[keep]
+    timeline = comp
     if comm_rows:
-        comm = pd.DataFrame(
-            comm_rows,
-            columns=[
-                "worker",
-                "stage",
-                "microbatch",
-                "kind",
-                "start",
-                "end",
-                "version",
-                "src",
-                "dst",
-                "update",
-                "bytes",
-            ],
-        )
+        columns = ["worker", "stage", "microbatch", "kind", "start", "end", "version", "src", "dst", "update", "bytes"]
+        comm = pd.DataFrame(comm_rows, columns=columns)
         comm["lane"] = "comm"
         comm["round"] = comm["step"] = 0
         timeline = pd.concat([comp, comm[list(TIMELINE_COLUMNS)]], ignore_index=True)
-    else:
-        timeline = comp
-    extra = ["segment"] if "segment" in timeline.columns else []  # optional column (Seq1F1B)
-    timeline = timeline[list(TIMELINE_COLUMNS) + extra]  # round = step = 0: one pass over the op lists
-    makespan = float(end_a.max()) if len(end_a) else 0.0
+    extra = ["segment"] if "segment" in timeline.columns else []
+    return timeline[list(TIMELINE_COLUMNS) + extra]
+
+
+def _metrics(schedule: Schedule, costs: _Costs, graph, swept, ops: _Ops) -> dict:
+    """The metrics of :func:`workbench.simulate.simulate` (its docstring gives each formula)."""
+    W = schedule.num_workers
+    makespan = float(ops.end.max()) if len(ops.end) else 0.0
     if not math.isfinite(makespan):
         makespan = 0.0
-
-    # busy time per worker (compute lane)
-    dur = end_a - start_a
-    waited = np.bincount(w_a, weights=exposed, minlength=W)  # exposed all-to-all: communication, not compute
-    busy = np.bincount(w_a[keep], weights=dur[keep], minlength=W) - waited
-    stall = [s + x for s, x in zip(stall, waited.tolist())]
-    work_mask = kc_a < _STEP
-    work = float(dur[work_mask].sum() - exposed.sum())
-    span_bubble = _span_bubble(w_a[work_mask], start_a[work_mask], end_a[work_mask], (dur - exposed)[work_mask], W)
-    steps = 1
-    is_step = kc_a == _STEP
-    if is_step.any():
-        steps = int(np.bincount((w_a * schedule.num_stages + np.asarray(st))[is_step]).max())
-    steady = float("nan")
-    on0 = np.flatnonzero(is_step & (w_a == 0))
-    if len(on0):
-        st_a = np.asarray(st)
-        ends = np.sort(end_a[on0[st_a[on0] == st_a[on0[0]]]])
-        if len(ends) >= 2:
-            steady = float(ends[-1] - ends[0]) / (len(ends) - 1)
-    peak_n, peak_b, versions = _memory(schedule, costs, kc, st, ver, wof, wbeg, wend)
-    peak_share = _peak_activation_share(schedule)
+    busy, stall, waited, work, span_bubble = _utilisation(ops, swept.stall, W)
+    steps, steady = _steps(schedule, ops)
+    peak_n, peak_b, versions = _memory(schedule, costs, graph)
     L = makespan if makespan > 0 else float("nan")
-    inputs = np.unique(w_a[(kc_a == _F) & (np.asarray(st) == 0)]).size
+    inputs = np.unique(ops.w[(ops.kc == _F) & (ops.st == 0)]).size
     fraction = costs.fraction if costs.model is not None else default_microbatch_fraction(schedule, inputs)
-    steady_mb, why_not = steady_state(schedule, kc_a, np.asarray(mb), np.asarray(st), end_a)
+    steady_mb, why_not = steady_state(schedule, ops.kc, ops.mb, ops.st, ops.end)
     per_mb = steady_mb / fraction if steady_mb is not None else None
-    metrics = {
+    M = schedule.microbatches
+    return {
         "makespan": makespan,
         "steps": steps,
         "iteration_time": makespan / steps,
         "steady_iteration_time": steady,
-        "microbatches": schedule.microbatches,
+        "microbatches": M,
         "microbatch_fraction": fraction,
-        "minibatches": schedule.microbatches * fraction,
+        "minibatches": M * fraction,
         "time_per_minibatch_ms": per_mb,
         "steady_state": per_mb is not None,
         "no_steady_state_reason": why_not or None,
-        "makespan_per_minibatch": makespan / (schedule.microbatches * fraction)
-        if schedule.microbatches
-        else float("nan"),
+        "makespan_per_minibatch": makespan / (M * fraction) if M else float("nan"),
         **_throughputs(per_mb, costs.batch_size),
         "rho": work / (L * W),
         "bubble_fraction": [1.0 - b / L for b in busy.tolist()],
@@ -272,15 +270,47 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
         "alltoall_exposed": waited.tolist(),
         "peak_activations": peak_n,
         "peak_activation_bytes": peak_b,
-        "peak_activation_share": peak_share,
+        "peak_activation_share": _peak_activation_share(schedule),
         "weight_versions": versions,
-        "transfers_received": list(xfer_count),
-        "weight_fetches": list(fetch_count),
-        "bytes_per_level": dict(sorted(level_bytes.items())),
+        "transfers_received": list(graph.xfer_count),
+        "weight_fetches": list(swept.fetch_count),
+        "bytes_per_level": dict(sorted(swept.level_bytes.items())),
         "time_unit": "ms" if costs.model is not None else "unit",
         "label": costs.label,
     }
-    return SimResult(schedule, timeline, makespan, metrics, costs.label)
+
+
+def _utilisation(ops: _Ops, stall: list, W: int) -> tuple:
+    """Per worker the compute-lane busy time (the exposed all-to-all is communication, not
+    compute), the stall including that all-to-all, the all-to-all alone; the total F/B/BI/BW work
+    and the bubble within each worker's span (:func:`_span_bubble`)."""
+    keep = ops.kc != _AR
+    dur = ops.end - ops.start
+    waited = np.bincount(ops.w, weights=ops.exposed, minlength=W)
+    busy = np.bincount(ops.w[keep], weights=dur[keep], minlength=W) - waited
+    stall = [s + x for s, x in zip(stall, waited.tolist())]
+    work_mask = ops.kc < _STEP
+    work = float(dur[work_mask].sum() - ops.exposed.sum())
+    span_bubble = _span_bubble(
+        ops.w[work_mask], ops.start[work_mask], ops.end[work_mask], (dur - ops.exposed)[work_mask], W
+    )
+    return busy, stall, waited, work, span_bubble
+
+
+def _steps(schedule: Schedule, ops: _Ops) -> tuple[int, float]:
+    """The most STEP ops of one stage on one worker (>= 1), and the mean spacing of worker 0's
+    STEPs of its first stage (NaN with fewer than two)."""
+    steps = 1
+    is_step = ops.kc == _STEP
+    if is_step.any():
+        steps = int(np.bincount((ops.w * schedule.num_stages + ops.st)[is_step]).max())
+    steady = float("nan")
+    on0 = np.flatnonzero(is_step & (ops.w == 0))
+    if len(on0):
+        ends = np.sort(ops.end[on0[ops.st[on0] == ops.st[on0[0]]]])
+        if len(ends) >= 2:
+            steady = float(ends[-1] - ends[0]) / (len(ends) - 1)
+    return steps, steady
 
 
 def _span_bubble(worker, start, end, work, W: int) -> list[float]:
@@ -381,90 +411,71 @@ def _input_in_flight(schedule: Schedule) -> int:
     return total
 
 
-def _memory(schedule, costs, kc, st, ver, wof, wbeg, wend):
+def _memory(schedule: Schedule, costs: _Costs, graph) -> tuple[list[int], list[float], list[int]]:
     """Peak stashed activations (count, bytes) and weight versions alive per worker.
 
     Ops on one worker run one after another, so program order is time order. Activations: +1 at
-    F, -1 at its B (or BW); the peak of the running sum per worker. Versions: version v of stage s
-    is alive on worker w over the hull of [first op reading it, last op reading it] and, when w
-    holds stage s, of the span in which v is w's newest version (from its STEP v-1 to STEP v; a
-    version no op of the simulated rounds reads: that span alone); the result is the most intervals
-    of one stage overlapping at once (>= 1 on a worker with ops)."""
-    W, S = schedule.num_workers, schedule.num_stages
+    F, -1 at its B (or BW); the peak of the running sum per worker (bytes: :func:`_stash_bytes`).
+    Versions: :func:`_weight_versions`."""
+    kc, st, _, ver, _, wof = graph.arrays
     kc_a = np.asarray(kc, dtype=np.int64)
     st_a = np.asarray(st, dtype=np.int64)
-    w_a = np.asarray(wof, dtype=np.int64)
-    N = len(kc_a)
-    nonempty = [w for w in range(W) if wend[w] > wbeg[w]]
-    starts = np.asarray([wbeg[w] for w in nonempty], dtype=np.int64)
+    W, wbeg, wend = schedule.num_workers, graph.wbeg, graph.wend
     sign = np.where(kc_a == _F, 1.0, np.where((kc_a == _B) | (kc_a == _BW), -1.0, 0.0))
-    stash = np.asarray(costs.act_stash_bytes, dtype=float)
+    peak_n = [int(round(x)) for x in _peak_per_worker(wbeg, wend, W, sign)]
+    if np.asarray(costs.act_stash_bytes, dtype=float).any():
+        peak_b = _peak_per_worker(wbeg, wend, W, *_stash_bytes(schedule, costs, kc_a, st_a))
+    else:
+        peak_b = [float("nan")] * W
+    versions = _weight_versions(
+        schedule, kc_a, st_a, np.asarray(ver, dtype=np.int64), np.asarray(wof, dtype=np.int64), wbeg, wend
+    )
+    return peak_n, peak_b, versions
 
-    def peak(delta, transient=None):
-        out = [0.0] * W
-        if not nonempty:
-            return out
-        cum = np.cumsum(delta)
-        before = np.concatenate([[0.0], cum])[starts]  # running sum before each worker's first op
-        local = cum - np.repeat(before, [wend[w] - wbeg[w] for w in nonempty])
-        if transient is not None:  # held only while the op runs: on top of the sum before it
-            local = np.maximum(local, local - delta + transient)
-        for w, v in zip(nonempty, np.maximum.reduceat(local, starts).tolist()):
-            out[w] = max(0.0, v)
+
+def _peak_per_worker(wbeg: list, wend: list, W: int, delta: np.ndarray, transient=None) -> list[float]:
+    """Per worker the peak (>= 0) of the running sum of ``delta`` over its ops in program order;
+    ``transient`` (per op) is held only while the op runs, on top of the sum before it."""
+    out = [0.0] * W
+    nonempty = [w for w in range(W) if wend[w] > wbeg[w]]
+    if not nonempty:
         return out
+    starts = np.asarray([wbeg[w] for w in nonempty], dtype=np.int64)
+    cum = np.cumsum(delta)
+    before = np.concatenate([[0.0], cum])[starts]  # running sum before each worker's first op
+    local = cum - np.repeat(before, [wend[w] - wbeg[w] for w in nonempty])
+    if transient is not None:
+        local = np.maximum(local, local - delta + transient)
+    for w, v in zip(nonempty, np.maximum.reduceat(local, starts).tolist()):
+        out[w] = max(0.0, v)
+    return out
 
-    peak_n = [int(round(x)) for x in peak(sign)]
-    peak_b = peak(*_stash_bytes(schedule, costs, kc_a, st_a)) if stash.any() else [float("nan")] * W
 
-    # weight versions: half-open intervals [lo, hi) in program positions
-    pos = np.arange(N, dtype=np.int64)
+def _weight_versions(schedule: Schedule, kc_a, st_a, ver_a, w_a, wbeg: list, wend: list) -> list[int]:
+    """Most versions of one stage alive at once per worker (>= 1 on a worker with ops).
+
+    Version v of stage s is alive on worker w over the hull of [first op reading it, last op
+    reading it] (program positions) and, when w holds stage s, of the span in which v is w's newest
+    version (from its STEP v-1 to STEP v; a version no op of the simulated rounds reads: that span
+    alone, :func:`_held_versions`); the result is the most intervals of one stage overlapping at once."""
+    W, S = schedule.num_workers, schedule.num_stages
+    pos = np.arange(len(kc_a), dtype=np.int64)
     comp = kc_a < 4
     key = w_a * S + st_a
-    reads = pd.DataFrame({"k": key[comp], "v": np.asarray(ver, dtype=np.int64)[comp], "pos": pos[comp]})
+    reads = pd.DataFrame({"k": key[comp], "v": ver_a[comp], "pos": pos[comp]})
     iv = reads.groupby(["k", "v"], sort=False)["pos"].agg(["min", "max"])
     k_iv = iv.index.get_level_values(0).to_numpy()
     v_iv = iv.index.get_level_values(1).to_numpy()
-    lo = iv["min"].to_numpy(dtype=np.int64).copy()
+    lo = iv["min"].to_numpy(dtype=np.int64).copy()  # half-open intervals [lo, hi) in program positions
     hi = iv["max"].to_numpy(dtype=np.int64) + 1
-    w_iv = k_iv // S
     holds = np.zeros(W * S, dtype=bool)
     for s_, ws in enumerate(schedule.stage_workers):
         for w in ws:
             if 0 <= w < W:
                 holds[w * S + s_] = True
-    held = holds[k_iv]
-    if held.any():
-        sp = pos[kc_a == _STEP]
-        sk = key[kc_a == _STEP]
-        # the i-th STEP on (w, s) (program order) turns version i into i + 1
-        order = np.lexsort((sp, sk))
-        sk, sp = sk[order], sp[order]
-        first = np.searchsorted(sk, sk, side="left")
-        si = np.arange(len(sk)) - first
-        stride = int(max(v_iv.max(initial=0), si.max(initial=0))) + 2
-        step_pos = dict(zip((sk * stride + si).tolist(), sp.tolist()))
-        wb = np.asarray(wbeg, dtype=np.int64)[w_iv]
-        we = np.asarray(wend, dtype=np.int64)[w_iv]
-        idx = np.flatnonzero(held)
-        kv = (k_iv[idx] * stride + v_iv[idx]).tolist()
-        born = np.array([step_pos.get(x - 1, -2) + 1 for x in kv], dtype=np.int64)  # -1: never born here
-        born = np.where(v_iv[idx] == 0, wb[idx], born)
-        dies = np.array([step_pos.get(x, -2) + 1 for x in kv], dtype=np.int64)
-        dies = np.where(dies < 0, we[idx], dies)
-        ok = born >= 0
-        lo[idx[ok]] = np.minimum(lo[idx[ok]], born[ok])
-        hi[idx[ok]] = np.maximum(hi[idx[ok]], dies[ok])
-        # a version a STEP creates that no op of the simulated rounds reads is still held while it is
-        # the newest (2BW's next version, read only in the next round, beside the one its forwards
-        # still read): from its STEP to the next STEP of the stage, or to the worker's end
-        read = set((k_iv * stride + v_iv).tolist())
-        made = sk * stride + si + 1
-        new = np.flatnonzero(np.isin(made, list(read), invert=True) & holds[sk])
-        if len(new):
-            nxt = np.array([step_pos.get(x, -2) + 1 for x in (sk[new] * stride + si[new] + 1).tolist()], dtype=np.int64)
-            k_iv = np.concatenate([k_iv, sk[new]])
-            lo = np.concatenate([lo, sp[new] + 1])
-            hi = np.concatenate([hi, np.where(nxt < 0, np.asarray(wend, dtype=np.int64)[sk[new] // S], nxt)])
+    if holds[k_iv].any():
+        is_step = kc_a == _STEP
+        k_iv, lo, hi = _held_versions(S, holds, (k_iv, v_iv, lo, hi), key[is_step], pos[is_step], wbeg, wend)
     ev_k = np.concatenate([k_iv, k_iv])
     ev_t = np.concatenate([lo, hi])
     ev_d = np.concatenate([np.ones(len(lo)), -np.ones(len(lo))])
@@ -476,7 +487,46 @@ def _memory(schedule, costs, kc, st, ver, wof, wbeg, wend):
         for k, v in zip(per_key.index.tolist(), per_key.tolist()):
             w = int(k) // S
             peak_v[w] = max(peak_v[w], int(v))
-    return peak_n, peak_b, peak_v
+    return peak_v
+
+
+def _held_versions(S: int, holds, intervals: tuple, sk, sp, wbeg: list, wend: list) -> tuple:
+    """The read intervals ``(key, version, lo, hi)`` (key = worker · S + stage) of
+    :func:`_weight_versions` widened, where the worker holds the stage, to the span in which each
+    version is the newest (``sk``, ``sp``: key and program position of every STEP; the i-th STEP on
+    a key turns version i into i + 1), plus the spans of versions a STEP makes that no simulated op
+    reads. Returns ``(key, lo, hi)``."""
+    k_iv, v_iv, lo, hi = intervals
+    w_iv = k_iv // S
+    order = np.lexsort((sp, sk))
+    sk, sp = sk[order], sp[order]
+    first = np.searchsorted(sk, sk, side="left")
+    si = np.arange(len(sk)) - first
+    stride = int(max(v_iv.max(initial=0), si.max(initial=0))) + 2
+    step_pos = dict(zip((sk * stride + si).tolist(), sp.tolist()))
+    wb = np.asarray(wbeg, dtype=np.int64)[w_iv]
+    we = np.asarray(wend, dtype=np.int64)[w_iv]
+    idx = np.flatnonzero(holds[k_iv])
+    kv = (k_iv[idx] * stride + v_iv[idx]).tolist()
+    born = np.array([step_pos.get(x - 1, -2) + 1 for x in kv], dtype=np.int64)  # -1: never born here
+    born = np.where(v_iv[idx] == 0, wb[idx], born)
+    dies = np.array([step_pos.get(x, -2) + 1 for x in kv], dtype=np.int64)
+    dies = np.where(dies < 0, we[idx], dies)
+    ok = born >= 0
+    lo[idx[ok]] = np.minimum(lo[idx[ok]], born[ok])
+    hi[idx[ok]] = np.maximum(hi[idx[ok]], dies[ok])
+    # a version a STEP creates that no op of the simulated rounds reads is still held while it is
+    # the newest (2BW's next version, read only in the next round, beside the one its forwards
+    # still read): from its STEP to the next STEP of the stage, or to the worker's end
+    read = set((k_iv * stride + v_iv).tolist())
+    made = sk * stride + si + 1
+    new = np.flatnonzero(np.isin(made, list(read), invert=True) & holds[sk])
+    if len(new):
+        nxt = np.array([step_pos.get(x, -2) + 1 for x in (sk[new] * stride + si[new] + 1).tolist()], dtype=np.int64)
+        k_iv = np.concatenate([k_iv, sk[new]])
+        lo = np.concatenate([lo, sp[new] + 1])
+        hi = np.concatenate([hi, np.where(nxt < 0, np.asarray(wend, dtype=np.int64)[sk[new] // S], nxt)])
+    return k_iv, lo, hi
 
 
 def _stash_bytes(schedule: Schedule, costs: _Costs, kc_a, st_a):

@@ -47,70 +47,184 @@ def _left_over(items: list, idle_from: float, t: float) -> float:
 
 def sweep(graph: OpGraph, costs: _Costs, overlap_comm: bool, name: str = "schedule") -> Sweep:
     """Run the sweep; a :class:`ValueError` names the stuck ops if the schedule deadlocks."""
-    gr = graph  # unpacked into locals: the loop below is the simulator's hot path
-    kc, st, mb, ver, stp, wof = gr.kc, gr.st, gr.mb, gr.ver, gr.stp, gr.wof
-    wbeg, wend, dur, cons_idx, cons_ptr = gr.wbeg, gr.wend, gr.dur, gr.cons_idx, gr.cons_ptr
-    etype, ems, ebytes, pending = gr.etype, gr.ems, gr.ebytes, list(gr.pending)
-    ar_group, ar_size, is_fetch, wws = gr.ar_group, gr.ar_size, gr.is_fetch, gr.wws
-    N, W = gr.N, len(wbeg)
-    INF = math.inf
-    start = [INF] * N
-    end = [INF] * N
-    arrive = [0.0] * N  # inputs ready, including transfers
-    nodep = [0.0] * N  # inputs ready if communication were free
-    ver_ready = [0.0] * N  # the weight version read exists on its owner (fetch ops)
-    free = [0.0] * W
-    prev_start = [0.0] * W
-    stall = [0.0] * W
-    ptr = list(wbeg)
-    link_free: dict[int, float] = {}
-    fetch_free: dict[int, float] = {}
-    coll_free = [0.0] * W
-    ar_reached: dict[tuple[int, int], int] = {}  # (stage, step) -> replicas arrived
-    ar_reach_t: dict[tuple[int, int], float] = {}  # (stage, step) -> latest arrival time
-    ar_ready_t: dict[tuple[int, int], float] = {}  # (stage, step) -> earliest start of the all-reduce
-    arrived = [False] * N
-    comm_rows: list[tuple] = []  # (worker, stage, mb, kind, start, end, version, src, dst, update, bytes)
-    level_bytes: dict[int, float] = {}
-    fetch_count = [0] * W
-    topo = costs.topology
-    ar_ms = costs.allreduce_ms
-    # CPU time of each message at both ends (CostModel.message_cpu_ms): the sender's share is ready
-    # when its op ends, the receiver's when the message arrives; each runs in its worker's idle time
-    # or else stretches the worker's next compute op (processor sharing with the compute)
-    msg_cpu = costs.model.message_cpu_ms if costs.model is not None else 0.0
-    send_work: list[list] = [[] for _ in range(W)]
-    recv_work: dict[int, list] = {}
-    level_cache: dict[int, int] = {}
+    run = _Sweeper(graph, costs, overlap_comm)
+    run.run()
+    _check_progress(graph, run.ptr, name)
+    return Sweep(run.start, run.end, run.stall, run.channels.rows, run.channels.level_bytes, run.fetch_count)
 
-    def level(a: int, b: int) -> int:
-        key = a * W + b
-        lv = level_cache.get(key)
-        if lv is None:
-            lv = level_cache[key] = link_level(topo, a, b)
-        return lv
 
-    def finish_ar(key, stack):
-        members = ar_group[key]
+class _Channels:
+    """What the channels carried: the comm-lane rows and the bytes sent over each topology level."""
+
+    def __init__(self, topology, W: int):
+        self.rows: list[tuple] = []  # (worker, stage, mb, kind, start, end, version, src, dst, update, bytes)
+        self.level_bytes: dict[int, float] = {}
+        self._topology = topology
+        self._W = W
+        self._levels: dict[int, int] = {}  # src * W + dst -> level of the link
+
+    def record(self, row: tuple) -> None:
+        """One comm-lane row; its bytes count for the level of its link ``src -> dst``."""
+        self.rows.append(row)
+        nbytes = row[10]
+        if nbytes and self._topology is not None:
+            src, dst = row[7], row[8]
+            key = src * self._W + dst
+            lv = self._levels.get(key)
+            if lv is None:
+                lv = self._levels[key] = link_level(self._topology, src, dst)
+            self.level_bytes[lv] = self.level_bytes.get(lv, 0.0) + nbytes
+
+
+class _Sweeper:
+    """The state of one sweep: per op its start, end and input arrival (``arrive``; ``nodep``: the
+    arrival if communication were free, for the stall), per worker its next op (``ptr``), clock
+    (``free``) and last start, per channel when it is free, per all-reduce its replicas' arrivals."""
+
+    def __init__(self, graph: OpGraph, costs: _Costs, overlap_comm: bool):
+        self.graph, self.costs, self.overlap_comm = graph, costs, overlap_comm
+        N, W = graph.N, len(graph.wbeg)
+        self.W = W
+        self.pending = list(graph.pending)
+        self.start = [math.inf] * N
+        self.end = [math.inf] * N
+        self.arrive = [0.0] * N  # inputs ready, including transfers
+        self.nodep = [0.0] * N  # inputs ready if communication were free
+        self.ver_ready = [0.0] * N  # the weight version read exists on its owner (fetch ops)
+        self.arrived = [False] * N  # the worker reached this all-reduce op
+        self.free = [0.0] * W
+        self.prev_start = [0.0] * W
+        self.stall = [0.0] * W
+        self.ptr = list(graph.wbeg)
+        self.link_free: dict[int, float] = {}
+        self.fetch_free: dict[int, float] = {}
+        self.coll_free = [0.0] * W
+        self.ar_reached: dict[tuple[int, int], int] = {}  # (stage, step) -> replicas arrived
+        self.ar_reach_t: dict[tuple[int, int], float] = {}  # (stage, step) -> latest arrival time
+        self.ar_ready_t: dict[tuple[int, int], float] = {}  # (stage, step) -> earliest start of the all-reduce
+        self.channels = _Channels(costs.topology, W)
+        self.fetch_count = [0] * W
+        # CPU time of each message at both ends (CostModel.message_cpu_ms): the sender's share is ready
+        # when its op ends, the receiver's when the message arrives; each runs in its worker's idle time
+        # or else stretches the worker's next compute op (processor sharing with the compute)
+        self.msg_cpu = costs.model.message_cpu_ms if costs.model is not None else 0.0
+        self.send_work: list[list] = [[] for _ in range(W)]
+        self.recv_work: dict[int, list] = {}
+        self.stack = list(range(W - 1, -1, -1))  # workers that may make progress
+
+    def run(self) -> None:
+        """Sweep until no worker can progress: a worker runs its ops until one waits for a producer."""
+        gr = self.graph  # unpacked into locals: the loop below is the simulator's hot path
+        kc, st, mb, ver, wof, wend, dur = gr.kc, gr.st, gr.mb, gr.ver, gr.wof, gr.wend, gr.dur
+        cons_idx, cons_ptr, etype, ems, ebytes = gr.cons_idx, gr.cons_ptr, gr.etype, gr.ems, gr.ebytes
+        pending, start, end, arrive, nodep = self.pending, self.start, self.end, self.arrive, self.nodep
+        free, prev_start, stall, ptr, stack = self.free, self.prev_start, self.stall, self.ptr, self.stack
+        link_free, is_fetch, arrived, msg_cpu = self.link_free, gr.is_fetch, self.arrived, self.msg_cpu
+        send_work, recv_work, record = self.send_work, self.recv_work, self.channels.record
+        overlap_comm, W, ver_ready = self.overlap_comm, self.W, self.ver_ready
+        while stack:
+            w = stack.pop()
+            i, stop, fw, ps, stl = ptr[w], wend[w], free[w], prev_start[w], 0.0
+            while i < stop:
+                k = kc[i]
+                if k == _AR:
+                    if not arrived[i] and self._reach_allreduce(i, fw, ps):
+                        ptr[w], free[w] = i, fw
+                        self._finish_allreduce((st[i], gr.stp[i]))
+                    if not overlap_comm:  # the worker waits for the all-reduce to end
+                        if end[i] == math.inf:
+                            break
+                        if end[i] > fw:
+                            stl += end[i] - fw
+                            fw = end[i]
+                    i += 1
+                    continue
+                if pending[i]:
+                    break
+                ready = arrive[i]
+                if is_fetch[i]:
+                    fetched = self._fetch(i, w, ps)
+                    if fetched > ready:
+                        ready = fetched
+                t = fw if fw > ready else ready
+                nd = nodep[i]
+                base = fw if fw > nd else nd
+                if t > base:  # waited for a transfer, an all-reduce or a fetch
+                    stl += t - base
+                e = t + dur[i]
+                if msg_cpu:  # the messages' CPU work that did not fit in the idle time before t
+                    items = send_work[w] + recv_work.pop(i, [])
+                    if items:
+                        send_work[w] = []
+                        e += _left_over(items, fw, t)
+                start[i], end[i], sent = t, e, 0
+                ps, fw = t, e
+                for j in range(cons_ptr[i], cons_ptr[i + 1]):
+                    c = cons_idx[j]
+                    typ = etype[j]
+                    a = e
+                    if typ == 1 or typ == 3:  # activation / gradient, weight gradient to the owner
+                        wc = wof[c]
+                        ms = ems[j]
+                        lk = w * W + wc
+                        lf = link_free.get(lk, 0.0)
+                        t0 = e if e > lf else lf
+                        a = t0 + ms
+                        link_free[lk] = a
+                        if msg_cpu:
+                            sent += 1
+                            recv_work.setdefault(c, []).append((a, msg_cpu))
+                        if ms > 0 or ebytes[j]:
+                            name = "send_wgrad" if typ == 3 else "send_act" if k == _F else "send_grad"
+                            record((w, st[i], mb[i], name, t0, a, ver[i], w, wc, -1, ebytes[j]))
+                    elif typ == 2:  # a weight version now exists for a remote reader to fetch
+                        ver_ready[c] = e
+                    if a > arrive[c]:
+                        arrive[c] = a
+                    if e > nodep[c]:
+                        nodep[c] = e
+                    pc = pending[c] - 1
+                    pending[c] = pc
+                    if pc == 0 and typ and ptr[wof[c]] == c:
+                        stack.append(wof[c])
+                if sent:
+                    send_work[w].append((e, msg_cpu * sent))
+                i += 1
+            ptr[w], free[w], prev_start[w] = i, fw, ps
+            stall[w] += stl
+
+    def _reach_allreduce(self, g: int, fw: float, ps: float) -> bool:
+        """A worker reaches all-reduce op ``g`` at ``fw`` (its backward before started at ``ps``);
+        True when it is the last replica of the stage to arrive."""
+        key = (self.graph.st[g], self.graph.stp[g])
+        self.arrived[g] = True
+        self.ar_reach_t[key] = max(self.ar_reach_t.get(key, 0.0), fw)
+        self.ar_ready_t[key] = max(self.ar_ready_t.get(key, 0.0), ps if self.overlap_comm else fw)
+        n = self.ar_reached[key] = self.ar_reached.get(key, 0) + 1
+        return n == self.graph.ar_size[key]
+
+    def _finish_allreduce(self, key: tuple[int, int]) -> None:
+        """Time the all-reduce ``key = (stage, step)`` over its replicas and release its consumers.
+
+        With overlap it may start with the backward before it (DDP buckets) but cannot end before
+        every replica finished that backward (:meth:`CostModel.exposed_allreduce_ms`)."""
+        gr, coll_free, wof = self.graph, self.coll_free, self.graph.wof
+        members = gr.ar_group[key]
         s = key[0]
-        # overlap: the all-reduce may start with the backward before it (DDP buckets) but cannot
-        # end before every replica finished that backward (CostModel.exposed_allreduce_ms)
-        t0 = max(ar_ready_t[key], max(coll_free[wof[g]] for g in members))
-        t1 = max(t0 + ar_ms[s], ar_reach_t[key])
-        sync = ar_reach_t[key]
+        t0 = max(self.ar_ready_t[key], max(coll_free[wof[g]] for g in members))
+        t1 = max(t0 + self.costs.allreduce_ms[s], self.ar_reach_t[key])
+        sync = self.ar_reach_t[key]
         ws = [wof[g] for g in members]
         r = len(ws)
-        pbytes = 2 * (r - 1) / r * costs.param_bytes[s] if r > 1 else 0.0
+        pbytes = 2 * (r - 1) / r * self.costs.param_bytes[s] if r > 1 else 0.0
+        arrive, nodep, pending, ptr, stack = self.arrive, self.nodep, self.pending, self.ptr, self.stack
         for i, g in enumerate(members):
             w = wof[g]
             coll_free[w] = t1
-            start[g], end[g] = t0, t1
+            self.start[g], self.end[g] = t0, t1
             if t1 > t0 or pbytes:
-                comm_rows.append((w, s, -1, "allreduce", t0, t1, -1, w, ws[(i + 1) % r], key[1], pbytes))
-            if pbytes and topo is not None:
-                lv = level(w, ws[(i + 1) % r])
-                level_bytes[lv] = level_bytes.get(lv, 0.0) + pbytes
-            for c in cons_idx[cons_ptr[g] : cons_ptr[g + 1]]:
+                self.channels.record((w, s, -1, "allreduce", t0, t1, -1, w, ws[(i + 1) % r], key[1], pbytes))
+            for c in gr.cons_idx[gr.cons_ptr[g] : gr.cons_ptr[g + 1]]:
                 if t1 > arrive[c]:
                     arrive[c] = t1
                 if sync > nodep[c]:
@@ -118,117 +232,24 @@ def sweep(graph: OpGraph, costs: _Costs, overlap_comm: bool, name: str = "schedu
                 pending[c] -= 1
                 if pending[c] == 0 and ptr[wof[c]] == c:
                     stack.append(wof[c])
-            if not overlap_comm and ptr[w] == g:
+            if not self.overlap_comm and ptr[w] == g:
                 stack.append(w)
 
-    stack = list(range(W - 1, -1, -1))
-    while stack:
-        w = stack.pop()
-        i, stop = ptr[w], wend[w]
-        fw = free[w]
-        ps = prev_start[w]
-        stl = 0.0
-        while i < stop:
-            k = kc[i]
-            if k == _AR:
-                key = (st[i], stp[i])
-                if not arrived[i]:  # first arrival of this worker at the all-reduce
-                    arrived[i] = True
-                    ar_reach_t[key] = max(ar_reach_t.get(key, 0.0), fw)
-                    ar_ready_t[key] = max(ar_ready_t.get(key, 0.0), ps if overlap_comm else fw)
-                    ar_reached[key] = ar_reached.get(key, 0) + 1
-                    if ar_reached[key] == ar_size[key]:
-                        ptr[w] = i
-                        free[w] = fw
-                        finish_ar(key, stack)
-                if overlap_comm:
-                    i += 1
-                    continue
-                if end[i] == INF:
-                    break
-                if end[i] > fw:
-                    stl += end[i] - fw
-                    fw = end[i]
-                i += 1
-                continue
-            if pending[i]:
-                break
-            ready = arrive[i]
-            if is_fetch[i]:
-                src_w = wws[i]
-                ms, nbytes = costs.fetch(st[i], src_w, w)
-                lk = src_w * W + w
-                t0 = max(ver_ready[i], fetch_free.get(lk, 0.0), ps)
-                t1 = t0 + ms
-                fetch_free[lk] = t1
-                fetch_count[w] += 1
-                if t1 > t0 or nbytes:
-                    comm_rows.append((w, st[i], mb[i], "fetch_weights", t0, t1, ver[i], src_w, w, -1, nbytes))
-                    if nbytes and topo is not None:
-                        lv = level(src_w, w)
-                        level_bytes[lv] = level_bytes.get(lv, 0.0) + nbytes
-                if t1 > ready:
-                    ready = t1
-            t = fw if fw > ready else ready
-            nd = nodep[i]
-            base = fw if fw > nd else nd
-            if t > base:
-                stl += t - base
-            e = t + dur[i]
-            if msg_cpu:
-                items = send_work[w] + recv_work.pop(i, [])
-                if items:
-                    send_work[w] = []
-                    e += _left_over(items, fw, t)
-            sent = 0
-            start[i] = t
-            end[i] = e
-            ps = t
-            fw = e
-            for j in range(cons_ptr[i], cons_ptr[i + 1]):
-                c = cons_idx[j]
-                typ = etype[j]
-                if typ == 0 or typ == 4:
-                    a = e
-                elif typ == 2:  # a weight version now exists for a remote reader to fetch
-                    a = e
-                    ver_ready[c] = e
-                else:  # 1: activation / gradient, 3: weight gradient to the owner
-                    wc = wof[c]
-                    ms = ems[j]
-                    nbytes = ebytes[j]
-                    lk = w * W + wc
-                    lf = link_free.get(lk, 0.0)
-                    t0 = e if e > lf else lf
-                    a = t0 + ms
-                    link_free[lk] = a
-                    if msg_cpu:
-                        sent += 1
-                        recv_work.setdefault(c, []).append((a, msg_cpu))
-                    if ms > 0 or nbytes:
-                        name = "send_wgrad" if typ == 3 else "send_act" if k == _F else "send_grad"
-                        comm_rows.append((w, st[i], mb[i], name, t0, a, ver[i], w, wc, -1, nbytes))
-                        if nbytes and topo is not None:
-                            lv = level(w, wc)
-                            level_bytes[lv] = level_bytes.get(lv, 0.0) + nbytes
-                if a > arrive[c]:
-                    arrive[c] = a
-                if e > nodep[c]:
-                    nodep[c] = e
-                pc = pending[c] - 1
-                pending[c] = pc
-                if pc == 0 and typ and ptr[wof[c]] == c:
-                    stack.append(wof[c])
-            if sent:
-                send_work[w].append((e, msg_cpu * sent))
-            i += 1
-        ptr[w] = i
-        free[w] = fw
-        prev_start[w] = ps
-        stall[w] += stl
-
-    _check_progress(graph, ptr, name)
-    return Sweep(start, end, stall, comm_rows, level_bytes, fetch_count)
+    def _fetch(self, g: int, w: int, ps: float) -> float:
+        """Fetch the weights op ``g`` on worker ``w`` reads from their owner: on the link's fetch
+        channel, once the version exists and the op before it on ``w`` started (one op of
+        prefetch, ``ps``); returns when the weights have arrived."""
+        gr = self.graph
+        src_w, s = gr.wws[g], gr.st[g]
+        ms, nbytes = self.costs.fetch(s, src_w, w)
+        lk = src_w * self.W + w
+        t0 = max(self.ver_ready[g], self.fetch_free.get(lk, 0.0), ps)
+        t1 = t0 + ms
+        self.fetch_free[lk] = t1
+        self.fetch_count[w] += 1
+        if t1 > t0 or nbytes:
+            self.channels.record((w, s, gr.mb[g], "fetch_weights", t0, t1, gr.ver[g], src_w, w, -1, nbytes))
+        return t1
 
 
 def _check_progress(graph: OpGraph, ptr: list, name: str) -> None:
