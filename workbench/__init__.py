@@ -25,7 +25,10 @@ _EXPORTS = {
     "project": ".profiler",
     "Topology": ".topology",
     "partition": ".partition",
+    "PartitionOptions": ".partition",
     "simulate": ".simulate",
+    "SimOptions": ".simulate",
+    "CostOptions": ".costmodel",
     "SimResult": ".simulate",
     "schedules": None,
 }
