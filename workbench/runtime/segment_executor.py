@@ -28,6 +28,7 @@ from torch import nn
 
 from ..models.segmented import flop_model, segment_layers
 from ..schedules.core import Schedule
+from .record import OpRecord
 from .reference import updates_per_round
 from .segments import Mailbox, SegmentStage
 from .stages import sgd_step, stage_module
@@ -125,7 +126,7 @@ class SegmentExecutor:
             b = op.microbatch
             v = self.version[op.stage] if op.kind == "STEP" else R * self.per_round[op.stage] + op.version
             timeline.append(
-                (
+                OpRecord(
                     self.rank,
                     op.stage,
                     R * self.M + b if b >= 0 else -1,
