@@ -410,13 +410,13 @@ class PipelineExecutor:
                 params, fw = self.remote.fetch(s, b)
                 wait += fw
                 t.restart()
-            self._forward(ps.prog, st, op, off + op.version, b, g, x, data, ps.metrics_of(b), params)
+            self._forward(ps, st, op, off + op.version, x, data, params)
             return wait
         cot = None
         if op.kind != "BW" and s < self.S - 1:
             cot, wait = self.comm.recv((1, s, g))
             t.restart()
-        self._backward(ps.prog, st, op, off + op.version, b, g, cot, data, i)
+        self._backward(ps, st, op, off + op.version, cot, data, i)
         return wait
 
     def _update(self, ps: _Pass, st: StageState, op, i: int, t: _OpTimer) -> float:
@@ -474,9 +474,12 @@ class PipelineExecutor:
             if v != st.newest and prog.last_read.get((st.stage, v - off), -1) <= i:
                 del st.versions[v]
 
-    def _forward(self, prog, st, op, v, b, g, x, data, metrics, params=None) -> None:
-        """``params``: fetched weights (remote op) or None for this rank's version ``v``."""
-        s = op.stage
+    def _forward(self, ps: _Pass, st: StageState, op, v: int, x, data, params=None) -> None:
+        """F of ``op`` on input ``x`` at version ``v``; ``params``: fetched weights (remote op) or None
+        for this rank's version ``v``. The last stage adds the loss to the minibatch's metrics; the
+        others send the output downstream."""
+        s, b, prog = op.stage, op.microbatch, ps.prog
+        g, metrics = ps.k * self.M + b, ps.metrics_of(b)
         last = s == self.S - 1
         keep_graph = prog.backward_version(s, b) == op.version
         xl = as_leaves(x, requires_grad=s > 0)
@@ -517,8 +520,11 @@ class PipelineExecutor:
             self.comm.send((0, s, g), list(as_tuple(y)), prog.dst_of_activation(s, b))
         st.records[g] = rec
 
-    def _backward(self, prog, st, op, v, b, g, cot, data, i: int) -> None:
-        s = op.stage
+    def _backward(self, ps: _Pass, st: StageState, op, v: int, cot, data, i: int) -> None:
+        """B / BI / BW of ``op`` at version ``v`` from the stage output's cotangent ``cot`` (None on
+        the last stage: the loss's); the input gradient goes upstream."""
+        s, b, prog = op.stage, op.microbatch, ps.prog
+        g = ps.k * self.M + b
         rec = st.records[g]
         last = s == self.S - 1
         y = rec["y"] if rec["v"] == v else None
