@@ -12,6 +12,7 @@ import math
 import os
 import pickle
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -273,7 +274,7 @@ def _schedule_option_names(name: str) -> set[str]:
     return {o.name for o in spec(name).options}
 
 
-def _stream_builder(schedule, workers: int, plan, options: dict | None, sched: Schedule):
+def _stream_builder(schedule, workers: int, plan, options: Mapping | None, sched: Schedule):
     """``stream(n)`` for ``train(stream=True)``: the schedule over the n microbatches of several
     minibatches. Only for pipelines whose microbatch count is a stream, not one flush (the registry's
     ``microbatches="in total"``: model-parallel, pipedream, pipedream-2bw), whose weight rule then
@@ -389,7 +390,9 @@ def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, dopt
                 "(train, test), a built-in name (`workbench models` lists them) or package.module:function"
             )
         if dataset is None or (isinstance(dataset, str) and ":" not in dataset):
-            return functools.partial(build_dataset, model_name, dataset or default_name, **dopts)
+            name = dataset or default_name
+            assert name is not None  # refused above
+            return functools.partial(build_dataset, model_name, name, **dopts)
         train, test = as_dataset(dataset)
         return functools.partial(user_dataset, train, test)
 

@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -262,7 +263,7 @@ class PipelineExecutor:
             if op.kind == "F" and s < self.S - 1:
                 peers.add(self.prog.where[("F", s + 1, b)])
         peers.discard(self.rank)
-        works = []
+        works: list[Any] = []  # isend / irecv works (None only off their group)
         for p in sorted(peers):
             works.append(dist.isend(torch.ones(1, device=self.ctx.device), p, tag=2**30))
             works.append(dist.irecv(torch.empty(1, device=self.ctx.device), p, tag=2**30))
