@@ -346,11 +346,10 @@ class PipelineExecutor:
             clock.begin(t0)
         if self.remote is not None:
             self.remote.begin_round(ps.k, {s: st.versions[st.newest] for s, st in self.state.items() if st.held})
+        t = _OpTimer(clock)  # begun again at every op
         data = _TimedData(ps.data)  # data_ms: the input / target copy of a microbatch (breakdown columns)
-        newest, mine = (
-            ps.R - 1,
-            ps.R,
-        )  # the newest minibatch begun; the minibatch of this op (an update: of the op before)
+        # the newest minibatch begun; the minibatch of this op (an update: of the op before)
+        newest, mine = ps.R - 1, ps.R
         for i, op in enumerate(ps.prog.ops):
             st, s, b = self.state[op.stage], op.stage, op.microbatch
             if b >= 0:
@@ -361,7 +360,7 @@ class PipelineExecutor:
                         ps.on_round(mine)
             send0, data0 = self.comm.send_ms, data.ms
             self.comm.op_send_start = None
-            t = _OpTimer(clock)
+            t.begin()
             if op.kind in ("F", "B", "BI", "BW"):
                 wait = self._compute(ps, st, op, i, off[s], data, t)
             else:
@@ -624,7 +623,10 @@ class _OpTimer:
     __slots__ = ("clock", "start", "pre", "ev")
 
     def __init__(self, clock):
-        self.clock = clock
+        self.clock, self.start, self.pre, self.ev = clock, 0.0, None, None
+
+    def begin(self) -> None:
+        """The next op begins."""
         self.start, self.pre = self._now()
         self.ev = self.pre
 
