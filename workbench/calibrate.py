@@ -89,134 +89,207 @@ def _busy_compute(stop, count: list) -> None:
         count[0] += 1
 
 
-def _ping_pong(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, busy, shm_token, q):
-    """One side of the ping-pong: rank 0 sends and waits for the echo; rank 1 echoes. ``busy``: a
-    compute thread keeps the core busy meanwhile and sends go through the runtime's send path
-    (its sender thread, where the runtime uses one). ``shm_token``: through the runtime's
-    shared-memory channels (:mod:`workbench.runtime.shm`) of that token instead of ``backend``."""
-    import threading
+@dataclass(frozen=True)
+class _Timing:
+    """What every timed rank runs: messages of each of ``sizes`` bytes, ``warmup + repeats`` times,
+    over ``backend`` with ``threads`` torch threads, every wait bounded by ``timeout_s``."""
+
+    backend: str
+    sizes: list[int]
+    repeats: int
+    warmup: int
+    timeout_s: float
+    threads: int
+
+
+def _join(rank: int, port: int, t: _Timing, world: int):
+    """Set up this timed rank as the runtime sets up its ranks (threads, pinning) and join the
+    process group; returns the wait bound as a ``timedelta``."""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
     from .runtime.affinity import place_rank
-    from .runtime.comm import _Sender, uses_send_thread
 
-    torch.set_num_threads(threads)
-    place_rank(rank, 2, threads)  # as the runtime sets up its ranks
-    tmo = timedelta(seconds=timeout_s)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=tmo)
-    stop, pending, sender, load, count = threading.Event(), [], None, None, [0]
-    try:
-        if busy:
-            load = threading.Thread(target=_busy_compute, args=(stop, count), daemon=True)
-            load.start()
-            time.sleep(0.05)
-            c0, t0 = count[0], time.perf_counter()
-            time.sleep(0.5)  # the compute rate with no messages (before, and again after, the messages)
-            rates = [(count[0] - c0) / (time.perf_counter() - t0)]
-            if uses_send_thread(backend) and not shm_token:
-                sender = _Sender(lambda key, tensors, dst: pending.append(dist.isend(tensors[0], dst)))
+    torch.set_num_threads(t.threads)
+    place_rank(rank, world, t.threads)
+    tmo = timedelta(seconds=t.timeout_s)
+    dist.init_process_group(t.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=tmo)
+    return tmo
 
-        chan, count_q = {}, {"tx": 0, "rx": 0}
-        if shm_token:  # the runtime's shm transport: a send is a copy into the peer's slot (no sender thread)
+
+class _BusyCore:
+    """A compute thread that keeps this process's core busy (:func:`_busy_compute`) and counts its
+    products; its rate without messages is measured before the messages and again after them."""
+
+    def __init__(self):
+        import threading
+
+        self.stop_event, self.count, self.rates = threading.Event(), [0], []
+        self.thread = threading.Thread(target=_busy_compute, args=(self.stop_event, self.count), daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        time.sleep(0.05)
+        self.rates.append(self._rate())
+
+    def _rate(self, seconds: float = 0.5) -> float:
+        """Products per second over ``seconds`` with no message."""
+        c0, t0 = self.count[0], time.perf_counter()
+        time.sleep(seconds)
+        return (self.count[0] - c0) / (time.perf_counter() - t0)
+
+    def cpu_ms_per_message(self, spans: dict, repeats: int) -> dict:
+        """Per size: the compute time the ``2 * repeats`` messages of its span (seconds, products
+        done) took from the core, ``(span - done / rate) / (2 * repeats)``, ``rate`` the mean rate
+        without messages."""
+        self.rates.append(self._rate())
+        rate0 = statistics.fmean(self.rates)
+        return {k: max(0.0, dt - done / rate0) * 1e3 / (2 * repeats) for k, (dt, done) in spans.items()}
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.thread.ident is not None:
+            self.thread.join()
+
+
+class _PingPongLink:
+    """The ping-pong's transport: the runtime's shared-memory channels of ``shm_token`` (a send is a
+    copy into the peer's slot), or ``isend`` / ``irecv``, the sends through the runtime's sender
+    thread with ``sender``."""
+
+    def __init__(self, rank: int, t: _Timing, tmo, shm_token: str, sender: bool):
+        import torch.distributed as dist
+
+        from .runtime.comm import _Sender
+
+        self.dist, self.tmo, self.timeout_s = dist, tmo, t.timeout_s
+        self.pending: list = []
+        self.sender = (
+            _Sender(lambda key, tensors, dst: self.pending.append(dist.isend(tensors[0], dst))) if sender else None
+        )
+        self.chan: dict = {}
+        self.count = {"tx": 0, "rx": 0}
+        if shm_token:
             from .runtime import shm
 
             peer = 1 - rank
-            chan = {
-                "tx": shm.Channel(shm.channel_path(shm_token, rank, peer), 4, max(sizes), timeout_s),
-                "rx": shm.Channel(shm.channel_path(shm_token, peer, rank), 4, max(sizes), timeout_s),
+            self.chan = {
+                "tx": shm.Channel(shm.channel_path(shm_token, rank, peer), 4, max(t.sizes), t.timeout_s),
+                "rx": shm.Channel(shm.channel_path(shm_token, peer, rank), 4, max(t.sizes), t.timeout_s),
             }
 
-        def send(buf, dst):
-            if chan:
-                chan["tx"].put(count_q["tx"], [buf], "ping-pong message")
-                count_q["tx"] += 1
-            elif sender is not None:
-                sender.put(None, [buf], dst)
-            else:
-                pending.append(dist.isend(buf, dst))
+    def send(self, buf, dst: int) -> None:
+        if self.chan:
+            self.chan["tx"].put(self.count["tx"], [buf], "ping-pong message")
+            self.count["tx"] += 1
+        elif self.sender is not None:
+            self.sender.put(None, [buf], dst)
+        else:
+            self.pending.append(self.dist.isend(buf, dst))
 
-        def recv(buf, src):
-            if chan:
-                (got,), _ = chan["rx"].get(count_q["rx"], [(tuple(buf.shape), buf.dtype)], "ping-pong message")
-                count_q["rx"] += 1
-                buf.copy_(got)
-            else:
-                dist.irecv(buf, src).wait(tmo)
+    def recv(self, buf, src: int) -> None:
+        if self.chan:
+            (got,), _ = self.chan["rx"].get(self.count["rx"], [(tuple(buf.shape), buf.dtype)], "ping-pong message")
+            self.count["rx"] += 1
+            buf.copy_(got)
+        else:
+            work = self.dist.irecv(buf, src)
+            assert work is not None  # a member of the default group
+            work.wait(self.tmo)
 
+    def drain(self) -> None:
+        """Wait for every send."""
+        if self.sender is not None:
+            self.sender.drain(self.timeout_s)
+            self.sender.close()
+        for w in self.pending:
+            w.wait(self.tmo)
+
+    def close(self) -> None:
+        for ch in self.chan.values():
+            ch.close()
+
+
+def _ping_pong(rank: int, port: int, t: _Timing, busy: bool, shm_token: str, q) -> None:
+    """One side of the ping-pong: rank 0 sends and waits for the echo; rank 1 echoes. ``busy``: a
+    compute thread keeps the core busy meanwhile and sends go through the runtime's send path
+    (its sender thread, where the runtime uses one). ``shm_token``: through the runtime's
+    shared-memory channels (:mod:`workbench.runtime.shm`) of that token instead of ``backend``.
+    Rank 0 puts ({bytes: one-way ms}, {bytes: CPU ms per message}, empty when idle) on ``q``."""
+    import torch.distributed as dist
+
+    from .runtime.comm import uses_send_thread
+
+    tmo = _join(rank, port, t, 2)
+    load, link = (_BusyCore() if busy else None), None
+    try:
+        if load is not None:
+            load.start()
+        link = _PingPongLink(rank, t, tmo, shm_token, sender=busy and uses_send_thread(t.backend) and not shm_token)
         out, spans = {}, {}
-        for n in sizes:
-            buf = torch.zeros(max(1, int(n) // 4), dtype=torch.float32)
-            rtt = []
-            for i in range(warmup + repeats):
-                if i == warmup:
-                    c1, t1 = count[0], time.perf_counter()
-                t0 = time.perf_counter()
-                if rank == 0:
-                    send(buf, 1)
-                    recv(buf, 1)
-                else:
-                    recv(buf, 0)
-                    send(buf, 0)
-                if i >= warmup:
-                    rtt.append((time.perf_counter() - t0) * 1e3)
+        for n in t.sizes:
+            size, rtt, span = _round_trips(rank, link, n, t, load)
             # loaded: the mean, since every delay adds to a pipeline's critical path; idle: the median
-            out[int(buf.numel() * 4)] = (statistics.fmean(rtt) if busy else statistics.median(rtt)) / 2
-            if busy:
-                spans[int(buf.numel() * 4)] = (time.perf_counter() - t1, count[0] - c1)
-        cpu = {}
-        if busy:  # compute time the messages took from this core, per message sent or received
-            c0, t0 = count[0], time.perf_counter()
-            time.sleep(0.5)
-            rates.append((count[0] - c0) / (time.perf_counter() - t0))
-            rate0 = statistics.fmean(rates)
-            cpu = {k: max(0.0, dt - done / rate0) * 1e3 / (2 * repeats) for k, (dt, done) in spans.items()}
-        if sender is not None:
-            sender.drain(timeout_s)
-            sender.close()
-        for w in pending:
-            w.wait(tmo)
+            out[size] = (statistics.fmean(rtt) if busy else statistics.median(rtt)) / 2
+            spans[size] = span
+        cpu = load.cpu_ms_per_message(spans, t.repeats) if load is not None else {}
+        link.drain()
         if rank == 0:
             q.put((out, cpu))
     finally:
-        stop.set()
         if load is not None:
-            load.join()
-        for ch in chan.values():
-            ch.close()
+            load.stop()
+        if link is not None:
+            link.close()
         dist.destroy_process_group()
 
 
-def _all_reduce_timer(rank, port, backend, sizes, repeats, warmup, timeout_s, threads, world, q):
-    """One rank of the all-reduce timing: every rank all-reduces (sum) a float32 tensor of each size."""
-    from datetime import timedelta
+def _round_trips(rank: int, link: _PingPongLink, n: int, t: _Timing, load: _BusyCore | None):
+    """``warmup + repeats`` round trips of a float32 message of ``n`` bytes (at least one element):
+    (its bytes, the timed round trips in ms, (seconds, busy products) over the timed ones)."""
+    import torch
 
+    buf = torch.zeros(max(1, int(n) // 4), dtype=torch.float32)
+    rtt = []
+    count = load.count if load is not None else [0]
+    c1, t1 = count[0], time.perf_counter()
+    for i in range(t.warmup + t.repeats):
+        if i == t.warmup:
+            c1, t1 = count[0], time.perf_counter()
+        t0 = time.perf_counter()
+        if rank == 0:
+            link.send(buf, 1)
+            link.recv(buf, 1)
+        else:
+            link.recv(buf, 0)
+            link.send(buf, 0)
+        if i >= t.warmup:
+            rtt.append((time.perf_counter() - t0) * 1e3)
+    return int(buf.numel() * 4), rtt, (time.perf_counter() - t1, count[0] - c1)
+
+
+def _all_reduce_timer(rank: int, port: int, t: _Timing, world: int, q) -> None:
+    """One rank of the all-reduce timing: every rank all-reduces (sum) a float32 tensor of each size."""
     import torch
     import torch.distributed as dist
 
-    from .runtime.affinity import place_rank
-
-    torch.set_num_threads(threads)
-    place_rank(rank, world, threads)  # as the runtime sets up its ranks
-    tmo = timedelta(seconds=timeout_s)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=tmo)
+    tmo = _join(rank, port, t, world)
     try:
         out = {}
-        for n in sizes:
+        for n in t.sizes:
             buf = torch.ones(max(1, int(n) // 4), dtype=torch.float32)
             ts = []
-            for i in range(warmup + repeats):
+            for i in range(t.warmup + t.repeats):
                 dist.barrier()
                 t0 = time.perf_counter()
                 dist.all_reduce(buf, async_op=True).wait(tmo)
-                if i >= warmup:
+                if i >= t.warmup:
                     ts.append((time.perf_counter() - t0) * 1e3)
                 buf.fill_(1.0)
-            out[int(buf.numel() * 4)] = statistics.fmean(
-                ts
-            )  # the mean: gloo's times are bimodal (1 MiB: 0.6 or 3-4 ms)
+            # the mean: gloo's times are bimodal (1 MiB: 0.6 or 3-4 ms)
+            out[int(buf.numel() * 4)] = statistics.fmean(ts)
         if rank == 0:
             q.put(out)
     finally:
@@ -285,7 +358,7 @@ def measure_link(
     try:
         one_way, cpu = _run_ranks(
             _ping_pong,
-            (backend, sizes, repeats, warmup, timeout_s, threads, bool(busy), token),
+            (_Timing(backend, sizes, repeats, warmup, timeout_s, threads), bool(busy), token),
             2,
             timeout_s,
             f"link ping-pong ({backend if not token else 'shm'})",
@@ -369,7 +442,7 @@ def measure_allreduce(
     sizes = _check_sizes(sizes, repeats, warmup)
     ms = _run_ranks(
         _all_reduce_timer,
-        (backend, sizes, repeats, warmup, timeout_s, threads, world_size),
+        (_Timing(backend, sizes, repeats, warmup, timeout_s, threads), world_size),
         world_size,
         timeout_s,
         f"all-reduce timing ({backend})",
@@ -529,8 +602,7 @@ def _time_stage(
     iterations: int,
     warmup: int,
     microbatches: int = 4,
-    model=None,
-    target=None,
+    last: tuple | None = None,
     lr: float = 1e-9,
 ) -> tuple[float, ...]:
     """Mean ms of the stage forward, backward, split backward (input-gradient half BI, then
@@ -542,7 +614,7 @@ def _time_stage(
     ``first``) in one-forward-one-backward order (F0 F1 B0 F2 B1 ... B(m-1), two microbatches
     alive, as the 1F1B schedules' steady state), adding the weight gradients into one update
     buffer, as the runtime's B ops of one update do (F is timed there); then ``microbatches``
-    forwards and their split backwards. The last stage (``model`` and ``target`` given) also
+    forwards and their split backwards. The last stage (``last = (model, target)``) also
     computes the loss and the metrics in its forward and starts its backward from the loss, as the
     runtime's last stage does. And the runtime's STEP (:func:`~workbench.runtime.stages.sgd_update`,
     ``lr`` so small the weights stay as they are) right after the last backward of each update, as
@@ -558,106 +630,126 @@ def _time_stage(
     was 1-5% above its median there). The STEP right after a backward took 0.13 ms in place and
     0.21-0.25 ms into new tensors for the MLP's last stage, 0.09-0.10 and 0.13-0.16 back to back
     (as the profile once timed them), and 0.14-0.16 / 0.19-0.20 ms timed inside the runtime's ranks."""
-    import torch
+    timer = _StageTimer(layers, x, first, last, lr)
+    for i in range(warmup + iterations):
+        into = timer.one_f_one_b(microbatches)
+        timer.step(into, in_place=i % 2 == 0)
+        timer.split_backward(microbatches, into)
+        if i < warmup:
+            timer.reset()
+    return timer.result()
 
-    from .runtime.stages import (
-        as_leaves,
-        from_tuple,
-        run_stage,
-        run_stage_layers,
-        sgd_update,
-        split_input_grad,
-        split_weight_grad,
-        stage_roots,
-        vjp,
-    )
 
-    mod = torch.nn.Sequential(*layers)
-    params = {n: p.detach().clone().requires_grad_(True) for n, p in mod.named_parameters()}
-    F: list[float] = []
-    B: list[float] = []
-    BI: list[float] = []
-    BW: list[float] = []
-    Bf: list[float] = []
-    S_in: list[float] = []
-    S_copy: list[float] = []
-    stashed: list = []  # the new versions of the last copying steps, kept alive as the runtime keeps them
+class _StageTimer:
+    """One stage's ops timed as the runtime runs them (:func:`_time_stage`), with the runtime's stage
+    functions (:mod:`workbench.runtime.stages`) on a copy of the layers' parameters."""
 
-    def start(y, loss):  # where the backward starts: the loss (last stage) or the next stage's gradient
+    def __init__(self, layers: list, x, first: bool, last: tuple | None, lr: float):
+        import torch
+
+        from .runtime import stages
+
+        self.torch, self.stages = torch, stages  # looked up per call, as the runtime's ranks call them
+        self.mod = torch.nn.Sequential(*layers)
+        self.params = {n: p.detach().clone().requires_grad_(True) for n, p in self.mod.named_parameters()}
+        self.x, self.like, self.first, self.lr = x, isinstance(x, tuple), first, lr
+        self.model, self.target = last if last is not None else (None, None)
+        self.stashed: list = []  # the new versions of the last copying steps, kept alive as the runtime keeps them
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the timings so far (after the warm-up)."""
+        self.ms: dict[str, list[float]] = {k: [] for k in ("F", "B", "BI", "BW", "Bf", "S_in", "S_copy")}
+
+    def start(self, y, loss) -> dict:
+        """Where the backward starts: the loss (last stage) or the next stage's gradient (ones)."""
         if loss is not None:
-            return dict(loss_fn=model.loss, target=target, loss=loss)
+            return dict(loss_fn=self.model.loss, target=self.target, loss=loss)
         yt = y if isinstance(y, tuple) else (y,)
-        return dict(cot=tuple(torch.ones_like(t) for t in yt if t.is_floating_point()))
+        return dict(cot=tuple(self.torch.ones_like(t) for t in yt if t.is_floating_point()))
 
-    def forward(split_next: bool):  # times the 1F1B forwards (F), not the split half's back-to-back ones
-        xl = as_leaves(x, requires_grad=not first)
+    def forward(self, split_next: bool) -> tuple:
+        """One forward (timed as F unless a split backward follows); (inputs, output, loss, layers)."""
+        st, torch = self.stages, self.torch
+        xl = st.as_leaves(self.x, requires_grad=not self.first)
         t0 = time.perf_counter()
         layers = None
-        if not split_next or first:
-            y = run_stage(mod, params, from_tuple(xl, isinstance(x, tuple)))
+        if not split_next or self.first:
+            y = st.run_stage(self.mod, self.params, st.from_tuple(xl, self.like))
         else:  # as the runtime's forward before a split backward (the first stage's is not split)
-            y, layers = run_stage_layers(mod, params, from_tuple(xl, isinstance(x, tuple)))
+            y, layers = st.run_stage_layers(self.mod, self.params, st.from_tuple(xl, self.like))
         loss = None
-        if model is not None:
-            loss = model.loss(y, target)
-            float(loss.detach()), model.correct(y.detach() if torch.is_tensor(y) else y, target)
+        if self.model is not None:
+            loss = self.model.loss(y, self.target)
+            float(loss.detach()), self.model.correct(y.detach() if torch.is_tensor(y) else y, self.target)
         if not split_next:
-            F.append((time.perf_counter() - t0) * 1e3)
+            self.ms["F"].append((time.perf_counter() - t0) * 1e3)
         return xl, y, loss, layers
 
-    def backward(rec, into):
+    def backward(self, rec: tuple, into: dict) -> None:
+        """B of a forward's record, its weight gradients added into the update buffer ``into``; the
+        first backward of an update (``into`` empty: its gradients become the buffer) is timed apart."""
         xl, y, loss, _ = rec
-        kw = start(y, loss)
-        fresh = not into  # the first backward of the update: its gradients become the buffer
+        kw = self.start(y, loss)
+        fresh = not into
         t0 = time.perf_counter()
-        vjp(mod, params, xl, isinstance(x, tuple), y, **kw, want_input=not first, into=into)
-        (Bf if fresh else B).append((time.perf_counter() - t0) * 1e3)
+        self.stages.vjp(self.mod, self.params, xl, self.like, y, **kw, want_input=not self.first, into=into)
+        self.ms["Bf" if fresh else "B"].append((time.perf_counter() - t0) * 1e3)
 
-    for i in range(warmup + iterations):
+    def one_f_one_b(self, microbatches: int) -> dict:
+        """F0 F1 B0 F2 B1 ... B(m-1) into one update buffer, which it returns."""
         into: dict = {}
-        prev = forward(False)  # one forward, one backward: F0 F1 B0 F2 B1 ... B(m-1)
+        prev = self.forward(False)
         for _ in range(1, microbatches):
-            cur = forward(False)
-            backward(prev, into)
+            cur = self.forward(False)
+            self.backward(prev, into)
             prev = cur
-        backward(prev, into)
-        step_grads = {n: into[n] if n in into else torch.zeros_like(p) for n, p in params.items()}
-        in_place = i % 2 == 0
+        self.backward(prev, into)
+        return into
+
+    def step(self, into: dict, in_place: bool) -> None:
+        """The update's STEP right after its last backward, in place or into new tensors."""
+        grads = {n: into[n] if n in into else self.torch.zeros_like(p) for n, p in self.params.items()}
         t0 = time.perf_counter()
-        new = sgd_update(dict(params), step_grads, lr, in_place)
-        (S_in if in_place else S_copy).append((time.perf_counter() - t0) * 1e3)
+        new = self.stages.sgd_update(dict(self.params), grads, self.lr, in_place)
+        self.ms["S_in" if in_place else "S_copy"].append((time.perf_counter() - t0) * 1e3)
         if not in_place:
-            stashed = (stashed + [new])[-2:]
-        split = [forward(True) for _ in range(microbatches)]
-        for xl, y, loss, layers in reversed(split):  # the split backward: BI (input gradient, keeps the graph), then BW
-            kw = start(y, loss)
+            self.stashed = (self.stashed + [new])[-2:]
+
+    def split_backward(self, microbatches: int, into: dict) -> None:
+        """``microbatches`` forwards, then per microbatch (last first) BI (input gradient, keeps the
+        graph) and BW: layer by layer as the runtime's BI / BW, or the whole stage twice where it
+        cannot be split (the runtime's first stage, unsplittable stages)."""
+        st, like = self.stages, self.like
+        for xl, y, loss, layers in reversed([self.forward(True) for _ in range(microbatches)]):
+            kw = self.start(y, loss)
             t0 = time.perf_counter()
-            if (
-                layers is None
-            ):  # the whole stage: BI, then BW from the top (the runtime's first stage, unsplittable stages)
-                vjp(mod, params, xl, isinstance(x, tuple), y, **kw, want_weights=False, retain_graph=True)
+            if layers is None:
+                st.vjp(self.mod, self.params, xl, like, y, **kw, want_weights=False, retain_graph=True)
                 t1 = time.perf_counter()
-                vjp(mod, params, xl, isinstance(x, tuple), y, **kw, want_input=False, into=into)
-            else:  # layer by layer, as the runtime's BI / BW
-                roots, grads = stage_roots(y, loss=loss, cot=kw.get("cot"))
-                _, cots = split_input_grad(layers, xl, roots, grads)
+                st.vjp(self.mod, self.params, xl, like, y, **kw, want_input=False, into=into)
+            else:
+                roots, grads = st.stage_roots(y, loss=loss, cot=kw.get("cot"))
+                _, cots = st.split_input_grad(layers, xl, roots, grads)
                 t1 = time.perf_counter()
-                split_weight_grad(layers, cots, roots, grads, params, into)
-            BI.append((t1 - t0) * 1e3)
-            BW.append((time.perf_counter() - t1) * 1e3)
-        if i < warmup:
-            F, B, BI, BW, Bf, S_in, S_copy = [], [], [], [], [], [], []
-    mean = statistics.fmean
-    b = mean(B) if B else mean(Bf)  # one microbatch per update: every backward is the first
-    return (
-        mean(F),
-        b,
-        mean(BI),
-        mean(BW),
-        max(0.0, b - mean(Bf)),
-        mean(S_in) if S_in else 0.0,
-        mean(S_copy) if S_copy else (mean(S_in) if S_in else 0.0),
-    )
+                st.split_weight_grad(layers, cots, roots, grads, self.params, into)
+            self.ms["BI"].append((t1 - t0) * 1e3)
+            self.ms["BW"].append((time.perf_counter() - t1) * 1e3)
+
+    def result(self) -> tuple[float, ...]:
+        """(F, B, BI, BW, accumulation, STEP in place, STEP copy): means in ms."""
+        mean, ms = statistics.fmean, self.ms
+        b = mean(ms["B"]) if ms["B"] else mean(ms["Bf"])  # one microbatch per update: every backward is the first
+        s_in = mean(ms["S_in"]) if ms["S_in"] else 0.0
+        return (
+            mean(ms["F"]),
+            b,
+            mean(ms["BI"]),
+            mean(ms["BW"]),
+            max(0.0, b - mean(ms["Bf"])),
+            s_in,
+            mean(ms["S_copy"]) if ms["S_copy"] else s_in,
+        )
 
 
 def stage_profile(
@@ -704,8 +796,7 @@ def stage_profile(
                 a == 0,
                 iterations,
                 warmup,
-                model=model if last else None,
-                target=model.example_target(microbatch_size) if last else None,
+                last=(model, model.example_target(microbatch_size)) if last else None,
             )
             step.append(st_in)
             step_copy.append(st_copy)

@@ -9,7 +9,8 @@ watch, stop on a signal or a rank's death), ``rank`` (one rank's program), ``wor
 point-to-point transfers), ``fetch`` (remote weights of the master family: fetches from the owner,
 gradient pushes back), ``tied`` (weights tied across stages: gradients combined among the owners),
 ``segment_executor`` (schedules with segments, Seq1F1B), ``stages`` (stage functions, deterministic
-data order), ``outputs`` (checkpoints, CSVs, summary), ``job`` (the picklable run description), ``cli`` (``workbench train``).
+data order), ``record`` (one timeline row per op), ``outputs`` (checkpoints, CSVs, summary), ``jobspec``
+(the run as asked for: keyword groups), ``job`` (the picklable run description), ``cli`` (``workbench train``).
 """
 
 import importlib
@@ -18,6 +19,8 @@ import importlib
 #: ``workbench train --help`` builds its parser without importing torch
 _EXPORTS = {
     "Job": ".job",
+    "JobSpec": ".jobspec",
+    "build_job": ".launch",
     "prepare": ".launch",
     "run_job": ".launch",
     "run_jobs": ".launch",
@@ -30,6 +33,8 @@ _EXPORTS = {
 __all__ = [
     "train",
     "prepare",
+    "build_job",
+    "JobSpec",
     "run_job",
     "run_jobs",
     "Job",

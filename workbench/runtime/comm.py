@@ -14,6 +14,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -80,8 +81,11 @@ class P2P:
         self.bytes_sent = 0
         self.post_ms = 0.0  # time spent posting receives (CPU overhead of the prefetching)
         self.send_ms = 0.0  # time the op spends handing its sends over (the isend calls, or the queue put)
-        self.op_send_start = None  # perf_counter of the current op's first send (the executor resets it per op)
-        self.on_first_send = None  # called at the op's first send (the executor's device clock marks it)
+        # perf_counter of the current op's first send (the executor resets it per op)
+        self.op_send_start: float | None = None
+        self.on_first_send: Callable[[], None] | None = (
+            None  # called at the op's first send (the executor's device clock marks it)
+        )
         if send_thread is None:
             send_thread = uses_send_thread(backend)
         self.sender = _Sender(self._isend) if send_thread else None
@@ -113,8 +117,9 @@ class P2P:
         # listed send on every send: O(n^2) over an epoch, 245 ms of the rank's core per 1000 sends
         if self.backend != "gloo":
             self.sends = [(w, t) for w, t in self.sends if not w.is_completed()]
+        kind, boundary, g = key
         for i, t in enumerate(tensors):
-            self.sends.append((dist.isend(t, dst, tag=tag(*key, i, self.S), group=self.groups[key[0]]), t))
+            self.sends.append((dist.isend(t, dst, tag=tag(kind, boundary, g, i, self.S), group=self.groups[kind]), t))
 
     def flush(self) -> None:
         if self.sender is not None:
@@ -148,7 +153,11 @@ class P2P:
     def _post_next(self) -> None:
         key, src, specs = self.plan[self.next_post]
         bufs = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in specs]
-        works = [dist.irecv(b, src, tag=tag(*key, i, self.S), group=self.groups[key[0]]) for i, b in enumerate(bufs)]
+        kind, boundary, g = key
+        works = [
+            dist.irecv(b, src, tag=tag(kind, boundary, g, i, self.S), group=self.groups[kind])
+            for i, b in enumerate(bufs)
+        ]
         self.posted[key] = (works, bufs, src)
         self.next_post += 1
 
@@ -242,7 +251,8 @@ class ShmP2P(P2P):
         self.send_base = dict.fromkeys(outbound, 0)
         self.recv_index: dict = {}
         self.send_index: dict = {}
-        self.held = {dst: [] for dst in outbound}  # messages whose slot was not free yet, in order per peer
+        # messages whose slot was not free yet, in order per peer
+        self.held: dict[int, list] = {dst: [] for dst in outbound}
 
     def set_plan(self, plan: list) -> None:
         if self.recv_index:

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from ..schedules.core import Schedule
 from . import opclock
+from .record import OpRecord
 from .stages import MomentumState, as_leaves, as_tuple, float_indices, from_tuple, nbytes, stage_module
 from .tied import tied_weights
 from .worker import RankProgram
@@ -149,7 +150,7 @@ class DDPExecutor(MomentumState):
                 clock.add(len(timeline), pre, pre, clock.mark())
             rel = op.step + 1 if op.kind == "STEP" else (op.step if op.kind == "AR" else op.version)
             timeline.append(
-                (
+                OpRecord(
                     self.rank,
                     s,
                     R * self.M + b if b >= 0 else -1,

@@ -7,6 +7,7 @@ import time
 import torch
 
 from ..schedules.core import Schedule
+from .record import OpRecord
 from .stages import MomentumState, as_leaves, from_tuple, run_stage, stage_module, vjp
 from .worker import RankProgram
 
@@ -91,7 +92,7 @@ class HogwildExecutor(MomentumState):
                 raise ValueError(f"the async rule cannot run {op.kind} ops")
             end = time.perf_counter()
             timeline.append(
-                (
+                OpRecord(
                     self.rank,
                     s,
                     R * self.M + b if b >= 0 else -1,

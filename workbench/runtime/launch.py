@@ -12,6 +12,7 @@ import math
 import os
 import pickle
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ from ..schedules import executor_of, spec
 from ..schedules.core import Schedule, validate
 from .fetch import check_remote
 from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
+from .jobspec import JobSpec, OptimSpec, PipelineSpec, RunSpec
 from .lifetime import JobStopped, RankFailed, run_rank, spawn
 from .outputs import RunResult, latest_checkpoint, load_stage
 from .ports import free_port
@@ -34,10 +36,8 @@ from .shm import (
     ring_channels,
 )
 from .shm import new_token as new_shm_token
-from .stages import DataOrder, as_tuple, even_bounds, microbatch, plan_bounds, stage_module, stage_params
+from .stages import Bounds, DataOrder, as_tuple, even_bounds, microbatch, plan_bounds, stage_module, stage_params
 from .tied import check_tied, defer_steps, tied_weights
-
-DEFAULT_LR = 0.05
 
 
 def _cores() -> int:
@@ -69,48 +69,97 @@ def schedule_for_workers(name: str, workers: int, plan, microbatches: int, optio
     return build_for_workers(name, workers, microbatches, plan, options)
 
 
-def prepare(
-    model="mlp",
-    schedule="pipedream",
-    workers: int = 2,
-    microbatches: int = 4,
-    steps: int | None = None,
-    epochs: int = 1,
-    batch_size: int = 64,
-    lr: float = DEFAULT_LR,
-    seed: int = 0,
-    out=None,
-    plan=None,
-    device: str | None = None,
-    backend: str | None = None,
-    resume: bool = False,
-    fail_rank: int | None = None,
-    fail_at_step: int | None = None,
-    timeout_s: float = 60.0,
-    allow_oversubscribe: bool = False,
-    threads: int | None = None,
-    progress: bool = True,
-    return_weights: bool = False,
-    dtype: str | None = None,
-    schedule_options: dict | None = None,
-    dataset_options: dict | None = None,
-    lookahead: int | None = None,
-    evaluate: bool = True,
-    momentum: float = 0.0,
-    dataset=None,
-    transport: str = "auto",
-    stream: bool = False,
-    **model_options,
-) -> Job:
-    """Validate the arguments of :func:`train` and build the picklable :class:`Job`."""
+def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, **keywords) -> Job:
+    """Validate the arguments of :func:`train` and build the picklable :class:`Job`: the keywords
+    are those of :class:`~workbench.runtime.jobspec.JobSpec`'s groups (any other is a zoo model
+    option); :func:`build_job` does the work."""
+    return build_job(JobSpec.from_keywords(model, schedule, workers, microbatches, **keywords))
+
+
+def build_job(spec: JobSpec) -> Job:
+    """The checked :class:`Job` of ``spec``: where the ranks run, the model and data recipes, the
+    schedule (built for the worker count, validated), the transport, the stage bounds (plan or
+    even) with tied weights, and the number of minibatches. Bad input raises one ``ValueError`` line."""
+    m, p, o, r = spec.model, spec.pipeline, spec.optim, spec.run
     torchrun = _under_torchrun()
     _check_numbers(
-        workers=workers, microbatches=microbatches, batch_size=batch_size, lr=lr, momentum=momentum, timeout_s=timeout_s
+        workers=p.workers,
+        microbatches=p.microbatches,
+        batch_size=o.batch_size,
+        lr=o.lr,
+        momentum=o.momentum,
+        timeout_s=r.timeout_s,
     )
-    if torchrun and int(os.environ["WORLD_SIZE"]) != workers:
-        workers = int(os.environ["WORLD_SIZE"])
+    workers, device, backend = _placement(p, r, torchrun)
+    mseed = o.seed if m.model_seed is None else m.model_seed
+    model_options = dict(m.model_options)
+    the_model, model_fn, dataset_fn, label = _model_and_data(
+        m.model, m.dataset, m.dtype, mseed, model_options, dict(m.dataset_options or {})
+    )
+    out = _out_folder(r, p.schedule, label, workers)
+    sched, sopts = _job_schedule(p, workers, the_model, label, torchrun)
+    transport = _transport(r.transport, sched, workers, device, backend, torchrun)
+    stream_fn = _stream_builder(p.schedule, workers, p.plan, p.schedule_options, sched) if p.stream else None
+    if sched.num_workers != workers:
+        raise ValueError(
+            f"schedule {sched.name!r} uses {sched.num_workers} workers but workers={workers}; "
+            f"run it with --workers {sched.num_workers} (workers={sched.num_workers})"
+        )
+    bounds = _stage_bounds(p.plan, sched, len(the_model.layers))
+    ties = tied_weights(the_model, bounds)  # weights shared by stages: combined at each update (tied.py)
+    sched = defer_steps(sched, ties)
+    check_tied(sched, ties)
+    if ties and stream_fn is not None:  # the stream's schedule combines them too
+        check_tied(stream_fn(2 * sched.microbatches), ties)
+    train_set = dataset_fn()
+    _check_takes_data(the_model, train_set, m.dtype, label)
+    rounds_total = _rounds_total(o, len(train_set), sched.microbatches)
+    if r.fail_rank is not None and not 0 <= r.fail_rank < workers:
+        raise ValueError(f"fail_rank {r.fail_rank} is not a rank of {workers} workers")
+    return Job(
+        model_fn=model_fn,
+        dataset_fn=dataset_fn,
+        schedule=sched,
+        bounds=bounds,
+        batch_size=o.batch_size,
+        lr=o.lr,
+        seed=o.seed,
+        rounds_total=rounds_total,
+        out=str(out),
+        dtype=m.dtype,
+        resume=r.resume,
+        fail_rank=r.fail_rank,
+        fail_at_step=r.fail_at_step,
+        timeout_s=r.timeout_s,
+        device=device,
+        backend=backend,
+        threads=r.threads or max(1, _cores() // workers),
+        progress=r.progress,
+        return_weights=r.return_weights,
+        lookahead=r.lookahead,
+        evaluate=o.evaluate,
+        momentum=o.momentum,
+        transport=transport,
+        shm_token=new_shm_token() if transport == "shm" else "",
+        stream=stream_fn,
+        options=dict(
+            model=label,
+            model_options=model_options,
+            schedule_options=sopts,
+            targets_per_sample=int(train_set.tensors[-1][0].numel()),
+        ),
+    )
+
+
+def _placement(p: PipelineSpec, r: RunSpec, torchrun: bool) -> tuple[int, str, str]:
+    """(workers, device, backend): torchrun's world size wins; the device defaults to one GPU per
+    worker where there are enough, else CPU; NCCL on GPUs, gloo on CPUs. More workers than cores
+    (CPU) or GPUs needs ``allow_oversubscribe``; Hogwild runs on CPU shared memory only."""
+    workers = int(os.environ["WORLD_SIZE"]) if torchrun else p.workers
+    device = r.device
     if device is None:
         device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= workers else "cpu"
+    schedule = p.schedule
     hogwild = (spec(schedule).executor if isinstance(schedule, str) else executor_of(schedule)) == "hogwild"
     if device.startswith("cuda") and hogwild:
         raise ValueError(
@@ -118,28 +167,38 @@ def prepare(
         )
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but no GPU is visible; use --device cpu")
-    backend = backend or ("nccl" if device.startswith("cuda") else "gloo")
+    backend = r.backend or ("nccl" if device.startswith("cuda") else "gloo")
     if not torchrun:
-        if device == "cpu" and workers > _cores() and not allow_oversubscribe:
+        if device == "cpu" and workers > _cores() and not r.allow_oversubscribe:
             raise ValueError(
                 f"{workers} workers on {_cores()} CPU cores; use fewer workers or allow_oversubscribe=True "
                 "(--allow-oversubscribe)"
             )
-        if device.startswith("cuda") and workers > torch.cuda.device_count() and not allow_oversubscribe:
+        if device.startswith("cuda") and workers > torch.cuda.device_count() and not r.allow_oversubscribe:
             raise ValueError(
                 f"{workers} workers on {torch.cuda.device_count()} GPUs; use fewer workers or allow_oversubscribe"
             )
-    mseed = model_options.pop("model_seed", seed)
-    the_model, model_fn, dataset_fn, label = _model_and_data(
-        model, dataset, dtype, mseed, model_options, dict(dataset_options or {})
-    )
-    if out is None:  # a fresh run folder
+    return workers, device, backend
+
+
+def _out_folder(r: RunSpec, schedule, label: str, workers: int) -> Path:
+    """``r.out``, or a fresh ``results/train/<model>-<schedule>-w<workers>-<time>-<pid>``; a folder
+    holding a finished run is refused unless resumed."""
+    out = r.out
+    if out is None:
         name = schedule if isinstance(schedule, str) else schedule.name
         out = Path("results") / "train" / f"{label}-{name}-w{workers}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     out = Path(out)
-    if (out / "summary.json").exists() and not resume:
+    if (out / "summary.json").exists() and not r.resume:
         raise ValueError(f"{out} already holds a finished run; choose a new --out folder (or --resume to continue it)")
-    L = len(the_model.layers)
+    return out
+
+
+def _job_schedule(p: PipelineSpec, workers: int, the_model, label: str, torchrun: bool) -> tuple[Schedule, dict]:
+    """(the validated schedule, its options): a plan must cover the model's layers (and, under
+    torchrun, its machines' layout); a registry name is built for ``workers`` (a schedule with
+    segments reads the model's sequence length); remote weights and segments are checked."""
+    plan, L = p.plan, len(the_model.layers)
     if torchrun and plan is not None:
         _check_torchrun_layout(plan)
     if plan is not None and plan.num_layers != L:
@@ -147,19 +206,25 @@ def prepare(
             f"the plan covers {plan.num_layers} layers but model {label!r} has {L}; "
             "partition this model's profile again"
         )
-    sopts = dict(schedule_options or {})
-    if isinstance(schedule, Schedule):
-        sched = schedule
+    sopts = dict(p.schedule_options or {})
+    if isinstance(p.schedule, Schedule):
+        sched = p.schedule
     else:  # a schedule with segments (Seq1F1B) reads the model's sequence length and FLOP estimate
-        sopts = sequence_options(sopts, _schedule_option_names(schedule), the_model)
-        sched = schedule_for_workers(schedule, workers, plan, microbatches, sopts)
+        sopts = sequence_options(sopts, _schedule_option_names(p.schedule), the_model)
+        sched = schedule_for_workers(p.schedule, workers, plan, p.microbatches, sopts)
     validate(sched)
     check_remote(sched)  # master family: remote weights are fetched from their owner (fetch.py)
     if sched.num_segments > 1:  # runs on the segment executor (segment_executor.py)
         check_segments(sched, the_model)
+    return sched, sopts
+
+
+def _transport(transport: str, sched: Schedule, workers: int, device: str, backend: str, torchrun: bool) -> str:
+    """The transport of activations and gradients: ``"auto"`` picks shared memory where it runs and
+    pays (one rank per core, CPU, this machine, bounded ring channels: ``shm.channel_sizes``), else
+    gloo; ``"shm"`` needs spawned CPU gloo ranks and a pipeline schedule (messages to carry)."""
     check_transport(transport, TRAIN_TRANSPORTS)
-    if transport == "auto":  # shared memory where it runs and pays (one rank per core, CPU, this machine)
-        # only where its channels are bounded rings (else they hold every message of an epoch: shm.channel_sizes)
+    if transport == "auto":
         transport = auto_transport(
             workers,
             _cores(),
@@ -177,68 +242,25 @@ def prepare(
             raise ValueError(
                 f"transport='shm' carries pipeline messages; {sched.name} has none (it all-reduces or shares memory)"
             )
-    stream_fn = _stream_builder(schedule, workers, plan, schedule_options, sched) if stream else None
-    if sched.num_workers != workers:
-        raise ValueError(
-            f"schedule {sched.name!r} uses {sched.num_workers} workers but workers={workers}; "
-            f"run it with --workers {sched.num_workers} (workers={sched.num_workers})"
-        )
-    if sched.microbatches != microbatches:
-        microbatches = sched.microbatches
+    return transport
+
+
+def _stage_bounds(plan, sched: Schedule, num_layers: int) -> Bounds:
+    """The (first, last) layers of every stage: the plan's, else an even split of the layers."""
     if plan is not None and plan.num_stages == sched.num_stages:
-        bounds = plan_bounds(plan)
-    elif plan is not None:
+        return plan_bounds(plan)
+    if plan is not None:
         raise ValueError(f"the plan has {plan.num_stages} stages but schedule {sched.name!r} has {sched.num_stages}")
-    else:
-        bounds = even_bounds(L, sched.num_stages)
-    ties = tied_weights(the_model, bounds)  # weights shared by stages: combined at each update (tied.py)
-    sched = defer_steps(sched, ties)
-    check_tied(sched, ties)
-    if ties and stream_fn is not None:  # the stream's schedule combines them too
-        check_tied(stream_fn(2 * sched.microbatches), ties)
-    train_set = dataset_fn()
-    _check_takes_data(the_model, train_set, dtype, label)
-    n = len(train_set)
-    order = DataOrder(n, batch_size, microbatches, seed)
-    rounds_total = steps if steps is not None else epochs * order.rounds_per_epoch
+    return even_bounds(num_layers, sched.num_stages)
+
+
+def _rounds_total(o: OptimSpec, samples: int, microbatches: int) -> int:
+    """Minibatches to train: ``steps``, else ``epochs`` times the minibatches of an epoch."""
+    order = DataOrder(samples, o.batch_size, microbatches, o.seed)
+    rounds_total = o.steps if o.steps is not None else o.epochs * order.rounds_per_epoch
     if rounds_total < 1:
         raise ValueError("nothing to train: steps/epochs must be >= 1")
-    if fail_rank is not None and not 0 <= fail_rank < workers:
-        raise ValueError(f"fail_rank {fail_rank} is not a rank of {workers} workers")
-    threads = threads or max(1, _cores() // workers)
-    return Job(
-        model_fn=model_fn,
-        dataset_fn=dataset_fn,
-        schedule=sched,
-        bounds=bounds,
-        batch_size=batch_size,
-        lr=lr,
-        seed=seed,
-        rounds_total=rounds_total,
-        out=str(out),
-        dtype=dtype,
-        resume=resume,
-        fail_rank=fail_rank,
-        fail_at_step=fail_at_step,
-        timeout_s=timeout_s,
-        device=device,
-        backend=backend,
-        threads=threads,
-        progress=progress,
-        return_weights=return_weights,
-        lookahead=lookahead,
-        evaluate=evaluate,
-        momentum=momentum,
-        transport=transport,
-        shm_token=new_shm_token() if transport == "shm" else "",
-        stream=stream_fn,
-        options=dict(
-            model=label,
-            model_options=model_options,
-            schedule_options=sopts,
-            targets_per_sample=int(train_set.tensors[-1][0].numel()),
-        ),
-    )
+    return rounds_total
 
 
 def stream_schedule(name: str, workers: int, plan, options: dict, microbatches: int) -> Schedule:
@@ -252,7 +274,7 @@ def _schedule_option_names(name: str) -> set[str]:
     return {o.name for o in spec(name).options}
 
 
-def _stream_builder(schedule, workers: int, plan, options: dict | None, sched: Schedule):
+def _stream_builder(schedule, workers: int, plan, options: Mapping | None, sched: Schedule):
     """``stream(n)`` for ``train(stream=True)``: the schedule over the n microbatches of several
     minibatches. Only for pipelines whose microbatch count is a stream, not one flush (the registry's
     ``microbatches="in total"``: model-parallel, pipedream, pipedream-2bw), whose weight rule then
@@ -368,7 +390,9 @@ def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, dopt
                 "(train, test), a built-in name (`workbench models` lists them) or package.module:function"
             )
         if dataset is None or (isinstance(dataset, str) and ":" not in dataset):
-            return functools.partial(build_dataset, model_name, dataset or default_name, **dopts)
+            name = dataset or default_name
+            assert name is not None  # refused above
+            return functools.partial(build_dataset, model_name, name, **dopts)
         train, test = as_dataset(dataset)
         return functools.partial(user_dataset, train, test)
 
@@ -473,25 +497,7 @@ def _read_summary(out: Path, job: Job) -> dict:
 
 
 def train(
-    model="mlp",
-    schedule="pipedream",
-    workers: int = 2,
-    microbatches: int = 4,
-    steps: int | None = None,
-    epochs: int = 1,
-    batch_size: int = 64,
-    lr: float = DEFAULT_LR,
-    seed: int = 0,
-    out=None,
-    plan=None,
-    device: str | None = None,
-    backend: str | None = None,
-    resume: bool = False,
-    fail_rank: int | None = None,
-    fail_at_step: int | None = None,
-    timeout_s: float = 60.0,
-    port: int | None = None,
-    **options,
+    model="mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, *, port: int | None = None, **keywords
 ) -> dict:
     """Train ``model`` with ``schedule`` on ``workers`` processes; returns the run summary
     (:class:`~workbench.runtime.outputs.RunResult`, a dict with a Jupyter card).
@@ -510,8 +516,9 @@ def train(
     ``batch_size / microbatches`` samples: one pass of the schedule, whatever the schedule (the
     number of optimizer updates in a pass is the schedule's rule: ``updates_per_step`` in the
     summary; words and units: :mod:`workbench.runtime.outputs`).
-    ``steps`` (total minibatches) overrides ``epochs``. Other options: ``allow_oversubscribe``,
-    ``threads`` (per worker), ``progress``, ``return_weights`` (final weights per stage in the
+    ``steps`` (total minibatches) overrides ``epochs``. The keywords are the fields of
+    :class:`~workbench.runtime.jobspec.JobSpec`'s groups (model, pipeline, optimizer, run); any other
+    is a zoo model option. Other options: ``allow_oversubscribe``, ``threads`` (per worker), ``progress``, ``return_weights`` (final weights per stage in the
     summary), ``dtype`` (e.g. ``"float64"``), ``schedule_options`` (e.g. ``{"weights": "vertical-sync"}``),
     ``dataset_options``, ``lookahead`` (receives posted ahead), ``momentum`` (SGD heavy ball, default 0),
     ``evaluate`` (test loss/accuracy at each epoch end, default True), ``transport`` (``"gloo"``, or
@@ -532,24 +539,5 @@ def train(
     _check_not_bootstrapping()
     if port is not None:
         free_port(port)
-    job = prepare(
-        model,
-        schedule,
-        workers,
-        microbatches,
-        steps,
-        epochs,
-        batch_size,
-        lr,
-        seed,
-        out,
-        plan,
-        device,
-        backend,
-        resume,
-        fail_rank,
-        fail_at_step,
-        timeout_s,
-        **options,
-    )
+    job = prepare(model, schedule, workers, microbatches, **keywords)
     return run_job(job, port)

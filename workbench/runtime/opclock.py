@@ -43,9 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-# timeline row fields (worker.PipelineExecutor._run; ddp.DDPExecutor's rows end at wait_ms): rank, stage,
-# microbatch, kind, start, end, version, round, wait_ms, send_ms, data_ms, send_at
-START, END, ROUND, WAIT, SEND, DATA, SEND_AT = 4, 5, 7, 8, 9, 10, 11
+from .record import OpRecord
 
 
 class HostEvent:
@@ -109,15 +107,21 @@ class EventClock:
         self.pending[-1][3].synchronize()
         base, b = self.base, self.base_ms
         for i, pre, start, end, send in self.pending:
-            row = list(timeline[i])
-            row[START], row[END] = b + base.elapsed_time(start), b + base.elapsed_time(end)
-            row[WAIT] = max(0.0, pre.elapsed_time(start)) if start is not pre else 0.0
-            if len(row) > SEND_AT:  # DDP's rows end at wait_ms
-                row[SEND] = row[DATA] = 0.0
-                row[SEND_AT] = b + base.elapsed_time(send) if send is not None else float("nan")
-            timeline[i] = tuple(row)
+            row = OpRecord(*timeline[i])
+            row = row._replace(
+                start=b + base.elapsed_time(start),
+                end=b + base.elapsed_time(end),
+                wait_ms=max(0.0, pre.elapsed_time(start)) if start is not pre else 0.0,
+            )
+            if row.send_ms is not None:  # DDP's and Hogwild's rows record no send / data time
+                row = row._replace(
+                    send_ms=0.0,
+                    data_ms=0.0,
+                    send_at=b + base.elapsed_time(send) if send is not None else float("nan"),
+                )
+            timeline[i] = row
             if ends is not None:
-                ends[row[ROUND] - R] = row[END]
+                ends[row.round - R] = row.end
         self.pending = []
 
 

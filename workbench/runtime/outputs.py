@@ -36,25 +36,9 @@ from pathlib import Path
 import torch
 
 from .job import Job
+from .record import RECORD_COLUMNS, OpRecord
 from .reference import updates_per_round
 
-# executors' tuples; send_ms / data_ms (time inside the op spent posting sends / copying the microbatch's
-# input or target) and send_at (ms since t0 when the op's first send began) are written by the pipeline
-# executor only (see workbench.runtime.breakdown, workbench.trace_events)
-RECORD_COLUMNS = [
-    "worker",
-    "stage",
-    "microbatch",
-    "kind",
-    "start",
-    "end",
-    "version",
-    "round",
-    "wait_ms",
-    "send_ms",
-    "data_ms",
-    "send_at",
-]
 TIMELINE_COLUMNS = RECORD_COLUMNS + ["step"]  # step: alias of round (workbench.timeline)
 METRIC_COLUMNS = [
     "step",
@@ -114,9 +98,9 @@ def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
     ``truncate_from >= 0`` (the first write after a resume) rewrites them instead, without the rows
     of step ``truncate_from`` and later, to a temporary file moved into place."""
     steps: dict[int, dict] = {}
-    timeline = []
+    timeline: list[OpRecord] = []
     for rows, tl in gathered:
-        timeline.extend(tl)
+        timeline.extend(OpRecord(*r) for r in tl)
         for r in rows:
             acc = steps.setdefault(
                 r["step"], dict(step=r["step"], epoch=r["epoch"], loss=0.0, n=0, correct=0, samples=0, end_ms=0.0)
@@ -151,8 +135,8 @@ def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
             )
         )
         prev_end = a["end_ms"]
-    timeline.sort(key=lambda r: (r[4], r[0]))
-    tl_rows = [dict(zip(RECORD_COLUMNS, r)) | {"step": r[RECORD_COLUMNS.index("round")]} for r in timeline]
+    timeline.sort(key=lambda r: (r.start, r.worker))
+    tl_rows = [r._asdict() | {"step": r.round} for r in timeline]
     if rewrite:
         old_tl = [
             r | {"round": r.get("round") or r["step"], "step": r.get("round") or r["step"]}

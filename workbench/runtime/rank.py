@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -124,35 +125,50 @@ def _shared_t0(dist, t0: float) -> float:
     return t0_rank0 if host == socket.gethostname() else t0
 
 
-def _train_rank(rank, world, job: Job, dist, groups, device, shared):
-    from .ddp import DDPExecutor
-    from .hogwild import HogwildExecutor
-    from .segment_executor import SegmentExecutor
-    from .worker import PipelineExecutor
+@dataclass(frozen=True)
+class _Feed:
+    """This rank's view of the training data: microbatch ``b`` of minibatch ``k`` of an epoch's
+    permutation, on ``device`` in ``dtype``; only the first stage's ranks read the inputs
+    (``reads_inputs``), the last stage's the targets."""
 
+    dataset: Any
+    order: DataOrder
+    device: torch.device
+    dtype: torch.dtype | None
+    reads_inputs: bool
+
+    def batch(self, perm, k: int, b: int):
+        return microbatch(
+            self.dataset, self.order.indices(perm, k, b), self.device, self.dtype, inputs=self.reads_inputs
+        )
+
+
+@dataclass(frozen=True)
+class _Epoch:
+    """The minibatches ``rounds`` (indices within ``epoch``) a rank trains before its next epoch end,
+    the epoch's sample permutation, and the metrics ``rows`` and ``timeline`` records they leave."""
+
+    epoch: int
+    rounds: list[int]
+    perm: Any
+    rows: list = field(default_factory=list)
+    timeline: list = field(default_factory=list)
+
+
+def _train_rank(rank, world, job: Job, dist, groups, device, shared) -> None:
+    """One job on this rank: restore the newest complete checkpoint (``resume``), build the executor
+    of the schedule, start the common clock, train epoch after epoch, then gather the summary."""
     sched = job.schedule
     model = job.model_fn()
     model.to(device)
     model.train()
     groups.update(tied_groups(dist, sched, tied_weights(model, job.bounds), rank, job.timeout_s))
     dataset = job.dataset_fn()
-    dtype = getattr(torch, job.dtype) if job.dtype else None
     order = DataOrder(len(dataset), job.batch_size, sched.microbatches, job.seed)
-    rpe = order.rounds_per_epoch
-    out = Path(job.out)
     my_stages = sorted({op.stage for op in sched.ops[rank]})
-    reads_inputs = 0 in my_stages  # only the first stage's ranks read the inputs; the last stage's the targets
-    modules = [stage_module(model.layers, a, z) for a, z in job.bounds]
-    init = [stage_params(m) for m in modules]
-    start_round, opt_state = 0, {}
-    ckpt = latest_checkpoint(out) if job.resume else None
-    if ckpt is not None:
-        for s in my_stages:
-            rep = sched.stage_workers[s].index(rank) if rank in sched.stage_workers[s] else 0
-            saved = load_stage(ckpt, s, rep)
-            init[s] = {n: t.to(device) for n, t in saved["weights"].items()}
-            opt_state[s] = {n: t.to(device) for n, t in saved["optimizer"].get("momentum_buffer", {}).items()}
-        start_round = int(ckpt.name[len("round") :])
+    feed = _Feed(dataset, order, device, getattr(torch, job.dtype) if job.dtype else None, 0 in my_stages)
+    init = [stage_params(stage_module(model.layers, a, z)) for a, z in job.bounds]
+    start_round, opt_state = _restore(job, rank, my_stages, init, device)
     ctx = RankContext(
         rank,
         world,
@@ -165,25 +181,73 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
         backend=job.backend,
         transport=job.transport,
         shm_token=job.shm_token,
-        rounds_per_epoch=rpe,
+        rounds_per_epoch=order.rounds_per_epoch,
     )
-    x0, y0 = microbatch(dataset, order.indices(order.permutation(0), 0, 0), device, dtype)
+    x0, y0 = microbatch(dataset, order.indices(order.permutation(0), 0, 0), device, feed.dtype)
     ctx.specs, ctx.like_tuple = _boundary_specs(model, job.bounds, x0)
     _warm_up_compute(model, job.bounds, x0, y0)
-    kind = executor_of(sched)
-    executor: Any  # the four executors share the step loop's duck-typed interface
-    if kind == "hogwild":
-        executor = HogwildExecutor(ctx, sched, model, job.bounds, *shared)
-    elif kind == "ddp":
-        executor = DDPExecutor(ctx, sched, model, job.bounds, init, groups)
-    elif sched.num_segments > 1:  # Seq1F1B: (microbatch, segment) units
-        executor = SegmentExecutor(ctx, sched, model, job.bounds, init, groups)
-    else:
-        executor = PipelineExecutor(ctx, sched, model, job.bounds, init, groups, stream=job.stream)
+    executor = _make_executor(ctx, job, model, init, groups, shared)
     if opt_state and job.momentum:
         executor.load_optimizer_state(opt_state)
     if hasattr(executor, "comm"):
         executor.warm_up()
+    ctx.t0 = _start_together(dist, job, executor)
+    wall0 = time.time()
+    bar = None
+    if rank == 0 and job.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(
+            total=job.rounds_total, initial=start_round, desc=f"{sched.name} train", unit="step", file=sys.stderr
+        )
+    R, samples_done, truncate_from = start_round, 0, start_round
+    while R < job.rounds_total:
+        R, samples = _train_epoch(ctx, job, dist, executor, model, feed, R, truncate_from, bar)
+        samples_done += samples
+        truncate_from = -1  # only the first write after a resume truncates
+    if bar is not None:
+        bar.close()
+    if hasattr(getattr(executor, "comm", None), "close"):
+        executor.comm.close()
+    _gather_summary(ctx, job, dist, executor, my_stages, time.time() - wall0, samples_done)
+
+
+def _restore(job: Job, rank: int, my_stages: list[int], init: list[dict], device) -> tuple[int, dict]:
+    """With ``resume``, this rank's stages' weights (into ``init``) and momentum buffers from the
+    newest complete checkpoint: (the minibatch to start at, {stage: momentum buffers})."""
+    ckpt = latest_checkpoint(Path(job.out)) if job.resume else None
+    if ckpt is None:
+        return 0, {}
+    sched, opt_state = job.schedule, {}
+    for s in my_stages:
+        rep = sched.stage_workers[s].index(rank) if rank in sched.stage_workers[s] else 0
+        saved = load_stage(ckpt, s, rep)
+        init[s] = {n: t.to(device) for n, t in saved["weights"].items()}
+        opt_state[s] = {n: t.to(device) for n, t in saved["optimizer"].get("momentum_buffer", {}).items()}
+    return int(ckpt.name[len("round") :]), opt_state
+
+
+def _make_executor(ctx: RankContext, job: Job, model, init: list[dict], groups: dict, shared) -> Any:
+    """The executor the schedule's registration names (Hogwild, DDP, or the pipeline executor; the
+    segment executor for a schedule with segments). The four share the step loop's duck-typed
+    interface (:mod:`.worker`'s docstring)."""
+    from .ddp import DDPExecutor
+    from .hogwild import HogwildExecutor
+    from .segment_executor import SegmentExecutor
+    from .worker import PipelineExecutor
+
+    sched, kind = job.schedule, executor_of(job.schedule)
+    if kind == "hogwild":
+        return HogwildExecutor(ctx, sched, model, job.bounds, *shared)
+    if kind == "ddp":
+        return DDPExecutor(ctx, sched, model, job.bounds, init, groups)
+    if sched.num_segments > 1:  # Seq1F1B: (microbatch, segment) units
+        return SegmentExecutor(ctx, sched, model, job.bounds, init, groups)
+    return PipelineExecutor(ctx, sched, model, job.bounds, init, groups, stream=job.stream)
+
+
+def _start_together(dist, job: Job, executor) -> float:
+    """Every rank passes one barrier, then takes the timeline's origin ``t0`` (:func:`_shared_t0`)."""
     barrier = (
         functools.partial(dist.monitored_barrier, timeout=timedelta(seconds=job.timeout_s))
         if job.backend == "gloo"
@@ -194,124 +258,101 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared):
     barrier()
     if hasattr(getattr(executor, "comm", None), "unlink"):
         executor.comm.unlink()  # every rank has mapped its channels: no file outlives the job, however it ends
-    ctx.t0 = _shared_t0(dist, time.perf_counter())
-    wall0 = time.time()
-    bar = None
-    if rank == 0 and job.progress:
-        from tqdm.auto import tqdm
+    return _shared_t0(dist, time.perf_counter())
 
-        bar = tqdm(
-            total=job.rounds_total, initial=start_round, desc=f"{sched.name} train", unit="step", file=sys.stderr
-        )
-    R = start_round
-    samples_done = 0
-    while R < job.rounds_total:
-        epoch, first = divmod(R, rpe)
-        rounds = list(range(first, min(rpe, first + job.rounds_total - R)))
-        perm = order.permutation(epoch)
-        if hasattr(executor, "comm"):
-            executor.begin_epoch(rounds)
-        timeline: list = []
-        rows: list = []
-        if job.stream is not None:  # the epoch's rounds as one pipeline, drained at the epoch end only
-            samples_done += _run_stream(
-                executor,
-                job,
-                rank,
-                epoch,
-                rounds,
-                rpe,
-                order,
-                perm,
-                dataset,
-                device,
-                dtype,
-                reads_inputs,
-                timeline,
-                rows,
-                bar,
-            )
-        for k in rounds if job.stream is None else ():
-            Rg = epoch * rpe + k
-            _start_step(job, rank, Rg)
-            cache: dict = {}
 
-            def data(b, k=k, cache=cache):
-                if b not in cache:
-                    cache[b] = microbatch(dataset, order.indices(perm, k, b), device, dtype, inputs=reads_inputs)
-                return cache[b]
+def _train_epoch(
+    ctx: RankContext, job: Job, dist, executor, model, feed: _Feed, R: int, truncate_from: int, bar
+) -> tuple[int, int]:
+    """The rounds of the epoch of global minibatch ``R`` from ``R`` on (up to ``rounds_total``), round
+    by round or as one stream; then flush the sends, write the checkpoint, evaluate, and gather the
+    metrics and timeline rows on rank 0, which appends them to the CSVs and marks the checkpoint
+    complete. Returns (the next minibatch, samples trained)."""
+    rank, rpe = ctx.rank, ctx.rounds_per_epoch
+    epoch, first = divmod(R, rpe)
+    rounds = list(range(first, min(rpe, first + job.rounds_total - R)))
+    ep = _Epoch(epoch, rounds, feed.order.permutation(epoch))
+    if hasattr(executor, "comm"):
+        executor.begin_epoch(rounds)
+    run = _run_stream if job.stream is not None else _run_rounds  # a stream: drained at the epoch end only
+    samples = run(ctx, executor, job, feed, ep, bar)
+    if hasattr(executor, "flush"):
+        executor.flush()
+    elif hasattr(executor, "comm"):
+        executor.comm.flush()
+    R = epoch * rpe + rounds[-1] + 1
+    out = Path(job.out)
+    ck = _write_checkpoint(out, R, epoch, executor, job, rank)
+    evaluation = (
+        _evaluate(rank, ctx.world, job, dist, executor, model, feed.device, feed.dtype) if job.evaluate else None
+    )
+    if evaluation is not None and rank == 0:
+        ep.rows[-1].update(evaluation)
+    gathered = [None] * ctx.world if rank == 0 else None
+    # every rank writes its checkpoint before it joins the gather, so once rank 0 has the
+    # gathered rows every part of the checkpoint is on disk: rank 0 marks it complete after the
+    # outputs, and the other ranks go on without waiting for rank 0's writes (no barrier)
+    dist.gather_object((ep.rows, ep.timeline), gathered, dst=0)
+    if rank == 0:
+        append_outputs(out, gathered, job, truncate_from)
+        (ck / "COMPLETE").write_text("ok\n")
+    return R, samples
 
-            metrics = {"loss": 0.0, "n": 0, "correct": 0, "samples": 0}
-            executor.run_round(k, Rg, data, timeline, metrics)
-            rows.append(dict(step=Rg, epoch=epoch, end_ms=(time.perf_counter() - ctx.t0) * 1e3, **metrics))
-            samples_done += job.batch_size
-            if bar is not None:
-                bar.update(1)
-        if hasattr(executor, "flush"):
-            executor.flush()
-        elif hasattr(executor, "comm"):
-            executor.comm.flush()
-        R = epoch * rpe + rounds[-1] + 1
-        ck = _write_checkpoint(out, R, epoch, executor, job, rank)
-        evaluation = _evaluate(rank, world, job, dist, executor, model, device, dtype) if job.evaluate else None
-        if evaluation is not None and rank == 0:
-            rows[-1].update(evaluation)
-        gathered = [None] * world if rank == 0 else None
-        # every rank writes its checkpoint before it joins the gather, so once rank 0 has the
-        # gathered rows every part of the checkpoint is on disk: rank 0 marks it complete after the
-        # outputs, and the other ranks go on without waiting for rank 0's writes (no barrier)
-        dist.gather_object((rows, timeline), gathered, dst=0)
-        if rank == 0:
-            append_outputs(out, gathered, job, start_round)
-            start_round = -1  # only the first write after a resume truncates
-            (ck / "COMPLETE").write_text("ok\n")
-    if bar is not None:
-        bar.close()
-    if hasattr(getattr(executor, "comm", None), "close"):
-        executor.comm.close()
-    wall_s = time.time() - wall0
+
+def _run_rounds(ctx: RankContext, executor, job: Job, feed: _Feed, ep: _Epoch, bar) -> int:
+    """The rounds of one epoch, one pass of the schedule each: one metrics row per minibatch, ending
+    where this rank's last op of it ended. Returns the samples trained."""
+    for k in ep.rounds:
+        Rg = ep.epoch * ctx.rounds_per_epoch + k
+        _start_step(job, ctx.rank, Rg)
+        cache: dict = {}
+
+        def data(b, k=k, cache=cache):
+            if b not in cache:
+                cache[b] = feed.batch(ep.perm, k, b)
+            return cache[b]
+
+        metrics = {"loss": 0.0, "n": 0, "correct": 0, "samples": 0}
+        executor.run_round(k, Rg, data, ep.timeline, metrics)
+        ep.rows.append(dict(step=Rg, epoch=ep.epoch, end_ms=(time.perf_counter() - ctx.t0) * 1e3, **metrics))
+        if bar is not None:
+            bar.update(1)
+    return job.batch_size * len(ep.rounds)
+
+
+def _gather_summary(
+    ctx: RankContext, job: Job, dist, executor, my_stages: list[int], wall_s: float, samples: int
+) -> None:
+    """Every rank's memory, traffic and timing facts (and, with ``return_weights``, its weights)
+    gathered on rank 0, which writes ``summary.json``."""
+    device = ctx.device
+    comm = getattr(executor, "comm", None)
     info = dict(
-        rank=rank,
+        rank=ctx.rank,
         stages=my_stages,
         memory=jsonable(executor.memory()),
         peak_rss_bytes=peak_rss(),
         cuda_max_memory_allocated=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         # what timed the measured timeline: the host's clock around each op, or device events (opclock)
         timeline_clock=getattr(getattr(executor, "clock", None), "name", "host"),
-        bytes_sent=getattr(getattr(executor, "comm", None), "bytes_sent", 0),
-        receive_post_ms=getattr(getattr(executor, "comm", None), "post_ms", 0.0),
+        bytes_sent=getattr(comm, "bytes_sent", 0),
+        receive_post_ms=getattr(comm, "post_ms", 0.0),
         wall_s=wall_s,
-        samples=samples_done,
+        samples=samples,
         **(executor.remote.stats if getattr(executor, "remote", None) else {}),
     )
     weights = executor.weights() if job.return_weights else None
-    gathered = [None] * world if rank == 0 else None
+    gathered = [None] * ctx.world if ctx.rank == 0 else None
     dist.gather_object((info, weights), gathered, dst=0)
-    if rank == 0:
-        write_summary(out, job, gathered)
-    return None
+    if ctx.rank == 0:
+        write_summary(Path(job.out), job, gathered)
 
 
-def _run_stream(
-    executor,
-    job: Job,
-    rank: int,
-    epoch: int,
-    rounds: list[int],
-    rpe: int,
-    order,
-    perm,
-    dataset,
-    device,
-    dtype,
-    reads_inputs: bool,
-    timeline: list,
-    rows: list,
-    bar,
-) -> int:
+def _run_stream(ctx: RankContext, executor, job: Job, feed: _Feed, ep: _Epoch, bar) -> int:
     """The rounds of one epoch as one stream (:meth:`PipelineExecutor.run_stream`): one metrics row per
     minibatch, ending where this rank's last op of that minibatch ended. Returns the samples trained."""
-    R0 = epoch * rpe + rounds[0]
+    rounds = ep.rounds
+    R0 = ep.epoch * ctx.rounds_per_epoch + rounds[0]
     caches: dict[int, dict] = {}
 
     def data(j, b):
@@ -321,19 +362,19 @@ def _run_stream(
             caches[j] = {}
         c = caches[j]
         if b not in c:
-            c[b] = microbatch(dataset, order.indices(perm, rounds[j], b), device, dtype, inputs=reads_inputs)
+            c[b] = feed.batch(ep.perm, rounds[j], b)
         return c[b]
 
     def on_round(Rg):
-        _start_step(job, rank, Rg)
+        _start_step(job, ctx.rank, Rg)
         if bar is not None and Rg > R0:
             bar.update(1)  # a new minibatch entered the pipeline on rank 0: count the one before
 
     metrics = [{"loss": 0.0, "n": 0, "correct": 0, "samples": 0} for _ in rounds]
-    ends = executor.run_stream(rounds, R0, data, timeline, metrics, on_round)
+    ends = executor.run_stream(rounds, R0, data, ep.timeline, metrics, on_round)
     if bar is not None:
         bar.update(1)
-    rows += [dict(step=R0 + j, epoch=epoch, end_ms=ends[j], **metrics[j]) for j in range(len(rounds))]
+    ep.rows.extend(dict(step=R0 + j, epoch=ep.epoch, end_ms=ends[j], **metrics[j]) for j in range(len(rounds)))
     return job.batch_size * len(rounds)
 
 

@@ -27,6 +27,9 @@ round ``R`` version ``v`` of an op means ``R * updates_per_round(s) + v``.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 
 from ..schedules.core import Schedule
@@ -72,78 +75,110 @@ def reference_train(
 ) -> list[dict[str, torch.Tensor]]:
     """Final weights of every stage after ``rounds`` minibatches starting at global minibatch ``start_round``.
 
-    ``bounds[s] = (first, last)`` layers of stage ``s``; ``init`` optional starting weights per stage.
+    ``bounds[s] = (first, last)`` layers of stage ``s``; ``init`` optional starting weights per stage;
+    SGD with learning rate ``lr`` and heavy-ball ``momentum``; the data order is
+    :class:`~workbench.runtime.stages.DataOrder`'s (``batch_size``, ``seed``); ``dtype`` of the inputs.
     """
     if schedule.update == "async":
         raise ValueError("the 'async' rule (dp-asp) has no deterministic reference: staleness depends on timing")
-    S, M = schedule.num_stages, schedule.microbatches
-    if len(bounds) != S:
-        raise ValueError(f"{len(bounds)} stage bounds for a schedule of {S} stages")
-    modules = [stage_module(model.layers, a, z) for a, z in bounds]
-    weights = [{0: (dict(init[s]) if init else stage_params(modules[s]))} for s in range(S)]
-    direction = [{0: {n: torch.zeros_like(p) for n, p in weights[s][0].items()}} for s in range(S)]
-    per_round = updates_per_round(schedule)
-    steps = [[schedule.step_microbatches(s, t) for t in range(per_round[s])] for s in range(S)]
-    ver = versions_of(schedule)
-    ties = tied_weights(model, bounds)
-    check_tied(schedule, ties)
-    users = {(s, n): tie.names for tie in ties for s, n in tie.names}  # (stage, name) -> every owner's
-    order = DataOrder(len(dataset), batch_size, M, seed)
-    rpe = order.rounds_per_epoch
+    if len(bounds) != schedule.num_stages:
+        raise ValueError(f"{len(bounds)} stage bounds for a schedule of {schedule.num_stages} stages")
+    ref = _Reference(schedule, model, bounds, init, lr, momentum)
+    order = DataOrder(len(dataset), batch_size, schedule.microbatches, seed)
     for k in range(rounds):
-        epoch, r = divmod(start_round + k, rpe)
+        epoch, r = divmod(start_round + k, order.rounds_per_epoch)
         perm = order.permutation(epoch)
-        off = [k * per_round[s] for s in range(S)]
-        memo: dict[int, list[dict]] = {}
+        ref.run_round(k, functools.partial(_microbatch, dataset, order, perm, r, dtype))
+    return [next(iter(w.values())) for w in ref.weights]
 
-        def version(s: int, v: int) -> dict:
-            if v not in weights[s]:
-                t = v - 1 - off[s]
-                assert 0 <= t < per_round[s], (s, v, t)
-                prev = version(s, v - 1)
 
-                def mean(s2: int, n: str):  # stage s2's mean contribution to its update t
-                    return sum(grads(b)[s2][n] for b in steps[s2][t]) / len(steps[s2][t])
+def _microbatch(dataset, order: DataOrder, perm, r: int, dtype, b: int) -> tuple:
+    return microbatch(dataset, order.indices(perm, r, b), dtype=dtype)
 
-                d = {
-                    n: sum(mean(*u) for u in users.get((s, n), ((s, n),))) + momentum * direction[s][v - 1][n]
-                    for n in prev
-                }
-                direction[s][v] = d
-                weights[s][v] = {n: prev[n] - lr * d[n] for n in prev}
-            return weights[s][v]
 
-        def grads(b: int) -> list[dict]:
-            if b in memo:
-                return memo[b]
-            x, y = microbatch(dataset, order.indices(perm, r, b), dtype=dtype)
-            xs = []
-            with torch.no_grad():
-                for s in range(S):
-                    xs.append(x)
-                    if s < S - 1:  # the inputs of the stages; the last stage's output comes from its vjp
-                        x = run_stage(modules[s], version(s, off[s] + ver[("F", s, b)]), x)
-            out, cot = [None] * S, None
-            for s in reversed(range(S)):
-                vi, vw = backward_versions(ver, s, b)
-                last = s == S - 1
-                kw = dict(loss_fn=model.loss, target=y) if last else dict(cot=cot)
-                like = isinstance(xs[s], tuple)
-                xl = as_leaves(xs[s], requires_grad=s > 0)
-                wi = {n: p.detach().requires_grad_(True) for n, p in version(s, off[s] + vi).items()}
-                dx, dw, _ = vjp(modules[s], wi, xl, like, **kw, want_weights=vi == vw)
-                if vi != vw:
-                    ww = {n: p.detach().requires_grad_(True) for n, p in version(s, off[s] + vw).items()}
-                    _, dw, _ = vjp(modules[s], ww, as_leaves(xs[s], requires_grad=False), like, **kw, want_input=False)
-                out[s], cot = dw, dx
-            memo[b] = out
-            return out
+class _Reference:
+    """The state of :func:`reference_train`: every stage's weight versions ``weights[s][v]`` and
+    momentum directions ``direction[s][v]``, created on demand from the microbatches' gradients."""
 
-        for t in range(1, max(per_round) + 1):  # oldest first: memoized, so the recursion stays shallow
-            for s in range(S):
-                version(s, off[s] + min(t, per_round[s]))
-        for s in range(S):  # keep only the newest version for the next round
-            newest = off[s] + per_round[s]
-            weights[s] = {newest: weights[s][newest]}
-            direction[s] = {newest: direction[s][newest]}
-    return [next(iter(w.values())) for w in weights]
+    def __init__(self, schedule: Schedule, model, bounds, init: list[dict] | None, lr: float, momentum: float):
+        S = schedule.num_stages
+        self.S, self.model, self.lr, self.momentum = S, model, lr, momentum
+        self.modules = [stage_module(model.layers, a, z) for a, z in bounds]
+        self.weights = [{0: (dict(init[s]) if init else stage_params(self.modules[s]))} for s in range(S)]
+        self.direction = [{0: {n: torch.zeros_like(p) for n, p in self.weights[s][0].items()}} for s in range(S)]
+        self.per_round = updates_per_round(schedule)
+        self.steps = [[schedule.step_microbatches(s, t) for t in range(self.per_round[s])] for s in range(S)]
+        self.ver = versions_of(schedule)
+        ties = tied_weights(model, bounds)
+        check_tied(schedule, ties)
+        self.users = {(s, n): tie.names for tie in ties for s, n in tie.names}  # (stage, name) -> every owner's
+        self.off = [0] * S
+        self.data: Callable[[int], tuple] | None = None  # the round's microbatches (run_round)
+        self.memo: dict[int, list[dict]] = {}
+
+    def run_round(self, k: int, data: Callable[[int], tuple]) -> None:
+        """Round ``k`` of the run (``data(b)``: microbatch b's (input, target)): every update of every
+        stage, oldest first; then only the newest version is kept."""
+        self.off = [k * self.per_round[s] for s in range(self.S)]
+        self.data, self.memo = data, {}
+        for t in range(1, max(self.per_round) + 1):  # oldest first: memoized, so the recursion stays shallow
+            for s in range(self.S):
+                self.version(s, self.off[s] + min(t, self.per_round[s]))
+        for s in range(self.S):  # keep only the newest version for the next round
+            newest = self.off[s] + self.per_round[s]
+            self.weights[s] = {newest: self.weights[s][newest]}
+            self.direction[s] = {newest: self.direction[s][newest]}
+
+    def version(self, s: int, v: int) -> dict:
+        """``W_s^(v)``: ``W_s^(v-1) - lr * d``, ``d`` the mean contribution of update ``t = v - 1`` in
+        this round (summed over a tied weight's owners) plus ``momentum`` times the last direction."""
+        if v not in self.weights[s]:
+            t = v - 1 - self.off[s]
+            assert 0 <= t < self.per_round[s], (s, v, t)
+            prev = self.version(s, v - 1)
+
+            def mean(s2: int, n: str):  # stage s2's mean contribution to its update t
+                return sum(self.grads(b)[s2][n] for b in self.steps[s2][t]) / len(self.steps[s2][t])
+
+            d = {
+                n: sum(mean(*u) for u in self.users.get((s, n), ((s, n),)))
+                + self.momentum * self.direction[s][v - 1][n]
+                for n in prev
+            }
+            self.direction[s][v] = d
+            self.weights[s][v] = {n: prev[n] - self.lr * d[n] for n in prev}
+        return self.weights[s][v]
+
+    def grads(self, b: int) -> list[dict]:
+        """Microbatch ``b``'s weight-gradient contribution to every stage (memoized per round): the
+        forward chain at the F versions, then the VJPs from the last stage down at the B versions
+        (input and weight halves at their own versions when the backward is split)."""
+        if b in self.memo:
+            return self.memo[b]
+        assert self.data is not None, "grads are read within run_round"
+        x, y = self.data(b)
+        xs = []
+        with torch.no_grad():
+            for s in range(self.S):
+                xs.append(x)
+                if s < self.S - 1:  # the inputs of the stages; the last stage's output comes from its vjp
+                    x = run_stage(self.modules[s], self.version(s, self.off[s] + self.ver[("F", s, b)]), x)
+        out: list[dict] = [{} for _ in range(self.S)]
+        cot = None
+        for s in reversed(range(self.S)):
+            out[s], cot = self._stage_grads(s, b, xs[s], y, cot)
+        self.memo[b] = out
+        return out
+
+    def _stage_grads(self, s: int, b: int, x, y, cot) -> tuple[dict, list]:
+        """(weight gradient, input gradient) of stage ``s`` for microbatch ``b`` at input ``x``."""
+        vi, vw = backward_versions(self.ver, s, b)
+        module, off = self.modules[s], self.off[s]
+        kw = dict(loss_fn=self.model.loss, target=y) if s == self.S - 1 else dict(cot=cot)
+        like = isinstance(x, tuple)
+        wi = {n: p.detach().requires_grad_(True) for n, p in self.version(s, off + vi).items()}
+        dx, dw, _ = vjp(module, wi, as_leaves(x, requires_grad=s > 0), like, **kw, want_weights=vi == vw)
+        if vi != vw:
+            ww = {n: p.detach().requires_grad_(True) for n, p in self.version(s, off + vw).items()}
+            _, dw, _ = vjp(module, ww, as_leaves(x, requires_grad=False), like, **kw, want_input=False)
+        return dw, dx

@@ -28,6 +28,7 @@ from torch import nn
 
 from ..models.segmented import flop_model, segment_layers
 from ..schedules.core import Schedule
+from .record import OpRecord
 from .reference import updates_per_round
 from .segments import Mailbox, SegmentStage
 from .stages import sgd_step, stage_module
@@ -83,8 +84,8 @@ class SegmentExecutor:
             layers = copy.deepcopy(segment_layers(stage_module(model.layers, a, z)))  # this stage's own copy
             params = dict(nn.Sequential(*layers).named_parameters())  # the names of stage_params
             with torch.no_grad():
-                for n, p in params.items():
-                    p.copy_(init_weights[s][n])
+                for name, p in params.items():
+                    p.copy_(init_weights[s][name])
             norm = ctx.specs[-1][0][0][0] * self.offsets[-1]  # microbatch size x tokens per sequence
             self.stages[s] = SegmentStage(
                 s, layers, z == len(model.layers) - 1, params, self.offsets, norm, schedule.recompute
@@ -125,7 +126,7 @@ class SegmentExecutor:
             b = op.microbatch
             v = self.version[op.stage] if op.kind == "STEP" else R * self.per_round[op.stage] + op.version
             timeline.append(
-                (
+                OpRecord(
                     self.rank,
                     op.stage,
                     R * self.M + b if b >= 0 else -1,
@@ -164,7 +165,7 @@ class SegmentExecutor:
             x, wait = self._recv(s - 1, s, j, op, grad=False)
         target = data(b)[1][:, lo:hi] if st.is_last else None
         out, loss = st.forward(b, j, x, target)
-        if st.is_last:
+        if target is not None:  # the last stage
             metrics["loss"] += float(loss)  # the units of a microbatch sum to its mean token loss
             metrics["correct"] += self.model.correct(out, target)
             if j == 0:

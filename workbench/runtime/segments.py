@@ -41,10 +41,12 @@ import tempfile
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..models.segmented import SegBlock, SegEmbedding, segment_gpt
@@ -147,6 +149,7 @@ class SegmentStage:
         y, kv = outs[0], list(outs[1:])
         out = y.detach()
         if self.is_last:
+            assert target is not None, "the last stage's forward needs the segment's next tokens"
             y = F.cross_entropy(y.reshape(-1, y.shape[-1]), target.reshape(-1), reduction="sum") / self.norm
         self.past[(b, j)] = [
             (kv[2 * i].detach().requires_grad_(True), kv[2 * i + 1].detach().requires_grad_(True))
@@ -207,7 +210,7 @@ class Mailbox:
         self.group = group  # None: the default process group
         self.S, self.U = schedule.num_stages, schedule.microbatches * schedule.num_segments
         self.local: dict[int, torch.Tensor] = {}
-        self.pending = []
+        self.pending: list[tuple[Any, torch.Tensor]] = []
 
     def tag(self, grad: bool, stage: int, unit: int) -> int:
         return (int(grad) * self.S + stage) * self.U + unit
@@ -223,7 +226,8 @@ class Mailbox:
         if src == self.rank:
             return self.local.pop(tag)
         buf = torch.empty_like(like)
-        if not dist.irecv(buf, src, group=self.group, tag=tag).wait(timeout=self.timeout):
+        work = dist.irecv(buf, src, group=self.group, tag=tag)
+        if work is None or not work.wait(timeout=self.timeout):
             raise TimeoutError(f"rank {self.rank}: no message with tag {tag} from rank {src} within {self.timeout}")
         return buf
 
@@ -242,14 +246,14 @@ def run_rank(rank: int, job: SegmentJob) -> dict:
     mine = sorted({op.stage for op in sched.ops[rank]})
     stages = {s: SegmentStage.of_job(s, layers, *bounds[s], job) for s in mine}
     box = Mailbox(sched, rank, job.timeout_s)
-    dim, dtype, B = layers[0].tok.embedding_dim, next(layers.parameters()).dtype, job.batch
+    dim, dtype, B = cast(nn.Embedding, layers[0].tok).embedding_dim, next(layers.parameters()).dtype, job.batch
     off = stages[mine[0]].offsets
-    grads, peak = {}, 0
+    grads: dict[int, dict[str, torch.Tensor]] = {}
+    peak = 0
     for op in sched.ops[rank]:
         st = stages[op.stage]
         if op.kind == "STEP":
-            g = st.step(job.lr)
-            grads.setdefault(op.stage, g)
+            grads.setdefault(op.stage, st.step(job.lr))
             continue
         b, j, u = op.microbatch, op.segment or 0, sched.unit(op)
         like = torch.empty(B, off[j + 1] - off[j], dim, dtype=dtype)
@@ -267,7 +271,8 @@ def run_rank(rank: int, job: SegmentJob) -> dict:
             continue
         g = None
         if op.kind in ("B", "BI") and op.stage < sched.num_stages - 1:
-            src = box.where.get(("BI", op.stage + 1, u), box.where.get(("B", op.stage + 1, u)))
+            split = ("BI", op.stage + 1, u) in box.where  # zero bubble: the input half sends it
+            src = box.where[("BI" if split else "B", op.stage + 1, u)]
             g = box.recv(like, src, box.tag(True, op.stage, u))
         dx = st.backward(op.kind, b, j, g)
         if dx is not None and op.stage > 0:
@@ -298,7 +303,7 @@ def run(jobs: SegmentJob | list[SegmentJob]) -> dict | list[dict]:
     from .ports import free_port
 
     many = isinstance(jobs, (list, tuple))
-    jobs = list(jobs) if many else [jobs]
+    jobs = list(jobs) if isinstance(jobs, (list, tuple)) else [jobs]
     W = jobs[0].schedule.num_workers
     if any(job.schedule.num_workers != W for job in jobs):
         raise ValueError("jobs run together must have schedules with the same number of workers")
@@ -307,7 +312,7 @@ def run(jobs: SegmentJob | list[SegmentJob]) -> dict | list[dict]:
         parts = [torch.load(Path(out) / f"rank{r}.pt") for r in range(W)]
     merged = []
     for i in range(len(jobs)):
-        m = {"grads": {}, "weights": {}, "peak_saved_bytes": [p[i]["peak_saved_bytes"] for p in parts]}
+        m: dict[str, Any] = {"grads": {}, "weights": {}, "peak_saved_bytes": [p[i]["peak_saved_bytes"] for p in parts]}
         for p in parts:
             m["grads"].update(p[i]["grads"])
             m["weights"].update(p[i]["weights"])
@@ -325,7 +330,7 @@ def reference(job: SegmentJob) -> dict:
         for s, (first, last) in enumerate(bounds)
     }
     m = job.schedule.microbatches_per_step * job.batch
-    grads = {}
+    grads: dict[int, dict[str, torch.Tensor]] = {}
     for t in range(math.ceil(job.x.shape[0] / m)):
         h = job.x[t * m : (t + 1) * m]
         for layer in layers:
@@ -334,10 +339,11 @@ def reference(job: SegmentJob) -> dict:
         loss.backward()
         with torch.no_grad():
             for s, ps in params.items():
+                step = {n: cast(torch.Tensor, p.grad) for n, p in ps.items()}
                 if t == 0:
-                    grads[s] = {n: p.grad.clone() for n, p in ps.items()}
-                for p in ps.values():
-                    p -= job.lr * p.grad
+                    grads[s] = {n: g.clone() for n, g in step.items()}
+                for n, p in ps.items():
+                    p.sub_(job.lr * step[n])
                     p.grad = None
     weights = {s: {n: p.detach().clone() for n, p in ps.items()} for s, ps in params.items()}
     return {"grads": grads, "weights": weights}
@@ -345,12 +351,12 @@ def reference(job: SegmentJob) -> dict:
 
 def pydocs_batch(rows: int, seq_len: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
     """``rows`` sequences of the offline ``pydocs`` corpus (char level), picked with ``seed``: (x, y, vocab)."""
-    from ..models.data import load_dataset
+    from ..models.data import TokenDataset, load_dataset
 
     ds = load_dataset("pydocs", seq_len=seq_len)
     idx = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed))[:rows]
     x, y = ds.tensors
-    return x[idx], y[idx], len(ds.vocab)
+    return x[idx], y[idx], len(cast(TokenDataset, ds).vocab)
 
 
 __all__ = ["SegmentJob", "SegmentStage", "run", "run_rank", "reference", "pydocs_batch"]

@@ -213,7 +213,8 @@ class Channel:
         return out, waited
 
     def close(self) -> None:
-        self.flags = self.acks = self.data = None
+        for view in ("flags", "acks", "data"):  # the mapping closes once no view of it is left
+            vars(self).pop(view, None)
         try:
             self.mm.close()
         except BufferError:  # a tensor view still exported: the mapping goes with the process

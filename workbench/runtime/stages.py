@@ -13,6 +13,7 @@ slices. Every rank computes the same slices from ``(seed, e, r, b)``, so no data
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +54,8 @@ def _slots(module: nn.Module) -> list[tuple[nn.Module, str, str]]:
             slots = []  # parametrized modules: use functional_call
             module.__dict__["_wb_slots"] = slots
             return slots
-        canon, slots = {}, []
+        canon: dict[int, str] = {}
+        slots = []
         for name, p in module.named_parameters(remove_duplicate=False):
             path, _, attr = name.rpartition(".")
             slots.append((module.get_submodule(path) if path else module, attr, canon.setdefault(id(p), name)))
@@ -72,12 +74,16 @@ def run_stage(module: nn.Module, params: dict[str, torch.Tensor], x):
         return functional_call(module, params, (x,))
     saved = [m._parameters[a] for m, a, _ in slots]
     try:
-        for m, a, n in slots:
-            m._parameters[a] = params[n]
+        _bind(slots, [params[n] for _, _, n in slots])
         return module(x)
     finally:
-        for (m, a, _), t in zip(slots, saved):
-            m._parameters[a] = t
+        _bind(slots, saved)
+
+
+def _bind(slots: list[tuple[nn.Module, str, str]], tensors: list) -> None:
+    """Put ``tensors`` into the parameter slots (plain tensors, not Parameters: autograd sees them)."""
+    for (m, a, _), t in zip(slots, tensors):
+        m._parameters[a] = t
 
 
 def as_tuple(x) -> tuple:
@@ -238,11 +244,12 @@ def vjp(
     if into is not None:
         return _vjp_into(outs, grads, xin, params, names, into, retain_graph), {}, y
     targets = xin + [params[n] for n in names]
-    if not targets or not outs:
-        res = [None] * len(targets)
-    else:
-        res = torch.autograd.grad(outs, targets, grads, allow_unused=True, retain_graph=retain_graph)
-    res = [torch.zeros_like(t) if r is None else r for t, r in zip(targets, res)]
+    raw: Sequence[torch.Tensor | None] = (
+        torch.autograd.grad(outs, targets, grads, allow_unused=True, retain_graph=retain_graph)
+        if targets and outs
+        else [None] * len(targets)
+    )
+    res = [torch.zeros_like(t) if r is None else r for t, r in zip(targets, raw)]
     dx = res[: len(xin)]
     dw = dict(zip(names, res[len(xin) :]))
     return dx, dw, y
@@ -283,18 +290,17 @@ def run_stage_layers(module: nn.Module, params: dict[str, torch.Tensor], x):
     names = _layer_names(module)
     if names is None:
         return run_stage(module, params, x), None
+    assert isinstance(module, nn.Sequential)  # _layer_names splits Sequentials only
     slots = _slots(module)
     saved = [m._parameters[a] for m, a, _ in slots]
     layers = []
     try:
-        for m, a, n in slots:
-            m._parameters[a] = params[n]
+        _bind(slots, [params[n] for _, _, n in slots])
         for j, layer in enumerate(module):
             x = layer(x)
             layers.append((as_tuple(x), names[j]))
     finally:
-        for (m, a, _), t in zip(slots, saved):
-            m._parameters[a] = t
+        _bind(slots, saved)
     return x, layers
 
 
@@ -302,7 +308,8 @@ def _layer_names(module: nn.Module) -> list[list[str]] | None:
     """The parameter names of each layer of a stage, or None when :func:`run_stage_layers` cannot
     split it (its docstring). Cached on the module."""
     if "_wb_layer_names" not in module.__dict__:
-        slots, names = _slots(module), None
+        slots = _slots(module)
+        names: list[list[str]] | None = None
         if slots and isinstance(module, nn.Sequential):
             layer_of: dict[int, int] = {}
             tied = False  # a module or a parameter in two layers

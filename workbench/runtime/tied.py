@@ -32,6 +32,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import cast
 
 import torch
 
@@ -64,7 +65,8 @@ def tied_weights(model, bounds) -> tuple[TiedWeight, ...]:
     share, for stage bounds ``bounds[s] = (first, last)``; a weight tied inside one stage is that
     stage's business."""
     owners: dict[int, list] = defaultdict(list)
-    size, layer_of = {}, {}
+    size: dict[int, int] = {}
+    layer_of: dict[int, int] = {}
     for s, (a, z) in enumerate(bounds):
         for n, p in stage_module(model.layers, a, z).named_parameters():
             owners[id(p)].append((s, n))
@@ -268,7 +270,10 @@ class TiedGradients:
         if left:
             self.pending[(i, step)] = left
         parts = [buffers[s].get(n) for s, n in self.local[i]]
-        total = sum(p if p is not None else torch.zeros_like(like[s][n]) for p, (s, n) in zip(parts, self.local[i]))
+        total = cast(  # a new tensor (0 + ...), never one of the parts
+            torch.Tensor,
+            sum(p if p is not None else torch.zeros_like(like[s][n]) for p, (s, n) in zip(parts, self.local[i])),
+        )
         t0 = time.perf_counter()
         if self.groups[i] is not None:
             torch.distributed.all_reduce(total, group=self.groups[i], async_op=True).wait(self.timeout)

@@ -47,7 +47,10 @@ An executor offers ``receive_plan(rounds)``, ``run_round(k, R, data, timeline, m
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -56,6 +59,7 @@ from ..schedules.core import Schedule
 from . import opclock, shm
 from .comm import P2P, ShmP2P
 from .fetch import RemoteWeights, has_remote, is_remote
+from .record import OpRecord
 from .reference import updates_per_round
 from .stages import (
     as_leaves,
@@ -166,7 +170,8 @@ class PipelineExecutor:
         self.ctx, self.schedule, self.model = ctx, schedule, model
         # stream(n) -> the schedule over n microbatches: the rounds of an epoch run as one pipeline
         # (no drain between minibatches; see run_stream); None: every round drains (run_round)
-        self.stream, self._streams = stream, {}
+        self.stream = stream
+        self._streams: dict[int, tuple[Schedule, RankProgram, frozenset[int]]] = {}
         if schedule.num_segments > 1:
             raise ValueError(
                 f"{schedule.name} cuts sequences into segments; this executor runs whole microbatches: "
@@ -189,7 +194,7 @@ class PipelineExecutor:
             for s in self.prog.stages
         }
         self.groups = groups
-        self.remote = None  # fetches / pushes of the master family (see fetch.py)
+        self.remote: RemoteWeights | None = None  # fetches / pushes of the master family (see fetch.py)
         if has_remote(schedule):
             self.remote = RemoteWeights(
                 schedule,
@@ -206,7 +211,7 @@ class PipelineExecutor:
         self.specs = ctx.specs  # specs[s]: [(shape, dtype)] of stage s's output
         self.like_tuple = ctx.like_tuple  # like_tuple[s]: stage s's input is a tuple
         if ctx.transport == "shm":
-            self.comm = self._shm_comm(ctx)
+            self.comm: P2P = self._shm_comm(ctx)
         else:
             self.comm = P2P(
                 self.rank,
@@ -258,7 +263,7 @@ class PipelineExecutor:
             if op.kind == "F" and s < self.S - 1:
                 peers.add(self.prog.where[("F", s + 1, b)])
         peers.discard(self.rank)
-        works = []
+        works: list[Any] = []  # isend / irecv works (None only off their group)
         for p in sorted(peers):
             works.append(dist.isend(torch.ones(1, device=self.ctx.device), p, tag=2**30))
             works.append(dist.irecv(torch.empty(1, device=self.ctx.device), p, tag=2**30))
@@ -292,7 +297,7 @@ class PipelineExecutor:
     def run_round(self, k: int, R: int, data, timeline: list, metrics: dict) -> None:
         """Round ``k`` of the epoch (global minibatch ``R``); ``data(b)`` -> (input, target). The
         round is one pass of the schedule: it fills the pipeline and drains it."""
-        self._run(self.prog, self.stashing, k, R, data, timeline, lambda b: metrics, lambda b: R)
+        self._run(_Pass(self.prog, self.stashing, k, R, data, lambda b: metrics, lambda b: R), timeline)
 
     def run_stream(
         self, rounds: list[int], R0: int, data, timeline: list, metrics: list[dict], on_round=None
@@ -308,16 +313,18 @@ class PipelineExecutor:
         prog, stashing = self._stream_program(len(rounds))[1:]
         M, ends = self.M, [0.0] * len(rounds)
         self._run(
-            prog,
-            stashing,
-            rounds[0],
-            R0,
-            lambda b: data(b // M, b % M),
+            _Pass(
+                prog,
+                stashing,
+                rounds[0],
+                R0,
+                lambda b: data(b // M, b % M),
+                lambda b: metrics[b // M],
+                lambda b: R0 + b // M,
+                ends,
+                on_round,
+            ),
             timeline,
-            lambda b: metrics[b // M],
-            lambda b: R0 + b // M,
-            ends,
-            on_round,
         )
         return ends
 
@@ -330,110 +337,44 @@ class PipelineExecutor:
             self._streams[n] = (sched, RankProgram(sched, self.rank), sched.stashing_steps(self.rank))
         return self._streams[n]
 
-    def _run(
-        self,
-        prog: RankProgram,
-        stashing,
-        k: int,
-        R: int,
-        data,
-        timeline: list,
-        metrics_of,
-        round_of,
-        ends: list | None = None,
-        on_round=None,
-    ) -> None:
-        """One pass of ``prog``'s op list: microbatch ``b`` of the pass is microbatch ``k * M + b`` of the
-        epoch and ``R * M + b`` of the run; versions count from ``R`` minibatches' updates;
-        ``round_of(b)``: the minibatch (global) of microbatch ``b``, for the timeline and ``ends``."""
-        off = {s: R * self.prog.per_round[s] for s in self.state}
+    def _run(self, ps: _Pass, timeline: list) -> None:
+        """One pass of ``ps.prog``'s op list (:class:`_Pass`): each op receives what it needs,
+        computes or updates, and leaves one :class:`~workbench.runtime.record.OpRecord`."""
+        off = {s: ps.R * self.prog.per_round[s] for s in self.state}
         t0, clock = self.ctx.t0, self.clock
         if clock is not None:
             clock.begin(t0)
-
-        def started():  # an op's computation starts (again after a wait): host time, device event (opclock)
-            return time.perf_counter(), (clock.mark() if clock is not None else None)
-
         if self.remote is not None:
-            self.remote.begin_round(k, {s: st.versions[st.newest] for s, st in self.state.items() if st.held})
-        data = _TimedData(data)  # data_ms: the input / target copy of a microbatch (breakdown columns)
-        newest, mine = R - 1, R  # the newest minibatch begun; the minibatch of this op (an update: of the op before)
-        for i, op in enumerate(prog.ops):
-            st = self.state[op.stage]
-            s, b = op.stage, op.microbatch
-            g = k * self.M + b
+            self.remote.begin_round(ps.k, {s: st.versions[st.newest] for s, st in self.state.items() if st.held})
+        t = _OpTimer(clock)  # begun again at every op
+        data = _TimedData(ps.data)  # data_ms: the input / target copy of a microbatch (breakdown columns)
+        # the newest minibatch begun; the minibatch of this op (an update: of the op before)
+        newest, mine = ps.R - 1, ps.R
+        for i, op in enumerate(ps.prog.ops):
+            st, s, b = self.state[op.stage], op.stage, op.microbatch
             if b >= 0:
-                mine = round_of(b)
+                mine = ps.round_of(b)
                 if mine > newest:
                     newest = mine
-                    if on_round is not None:
-                        on_round(mine)
-            wait = 0.0
+                    if ps.on_round is not None:
+                        ps.on_round(mine)
             send0, data0 = self.comm.send_ms, data.ms
             self.comm.op_send_start = None
-            start, pre = started()
-            ev = pre  # device events: where the op began, where its computation began
-            if op.kind == "F":
-                if s == 0:
-                    x, _ = data(b)
-                else:
-                    bufs, wait = self.comm.recv((0, s - 1, g))
-                    x = from_tuple(tuple(bufs), self.like_tuple[s])
-                    start, ev = started()
-                params = None
-                if is_remote(op, self.rank):  # master family: fetch the owner's weights for this microbatch
-                    params, fw = self.remote.fetch(s, b)
-                    wait += fw
-                    start, ev = started()
-                self._forward(prog, st, op, off[s] + op.version, b, g, x, data, metrics_of(b), params)
-            elif op.kind in ("B", "BI", "BW"):
-                cot = None
-                if op.kind != "BW" and s < self.S - 1:
-                    cot, wait = self.comm.recv((1, s, g))
-                    start, ev = started()
-                self._backward(prog, st, op, off[s] + op.version, b, g, cot, data, i)
-            if op.kind in ("AR", "STEP") and self.remote is not None:  # pushed gradients join the buffer first
-                wait += self.remote.collect(s, op.step, st.flat)
-                start, ev = started()
-            if op.kind == "STEP" and self.tied is not None:  # weights tied across stages: combine first
-                tw = self.tied.combine(
-                    s,
-                    op.step,
-                    {t: x.grad for t, x in self.state.items()},
-                    {t: x.versions[x.newest] for t, x in self.state.items()},
-                )
-                if tw:
-                    wait += tw
-                    start, ev = started()
-            if op.kind == "AR":
-                grp = self.groups.get(tuple(self.schedule.stage_workers[s]))
-                if grp is not None:
-                    work = dist.all_reduce(st.flat, op=dist.ReduceOp.SUM, group=grp, async_op=True)
-                    work.wait(timedelta(seconds=self.ctx.timeout_s))
-            elif op.kind == "STEP":
-                n = prog.count[(s, op.step)]
-                lr, mu = self.ctx.lr, self.ctx.momentum
-                new = sgd_step(
-                    dict(st.versions[st.newest]), st.grad, st.momentum, lr, mu, n, in_place=i not in stashing
-                )
-                st.newest += 1
-                st.versions[st.newest] = new
-                if st.is_flat:
-                    st.flat.zero_()
-                else:
-                    st.grad = {}
-                if self.remote is not None and op.step + 1 < prog.per_round[s]:
-                    self.remote.post_sends(s, op.step + 1, new)
+            t.begin()
+            if op.kind in ("F", "B", "BI", "BW"):
+                wait = self._compute(ps, st, op, i, off[s], data, t)
+            else:
+                wait = self._update(ps, st, op, i, t)
             end = time.perf_counter()
             if clock is not None:
-                clock.add(len(timeline), pre, ev, clock.mark())
+                clock.add(len(timeline), t.pre, t.ev, clock.mark())
             timeline.append(
-                (
+                OpRecord(
                     self.rank,
                     s,
-                    R * self.M + b if b >= 0 else -1,
+                    ps.R * self.M + b if b >= 0 else -1,
                     op.kind,
-                    (start - t0) * 1e3,
+                    (t.start - t0) * 1e3,
                     (end - t0) * 1e3,
                     off[s] + op.version if op.kind in ("F", "B", "BI", "BW") else st.newest,
                     mine,
@@ -443,22 +384,102 @@ class PipelineExecutor:
                     _since(self.comm.op_send_start, t0),
                 )
             )
-            if ends is not None:
-                ends[mine - R] = (end - t0) * 1e3
-            self._free(prog, st, off[s], i)
+            if ps.ends is not None:
+                ps.ends[mine - ps.R] = (end - t0) * 1e3
+            self._free(ps.prog, st, off[s], i)
             if op.kind not in ("B", "BW"):  # these only release records and versions
                 st.note_memory()
         if clock is not None:  # the pass's rows in the device's times (one synchronization)
-            clock.resolve(timeline, R, ends)
+            clock.resolve(timeline, ps.R, ps.ends)
+
+    def _compute(self, ps: _Pass, st: StageState, op, i: int, off: int, data, t: _OpTimer) -> float:
+        """F / B / BI / BW: receive the input (activation of stage s-1, gradient of stage s+1), fetch
+        remote weights (master family), compute at version ``off + op.version``; the ms waited."""
+        s, b = op.stage, op.microbatch
+        g, wait = ps.k * self.M + b, 0.0
+        if op.kind == "F":
+            if s == 0:
+                x, _ = data(b)
+            else:
+                bufs, wait = self.comm.recv((0, s - 1, g))
+                x = from_tuple(tuple(bufs), self.like_tuple[s])
+                t.restart()
+            params = None
+            if is_remote(op, self.rank):  # master family: fetch the owner's weights for this microbatch
+                assert self.remote is not None
+                params, fw = self.remote.fetch(s, b)
+                wait += fw
+                t.restart()
+            self._forward(ps, st, op, off + op.version, x, data, params)
+            return wait
+        cot = None
+        if op.kind != "BW" and s < self.S - 1:
+            cot, wait = self.comm.recv((1, s, g))
+            t.restart()
+        self._backward(ps, st, op, off + op.version, cot, data, i)
+        return wait
+
+    def _update(self, ps: _Pass, st: StageState, op, i: int, t: _OpTimer) -> float:
+        """AR / STEP of stage s: pushed gradients (master family) and tied weights' gradients join the
+        buffer first; AR sums the replicas' buffers, STEP applies the SGD rule; the ms waited."""
+        s, wait = op.stage, 0.0
+        if op.kind in ("AR", "STEP") and self.remote is not None:  # pushed gradients join the buffer first
+            wait += self.remote.collect(s, op.step, st.flat)
+            t.restart()
+        if op.kind == "STEP" and self.tied is not None:  # weights tied across stages: combine first
+            tw = self.tied.combine(
+                s,
+                op.step,
+                {u: x.grad for u, x in self.state.items()},
+                {u: x.versions[x.newest] for u, x in self.state.items()},
+            )
+            if tw:
+                wait += tw
+                t.restart()
+        if op.kind == "AR":
+            grp = self.groups.get(tuple(self.schedule.stage_workers[s]))
+            if grp is not None:
+                work = dist.all_reduce(st.flat, op=dist.ReduceOp.SUM, group=grp, async_op=True)
+                assert work is not None
+                work.wait(timedelta(seconds=self.ctx.timeout_s))
+        elif op.kind == "STEP":
+            self._step(ps, st, op, i)
+        return wait
+
+    def _step(self, ps: _Pass, st: StageState, op, i: int) -> None:
+        """``W^(t+1) = W^(t) - lr * d_t`` from the buffer's mean over the update's microbatches (module
+        docstring); a stashing STEP keeps the old version, the others update in place."""
+        s = op.stage
+        n = ps.prog.count[(s, op.step)]
+        new = sgd_step(
+            dict(st.versions[st.newest]),
+            st.grad,
+            st.momentum,
+            self.ctx.lr,
+            self.ctx.momentum,
+            n,
+            in_place=i not in ps.stashing,
+        )
+        st.newest += 1
+        st.versions[st.newest] = new
+        if st.is_flat:
+            st.flat.zero_()
+        else:
+            st.grad = {}
+        if self.remote is not None and op.step + 1 < ps.prog.per_round[s]:
+            self.remote.post_sends(s, op.step + 1, new)
 
     def _free(self, prog: RankProgram, st: StageState, off: int, i: int) -> None:
         for v in list(st.versions):
             if v != st.newest and prog.last_read.get((st.stage, v - off), -1) <= i:
                 del st.versions[v]
 
-    def _forward(self, prog, st, op, v, b, g, x, data, metrics, params=None) -> None:
-        """``params``: fetched weights (remote op) or None for this rank's version ``v``."""
-        s = op.stage
+    def _forward(self, ps: _Pass, st: StageState, op, v: int, x, data, params=None) -> None:
+        """F of ``op`` on input ``x`` at version ``v``; ``params``: fetched weights (remote op) or None
+        for this rank's version ``v``. The last stage adds the loss to the minibatch's metrics; the
+        others send the output downstream."""
+        s, b, prog = op.stage, op.microbatch, ps.prog
+        g, metrics = ps.k * self.M + b, ps.metrics_of(b)
         last = s == self.S - 1
         keep_graph = prog.backward_version(s, b) == op.version
         xl = as_leaves(x, requires_grad=s > 0)
@@ -499,8 +520,11 @@ class PipelineExecutor:
             self.comm.send((0, s, g), list(as_tuple(y)), prog.dst_of_activation(s, b))
         st.records[g] = rec
 
-    def _backward(self, prog, st, op, v, b, g, cot, data, i: int) -> None:
-        s = op.stage
+    def _backward(self, ps: _Pass, st: StageState, op, v: int, cot, data, i: int) -> None:
+        """B / BI / BW of ``op`` at version ``v`` from the stage output's cotangent ``cot`` (None on
+        the last stage: the loss's); the input gradient goes upstream."""
+        s, b, prog = op.stage, op.microbatch, ps.prog
+        g = ps.k * self.M + b
         rec = st.records[g]
         last = s == self.S - 1
         y = rec["y"] if rec["v"] == v else None
@@ -530,6 +554,7 @@ class PipelineExecutor:
                 rec["loss"] = None  # the stored loss belongs to the forward's evaluation, not to this one
         elif remote and not st.held:  # summed and pushed to the owner of the weights
             dx, dw, _ = vjp(st.module, params, rec["x"], self.like_tuple[s], y, **kw, want_input=op.kind == "B")
+            assert self.remote is not None
             self.remote.add_gradient(i, dw)
             del st.records[g]
         else:  # the weight gradient is added to the update buffer by the backward pass itself
@@ -568,6 +593,48 @@ class PipelineExecutor:
             )
             for s, st in self.state.items()
         }
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """One pass of a rank's op list: ``prog`` and its ``stashing`` STEPs (the schedule's, or a
+    stream's); microbatch ``b`` of the pass is microbatch ``k * M + b`` of the epoch and ``R * M + b``
+    of the run, versions count from ``R`` minibatches' updates; ``data(b)`` -> (input, target),
+    ``metrics_of(b)`` the metrics of b's minibatch, ``round_of(b)`` that minibatch (global; for the
+    timeline and ``ends``); a stream's ``ends`` (per minibatch, its last op's end) and ``on_round(R)``
+    (its first op of minibatch R starts)."""
+
+    prog: RankProgram
+    stashing: frozenset[int]
+    k: int
+    R: int
+    data: Callable
+    metrics_of: Callable[[int], dict]
+    round_of: Callable[[int], int]
+    ends: list[float] | None = None
+    on_round: Callable[[int], None] | None = None
+
+
+class _OpTimer:
+    """Where an op began (``pre``: a device event, or None on the host's clock) and where its
+    computation began (``start`` on the host, ``ev`` on the device), moved by :meth:`restart`
+    after each wait (a receive, a fetch, a combine)."""
+
+    __slots__ = ("clock", "start", "pre", "ev")
+
+    def __init__(self, clock):
+        self.clock, self.start, self.pre, self.ev = clock, 0.0, None, None
+
+    def begin(self) -> None:
+        """The next op begins."""
+        self.start, self.pre = self._now()
+        self.ev = self.pre
+
+    def _now(self):
+        return time.perf_counter(), (self.clock.mark() if self.clock is not None else None)
+
+    def restart(self) -> None:
+        self.start, self.ev = self._now()
 
 
 def _since(t: float | None, t0: float) -> float:
