@@ -36,6 +36,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..partition import partition
+from ..simulate import simulate
 from . import convergence as cv
 from .common import check_config, claim, out_folder, save_table, write_claims
 from .convergence import SCHEMES
@@ -166,16 +168,14 @@ def _plan_for(scheme: str, profile, topology, cost: dict | None = None):
     """The plan a scheme runs on ``topology``: PipeDream's optimal plan for the PipeDream variants,
     the straight (one worker per stage) optimum for GPipe and model parallelism, one stage for data
     parallelism."""
-    import workbench as wb
-
     from ..plan import Plan
 
     sp = _spec(scheme)
     if sp.family == "data-parallel":
         return Plan.from_boundaries([len(profile.layers) - 1])
     if scheme == "pipedream-straight" or not sp.data_parallel_plan:  # stages cannot be replicated
-        return wb.partition(profile, topology, straight=True, **(cost or {}))
-    return wb.partition(profile, topology, **(cost or {}))
+        return partition(profile, topology, straight=True, **(cost or {}))
+    return partition(profile, topology, **(cost or {}))
 
 
 def _schedule_for(scheme: str, plan, workers: int):
@@ -223,10 +223,8 @@ def modeled_hardware(
 
 def _hardware_row(scheme, profile, topo, cost: dict, what) -> dict:
     """``cost``: the calibrated all-reduce (``allreduce_bandwidth``, ``allreduce_latency_ms``)."""
-    import workbench as wb
-
     plan = _plan_for(scheme, profile, topo, cost)
-    res = wb.simulate(_schedule_for(scheme, plan, topo.num_workers), profile=profile, plan=plan, topology=topo, **cost)
+    res = simulate(_schedule_for(scheme, plan, topo.num_workers), profile=profile, plan=plan, topology=topo, **cost)
     single = _single_gpu_ms(profile)
     ms = res.time_per_minibatch_ms
     return dict(
@@ -235,7 +233,7 @@ def _hardware_row(scheme, profile, topo, cost: dict, what) -> dict:
         stages=plan.num_stages,
         plan=_plan_text(plan, scheme),
         ms_per_minibatch_modeled=ms,
-        speedup_modeled=single / ms,
+        speedup_modeled=math.nan if ms is None else single / ms,
         comm_share_modeled=float(np.mean(res.metrics["comm_wait_share"])),
         steady_state=bool(res.metrics["steady_state"]),
         planner_speedup=_planner_speedup(scheme, plan, profile, topo, cost),
@@ -246,11 +244,9 @@ def _hardware_row(scheme, profile, topo, cost: dict, what) -> dict:
 
 def _single_gpu_ms(profile) -> float:
     """The planner's time of one minibatch on one GPU (all layers, forward + backward)."""
-    import workbench as wb
-
     from ..topology import Topology
 
-    return wb.partition(profile, Topology.flat(1, 1e9)).single_worker_ms
+    return partition(profile, Topology.flat(1, 1e9)).single_worker_ms
 
 
 def _plan_text(plan, scheme) -> str:
