@@ -141,47 +141,135 @@ class _Tables:
     opt: Options
 
 
-def _solve(t: _Tables, within: int, final: bool, below_anc, order) -> _Level:
+def _solve(t: _Tables, within: int, final: bool, order) -> _Level:
     """One level of the dynamic program over every row (``final``: row 0 only); ``order[j]``: the
     split states of state j in the order they are tried. Row i is solved for states j > i only
-    (PipeDream's loop), so each step works on rows ``0..j-1``, in blocks that skip the split states
-    before the block's first row (``A(i, k) = inf`` for ``k < i``: dropping them changes nothing)."""
+    (PipeDream's loop). ``A(i, j, .)`` reads only columns ``k < j``, so the best split of every
+    row and machine count of column j is found at once (:func:`_splits`); the machine counts are
+    then filled in ascending order (``use_fewer_machines`` reads ``A(i, j, m-1)``)."""
     n = t.C.shape[1]
     rows = 1 if final else n + 1
     lv = _Level(
         np.full((rows, n, t.M), INF),
-        np.full((rows, n, t.M), -1),
-        np.full((rows, n, t.M), -1),
-        np.zeros((rows, n, t.M), dtype=np.int64),
+        np.full((rows, n, t.M), -1, dtype=np.int32),
+        np.full((rows, n, t.M), -1, dtype=np.int32),
+        np.zeros((rows, n, t.M), dtype=np.int32),
         t.M,
     )
     _init(t.C, t.act, t.par, rows, t.M, within, t.B, t.opt, lv)
+    if t.M == 1:
+        return lv
+    done = _Prefixes(lv, min(BLOCK, rows))
+    done.add(0)
     for j in range(1, n):
         ks = order[j]
         R = min(rows, j)
-        blocks = _blocks(lv, below_anc, ks, R)
+        best = _splits(t, done, j, ks, R) if ks.size else None
         for m in range(1, t.M):
             cur = _fewer(lv, t.opt, j, m, R)
-            if ks.size == 0:
-                continue
-            mps, last = _last_stage(t, j, m, ks)
-            for i0, i1, idx, prev in blocks:
-                _best(lv, j, m, i0, i1, ks[idx], mps, last[idx], prev, cur[i0:i1])
+            if best is not None:
+                _take(lv, j, m, ks, cur, *(x[m - 1] for x in best))
+        done.add(j)
     return lv
 
 
-def _blocks(lv: _Level, below_anc, ks: np.ndarray, R: int) -> list:
-    """Row blocks ``[i0, i1)`` of rows ``0..R-1``, each with the split states ``k >= i0`` (positions
-    ``idx`` in ``ks``, order kept) and ``A(i, k, m')`` for them (final: every k comes before j),
-    inf where row i may not split at k (an ancestor of state i-1)."""
-    size = max(64, -(-R // 8))
-    out = []
-    for i0 in range(0, R, size):
-        i1 = min(R, i0 + size)
-        idx = np.flatnonzero(ks >= i0)
-        kb = ks[idx]
-        out.append((i0, i1, idx, np.where(below_anc[i0:i1][:, kb][:, :, None], INF, lv.T[i0:i1, kb])))
-    return out
+BLOCK = 32  # rows per block of the pruning bound in _splits
+FINITE = np.finfo(float).max
+
+
+class _Prefixes:
+    """The finished columns ``A(., k, p)`` (``p < M-1``, 0-based: the machine counts a prefix can
+    have) as :func:`_splits` reads them: ``TT[p, k, b, r] = A(b S + r, k, p)`` (rows in blocks of
+    ``S``, padded with inf) and per block the least and the largest entry, ``lo[k, p, b]`` and
+    ``hi[k, p, b]``."""
+
+    def __init__(self, lv: _Level, S: int):
+        rows, n, M = lv.T.shape
+        self.lv, self.S, self.nb = lv, S, -(-rows // S)
+        self.TT = np.full((M - 1, n, self.nb, S), INF)
+        self.lo = np.full((n, M - 1, self.nb), INF)
+        self.hi = np.full((n, M - 1, self.nb), INF)
+
+    def add(self, k: int) -> None:
+        """Column ``k`` is final (every row, every machine count)."""
+        rows = self.lv.T.shape[0]
+        col = self.TT[:, k].reshape(self.TT.shape[0], -1)
+        col[:, :rows] = self.lv.T[:, k, :-1].T
+        self.lo[k] = self.TT[:, k].min(axis=2)
+        self.hi[k] = self.TT[:, k].max(axis=2)
+
+
+def _splits(t: _Tables, done: _Prefixes, j: int, ks: np.ndarray, R: int):
+    """The best split of column j for rows ``i < R`` and every 0-based machine count ``m >= 1``:
+    per (m, i) the least ``max(A(i, k, m-m'), last(k, m'))`` over (k, m') and the first (k in
+    ``ks``'s order, then m' ascending) reaching it, as arrays ``least, k position, m'-1`` of
+    shape (M-1, R).
+
+    Exact pruning: a split is taken in row i only below ``cur = A(i, j, m)`` before the split
+    search, which is at most the one-stage entry where that is finite; so per block of ``S``
+    rows a (k, m') is tried only if its ``last`` and the block's least ``A(., k, m-m')`` are at
+    most the block's bound ``U``: the largest one-stage entry, lowered to the least over (k, m')
+    of ``max(the block's largest A(., k, m-m'), last)`` (a value every row of the block reaches
+    or beats). Every candidate that reaches a row's least value below its ``cur`` survives and
+    the survivors keep their order, so the first least one is the one a full search finds.
+    ``A(i, k) = inf`` for ``k < i`` (no segment): no row takes a split state before its start."""
+    S, M = done.S, t.M
+    nbj = -(-R // S)
+    last = _last_stage(t, j, ks)  # (K, M-1, Q)
+    Q = last.shape[2]
+    pk = np.maximum(np.arange(M - 1)[:, None] - np.arange(Q)[None, :], 0)  # prefix's m, (M-1, Q)
+    cur = np.full((M - 1, nbj * S), -INF)  # padding rows are never updated
+    cur[:, :R] = done.lv.T[:R, j, 1:].T
+    lo = done.lo[ks[:, None, None], pk[None], :nbj]  # (K, M-1, Q, blocks)
+    ub = np.maximum(done.hi[ks[:, None, None], pk[None], :nbj], last[..., None]).min(axis=(0, 2))
+    thr = np.minimum(np.minimum(cur.reshape(M - 1, nbj, S).max(axis=2), ub), FINITE)[None, :, None, :]
+    keep = (lo <= thr) & (last[..., None] <= thr)  # (FINITE: an inf term is never taken)
+    bb, mm, kk, qq = np.nonzero(keep.transpose(3, 1, 0, 2))  # by block, m, then k, then m'
+    least = np.full((M - 1, nbj * S), INF)
+    fk = np.zeros((M - 1, nbj * S), dtype=np.int64)
+    fq = np.zeros((M - 1, nbj * S), dtype=np.int64)
+    if bb.size:
+        cand = np.maximum(done.TT[pk[mm, qq], ks[kk], bb], last[kk, mm, qq][:, None])  # (survivors, S)
+        key = bb * (M - 1) + mm
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        low = np.minimum.reduceat(cand, starts, axis=0)  # (segments, S)
+        seg = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, bb.size]))
+        pos = np.where(cand == low[seg], np.arange(bb.size)[:, None], bb.size)
+        first = np.minimum.reduceat(pos, starts, axis=0)  # the first survivor reaching the least
+        at = (mm[starts][:, None], bb[starts][:, None] * S + np.arange(S)[None, :])
+        least[at], fk[at], fq[at] = low, kk[first], qq[first]
+    return least[:, :R], fk[:, :R], fq[:, :R]
+
+
+def _take(lv: _Level, j, m, ks, cur, least, fk, fq) -> None:
+    """``A(i, j, m+1)`` takes the best split where it is below ``cur`` (ties keep ``cur``)."""
+    i = np.flatnonzero(least < cur)
+    used = fq[i] + 1
+    lv.T[i, j, m] = least[i]
+    lv.split_k[i, j, m] = ks[fk[i]]
+    lv.split_m[i, j, m] = m - used
+    lv.used[i, j, m] = used
+
+
+def _last_stage(t: _Tables, j: int, ks: np.ndarray) -> np.ndarray:
+    """Per (k, m, m'-1) the last stage's time with its cut terms (inf: not allowed, or ``m' > m``;
+    ``m`` 0-based from 1, ``m'`` machines from 1; ``straight``: ``m' = 1`` only)."""
+    opt = t.opt
+    ms = np.arange(1, t.M)[None, :, None]
+    mps = np.arange(1, 2 if opt.straight else t.M)[None, None, :]
+    c_last, w_last = t.C[ks + 1, j][:, None, None], t.par[ks + 1, j][:, None, None]
+    ok = np.isfinite(c_last) & (mps <= ms)
+    if opt.memory_bytes is not None:
+        stash = (t.act[ks + 1, j][:, None, None] + w_last) * np.ceil((t.M - (ms + 1)) / mps)
+        ok &= ~(stash > opt.memory_bytes)
+    with np.errstate(invalid="ignore"):
+        last = (c_last + (4 * (mps - 1) * w_last) / (t.B * mps)) / mps
+    r = opt.activation_compression_ratio
+    if r is not None:
+        last = np.maximum(last, (2.0 * t.out[ks][:, None, None]) / (t.B * mps) / r)
+        if j < len(t.out) - 1:
+            last = np.maximum(last, (2.0 * t.out[j]) / (t.B * mps) / r)
+    return np.where(ok, last, INF)
 
 
 def _fewer(lv: _Level, opt: Options, j: int, m: int, R: int) -> np.ndarray:
@@ -194,43 +282,6 @@ def _fewer(lv: _Level, opt: Options, j: int, m: int, R: int) -> np.ndarray:
         for arr in (lv.T, lv.split_k, lv.split_m, lv.used):
             arr[:R, j, m] = np.where(take, arr[:R, j, m - 1], arr[:R, j, m])
     return T[:R, j, m].copy()
-
-
-def _last_stage(t: _Tables, j: int, m: int, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``m'`` values and, per (k, m'), the last stage's time with its cut terms (inf: not allowed)."""
-    opt = t.opt
-    mps = np.arange(1, 2 if opt.straight else m + 1)
-    c_last, w_last = t.C[ks + 1, j][:, None], t.par[ks + 1, j][:, None]
-    ok = np.isfinite(c_last) & np.ones((1, mps.size), dtype=bool)
-    if opt.memory_bytes is not None:
-        stash = (t.act[ks + 1, j][:, None] + w_last) * np.ceil((t.M - (m + 1)) / mps)[None, :]
-        ok &= ~(stash > opt.memory_bytes)
-    with np.errstate(invalid="ignore"):
-        last = (c_last + (4 * (mps - 1) * w_last) / (t.B * mps)) / mps
-    r = opt.activation_compression_ratio
-    if r is not None:
-        last = np.maximum(last, (2.0 * t.out[ks][:, None]) / (t.B * mps) / r)
-        if j < len(t.out) - 1:
-            last = np.maximum(last, ((2.0 * t.out[j]) / (t.B * mps) / r)[None, :])
-    return mps, np.where(ok, last, INF)
-
-
-def _best(lv: _Level, j, m, i0, i1, ks, mps, last, prev_all, cur):
-    """``A(i, j, m+1)`` for rows ``i0 <= i < i1`` at once (0-based ``m``): the first (k, m') in
-    order whose ``max(A(i, k, m+1-m'), last stage)`` is below ``cur``; ``prev_all[i, k, m']`` =
-    ``A(i, k, m'+1)``."""
-    if ks.size == 0:
-        return
-    n = i1 - i0
-    cand = np.maximum(prev_all[:, :, m - mps], last[None]).reshape(n, -1)  # rows x (k, m')
-    best = np.argmin(cand, axis=1)
-    val = cand[np.arange(n), best]
-    better = val < cur
-    kk, mm = np.divmod(best, mps.size)
-    lv.T[i0:i1, j, m] = np.where(better, val, cur)
-    lv.split_k[i0:i1, j, m] = np.where(better, ks[kk], lv.split_k[i0:i1, j, m])
-    lv.split_m[i0:i1, j, m] = np.where(better, m - mps[mm], lv.split_m[i0:i1, j, m])
-    lv.used[i0:i1, j, m] = np.where(better, mps[mm], lv.used[i0:i1, j, m])
 
 
 def _read_back(lv: _Level, start: int, end: int) -> list[tuple[int, int, int]]:
@@ -263,16 +314,12 @@ def optimize_states(
     tests replay from a recording to compare configurations bit for bit."""
     if len(machines) != len(bandwidths) or not machines:
         raise ValueError("give one machine count and one bandwidth per level")
-    n = len(states)
     order = states.ancestors if candidate_order is None else _check_order(states, candidate_order)
     C, act, par = _segments(states)
-    below = np.zeros((n + 1, n), dtype=bool)  # below[i, k]: k is an ancestor of state i-1
-    for i in range(1, n + 1):
-        below[i, states.ancestors[i - 1]] = True
     levels, within = [], 1
     for lvl, (M, B) in enumerate(zip(machines, bandwidths)):
         final = lvl == len(machines) - 1
-        lv = _solve(_Tables(C, act, par, states.output_activation, int(M), float(B), opt), within, final, below, order)
+        lv = _solve(_Tables(C, act, par, states.output_activation, int(M), float(B), opt), within, final, order)
         levels.append(lv)
         if not final:  # the next level's compute: this level's optimum on all its machines
             C = lv.T[:, :, -1].copy()
