@@ -72,13 +72,15 @@ class Options:
 
 @dataclass
 class _Level:
-    """One solved level: ``T[i, j, m-1]`` and how it was reached (``split_k = -1``: one stage)."""
+    """One solved level, column-major: ``T[m-1, j, i] = A(i, j, m)`` and how it was reached
+    (``split_k = -1``: one stage); rows padded to blocks of ``S`` (:class:`_Prefixes`)."""
 
     T: np.ndarray
     split_k: np.ndarray
     split_m: np.ndarray  # machines (0-based index) left for the prefix
     used: np.ndarray  # machines of the last stage
     machines: int
+    rows: int
 
 
 @dataclass(frozen=True)
@@ -102,12 +104,13 @@ def _segments(states: States) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``C, a, w`` of shape (N+1, N): row 0 the cumulative sums, row i the sums after state i-1;
     ``inf`` where PipeDream has no entry (j < i)."""
     n = len(states)
+    below = np.tri(n + 1, n, -1, dtype=bool)  # j < i
     out = []
     for cum in (states.compute_s, states.activation, states.parameters):
-        M = np.full((n + 1, n), INF)
+        cum = np.asarray(cum, dtype=float)
+        M = cum[None, :] - np.r_[0.0, cum][:, None]
         M[0] = cum
-        for i in range(1, n + 1):
-            M[i, i:] = cum[i:] - cum[i - 1]
+        M[below] = INF
         out.append(M)
     return out[0], out[1], out[2]
 
@@ -116,16 +119,16 @@ def _init(C, act, par, rows, M, within, B, opt: Options, lv: _Level):
     """The one-stage entries ``T(i, j, m)`` (module docstring)."""
     n = C.shape[1]
     jge = np.arange(n)[None, :] >= np.arange(rows)[:, None]
+    a, w, c = act[:rows], par[:rows], C[:rows]
     for m0 in range(1 if opt.straight else M):
-        a, w, c = act[:rows], par[:rows], C[:rows]
         ok = jge & np.isfinite(c)
         if opt.memory_bytes is not None:
             ok &= ~(math.ceil((M - (m0 + 1)) / (m0 + 1)) * (a + w) > opt.memory_bytes)
         with np.errstate(invalid="ignore"):  # inf entries (no segment) give nan here, masked by ok
             dp = (4 * m0 * w) / (B * (m0 + 1)) / within
             t = (c + dp) / (m0 + 1)
-        lv.T[:, :, m0] = np.where(ok, t, INF)
-        lv.used[:, :, m0] = np.where(ok, m0 + 1, 0)
+        lv.T[m0, :, :rows] = np.where(ok, t, INF).T
+        lv.used[m0, :, :rows] = np.where(ok, m0 + 1, 0).T
 
 
 @dataclass(frozen=True)
@@ -149,22 +152,26 @@ def _solve(t: _Tables, within: int, final: bool, order) -> _Level:
     then filled in ascending order (``use_fewer_machines`` reads ``A(i, j, m-1)``)."""
     n = t.C.shape[1]
     rows = 1 if final else n + 1
+    S = min(BLOCK, rows)
+    shape = (t.M, n, -(-rows // S) * S)
+    small = np.int16 if max(n, t.M) < 2**15 else np.int32
     lv = _Level(
-        np.full((rows, n, t.M), INF),
-        np.full((rows, n, t.M), -1, dtype=np.int32),
-        np.full((rows, n, t.M), -1, dtype=np.int32),
-        np.zeros((rows, n, t.M), dtype=np.int32),
+        np.full(shape, INF),
+        np.full(shape, -1, dtype=np.int32 if n < 2**31 else np.int64),
+        np.full(shape, -1, dtype=small),
+        np.zeros(shape, dtype=small),
         t.M,
+        rows,
     )
     _init(t.C, t.act, t.par, rows, t.M, within, t.B, t.opt, lv)
     if t.M == 1:
         return lv
-    done = _Prefixes(lv, min(BLOCK, rows))
+    done = _Prefixes(lv, S)
     done.add(0)
     for j in range(1, n):
         ks = order[j]
         R = min(rows, j)
-        best = _splits(t, done, j, ks, R) if ks.size else None
+        best = _splits(lv, t, done, j, ks, R) if ks.size else None
         for m in range(1, t.M):
             cur = _fewer(lv, t.opt, j, m, R)
             if best is not None:
@@ -179,27 +186,34 @@ FINITE = np.finfo(float).max
 
 class _Prefixes:
     """The finished columns ``A(., k, p)`` (``p < M-1``, 0-based: the machine counts a prefix can
-    have) as :func:`_splits` reads them: ``TT[p, k, b, r] = A(b S + r, k, p)`` (rows in blocks of
-    ``S``, padded with inf) and per block the least and the largest entry, ``lo[k, p, b]`` and
-    ``hi[k, p, b]``."""
+    have) as :func:`_splits` reads them: ``TT[p, k, b, r] = A(b S + r, k, p)`` (a view of the
+    level's table, rows in blocks of ``S``) and per block its least and largest entry and an id
+    of its bytes, ``lo[b, p, k]``, ``hi[b, p, k]``, ``ids[b, p, k]`` (0: all inf)."""
 
     def __init__(self, lv: _Level, S: int):
-        rows, n, M = lv.T.shape
-        self.lv, self.S, self.nb = lv, S, -(-rows // S)
-        self.TT = np.full((M - 1, n, self.nb, S), INF)
-        self.lo = np.full((n, M - 1, self.nb), INF)
-        self.hi = np.full((n, M - 1, self.nb), INF)
+        M, n, W = lv.T.shape
+        self.S, self.nb = S, W // S
+        self.TT = lv.T.reshape(M, n, self.nb, S)[: M - 1]
+        self.lo = np.full((self.nb, M - 1, n), INF)
+        self.hi = np.full((self.nb, M - 1, n), INF)
+        self.ids = np.zeros((self.nb, M - 1, n), dtype=np.int64)
+        self.known: dict[bytes, int] = {}
 
     def add(self, k: int) -> None:
         """Column ``k`` is final (every row, every machine count)."""
-        rows = self.lv.T.shape[0]
-        col = self.TT[:, k].reshape(self.TT.shape[0], -1)
-        col[:, :rows] = self.lv.T[:, k, :-1].T
-        self.lo[k] = self.TT[:, k].min(axis=2)
-        self.hi[k] = self.TT[:, k].max(axis=2)
+        blk = self.TT[:, k]  # (M-1, blocks, S)
+        lo = blk.min(axis=2)
+        self.lo[:, :, k] = lo.T
+        self.hi[:, :, k] = blk.max(axis=2).T
+        some = lo < INF
+        raw = np.ascontiguousarray(blk[some]).view(np.dtype((np.void, 8 * self.S))).ravel()
+        known = self.known
+        ids = np.zeros(lo.shape, dtype=np.int64)
+        ids[some] = [known.setdefault(b, len(known) + 1) for b in raw.tolist()]
+        self.ids[:, :, k] = ids.T
 
 
-def _splits(t: _Tables, done: _Prefixes, j: int, ks: np.ndarray, R: int):
+def _splits(lv: _Level, t: _Tables, done: _Prefixes, j: int, ks: np.ndarray, R: int):
     """The best split of column j for rows ``i < R`` and every 0-based machine count ``m >= 1``:
     per (m, i) the least ``max(A(i, k, m-m'), last(k, m'))`` over (k, m') and the first (k in
     ``ks``'s order, then m' ascending) reaching it, as arrays ``least, k position, m'-1`` of
@@ -215,58 +229,74 @@ def _splits(t: _Tables, done: _Prefixes, j: int, ks: np.ndarray, R: int):
     ``A(i, k) = inf`` for ``k < i`` (no segment): no row takes a split state before its start."""
     S, M = done.S, t.M
     nbj = -(-R // S)
-    last = _last_stage(t, j, ks)  # (K, M-1, Q)
-    Q = last.shape[2]
-    pk = np.maximum(np.arange(M - 1)[:, None] - np.arange(Q)[None, :], 0)  # prefix's m, (M-1, Q)
+    last = _last_stage(t, j, ks)  # (M-1, K, Q)
+    pk = np.maximum(np.arange(M - 1)[:, None] - np.arange(last.shape[2])[None, :], 0)  # prefix's m
+    at = (slice(0, nbj), pk[:, None, :], ks[None, :, None])
+    lo = done.lo[at]  # (blocks, M-1, K, Q)
     cur = np.full((M - 1, nbj * S), -INF)  # padding rows are never updated
-    cur[:, :R] = done.lv.T[:R, j, 1:].T
-    lo = done.lo[ks[:, None, None], pk[None], :nbj]  # (K, M-1, Q, blocks)
-    ub = np.maximum(done.hi[ks[:, None, None], pk[None], :nbj], last[..., None]).min(axis=(0, 2))
-    thr = np.minimum(np.minimum(cur.reshape(M - 1, nbj, S).max(axis=2), ub), FINITE)[None, :, None, :]
-    keep = (lo <= thr) & (last[..., None] <= thr)  # (FINITE: an inf term is never taken)
-    bb, mm, kk, qq = np.nonzero(keep.transpose(3, 1, 0, 2))  # by block, m, then k, then m'
-    least = np.full((M - 1, nbj * S), INF)
+    cur[:, :R] = lv.T[1:, j, :R]
+    ub = np.maximum(done.hi[at], last).min(axis=(2, 3))
+    thr = np.minimum(np.minimum(cur.reshape(M - 1, nbj, S).max(axis=2).T, ub), FINITE)[:, :, None, None]
+    bb, mm, kk, qq = np.nonzero((lo <= thr) & (last <= thr))  # by block, m, then k, then m'
+    least = np.full((M - 1, nbj * S), INF)  # (FINITE above: an inf term is never taken)
     fk = np.zeros((M - 1, nbj * S), dtype=np.int64)
     fq = np.zeros((M - 1, nbj * S), dtype=np.int64)
     if bb.size:
-        cand = np.maximum(done.TT[pk[mm, qq], ks[kk], bb], last[kk, mm, qq][:, None])  # (survivors, S)
+        if bb.size * S > DEDUP:
+            bb, mm, kk, qq = _distinct(done, ks, pk, last, bb, mm, kk, qq)
+        cand = np.maximum(done.TT[pk[mm, qq], ks[kk], bb], last[mm, kk, qq][:, None])  # (survivors, S)
         key = bb * (M - 1) + mm
         starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
         low = np.minimum.reduceat(cand, starts, axis=0)  # (segments, S)
         seg = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, bb.size]))
         pos = np.where(cand == low[seg], np.arange(bb.size)[:, None], bb.size)
         first = np.minimum.reduceat(pos, starts, axis=0)  # the first survivor reaching the least
-        at = (mm[starts][:, None], bb[starts][:, None] * S + np.arange(S)[None, :])
-        least[at], fk[at], fq[at] = low, kk[first], qq[first]
+        to = (mm[starts][:, None], bb[starts][:, None] * S + np.arange(S)[None, :])
+        least[to], fk[to], fq[to] = low, kk[first], qq[first]
     return least[:, :R], fk[:, :R], fq[:, :R]
+
+
+DEDUP = 4096  # survivor entries above which equal survivors are dropped first (_distinct)
+
+
+def _distinct(done: _Prefixes, ks, pk, last, bb, mm, kk, qq):
+    """The survivors less those equal to an earlier one of their (block, m) in every row: the
+    same block of ``A(., k, m-m')`` (equal bytes) and the same ``last``; such a one is never the
+    first least one."""
+    ids = done.ids[bb, pk[mm, qq], ks[kk]]
+    rank = np.unique(last, return_inverse=True)[1].reshape(last.shape)[mm, kk, qq]
+    ni, nl = len(done.known) + 1, last.size
+    key = ((bb * last.shape[0] + mm) * ni + ids) * nl + rank  # < 2**63 (BLOCK keeps blocks few)
+    first = np.sort(np.unique(key, return_index=True)[1])
+    return bb[first], mm[first], kk[first], qq[first]
 
 
 def _take(lv: _Level, j, m, ks, cur, least, fk, fq) -> None:
     """``A(i, j, m+1)`` takes the best split where it is below ``cur`` (ties keep ``cur``)."""
     i = np.flatnonzero(least < cur)
     used = fq[i] + 1
-    lv.T[i, j, m] = least[i]
-    lv.split_k[i, j, m] = ks[fk[i]]
-    lv.split_m[i, j, m] = m - used
-    lv.used[i, j, m] = used
+    lv.T[m, j, i] = least[i]
+    lv.split_k[m, j, i] = ks[fk[i]]
+    lv.split_m[m, j, i] = m - used
+    lv.used[m, j, i] = used
 
 
 def _last_stage(t: _Tables, j: int, ks: np.ndarray) -> np.ndarray:
-    """Per (k, m, m'-1) the last stage's time with its cut terms (inf: not allowed, or ``m' > m``;
+    """Per (m, k, m'-1) the last stage's time with its cut terms (inf: not allowed, or ``m' > m``;
     ``m`` 0-based from 1, ``m'`` machines from 1; ``straight``: ``m' = 1`` only)."""
     opt = t.opt
-    ms = np.arange(1, t.M)[None, :, None]
+    ms = np.arange(1, t.M)[:, None, None]
     mps = np.arange(1, 2 if opt.straight else t.M)[None, None, :]
-    c_last, w_last = t.C[ks + 1, j][:, None, None], t.par[ks + 1, j][:, None, None]
+    c_last, w_last = t.C[ks + 1, j][None, :, None], t.par[ks + 1, j][None, :, None]
     ok = np.isfinite(c_last) & (mps <= ms)
     if opt.memory_bytes is not None:
-        stash = (t.act[ks + 1, j][:, None, None] + w_last) * np.ceil((t.M - (ms + 1)) / mps)
+        stash = (t.act[ks + 1, j][None, :, None] + w_last) * np.ceil((t.M - (ms + 1)) / mps)
         ok &= ~(stash > opt.memory_bytes)
     with np.errstate(invalid="ignore"):
         last = (c_last + (4 * (mps - 1) * w_last) / (t.B * mps)) / mps
     r = opt.activation_compression_ratio
     if r is not None:
-        last = np.maximum(last, (2.0 * t.out[ks][:, None, None]) / (t.B * mps) / r)
+        last = np.maximum(last, (2.0 * t.out[ks][None, :, None]) / (t.B * mps) / r)
         if j < len(t.out) - 1:
             last = np.maximum(last, (2.0 * t.out[j]) / (t.B * mps) / r)
     return np.where(ok, last, INF)
@@ -277,11 +307,11 @@ def _fewer(lv: _Level, opt: Options, j: int, m: int, R: int) -> np.ndarray:
     value yet); returns the current ``A(i, j, m+1)`` of rows ``i < R``."""
     T = lv.T
     if opt.use_fewer_machines:
-        cur = T[:R, j, m]
-        take = np.isinf(cur) | (T[:R, j, m - 1] < cur)
+        cur = T[m, j, :R]
+        take = np.isinf(cur) | (T[m - 1, j, :R] < cur)
         for arr in (lv.T, lv.split_k, lv.split_m, lv.used):
-            arr[:R, j, m] = np.where(take, arr[:R, j, m - 1], arr[:R, j, m])
-    return T[:R, j, m].copy()
+            arr[m, j, :R] = np.where(take, arr[m - 1, j, :R], arr[m, j, :R])
+    return T[m, j, :R].copy()
 
 
 def _read_back(lv: _Level, start: int, end: int) -> list[tuple[int, int, int]]:
@@ -289,16 +319,16 @@ def _read_back(lv: _Level, start: int, end: int) -> list[tuple[int, int, int]]:
     of the level's machines."""
     m = lv.machines - 1
     j, out = end - 1, []
+    row = start if lv.rows > 1 else 0
     while True:
-        used = int(lv.used[start if lv.T.shape[0] > 1 else 0, j, m])
-        k = int(lv.split_k[start if lv.T.shape[0] > 1 else 0, j, m])
+        used, k = int(lv.used[m, j, row]), int(lv.split_k[m, j, row])
         if used == 0:
             raise ValueError(f"no feasible configuration for states {start}..{end - 1} on {lv.machines} machines")
         if k < 0:
             out.append((start, j + 1, used))
             return out[::-1]
         out.append((k + 1, j + 1, used))
-        m = int(lv.split_m[start if lv.T.shape[0] > 1 else 0, j, m])
+        m = int(lv.split_m[m, j, row])
         j = k
 
 
@@ -322,7 +352,7 @@ def optimize_states(
         lv = _solve(_Tables(C, act, par, states.output_activation, int(M), float(B), opt), within, final, order)
         levels.append(lv)
         if not final:  # the next level's compute: this level's optimum on all its machines
-            C = lv.T[:, :, -1].copy()
+            C = lv.T[-1, :, : lv.rows].T.copy()
         within = int(M)
     return _assemble(states, levels, machines, bandwidths)
 
@@ -342,7 +372,7 @@ def _check_order(states: States, order) -> list[np.ndarray]:
 def _assemble(states: States, levels: list[_Level], machines, bandwidths) -> Result:
     """Read the plan back outside in: each outer stage is split again on its inner machines."""
     n = len(states)
-    pipeline_s = float(levels[-1].T[0, n - 1, -1])
+    pipeline_s = float(levels[-1].T[-1, n - 1, 0])
     if not math.isfinite(pipeline_s):
         raise ValueError(
             "PipeDream's optimizer finds no configuration: raise the memory limit, allow "
