@@ -34,6 +34,7 @@ layer ``i`` and its ``output_activation`` is the profile's ``act_bytes[i]``.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -250,7 +251,7 @@ class _Search:
     def deaug(self, L: list[str]) -> list[str]:
         key = frozenset(L)
         if key not in self._deaug:
-            drop = {x for x in L if any(y in self.S[x] for y in L)}
+            drop = {x for x in L if not self.S[x].isdisjoint(L)}
             self._deaug[key] = list(dict.fromkeys(x for x in L if x not in drop))
         return self._deaug[key]
 
@@ -259,7 +260,7 @@ class _Search:
         out = []
         for x in aug:
             for y in self.g.succ[x]:
-                if y in inA or any(z in self.S[y] for z in aug):
+                if y in inA or not self.S[y].isdisjoint(aug):
                     continue
                 out.append(self.deaug([y if z == x else z for z in aug]))
         return out
@@ -280,9 +281,9 @@ def antichain_states(graph: LayerGraph, prune: bool = True, max_states: int = MA
     keys = {frozenset(first): 0}
     lists = [first]
     children: list[list[int]] = [[]]
-    queue, expanded = [first], set()
+    queue, expanded = deque([first]), set()
     while queue:  # breadth first, as PipeDream numbers its states
-        A = queue.pop(0)
+        A = queue.popleft()
         kA = frozenset(A)
         if kA in expanded:
             continue
@@ -326,13 +327,20 @@ def _reverse_postorder(children: list[list[int]]) -> list[int]:
 
 
 def _ancestors(children: list[list[int]], topo: list[int]) -> list[np.ndarray]:
-    """For each state (in topological positions), the sorted positions of its ancestors."""
-    pos = {s: n for n, s in enumerate(topo)}
-    anc: list[set] = [set() for _ in topo]
+    """For each state (in topological positions), the sorted positions of its ancestors (bit sets
+    as Python integers: bit p = position p)."""
+    n = len(topo)
+    pos = {s: k for k, s in enumerate(topo)}
+    anc = [0] * n
     for s in topo:
+        mine = anc[pos[s]] | (1 << pos[s])
         for c in children[s]:
-            anc[pos[c]] |= anc[pos[s]] | {pos[s]}
-    return [np.array(sorted(a), dtype=np.int64) for a in anc]
+            anc[pos[c]] |= mine
+    size = (n + 7) // 8
+    return [
+        np.flatnonzero(np.unpackbits(np.frombuffer(a.to_bytes(size, "little"), np.uint8), bitorder="little")[:n])
+        for a in anc
+    ]
 
 
 def _measure(srch: _Search, antichains: list[list[str]], ancestors) -> States:

@@ -180,22 +180,21 @@ def _solve(t: _Tables, within: int, final: bool, order) -> _Level:
     return lv
 
 
-BLOCK = 32  # rows per block of the pruning bound in _splits
+BLOCK = 64  # rows per block of the pruning bound in _splits
 FINITE = np.finfo(float).max
 
 
 class _Prefixes:
     """The finished columns ``A(., k, p)`` (``p < M-1``, 0-based: the machine counts a prefix can
     have) as :func:`_splits` reads them: ``TT[p, k, b, r] = A(b S + r, k, p)`` (a view of the
-    level's table, rows in blocks of ``S``) and per block its least and largest entry and an id
-    of its bytes, ``lo[b, p, k]``, ``hi[b, p, k]``, ``ids[b, p, k]`` (0: all inf)."""
+    level's table, rows in blocks of ``S``) and per block its least entry and an id of its
+    bytes, ``lo[b, p, k]`` and ``ids[b, p, k]`` (0: all inf)."""
 
     def __init__(self, lv: _Level, S: int):
         M, n, W = lv.T.shape
         self.S, self.nb = S, W // S
         self.TT = lv.T.reshape(M, n, self.nb, S)[: M - 1]
         self.lo = np.full((self.nb, M - 1, n), INF)
-        self.hi = np.full((self.nb, M - 1, n), INF)
         self.ids = np.zeros((self.nb, M - 1, n), dtype=np.int64)
         self.known: dict[bytes, int] = {}
 
@@ -204,7 +203,6 @@ class _Prefixes:
         blk = self.TT[:, k]  # (M-1, blocks, S)
         lo = blk.min(axis=2)
         self.lo[:, :, k] = lo.T
-        self.hi[:, :, k] = blk.max(axis=2).T
         some = lo < INF
         raw = np.ascontiguousarray(blk[some]).view(np.dtype((np.void, 8 * self.S))).ravel()
         known = self.known
@@ -220,13 +218,13 @@ def _splits(lv: _Level, t: _Tables, done: _Prefixes, j: int, ks: np.ndarray, R: 
     shape (M-1, R).
 
     Exact pruning: a split is taken in row i only below ``cur = A(i, j, m)`` before the split
-    search, which is at most the one-stage entry where that is finite; so per block of ``S``
-    rows a (k, m') is tried only if its ``last`` and the block's least ``A(., k, m-m')`` are at
-    most the block's bound ``U``: the largest one-stage entry, lowered to the least over (k, m')
-    of ``max(the block's largest A(., k, m-m'), last)`` (a value every row of the block reaches
-    or beats). Every candidate that reaches a row's least value below its ``cur`` survives and
-    the survivors keep their order, so the first least one is the one a full search finds.
-    ``A(i, k) = inf`` for ``k < i`` (no segment): no row takes a split state before its start."""
+    search, which is at most the one-stage entry where that is finite (inf: no bound); so per
+    block of ``S`` rows a (k, m') is tried only if its ``last`` and the block's least
+    ``A(., k, m-m')`` are at most the block's largest one-stage entry. Every candidate that
+    reaches a row's least value below its ``cur`` survives, and so does every candidate equal to
+    it in each row of the block unless an earlier survivor is (:func:`_distinct`); the survivors
+    keep their order, so the first least one is the one a full search finds. ``A(i, k) = inf``
+    for ``k < i`` (no segment): no row takes a split state before its own start."""
     S, M = done.S, t.M
     nbj = -(-R // S)
     last = _last_stage(t, j, ks)  # (M-1, K, Q)
@@ -235,8 +233,7 @@ def _splits(lv: _Level, t: _Tables, done: _Prefixes, j: int, ks: np.ndarray, R: 
     lo = done.lo[at]  # (blocks, M-1, K, Q)
     cur = np.full((M - 1, nbj * S), -INF)  # padding rows are never updated
     cur[:, :R] = lv.T[1:, j, :R]
-    ub = np.maximum(done.hi[at], last).min(axis=(2, 3))
-    thr = np.minimum(np.minimum(cur.reshape(M - 1, nbj, S).max(axis=2).T, ub), FINITE)[:, :, None, None]
+    thr = np.minimum(cur.reshape(M - 1, nbj, S).max(axis=2).T, FINITE)[:, :, None, None]
     bb, mm, kk, qq = np.nonzero((lo <= thr) & (last <= thr))  # by block, m, then k, then m'
     least = np.full((M - 1, nbj * S), INF)  # (FINITE above: an inf term is never taken)
     fk = np.zeros((M - 1, nbj * S), dtype=np.int64)
