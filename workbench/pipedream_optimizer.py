@@ -196,7 +196,7 @@ class _Prefixes:
         self.TT = lv.T.reshape(M, n, self.nb, S)[: M - 1]
         self.lo = np.full((self.nb, M - 1, n), INF)
         self.ids = np.zeros((self.nb, M - 1, n), dtype=np.int64)
-        self.known: dict[bytes, int] = {}
+        self.known: dict = {}  # block bytes -> id
 
     def add(self, k: int) -> None:
         """Column ``k`` is final (every row, every machine count)."""
