@@ -108,9 +108,8 @@ def _segments(states: States) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     out = []
     for cum in (states.compute_s, states.activation, states.parameters):
         cum = np.asarray(cum, dtype=float)
-        M = cum[None, :] - np.r_[0.0, cum][:, None]
+        M = np.where(below, INF, cum[None, :] - np.r_[0.0, cum][:, None])
         M[0] = cum
-        M[below] = INF
         out.append(M)
     return out[0], out[1], out[2]
 
@@ -239,7 +238,7 @@ def _splits(lv: _Level, t: _Tables, done: _Prefixes, j: int, ks: np.ndarray, R: 
     fk = np.zeros((M - 1, nbj * S), dtype=np.int64)
     fq = np.zeros((M - 1, nbj * S), dtype=np.int64)
     if bb.size:
-        if bb.size * S > DEDUP:
+        if S > 1 and bb.size * S > DEDUP:
             bb, mm, kk, qq = _distinct(done, ks, pk, last, bb, mm, kk, qq)
         cand = np.maximum(done.TT[pk[mm, qq], ks[kk], bb], last[mm, kk, qq][:, None])  # (survivors, S)
         key = bb * (M - 1) + mm
@@ -253,7 +252,7 @@ def _splits(lv: _Level, t: _Tables, done: _Prefixes, j: int, ks: np.ndarray, R: 
     return least[:, :R], fk[:, :R], fq[:, :R]
 
 
-DEDUP = 4096  # survivor entries above which equal survivors are dropped first (_distinct)
+DEDUP = 4096  # survivor entries above which equal survivors are dropped first (_distinct; S > 1)
 
 
 def _distinct(done: _Prefixes, ks, pk, last, bb, mm, kk, qq):
