@@ -153,12 +153,12 @@ def _solve(t: _Tables, within: int, final: bool, order) -> _Level:
     rows = 1 if final else n + 1
     S = min(BLOCK, rows)
     shape = (t.M, n, -(-rows // S) * S)
-    small = np.int16 if max(n, t.M) < 2**15 else np.int32
+    mach = np.min_scalar_type(-t.M)  # the smallest integer types that hold the entries
     lv = _Level(
         np.full(shape, INF),
-        np.full(shape, -1, dtype=np.int32 if n < 2**31 else np.int64),
-        np.full(shape, -1, dtype=small),
-        np.zeros(shape, dtype=small),
+        np.full(shape, -1, dtype=np.min_scalar_type(-n)),
+        np.full(shape, -1, dtype=mach),
+        np.zeros(shape, dtype=mach),
         t.M,
         rows,
     )
