@@ -92,7 +92,7 @@ class LayerGraph:
 
     @cached_property
     def succ(self) -> dict[str, list[str]]:
-        out = {i: [] for i in self.ids}
+        out: dict[str, list[str]] = {i: [] for i in self.ids}
         for a, b in self.edges:
             out[a].append(b)
         return out
@@ -102,12 +102,8 @@ class LayerGraph:
     def chain(cls, names, fwd_ms, bwd_ms, act_bytes, param_bytes) -> LayerGraph:
         """Layers in execution order as a chain ``0 -> 1 -> ... -> n-1`` (states = prefixes)."""
         ids = tuple(f"layer{i}" for i in range(len(names)))
-        return cls(
-            ids,
-            tuple(map(str, names)),
-            *(tuple(map(float, c)) for c in (fwd_ms, bwd_ms, act_bytes, param_bytes)),
-            tuple(itertools.pairwise(ids)),
-        )
+        fwd, bwd, act, par = (tuple(map(float, c)) for c in (fwd_ms, bwd_ms, act_bytes, param_bytes))
+        return cls(ids, tuple(map(str, names)), fwd, bwd, act, par, tuple(itertools.pairwise(ids)))
 
     def to_dict(self) -> dict:
         """JSON-able form (``Profile.meta["graph"]``)."""
@@ -210,7 +206,7 @@ class _Search:
     def __init__(self, g: LayerGraph):
         self.g = g
         self.order = {v: n for n, v in enumerate(g.ids)}
-        self.pred = {v: [] for v in g.ids}
+        self.pred: dict[str, list[str]] = {v: [] for v in g.ids}
         for a, b in g.edges:
             self.pred[b].append(a)
         self.P = self._closure(self.pred, list(g.ids))
@@ -241,11 +237,11 @@ class _Search:
     def aug(self, A: list[str]) -> list[str]:
         key = frozenset(A)
         if key not in self._aug:
-            extra = set()
+            extra: set[str] = set()
             for a in A:
                 inside = self.P[a] | {a}
                 extra.update(p for p in self.P[a] if not self.succ_set[p] <= inside)
-            self._aug[key] = sorted(extra, key=self.order.get) + list(A)
+            self._aug[key] = sorted(extra, key=self.order.__getitem__) + list(A)
         return self._aug[key]
 
     def deaug(self, L: list[str]) -> list[str]:
