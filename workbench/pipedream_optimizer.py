@@ -101,24 +101,24 @@ class Result:
 
 
 def _segments(states: States) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``C, a, w`` of shape (N+1, N): row 0 the cumulative sums, row i the sums after state i-1;
-    ``inf`` where PipeDream has no entry (j < i)."""
+    """``C, a, w`` column-major, shape (N, N+1): ``[j, 0]`` the cumulative sums, ``[j, i]`` the
+    sums after state i-1; ``inf`` where PipeDream has no entry (j < i)."""
     n = len(states)
-    below = np.tri(n + 1, n, -1, dtype=bool)  # j < i
+    below = np.arange(n)[:, None] < np.arange(n + 1)[None, :]  # j < i
     out = []
     for cum in (states.compute_s, states.activation, states.parameters):
         cum = np.asarray(cum, dtype=float)
-        M = np.where(below, INF, cum[None, :] - np.r_[0.0, cum][:, None])
-        M[0] = cum
+        M = np.where(below, INF, cum[:, None] - np.r_[0.0, cum][None, :])
+        M[:, 0] = cum
         out.append(M)
     return out[0], out[1], out[2]
 
 
 def _init(C, act, par, rows, M, within, B, opt: Options, lv: _Level):
     """The one-stage entries ``T(i, j, m)`` (module docstring)."""
-    n = C.shape[1]
-    jge = np.arange(n)[None, :] >= np.arange(rows)[:, None]
-    a, w, c = act[:rows], par[:rows], C[:rows]
+    n = C.shape[0]
+    jge = np.arange(n)[:, None] >= np.arange(rows)[None, :]
+    a, w, c = act[:, :rows], par[:, :rows], C[:, :rows]
     for m0 in range(1 if opt.straight else M):
         ok = jge & np.isfinite(c)
         if opt.memory_bytes is not None:
@@ -126,13 +126,13 @@ def _init(C, act, par, rows, M, within, B, opt: Options, lv: _Level):
         with np.errstate(invalid="ignore"):  # inf entries (no segment) give nan here, masked by ok
             dp = (4 * m0 * w) / (B * (m0 + 1)) / within
             t = (c + dp) / (m0 + 1)
-        lv.T[m0, :, :rows] = np.where(ok, t, INF).T
-        lv.used[m0, :, :rows] = np.where(ok, m0 + 1, 0).T
+        lv.T[m0, :, :rows] = np.where(ok, t, INF)
+        lv.used[m0, :, :rows] = np.where(ok, m0 + 1, 0)
 
 
 @dataclass(frozen=True)
 class _Tables:
-    """What one level's DP reads: segment sums (row i = after state i-1), state outputs, flags."""
+    """What one level's DP reads: segment sums ``[j, i]`` (i: after state i-1), state outputs, flags."""
 
     C: np.ndarray
     act: np.ndarray
@@ -149,7 +149,7 @@ def _solve(t: _Tables, within: int, final: bool, order) -> _Level:
     (PipeDream's loop). ``A(i, j, .)`` reads only columns ``k < j``, so the best split of every
     row and machine count of column j is found at once (:func:`_splits`); the machine counts are
     then filled in ascending order (``use_fewer_machines`` reads ``A(i, j, m-1)``)."""
-    n = t.C.shape[1]
+    n = t.C.shape[0]
     rows = 1 if final else n + 1
     S = min(BLOCK, rows)
     shape = (t.M, n, -(-rows // S) * S)
@@ -283,10 +283,10 @@ def _last_stage(t: _Tables, j: int, ks: np.ndarray) -> np.ndarray:
     opt = t.opt
     ms = np.arange(1, t.M)[:, None, None]
     mps = np.arange(1, 2 if opt.straight else t.M)[None, None, :]
-    c_last, w_last = t.C[ks + 1, j][None, :, None], t.par[ks + 1, j][None, :, None]
+    c_last, w_last = t.C[j, ks + 1][None, :, None], t.par[j, ks + 1][None, :, None]
     ok = np.isfinite(c_last) & (mps <= ms)
     if opt.memory_bytes is not None:
-        stash = (t.act[ks + 1, j][None, :, None] + w_last) * np.ceil((t.M - (ms + 1)) / mps)
+        stash = (t.act[j, ks + 1][None, :, None] + w_last) * np.ceil((t.M - (ms + 1)) / mps)
         ok &= ~(stash > opt.memory_bytes)
     with np.errstate(invalid="ignore"):
         last = (c_last + (4 * (mps - 1) * w_last) / (t.B * mps)) / mps
@@ -348,7 +348,7 @@ def optimize_states(
         lv = _solve(_Tables(C, act, par, states.output_activation, int(M), float(B), opt), within, final, order)
         levels.append(lv)
         if not final:  # the next level's compute: this level's optimum on all its machines
-            C = lv.T[-1, :, : lv.rows].T.copy()
+            C = lv.T[-1, :, : lv.rows]
         within = int(M)
     return _assemble(states, levels, machines, bandwidths)
 
