@@ -121,9 +121,9 @@ def _init(C, act, par, rows, M, within, B, opt: Options, lv: _Level):
     a, w, c = act[:, :rows], par[:, :rows], C[:, :rows]
     for m0 in range(1 if opt.straight else M):
         ok = jge & np.isfinite(c)
-        if opt.memory_bytes is not None:
-            ok &= ~(math.ceil((M - (m0 + 1)) / (m0 + 1)) * (a + w) > opt.memory_bytes)
         with np.errstate(invalid="ignore"):  # inf entries (no segment) give nan here, masked by ok
+            if opt.memory_bytes is not None:
+                ok &= ~(math.ceil((M - (m0 + 1)) / (m0 + 1)) * (a + w) > opt.memory_bytes)
             dp = (4 * m0 * w) / (B * (m0 + 1)) / within
             t = (c + dp) / (m0 + 1)
         lv.T[m0, :, :rows] = np.where(ok, t, INF)
