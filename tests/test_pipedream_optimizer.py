@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from workbench.antichain import LayerGraph, antichain_states
 from workbench.partition import partition
 from workbench.pipedream_graph import SHIPPED, shipped
 from workbench.pipedream_optimizer import (
@@ -196,3 +197,99 @@ def test_stages_not_contiguous_in_the_profile_order_get_a_layer_order():
     for a, b in prof.meta["graph"]["edges"]:
         if a in pos and b in pos:
             assert pos[a] < pos[b]
+
+
+# ---- the vectorised, pruned DP against the recurrence evaluated one entry at a time ---------
+def _reference_level(st, C, M, B, within, rows, opt: Options, order):
+    """The module docstring's recurrence for one level, entry by entry: ``A[m][j][i]`` and the
+    choice ``(split state, prefix machine index, last stage's machines)`` (split -1: one stage)."""
+    n = len(st)
+
+    def seg(cum, i, j):
+        return cum[j] - cum[i - 1] if i > 0 else cum[j]
+
+    A = np.full((M, n, rows), np.inf)
+    how = np.zeros((M, n, rows, 3), dtype=np.int64)
+    how[..., 0] = how[..., 1] = -1
+    for i in range(rows):
+        for j in range(i, n):
+            c, a, w = C(i, j), seg(st.activation, i, j), seg(st.parameters, i, j)
+            if not np.isfinite(c):  # no entry below (an outer level's compute)
+                continue
+            for m in range(1 if opt.straight else M):
+                if opt.memory_bytes is not None and math.ceil((M - (m + 1)) / (m + 1)) * (a + w) > opt.memory_bytes:
+                    continue
+                A[m, j, i] = (c + (4 * m * w) / (B * (m + 1)) / within) / (m + 1)
+                how[m, j, i] = (-1, -1, m + 1)
+    r = opt.activation_compression_ratio
+    for j in range(1, n):
+        for m in range(1, M):
+            for i in range(min(rows, j)):
+                if opt.use_fewer_machines and (np.isinf(A[m, j, i]) or A[m - 1, j, i] < A[m, j, i]):
+                    A[m, j, i], how[m, j, i] = A[m - 1, j, i], how[m - 1, j, i]
+                for k in order[j]:
+                    c, w = C(k + 1, j), seg(st.parameters, k + 1, j)
+                    a = seg(st.activation, k + 1, j)
+                    for mp in range(1, 2 if opt.straight else m + 1):
+                        if opt.memory_bytes is not None and (a + w) * math.ceil((M - (m + 1)) / mp) > opt.memory_bytes:
+                            continue
+                        last = (c + (4 * (mp - 1) * w) / (B * mp)) / mp
+                        if r is not None:
+                            last = max(last, (2.0 * st.output_activation[k]) / (B * mp) / r)
+                            if j < n - 1:
+                                last = max(last, (2.0 * st.output_activation[j]) / (B * mp) / r)
+                        val = max(A[m - mp, k, i] if k >= i else np.inf, last)
+                        if val < A[m, j, i]:
+                            A[m, j, i], how[m, j, i] = val, (k, m - mp, mp)
+    return A, how
+
+
+def _random_graph(rng, n: int) -> LayerGraph:
+    """A layer DAG with branches and few distinct sizes (many exact ties)."""
+    ids = tuple(f"node{i}" for i in range(n))
+    edges = {(ids[i], ids[i + 1]) for i in range(n - 1)}
+    for _ in range(n // 2):
+        a, b = sorted(rng.choice(n, 2, replace=False))
+        edges.add((ids[a], ids[b]))
+    pick = lambda *xs: tuple(float(x) for x in rng.choice(xs, n))  # noqa: E731
+    return LayerGraph(
+        ids, ("Conv",) * n, pick(1, 2), pick(2, 4), pick(1e6, 2e6), pick(0, 1e6, 4e6), tuple(sorted(edges))
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pruned_dp_equals_the_recurrence_entry_by_entry(seed, monkeypatch):
+    """Small blocks and every survivor deduplicated, so the pruning and the dropping of equal
+    candidates are exercised; random options and a random candidate order."""
+    import workbench.pipedream_optimizer as po
+
+    monkeypatch.setattr(po, "BLOCK", 4)
+    monkeypatch.setattr(po, "DEDUP", 0)
+    rng = np.random.default_rng(seed)
+    st = antichain_states(_random_graph(rng, 9))
+    opt = Options(
+        straight=bool(seed % 3 == 2),
+        use_fewer_machines=bool(seed % 2),
+        memory_bytes=[None, 2.5e7][seed % 2],
+        activation_compression_ratio=[1.0, None, 2.0][seed % 3],
+    )
+    order = [rng.permutation(a) for a in st.ancestors]
+    machines, bandwidths = [3, 2], [2e9, 1e8]
+    solved = []
+    real = po._solve
+    monkeypatch.setattr(po, "_solve", lambda *a, **k: solved.append(real(*a, **k)) or solved[-1])
+    res = optimize_states(st, machines, bandwidths, opt, candidate_order=order)
+    n = len(st)
+    C = lambda i, j: st.compute_s[j] - st.compute_s[i - 1] if i > 0 else st.compute_s[j]  # noqa: E731
+    within = 1
+    for lvl, (M, B) in enumerate(zip(machines, bandwidths)):
+        rows = 1 if lvl == len(machines) - 1 else n + 1
+        A, how = _reference_level(st, C, M, B, within, rows, opt, order)
+        lv = solved[lvl]
+        np.testing.assert_array_equal(lv.T[:, :, :rows], A)
+        np.testing.assert_array_equal(lv.split_k[:, :, :rows], how[..., 0])
+        np.testing.assert_array_equal(lv.split_m[:, :, :rows], how[..., 1])
+        np.testing.assert_array_equal(lv.used[:, :, :rows], how[..., 2])
+        C = lambda i, j, A=A, M=M: A[M - 1, j, i]  # noqa: E731
+        within = M
+    assert res.pipeline_s == solved[-1].T[-1, n - 1, 0]

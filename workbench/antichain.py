@@ -34,6 +34,7 @@ layer ``i`` and its ``output_activation`` is the profile's ``act_bytes[i]``.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -91,7 +92,7 @@ class LayerGraph:
 
     @cached_property
     def succ(self) -> dict[str, list[str]]:
-        out = {i: [] for i in self.ids}
+        out: dict[str, list[str]] = {i: [] for i in self.ids}
         for a, b in self.edges:
             out[a].append(b)
         return out
@@ -101,12 +102,8 @@ class LayerGraph:
     def chain(cls, names, fwd_ms, bwd_ms, act_bytes, param_bytes) -> LayerGraph:
         """Layers in execution order as a chain ``0 -> 1 -> ... -> n-1`` (states = prefixes)."""
         ids = tuple(f"layer{i}" for i in range(len(names)))
-        return cls(
-            ids,
-            tuple(map(str, names)),
-            *(tuple(map(float, c)) for c in (fwd_ms, bwd_ms, act_bytes, param_bytes)),
-            tuple(itertools.pairwise(ids)),
-        )
+        fwd, bwd, act, par = (tuple(map(float, c)) for c in (fwd_ms, bwd_ms, act_bytes, param_bytes))
+        return cls(ids, tuple(map(str, names)), fwd, bwd, act, par, tuple(itertools.pairwise(ids)))
 
     def to_dict(self) -> dict:
         """JSON-able form (``Profile.meta["graph"]``)."""
@@ -209,7 +206,7 @@ class _Search:
     def __init__(self, g: LayerGraph):
         self.g = g
         self.order = {v: n for n, v in enumerate(g.ids)}
-        self.pred = {v: [] for v in g.ids}
+        self.pred: dict[str, list[str]] = {v: [] for v in g.ids}
         for a, b in g.edges:
             self.pred[b].append(a)
         self.P = self._closure(self.pred, list(g.ids))
@@ -240,17 +237,17 @@ class _Search:
     def aug(self, A: list[str]) -> list[str]:
         key = frozenset(A)
         if key not in self._aug:
-            extra = set()
+            extra: set[str] = set()
             for a in A:
                 inside = self.P[a] | {a}
                 extra.update(p for p in self.P[a] if not self.succ_set[p] <= inside)
-            self._aug[key] = sorted(extra, key=self.order.get) + list(A)
+            self._aug[key] = sorted(extra, key=self.order.__getitem__) + list(A)
         return self._aug[key]
 
     def deaug(self, L: list[str]) -> list[str]:
         key = frozenset(L)
         if key not in self._deaug:
-            drop = {x for x in L if any(y in self.S[x] for y in L)}
+            drop = {x for x in L if not self.S[x].isdisjoint(L)}
             self._deaug[key] = list(dict.fromkeys(x for x in L if x not in drop))
         return self._deaug[key]
 
@@ -259,7 +256,7 @@ class _Search:
         out = []
         for x in aug:
             for y in self.g.succ[x]:
-                if y in inA or any(z in self.S[y] for z in aug):
+                if y in inA or not self.S[y].isdisjoint(aug):
                     continue
                 out.append(self.deaug([y if z == x else z for z in aug]))
         return out
@@ -280,9 +277,9 @@ def antichain_states(graph: LayerGraph, prune: bool = True, max_states: int = MA
     keys = {frozenset(first): 0}
     lists = [first]
     children: list[list[int]] = [[]]
-    queue, expanded = [first], set()
+    queue, expanded = deque([first]), set()
     while queue:  # breadth first, as PipeDream numbers its states
-        A = queue.pop(0)
+        A = queue.popleft()
         kA = frozenset(A)
         if kA in expanded:
             continue
@@ -326,13 +323,20 @@ def _reverse_postorder(children: list[list[int]]) -> list[int]:
 
 
 def _ancestors(children: list[list[int]], topo: list[int]) -> list[np.ndarray]:
-    """For each state (in topological positions), the sorted positions of its ancestors."""
-    pos = {s: n for n, s in enumerate(topo)}
-    anc: list[set] = [set() for _ in topo]
+    """For each state (in topological positions), the sorted positions of its ancestors (bit sets
+    as Python integers: bit p = position p)."""
+    n = len(topo)
+    pos = {s: k for k, s in enumerate(topo)}
+    anc = [0] * n
     for s in topo:
+        mine = anc[pos[s]] | (1 << pos[s])
         for c in children[s]:
-            anc[pos[c]] |= anc[pos[s]] | {pos[s]}
-    return [np.array(sorted(a), dtype=np.int64) for a in anc]
+            anc[pos[c]] |= mine
+    size = (n + 7) // 8
+    return [
+        np.flatnonzero(np.unpackbits(np.frombuffer(a.to_bytes(size, "little"), np.uint8), bitorder="little")[:n])
+        for a in anc
+    ]
 
 
 def _measure(srch: _Search, antichains: list[list[str]], ancestors) -> States:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -63,7 +64,7 @@ def compare_costs(
     """Partition under both models (:func:`workbench.partition` with ``cost=`` each) and price each
     choice under both; each plan's ``meta["compare_costs"]`` holds the table rows (its card shows them)."""
     settings = pipedream or Settings()
-    kw = {"straight": straight, "memory_bytes": memory_bytes, "use_fewer_workers": use_fewer_workers}
+    kw: dict[str, Any] = {"straight": straight, "memory_bytes": memory_bytes, "use_fewer_workers": use_fewer_workers}
     plans = {
         "workbench": partition(profile, topology, refine=refine, **kw),
         "pipedream": partition(profile, topology, cost="pipedream", pipedream=settings, **kw),

@@ -72,13 +72,15 @@ class Options:
 
 @dataclass
 class _Level:
-    """One solved level: ``T[i, j, m-1]`` and how it was reached (``split_k = -1``: one stage)."""
+    """One solved level, column-major: ``T[m-1, j, i] = A(i, j, m)`` and how it was reached
+    (``split_k = -1``: one stage); rows padded to blocks of ``S`` (:class:`_Prefixes`)."""
 
     T: np.ndarray
     split_k: np.ndarray
     split_m: np.ndarray  # machines (0-based index) left for the prefix
     used: np.ndarray  # machines of the last stage
     machines: int
+    rows: int
 
 
 @dataclass(frozen=True)
@@ -99,38 +101,38 @@ class Result:
 
 
 def _segments(states: States) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``C, a, w`` of shape (N+1, N): row 0 the cumulative sums, row i the sums after state i-1;
-    ``inf`` where PipeDream has no entry (j < i)."""
+    """``C, a, w`` column-major, shape (N, N+1): ``[j, 0]`` the cumulative sums, ``[j, i]`` the
+    sums after state i-1; ``inf`` where PipeDream has no entry (j < i)."""
     n = len(states)
+    below = np.arange(n)[:, None] < np.arange(n + 1)[None, :]  # j < i
     out = []
     for cum in (states.compute_s, states.activation, states.parameters):
-        M = np.full((n + 1, n), INF)
-        M[0] = cum
-        for i in range(1, n + 1):
-            M[i, i:] = cum[i:] - cum[i - 1]
+        cum = np.asarray(cum, dtype=float)
+        M = np.where(below, INF, cum[:, None] - np.r_[0.0, cum][None, :])
+        M[:, 0] = cum
         out.append(M)
     return out[0], out[1], out[2]
 
 
 def _init(C, act, par, rows, M, within, B, opt: Options, lv: _Level):
     """The one-stage entries ``T(i, j, m)`` (module docstring)."""
-    n = C.shape[1]
-    jge = np.arange(n)[None, :] >= np.arange(rows)[:, None]
+    n = C.shape[0]
+    jge = np.arange(n)[:, None] >= np.arange(rows)[None, :]
+    a, w, c = act[:, :rows], par[:, :rows], C[:, :rows]
     for m0 in range(1 if opt.straight else M):
-        a, w, c = act[:rows], par[:rows], C[:rows]
         ok = jge & np.isfinite(c)
-        if opt.memory_bytes is not None:
-            ok &= ~(math.ceil((M - (m0 + 1)) / (m0 + 1)) * (a + w) > opt.memory_bytes)
         with np.errstate(invalid="ignore"):  # inf entries (no segment) give nan here, masked by ok
+            if opt.memory_bytes is not None:
+                ok &= ~(math.ceil((M - (m0 + 1)) / (m0 + 1)) * (a + w) > opt.memory_bytes)
             dp = (4 * m0 * w) / (B * (m0 + 1)) / within
             t = (c + dp) / (m0 + 1)
-        lv.T[:, :, m0] = np.where(ok, t, INF)
-        lv.used[:, :, m0] = np.where(ok, m0 + 1, 0)
+        lv.T[m0, :, :rows] = np.where(ok, t, INF)
+        lv.used[m0, :, :rows] = np.where(ok, m0 + 1, 0)
 
 
 @dataclass(frozen=True)
 class _Tables:
-    """What one level's DP reads: segment sums (row i = after state i-1), state outputs, flags."""
+    """What one level's DP reads: segment sums ``[j, i]`` (i: after state i-1), state outputs, flags."""
 
     C: np.ndarray
     act: np.ndarray
@@ -141,47 +143,159 @@ class _Tables:
     opt: Options
 
 
-def _solve(t: _Tables, within: int, final: bool, below_anc, order) -> _Level:
+def _solve(t: _Tables, within: int, final: bool, order) -> _Level:
     """One level of the dynamic program over every row (``final``: row 0 only); ``order[j]``: the
     split states of state j in the order they are tried. Row i is solved for states j > i only
-    (PipeDream's loop), so each step works on rows ``0..j-1``, in blocks that skip the split states
-    before the block's first row (``A(i, k) = inf`` for ``k < i``: dropping them changes nothing)."""
-    n = t.C.shape[1]
+    (PipeDream's loop). ``A(i, j, .)`` reads only columns ``k < j``, so the best split of every
+    row and machine count of column j is found at once (:func:`_splits`); the machine counts are
+    then filled in ascending order (``use_fewer_machines`` reads ``A(i, j, m-1)``)."""
+    n = t.C.shape[0]
     rows = 1 if final else n + 1
+    S = min(BLOCK, rows)
+    shape = (t.M, n, -(-rows // S) * S)
+    mach = np.min_scalar_type(-t.M)  # the smallest integer types that hold the entries
     lv = _Level(
-        np.full((rows, n, t.M), INF),
-        np.full((rows, n, t.M), -1),
-        np.full((rows, n, t.M), -1),
-        np.zeros((rows, n, t.M), dtype=np.int64),
+        np.full(shape, INF),
+        np.full(shape, -1, dtype=np.min_scalar_type(-n)),
+        np.full(shape, -1, dtype=mach),
+        np.zeros(shape, dtype=mach),
         t.M,
+        rows,
     )
     _init(t.C, t.act, t.par, rows, t.M, within, t.B, t.opt, lv)
+    if t.M == 1:
+        return lv
+    done = _Prefixes(lv, S)
+    done.add(0)
     for j in range(1, n):
         ks = order[j]
         R = min(rows, j)
-        blocks = _blocks(lv, below_anc, ks, R)
+        best = _splits(lv, t, done, j, ks, R) if ks.size else None
         for m in range(1, t.M):
             cur = _fewer(lv, t.opt, j, m, R)
-            if ks.size == 0:
-                continue
-            mps, last = _last_stage(t, j, m, ks)
-            for i0, i1, idx, prev in blocks:
-                _best(lv, j, m, i0, i1, ks[idx], mps, last[idx], prev, cur[i0:i1])
+            if best is not None:
+                _take(lv, j, m, ks, cur, *(x[m - 1] for x in best))
+        done.add(j)
     return lv
 
 
-def _blocks(lv: _Level, below_anc, ks: np.ndarray, R: int) -> list:
-    """Row blocks ``[i0, i1)`` of rows ``0..R-1``, each with the split states ``k >= i0`` (positions
-    ``idx`` in ``ks``, order kept) and ``A(i, k, m')`` for them (final: every k comes before j),
-    inf where row i may not split at k (an ancestor of state i-1)."""
-    size = max(64, -(-R // 8))
-    out = []
-    for i0 in range(0, R, size):
-        i1 = min(R, i0 + size)
-        idx = np.flatnonzero(ks >= i0)
-        kb = ks[idx]
-        out.append((i0, i1, idx, np.where(below_anc[i0:i1][:, kb][:, :, None], INF, lv.T[i0:i1, kb])))
-    return out
+BLOCK = 64  # rows per block of the pruning bound in _splits
+FINITE = np.finfo(float).max
+
+
+class _Prefixes:
+    """The finished columns ``A(., k, p)`` (``p < M-1``, 0-based: the machine counts a prefix can
+    have) as :func:`_splits` reads them: ``TT[p, k, b, r] = A(b S + r, k, p)`` (a view of the
+    level's table, rows in blocks of ``S``) and per block its least entry and an id of its
+    bytes, ``lo[b, p, k]`` and ``ids[b, p, k]`` (0: all inf)."""
+
+    def __init__(self, lv: _Level, S: int):
+        M, n, W = lv.T.shape
+        self.S, self.nb = S, W // S
+        self.TT = lv.T.reshape(M, n, self.nb, S)[: M - 1]
+        self.lo = np.full((self.nb, M - 1, n), INF)
+        self.ids = np.zeros((self.nb, M - 1, n), dtype=np.int64)
+        self.known: dict = {}  # block bytes -> id
+
+    def add(self, k: int) -> None:
+        """Column ``k`` is final (every row, every machine count)."""
+        blk = self.TT[:, k]  # (M-1, blocks, S)
+        lo = blk.min(axis=2)
+        self.lo[:, :, k] = lo.T
+        some = lo < INF
+        raw = np.ascontiguousarray(blk[some]).view(np.dtype((np.void, 8 * self.S))).ravel()
+        known = self.known
+        ids = np.zeros(lo.shape, dtype=np.int64)
+        ids[some] = [known.setdefault(b, len(known) + 1) for b in raw.tolist()]
+        self.ids[:, :, k] = ids.T
+
+
+def _splits(lv: _Level, t: _Tables, done: _Prefixes, j: int, ks: np.ndarray, R: int):
+    """The best split of column j for rows ``i < R`` and every 0-based machine count ``m >= 1``:
+    per (m, i) the least ``max(A(i, k, m-m'), last(k, m'))`` over (k, m') and the first (k in
+    ``ks``'s order, then m' ascending) reaching it, as arrays ``least, k position, m'-1`` of
+    shape (M-1, R).
+
+    Exact pruning: a split is taken in row i only below ``cur = A(i, j, m)`` before the split
+    search, which is at most the one-stage entry where that is finite (inf: no bound); so per
+    block of ``S`` rows a (k, m') is tried only if its ``last`` and the block's least
+    ``A(., k, m-m')`` are at most the block's largest one-stage entry. Every candidate that
+    reaches a row's least value below its ``cur`` survives, and so does every candidate equal to
+    it in each row of the block unless an earlier survivor is (:func:`_distinct`); the survivors
+    keep their order, so the first least one is the one a full search finds. ``A(i, k) = inf``
+    for ``k < i`` (no segment): no row takes a split state before its own start."""
+    S, M = done.S, t.M
+    nbj = -(-R // S)
+    last = _last_stage(t, j, ks)  # (M-1, K, Q)
+    pk = np.maximum(np.arange(M - 1)[:, None] - np.arange(last.shape[2])[None, :], 0)  # prefix's m
+    at = (slice(0, nbj), pk[:, None, :], ks[None, :, None])
+    lo = done.lo[at]  # (blocks, M-1, K, Q)
+    cur = np.full((M - 1, nbj * S), -INF)  # padding rows are never updated
+    cur[:, :R] = lv.T[1:, j, :R]
+    thr = np.minimum(cur.reshape(M - 1, nbj, S).max(axis=2).T, FINITE)[:, :, None, None]
+    bb, mm, kk, qq = np.nonzero((lo <= thr) & (last <= thr))  # by block, m, then k, then m'
+    least = np.full((M - 1, nbj * S), INF)  # (FINITE above: an inf term is never taken)
+    fk = np.zeros((M - 1, nbj * S), dtype=np.int64)
+    fq = np.zeros((M - 1, nbj * S), dtype=np.int64)
+    if bb.size:
+        if S > 1 and bb.size * S > DEDUP:
+            bb, mm, kk, qq = _distinct(done, ks, pk, last, bb, mm, kk, qq)
+        cand = np.maximum(done.TT[pk[mm, qq], ks[kk], bb], last[mm, kk, qq][:, None])  # (survivors, S)
+        key = bb * (M - 1) + mm
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        low = np.minimum.reduceat(cand, starts, axis=0)  # (segments, S)
+        seg = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, bb.size]))
+        pos = np.where(cand == low[seg], np.arange(bb.size)[:, None], bb.size)
+        first = np.minimum.reduceat(pos, starts, axis=0)  # the first survivor reaching the least
+        to = (mm[starts][:, None], bb[starts][:, None] * S + np.arange(S)[None, :])
+        least[to], fk[to], fq[to] = low, kk[first], qq[first]
+    return least[:, :R], fk[:, :R], fq[:, :R]
+
+
+DEDUP = 4096  # survivor entries above which equal survivors are dropped first (_distinct; S > 1)
+
+
+def _distinct(done: _Prefixes, ks, pk, last, bb, mm, kk, qq):
+    """The survivors less those equal to an earlier one of their (block, m) in every row: the
+    same block of ``A(., k, m-m')`` (equal bytes) and the same ``last``; such a one is never the
+    first least one."""
+    ids = done.ids[bb, pk[mm, qq], ks[kk]]
+    rank = np.unique(last, return_inverse=True)[1].reshape(last.shape)[mm, kk, qq]
+    ni, nl = len(done.known) + 1, last.size
+    key = ((bb * last.shape[0] + mm) * ni + ids) * nl + rank  # < 2**63 (BLOCK keeps blocks few)
+    first = np.sort(np.unique(key, return_index=True)[1])
+    return bb[first], mm[first], kk[first], qq[first]
+
+
+def _take(lv: _Level, j, m, ks, cur, least, fk, fq) -> None:
+    """``A(i, j, m+1)`` takes the best split where it is below ``cur`` (ties keep ``cur``)."""
+    i = np.flatnonzero(least < cur)
+    used = fq[i] + 1
+    lv.T[m, j, i] = least[i]
+    lv.split_k[m, j, i] = ks[fk[i]]
+    lv.split_m[m, j, i] = m - used
+    lv.used[m, j, i] = used
+
+
+def _last_stage(t: _Tables, j: int, ks: np.ndarray) -> np.ndarray:
+    """Per (m, k, m'-1) the last stage's time with its cut terms (inf: not allowed, or ``m' > m``;
+    ``m`` 0-based from 1, ``m'`` machines from 1; ``straight``: ``m' = 1`` only)."""
+    opt = t.opt
+    ms = np.arange(1, t.M)[:, None, None]
+    mps = np.arange(1, 2 if opt.straight else t.M)[None, None, :]
+    c_last, w_last = t.C[j, ks + 1][None, :, None], t.par[j, ks + 1][None, :, None]
+    ok = np.isfinite(c_last) & (mps <= ms)
+    if opt.memory_bytes is not None:
+        stash = (t.act[j, ks + 1][None, :, None] + w_last) * np.ceil((t.M - (ms + 1)) / mps)
+        ok &= ~(stash > opt.memory_bytes)
+    with np.errstate(invalid="ignore"):
+        last = (c_last + (4 * (mps - 1) * w_last) / (t.B * mps)) / mps
+    r = opt.activation_compression_ratio
+    if r is not None:
+        last = np.maximum(last, (2.0 * t.out[ks][None, :, None]) / (t.B * mps) / r)
+        if j < len(t.out) - 1:
+            last = np.maximum(last, (2.0 * t.out[j]) / (t.B * mps) / r)
+    return np.where(ok, last, INF)
 
 
 def _fewer(lv: _Level, opt: Options, j: int, m: int, R: int) -> np.ndarray:
@@ -189,48 +303,11 @@ def _fewer(lv: _Level, opt: Options, j: int, m: int, R: int) -> np.ndarray:
     value yet); returns the current ``A(i, j, m+1)`` of rows ``i < R``."""
     T = lv.T
     if opt.use_fewer_machines:
-        cur = T[:R, j, m]
-        take = np.isinf(cur) | (T[:R, j, m - 1] < cur)
+        cur = T[m, j, :R]
+        take = np.isinf(cur) | (T[m - 1, j, :R] < cur)
         for arr in (lv.T, lv.split_k, lv.split_m, lv.used):
-            arr[:R, j, m] = np.where(take, arr[:R, j, m - 1], arr[:R, j, m])
-    return T[:R, j, m].copy()
-
-
-def _last_stage(t: _Tables, j: int, m: int, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``m'`` values and, per (k, m'), the last stage's time with its cut terms (inf: not allowed)."""
-    opt = t.opt
-    mps = np.arange(1, 2 if opt.straight else m + 1)
-    c_last, w_last = t.C[ks + 1, j][:, None], t.par[ks + 1, j][:, None]
-    ok = np.isfinite(c_last) & np.ones((1, mps.size), dtype=bool)
-    if opt.memory_bytes is not None:
-        stash = (t.act[ks + 1, j][:, None] + w_last) * np.ceil((t.M - (m + 1)) / mps)[None, :]
-        ok &= ~(stash > opt.memory_bytes)
-    with np.errstate(invalid="ignore"):
-        last = (c_last + (4 * (mps - 1) * w_last) / (t.B * mps)) / mps
-    r = opt.activation_compression_ratio
-    if r is not None:
-        last = np.maximum(last, (2.0 * t.out[ks][:, None]) / (t.B * mps) / r)
-        if j < len(t.out) - 1:
-            last = np.maximum(last, ((2.0 * t.out[j]) / (t.B * mps) / r)[None, :])
-    return mps, np.where(ok, last, INF)
-
-
-def _best(lv: _Level, j, m, i0, i1, ks, mps, last, prev_all, cur):
-    """``A(i, j, m+1)`` for rows ``i0 <= i < i1`` at once (0-based ``m``): the first (k, m') in
-    order whose ``max(A(i, k, m+1-m'), last stage)`` is below ``cur``; ``prev_all[i, k, m']`` =
-    ``A(i, k, m'+1)``."""
-    if ks.size == 0:
-        return
-    n = i1 - i0
-    cand = np.maximum(prev_all[:, :, m - mps], last[None]).reshape(n, -1)  # rows x (k, m')
-    best = np.argmin(cand, axis=1)
-    val = cand[np.arange(n), best]
-    better = val < cur
-    kk, mm = np.divmod(best, mps.size)
-    lv.T[i0:i1, j, m] = np.where(better, val, cur)
-    lv.split_k[i0:i1, j, m] = np.where(better, ks[kk], lv.split_k[i0:i1, j, m])
-    lv.split_m[i0:i1, j, m] = np.where(better, m - mps[mm], lv.split_m[i0:i1, j, m])
-    lv.used[i0:i1, j, m] = np.where(better, mps[mm], lv.used[i0:i1, j, m])
+            arr[m, j, :R] = np.where(take, arr[m - 1, j, :R], arr[m, j, :R])
+    return T[m, j, :R].copy()
 
 
 def _read_back(lv: _Level, start: int, end: int) -> list[tuple[int, int, int]]:
@@ -238,16 +315,16 @@ def _read_back(lv: _Level, start: int, end: int) -> list[tuple[int, int, int]]:
     of the level's machines."""
     m = lv.machines - 1
     j, out = end - 1, []
+    row = start if lv.rows > 1 else 0
     while True:
-        used = int(lv.used[start if lv.T.shape[0] > 1 else 0, j, m])
-        k = int(lv.split_k[start if lv.T.shape[0] > 1 else 0, j, m])
+        used, k = int(lv.used[m, j, row]), int(lv.split_k[m, j, row])
         if used == 0:
             raise ValueError(f"no feasible configuration for states {start}..{end - 1} on {lv.machines} machines")
         if k < 0:
             out.append((start, j + 1, used))
             return out[::-1]
         out.append((k + 1, j + 1, used))
-        m = int(lv.split_m[start if lv.T.shape[0] > 1 else 0, j, m])
+        m = int(lv.split_m[m, j, row])
         j = k
 
 
@@ -263,19 +340,15 @@ def optimize_states(
     tests replay from a recording to compare configurations bit for bit."""
     if len(machines) != len(bandwidths) or not machines:
         raise ValueError("give one machine count and one bandwidth per level")
-    n = len(states)
     order = states.ancestors if candidate_order is None else _check_order(states, candidate_order)
     C, act, par = _segments(states)
-    below = np.zeros((n + 1, n), dtype=bool)  # below[i, k]: k is an ancestor of state i-1
-    for i in range(1, n + 1):
-        below[i, states.ancestors[i - 1]] = True
     levels, within = [], 1
     for lvl, (M, B) in enumerate(zip(machines, bandwidths)):
         final = lvl == len(machines) - 1
-        lv = _solve(_Tables(C, act, par, states.output_activation, int(M), float(B), opt), within, final, below, order)
+        lv = _solve(_Tables(C, act, par, states.output_activation, int(M), float(B), opt), within, final, order)
         levels.append(lv)
         if not final:  # the next level's compute: this level's optimum on all its machines
-            C = lv.T[:, :, -1].copy()
+            C = lv.T[-1, :, : lv.rows]
         within = int(M)
     return _assemble(states, levels, machines, bandwidths)
 
@@ -295,7 +368,7 @@ def _check_order(states: States, order) -> list[np.ndarray]:
 def _assemble(states: States, levels: list[_Level], machines, bandwidths) -> Result:
     """Read the plan back outside in: each outer stage is split again on its inner machines."""
     n = len(states)
-    pipeline_s = float(levels[-1].T[0, n - 1, -1])
+    pipeline_s = float(levels[-1].T[-1, n - 1, 0])
     if not math.isfinite(pipeline_s):
         raise ValueError(
             "PipeDream's optimizer finds no configuration: raise the memory limit, allow "
