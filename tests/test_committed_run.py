@@ -34,6 +34,7 @@ REQUIRED = (
     "PipeDream faster than GPipe",
     "highest data-parallel communication share (Fig. 1 models)",
     "bytes/sample saved vs DP",
+    "PipeDream speedup over hybrid parallelism",
 )
 
 

@@ -176,7 +176,9 @@ class PaperNumber:
     """One number a paper states. ``quantity``: ``bsp_speedup`` (over one GPU), ``comm_share`` (BSP's
     share of time communicating, %), ``fig1_max_share`` (the highest BSP share over Fig. 1's models at
     ``workers`` GPUs, %), ``pipedream_speedup`` (over one GPU), ``pipedream_over_bsp``,
-    ``straight_speedup`` (straight pipeline over one GPU), ``comm_reduction`` (PipeDream's bytes per
+    ``straight_speedup`` (straight pipeline over one GPU), ``pipedream_over_hybrid`` (PipeDream's
+    configuration pipelined against the same stages run one minibatch at a time, intra-batch parallelism:
+    the stages' and cuts' times add up instead of overlapping), ``comm_reduction`` (PipeDream's bytes per
     minibatch below BSP's, %). ``role``: ``dp`` numbers calibrate (in-sample), ``predict`` numbers are
     predicted (out-of-sample)."""
 
@@ -222,6 +224,7 @@ PAPER = (
     PaperNumber("sosp-B", "gnmt_large", 16, "pipedream_over_bsp", 3.14, "predict", "SOSP Table 1 (2x8, 3.1x)", "", "straight"),
     PaperNumber("sosp-A", "awd-lstm", 4, "pipedream_over_bsp", 4.25, "predict", "SOSP Table 1 (1x4, 4.3x)", "", "straight"),
     PaperNumber("sosp-C", "s2vt", 4, "pipedream_over_bsp", 3.01, "predict", "SOSP Table 1 (4x1, 3x)", "S2VT", "2-1-1"),
+    PaperNumber("sosp-A", "vgg16", 16, "pipedream_over_hybrid", 1.9, "predict", "SOSP §5 (hybrid parallelism, up to 1.9x)", "", "15-1"),
 )  # fmt: skip
 
 QUANTITY_TEXT = {
@@ -231,6 +234,7 @@ QUANTITY_TEXT = {
     "pipedream_speedup": ("PipeDream speedup over 1 GPU", "x"),
     "pipedream_over_bsp": ("PipeDream speedup over data parallelism", "x"),
     "straight_speedup": ("straight pipeline speedup over 1 GPU", "x"),
+    "pipedream_over_hybrid": ("PipeDream speedup over hybrid parallelism (its configuration, not pipelined)", "x"),
     "comm_reduction": ("PipeDream's communication below data parallelism's", "%"),
 }
 #: Fig. 1's models, all with PipeDream's published V100 profiles; its V100 panels (Cluster-A and -B)
@@ -329,6 +333,11 @@ def predict(num: PaperNumber, params: dict) -> tuple[float, str]:
         return plan.single_worker_ms / plan.predicted_ms, shape
     if q == "pipedream_over_bsp":
         return plan.single_worker_ms / plan.predicted_ms / bsp(setting, num.model, m, params)["speedup"], shape
+    if q == "pipedream_over_hybrid":  # the same stages one minibatch at a time: their times add up
+        prof = _profile_for(setting, num.model)
+        topo = setting.topology(m)
+        stage_ms, cut_ms = CostModel.from_profile(prof, topo, **setting.collective(topo, params)).plan_times(plan)
+        return (sum(stage_ms) + sum(cut_ms)) / max(stage_ms + cut_ms), shape
     if q == "comm_reduction":
         prof = _profile_for(setting, num.model)
         dp_bytes = 2.0 * (m - 1) / m * float(prof.layers["param_bytes"].sum())
