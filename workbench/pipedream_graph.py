@@ -93,16 +93,22 @@ def _parse(path: Path) -> tuple[dict[str, dict], list[tuple[str, str]]]:
     return nodes, edges
 
 
-def layer_graph(path) -> LayerGraph:
-    """The node DAG of a ``graph.txt`` (every node, inputs included, file order) for PipeDream's
-    antichain states (:mod:`workbench.antichain`)."""
+def _read(path) -> tuple[Path, dict, list, list[str]]:
+    """The ``graph.txt`` at ``path`` (or in the folder ``path``): its path, nodes, edges and a
+    topological order (one-line errors for a missing file, a bad line or a cycle)."""
     path = Path(path)
     if path.is_dir():
         path = path / "graph.txt"
     if not path.exists():
         raise ValueError(f"PipeDream profile {path} does not exist")
     nodes, edges = _parse(path)
-    _topological(nodes, edges, path)
+    return path, nodes, edges, _topological(nodes, edges, path)
+
+
+def layer_graph(path) -> LayerGraph:
+    """The node DAG of a ``graph.txt`` (every node, inputs included, file order) for PipeDream's
+    antichain states (:mod:`workbench.antichain`)."""
+    _, nodes, edges, _ = _read(path)
     return _as_layer_graph(nodes, edges)
 
 
@@ -123,13 +129,7 @@ def read_graph(path, label: str | None = None) -> Profile:
     """A Profile from PipeDream's ``graph.txt`` (module docstring); ``meta["source"]`` names it
     ``label`` (default: the path as given). ``meta["graph"]`` keeps the node DAG
     (:meth:`LayerGraph.to_dict`) for PipeDream's antichain states."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "graph.txt"
-    if not path.exists():
-        raise ValueError(f"PipeDream profile {path} does not exist")
-    nodes, edges = _parse(path)
-    order = _topological(nodes, edges, path)
+    path, nodes, edges, order = _read(path)
     inputs = [n for n in order if _INPUT.match(nodes[n]["desc"])]
     layers = [n for n in order if n not in set(inputs)]
     if not layers:

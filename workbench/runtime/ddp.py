@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from ..schedules.core import Schedule
 from . import opclock
-from .record import OpRecord
+from .record import timed
 from .stages import MomentumState, as_leaves, as_tuple, float_indices, from_tuple, nbytes, stage_module
 from .tied import tied_weights
 from .worker import RankProgram
@@ -149,19 +149,8 @@ class DDPExecutor(MomentumState):
             if clock is not None:
                 clock.add(len(timeline), pre, pre, clock.mark())
             rel = op.step + 1 if op.kind == "STEP" else (op.step if op.kind == "AR" else op.version)
-            timeline.append(
-                OpRecord(
-                    self.rank,
-                    s,
-                    R * self.M + b if b >= 0 else -1,
-                    op.kind,
-                    (start - t0) * 1e3,
-                    (end - t0) * 1e3,
-                    R * self.prog.per_round[s] + rel,
-                    R,
-                    0.0,
-                )
-            )
+            mb = R * self.M + b if b >= 0 else -1
+            timeline.append(timed(self.rank, s, mb, op.kind, start, end, t0, R * self.prog.per_round[s] + rel, R))
         if clock is not None:  # the round's rows in the device's times (one synchronization)
             clock.resolve(timeline, R)
 

@@ -7,7 +7,7 @@ import time
 import torch
 
 from ..schedules.core import Schedule
-from .record import OpRecord
+from .record import timed
 from .stages import MomentumState, as_leaves, from_tuple, run_stage, stage_module, vjp
 from .worker import RankProgram
 
@@ -91,19 +91,8 @@ class HogwildExecutor(MomentumState):
             else:
                 raise ValueError(f"the async rule cannot run {op.kind} ops")
             end = time.perf_counter()
-            timeline.append(
-                OpRecord(
-                    self.rank,
-                    s,
-                    R * self.M + b if b >= 0 else -1,
-                    op.kind,
-                    (start - t0) * 1e3,
-                    (end - t0) * 1e3,
-                    version,
-                    R,
-                    0.0,
-                )
-            )
+            mb = R * self.M + b if b >= 0 else -1
+            timeline.append(timed(self.rank, s, mb, op.kind, start, end, t0, version, R))
 
     def weights(self):
         return {s: {n: t.detach().clone() for n, t in sh.items()} for s, sh in enumerate(self.shared)}

@@ -33,3 +33,11 @@ class OpRecord(NamedTuple):
 
 
 RECORD_COLUMNS = list(OpRecord._fields)
+
+
+def timed(
+    rank: int, stage: int, microbatch: int, kind: str, start: float, end: float, t0: float, version: int, rnd: int
+) -> OpRecord:
+    """The record of an op timed with ``time.perf_counter()`` (seconds since ``t0``, stored in ms),
+    without the pipeline executors' send/data columns (DDP, Hogwild); ``microbatch < 0``: an AR/STEP."""
+    return OpRecord(rank, stage, microbatch, kind, (start - t0) * 1e3, (end - t0) * 1e3, version, rnd, 0.0)
