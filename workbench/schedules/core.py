@@ -191,10 +191,11 @@ class Schedule:
         }
 
     def dependencies(self) -> dict[Key, tuple[Key, ...]]:
-        """The dataflow edges of the schedule, derived once (cached) and read by the validator's
-        deadlock check, the simulator and the runtime's receive plan: compute-op key ->
+        """The dataflow edges between compute ops as keys, derived once (cached) and read by the
+        runtime's receive plan and :func:`~workbench.schedules.stats.worker_stats`: compute-op key ->
         the keys of the compute ops it consumes (a key may name an op no worker runs; the
-        validator reports it):
+        validator reports it). The rules are :func:`~workbench.schedules.dataflow.producer_keys`,
+        the ones :attr:`dataflow` (the validator's deadlock check, the simulator) evaluates on op ids:
 
         * ``F(s, b)`` <- ``F(s-1, b)`` (the activation; none for s = 0);
         * ``B(s, b)`` / ``BI(s, b)`` <- ``F(s, b)`` (its own stashed activations) and, for
@@ -204,8 +205,8 @@ class Schedule:
         * segments (``b`` is then the unit b·k + j): ``F(s, b)`` also <- ``F(s, b-1)`` for j > 0 and
           ``B/BI(s, b)`` also <- ``B/BI(s, b+1)`` for j < k-1 (keys/values and their gradients).
 
-        Remote-weight edges of the master family (an op waits for the owner's STEP) are not
-        dataflow between compute ops and are derived by the deadlock check and the simulator."""
+        Remote-weight and all-reduce edges (an op waits for the owner's STEP; AR before STEP) are
+        not dataflow between compute ops; :attr:`dataflow` holds them."""
         return self._dependencies
 
     @cached_property
@@ -608,8 +609,8 @@ def _check_backwards(schedule: Schedule, wk: np.ndarray, ver: np.ndarray) -> Non
 
 def _check_deadlock(schedule: Schedule, df: Dataflow) -> None:
     """The per-worker orders admit an execution iff every worker reaches its end when each op runs
-    once its producers (the edges of ``df``) are done and, for an AR, once every replica of the
-    stage has reached it: Kahn's algorithm over per-worker order edges, the dataflow edges and the
+    once its producers (the edges of ``df`` but AR -> STEP) are done and, for an AR, once every
+    replica of the stage has reached it: Kahn's algorithm over per-worker order edges, the dataflow edges and the
     AR rendezvous, in O(ops + edges) (:func:`_run_orders`)."""
     ptr, begin = _run_orders(df), df.ops.begin.tolist()
     stuck = [(w, schedule.ops[w][ptr[w] - begin[w]]) for w in range(schedule.num_workers) if ptr[w] < begin[w + 1]]
@@ -624,10 +625,10 @@ def _run_orders(df: Dataflow) -> list[int]:
     """Execute the per-worker orders symbolically: a worker advances while its next op's producers
     are done (an AR waits until all its group's ops are reached, then they all complete). Returns,
     per worker, the id of the first op it could not run (its end when it finished)."""
-    N, begin = len(df.ops.kind), df.ops.begin.tolist()
-    order = np.argsort(df.dst, kind="stable")
-    pidx = df.src[order].tolist()
-    pptr = np.searchsorted(df.dst[order], np.arange(N + 1)).tolist()
+    N, begin, n = len(df.ops.kind), df.ops.begin.tolist(), len(df.src) - df.ar_steps
+    order = np.argsort(df.dst[:n], kind="stable")
+    pidx = df.src[:n][order].tolist()
+    pptr = np.searchsorted(df.dst[:n][order], np.arange(N + 1)).tolist()
     is_ar = (df.ops.kind == AR).tolist()
     group = {g: members for members in df.ar_groups.values() for g in members}
     done = bytearray(N)

@@ -157,7 +157,9 @@ class Dataflow:
     the dataflow edges (column by column of :func:`producer_keys`, consumers in op order), then the
     remote-weight edges in op order, then AR -> STEP. ``loc[c]``: the op with key c (-1: none).
     ``missing``: rows (consumer op, key) of producers no worker runs; ``unreadable``: remote reads of
-    a version whose STEP the owner does not run; ``ar_groups``: (stage, step) -> its AR op ids."""
+    a version whose STEP the owner does not run; ``ar_groups``: (stage, step) -> its AR op ids;
+    ``ar_steps``: how many edges at the end are AR -> STEP (the simulator's; the deadlock check runs
+    the program order, where a STEP listed before its stage's AR does not wait for it)."""
 
     ops: OpArrays
     key: np.ndarray
@@ -167,6 +169,7 @@ class Dataflow:
     missing: np.ndarray
     unreadable: list[int]
     ar_groups: dict[tuple[int, int], list[int]]
+    ar_steps: int
 
 
 def locate(key: np.ndarray, size: int) -> tuple[np.ndarray, int]:
@@ -192,7 +195,7 @@ def dataflow_edges(ops: OpArrays, key: np.ndarray, loc: np.ndarray, versions_wai
         src.append(p[p >= 0])
         dst.append(c[p >= 0])
         miss.append(np.stack([c[p < 0], col[need][p < 0]], axis=1))
-    wsrc, wdst, unreadable, groups = _weight_edges(ops, versions_wait)
+    wsrc, wdst, unreadable, groups, ar_steps = _weight_edges(ops, versions_wait)
     return Dataflow(
         ops,
         key,
@@ -202,10 +205,11 @@ def dataflow_edges(ops: OpArrays, key: np.ndarray, loc: np.ndarray, versions_wai
         np.concatenate(miss),
         unreadable,
         groups,
+        ar_steps,
     )
 
 
-def _weight_edges(ops: OpArrays, versions_wait: bool) -> tuple[list[int], list[int], list[int], dict]:
+def _weight_edges(ops: OpArrays, versions_wait: bool) -> tuple[list[int], list[int], list[int], dict, int]:
     """Remote-weight edges (a read waits for the owner's STEP of its version, a B/BW's gradient
     goes to the owner's STEP op.version) in op order, then AR -> STEP of the same worker."""
     kind, stage, step, wof = ops.kind, ops.stage, ops.step, ops.worker
@@ -243,13 +247,14 @@ def _weight_edges(ops: OpArrays, versions_wait: bool) -> tuple[list[int], list[i
             if q >= 0:
                 src.append(g)
                 dst.append(q)
+    n = len(src)
     for (s, t), members in groups.items():
         for g in members:
             q = step_at.get((int(wof[g]), s, t), -1)
             if q >= 0:
                 src.append(g)
                 dst.append(q)
-    return src, dst, unreadable, groups
+    return src, dst, unreadable, groups, len(src) - n
 
 
 def in_flight_peaks(kind: np.ndarray, item: np.ndarray, begin: np.ndarray) -> np.ndarray:
