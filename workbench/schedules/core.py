@@ -551,9 +551,7 @@ def check_dataflow(schedule: Schedule, df: Dataflow) -> None:
     for (s, step), members in df.ar_groups.items():
         got, expect = sorted(df.ops.worker[members].tolist()), sorted(schedule.stage_workers[s])
         if got != expect:
-            raise ScheduleError(
-                f"AR of stage {s} step {step} has workers {got}, expected the stage's replicas {expect}"
-            )
+            raise ScheduleError(f"AR of stage {s} step {step} has workers {got}, expected {expect}")
     if len(df.missing):
         g, code = df.missing[int(np.argmin(df.missing[:, 0]))].tolist()
         w, op = schedule._op_at(g)
