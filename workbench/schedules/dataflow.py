@@ -212,19 +212,17 @@ def dataflow_edges(ops: OpArrays, key: np.ndarray, loc: np.ndarray, versions_wai
 def _weight_edges(ops: OpArrays, versions_wait: bool) -> tuple[list[int], list[int], list[int], dict, int]:
     """Remote-weight edges (a read waits for the owner's STEP of its version, a B/BW's gradient
     goes to the owner's STEP op.version) in op order, then AR -> STEP of the same worker."""
-    kind, stage, step, wof = ops.kind, ops.stage, ops.step, ops.worker
-    others = np.flatnonzero(~ops.compute)
-    step_at: dict[tuple[int, int, int], int] = {}
+    kind, stage, step, wof, ww = ops.kind, ops.stage, ops.step, ops.worker, ops.weights_worker
     groups: dict[tuple[int, int], list[int]] = {}
-    for g, kc, w, s, t in zip(
-        others.tolist(), kind[others].tolist(), wof[others].tolist(), stage[others].tolist(), step[others].tolist()
-    ):
-        if kc == STEP:
-            step_at[(w, s, t)] = g
-        else:
-            groups.setdefault((s, t), []).append(g)
-    ww = ops.weights_worker
+    ars = np.flatnonzero(kind == AR)
+    for g, s, t in zip(ars.tolist(), stage[ars].tolist(), step[ars].tolist()):
+        groups.setdefault((s, t), []).append(g)
     remote = np.flatnonzero(ops.compute & (ww >= 0) & (ww != wof))
+    step_at: dict[tuple[int, int, int], int] = {}
+    if groups or remote.size:  # (worker, stage, step) -> its STEP op
+        steps = np.flatnonzero(kind == STEP)
+        keys = zip(wof[steps].tolist(), stage[steps].tolist(), step[steps].tolist())
+        step_at = dict(zip(keys, steps.tolist()))
     src: list[int] = []
     dst: list[int] = []
     unreadable: list[int] = []
