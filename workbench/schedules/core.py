@@ -511,18 +511,18 @@ def _check_ops(schedule: Schedule) -> None:
     nseg = len(schedule.segment_tokens)
     comp = a.compute
     checks = [
-        ((a.stage < 0) | (a.stage >= S), lambda w, op: f"has stage outside 0..{S - 1}"),
-        (comp & ((a.microbatch < 0) | (a.microbatch >= M)), lambda w, op: f"has microbatch outside 0..{M - 1}"),
+        ((a.stage < 0) | (a.stage >= S), lambda op: f"has stage outside 0..{S - 1}"),
+        (comp & ((a.microbatch < 0) | (a.microbatch >= M)), lambda op: f"has microbatch outside 0..{M - 1}"),
         (
             comp & ((nseg > 0) | (a.segment >= 0)) & ((a.segment < 0) | (a.segment >= nseg)),
-            lambda w, op: (
+            lambda op: (
                 f"has segment outside 0..{nseg - 1}; every compute op of a schedule with "
                 f"segment_tokens needs a segment, and only those"
             ),
         ),
         (
             (a.weights_worker < -1) | (a.weights_worker >= W),
-            lambda w, op: f"reads weights from unknown worker {op.weights_worker}",
+            lambda op: f"reads weights from unknown worker {op.weights_worker}",
         ),
     ]
     bad = np.flatnonzero(np.logical_or.reduce([m for m, _ in checks]))
@@ -530,7 +530,7 @@ def _check_ops(schedule: Schedule) -> None:
         g = int(bad[0])
         w, op = schedule._op_at(g)
         why = next(say for m, say in checks if m[g])
-        raise ScheduleError(f"worker {w}: {op} {why(w, op)}")
+        raise ScheduleError(f"worker {w}: {op} {why(op)}")
 
 
 def _check_in_flight(schedule: Schedule, a: OpArrays) -> None:
@@ -608,8 +608,8 @@ def _check_backwards(schedule: Schedule, wk: np.ndarray, ver: np.ndarray) -> Non
 def _check_deadlock(schedule: Schedule, df: Dataflow) -> None:
     """The per-worker orders admit an execution iff every worker reaches its end when each op runs
     once its producers (the edges of ``df`` but AR -> STEP) are done and, for an AR, once every
-    replica of the stage has reached it: Kahn's algorithm over per-worker order edges, the dataflow edges and the
-    AR rendezvous, in O(ops + edges) (:func:`_run_orders`)."""
+    replica of the stage has reached it: Kahn's algorithm over per-worker order edges, the edges and
+    the AR rendezvous, in O(ops + edges) (:func:`_run_orders`)."""
     ptr, begin = _run_orders(df), df.ops.begin.tolist()
     stuck = [(w, schedule.ops[w][ptr[w] - begin[w]]) for w in range(schedule.num_workers) if ptr[w] < begin[w + 1]]
     if stuck:

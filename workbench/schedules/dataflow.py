@@ -65,8 +65,10 @@ def split_key(code: int, S: int, U: int) -> tuple[int, int, int]:
 class OpArrays:
     """The ops of a schedule as flat integer arrays, numbered worker by worker in program order;
     worker w's ops are ``begin[w] .. begin[w+1] - 1``. ``segment`` and ``weights_worker`` are -1
-    where the op has none; ``S``, ``M``, ``k`` are stages, microbatches and segments per sequence."""
+    where the op has none; ``S``, ``M``, ``k`` are stages, microbatches and segments per sequence;
+    ``flat[g]`` is op g itself."""
 
+    flat: list
     kind: np.ndarray
     stage: np.ndarray
     microbatch: np.ndarray
@@ -90,6 +92,7 @@ class OpArrays:
             return np.array(values, dtype=np.int64).reshape(len(flat))
 
         return cls(
+            flat=flat,
             kind=col([codes[o.kind] for o in flat]),
             stage=col([o.stage for o in flat]),
             microbatch=col([o.microbatch for o in flat]),

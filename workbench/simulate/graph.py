@@ -79,7 +79,7 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
     df = schedule.dataflow
     check_dataflow(schedule, df)
     a, W = df.ops, schedule.num_workers
-    flat = [op for ops in schedule.ops for op in ops]
+    flat = list(a.flat)
     kc, st = a.kind.tolist(), a.stage.tolist()
     wbeg, wend = a.begin[:-1].tolist(), a.begin[1:].tolist()
     order = np.argsort(df.src, kind="stable")
