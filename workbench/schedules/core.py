@@ -56,25 +56,25 @@ import dataclasses
 from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from enum import StrEnum
 from functools import cached_property
 
 import numpy as np
 
+from .dataflow import (
+    AR,
+    COMPUTE,
+    KINDS,
+    Dataflow,
+    OpArrays,
+    OpKind,
+    dataflow_edges,
+    in_flight_peaks,
+    locate,
+    peak_in_flight,
+    producer_keys,
+    split_key,
+)
 
-class OpKind(StrEnum):
-    """Op kinds; a ``str`` enum, so ``op.kind == "F"`` and ``str(op.kind) == "F"`` hold."""
-
-    F = "F"
-    B = "B"
-    BI = "BI"
-    BW = "BW"
-    AR = "AR"
-    STEP = "STEP"
-
-
-COMPUTE = (OpKind.F, OpKind.B, OpKind.BI, OpKind.BW)
-KINDS = COMPUTE + (OpKind.AR, OpKind.STEP)
 _COMPUTE_SET = frozenset(COMPUTE)
 _F, _B, _BI, _BW = COMPUTE  # keys built from the members hit dict entries by identity (no str compare)
 Key = tuple  # (kind, stage, microbatch) of a compute op
@@ -191,10 +191,11 @@ class Schedule:
         }
 
     def dependencies(self) -> dict[Key, tuple[Key, ...]]:
-        """The dataflow edges of the schedule, derived once (cached) and read by the validator's
-        deadlock check, the simulator and the runtime's receive plan: compute-op key ->
+        """The dataflow edges between compute ops as keys, derived once (cached) and read by the
+        runtime's receive plan and :func:`~workbench.schedules.stats.worker_stats`: compute-op key ->
         the keys of the compute ops it consumes (a key may name an op no worker runs; the
-        validator reports it):
+        validator reports it). The rules are :func:`~workbench.schedules.dataflow.producer_keys`,
+        the ones :attr:`dataflow` (the validator's deadlock check, the simulator) evaluates on op ids:
 
         * ``F(s, b)`` <- ``F(s-1, b)`` (the activation; none for s = 0);
         * ``B(s, b)`` / ``BI(s, b)`` <- ``F(s, b)`` (its own stashed activations) and, for
@@ -204,19 +205,45 @@ class Schedule:
         * segments (``b`` is then the unit b·k + j): ``F(s, b)`` also <- ``F(s, b-1)`` for j > 0 and
           ``B/BI(s, b)`` also <- ``B/BI(s, b+1)`` for j < k-1 (keys/values and their gradients).
 
-        Remote-weight edges of the master family (an op waits for the owner's STEP) are not
-        dataflow between compute ops and are derived by the deadlock check and the simulator."""
+        Remote-weight and all-reduce edges (an op waits for the owner's STEP; AR before STEP) are
+        not dataflow between compute ops; :attr:`dataflow` holds them."""
         return self._dependencies
 
     @cached_property
     def _dependencies(self) -> dict[Key, tuple[Key, ...]]:
-        where, S, k = self._where, self.num_stages, self.num_segments
-        U = self.microbatches * k  # units (microbatch, segment)
-        present = {key_code(key, S, U) for key in where}.__contains__
+        df, S, U = self.dataflow, self.num_stages, self.microbatches * self.num_segments
+        g = np.flatnonzero(df.key >= 0)
+        prod = producer_keys(df.key[g], S, U, self.num_segments, df.loc >= 0).tolist()
         return {
-            key: tuple(code_key(c, S, U) for c in producer_codes(key_code(key, S, U), S, U, present, k))
-            for key in where
+            _key_of(c, S, U): tuple(_key_of(p, S, U) for p in row if p >= 0) for c, row in zip(df.key[g].tolist(), prod)
         }
+
+    @cached_property
+    def arrays(self) -> OpArrays:
+        """The ops as flat integer arrays (:class:`~workbench.schedules.dataflow.OpArrays`; cached)."""
+        return OpArrays.from_ops(self.ops, self.num_stages, self.microbatches, self.num_segments)
+
+    @cached_property
+    def dataflow(self) -> Dataflow:
+        """Every edge between the ops (:func:`~workbench.schedules.dataflow.dataflow_edges`; cached):
+        what the validator's deadlock check and the simulator's op graph both read. Raises
+        :class:`ScheduleError` for an op outside the stages and units or a compute op listed twice."""
+        a = self.arrays
+        bad = np.flatnonzero(a.out_of_range())
+        if bad.size:
+            w, op = self._op_at(int(bad[0]))
+            raise ScheduleError(f"worker {w}: {op} is outside {a.S} stages x {a.U} microbatch units")
+        key = a.keys()
+        loc, again = locate(key, 4 * a.S * a.U)
+        if again >= 0:
+            (w0, op), (w, _) = self._op_at(int(loc[key[again]])), self._op_at(again)
+            raise ScheduleError(f"{op} appears twice (workers {w0} and {w})")
+        return dataflow_edges(a, key, loc, versions_wait=self.update != "async")
+
+    def _op_at(self, g: int) -> tuple[int, Op]:
+        """(worker, op) of flat op id ``g`` (ops numbered worker by worker)."""
+        w = int(np.searchsorted(self.arrays.begin, g, side="right")) - 1
+        return w, self.ops[w][g - int(self.arrays.begin[w])]
 
     def remote_inputs(self, worker: int) -> list[tuple[int, Key, int]]:
         """``(op index on worker, producer key, producer worker)`` for every activation or
@@ -395,39 +422,12 @@ class Schedule:
 
 
 _new = object.__new__
-_KIND_INDEX: dict[str, int] = {OpKind.F: 0, OpKind.B: 1, OpKind.BI: 2, OpKind.BW: 3}
 
 
-def key_code(key: Key, S: int, U: int) -> int:
-    """The compute op (kind, stage, unit) as one int: ((k S) + s) U + u, k = 0..3 for F, B, BI, BW
-    and U units (microbatches x segments; :meth:`Schedule.unit`): the validator's array index."""
-    kind, s, u = key
-    return (_KIND_INDEX[kind] * S + s) * U + u
-
-
-def code_key(code: int, S: int, U: int) -> Key:
-    k, rest = divmod(code, S * U)
-    return (COMPUTE[k],) + divmod(rest, U)
-
-
-def producer_codes(code: int, S: int, U: int, present, segments: int = 1) -> tuple[int, ...]:
-    """The one derivation of the dataflow edges (see :meth:`Schedule.dependencies`), on codes:
-    F(s, u) <- F(s-1, u); B/BI(s, u) <- F(s, u) and BI(s+1, u) if ``present`` else B(s+1, u);
-    BW(s, u) <- BI(s, u); with k = ``segments`` > 1 also F(s, u) <- F(s, u-1) for u mod k > 0 and
-    B/BI(s, u) <- B/BI(s, u+1) for u mod k < k-1."""
-    SU = S * U
-    k, rest = divmod(code, SU)
-    if k == 0:
-        out: tuple[int, ...] = (code - U,) if rest >= U else ()
-        return out + (code - 1,) if segments > 1 and rest % segments else out
-    if k == 3:
-        return (code - SU,)
-    if rest < SU - U:  # s < S - 1
-        nxt = 2 * SU + rest + U
-        out = (rest, nxt if present(nxt) else nxt - SU)
-    else:
-        out = (rest,)
-    return out + (code + 1,) if segments > 1 and rest % segments < segments - 1 else out
+def _key_of(code: int, S: int, U: int) -> Key:
+    """The (kind, stage, unit) key of an op key code (:func:`~workbench.schedules.dataflow.op_key`)."""
+    k, st, u = split_key(code, S, U)
+    return (COMPUTE[k], st, u)
 
 
 def make_op(
@@ -477,60 +477,86 @@ def validate(schedule: Schedule) -> None:
     Checks: every op well-formed; every F has exactly one backward (B, or BI and BW) on the
     worker that ran the F (it holds the stashed activations); every dependency exists; the
     per-worker orders admit an execution without deadlock (a topological order of the union of
-    per-worker order edges and dataflow edges exists); per-worker in-flight limits hold; stash
-    rules: B reads its F's version under ``stash`` and ``vertical-sync``; listed overlapped pairs
-    (:meth:`Schedule.overlapped_pairs`) are consecutive F, B ops.
+    per-worker order edges and the edges of :attr:`Schedule.dataflow` exists); per-worker in-flight
+    limits hold; stash rules: B reads its F's version under ``stash`` and ``vertical-sync``; listed
+    overlapped pairs (:meth:`Schedule.overlapped_pairs`) are consecutive F, B ops.
 
-    Compute ops are numbered by :func:`key_code` so that the checks index flat arrays (one pass
-    over the ops in Python, the per-microbatch checks vectorized) instead of hashing tuples.
+    Compute ops are numbered by their op key (:func:`~workbench.schedules.dataflow.op_key`), so
+    the checks index flat arrays instead of hashing tuples.
     """
-    S, W, M = schedule.num_stages, schedule.num_workers, schedule.microbatches
-    nseg = len(schedule.segment_tokens)  # Seq1F1B: codes use the unit b * k + j (Schedule.unit)
-    U = M * max(1, nseg)
-    SM = S * U
-    worker_of = [-1] * (4 * SM)  # code -> worker running that compute op, -1 if none
-    version_of = [0] * (4 * SM)
-    codes: list[list[int]] = []  # per worker, per op: the compute op's code, or -1
-    kidx, limit = _KIND_INDEX, schedule.max_in_flight
-    for w, ops in enumerate(schedule.ops):
-        kw, live, peak = [], set(), 0
-        for op in ops:
-            s, k = op.stage, kidx.get(op.kind, -1)
-            if not 0 <= s < S:
-                raise ScheduleError(f"worker {w}: {op} has stage outside 0..{S - 1}")
-            if k >= 0:
-                b = op.microbatch
-                if not 0 <= b < M:
-                    raise ScheduleError(f"worker {w}: {op} has microbatch outside 0..{M - 1}")
-                if nseg or op.segment is not None:
-                    if op.segment is None or not 0 <= op.segment < nseg:
-                        raise ScheduleError(
-                            f"worker {w}: {op} has segment outside 0..{nseg - 1}; every compute "
-                            f"op of a schedule with segment_tokens needs a segment, and only those"
-                        )
-                    b = b * nseg + op.segment
-                c = (k * S + s) * U + b
-                if worker_of[c] >= 0:
-                    raise ScheduleError(f"{op} appears twice (workers {worker_of[c]} and {w})")
-                worker_of[c] = w
-                version_of[c] = op.version
-                kw.append(c)
-                if k == 0:
-                    live.add(c)
-                    if len(live) > peak:
-                        peak = len(live)
-                elif k == 1 or k == 3:
-                    live.discard(c - k * SM)
-            else:
-                kw.append(-1)
-            if op.weights_worker is not None and not 0 <= op.weights_worker < W:
-                raise ScheduleError(f"worker {w}: {op} reads weights from unknown worker {op.weights_worker}")
-        if limit is not None and peak > limit[w]:
-            raise ScheduleError(f"worker {w} holds {peak} microbatches in flight; limit is {limit[w]}")
-        codes.append(kw)
-    _check_backwards(schedule, np.array(worker_of).reshape(4, SM), np.array(version_of).reshape(4, SM))
-    _check_deadlock(schedule, worker_of, codes)
+    _check_ops(schedule)
+    df = schedule.dataflow
+    _check_in_flight(schedule, df.ops)
+    g = np.flatnonzero(df.key >= 0)
+    worker_of = np.full(len(df.loc), -1, dtype=np.int64)
+    version_of = np.zeros(len(df.loc), dtype=np.int64)
+    worker_of[df.key[g]], version_of[df.key[g]] = df.ops.worker[g], df.ops.version[g]
+    _check_backwards(schedule, worker_of.reshape(4, -1), version_of.reshape(4, -1))
+    check_dataflow(schedule, df)
+    if df.unreadable:
+        w, op = schedule._op_at(df.unreadable[0])
+        raise ScheduleError(
+            f"worker {w}: {op} reads version {op.version} of stage {op.stage} from worker "
+            f"{op.weights_worker}, which runs no STEP {op.version - 1} of that stage"
+        )
+    _check_deadlock(schedule, df)
     schedule.overlapped_pairs()  # listed overlapped pairs are consecutive F, B ops
+
+
+def _check_ops(schedule: Schedule) -> None:
+    """Every op well-formed: stage in 0..S-1; a compute op's microbatch in 0..M-1 and, exactly when
+    the schedule has segments, a segment in 0..k-1; ``weights_worker`` a worker. Reports the first
+    offending op in op order."""
+    a, S, M, W = schedule.arrays, schedule.num_stages, schedule.microbatches, schedule.num_workers
+    nseg = len(schedule.segment_tokens)
+    comp = a.compute
+    checks = [
+        ((a.stage < 0) | (a.stage >= S), lambda op: f"has stage outside 0..{S - 1}"),
+        (comp & ((a.microbatch < 0) | (a.microbatch >= M)), lambda op: f"has microbatch outside 0..{M - 1}"),
+        (
+            comp & ((nseg > 0) | (a.segment >= 0)) & ((a.segment < 0) | (a.segment >= nseg)),
+            lambda op: (
+                f"has segment outside 0..{nseg - 1}; every compute op of a schedule with "
+                f"segment_tokens needs a segment, and only those"
+            ),
+        ),
+        (
+            (a.weights_worker < -1) | (a.weights_worker >= W),
+            lambda op: f"reads weights from unknown worker {op.weights_worker}",
+        ),
+    ]
+    bad = np.flatnonzero(np.logical_or.reduce([m for m, _ in checks]))
+    if bad.size:
+        g = int(bad[0])
+        w, op = schedule._op_at(g)
+        why = next(say for m, say in checks if m[g])
+        raise ScheduleError(f"worker {w}: {op} {why(op)}")
+
+
+def _check_in_flight(schedule: Schedule, a: OpArrays) -> None:
+    """Per worker, the (stage, unit) pairs forwarded and not yet backwarded stay within
+    ``max_in_flight`` (:func:`~workbench.schedules.dataflow.in_flight_peaks`)."""
+    limit = schedule.max_in_flight
+    if limit is None:
+        return
+    peaks = in_flight_peaks(a.kind, a.stage * a.U + a.unit, a.begin).tolist()
+    for w, peak in enumerate(peaks):
+        if peak > limit[w]:
+            raise ScheduleError(f"worker {w} holds {peak} microbatches in flight; limit is {limit[w]}")
+
+
+def check_dataflow(schedule: Schedule, df: Dataflow) -> None:
+    """Raise :class:`ScheduleError` when an all-reduce's ops are not on the stage's replicas, one
+    each, or a compute op consumes one that no worker runs (validator and simulator alike)."""
+    for (s, step), members in df.ar_groups.items():
+        got, expect = sorted(df.ops.worker[members].tolist()), sorted(schedule.stage_workers[s])
+        if got != expect:
+            raise ScheduleError(f"AR of stage {s} step {step} has workers {got}, expected {expect}")
+    if len(df.missing):
+        g, code = df.missing[int(np.argmin(df.missing[:, 0]))].tolist()
+        w, op = schedule._op_at(g)
+        kind, st, u = _key_of(code, df.ops.S, df.ops.U)
+        raise ScheduleError(f"{op} on worker {w} depends on {kind}{st}.{u}, which no worker runs")
 
 
 def _check_backwards(schedule: Schedule, wk: np.ndarray, ver: np.ndarray) -> None:
@@ -579,95 +605,13 @@ def _check_backwards(schedule: Schedule, wk: np.ndarray, ver: np.ndarray) -> Non
         raise ScheduleError(f"microbatch {b} never runs the forward of stage {s}")
 
 
-def _check_deadlock(schedule: Schedule, worker_of: list[int], codes: list[list[int]]) -> None:
-    """Execute the per-worker orders symbolically: a worker advances while its next op is ready
-    (a compute op once its producers (:func:`producer_codes`) are done, STEP at once, AR once every
-    holder of the stage has reached it). The orders admit an execution iff every worker reaches
-    its end; this is Kahn's algorithm over per-worker order edges + dataflow edges + AR rendezvous,
-    in O(ops).
-
-    Remote weights (``weights_worker`` o != the op's worker): an op reading version v >= 1 of stage
-    s waits for o's STEP that creates v (its ``step`` v-1); o's AR/STEP of step t waits for every
-    backward that pushes a version-t gradient of s to o (B/BW on a worker not holding s)."""
-    ops = schedule.ops
-    S, k = schedule.num_stages, schedule.num_segments
-    U = schedule.microbatches * k
-    present = bytes(w >= 0 for w in worker_of).__getitem__  # a C call per lookup (no Python frame)
-    ar_count: dict[tuple[int, int], list[int]] = defaultdict(list)
-    holders = [set(ws) for ws in schedule.stage_workers]
-    extra: dict[tuple[int, int], tuple] = {}  # (worker, op index) -> remote-weight waits of a compute op
-    pushes: dict[tuple[int, int, int], list] = defaultdict(list)  # (stage, step, owner) -> pushing op codes
-    for w, wops in enumerate(ops):
-        for i, op in enumerate(wops):
-            if op.kind == "AR":
-                ar_count[(op.stage, op.step)].append(w)
-            o = op.weights_worker
-            if o is not None and o != w and codes[w][i] >= 0:
-                if op.version >= 1:
-                    extra[(w, i)] = (("STEP", op.stage, op.version - 1, o),)
-                if op.kind in ("B", "BW") and w not in holders[op.stage]:
-                    pushes[(op.stage, op.version, o)].append(codes[w][i])
-    for (s, step), members in ar_count.items():
-        expect = sorted(schedule.stage_workers[s])
-        if sorted(members) != expect:
-            raise ScheduleError(f"AR of stage {s} step {step} has workers {sorted(members)}, expected {expect}")
-    done = bytearray(len(worker_of))
-    produce = producer_codes
-    steps_done: set = set()
-    ptr = [0] * len(ops)
-    waiting: dict = defaultdict(list)  # compute code or STEP key -> workers waiting for it
-    parked: dict = defaultdict(list)
-    work = deque(range(len(ops)))
-    while work:
-        w = work.popleft()
-        wops, kw, i, n = ops[w], codes[w], ptr[w], len(ops[w])
-        while i < n:
-            c = kw[i]
-            if c >= 0:
-                blocked = -1
-                for d in produce(c, S, U, present, k):
-                    if not done[d]:
-                        if worker_of[d] < 0:
-                            key, dep = code_key(c, S, U), code_key(d, S, U)
-                            raise ScheduleError(
-                                f"{key[0]}{key[1]}.{key[2]} on worker {w} depends on "
-                                f"{dep[0]}{dep[1]}.{dep[2]}, which no worker runs"
-                            )
-                        blocked = d
-                        break
-                if blocked < 0 and extra:
-                    blocked = next((t for t in extra.get((w, i), ()) if t not in steps_done), -1)
-                if blocked != -1:
-                    waiting[blocked].append(w)
-                    break
-                done[c] = 1
-                if c in waiting:
-                    work.extend(waiting.pop(c))
-                i += 1
-                continue
-            op = wops[i]
-            if (
-                pushes
-                and (blocked := next((d for d in pushes.get((op.stage, op.step, w), ()) if not done[d]), -1)) >= 0
-            ):
-                waiting[blocked].append(w)
-                break
-            if op.kind == "STEP":
-                key = ("STEP", op.stage, op.step, w)
-                steps_done.add(key)
-                work.extend(waiting.pop(key, ()))
-            elif op.kind == "AR":
-                g = (op.stage, op.step)
-                parked[g].append(w)
-                if len(parked[g]) < len(schedule.stage_workers[op.stage]):
-                    break
-                for v in parked.pop(g):
-                    if v != w:
-                        ptr[v] += 1
-                        work.append(v)
-            i += 1
-        ptr[w] = i
-    stuck = [(w, ops[w][ptr[w]]) for w in range(len(ops)) if ptr[w] < len(ops[w])]
+def _check_deadlock(schedule: Schedule, df: Dataflow) -> None:
+    """The per-worker orders admit an execution iff every worker reaches its end when each op runs
+    once its producers (the edges of ``df`` but AR -> STEP) are done and, for an AR, once every
+    replica of the stage has reached it: Kahn's algorithm over per-worker order edges, the edges and
+    the AR rendezvous, in O(ops + edges) (:func:`_run_orders`)."""
+    ptr, begin = _run_orders(df), df.ops.begin.tolist()
+    stuck = [(w, schedule.ops[w][ptr[w] - begin[w]]) for w in range(schedule.num_workers) if ptr[w] < begin[w + 1]]
     if stuck:
         raise ScheduleError(
             "schedule deadlocks; first ops that can never start: "
@@ -675,16 +619,52 @@ def _check_deadlock(schedule: Schedule, worker_of: list[int], codes: list[list[i
         )
 
 
+def _run_orders(df: Dataflow) -> list[int]:
+    """Execute the per-worker orders symbolically: a worker advances while its next op's producers
+    are done (an AR waits until all its group's ops are reached, then they all complete). Returns,
+    per worker, the id of the first op it could not run (its end when it finished)."""
+    N, begin, n = len(df.ops.kind), df.ops.begin.tolist(), len(df.src) - df.ar_steps
+    order = np.argsort(df.dst[:n], kind="stable")
+    pidx = df.src[:n][order].tolist()
+    pptr = np.searchsorted(df.dst[:n][order], np.arange(N + 1)).tolist()
+    is_ar = (df.ops.kind == AR).tolist()
+    group = {g: members for members in df.ar_groups.values() for g in members}
+    done = bytearray(N)
+    ptr, end = begin[:-1], begin[1:]
+    waiting: dict[int, list[int]] = defaultdict(list)  # op id -> workers waiting for it
+    parked: dict[int, list[int]] = defaultdict(list)  # first op of an AR group -> workers at it
+    work = deque(range(len(ptr)))
+    while work:
+        w = work.popleft()
+        i, n = ptr[w], end[w]
+        while i < n:
+            lo, hi = pptr[i], pptr[i + 1]
+            while lo < hi and done[pidx[lo]]:
+                lo += 1
+            if lo < hi:
+                waiting[pidx[lo]].append(w)
+                break
+            if is_ar[i]:
+                members = group[i]
+                at = parked[members[0]]
+                at.append(w)
+                if len(at) < len(members):
+                    break
+                for g in members:
+                    done[g] = 1
+                for v in parked.pop(members[0]):
+                    if v != w:
+                        ptr[v] += 1
+                        work.append(v)
+            done[i] = 1
+            if i in waiting:
+                work.extend(waiting.pop(i))
+            i += 1
+        ptr[w] = i
+    return ptr
+
+
 def in_flight_peak(ops: Iterable[Op]) -> int:
-    """Most (stage, microbatch) pairs forwarded (F) and not yet backwarded (B, or BW of a split
-    backward) along the op order."""
-    live, peak = set(), 0
-    for op in ops:
-        kind = op.kind
-        if kind == "F":
-            live.add((op.stage, op.microbatch, op.segment))
-            if len(live) > peak:
-                peak = len(live)
-        elif kind == "B" or kind == "BW":
-            live.discard((op.stage, op.microbatch, op.segment))
-    return peak
+    """Most (stage, microbatch, segment) forwarded (F) and not yet backwarded (B, or BW of a split
+    backward) along the op order (:func:`~workbench.schedules.dataflow.peak_in_flight`)."""
+    return peak_in_flight((op.kind, op.stage, (op.microbatch, op.segment)) for op in ops)

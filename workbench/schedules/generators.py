@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from . import closed_forms as cf
 from .core import Op, OpKind, Schedule, make_op, validate
+from .dataflow import peak_in_flight
 from .registry import register
 
 Key = tuple[str, int, int]  # (kind, stage, microbatch)
@@ -519,15 +520,9 @@ def _looped_layout(plan, microbatches, chunks, steps, name):
 
 
 def in_flight_of(order: list[Key]) -> int:
-    """Most (stage, microbatch) pairs forwarded and not yet backwarded (B or BW) in ``order``."""
-    live, peak = set(), 0
-    for kind, s, b in order:
-        if kind == "F":
-            live.add((s, b))
-            peak = max(peak, len(live))
-        elif kind in ("B", "BW"):
-            live.discard((s, b))
-    return max(peak, 1)
+    """Most (stage, microbatch) pairs forwarded and not yet backwarded (B or BW) in ``order``, at
+    least 1 (:func:`~workbench.schedules.dataflow.peak_in_flight`)."""
+    return max(peak_in_flight(order), 1)
 
 
 def looped_bfs_order(rank: int, P: int, v: int, M: int) -> list[Key]:

@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from .core import Schedule, validate
+from .dataflow import peak_in_flight
 from .generators import _check_m, _straight, assign_versions, insert_updates, stage_layout
 from .registry import register
 
@@ -373,20 +374,8 @@ def seq1f1b_interleaved(
     for rank in range(P):
         it = interleaved_units_order(rank, P, v, forward_units(list(range(M)), k), backward_units(list(range(M)), k))
         orders.append([(kd, s, (b + t * M, j)) for t in range(T) for kd, s, (b, j) in it])
-        cap.append(_in_flight(it))
+        cap.append(peak_in_flight(it))
     return _make("seq1f1b-interleaved", layout, orders, M, T, k, tokens, flops, cap, opts | {"chunks": v})
-
-
-def _in_flight(order: list[tuple]) -> int:
-    """Most units forwarded and not yet backwarded in one worker's order."""
-    live, peak = set(), 0
-    for kind, s, u in order:
-        if kind == "F":
-            live.add((s, u))
-            peak = max(peak, len(live))
-        elif kind in ("B", "BW"):
-            live.discard((s, u))
-    return peak
 
 
 __all__ = [

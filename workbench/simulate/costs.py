@@ -10,15 +10,17 @@ import numpy as np
 
 from ..costmodel import CostModel, check_ms, ring_allreduce_ms
 from ..plan import Plan
+from ..schedules import dataflow
 from ..schedules.core import Schedule
+from ..schedules.dataflow import KIND_CODES
 from ..timeline import COMMON_COLUMNS
 from .options import SimOptions
 
-KIND_CODES = {"F": 0, "B": 1, "BI": 2, "BW": 3, "STEP": 4, "AR": 5}
+_F, _B, _BI, _BW, _STEP, _AR = dataflow.F, dataflow.B, dataflow.BI, dataflow.BW, dataflow.STEP, dataflow.AR
+
 KIND_NAMES = ("F", "B", "BI", "BW", "STEP", "allreduce")
 COMM_KINDS = ("send_act", "send_grad", "allreduce", "fetch_weights", "send_wgrad", "alltoall")
 TIMELINE_COLUMNS = COMMON_COLUMNS + ("lane", "src", "dst", "update", "bytes")  # see workbench.timeline
-_F, _B, _BI, _BW, _STEP, _AR = range(6)
 STAT_COLUMNS = ("peak_activations", "activation_transfers", "weight_transfers", "weight_storage", "busy")
 
 
