@@ -14,6 +14,7 @@ import pandas as pd
 from ..display import card, fmt, one_line
 from ..io import json_ready
 from ..schedules.core import Schedule
+from ..schedules.dataflow import peak_in_flight
 from .costs import _AR, _B, _BI, _BW, _F, _STEP, KIND_NAMES, TIMELINE_COLUMNS, _Costs, default_microbatch_fraction
 
 
@@ -393,22 +394,13 @@ def _steady_window(n: int, g: int, k: int) -> np.ndarray:
 
 def _input_in_flight(schedule: Schedule) -> int:
     """Microbatches of the input stage (stage 0) its workers hold at once, summed over its replicas:
-    forwarded by stage 0 and not yet through stage 0's last backward op (B, or BW where the
-    backward is split). This bounds the warm-up and the drain of the completions."""
-    total = 0
-    for w in schedule.stage_workers[0]:
-        ops = [op for op in schedule.ops[w] if op.stage == 0]
-        last = "BW" if any(op.kind == "BW" for op in ops) else "B"
-        live: set = set()
-        peak = 0
-        for op in ops:
-            if op.kind == "F":
-                live.add(op.microbatch)
-                peak = max(peak, len(live))
-            elif op.kind == last:
-                live.discard(op.microbatch)
-        total += peak
-    return total
+    forwarded by stage 0 and not yet through stage 0's backward (B, or BW where the backward is
+    split; the one counter, :func:`workbench.schedules.dataflow.peak_in_flight`). This bounds the
+    warm-up and the drain of the completions."""
+    return sum(
+        peak_in_flight((op.kind, op.stage, op.microbatch) for op in schedule.ops[w] if op.stage == 0)
+        for w in schedule.stage_workers[0]
+    )
 
 
 def _memory(schedule: Schedule, costs: _Costs, graph) -> tuple[list[int], list[float], list[int]]:
