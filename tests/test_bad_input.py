@@ -46,7 +46,7 @@ def test_profile_json_that_is_a_list(capsys, tmp_path):
 
 def test_unknown_shipped_pipedream_profile(capsys, tmp_path):
     line = one_line_error(capsys, ["profile", "--pipedream", "vgg19", "--out", str(tmp_path / "p.csv")])
-    assert "neither a shipped profile (alexnet, resnet50, vgg16)" in line
+    assert "neither a shipped profile (alexnet, resnet50, vgg16, " in line and "graph.txt" in line
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,8 @@ def test_observation2_jump_when_training_spans_servers(fig1):
         jump, before = s.loc[2 * per] - s.loc[per], s.loc[per] - s.loc[per // 2]
         assert (jump >= before - 1e-12).all(), (server, jump.to_dict(), before.to_dict())
         vis = _visible(s, 2 * per)
-        assert len(vis) >= 2 and (jump[vis] > before[vis] + 0.2).all(), (server, jump.to_dict())
+        # the step to a second server adds at least 10 points more than the doubling before it
+        assert len(vis) >= 2 and (jump[vis] > before[vis] + 0.1).all(), (server, jump.to_dict(), before.to_dict())
 
 
 def test_observation3_grows_with_gpus_even_with_nvlink(fig1):

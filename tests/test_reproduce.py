@@ -89,7 +89,7 @@ def test_failure_is_reported_others_run_and_runs_never_overwrite(tiny_notebooks,
         "ZeroDivisionError" in summary
     )  # cell 0: parameters, 1: papermill's injected parameters
     assert "| 05_unified_schedules | ok |" in summary
-    assert "| toy | two | 2 | 3 | 1.5 | units | modeled (toy) |" in summary
+    assert "| two | 2 | 3 | 1.5 | units | out-of-sample | modeled (toy) |" in summary
     assert "**missing**" in summary  # 02-04 are absent from the tiny folder: listed, not run
     before = {p: p.read_bytes() for p in first[0].rglob("*") if p.is_file()}
 
