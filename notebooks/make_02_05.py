@@ -121,7 +121,7 @@ cal["settings"]
 cal["calibration_parameters"]
 """),
     md(
-        "Configurations: the calibrated model's, PipeDream's optimizer's (`cost=\"pipedream\"`, same links) and the paper's."
+        "Configurations: the calibrated model's, PipeDream's optimizer's (`cost=\"pipedream\"`, nominal links) and the paper's."
     ),
     code("""
 cal["configurations"]
@@ -221,6 +221,8 @@ pd.DataFrame(claims)
 
 
 def write(name, cells):
+    for k, cell in enumerate(cells):  # stable ids: rewriting an unchanged notebook changes nothing
+        cell.id = f"{name[:2]}-{k:02d}"
     nb = new_notebook(
         cells=cells,
         metadata={

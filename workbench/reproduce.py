@@ -416,7 +416,7 @@ def _calibration_section(run_dir: Path) -> list[str]:
         lines += [
             "",
             "Configurations (replicas per stage) on the calibrated links: the calibrated model's, PipeDream's own "
-            "optimizer's (`cost=\"pipedream\"`, with its predicted gain over its data-parallel estimate), the paper's:",
+            "optimizer's (`cost=\"pipedream\"` on the nominal links, with its predicted gain over its data-parallel estimate), the paper's:",
             "",
         ]
         lines += _table(pd.read_csv(folder / "configurations.csv"))

@@ -449,7 +449,7 @@ _STAND_IN = (
 _SOSP_GAP = (
     "SOSP's only data-parallel number is Fig. 1's 'up to 90%', which PipeDream's own GNMT-8 profile already "
     "reaches at the nominal links (the fitted efficiency is {eta:.2f}); Table 1's data-parallel baselines "
-    "were far slower than such links allow (PipeDream's own optimizer on these links, above, also predicts "
+    "were far slower than such links allow (PipeDream's own optimizer on the nominal links, above, also predicts "
     "far less than the measured gain), and one parameter fitted to Fig. 1 cannot carry that"
 )
 
@@ -465,7 +465,8 @@ def _label(setting: Setting, num: PaperNumber, params: dict) -> str:
 def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.DataFrame]:
     """Every :data:`PAPER` number as a ``claims.csv`` row (``fit`` in-sample / out-of-sample), and
     the configurations table: the calibrated model's choice, PipeDream's optimizer's
-    (``cost="pipedream"`` on the same calibrated links) and the paper's where it names one."""
+    (``cost="pipedream"`` on the links at their nominal rates: its formulas have no separate all-reduce
+    rate to calibrate) and the paper's where it names one."""
     fitted = params_by_group or calibrated()
     rows, configs = [], []
     for num in PAPER:
@@ -485,7 +486,7 @@ def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.Data
             conf = configuration(num, params, config)
             configs.append(conf)
             why.append(
-                f"PipeDream's own optimizer on the same links: {conf['pipedream_optimizer']}, "
+                f"PipeDream's own optimizer on the nominal links: {conf['pipedream_optimizer']}, "
                 f"{conf['pipedream_optimizer_speedup_over_dp']:.2f}x over its data-parallel estimate"
             )
         if abs(err) > 0.25 and not num.stand_in:
