@@ -292,11 +292,18 @@ def bsp(setting: Setting, model: str, workers: int, params: dict) -> dict:
     return dict(speedup=single / per_minibatch, share=100.0 * (1.0 - single / (workers * per_minibatch)))
 
 
+_PLANS: dict[tuple, Plan] = {}
+
+
 def pipedream_plan(setting: Setting, model: str, workers: int, params: dict, straight: bool = False) -> Plan:
-    """The workbench partitioner's plan (PipeDream 1F1B) on the calibrated topology."""
-    prof = _profile_for(setting, model)
-    topo = setting.topology(workers)
-    return partition(prof, topo, straight=straight, **setting.collective(topo, params))
+    """The workbench partitioner's plan (PipeDream 1F1B) on the calibrated topology; planned once per
+    setting, model, GPU count and parameters (several claims and the scaling figure read one plan)."""
+    key = (setting.key, model, workers, straight, tuple(sorted(params.items())))
+    if key not in _PLANS:
+        prof = _profile_for(setting, model)
+        topo = setting.topology(workers)
+        _PLANS[key] = partition(prof, topo, straight=straight, **setting.collective(topo, params))
+    return _PLANS[key]
 
 
 def bytes_per_minibatch(plan: Plan, profile: Profile) -> float:
@@ -468,7 +475,8 @@ def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.Data
     (``cost="pipedream"`` on the links at their nominal rates: its formulas have no separate all-reduce
     rate to calibrate) and the paper's where it names one."""
     fitted = params_by_group or calibrated()
-    rows, configs = [], []
+    rows: list[dict] = []
+    configs: dict[tuple, dict] = {}
     for num in PAPER:
         setting = SETTINGS[num.setting]
         params = fitted[setting.group]
@@ -481,10 +489,9 @@ def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.Data
             why.append(f"paper's configuration {num.paper_config}")
         if num.stand_in:
             why.append(_STAND_IN)
-        conf = None
         if num.quantity in ("pipedream_speedup", "pipedream_over_bsp"):
-            conf = configuration(num, params, config)
-            configs.append(conf)
+            where = (num.setting, num.model, num.workers)
+            conf = configs[where] = configs.get(where) or configuration(num, params, config)
             why.append(
                 f"PipeDream's own optimizer on the nominal links: {conf['pipedream_optimizer']}, "
                 f"{conf['pipedream_optimizer_speedup_over_dp']:.2f}x over its data-parallel estimate"
@@ -503,7 +510,7 @@ def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.Data
                 fit="in-sample" if num.role == "dp" else "out-of-sample",
             )
         )
-    return rows, pd.DataFrame(configs).drop_duplicates(["setting", "model", "gpus"])
+    return rows, pd.DataFrame(list(configs.values()))
 
 
 def configuration(num: PaperNumber, params: dict, ours: str) -> dict:

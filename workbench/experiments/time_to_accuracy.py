@@ -19,7 +19,8 @@
   - measured: the real runs' wall clock per epoch on this machine (CPU gloo ranks);
   - modeled: the paper's setting calibrated on its data-parallel numbers
     (:mod:`workbench.experiments.calibration`; default the arXiv version's Cluster-A, one GPU per
-    machine) and PipeDream's published GPU profile (``pipedream_graph.shipped``), each scheme's
+    machine) and PipeDream's published GPU profile (``calibration.model_profile``: on a Titan X scaled by
+    the peak FLOP/s ratio), each scheme's
     schedule simulated (:func:`workbench.simulate`, the one ``CostModel``) on its plan: its steady-state ``time_per_minibatch_ms`` (warm-up and
     drain excluded; a minibatch is the profile's batch), ``speedup = single-GPU ms / that``, and the
     modeled time to target in *single-GPU epochs* ``E / speedup``. The planner's prediction
@@ -243,10 +244,9 @@ def _hardware_row(scheme, profile, topo, cost: dict, what) -> dict:
 
 
 def _single_gpu_ms(profile) -> float:
-    """The planner's time of one minibatch on one GPU (all layers, forward + backward)."""
-    from ..topology import Topology
-
-    return partition(profile, Topology.flat(1, 1e9)).single_worker_ms
+    """One minibatch on one GPU: all layers, forward + backward (the profile's total, as the
+    calibration's BSP speedup counts it; no partition needed for one worker)."""
+    return float(profile.total_ms)
 
 
 def _plan_text(plan, scheme) -> str:
