@@ -426,11 +426,6 @@ def data_parallel_s(states: States, machines, bandwidths) -> float:
     return t
 
 
-def optimize_graph(graph: LayerGraph, machines, bandwidths, opt: Options = Options()) -> Result:
-    """:func:`optimize_states` on the antichain states of ``graph``."""
-    return optimize_states(antichain_states(graph), list(machines), list(bandwidths), opt)
-
-
 # ---- the workbench's entry: a Plan priced by PipeDream's model --------------------------------
 @dataclass(frozen=True)
 class Settings:

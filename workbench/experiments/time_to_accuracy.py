@@ -315,11 +315,6 @@ def learning_curves_modeled(curves: pd.DataFrame, hardware: pd.DataFrame, gpus: 
 
 
 # ---- the paper's claims beside ours ------------------------------------------------------------
-def _hw_text(hardware, scheme, n) -> str:
-    row = hardware[(hardware["scheme"] == scheme) & (hardware["gpus"] == n)]
-    return str(row["plan"].iloc[0]) if len(row) else "?"
-
-
 def tta_claims(
     tta: pd.DataFrame, tta_asp: pd.DataFrame, stats: pd.DataFrame, asp: pd.DataFrame | None, cfg: Config
 ) -> list[dict]:

@@ -51,14 +51,6 @@ def _under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
-def make_schedule(schedule, plan_or_stages, microbatches: int, **options) -> Schedule:
-    if isinstance(schedule, Schedule):
-        return schedule
-    from workbench.schedules import build
-
-    return build(schedule, plan_or_stages, microbatches, **options)
-
-
 def schedule_for_workers(name: str, workers: int, plan, microbatches: int, options: dict) -> Schedule:
     """Schedule ``name`` on ``workers`` ranks, shaped by the registry (no special cases by name): a
     schedule taking ``workers`` (data parallel, master family) gets it; without a plan the stage count
