@@ -107,3 +107,20 @@ def test_save_html_uses_one_shared_plotlyjs_when_asked(tmp_path, monkeypatch):
     shared = save_html(fig, tmp_path / "nb" / "fig.html")
     assert 'src="../plotly.min.js"' in shared.read_text()
     assert shared.stat().st_size < embedded.stat().st_size / 100  # 4.8 MB of plotly.js not repeated
+
+
+def test_multi_figure_pages_load_plotlyjs_once_from_the_shared_file(tmp_path, monkeypatch):
+    """Notebooks 02-04 write several figures into one page: with a run's shared plotly.min.js the
+    page references it (once) instead of embedding 4.8 MB, so a committed run stays small."""
+    import plotly.graph_objects as go
+
+    from workbench.experiments.pages import save_page
+    from workbench.plot import SHARED_PLOTLYJS_ENV, write_shared_plotlyjs
+
+    figs = {"a": go.Figure(go.Scatter(y=[1, 2])), "b": go.Figure(go.Bar(y=[3]))}
+    embedded = save_page(figs, tmp_path / "embedded.html", "t")
+    assert embedded.read_text().count("plotly.js v") == 1
+    monkeypatch.setenv(SHARED_PLOTLYJS_ENV, str(write_shared_plotlyjs(tmp_path)))
+    shared = save_page(figs, tmp_path / "nb" / "page.html", "t")
+    assert shared.read_text().count('src="../plotly.min.js"') == 1
+    assert shared.stat().st_size < embedded.stat().st_size / 100

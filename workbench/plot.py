@@ -203,10 +203,15 @@ def save_html(fig: go.Figure, path) -> Path:
     copy of plotly.js, not one per figure)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    shared = os.environ.get(SHARED_PLOTLYJS_ENV)
-    include = os.path.relpath(shared, path.resolve().parent) if shared else True
-    fig.write_html(str(path), include_plotlyjs=include, full_html=True)
+    fig.write_html(str(path), include_plotlyjs=plotlyjs_source(path), full_html=True)
     return path
+
+
+def plotlyjs_source(path) -> str | bool:
+    """How an HTML page written to ``path`` gets plotly.js: the relative path of the shared
+    ``plotly.min.js`` that ``WORKBENCH_PLOTLYJS`` names, else ``True`` (embed it, 4.8 MB)."""
+    shared = os.environ.get(SHARED_PLOTLYJS_ENV)
+    return os.path.relpath(shared, Path(path).resolve().parent) if shared else True
 
 
 def write_shared_plotlyjs(directory) -> Path:

@@ -6,12 +6,19 @@ import html
 import shutil
 from pathlib import Path
 
+from ..plot import plotlyjs_source
+
 
 def save_page(figs: dict, path, title: str) -> Path:
-    """Several plotly figures in one standalone HTML page, plotly.js embedded once (works offline;
-    one file of a few MB instead of one per figure)."""
-    parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figs.values())]
+    """Several plotly figures in one standalone HTML page that works offline: plotly.js embedded once,
+    or loaded from the run's shared ``plotly.min.js`` when ``workbench reproduce`` provides one
+    (:func:`workbench.plot.plotlyjs_source`)."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    source = plotlyjs_source(path)
+    parts = [
+        f.to_html(full_html=False, include_plotlyjs=source if i == 0 else False) for i, f in enumerate(figs.values())
+    ]
     path.write_text(
         f"<html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head><body>"
         f"<h2>{html.escape(title)}</h2>" + "".join(parts) + "</body></html>"
