@@ -11,8 +11,11 @@ project's::
 
 For every case of the grid (scheme, S stages, B batches, W workers, R workers per group, priority)
 the file holds the reference's latency, its peak activation storage (max over workers and per
-worker) and, for the smaller cases, every worker's job order (``F<s>.<b>`` / ``B<s>.<b>``). ``tests/test_master.py``
-compares ``from_placement(..., rule="parallelsim")`` with it. This script imports nothing of the
+worker), its other per-worker counters (``worker_stats()``: "Activation transmissions", "Weight
+transmissions", "Weight storage", as ``*_per_worker`` lists) and, for the smaller cases, every
+worker's job order (``F<s>.<b>`` / ``B<s>.<b>``). The grid includes every configuration of notebook
+05's table (:data:`TABLE_SIZES`). ``tests/test_master.py`` compares ``from_placement(...,
+rule="parallelsim")`` and the workbench's counters with it. This script imports nothing of the
 workbench (it runs under another interpreter); the placements are the document's formulas.
 """
 
@@ -40,9 +43,24 @@ def doc_placement(scheme: str, W: int, R: int):
     }[scheme]
 
 
+TABLE_SIZES = [(4, 8), (8, 16), (6, 12)]  # (S, B) of notebook 05's table (workbench.experiments.unified)
+
+
+def table_cases() -> list[dict]:
+    """Notebook 05's table: DDP/FSDP (W = B), PP (W = S), LPP/FSLPP with G = 2 groups of R = S, and
+    the document's example LPP with G = B/2 groups of R = S."""
+    cases = []
+    for S, B in TABLE_SIZES:
+        cases += [dict(scheme=n, S=S, B=B, W=B, R=1) for n in ("ddp", "fsdp")]
+        cases.append(dict(scheme="pp", S=S, B=B, W=S, R=1))
+        cases += [dict(scheme=n, S=S, B=B, W=2 * S, R=S) for n in ("lpp", "fslpp")]
+        cases.append(dict(scheme="lpp", S=S, B=B, W=B // 2 * S, R=S))
+    return cases
+
+
 def grid() -> list[dict]:
-    """Cases: DDP/FSDP with W = B, PP with W = S, LPP/FSLPP with W = G R for several G and R,
-    each under the reference's two priority orders."""
+    """Cases: DDP/FSDP with W = B, PP with W = S, LPP/FSLPP with W = G R for several G and R, and
+    notebook 05's table (:func:`table_cases`), each under the reference's two priority orders."""
     cases = []
     for S, B in [(2, 4), (3, 5), (4, 8), (8, 4), (8, 16), (16, 32)]:
         cases += [dict(scheme=n, S=S, B=B, W=B, R=1) for n in ("ddp", "fsdp")]
@@ -52,10 +70,17 @@ def grid() -> list[dict]:
             for W in sorted({S, 2 * R, 4 * R}):
                 if W % R == 0 and W <= 2 * S:
                     cases += [dict(scheme=n, S=S, B=B, W=W, R=R) for n in ("lpp", "fslpp")]
+    cases += [c for c in table_cases() if c not in cases]
     return [dict(c, priority=p) for c in cases for p in ("oldest-batch", "oldest-stage")]
 
 
 ORDERS_UP_TO = 128  # per-worker orders are recorded where S B <= this (keeps the file small)
+#: the reference's per-worker counters (its ``worker_stats()`` columns) -> the keys recorded
+COUNTERS = {
+    "Activation transmissions": "act_transmissions",
+    "Weight transmissions": "weight_transmissions",
+    "Weight storage": "weight_storage",
+}
 
 
 def run_case(ps, case: dict) -> dict:
@@ -68,7 +93,8 @@ def run_case(ps, case: dict) -> dict:
     schedule.__name__ = case["scheme"]
     order = (ps.OldestBatchFirst if case["priority"] == "oldest-batch" else ps.OldestStageFirst)(S, B)
     stats = ps.simulate(W, S, B, schedule, order)
-    per_worker = [int(v) for v in stats.worker_stats()["Max activation storage"]]
+    ws = stats.worker_stats()
+    per_worker = [int(v) for v in ws["Max activation storage"]]
     orders: list[list[str]] = [[] for _ in range(W)]
     for wh in stats.all_work:
         kind = "F" if wh.work.direction == ps.Direction.FORWARD else "B"
@@ -76,6 +102,8 @@ def run_case(ps, case: dict) -> dict:
     out = dict(
         case, latency=int(stats.end_time()), peak_activations=max(per_worker), peak_activations_per_worker=per_worker
     )
+    for column, key in COUNTERS.items():
+        out[f"{key}_per_worker"] = [int(v) for v in ws[column]]
     if S * B <= ORDERS_UP_TO:
         out["orders"] = orders
     return out
