@@ -106,3 +106,66 @@ def test_rule_comparison_matches_the_recorded_reference():
         assert r.latency_finish <= r.latency_parallelsim
     assert (rules.peak_finish > rules.peak_parallelsim).any()
     assert (rules.latency_finish < rules.latency_parallelsim).any()
+
+
+# ---- the document's own simulator beside ours and the table (no quick run needed) -------------------
+def _recorded_reference():
+    import json
+    from pathlib import Path
+
+    cases = json.loads((Path(__file__).parent / "data" / "parallelsim" / "grid.json").read_text())["cases"]
+    return {(c["scheme"], c["S"], c["B"], c["W"], c["R"]): c for c in cases if c["priority"] == "oldest-batch"}
+
+
+@pytest.fixture(scope="module")
+def full_table():
+    return unified.table(unified.configurations(quick=False))
+
+
+def test_parallelsim_columns_are_the_recorded_reference(full_table):
+    """Every configuration of the full table is a recorded case of the document's simulator
+    (scripts/record_parallelsim.py): its ``*_parallelsim`` columns are the reference's own numbers
+    (latency in its ticks, forward 1 + backward 2 = 3 per unit), max over workers, and the parts of
+    the transfer counts add up."""
+    ref = _recorded_reference()
+    for r in full_table.itertuples():
+        c = ref[(r.scheme, r.S, r.B, r.W, r.R)]
+        assert r.latency_parallelsim * 3 == c["latency"]
+        assert r.act_storage_parallelsim == c["peak_activations"]
+        assert r.act_xmit_parallelsim == max(c["act_transmissions_per_worker"])
+        assert r.weight_xmit_parallelsim == max(c["weight_transmissions_per_worker"])
+        assert r.weight_storage_parallelsim == max(c["weight_storage_per_worker"])
+        parts = r.act_xmit_parallelsim_fwd + r.act_xmit_parallelsim_bwd + r.act_xmit_parallelsim_input
+        assert parts == r.act_xmit_parallelsim
+        assert r.weight_xmit_parallelsim_fwd + r.weight_xmit_parallelsim_bwd == r.weight_xmit_parallelsim
+        assert r.latency_parallelsim == r.latency  # same latency column as ours and the table (all R = S)
+
+
+def test_off_claims_are_explained_from_the_rows_numbers(full_table):
+    """The five cells off the table at S = 4, B = 8 (FSDP and FSLPP weight transfers, PP activation
+    storage, LPP and FSLPP activation transfers): the document's simulator gives 8 for each, and each
+    claim's explanation states the table's, our and its numbers from the row; changing the row changes
+    the text."""
+    first = full_table[(full_table.S == 4) & (full_table.B == 8)].reset_index(drop=True)
+    off = {
+        (c["claim"].split(" ")[0], c["claim"].split(") ")[1]): c
+        for c in unified.claims(first)
+        if c["paper"] != c["ours"] and "rho" not in c["claim"]
+    }
+    assert set(off) == {
+        ("FSDP", "weight xmit"),
+        ("PP", "act storage"),
+        ("LPP", "act xmit"),
+        ("FSLPP", "act xmit"),
+        ("FSLPP", "weight xmit"),
+    }
+    for c in off.values():
+        assert (
+            f"table {c['paper']:g}, ours {c['ours']:g}, the document's simulator (parallelsim.py) 8" in c["explanation"]
+        )
+    assert "8 = 4 forward + 4 backward fetches" in off[("FSDP", "weight xmit")]["explanation"]
+    assert "4 activations + 4 gradients received" in off[("LPP", "act xmit")]["explanation"]
+    row = first[first.scheme == "fsdp"].iloc[0].copy()
+    row[["weight_xmit_parallelsim", "weight_xmit_parallelsim_fwd", "weight_xmit_parallelsim_bwd"]] = [10, 6, 4]
+    text = unified.explain(row, "weight_xmit")
+    assert "simulator (parallelsim.py) 10" in text and "10 = 6 forward + 4 backward" in text
