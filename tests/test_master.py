@@ -205,3 +205,51 @@ def test_rule_errors():
         from_placement(w, 3, 4, 3, costs="unit", rule="parallelsim")
     with pytest.raises(ValueError, match="stage-direction-batch"):
         from_placement(w, 3, 4, 3, priority="oldest-stage")
+
+
+# ---- the document's simulator's counters (parallelsim.py worker_stats), recorded ------------------
+def test_parallelsim_counters_match_the_documents_simulator_on_its_grid():
+    """Every recorded case: the reference's per-worker "Activation transmissions", "Weight
+    transmissions" and "Weight storage" equal ours counted in its convention
+    (:func:`workbench.experiments.unified.parallelsim_counters`): activation transfers in both
+    directions (a forward's activation and a backward's gradient received, plus F0's input from the
+    compute worker of the virtual job (-1, b)), a weight fetch per job (forward and backward each),
+    weight storage = stages computed with own weights. In our own convention (worker_stats) these are
+    ``activation_transfers + input_recv`` and ``2 * weight_transfers`` (one fetch per (stage,
+    microbatch))."""
+    from workbench.experiments.unified import parallelsim_counters
+    from workbench.schedules import worker_stats
+
+    cases = parallelsim_cases()
+    assert all("act_transmissions_per_worker" in c for c in cases)
+    matched = 0
+    for c in cases:
+        sched = build_case(c, "parallelsim")
+        n = parallelsim_counters(sched, placement(c["scheme"], c["W"], c["R"]))
+        label = {k: c[k] for k in ("scheme", "S", "B", "W", "R", "priority")}
+        assert list(n["act_xmit"]) == c["act_transmissions_per_worker"], label
+        assert list(n["weight_xmit"]) == c["weight_transmissions_per_worker"], label
+        assert list(n["weight_storage"]) == c["weight_storage_per_worker"], label
+        ours = worker_stats(sched)
+        assert list(n["act_xmit"]) == list(ours["activation_transfers"] + n["input_recv"]), label
+        assert list(n["weight_xmit"]) == list(2 * ours["weight_transfers"]), label
+        matched += 1
+    assert matched == len(cases) >= 196
+
+
+def test_parallelsim_counters_of_the_five_off_table_cells():
+    """S = 4, B = 8 (notebook 05's first table size; LPP/FSLPP G = 2, R = S = 4, W = 8): the
+    reference gives 8 for FSDP weight transfers, PP peak activations, LPP and FSLPP activation
+    transfers and FSLPP weight transfers (the table: 3, 4, 8, 8, 3), and 16 for PP activation
+    transfers (the table: B = 8)."""
+    ref = {
+        (c["scheme"], c["W"], c["R"]): c
+        for c in parallelsim_cases()
+        if (c["S"], c["B"], c["priority"]) == (4, 8, "oldest-batch")
+    }
+    assert max(ref[("fsdp", 8, 1)]["weight_transmissions_per_worker"]) == 8
+    assert ref[("pp", 4, 1)]["peak_activations"] == 8
+    assert max(ref[("pp", 4, 1)]["act_transmissions_per_worker"]) == 16
+    for scheme in ("lpp", "fslpp"):
+        assert max(ref[(scheme, 8, 4)]["act_transmissions_per_worker"]) == 8
+    assert max(ref[("fslpp", 8, 4)]["weight_transmissions_per_worker"]) == 8
