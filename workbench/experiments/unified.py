@@ -162,10 +162,10 @@ def parallelsim_counters(sched, place=None) -> pd.DataFrame:
 
 def parallelsim_row(name: str, S: int, B: int, G: int = 1, R: int = 1) -> dict:
     """The document's simulator's value of every table column (module docstring), max over workers,
-    latency in units of F + B; ``parts``: the parts of the busiest worker's transfer counts (of the
-    busiest, the one receiving the fewest inputs)
-    (:func:`parallelsim_counters`): ``act_xmit`` fwd (activations), bwd (gradients), input (F0's);
-    ``weight_xmit`` fwd and bwd (the forward's and the backward's fetches)."""
+    latency in units of F + B. ``parts``: the busiest worker's transfer counts split as in
+    :func:`parallelsim_counters` (among equally busy workers, the one receiving the fewest inputs):
+    ``act_xmit`` fwd (activations), bwd (gradients), input (F0's); ``weight_xmit`` fwd and bwd (the
+    forward's and the backward's fetches)."""
     W, R = shape(name, S, B, G, R)
     looped: dict[str, Any] = {"group_size": R} if grouped(name) else {}
     sched = schedules.build(name, S, B, workers=W, costs=PS_COSTS, rule="parallelsim", **looped)
