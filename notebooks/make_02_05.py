@@ -171,7 +171,7 @@ from workbench.experiments import common, unified
 unified.check_params(sweep_S, sweep_B)
 out = common.out_folder(out_dir)
 """),
-    md("## The table: the document's closed forms (`*_doc`), our simulation, and the document's own simulator (`*_parallelsim`)"),
+    md("## The table: closed forms (`*_doc`), simulated, and the document's simulator (`*_parallelsim`)"),
     code("""
 tab = unified.table(unified.configurations(quick))
 common.save_table(tab, out, "unified_table")
