@@ -15,8 +15,11 @@ Two versions of the paper report numbers on different machines (:data:`SETTINGS`
 not a new formula: a data-parallel round of ``m`` replicas costs ``F + B + max(0, AR − B)`` with
 the ring all-reduce ``AR = 2 (m−1)/m · |w| / B_AR + 2 (m−1) α_AR`` (wait-free backprop: the
 all-reduce overlaps the backward that produces its gradients); ``partition.data_parallel_ms`` gives
-it per minibatch. Compute comes from PipeDream's published V100 profiles (on a Titan X scaled by the
-peak FLOP/s ratio, :data:`GPU_ALIAS`) or roofline projections; point-to-point links (a pipeline's
+it per minibatch. Compute comes from PipeDream's published V100 profiles at the per-GPU minibatch
+PipeDream's runtime trains each model with (VGG-16: 64, its graph.txt profiled at 128; recorded in
+``data/pipedream/runtime_configs.json``), on a Titan X scaled by the peak FLOP/s ratio
+(:data:`GPU_ALIAS`), both applied with :meth:`Profile.scaled` so that the node DAG PipeDream's
+optimizer plans on is scaled alike; or from roofline projections. Point-to-point links (a pipeline's
 activations and gradients) run at the setting's nominal rates. A setting's free parameters (at most
 two) are those of its **data-parallel collective** only (the cost model's ``allreduce_bandwidth`` and
 ``allreduce_latency_ms``):
@@ -31,7 +34,10 @@ share, so that a share and a speedup weigh alike). The PipeDream-side numbers ar
 no further fitting: the workbench partitioner's plan on the calibrated topology
 (``Plan.predicted_ms``, PipeDream 1F1B in the same cost model), its speedup over one GPU and over
 BSP, straight pipelines, and the bytes each configuration sends. Every row of ``claims.csv`` says
-``fit``: ``in-sample``, ``out-of-sample`` or ``none``.
+``fit``: ``in-sample``, ``out-of-sample`` or ``none``. A row more than 25% off names its cause in its
+own numbers (:func:`_cause`): BSP's round (all-reduce against the backward it overlaps), the plan's
+bottleneck, and on the SOSP settings the efficiency ``η`` at which the model would give the paper's
+number (:func:`eta_needed`, by bisection), beside the fitted one.
 """
 
 from __future__ import annotations
