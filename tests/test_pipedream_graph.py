@@ -76,3 +76,71 @@ def test_shipped_profiles_name_their_source_without_a_local_path():
         assert prof.meta["source"] == f"PipeDream graph.txt (shipped {name})"
         assert "/" not in prof.meta["source"]
         assert len(prof.layers) > 10 and (prof.layers["act_bytes"] > 0).all()
+
+
+def test_the_authors_runtime_settings_as_recorded():
+    """The recorded runtime configs (scripts/record_pipedream_configs.py): VGG-16 runs at 64 images per
+    GPU though its graph.txt was profiled at 128; the PipeDream driver configs' stage replicas."""
+    from workbench.pipedream_graph import authors_batch, authors_config, profiled_batch, runtime_configs
+
+    rec = runtime_configs()
+    assert len(rec["commit"]) == 40 and rec["drivers"] and rec["configs"]
+    assert authors_batch("vgg16") == 64 and profiled_batch("vgg16") == 128
+    assert authors_batch("alexnet") == profiled_batch("alexnet") == 256
+    assert authors_batch("gnmt_large") == profiled_batch("gnmt_large") == 64
+    assert authors_batch("awd-lstm") is None and authors_config("awd-lstm", 4) is None
+    # the profiled batch of an image model is its input node's bytes over 3 x 224 x 224 x 4
+    assert shipped("resnet50").meta["batch_size_if_imagenet"] == profiled_batch("resnet50")
+    assert authors_config("vgg16", 16) == "15-1" and authors_config("vgg16", 8) == "7-1"
+    # GNMT-16 on 16 GPUs: its PipeDream driver config runs the straight mp_conf, not hybrid_conf
+    assert authors_config("gnmt_large", 16) == "-".join(["1"] * 14)
+    assert rec["configs"]["gnmt_large"]["gpus=16"]["hybrid"] != rec["configs"]["gnmt_large"]["gpus=16"]["mp"]
+
+
+def test_the_recorder_tolerates_a_bare_integer_key():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "record_pipedream_configs.py"
+    spec = importlib.util.spec_from_file_location("record_pipedream_configs", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.replicas('{"stage_to_rank_map": {"0": [0], 1: [1, 2]}}') == ([1, 2], True)
+    assert mod.replicas('{"stage_to_rank_map": {"1": [3], "0": [0, 1, 2]}}') == ([3, 1], False)
+    yml = "'module': 'models.vgg16.gpus=4'\n'config_file': 'models/vgg16/gpus=4/hybrid_conf.json'\n"
+    yml += "'machines': ['a:0', 'a:1', 'b:2', 'b:3']\n'batch_size': 64\n"
+    assert mod.driver(yml) == dict(model="vgg16", gpus=4, batch_size=64, config="gpus=4/hybrid")
+
+
+def test_scaled_profile_scales_layers_inputs_batch_and_the_node_dag_together():
+    """Profile.scaled: the layer table and the DAG PipeDream's optimizer reads (meta['graph']) agree
+    after scaling; parameters do not move; PipeDream's optimizer plans with the scaled times."""
+    from workbench.antichain import LayerGraph
+    from workbench.pipedream_graph import in_order
+    from workbench.pipedream_optimizer import profile_states
+
+    prof = shipped("vgg16")
+    half = prof.scaled(compute=1.5, samples=0.5, note=", halved")
+    a, b = prof.layers, half.layers
+    assert b["fwd_ms"].to_numpy() == pytest.approx(0.75 * a["fwd_ms"].to_numpy())
+    assert b["bwd_ms"].to_numpy() == pytest.approx(0.75 * a["bwd_ms"].to_numpy())
+    assert b["act_bytes"].to_numpy() == pytest.approx(0.5 * a["act_bytes"].to_numpy())
+    assert (b["param_bytes"] == a["param_bytes"]).all()
+    assert half.meta["batch_size_if_imagenet"] == 64 and half.meta["input_bytes"] == prof.meta["input_bytes"] / 2
+    assert half.meta["source"].endswith(", halved") and half.meta["scaled"] == dict(compute=1.5, samples=0.5)
+    g0, g1 = LayerGraph.from_dict(prof.meta["graph"]), LayerGraph.from_dict(half.meta["graph"])
+    assert sum(g1.fwd_ms) + sum(g1.bwd_ms) == pytest.approx(0.75 * (sum(g0.fwd_ms) + sum(g0.bwd_ms)))
+    assert sum(g1.act_bytes) == pytest.approx(0.5 * sum(g0.act_bytes)) and g1.param_bytes == g0.param_bytes
+    # the cut sizes recomputed from the scaled DAG are the scaled table's
+    again = in_order(half, list(half.layers["node"]))
+    assert again.layers["act_bytes"].to_numpy() == pytest.approx(b["act_bytes"].to_numpy())
+    # the states PipeDream's optimizer builds carry the scaled compute
+    s0, s1 = profile_states(prof), profile_states(half)
+    assert s1.compute_s[-1] == pytest.approx(0.75 * s0.compute_s[-1])
+    # a GNMT profile's list-valued activations scale part by part
+    gn = shipped("gnmt").scaled(samples=2.0)
+    parts = [sum(map(float, p.split(";"))) for p in gn.layers["act_parts"]]
+    own = [sum(map(float, p.split(";"))) for p in shipped("gnmt").layers["act_parts"]]
+    assert parts == pytest.approx([2 * v for v in own])
+    with pytest.raises(ValueError, match="finite factors > 0"):
+        prof.scaled(compute=0.0)

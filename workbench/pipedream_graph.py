@@ -23,7 +23,9 @@ output; across a ResNet block it also counts the skip tensor; in GNMT, the sourc
 from __future__ import annotations
 
 import heapq
+import json
 import re
+from functools import cache
 from pathlib import Path
 
 import pandas as pd
@@ -262,3 +264,41 @@ def shipped(name: str) -> Profile:
 
 
 register_reader("pipedream", read_graph)
+
+
+# ---- the authors' runtime settings (recorded by scripts/record_pipedream_configs.py) -----------
+@cache
+def runtime_configs() -> dict:
+    """``data/pipedream/runtime_configs.json``: the per-GPU minibatch of every driver config of
+    PipeDream's runtime, the replicas per stage of every shipped ``*_conf.json`` and the minibatch
+    each published ``graph.txt`` was profiled at (recorded from a fetched copy of the authors'
+    repository; the file names its commit and how to regenerate it)."""
+    return json.loads((Path(__file__).resolve().parent / "data" / "pipedream" / "runtime_configs.json").read_text())
+
+
+def authors_batch(model: str) -> int | None:
+    """The per-GPU minibatch PipeDream's runtime trains ``model`` at (its driver configs), ``None``
+    where no driver config names the model; a ValueError if its configs disagree."""
+    sizes = {d["batch_size"] for d in runtime_configs()["drivers"].values() if d["model"] == model}
+    if len(sizes) > 1:
+        raise ValueError(f"PipeDream's driver configs run {model} at several minibatch sizes {sorted(sizes)}")
+    return sizes.pop() if sizes else None
+
+
+def profiled_batch(model: str) -> int | None:
+    """The minibatch the published ``graph.txt`` of ``model`` was profiled at (``None``: unknown)."""
+    entry = runtime_configs()["profiled_batch"].get(model)
+    return int(entry["batch"]) if entry else None
+
+
+def authors_config(model: str, gpus: int) -> str | None:
+    """Replicas per stage (``"15-1"``) of the configuration PipeDream's runtime runs ``model`` with on
+    ``gpus`` GPUs: the ``config_file`` of its PipeDream driver config where one exists, else the
+    ``hybrid_conf.json`` of ``gpus=<gpus>``; ``None`` where the authors ship neither."""
+    rec = runtime_configs()
+    folder, kind = f"gpus={gpus}", "hybrid"
+    for d in rec["drivers"].values():
+        if d["model"] == model and d["gpus"] == gpus and "/" in d["config"] and not d["config"].endswith("/dp"):
+            folder, kind = d["config"].split("/")
+    reps = rec["configs"].get(model, {}).get(folder, {}).get(kind)
+    return "-".join(map(str, reps)) if reps else None

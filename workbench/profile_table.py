@@ -80,6 +80,49 @@ class Profile:
     def total_param_bytes(self) -> float:
         return float(self.layers["param_bytes"].sum())
 
+    def scaled(self, compute: float = 1.0, samples: float = 1.0, note: str = "") -> Profile:
+        """This profile on a GPU ``1/compute`` times as fast and at ``samples`` times the minibatch.
+
+        Per layer: ``fwd_ms, bwd_ms (and flops) x compute·samples``, ``act_bytes x samples`` (and
+        the parts in ``act_parts``), ``param_bytes`` unchanged; in ``meta``: the input bytes, the
+        batch size and the node DAG PipeDream's optimizer reads (``meta["graph"]``: each node's
+        times and activation bytes alike), so every reader of the profile sees the same numbers.
+        Compute time is taken as proportional to the samples (a GPU kept as busy at the other
+        batch; at a smaller batch it usually runs less efficiently, so the saving is an upper
+        bound). ``note`` is appended to ``meta["source"]``."""
+        if not (compute > 0 and samples > 0 and np.isfinite(compute) and np.isfinite(samples)):
+            raise ValueError(f"scaled needs finite factors > 0, got compute={compute!r}, samples={samples!r}")
+        t = compute * samples
+        df = self.layers.assign(
+            fwd_ms=self.layers["fwd_ms"] * t,
+            bwd_ms=self.layers["bwd_ms"] * t,
+            act_bytes=self.layers["act_bytes"] * samples,
+        )
+        if "flops" in df:
+            df["flops"] = df["flops"] * samples
+        if "act_parts" in df:
+            df["act_parts"] = [
+                ";".join(f"{float(v) * samples:.12g}" for v in str(p).split(";")) for p in df["act_parts"]
+            ]
+        meta = dict(self.meta)
+        for key in ("input_bytes", "batch_size", "batch_size_if_imagenet"):
+            if meta.get(key) is not None:
+                v = meta[key] * samples
+                meta[key] = round(v) if key.startswith("batch") else v
+        if "input_parts_bytes" in meta:
+            meta["input_parts_bytes"] = [v * samples for v in meta["input_parts_bytes"]]
+        if "graph" in meta:  # LayerGraph.to_dict: nodes [id, desc, fwd_ms, bwd_ms, act_bytes, param_bytes]
+            g = meta["graph"]
+            nodes = [[i, d, f * t, b * t, a * samples, p] for i, d, f, b, a, p in g["nodes"]]
+            meta["graph"] = {**g, "nodes": nodes}
+        meta["scaled"] = dict(
+            compute=self.meta.get("scaled", {}).get("compute", 1.0) * compute,
+            samples=self.meta.get("scaled", {}).get("samples", 1.0) * samples,
+        )
+        if note:
+            meta["source"] = f"{meta.get('source', '')}{note}"
+        return Profile(df, meta)
+
     def trust_note(self) -> str:
         """One line when a measured profile's numbers are not trustworthy, else "": the timed runs
         spread widely (``meta["spread"]`` > :data:`SPREAD_LIMIT`), or other processes competed for

@@ -15,8 +15,11 @@ Two versions of the paper report numbers on different machines (:data:`SETTINGS`
 not a new formula: a data-parallel round of ``m`` replicas costs ``F + B + max(0, AR − B)`` with
 the ring all-reduce ``AR = 2 (m−1)/m · |w| / B_AR + 2 (m−1) α_AR`` (wait-free backprop: the
 all-reduce overlaps the backward that produces its gradients); ``partition.data_parallel_ms`` gives
-it per minibatch. Compute comes from PipeDream's published V100 profiles (on a Titan X scaled by the
-peak FLOP/s ratio, :data:`GPU_ALIAS`) or roofline projections; point-to-point links (a pipeline's
+it per minibatch. Compute comes from PipeDream's published V100 profiles at the per-GPU minibatch
+PipeDream's runtime trains each model with (VGG-16: 64, its graph.txt profiled at 128; recorded in
+``data/pipedream/runtime_configs.json``), on a Titan X scaled by the peak FLOP/s ratio
+(:data:`GPU_ALIAS`), both applied with :meth:`Profile.scaled` so that the node DAG PipeDream's
+optimizer plans on is scaled alike; or from roofline projections. Point-to-point links (a pipeline's
 activations and gradients) run at the setting's nominal rates. A setting's free parameters (at most
 two) are those of its **data-parallel collective** only (the cost model's ``allreduce_bandwidth`` and
 ``allreduce_latency_ms``):
@@ -31,7 +34,10 @@ share, so that a share and a speedup weigh alike). The PipeDream-side numbers ar
 no further fitting: the workbench partitioner's plan on the calibrated topology
 (``Plan.predicted_ms``, PipeDream 1F1B in the same cost model), its speedup over one GPU and over
 BSP, straight pipelines, and the bytes each configuration sends. Every row of ``claims.csv`` says
-``fit``: ``in-sample``, ``out-of-sample`` or ``none``.
+``fit``: ``in-sample``, ``out-of-sample`` or ``none``. A row more than 25% off names its cause in its
+own numbers (:func:`_cause`): BSP's round (all-reduce against the backward it overlaps), the plan's
+bottleneck, and on the SOSP settings the efficiency ``η`` at which the model would give the paper's
+number (:func:`eta_needed`, by bisection), beside the fitted one.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ import pandas as pd
 
 from ..costmodel import CostModel
 from ..partition import data_parallel_ms, partition
-from ..pipedream_graph import shipped
+from ..pipedream_graph import authors_batch, authors_config, profiled_batch, shipped
 from ..pipedream_optimizer import Settings as PipeDreamSettings
 from ..plan import Plan
 from ..profiler import Profile
@@ -251,7 +257,10 @@ SHIPPED_V100 = ("vgg16", "resnet50", "alexnet", "inception_v3", "gnmt", "gnmt_la
 @cache
 def model_profile(model: str, gpu: str = "V100") -> Profile:
     """``model``'s profile on ``gpu``: PipeDream's published GPU profile where one ships (measured on
-    V100; on another GPU its compute scaled by the peak FLOP/s ratio of :data:`workbench.profiler.GPUS`),
+    V100; at the per-GPU minibatch PipeDream's runtime trains the model with, VGG-16's 64 where its
+    graph.txt was profiled at 128, :func:`workbench.pipedream_graph.authors_batch`; on another GPU its
+    compute scaled by the peak FLOP/s ratio of :data:`workbench.profiler.GPUS`; both through
+    :meth:`Profile.scaled`, so the node DAG PipeDream's optimizer reads is scaled alike),
     else the workbench's roofline projection (:mod:`workbench.experiments.dp_overhead`): AWD-LM, and
     S2VT's stand-in, an LSTM encoder-decoder of S2VT's size (2+2 LSTM layers of 1000, a 13k
     vocabulary, 80 steps)."""
@@ -260,11 +269,13 @@ def model_profile(model: str, gpu: str = "V100") -> Profile:
 
     target = GPU_ALIAS.get(gpu, gpu)
     if model in SHIPPED_V100:
-        prof = shipped(model)
         k = GPUS["V100"]["flops"] / GPUS[target]["flops"]
-        df = prof.layers.assign(fwd_ms=prof.layers["fwd_ms"] * k, bwd_ms=prof.layers["bwd_ms"] * k)
-        how = "" if k == 1 else f", compute x{k:.3g} for {gpu} (peak FLOP/s ratio)"
-        return Profile(df, {**prof.meta, "model": model, "source": prof.meta.get("source", "") + how})
+        profiled, runs = profiled_batch(model), authors_batch(model)
+        samples = runs / profiled if runs and profiled else 1.0
+        how = f", at {runs} per GPU as PipeDream's runtime runs it (profiled at {profiled})" if samples != 1 else ""
+        how += f", compute x{k:.3g} for {gpu} (peak FLOP/s ratio)" if k != 1 else ""
+        prof = shipped(model).scaled(compute=k, samples=samples, note=how)
+        return Profile(prof.layers, {**prof.meta, "model": model, "batch_size": runs or profiled})
     if model == "s2vt":
         from ..models import zoo
         from ..profiler import analyze, project
@@ -415,49 +426,123 @@ def calibrated() -> dict[str, dict]:
 
 
 # ---- claims, configurations, figures ----------------------------------------------------------
-#: Why a row stays more than 25% from the paper (checked against the numbers each run computes).
-CAUSES = {
-    ("arxiv-A", "vgg16", 16, "bsp_speedup"): (
-        "the paper's BSP gains 1.4x from 8 to 16 machines; the two parameters give the all-reduce's "
-        "2(m-1)/m growth plus a per-step latency, which the 4- and 8-machine points pin, and that "
-        "predicts more at 16 (a parameter server's incast at 16 shards is not in the model)"
-    ),
-    ("arxiv-A", "inception_v3", 8, "comm_share"): (
-        "an absolute gap of a few points on a small share: the fitted all-reduce is slightly longer than "
-        "Inception-v3's backward; its speedup (the same measurement) is within 10%"
-    ),
-    ("arxiv-A", "vgg16", 8, "comm_reduction"): (
-        "bytes follow the configuration: to give the single stage 1/8 of the compute the model's 7-1 cuts "
-        "inside the convolutions, where the activations crossing the cut dominate its bytes (see ours); the "
-        "paper's configuration sent far less across its cut"
-    ),
-}
+# ---- why a row is off: causes computed from the row's own numbers ------------------------------
+ETA_RANGE = (0.01, 10.0)
 
 
-def _cause(num: PaperNumber, ours: float, params: dict) -> str | None:
-    """Why a row is more than 25% off: a stated cause, or one computed from the row's numbers."""
-    if (num.setting, num.model, num.workers, num.quantity) in CAUSES:
-        return CAUSES[(num.setting, num.model, num.workers, num.quantity)]
-    if SETTINGS[num.setting].group == "sosp":
-        return _SOSP_GAP.format(eta=params.get("efficiency", math.nan))
-    if num.quantity == "pipedream_speedup" and ours > num.paper:
+def eta_needed(num: PaperNumber, fitted_eta: float = 1.0, rel: float = 0.03) -> float | None:
+    """The all-reduce efficiency ``η`` (SOSP's free parameter) at which the model gives the paper's
+    number for ``num``: the roots of ``log(ours(η) / paper)`` over :data:`ETA_RANGE` (a log grid of
+    13 points, then bisection in ``log η`` to 0.1% on each bracket with a sign change); of those
+    within ``rel`` of the paper (a plan change can make ``ours`` jump past the paper's number), the
+    one nearest ``fitted_eta``. ``None`` where no ``η`` in the range gives it."""
+    f = _eta_gap(num)
+    grid = np.geomspace(*ETA_RANGE, 13)
+    vals = [f(e) for e in grid]
+    roots = []
+    for lo, hi, flo, fhi in zip(grid, grid[1:], vals, vals[1:]):
+        if flo == 0 or flo * fhi < 0:
+            while hi / lo > 1.001 and flo != 0:
+                mid = math.sqrt(lo * hi)
+                fmid = f(mid)
+                lo, hi, flo = (mid, hi, fmid) if flo * fmid > 0 else (lo, mid, flo)
+            roots.append(lo if abs(flo) < abs(f(hi)) else hi)
+    good = [r for r in roots if abs(f(r)) < math.log1p(rel)]
+    return min(good, key=lambda r: abs(math.log(r / fitted_eta))) if good else None
+
+
+def _eta_gap(num: PaperNumber):
+    return lambda eta: math.log(max(predict(num, dict(efficiency=float(eta)))[0], 1e-12) / num.paper)
+
+
+def _eta_text(num: PaperNumber, params: dict) -> str:
+    fitted = params.get("efficiency", math.nan)
+    eta = eta_needed(num, fitted)
+    unit = QUANTITY_TEXT[num.quantity][1]
+    if eta is not None:
         return (
-            f"the model's pipeline runs at {ours / num.workers:.0%} of linear (its all-reduce hidden behind the "
-            f"backward, its cuts behind compute); the paper measured {num.paper / num.workers:.0%}: the real "
-            "system's per-minibatch overheads (framework, serialization, stragglers) are not in the model"
+            f"paper's {num.paper:g}{unit} needs eta={eta:.3g} (the all-reduce at {eta:.0%} of the nominal links), "
+            f"fitted eta={fitted:.2f} from Fig. 1"
         )
-    return None
+    ends = [predict(num, dict(efficiency=e))[0] for e in ETA_RANGE]
+    return (
+        f"paper's {num.paper:g}{unit}: none in [{ETA_RANGE[0]:g}, {ETA_RANGE[1]:g}] (the model gives "
+        f"{ends[0]:.2f}{unit} at eta={ETA_RANGE[0]:g} and {ends[1]:.2f}{unit} at eta={ETA_RANGE[1]:g}; fitted "
+        f"eta={fitted:.2f} from Fig. 1)"
+    )
+
+
+def _bsp_text(setting: Setting, model: str, m: int, params: dict) -> str:
+    """BSP's round in numbers: compute, the all-reduce (and its latency part) against the backward
+    it overlaps, and the exposed remainder."""
+    prof = _profile_for(setting, model)
+    topo = setting.topology(m)
+    cm = CostModel.from_profile(prof, topo, **setting.collective(topo, params))
+    last = cm.num_layers - 1
+    ar = cm.allreduce_ms(prof.total_param_bytes, range(m))
+    lat = cm.allreduce_ms(0.0, range(m))
+    bwd = cm.stage_bwd_ms(0, last)
+    return (
+        f"BSP round on {m} GPUs: compute {prof.total_ms:.0f} ms, all-reduce of {prof.total_param_bytes / 1e6:.0f} MB "
+        f"{ar:.0f} ms ({lat:.0f} ms of it per-step latency) against a backward of {bwd:.0f} ms, "
+        f"{max(0.0, ar - bwd):.0f} ms exposed"
+    )
+
+
+def _plan_text(setting: Setting, model: str, plan: Plan, params: dict) -> str:
+    """A plan's bottleneck in numbers: the slowest stage or cut per minibatch against linear
+    scaling, and the replicated stage whose all-reduce exceeds its backward most."""
+    prof = _profile_for(setting, model)
+    topo = setting.topology(plan.num_workers)
+    cm = CostModel.from_profile(prof, topo, **setting.collective(topo, params))
+    stage_ms, cut_ms = cm.plan_times(plan)
+    k = int(np.argmax(stage_ms + cut_ms))
+    what = f"stage {k} ({plan.stages[k].replicas} replicas)" if k < len(stage_ms) else f"cut {k - len(stage_ms)}"
+    text = (
+        f"bottleneck {what} {max(stage_ms + cut_ms):.1f} ms per minibatch vs {prof.total_ms / plan.num_workers:.1f} ms "
+        f"at linear scaling of {prof.total_ms:.0f} ms"
+    )
+    rep = [s for s in plan.stages if s.replicas > 1]
+    if rep:  # the bottleneck stage where it is replicated, else the replicated stage with the longest all-reduce
+        ar = {s: cm.allreduce_ms(cm.range_sum("param_bytes", s.first, s.last), s.workers) for s in rep}
+        st = plan.stages[k] if k < len(stage_ms) and plan.stages[k] in ar else max(rep, key=lambda s: ar[s])
+        text += (
+            f"; the {st.replicas}-replica stage's all-reduce {ar[st]:.0f} ms ({cm.allreduce_ms(0.0, st.workers):.0f} ms "
+            f"of it per-step latency) vs its backward {cm.stage_bwd_ms(st.first, st.last):.0f} ms"
+        )
+    return text
+
+
+def _cause(num: PaperNumber, ours: float, params: dict) -> str:
+    """Why a row is more than 25% off, in the row's own numbers: on SOSP's settings the efficiency
+    ``η`` the paper's number needs (:func:`eta_needed`); elsewhere BSP's round or the plan's
+    bottleneck, and for the bytes the split between cuts and all-reduces."""
+    setting = SETTINGS[num.setting]
+    if num.quantity == "fig1_max_share":
+        return f"Fig. 1's highest share is {ours:.0f}% against the paper's {num.paper:.0f}%"
+    direction = "above" if ours > num.paper else "below"
+    if num.quantity in ("bsp_speedup", "comm_share"):
+        return f"ours {direction} the paper: {_bsp_text(setting, num.model, num.workers, params)}"
+    plan = pipedream_plan(setting, num.model, num.workers, params, straight=num.quantity == "straight_speedup")
+    parts = [] if setting.group != "sosp" else [_eta_text(num, params)]
+    parts.append(f"ours {direction} the paper: {_plan_text(setting, num.model, plan, params)}")
+    if num.quantity in ("pipedream_speedup", "straight_speedup") and ours > num.paper:
+        parts.append(
+            f"the model's pipeline runs at {ours / num.workers:.0%} of linear, the paper measured "
+            f"{num.paper / num.workers:.0%}: the real system's per-minibatch overheads (framework, serialization, "
+            "stragglers) are not in the model"
+        )
+    if num.quantity == "pipedream_over_bsp":
+        parts.append(_bsp_text(setting, num.model, num.workers, params))
+    if num.quantity == "comm_reduction":
+        dp = 2.0 * (num.workers - 1) / num.workers * _profile_for(setting, num.model).total_param_bytes
+        parts.append(f"the paper's {num.paper:g}% needs under {(1 - num.paper / 100) * dp / 1e6:.0f} MB per minibatch")
+    return "; ".join(parts)
 
 
 _STAND_IN = (
     "stand-in: no S2VT profile exists; an LSTM encoder-decoder of S2VT's size (workbench.project roofline) "
     "has a different compute-to-parameter ratio than the paper's Caffe S2VT, so its data-parallel share differs"
-)
-_SOSP_GAP = (
-    "SOSP's only data-parallel number is Fig. 1's 'up to 90%', which PipeDream's own GNMT-8 profile already "
-    "reaches at the nominal links (the fitted efficiency is {eta:.2f}); Table 1's data-parallel baselines "
-    "were far slower than such links allow (PipeDream's own optimizer on the nominal links, above, also predicts "
-    "far less than the measured gain), and one parameter fitted to Fig. 1 cannot carry that"
 )
 
 
@@ -496,8 +581,8 @@ def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.Data
                 f"PipeDream's own optimizer on the nominal links: {conf['pipedream_optimizer']}, "
                 f"{conf['pipedream_optimizer_speedup_over_dp']:.2f}x over its data-parallel estimate"
             )
-        if abs(err) > 0.25 and not num.stand_in:
-            why.append(_cause(num, ours, params) or "no cause identified")
+        if abs(err) > 0.25:
+            why.append(_cause(num, ours, params))
         rows.append(
             claim(
                 EXPERIMENT,
@@ -514,7 +599,9 @@ def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.Data
 
 
 def configuration(num: PaperNumber, params: dict, ours: str) -> dict:
-    """One row of ``configurations.csv``: replicas per stage chosen by each model."""
+    """One row of ``configurations.csv``: replicas per stage chosen by each model, the paper's where
+    it names one, and ``authors_runtime``, the configuration PipeDream's runtime ships for the model
+    and GPU count (:func:`workbench.pipedream_graph.authors_config`)."""
     setting = SETTINGS[num.setting]
     prof = _profile_for(setting, num.model)
     topo = setting.topology(num.workers)
@@ -529,6 +616,7 @@ def configuration(num: PaperNumber, params: dict, ours: str) -> dict:
         pipedream_optimizer_speedup_over_dp=pd_plan.meta["pipedream"]["data_parallel_s"]
         / pd_plan.meta["pipedream"]["pipeline_s"],
         paper=num.paper_config or "not named",
+        authors_runtime=authors_config(num.model, num.workers) or "none shipped",
     )
 
 
