@@ -145,16 +145,19 @@ def test_simulate_alltoall_overlap_of_dualpipev_pairs(tmp_path):
 
 
 # ---- every simulate / partition flag reaches its model or is refused ------------------------------
+def _written(capsys, argv, out, read):
+    """(exit status, ``read(out)`` or the error line) of `workbench argv --out out`."""
+    rc = main([*argv, "--out", str(out)])
+    cap = capsys.readouterr()
+    return (rc, cap.err.strip()) if rc else (rc, read(out))
+
+
 def _metrics(tmp_path, capsys, argv):
     """(exit status, metrics.json or the error line) of `workbench simulate argv`."""
     import json
 
     out = tmp_path / f"sim{len(list(tmp_path.iterdir()))}"
-    rc = main(["simulate", *argv, "--out", str(out)])
-    cap = capsys.readouterr()
-    if rc:
-        return rc, cap.err.strip()
-    return rc, json.loads((out / "metrics.json").read_text())
+    return _written(capsys, ["simulate", *argv], out, lambda o: json.loads((o / "metrics.json").read_text()))
 
 
 @pytest.fixture(scope="module")
@@ -268,13 +271,11 @@ def _plan_of(tmp_path, capsys, argv):
     """(exit status, plan dict or the error line) of `workbench partition argv`."""
     import json
 
-    out = tmp_path / f"plan{len(list(tmp_path.iterdir()))}.json"
-    rc = main(["partition", *argv, "--out", str(out)])
-    cap = capsys.readouterr()
-    if rc:
-        return rc, cap.err.strip()
-    d = json.loads(out.read_text())
-    return rc, {k: d[k] for k in ("stages", "predicted_ms", "simulated_ms", "bottleneck_ms")}
+    def read(out):
+        d = json.loads(out.read_text())
+        return {k: d[k] for k in ("stages", "predicted_ms", "simulated_ms", "bottleneck_ms")}
+
+    return _written(capsys, ["partition", *argv], tmp_path / f"plan{len(list(tmp_path.iterdir()))}.json", read)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import math
 
 import pandas as pd
 import pytest
+from runtime_checks import small_mlp_run
 
 from workbench.runtime.breakdown import PARTS, breakdown
 from workbench.runtime.opclock import EventClock, for_device
@@ -87,6 +88,15 @@ def test_clock_per_device(monkeypatch):
     assert isinstance(for_device("cpu"), EventClock)
 
 
+def host_and_event_clock_runs(tmp_path, monkeypatch, schedule: str, **options):
+    """Two 3-step runs of ``schedule`` (:func:`small_mlp_run`, weights returned) into ``tmp_path``'s
+    ``host`` and ``events``: timed by the host clock, then by the event clock (host events)."""
+    monkeypatch.delenv("WORKBENCH_EVENT_CLOCK", raising=False)
+    host = small_mlp_run(schedule, tmp_path / "host", steps=3, return_weights=True, **options)
+    monkeypatch.setenv("WORKBENCH_EVENT_CLOCK", "host")
+    return host, small_mlp_run(schedule, tmp_path / "events", steps=3, return_weights=True, **options)
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("transport,stream", [("gloo", False), ("shm", True)])
 def test_event_clock_run_gives_a_consistent_timeline_and_the_same_weights(tmp_path, monkeypatch, transport, stream):
@@ -94,29 +104,12 @@ def test_event_clock_run_gives_a_consistent_timeline_and_the_same_weights(tmp_pa
     the host-clock run; every row was rewritten (no send / data time); per rank the ops follow one
     another without overlap; receive waits are recorded; the breakdown adds up; the trace's flows run
     forwards; a stream's per-minibatch ends (metrics) increase."""
-    from workbench.runtime import train
     from workbench.runtime.cli import _draw_timeline
 
-    kw = dict(
-        workers=2,
-        microbatches=4,
-        steps=3,
-        batch_size=16,
-        threads=1,
-        progress=False,
-        evaluate=False,
-        return_weights=True,
-        transport=transport,
-        stream=stream,
-        depth=2,
-        width=16,
-        in_features=16,
-    )
     schedule = "pipedream" if stream else "pipedream-flush"
-    monkeypatch.delenv("WORKBENCH_EVENT_CLOCK", raising=False)
-    host = train("mlp", schedule, out=tmp_path / "host", **kw)
-    monkeypatch.setenv("WORKBENCH_EVENT_CLOCK", "host")
-    events = train("mlp", schedule, out=tmp_path / "events", **kw)
+    host, events = host_and_event_clock_runs(
+        tmp_path, monkeypatch, schedule, microbatches=4, transport=transport, stream=stream
+    )
     assert [r["timeline_clock"] for r in host["ranks"]] == ["host"] * 2
     assert [r["timeline_clock"] for r in events["ranks"]] == ["host-events"] * 2
     a, b = host["weights"], events["weights"]
@@ -146,25 +139,7 @@ def test_event_clock_run_gives_a_consistent_timeline_and_the_same_weights(tmp_pa
 def test_event_clock_ddp_run(tmp_path, monkeypatch):
     """dp-bsp (DistributedDataParallel) timed through the event clock: the same weights as the
     host-clock run, one op after another per rank, no receive waits (it receives nothing)."""
-    from workbench.runtime import train
-
-    kw = dict(
-        workers=2,
-        microbatches=2,
-        steps=3,
-        batch_size=16,
-        threads=1,
-        progress=False,
-        evaluate=False,
-        return_weights=True,
-        depth=2,
-        width=16,
-        in_features=16,
-    )
-    monkeypatch.delenv("WORKBENCH_EVENT_CLOCK", raising=False)
-    host = train("mlp", "dp-bsp", out=tmp_path / "host", **kw)
-    monkeypatch.setenv("WORKBENCH_EVENT_CLOCK", "host")
-    events = train("mlp", "dp-bsp", out=tmp_path / "events", **kw)
+    host, events = host_and_event_clock_runs(tmp_path, monkeypatch, "dp-bsp", microbatches=2)
     assert [r["timeline_clock"] for r in events["ranks"]] == ["host-events"] * 2
     a, b = host["weights"], events["weights"]
     assert all((a[s][n] == b[s][n]).all() for s in range(len(a)) for n in a[s])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from runtime_checks import TOY_MLP, job_reference, max_diff
 
 from workbench.partition import partition
 from workbench.pipedream_graph import shipped
@@ -119,18 +120,9 @@ def test_runtime_gradients_exact_and_memory_measured():
 def test_layer_runtime_with_checkpoint_matches_reference(tmp_path):
     """The layer-sequential runtime (toy MLP, 2 gloo ranks, float64) runs a recompute schedule's
     stage forwards under torch.utils.checkpoint; weights after 2 steps equal the reference's."""
-    from workbench.runtime import prepare, reference_train, run_jobs
+    from workbench.runtime import prepare, run_jobs
 
-    common = dict(
-        batch_size=16,
-        lr=0.1,
-        dtype="float64",
-        widths=(8, 16, 16, 16, 4),
-        progress=False,
-        return_weights=True,
-        timeout_s=60,
-        allow_oversubscribe=True,
-    )
+    common = TOY_MLP | dict(batch_size=16, lr=0.1, timeout_s=60)
     jobs = [
         prepare(
             "toy-mlp",
@@ -144,8 +136,4 @@ def test_layer_runtime_with_checkpoint_matches_reference(tmp_path):
         for name in ("pipedream-flush", "zb-h1")
     ]
     for job, summary in zip(jobs, run_jobs(jobs)):
-        ref = reference_train(
-            job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=16, lr=0.1, rounds=2
-        )
-        diff = max((summary["weights"][s][n] - ref[s][n]).abs().max().item() for s in range(len(ref)) for n in ref[s])
-        assert diff < 1e-12
+        assert max_diff(job_reference(job, 2), summary["weights"]) < 1e-12

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from runtime_checks import TOY_MLP, initial_weights, job_reference, job_sgd, max_diff, minibatch_sgd
 
 from workbench.plan import Plan
 from workbench.runtime import prepare, reference_train, run_job, run_jobs, train
@@ -26,17 +27,11 @@ from workbench.runtime.outputs import latest_checkpoint
 from workbench.runtime.stages import DataOrder, microbatch, run_stage, stage_module, stage_params
 from workbench.schedules import build, from_placement, worker_stats
 
-WIDTHS = (8, 16, 16, 16, 4)  # 7 layers: Linear/ReLU alternating
 BATCH, LR = 16, 0.1
-COMMON = dict(
+COMMON = TOY_MLP | dict(  # TOY_MLP oversubscribes: 2 ranks must run on a 1-core CI machine too
     batch_size=BATCH,
     lr=LR,
-    dtype="float64",
-    widths=WIDTHS,
-    progress=False,
-    return_weights=True,
     timeout_s=30,
-    allow_oversubscribe=True,  # 2 ranks must run on a 1-core CI machine too
     transport="gloo",
 )  # the shm twins (SHM_RUNS) compare against gloo; "auto" would pick shm here
 
@@ -53,24 +48,6 @@ def toy():
 
 
 # ---- independent oracles ---------------------------------------------------------------------
-def plain_sgd(model_fn, ds, bounds, rounds, microbatches, start=0):
-    """Minibatch SGD on the whole model: W <- W - lr * grad of the mean loss over each minibatch."""
-    model = model_fn()
-    net = torch.nn.Sequential(*model.layers)
-    order = DataOrder(len(ds), BATCH, microbatches, 0)
-    for R in range(start, start + rounds):
-        e, r = divmod(R, order.rounds_per_epoch)
-        perm = order.permutation(e)
-        idx = torch.cat([order.indices(perm, r, b) for b in range(microbatches)])
-        x, y = microbatch(ds, idx)
-        net.zero_grad()
-        model.loss(net(x), y).backward()
-        with torch.no_grad():
-            for p in net.parameters():
-                p -= LR * p.grad
-    return [stage_params(stage_module(model.layers, a, z)) for a, z in bounds]
-
-
 def versioned_sgd(model_fn, ds, bounds, versions, groups):
     """``W(t+1) = W(t) - lr * mean_{b in groups[t]} grad f(W_1^(v_1(b)), ..., W_n^(v_n(b)); b)`` on the whole
     model, keeping the history of every stage; ``versions(t, k)`` = version stage k reads in update t."""
@@ -98,10 +75,6 @@ def versioned_sgd(model_fn, ds, bounds, versions, groups):
     return [h[-1] for h in hist]
 
 
-def max_diff(a, b):
-    return max((a[s][n] - b[s][n]).abs().max().item() for s in range(len(a)) for n in a[s])
-
-
 def bounds_of(n_stages, layers=7):
     from workbench.runtime.stages import even_bounds
 
@@ -115,7 +88,7 @@ def test_reference_sync_rules_are_minibatch_sgd():
         sched = build(name, 3, 4)
         b = bounds_of(3)
         ref = reference_train(sched, model_fn(), b, ds, batch_size=BATCH, lr=LR, rounds=3)
-        assert max_diff(ref, plain_sgd(model_fn, ds, b, 3, 4)) < 1e-12, name
+        assert max_diff(ref, minibatch_sgd(model_fn, ds, b, 3, 4, batch_size=BATCH, lr=LR)) < 1e-12, name
 
 
 def pipedream_version(t, k, n):
@@ -358,16 +331,7 @@ def test_stream_runs_an_epoch_as_one_pipeline_with_its_weight_rule(runs, key):
     else:  # a part of one epoch: one stream
         ref = stream_reference(job, job.rounds_total)
     assert max_diff(summary["weights"], ref) < 1e-12
-    per_minibatch = reference_train(
-        job.schedule,
-        job.model_fn(),
-        job.bounds,
-        job.dataset_fn(),
-        batch_size=BATCH,
-        lr=LR,
-        rounds=job.rounds_total,
-        momentum=job.momentum,
-    )
+    per_minibatch = job_reference(job, job.rounds_total, momentum=job.momentum)
     assert max_diff(summary["weights"], per_minibatch) > 1e-4  # a different rule at every minibatch boundary
     rows = list(csv.DictReader(open(Path(job.out) / "metrics.csv")))
     assert [int(r["step"]) for r in rows] == list(range(job.rounds_total))
@@ -381,6 +345,12 @@ def test_stream_runs_an_epoch_as_one_pipeline_with_its_weight_rule(runs, key):
     assert len(overlapped) >= job.rounds_total - 2  # every minibatch boundary but an epoch end's
 
 
+def pipedream_two_epochs(out, **options):
+    """``train`` of PipeDream on the toy MLP, 2 ranks, 2 epochs with momentum: the runs that fail
+    and resume (``options``: fault injection, ``resume``, ``stream``)."""
+    return train("toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=out, momentum=MU, **options, **COMMON)
+
+
 @pytest.mark.distributed
 def test_stream_resumes_bit_exactly_after_a_fault(runs, tmp_path):
     """A stream that fails in its second epoch restarts from the first epoch's checkpoint (the
@@ -389,32 +359,9 @@ def test_stream_resumes_bit_exactly_after_a_fault(runs, tmp_path):
     rpe = len(job.dataset_fn()) // BATCH
     out = tmp_path / "faulty"
     with pytest.raises(RuntimeError, match=r"rank 0 .*injected fault at step"):
-        train(
-            "toy-mlp",
-            "pipedream",
-            workers=2,
-            microbatches=4,
-            epochs=2,
-            out=out,
-            fail_rank=0,
-            fail_at_step=rpe + 2,
-            momentum=MU,
-            stream=True,
-            **COMMON,
-        )
+        pipedream_two_epochs(out, fail_rank=0, fail_at_step=rpe + 2, stream=True)
     assert latest_checkpoint(out).name == f"round{rpe:06d}"
-    resumed = train(
-        "toy-mlp",
-        "pipedream",
-        workers=2,
-        microbatches=4,
-        epochs=2,
-        out=out,
-        resume=True,
-        momentum=MU,
-        stream=True,
-        **COMMON,
-    )
+    resumed = pipedream_two_epochs(out, resume=True, stream=True)
     assert max_diff(resumed["weights"], full["weights"]) < 1e-12
 
 
@@ -444,22 +391,15 @@ def test_stream_refuses_schedules_with_a_flush(tmp_path):
 @pytest.mark.parametrize("key", list(SYNC_RUNS))
 def test_sync_schedules_match_minibatch_sgd(runs, key):
     job, summary = runs[0][key]
-    want = plain_sgd(job.model_fn, job.dataset_fn(), job.bounds, STEPS, job.schedule.microbatches)
-    assert max_diff(summary["weights"], want) < 1e-5
-    assert (
-        max_diff(summary["weights"], [stage_params(stage_module(job.model_fn().layers, a, z)) for a, z in job.bounds])
-        > 1e-3
-    )
+    assert max_diff(summary["weights"], job_sgd(job, STEPS)) < 1e-5
+    assert max_diff(summary["weights"], initial_weights(job)) > 1e-3
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("key", list(RULE_RUNS))
 def test_pipedream_rules_match_reference(runs, key):
     job, summary = runs[0][key]
-    ref = reference_train(
-        job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR, rounds=STEPS
-    )
-    assert max_diff(summary["weights"], ref) < 1e-5
+    assert max_diff(summary["weights"], job_reference(job, STEPS)) < 1e-5
     if key == "no-stash":
         stash = runs[0]["stash"][1]["weights"]
         assert max_diff(summary["weights"], stash) > 1e-6  # the failure mode: a different trajectory
@@ -505,27 +445,14 @@ def test_fault_stops_job_then_resume_matches_uninterrupted(runs):
     out = runs[1] / "faulty"
     rpe = len(full_job.dataset_fn()) // BATCH
     with pytest.raises(RankFailed, match=r"rank 1 .*injected fault at step") as e:
-        train(
-            "toy-mlp",
-            "pipedream",
-            workers=2,
-            microbatches=4,
-            epochs=2,
-            out=out,
-            fail_rank=1,
-            fail_at_step=rpe + 1,
-            momentum=MU,
-            **COMMON,
-        )
+        pipedream_two_epochs(out, fail_rank=1, fail_at_step=rpe + 1)
     assert time.time() - e.value.at < stop_bound_s()  # from the fault, not from the job's start
     assert e.value.rank == 1 and e.value.step == rpe + 1 and "injected fault" in e.value.traceback
     psutil = pytest.importorskip("psutil")
     left = [p for p in psutil.Process().children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
     assert [p for p in left if p.status() != psutil.STATUS_ZOMBIE] == []  # the launcher joined its ranks
     assert latest_checkpoint(out).name == f"round{rpe:06d}"  # epoch 1's checkpoint survived
-    resumed = train(
-        "toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=out, resume=True, momentum=MU, **COMMON
-    )
+    resumed = pipedream_two_epochs(out, resume=True)
     assert max_diff(resumed["weights"], full["weights"]) < 1e-12
     rows = list(csv.DictReader(open(out / "metrics.csv")))
     assert [int(r["step"]) for r in rows] == list(range(2 * rpe))
@@ -536,18 +463,14 @@ def test_replicated_stage_round_robin_matches_reference(tmp_path):
     plan = Plan.from_boundaries([2, 6], [2, 1])  # stage 0 on workers 0,1; stage 1 on worker 2
     job = prepare("toy-mlp", "pipedream", workers=3, microbatches=4, steps=2, out=tmp_path / "r", plan=plan, **COMMON)
     (summary,) = run_jobs([job])
-    ref = reference_train(job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR, rounds=2)
-    assert max_diff(summary["weights"], ref) < 1e-5
+    assert max_diff(summary["weights"], job_reference(job, 2)) < 1e-5
 
 
 @pytest.mark.distributed
 def test_momentum_runs_match_reference_and_torch_sgd(runs):
     job, summary = runs[0]["full"]  # PipeDream stash with momentum over two epochs
     rounds = 2 * (len(job.dataset_fn()) // BATCH)
-    ref = reference_train(
-        job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR, rounds=rounds, momentum=MU
-    )
-    assert max_diff(summary["weights"], ref) < 1e-5
+    assert max_diff(summary["weights"], job_reference(job, rounds, momentum=MU)) < 1e-5
     job, summary = runs[0]["bsp-mom"]  # DDP with momentum against torch.optim.SGD on the whole model
     model = job.model_fn()
     net = torch.nn.Sequential(*model.layers)
@@ -670,24 +593,10 @@ def pushes_expected(schedule):
 
 
 def check_master_run(job, summary, sgd: bool):
-    ref = reference_train(
-        job.schedule,
-        job.model_fn(),
-        job.bounds,
-        job.dataset_fn(),
-        batch_size=BATCH,
-        lr=LR,
-        rounds=STEPS,
-        momentum=job.momentum,
-    )
-    assert max_diff(summary["weights"], ref) < 1e-5
+    assert max_diff(summary["weights"], job_reference(job, STEPS, momentum=job.momentum)) < 1e-5
     if sgd:  # synchronous: plain minibatch SGD on the whole model
-        want = plain_sgd(job.model_fn, job.dataset_fn(), job.bounds, STEPS, job.schedule.microbatches)
-        assert max_diff(summary["weights"], want) < 1e-5
-    assert (
-        max_diff(summary["weights"], [stage_params(stage_module(job.model_fn().layers, a, z)) for a, z in job.bounds])
-        > 1e-3
-    )
+        assert max_diff(summary["weights"], job_sgd(job, STEPS)) < 1e-5
+    assert max_diff(summary["weights"], initial_weights(job)) > 1e-3
     stats = worker_stats(job.schedule)
     fetched = [r["weight_fetches"] for r in summary["ranks"]]
     assert sum(fetched) > 0  # the schedule really reads remote weights
@@ -724,7 +633,7 @@ def test_reference_master_schedules_are_minibatch_sgd():
     ):
         b = bounds_of(sched.num_stages)
         ref = reference_train(sched, model_fn(), b, ds, batch_size=BATCH, lr=LR, rounds=3)
-        assert max_diff(ref, plain_sgd(model_fn, ds, b, 3, 4)) < 1e-12, sched.name
+        assert max_diff(ref, minibatch_sgd(model_fn, ds, b, 3, 4, batch_size=BATCH, lr=LR)) < 1e-12, sched.name
 
 
 def test_epoch_outputs_are_appended_and_a_resume_drops_a_torn_line(tmp_path):

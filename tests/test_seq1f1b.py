@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from runtime_checks import job_reference
 
 from workbench.schedules import Op, ScheduleError, build, validate
 from workbench.schedules import seq1f1b as q
@@ -295,19 +296,7 @@ def test_train_refuses_models_that_cannot_run_on_segments_before_spawning(tmp_pa
 
 
 def reference_weights(job, momentum: float = 0.0) -> list[dict]:
-    from workbench.runtime import reference_train
-
-    return reference_train(
-        job.schedule,
-        job.model_fn(),
-        job.bounds,
-        job.dataset_fn(),
-        batch_size=job.batch_size,
-        lr=job.lr,
-        rounds=job.rounds_total,
-        dtype=torch.float64,
-        momentum=momentum,
-    )
+    return job_reference(job, job.rounds_total, dtype=torch.float64, momentum=momentum)
 
 
 @pytest.mark.distributed

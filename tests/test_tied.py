@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from runtime_checks import assert_weights_close, job_reference
 
 from workbench.models import build as build_model
 from workbench.runtime.stages import even_bounds
@@ -99,7 +100,7 @@ def test_v_shape_and_interleaved_runs_with_a_tied_embedding_equal_the_reference(
     """The zoo gpt (2 blocks, output projection tied to the token embedding) over 4 stages on 2 gloo
     ranks, float64, 2 steps: zb-v (both ends on rank 0: a local sum) and interleaved-1f1b (stage 0 on
     rank 0, stage 3 on rank 1: an all-reduce) give the semantic reference's weights, tied copies equal."""
-    from workbench.runtime import prepare, reference_train, run_jobs
+    from workbench.runtime import prepare, run_jobs
 
     common = dict(
         workers=2,
@@ -123,18 +124,5 @@ def test_v_shape_and_interleaved_runs_with_a_tied_embedding_equal_the_reference(
         assert tie.stages == (0, 3)
         (s0, n0), (s1, n1) = tie.names
         assert torch.equal(summary["weights"][s0][n0], summary["weights"][s1][n1])
-        ref = reference_train(
-            job.schedule,
-            job.model_fn(),
-            job.bounds,
-            job.dataset_fn(),
-            batch_size=8,
-            lr=0.05,
-            rounds=2,
-            dtype=torch.float64,
-        )
-        for s, w in enumerate(ref):
-            for n, t in w.items():
-                torch.testing.assert_close(
-                    summary["weights"][s][n], t, rtol=1e-10, atol=1e-13, msg=f"{job.schedule.name} {n}"
-                )
+        ref = job_reference(job, 2, dtype=torch.float64)
+        assert_weights_close(summary["weights"], ref, f"{job.schedule.name} ", rtol=1e-10, atol=1e-13)

@@ -6,6 +6,7 @@ from collections import Counter
 
 import pandas as pd
 import pytest
+from runtime_checks import small_mlp_run
 
 from workbench.runtime.breakdown import PARTS, breakdown
 from workbench.schedules import build
@@ -127,24 +128,8 @@ def test_simulator_counts_the_next_version_2bw_reads_only_in_the_next_round():
 def test_measured_weight_versions_counter_matches_the_runtime(tmp_path, schedule, options, stream):
     """A real 2-rank run: the measured trace's weight-version counts per stage peak at the versions
     the runtime itself held (``peak_versions``: its version table and the stashed graphs' versions)."""
-    from workbench.runtime import train
-
-    summary = train(
-        "mlp",
-        schedule,
-        workers=2,
-        microbatches=4,
-        steps=3,
-        batch_size=16,
-        out=tmp_path / "run",
-        threads=1,
-        progress=False,
-        evaluate=False,
-        schedule_options=options,
-        stream=stream,
-        depth=2,
-        width=16,
-        in_features=16,
+    summary = small_mlp_run(
+        schedule, tmp_path / "run", microbatches=4, steps=3, schedule_options=options, stream=stream
     )
     vc = version_counts(pd.read_csv(tmp_path / "run" / "timeline.csv"))
     got = vc.groupby(["worker", "stage"]).versions.max().to_dict()
@@ -233,24 +218,9 @@ def test_empty_timeline_is_a_clear_error():
 def test_train_writes_a_measured_trace(tmp_path):
     """A real 2-rank run: the CLI's drawing step writes trace.json beside timeline.html; its compute
     slices are the measured timeline's ops, the recv-wait slices its wait_ms."""
-    from workbench.runtime import train
     from workbench.runtime.cli import _draw_timeline
 
-    summary = train(
-        "mlp",
-        "pipedream-flush",
-        workers=2,
-        microbatches=2,
-        steps=2,
-        batch_size=16,
-        out=tmp_path / "run",
-        threads=1,
-        progress=False,
-        evaluate=False,
-        depth=2,
-        width=16,
-        in_features=16,
-    )
+    summary = small_mlp_run("pipedream-flush", tmp_path / "run", microbatches=2, steps=2)
     _draw_timeline(summary)
     tl = pd.read_csv(tmp_path / "run" / "timeline.csv")
     trace = json.loads((tmp_path / "run" / "trace.json").read_text())

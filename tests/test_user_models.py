@@ -15,12 +15,13 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from runtime_checks import assert_weights_close, job_reference
 from torch.utils.data import TensorDataset
 
 from workbench import Topology, partition, profile, simulate
 from workbench.graph import split
 from workbench.models.examples import resnet18_digits
-from workbench.runtime import prepare, reference_train, run_jobs
+from workbench.runtime import prepare, run_jobs
 from workbench.runtime.stages import DataOrder, microbatch
 from workbench.runtime.tied import tied_weights
 from workbench.schedules import build
@@ -171,19 +172,8 @@ def test_gpipe_equals_microbatch_sgd_on_the_original_module(runs, key):
 def test_pipedream_equals_the_semantic_reference(runs, key):
     results, _ = runs
     job, summary = results[(key, "pipedream")]
-    ref = reference_train(
-        job.schedule,
-        job.model_fn(),
-        job.bounds,
-        job.dataset_fn(),
-        batch_size=BATCH,
-        lr=LR,
-        rounds=STEPS,
-        dtype=torch.float64,
-    )
-    for s, w in enumerate(ref):
-        for n, t in w.items():
-            torch.testing.assert_close(summary["weights"][s][n], t, rtol=1e-9, atol=1e-11, msg=n)
+    ref = job_reference(job, STEPS, dtype=torch.float64)
+    assert_weights_close(summary["weights"], ref, rtol=1e-9, atol=1e-11)
 
 
 def test_a_class_the_ranks_cannot_import_trains_through_its_traced_layers(runs):
@@ -269,19 +259,7 @@ def test_tied_embedding_under_weight_stashing_equals_the_semantic_reference(tied
     (tie,) = tied_weights(job.model_fn(), job.bounds)
     (s0, n0), (s1, n1) = tie.names
     assert torch.equal(summary["weights"][s0][n0], summary["weights"][s1][n1])
-    ref = reference_train(
-        job.schedule,
-        job.model_fn(),
-        job.bounds,
-        job.dataset_fn(),
-        batch_size=BATCH,
-        lr=LR,
-        rounds=STEPS,
-        dtype=torch.float64,
-    )
-    for s, w in enumerate(ref):
-        for n, t in w.items():
-            torch.testing.assert_close(summary["weights"][s][n], t, **TOL[kind], msg=n)
+    assert_weights_close(summary["weights"], job_reference(job, STEPS, dtype=torch.float64), **TOL[kind])
 
 
 def test_cli_trains_a_user_model_by_import_path(tmp_path, capsys):

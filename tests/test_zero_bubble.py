@@ -5,7 +5,7 @@ fractions, bad input, and a real run on gloo ranks against minibatch SGD."""
 from __future__ import annotations
 
 import pytest
-import torch
+from runtime_checks import TOY_MLP, initial_weights, job_reference, job_sgd, max_diff
 from torch.distributed.pipelining import schedules as ts
 
 from workbench.schedules import build, in_flight_peak, validate
@@ -221,19 +221,8 @@ def test_bad_input_names_the_constraint_and_a_fix():
 
 
 # ---- a real run on gloo ranks: gradients equal the single-process reference and minibatch SGD --------
-WIDTHS = (8, 16, 16, 16, 4)  # toy MLP, 7 layers (Linear/ReLU alternating), float64
 BATCH, LR, ROUNDS = 12, 0.1, 2
-RUN = dict(
-    batch_size=BATCH,
-    lr=LR,
-    dtype="float64",
-    widths=WIDTHS,
-    progress=False,
-    return_weights=True,
-    timeout_s=60,
-    allow_oversubscribe=True,
-    steps=ROUNDS,
-)
+RUN = TOY_MLP | dict(batch_size=BATCH, lr=LR, timeout_s=60, steps=ROUNDS)
 RANKS = {  # workers -> [(schedule name, microbatches, options)]; the launcher derives the stage count
     2: [
         ("zb-h2", 4, {}),
@@ -246,29 +235,6 @@ RANKS = {  # workers -> [(schedule name, microbatches, options)]; the launcher d
     ],
     3: [("zb-v", 6, {}), ("dualpipev", 6, {})],  # a middle rank of the V: sends both ways on both chunks
 }
-
-
-def minibatch_sgd(job):
-    """W <- W - lr * grad of the mean loss over each minibatch, on the whole model in one process."""
-    from workbench.runtime.stages import DataOrder, microbatch, stage_module, stage_params
-
-    model, ds = job.model_fn(), job.dataset_fn()
-    net = torch.nn.Sequential(*model.layers)
-    M = job.schedule.microbatches
-    order = DataOrder(len(ds), BATCH, M, 0)
-    for R in range(ROUNDS):
-        perm = order.permutation(0)
-        x, y = microbatch(ds, torch.cat([order.indices(perm, R, b) for b in range(M)]))
-        net.zero_grad()
-        model.loss(net(x), y).backward()
-        with torch.no_grad():
-            for p in net.parameters():
-                p -= LR * p.grad
-    return [stage_params(stage_module(model.layers, a, z)) for a, z in job.bounds]
-
-
-def max_diff(a, b):
-    return max((a[s][n] - b[s][n]).abs().max().item() for s in range(len(a)) for n in a[s])
 
 
 @pytest.fixture(scope="module", params=sorted(RANKS))
@@ -286,25 +252,14 @@ def zb_runs(request, tmp_path_factory):
 
 @pytest.mark.distributed
 def test_runtime_matches_reference_and_minibatch_sgd(zb_runs):
-    from workbench.runtime import reference_train
-
     P, jobs, summaries = zb_runs
     for job, summary in zip(jobs, summaries):
         assert job.schedule.num_workers == P and job.schedule.num_stages == (
             P if job.schedule.name == "zb-h2" else 2 * P
         )
-        ref = reference_train(
-            job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=LR, rounds=ROUNDS
-        )
-        assert max_diff(summary["weights"], ref) < 1e-12, job.schedule.name
-        assert max_diff(summary["weights"], minibatch_sgd(job)) < 1e-12, job.schedule.name
-        init = [
-            dict(w)
-            for w in reference_train(
-                job.schedule, job.model_fn(), job.bounds, job.dataset_fn(), batch_size=BATCH, lr=0.0, rounds=1
-            )
-        ]
-        assert max_diff(summary["weights"], init) > 1e-3  # it did train
+        assert max_diff(summary["weights"], job_reference(job, ROUNDS)) < 1e-12, job.schedule.name
+        assert max_diff(summary["weights"], job_sgd(job, ROUNDS)) < 1e-12, job.schedule.name
+        assert max_diff(summary["weights"], initial_weights(job)) > 1e-3  # it did train
         for info in summary["ranks"]:  # measured stash depth = the schedule's, stage by stage
             r = info["rank"]
             for s, mem in info["memory"].items():

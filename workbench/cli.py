@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .cli_args import add_schedule_arguments
+
 if TYPE_CHECKING:
     from .topology import Topology
 
@@ -506,15 +508,7 @@ def _add_partition_command(sub) -> None:
 def _add_simulate_command(sub) -> None:
     """``workbench simulate``: the schedule, its costs (unit or from a profile and a topology) and the outputs."""
     p = sub.add_parser("simulate", help="discrete-event simulation of a schedule -> timeline CSV, metrics JSON, HTML")
-    p.add_argument("--schedule", default="pipedream", help="schedule name (`workbench schedules` lists them)")
-    p.add_argument(
-        "--schedule-option",
-        type=_schedule_option,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="schedule option, e.g. chunks=2 (repeatable; `workbench schedules` lists them)",
-    )
+    add_schedule_arguments(p, _schedule_option)
     p.add_argument("--microbatches", type=int, default=16)
     p.add_argument("--plan", help="plan JSON (from `workbench partition --out`)")
     p.add_argument(

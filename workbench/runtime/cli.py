@@ -12,6 +12,8 @@ import json
 import os
 import sys
 
+from ..cli_args import add_schedule_arguments
+
 
 def _kv(text: str) -> tuple[str, object]:
     if "=" not in text:
@@ -38,15 +40,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
         help="built-in data set name (`workbench models`) or package.module:function "
         "returning a TensorDataset or a (train, test) pair; default: the zoo model's own",
     )
-    p.add_argument("--schedule", default="pipedream", help="schedule name (`workbench schedules` lists them)")
-    p.add_argument(
-        "--schedule-option",
-        type=_kv,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="schedule option, e.g. chunks=2 (repeatable; `workbench schedules` lists them)",
-    )
+    add_schedule_arguments(p, _kv)
     p.add_argument(
         "--weights",
         choices=["stash", "vertical-sync", "no-stash"],

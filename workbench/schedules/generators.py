@@ -239,6 +239,24 @@ def _per_worker(layout) -> list[tuple[int, int, int]]:
     return [info[w] for w in range(len(info))]
 
 
+def _replica_orders(layout, M: int, T: int, order_of: Callable[[int, list[int]], list[Key]]) -> list[list[Key]]:
+    """Each worker's order over T iterations of M microbatches: ``order_of(stage, share)`` of its
+    round-robin share of iteration t (microbatches t M .. t M + M - 1), iterations in turn."""
+    return [[k for t in range(T) for k in order_of(s, _share(t * M, M, r, j))] for s, j, r in _per_worker(layout)]
+
+
+def _repeat_steps(orders: list[list[Key]], T: int, M: int) -> list[list[Key]]:
+    """Per-worker orders of one iteration of M microbatches repeated for T iterations, iteration t
+    on microbatches t M .. t M + M - 1."""
+    return [[(k, s, b + t * M) for t in range(T) for k, s, b in o] for o in orders]
+
+
+def _flushed(name, layout, orders, M: int, T: int, cap, options) -> Schedule:
+    """A flushing schedule: T iterations of M microbatches, every stage steps once (sync) at the
+    end of each iteration, gradients accumulated over its M microbatches."""
+    return _make(name, layout, orders, M * T, "sync", M, lambda s, b: b // M, lambda s: T, cap, options)
+
+
 def _check_m(M, what="microbatches"):
     try:
         ok = not isinstance(M, bool) and int(M) == M and M >= 1
@@ -281,15 +299,11 @@ def gpipe(plan, microbatches: int, steps: int = 1) -> Schedule:
     """Fill-drain: per iteration every worker runs all its forwards, then its backwards in reverse
     order; the gradients of the M microbatches accumulate and each stage steps once at the flush."""
     layout, M, T = stage_layout(plan), _check_m(microbatches), _check_m(steps, "steps")
-    orders, cap = [], []
-    for s, j, r in _per_worker(layout):
-        o = []
-        for t in range(T):
-            mbs = _share(t * M, M, r, j)
-            o += [("F", s, b) for b in mbs] + [("B", s, b) for b in reversed(mbs)]
-        orders.append(o)
-        cap.append(max(1, max(len(_share(t * M, M, r, j)) for t in range(T))))
-    return _make("gpipe", layout, orders, M * T, "sync", M, lambda s, b: b // M, lambda s: T, cap, {"steps": T})
+    orders = _replica_orders(
+        layout, M, T, lambda s, mbs: [("F", s, b) for b in mbs] + [("B", s, b) for b in reversed(mbs)]
+    )
+    cap = [max(1, max(len(_share(t * M, M, r, j)) for t in range(T))) for _, j, r in _per_worker(layout)]
+    return _flushed("gpipe", layout, orders, M, T, cap, {"steps": T})
 
 
 @register(
@@ -316,10 +330,7 @@ def pipedream(plan, microbatches: int, weights: str = "stash", warmup: object = 
         raise ValueError(f"weights must be one of {sorted(rules)}, got {weights!r}")
     layout, M = stage_layout(plan), _check_m(microbatches)
     K = _warmup(layout, warmup)
-    orders, cap = [], []
-    for s, j, r in _per_worker(layout):
-        orders.append(one_f_one_b(_share(0, M, r, j), K[s], s))
-        cap.append(K[s])
+    orders, cap = _one_f_one_b_orders(layout, M, K)
     reps = [len(ws) for ws in layout]
     return _make(
         "pipedream",
@@ -333,6 +344,12 @@ def pipedream(plan, microbatches: int, weights: str = "stash", warmup: object = 
         cap,
         {"weights": weights, "noam": K[0]},
     )
+
+
+def _one_f_one_b_orders(layout, M: int, K: list[int]) -> tuple[list[list[Key]], list[int]]:
+    """(orders, in-flight caps) of 1F1B without flush over M microbatches, warm-up K_s per stage."""
+    orders = _replica_orders(layout, M, 1, lambda s, mbs: one_f_one_b(mbs, K[s], s))
+    return orders, [K[s] for s, _, _ in _per_worker(layout)]
 
 
 def _warmup(layout, warmup) -> list[int]:
@@ -368,21 +385,10 @@ def pipedream_flush(plan, microbatches: int, steps: int = 1, warmup: object = No
     cost of that many microbatches' activations in memory."""
     layout, M, T = stage_layout(plan), _check_m(microbatches), _check_m(steps, "steps")
     K = _warmup(layout, warmup)
-    orders, cap = [], []
-    for s, j, r in _per_worker(layout):
-        orders.append([k for t in range(T) for k in one_f_one_b(_share(t * M, M, r, j), K[s], s)])
-        cap.append(min(K[s], M))
-    return _make(
-        "pipedream-flush",
-        layout,
-        orders,
-        M * T,
-        "sync",
-        M,
-        lambda s, b: b // M,
-        lambda s: T,
-        cap,
-        {"steps": T} if warmup is None else {"steps": T, "warmup": K},
+    orders = _replica_orders(layout, M, T, lambda s, mbs: one_f_one_b(mbs, K[s], s))
+    cap = [min(K[s], M) for s, _, _ in _per_worker(layout)]
+    return _flushed(
+        "pipedream-flush", layout, orders, M, T, cap, {"steps": T} if warmup is None else {"steps": T, "warmup": K}
     )
 
 
@@ -412,10 +418,7 @@ def pipedream_2bw(plan, microbatches: int, microbatches_per_step: int | None = N
             f"pipedream-2bw needs microbatches_per_step >= {m_min} (max_s K_s r_s; the number "
             f"of stages when straight) so that two weight buffers suffice; got {m}"
         )
-    orders, cap = [], []
-    for s, j, r in _per_worker(layout):
-        orders.append(one_f_one_b(_share(0, M, r, j), K[s], s))
-        cap.append(K[s])
+    orders, cap = _one_f_one_b_orders(layout, M, K)
     return _make(
         "pipedream-2bw",
         layout,
@@ -486,23 +489,9 @@ def interleaved_1f1b(plan, microbatches: int, chunks: int = 2, steps: int = 1) -
     order of :func:`interleaved_order` (equal to torch's ``ScheduleInterleaved1F1B``), a flush and
     one synchronous update per iteration of M microbatches."""
     layout, P, M, T, v = _looped_layout(plan, microbatches, chunks, steps, "interleaved-1f1b")
-    orders, cap = [], []
-    for rank in range(P):
-        it = interleaved_order(rank, P, v, M)
-        orders.append([(kd, s, b + t * M) for t in range(T) for kd, s, b in it])
-        cap.append(in_flight_of(it))
-    return _make(
-        "interleaved-1f1b",
-        layout,
-        orders,
-        M * T,
-        "sync",
-        M,
-        lambda s, b: b // M,
-        lambda s: T,
-        cap,
-        {"chunks": v, "steps": T},
-    )
+    its = [interleaved_order(rank, P, v, M) for rank in range(P)]
+    cap = [in_flight_of(it) for it in its]
+    return _flushed("interleaved-1f1b", layout, _repeat_steps(its, T, M), M, T, cap, {"chunks": v, "steps": T})
 
 
 def _looped_layout(plan, microbatches, chunks, steps, name):
@@ -552,19 +541,8 @@ def looped_bfs(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> Sche
     the M microbatches and one synchronous update per iteration. Every rank holds all M v of its
     (stage, microbatch) activations at the turn (peak M v)."""
     layout, P, M, T, v = _looped_layout(plan, microbatches, chunks, steps, "looped-bfs")
-    orders = [[(kd, s, b + t * M) for t in range(T) for kd, s, b in looped_bfs_order(r, P, v, M)] for r in range(P)]
-    return _make(
-        "looped-bfs",
-        layout,
-        orders,
-        M * T,
-        "sync",
-        M,
-        lambda s, b: b // M,
-        lambda s: T,
-        [M * v] * P,
-        {"chunks": v, "steps": T},
-    )
+    orders = _repeat_steps([looped_bfs_order(r, P, v, M) for r in range(P)], T, M)
+    return _flushed("looped-bfs", layout, orders, M, T, [M * v] * P, {"chunks": v, "steps": T})
 
 
 @register(
@@ -582,11 +560,8 @@ def zb_h1(plan, microbatches: int, steps: int = 1) -> Schedule:
     more microbatches than 1F1B's fullest worker (max_s K_s; K_0 = S for a straight pipeline)."""
     layout, M, T = stage_layout(plan), _check_m(microbatches), _check_m(steps, "steps")
     K = noam_warmup(layout)
-    orders, cap = [], []
-    for s, j, r in _per_worker(layout):
-        orders.append([k for t in range(T) for k in zb_h1_order(_share(t * M, M, r, j), K[s], max(K), s)])
-        cap.append(max(K))
-    return _make("zb-h1", layout, orders, M * T, "sync", M, lambda s, b: b // M, lambda s: T, cap, {"steps": T})
+    orders = _replica_orders(layout, M, T, lambda s, mbs: zb_h1_order(mbs, K[s], max(K), s))
+    return _flushed("zb-h1", layout, orders, M, T, [max(K)] * len(orders), {"steps": T})
 
 
 # ---- data parallel ----------------------------------------------------------------------

@@ -51,6 +51,7 @@ import pandas as pd
 
 from . import closed_forms as cf
 from .core import Op, Schedule, in_flight_peak, validate
+from .generators import stage_layout
 from .registry import register
 
 Placement = Callable[[int, int, str], tuple[int, int]]
@@ -495,51 +496,34 @@ def _fslpp_row(S, B, G, R):
 
 
 def _master(name: str, description: str, bubble, document_row, group: bool = False):
-    def fn(
+    """Register master schedule ``name`` (:func:`build_master` of a Plan or a stage count); ``group``:
+    it takes option ``group_size`` (R), which the registry reads from the generator's signature."""
+
+    def grouped(
+        plan,
+        batches: int,
+        workers: int | None = None,
+        group_size: int | None = None,
+        priority: str = "oldest-batch",
+        costs: object = None,
+        rule: str = "finish",
+    ) -> Schedule:
+        if workers is None and hasattr(plan, "num_workers"):
+            workers = plan.num_workers
+        return build_master(name, len(stage_layout(plan)), batches, workers, group_size, priority, costs, rule)
+
+    def ungrouped(
         plan,
         batches: int,
         workers: int | None = None,
         priority: str = "oldest-batch",
         costs: object = None,
         rule: str = "finish",
-        **kw,
     ) -> Schedule:
-        from .generators import stage_layout
+        return grouped(plan, batches, workers, None, priority, costs, rule)
 
-        if workers is None and hasattr(plan, "num_workers"):
-            workers = plan.num_workers
-        return build_master(
-            name, len(stage_layout(plan)), batches, workers, kw.get("group_size"), priority, costs, rule
-        )
-
-    target: Callable[..., Schedule]
-    if group:
-
-        def grouped(
-            plan,
-            batches: int,
-            workers: int | None = None,
-            group_size: int | None = None,
-            priority: str = "oldest-batch",
-            costs: object = None,
-            rule: str = "finish",
-        ) -> Schedule:
-            return fn(plan, batches, workers, priority, costs, rule, group_size=group_size)
-
-        target, helps = grouped, {**_HELP, "group_size": "R workers per group (W = G R; default 2)"}
-    else:
-
-        def target(
-            plan,
-            batches: int,
-            workers: int | None = None,
-            priority: str = "oldest-batch",
-            costs: object = None,
-            rule: str = "finish",
-        ) -> Schedule:
-            return fn(plan, batches, workers, priority, costs, rule)
-
-        helps = _HELP
+    target: Callable[..., Schedule] = grouped if group else ungrouped
+    helps = {**_HELP, "group_size": "R workers per group (W = G R; default 2)"} if group else _HELP
     target.__name__ = target.__qualname__ = name
     target.__doc__ = f"Master schedule {name}: {description} (see :mod:`workbench.schedules.master`)."
     register(

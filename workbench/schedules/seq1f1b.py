@@ -39,7 +39,7 @@ import pandas as pd
 
 from .core import Schedule, validate
 from .dataflow import peak_in_flight
-from .generators import _check_m, _straight, assign_versions, insert_updates, stage_layout
+from .generators import _check_m, _straight, assign_versions, insert_updates, stage_layout, zb_h1_order
 from .registry import register
 
 Unit = tuple[int, int]  # (microbatch, segment)
@@ -179,8 +179,6 @@ def one_f_one_b_units(fwd: list[Unit], bwd: list[Unit], K: int, stage: int) -> l
 def zb_h1_units(fwd: list[Unit], bwd: list[Unit], K: int, cap: int, stage: int) -> list[tuple]:
     """ZB-H1 over units: :func:`~workbench.schedules.generators.zb_h1_order` with forwards in the
     order ``fwd`` and backwards (BI, BW) in the order ``bwd``."""
-    from .generators import zb_h1_order
-
     return zb_h1_order(fwd, K, cap, stage, backward_order=bwd)
 
 
@@ -222,6 +220,19 @@ def _make(name, layout, orders, M, T, k, tokens, flops, cap, options) -> Schedul
     return sched
 
 
+def _stage_orders(S: int, M: int, T: int, k: int, order_of) -> list[list[tuple]]:
+    """Each stage's order of a straight pipeline over T iterations of M sequences in k segments:
+    ``order_of(stage, forward units, backward units)`` of iteration t's sequences t M .. t M + M - 1."""
+    orders = []
+    for s in range(S):
+        o = []
+        for t in range(T):
+            mbs = list(range(t * M, (t + 1) * M))
+            o += order_of(s, forward_units(mbs, k), backward_units(mbs, k))
+        orders.append(o)
+    return orders
+
+
 def _common(plan, microbatches, segments, seq_len, steps, model, split):
     layout = stage_layout(plan)
     M, T, k = _check_m(microbatches), _check_m(steps, "steps"), _check_m(segments, "segments")
@@ -253,15 +264,8 @@ def seq1f1b(
     d)`` (``split="tokens"``: equal lengths)."""
     layout, M, T, k, tokens, flops, opts = _common(plan, microbatches, segments, seq_len, steps, model, split)
     _straight(layout, "seq1f1b")
-    S = len(layout)
-    K = seq1f1b_warmup(S, k)
-    orders = []
-    for s in range(S):
-        o = []
-        for t in range(T):
-            mbs = list(range(t * M, (t + 1) * M))
-            o += one_f_one_b_units(forward_units(mbs, k), backward_units(mbs, k), K[s], s)
-        orders.append(o)
+    K = seq1f1b_warmup(len(layout), k)
+    orders = _stage_orders(len(layout), M, T, k, lambda s, fu, bu: one_f_one_b_units(fu, bu, K[s], s))
     return _make("seq1f1b", layout, orders, M, T, k, tokens, flops, [min(x, M * k) for x in K], opts)
 
 
@@ -286,17 +290,10 @@ def seq1f1b_zb(
     stage's ``K_0 = S + k - 1``."""
     layout, M, T, k, tokens, flops, opts = _common(plan, microbatches, segments, seq_len, steps, model, split)
     _straight(layout, "seq1f1b-zb")
-    S = len(layout)
-    K = seq1f1b_warmup(S, k)
+    K = seq1f1b_warmup(len(layout), k)
     cap = min(max(K), M * k)
-    orders = []
-    for s in range(S):
-        o = []
-        for t in range(T):
-            mbs = list(range(t * M, (t + 1) * M))
-            o += zb_h1_units(forward_units(mbs, k), backward_units(mbs, k), K[s], cap, s)
-        orders.append(o)
-    return _make("seq1f1b-zb", layout, orders, M, T, k, tokens, flops, [cap] * S, opts)
+    orders = _stage_orders(len(layout), M, T, k, lambda s, fu, bu: zb_h1_units(fu, bu, K[s], cap, s))
+    return _make("seq1f1b-zb", layout, orders, M, T, k, tokens, flops, [cap] * len(layout), opts)
 
 
 def interleaved_warmup(P: int, v: int, rank: int, fwd: list, bwd: list) -> int:

@@ -36,10 +36,11 @@ soon as its own W's are done: no global flush in this IR). A single step keeps t
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 from . import closed_forms as cf
 from .core import Schedule, ScheduleError
-from .generators import Key, _check_m, _straight, stage_layout
+from .generators import Key, _check_m, _repeat_steps, _straight, stage_layout
 from .registry import register
 from .vplan import SplitCosts, block_orders, makespan, v_worker, zbv_orders
 from .zero_bubble import _finish, _pipeline_size, _steps, v_layout, zbv_order
@@ -137,10 +138,6 @@ def best_orders(worker_of: list[int], M: int, limit: list[int]) -> list[list[Key
     return min(runs, key=lambda r: r[1])[0]
 
 
-def _with_offset(orders: list[list[Key]], T: int, M: int) -> list[list[Key]]:
-    return [[(k, s, b + t * M) for t in range(T) for k, s, b in o] for o in orders]
-
-
 @register(
     "zb-h2",
     description="zero-bubble H2: up to 2P-1 microbatches in flight, W fills every gap, no bubble once steps tile",
@@ -155,7 +152,7 @@ def zb_h2(plan, microbatches: int, steps: int = 1) -> Schedule:
     _straight(layout, "zb-h2")
     P, M, T = len(layout), _check_m(microbatches), _check_m(steps, "steps")
     orders = best_orders(list(range(P)), M, [2 * P - 1] * P)
-    return _finish("zb-h2", layout, _with_offset(orders, T, M), M, T, {}, limit=2 * P - 1)
+    return _finish("zb-h2", layout, _repeat_steps(orders, T, M), M, T, {}, limit=2 * P - 1)
 
 
 V_PEAK = {  # peak activations in 1F1B units (a whole worker's layers, one microbatch), Qi et al. 2024
@@ -202,51 +199,45 @@ def v_schedule(name: str, plan, microbatches: int, steps: int = 1, costs=None) -
     best = min(v_candidates(name, P, M, c), key=lambda o: makespan(o, worker_of, c))
     limit = 2 * V_PEAK[name](P)
     opts = {"chunks": 2, "memory_limit_chunks": limit, "planned_costs": (c.f, c.b, c.w, c.comm)}
-    return _finish(name, v_layout(P), _with_offset(best, T, M), M, T, opts, limit)
+    return _finish(name, v_layout(P), _repeat_steps(best, T, M), M, T, opts, limit)
 
 
 V_OPTIONS = {"steps": "iterations (flushes) in the schedule", "costs": COSTS_HELP}
 CONTROLLABLE = "Qi et al., Pipeline Parallelism with Controllable Memory (NeurIPS 2024)"
+V_BLOCKS = {  # name: (one-line description, docstring) of each schedule built by v_schedule
+    "v-min": (
+        "V-Min: the paper's least-memory building block ((P+4)//3 microbatches of a worker, ~1/3 of 1F1B), squeezed, planned at the given costs",
+        "V-Min: about 1/3 of 1F1B's activation memory ((P + 4) // 3 microbatches of a worker).",
+    ),
+    "v-half": (
+        "V-Half: the paper's half-memory building block ((P+2)//2 microbatches of a worker), squeezed, planned at the given costs",
+        "V-Half: about 1/2 of 1F1B's activation memory ((P + 2) // 2 microbatches of a worker).",
+    ),
+    "v-zb": (
+        "V-ZB: the ZB-V greedy rule at 1F1B's memory (P microbatches of a worker), planned at the given costs",
+        "V-ZB: 1F1B's activation memory (P microbatches of a worker), zero bubble at T_F = T_B = T_W; "
+        "the same construction as ``zb-v``.",
+    ),
+}
 
 
-@register(
-    "v-min",
-    description="V-Min: the paper's least-memory building block ((P+4)//3 microbatches of a worker, ~1/3 of 1F1B), squeezed, planned at the given costs",
-    source=CONTROLLABLE,
-    stages_per_worker=2,
-    options=V_OPTIONS,
-    costs_from="split",
+def _v_generator(name: str, doc: str) -> Callable[..., Schedule]:
+    """The registered generator of ``name`` in :data:`V_BLOCKS`: :func:`v_schedule` of ``name``."""
+
+    def generator(plan, microbatches: int, steps: int = 1, costs: object = None) -> Schedule:
+        return v_schedule(name, plan, microbatches, steps, costs)
+
+    generator.__name__ = generator.__qualname__ = name.replace("-", "_")
+    generator.__doc__ = doc
+    return generator
+
+
+v_min, v_half, v_zb = (
+    register(
+        name, description=description, source=CONTROLLABLE, stages_per_worker=2, options=V_OPTIONS, costs_from="split"
+    )(_v_generator(name, doc))
+    for name, (description, doc) in V_BLOCKS.items()
 )
-def v_min(plan, microbatches: int, steps: int = 1, costs: object = None) -> Schedule:
-    """V-Min: about 1/3 of 1F1B's activation memory ((P + 4) // 3 microbatches of a worker)."""
-    return v_schedule("v-min", plan, microbatches, steps, costs)
-
-
-@register(
-    "v-half",
-    description="V-Half: the paper's half-memory building block ((P+2)//2 microbatches of a worker), squeezed, planned at the given costs",
-    source=CONTROLLABLE,
-    stages_per_worker=2,
-    options=V_OPTIONS,
-    costs_from="split",
-)
-def v_half(plan, microbatches: int, steps: int = 1, costs: object = None) -> Schedule:
-    """V-Half: about 1/2 of 1F1B's activation memory ((P + 2) // 2 microbatches of a worker)."""
-    return v_schedule("v-half", plan, microbatches, steps, costs)
-
-
-@register(
-    "v-zb",
-    description="V-ZB: the ZB-V greedy rule at 1F1B's memory (P microbatches of a worker), planned at the given costs",
-    source=CONTROLLABLE,
-    stages_per_worker=2,
-    options=V_OPTIONS,
-    costs_from="split",
-)
-def v_zb(plan, microbatches: int, steps: int = 1, costs: object = None) -> Schedule:
-    """V-ZB: 1F1B's activation memory (P microbatches of a worker), zero bubble at T_F = T_B = T_W;
-    the same construction as ``zb-v``."""
-    return v_schedule("v-zb", plan, microbatches, steps, costs)
 
 
 @register(

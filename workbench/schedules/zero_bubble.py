@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections import Counter
 
 from .core import Schedule
-from .generators import Key, _check_m, _make, _straight, in_flight_of, stage_layout
+from .generators import Key, _check_m, _flushed, _straight, in_flight_of, stage_layout
 from .registry import register
 
 
@@ -70,7 +70,7 @@ def _finish(name, layout, orders, M, T, options, limit: int | None = None):
     ``limit``: the schedule's bound on live (stage, microbatch) pairs per worker, which
     :func:`validate` then checks (default: the orders' own peak)."""
     cap = [limit if limit is not None else in_flight_of(o) for o in orders]
-    return _make(name, layout, orders, M * T, "sync", M, lambda s, b: b // M, lambda s: T, cap, dict(options, steps=T))
+    return _flushed(name, layout, orders, M, T, cap, dict(options, steps=T))
 
 
 def _pipeline_size(plan, name: str, chunks: int) -> tuple[int, int]:
