@@ -38,6 +38,27 @@ def test_bubble_fraction_of_a_hand_made_timeline():
     assert tl.span_bubble_fraction(gap) == pytest.approx(0.5)  # span 4, work 2
 
 
+def test_compute_stretch_matches_the_same_ops_and_weights_by_time():
+    """Worker 0's ops took 2x their modeled cost, worker 1's 4x (two STEPs share a key: matched in
+    start order); a communication op and an op the model lacks do not count."""
+    modeled = pd.DataFrame(
+        dict(worker=[0, 0, 0, 0, 1], stage=[0, 0, 0, 0, 1], microbatch=[0, 0, -1, -1, 0],
+             kind=["F", "B", "STEP", "STEP", "F"], start=[0.0, 1.0, 3.0, 4.0, 1.0], end=[1.0, 3.0, 4.0, 6.0, 2.0])
+    )  # fmt: skip
+    measured = pd.DataFrame(
+        dict(worker=[0, 0, 0, 0, 1, 1], stage=[0, 0, 0, 0, 1, 1], microbatch=[0, 0, -1, -1, 0, 0],
+             kind=["F", "B", "STEP", "STEP", "F", "send_act"], start=[0.0, 5.0, 9.0, 12.0, 3.0, 7.0],
+             end=[2.0, 9.0, 11.0, 16.0, 7.0, 50.0])
+    )  # fmt: skip
+    overall, by_worker = tl.compute_stretch(measured, modeled)
+    assert by_worker[0] == pytest.approx(2.0) and by_worker[1] == pytest.approx(4.0)
+    assert overall == pytest.approx((12 + 4) / (6 + 1))  # time-weighted, not the mean of the workers
+    # an op the modeled timeline lacks has no stage cost to compare with: left out
+    extra = pd.concat([measured, pd.DataFrame([dict(worker=1, stage=1, microbatch=5, kind="F", start=60.0, end=99.0)])])
+    assert tl.compute_stretch(extra, modeled)[0] == pytest.approx(overall)
+    assert "3.50x" in tl._explain(0.25, 0.25, 0.3, 0.4, (3.5, 2.0, 4.0), tl.Config())
+
+
 def test_bad_parameters_fail_with_one_clear_line():
     with pytest.raises(ValueError, match="unknown schedule"):
         tl.Config(schedules=("gpipe", "pipedream-3bw"))
@@ -76,3 +97,19 @@ def test_measured_and_modeled_bubbles_are_fractions_and_closed_forms_match_the_u
     assert peaks["model-parallel"] == 1 and peaks["gpipe"] > 1
     claims = pd.read_csv(out04 / "claims.csv")
     assert tuple(claims.columns) == CLAIM_COLUMNS and claims["label"].str.startswith("measured").all()
+
+
+def test_every_row_quotes_its_measured_compute_stretch(out04):
+    """The measured-vs-modeled gap's cause as a number: each row's compute ops over the same ops'
+    stage costs timed alone, recomputed from the run's two timelines and quoted in its explanation."""
+    table = pd.read_csv(out04 / "bubbles.csv")
+    claims = pd.read_csv(out04 / "claims.csv").set_index("claim")["explanation"]
+    for r in table.itertuples():
+        run = out04 / "runs" / r.schedule
+        want, by_worker = tl.compute_stretch(
+            pd.read_csv(run / "timeline.csv"), pd.read_csv(run / "timeline_modeled.csv")
+        )
+        assert r.compute_stretch_measured == pytest.approx(want) and want > 0.5, r.schedule
+        assert r.compute_stretch_worker_min <= want <= r.compute_stretch_worker_max
+        assert f"took {want:.2f}x their stage costs" in r.explanation
+    assert claims.str.contains("compute_stretch_measured").all()

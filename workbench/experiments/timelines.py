@@ -30,6 +30,12 @@ For each schedule name the package exposes (:func:`schedule_names`):
   ``w``'s compute time (F, B, BI, BW, STEP) — the simulator's ``bubble_fraction``. The zero-bubble
   papers' rate (columns ``span_bubble_*``) is ``max_w (1 - work_w / span_w)`` with ``span_w`` from
   worker w's first compute op to its last (:func:`span_bubble_fraction`).
+
+``compute_stretch_measured`` (:func:`compute_stretch`) makes the measured-vs-modeled gap's main cause
+a number: the measured time of the run's compute ops over the same ops' stage costs timed alone (the
+costs the modeled timeline charges). With free communication a uniform stretch leaves the bubble
+unchanged; its spread over workers (``compute_stretch_worker_min`` / ``_max``) and the time between
+ops (Python, gloo) are what move it.
 """
 
 from __future__ import annotations
@@ -234,11 +240,24 @@ def modeled(job, stages, rounds: int):
 
 
 # ---- the table: closed form, unit, modeled, measured ----------------------------------------------
-_GAP = (
-    "measured exceeds modeled by what the simulation leaves out: per-op Python/dispatch overhead, gloo "
-    "message latency, {w} ranks sharing 2 loaded CPU cores (compute slows and jitters); the modeled column "
-    "uses stage costs timed alone here and free communication"
-)
+_OP_KEY = ["worker", "stage", "microbatch", "kind"]
+
+
+def compute_stretch(measured: pd.DataFrame, modeled: pd.DataFrame) -> tuple[float, pd.Series]:
+    """How much slower the run's compute ops (F, B, BI, BW, STEP) were than the stage costs timed alone:
+    ``sum measured durations / sum modeled durations`` over the ops both timelines hold, matched by
+    ``(worker, stage, microbatch, kind)`` and, for repeats of a key (a worker's STEPs), by start order.
+    Returns (all ops, per worker); NaN where no op matches. 1 = the ranks computed as fast as alone."""
+
+    def ops(t: pd.DataFrame) -> pd.DataFrame:
+        c = _compute_rows(t).sort_values("start")
+        return c.assign(nth=c.groupby(_OP_KEY).cumcount(), ms=c["end"] - c["start"])[[*_OP_KEY, "nth", "ms"]]
+
+    both = ops(measured).merge(ops(modeled), on=[*_OP_KEY, "nth"], suffixes=("_measured", "_modeled"))
+    by = both.groupby("worker")[["ms_measured", "ms_modeled"]].sum()
+    total = by.sum()
+    overall = total["ms_measured"] / total["ms_modeled"] if total["ms_modeled"] > 0 else math.nan
+    return float(overall), by["ms_measured"] / by["ms_modeled"]
 
 
 def compare(name: str, job, summary: dict, sim, cfg: Config) -> dict:
@@ -255,6 +274,8 @@ def compare(name: str, job, summary: dict, sim, cfg: Config) -> dict:
     m = sim.metrics
     meas_round = measured_step_ms(tl, skip=1)
     mod_round = _round_spacing_modeled(sim, job.schedule.microbatches)
+    stretch, by_worker = compute_stretch(tl, sim.timeline)
+    bubbles = (cf, unit_b, bubble_fraction(sim.timeline), bubble_fraction(tl))
     return dict(
         schedule=name,
         workers=job.schedule.num_workers,
@@ -273,7 +294,10 @@ def compare(name: str, job, summary: dict, sim, cfg: Config) -> dict:
         peak_stash_measured=acts,
         weight_versions_modeled=int(max(m["weight_versions"])),
         weight_versions_measured=vers,
-        explanation=_explain(cf, unit_b, bubble_fraction(sim.timeline), bubble_fraction(tl), cfg),
+        compute_stretch_measured=stretch,
+        compute_stretch_worker_min=float(by_worker.min()),
+        compute_stretch_worker_max=float(by_worker.max()),
+        explanation=_explain(*bubbles, (stretch, float(by_worker.min()), float(by_worker.max())), cfg),
     )
 
 
@@ -285,8 +309,11 @@ def _round_spacing_modeled(sim, microbatches: int) -> float:
     return float(np.median(np.diff(firsts))) if len(firsts) > 1 else math.nan
 
 
-def _explain(cf: float, unit_b: float, modeled_b: float, measured_b: float, cfg: Config) -> str:
-    """Why the four bubbles of a row differ (computed from the row's numbers)."""
+def _explain(
+    cf: float, unit_b: float, modeled_b: float, measured_b: float, stretch: tuple[float, float, float], cfg: Config
+) -> str:
+    """Why the four bubbles of a row differ (computed from the row's numbers); ``stretch``: the row's
+    (``compute_stretch_measured``, its worker min, its worker max)."""
     parts = []
     if math.isfinite(cf):
         parts.append(
@@ -298,13 +325,16 @@ def _explain(cf: float, unit_b: float, modeled_b: float, measured_b: float, cfg:
             f"modeled {modeled_b - cf:+.3f} vs the closed form: measured stage costs are unequal "
             "(F:B is not 1:2, stages differ, STEP takes time) and rounds repeat back to back"
         )
+    s, lo, hi = stretch
     parts.append(
-        f"measured {measured_b - modeled_b:+.3f} vs modeled: "
+        f"measured {measured_b - modeled_b:+.3f} vs modeled: the compute ops took {s:.2f}x their stage costs timed "
+        f"alone (compute_stretch_measured; per worker {lo:.2f}-{hi:.2f}x: {cfg.workers} ranks share 2 loaded CPU "
+        "cores); a uniform stretch leaves the bubble unchanged, so "
         + (
-            _GAP.format(w=cfg.workers)
+            "the gap is its spread over workers plus what the model leaves out between ops (per-op Python/dispatch "
+            "overhead, gloo message latency; its communication is free)"
             if measured_b > modeled_b
-            else "ranks overlapped work the model serialises, or the stage costs timed alone overestimate "
-            "compute under this load"
+            else "ranks overlapped work the model serialises, or the stretch fell on busy phases more than on idle ones"
         )
     )
     return "; ".join(parts)
