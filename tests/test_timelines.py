@@ -36,6 +36,12 @@ def test_bubble_fraction_of_a_hand_made_timeline():
     assert tl.span_bubble_fraction(t) == 0.0
     gap = pd.DataFrame(dict(worker=[0, 0], kind=["F", "BW"], start=[0.0, 3.0], end=[1.0, 4.0]))
     assert tl.span_bubble_fraction(gap) == pytest.approx(0.5)  # span 4, work 2
+    # one worker busy throughout, op times that do not sum exactly to the makespan: 0, not -2e-16
+    full = pd.DataFrame(
+        dict(worker=[0, 0, 0], kind=["F", "B", "STEP"], start=[0.0, 0.24, 2.36], end=[0.24, 2.36, 5.61])
+    )
+    assert 1 - (full["end"] - full["start"]).groupby(full["worker"]).sum()[0] / 5.61 < 0  # what sums give
+    assert tl.bubble_fraction(full) == 0.0
 
 
 def test_compute_stretch_matches_the_same_ops_and_weights_by_time():

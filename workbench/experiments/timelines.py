@@ -41,6 +41,7 @@ ops (Python, gloo) are what move it.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -119,11 +120,13 @@ def _compute_rows(timeline: pd.DataFrame, kinds=BUSY_KINDS) -> pd.DataFrame:
 
 
 def bubble_fraction(timeline: pd.DataFrame) -> float:
-    """``mean_w (1 - busy_w / L)`` of a timeline (compute kinds only, ``L`` = its makespan)."""
+    """``mean_w (1 - busy_w / L)`` of a timeline (compute kinds only, ``L`` = its makespan); a worker
+    busy the whole makespan counts 0, not the ``-2e-16`` that summing its op times can round to."""
     comp = _compute_rows(timeline)
     span = comp["end"].max() - comp["start"].min()
     busy = (comp["end"] - comp["start"]).groupby(comp["worker"]).sum()
-    return float((1 - busy / span).mean()) if span > 0 else math.nan
+    idle = 1 - busy / span
+    return float(idle.where(idle.abs() > 1e-12, 0.0).mean()) if span > 0 else math.nan
 
 
 def span_bubble_fraction(timeline: pd.DataFrame) -> float:
@@ -328,8 +331,8 @@ def _explain(
     s, lo, hi = stretch
     parts.append(
         f"measured {measured_b - modeled_b:+.3f} vs modeled: the compute ops took {s:.2f}x their stage costs timed "
-        f"alone (compute_stretch_measured; per worker {lo:.2f}-{hi:.2f}x: {cfg.workers} ranks share 2 loaded CPU "
-        "cores); a uniform stretch leaves the bubble unchanged, so "
+        f"alone (compute_stretch_measured; per worker {lo:.2f}-{hi:.2f}x: {cfg.workers} ranks on {os.cpu_count()} "
+        "loaded CPU cores); a uniform stretch leaves the bubble unchanged, so "
         + (
             "the gap is its spread over workers plus what the model leaves out between ops (per-op Python/dispatch "
             "overhead, gloo message latency; its communication is free)"
