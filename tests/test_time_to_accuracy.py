@@ -123,7 +123,7 @@ def test_asp_is_compared_at_its_median_curves_best_with_median_epochs_and_a_fini
     assert measured["ours"] == pytest.approx(e * 0.5 / 1.0) and measured["label"].startswith("measured")
     for r in (modeled, measured):
         assert math.isfinite(r["ours"]) and "dp-asp" in r["explanation"] and "4/5 seeds reached" in r["explanation"]
-        assert f"dp-bsp two-sided Mann-Whitney p = {2 / 252:.3g}" in r["explanation"]
+        assert f"ASP vs dp-bsp p = {2 / 252:.3g}" in r["explanation"]
     with pytest.raises(ValueError, match="epochs must be"):
         tta.time_to_target(asp, hw, "epochs_max")
 
@@ -230,7 +230,15 @@ def test_every_scheme_has_every_seed_and_says_which_engine_trained_it(out03):
     sig = pd.read_csv(out03 / "significance.csv")
     assert set(sig["baseline"]) == {"pipedream", "dp-bsp"} and sig["p_mannwhitney"].between(0, 1).all()
     asp = pd.read_csv(out03 / "asp_target.csv").set_index("scheme")
-    assert asp.loc["dp-asp", "reached"] >= 1, "ASP's own target: its mean curve reaches it, so some seed does"
+    # ASP's own target is its median curve's best: at least half its seeds reach it, a finite median
+    assert 2 * asp.loc["dp-asp", "reached"] >= asp.loc["dp-asp", "seeds"] and np.isfinite(asp["epochs_median"]).any()
+    assert math.isfinite(asp.loc["dp-asp", "epochs_median"])
+    claims = pd.read_csv(out03 / "claims.csv").set_index("claim")
+    for c in (
+        "PipeDream faster than ASP to target accuracy",
+        "PipeDream faster than ASP to target accuracy (this machine)",
+    ):
+        assert math.isfinite(claims.loc[c, "ours"]) and "seeds reached" in claims.loc[c, "explanation"], c
 
 
 def test_the_real_runtime_agrees_with_the_reference(out03):

@@ -430,8 +430,8 @@ def _asp_statistics_text(st: pd.DataFrame) -> str:
     p = {s: st.loc[s, "p_mannwhitney"] for s in ("dp-bsp", "pipedream") if s in st.index}
     return (
         f"target {t:.2f} = the best accuracy of ASP's median learning curve over seeds (the paper's way: the level ASP "
-        f"reaches, 48% for VGG-16); median epochs to it: {', '.join(one(s) for s in shown)}; ASP vs "
-        + ", ".join(f"{s} two-sided Mann-Whitney p = {v:.3g}" for s, v in p.items())
+        f"reaches, 48% for VGG-16); median epochs to it: {', '.join(one(s) for s in shown)}; epochs to it, two-sided "
+        "Mann-Whitney over seeds: " + ", ".join(f"ASP vs {s} p = {v:.3g}" for s, v in p.items())
     )
 
 
