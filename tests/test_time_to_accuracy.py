@@ -233,12 +233,12 @@ def test_every_scheme_has_every_seed_and_says_which_engine_trained_it(out03):
     # ASP's own target is its median curve's best: at least half its seeds reach it, a finite median
     assert 2 * asp.loc["dp-asp", "reached"] >= asp.loc["dp-asp", "seeds"] and np.isfinite(asp["epochs_median"]).any()
     assert math.isfinite(asp.loc["dp-asp", "epochs_median"])
+    # the ratio is finite unless PipeDream itself stays below ASP's level (quick mode's 3 epochs can)
     claims = pd.read_csv(out03 / "claims.csv").set_index("claim")
-    for c in (
-        "PipeDream faster than ASP to target accuracy",
-        "PipeDream faster than ASP to target accuracy (this machine)",
-    ):
-        assert math.isfinite(claims.loc[c, "ours"]) and "seeds reached" in claims.loc[c, "explanation"], c
+    for c in (tta.ASP_CLAIM, tta.ASP_CLAIM + " (this machine)"):
+        why = claims.loc[c, "explanation"]
+        assert "seeds reached" in why and "ASP vs dp-bsp p = " in why, c
+        assert math.isfinite(claims.loc[c, "ours"]) or not math.isfinite(asp.loc["pipedream", "epochs_median"]), c
 
 
 def test_the_real_runtime_agrees_with_the_reference(out03):
