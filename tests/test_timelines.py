@@ -62,7 +62,28 @@ def test_compute_stretch_matches_the_same_ops_and_weights_by_time():
     # an op the modeled timeline lacks has no stage cost to compare with: left out
     extra = pd.concat([measured, pd.DataFrame([dict(worker=1, stage=1, microbatch=5, kind="F", start=60.0, end=99.0)])])
     assert tl.compute_stretch(extra, modeled)[0] == pytest.approx(overall)
-    assert "3.50x" in tl._explain(0.25, 0.25, 0.3, 0.4, (3.5, 2.0, 4.0), tl.Config())
+    why = tl._explain(0.25, 0.25, 0.3, 0.4, (3.5, 2.0, 4.0, 0.33), tl.Config())
+    assert "3.50x" in why and "has bubble 0.330" in why and "accounts for +0.030" in why and "for +0.070" in why
+
+
+def test_a_uniform_stretch_leaves_the_modeled_bubble_unchanged_an_uneven_one_does_not():
+    """The replay behind ``bubble_modeled_stretched``: every timing of stage s times factor[s]."""
+    from types import SimpleNamespace
+
+    from workbench.calibrate import StageProfile
+    from workbench.profiler import Profile
+
+    layers = pd.DataFrame(dict(name=["a", "b"], fwd_ms=[1.0, 1.5], bwd_ms=[2.0, 2.5], act_bytes=[8.0, 8.0],
+                               param_bytes=[4.0, 4.0]))  # fmt: skip
+    costs = StageProfile(Profile(layers, {}), ((0, 0), (1, 1)), (0.3, 0.4), 8, 1, (1.0, 1.5), (2.0, 2.5))
+    job = SimpleNamespace(schedule=tl.build_for("gpipe", 2, 4))
+    base = tl.bubble_fraction(tl.modeled(job, costs, 2).timeline)
+    twice = tl.stretched_costs(costs, pd.Series({0: 2.0, 1: 2.0}))
+    assert twice.fwd_ms == (2.0, 3.0) and twice.step_ms == (0.6, 0.8) and twice.bwd_input_ms == ()
+    assert tl.bubble_fraction(tl.modeled(job, twice, 2).timeline) == pytest.approx(base, abs=1e-12)
+    uneven = tl.stretched_costs(costs, pd.Series({1: 3.0}))  # stage 0 absent: factor 1
+    assert uneven.fwd_ms == (1.0, 4.5)
+    assert tl.bubble_fraction(tl.modeled(job, uneven, 2).timeline) > base + 0.05
 
 
 def test_bad_parameters_fail_with_one_clear_line():
@@ -118,4 +139,5 @@ def test_every_row_quotes_its_measured_compute_stretch(out04):
         assert r.compute_stretch_measured == pytest.approx(want) and want > 0.5, r.schedule
         assert r.compute_stretch_worker_min <= want <= r.compute_stretch_worker_max
         assert f"took {want:.2f}x their stage costs" in r.explanation
+        assert f"has bubble {r.bubble_modeled_stretched:.3f}" in r.explanation
     assert claims.str.contains("compute_stretch_measured").all()
