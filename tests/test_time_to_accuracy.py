@@ -239,6 +239,11 @@ def test_every_scheme_has_every_seed_and_says_which_engine_trained_it(out03):
         why = claims.loc[c, "explanation"]
         assert "seeds reached" in why and "ASP vs dp-bsp p = " in why, c
         assert math.isfinite(claims.loc[c, "ours"]) or not math.isfinite(asp.loc["pipedream", "epochs_median"]), c
+    # the modeled claim is the largest ratio of the saved table at ASP's target, on median epochs
+    at_asp = pd.read_csv(out03 / "time_to_asp_target.csv")
+    assert (at_asp["epochs_statistic"] == "epochs_median").all()
+    ratios = at_asp.loc[at_asp["scheme"] == "dp-asp", "x_vs_pipedream_modeled"]
+    assert claims.loc[tta.ASP_CLAIM, "ours"] == pytest.approx(ratios.max(), nan_ok=True)
 
 
 def test_the_real_runtime_agrees_with_the_reference(out03):

@@ -544,7 +544,7 @@ def run(cfg: Config, out_dir) -> dict:
     tta_asp = time_to_target(asp, hardware, "epochs_median") if asp is not None else None
     claims = pd.DataFrame(tta_claims(tta, tta_asp, stats, asp, cfg))
     big = max(cfg.gpus)
-    tables.update(hardware=hardware, time_to_target=tta, claims=claims)
+    tables.update(hardware=hardware, time_to_target=tta, time_to_asp_target=tta_asp, claims=claims)
     for name, df in tables.items():
         if name != "claims" and df is not None:
             save_table(df, out, name)
