@@ -35,6 +35,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+#: The experiment's arms by role (scheme labels, keys of :data:`SCHEMES`, not schedule names):
+#: every scheme is compared with PipeDream and BSP; ASP also at its own target.
+PIPEDREAM, BSP, ASP = "pipedream", "dp-bsp", "dp-asp"
+
 # scheme label -> (schedule name, schedule options)
 SCHEMES: dict[str, tuple[str, dict]] = {
     "pipedream": ("pipedream", {"weights": "stash"}),

@@ -44,12 +44,13 @@ from ..partition import partition
 from ..simulate import simulate
 from . import convergence as cv
 from .common import check_config, claim, out_folder, save_table, write_claims
-from .convergence import SCHEMES
+from .convergence import ASP, BSP, PIPEDREAM, SCHEMES
 from .pages import save_page, slim_runs
 
 EXPERIMENT = "03_time_to_accuracy"
-# modeled only: PipeDream's 1F1B on the straight (unreplicated) optimal plan, the paper's "straight pipeline"
-HARDWARE_SCHEMES: dict[str, tuple[str, dict]] = {**SCHEMES, "pipedream-straight": ("pipedream", {"weights": "stash"})}
+#: modeled only: PipeDream's 1F1B on the straight (unreplicated) optimal plan, the paper's "straight pipeline"
+STRAIGHT = "pipedream-straight"
+HARDWARE_SCHEMES: dict[str, tuple[str, dict]] = {**SCHEMES, STRAIGHT: ("pipedream", {"weights": "stash"})}
 SETTING = "arxiv-A"  # the arXiv version's Cluster-A, calibrated (experiments.calibration)
 
 
@@ -77,7 +78,7 @@ class Config:
         bad = sorted(set(self.schemes) - set(SCHEMES))
         if bad:
             raise ValueError(f"unknown scheme(s) {bad}; choose from {list(SCHEMES)}")
-        for need in ("pipedream", "dp-bsp"):
+        for need in (PIPEDREAM, BSP):
             if need not in self.schemes:
                 raise ValueError(f"schemes must include {need!r}: the others are compared with it")
         if self.workers < 2:
@@ -135,10 +136,10 @@ def statistical_efficiency(cfg: Config, out) -> dict[str, pd.DataFrame]:
         curves=curves,
         epochs_to_target=per_seed,
         statistical=_with_speed(cv.scheme_summary(per_seed), speed),
-        significance=pd.concat([cv.compare(per_seed, "pipedream"), cv.compare(per_seed, "dp-bsp")], ignore_index=True),
+        significance=pd.concat([cv.compare(per_seed, PIPEDREAM), cv.compare(per_seed, BSP)], ignore_index=True),
         runtime_check=check,
     )
-    if "dp-asp" in cfg.schemes:
+    if ASP in cfg.schemes:
         tables["asp_target"] = asp_target_table(curves, speed)
     return tables
 
@@ -149,8 +150,8 @@ def asp_target_table(curves: pd.DataFrame, speed: pd.Series) -> pd.DataFrame:
     (:func:`~workbench.experiments.convergence.slow_scheme_target`: the best accuracy of ASP's median
     curve), with its ratio to ASP (``ratio``: means, ``ratio_median``: medians) and the two-sided
     Mann-Whitney p-value against ASP."""
-    at_asp = cv.epochs_to_target(curves, cv.slow_scheme_target(curves, "dp-asp"))
-    versus = cv.compare(at_asp, "dp-asp")[["scheme", "ratio", "ratio_median", "p_mannwhitney", "p_welch"]]
+    at_asp = cv.epochs_to_target(curves, cv.slow_scheme_target(curves, ASP))
+    versus = cv.compare(at_asp, ASP)[["scheme", "ratio", "ratio_median", "p_mannwhitney", "p_welch"]]
     return _with_speed(cv.scheme_summary(at_asp), speed).merge(versus, on="scheme", how="left")
 
 
@@ -175,6 +176,13 @@ def _spec(scheme: str):
     return spec(HARDWARE_SCHEMES[scheme][0])
 
 
+def _pipelined_with_data_parallel_plans(scheme: str) -> bool:
+    """Whether a hardware scheme is a pipeline schedule whose plans may replicate stages (its
+    registration's ``data_parallel_plan``): with a one-stage plan it *is* BSP."""
+    sp = _spec(scheme)
+    return sp.family != "data-parallel" and sp.data_parallel_plan
+
+
 def _plan_for(scheme: str, profile, topology, cost: dict | None = None):
     """The plan a scheme runs on ``topology``: PipeDream's optimal plan for the PipeDream variants,
     the straight (one worker per stage) optimum for GPipe and model parallelism, one stage for data
@@ -184,7 +192,7 @@ def _plan_for(scheme: str, profile, topology, cost: dict | None = None):
     sp = _spec(scheme)
     if sp.family == "data-parallel":
         return Plan.from_boundaries([len(profile.layers) - 1])
-    if scheme == "pipedream-straight" or not sp.data_parallel_plan:  # stages cannot be replicated
+    if scheme == STRAIGHT or not sp.data_parallel_plan:  # stages cannot be replicated
         return partition(profile, topology, straight=True, **(cost or {}))
     return partition(profile, topology, **(cost or {}))
 
@@ -304,14 +312,14 @@ def time_to_target(stats: pd.DataFrame, hardware: pd.DataFrame, epochs: str = "e
     )
     df["epochs_statistic"] = epochs
     df["epochs_source"] = df["scheme"] + " (" + df["engine"] + ")"
-    same = df["scheme"].str.startswith("pipedream") & (df["stages"] == 1)
-    df.loc[same, "epochs_to_target"] = st["epochs_to_target"].get("dp-bsp", math.nan)
+    same = df["scheme"].map(_pipelined_with_data_parallel_plans).astype(bool) & (df["stages"] == 1)
+    df.loc[same, "epochs_to_target"] = st["epochs_to_target"].get(BSP, math.nan)
     df.loc[same, "epochs_source"] = "dp-bsp (the plan is data parallel)"
     df["tta_single_gpu_epochs_modeled"] = df["epochs_to_target"] / df["speedup_modeled"]
     df["tta_s_measured"] = df["scheme"].map(st["epochs_to_target"] * st["s_per_epoch_measured"])
-    pd_tta = df[df["scheme"] == "pipedream"].set_index("gpus")["tta_single_gpu_epochs_modeled"]
+    pd_tta = df[df["scheme"] == PIPEDREAM].set_index("gpus")["tta_single_gpu_epochs_modeled"]
     df["x_vs_pipedream_modeled"] = df["tta_single_gpu_epochs_modeled"] / df["gpus"].map(_finite(pd_tta))
-    pd_measured = (st["epochs_to_target"] * st["s_per_epoch_measured"]).get("pipedream", math.nan)
+    pd_measured = (st["epochs_to_target"] * st["s_per_epoch_measured"]).get(PIPEDREAM, math.nan)
     df["x_vs_pipedream_measured"] = df["tta_s_measured"] / (pd_measured if math.isfinite(pd_measured) else math.nan)
     return df
 
@@ -388,10 +396,10 @@ def asp_claims(tta_asp: pd.DataFrame, asp: pd.DataFrame, cfg: Config) -> list[di
     epochs factor and its time-per-epoch factor (modeled: the simulated speedups; measured: the real
     runs' seconds per epoch here)."""
     st = asp.set_index("scheme")
-    if not {"dp-asp", "pipedream"} <= set(st.index):
+    if not {ASP, PIPEDREAM} <= set(st.index):
         return []
-    a = tta_asp[tta_asp["scheme"] == "dp-asp"].set_index("gpus")
-    pd_ = tta_asp[tta_asp["scheme"] == "pipedream"].set_index("gpus")
+    a = tta_asp[tta_asp["scheme"] == ASP].set_index("gpus")
+    pd_ = tta_asp[tta_asp["scheme"] == PIPEDREAM].set_index("gpus")
     ratio = a["x_vs_pipedream_modeled"]
     g = ratio.idxmax() if ratio.notna().any() else a.index.max()
     e_x = a.loc[g, "epochs_to_target"] / pd_.loc[g, "epochs_to_target"]
@@ -403,8 +411,8 @@ def asp_claims(tta_asp: pd.DataFrame, asp: pd.DataFrame, cfg: Config) -> list[di
         f"{a.loc[g, 'speedup_modeled']:.2f}: ASP's modeled hardware is ideal, Hogwild with no parameter-server traffic); "
         f"{common}; statistical efficiency from a small {cfg.model}, not {cfg.profile} on ImageNet"
     )
-    s_a, s_p = st.loc["dp-asp", "s_per_epoch_measured"], st.loc["pipedream", "s_per_epoch_measured"]
-    e_xm = st.loc["dp-asp", "epochs_median"] / st.loc["pipedream", "epochs_median"]
+    s_a, s_p = st.loc[ASP, "s_per_epoch_measured"], st.loc[PIPEDREAM, "s_per_epoch_measured"]
+    e_xm = st.loc[ASP, "epochs_median"] / st.loc[PIPEDREAM, "epochs_median"]
     measured_why = (
         f"{e_xm:.2f}x from median epochs x {s_a / s_p:.2f}x from measured seconds per epoch (ASP {s_a:.3f} s, "
         f"PipeDream {s_p:.3f} s); {_CPU_NOTE}; {common}"
@@ -426,8 +434,8 @@ def _asp_statistics_text(st: pd.DataFrame) -> str:
         return f"{s} {st.loc[s, 'epochs_median']:g} ({st.loc[s, 'reached']}/{st.loc[s, 'seeds']} seeds reached)"
 
     t = float(st["target"].iloc[0])
-    shown = [s for s in ("dp-asp", "pipedream", "dp-bsp") if s in st.index]
-    p = {s: st.loc[s, "p_mannwhitney"] for s in ("dp-bsp", "pipedream") if s in st.index}
+    shown = [s for s in (ASP, PIPEDREAM, BSP) if s in st.index]
+    p = {s: st.loc[s, "p_mannwhitney"] for s in (BSP, PIPEDREAM) if s in st.index}
     return (
         f"target {t:.2f} = the best accuracy of ASP's median learning curve over seeds (the paper's way: the level ASP "
         f"reaches, 48% for VGG-16); median epochs to it: {', '.join(one(s) for s in shown)}; epochs to it, two-sided "
