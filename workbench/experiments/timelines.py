@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -269,8 +269,6 @@ def compute_stretch(measured: pd.DataFrame, modeled: pd.DataFrame, by: str = "wo
 def stretched_costs(stages, factor: pd.Series):
     """The stage costs with every timing of stage ``s`` multiplied by ``factor[s]`` (1 where absent):
     what the model charges if each stage computes as slowly as it did in the run."""
-    from dataclasses import replace
-
     from ..calibrate import STAGE_TIMINGS
 
     def scaled(values: tuple) -> tuple:
