@@ -96,7 +96,9 @@ def test_every_claim_row_says_its_fit_and_every_large_gap_a_cause():
         assert row["label"].startswith("modeled") and math.isfinite(row["ours"])
         if abs(row["ratio"] - 1) > 0.25:  # a cause in numbers: ms of the round or plan, or the eta needed
             assert re.search(r"\d+ ms", row["explanation"]), row["claim"]
-            if num.setting.startswith("sosp") and num.role == "predict":
+            if num.quantity in ("pipedream_over_mp_min", "pipedream_over_mp_max", "pipedream_over_gpipe"):
+                assert "GPipe" in row["explanation"] or "x one GPU" in row["explanation"], row["claim"]
+            elif num.setting.startswith("sosp") and num.role == "predict":
                 m = re.search(r"needs eta=([0-9.e+-]+)", row["explanation"])
                 assert m or "none in [0.01, 10]" in row["explanation"], row["claim"]
                 if m:  # the quoted eta gives the paper's number
@@ -165,3 +167,23 @@ def test_the_profile_change_reaches_the_graph_pipedream_plans_with():
     assert plans[0].meta["pipedream"]["over"] == "antichains"  # planned on the DAG
     assert plans[1].single_worker_ms == pytest.approx(k * plans[0].single_worker_ms, rel=1e-9)
     assert plans[0].single_worker_ms == pytest.approx(v100.total_ms, rel=1e-3)
+
+
+def test_the_intra_batch_comparisons_on_one_cluster_a_server():
+    """SOSP's model-parallelism and GPipe comparisons on 4 GPUs of Cluster-A: model parallelism adds
+    its stages and cuts (no faster than one GPU), GPipe on PipeDream's straight plan flushing every
+    S microbatches loses at most its fill and drain, (2S - 1) / S, to 1F1B on the same plan; the
+    claim rows take the lowest and highest over the models."""
+    s, p = cal.SETTINGS["sosp-A"], dict(efficiency=1.0)
+    assert cal.straight_models(4) == ("gnmt", "gnmt_large")  # the authors' runtime runs GNMT straight on 4 GPUs
+    per = {m: cal.intra_batch(s, m, 4, p) for m in cal.FIG1_MODELS}
+    for m, v in per.items():
+        assert v["mp_speedup"] <= 1.0 + 1e-9, m
+        assert v["over_mp"] == pytest.approx(v["mp_ms"] / v["pipedream_ms"])
+    for m in cal.straight_models(4):
+        S = len(per[m]["straight_config"].split("-"))
+        assert 1.0 < per[m]["over_gpipe"] <= (2 * S - 1) / S + 1e-6, m
+    nums = {n.quantity: n for n in cal.PAPER if n.quantity.startswith("pipedream_over_mp") or "gpipe" in n.quantity}
+    lo, hi = (cal.predict(nums[q], p)[0] for q in ("pipedream_over_mp_min", "pipedream_over_mp_max"))
+    assert lo == min(v["over_mp"] for v in per.values()) and hi == max(v["over_mp"] for v in per.values())
+    assert cal.predict(nums["pipedream_over_gpipe"], p)[0] == max(per[m]["over_gpipe"] for m in cal.straight_models(4))

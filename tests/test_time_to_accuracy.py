@@ -180,6 +180,15 @@ def test_modeled_hardware_on_the_calibrated_cluster_a_vgg16():
     assert (hw["speedup_modeled"] > 0).all() and hw["label"].str.startswith("modeled").all()
 
 
+def test_asp_moves_bsps_bytes_through_the_same_calibrated_exchange():
+    """ASP's modeled time per minibatch is BSP's (the same parameter-server traffic, no barrier), not
+    an ideal linear speedup."""
+    hw = tta.modeled_hardware("vgg16", tta.SETTING, (4, 8), ("dp-bsp", "dp-asp")).set_index(["scheme", "gpus"])
+    for n in (4, 8):
+        assert hw.loc[("dp-asp", n), "speedup_modeled"] == hw.loc[("dp-bsp", n), "speedup_modeled"] < n / 2
+        assert "ASP: each worker pushes its gradients" in hw.loc[("dp-asp", n), "label"]
+
+
 def test_bad_parameters_fail_with_one_clear_line():
     with pytest.raises(ValueError, match="unknown scheme"):
         tta.Config(schemes=("pipedream", "hogwild2"))
@@ -207,8 +216,8 @@ def test_claims_csv_has_the_contract_columns_and_labels(out03):
     assert tuple(claims.columns) == CLAIM_COLUMNS
     assert claims["label"].str.match(r"^(measured|modeled)").all()
     for claim_text in (
-        "PipeDream faster than model parallelism (low end)",
-        "PipeDream faster than GPipe",
+        "PipeDream faster than model parallelism (low end) (this machine)",
+        "PipeDream faster than GPipe (this machine)",
         "PipeDream faster than ASP to target accuracy",
     ):
         assert (claims["claim"] == claim_text).any()

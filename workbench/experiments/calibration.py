@@ -185,7 +185,10 @@ class PaperNumber:
     ``straight_speedup`` (straight pipeline over one GPU), ``pipedream_over_hybrid`` (PipeDream's
     configuration pipelined against the same stages run one minibatch at a time, intra-batch parallelism:
     the stages' and cuts' times add up instead of overlapping), ``comm_reduction`` (PipeDream's bytes per
-    minibatch below BSP's, %). ``role``: ``dp`` numbers calibrate (in-sample), ``predict`` numbers are
+    minibatch below BSP's, %), ``pipedream_over_mp_min`` / ``_max`` (PipeDream over model parallelism,
+    the lowest / highest over :data:`FIG1_MODELS`), ``pipedream_over_gpipe`` (PipeDream's 1F1B over GPipe
+    on the same straight plan, the highest over the models PipeDream's runtime runs straight; both
+    :func:`intra_batch`). ``role``: ``dp`` numbers calibrate (in-sample), ``predict`` numbers are
     predicted (out-of-sample)."""
 
     setting: str
@@ -231,6 +234,10 @@ PAPER = (
     PaperNumber("sosp-A", "awd-lstm", 4, "pipedream_over_bsp", 4.25, "predict", "SOSP Table 1 (1x4, 4.3x)", "", "straight"),
     PaperNumber("sosp-C", "s2vt", 4, "pipedream_over_bsp", 3.01, "predict", "SOSP Table 1 (4x1, 3x)", "S2VT", "2-1-1"),
     PaperNumber("sosp-A", "vgg16", 16, "pipedream_over_hybrid", 1.9, "predict", "SOSP §5 (hybrid parallelism, up to 1.9x)", "", "15-1"),
+    # SOSP'19 §5, the intra-batch comparisons on 4 GPUs of Cluster-A (one server): a range over models
+    PaperNumber("sosp-A", "profiled models", 4, "pipedream_over_mp_min", 2.6, "predict", "SOSP §5 (model parallelism, 2.6-15x: low end)"),
+    PaperNumber("sosp-A", "profiled models", 4, "pipedream_over_mp_max", 15.0, "predict", "SOSP §5 (model parallelism, 2.6-15x: high end)"),
+    PaperNumber("sosp-A", "straight-pipeline models", 4, "pipedream_over_gpipe", 1.7, "predict", "SOSP §5 (GPipe with PipeDream's partitions, 1.7x)"),
 )  # fmt: skip
 
 QUANTITY_TEXT = {
@@ -242,7 +249,12 @@ QUANTITY_TEXT = {
     "straight_speedup": ("straight pipeline speedup over 1 GPU", "x"),
     "pipedream_over_hybrid": ("PipeDream speedup over hybrid parallelism (its configuration, not pipelined)", "x"),
     "comm_reduction": ("PipeDream's communication below data parallelism's", "%"),
+    "pipedream_over_mp_min": ("PipeDream speedup over model parallelism, lowest over the models", "x"),
+    "pipedream_over_mp_max": ("PipeDream speedup over model parallelism, highest over the models", "x"),
+    "pipedream_over_gpipe": ("PipeDream speedup over GPipe on PipeDream's straight configuration", "x"),
 }
+#: Quantities over several models (a range or a maximum the paper states), not one model's number.
+AGGREGATE_QUANTITIES = ("fig1_max_share", "pipedream_over_mp_min", "pipedream_over_mp_max", "pipedream_over_gpipe")
 #: Fig. 1's models, all with PipeDream's published V100 profiles; its V100 panels (Cluster-A and -B)
 #: calibrate (its 1080 Ti panel would need roofline profiles of every model).
 FIG1_MODELS = ("alexnet", "vgg16", "resnet50", "gnmt", "gnmt_large")
@@ -317,6 +329,60 @@ def pipedream_plan(setting: Setting, model: str, workers: int, params: dict, str
     return _PLANS[key]
 
 
+def straight_models(workers: int) -> tuple[str, ...]:
+    """The models of :data:`FIG1_MODELS` that PipeDream's runtime runs as a straight pipeline (one GPU
+    per stage) on ``workers`` GPUs (:func:`workbench.pipedream_graph.authors_config`): the models
+    GPipe, which cannot replicate a stage, can run with PipeDream's partition (GNMT-8 and GNMT-16)."""
+    return tuple(m for m in FIG1_MODELS if set((authors_config(m, workers) or "2").split("-")) == {"1"})
+
+
+_INTRA: dict[tuple, dict] = {}
+
+
+def intra_batch(setting: Setting, model: str, workers: int, params: dict) -> dict:
+    """PipeDream against the intra-batch schemes SOSP §5 compares it with on ``workers`` GPUs, in the
+    calibrated cost model:
+
+    * ``over_mp``: model parallelism, the best straight plan run one minibatch at a time (its stages'
+      and cuts' times add up, :meth:`CostModel.plan_times`), against PipeDream's plan
+      (:func:`pipedream_plan`, ``Plan.predicted_ms``).
+    * ``over_gpipe``: GPipe with PipeDream's partition, the best straight plan, flushing every ``S``
+      microbatches (as many inputs in flight as PipeDream's 1F1B keeps on an ``S``-stage pipeline),
+      against PipeDream's 1F1B on the same plan; both simulated (``workbench.simulate`` steady
+      state), so only the schedule differs."""
+    from .. import schedules
+    from ..simulate import simulate
+
+    key = (setting.key, model, workers, tuple(sorted(params.items())))
+    if key in _INTRA:
+        return _INTRA[key]
+    prof = _profile_for(setting, model)
+    topo = setting.topology(workers)
+    cost = setting.collective(topo, params)
+    plan = pipedream_plan(setting, model, workers, params)
+    straight = pipedream_plan(setting, model, workers, params, straight=True)
+    stage_ms, cut_ms = CostModel.from_profile(prof, topo, **cost).plan_times(straight)
+    mp_ms = sum(stage_ms) + sum(cut_ms)
+    S = straight.num_stages
+    gpipe = simulate(schedules.build("gpipe", straight, S, steps=4), profile=prof, plan=straight, topology=topo, **cost)
+    pd_straight = simulate(
+        schedules.build("pipedream", straight, 16 * S, weights="stash"), profile=prof, plan=straight, topology=topo, **cost
+    )
+    single = float(prof.total_ms)
+    _INTRA[key] = out = dict(
+        config="-".join(str(s.replicas) for s in plan.stages),
+        straight_config="-".join(str(s.replicas) for s in straight.stages),
+        pipedream_ms=plan.predicted_ms,
+        mp_ms=mp_ms,
+        mp_speedup=single / mp_ms,
+        over_mp=mp_ms / plan.predicted_ms,
+        gpipe_ms=gpipe.time_per_minibatch_ms,
+        pipedream_straight_ms=pd_straight.time_per_minibatch_ms,
+        over_gpipe=gpipe.time_per_minibatch_ms / pd_straight.time_per_minibatch_ms,
+    )
+    return out
+
+
 def bytes_per_minibatch(plan: Plan, profile: Profile) -> float:
     """Bytes a plan puts on the network per minibatch: ``2 a`` per cut (activation and gradient)
     plus each replicated stage's ring all-reduce, ``2 (r−1)/r · w`` per minibatch. One stage on
@@ -345,6 +411,14 @@ def predict(num: PaperNumber, params: dict) -> tuple[float, str]:
     if q in ("bsp_speedup", "comm_share"):
         r = bsp(setting, num.model, m, params)
         return (r["speedup"] if q == "bsp_speedup" else r["share"]), f"1 stage x {m}"
+    if q in ("pipedream_over_mp_min", "pipedream_over_mp_max", "pipedream_over_gpipe"):
+        key = "over_gpipe" if q == "pipedream_over_gpipe" else "over_mp"
+        models = straight_models(m) if q == "pipedream_over_gpipe" else FIG1_MODELS
+        per = {mo: intra_batch(setting, mo, m, params) for mo in models}
+        mo = (min if q == "pipedream_over_mp_min" else max)(per, key=lambda k: per[k][key])
+        shape = "straight_config" if q == "pipedream_over_gpipe" else "config"
+        each = ", ".join(f"{k} {v[key]:.2f} ({v[shape]})" for k, v in per.items())
+        return per[mo][key], f"{mo}; per model: {each}"
     plan = pipedream_plan(setting, num.model, m, params, straight=q == "straight_speedup")
     shape = "-".join(str(s.replicas) for s in plan.stages)
     if q in ("pipedream_speedup", "straight_speedup"):
@@ -521,6 +595,8 @@ def _cause(num: PaperNumber, ours: float, params: dict) -> str:
     if num.quantity == "fig1_max_share":
         return f"Fig. 1's highest share is {ours:.0f}% against the paper's {num.paper:.0f}%"
     direction = "above" if ours > num.paper else "below"
+    if num.quantity in ("pipedream_over_mp_min", "pipedream_over_mp_max", "pipedream_over_gpipe"):
+        return _intra_batch_cause(num, ours, params)
     if num.quantity in ("bsp_speedup", "comm_share"):
         return f"ours {direction} the paper: {_bsp_text(setting, num.model, num.workers, params)}"
     plan = pipedream_plan(setting, num.model, num.workers, params, straight=num.quantity == "straight_speedup")
@@ -540,6 +616,35 @@ def _cause(num: PaperNumber, ours: float, params: dict) -> str:
     return "; ".join(parts)
 
 
+def _intra_batch_cause(num: PaperNumber, ours: float, params: dict) -> str:
+    """Why a model-parallelism or GPipe ratio is off, in the rows' times: model parallelism's speed
+    against one GPU and what the paper's ratio needs of it; GPipe's flush against 1F1B."""
+    setting = SETTINGS[num.setting]
+    direction = "above" if ours > num.paper else "below"
+    if num.quantity == "pipedream_over_gpipe":
+        per = {m: intra_batch(setting, m, num.workers, params) for m in straight_models(num.workers)}
+        return f"ours {direction} the paper: " + "; ".join(
+            f"{m}: GPipe {v['gpipe_ms']:.0f} ms vs 1F1B {v['pipedream_straight_ms']:.0f} ms per minibatch"
+            for m, v in per.items()
+        )
+    per = {m: intra_batch(setting, m, num.workers, params) for m in FIG1_MODELS}
+    mo = min(per, key=lambda k: abs(per[k]["over_mp"] - ours))
+    v = per[mo]
+    need = v["mp_speedup"] * v["over_mp"] / num.paper
+    return (
+        f"ours {direction} the paper: on {mo} model parallelism runs at {v['mp_speedup']:.2f}x one GPU "
+        f"({v['mp_ms']:.0f} ms per minibatch: its stages and cuts add up) and PipeDream's {v['config']} at "
+        f"{v['mp_speedup'] * v['over_mp']:.2f}x; the paper's {num.paper:g}x needs model parallelism at {need:.2f}x one "
+        "GPU with this PipeDream"
+        + (
+            ", faster than one GPU, which one minibatch at a time cannot be: the paper's PipeDream ran further below "
+            "linear than the model's"
+            if need > 1
+            else " (its stages' compute alone gives 1x; the cuts' messages, at the nominal PCIe rate here, are the rest)"
+        )
+    )
+
+
 _STAND_IN = (
     "stand-in: no S2VT profile exists; an LSTM encoder-decoder of S2VT's size (workbench.project roofline) "
     "has a different compute-to-parameter ratio than the paper's Caffe S2VT, so its data-parallel share differs"
@@ -547,9 +652,10 @@ _STAND_IN = (
 
 
 def _label(setting: Setting, num: PaperNumber, params: dict) -> str:
-    prof = _profile_for(setting, num.model) if num.model != "fig1" else None
+    prof = _profile_for(setting, num.model) if num.quantity not in AGGREGATE_QUANTITIES else None
     topo = setting.topology(num.workers)
-    src = prof.meta.get("source", "?") if prof is not None else "Fig. 1 models, PipeDream GPU profiles and rooflines"
+    models = straight_models(num.workers) if num.quantity == "pipedream_over_gpipe" else FIG1_MODELS
+    src = prof.meta.get("source", "?") if prof is not None else f"PipeDream's GPU profiles of {', '.join(models)}"
     fitted = ", ".join(f"{k}={v:.4g}" for k, v in params.items() if k in ("bandwidth", "latency_ms", "efficiency"))
     return f"modeled (profile: {src}; topology {topo.describe()} at nominal rates; data-parallel all-reduce calibrated: {fitted})"
 
