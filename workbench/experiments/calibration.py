@@ -786,6 +786,29 @@ def calibration_figure(claims: pd.DataFrame):
     return fig
 
 
+def intra_batch_table(setting: str = "sosp-A", workers: int = 4) -> pd.DataFrame:
+    """:func:`intra_batch` for every model of :data:`FIG1_MODELS` on ``setting``'s calibrated links:
+    the numbers behind the model-parallelism and GPipe claims (GPipe only where PipeDream's runtime
+    runs the model straight, :func:`straight_models`)."""
+    s, params = SETTINGS[setting], calibrated()[SETTINGS[setting].group]
+    straight = straight_models(workers)
+    rows = []
+    for m in FIG1_MODELS:
+        v = intra_batch(s, m, workers, params)
+        gp = m in straight
+        rows.append(
+            dict(setting=setting, model=m, gpus=workers, **v)
+            | dict(
+                gpipe_ms=v["gpipe_ms"] if gp else math.nan,
+                pipedream_straight_ms=v["pipedream_straight_ms"] if gp else math.nan,
+                over_gpipe=v["over_gpipe"] if gp else math.nan,
+                label=f"modeled ({_profile_for(s, m).meta.get('source', '?')}; {s.topology(workers).describe()}, "
+                f"calibrated all-reduce; GPipe and straight 1F1B simulated)",
+            )
+        )
+    return pd.DataFrame(rows)
+
+
 def scaling_table(setting: str = "arxiv-A", model: str = "vgg16", workers=(1, 2, 4, 8, 12, 16)) -> pd.DataFrame:
     """BSP and PipeDream speedup over one GPU against the number of GPUs (modeled, calibrated)."""
     s, params = SETTINGS[setting], calibrated()[SETTINGS[setting].group]
@@ -841,6 +864,7 @@ def run(out) -> dict:
         settings=settings_table(),
         calibration_parameters=parameters_table(),
         configurations=configs,
+        intra_batch=intra_batch_table(),
         scaling=scaling,
         calibration_errors=fit_summary(claims),
     )
