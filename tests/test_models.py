@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from workbench.models import build, config, dataset_info, list_models, load_dataset, synthetic
 from workbench.models.data import BOS, corpus_text
 
-NAMES = ["vgg16", "resnet50", "alexnet", "mlp", "cnn1d", "gnmt", "awd-lstm", "gpt"]
+NAMES = ["vgg16", "resnet50", "alexnet", "mlp", "timed", "cnn1d", "gnmt", "awd-lstm", "gpt"]
 
 
 def _lstm_params(d_in: int, h: int) -> int:

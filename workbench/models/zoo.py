@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from . import sequence, vision
+from . import sequence, timed, vision
 from .base import LayerModel, TensorSpec
 
 SIZES = ("paper", "mini")
@@ -62,6 +62,15 @@ ZOO: dict[str, Entry] = {
         "MLP: depth x (Linear+ReLU) of width units, output projection in the last layer",
         dict(depth=8, width=512, in_features=512, num_classes=10),
         dict(depth=8, width=512, in_features=512, num_classes=10),
+        {"paper": "synthetic", "mini": "synthetic"},
+    ),
+    "timed": Entry(
+        timed.timed,
+        "classification",
+        "timed stages: depth blocks tanh(x*w+b) whose forward, input gradient and weight gradient each sleep "
+        "a set number of ms (the bubble microbenchmark; workbench.models.timed)",
+        dict(depth=4, in_features=10, num_classes=10, fwd_ms=20.0, bwd_input_ms=20.0, bwd_weight_ms=20.0),
+        dict(depth=4, in_features=10, num_classes=10, fwd_ms=20.0, bwd_input_ms=20.0, bwd_weight_ms=20.0),
         {"paper": "synthetic", "mini": "synthetic"},
     ),
     "cnn1d": Entry(
@@ -193,7 +202,7 @@ def build(name: str, size: str = "mini", seed: int = 0, device=None, **overrides
 def _specs(key: str, task: str, cfg: dict) -> tuple[tuple[TensorSpec, ...], TensorSpec]:
     if task == "classification":
         labels = TensorSpec((), torch.int64, cfg["num_classes"])
-        if key == "mlp":
+        if "in_features" in cfg:  # mlp, timed
             return (TensorSpec((int(cfg["in_features"]),)),), labels
         if key == "cnn1d":
             return (TensorSpec((1, int(cfg["length"]))),), labels
