@@ -91,6 +91,70 @@ def test_bad_parameters_fail_with_one_clear_line():
         tl.Config(schedules=("gpipe", "pipedream-3bw"))
     with pytest.raises(ValueError, match="workers >= 2"):
         tl.Config(workers=1)
+    for bad in (0.0, -5, math.inf, "20"):
+        with pytest.raises(ValueError, match="timed_ms"):
+            tl.Config(timed_ms=bad)
+    with pytest.raises(ValueError, match="timed_steps"):
+        tl.Config(timed_steps=0)
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_back_to_back_rounds_of_equal_costs_keep_each_closed_form(workers):
+    """Why a timed run's bubble over R rounds compares with a one-round closed form: with F = t,
+    B = 2t (BI = BW = t), STEP and communication free, R rounds back to back have exactly one round's
+    bubble for every schedule with a claim (:func:`tl.compare_timed`'s ``bubble_unit_sim_timed``)."""
+    from workbench.calibrate import repeat_rounds
+
+    claimed = 0
+    for name in tl.schedule_names():
+        sched = tl.build_for(name, workers, 8, {"interleaved-1f1b": {"chunks": 2}}.get(name))
+        if tl.has_closed_form(sched):
+            sim = wb.simulate(repeat_rounds(sched, 3), fwd=20.0, bwd=40.0)
+            assert tl.bubble_fraction(sim.timeline) == pytest.approx(tl.closed_form_bubble(sched)[0], abs=1e-12), name
+            claimed += 1
+    assert claimed >= 10
+
+
+def _run_like(sim_timeline: pd.DataFrame, shift_ms: float = 0.0) -> pd.DataFrame:
+    """A simulated timeline with the runtime's columns (no waits, no sends)."""
+    t = sim_timeline[sim_timeline["lane"] == "compute"].drop(columns=["lane"])
+    return t.assign(start=t["start"] + shift_ms, end=t["end"] + shift_ms, wait_ms=0.0, send_at=math.nan)
+
+
+def test_replaying_a_timeline_with_its_own_op_times_gives_its_bubble():
+    """:func:`tl.replay_costs` charges every op its stage's mean measured time: replaying a timeline
+    whose ops are uneven by stage and split (ZB-H1: stage 0's BI 0, its BW the whole backward, as the
+    runtime runs the timed model) reproduces that timeline's bubble, not the closed form's."""
+    from workbench.calibrate import repeat_rounds
+    from workbench.profiler import Profile
+
+    sched = tl.build_for("zb-h1", 4, 8)
+    rows = [dict(name=f"s{s}", fwd_ms=20.0 + s, bwd_ms=40.0, bwd_input_ms=0.0 if s == 0 else 20.0,
+                 bwd_weight_ms=40.0 if s == 0 else 20.0, act_bytes=0.0, param_bytes=0.0) for s in range(4)]  # fmt: skip
+    plan = wb.Plan.from_boundaries([0, 1, 2, 3], [1, 1, 1, 1])
+    kw = dict(profile=Profile(pd.DataFrame(rows), {}), plan=plan, step_ms=[0.5] * 4, microbatch_fraction=1.0)
+    truth = wb.simulate(repeat_rounds(sched, 2), **kw).timeline
+    got = wb.simulate(repeat_rounds(sched, 2), **tl.replay_costs(sched, _run_like(truth)))
+    assert tl.bubble_fraction(got.timeline) == pytest.approx(tl.bubble_fraction(truth), abs=1e-9)
+    assert tl.op_ms(_run_like(truth)).loc[0, "BI"] == 0.0 and tl.op_ms(_run_like(truth)).loc[3, "F"] == 23.0
+    assert abs(tl.bubble_fraction(truth) - tl.closed_form_bubble(sched)[0]) > 1e-3
+
+
+def test_message_latency_counts_only_messages_the_receiver_waited_for():
+    """F(1, 0) waited from 10 for the activation F(0, 0) sent at 12 and started at 13.5 (latency 1.5);
+    F(1, 1) found its activation there (it began waiting at 30, after the send at 25): not a latency;
+    B(0, 0) waited for the gradient B(1, 0) sent at 40 and started at 40.5 (0.5); median 1.0. Between
+    ops, outside them and their waits: worker 1's F(1, 1) after F(1, 0) ends at 29.9 (0.1)."""
+    t = pd.DataFrame(
+        dict(worker=[0, 0, 1, 1, 1, 0], stage=[0, 0, 1, 1, 1, 0], microbatch=[0, 1, 0, 1, 0, 0],
+             kind=["F", "F", "F", "F", "B", "B"], start=[0.0, 13.0, 13.5, 30.0, 31.0, 40.5],
+             end=[12.0, 25.0, 29.9, 31.0, 40.0, 50.0], wait_ms=[0.0, 0.0, 3.5, 0.01, 0.0, 15.5],
+             send_at=[12.0, 25.0, math.nan, math.nan, 40.0, math.nan])
+    )  # fmt: skip
+    assert tl.message_latency_ms(t) == pytest.approx(1.0)
+    assert tl.message_latency_ms(t.iloc[:2]) != tl.message_latency_ms(t.iloc[:2])  # no message: NaN
+    # worker 0: F(0,1) 13.0 - 12.0 - 0 = 1.0, B(0,0) 40.5 - 25.0 - 15.5 = 0; worker 1: 0.09, 0.0
+    assert tl.op_gap_ms(t) == pytest.approx(np.median([1.0, 0.0, 30.0 - 29.9 - 0.01, 0.0]))
 
 
 @pytest.fixture(scope="module")
@@ -140,4 +204,31 @@ def test_every_row_quotes_its_measured_compute_stretch(out04):
         assert r.compute_stretch_worker_min <= want <= r.compute_stretch_worker_max
         assert f"took {want:.2f}x their stage costs" in r.explanation
         assert f"has bubble {r.bubble_modeled_stretched:.3f}" in r.explanation
-    assert claims.str.contains("compute_stretch_measured").all()
+    # the claims quote the timed runs' causes and point to the model's own explanation
+    assert claims.str.contains("compute_stretch_timed").all() and claims.str.contains("bubble_measured").all()
+
+
+def test_claims_come_from_the_timed_runs(out04):
+    """Every schedule with a closed form has a claims row whose number is the bubble of its timed run
+    (recomputed from that run's timeline), not of the model's run; the ops of the timed runs took their
+    set times; the unit-cost simulation of the same rounds equals the closed form."""
+    table = pd.read_csv(out04 / "bubbles.csv").set_index("schedule")
+    claims = pd.read_csv(out04 / "claims.csv")
+    t = float(pd.read_json(out04 / "config.json", typ="series")["timed_ms"])
+    known = table[table["closed_form"] > 0]
+    assert len(claims) == len(known) > 0
+    for c in claims.itertuples():
+        name = c.claim.split(" bubble fraction")[0]
+        r = table.loc[name]
+        run = tl.measured_timeline({"out": out04 / tl.TIMED_RUNS / name})
+        assert c.ours == pytest.approx(tl.bubble_fraction(run)) == pytest.approx(r.bubble_measured_timed)
+        assert c.ours != pytest.approx(r.bubble_measured, abs=1e-9)
+        assert f"sleep t = {t:g} ms" in c.label and c.fit == "none"
+        assert r.bubble_unit_sim_timed == pytest.approx(r.closed_form, abs=1e-12)
+        assert t <= r.timed_fwd_ms < 1.5 * t and 2 * t <= r.timed_bwd_ms < 1.5 * 2 * t, name
+        # wall-time sleeps cannot beat the closed form by more than their noise; the replay with the
+        # run's measured op times and message latency accounts for what the run adds
+        assert r.bubble_measured_timed > r.closed_form - 0.02, name
+        assert abs(r.bubble_measured_timed - r.bubble_timed_replayed_latency) < 0.05, name
+        assert "replaying the run" in c.explanation
+    assert table.loc[table["closed_form"].isna(), "bubble_measured_timed"].isna().all()

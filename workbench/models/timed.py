@@ -4,7 +4,7 @@ set wall time: the microbenchmark of a schedule's bubble.
 The papers state a schedule's bubble for equal stages whose forward takes ``F`` and whose backward
 takes ``B = 2F``, which zero-bubble schedules split into the input gradient (``BI = F``) and the
 weight gradient (``BW = F``). This model makes those costs real: the stage's work is sleeping, which
-takes wall time but no CPU, so ranks that share few cores do not slow each other down, and the
+takes wall time but no CPU, so ranks that share few cores hardly slow each other down, and the
 arithmetic on ``in_features`` numbers per sample is small beside the sleeps.
 
 The model is ``depth`` blocks ``y = tanh(x * w + b)`` (``w``, ``b``: one number per feature), each
