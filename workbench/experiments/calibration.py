@@ -366,9 +366,16 @@ def intra_batch(setting: Setting, model: str, workers: int, params: dict) -> dic
     S = straight.num_stages
     gpipe = simulate(schedules.build("gpipe", straight, S, steps=4), profile=prof, plan=straight, topology=topo, **cost)
     pd_straight = simulate(
-        schedules.build("pipedream", straight, 16 * S, weights="stash"), profile=prof, plan=straight, topology=topo, **cost
+        schedules.build("pipedream", straight, 16 * S, weights="stash"),
+        profile=prof,
+        plan=straight,
+        topology=topo,
+        **cost,
     )
     single = float(prof.total_ms)
+    gpipe_ms, pd_ms = (
+        math.nan if r.time_per_minibatch_ms is None else r.time_per_minibatch_ms for r in (gpipe, pd_straight)
+    )
     _INTRA[key] = out = dict(
         config="-".join(str(s.replicas) for s in plan.stages),
         straight_config="-".join(str(s.replicas) for s in straight.stages),
@@ -376,9 +383,9 @@ def intra_batch(setting: Setting, model: str, workers: int, params: dict) -> dic
         mp_ms=mp_ms,
         mp_speedup=single / mp_ms,
         over_mp=mp_ms / plan.predicted_ms,
-        gpipe_ms=gpipe.time_per_minibatch_ms,
-        pipedream_straight_ms=pd_straight.time_per_minibatch_ms,
-        over_gpipe=gpipe.time_per_minibatch_ms / pd_straight.time_per_minibatch_ms,
+        gpipe_ms=gpipe_ms,
+        pipedream_straight_ms=pd_ms,
+        over_gpipe=gpipe_ms / pd_ms,
     )
     return out
 

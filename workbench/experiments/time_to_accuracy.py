@@ -358,7 +358,9 @@ _OTHER_CLAIMS = (  # (scheme, claim, paper): measured on this machine; modeled o
     ("gpipe", "PipeDream faster than GPipe", 1.7),
 )
 ASP_CLAIM = "PipeDream faster than ASP to target accuracy"
-_CPU_NOTE = "CPU ranks share the machine's cores: the measured clock reflects Python/gloo overheads, not GPU compute vs network"
+_CPU_NOTE = (
+    "CPU ranks share the machine's cores: the measured clock reflects Python/gloo overheads, not GPU compute vs network"
+)
 _MODELED_ELSEWHERE = (
     "the paper's number is a throughput ratio on 4 GPUs of SOSP's Cluster-A, modeled in notebook 02 "
     "(experiments.calibration.intra_batch); time_to_target.csv has this run's modeled time-to-target ratios on {setting}"
