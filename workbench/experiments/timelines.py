@@ -98,7 +98,7 @@ class Config:
     model_options: dict = field(default_factory=lambda: {"width": 1024, "in_features": 1024})
     seed: int = 0
     timeout_s: float = 120.0
-    timed_ms: float = 20.0
+    timed_ms: float = 30.0
     timed_steps: int = 3
 
     def names(self) -> list[str]:
