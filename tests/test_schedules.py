@@ -158,6 +158,19 @@ def test_validator_rejects_deadlock():
         validate(_replace_ops(sched, 1, swapped))
 
 
+def test_validator_rejects_a_step_before_its_all_reduce():
+    """A replica that steps before the all-reduce would apply its own unreduced gradients."""
+    sched = build("pipedream", plan_of((2, 1)), 8, weights="stash")
+    validate(sched)
+    w0 = [str(op) for op in sched.ops[0]]
+    i = w0.index("AR0#0")
+    assert w0[i + 1] == "STEP0#0"
+    ops = list(sched.ops[0])
+    ops[i], ops[i + 1] = ops[i + 1], ops[i]
+    with pytest.raises(ScheduleError, match=r"worker 0: STEP0#0 comes before AR0#0"):
+        validate(_replace_ops(sched, 0, ops))
+
+
 def test_validator_rejects_backward_on_wrong_worker():
     sched = build("gpipe", 2, 2)
     b = next(op for op in sched.ops[1] if op.kind == "B")
@@ -520,5 +533,17 @@ def test_validator_agrees_with_an_independent_deadlock_check(name, S, M, data):
     if _deadlocks(mutated):
         with pytest.raises(ScheduleError, match="deadlock"):
             validate(mutated)
+    elif _steps_before_their_all_reduce(mutated):
+        with pytest.raises(ScheduleError, match="comes before AR"):
+            validate(mutated)
     else:
         validate(mutated)
+
+
+def _steps_before_their_all_reduce(sched) -> bool:
+    """Whether a worker lists a STEP before its AR of the same (stage, step), by positions."""
+    for ops in sched.ops:
+        at = {(op.kind, op.stage, op.step): i for i, op in enumerate(ops) if op.kind in ("AR", "STEP")}
+        if any(k == "STEP" and at.get(("AR", s, t), -1) > i for (k, s, t), i in at.items()):
+            return True
+    return False

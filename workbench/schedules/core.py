@@ -478,7 +478,8 @@ def validate(schedule: Schedule) -> None:
     worker that ran the F (it holds the stashed activations); every dependency exists; the
     per-worker orders admit an execution without deadlock (a topological order of the union of
     per-worker order edges and the edges of :attr:`Schedule.dataflow` exists); per-worker in-flight
-    limits hold; stash rules: B reads its F's version under ``stash`` and ``vertical-sync``; listed
+    limits hold; stash rules: B reads its F's version under ``stash`` and ``vertical-sync``; a STEP of
+    a replicated stage follows its worker's AR of that step; listed
     overlapped pairs (:meth:`Schedule.overlapped_pairs`) are consecutive F, B ops.
 
     Compute ops are numbered by their op key (:func:`~workbench.schedules.dataflow.op_key`), so
@@ -500,6 +501,7 @@ def validate(schedule: Schedule) -> None:
             f"{op.weights_worker}, which runs no STEP {op.version - 1} of that stage"
         )
     _check_deadlock(schedule, df)
+    _check_ar_before_step(schedule, df)
     schedule.overlapped_pairs()  # listed overlapped pairs are consecutive F, B ops
 
 
@@ -603,6 +605,21 @@ def _check_backwards(schedule: Schedule, wk: np.ndarray, ver: np.ndarray) -> Non
     if missing.size:  # every microbatch goes through every stage
         s, b = where(missing[0])
         raise ScheduleError(f"microbatch {b} never runs the forward of stage {s}")
+
+
+def _check_ar_before_step(schedule: Schedule, df: Dataflow) -> None:
+    """A worker's STEP of a replicated stage comes after its AR of the same step in its order: the
+    step applies the all-reduced gradients (the AR -> STEP edges, the last ``df.ar_steps`` of the
+    dataflow, join ops of one worker, whose op ids follow its program order). The deadlock check
+    runs the program order without these edges, so this is where a STEP listed first is caught."""
+    n = len(df.src) - df.ar_steps
+    bad = np.flatnonzero(df.dst[n:] < df.src[n:])
+    if bad.size:
+        w, op = schedule._op_at(int(df.dst[n:][bad[0]]))
+        raise ScheduleError(
+            f"worker {w}: {op} comes before AR{op.stage}#{op.step}, the all-reduce of the gradients it applies; "
+            "list the STEP after it"
+        )
 
 
 def _check_deadlock(schedule: Schedule, df: Dataflow) -> None:
