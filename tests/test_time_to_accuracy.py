@@ -242,6 +242,10 @@ def test_every_scheme_has_every_seed_and_says_which_engine_trained_it(out03):
     # ASP's own target is its median curve's best: at least half its seeds reach it, a finite median
     assert 2 * asp.loc["dp-asp", "reached"] >= asp.loc["dp-asp", "seeds"] and np.isfinite(asp["epochs_median"]).any()
     assert math.isfinite(asp.loc["dp-asp", "epochs_median"])
+    # every ASP seed's staleness, measured by its replicas (updates by the others between read and write)
+    runs = pd.read_csv(out03 / "asp_runs.csv")
+    assert sorted(runs["seed"]) == sorted(cfg["seeds"]) and (runs["staleness_mean"] >= 0).all()  # NaN fails too
+    assert (runs["staleness_max"] >= runs["staleness_mean"]).all() and runs["label"].str.startswith("measured").all()
     # the ratio is finite unless PipeDream itself stays below ASP's level (quick mode's 3 epochs can)
     claims = pd.read_csv(out03 / "claims.csv").set_index("claim")
     for c in (tta.ASP_CLAIM, tta.ASP_CLAIM + " (this machine)"):
