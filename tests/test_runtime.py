@@ -416,6 +416,42 @@ def test_asynchronous_dp_is_hogwild_with_real_staleness(runs):
     assert len(rows) == 12 and all(float(r["loss"]) == float(r["loss"]) for r in rows)
 
 
+def test_hogwild_update_computes_its_gradient_on_the_weights_it_pulled(tmp_path, monkeypatch):
+    """ASP as an asynchronous parameter-server worker runs it: an update's forwards and backwards all
+    use the weights it pulled, even when another replica writes the shared weights in between. Here a
+    write lands between the forward and the backward (injected in process); the update must move the
+    shared weights by exactly what it moves them without that write (the same gradient)."""
+    from types import SimpleNamespace
+
+    from workbench.runtime import hogwild
+    from workbench.runtime.launch import _shared_weights
+
+    job = prepare("toy-mlp", "dp-asp", workers=2, microbatches=2, steps=1, out=tmp_path / "asp", **COMMON)
+    x, y = job.dataset_fn().tensors
+    mb = BATCH // 2
+
+    def one_update(other_write: float) -> list[dict]:
+        shared, counters = _shared_weights(job)
+        ctx = SimpleNamespace(rank=0, device=torch.device("cpu"), t0=0.0, momentum=0.0, lr=LR)
+        ex = hogwild.HogwildExecutor(ctx, job.schedule, job.model_fn(), job.bounds, shared, counters)
+        real_vjp = hogwild.vjp
+
+        def late_vjp(*args, **kw):  # another replica's update, after this replica's forward
+            for t in shared[0].values():
+                t.data.add_(other_write)
+            return real_vjp(*args, **kw)
+
+        monkeypatch.setattr(hogwild, "vjp", late_vjp)
+        metrics = dict(loss=0.0, n=0, correct=0, samples=0)
+        ex.run_round(0, 0, lambda b: (x[b * mb : (b + 1) * mb], y[b * mb : (b + 1) * mb]), [], metrics)
+        return [{n: t.clone() for n, t in w.items()} for w in shared]
+
+    writes = sum(1 for op in hogwild.RankProgram(job.schedule, 0).ops if op.kind in ("B", "BW"))
+    alone, overwritten = one_update(0.0), one_update(0.01)
+    assert writes >= 1
+    assert max_diff(alone, [{n: t - 0.01 * writes for n, t in w.items()} for w in overwritten]) < 1e-12
+
+
 @pytest.mark.distributed
 def test_outputs_written(runs):
     job, summary = runs[0]["full"]

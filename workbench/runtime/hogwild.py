@@ -15,11 +15,15 @@ from .worker import RankProgram
 class HogwildExecutor(MomentumState):
     """Asynchronous data parallelism (``async`` rule) on shared-memory weights, without locks.
 
-    Every worker holds all stages. ``F(s, b)`` reads the current shared weights of stage ``s``;
-    ``STEP(s, t)`` writes ``W_s <- W_s - lr * mean gradient`` in place while the other replicas keep
-    running (Hogwild). Staleness of an update = updates of that stage written by the other replicas
-    between this replica's read (its first forward of the update) and its write, counted with a
-    shared per-(stage, replica) counter table whose slots only their owner writes.
+    Every worker holds all stages. The first ``F(s, b)`` of an update *pulls* stage ``s``: it copies
+    the current shared weights, and that copy serves every forward and backward of the update, as an
+    asynchronous parameter-server worker computes its gradient on the weights it pulled (the paper's
+    ASP). ``STEP(s, t)`` then writes ``W_s <- W_s - lr * mean gradient`` into the shared weights in
+    place while the other replicas keep running (Hogwild: no locks). Without the copy, autograd would
+    keep references to the shared storage, and a backward would read weights another replica wrote
+    after its forward (a gradient of no single weight version). Staleness of an update = updates of
+    that stage written by the other replicas between this replica's pull and its write, counted with
+    a shared per-(stage, replica) counter table whose slots only their owner writes.
     """
 
     def __init__(self, ctx, schedule: Schedule, model, bounds, shared: list[dict], counters: torch.Tensor):
@@ -31,6 +35,7 @@ class HogwildExecutor(MomentumState):
         self.buf = [{n: torch.zeros_like(t) for n, t in sh.items()} for sh in shared]
         self.momentum = [{n: torch.zeros_like(t) for n, t in sh.items()} for sh in shared]  # local to the replica
         self.records: dict = {}
+        self.pulled: dict[int, dict] = {}  # stage -> the weights this replica's current update read
         self.read_at: dict[int, int] = {}
         self.staleness: list[int] = []
 
@@ -48,9 +53,11 @@ class HogwildExecutor(MomentumState):
             version = -1
             if op.kind == "F":
                 x = data(b)[0] if s == 0 else self.records[(s - 1, b)]["y"].detach()
-                self.read_at.setdefault(s, self._others(s))
+                if s not in self.pulled:  # the update's pull: one weight version for all its passes
+                    self.read_at[s] = self._others(s)
+                    self.pulled[s] = {n: t.detach().clone().requires_grad_(True) for n, t in self.shared[s].items()}
                 version = int(self.counters[s].sum().item())
-                params = {n: t.data.requires_grad_(True) for n, t in self.shared[s].items()}
+                params = self.pulled[s]
                 xl = as_leaves(x, requires_grad=s > 0)
                 y = run_stage(self.modules[s], params, from_tuple(xl, isinstance(x, tuple)))
                 rec = {"x": xl, "y": y, "params": params, "like": isinstance(x, tuple)}
@@ -79,6 +86,7 @@ class HogwildExecutor(MomentumState):
             elif op.kind == "STEP":
                 n = self.prog.count[(s, op.step)]
                 self.staleness.append(self._others(s) - self.read_at.pop(s, 0))
+                self.pulled.pop(s, None)
                 mu = self.ctx.momentum
                 for name, t in self.shared[s].items():
                     d = self.buf[s][name].div_(n)
