@@ -187,3 +187,25 @@ def test_the_intra_batch_comparisons_on_one_cluster_a_server():
     lo, hi = (cal.predict(nums[q], p)[0] for q in ("pipedream_over_mp_min", "pipedream_over_mp_max"))
     assert lo == min(v["over_mp"] for v in per.values()) and hi == max(v["over_mp"] for v in per.values())
     assert cal.predict(nums["pipedream_over_gpipe"], p)[0] == max(per[m]["over_gpipe"] for m in cal.straight_models(4))
+
+
+def test_the_gnmt_profiles_sentence_lengths_and_the_fig1_sensitivity():
+    """PipeDream's GNMT profiles were measured at different sentence lengths (read from the first
+    embedding's output bytes: 64 x tokens x 1024 x 4 B); the sensitivity refits eta with GNMT-8 at
+    GNMT-16's length: Fig. 1's 90% is reached again (by construction), with a smaller eta (longer
+    sentences: more compute per byte all-reduced), and every SOSP prediction is recomputed with it."""
+    assert cal.profiled_tokens("gnmt") == pytest.approx(24.0)
+    assert cal.profiled_tokens("gnmt_large") == pytest.approx(50.0)
+    assert cal.profiled_tokens("vgg16") is None
+    df = cal.fig1_token_sensitivity()
+    sosp = [n for n in cal.PAPER if cal.SETTINGS[n.setting].group == "sosp" and n.role == "predict"]
+    assert len(df) == len(sosp) and df["label"].str.startswith("modeled").all()
+    eta = float(df["eta_gnmt8_at_gnmt16_tokens"].iloc[0])
+    assert eta < float(df["eta_fitted"].iloc[0])
+    aligned = {"gnmt": cal.model_profile("gnmt").scaled(samples=50 / 24)}
+    fig1 = next(n for n in cal.PAPER if n.quantity == "fig1_max_share")
+    assert max(cal.fig1_shares(fig1, dict(efficiency=eta), aligned).values()) == pytest.approx(90.0, abs=0.1)
+    row = df[(df.setting == "sosp-A") & (df.model == "vgg16") & (df.quantity == "pipedream_over_bsp")].iloc[0]
+    num = next(n for n in sosp if (n.setting, n.model, n.quantity) == ("sosp-A", "vgg16", "pipedream_over_bsp"))
+    assert row.ours_gnmt8_at_gnmt16_tokens == pytest.approx(cal.predict(num, dict(efficiency=eta))[0])
+    assert row.ours_gnmt8_at_gnmt16_tokens > row.ours  # a slower all-reduce favours PipeDream's 15-1 over DP

@@ -43,6 +43,7 @@ number (:func:`eta_needed`, by bisection), beside the fitted one.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from functools import cache
 
@@ -304,10 +305,11 @@ def _profile_for(setting: Setting, model: str) -> Profile:
 
 
 # ---- the model --------------------------------------------------------------------------------
-def bsp(setting: Setting, model: str, workers: int, params: dict) -> dict:
+def bsp(setting: Setting, model: str, workers: int, params: dict, profile: Profile | None = None) -> dict:
     """BSP (data parallelism) in the calibrated cost model: speedup over one GPU and the share of
-    a round the GPU waits on communication, ``1 − (F + B) / round``."""
-    prof = _profile_for(setting, model)
+    a round the GPU waits on communication, ``1 − (F + B) / round`` (``profile``: another profile of
+    ``model`` than the setting's, :func:`fig1_token_sensitivity`)."""
+    prof = profile if profile is not None else _profile_for(setting, model)
     topo = setting.topology(workers)
     cm = CostModel.from_profile(prof, topo, **setting.collective(topo, params))
     per_minibatch = data_parallel_ms(prof, topo, cm)
@@ -402,18 +404,26 @@ def bytes_per_minibatch(plan: Plan, profile: Profile) -> float:
     return float(total)
 
 
+def fig1_shares(num: PaperNumber, params: dict, profiles: dict | None = None) -> dict[tuple[str, str], float]:
+    """BSP's share of time communicating for each of Fig. 1's models on each multi-GPU server of
+    ``num``'s group at ``num.workers`` GPUs, keyed ``(model, setting)`` (``profiles``: model ->
+    another profile to use)."""
+    profiles = profiles or {}
+    setting = SETTINGS[num.setting]
+    return {
+        (mo, s.key): bsp(s, mo, num.workers, params, profiles.get(mo))["share"]
+        for s in SETTINGS.values()
+        if s.group == setting.group and s.gpus_per_machine > 1
+        for mo in FIG1_MODELS
+    }
+
+
 def predict(num: PaperNumber, params: dict) -> tuple[float, str]:
     """Our value of ``num`` under the calibrated ``params`` and the configuration behind it."""
     setting = SETTINGS[num.setting]
     q, m = num.quantity, num.workers
     if q == "fig1_max_share":
-        shares = {
-            (mo, s.key): bsp(s, mo, m, params)["share"]
-            for s in SETTINGS.values()
-            if s.group == setting.group and s.gpus_per_machine > 1
-            for mo in FIG1_MODELS
-        }
-        (mo, key), v = max(shares.items(), key=lambda kv: kv[1])
+        (mo, key), v = max(fig1_shares(num, params).items(), key=lambda kv: kv[1])
         return v, f"{mo} on {key}"
     if q in ("bsp_speedup", "comm_share"):
         r = bsp(setting, num.model, m, params)
@@ -504,6 +514,92 @@ def calibrate(group: str) -> dict:
 def calibrated() -> dict[str, dict]:
     """Every group's fitted parameters (cached: the fit is deterministic)."""
     return {g: calibrate(g) for g in sorted({s.group for s in SETTINGS.values()})}
+
+
+# ---- Fig. 1's maximum and the sentence length of the GNMT profiles ------------------------------
+def profiled_tokens(model: str) -> float | None:
+    """Tokens per sample (sentence length) a translation profile was measured at: its first
+    embedding's output bytes over (minibatch x embedding width x 4 B); ``None`` without an embedding."""
+    prof = model_profile(model)
+    for module, act in zip(prof.layers["module"], prof.layers["act_bytes"]):
+        found = re.match(r"Embedding\((\d+), (\d+)", str(module))
+        if found:
+            return float(act) / (float(prof.meta["batch_size"]) * int(found.group(2)) * 4.0)
+    return None
+
+
+@cache
+def fig1_token_sensitivity() -> pd.DataFrame:
+    """The SOSP calibration again with GNMT-8's profile at GNMT-16's sentence length.
+
+    PipeDream's two GNMT profiles were taken at different sentence lengths (:func:`profiled_tokens`:
+    GNMT-8 at 24 tokens, GNMT-16 at 50), and Fig. 1's highest share, which fits ``η``, is GNMT-8's
+    in the model: its compute per minibatch is that of short sentences while its parameters are not.
+    Here GNMT-8's compute and activations are scaled to GNMT-16's length (compute taken as
+    proportional to tokens, :meth:`Profile.scaled`), ``η`` is fitted to Fig. 1 again, and every SOSP
+    number is predicted with it: how much of each SOSP gap the short sentences explain. **Modeled**;
+    a sensitivity, not the calibration the claims use. Empty where no Fig. 1 number calibrates."""
+    from scipy.optimize import minimize_scalar
+
+    fig1 = [n for n in in_sample("sosp") if n.quantity == "fig1_max_share"]
+    t8, t16 = profiled_tokens("gnmt"), profiled_tokens("gnmt_large")
+    if not fig1 or not t8 or not t16:
+        return pd.DataFrame()
+    aligned = {"gnmt": model_profile("gnmt").scaled(samples=t16 / t8, note=f", at {t16:.0f}-token sentences")}
+
+    def max_share(eta: float) -> float:
+        return max(fig1_shares(fig1[0], dict(efficiency=eta), aligned).values())
+
+    res = minimize_scalar(
+        lambda t: _residual(fig1[0], max_share(float(np.exp(t)))) ** 2,
+        bounds=(np.log(ETA_RANGE[0]), np.log(ETA_RANGE[1])),
+        method="bounded",
+    )
+    fitted, eta = calibrated()["sosp"], dict(efficiency=float(np.exp(res.x)))
+    rows = []
+    for n in PAPER:
+        if SETTINGS[n.setting].group != "sosp" or n.role != "predict":
+            continue
+        ours, again = predict(n, fitted)[0], predict(n, eta)[0]
+        rows.append(
+            dict(
+                setting=n.setting,
+                model=n.model,
+                quantity=n.quantity,
+                workers=n.workers,
+                paper=n.paper,
+                gnmt8_tokens=t8,
+                gnmt16_tokens=t16,
+                eta_fitted=fitted["efficiency"],
+                ours=ours,
+                ratio=ours / n.paper,
+                eta_gnmt8_at_gnmt16_tokens=eta["efficiency"],
+                ours_gnmt8_at_gnmt16_tokens=again,
+                ratio_gnmt8_at_gnmt16_tokens=again / n.paper,
+                label="modeled (sensitivity: the SOSP calibration with GNMT-8's profile scaled to GNMT-16's "
+                "sentence length; the claims use the profiles as published)",
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+def _tokens_text(num: PaperNumber) -> str:
+    """For a SOSP number: what GNMT-8's short profiled sentences explain of its gap
+    (:func:`fig1_token_sensitivity`), where Fig. 1's fitted maximum is GNMT-8's; else ``""``."""
+    fig1 = [n for n in in_sample("sosp") if n.quantity == "fig1_max_share"]
+    if not fig1 or not predict(fig1[0], calibrated()["sosp"])[1].startswith("gnmt on"):
+        return ""
+    df = fig1_token_sensitivity()
+    row = df[(df["setting"] == num.setting) & (df["model"] == num.model) & (df["quantity"] == num.quantity)]
+    if row.empty:
+        return ""
+    r = row.iloc[0]
+    return (
+        f"Fig. 1's fitted maximum is GNMT-8's, whose profile has {r.gnmt8_tokens:.0f}-token sentences "
+        f"(GNMT-16's {r.gnmt16_tokens:.0f}); with GNMT-8 at {r.gnmt16_tokens:.0f} tokens eta fits to "
+        f"{r.eta_gnmt8_at_gnmt16_tokens:.2f} and this row gives {r.ours_gnmt8_at_gnmt16_tokens:.2f} "
+        f"({r.ratio_gnmt8_at_gnmt16_tokens:.2f} of the paper's; fig1_sensitivity.csv)"
+    )
 
 
 # ---- claims, configurations, figures ----------------------------------------------------------
@@ -607,7 +703,8 @@ def _cause(num: PaperNumber, ours: float, params: dict) -> str:
     if num.quantity in ("bsp_speedup", "comm_share"):
         return f"ours {direction} the paper: {_bsp_text(setting, num.model, num.workers, params)}"
     plan = pipedream_plan(setting, num.model, num.workers, params, straight=num.quantity == "straight_speedup")
-    parts = [] if setting.group != "sosp" else [_eta_text(num, params)]
+    parts = [] if setting.group != "sosp" else [_eta_text(num, params), _tokens_text(num)]
+    parts = [p for p in parts if p]
     parts.append(f"ours {direction} the paper: {_plan_text(setting, num.model, plan, params)}")
     if num.quantity in ("pipedream_speedup", "straight_speedup") and ours > num.paper:
         parts.append(
@@ -859,7 +956,8 @@ def scaling_figure(scaling: pd.DataFrame):
 
 def run(out) -> dict:
     """Calibrate, predict, and write ``settings.csv``, ``calibration_parameters.csv``,
-    ``configurations.csv``, ``scaling.csv`` and ``calibration.html`` into ``out``; returns the
+    ``configurations.csv``, ``intra_batch.csv``, ``fig1_sensitivity.csv``, ``scaling.csv``,
+    ``calibration_errors.csv`` and ``calibration.html`` into ``out``; returns the
     tables and the claim rows (the notebook adds them to its ``claims.csv``)."""
     from .common import save_table
     from .pages import save_page
@@ -872,6 +970,7 @@ def run(out) -> dict:
         calibration_parameters=parameters_table(),
         configurations=configs,
         intra_batch=intra_batch_table(),
+        fig1_sensitivity=fig1_token_sensitivity(),
         scaling=scaling,
         calibration_errors=fit_summary(claims),
     )

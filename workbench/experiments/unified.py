@@ -462,6 +462,10 @@ def _n(x: float) -> str:
     return f"{x:g}"
 
 
+#: Where the document counts transfers from a placement (the section after its Table 1).
+DOC_COUNT = "its section 'Latency, network, and memory usage from w(s,b,d)'"
+
+
 def explain(r, k: str) -> str:
     """Why column ``k`` of table row ``r`` differs, from the row's own numbers: the table's value
     (``*_doc``), ours and the document's simulator's (``*_parallelsim`` and its parts)."""
@@ -477,7 +481,8 @@ def _why_act_xmit(r) -> str:
         f" + {_n(inp)} inputs from w(-1, b)" if inp else ""
     )
     out = f"its {_n(r.act_xmit_parallelsim)} counts both directions ({parts}, busiest worker)"
-    out += f"; ours counts forward activations only ({_n(r.act_xmit)}"
+    out += "; ours counts forward activations only, the document's own count from w(s, b, d) (" + DOC_COUNT
+    out += f", one receive per (s, b) a worker computes whose w(s - 1, b) is another worker: {_n(r.act_xmit)}"
     out += (
         f" = B/G = {_n(r.B)}/{_n(r.G)}: a worker carries its group's microbatches)"
         if r.G > 1 and r.act_xmit * r.G == r.B
@@ -491,7 +496,10 @@ def _why_act_xmit(r) -> str:
 def _why_weight_xmit(r) -> str:
     fwd, bwd = r.weight_xmit_parallelsim_fwd, r.weight_xmit_parallelsim_bwd
     out = f"its {_n(r.weight_xmit_parallelsim)} = {_n(fwd)} forward + {_n(bwd)} backward fetches"
-    out += " (one per job, busiest worker); ours counts one per (stage, microbatch), the backward"
+    out += " (one per job, busiest worker); ours counts one per (stage, microbatch), the document's own"
+    out += (
+        f" count from w(s, b, d) ({DOC_COUNT}: 1[w_weights(s, b) != w] summed over the worker's (s, b)), the backward"
+    )
     out += f" reusing the forward's copy ({_n(r.weight_xmit)}"
     k = r.weight_xmit_stages
     m = r.weight_xmit / k if k else 0
