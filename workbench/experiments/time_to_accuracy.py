@@ -147,7 +147,7 @@ def statistical_efficiency(cfg: Config, out) -> dict[str, pd.DataFrame]:
 
 def asp_runs(per_seed: pd.DataFrame, summaries: list[dict]) -> pd.DataFrame:
     """Per ASP seed: the staleness its replicas measured (updates of a stage written by the other
-    replicas between a replica's read and its write: mean and max over its updates, from the run's
+    replicas between a replica's pull and its write: mean and max over its updates, from the run's
     ``summary.json``) beside its best and final test accuracy and whether it diverged."""
     by_name = {Path(s["out"]).name: s for s in summaries}
     rows = per_seed[per_seed["scheme"] == ASP][["seed", "best_accuracy", "final_accuracy", "diverged"]].copy()
@@ -467,8 +467,9 @@ def _asp_statistics_text(st: pd.DataFrame) -> str:
         "Mann-Whitney over seeds: "
         + ", ".join(f"ASP vs {s} p = {v:.3g}" for s, v in p.items())
         + (
-            f"; ASP seeds that diverged (Hogwild, timing-dependent): {int(st.loc[ASP, 'diverged'])}/{st.loc[ASP, 'seeds']} "
-            "(asp_runs.csv: each seed's measured staleness)"
+            f"; ASP seeds that diverged (a non-finite loss; Hogwild, timing-dependent): "
+            f"{int(st.loc[ASP, 'diverged'])}/{st.loc[ASP, 'seeds']} (asp_runs.csv: each seed's best and final accuracy "
+            "and measured staleness)"
             if "diverged" in st.columns and ASP in st.index
             else ""
         )
