@@ -583,13 +583,19 @@ def fig1_token_sensitivity() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@cache
+def _fig1_fitted_on() -> str:
+    """``"<model> on <setting>"``: whose Fig. 1 share the fitted SOSP ``η`` rests on."""
+    fig1 = next(n for n in in_sample("sosp") if n.quantity == "fig1_max_share")
+    return predict(fig1, calibrated()["sosp"])[1]
+
+
 def _tokens_text(num: PaperNumber) -> str:
     """For a SOSP number: what GNMT-8's short profiled sentences explain of its gap
     (:func:`fig1_token_sensitivity`), where Fig. 1's fitted maximum is GNMT-8's; else ``""``."""
-    fig1 = [n for n in in_sample("sosp") if n.quantity == "fig1_max_share"]
-    if not fig1 or not predict(fig1[0], calibrated()["sosp"])[1].startswith("gnmt on"):
-        return ""
     df = fig1_token_sensitivity()
+    if df.empty or not _fig1_fitted_on().startswith("gnmt on"):
+        return ""
     row = df[(df["setting"] == num.setting) & (df["model"] == num.model) & (df["quantity"] == num.quantity)]
     if row.empty:
         return ""

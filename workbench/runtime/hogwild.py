@@ -35,8 +35,8 @@ class HogwildExecutor(MomentumState):
         self.buf = [{n: torch.zeros_like(t) for n, t in sh.items()} for sh in shared]
         self.momentum = [{n: torch.zeros_like(t) for n, t in sh.items()} for sh in shared]  # local to the replica
         self.records: dict = {}
-        self.pulled: dict[int, dict] = {}  # stage -> the weights this replica's current update read
-        self.read_at: dict[int, int] = {}
+        # stage -> (the other replicas' updates at the pull, the weights pulled) of the current update
+        self.pulled: dict[int, tuple[int, dict]] = {}
         self.staleness: list[int] = []
 
     def receive_plan(self, rounds):
@@ -54,10 +54,10 @@ class HogwildExecutor(MomentumState):
             if op.kind == "F":
                 x = data(b)[0] if s == 0 else self.records[(s - 1, b)]["y"].detach()
                 if s not in self.pulled:  # the update's pull: one weight version for all its passes
-                    self.read_at[s] = self._others(s)
-                    self.pulled[s] = {n: t.detach().clone().requires_grad_(True) for n, t in self.shared[s].items()}
+                    copy = {n: t.detach().clone().requires_grad_(True) for n, t in self.shared[s].items()}
+                    self.pulled[s] = (self._others(s), copy)
                 version = int(self.counters[s].sum().item())
-                params = self.pulled[s]
+                params = self.pulled[s][1]
                 xl = as_leaves(x, requires_grad=s > 0)
                 y = run_stage(self.modules[s], params, from_tuple(xl, isinstance(x, tuple)))
                 rec = {"x": xl, "y": y, "params": params, "like": isinstance(x, tuple)}
@@ -85,8 +85,7 @@ class HogwildExecutor(MomentumState):
                     self.records[("cot", s - 1, b)] = dx
             elif op.kind == "STEP":
                 n = self.prog.count[(s, op.step)]
-                self.staleness.append(self._others(s) - self.read_at.pop(s, 0))
-                self.pulled.pop(s, None)
+                self.staleness.append(self._others(s) - self.pulled.pop(s, (0, None))[0])
                 mu = self.ctx.momentum
                 for name, t in self.shared[s].items():
                     d = self.buf[s][name].div_(n)
