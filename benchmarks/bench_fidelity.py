@@ -5,28 +5,28 @@ ranks with one torch thread each, split 4 + 4 layers (``dp-bsp``: both ranks hol
 
 Nothing the prediction uses comes from the run it predicts. Per repetition, interleaved with the runs:
 
-1. link: :func:`workbench.calibrate.measure_link` (2-process gloo ping-pong, fit ``α + n / β``),
+1. link: :func:`workbench.runtime.machine.measure_link` (2-process gloo ping-pong, fit ``α + n / β``),
    idle (median one-way time) and loaded (``busy=True``: each process keeps its core busy computing
    and sends through the runtime's send path, mean one-way time, and the compute time each message
-   takes from its core); the predictions charge :func:`workbench.calibrate.runtime_link`: the idle
+   takes from its core); the predictions charge :func:`workbench.runtime.machine.runtime_link`: the idle
    transit and the loaded CPU per message (the ``loaded transit`` column charges the loaded transit
    too, for comparison); the overhead calibration of step 3 (whose cores stay idle) the idle link;
    ``--idle-link`` predicts with the idle link alone; ``--transport shm``: the ping-pong, the overhead
    calibration's run and the measured pipeline runs send through the runtime's shared-memory
    transport instead of gloo (``dp-bsp`` all-reduces over gloo either way);
-   all-reduce: :func:`workbench.calibrate.measure_allreduce` (2-process gloo ``all_reduce``, the
+   all-reduce: :func:`workbench.runtime.machine.measure_allreduce` (2-process gloo ``all_reduce``, the
    ring's bus bandwidth and per-step latency: gloo's all-reduce runs far below its ping-pong rate);
-2. compute: :func:`workbench.calibrate.stage_profile` at microbatch 32, 1 thread, in 2 fresh
+2. compute: :func:`workbench.runtime.machine.stage_profile` at microbatch 32, 1 thread, in 2 fresh
    processes at once (as many busy processes as the run has ranks), process ``r`` pinned to rank
    ``r``'s core; each stage's timings from its rank's process (``dp-bsp``, whose one stage runs
-   on both ranks: the slower; :func:`workbench.calibrate.on_ranks`; the mean of the two processes
+   on both ranks: the slower; :func:`workbench.runtime.machine.on_ranks`; the mean of the two processes
    is the ``core mean`` column): stage-level
    fwd/bwd through the runtime's own stage functions, per-layer profile, optimizer step per stage
    (in place, and into new tensors for the steps that keep a stashed version);
 3. per-op overhead ``o`` of each of the runtime's two executors: a runtime run of a *different*
    model (``mlp`` of width 16, compute almost nil) with ``gpipe`` (the schedule interpreter, used
    by every pipeline schedule) and with ``dp-bsp`` (DistributedDataParallel); ``o`` is the per-op
-   cost that makes its simulation match its measured step (:func:`workbench.calibrate.solve_overhead`),
+   cost that makes its simulation match its measured step (:func:`workbench.runtime.machine.solve_overhead`),
    with its own stage profile and the link above; the run takes ``--overhead-steps`` (64) steps,
    as its 5-10 ms steps are the noisiest of the benchmark;
 4. the five measured runs (``workbench.runtime.train``, same options as ``bench_runtime.py``):
@@ -34,7 +34,7 @@ Nothing the prediction uses comes from the run it predicts. Per repetition, inte
    order rotates from one repetition to the next (the run right after the calibration was slower
    more often), and the page cache is written back (``os.sync``) before each.
 
-Modeled = :func:`workbench.calibrate.modeled_step_ms` (the schedule repeated over 6 rounds, the
+Modeled = :func:`workbench.runtime.machine.modeled_step_ms` (the schedule repeated over 6 rounds, the
 same statistic). The all-reduce runs after the backward (``--overlap-allreduce`` to overlap them):
 with one core per rank, gloo's all-reduce needs the cores the backward computes on (measured: DDP's
 backward takes about the sum of the backward and the all-reduce timed apart). Reported: medians over ``--repeat`` repetitions; error = modeled / measured - 1.
@@ -81,9 +81,9 @@ def _profile_in_child(model_options: dict, bounds: list, threads: int, index: in
     pins its ranks): the stage profile of ``mlp(**model_options)``."""
     import torch
 
-    from workbench.calibrate import stage_profile
     from workbench.models import build
     from workbench.runtime.affinity import place_rank
+    from workbench.runtime.machine import stage_profile
 
     place_rank(index, of, threads)
     torch.manual_seed(0)
@@ -97,8 +97,8 @@ def profile_separately(
     where rank ``r`` runs (so the compute sees the same number of busy processes sharing cores, caches
     and memory bandwidth); each stage's timings from the process of the rank that runs it
     (``stage_ranks[s]``, default: stage ``s`` on rank ``s``; a replicated stage: its slowest replica,
-    :func:`workbench.calibrate.on_ranks`)."""
-    from workbench.calibrate import on_ranks
+    :func:`workbench.runtime.machine.on_ranks`)."""
+    from workbench.runtime.machine import on_ranks
 
     with ProcessPoolExecutor(max_workers=concurrent, mp_context=get_context("spawn")) as ex:
         futs = [ex.submit(_profile_in_child, model_options, bounds, threads, i, concurrent) for i in range(concurrent)]
@@ -112,7 +112,7 @@ def profile_separately(
 def core_mean(sps: list):
     """The profiles' mean over the processes (every stage at the mean of the cores), a column beside
     the per-rank profile."""
-    from workbench.calibrate import on_ranks
+    from workbench.runtime.machine import on_ranks
 
     return on_ranks(sps, [list(range(len(sps)))] * len(sps[0].bounds), combine=statistics.fmean)
 
@@ -122,8 +122,8 @@ def run_measured(schedule: str, steps: int, skip: int, transport: str = "gloo", 
     ``transport`` for the pipeline schedules (``dp-bsp``
     has no point-to-point messages: always gloo). More than 16 steps: a synthetic set of 64 steps
     per epoch, so no epoch end falls among them."""
-    from workbench.calibrate import measured_step_ms
     from workbench.runtime import train
+    from workbench.runtime.machine import measured_step_ms
 
     out = Path(tempfile.mkdtemp(prefix="bench_fid_")) / schedule
     data = dict(dataset_options={"num_train": 64 * BATCH}) if steps > 16 else {}
@@ -176,7 +176,7 @@ def schedule_of(name: str):
 
 
 def main(argv=None) -> int:
-    from workbench.calibrate import measure_allreduce, measure_link, modeled_step_ms, runtime_link, solve_overhead
+    from workbench.runtime.machine import measure_allreduce, measure_link, modeled_step_ms, runtime_link, solve_overhead
     from workbench.runtime.shm import TRANSPORTS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -17,7 +17,7 @@ schedules of the DP's best candidates at NOAM's and at the communication-aware w
 process, time.process_time, which other load disturbs less); the 1-minute load average of the
 machine is recorded beside it (the benchmark is not a test: it does not fail when slow).
 The paper's DP is O(N^2 M^2) per level (O(N^3 M_1^2) for an inner level that needs every
-sub-range); see workbench/partition.py for how it is vectorised.
+sub-range); see workbench/partitioning/dynamic_program.py for how it is vectorised.
 
     python benchmarks/bench_partition.py [--sizes 100 250 500 1000] [--repeat 3]
 
@@ -47,10 +47,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workbench.partition import partition
-from workbench.profiler import Profile
+from workbench.cost.topology import Topology
+from workbench.partitioning.search import partition
+from workbench.profiling.measure import Profile
 from workbench.runtime.outputs import atomic_text
-from workbench.topology import Topology
 
 TOPOLOGIES = {
     "flat8": Topology.flat(8, 12e9),
@@ -174,7 +174,7 @@ RECORDED = Path(__file__).resolve().parent.parent / "tests" / "data" / "pipedrea
 
 
 def _options(rec: dict):
-    from workbench.pipedream_optimizer import Options
+    from workbench.partitioning.pipedream_optimizer import Options
 
     f = rec["flags"]
     mem = float(f[f.index("--memory_size") + 1]) if "--use_memory_constraint" in f else None
@@ -183,7 +183,7 @@ def _options(rec: dict):
 
 def _ours(prof: Profile, rec: dict, repeat: int):
     """Best-of-``repeat`` wall and CPU seconds of cost='pipedream' (states included), and its result."""
-    from workbench.pipedream_optimizer import optimize_states, profile_states
+    from workbench.partitioning.pipedream_optimizer import optimize_states, profile_states
 
     best, best_cpu, res = float("inf"), float("inf"), None
     for _ in range(repeat):
@@ -205,7 +205,7 @@ def _replayed(st, rec) -> bool:
     """The configuration with PipeDream's candidate order and cumulative sums replayed."""
     from dataclasses import replace
 
-    from workbench.pipedream_optimizer import optimize_states
+    from workbench.partitioning.pipedream_optimizer import optimize_states
 
     sums = {
         "compute_s": "state_compute_s",
@@ -221,7 +221,7 @@ def _replayed(st, rec) -> bool:
 
 
 def vs_pipedream(a) -> pd.DataFrame:
-    from workbench.pipedream_graph import SHIPPED, read_graph, shipped
+    from workbench.profiling.pipedream import SHIPPED, read_graph, shipped
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     import record_pipedream_optimizer as recorder

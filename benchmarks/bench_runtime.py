@@ -51,7 +51,7 @@ Rows per model:
   the ``options`` column says which ran), with the per-epoch test-set evaluation off (``evaluate=False``: the torch rows evaluate nothing either). Its per-epoch
   checkpoints stay on, but no epoch ends within the timed steps (the mlp's synthetic set holds 64
   steps per epoch here; an epoch end costs 15-25 ms on this machine; the torch rows have none). Its measured timeline gives the breakdown columns (ms per step, mean over the
-  ranks, :func:`workbench.runtime.breakdown.breakdown`): compute, recv wait, send, data copy,
+  ranks, :func:`workbench.runtime.wall_time.breakdown`): compute, recv wait, send, data copy,
   optimizer, all-reduce, overhead (between ops). ``workbench-pipedream-flush+warmup``: the same
   schedule with the warm-up the workbench's planner gives this split on this machine
   (:func:`plan_warmup`: ``Plan.in_flight``, which counts the messages' latency; NOAM, torch's
@@ -150,11 +150,11 @@ CONFIGS = {  # model -> batch, default timed steps, workbench schedules, torch s
 
 def plan_warmup(name: str) -> list[int]:
     """The 1F1B warm-up the workbench's planner gives this split on this machine
-    (:func:`workbench.calibrate.in_flight`, :meth:`CostModel.in_flight`, the figure ``Plan.in_flight``
+    (:func:`workbench.runtime.machine.in_flight`, :meth:`CostModel.in_flight`, the figure ``Plan.in_flight``
     reports): the stage compute measured at the microbatch size, one thread, and the link the cost
-    model charges a runtime message (:func:`workbench.calibrate.runtime_link`: the idle gloo
+    model charges a runtime message (:func:`workbench.runtime.machine.runtime_link`: the idle gloo
     ping-pong's latency and bandwidth, the CPU per message of the loaded one)."""
-    from workbench.calibrate import in_flight, measure_link, runtime_link, stage_profile
+    from workbench.runtime.machine import in_flight, measure_link, runtime_link, stage_profile
     from workbench.runtime.stages import even_bounds
 
     model = _model(name)
@@ -389,10 +389,10 @@ def bench_workbench(
 
 
 def where_time_goes(out: Path, warmup: int) -> dict:
-    """Mean over the ranks of the measured breakdown, ms per step (see workbench.runtime.breakdown)."""
+    """Mean over the ranks of the measured breakdown, ms per step (see workbench.runtime.wall_time)."""
     import pandas as pd
 
-    from workbench.runtime.breakdown import breakdown
+    from workbench.runtime.wall_time import breakdown
 
     return breakdown(pd.read_csv(out / "timeline.csv"), warmup).mean().to_dict()
 
@@ -404,7 +404,7 @@ def fidelity(out: Path, schedule: str, warmup: int, options: dict | None = None,
     import pandas as pd
 
     from workbench.runtime.launch import schedule_for_workers
-    from workbench.simulate import simulate
+    from workbench.simulation import simulate
 
     tl = pd.read_csv(out / "timeline.csv")
     tl = tl[tl.step >= warmup]

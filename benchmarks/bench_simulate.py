@@ -22,7 +22,7 @@ import pandas as pd
 
 from workbench.runtime.outputs import atomic_text
 from workbench.schedules.core import Op, Schedule
-from workbench.simulate import simulate
+from workbench.simulation import simulate
 
 SIZES = [(8, 64), (16, 256), (64, 1024)]
 

@@ -27,8 +27,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench import Profile, Topology, simulate
-from workbench.plot import timeline_figure
-from workbench.widgets import PartitionTuner, core
+from workbench.viz.plot import timeline_figure
+from workbench.viz.widgets import PartitionTuner, core
 
 CASES = [("flat 8 @ 1 GB/s", ((8, 1e9),)), ("4 @ 12 GB/s x 2 @ 1.25 GB/s", ((4, 12e9), (2, 1.25e9)))]
 

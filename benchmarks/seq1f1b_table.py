@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from workbench.partition import partition
-from workbench.pipedream_graph import shipped
+from workbench.cost.topology import Topology
+from workbench.partitioning.search import partition
+from workbench.profiling.pipedream import shipped
 from workbench.schedules import build
-from workbench.simulate import simulate
-from workbench.topology import Topology
+from workbench.simulation import simulate
 
 ROWS = [
     ("pipedream-flush", {}),

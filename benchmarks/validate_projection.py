@@ -2,7 +2,7 @@
 
 For AlexNet, VGG-16 and ResNet-50 at the batch size of the published ``graph.txt`` (inferred from
 its input tensor), build the paper-size model on the meta device, count FLOPs/bytes per layer
-(``workbench.profiler.analyze``), project it to a V100 (``workbench.profiler.project``) and compare
+(``workbench.profiling.measure.analyze``), project it to a V100 (``workbench.profiling.measure.project``) and compare
 total forward, backward and fwd+bwd time with the measured profile. The efficiency factors are the
 library defaults, fixed a priori: this script does not fit them.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from workbench import models
-from workbench.profiler import Profile, project
+from workbench.profiling.measure import Profile, project
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "pipedream-profiles"

@@ -110,11 +110,11 @@ The papers' settings (arXiv v1: one GPU per machine, a parameter server; SOSP: m
 PyTorch all-reduce). Each setting's data-parallel all-reduce gets at most two free parameters, fitted
 only to the papers' data-parallel numbers (pipeline links stay at their nominal rates); every
 PipeDream-side number is then predicted by the same cost model
-(`workbench/experiments/calibration.py`). **Modeled**; `fit` says in-sample or out-of-sample.
+(`workbench/experiments/paper_fit.py`). **Modeled**; `fit` says in-sample or out-of-sample.
 """),
     code("""
-from workbench.experiments import calibration
-cal = calibration.run(out)
+from workbench.experiments import paper_fit
+cal = paper_fit.run(out)
 cal["settings"]
 """),
     code("""

@@ -4,7 +4,7 @@ every driver config and the replicas per stage of every stage-to-rank file.
 The reference is github.com/msr-fiddle/pipedream. Fetch a copy (a bare mirror is enough) and run::
 
     python scripts/record_pipedream_configs.py /path/to/pipedream.git \
-        workbench/data/pipedream/runtime_configs.json
+        workbench/profiling/data/pipedream/runtime_configs.json
 
 ``/path/to/pipedream.git`` is the repository's git directory (``git --git-dir`` is given it; the files
 are read with ``git show <commit>:<path>``, so no work tree is needed). What is recorded, and nothing
@@ -108,7 +108,7 @@ def record(git_dir: str, commit: str = "HEAD") -> dict:
     return dict(
         source="github.com/msr-fiddle/pipedream",
         commit=sha,
-        regenerate="python scripts/record_pipedream_configs.py <pipedream git dir> workbench/data/pipedream/runtime_configs.json",
+        regenerate="python scripts/record_pipedream_configs.py <pipedream git dir> workbench/profiling/data/pipedream/runtime_configs.json",
         drivers=dict(sorted(drivers.items())),
         configs={k: dict(sorted(v.items())) for k, v in sorted(configs.items())},
         repaired=repaired,

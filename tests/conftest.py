@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config, items):
 def quick_run(tmp_path_factory) -> Path:
     """The run folder of ``workbench reproduce --quick`` (every notebook of the checkout)."""
     pytest.importorskip("papermill")
-    from workbench.cli import main
+    from workbench.cli.commands import main
 
     out = tmp_path_factory.mktemp("reproduce")
     rc = main(["reproduce", "--quick", "--out", str(out)])

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.antichain import LayerGraph, antichain_states
-from workbench.pipedream_graph import layer_graph, read_graph, shipped_path
+from workbench.partitioning.antichain import antichain_states
+from workbench.profiling.graph import LayerGraph
+from workbench.profiling.pipedream import layer_graph, read_graph, shipped_path
 
 
 def diamond() -> LayerGraph:
@@ -95,11 +96,11 @@ def test_traced_model_profile_carries_its_layer_dag():
     import torch
     from torch import nn
 
-    from workbench.graph import split
-    from workbench.partition import partition
-    from workbench.pipedream_optimizer import profile_states
-    from workbench.profiler import profile
-    from workbench.topology import Topology
+    from workbench.cost.topology import Topology
+    from workbench.partitioning.pipedream_optimizer import profile_states
+    from workbench.partitioning.search import partition
+    from workbench.profiling.layering import split
+    from workbench.profiling.measure import profile
 
     class Block(nn.Module):
         def __init__(self):

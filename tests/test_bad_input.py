@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.cli import main
-from workbench.profiler import Profile
+from workbench.cli.commands import main
+from workbench.profiling.measure import Profile
 from workbench.runtime import prepare
 
 
@@ -76,7 +76,7 @@ def test_unknown_model_object_gets_a_short_message(tmp_path):
 
 
 def test_nn_sequential_is_traced_not_refused(tmp_path):
-    """`unknown model Sequential(...)` is gone: an nn.Module is a model (traced by workbench.graph.split)."""
+    """`unknown model Sequential(...)` is gone: an nn.Module is a model (traced by workbench.profiling.layering.split)."""
     seq = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(inplace=True), nn.Linear(32, 10))
     job = prepare(
         seq,
@@ -116,7 +116,7 @@ class TwoArguments(nn.Module):
 
 def test_two_argument_layer_in_a_sequential_is_named():
     seq = nn.Sequential(nn.Linear(4, 4), TwoArguments(), nn.Linear(4, 2))
-    from workbench.profiler import profile
+    from workbench.profiling.measure import profile
 
     with pytest.raises(
         ValueError,
@@ -128,7 +128,7 @@ def test_two_argument_layer_in_a_sequential_is_named():
 
 @pytest.fixture(scope="module")
 def vgg16_csv(tmp_path_factory):
-    from workbench.pipedream_graph import shipped
+    from workbench.profiling.pipedream import shipped
 
     return shipped("vgg16").save(tmp_path_factory.mktemp("pd") / "vgg16_pd.csv")
 
@@ -147,7 +147,7 @@ def test_infinite_or_unparsable_bandwidth(capsys, vgg16_csv, argv, words):
 
 
 def test_infinite_bandwidth_api():
-    from workbench.topology import Topology
+    from workbench.cost.topology import Topology
 
     with pytest.raises(ValueError, match="bandwidth must be > 0 bytes/s and finite"):
         Topology.flat(4, float("inf"))
@@ -184,7 +184,7 @@ def test_negative_chunks_named_as_chunks(capsys):
 
 
 def test_cnn_given_vectors_names_the_shape_mismatch():
-    from workbench.graph import split
+    from workbench.profiling.layering import split
 
     cnn = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
     with pytest.raises(ValueError, match=r"fails on the example input \(\(8, 512\)\) before any tracing") as e:
@@ -210,7 +210,7 @@ def test_cnn_given_the_synthetic_data_set_cli(capsys, tmp_path):
 
 def test_cache_building_model_gets_the_use_cache_hint():
     """A model whose output carries a transformers-style cache object: the hint names use_cache=False."""
-    from workbench.graph import split
+    from workbench.profiling.layering import split
 
     class DynamicCache:  # what transformers' decoder returns with use_cache=True (not a tensor)
         pass

@@ -182,7 +182,7 @@ def _tuner_timeline(page) -> dict:
 # update of the timeline; the whole test (a fresh JupyterLab and browser) is rerun up to twice.
 @pytest.mark.flaky(reruns=2)
 def test_notebook_in_jupyterlab_headless_chromium(lab, tmp_path):
-    from workbench.io import run_folder, run_id
+    from workbench.io.folders import run_folder, run_id
 
     shots = {}
     with playwright_api.sync_playwright() as pw:

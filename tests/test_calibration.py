@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from workbench.experiments import calibration as cal
+from workbench.experiments import paper_fit as cal
 
 
 def test_every_paper_number_names_a_known_setting_and_quantity():
@@ -39,7 +39,7 @@ def test_topologies_follow_the_settings_and_only_the_collective_is_calibrated():
 
 
 def test_two_points_two_parameters_fit_exactly():
-    p = cal.calibrate("arxiv-B")
+    p = cal.fit_group("arxiv-B")
     assert p["points"] == 2 and p["rms_log_error"] < 1e-6
     for num in cal.in_sample("arxiv-B"):
         assert cal.predict(num, p)[0] == pytest.approx(num.paper, rel=1e-5)
@@ -47,15 +47,15 @@ def test_two_points_two_parameters_fit_exactly():
 
 def test_the_calibration_never_sees_a_predicted_number(monkeypatch):
     """Changing every out-of-sample paper value leaves the fitted parameters as they were."""
-    before = cal.calibrate("arxiv-B")
+    before = cal.fit_group("arxiv-B")
     moved = tuple(n if n.role == "dp" else dataclasses.replace(n, paper=n.paper * 3) for n in cal.PAPER)
     monkeypatch.setattr(cal, "PAPER", moved)
-    after = cal.calibrate("arxiv-B")
+    after = cal.fit_group("arxiv-B")
     assert after["bandwidth"] == before["bandwidth"] and after["latency_ms"] == before["latency_ms"]
     # and an in-sample value does move them (the check can fail)
     shifted = tuple(dataclasses.replace(n, paper=n.paper * 1.2) if n.role == "dp" else n for n in cal.PAPER)
     monkeypatch.setattr(cal, "PAPER", shifted)
-    assert cal.calibrate("arxiv-B")["bandwidth"] != pytest.approx(before["bandwidth"], rel=1e-3)
+    assert cal.fit_group("arxiv-B")["bandwidth"] != pytest.approx(before["bandwidth"], rel=1e-3)
 
 
 def test_bsp_share_and_speedup_are_one_measurement():
@@ -70,7 +70,7 @@ def test_bsp_share_and_speedup_are_one_measurement():
 
 
 def test_bytes_per_minibatch_counts_cuts_and_replica_all_reduces():
-    from workbench.plan import Plan, Stage
+    from workbench.cost.plan import Plan, Stage
 
     prof = cal.model_profile("vgg16")
     par = prof.layers["param_bytes"].to_numpy(float)
@@ -84,8 +84,8 @@ def test_bytes_per_minibatch_counts_cuts_and_replica_all_reduces():
 def test_every_claim_row_says_its_fit_and_every_large_gap_a_cause():
     rows, configs = cal.claim_rows(
         {
-            "arxiv-A": cal.calibrate("arxiv-A"),
-            "arxiv-B": cal.calibrate("arxiv-B"),
+            "arxiv-A": cal.fit_group("arxiv-A"),
+            "arxiv-B": cal.fit_group("arxiv-B"),
             "sosp": dict(free="efficiency", efficiency=1.0, points=1, rms_log_error=0.0),
         }
     )
@@ -133,7 +133,7 @@ def test_eta_needed_finds_the_root_and_says_none_where_there_is_none(monkeypatch
 def test_the_arxiv_cluster_a_fit_and_its_predictions():
     """The fitted all-reduce reproduces the in-sample BSP numbers; PipeDream's VGG-16 speedups at 8
     machines and the straight pipeline's at 4 come out within 25% (out of sample: no parameter saw them)."""
-    p = cal.calibrate("arxiv-A")
+    p = cal.fit_group("arxiv-A")
     assert p["rms_log_error"] < 0.2
     got = {(n.model, n.workers, n.quantity): cal.predict(n, p)[0] for n in cal.PAPER if n.setting == "arxiv-A"}
     assert got[("vgg16", 8, "bsp_speedup")] == pytest.approx(2.35, rel=0.1)
@@ -145,7 +145,7 @@ def test_the_arxiv_cluster_a_fit_and_its_predictions():
 
 def test_an_unknown_group_or_quantity_fails_in_one_line():
     with pytest.raises(ValueError, match="no data-parallel numbers"):
-        cal.calibrate("nope")
+        cal.fit_group("nope")
     bad = dataclasses.replace(cal.PAPER[0], quantity="bogus")
     with pytest.raises(ValueError, match="unknown quantity"):
         cal.predict(bad, dict(bandwidth=1e9, latency_ms=1.0))
@@ -154,9 +154,9 @@ def test_an_unknown_group_or_quantity_fails_in_one_line():
 def test_the_profile_change_reaches_the_graph_pipedream_plans_with():
     """The Titan X compute scaling and VGG-16's runtime minibatch (64, profiled at 128) reach the node
     DAG PipeDream's optimizer reads, not only the layer table."""
-    from workbench.partition import partition
-    from workbench.pipedream_graph import shipped
-    from workbench.profiler import GPUS
+    from workbench.partitioning.search import partition
+    from workbench.profiling.measure import GPUS
+    from workbench.profiling.pipedream import shipped
 
     v100, titan = cal.model_profile("vgg16", "V100"), cal.model_profile("vgg16", "Titan X")
     k = GPUS["V100"]["flops"] / GPUS["1080Ti"]["flops"]

@@ -4,14 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from workbench.cli import main
+from workbench.cli.commands import main
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
 
 
 def run_cli(*args, cwd=None):
     return subprocess.run(
-        [sys.executable, "-m", "workbench.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=120
+        [sys.executable, "-m", "workbench.cli.commands", *args], capture_output=True, text=True, cwd=cwd, timeout=120
     )
 
 
@@ -48,7 +48,7 @@ def test_partition_writes_plan(tmp_path, capsys):
     )
     out = tmp_path / "plan.json"
     assert main(["partition", "--profile", str(prof), "--workers", "4", "--out", str(out)]) == 0
-    from workbench.plan import Plan
+    from workbench.cost.plan import Plan
 
     plan = Plan.load(out)
     assert plan.num_workers == 4
@@ -164,7 +164,7 @@ def _metrics(tmp_path, capsys, argv):
 def sim_inputs(tmp_path_factory):
     """A shipped PipeDream profile and a plan for 4 workers, as files."""
     from workbench import Topology, partition
-    from workbench.pipedream_graph import shipped
+    from workbench.profiling.pipedream import shipped
 
     d = tmp_path_factory.mktemp("siminputs")
     prof = shipped("vgg16")
@@ -283,7 +283,7 @@ def part_profile(tmp_path_factory):
     """12 layers; the last two pass 1 GB on (a cut there is costly) and the first has 1 GB of weights."""
     import pandas as pd
 
-    from workbench.profiler import Profile
+    from workbench.profiling.measure import Profile
 
     n = 12
     df = pd.DataFrame(
@@ -321,7 +321,7 @@ def test_partition_fewer_workers_changes_the_plan(tmp_path, capsys):
     """Two layers with a 10 GB activation between them on 1 MB/s links: one worker is best."""
     import pandas as pd
 
-    from workbench.profiler import Profile
+    from workbench.profiling.measure import Profile
 
     df = pd.DataFrame(
         dict(name=["a", "b"], fwd_ms=[1.0, 1.0], bwd_ms=[1.0, 1.0], act_bytes=[1e10, 1.0], param_bytes=[1.0, 1.0])
@@ -359,7 +359,7 @@ def test_help_imports_neither_torch_nor_pandas():
     """`workbench --help` builds its parser without torch or pandas (measured: 1.9 s with them, about
     0.1 s without on this 2-core machine when quiet); a subprocess, so that nothing is imported yet."""
     code = (
-        "import sys\nfrom workbench.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "import sys\nfrom workbench.cli.commands import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
         "print(sorted(m for m in ('torch', 'pandas', 'numpy') if m in sys.modules))"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -7,14 +7,14 @@ import math
 import pandas as pd
 import pytest
 
-from workbench.cli import main
-from workbench.cost_compare import compare_costs
-from workbench.partition import partition
-from workbench.pipedream_graph import shipped, shipped_path
-from workbench.pipedream_optimizer import price_plan
-from workbench.plan import Plan
-from workbench.profiler import Profile
-from workbench.topology import Topology
+from workbench.cli.commands import main
+from workbench.cost.plan import Plan
+from workbench.cost.topology import Topology
+from workbench.partitioning.compare import compare_costs
+from workbench.partitioning.pipedream_optimizer import price_plan
+from workbench.partitioning.search import partition
+from workbench.profiling.measure import Profile
+from workbench.profiling.pipedream import shipped, shipped_path
 
 FOUR_BY_TWO = Topology(((4, 12e9), (2, 1.25e9)))
 
@@ -42,7 +42,7 @@ def test_vgg16_on_4x2_both_choices_under_both_models():
 def test_price_plan_reproduces_the_dp_on_a_chain():
     """On a one-level topology, PipeDream's formulas for the configuration its DP chose over the
     profile's layers give back the DP's own value."""
-    from workbench.pipedream_optimizer import Settings
+    from workbench.partitioning.pipedream_optimizer import Settings
 
     prof, topo = shipped("alexnet"), Topology.flat(8, 1.25e9)
     for straight in (False, True):
@@ -99,7 +99,7 @@ def test_cli_cycle_names_the_node(capsys, tmp_path):
 
 
 def test_tuner_toggle_and_comparison(tmp_path):
-    from workbench.widgets import PartitionTuner
+    from workbench.viz.widgets import PartitionTuner
 
     df = pd.DataFrame(
         {

@@ -9,14 +9,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench.costmodel import CostModel, ring_allreduce_ms
-from workbench.partition import data_parallel_ms, partition, with_predictions
-from workbench.pipedream_graph import shipped
-from workbench.plan import Plan, Stage
-from workbench.profiler import Profile
+from workbench.cost.model import CostModel, ring_allreduce_ms
+from workbench.cost.plan import Plan, Stage
+from workbench.cost.topology import Topology
+from workbench.partitioning.dynamic_program import data_parallel_ms, with_predictions
+from workbench.partitioning.search import partition
+from workbench.profiling.measure import Profile
+from workbench.profiling.pipedream import shipped
 from workbench.schedules import build, noam_warmup
-from workbench.simulate import simulate, simulate_plan
-from workbench.topology import Topology
+from workbench.simulation import simulate, simulate_plan
 
 
 def make_profile(fwd, bwd, act, par, **meta):
@@ -234,7 +235,7 @@ def test_bad_cost_model_inputs():
 
 # ---- the CLI shows both figures and uses the plan's topology --------------------------------
 def test_cli_partition_and_simulate_use_one_topology(tmp_path, capsys):
-    from workbench.cli import main
+    from workbench.cli.commands import main
 
     prof = tmp_path / "p.csv"
     prof.write_text("name,fwd_ms,bwd_ms,act_bytes,param_bytes\n" + "".join(f"l{i},1,2,2e7,1e3\n" for i in range(8)))
@@ -268,7 +269,7 @@ def test_cli_partition_and_simulate_use_one_topology(tmp_path, capsys):
 
 
 def test_cli_bad_latency_is_one_line_exit_2(tmp_path, capsys):
-    from workbench.cli import main
+    from workbench.cli.commands import main
 
     prof = tmp_path / "p.csv"
     prof.write_text("name,fwd_ms,bwd_ms,act_bytes,param_bytes\nl0,1,2,0,0\nl1,1,2,0,0\n")
@@ -283,7 +284,7 @@ def test_refinement_simulates_the_dp_candidates_and_keeps_the_fastest(model, top
     """partition() lists the DP's candidates (all-replicated and the best split per replica count
     of the last top-level stage): the DP optimum is the smallest DP estimate among them, it is
     simulated, and the kept plan is the fastest simulated candidate (no worse than the optimum's)."""
-    from workbench.partition import refine_plan
+    from workbench.partitioning.search import refine_plan
 
     prof, top = shipped(model), TOPOLOGIES[topo]
     plan = partition(prof, top)
@@ -452,7 +453,7 @@ def test_measured_allreduce_curve_and_ddp_buckets():
 def test_cost_options_object_equals_keywords():
     """``from_profile(p, topo, CostOptions(...))`` builds the model the keywords build; keywords
     override the object's fields."""
-    from workbench.costmodel import CostOptions
+    from workbench.cost.model import CostOptions
 
     p, topo = make_profile([1, 2, 3], [2, 4, 6], [1e8, 2e8, 3e8], [1e8, 0, 5e7]), Topology(((2, 10e9), (2, 1e9)))
     curve = {"sizes": [1e6, 1e8], "ms": [0.5, 40.0], "world_size": 2}

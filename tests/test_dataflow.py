@@ -14,7 +14,7 @@ from workbench.schedules.dataflow import KIND_CODES, in_flight_peaks, op_key, pe
 
 
 def test_kind_codes_have_one_home():
-    from workbench.simulate import costs
+    from workbench.simulation import costs
 
     assert costs.KIND_CODES is KIND_CODES
     assert [KIND_CODES[k] for k in ("F", "B", "BI", "BW", "STEP", "AR")] == list(range(6))
@@ -83,8 +83,8 @@ def _remote_pair() -> Schedule:
 @pytest.mark.parametrize("make", [_remote_pair, lambda: build("fsdp", 3, 4), lambda: build("dp-bsp", 2, 3, workers=2)])
 def test_validator_and_simulator_read_the_same_edges(make):
     """Schedule.dataflow is derived once and cached: the op graph's edges are exactly its edges."""
-    from workbench.simulate.costs import _unit_costs
-    from workbench.simulate.graph import build_graph
+    from workbench.simulation.costs import _unit_costs
+    from workbench.simulation.edges import build_graph
 
     sched = make()
     validate(sched)

@@ -8,7 +8,7 @@ import pytest
 
 from workbench import Topology
 from workbench.experiments import dp_overhead as dpo
-from workbench.profiler import Profile
+from workbench.profiling.measure import Profile
 
 NB = "02_dp_communication_overhead"
 HEAVY = ["alexnet", "vgg16", "gnmt8", "gnmt16"]  # large fully connected or recurrent layers

@@ -1,4 +1,4 @@
-"""workbench.graph.split: any nn.Module -> layers whose chain is the module (forward and gradients),
+"""workbench.profiling.layering.split: any nn.Module -> layers whose chain is the module (forward and gradients),
 cuts that carry skip tensors, in-place operations kept with their producer, tied weights counted once,
 and one-line refusals (untraceable code, unknown layer names, tied weights across stages)."""
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from workbench.graph import split
 from workbench.models.resnet import resnet18
-from workbench.profiler import profile
+from workbench.profiling.layering import split
+from workbench.profiling.measure import profile
 from workbench.runtime.tied import tied_weights
 
 
@@ -124,7 +124,7 @@ def test_in_place_operations_stay_with_their_producer_and_train():
 def test_profile_names_the_layer_of_an_in_place_input_instead_of_autograds_error():
     seq = nn.Sequential(nn.Linear(4, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
     with pytest.raises(
-        ValueError, match=r"layer 1 \(1:ReLU: ReLU\) modifies its input in place.*workbench.graph.split"
+        ValueError, match=r"layer 1 \(1:ReLU: ReLU\) modifies its input in place.*workbench.profiling.layering.split"
     ):
         profile(seq, torch.randn(3, 4), iterations=1, warmup=0, progress=False)
     traced = profile(split(seq, torch.randn(2, 4)), torch.randn(3, 4), iterations=1, warmup=0, progress=False)
@@ -208,7 +208,7 @@ def test_to_device_rewrites_the_device_constants_of_the_trace():
 
 
 def test_from_modules_gives_layers_by_hand_for_untraceable_code():
-    from workbench.graph import from_modules
+    from workbench.profiling.layering import from_modules
 
     torch.manual_seed(0)
     blocks = [DataDependent(), nn.Linear(3, 5)]

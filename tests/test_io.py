@@ -1,10 +1,10 @@
-"""workbench.io: fresh names never overwrite, keep a file's suffix, and run folders move into place."""
+"""workbench.io.folders: fresh names never overwrite, keep a file's suffix, and run folders move into place."""
 
 from __future__ import annotations
 
 import pytest
 
-from workbench.io import fresh_path, run_folder
+from workbench.io.folders import fresh_path, run_folder
 
 
 def test_fresh_path_keeps_the_suffix_of_files(tmp_path):

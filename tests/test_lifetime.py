@@ -44,7 +44,7 @@ def slack() -> float:
 def train_args(out: Path, port: int, *extra: str) -> list[str]:
     return [
         "-m",
-        "workbench.cli",
+        "workbench.cli.commands",
         "train",
         "--model",
         "toy-mlp",

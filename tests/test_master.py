@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from workbench.schedules import build, from_placement, list_schedule, placement
-from workbench.simulate import simulate
+from workbench.simulation import simulate
 
 EPS = 1e-7  # n(s, b, d) < 1e4 and durations are multiples of 0.5: eps n never outweighs a real difference
 
@@ -127,7 +127,7 @@ def test_order_from_the_simulators_costs_with_transfers_and_fetches(name, S, B):
     one cost model), transfers and weight fetches included: the greedy rule's latency is the end
     of the last simulated forward/backward (the simulated makespan adds the final gradient push
     to the owner and the update), and the order is never slower than the unit-tick order."""
-    from workbench.simulate.planning import build_for_simulation
+    from workbench.simulation.costed_build import build_for_simulation
 
     for kw in (
         dict(fwd=1, bwd=2, transfer=0.5),

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from runtime_checks import small_mlp_run
 
-from workbench.runtime.breakdown import PARTS, breakdown
 from workbench.runtime.opclock import EventClock, for_device
+from workbench.runtime.wall_time import PARTS, breakdown
 
 
 class _Gpu:
@@ -104,7 +104,7 @@ def test_event_clock_run_gives_a_consistent_timeline_and_the_same_weights(tmp_pa
     the host-clock run; every row was rewritten (no send / data time); per rank the ops follow one
     another without overlap; receive waits are recorded; the breakdown adds up; the trace's flows run
     forwards; a stream's per-minibatch ends (metrics) increase."""
-    from workbench.runtime.cli import _draw_timeline
+    from workbench.cli.train import _draw_timeline
 
     schedule = "pipedream" if stream else "pipedream-flush"
     host, events = host_and_event_clock_runs(

@@ -1,7 +1,7 @@
 """The PipeDream DP against brute force, its options, baselines and bad inputs.
 
 Brute force (independent of the implementation: plain sums per stage, no prefix sums), with the
-cost model of workbench.costmodel (no latency, no per-op overhead):
+cost model of workbench.cost.model (no latency, no per-op overhead):
 * one level: every split of the N layers into S contiguous stages (S = 1..min(N, M)) and every
   assignment of replica counts r_1..r_S >= 1 with sum M; cost = max over stages of the 1F1B round
   (sum F_l + max(sum B_l, AR)) / r with the ring all-reduce AR = 2(r-1)/r * sum w_l / B * 1000 that
@@ -22,17 +22,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.costmodel import CostModel
-from workbench.partition import (
+from workbench.cost.model import CostModel
+from workbench.cost.topology import Topology
+from workbench.partitioning.dynamic_program import (
     _build_levels,
     _layers,
     data_parallel_ms,
     partition_balanced_time,
     partition_equal_layers,
 )
-from workbench.partition import partition as _partition
-from workbench.profiler import Profile
-from workbench.topology import Topology
+from workbench.partitioning.search import partition as _partition
+from workbench.profiling.measure import Profile
 
 # the DP alone (refinement by simulation is tested in tests/test_costmodel.py)
 partition = functools.partial(_partition, refine=False)
@@ -469,7 +469,7 @@ def test_balanced_time_runs_in_o_n_s_memory():
 def test_options_object_and_keywords_give_the_same_plan():
     """``PartitionOptions`` and the keywords name the same search; a keyword overrides the object;
     a bare positional value where the options go is refused."""
-    from workbench.partition import PartitionOptions
+    from workbench.partitioning.dynamic_program import PartitionOptions
 
     p = make_profile([5, 7, 3, 9], [10, 12, 6, 20], [1e6, 2e6, 1e6, 1e6], [1e7, 1e6, 5e6, 1e6])
     topo = Topology.flat(4, 1e9)

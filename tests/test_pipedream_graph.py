@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.pipedream_graph import SHIPPED, read_graph, shipped
-from workbench.profiler import Profile
+from workbench.profiling.measure import Profile
+from workbench.profiling.pipedream import SHIPPED, read_graph, shipped
 
 # A GNMT-like graph: two inputs (tokens, lengths), an embedding, two LSTMs whose outputs are lists
 # (output, h, c), and a classifier that also reads the lengths (Input1). Node lines out of order.
@@ -81,7 +81,7 @@ def test_shipped_profiles_name_their_source_without_a_local_path():
 def test_the_authors_runtime_settings_as_recorded():
     """The recorded runtime configs (scripts/record_pipedream_configs.py): VGG-16 runs at 64 images per
     GPU though its graph.txt was profiled at 128; the PipeDream driver configs' stage replicas."""
-    from workbench.pipedream_graph import authors_batch, authors_config, profiled_batch, runtime_configs
+    from workbench.profiling.pipedream import authors_batch, authors_config, profiled_batch, runtime_configs
 
     rec = runtime_configs()
     assert len(rec["commit"]) == 40 and rec["drivers"] and rec["configs"]
@@ -115,9 +115,9 @@ def test_the_recorder_tolerates_a_bare_integer_key():
 def test_scaled_profile_scales_layers_inputs_batch_and_the_node_dag_together():
     """Profile.scaled: the layer table and the DAG PipeDream's optimizer reads (meta['graph']) agree
     after scaling; parameters do not move; PipeDream's optimizer plans with the scaled times."""
-    from workbench.antichain import LayerGraph
-    from workbench.pipedream_graph import in_order
-    from workbench.pipedream_optimizer import profile_states
+    from workbench.partitioning.pipedream_optimizer import profile_states
+    from workbench.profiling.graph import LayerGraph
+    from workbench.profiling.pipedream import in_order
 
     prof = shipped("vgg16")
     half = prof.scaled(compute=1.5, samples=0.5, note=", halved")

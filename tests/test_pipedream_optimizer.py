@@ -1,6 +1,6 @@
 """``cost="pipedream"`` against PipeDream's own optimizer (msr-fiddle/pipedream,
 ``optimizer/optimizer_graph_hierarchical.py``), recorded by scripts/record_pipedream_optimizer.py
-on the profiles that ship in workbench/data/pipedream (flat and hierarchical, straight and
+on the profiles that ship in workbench/profiling/data/pipedream (flat and hierarchical, straight and
 replicated, fewer machines, memory limit, no cut costs).
 
 * The states: same count and order, and per state the same cumulative compute, activation,
@@ -26,18 +26,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workbench.antichain import LayerGraph, antichain_states
-from workbench.partition import partition
-from workbench.pipedream_graph import SHIPPED, shipped
-from workbench.pipedream_optimizer import (
+from workbench.cost.plan import Plan
+from workbench.cost.topology import Topology
+from workbench.partitioning.antichain import antichain_states
+from workbench.partitioning.pipedream_optimizer import (
     Options,
     Settings,
     optimize_states,
     profile_states,
 )
-from workbench.plan import Plan
-from workbench.profiler import Profile
-from workbench.topology import Topology
+from workbench.partitioning.search import partition
+from workbench.profiling.graph import LayerGraph
+from workbench.profiling.measure import Profile
+from workbench.profiling.pipedream import SHIPPED, shipped
 
 DATA = Path(__file__).parent / "data" / "pipedream_optimizer"
 RECORDS = sorted(p for p in DATA.glob("*.json*") if p.name.split("__")[0] in SHIPPED)
@@ -182,7 +183,7 @@ def test_bad_options_say_what_to_do():
 def test_stages_not_contiguous_in_the_profile_order_get_a_layer_order():
     """ResNet-50 on 16 straight stages: PipeDream's node sets interleave in the profile's order, so
     the plan carries a topological order where they are contiguous (and its profile)."""
-    from workbench.pipedream_optimizer import profile_for
+    from workbench.partitioning.pipedream_optimizer import profile_for
 
     prof = shipped("resnet50")
     plan = partition(prof, Topology.flat(16, 10e9), cost="pipedream", straight=True)
@@ -261,7 +262,7 @@ def _random_graph(rng, n: int) -> LayerGraph:
 def test_pruned_dp_equals_the_recurrence_entry_by_entry(seed, monkeypatch):
     """Small blocks and every survivor deduplicated, so the pruning and the dropping of equal
     candidates are exercised; random options and a random candidate order."""
-    import workbench.pipedream_optimizer as po
+    import workbench.partitioning.pipedream_optimizer as po
 
     monkeypatch.setattr(po, "BLOCK", 4)
     monkeypatch.setattr(po, "DEDUP", 0)

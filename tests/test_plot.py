@@ -5,9 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from workbench.plot import compare_figure, save_html, timeline_figure
 from workbench.schedules.core import Op, Schedule
-from workbench.simulate import simulate
+from workbench.simulation import simulate
+from workbench.viz.plot import compare_figure, save_html, timeline_figure
 
 
 def _pipeline(S=3, M=4) -> Schedule:
@@ -85,7 +85,7 @@ def test_bad_timeline_is_rejected():
 
 
 def test_compare_aligns_each_timeline_to_zero():
-    from workbench.plot import compare_figure
+    from workbench.viz.plot import compare_figure
 
     a = pd.DataFrame(dict(worker=[0], stage=[0], microbatch=[0], kind=["F"], start=[300.0], end=[301.0]))
     b = pd.DataFrame(dict(worker=[0], stage=[0], microbatch=[0], kind=["F"], start=[0.0], end=[2.0]))
@@ -99,7 +99,7 @@ def test_compare_aligns_each_timeline_to_zero():
 def test_save_html_uses_one_shared_plotlyjs_when_asked(tmp_path, monkeypatch):
     import plotly.graph_objects as go
 
-    from workbench.plot import SHARED_PLOTLYJS_ENV, save_html, write_shared_plotlyjs
+    from workbench.viz.plot import SHARED_PLOTLYJS_ENV, save_html, write_shared_plotlyjs
 
     fig = go.Figure(go.Bar(x=[1, 2], y=[3, 4]))
     embedded = save_html(fig, tmp_path / "embedded.html")
@@ -115,7 +115,7 @@ def test_multi_figure_pages_load_plotlyjs_once_from_the_shared_file(tmp_path, mo
     import plotly.graph_objects as go
 
     from workbench.experiments.pages import save_page
-    from workbench.plot import SHARED_PLOTLYJS_ENV, write_shared_plotlyjs
+    from workbench.viz.plot import SHARED_PLOTLYJS_ENV, write_shared_plotlyjs
 
     figs = {"a": go.Figure(go.Scatter(y=[1, 2])), "b": go.Figure(go.Bar(y=[3]))}
     embedded = save_page(figs, tmp_path / "embedded.html", "t")

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench.profiler import GPUS, Profile, analyze, profile, project
+from workbench.profiling.measure import GPUS, Profile, analyze, profile, project
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "pipedream-profiles"
 
@@ -168,7 +168,7 @@ def test_profile_records_the_real_batch_and_counts_tied_weights_once():
     import torch
     from torch import nn
 
-    from workbench.profiler import profile
+    from workbench.profiling.measure import profile
 
     emb, head = nn.Embedding(10, 4), nn.Linear(4, 10, bias=False)
     head.weight = emb.weight  # tied input/output embedding
@@ -181,7 +181,7 @@ def test_profile_records_the_real_batch_and_counts_tied_weights_once():
 
 
 def test_profile_repr_is_one_line_and_html_has_units():
-    from workbench.pipedream_graph import shipped
+    from workbench.profiling.pipedream import shipped
 
     prof = shipped("vgg16")
     text = repr(prof)
@@ -191,8 +191,8 @@ def test_profile_repr_is_one_line_and_html_has_units():
 
 
 def test_cli_profiles_a_user_model_measured_and_modeled(tmp_path, capsys):
-    from workbench.cli import main
-    from workbench.profiler import Profile
+    from workbench.cli.commands import main
+    from workbench.profiling.measure import Profile
 
     base = [
         "profile",
@@ -218,7 +218,7 @@ def test_cli_profiles_a_user_model_measured_and_modeled(tmp_path, capsys):
 
 # ---- honest profiles: threads, repeated timing, load, warning --------------------------------------
 def test_profile_records_threads_spread_and_load_and_restores_threads():
-    from workbench.profiler import threads_per_rank
+    from workbench.profiling.measure import threads_per_rank
 
     before = torch.get_num_threads()
     net = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
@@ -234,7 +234,7 @@ def test_profile_records_threads_spread_and_load_and_restores_threads():
 
 
 def test_spread_is_p90_minus_p10_over_the_median():
-    from workbench.profiler import _spread
+    from workbench.profiling.measure import _spread
 
     times = [1.0] * 8 + [11.0, 21.0]  # p10 = 1, p90 = 12, median = 1
     assert _spread(times) == pytest.approx((np.percentile(times, 90) - np.percentile(times, 10)) / 1.0)
@@ -274,8 +274,8 @@ def test_trust_note_quiet_modeled_and_old_profiles_say_nothing():
 
 
 def test_cli_profile_threads_and_workers(tmp_path, capsys):
-    from workbench.cli import main
-    from workbench.profiler import threads_per_rank
+    from workbench.cli.commands import main
+    from workbench.profiling.measure import threads_per_rank
 
     out = tmp_path / "p.json"
     assert (

@@ -8,11 +8,11 @@ import pytest
 import torch
 from runtime_checks import TOY_MLP, job_reference, max_diff
 
-from workbench.partition import partition
-from workbench.pipedream_graph import shipped
+from workbench.cost.topology import Topology
+from workbench.partitioning.search import partition
+from workbench.profiling.pipedream import shipped
 from workbench.schedules import build, validate, with_recompute
-from workbench.simulate import simulate
-from workbench.topology import Topology
+from workbench.simulation import simulate
 
 
 @pytest.mark.parametrize("name", ["gpipe", "pipedream-flush", "zb-h1", "interleaved-1f1b", "pipedream", "seq1f1b"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.cli import main
+from workbench.cli.commands import main
 from workbench.runtime.launch import schedule_for_workers
 from workbench.schedules import NAMES, REGISTRY, Op, OpKind, build, markdown_table, register, spec, validate
 from workbench.schedules.registry import parse_option
@@ -128,7 +128,7 @@ def test_cli_lists_schedules_and_passes_options(tmp_path, capsys):
 
 
 def test_no_silent_reshaping_of_a_plan():
-    from workbench.plan import Plan
+    from workbench.cost.plan import Plan
 
     straight4 = Plan.from_boundaries([0, 1, 2, 3])
     with pytest.raises(
@@ -153,8 +153,8 @@ def test_no_silent_reshaping_of_a_plan():
 def test_cli_refuses_a_topology_of_another_size(tmp_path, capsys):
     import pandas as pd
 
-    from workbench.plan import Plan
-    from workbench.profiler import Profile
+    from workbench.cost.plan import Plan
+    from workbench.profiling.measure import Profile
 
     prof = Profile(
         pd.DataFrame(

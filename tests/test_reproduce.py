@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from workbench.cli import main
+from workbench.cli.commands import main
+from workbench.cli.reproduce import NOTEBOOKS, notebooks_dir
 from workbench.experiments.common import CLAIM_COLUMNS
-from workbench.reproduce import NOTEBOOKS, notebooks_dir
 
 
 # ---- the session's quick run -------------------------------------------------------------------

@@ -20,7 +20,7 @@ import pytest
 import torch
 from runtime_checks import TOY_MLP, initial_weights, job_reference, job_sgd, max_diff, minibatch_sgd
 
-from workbench.plan import Plan
+from workbench.cost.plan import Plan
 from workbench.runtime import prepare, reference_train, run_job, run_jobs, train
 from workbench.runtime.lifetime import RankFailed
 from workbench.runtime.outputs import latest_checkpoint
@@ -565,7 +565,7 @@ def test_bad_inputs_raise_one_line_value_errors(tmp_path):
 def test_cli_bad_input_exits_2(tmp_path, capsys):
     import argparse
 
-    from workbench.runtime.cli import add_train_arguments, run_train
+    from workbench.cli.train import add_train_arguments, run_train
 
     p = argparse.ArgumentParser()
     add_train_arguments(p)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench.plan import Plan
+from workbench.cost.plan import Plan
 from workbench.schedules import (
     DESCRIPTIONS,
     NAMES,
@@ -212,7 +212,7 @@ def test_pipedream_flush_warmup_option():
     """pipedream-flush admits the given forwards before the first backward (default NOAM, torch's
     Schedule1F1B order); with message latency, one more forward on the first stage hides it (the
     simulated step shrinks by the round trips it took), without latency nothing changes."""
-    from workbench.simulate import simulate
+    from workbench.simulation import simulate
 
     default, deeper = build("pipedream-flush", 2, 8), build("pipedream-flush", 2, 8, warmup=[3, 1])
     first = lambda sc: " ".join(f"{op.kind}{op.microbatch}" for op in sc.ops[0] if op.kind in ("F", "B"))[:23]  # noqa: E731
@@ -436,7 +436,7 @@ def test_worker_stats_with_timeline():
 
 # ---- the simulator on the same table (workbench.simulate, written by another helper) -----------
 def _simulate():
-    from workbench.simulate import simulate
+    from workbench.simulation import simulate
 
     return simulate
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from runtime_checks import job_reference
 
 from workbench.schedules import Op, ScheduleError, build, validate
-from workbench.schedules import seq1f1b as q
-from workbench.simulate import simulate
+from workbench.schedules import sequence_split as q
+from workbench.simulation import simulate
 
 FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 GPT_SMALL = (85e6, 12, 768)  # (P, L, d): GPT-2 small's non-embedding parameters, layers, width
@@ -146,7 +146,7 @@ def test_bad_sizes_say_what_would_work():
     with pytest.raises(ValueError, match="units to be a multiple of 2"):
         q.seq1f1b_interleaved(8, 9, segments=1, chunks=2)  # torch's rounds: 9 units on 4 workers
     with pytest.raises(ValueError, match="straight pipeline"):
-        from workbench.plan import Plan
+        from workbench.cost.plan import Plan
 
         q.seq1f1b(Plan.from_boundaries([0, 1], [2, 1]), 4)
 
@@ -249,7 +249,7 @@ def test_profile_costs_activation_bytes_per_worker():
     Seq1F1B's peak stashed bytes per worker are its token shares of 1F1B's, (S - s + k - 1)/k vs S - s."""
     import pandas as pd
 
-    from workbench.profiler import Profile
+    from workbench.profiling.measure import Profile
 
     df = pd.DataFrame(
         {"name": [f"l{i}" for i in range(4)], "fwd_ms": 1.0, "bwd_ms": 2.0, "act_bytes": 1e6, "param_bytes": 1e6}
@@ -309,7 +309,7 @@ def test_workbench_train_runs_seq1f1b_with_the_layer_models_reference_weights(tm
     microbatch."""
     import pandas as pd
 
-    from workbench.cli import main
+    from workbench.cli.commands import main
     from workbench.runtime import latest_checkpoint, prepare
     from workbench.runtime.outputs import load_stage
 

@@ -11,7 +11,8 @@ import pytest
 
 from workbench import Profile
 from workbench.schedules.core import Op, Schedule, validate
-from workbench.simulate import simulate
+from workbench.simulation import simulate
+from workbench.viz.files import save_simulation
 
 F_, B_ = 1.0, 2.0  # unit costs used throughout: forward 1, backward 2
 
@@ -255,7 +256,7 @@ def test_transfer_adds_exactly_its_latency():
 
 
 def test_real_topology_levels_if_available():
-    topo_mod = pytest.importorskip("workbench.topology")
+    topo_mod = pytest.importorskip("workbench.cost.topology")
     topo = topo_mod.Topology(levels=((2, 1e9), (2, 1e8)))
     prof = profile([1.0] * 4, [1.0] * 4, [1e6] * 4, [0.0] * 4)
     ops = [[Op("F", s, 0), Op("B", s, 0)] for s in range(4)]
@@ -368,7 +369,7 @@ def test_result_schema_metrics_and_save(tmp_path):
     ]
     assert ws["busy"].to_numpy() == pytest.approx([6 * 3.0] * 3)
     assert "bubble_fraction" in res.summary()
-    out = res.save(tmp_path / "sim")
+    out = save_simulation(res, tmp_path / "sim")
     assert {p.name for p in out.iterdir()} == {"timeline.csv", "metrics.json", "timeline.html", "trace.json"}
     assert len(pd.read_csv(out / "timeline.csv")) == len(tl)
 
@@ -376,9 +377,9 @@ def test_result_schema_metrics_and_save(tmp_path):
 # ---- one default split, one timeline schema ---------------------------------------------------
 def test_simulator_and_runtime_split_the_same_way_by_default():
     """Mini VGG-16 has 16 layers; on 4 stages both cut after layers 3, 7, 11 (Plan.even)."""
-    from workbench.plan import Plan
+    from workbench.cost.plan import Plan
     from workbench.runtime.stages import even_bounds
-    from workbench.simulate import _stage_ranges
+    from workbench.simulation import _stage_ranges
 
     prof = profile([1.0] * 15 + [30.0], [2.0] * 16, [0.0] * 16, [0.0] * 16)  # a heavy last layer
     sched = gpipe(4, 2)
@@ -387,8 +388,8 @@ def test_simulator_and_runtime_split_the_same_way_by_default():
 
 
 def test_timeline_schema_is_shared_with_the_runtime():
+    from workbench.io.timeline import COMMON_COLUMNS
     from workbench.runtime.outputs import TIMELINE_COLUMNS as MEASURED
-    from workbench.timeline import COMMON_COLUMNS
 
     tl = simulate(one_f_one_b(2, 3), transfer=0.5).timeline
     assert set(COMMON_COLUMNS) <= set(tl.columns) and set(COMMON_COLUMNS) <= set(MEASURED)
@@ -414,8 +415,8 @@ def test_simulator_edges_are_schedule_dependencies(name, stages, kw):
     """The simulator evaluates the dataflow on integer arrays; its compute-op edges must be exactly
     Schedule.dependencies() (the derivation the validator and the runtime read)."""
     from workbench.schedules import build
-    from workbench.simulate.costs import _unit_costs
-    from workbench.simulate.graph import build_graph
+    from workbench.simulation.costs import _unit_costs
+    from workbench.simulation.edges import build_graph
 
     sched = build(name, stages, 4, **kw)
     g = build_graph(sched, _unit_costs(sched, 1.0, 2.0, None, 0.0, 0.0, 0.0, 0.0, 0.0))
@@ -530,7 +531,7 @@ def test_too_short_a_run_has_no_steady_state_figure():
     """4 microbatches through 4 PipeDream stages are warm-up and drain only (the input stage holds 4):
     no time per minibatch, no throughput, and the reason; the makespan figure is labelled as such."""
     from workbench import schedules as sch
-    from workbench.simulate import simulate as sim
+    from workbench.simulation import simulate as sim
 
     res = sim(sch.build("pipedream", 4, 4), fwd=1, bwd=2)
     m = res.metrics
@@ -548,8 +549,8 @@ def test_short_pipedream_run_never_beats_the_plans_bottleneck():
     bottleneck (its drain completes microbatches faster); every figure given now is >= it."""
     from workbench import Topology, partition
     from workbench import schedules as sch
-    from workbench.pipedream_graph import shipped
-    from workbench.simulate import simulate as sim
+    from workbench.profiling.pipedream import shipped
+    from workbench.simulation import simulate as sim
 
     prof, topo = shipped("vgg16"), Topology.flat(4, 10e9)
     plan = partition(prof, topo, straight=True, refine=False)
@@ -562,7 +563,7 @@ def test_short_pipedream_run_never_beats_the_plans_bottleneck():
 
 def test_one_flush_is_not_a_steady_state_but_several_are():
     from workbench import schedules as sch
-    from workbench.simulate import simulate as sim
+    from workbench.simulation import simulate as sim
 
     assert sim(sch.build("gpipe", 4, 8), fwd=1, bwd=2).time_per_minibatch_ms is None
     assert sim(sch.build("gpipe", 4, 32, steps=4), fwd=1, bwd=2).time_per_minibatch_ms is not None

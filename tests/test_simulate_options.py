@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 
 from workbench import Profile
-from workbench.costmodel import CostOptions
-from workbench.plan import Plan
+from workbench.cost.model import CostOptions
+from workbench.cost.plan import Plan
+from workbench.cost.topology import Topology
 from workbench.schedules import build
-from workbench.simulate import SimOptions, simulate
-from workbench.topology import Topology
+from workbench.simulation import SimOptions, simulate
 
 
 def profile(n: int = 8) -> Profile:

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench.experiments import CLAIM_COLUMNS, calibration
+from workbench.experiments import CLAIM_COLUMNS, paper_fit
 from workbench.experiments import convergence as cv
 from workbench.experiments import time_to_accuracy as tta
 
@@ -165,12 +165,12 @@ def test_modeled_hardware_on_the_calibrated_cluster_a_vgg16():
     by = hw.set_index(["scheme", "gpus"])
     # one number, two ways: the simulated BSP equals the planner's closed form (partition.data_parallel_ms)
     # and the calibration's BSP speedup on the same calibrated links
-    params = calibration.calibrated()["arxiv-A"]
+    params = paper_fit.fitted_params()["arxiv-A"]
     for n in (4, 8):
         sim = by.loc[("dp-bsp", n), "speedup_modeled"]
         assert sim == pytest.approx(by.loc[("dp-bsp", n), "planner_speedup"], rel=1e-6)
         assert sim == pytest.approx(
-            calibration.bsp(calibration.SETTINGS["arxiv-A"], "vgg16", n, params)["speedup"], rel=1e-6
+            paper_fit.bsp(paper_fit.SETTINGS["arxiv-A"], "vgg16", n, params)["speedup"], rel=1e-6
         )
     # on the calibrated links PipeDream replicates the convolutions and beats BSP (the paper's 2.99x at 8)
     assert by.loc[("pipedream", 8), "stages"] > 1

@@ -1,4 +1,4 @@
-"""The ``timed`` zoo model (workbench.models.timed): each op of the runtime's stage functions takes
+"""The ``timed`` zoo model (workbench.models.sleep_stages): each op of the runtime's stage functions takes
 its set wall time (F = fwd_ms, BI = bwd_input_ms, BW = bwd_weight_ms, B = both), its gradients are
 exact, and it trains."""
 

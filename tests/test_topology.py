@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from workbench.topology import GBPS, Topology
+from workbench.cost.topology import GBPS, Topology
 
 
 def test_flat_and_counts():
@@ -87,7 +87,7 @@ def test_a_plan_that_does_not_fit_the_preset_says_so():
     """PipeDream's VGG-16 profile on Cluster-A (the README's plan): stage 0 holds 3 minibatches of
     activations, more than a 16 GB V100 (modeled memory); with memory_bytes the plan fits and is quiet."""
     from workbench import partition
-    from workbench.pipedream_graph import shipped
+    from workbench.profiling.pipedream import shipped
 
     prof, topo = shipped("vgg16"), Topology.preset("4xV100-pcie-10g", servers=4)
     plan = partition(prof, topo, refine=False)

@@ -10,7 +10,7 @@ import pytest
 from torch.distributed.pipelining import schedules as ts
 
 from workbench.schedules import build, from_torch_csv, to_torch_csv, validate
-from workbench.simulate import simulate
+from workbench.simulation import simulate
 
 KIND = {"F": "F", "B": "B", "I": "BI", "W": "BW"}
 

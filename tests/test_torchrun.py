@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.plan import Plan
+from workbench.cost.plan import Plan
+from workbench.cost.topology import Topology
 from workbench.runtime import train
 from workbench.runtime.launch import free_port
-from workbench.topology import Topology
 
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent))
 
@@ -35,7 +35,7 @@ def test_torchrun_matches_spawn(tmp_path):
         "--master_port",
         str(free_port()),
         "-m",
-        "workbench.cli",
+        "workbench.cli.commands",
         "train",
         "--model",
         "mlp",
@@ -111,7 +111,7 @@ def test_two_torchrun_nodes_match_one_launcher(tmp_path, per_machine):
         "--rdzv_id",
         f"two{os.getpid()}",
         "-m",
-        "workbench.cli",
+        "workbench.cli.commands",
         "train",
         *train_args,
         "--out",

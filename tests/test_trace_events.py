@@ -1,5 +1,5 @@
-"""Chrome / Perfetto traces of modeled and measured timelines (workbench.trace_events), and the
-measured breakdown (workbench.runtime.breakdown)."""
+"""Chrome / Perfetto traces of modeled and measured timelines (workbench.viz.trace), and the
+measured breakdown (workbench.runtime.wall_time)."""
 
 import json
 from collections import Counter
@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 from runtime_checks import small_mlp_run
 
-from workbench.runtime.breakdown import PARTS, breakdown
+from workbench.runtime.wall_time import PARTS, breakdown
 from workbench.schedules import build
-from workbench.simulate import simulate
-from workbench.trace_events import to_chrome_trace, version_counts
+from workbench.simulation import simulate
+from workbench.viz.trace import to_chrome_trace, version_counts
 
 
 def _check_structure(trace: dict, tl: pd.DataFrame) -> list[dict]:
@@ -218,7 +218,7 @@ def test_empty_timeline_is_a_clear_error():
 def test_train_writes_a_measured_trace(tmp_path):
     """A real 2-rank run: the CLI's drawing step writes trace.json beside timeline.html; its compute
     slices are the measured timeline's ops, the recv-wait slices its wait_ms."""
-    from workbench.runtime.cli import _draw_timeline
+    from workbench.cli.train import _draw_timeline
 
     summary = small_mlp_run("pipedream-flush", tmp_path / "run", microbatches=2, steps=2)
     _draw_timeline(summary)

@@ -1,5 +1,5 @@
 """Models the zoo does not ship, end to end: a torchvision-style ResNet-18 (in-place ReLU, residual
-adds, BatchNorm) and a Hugging Face GPT-2 built from its config are traced (workbench.graph.split),
+adds, BatchNorm) and a Hugging Face GPT-2 built from its config are traced (workbench.profiling.layering.split),
 profiled, partitioned, simulated and trained on 2 gloo ranks.
 
 Oracles: synchronous schedules (gpipe) must give the weights of microbatch SGD on the *original*
@@ -19,8 +19,8 @@ from runtime_checks import assert_weights_close, job_reference
 from torch.utils.data import TensorDataset
 
 from workbench import Topology, partition, profile, simulate
-from workbench.graph import split
 from workbench.models.examples import resnet18_digits
+from workbench.profiling.layering import split
 from workbench.runtime import prepare, run_jobs
 from workbench.runtime.stages import DataOrder, microbatch
 from workbench.runtime.tied import tied_weights
@@ -263,7 +263,7 @@ def test_tied_embedding_under_weight_stashing_equals_the_semantic_reference(tied
 
 
 def test_cli_trains_a_user_model_by_import_path(tmp_path, capsys):
-    from workbench.cli import main
+    from workbench.cli.commands import main
 
     rc = main(
         [

@@ -5,7 +5,7 @@ per-op costs (F, B, W, C).
 
 * the reference orders replayed through the workbench's simulator take the reference's makespan
   (both time an order the same way);
-* the paper rules of :mod:`workbench.schedules.vplan` give the reference's orders exactly;
+* the paper rules of :mod:`workbench.schedules.vshape_order` give the reference's orders exactly;
 * each registered schedule, planned at the grid's costs, is no longer than the reference and holds
   no more activation chunks than the paper's bound.
 """
@@ -18,9 +18,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from workbench.profiler import Profile
+from workbench.profiling.measure import Profile
 from workbench.schedules import build, in_flight_peak
-from workbench.schedules.vplan import (
+from workbench.schedules.vshape import V_PEAK
+from workbench.schedules.vshape_order import (
     SplitCosts,
     block_orders,
     makespan,
@@ -28,10 +29,9 @@ from workbench.schedules.vplan import (
     v_worker,
     zbv_orders,
 )
-from workbench.schedules.vshape import V_PEAK
 from workbench.schedules.zero_bubble import _finish, v_layout
-from workbench.simulate import simulate
-from workbench.simulate.planning import build_for_simulation
+from workbench.simulation import simulate
+from workbench.simulation.costed_build import build_for_simulation
 
 DATA = Path(__file__).parent / "data" / "zero_bubble"
 SCHEDULES = {"zbv": ("zb-v", "v-zb"), "v_min": ("v-min",), "v_half": ("v-half",)}

@@ -1,4 +1,4 @@
-"""Headless tests of workbench.widgets: set control values from Python, let the observers fire, and
+"""Headless tests of workbench.viz.widgets: set control values from Python, let the observers fire, and
 check what changed (plan, figure data, messages), including invalid manual plans."""
 
 import json
@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from workbench import Plan, Profile, Topology, partition
-from workbench.costmodel import CostModel
-from workbench.pipedream_graph import shipped
-from workbench.widgets import PartitionTuner, ScheduleExplorer, closed_form_bubble, core, explore
+from workbench.cost.model import CostModel
+from workbench.profiling.pipedream import shipped
+from workbench.viz.widgets import PartitionTuner, ScheduleExplorer, closed_form_bubble, core, explore
 
 
 def synthetic(n=50, seed=0) -> Profile:

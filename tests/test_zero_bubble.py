@@ -10,11 +10,11 @@ from torch.distributed.pipelining import schedules as ts
 
 from workbench.schedules import build, in_flight_peak, validate
 from workbench.schedules.generators import in_flight_of
-from workbench.schedules.vplan import block_orders
 from workbench.schedules.vshape import V_PEAK
+from workbench.schedules.vshape_order import block_orders
 from workbench.schedules.zero_bubble import v_layout
-from workbench.simulate import simulate
-from workbench.simulate.planning import bubble_memory_table
+from workbench.simulation import simulate
+from workbench.simulation.costed_build import bubble_memory_table
 
 TORCH_KIND = {"F": "F", "I": "BI", "W": "BW", "B": "B"}
 
@@ -213,7 +213,7 @@ def test_bad_input_names_the_constraint_and_a_fix():
     with pytest.raises(ValueError, match=r"multiple of the 2 rounds.*use one of"):
         build("interleaved-zb", 8, 9, chunks=2)
     with pytest.raises(ValueError, match="straight pipeline"):
-        from workbench.plan import Plan
+        from workbench.cost.plan import Plan
 
         build("zb-h2", Plan.from_boundaries([0, 1], [2, 1]), 4)
     with pytest.raises(ValueError, match="options"):

@@ -4,39 +4,48 @@ simulate it and run it for real with torch.distributed.
     model --profile()--> Profile --partition(topology)--> Plan --schedules.build()--> Schedule
           --simulate()--> Timeline (modeled)    --runtime.train()--> Timeline (measured)
 
-``import workbench`` imports nothing heavy (no torch, no pandas): each name below is imported on
-first use (PEP 562), so that the ``workbench`` command starts fast (``workbench --help``).
+The package's folders are the steps of that flow, and imports run down this list, never back up
+(tests/test_import_graph.py checks the order):
+
+    io/            what every step writes and shows: safe result folders, result cards, the timeline schema
+    models/        the model zoo and the offline data sets
+    profiling/     measure a model (Profile), split any nn.Module, import PipeDream's graph.txt, roofline
+    cost/          the one cost model and what it prices: Topology, Plan
+    schedules/     generators -> Schedule (per-worker op lists + weight versions); registry
+    simulation/    discrete-event simulator: Schedule + cost model -> modeled Timeline
+    partitioning/  PipeDream's dynamic program and optimizer (pure), refinement by simulation above them
+    runtime/       launch, execution, transport, executors; this machine's calibration
+    viz/           plotly timelines, Perfetto traces, ipywidgets tools
+    experiments/   what the notebooks call, one module per paper experiment
+    cli/           the ``workbench`` command
+
+Folders are nouns and the public functions verbs (``profile``, ``partition``, ``simulate``), so no
+function shares its name with a module. ``import workbench`` imports nothing heavy (no torch, no
+pandas): each name below is imported on first use (PEP 562), so that ``workbench --help`` starts fast.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 __version__ = "0.1.0"
 
 #: public name -> the module that defines it
 _EXPORTS = {
-    "Plan": ".plan",
-    "Stage": ".plan",
-    "Profile": ".profiler",
-    "profile": ".profiler",
-    "project": ".profiler",
-    "Topology": ".topology",
-    "partition": ".partition",
-    "PartitionOptions": ".partition",
-    "simulate": ".simulate",
-    "SimOptions": ".simulate",
-    "CostOptions": ".costmodel",
-    "SimResult": ".simulate",
+    "Plan": "workbench.cost.plan",
+    "Stage": "workbench.cost.plan",
+    "Topology": "workbench.cost.topology",
+    "CostOptions": "workbench.cost.model",
+    "Profile": "workbench.profiling.table",
+    "profile": "workbench.profiling.measure",
+    "project": "workbench.profiling.measure",
+    "partition": "workbench.partitioning.search",
+    "PartitionOptions": "workbench.partitioning.dynamic_program",
+    "simulate": "workbench.simulation",
+    "SimOptions": "workbench.simulation",
+    "SimResult": "workbench.simulation",
     "schedules": None,
 }
-#: functions that share their name with a submodule (``workbench.partition(...)``): the package
-#: attribute stays the function even after ``import workbench.partition`` (the import system sets
-#: the submodule as the package's attribute; :class:`_Package` keeps the function instead). Import
-#: submodule contents with ``from workbench.partition import ...``.
-_SHADOWED = ("partition", "simulate")
 
 __all__ = list(_EXPORTS)
 
@@ -45,22 +54,12 @@ def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'workbench' has no attribute {name!r}")
     module = _EXPORTS[name]
-    value = importlib.import_module(f".{name}" if module is None else module, __name__)
+    value = importlib.import_module(f"workbench.{name}" if module is None else module)
     if module is not None:
         value = getattr(value, name)
-    setattr(sys.modules[__name__], name, value)
+    globals()[name] = value
     return value
 
 
 def __dir__():
     return sorted(set(globals()) | set(_EXPORTS))
-
-
-class _Package(types.ModuleType):
-    def __setattr__(self, name, value):
-        if name in _SHADOWED and isinstance(value, types.ModuleType):
-            value = getattr(value, name)  # the function of the submodule that bears its name
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

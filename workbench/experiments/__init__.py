@@ -11,6 +11,6 @@ numbers beside ours, :data:`common.CLAIM_COLUMNS`) into its ``out_dir``; ``workb
 collects the claims into ``summary.md``.
 """
 
-from .common import CLAIM_COLUMNS, claim, out_folder, save_figure, save_table, write_claims
+from workbench.experiments.common import CLAIM_COLUMNS, claim, out_folder, save_figure, save_table, write_claims
 
 __all__ = ["CLAIM_COLUMNS", "claim", "out_folder", "save_figure", "save_table", "write_claims"]

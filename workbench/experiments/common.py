@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..io import fresh_path
+from workbench.io.folders import fresh_path
 
 CLAIM_COLUMNS = ("experiment", "claim", "paper", "ours", "ratio", "unit", "label", "explanation", "fit")
 FITS = ("in-sample", "out-of-sample", "none")
@@ -95,8 +95,8 @@ def save_table(df: pd.DataFrame, out_dir, name: str) -> Path:
 
 
 def save_figure(fig, out_dir, name: str) -> Path:
-    """A plotly figure as a standalone ``out_dir/name.html`` (:func:`workbench.plot.save_html`)."""
-    from ..plot import save_html
+    """A plotly figure as a standalone ``out_dir/name.html`` (:func:`workbench.viz.plot.save_html`)."""
+    from workbench.viz.plot import save_html
 
     return save_html(fig, Path(out_dir) / f"{name}.html")
 
@@ -107,7 +107,7 @@ def check_config(config_cls, quick_config, quick: bool, params: dict) -> None:
     one-line ``ValueError`` before anything runs (``workbench reproduce``)."""
     from dataclasses import fields
 
-    from ..models import config as model_config
+    from workbench.models import config as model_config
 
     names = {f.name for f in fields(config_cls)}
     kw = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items() if k in names}

@@ -54,7 +54,7 @@ SCHEMES: dict[str, tuple[str, dict]] = {
 def streams(name: str) -> bool:
     """Whether schedule ``name`` runs an epoch as one stream (``train(stream=True)``: a pipeline
     without a flush, as PipeDream runs; the registry's ``microbatches="in total"``)."""
-    from ..schedules import spec
+    from workbench.schedules import spec
 
     sp = spec(name)
     return sp.family == "pipeline" and sp.microbatches == "in total"
@@ -77,8 +77,8 @@ class Setup:
 def job_for(setup: Setup, scheme: str, seed: int, out):
     """The runtime's :class:`~workbench.runtime.Job` of ``scheme`` (not started): microbatches of
     ``samples_per_update / microbatches_per_step`` samples, ``microbatches`` per minibatch."""
-    from ..runtime import prepare
-    from ..runtime.launch import schedule_for_workers
+    from workbench.runtime import prepare
+    from workbench.runtime.launch import schedule_for_workers
 
     name, opts = SCHEMES[scheme]
     mps = schedule_for_workers(name, setup.workers, None, setup.microbatches, dict(opts)).microbatches_per_step
@@ -110,7 +110,7 @@ def job_for(setup: Setup, scheme: str, seed: int, out):
 def evaluate(job, model, weights: list[dict]) -> tuple[float, float]:
     """(test loss, test accuracy) of the stage ``weights`` over the test split, as the runtime's
     evaluation computes them (mean loss over samples, argmax accuracy)."""
-    from ..runtime.stages import microbatch, run_stage, stage_module
+    from workbench.runtime.stages import microbatch, run_stage, stage_module
 
     test = job.dataset_fn(split="test")
     mods = [stage_module(model.layers, a, z) for a, z in job.bounds]
@@ -130,8 +130,8 @@ def reference_curve(job, epochs: int, keep: tuple[int, ...] = ()) -> tuple[pd.Da
     momentum: each epoch restarts the reference from the last weights). Weights that
     are no longer finite stay so: the remaining epochs repeat that row. Returns the curve and
     ``{epoch: stage weights}`` for the epochs in ``keep``."""
-    from ..runtime import reference_train
-    from ..runtime.stages import DataOrder
+    from workbench.runtime import reference_train
+    from workbench.runtime.stages import DataOrder
 
     model, ds = job.model_fn(), job.dataset_fn()
     M = job.schedule.microbatches
@@ -158,7 +158,7 @@ def reference_curve(job, epochs: int, keep: tuple[int, ...] = ()) -> tuple[pd.Da
 # ---- the sweep ---------------------------------------------------------------------------------
 def deterministic(setup: Setup, scheme: str) -> bool:
     """Whether the scheme's weight rule fixes every version (all but ASP's ``async``)."""
-    from ..runtime.launch import schedule_for_workers
+    from workbench.runtime.launch import schedule_for_workers
 
     name, opts = SCHEMES[scheme]
     return schedule_for_workers(name, setup.workers, None, setup.microbatches, dict(opts)).update != "async"
@@ -188,7 +188,7 @@ def runtime_runs(setup: Setup, runs: list[tuple[str, int, int]], out) -> tuple[p
     at each epoch's end, test evaluation included) and summaries (with final weights)."""
     from dataclasses import replace
 
-    from ..runtime import run_jobs
+    from workbench.runtime import run_jobs
 
     jobs = []
     for scheme, seed, epochs in runs:
@@ -428,7 +428,7 @@ def vertical_sync_by_hand(job, count: int, dtype: torch.dtype = torch.float64) -
     :func:`~workbench.runtime.stages.stage_params` gives them)."""
     from torch.func import functional_call
 
-    from ..runtime.stages import DataOrder, microbatch
+    from workbench.runtime.stages import DataOrder, microbatch
 
     model, ds = job.model_fn(), job.dataset_fn()
     net = model.sequential().to(dtype)
@@ -453,7 +453,7 @@ def vertical_sync_check(setup: Setup, seed: int, count: int) -> pd.DataFrame:
     equal to) on the stream schedules of PipeDream's three weight rules, all in float64 over the first
     ``count`` microbatches of epoch 0: one row per rule with ``max_abs_weight_diff`` (vertical sync
     must agree to rounding; stashing and no stashing must not: the comparison can fail)."""
-    from ..runtime import reference_train
+    from workbench.runtime import reference_train
 
     hand = vertical_sync_by_hand(job_for(setup, "pipedream-vertical-sync", seed, None), count)
     rows = []
@@ -487,7 +487,7 @@ def vertical_sync_check(setup: Setup, seed: int, count: int) -> pd.DataFrame:
 
 
 def _stage_weights(model, bounds) -> list[dict]:
-    from ..runtime.stages import stage_module, stage_params
+    from workbench.runtime.stages import stage_module, stage_params
 
     return [stage_params(stage_module(model.layers, a, z)) for a, z in bounds]
 

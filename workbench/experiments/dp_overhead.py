@@ -15,7 +15,7 @@ How we model it (one cost model: the workbench simulator, nothing re-derived her
 * the layers are grouped into DDP gradient buckets of ``bucket_bytes`` (PyTorch's default 25 MiB),
   contiguous from the output side; the ``dp-bsp`` schedule all-reduces bucket ``s`` right after its
   backward (overlapping the rest of the backward, as DDP does) and steps when all are done;
-* the simulator (``workbench.costmodel.CostModel``) charges each bucket's ring all-reduce
+* the simulator (``workbench.cost.model.CostModel``) charges each bucket's ring all-reduce
   ``2 (r-1)/r · P_s / B_min`` (slowest link of the ring: the inter-server link once training spans
   servers) on one collective channel per GPU, one bucket at a time; a bucket's all-reduce may start
   with its own backward (the cost model's DDP overlap, optimistic by at most one bucket's backward);
@@ -44,17 +44,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import models as zoo
-from .. import schedules
-from ..partition import partition
-from ..pipedream_graph import SHIPPED, shipped
-from ..plan import Plan, Stage
-from ..profiler import Profile, analyze, project
-from ..simulate import simulate
-from ..topology import Topology
-from .common import claim
+from workbench import models as zoo
+from workbench import schedules
+from workbench.cost.plan import Plan, Stage
+from workbench.cost.topology import Topology
+from workbench.experiments.common import claim
+from workbench.partitioning.search import partition
+from workbench.profiling.measure import Profile, analyze, project
+from workbench.profiling.pipedream import SHIPPED, shipped
+from workbench.simulation import simulate
 
-#: server type -> GPU of its profile (topology presets: workbench/topology.py, with their sources)
+#: server type -> GPU of its profile (topology presets: workbench/cost/topology.py, with their sources)
 SERVERS = {"8x1080Ti-pcie-25g": "1080Ti", "4xV100-pcie-10g": "V100", "8xV100-nvlink-25g": "V100"}
 SERVER_LABELS = {
     "8x1080Ti-pcie-25g": "8x1080Ti/server, PCIe, 25 Gbps",
@@ -151,7 +151,7 @@ def validate_params(
 
 # ---- profiles ---------------------------------------------------------------------------------
 def analyses(names) -> dict[str, pd.DataFrame]:
-    """FLOPs and bytes per layer (``workbench.profiler.analyze``) of each paper-size model."""
+    """FLOPs and bytes per layer (``workbench.profiling.measure.analyze``) of each paper-size model."""
     out = {}
     for name in names:
         spec = MODELS[name]
@@ -366,7 +366,7 @@ def measured_share(
     CPU ranks (same per-rank minibatch, 1 thread per rank), alternating ``repeats`` times, and
     return ``comm_share = 1 − T_1 / T_N`` with ``T_n`` the smallest median step time of the n-rank
     runs (the least disturbed by other load on the machine)."""
-    from ..runtime import train
+    from workbench.runtime import train
 
     times: dict[int, list[float]] = {1: [], workers: []}
     load = os.getloadavg()[0]

@@ -6,13 +6,13 @@ import html
 import shutil
 from pathlib import Path
 
-from ..plot import plotlyjs_source
+from workbench.viz.plot import plotlyjs_source
 
 
 def save_page(figs: dict, path, title: str) -> Path:
     """Several plotly figures in one standalone HTML page that works offline: plotly.js embedded once,
     or loaded from the run's shared ``plotly.min.js`` when ``workbench reproduce`` provides one
-    (:func:`workbench.plot.plotlyjs_source`)."""
+    (:func:`workbench.viz.plot.plotlyjs_source`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     source = plotlyjs_source(path)

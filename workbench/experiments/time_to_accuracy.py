@@ -21,7 +21,7 @@
 * ``T_epoch`` (hardware efficiency) two ways:
   - measured: the real runs' wall clock per epoch on this machine (CPU gloo ranks);
   - modeled: the paper's setting calibrated on its data-parallel numbers
-    (:mod:`workbench.experiments.calibration`; default the arXiv version's Cluster-A, one GPU per
+    (:mod:`workbench.experiments.paper_fit`; default the arXiv version's Cluster-A, one GPU per
     machine) and PipeDream's published GPU profile (``calibration.model_profile``: on a Titan X scaled by
     the peak FLOP/s ratio), each scheme's
     schedule simulated (:func:`workbench.simulate`, the one ``CostModel``) on its plan: its steady-state ``time_per_minibatch_ms`` (warm-up and
@@ -40,12 +40,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..partition import partition
-from ..simulate import simulate
-from . import convergence as cv
-from .common import check_config, claim, out_folder, save_table, write_claims
-from .convergence import ASP, BSP, PIPEDREAM, SCHEMES
-from .pages import save_page, slim_runs
+from workbench.experiments import convergence as cv
+from workbench.experiments.common import check_config, claim, out_folder, save_table, write_claims
+from workbench.experiments.convergence import ASP, BSP, PIPEDREAM, SCHEMES
+from workbench.experiments.pages import save_page, slim_runs
+from workbench.partitioning.search import partition
+from workbench.simulation import simulate
 
 EXPERIMENT = "03_time_to_accuracy"
 #: modeled only: PipeDream's 1F1B on the straight (unreplicated) optimal plan, the paper's "straight pipeline"
@@ -109,7 +109,7 @@ class Config:
 
 
 def _settings() -> dict:
-    from .calibration import SETTINGS
+    from workbench.experiments.paper_fit import SETTINGS
 
     return SETTINGS
 
@@ -185,7 +185,7 @@ def _with_speed(stats: pd.DataFrame, speed: pd.Series) -> pd.DataFrame:
 # ---- hardware efficiency: modeled on the paper's cluster -------------------------------------
 def _spec(scheme: str):
     """The registration of the schedule a hardware scheme runs (what it knows decides the plan)."""
-    from ..schedules import spec
+    from workbench.schedules import spec
 
     return spec(HARDWARE_SCHEMES[scheme][0])
 
@@ -201,7 +201,7 @@ def _plan_for(scheme: str, profile, topology, cost: dict | None = None):
     """The plan a scheme runs on ``topology``: PipeDream's optimal plan for the PipeDream variants,
     the straight (one worker per stage) optimum for GPipe and model parallelism, one stage for data
     parallelism."""
-    from ..plan import Plan
+    from workbench.cost.plan import Plan
 
     sp = _spec(scheme)
     if sp.family == "data-parallel":
@@ -214,7 +214,7 @@ def _plan_for(scheme: str, profile, topology, cost: dict | None = None):
 def _schedule_for(scheme: str, plan, workers: int):
     """The scheme's schedule, long enough for a steady state: PipeDream with the plan's
     communication-aware warm-up (``Plan.in_flight``), GPipe with ``4 S`` microbatches per flush."""
-    from .. import schedules
+    from workbench import schedules
 
     name, opts = HARDWARE_SCHEMES[scheme]
     sp, S = _spec(scheme), plan.num_stages
@@ -234,13 +234,13 @@ def modeled_hardware(
     cost model's ``SimResult.time_per_minibatch_ms``), speedup over one GPU, mean share of time
     waiting on communication, and the planner's own prediction (``Plan.predicted_ms``; BSP:
     ``partition.data_parallel_ms``) for the schemes it models, on ``setting``'s calibrated links."""
-    from .calibration import SETTINGS, calibrated
+    from workbench.experiments.paper_fit import SETTINGS, fitted_params
 
     if setting not in SETTINGS:
         raise ValueError(f"unknown hardware setting {setting!r}; choose one of {sorted(SETTINGS)}")
     s = SETTINGS[setting]
-    params = calibrated()[s.group]
-    from .calibration import model_profile
+    params = fitted_params()[s.group]
+    from workbench.experiments.paper_fit import model_profile
 
     profile = model_profile(profile_name, s.gpu)
     rows = []
@@ -304,8 +304,8 @@ def _plan_text(plan, scheme) -> str:
 
 def _planner_speedup(scheme, plan, profile, topo, cost: dict | None = None) -> float:
     """The planner's predicted speedup over one GPU (``Plan.predicted_ms``; BSP: ``data_parallel_ms``)."""
-    from ..costmodel import CostModel
-    from ..partition import data_parallel_ms
+    from workbench.cost.model import CostModel
+    from workbench.partitioning.dynamic_program import data_parallel_ms
 
     sp = _spec(scheme)
     if sp.executor == "ddp":
@@ -485,7 +485,7 @@ def curve_figure(curves: pd.DataFrame, x: str, title: str, x_title: str, target:
     """Test accuracy vs ``x`` per scheme: the mean over seeds (line) and the min-max band."""
     import plotly.graph_objects as go
 
-    from ..plot import PALETTE
+    from workbench.viz.plot import PALETTE
 
     fig = go.Figure()
     for i, (scheme, g) in enumerate(curves.groupby("scheme", sort=False)):

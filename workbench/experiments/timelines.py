@@ -5,9 +5,9 @@ For each schedule name the package exposes (:func:`schedule_names`):
 
 * **measured**: a short real run (:func:`workbench.runtime.train` machinery, CPU ranks) of a
   mini model (``cfg.model``); its ``timeline.csv`` and per-rank peak stash depth / weight versions;
-* **modeled**: the same op lists (``R`` rounds back to back, :func:`workbench.calibrate.repeat_rounds`)
+* **modeled**: the same op lists (``R`` rounds back to back, :func:`workbench.runtime.machine.repeat_rounds`)
   simulated with the stage costs measured here at the microbatch size
-  (:func:`workbench.calibrate.stage_profile`, one profile per stage layout) and communication free;
+  (:func:`workbench.runtime.machine.stage_profile`, one profile per stage layout) and communication free;
 * **unit**: one round simulated with unit costs ``F = 1, B = 2`` (``BI = BW = 1``) — the setting
   of the closed forms:
 
@@ -32,7 +32,7 @@ For each schedule name the package exposes (:func:`schedule_names`):
   worker w's first compute op to its last (:func:`span_bubble_fraction`);
 * **measured on timed stages** (the claims): every schedule with a positive closed form
   (:func:`has_closed_form`) also runs ``cfg.timed_steps`` rounds on the ``timed`` zoo model
-  (:mod:`workbench.models.timed`): one block per stage whose forward, input gradient and weight
+  (:mod:`workbench.models.sleep_stages`): one block per stage whose forward, input gradient and weight
   gradient each sleep ``t = cfg.timed_ms`` (a full backward ``2t``), so the stages are equal, F : B
   is 1 : 2 and ranks sharing cores hardly slow each other down. Its bubble
   (``bubble_measured_timed``) is taken over all ``R`` rounds back to back like the model's; with
@@ -63,14 +63,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import schedules
-from ..simulate import simulate
-from .common import check_config, claim, out_folder, save_figure, save_table, write_claims
-from .pages import save_page, slim_runs
+from workbench import schedules
+from workbench.experiments.common import check_config, claim, out_folder, save_figure, save_table, write_claims
+from workbench.experiments.pages import save_page, slim_runs
+from workbench.simulation import simulate
 
 EXPERIMENT = "04_pipeline_timelines"
 BUSY_KINDS = ("F", "B", "BI", "BW", "STEP")
-TIMED_MODEL = "timed"  # workbench.models.timed: stages whose F, BI and BW each sleep a set time
+TIMED_MODEL = "timed"  # workbench.models.sleep_stages: stages whose F, BI and BW each sleep a set time
 TIMED_RUNS = "runs_timed"  # the timed model's run folders, beside runs/
 
 
@@ -182,7 +182,7 @@ def timed_options(cfg: Config, stages: int) -> dict:
 def _prepare(cfg: Config, name: str, out: Path, timed_stages: int | None = None):
     """The job of schedule ``name``: ``cfg.model`` for ``cfg.steps`` rounds, or (``timed_stages``
     given) the timed model with one block per stage for ``cfg.timed_steps`` rounds."""
-    from ..runtime import prepare
+    from workbench.runtime import prepare
 
     model, steps, options = cfg.model, cfg.steps, dict(cfg.model_options)
     if timed_stages is not None:
@@ -221,7 +221,7 @@ def measured_runs(cfg: Config, out_dir) -> Runs:
     schedule with a closed form ``cfg.timed_steps`` rounds on the timed model into
     ``out_dir/runs_timed/<name>``, all in one spawn. A schedule the runtime cannot run at this
     worker count is skipped with the reason it gave."""
-    from ..runtime import run_job, run_jobs
+    from workbench.runtime import run_job, run_jobs
 
     out = Path(out_dir)
     folders = {False: out / "runs", True: out / TIMED_RUNS}
@@ -279,7 +279,7 @@ def _measured_peaks(summary: dict) -> tuple[float, float]:
 # ---- modeled: the same op lists with the stage costs measured here ---------------------------------
 def stage_costs(job, cache: dict):
     """Stage-level fwd/bwd/step ms of the job's model at its microbatch size (measured, cached per layout)."""
-    from ..calibrate import stage_profile
+    from workbench.runtime.machine import stage_profile
 
     key = tuple(map(tuple, job.bounds))
     if key not in cache:
@@ -298,8 +298,8 @@ def modeled(job, stages, rounds: int):
     """Simulate ``rounds`` back-to-back rounds of the job's schedule with the measured stage costs
     (microbatch_fraction 1: the costs are at the microbatch size; communication free)."""
 
-    from ..calibrate import repeat_rounds
-    from ..plan import Plan
+    from workbench.cost.plan import Plan
+    from workbench.runtime.machine import repeat_rounds
 
     sched = job.schedule
     plan = Plan.from_boundaries(list(range(sched.num_stages)), [len(ws) for ws in sched.stage_workers])
@@ -338,7 +338,7 @@ def compute_stretch(measured: pd.DataFrame, modeled: pd.DataFrame, by: str = "wo
 def stretched_costs(stages, factor: pd.Series):
     """The stage costs with every timing of stage ``s`` multiplied by ``factor[s]`` (1 where absent):
     what the model charges if each stage computes as slowly as it did in the run."""
-    from ..calibrate import STAGE_TIMINGS
+    from workbench.runtime.machine import STAGE_TIMINGS
 
     def scaled(values: tuple) -> tuple:
         return tuple(v * float(factor.get(s, 1.0)) for s, v in enumerate(values))
@@ -353,7 +353,7 @@ def compare(name: str, job, summary: dict, sim, cfg: Config, costs=None) -> dict
     used, ``bubble_modeled_stretched``: the model replayed with each stage's costs stretched as
     measured (:func:`stretched_costs`), which splits the measured-vs-modeled gap in two."""
 
-    from ..calibrate import measured_step_ms
+    from workbench.runtime.machine import measured_step_ms
 
     unit = simulate(job.schedule, fwd=1.0, bwd=2.0)
     unit_b = float(np.mean(unit.metrics["bubble_fraction"]))
@@ -398,7 +398,7 @@ def compare(name: str, job, summary: dict, sim, cfg: Config, costs=None) -> dict
 
 def _round_spacing_modeled(sim, microbatches: int) -> float:
     """Median spacing of the rounds' first compute-op starts in a simulated timeline: the statistic
-    :func:`workbench.calibrate.measured_step_ms` takes from a measured one."""
+    :func:`workbench.runtime.machine.measured_step_ms` takes from a measured one."""
     comp = sim.compute[sim.compute["kind"] != "STEP"]
     firsts = np.sort(comp.groupby(comp["microbatch"] // microbatches)["start"].min().to_numpy())
     return float(np.median(np.diff(firsts))) if len(firsts) > 1 else math.nan
@@ -489,8 +489,8 @@ def op_gap_ms(timeline: pd.DataFrame) -> float:
 def replay_costs(schedule, timeline: pd.DataFrame) -> dict:
     """``simulate`` keywords that charge every op of ``schedule`` its stage's mean measured duration in
     ``timeline`` (:func:`op_ms`: F, B or BI + BW, BI, BW, STEP; communication free)."""
-    from ..plan import Plan
-    from ..profiler import Profile
+    from workbench.cost.plan import Plan
+    from workbench.profiling.measure import Profile
 
     ms = op_ms(timeline)
 
@@ -522,7 +522,7 @@ def compare_timed(job, summary: dict, cfg: Config) -> dict:
     timeline); the simulator replaying the run with the measured op durations
     (:func:`replay_costs`), then also with the measured :func:`message_latency_ms` on every message
     between ranks; the measured :func:`op_gap_ms`; and an explanation quoting them."""
-    from ..calibrate import repeat_rounds
+    from workbench.runtime.machine import repeat_rounds
 
     tl = measured_timeline(summary)
     t = float(cfg.timed_ms)
@@ -595,7 +595,7 @@ def _explain_timed(r: dict, cf: float, ms: pd.DataFrame, t: float) -> str:
 
 def timeline_pair(name: str, sim, summary: dict, cfg: Config):
     """Modeled and measured timelines of one schedule, stacked on one time axis (ms)."""
-    from ..plot import compare_figure
+    from workbench.viz.plot import compare_figure
 
     return compare_figure(
         {

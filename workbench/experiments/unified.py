@@ -38,10 +38,10 @@ from typing import Any
 
 import pandas as pd
 
-from .. import schedules
-from ..schedules.master import RULES, placement
-from ..simulate import simulate
-from .common import claim
+from workbench import schedules
+from workbench.experiments.common import claim
+from workbench.schedules.master import RULES, placement
+from workbench.simulation import simulate
 
 #: the schemes of the document's table: the registered schedules that carry its row (``document_row``)
 SCHEMES = tuple(n for n, sp in schedules.REGISTRY.items() if sp.document_row is not None)

@@ -5,9 +5,9 @@
 >>> train = load_dataset(model.dataset, "train")   # TensorDataset(x, y), no download
 """
 
-from .base import LayerModel, TensorSpec
-from .data import dataset_info, load_dataset, synthetic
-from .zoo import SIZES, build, config, list_models
+from workbench.models.base import LayerModel, TensorSpec
+from workbench.models.data import dataset_info, load_dataset, synthetic
+from workbench.models.zoo import SIZES, build, config, list_models
 
 __all__ = [
     "LayerModel",

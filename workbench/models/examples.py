@@ -1,14 +1,14 @@
 """Factories of models the zoo does not ship, for ``workbench train --model package.module:function``
 and the "Your own model" examples: a torchvision-style ResNet-18, and a Hugging Face GPT-2 and Llama
 built from their configs (no download; needs ``pip install transformers``). Each returns a plain ``nn.Module``
-that :func:`workbench.graph.split` cuts into layers.
+that :func:`workbench.profiling.layering.split` cuts into layers.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from .resnet import resnet18
+from workbench.models.resnet import resnet18
 
 
 def resnet18_digits(width: int = 8) -> nn.Module:

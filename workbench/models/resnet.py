@@ -1,7 +1,7 @@
 """A torchvision-compatible ResNet-18/34 (``torchvision.models.resnet``'s module names, in-place ReLU and
 ``out += identity``), written here because torchvision cannot be installed beside the CPU torch build
 without a matching wheel (see the README's constraints file). It is an ordinary ``nn.Module`` with a
-free-form ``forward``: :func:`workbench.graph.split` turns it into layers like any user model.
+free-form ``forward``: :func:`workbench.profiling.layering.split` turns it into layers like any user model.
 
 ``width`` scales the channel counts (64 in torchvision); ``small_input`` replaces the 7x7/2 stem and
 the max-pool by a 3x3/1 convolution for 8x8 to 32x32 images.

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .sequence import Block, Decoder, GPTEmbedding
+from workbench.models.sequence import Block, Decoder, GPTEmbedding
 
 
 class SegEmbedding(nn.Module):

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from . import sequence, timed, vision
-from .base import LayerModel, TensorSpec
+from workbench.models import sequence, sleep_stages, vision
+from workbench.models.base import LayerModel, TensorSpec
 
 SIZES = ("paper", "mini")
 
@@ -65,10 +65,10 @@ ZOO: dict[str, Entry] = {
         {"paper": "synthetic", "mini": "synthetic"},
     ),
     "timed": Entry(
-        timed.timed,
+        sleep_stages.timed,
         "classification",
         "timed stages: depth blocks tanh(x*w+b) whose forward, input gradient and weight gradient each sleep "
-        "a set number of ms (the bubble microbenchmark; workbench.models.timed)",
+        "a set number of ms (the bubble microbenchmark; workbench.models.sleep_stages)",
         dict(depth=4, in_features=10, num_classes=10, fwd_ms=20.0, bwd_input_ms=20.0, bwd_weight_ms=20.0),
         dict(depth=4, in_features=10, num_classes=10, fwd_ms=20.0, bwd_input_ms=20.0, bwd_weight_ms=20.0),
         {"paper": "synthetic", "mini": "synthetic"},

@@ -20,7 +20,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .stages import spec_bytes
+from workbench.runtime.stages import spec_bytes
 
 MAX_TENSORS = 8
 

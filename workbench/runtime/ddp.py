@@ -9,12 +9,12 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from ..schedules.core import Schedule
-from . import opclock
-from .record import timed
-from .stages import MomentumState, as_leaves, as_tuple, float_indices, from_tuple, nbytes, stage_module
-from .tied import tied_weights
-from .worker import RankProgram
+from workbench.runtime import opclock
+from workbench.runtime.record import timed
+from workbench.runtime.stages import MomentumState, as_leaves, as_tuple, float_indices, from_tuple, nbytes, stage_module
+from workbench.runtime.tied import tied_weights
+from workbench.runtime.worker import RankProgram
+from workbench.schedules.core import Schedule
 
 # DDP all-reduces the gradients in buckets: the first (the last layers' gradients, ready first) of
 # torch's default first-bucket size, then buckets of bucket_cap_mb (its default, 25 MiB). The cost

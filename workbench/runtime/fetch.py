@@ -32,7 +32,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..schedules.core import COMPUTE, Schedule
+from workbench.schedules.core import COMPUTE, Schedule
 
 FETCH_AHEAD = 2  # fetch receives kept posted ahead of the op that needs them
 

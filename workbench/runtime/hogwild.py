@@ -6,10 +6,10 @@ import time
 
 import torch
 
-from ..schedules.core import Schedule
-from .record import timed
-from .stages import MomentumState, as_leaves, from_tuple, run_stage, stage_module, vjp
-from .worker import RankProgram
+from workbench.runtime.record import timed
+from workbench.runtime.stages import MomentumState, as_leaves, from_tuple, run_stage, stage_module, vjp
+from workbench.runtime.worker import RankProgram
+from workbench.schedules.core import Schedule
 
 
 class HogwildExecutor(MomentumState):

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..schedules.core import Schedule
+from workbench.schedules.core import Schedule
 
 
 def build_model(name: str, dtype: str | None = None, seed: int = 0, **options):
     """A LayerModel from the zoo (``workbench.models.build``), or ``toy-mlp`` from :mod:`.toy`."""
     if name == "toy-mlp":
-        from .toy import toy_mlp
+        from workbench.runtime.toy import toy_mlp
 
         model = toy_mlp(seed=seed, **options)
     else:
@@ -91,13 +91,13 @@ def as_dataset(dataset):
 
 def as_layer_model(model, train_set, seed: int = 0, dtype: str | None = None):
     """A user's model -> LayerModel: a LayerModel passes through, an ``nn.Module`` is traced by
-    :func:`workbench.graph.split` on two samples of ``train_set``, a callable (factory, or
+    :func:`workbench.profiling.layering.split` on two samples of ``train_set``, a callable (factory, or
     ``"package.module:function"``) is called under ``torch.manual_seed(seed)`` first. A trace records
     dtypes (``x.to(torch.float32)`` in the model's code stays float32), so with ``dtype`` the module
     is converted and traced in that dtype."""
     from torch import nn
 
-    from ..models.base import LayerModel
+    from workbench.models.base import LayerModel
 
     if isinstance(model, str):
         model = load_object(model)
@@ -121,7 +121,7 @@ def as_layer_model(model, train_set, seed: int = 0, dtype: str | None = None):
         )
     if train_set is None:
         raise ValueError(f"training {type(model).__name__} needs a data set: dataset=TensorDataset(inputs..., targets)")
-    from ..graph import from_modules, split
+    from workbench.profiling.layering import from_modules, split
 
     *xs, _ = train_set.tensors
     example = tuple(x[:2] for x in xs)
@@ -140,7 +140,7 @@ def as_layer_model(model, train_set, seed: int = 0, dtype: str | None = None):
 def build_dataset(model_name: str, dataset: str, split: str = "train", **options):
     """The model's training (or test) set; ``options`` go to the loader (e.g. the synthetic set's sizes)."""
     if model_name == "toy-mlp" or dataset == "toy":
-        from .toy import toy_dataset
+        from workbench.runtime.toy import toy_dataset
 
         return toy_dataset(split=split, **options)
     from workbench.models.data import load_dataset

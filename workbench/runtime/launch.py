@@ -17,17 +17,24 @@ from pathlib import Path
 
 import torch
 
-from ..schedules import executor_of, spec
-from ..schedules.core import Schedule, validate
-from .fetch import check_remote
-from .job import Job, as_dataset, as_layer_model, build_dataset, build_model, copy_model, load_object, user_dataset
-from .jobspec import JobSpec, OptimSpec, PipelineSpec, RunSpec
-from .lifetime import JobStopped, RankFailed, run_rank, spawn
-from .outputs import RunResult, latest_checkpoint, load_stage
-from .ports import free_port
-from .rank import worker_main
-from .segment_executor import check_segments, sequence_options
-from .shm import (
+from workbench.runtime.fetch import check_remote
+from workbench.runtime.job import (
+    Job,
+    as_dataset,
+    as_layer_model,
+    build_dataset,
+    build_model,
+    copy_model,
+    load_object,
+    user_dataset,
+)
+from workbench.runtime.jobspec import JobSpec, OptimSpec, PipelineSpec, RunSpec
+from workbench.runtime.lifetime import JobStopped, RankFailed, run_rank, spawn
+from workbench.runtime.outputs import RunResult, latest_checkpoint, load_stage
+from workbench.runtime.ports import free_port
+from workbench.runtime.rank import worker_main
+from workbench.runtime.segment_executor import check_segments, sequence_options
+from workbench.runtime.shm import (
     TRAIN_TRANSPORTS,
     auto_transport,
     check_transport,
@@ -35,9 +42,20 @@ from .shm import (
     remove_stale_channels,
     ring_channels,
 )
-from .shm import new_token as new_shm_token
-from .stages import Bounds, DataOrder, as_tuple, even_bounds, microbatch, plan_bounds, stage_module, stage_params
-from .tied import check_tied, defer_steps, tied_weights
+from workbench.runtime.shm import new_token as new_shm_token
+from workbench.runtime.stages import (
+    Bounds,
+    DataOrder,
+    as_tuple,
+    even_bounds,
+    microbatch,
+    plan_bounds,
+    stage_module,
+    stage_params,
+)
+from workbench.runtime.tied import check_tied, defer_steps, tied_weights
+from workbench.schedules import executor_of, spec
+from workbench.schedules.core import Schedule, validate
 
 
 def _cores() -> int:
@@ -287,7 +305,7 @@ def _stream_builder(schedule, workers: int, plan, options: Mapping | None, sched
         )
         raise ValueError(f"{schedule} {why}; stream=True (--stream) is for pipeline schedules without a flush: {ok}")
     fn = functools.partial(stream_schedule, schedule, workers, plan, dict(options or {}))
-    from .reference import updates_per_round
+    from workbench.runtime.reference import updates_per_round
 
     two, one = updates_per_round(fn(2 * sched.microbatches)), updates_per_round(sched)
     if two != [2 * u for u in one]:
@@ -372,7 +390,7 @@ def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, dopt
 
     Zoo names rebuild the model in every rank from ``(name, seed, options)``; a user's model (an
     ``nn.Module``, a factory, ``"package.module:function"``, a LayerModel) is traced once here
-    (:func:`workbench.graph.split`) and the traced copy travels to the ranks by pickling."""
+    (:func:`workbench.profiling.layering.split`) and the traced copy travels to the ranks by pickling."""
     from torch.utils.data import TensorDataset
 
     def data_recipe(default_name: str | None, model_name: str = "user"):
@@ -496,7 +514,7 @@ def train(
 
     ``model``: a zoo name; or your own model: an ``nn.Module``, a factory returning one (called under
     ``torch.manual_seed(seed)``), ``"package.module:function"``, or a LayerModel such as
-    :func:`workbench.graph.split` returns. An ``nn.Module`` is traced once here into layers and the
+    :func:`workbench.profiling.layering.split` returns. An ``nn.Module`` is traced once here into layers and the
     traced copy (ATen graphs and tensors only) is pickled into the ranks, so a model class defined in
     a notebook works; from a *script*, call ``train`` under ``if __name__ == "__main__":`` (spawned
     ranks re-import the script). ``dataset`` (needed for your own model; default for the zoo: its own):

@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .record import OpRecord
+from workbench.runtime.record import OpRecord
 
 
 class HostEvent:

@@ -4,7 +4,7 @@
   wall ms, and at the end of each epoch the test loss/accuracy
 * ``timeline.csv`` measured ops ``worker, stage, microbatch, kind, start, end, version, round, wait_ms,
   send_ms, data_ms, send_at, step`` (ms since a barrier-synchronised t0; ``round`` = the minibatch round R, ``step`` the same
-  number, see :mod:`workbench.timeline`), merged from all ranks on rank 0
+  number, see :mod:`workbench.io.timeline`), merged from all ranks on rank 0
 * ``checkpoints/round{R}/stage{s}_replica{r}.pt`` written by each stage replica itself (weights,
   optimizer state, step, rng); ``COMPLETE`` marks a checkpoint all ranks finished
 * ``summary.json`` throughput, wall time, final loss/accuracy, per-rank peak memory and stash depth
@@ -35,11 +35,11 @@ from pathlib import Path
 
 import torch
 
-from .job import Job
-from .record import RECORD_COLUMNS, OpRecord
-from .reference import updates_per_round
+from workbench.runtime.job import Job
+from workbench.runtime.record import RECORD_COLUMNS, OpRecord
+from workbench.runtime.reference import updates_per_round
 
-TIMELINE_COLUMNS = RECORD_COLUMNS + ["step"]  # step: alias of round (workbench.timeline)
+TIMELINE_COLUMNS = RECORD_COLUMNS + ["step"]  # step: alias of round (workbench.io.timeline)
 METRIC_COLUMNS = [
     "step",
     "epoch",
@@ -270,14 +270,14 @@ class RunResult(dict):
         ]
 
     def __repr__(self) -> str:
-        from ..display import one_line
+        from workbench.io.cards import one_line
 
         return one_line("RunResult", self._rows() + [("out", self.get("out"), "")])
 
     def _repr_html_(self) -> str:
         import html
 
-        from ..display import card
+        from workbench.io.cards import card
 
         out = Path(str(self.get("out", "")))
         page = next((p for p in ("timeline.html", "timeline.csv") if (out / p).exists()), None)

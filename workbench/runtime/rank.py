@@ -23,15 +23,23 @@ from typing import Any
 
 import torch
 
-from ..schedules import executor_of
-from .affinity import place_rank
-from .fetch import has_remote
-from .job import Job, RankContext
-from .lifetime import reached
-from .outputs import append_outputs, atomic_save, jsonable, latest_checkpoint, load_stage, peak_rss, write_summary
-from .stages import DataOrder, as_tuple, microbatch, run_stage, stage_module, stage_params
-from .tied import make_groups as tied_groups
-from .tied import tied_weights
+from workbench.runtime.affinity import place_rank
+from workbench.runtime.fetch import has_remote
+from workbench.runtime.job import Job, RankContext
+from workbench.runtime.lifetime import reached
+from workbench.runtime.outputs import (
+    append_outputs,
+    atomic_save,
+    jsonable,
+    latest_checkpoint,
+    load_stage,
+    peak_rss,
+    write_summary,
+)
+from workbench.runtime.stages import DataOrder, as_tuple, microbatch, run_stage, stage_module, stage_params
+from workbench.runtime.tied import make_groups as tied_groups
+from workbench.runtime.tied import tied_weights
+from workbench.schedules import executor_of
 
 
 def _init_dist(rank: int, world: int, job: Job, addr: str | None, port: int | None):
@@ -231,10 +239,10 @@ def _make_executor(ctx: RankContext, job: Job, model, init: list[dict], groups: 
     """The executor the schedule's registration names (Hogwild, DDP, or the pipeline executor; the
     segment executor for a schedule with segments). The four share the step loop's duck-typed
     interface (:mod:`.worker`'s docstring)."""
-    from .ddp import DDPExecutor
-    from .hogwild import HogwildExecutor
-    from .segment_executor import SegmentExecutor
-    from .worker import PipelineExecutor
+    from workbench.runtime.ddp import DDPExecutor
+    from workbench.runtime.hogwild import HogwildExecutor
+    from workbench.runtime.segment_executor import SegmentExecutor
+    from workbench.runtime.worker import PipelineExecutor
 
     sched, kind = job.schedule, executor_of(job.schedule)
     if kind == "hogwild":

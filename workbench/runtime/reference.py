@@ -32,9 +32,9 @@ from collections.abc import Callable
 
 import torch
 
-from ..schedules.core import Schedule
-from .stages import DataOrder, as_leaves, microbatch, run_stage, stage_module, stage_params, vjp
-from .tied import check_tied, tied_weights
+from workbench.runtime.stages import DataOrder, as_leaves, microbatch, run_stage, stage_module, stage_params, vjp
+from workbench.runtime.tied import check_tied, tied_weights
+from workbench.schedules.core import Schedule
 
 
 def updates_per_round(schedule: Schedule) -> list[int]:

@@ -26,13 +26,13 @@ import time
 import torch
 from torch import nn
 
-from ..models.segmented import flop_model, segment_layers
-from ..schedules.core import Schedule
-from .record import OpRecord
-from .reference import updates_per_round
-from .segments import Mailbox, SegmentStage
-from .stages import sgd_step, stage_module
-from .tied import TiedGradients, tied_weights
+from workbench.models.segmented import flop_model, segment_layers
+from workbench.runtime.record import OpRecord
+from workbench.runtime.reference import updates_per_round
+from workbench.runtime.segments import Mailbox, SegmentStage
+from workbench.runtime.stages import sgd_step, stage_module
+from workbench.runtime.tied import TiedGradients, tied_weights
+from workbench.schedules.core import Schedule
 
 
 def check_segments(schedule: Schedule, model) -> None:

@@ -49,10 +49,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..models.segmented import SegBlock, SegEmbedding, segment_gpt
-from ..schedules.core import Schedule
-from .lifetime import spawn
-from .stages import even_bounds
+from workbench.models.segmented import SegBlock, SegEmbedding, segment_gpt
+from workbench.runtime.lifetime import spawn
+from workbench.runtime.stages import even_bounds
+from workbench.schedules.core import Schedule
 
 
 @dataclass
@@ -300,7 +300,7 @@ def run(jobs: SegmentJob | list[SegmentJob]) -> dict | list[dict]:
     """Run a job (or several, one after another in the same processes: one start-up) on
     ``schedule.num_workers`` gloo ranks (:func:`workbench.runtime.lifetime.spawn`). Per job: ``grads[stage]`` and
     ``weights[stage]`` ({parameter name: tensor}) and ``peak_saved_bytes[rank]``."""
-    from .ports import free_port
+    from workbench.runtime.ports import free_port
 
     many = isinstance(jobs, (list, tuple))
     jobs = list(jobs) if isinstance(jobs, (list, tuple)) else [jobs]
@@ -351,7 +351,7 @@ def reference(job: SegmentJob) -> dict:
 
 def pydocs_batch(rows: int, seq_len: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
     """``rows`` sequences of the offline ``pydocs`` corpus (char level), picked with ``seed``: (x, y, vocab)."""
-    from ..models.data import TokenDataset, load_dataset
+    from workbench.models.data import TokenDataset, load_dataset
 
     ds = load_dataset("pydocs", seq_len=seq_len)
     idx = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed))[:rows]

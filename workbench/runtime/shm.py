@@ -4,7 +4,7 @@
 Why: with gloo, every activation and gradient crosses the kernel's TCP loopback (a copy into the
 socket, another out of it, gloo's I/O thread and the runtime's sender thread on the rank's own core);
 on the 2-core benchmark machine a message took 0.04 to 0.17 ms of the receiving and the sending core
-and 0.3 to 0.7 ms one way while both cores compute (``workbench.calibrate.measure_link(busy=True)``).
+and 0.3 to 0.7 ms one way while both cores compute (``workbench.runtime.machine.measure_link(busy=True)``).
 Here a message is one ``memcpy`` into a slot of a file in ``/dev/shm`` that both ranks map, and a
 flag store; the receiver polls the flag and copies the slot out.
 
@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .stages import spec_bytes
+from workbench.runtime.stages import spec_bytes
 
 SHM_DIR = Path("/dev/shm")
 ALIGN = 64

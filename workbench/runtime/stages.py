@@ -24,9 +24,9 @@ Bounds = list[tuple[int, int]]
 
 
 def even_bounds(num_layers: int, num_stages: int) -> Bounds:
-    """The default split without a plan, :meth:`workbench.plan.Plan.even` (the simulator's too):
+    """The default split without a plan, :meth:`workbench.cost.plan.Plan.even` (the simulator's too):
     contiguous stages of near-equal layer count."""
-    from ..plan import Plan
+    from workbench.cost.plan import Plan
 
     return plan_bounds(Plan.even(num_layers, num_stages))
 
@@ -144,7 +144,7 @@ def microbatch(dataset, idx: torch.Tensor, device="cpu", dtype: torch.dtype | No
 
 def sgd_update(weights: dict, direction: dict, lr: float, in_place: bool) -> dict:
     """``W - lr · d`` for every tensor of ``weights`` (the runtime's STEP, and what
-    :func:`workbench.calibrate.stage_profile` times). ``in_place``: overwrite ``weights`` and return
+    :func:`workbench.runtime.machine.stage_profile` times). ``in_place``: overwrite ``weights`` and return
     it (no other op reads the old version); else new tensors that require grad (the old version
     stays for the stashed microbatches that still read it)."""
     with torch.no_grad():

@@ -36,8 +36,8 @@ from typing import cast
 
 import torch
 
-from ..schedules.core import Schedule
-from .stages import stage_module
+from workbench.runtime.stages import stage_module
+from workbench.schedules.core import Schedule
 
 
 @dataclass(frozen=True)

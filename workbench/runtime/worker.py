@@ -55,13 +55,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..schedules.core import Schedule
-from . import opclock, shm
-from .comm import P2P, ShmP2P
-from .fetch import RemoteWeights, has_remote, is_remote
-from .record import OpRecord
-from .reference import updates_per_round
-from .stages import (
+from workbench.runtime import opclock, shm
+from workbench.runtime.comm import P2P, ShmP2P
+from workbench.runtime.fetch import RemoteWeights, has_remote, is_remote
+from workbench.runtime.record import OpRecord
+from workbench.runtime.reference import updates_per_round
+from workbench.runtime.stages import (
     as_leaves,
     as_tuple,
     from_tuple,
@@ -75,7 +74,8 @@ from .stages import (
     stage_roots,
     vjp,
 )
-from .tied import TiedGradients, tied_weights
+from workbench.runtime.tied import TiedGradients, tied_weights
+from workbench.schedules.core import Schedule
 
 
 class RankProgram:

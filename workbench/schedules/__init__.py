@@ -21,7 +21,7 @@ import pkgutil
 import warnings
 from contextlib import contextmanager
 
-from .core import (
+from workbench.schedules.core import (
     COMPUTE,
     KINDS,
     UPDATE_RULES,
@@ -34,16 +34,16 @@ from .core import (
     validate,
     with_recompute,
 )
-from .registry import REGISTRY, Option, ScheduleSpec, markdown_table, register, spec
+from workbench.schedules.registry import REGISTRY, Option, ScheduleSpec, markdown_table, register, spec
 
 for _m in pkgutil.iter_modules(__path__):  # registers every schedule of the package (one decorator each)
     importlib.import_module(f"{__name__}.{_m.name}")
 
-from .closed_forms import closed_form_bubble  # noqa: E402
-from .generators import noam_warmup, stage_layout  # noqa: E402
-from .master import JobCosts, from_placement, list_schedule, placement  # noqa: E402
-from .stats import worker_stats  # noqa: E402
-from .torch_csv import from_torch_csv, to_torch_csv  # noqa: E402
+from workbench.schedules.closed_forms import closed_form_bubble  # noqa: E402
+from workbench.schedules.generators import noam_warmup, stage_layout  # noqa: E402
+from workbench.schedules.master import JobCosts, from_placement, list_schedule, placement  # noqa: E402
+from workbench.schedules.stats import worker_stats  # noqa: E402
+from workbench.schedules.torch_csv import from_torch_csv, to_torch_csv  # noqa: E402
 
 NAMES: list[str] = list(REGISTRY)
 DESCRIPTIONS: dict[str, str] = {n: s.description for n, s in REGISTRY.items()}

@@ -23,8 +23,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .core import Schedule
-from .registry import REGISTRY
+from workbench.schedules.core import Schedule
+from workbench.schedules.registry import REGISTRY
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ microbatch), (B stage, microbatch))``: a forward and a full backward of other mi
 ``worker`` runs as one overlapped unit, two consecutive ops F then B (torch's OVERLAP_F_B). The
 generator that builds the order records the pairs; :meth:`Schedule.overlapped_pairs` reads them as
 op indices, and an executor that models overlap (the simulator's all-to-all, see
-:mod:`workbench.simulate`) charges them from there.
+:mod:`workbench.simulation`) charges them from there.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .dataflow import (
+from workbench.schedules.dataflow import (
     AR,
     COMPUTE,
     KINDS,
@@ -384,14 +384,14 @@ class Schedule:
         ]
 
     def __repr__(self) -> str:
-        from ..display import one_line
+        from workbench.io.cards import one_line
 
         return one_line(f"Schedule[{self.name}]", self._rows())
 
     def _repr_html_(self) -> str:
         import pandas as pd
 
-        from ..display import card
+        from workbench.io.cards import card
 
         table = pd.DataFrame(
             {

@@ -24,10 +24,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from . import closed_forms as cf
-from .core import Op, OpKind, Schedule, make_op, validate
-from .dataflow import peak_in_flight
-from .registry import register
+from workbench.schedules import closed_forms as cf
+from workbench.schedules.core import Op, OpKind, Schedule, make_op, validate
+from workbench.schedules.dataflow import peak_in_flight
+from workbench.schedules.registry import register
 
 Key = tuple[str, int, int]  # (kind, stage, microbatch)
 

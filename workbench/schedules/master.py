@@ -49,10 +49,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from . import closed_forms as cf
-from .core import Op, Schedule, in_flight_peak, validate
-from .generators import stage_layout
-from .registry import register
+from workbench.schedules import closed_forms as cf
+from workbench.schedules.core import Op, Schedule, in_flight_peak, validate
+from workbench.schedules.generators import stage_layout
+from workbench.schedules.registry import register
 
 Placement = Callable[[int, int, str], tuple[int, int]]
 Priority = Callable[[int, int, str], float]
@@ -155,7 +155,7 @@ class JobCosts:
     @classmethod
     def from_timeline(cls, tl: pd.DataFrame, schedule: Schedule) -> JobCosts:
         """The durations a simulated timeline of ``schedule`` charged
-        (:func:`workbench.simulate.planning.build_for_simulation` simulates it): compute rows F/B
+        (:func:`workbench.simulation.costed_build.build_for_simulation` simulates it): compute rows F/B
         per stage, ``send_act``/``send_grad`` and ``fetch_weights`` rows per link. Only pairs of
         workers that the placement uses appear, and the placement, not the order, fixes them: a
         schedule built with any order gives the costs to re-order it."""

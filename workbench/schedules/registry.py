@@ -156,8 +156,8 @@ def register(
     :class:`ScheduleSpec` fields ``bubble`` (closed-form bubble), ``executor``, ``takes_plan``,
     ``flushes``, ``costs_from`` (for a schedule whose order depends on durations, option ``costs``:
     which costs object it plans with, ``"job"`` for :class:`~workbench.schedules.master.JobCosts`,
-    ``"split"`` for :class:`~workbench.schedules.vplan.SplitCosts`; the simulator reads them from a
-    simulation, :func:`workbench.simulate.planning.build_for_simulation`), ``document_row`` (the
+    ``"split"`` for :class:`~workbench.schedules.vshape_order.SplitCosts`; the simulator reads them from a
+    simulation, :func:`workbench.simulation.costed_build.build_for_simulation`), ``document_row`` (the
     unifying document's table row of a master-family placement). Returns ``fn`` unchanged."""
     unknown = set(knows) - {"bubble", "executor", "takes_plan", "flushes", "costs_from", "document_row"}
     if unknown:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .core import COMPUTE, Schedule, in_flight_peak, producers
+from workbench.schedules.core import COMPUTE, Schedule, in_flight_peak, producers
 
 UNIT_COST = {"F": 1, "B": 2, "BI": 1, "BW": 1}
 

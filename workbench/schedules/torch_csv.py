@@ -26,7 +26,7 @@ import csv
 import io
 from pathlib import Path
 
-from .core import COMPUTE, Op, Schedule, in_flight_peak, validate
+from workbench.schedules.core import COMPUTE, Op, Schedule, in_flight_peak, validate
 
 TO_TORCH = {"F": "F", "B": "B", "BI": "I", "BW": "W"}
 FROM_TORCH = {v: k for k, v in TO_TORCH.items()}

@@ -14,10 +14,10 @@ V-ZB       P                 0
 =========  ================  ==============================
 
 A V chunk is half of a worker's layers, so the limits in chunks are twice these numbers
-(:data:`V_PEAK`). How each is built is in :mod:`workbench.schedules.vplan`: V-Min and V-Half are
+(:data:`V_PEAK`). How each is built is in :mod:`workbench.schedules.vshape_order`: V-Min and V-Half are
 the paper's building blocks, repeated and squeezed as the authors' generator does; V-ZB is the
 ZB-V rule (the same schedule as ``zb-v``). Each is planned at the F, B, W and communication costs
-the simulator will charge (option ``costs``; :func:`workbench.simulate.planning.build_for_simulation`
+the simulator will charge (option ``costs``; :func:`workbench.simulation.costed_build.build_for_simulation`
 passes them), and keeps, of its candidates within the memory limit (the paper's rule and the list
 scheduler below, both at those costs), the shortest.
 
@@ -38,12 +38,12 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-from . import closed_forms as cf
-from .core import Schedule, ScheduleError
-from .generators import Key, _check_m, _repeat_steps, _straight, stage_layout
-from .registry import register
-from .vplan import SplitCosts, block_orders, makespan, v_worker, zbv_orders
-from .zero_bubble import _finish, _pipeline_size, _steps, v_layout, zbv_order
+from workbench.schedules import closed_forms as cf
+from workbench.schedules.core import Schedule, ScheduleError
+from workbench.schedules.generators import Key, _check_m, _repeat_steps, _straight, stage_layout
+from workbench.schedules.registry import register
+from workbench.schedules.vshape_order import SplitCosts, block_orders, makespan, v_worker, zbv_orders
+from workbench.schedules.zero_bubble import _finish, _pipeline_size, _steps, v_layout, zbv_order
 
 VARIANTS = [
     (("BI", "F", "BW"), False),
@@ -190,7 +190,7 @@ def v_candidates(name: str, P: int, M: int, costs: SplitCosts) -> list[list[list
 
 def v_schedule(name: str, plan, microbatches: int, steps: int = 1, costs=None) -> Schedule:
     """``name`` in :data:`V_PEAK`: V placement of 2P stages; of :func:`v_candidates` the order with
-    the shortest makespan at ``costs`` (:func:`workbench.schedules.vplan.makespan`), repeated for
+    the shortest makespan at ``costs`` (:func:`workbench.schedules.vshape_order.makespan`), repeated for
     ``steps`` steps."""
     P, _ = _pipeline_size(plan, name, 2)
     M, T = _check_m(microbatches), _check_m(steps, "steps")

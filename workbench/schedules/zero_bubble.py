@@ -37,9 +37,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .core import Schedule
-from .generators import Key, _check_m, _flushed, _straight, in_flight_of, stage_layout
-from .registry import register
+from workbench.schedules.core import Schedule
+from workbench.schedules.generators import Key, _check_m, _flushed, _straight, in_flight_of, stage_layout
+from workbench.schedules.registry import register
 
 
 class _Counters:

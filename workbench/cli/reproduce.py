@@ -1,0 +1,441 @@
+"""``workbench reproduce``: run the paper-reproduction notebooks with papermill into a new run folder.
+
+    workbench reproduce [--quick] [--only NAME ...] [--params FILE] [--out DIR]
+
+Every notebook of :data:`NOTEBOOKS` found in ``notebooks/`` runs top to bottom with its
+``parameters`` cell overridden (``quick``, ``out_dir`` = ``<run>/<notebook>``, the quick values
+built in below, then the per-notebook values of ``--params``, a YAML or JSON file
+``{notebook: {parameter: value}}`` whose keys may be a notebook's name or its number, e.g. ``"02"``).
+The run folder ``<out>/reproduce-<quick|full>-<UTC time>`` is written as a temporary folder and
+renamed into place at the end, so an earlier run is never overwritten (:mod:`workbench.io.folders`). It
+holds the executed notebooks, each notebook's CSVs, HTML figures and ``claims.csv``, and
+``summary.md``: the status of every notebook and the paper-vs-reproduction table of every claim.
+
+Parameters are checked before anything runs (unknown notebook or parameter, a zoo model that does
+not exist, a count below 1, a missing or unreadable params file): one line on stderr, exit 2. A
+notebook that fails is reported with its name and failing cell; the others still run; exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from workbench.io.folders import run_folder, run_id
+
+if TYPE_CHECKING:  # pandas is imported where it is used: `workbench --help` starts without it
+    import pandas as pd
+
+#: notebook -> (experiments module with an optional ``validate_params(quick, **params)``, quick values)
+NOTEBOOKS: dict[str, tuple[str | None, dict]] = {
+    "01_quickstart": (None, dict(servers=1, microbatches=8, schedule="gpipe")),
+    "02_dp_communication_overhead": ("dp_overhead", {}),
+    "03_time_to_accuracy": ("time_to_accuracy", {}),
+    "04_pipeline_timelines": ("timelines", {}),
+    "05_unified_schedules": ("unified", {}),
+}
+COUNT_PARAMS = ("gpus", "gpu_counts", "workers", "servers", "ranks", "microbatches", "steps", "epochs", "batch_size")
+
+
+def notebooks_dir() -> Path:
+    """``notebooks/`` of the checkout this package lives in."""
+    return Path(__file__).resolve().parents[2] / "notebooks"
+
+
+@dataclass
+class Outcome:
+    """What happened to one notebook."""
+
+    name: str
+    status: str  # ok | failed | missing
+    seconds: float = 0.0
+    error: str = ""
+    files: list = field(default_factory=list)
+
+
+# ---- parameters -------------------------------------------------------------------------------
+def resolve_names(names, available=NOTEBOOKS) -> list[str]:
+    """Full notebook names for ``names`` (full names or their number prefix, e.g. ``02``)."""
+    out = []
+    for n in names:
+        hits = [k for k in available if k == n or k.split("_")[0] == n or k == Path(n).stem]
+        if len(hits) != 1:
+            raise ValueError(f"unknown notebook {n!r}; choose from {', '.join(available)} (or their numbers)")
+        out.append(hits[0])
+    return out
+
+
+def load_params(path) -> dict[str, dict]:
+    """``{notebook: {parameter: value}}`` from a YAML or JSON file (keys resolved to full names)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(
+            f"params file {path} does not exist; pass a YAML or JSON file {{notebook: {{parameter: value}}}}"
+        )
+    text = path.read_text()
+    try:
+        if path.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as e:  # noqa: BLE001  (any parse error becomes one line)
+        raise ValueError(f"cannot parse params file {path}: {str(e).splitlines()[0]}") from None
+    data = data or {}
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ValueError(f"params file {path} must map notebook names to {{parameter: value}} mappings")
+    # YAML reads an unquoted 02 as the integer 2: numbers name notebooks by their two-digit prefix
+    return {
+        full: dict(v)
+        for k, v in data.items()
+        for full in resolve_names([f"{k:02d}" if isinstance(k, int) and not isinstance(k, bool) else str(k)])
+    }
+
+
+def notebook_parameters(path: Path) -> dict:
+    """The names declared in the notebook's ``parameters`` cell (papermill's inspection)."""
+    import papermill
+
+    return papermill.inspect_notebook(str(path))
+
+
+def _check_counts(name: str, params: dict) -> None:
+    for key in COUNT_PARAMS:
+        if key not in params or params[key] is None:
+            continue
+        vals = params[key] if isinstance(params[key], (list, tuple)) else [params[key]]
+        for v in vals:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(
+                    f"{name}: parameter {key} must be an integer >= 1 (or a list of them), got {params[key]!r}"
+                )
+
+
+def _check_models(name: str, params: dict) -> None:
+    from workbench.models import config
+
+    for key in ("model", "models", "measured_models"):
+        vals = params.get(key)
+        if vals is None:
+            continue
+        for v in vals if isinstance(vals, (list, tuple)) else [vals]:
+            config(v)  # "unknown model ..." for a name the zoo does not have
+
+
+def validate(name: str, path: Path, quick: bool, params: dict) -> None:
+    """One-line ``ValueError`` for parameters the notebook does not declare or cannot use."""
+    declared = notebook_parameters(path)
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        raise ValueError(f"{name} has no parameter(s) {unknown}; it takes {sorted(declared)}")
+    module, _ = NOTEBOOKS[name]
+    _check_counts(name, params)
+    fn = None
+    if module:
+        try:
+            fn = getattr(importlib.import_module(f"workbench.experiments.{module}"), "validate_params", None)
+        except ImportError:
+            fn = None
+    if fn is None:
+        _check_models(name, params)
+        return
+    try:
+        fn(quick, **params)
+    except ValueError as e:
+        raise ValueError(f"{name}: {str(e).splitlines()[0]}") from None
+
+
+# ---- running ----------------------------------------------------------------------------------
+def plan_runs(only, params_file, quick: bool, nb_dir: Path) -> tuple[list[tuple[str, Path, dict]], list[str]]:
+    """(notebooks to run with their parameter overrides, names listed but absent from ``nb_dir``)."""
+    names = resolve_names(only) if only else list(NOTEBOOKS)
+    extra = load_params(params_file) if params_file else {}
+    runs, missing = [], []
+    for name in names:
+        path = nb_dir / f"{name}.ipynb"
+        if not path.exists():
+            if only:
+                raise ValueError(f"notebook {path} is not in this checkout")
+            missing.append(name)
+            continue
+        over = dict(NOTEBOOKS[name][1]) if quick else {}
+        over.update(extra.get(name, {}))
+        validate(name, path, quick, over)
+        runs.append((name, path, over))
+    return runs, missing
+
+
+def run_notebook(name: str, path: Path, params: dict, run_dir: Path, quick: bool, progress: bool) -> Outcome:
+    """Execute one notebook into ``run_dir/name.ipynb`` with its outputs in ``run_dir/name``."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    run_dir = Path(run_dir).resolve()  # the kernel runs in run_dir: a relative out_dir would land inside it
+    out_dir = run_dir / name
+    declared = notebook_parameters(path)
+    base = {"quick": quick, "out_dir": str(out_dir)} if "out_dir" in declared else {"out": str(out_dir)}
+    if "quick" not in declared:
+        base.pop("quick", None)
+    t0 = time.perf_counter()
+    try:
+        papermill.execute_notebook(
+            str(path),
+            str(run_dir / f"{name}.ipynb"),
+            parameters=base | params,
+            cwd=str(run_dir),
+            kernel_name="python3",
+            progress_bar=progress,
+            log_output=False,
+        )
+        status, error = "ok", ""
+    except PapermillExecutionError as e:
+        status = "failed"
+        first = (e.source or "").strip().splitlines()[0][:60] if (e.source or "").strip() else ""
+        error = (
+            f"cell {e.cell_index} of the executed {name}.ipynb (`{first}`): {e.ename}: "
+            f"{str(e.evalue).splitlines()[0] if e.evalue else ''}"
+        )
+    except Exception as e:  # noqa: BLE001  (kernel death, missing kernel: report and go on)
+        status, error = "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    files = sorted(str(p.relative_to(run_dir)) for p in out_dir.rglob("*") if p.is_file()) if out_dir.exists() else []
+    return Outcome(name, status, time.perf_counter() - t0, error, files)
+
+
+def run(
+    only=None, params_file=None, quick: bool = False, out="results/reproduce", nb_dir=None, progress: bool = True
+) -> tuple[Path, list[Outcome]]:
+    """Check every parameter, run the notebooks, write ``summary.md``; returns (run folder, outcomes)."""
+    from tqdm.auto import tqdm
+
+    nb_dir = Path(nb_dir) if nb_dir else notebooks_dir()
+    runs, missing = plan_runs(only, params_file, quick, nb_dir)
+    outcomes = [Outcome(n, "missing", error=f"{n}.ipynb is not in {nb_dir}") for n in missing]
+    load_start = os.getloadavg()
+    with run_folder(Path(out) / run_id("reproduce-" + ("quick" if quick else "full"))) as tmp, _shared_plotlyjs(tmp):
+        bar = tqdm(runs, desc="notebooks", unit="nb", disable=not progress)
+        for name, path, params in bar:
+            bar.set_postfix_str(name)
+            outcome = run_notebook(name, path, params, tmp, quick, progress)
+            outcomes.append(outcome)
+            if outcome.status != "ok":
+                tqdm.write(f"FAILED {name}: {outcome.error}", file=sys.stderr)
+        order = list(NOTEBOOKS)
+        outcomes.sort(key=lambda o: order.index(o.name))
+        claims = collect_claims(tmp)
+        claims.to_csv(tmp / "claims.csv", index=False)
+        (tmp / "summary.md").write_text(summary_markdown(tmp, outcomes, quick, claims, load_start))
+    return tmp.final, outcomes
+
+
+@contextlib.contextmanager
+def _shared_plotlyjs(run_dir: Path):
+    """While the notebooks run, their HTML figures load one ``plotly.min.js`` at the run folder's
+    root by relative path (the kernels inherit the environment), instead of embedding 4.8 MB each."""
+    from workbench.viz.plot import SHARED_PLOTLYJS_ENV, write_shared_plotlyjs
+
+    before = os.environ.get(SHARED_PLOTLYJS_ENV)
+    os.environ[SHARED_PLOTLYJS_ENV] = str(write_shared_plotlyjs(run_dir).resolve())
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SHARED_PLOTLYJS_ENV, None)
+        else:
+            os.environ[SHARED_PLOTLYJS_ENV] = before
+
+
+# ---- summary ----------------------------------------------------------------------------------
+def collect_claims(run_dir: Path) -> pd.DataFrame:
+    """Every ``<run>/<notebook>/claims.csv`` (and below), concatenated with a ``notebook`` column."""
+    import pandas as pd
+
+    from workbench.experiments.common import CLAIM_COLUMNS
+
+    frames = []
+    for path in sorted(Path(run_dir).glob("*/**/claims.csv")):
+        df = pd.read_csv(path)
+        df.insert(0, "notebook", path.relative_to(run_dir).parts[0])
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame(columns=["notebook", *CLAIM_COLUMNS])
+    return pd.concat(frames, ignore_index=True)
+
+
+def _num(x) -> str:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    return "–" if not math.isfinite(x) else f"{x:.4g}"
+
+
+def _cell(text) -> str:
+    return (
+        ""
+        if text is None or (isinstance(text, float) and math.isnan(text))
+        else str(text).replace("|", "\\|").replace("\n", " ")
+    )
+
+
+def code_version() -> str:
+    """The git commit the package runs from (``+ uncommitted changes`` when the tree differs), or
+    "unknown" outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "workbench", "notebooks"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
+
+
+def summary_markdown(
+    run_dir: Path, outcomes: list[Outcome], quick: bool, claims: pd.DataFrame | None = None, load_start=None
+) -> str:
+    """The run's ``summary.md``: machine, code version, load, notebook status table, failures, the
+    claims' errors by ``fit``, the calibrated parameters and settings, and the paper-vs-ours table."""
+    import torch
+
+    load = os.getloadavg()
+    start = f"{load_start[0]:.1f} / {load_start[1]:.1f} / {load_start[2]:.1f} at the start, " if load_start else ""
+    lines = [
+        f"# Reproduction run ({'quick' if quick else 'full'}, finished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+        "",
+        f"Mode: **{'quick' if quick else 'full'}**. Code: commit {code_version()}. Machine: {platform.node()}, "
+        f"{os.cpu_count()} CPU cores, {platform.platform()}, Python {platform.python_version()}, torch "
+        f"{torch.__version__}; load average (1/5/15 min) {start}"
+        f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end.",
+        "",
+        "## Notebooks",
+        "",
+        "| notebook | status | seconds | outputs |",
+        "|---|---|---|---|",
+    ]
+    for o in outcomes:
+        outs = ", ".join(f for f in o.files if f.endswith((".csv", ".html")))
+        status = o.status if o.status == "ok" else f"**{o.status}**: {_cell(o.error)}"
+        lines.append(f"| {o.name} | {status} | {o.seconds:.0f} | {_cell(outs)} |")
+    if claims is None:
+        claims = collect_claims(run_dir)
+    lines += _fit_section(claims) + _calibration_section(run_dir)
+    lines += [
+        "",
+        "## Paper vs reproduction",
+        "",
+        "`ratio` = ours / paper. `label` says where a number was measured or what it was modeled from.",
+        "",
+    ]
+    if claims.empty:
+        lines.append("(no claims.csv was written)")
+    else:
+        lines += [
+            "| notebook | claim | paper | ours | ratio | unit | fit | label | explanation |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in claims.itertuples(index=False):
+            lines.append(
+                f"| {r.notebook} | {_cell(r.claim)} | {_num(r.paper)} | {_num(r.ours)} | "
+                f"{_num(r.ratio)} | {_cell(r.unit)} | {_cell(getattr(r, 'fit', ''))} | {_cell(r.label)} | "
+                f"{_cell(r.explanation)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _table(df: pd.DataFrame) -> list[str]:
+    cols = list(df.columns)
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += [
+        "| " + " | ".join(_num(v) if isinstance(v, float) else _cell(v) for v in row) + " |"
+        for row in df.itertuples(index=False)
+    ]
+    return out
+
+
+def _fit_section(claims: pd.DataFrame) -> list[str]:
+    """Errors of the numeric claims by ``fit`` (in-sample, out-of-sample, none), overall and per notebook."""
+    from workbench.experiments.common import fit_summary
+
+    if claims.empty or "fit" not in claims.columns:
+        return []
+    lines = [
+        "",
+        "## How close: the claims with a number on both sides, by `fit`",
+        "",
+        "`in-sample`: a calibrated parameter was fitted to the paper's number; `out-of-sample`: modeled with "
+        "nothing fitted to it; `none`: measured here (no model). Within 25% = |ours / paper − 1| ≤ 0.25. "
+        f"Every claim is in `claims.csv` of this folder ({len(claims)} rows).",
+        "",
+    ]
+    lines += _table(fit_summary(claims))
+    lines += ["", "Per notebook:", ""]
+    lines += _table(fit_summary(claims, by=["notebook", "fit"]))
+    return lines
+
+
+def _calibration_section(run_dir: Path) -> list[str]:
+    """The calibrated parameters and where each hardware setting comes from (notebook 02's CSVs)."""
+    import pandas as pd
+
+    folder = Path(run_dir) / "02_dp_communication_overhead"
+    if not (folder / "calibration_parameters.csv").exists():
+        return []
+    lines = [
+        "",
+        "## Hardware settings and their calibration (notebook 02, `workbench/experiments/paper_fit.py`)",
+        "",
+        "Each group's data-parallel all-reduce has at most two free parameters, fitted to the papers' "
+        "data-parallel numbers only (the `in-sample` rows): its bus bandwidth (GB/s) and per-step latency "
+        "(arXiv), or its efficiency relative to the links' nominal rates (SOSP); pipeline links stay nominal.",
+        "",
+    ]
+    lines += _table(pd.read_csv(folder / "calibration_parameters.csv"))
+    lines += ["", "Where each setting comes from:", ""]
+    lines += _table(pd.read_csv(folder / "settings.csv"))
+    if (folder / "configurations.csv").exists():
+        lines += [
+            "",
+            "Configurations (replicas per stage) on the calibrated links: the calibrated model's, PipeDream's own "
+            "optimizer's (`cost=\"pipedream\"` on the nominal links, with its predicted gain over its data-parallel estimate), the paper's:",
+            "",
+        ]
+        lines += _table(pd.read_csv(folder / "configurations.csv"))
+    return lines
+
+
+# ---- command line -----------------------------------------------------------------------------
+def add_arguments(p) -> None:
+    p.add_argument("--quick", action="store_true", help="small built-in parameters (whole run < 10 min on 2 cores)")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="notebooks to run (names or numbers, e.g. 02 05)")
+    p.add_argument("--params", metavar="FILE", help="YAML or JSON {notebook: {parameter: value}}")
+    p.add_argument("--out", default="results/reproduce", help="parent of the new run folder")
+    p.add_argument("--notebooks", metavar="DIR", help=argparse.SUPPRESS)  # another notebooks/ folder (tests)
+
+
+def cmd_reproduce(args) -> int:
+    run_dir, outcomes = run(args.only, args.params, args.quick, args.out, args.notebooks)
+    width = max(len(o.name) for o in outcomes) if outcomes else 10
+    for o in outcomes:
+        print(f"{o.name:<{width}}  {o.status:<7}  {o.seconds:6.0f} s  {o.error}")
+    print(f"wrote {run_dir} (summary.md, executed notebooks, CSVs, HTML figures)")
+    return 0 if all(o.status in ("ok", "missing") for o in outcomes) else 1
