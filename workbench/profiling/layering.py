@@ -31,6 +31,7 @@ spawned ranks even when the model's class was defined in a notebook.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -338,6 +339,37 @@ def _covering(n: fx.Node, units: list[str]) -> str | None:
     return max((u for u in units if u and _under(p, u)), key=len, default=p.split(".")[0])
 
 
+def sized_call(op: str, *args, **kwargs):
+    """``torch.ops.<ns>.<name>.<overload>(*args, **kwargs)`` for ``op = "<ns>::<name>.<overload>"``.
+
+    A layer's ATen call whose size list holds a traced size (``aten.zeros([2, sym_size, 16])``, as an
+    LSTM's initial state) calls through this function: a GraphModule is pickled as its Python code and
+    re-traced by ``torch.fx`` on loading (a spawned rank), and ``torch.fx``'s symbolic tracer cannot
+    pass a size proxy inside a list to an ATen overload; :class:`LayerTracer` records this function as
+    one call instead of running it."""
+    ns, rest = op.split("::")
+    name, overload = rest.rsplit(".", 1)
+    return getattr(getattr(getattr(torch.ops, ns), name), overload)(*args, **kwargs)
+
+
+class LayerTracer(fx.Tracer):
+    """The tracer that re-builds a layer's graph from its code when a layer is unpickled: ``torch.fx``'s
+    own, with :func:`sized_call` kept as one call."""
+
+    def __init__(self, autowrap_modules=(math,), autowrap_functions=()):
+        super().__init__(autowrap_modules, (*autowrap_functions, sized_call))
+
+
+def _wrap_sized_calls(graph: fx.Graph) -> None:
+    """Route every ATen call that has a traced size inside a list argument through :func:`sized_call`."""
+    for n in graph.nodes:
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        listed = [a for a in (*n.args, *n.kwargs.values()) if isinstance(a, (list, tuple))]
+        if any(isinstance(v, fx.Node) and not isinstance(v.meta.get("val"), torch.Tensor) for a in listed for v in a):
+            n.target, n.args = sized_call, (f"{n.target.name()}.{n.target._overloadname}", *n.args)
+
+
 def _build_layers(gm: fx.GraphModule, group: dict, units: list[str]) -> tuple[list[GraphLayer], list[str]]:
     nodes = list(gm.graph.nodes)
     G = max(group.values()) + 1
@@ -375,6 +407,8 @@ def _build_layers(gm: fx.GraphModule, group: dict, units: list[str]) -> tuple[li
         for n in body:
             env[n] = graph.node_copy(n, look)
         graph.output(tuple(env[v] for v in live_out))
+        _wrap_sized_calls(graph)
+        graph._tracer_cls = LayerTracer  # pickling re-traces the layer's code with it (spawned ranks)
         graph.lint()
         sub = fx.GraphModule(gm, graph)
         covered = tuple(dict.fromkeys(c for n in body if (c := _covering(n, units))))
