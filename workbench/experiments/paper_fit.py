@@ -14,7 +14,7 @@ Two versions of the paper report numbers on different machines (:data:`SETTINGS`
 **The calibrated model is the workbench's one cost model** (:class:`~workbench.cost.model.CostModel`),
 not a new formula: a data-parallel round of ``m`` replicas costs ``F + B + max(0, AR − B)`` with
 the ring all-reduce ``AR = 2 (m−1)/m · |w| / B_AR + 2 (m−1) α_AR`` (wait-free backprop: the
-all-reduce overlaps the backward that produces its gradients); ``partition.data_parallel_ms`` gives
+all-reduce overlaps the backward that produces its gradients); ``data_parallel_ms`` gives
 it per minibatch. Compute comes from PipeDream's published V100 profiles at the per-GPU minibatch
 PipeDream's runtime trains each model with (VGG-16: 64, its graph.txt profiled at 128; recorded in
 ``data/pipedream/runtime_configs.json``), on a Titan X scaled by the peak FLOP/s ratio
