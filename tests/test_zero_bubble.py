@@ -189,7 +189,7 @@ def test_v_family_trades_memory_for_bubble():
 
 
 def test_readme_table_4_workers_8_microbatches():
-    """The table in docs/readme-zb.md: P = 4, M = 8, per worker T_F = 1, T_B + T_W = 2."""
+    """The table in docs/zero-bubble.md: P = 4, M = 8, per worker T_F = 1, T_B + T_W = 2."""
     t = bubble_memory_table(4, 8, 1.0, 2.0)
     assert t.loc["pipedream-flush", "steady_idle_per_step"] == 3 * 3  # (P-1)(T_F+T_B+T_W)
     assert t.loc["zb-h1", "steady_idle_per_step"] == 3 * 1  # (P-1)(T_F+T_B-T_W)
