@@ -42,12 +42,10 @@ number (:func:`eta_needed`, by bisection), beside the fitted one.
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -55,7 +53,7 @@ import pandas as pd
 from workbench.cost.model import CostModel
 from workbench.cost.plan import Plan
 from workbench.cost.topology import GBPS, Topology
-from workbench.experiments.common import claim, fit_summary
+from workbench.experiments.common import claim, fit_summary, read_data
 from workbench.partitioning.dynamic_program import data_parallel_ms
 from workbench.partitioning.pipedream_optimizer import Settings as PipeDreamSettings
 from workbench.partitioning.search import partition
@@ -102,21 +100,12 @@ class Setting:
         )
 
 
-#: The data files the settings and the paper's numbers are read from (shipped as package data).
-DATA = Path(__file__).resolve().parent / "data"
-
-
-def _rows(name: str) -> list[dict[str, str]]:
-    with (DATA / name).open(newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
-
-
 def load_settings(name: str = "settings.csv") -> dict[str, Setting]:
     """The papers' hardware settings from ``data/<name>``: one row per setting; links in Gbit/s between
     machines (``inter_Gbps``) and GB/s inside one (``intra_GBps``, empty for one GPU per machine), and
     ``source``, where in the paper the description comes from."""
     out = {}
-    for r in _rows(name):
+    for r in read_data(name):
         out[r["key"]] = Setting(
             key=r["key"],
             title=r["title"],
@@ -177,7 +166,7 @@ def load_paper_numbers(name: str = "paper_numbers.csv") -> tuple[PaperNumber, ..
             stand_in=r["stand_in"],
             paper_config=r["paper_config"],
         )
-        for r in _rows(name)
+        for r in read_data(name)
     )
 
 
