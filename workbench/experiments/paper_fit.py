@@ -123,6 +123,8 @@ def load_settings(name: str = "settings.csv") -> dict[str, Setting]:
 
 
 SETTINGS = load_settings()
+#: The two versions of the paper, as the settings name them.
+ARXIV, SOSP = SETTINGS["arxiv-A"].paper, SETTINGS["sosp-A"].paper
 
 
 # ---- the paper's numbers --------------------------------------------------------------------
