@@ -68,6 +68,7 @@ def test_train_bad_numbers_and_models(capsys, tmp_path, argv, words):
     assert words in line
 
 
+@pytest.mark.slow
 def test_unknown_model_object_gets_a_short_message(tmp_path):
     """An object that is not a model: its type, not its whole repr."""
     with pytest.raises(ValueError) as e:
@@ -75,6 +76,7 @@ def test_unknown_model_object_gets_a_short_message(tmp_path):
     assert "got object" in str(e.value) and len(str(e.value)) < 200
 
 
+@pytest.mark.slow
 def test_nn_sequential_is_traced_not_refused(tmp_path):
     """`unknown model Sequential(...)` is gone: an nn.Module is a model (traced by workbench.profiling.layering.split)."""
     seq = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(inplace=True), nn.Linear(32, 10))
@@ -153,6 +155,7 @@ def test_infinite_bandwidth_api():
         Topology.flat(4, float("inf"))
 
 
+@pytest.mark.slow
 def test_reproduce_out_inside_a_file(capsys, tmp_path):
     f = tmp_path / "a-file.txt"
     f.write_text("x")

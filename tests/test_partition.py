@@ -160,6 +160,7 @@ bw = st.floats(1e8, 1e11)
 
 
 # ---- optimality -------------------------------------------------------------------------------
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(p=profiles(), M=st.integers(1, 4), B=bw)
 def test_one_level_equals_brute_force(p, M, B):
@@ -170,6 +171,7 @@ def test_one_level_equals_brute_force(p, M, B):
     check_plan(plan, topo, p)
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None)
 @given(p=profiles(max_layers=5), M1=st.integers(1, 3), M2=st.integers(1, 3), B1=bw, B2=bw)
 def test_two_levels_equal_brute_force(p, M1, M2, B1, B2):
@@ -263,6 +265,7 @@ def heavy_tailed_profile(rng, n):
     return make_profile(fwd, bwd, act, par)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("M, rows_all, seed", [(8, True, 0), (8, False, 1), (6, True, 2)])
 def test_crossing_search_equals_direct_on_larger_inputs(M, rows_all, seed):
     """Many blocks of the suffix-minimum structure, long pointer jumps (exponential and binary

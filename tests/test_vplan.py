@@ -128,6 +128,7 @@ def test_no_longer_than_the_reference_within_the_papers_memory(ref, i):
         assert max(c["peak_chunks"]) <= bound  # the paper's bound holds for the reference too
 
 
+@pytest.mark.slow
 def test_grid_summary_counts_equal_and_shorter():
     """Some grid points are strictly shorter (the cost-aware candidates win), none longer."""
     shorter = {}
