@@ -211,6 +211,7 @@ def test_cnn_given_the_synthetic_data_set_cli(capsys, tmp_path):
     assert "fails on the example input" in line and "by hand" not in line
 
 
+@pytest.mark.slow
 def test_cache_building_model_gets_the_use_cache_hint():
     """A model whose output carries a transformers-style cache object: the hint names use_cache=False."""
     from workbench.profiling.layering import split
@@ -230,6 +231,7 @@ def test_cache_building_model_gets_the_use_cache_hint():
         split(Decoder(), torch.randn(2, 4))
 
 
+@pytest.mark.slow
 def test_a_model_that_cannot_take_the_data_set_is_refused_before_the_ranks_start(tmp_path):
     """The zoo mlp (512 inputs) given digits (8x8 = 64 features): one ValueError from prepare, with the
     layer's own error and the inputs' shape, instead of every rank failing on its first microbatch; the

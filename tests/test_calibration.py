@@ -193,6 +193,7 @@ def test_the_intra_batch_comparisons_on_one_cluster_a_server():
     assert cal.predict(nums["pipedream_over_gpipe"], p)[0] == max(per[m]["over_gpipe"] for m in cal.straight_models(4))
 
 
+@pytest.mark.slow
 def test_the_gnmt_profiles_sentence_lengths_and_the_fig1_sensitivity():
     """PipeDream's GNMT profiles were measured at different sentence lengths (read from the first
     embedding's output bytes: 64 x tokens x 1024 x 4 B); the sensitivity refits eta with GNMT-8 at

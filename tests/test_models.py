@@ -179,6 +179,7 @@ def test_mnist1d_published_defaults():
     assert m.dataset == "mnist1d" and m.sequential()(tr.tensors[0][:5]).shape == (5, 10)
 
 
+@pytest.mark.slow
 def test_pydocs_char_lm_windows():
     tr = load_dataset("pydocs", "train", max_chars=60_000, seq_len=32)
     te = load_dataset("pydocs", "test", max_chars=60_000, seq_len=32)

@@ -182,6 +182,7 @@ def test_two_levels_equal_brute_force(p, M1, M2, B1, B2):
     check_plan(plan, topo, p)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(p=profiles(), M=st.integers(1, 4), B=bw)
 def test_straight_equals_brute_force_and_never_replicates(p, M, B):
@@ -196,6 +197,7 @@ def test_straight_equals_brute_force_and_never_replicates(p, M, B):
     assert plan.bottleneck_ms == pytest.approx(want, rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(p=profiles(max_layers=5), M=st.integers(1, 4), B=bw, frac=st.floats(0.05, 1.5))
 def test_memory_limit_equals_brute_force(p, M, B, frac):
@@ -211,6 +213,7 @@ def test_memory_limit_equals_brute_force(p, M, B, frac):
     assert plan.bottleneck_ms == pytest.approx(want, rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(p=profiles(), M=st.integers(1, 4), B=bw)
 def test_fewer_workers_is_best_over_worker_counts(p, M, B):

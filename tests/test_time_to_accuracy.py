@@ -142,6 +142,7 @@ def test_every_scheme_averages_the_same_number_of_samples_per_update():
         cv.job_for(cv.Setup(samples_per_update=30), "dp-bsp", 0, None)
 
 
+@pytest.mark.slow
 def test_staleness_of_the_weight_rules():
     """Stashing: stage k reads weights n-1-k updates old in forward and backward; no stashing: the
     backward reads the newest; vertical sync: every stage n-1 old (the input stage's version)."""
