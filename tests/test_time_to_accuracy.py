@@ -153,6 +153,7 @@ def test_staleness_of_the_weight_rules():
         assert st.loc[("pipedream-vertical-sync", k), "backward_delay"] == 3
 
 
+@pytest.mark.slow
 def test_vertical_sync_equals_the_hand_written_rule():
     """The stream schedule's vertical sync through the semantic reference (which the runtime is
     tested equal to) is PipeDream's rule w(t+1) = w(t) - lr grad f(w^(t-n+1)) written by hand on the
