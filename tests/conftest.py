@@ -14,9 +14,14 @@ NEEDS_QUICK_RUN = {"quick_run", "reproduce_quick", "out03", "out04", "any_run"}
 
 
 def pytest_collection_modifyitems(config, items):
+    """The quick run's tests get its timeout; they and every ``distributed`` test are ``slow``, so
+    ``pytest -m "not slow"`` is the fast tier of the edit-test loop."""
     for item in items:
         if NEEDS_QUICK_RUN & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.timeout(QUICK_RUN_TIMEOUT_S))
+            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("distributed") is not None:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -35,6 +35,7 @@ def _probe(env_value: str) -> tuple[str, int]:
     return took, int(faults)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings")
 def test_retained_memory_is_reused_without_page_faults():
     took, faults = _probe("1")

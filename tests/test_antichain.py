@@ -90,6 +90,7 @@ def test_cycle_and_missing_times_name_the_node(tmp_path):
         read_graph(path)
 
 
+@pytest.mark.slow
 def test_traced_model_profile_carries_its_layer_dag():
     """graph.split + profile: meta["graph"] holds the layers' DAG (a residual block's skip branch
     reads the block input), so cost="pipedream" runs over its antichains."""

@@ -68,6 +68,7 @@ def test_train_bad_numbers_and_models(capsys, tmp_path, argv, words):
     assert words in line
 
 
+@pytest.mark.slow
 def test_unknown_model_object_gets_a_short_message(tmp_path):
     """An object that is not a model: its type, not its whole repr."""
     with pytest.raises(ValueError) as e:
@@ -75,6 +76,7 @@ def test_unknown_model_object_gets_a_short_message(tmp_path):
     assert "got object" in str(e.value) and len(str(e.value)) < 200
 
 
+@pytest.mark.slow
 def test_nn_sequential_is_traced_not_refused(tmp_path):
     """`unknown model Sequential(...)` is gone: an nn.Module is a model (traced by workbench.profiling.layering.split)."""
     seq = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(inplace=True), nn.Linear(32, 10))
@@ -153,6 +155,7 @@ def test_infinite_bandwidth_api():
         Topology.flat(4, float("inf"))
 
 
+@pytest.mark.slow
 def test_reproduce_out_inside_a_file(capsys, tmp_path):
     f = tmp_path / "a-file.txt"
     f.write_text("x")
@@ -208,6 +211,7 @@ def test_cnn_given_the_synthetic_data_set_cli(capsys, tmp_path):
     assert "fails on the example input" in line and "by hand" not in line
 
 
+@pytest.mark.slow
 def test_cache_building_model_gets_the_use_cache_hint():
     """A model whose output carries a transformers-style cache object: the hint names use_cache=False."""
     from workbench.profiling.layering import split
@@ -227,6 +231,7 @@ def test_cache_building_model_gets_the_use_cache_hint():
         split(Decoder(), torch.randn(2, 4))
 
 
+@pytest.mark.slow
 def test_a_model_that_cannot_take_the_data_set_is_refused_before_the_ranks_start(tmp_path):
     """The zoo mlp (512 inputs) given digits (8x8 = 64 features): one ValueError from prepare, with the
     layer's own error and the inputs' shape, instead of every rank failing on its first microbatch; the

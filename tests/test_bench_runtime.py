@@ -52,6 +52,7 @@ def _expected(loop, w0, xs, ys, rule: str, M: int, lr: float) -> list:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("updates", ["one", "every"])
 def test_single_loop_updates(bench, updates):
     torch.manual_seed(0)
@@ -71,6 +72,7 @@ def test_single_loop_updates(bench, updates):
         torch.testing.assert_close(p.detach(), e, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_update_cost_is_a_ratio_of_step_times(bench):
     q1, med, q3 = bench._SingleLoop("mlp", 2).update_cost(pairs=4)
     assert 0 < q1 <= med <= q3 and 0.3 < med < 3

@@ -272,7 +272,7 @@ def test_notebook_in_jupyterlab_headless_chromium(lab, tmp_path):
 def _choose_schedule(page, name: str) -> None:
     """Select ``name`` in the tuner's schedule dropdown and wait until the timeline shows it.
 
-    Known weakness (see docs/readme-widgets.md): on a loaded machine the browser sometimes drops
+    Known weakness (see docs/widgets.md): on a loaded machine the browser sometimes drops
     one plotly update of the timeline (the kernel sent it; the cards and the stage figure of the
     same callback arrive). One retry through another schedule is allowed and reported as a warning;
     a second loss fails the test."""

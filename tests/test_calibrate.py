@@ -289,6 +289,7 @@ def test_simulator_charges_the_copying_step_only_where_a_version_is_stashed():
     assert set((same.compute.end - same.compute.start)[same.compute.kind == "STEP"].round(9)) == {0.5}
 
 
+@pytest.mark.slow
 def test_sgd_update_in_place_and_into_new_tensors():
     import torch
 
@@ -303,6 +304,7 @@ def test_sgd_update_in_place_and_into_new_tensors():
     assert same["a"] is w["a"] and torch.equal(w["a"].detach(), torch.tensor([0.0, 3.0]))
 
 
+@pytest.mark.slow
 def test_measure_allreduce_expresses_gloo_in_the_ring_model():
     """Two gloo processes: the times grow with the size, and the ring parameters it reports
     (bus bandwidth, per-step latency) give back, through the ring formula (r = 2:
@@ -339,6 +341,7 @@ def test_pin_rank_gives_each_rank_its_own_cores(monkeypatch):
     assert len(calls) == 1
 
 
+@pytest.mark.slow
 def test_loaded_link_reports_message_cpu_time():
     from workbench.runtime.machine import measure_link
 
@@ -347,6 +350,7 @@ def test_loaded_link_reports_message_cpu_time():
     assert all(t > 0 for t in m["one_way_ms"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the shm transport needs x86-64")
 def test_link_through_the_shared_memory_transport():
     """measure_link(transport="shm") times the runtime's shm channels: a 16 MiB message takes longer
@@ -362,6 +366,7 @@ def test_link_through_the_shared_memory_transport():
         measure_link("gloo", transport="tcp")
 
 
+@pytest.mark.slow
 def test_stage_profile_measures_every_column():
     """A real (small) stage profile: one value per stage for every measured column, finite and
     >= 0, carried into the stage-level profile the simulator reads."""

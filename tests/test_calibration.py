@@ -38,6 +38,7 @@ def test_topologies_follow_the_settings_and_only_the_collective_is_calibrated():
     assert sosp.topology(4).counts == (4,)
 
 
+@pytest.mark.slow
 def test_two_points_two_parameters_fit_exactly():
     p = cal.fit_group("arxiv-B")
     assert p["points"] == 2 and p["rms_log_error"] < 1e-6
@@ -45,6 +46,7 @@ def test_two_points_two_parameters_fit_exactly():
         assert cal.predict(num, p)[0] == pytest.approx(num.paper, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_the_calibration_never_sees_a_predicted_number(monkeypatch):
     """Changing every out-of-sample paper value leaves the fitted parameters as they were."""
     before = cal.fit_group("arxiv-B")
@@ -81,6 +83,7 @@ def test_bytes_per_minibatch_counts_cuts_and_replica_all_reduces():
     assert cal.bytes_per_minibatch(plan, prof) == pytest.approx(want)
 
 
+@pytest.mark.slow
 def test_every_claim_row_says_its_fit_and_every_large_gap_a_cause():
     rows, configs = cal.claim_rows(
         {
@@ -130,6 +133,7 @@ def test_eta_needed_finds_the_root_and_says_none_where_there_is_none(monkeypatch
     assert cal.eta_needed(num, 1.4) is None
 
 
+@pytest.mark.slow
 def test_the_arxiv_cluster_a_fit_and_its_predictions():
     """The fitted all-reduce reproduces the in-sample BSP numbers; PipeDream's VGG-16 speedups at 8
     machines and the straight pipeline's at 4 come out within 25% (out of sample: no parameter saw them)."""
@@ -189,6 +193,7 @@ def test_the_intra_batch_comparisons_on_one_cluster_a_server():
     assert cal.predict(nums["pipedream_over_gpipe"], p)[0] == max(per[m]["over_gpipe"] for m in cal.straight_models(4))
 
 
+@pytest.mark.slow
 def test_the_gnmt_profiles_sentence_lengths_and_the_fig1_sensitivity():
     """PipeDream's GNMT profiles were measured at different sentence lengths (read from the first
     embedding's output bytes: 64 x tokens x 1024 x 4 B); the sensitivity refits eta with GNMT-8 at

@@ -15,6 +15,7 @@ def run_cli(*args, cwd=None):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args,needle",
     [
@@ -36,11 +37,13 @@ def test_bad_input_one_line_exit_2(tmp_path, args, needle):
     assert needle.lower() in r.stderr.lower()
 
 
+@pytest.mark.slow
 def test_argparse_errors_are_status_2():
     r = run_cli("partition", "--workers", "notanumber")
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_partition_writes_plan(tmp_path, capsys):
     prof = tmp_path / "p.csv"
     prof.write_text(
@@ -56,6 +59,7 @@ def test_partition_writes_plan(tmp_path, capsys):
     assert "bottleneck" in text and "baseline" in text
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SHARED.exists(), reason="../shared not present")
 def test_profile_import_pipedream(tmp_path, capsys):
     out = tmp_path / "vgg.csv"
@@ -63,6 +67,7 @@ def test_profile_import_pipedream(tmp_path, capsys):
     assert out.exists() and "40 layers" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_simulate_writes_timeline_metrics_html(tmp_path, capsys):
     prof = tmp_path / "p.csv"
     prof.write_text("name,fwd_ms,bwd_ms,act_bytes,param_bytes\n" + "".join(f"l{i},1,2,1e6,1e3\n" for i in range(8)))
@@ -104,6 +109,7 @@ def test_simulate_writes_timeline_metrics_html(tmp_path, capsys):
     assert len(pd.read_csv(out / "timeline.csv")) == len(tl)
 
 
+@pytest.mark.slow
 def test_models_lists_zoo(capsys):
     assert main(["models"]) == 0
     text = capsys.readouterr().out
@@ -348,6 +354,7 @@ def test_partition_ignored_flags_are_refused(tmp_path, capsys, part_profile, fla
     assert rc == 2 and words in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_partition_without_profile_uses_model_size_and_batch(tmp_path, capsys):
     """--model / --size / --batch-size choose what is measured when no --profile is given."""
     rc = main(["partition", "--model", "mlp", "--batch-size", "4", "--workers", "2", "--no-refine"])
@@ -355,6 +362,7 @@ def test_partition_without_profile_uses_model_size_and_batch(tmp_path, capsys):
 
 
 # ---- startup time -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_help_imports_neither_torch_nor_pandas():
     """`workbench --help` builds its parser without torch or pandas (measured: 1.9 s with them, about
     0.1 s without on this 2-core machine when quiet); a subprocess, so that nothing is imported yet."""
@@ -366,6 +374,7 @@ def test_help_imports_neither_torch_nor_pandas():
     assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "[]", r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_train_help_still_lists_the_train_options():
     r = run_cli("train", "--help")
     assert r.returncode == 0 and "--microbatches" in r.stdout and "--transport" in r.stdout

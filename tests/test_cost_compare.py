@@ -98,6 +98,7 @@ def test_cli_cycle_names_the_node(capsys, tmp_path):
     assert rc == 2 and "cycle through node node" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_tuner_toggle_and_comparison(tmp_path):
     from workbench.viz.widgets import PartitionTuner
 

@@ -234,6 +234,7 @@ def test_bad_cost_model_inputs():
 
 
 # ---- the CLI shows both figures and uses the plan's topology --------------------------------
+@pytest.mark.slow
 def test_cli_partition_and_simulate_use_one_topology(tmp_path, capsys):
     from workbench.cli.commands import main
 

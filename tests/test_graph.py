@@ -36,6 +36,7 @@ def assert_same_function(module, gmodel, x, target_fn, call=None):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=n)
 
 
+@pytest.mark.slow
 def test_resnet18_splits_into_blocks_and_computes_the_same_function():
     torch.manual_seed(0)
     m = resnet18(num_classes=10, width=4, in_channels=1, small_input=True)
@@ -171,6 +172,7 @@ def gpt2(tied: bool):
     return gpt2_tiny(vocab_size=64, n_layer=2, n_embd=16, n_head=2, context=16, tie_word_embeddings=tied)
 
 
+@pytest.mark.slow
 def test_gpt2_from_config_splits_into_tens_of_layers_and_matches():
     m = gpt2(tied=False)
     g = split(m, torch.randint(0, 64, (2, 16)))
@@ -180,6 +182,7 @@ def test_gpt2_from_config_splits_into_tens_of_layers_and_matches():
     assert_same_function(m, g, x, lambda y: (y**2).mean(), call=lambda t: m(t).logits)
 
 
+@pytest.mark.slow
 def test_gpt2_tied_embedding_is_counted_once_and_found_across_stages():
     m = gpt2(tied=True)
     assert m.lm_head.weight is m.transformer.wte.weight
@@ -196,6 +199,7 @@ def test_gpt2_tied_embedding_is_counted_once_and_found_across_stages():
     assert tie.label() == "transformer.wte.weight and lm_head.weight are one tied weight used by stages [0, 1]"
 
 
+@pytest.mark.slow
 def test_to_device_rewrites_the_device_constants_of_the_trace():
     """GPT-2's trace creates position ids with arange(..., device=cpu); after .to("meta") the layers
     run on meta tensors end to end (the same rewrite serves cuda)."""

@@ -31,6 +31,7 @@ def test_no_keyword_names_two_fields():
     assert len(names) == len(set(names))
 
 
+@pytest.mark.slow
 def test_build_job_of_a_spec_is_prepare_of_its_keywords(tmp_path):
     from workbench.runtime.launch import build_job, prepare
 

@@ -163,6 +163,7 @@ def build_case(case, rule):
     )
 
 
+@pytest.mark.slow
 def test_parallelsim_rule_reproduces_the_documents_simulator_on_its_grid():
     """Every recorded case (scripts/record_parallelsim.py: DDP, FSDP, PP, LPP, FSLPP over S, B, W, R and
     both of the reference's priority orders; forward 1, backward 2): rule="parallelsim" gives the
@@ -208,6 +209,7 @@ def test_rule_errors():
 
 
 # ---- the document's simulator's counters (parallelsim.py worker_stats), recorded ------------------
+@pytest.mark.slow
 def test_parallelsim_counters_match_the_documents_simulator_on_its_grid():
     """Every recorded case: the reference's per-worker "Activation transmissions", "Weight
     transmissions" and "Weight storage" equal ours counted in its convention

@@ -79,6 +79,7 @@ def test_loss_is_mean_token_cross_entropy():
 # (He et al. / torchvision), AlexNet 61M (Krizhevsky et al.), AWD-LSTM 33M on WikiText-2 (Merity
 # et al. 2018, Table 2, tied), GPT-2 small 124M (tied; the paper's table says 117M, the released
 # checkpoint has 124M).
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name,published,overrides",
     [
@@ -121,6 +122,7 @@ def test_gnmt_paper_count_matches_lstm_formula():
     assert len(m) == 2 * 8 + 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_paper_forward_on_meta_device(name):
     short = {"seq_len": 8} if name in ("gnmt", "awd-lstm", "gpt") else {}  # meta LSTMs loop over time
@@ -153,6 +155,7 @@ def test_bad_names_and_options_raise():
 
 
 # ------------------------------------------------------------------------------------ data
+@pytest.mark.slow
 def test_digits_matches_mini_image_models():
     tr, te = load_dataset("digits", "train"), load_dataset("digits", "test")
     assert len(tr) + len(te) == 1797 and tr.tensors[0].shape[1:] == (1, 8, 8)
@@ -176,6 +179,7 @@ def test_mnist1d_published_defaults():
     assert m.dataset == "mnist1d" and m.sequential()(tr.tensors[0][:5]).shape == (5, 10)
 
 
+@pytest.mark.slow
 def test_pydocs_char_lm_windows():
     tr = load_dataset("pydocs", "train", max_chars=60_000, seq_len=32)
     te = load_dataset("pydocs", "test", max_chars=60_000, seq_len=32)

@@ -160,6 +160,7 @@ bw = st.floats(1e8, 1e11)
 
 
 # ---- optimality -------------------------------------------------------------------------------
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(p=profiles(), M=st.integers(1, 4), B=bw)
 def test_one_level_equals_brute_force(p, M, B):
@@ -170,6 +171,7 @@ def test_one_level_equals_brute_force(p, M, B):
     check_plan(plan, topo, p)
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None)
 @given(p=profiles(max_layers=5), M1=st.integers(1, 3), M2=st.integers(1, 3), B1=bw, B2=bw)
 def test_two_levels_equal_brute_force(p, M1, M2, B1, B2):
@@ -180,6 +182,7 @@ def test_two_levels_equal_brute_force(p, M1, M2, B1, B2):
     check_plan(plan, topo, p)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(p=profiles(), M=st.integers(1, 4), B=bw)
 def test_straight_equals_brute_force_and_never_replicates(p, M, B):
@@ -194,6 +197,7 @@ def test_straight_equals_brute_force_and_never_replicates(p, M, B):
     assert plan.bottleneck_ms == pytest.approx(want, rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(p=profiles(max_layers=5), M=st.integers(1, 4), B=bw, frac=st.floats(0.05, 1.5))
 def test_memory_limit_equals_brute_force(p, M, B, frac):
@@ -209,6 +213,7 @@ def test_memory_limit_equals_brute_force(p, M, B, frac):
     assert plan.bottleneck_ms == pytest.approx(want, rel=1e-9, abs=1e-12)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(p=profiles(), M=st.integers(1, 4), B=bw)
 def test_fewer_workers_is_best_over_worker_counts(p, M, B):
@@ -263,6 +268,7 @@ def heavy_tailed_profile(rng, n):
     return make_profile(fwd, bwd, act, par)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("M, rows_all, seed", [(8, True, 0), (8, False, 1), (6, True, 2)])
 def test_crossing_search_equals_direct_on_larger_inputs(M, rows_all, seed):
     """Many blocks of the suffix-minimum structure, long pointer jumps (exponential and binary

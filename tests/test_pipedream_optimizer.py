@@ -87,6 +87,7 @@ def test_states_and_their_sums_equal_pipedreams(path):
         np.testing.assert_allclose(getattr(st, ours), rec[theirs], rtol=1e-12, atol=1e-15, err_msg=ours)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.name.split(".")[0])
 def test_configuration_bit_for_bit_with_pipedreams_candidate_order(path):
     rec = load(path)
@@ -104,6 +105,7 @@ def test_configuration_bit_for_bit_with_pipedreams_candidate_order(path):
     assert own.pipeline_s == pytest.approx(rec["pipeline_s"], rel=1e-6)  # our order: a tied optimum at worst
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.name.split(".")[0])
 def test_partition_cost_pipedream_equals_its_times(path):
     rec = load(path)

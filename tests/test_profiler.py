@@ -91,6 +91,7 @@ def test_pipedream_real_profiles(model, layers, params_m):
         assert (p.layers["crossing"] == 2).sum() > 30
 
 
+@pytest.mark.slow
 def test_profile_measures_a_sequential_exactly_where_it_can():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
@@ -190,6 +191,7 @@ def test_profile_repr_is_one_line_and_html_has_units():
     assert "workbench-card" in page and "fwd+bwd" in page and f"{prof.total_ms:.4g} ms" in page
 
 
+@pytest.mark.slow
 def test_cli_profiles_a_user_model_measured_and_modeled(tmp_path, capsys):
     from workbench.cli.commands import main
     from workbench.profiling.measure import Profile

@@ -99,6 +99,7 @@ def test_failure_is_reported_others_run_and_runs_never_overwrite(tiny_notebooks,
     assert {p: p.read_bytes() for p in first[0].rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_relative_out_folder_keeps_each_notebooks_outputs_in_the_run(tiny_notebooks, tmp_path, monkeypatch):
     """README's command passes the default, relative ``results/reproduce``; the kernels run inside
     the run folder, so a relative output folder handed to them would land in a copy of that path

@@ -82,6 +82,7 @@ def bounds_of(n_stages, layers=7):
 
 
 # ---- the reference against the rules (single process) --------------------------------------------
+@pytest.mark.slow
 def test_reference_sync_rules_are_minibatch_sgd():
     model_fn, ds = toy()
     for name in ("gpipe", "pipedream-flush", "zb-h1"):
@@ -96,6 +97,7 @@ def pipedream_version(t, k, n):
     return max(0, t - (n - 1 - k))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 3])
 def test_reference_pipedream_stash_rule(n):
     model_fn, ds = toy()
@@ -131,6 +133,7 @@ def test_reference_vertical_sync_and_2bw_rules():
     assert max_diff(bw, want) < 1e-12
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,first,last", [("toy-mlp", 2, 6), ("gpt", 2, 5)])
 def test_layerwise_split_backward_equals_one_vjp(model, first, last):
     """Zero bubble's BI then BW, layer by layer (the cotangent of every layer's output kept by BI, each
@@ -660,6 +663,7 @@ def test_master_schedules_on_four_ranks(runs4, key):
         assert all(len(ws) == 2 for ws in job.schedule.stage_workers)
 
 
+@pytest.mark.slow
 def test_reference_master_schedules_are_minibatch_sgd():
     model_fn, ds = toy()
     for sched in (
@@ -734,6 +738,7 @@ def test_shared_memory_fault_stops_the_job_and_leaves_no_channel(tmp_path):
     assert not list(Path("/dev/shm").glob(f"workbench-{job.shm_token}-*"))  # this job's only: others may run
 
 
+@pytest.mark.slow
 def test_shm_stale_channel_files_of_dead_launchers_are_removed(tmp_path, monkeypatch):
     """A launcher killed with SIGKILL cannot remove its channel files: the next shm job removes the
     files whose token names a process that no longer runs, and leaves the live ones."""

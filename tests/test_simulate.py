@@ -375,6 +375,7 @@ def test_result_schema_metrics_and_save(tmp_path):
 
 
 # ---- one default split, one timeline schema ---------------------------------------------------
+@pytest.mark.slow
 def test_simulator_and_runtime_split_the_same_way_by_default():
     """Mini VGG-16 has 16 layers; on 4 stages both cut after layers 3, 7, 11 (Plan.even)."""
     from workbench.cost.plan import Plan
@@ -502,6 +503,7 @@ def test_overlapped_pairs_must_be_consecutive():
         simulate(sched, fwd=1, bwd=2, alltoall=[1.0, 2.0])
 
 
+@pytest.mark.slow
 def test_a_weight_tied_across_stages_charges_its_all_reduce_to_every_owners_step():
     """The zoo gpt with its output projection tied to the token embedding (layers 0 and 3): the
     profile lists the tie; on 2 workers joined by 1 GB/s every owner's STEP lasts the ring

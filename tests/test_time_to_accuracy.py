@@ -32,6 +32,7 @@ def test_epochs_to_target_first_epoch_at_or_above_target_and_nan_when_never():
     assert math.isnan(got.loc["b", "epochs_to_target"]) and got.loc["b", "diverged"] and got.loc["b", "budget"] == 3
 
 
+@pytest.mark.slow
 def test_mean_ci_is_the_student_t_interval():
     m, lo, hi = cv.mean_ci([10, 12, 14])
     half = 4.302652729911275 * 2 / math.sqrt(3)  # t_{0.975, 2} * s / sqrt(n), s = 2
@@ -129,6 +130,7 @@ def test_asp_is_compared_at_its_median_curves_best_with_median_epochs_and_a_fini
 
 
 # ---- the schemes' runs ----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_every_scheme_averages_the_same_number_of_samples_per_update():
     setup = cv.Setup(samples_per_update=64)
     for scheme in cv.SCHEMES:
@@ -140,6 +142,7 @@ def test_every_scheme_averages_the_same_number_of_samples_per_update():
         cv.job_for(cv.Setup(samples_per_update=30), "dp-bsp", 0, None)
 
 
+@pytest.mark.slow
 def test_staleness_of_the_weight_rules():
     """Stashing: stage k reads weights n-1-k updates old in forward and backward; no stashing: the
     backward reads the newest; vertical sync: every stage n-1 old (the input stage's version)."""
@@ -150,6 +153,7 @@ def test_staleness_of_the_weight_rules():
         assert st.loc[("pipedream-vertical-sync", k), "backward_delay"] == 3
 
 
+@pytest.mark.slow
 def test_vertical_sync_equals_the_hand_written_rule():
     """The stream schedule's vertical sync through the semantic reference (which the runtime is
     tested equal to) is PipeDream's rule w(t+1) = w(t) - lr grad f(w^(t-n+1)) written by hand on the

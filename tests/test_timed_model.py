@@ -48,6 +48,7 @@ def _within(ms: float, want: float) -> bool:
     return want <= ms < want + max(20.0, 0.5 * want)
 
 
+@pytest.mark.slow
 def test_forward_and_split_backward_take_their_set_times():
     """Stage s > 0, as the runtime's zero-bubble executor runs it: F (layer by layer) ~ t,
     BI (the activation-gradient chain) ~ t, BW (each layer's weights from its own output) ~ t."""
@@ -71,6 +72,7 @@ def test_forward_and_split_backward_take_their_set_times():
     assert _within(bw, T_MS), bw
 
 
+@pytest.mark.slow
 def test_full_backward_takes_both_halves_and_the_first_stage_has_no_input_half():
     """B (one pass to the input and the weights) ~ 2t on every stage; on the first stage, whose input
     needs no gradient, the runtime's BI computes nothing and its weight pass is the whole 2t."""
@@ -96,6 +98,7 @@ def test_full_backward_takes_both_halves_and_the_first_stage_has_no_input_half()
     assert _within(backward_ms(first=False, want_weights=False), T_MS)
 
 
+@pytest.mark.slow
 def test_gradients_are_exact_and_the_model_trains():
     """The blocks compute tanh(x * w + b) with autograd's own gradients of that function; SGD on the
     cross-entropy lowers it (sleeps set to 0)."""

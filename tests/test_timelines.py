@@ -12,6 +12,7 @@ from workbench.experiments import CLAIM_COLUMNS
 from workbench.experiments import timelines as tl
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers,microbatches", [(2, 6), (4, 8), (4, 12)])
 def test_unit_cost_simulation_equals_every_closed_form(workers, microbatches):
     """GPipe / 1F1B (p-1)/(m+p-1), interleaved (p-1)/(vm+p-1), ZB-H1 (p-1)/(3m+p-1), model parallel

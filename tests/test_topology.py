@@ -83,6 +83,7 @@ def test_presets_carry_their_gpu_memory():
         Topology(((2, 1e9),), memory_bytes=0)
 
 
+@pytest.mark.slow
 def test_a_plan_that_does_not_fit_the_preset_says_so():
     """PipeDream's VGG-16 profile on Cluster-A (the README's plan): stage 0 holds 3 minibatches of
     activations, more than a 16 GB V100 (modeled memory); with memory_bytes the plan fits and is quiet."""

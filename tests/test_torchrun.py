@@ -25,6 +25,7 @@ def final_weights(out: Path) -> dict:
     return {p.name: torch.load(p, weights_only=False)["weights"] for p in sorted(last.glob("stage*.pt"))}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(TORCHRUN is None, reason="torchrun not installed beside this Python")
 def test_torchrun_matches_spawn(tmp_path):
     args = dict(model="mlp", schedule="pipedream", workers=2, microbatches=4, steps=3, seed=3)
@@ -72,6 +73,7 @@ def two_machine_plan(path: Path, per_machine: int) -> Path:
     return plan.save(path)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(TORCHRUN is None, reason="torchrun not installed beside this Python")
 @pytest.mark.parametrize("per_machine", [1, 2])
 def test_two_torchrun_nodes_match_one_launcher(tmp_path, per_machine):

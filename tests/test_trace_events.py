@@ -215,6 +215,7 @@ def test_empty_timeline_is_a_clear_error():
         to_chrome_trace(_measured_like().iloc[:0])
 
 
+@pytest.mark.slow
 def test_train_writes_a_measured_trace(tmp_path):
     """A real 2-rank run: the CLI's drawing step writes trace.json beside timeline.html; its compute
     slices are the measured timeline's ops, the recv-wait slices its wait_ms."""

@@ -122,6 +122,7 @@ def full_table():
     return unified.table(unified.configurations(quick=False))
 
 
+@pytest.mark.slow
 def test_parallelsim_columns_are_the_recorded_reference(full_table):
     """Every configuration of the full table is a recorded case of the document's simulator
     (scripts/record_parallelsim.py): its ``*_parallelsim`` columns are the reference's own numbers

@@ -79,6 +79,7 @@ def keys(orders) -> list[list[tuple]]:
     return [[tuple(k) for k in o] for o in orders]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ref,i", ALL)
 def test_reference_order_replays_to_its_makespan(ref, i):
     """The simulator times the authors' order as their scheduler does, and so does order_times."""
@@ -90,6 +91,7 @@ def test_reference_order_replays_to_its_makespan(ref, i):
     assert makespan(keys(c["orders"]), [v_worker(P, s) for s in range(2 * P)], costs) == c["makespan"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ref,i", ALL)
 def test_span_bubble_is_the_bubble_rate_the_authors_report(ref, i):
     """The simulator's worst ``span_bubble_fraction`` of the reference order is the generator's own
@@ -104,6 +106,7 @@ def test_span_bubble_is_the_bubble_rate_the_authors_report(ref, i):
     assert rate == pytest.approx(x / (work + x) if ref == "zbv" else (x - work) / x, abs=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ref,i", ALL)
 def test_paper_rule_gives_the_reference_order(ref, i):
     c = cases(ref)[i]
@@ -115,6 +118,7 @@ def test_paper_rule_gives_the_reference_order(ref, i):
         assert block_orders(P, M, ref[2:]) == keys(c["orders"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ref,i", ALL)
 def test_no_longer_than_the_reference_within_the_papers_memory(ref, i):
     c = cases(ref)[i]
@@ -128,6 +132,7 @@ def test_no_longer_than_the_reference_within_the_papers_memory(ref, i):
         assert max(c["peak_chunks"]) <= bound  # the paper's bound holds for the reference too
 
 
+@pytest.mark.slow
 def test_grid_summary_counts_equal_and_shorter():
     """Some grid points are strictly shorter (the cost-aware candidates win), none longer."""
     shorter = {}

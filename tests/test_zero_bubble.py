@@ -149,6 +149,7 @@ def test_zb_v_zero_bubble_with_1f1b_memory(P):
     assert max(r.metrics["peak_activations"]) == 2 * P
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("P", range(1, 11))
 def test_building_blocks_hold_the_papers_memory(P):
     """The controllable-memory paper's V-Min and V-Half building blocks, repeated and squeezed, hold
@@ -161,6 +162,7 @@ def test_building_blocks_hold_the_papers_memory(P):
         assert max(in_flight_peak(ops) for ops in sched.ops) <= peak
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("P", [2, 3, 4, 6])
 def test_v_family_memory_within_limit_and_bubble_bounded(P):
     """Peak activations within 2 x (P+4)//3, (P+2)//2, P chunks; idle time per worker
@@ -189,7 +191,7 @@ def test_v_family_trades_memory_for_bubble():
 
 
 def test_readme_table_4_workers_8_microbatches():
-    """The table in docs/readme-zb.md: P = 4, M = 8, per worker T_F = 1, T_B + T_W = 2."""
+    """The table in docs/zero-bubble.md: P = 4, M = 8, per worker T_F = 1, T_B + T_W = 2."""
     t = bubble_memory_table(4, 8, 1.0, 2.0)
     assert t.loc["pipedream-flush", "steady_idle_per_step"] == 3 * 3  # (P-1)(T_F+T_B+T_W)
     assert t.loc["zb-h1", "steady_idle_per_step"] == 3 * 1  # (P-1)(T_F+T_B-T_W)

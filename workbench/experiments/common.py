@@ -11,12 +11,35 @@ measured here, or no value). ``workbench reproduce`` concatenates every notebook
 
 from __future__ import annotations
 
+import csv
 import math
+from functools import cache
 from pathlib import Path
 
 import pandas as pd
 
 from workbench.io.folders import fresh_path
+
+#: The papers' data the experiments read (package data): ``settings.csv`` and ``paper_numbers.csv``
+#: (:mod:`workbench.experiments.paper_fit`), ``paper_claims.csv`` (the other experiments' paper values).
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def read_data(name: str) -> list[dict[str, str]]:
+    """The rows of ``data/<name>`` (a CSV with a header), as strings in file order."""
+    with (DATA / name).open(newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+@cache
+def paper_value(key: str) -> float:
+    """A paper's number from ``data/paper_claims.csv`` by its ``key`` (each row names the paper's
+    version and its source: table, figure or section)."""
+    rows = {r["key"]: r for r in read_data("paper_claims.csv")}
+    if key not in rows:
+        raise ValueError(f"no paper number {key!r} in paper_claims.csv; keys: {sorted(rows)}")
+    return float(rows[key]["paper"])
+
 
 CLAIM_COLUMNS = ("experiment", "claim", "paper", "ours", "ratio", "unit", "label", "explanation", "fit")
 FITS = ("in-sample", "out-of-sample", "none")

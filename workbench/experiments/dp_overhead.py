@@ -48,7 +48,7 @@ from workbench import models as zoo
 from workbench import schedules
 from workbench.cost.plan import Plan, Stage
 from workbench.cost.topology import Topology
-from workbench.experiments.common import claim
+from workbench.experiments.common import claim, paper_value
 from workbench.partitioning.search import partition
 from workbench.profiling.measure import Profile, analyze, project
 from workbench.profiling.pipedream import SHIPPED, shipped
@@ -594,7 +594,7 @@ def claims(fig1: pd.DataFrame, bytes_df: pd.DataFrame, measured: pd.DataFrame | 
             claim(
                 exp2,
                 f"{r.model}: bytes/sample saved vs DP, {r.pick} non-DP config",
-                85.0,
+                paper_value("fig17_bytes_reduction_bound"),
                 100 * r.reduction,
                 "%",
                 r.label,

@@ -14,7 +14,7 @@ Two versions of the paper report numbers on different machines (:data:`SETTINGS`
 **The calibrated model is the workbench's one cost model** (:class:`~workbench.cost.model.CostModel`),
 not a new formula: a data-parallel round of ``m`` replicas costs ``F + B + max(0, AR − B)`` with
 the ring all-reduce ``AR = 2 (m−1)/m · |w| / B_AR + 2 (m−1) α_AR`` (wait-free backprop: the
-all-reduce overlaps the backward that produces its gradients); ``partition.data_parallel_ms`` gives
+all-reduce overlaps the backward that produces its gradients); ``data_parallel_ms`` gives
 it per minibatch. Compute comes from PipeDream's published V100 profiles at the per-GPU minibatch
 PipeDream's runtime trains each model with (VGG-16: 64, its graph.txt profiled at 128; recorded in
 ``data/pipedream/runtime_configs.json``), on a Titan X scaled by the peak FLOP/s ratio
@@ -53,7 +53,7 @@ import pandas as pd
 from workbench.cost.model import CostModel
 from workbench.cost.plan import Plan
 from workbench.cost.topology import GBPS, Topology
-from workbench.experiments.common import claim, fit_summary
+from workbench.experiments.common import claim, fit_summary, read_data
 from workbench.partitioning.dynamic_program import data_parallel_ms
 from workbench.partitioning.pipedream_optimizer import Settings as PipeDreamSettings
 from workbench.partitioning.search import partition
@@ -100,82 +100,31 @@ class Setting:
         )
 
 
-ARXIV = "PipeDream arXiv:1806.03377v1 (2018)"
-SOSP = "PipeDream, SOSP 2019"
-PS = "Caffe workers, sharded parameter server over ZeroMQ, wait-free backprop"
-DDP = "PyTorch data parallelism (NCCL ring all-reduce, overlapped with the backward)"
-SETTINGS = {
-    s.key: s
-    for s in (
-        Setting(
-            "arxiv-A",
-            "arXiv Cluster-A",
-            ARXIV,
-            1,
-            "Titan X",
-            25 * GBPS,
-            None,
-            PS,
-            "bandwidth+latency",
-            "arxiv-A",
-            "arXiv v1, evaluation setup and §2 (VGG-16's 72% on 8 Titan X machines over 25 Gbps): one Titan X "
-            "per machine, 25 Gbps Ethernet",
-        ),
-        Setting(
-            "arxiv-B",
-            "arXiv Cluster-B",
-            ARXIV,
-            1,
-            "V100",
-            10 * GBPS,
-            None,
-            PS,
-            "bandwidth+latency",
-            "arxiv-B",
-            "arXiv v1, evaluation setup: AWS p3.2xlarge, one V100 per machine; 10 Gbps is an assumption (the "
-            "instance type's 'up to 10 Gbps')",
-        ),
-        Setting(
-            "sosp-A",
-            "SOSP Cluster-A",
-            SOSP,
-            4,
-            "V100",
-            10 * GBPS,
-            12e9,
-            DDP,
-            "efficiency",
-            "sosp",
-            "SOSP §5.1 (Cluster-A): Azure NC24 v3, 4 V100 per server over PCIe, 10 Gbps between servers",
-        ),
-        Setting(
-            "sosp-B",
-            "SOSP Cluster-B",
-            SOSP,
-            8,
-            "V100",
-            25 * GBPS,
-            25e9,
-            DDP,
-            "efficiency",
-            "sosp",
-            "SOSP §5.1 (Cluster-B): AWS p3.16xlarge, 8 V100 per server with NVLink, 25 Gbps between servers",
-        ),
-        Setting(
-            "sosp-C",
-            "SOSP Cluster-C",
-            SOSP,
-            1,
-            "Titan X",
-            40 * GBPS,
-            None,
-            DDP,
-            "efficiency",
-            "sosp",
-            "SOSP §5.1 (Cluster-C): private cluster, one Titan X per server, 40 Gbps",
-        ),
-    )
-}
+def load_settings(name: str = "settings.csv") -> dict[str, Setting]:
+    """The papers' hardware settings from ``data/<name>``: one row per setting; links in Gbit/s between
+    machines (``inter_Gbps``) and GB/s inside one (``intra_GBps``, empty for one GPU per machine), and
+    ``source``, where in the paper the description comes from."""
+    out = {}
+    for r in read_data(name):
+        out[r["key"]] = Setting(
+            key=r["key"],
+            title=r["title"],
+            paper=r["paper"],
+            gpus_per_machine=int(r["gpus_per_machine"]),
+            gpu=r["gpu"],
+            inter_bytes_s=int(r["inter_Gbps"]) * GBPS,
+            intra_bytes_s=int(r["intra_GBps"]) * 1e9 if r["intra_GBps"] else None,
+            dp_system=r["dp_system"],
+            free=r["free"],
+            group=r["group"],
+            source=r["source"],
+        )
+    return out
+
+
+SETTINGS = load_settings()
+#: The two versions of the paper, as the settings name them.
+ARXIV, SOSP = SETTINGS["arxiv-A"].paper, SETTINGS["sosp-A"].paper
 
 
 # ---- the paper's numbers --------------------------------------------------------------------
@@ -204,43 +153,26 @@ class PaperNumber:
     paper_config: str = ""
 
 
-PAPER = (
-    # arXiv v1, Table 1 and §2 (Cluster-A)
-    PaperNumber("arxiv-A", "vgg16", 4, "bsp_speedup", 1.47, "dp", "arXiv Table 1"),
-    PaperNumber("arxiv-A", "vgg16", 8, "bsp_speedup", 2.35, "dp", "arXiv Table 1"),
-    PaperNumber("arxiv-A", "vgg16", 16, "bsp_speedup", 3.28, "dp", "arXiv Table 1"),
-    PaperNumber("arxiv-A", "vgg16", 8, "comm_share", 72.0, "dp", "arXiv Fig. 1 / §2"),
-    PaperNumber("arxiv-A", "inception_v3", 8, "bsp_speedup", 7.66, "dp", "arXiv Table 1"),
-    PaperNumber("arxiv-A", "inception_v3", 8, "comm_share", 5.0, "dp", "arXiv Fig. 1 / §2"),
-    PaperNumber("arxiv-A", "vgg16", 4, "pipedream_speedup", 3.14, "predict", "arXiv Table 1"),
-    PaperNumber("arxiv-A", "vgg16", 8, "pipedream_speedup", 7.04, "predict", "arXiv Table 1"),
-    PaperNumber("arxiv-A", "vgg16", 16, "pipedream_speedup", 9.86, "predict", "arXiv Table 1"),
-    PaperNumber("arxiv-A", "vgg16", 8, "pipedream_over_bsp", 2.99, "predict", "arXiv Table 1"),
-    PaperNumber("arxiv-A", "vgg16", 4, "straight_speedup", 2.56, "predict", "arXiv §5 (straight pipeline)"),
-    PaperNumber("arxiv-A", "vgg16", 8, "straight_speedup", 3.49, "predict", "arXiv §5 (straight pipeline)"),
-    PaperNumber("arxiv-A", "vgg16", 8, "comm_reduction", 95.0, "predict", "arXiv abstract / Table 1"),
-    PaperNumber("arxiv-A", "s2vt", 4, "bsp_speedup", 1.1, "predict", "arXiv Table 1", "S2VT"),
-    PaperNumber("arxiv-A", "s2vt", 4, "comm_share", 70.0, "predict", "arXiv Fig. 1 / §2", "S2VT"),
-    PaperNumber("arxiv-A", "s2vt", 4, "pipedream_speedup", 3.34, "predict", "arXiv Table 1", "S2VT"),
-    PaperNumber("arxiv-A", "s2vt", 4, "pipedream_over_bsp", 3.01, "predict", "arXiv Table 1", "S2VT"),
-    # arXiv v1, Table 1 (Cluster-B): BSP speedups in-sample, PipeDream's gains predicted
-    PaperNumber("arxiv-B", "vgg16", 8, "bsp_speedup", 1.36, "dp", "arXiv Table 1"),
-    PaperNumber("arxiv-B", "inception_v3", 8, "bsp_speedup", 4.74, "dp", "arXiv Table 1"),
-    PaperNumber("arxiv-B", "vgg16", 8, "pipedream_over_bsp", 5.12, "predict", "arXiv Table 1"),
-    PaperNumber("arxiv-B", "inception_v3", 8, "pipedream_over_bsp", 1.45, "predict", "arXiv Table 1 (+45%)"),
-    # SOSP'19: Fig. 1 calibrates; Table 1's speedups over data parallelism are predicted
-    PaperNumber("sosp-A", "fig1", 32, "fig1_max_share", 90.0, "dp", "SOSP Fig. 1 / §2.1 (up to 90%)"),
-    PaperNumber("sosp-A", "vgg16", 16, "pipedream_over_bsp", 5.28, "predict", "SOSP Table 1 (4x4, up to 5.3x)", "", "15-1"),
-    PaperNumber("sosp-B", "vgg16", 16, "pipedream_over_bsp", 2.98, "predict", "SOSP Table 1 (2x8)", "", "15-1"),
-    PaperNumber("sosp-B", "gnmt_large", 16, "pipedream_over_bsp", 3.14, "predict", "SOSP Table 1 (2x8, 3.1x)", "", "straight"),
-    PaperNumber("sosp-A", "awd-lstm", 4, "pipedream_over_bsp", 4.25, "predict", "SOSP Table 1 (1x4, 4.3x)", "", "straight"),
-    PaperNumber("sosp-C", "s2vt", 4, "pipedream_over_bsp", 3.01, "predict", "SOSP Table 1 (4x1, 3x)", "S2VT", "2-1-1"),
-    PaperNumber("sosp-A", "vgg16", 16, "pipedream_over_hybrid", 1.9, "predict", "SOSP §5 (hybrid parallelism, up to 1.9x)", "", "15-1"),
-    # SOSP'19 §5, the intra-batch comparisons on 4 GPUs of Cluster-A (one server): a range over models
-    PaperNumber("sosp-A", "profiled models", 4, "pipedream_over_mp_min", 2.6, "predict", "SOSP §5 (model parallelism, 2.6-15x: low end)"),
-    PaperNumber("sosp-A", "profiled models", 4, "pipedream_over_mp_max", 15.0, "predict", "SOSP §5 (model parallelism, 2.6-15x: high end)"),
-    PaperNumber("sosp-A", "straight-pipeline models", 4, "pipedream_over_gpipe", 1.7, "predict", "SOSP §5 (GPipe with PipeDream's partitions, 1.7x)"),
-)  # fmt: skip
+def load_paper_numbers(name: str = "paper_numbers.csv") -> tuple[PaperNumber, ...]:
+    """The papers' numbers from ``data/<name>``, in file order: one row per number, with its paper's
+    version (``paper_version``) and ``source`` (table, figure or section; :attr:`PaperNumber.where`)."""
+    return tuple(
+        PaperNumber(
+            setting=r["setting"],
+            model=r["model"],
+            workers=int(r["workers"]),
+            quantity=r["quantity"],
+            paper=float(r["paper"]),
+            role=r["role"],
+            where=r["source"],
+            stand_in=r["stand_in"],
+            paper_config=r["paper_config"],
+        )
+        for r in read_data(name)
+    )
+
+
+PAPER = load_paper_numbers()
 
 QUANTITY_TEXT = {
     "bsp_speedup": ("BSP speedup over 1 GPU", "x"),
