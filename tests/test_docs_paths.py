@@ -23,7 +23,10 @@ PATH = re.compile(r"(?<![\w./-])((?:workbench|tests|scripts|benchmarks|notebooks
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")  # a markdown link's target, without its anchor
 MODULE = re.compile(r"(?<![\w./-])(workbench(?:\.\w+)+)")
 #: the package's floors (workbench/__init__.py), and former names of floors that a stale doc may still use
-FLOORS = "io|models|profiling|cost|schedules|simulation|partitioning|runtime|viz|experiments|cli|simulate|partition"
+FLOORS = (
+    "io|models|profiling|cost|schedules|simulation|partitioning|runtime|viz|experiments|cli"
+    "|simulate|partition|calibrate|calibration|costmodel|profiler"
+)
 #: ``runtime/comm.py`` (a path inside the package) and ``simulation.sweep.x`` (a module without ``workbench.``)
 SHORT_PATH = re.compile(rf"(?<![\w./-])((?:{FLOORS})/[\w/]+\.py)\b")
 FILE = re.compile(r"\.(?:csv|html|json|md|py|txt|ipynb)$")  # ``partition.csv`` is a file, not a module
