@@ -142,6 +142,20 @@ def remove_channels(token: str) -> None:
         p.unlink(missing_ok=True)
 
 
+def _padded(n: int) -> int:
+    """``n`` bytes rounded up to :data:`ALIGN`: each tensor of a message starts at a multiple of
+    ``ALIGN`` within its slot (slots and the data area are ``ALIGN``-aligned), so a slot's bytes
+    can be viewed as any dtype (a float64 tensor after a float32 one of odd length would
+    otherwise start at an offset not divisible by 8)."""
+    return -(-int(n) // ALIGN) * ALIGN
+
+
+def message_bytes(specs) -> int:
+    """Bytes a message of tensors ``[(shape, dtype)]`` takes in a slot: each tensor padded to
+    :data:`ALIGN` (:func:`_padded`)."""
+    return sum(_padded(spec_bytes([s])) for s in specs)
+
+
 class Channel:
     """One direction ``src -> dst`` (module docstring); both ranks open the same file."""
 
@@ -196,7 +210,7 @@ class Channel:
             if off + n > (slot + 1) * self.slot_bytes:
                 raise ValueError(f"{what}: {n} bytes exceed the channel's slot of {self.slot_bytes} bytes")
             self.data[off : off + n].copy_(flat)
-            off += n
+            off += _padded(n)
         self.flags[slot] = q + 1
 
     def get(self, q: int, specs, what: str, idle=None) -> tuple[list[torch.Tensor], float]:
@@ -208,7 +222,7 @@ class Channel:
         for shape, dt in specs:
             n = spec_bytes([(shape, dt)])
             out.append(self.data[off : off + n].view(dt).reshape(shape).clone())
-            off += n
+            off += _padded(n)
         self.acks[slot] = q + 1
         return out, waited
 
@@ -237,7 +251,7 @@ def channel_sizes(plans: dict[int, list], budget: int | None = CHANNEL_BYTES) ->
     for dst, plan in plans.items():
         for _, src, specs in plan:
             n, b = out.get((src, dst), (0, 0))
-            out[(src, dst)] = (n + 1, max(b, spec_bytes(specs)))
+            out[(src, dst)] = (n + 1, max(b, message_bytes(specs)))
     if budget is None:
         return out
     cap = os.environ.get("WORKBENCH_SHM_SLOTS")  # a fixed ring size (the tests wrap rings with it)
