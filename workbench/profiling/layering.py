@@ -83,6 +83,85 @@ class GraphLayer(nn.Module):
     def extra_repr(self) -> str:
         return "modules=" + ", ".join(self.modules_covered)
 
+    def __getstate__(self) -> dict:
+        """Pickled as its graph's nodes, not as the GraphModule's generated code: unpickling a
+        GraphModule re-traces that code with ``torch.fx``'s symbolic tracer, which cannot call an
+        ATen operation whose only traced argument sits in a list (an LSTM's initial state
+        ``aten.zeros([1, sym_size, hidden])`` holds the batch size, a symbolic size, in its size
+        list: the spawned ranks failed to unpickle it)."""
+        state = self.__dict__.copy()
+        modules = dict(state["_modules"])
+        state["_modules"] = modules
+        state["_graph"] = _graph_state(modules.pop("gm"))
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        graph = state.pop("_graph")
+        self.__dict__.update(state)
+        self._modules["gm"] = _graph_from_state(graph)
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A node named ``name`` in a pickled graph's arguments."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class _Op:
+    """An ATen operation overload ``torch.ops.<namespace>.<name>.<overload>`` (not picklable itself)."""
+
+    namespace: str
+    name: str
+    overload: str
+
+    def resolve(self):
+        return getattr(getattr(getattr(torch.ops, self.namespace), self.name), self.overload)
+
+
+def _graph_state(gm: fx.GraphModule) -> tuple:
+    """``(root, nodes, training)``: a plain module holding ``gm``'s submodules, parameters, buffers
+    and attributes that the graph reads, and each node as ``(op, name, target, args, kwargs)`` with
+    nodes named (:class:`_Ref`) and ATen targets by their qualified name (:class:`_Op`)."""
+    root = nn.Module()
+    root._modules, root._parameters, root._buffers = dict(gm._modules), dict(gm._parameters), dict(gm._buffers)
+    nodes = []
+    for n in gm.graph.nodes:
+        if n.op == "get_attr" and "." not in n.target and not hasattr(root, n.target):
+            setattr(root, n.target, getattr(gm, n.target))
+        t = n.target
+        if isinstance(t, torch._ops.OpOverload):
+            t = _Op(t.namespace, t._opname, t._overloadname)
+        args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda a: _Ref(a.name))
+        nodes.append((n.op, n.name, t, args, kwargs))
+    return root, nodes, gm.training
+
+
+def _graph_from_state(state: tuple) -> fx.GraphModule:
+    """The GraphModule of :func:`_graph_state`'s form."""
+    root, nodes, training = state
+    graph, env = fx.Graph(), {}
+
+    def back(a):
+        if isinstance(a, _Ref):
+            return env[a.name]
+        if isinstance(a, (list, tuple)):
+            out = [back(v) for v in a]
+            return out if isinstance(a, list) else type(a)(out) if type(a) is tuple else type(a)(*out)
+        if isinstance(a, dict):
+            return {k: back(v) for k, v in a.items()}
+        if isinstance(a, slice):
+            return slice(back(a.start), back(a.stop), back(a.step))
+        return a
+
+    for op, name, target, args, kwargs in nodes:
+        target = target.resolve() if isinstance(target, _Op) else target
+        env[name] = graph.create_node(op, target, back(args), back(kwargs), name=name)
+    gm = fx.GraphModule(root, graph)
+    gm.train(training)
+    return gm
+
 
 @dataclass(repr=False)
 class GraphModel(LayerModel):
