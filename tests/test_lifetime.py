@@ -291,13 +291,18 @@ def test_spawn_names_the_failing_rank_and_stops_the_others():
     assert e.value.at >= t and not _children()  # every rank joined (no zombie either)
 
 
-def test_spawn_hints_at_the_main_guard_when_a_rank_never_started():
-    """A rank that fails before the launcher's code runs in it (here: an argument it cannot
-    unpickle; from a script without `if __name__ == "__main__":`, re-importing the script)."""
+def test_a_rank_that_cannot_unpickle_its_job_reports_the_real_error():
+    """An argument the rank cannot unpickle (a traced graph that did not rebuild, a class it cannot
+    import): the launcher names that error, not a guess about the script's main guard."""
     from workbench.runtime.lifetime import RankFailed, spawn
 
-    with pytest.raises(RankFailed, match=r"rank 0 exited with code 1 before it started; .*__main__"):
+    with pytest.raises(
+        RankFailed,
+        match=r"^rank 0 \(pid \d+\) failed before it started \(exit code 1\): could not unpickle the job in the "
+        r"rank: RuntimeError: cannot rebuild this argument$",
+    ) as e:
         spawn(_fail_on, (_Unpicklable(), 0), 1)
+    assert "_rebuild_fails" in e.value.traceback and not _children()
 
 
 def test_spawn_deadline_stops_the_ranks():
