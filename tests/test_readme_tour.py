@@ -34,3 +34,13 @@ def test_the_tour_writes_under_results_tour_and_simulates_a_steady_state(tmp_pat
     assert m, line
     assert abs(float(m[1]) / float(m[2]) - 1) < 0.05
     assert [p.name for p in tmp_path.iterdir()] == ["results"]
+
+
+def test_the_seq1f1b_examples_of_docs_schedules_show_a_steady_state(tmp_path, capsys):
+    text = (README.parent / "docs" / "schedules.md").read_text().replace("\\\n", " ")
+    cmds = [shlex.split(ln)[1:] for ln in text.splitlines() if ln.startswith("workbench simulate --schedule seq1f1b")]
+    assert len(cmds) == 2
+    for k, c in enumerate(cmds):
+        assert main([*c, "--out", str(tmp_path / f"s{k}")]) == 0
+        first = capsys.readouterr().out.splitlines()[1]
+        assert first.startswith("time per minibatch ") and "no steady state" not in first, first
