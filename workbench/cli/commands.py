@@ -1,4 +1,4 @@
-"""The ``workbench`` command: models, profile, partition, simulate, train, quickstart.
+"""The ``workbench`` command: models, profile, partition, simulate, schedules, train, quickstart, reproduce.
 
 Every subcommand writes files (CSV/JSON/HTML) and prints a readable table. Bad input prints one
 line on stderr and exits with status 2, without a traceback.
