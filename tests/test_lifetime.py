@@ -64,15 +64,34 @@ def train_args(out: Path, port: int, *extra: str) -> list[str]:
     ]
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def default_signals() -> None:
+    """In a started process before it runs its program: the stop signals at their default
+    disposition and unblocked, whatever this test process inherited (``nohup`` ignores SIGHUP, a
+    shell's background job ignores SIGINT, a caller may block them): the cases test the launcher's
+    handling of these signals, not the caller's."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 class Job:
-    """A job in a session of its own (its process group id is the launcher's pid)."""
+    """A job in a session of its own (its process group id is the launcher's pid), started with the
+    stop signals at their defaults (:func:`default_signals`)."""
 
     def __init__(self, argv: list[str], out: Path, port: int, ignore_sigint: bool = False):
         self.out, self.port = out, port
         if ignore_sigint:  # as a shell starts a background job (`&`) of a script: SIGINT ignored, then exec
             argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
         self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            preexec_fn=default_signals,
         )
         self.launcher = psutil.Process(self.proc.pid)
 
@@ -120,11 +139,20 @@ class Job:
         pytest.fail(f"after {bound:.1f} s: processes {left}, files {self.files(pids)}")
 
     def kill(self) -> None:
-        for p in self.processes():
+        """SIGKILL to the job's processes, then reap the launcher (no zombie for later tests)."""
+        try:
+            procs = self.processes()
+        except psutil.NoSuchProcess:
+            procs = []
+        for p in procs:
             try:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
+        try:
+            self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
 
     def check_released(self) -> None:
         """The job's port can be listened on again (its process group's store is gone) and the last complete
