@@ -445,3 +445,16 @@ def test_a_signal_to_one_of_two_torchrun_nodes_ends_both(tmp_path, victim):
     assert latest_checkpoint(nodes[0].out) >= first
     nodes[0].check_released()
     print(f"\n[stop] SIGTERM to the torchrun node {victim} of 2: {took} (load {os.getloadavg()[0]:.1f})")
+
+
+def test_the_stop_message_has_a_line_of_its_own_after_the_progress_bar(tmp_path):
+    port = free_port()
+    argv = [a for a in train_args(tmp_path / "run", port) if a != "--no-progress"]
+    job = Job([sys.executable, *argv], tmp_path / "run", port)
+    job.wait_for_checkpoint()
+    os.kill(job.proc.pid, signal.SIGTERM)
+    _, err = job.proc.communicate(timeout=60 * slack())
+    assert "train:" in err and "step" in err  # the bar was drawn
+    last = err.rstrip("\n").split("\n")[-1]
+    assert last.startswith("workbench train: stopped by SIGTERM sent to the launcher"), err[-2000:]
+    assert "\r" not in last and "Traceback" not in err
