@@ -263,7 +263,10 @@ def test_sizes_out_of_range_are_refused_at_once(capsys, vgg16_csv, tmp_path, arg
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["--dtype", "float17"], "dtype must name a torch floating-point dtype (float32, float64, bfloat16, ...), got 'float17'"),
+        (
+            ["--dtype", "float17"],
+            "dtype must name a torch floating-point dtype (float32, float64, bfloat16, ...), got 'float17'",
+        ),
         (["--resume"], "holds no complete checkpoint to continue from; drop --resume to start afresh"),
     ],
 )
@@ -271,7 +274,9 @@ def test_train_dtype_and_resume_without_checkpoint(capsys, tmp_path, argv, words
     import time
 
     t = time.monotonic()
-    assert words in one_line_error(capsys, ["train", *argv, "--steps", "1", "--no-progress", "--out", str(tmp_path / "o")])
+    assert words in one_line_error(
+        capsys, ["train", *argv, "--steps", "1", "--no-progress", "--out", str(tmp_path / "o")]
+    )
     assert time.monotonic() - t < 5
 
 
@@ -302,4 +307,7 @@ def test_a_diverged_run_warns_with_the_step(tmp_path):
 def test_the_cli_prints_a_warning_on_one_line():
     from workbench.cli.commands import _one_line_warning
 
-    assert _one_line_warning("the loss became nan", RuntimeWarning, "x.py", 3) == "workbench: warning: the loss became nan\n"
+    assert (
+        _one_line_warning("the loss became nan", RuntimeWarning, "x.py", 3)
+        == "workbench: warning: the loss became nan\n"
+    )

@@ -213,7 +213,9 @@ def _check_dtype(dtype) -> None:
         return
     dt = getattr(torch, dtype, None) if isinstance(dtype, str) else None
     if not (isinstance(dt, torch.dtype) and dt.is_floating_point):
-        raise ValueError(f"dtype must name a torch floating-point dtype (float32, float64, bfloat16, ...), got {dtype!r}")
+        raise ValueError(
+            f"dtype must name a torch floating-point dtype (float32, float64, bfloat16, ...), got {dtype!r}"
+        )
 
 
 def _job_schedule(p: PipelineSpec, workers: int, the_model, label: str, torchrun: bool) -> tuple[Schedule, dict]:
