@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -120,6 +121,10 @@ class _Op:
         return getattr(getattr(getattr(torch.ops, self.namespace), self.name), self.overload)
 
 
+def _ref(node: fx.Node) -> Any:
+    return _Ref(node.name)
+
+
 def _graph_state(gm: fx.GraphModule) -> tuple:
     """``(root, nodes, training)``: a plain module holding ``gm``'s submodules, parameters, buffers
     and attributes that the graph reads, and each node as ``(op, name, target, args, kwargs)`` with
@@ -133,7 +138,7 @@ def _graph_state(gm: fx.GraphModule) -> tuple:
         t = n.target
         if isinstance(t, torch._ops.OpOverload):
             t = _Op(t.namespace, t._opname, t._overloadname)
-        args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda a: _Ref(a.name))
+        args, kwargs = fx.node.map_arg((n.args, n.kwargs), _ref)
         nodes.append((n.op, n.name, t, args, kwargs))
     return root, nodes, gm.training
 
@@ -141,7 +146,7 @@ def _graph_state(gm: fx.GraphModule) -> tuple:
 def _graph_from_state(state: tuple) -> fx.GraphModule:
     """The GraphModule of :func:`_graph_state`'s form."""
     root, nodes, training = state
-    graph, env = fx.Graph(), {}
+    graph, env = fx.Graph(), dict[str, fx.Node]()
 
     def back(a):
         if isinstance(a, _Ref):
