@@ -242,3 +242,77 @@ def test_a_model_that_cannot_take_the_data_set_is_refused_before_the_ranks_start
         "mlp", "gpipe", workers=2, microbatches=2, steps=1, dataset="digits", out=tmp_path / "ok", in_features=64
     )
     assert job.schedule.name == "gpipe"
+
+
+# ---- sizes beyond what the tools take, silent coercions, divergence --------------------------------
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["partition", "--workers", "100000"], "the topology has 100000 workers; the partitioner takes at most 1024"),
+        (
+            ["simulate", "--schedule", "gpipe", "--stages", "100000", "--microbatches", "4"],
+            "the stage count must be a whole number from 1 to 1024, got 100000",
+        ),
+        (["simulate", "--stages", "0"], "the stage count must be a whole number from 1 to 1024, got 0"),
+    ],
+)
+def test_sizes_out_of_range_are_refused_at_once(capsys, vgg16_csv, tmp_path, argv, words):
+    import time
+
+    extra = ["--profile", str(vgg16_csv)] if argv[0] == "partition" else ["--out", str(tmp_path / "sim")]
+    t = time.monotonic()
+    assert words in one_line_error(capsys, [*argv, *extra])
+    assert time.monotonic() - t < 5 and not (tmp_path / "sim").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (
+            ["--dtype", "float17"],
+            "dtype must name a torch floating-point dtype (float32, float64, bfloat16, ...), got 'float17'",
+        ),
+        (["--resume"], "holds no complete checkpoint to continue from; drop --resume to start afresh"),
+    ],
+)
+def test_train_dtype_and_resume_without_checkpoint(capsys, tmp_path, argv, words):
+    import time
+
+    t = time.monotonic()
+    assert words in one_line_error(
+        capsys, ["train", *argv, "--steps", "1", "--no-progress", "--out", str(tmp_path / "o")]
+    )
+    assert time.monotonic() - t < 5
+
+
+def test_partition_flags_must_be_booleans(vgg16_csv):
+    from workbench import Topology, partition
+
+    prof = Profile.load(vgg16_csv)
+    with pytest.raises(ValueError, match="^straight must be True or False, got 'no'$"):
+        partition(prof, Topology.flat(4, 1e9), straight="no")
+    with pytest.raises(ValueError, match="^refine must be True or False, got 1$"):
+        partition(prof, Topology.flat(4, 1e9), refine=1)
+
+
+def test_a_diverged_run_warns_with_the_step(tmp_path):
+    from workbench.runtime.launch import DivergedWarning, _warn_if_diverged
+
+    (tmp_path / "metrics.csv").write_text("step,loss\n0,2.3\n1,inf\n2,nan\n")
+    with pytest.warns(DivergedWarning, match=r"^the training loss became inf at step 1 \(lr 1e\+06\)"):
+        _warn_if_diverged(tmp_path, 1e6)
+    (tmp_path / "metrics.csv").write_text("step,loss\n0,2.3\n1,2.1\n")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_if_diverged(tmp_path, 0.05)
+
+
+def test_the_cli_prints_a_warning_on_one_line():
+    from workbench.cli.commands import _one_line_warning
+
+    assert (
+        _one_line_warning("the loss became nan", RuntimeWarning, "x.py", 3)
+        == "workbench: warning: the loss became nan\n"
+    )

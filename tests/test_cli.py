@@ -1,3 +1,4 @@
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -378,3 +379,11 @@ def test_help_imports_neither_torch_nor_pandas():
 def test_train_help_still_lists_the_train_options():
     r = run_cli("train", "--help")
     assert r.returncode == 0 and "--microbatches" in r.stdout and "--transport" in r.stdout
+
+
+def test_help_names_every_command(capsys):
+    from workbench.cli.commands import build_parser
+
+    ap = build_parser(train_arguments=False)
+    commands = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert all(name in ap.description for name in commands), ap.description

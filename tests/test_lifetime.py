@@ -64,15 +64,34 @@ def train_args(out: Path, port: int, *extra: str) -> list[str]:
     ]
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def default_signals() -> None:
+    """In a started process before it runs its program: the stop signals at their default
+    disposition and unblocked, whatever this test process inherited (``nohup`` ignores SIGHUP, a
+    shell's background job ignores SIGINT, a caller may block them): the cases test the launcher's
+    handling of these signals, not the caller's."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 class Job:
-    """A job in a session of its own (its process group id is the launcher's pid)."""
+    """A job in a session of its own (its process group id is the launcher's pid), started with the
+    stop signals at their defaults (:func:`default_signals`)."""
 
     def __init__(self, argv: list[str], out: Path, port: int, ignore_sigint: bool = False):
         self.out, self.port = out, port
         if ignore_sigint:  # as a shell starts a background job (`&`) of a script: SIGINT ignored, then exec
             argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
         self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            preexec_fn=default_signals,
         )
         self.launcher = psutil.Process(self.proc.pid)
 
@@ -120,11 +139,20 @@ class Job:
         pytest.fail(f"after {bound:.1f} s: processes {left}, files {self.files(pids)}")
 
     def kill(self) -> None:
-        for p in self.processes():
+        """SIGKILL to the job's processes, then reap the launcher (no zombie for later tests)."""
+        try:
+            procs = self.processes()
+        except psutil.NoSuchProcess:
+            procs = []
+        for p in procs:
             try:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
+        try:
+            self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
 
     def check_released(self) -> None:
         """The job's port can be listened on again (its process group's store is gone) and the last complete
@@ -291,15 +319,18 @@ def test_spawn_names_the_failing_rank_and_stops_the_others():
     assert e.value.at >= t and not _children()  # every rank joined (no zombie either)
 
 
-def test_spawn_reports_the_error_of_an_argument_a_rank_cannot_rebuild():
-    """The job's arguments are unpickled inside the rank's own error handling: a model that cannot
-    be rebuilt in a new process (before: a traced LSTM) reports its real error, not a guess."""
+def test_a_rank_that_cannot_unpickle_its_job_reports_the_real_error():
+    """An argument the rank cannot unpickle (a traced graph that did not rebuild, a class it cannot
+    import): the launcher names that error, not a guess about the script's main guard."""
     from workbench.runtime.lifetime import RankFailed, spawn
 
     with pytest.raises(
-        RankFailed, match=r"^rank 0 \(pid \d+\) failed while setting up \(exit code 1\): RuntimeError: cannot rebuild"
-    ):
+        RankFailed,
+        match=r"^rank 0 \(pid \d+\) failed before it started \(exit code 1\): could not unpickle the job in the "
+        r"rank: RuntimeError: cannot rebuild this argument$",
+    ) as e:
         spawn(_fail_on, (_Unpicklable(), 0), 1)
+    assert "_rebuild_fails" in e.value.traceback and not _children()
 
 
 def test_spawn_deadline_stops_the_ranks():
@@ -414,3 +445,16 @@ def test_a_signal_to_one_of_two_torchrun_nodes_ends_both(tmp_path, victim):
     assert latest_checkpoint(nodes[0].out) >= first
     nodes[0].check_released()
     print(f"\n[stop] SIGTERM to the torchrun node {victim} of 2: {took} (load {os.getloadavg()[0]:.1f})")
+
+
+def test_the_stop_message_has_a_line_of_its_own_after_the_progress_bar(tmp_path):
+    port = free_port()
+    argv = [a for a in train_args(tmp_path / "run", port) if a != "--no-progress"]
+    job = Job([sys.executable, *argv], tmp_path / "run", port)
+    job.wait_for_checkpoint()
+    os.kill(job.proc.pid, signal.SIGTERM)
+    _, err = job.proc.communicate(timeout=60 * slack())
+    assert "train:" in err and "step" in err  # the bar was drawn
+    last = err.rstrip("\n").split("\n")[-1]
+    assert last.startswith("workbench train: stopped by SIGTERM sent to the launcher"), err[-2000:]
+    assert "\r" not in last and "Traceback" not in err

@@ -124,3 +124,10 @@ def test_multi_figure_pages_load_plotlyjs_once_from_the_shared_file(tmp_path, mo
     shared = save_page(figs, tmp_path / "nb" / "page.html", "t")
     assert shared.read_text().count('src="../plotly.min.js"') == 1
     assert shared.stat().st_size < embedded.stat().st_size / 100
+
+
+def test_the_time_axis_names_its_unit(timeline):
+    assert timeline_figure(timeline).layout.xaxis.title.text == "time (ms)"
+    assert timeline_figure(timeline, unit="unit").layout.xaxis.title.text == "time (unit)"
+    fig = compare_figure({"a": timeline, "b": timeline})
+    assert [ax.title.text for ax in (fig.layout.xaxis, fig.layout.xaxis2) if ax.title.text] == ["time (ms)"]

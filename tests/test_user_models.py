@@ -1,7 +1,6 @@
 """Models the zoo does not ship, end to end: a torchvision-style ResNet-18 (in-place ReLU, residual
-adds, BatchNorm), a Hugging Face GPT-2 and ViT built from their configs, a U-Net defined in a function
-and a 2-layer LSTM language model are traced (workbench.profiling.layering.split), profiled,
-partitioned, simulated and trained on 2 ranks (the default transport).
+adds, BatchNorm) and a Hugging Face GPT-2 built from its config are traced (workbench.profiling.layering.split),
+profiled, partitioned, simulated and trained on 2 gloo ranks.
 
 Oracles: synchronous schedules (gpipe) must give the weights of microbatch SGD on the *original*
 nn.Module (``W <- W - lr * mean_b grad L_b``, BatchNorm statistics per microbatch as in the
@@ -68,44 +67,6 @@ def gpt2():
     return gpt2_tiny(vocab_size=64, n_layer=2, n_embd=16, n_head=2, context=16)
 
 
-def vit():
-    """A Hugging Face ViT from its config (no download): float64 over the shared-memory transport
-    needs every tensor of a message aligned to its element size."""
-    transformers = pytest.importorskip("transformers")
-
-    torch.manual_seed(0)
-    cfg = transformers.ViTConfig(
-        image_size=8,
-        patch_size=4,
-        num_channels=1,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=32,
-        num_labels=10,
-    )
-    return transformers.ViTForImageClassification(cfg)
-
-
-class LSTMLanguageModel(torch.nn.Module):
-    """A 2-layer LSTM language model: its traced initial state has a symbolic batch size inside a
-    size list, which the ranks must rebuild when they unpickle the traced layers."""
-
-    def __init__(self, vocab=64, width=16):
-        super().__init__()
-        self.emb = torch.nn.Embedding(vocab, width)
-        self.lstm = torch.nn.LSTM(width, width, num_layers=2, batch_first=True)
-        self.head = torch.nn.Linear(width, vocab)
-
-    def forward(self, x):
-        return self.head(self.lstm(self.emb(x))[0])
-
-
-def lstm_lm():
-    torch.manual_seed(0)
-    return LSTMLanguageModel()
-
-
 def local_unet():
     """A U-Net-style model whose class lives inside a function, like a class defined in a notebook:
     the spawned ranks could not import it, only its traced layers travel."""
@@ -165,8 +126,6 @@ CASES = {
     "resnet": (resnet, images, lambda m, x: m(x)),
     "gpt2": (gpt2, tokens, lambda m, x: m(x).logits),
     "unet": (local_unet, images, lambda m, x: m(x)),
-    "vit": (vit, images, lambda m, x: m(x).logits),
-    "lstm": (lstm_lm, tokens, lambda m, x: m(x)),
 }
 
 

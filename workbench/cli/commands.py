@@ -274,7 +274,8 @@ def cmd_simulate(args) -> int:
     # master schedules are ordered by the greedy rule with the durations simulated below
     if args.alltoall is not None:
         kw.update(alltoall=args.alltoall, overlap_pairs=not args.no_overlap_pairs)
-    sched = build_for_simulation(args.schedule, plan or (args.stages or 4), args.microbatches, kw, **opts)
+    stages = 4 if args.stages is None else args.stages
+    sched = build_for_simulation(args.schedule, plan or stages, args.microbatches, kw, **opts)
     if topology is not None and topology.num_workers != sched.num_workers:
         raise UsageError(
             f"schedule {sched.name} uses {sched.num_workers} workers but the topology has "
@@ -589,9 +590,17 @@ def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
     return ap
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning on the command line: one line, no source location."""
+    return f"workbench: warning: {message}\n"
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(train_arguments=argv[:1] == ["train"]).parse_args(argv)
+    import warnings
+
+    warnings.formatwarning = _one_line_warning
     try:
         return args.fn(args) or 0
     except ValueError as e:  # bad input: one line, status 2

@@ -94,6 +94,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+_END_BAR = "\n"  # rank 0's progress bar leaves its line open (it redraws with \r): a stop's cause starts a new one
+
+
 def run_train(args) -> int:
     from workbench.cost.plan import Plan
     from workbench.runtime.launch import train
@@ -139,10 +142,10 @@ def run_train(args) -> int:
         print(f"workbench train: error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:
-        print(f"workbench train: failed: {e}", file=sys.stderr)
+        print(f"{_END_BAR if not args.no_progress else ''}workbench train: failed: {e}", file=sys.stderr)
         return 1
     except JobStopped as e:  # the ranks are stopped and the job's files removed: nothing is left to tear down
-        print(f"workbench train: {e}", file=sys.stderr)
+        print(f"{_END_BAR if not args.no_progress else ''}workbench train: {e}", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(128 + e.signum)  # not the interpreter's teardown, which took 2.5 s with torch loaded at load 15

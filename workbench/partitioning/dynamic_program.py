@@ -126,9 +126,17 @@ def _layers(profile) -> _Layers:
     )
 
 
+MAX_WORKERS = 1024  # more are refused: the dynamic program's tables and the refinement's simulations grow with them
+
+
 def _check_topology(topology) -> Topology:
     if not isinstance(topology, Topology):
         raise ValueError(f"topology must be a workbench Topology, e.g. Topology.flat(4, 12e9); got {topology!r}")
+    if topology.num_workers > MAX_WORKERS:
+        raise ValueError(
+            f"the topology has {topology.num_workers} workers; the partitioner takes at most {MAX_WORKERS} "
+            "(its tables and simulations grow with the worker count)"
+        )
     for k, (count, bw) in enumerate(topology.levels, start=1):
         if count < 1:
             raise ValueError(f"topology level {k} has {count} components; need at least 1 worker")

@@ -42,6 +42,9 @@ def options_from(options: PartitionOptions | None, keywords: dict[str, Any]) -> 
             close = difflib.get_close_matches(key, fields, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; the options are {', '.join(fields)}"
             raise TypeError(f"partition() got an unexpected keyword {key!r}{hint}")
+    for key in ("straight", "use_fewer_workers", "refine", "recompute"):
+        if key in keywords and not isinstance(keywords[key], bool):
+            raise ValueError(f"{key} must be True or False, got {keywords[key]!r}")
     return dataclasses.replace(options or PartitionOptions(), **keywords)
 
 

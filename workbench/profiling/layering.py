@@ -31,9 +31,9 @@ spawned ranks even when the model's class was defined in a notebook.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import fx, nn
@@ -83,6 +83,89 @@ class GraphLayer(nn.Module):
 
     def extra_repr(self) -> str:
         return "modules=" + ", ".join(self.modules_covered)
+
+    def __getstate__(self) -> dict:
+        """Pickled as its graph's nodes, not as the GraphModule's generated code: unpickling a
+        GraphModule re-traces that code with ``torch.fx``'s symbolic tracer, which cannot call an
+        ATen operation whose only traced argument sits in a list (an LSTM's initial state
+        ``aten.zeros([1, sym_size, hidden])`` holds the batch size, a symbolic size, in its size
+        list: the spawned ranks failed to unpickle it)."""
+        state = self.__dict__.copy()
+        modules = dict(state["_modules"])
+        state["_modules"] = modules
+        state["_graph"] = _graph_state(modules.pop("gm"))
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        graph = state.pop("_graph")
+        self.__dict__.update(state)
+        self._modules["gm"] = _graph_from_state(graph)
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A node named ``name`` in a pickled graph's arguments."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class _Op:
+    """An ATen operation overload ``torch.ops.<namespace>.<name>.<overload>`` (not picklable itself)."""
+
+    namespace: str
+    name: str
+    overload: str
+
+    def resolve(self):
+        return getattr(getattr(getattr(torch.ops, self.namespace), self.name), self.overload)
+
+
+def _ref(node: fx.Node) -> Any:
+    return _Ref(node.name)
+
+
+def _graph_state(gm: fx.GraphModule) -> tuple:
+    """``(root, nodes, training)``: a plain module holding ``gm``'s submodules, parameters, buffers
+    and attributes that the graph reads, and each node as ``(op, name, target, args, kwargs)`` with
+    nodes named (:class:`_Ref`) and ATen targets by their qualified name (:class:`_Op`)."""
+    root = nn.Module()
+    root._modules, root._parameters, root._buffers = dict(gm._modules), dict(gm._parameters), dict(gm._buffers)
+    nodes = []
+    for n in gm.graph.nodes:
+        if n.op == "get_attr" and "." not in n.target and not hasattr(root, n.target):
+            setattr(root, n.target, getattr(gm, n.target))
+        t = n.target
+        if isinstance(t, torch._ops.OpOverload):
+            t = _Op(t.namespace, t._opname, t._overloadname)
+        args, kwargs = fx.node.map_arg((n.args, n.kwargs), _ref)
+        nodes.append((n.op, n.name, t, args, kwargs))
+    return root, nodes, gm.training
+
+
+def _graph_from_state(state: tuple) -> fx.GraphModule:
+    """The GraphModule of :func:`_graph_state`'s form."""
+    root, nodes, training = state
+    graph, env = fx.Graph(), dict[str, fx.Node]()
+
+    def back(a):
+        if isinstance(a, _Ref):
+            return env[a.name]
+        if isinstance(a, (list, tuple)):
+            out = [back(v) for v in a]
+            return out if isinstance(a, list) else type(a)(out) if type(a) is tuple else type(a)(*out)
+        if isinstance(a, dict):
+            return {k: back(v) for k, v in a.items()}
+        if isinstance(a, slice):
+            return slice(back(a.start), back(a.stop), back(a.step))
+        return a
+
+    for op, name, target, args, kwargs in nodes:
+        target = target.resolve() if isinstance(target, _Op) else target
+        env[name] = graph.create_node(op, target, back(args), back(kwargs), name=name)
+    gm = fx.GraphModule(root, graph)
+    gm.train(training)
+    return gm
 
 
 @dataclass(repr=False)
@@ -339,37 +422,6 @@ def _covering(n: fx.Node, units: list[str]) -> str | None:
     return max((u for u in units if u and _under(p, u)), key=len, default=p.split(".")[0])
 
 
-def sized_call(op: str, *args, **kwargs):
-    """``torch.ops.<ns>.<name>.<overload>(*args, **kwargs)`` for ``op = "<ns>::<name>.<overload>"``.
-
-    A layer's ATen call whose size list holds a traced size (``aten.zeros([2, sym_size, 16])``, as an
-    LSTM's initial state) calls through this function: a GraphModule is pickled as its Python code and
-    re-traced by ``torch.fx`` on loading (a spawned rank), and ``torch.fx``'s symbolic tracer cannot
-    pass a size proxy inside a list to an ATen overload; :class:`LayerTracer` records this function as
-    one call instead of running it."""
-    ns, rest = op.split("::")
-    name, overload = rest.rsplit(".", 1)
-    return getattr(getattr(getattr(torch.ops, ns), name), overload)(*args, **kwargs)
-
-
-class LayerTracer(fx.Tracer):
-    """The tracer that re-builds a layer's graph from its code when a layer is unpickled: ``torch.fx``'s
-    own, with :func:`sized_call` kept as one call."""
-
-    def __init__(self, autowrap_modules=(math,), autowrap_functions=()):
-        super().__init__(autowrap_modules, (*autowrap_functions, sized_call))
-
-
-def _wrap_sized_calls(graph: fx.Graph) -> None:
-    """Route every ATen call that has a traced size inside a list argument through :func:`sized_call`."""
-    for n in graph.nodes:
-        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
-            continue
-        listed = [a for a in (*n.args, *n.kwargs.values()) if isinstance(a, (list, tuple))]
-        if any(isinstance(v, fx.Node) and not isinstance(v.meta.get("val"), torch.Tensor) for a in listed for v in a):
-            n.target, n.args = sized_call, (f"{n.target.name()}.{n.target._overloadname}", *n.args)
-
-
 def _build_layers(gm: fx.GraphModule, group: dict, units: list[str]) -> tuple[list[GraphLayer], list[str]]:
     nodes = list(gm.graph.nodes)
     G = max(group.values()) + 1
@@ -407,8 +459,6 @@ def _build_layers(gm: fx.GraphModule, group: dict, units: list[str]) -> tuple[li
         for n in body:
             env[n] = graph.node_copy(n, look)
         graph.output(tuple(env[v] for v in live_out))
-        _wrap_sized_calls(graph)
-        graph._tracer_cls = LayerTracer  # pickling re-traces the layer's code with it (spawned ranks)
         graph.lint()
         sub = fx.GraphModule(gm, graph)
         covered = tuple(dict.fromkeys(c for n in body if (c := _covering(n, units))))

@@ -101,6 +101,7 @@ def build_job(spec: JobSpec) -> Job:
         timeout_s=r.timeout_s,
     )
     workers, device, backend = _placement(p, r, torchrun)
+    _check_dtype(m.dtype)
     mseed = o.seed if m.model_seed is None else m.model_seed
     model_options = dict(m.model_options)
     the_model, model_fn, dataset_fn, label = _model_and_data(
@@ -201,7 +202,20 @@ def _out_folder(r: RunSpec, schedule, label: str, workers: int) -> Path:
     out = Path(out)
     if (out / "summary.json").exists() and not r.resume:
         raise ValueError(f"{out} already holds a finished run; choose a new --out folder (or --resume to continue it)")
+    if r.resume and latest_checkpoint(out) is None:
+        raise ValueError(f"resume: {out} holds no complete checkpoint to continue from; drop --resume to start afresh")
     return out
+
+
+def _check_dtype(dtype) -> None:
+    """``dtype``: None or the name of a torch floating-point dtype (``"float64"``)."""
+    if dtype is None:
+        return
+    dt = getattr(torch, dtype, None) if isinstance(dtype, str) else None
+    if not (isinstance(dt, torch.dtype) and dt.is_floating_point):
+        raise ValueError(
+            f"dtype must name a torch floating-point dtype (float32, float64, bfloat16, ...), got {dtype!r}"
+        )
 
 
 def _job_schedule(p: PipelineSpec, workers: int, the_model, label: str, torchrun: bool) -> tuple[Schedule, dict]:
@@ -498,9 +512,39 @@ def _resume_hint(jobs: list[Job]) -> str:
     )
 
 
+class DivergedWarning(RuntimeWarning):
+    """The training loss became non-finite (nan or inf): the run's weights are garbage from there on."""
+
+
+def _warn_if_diverged(out: Path, lr: float) -> None:
+    """A :class:`DivergedWarning` naming the first step whose logged loss is not finite, if any."""
+    metrics = out / "metrics.csv"
+    if not metrics.exists():
+        return
+    import csv
+
+    with open(metrics) as f:
+        for row in csv.DictReader(f):
+            try:
+                loss = float(row.get("loss") or "nan")
+            except ValueError:
+                continue
+            if not math.isfinite(loss):
+                import warnings
+
+                warnings.warn(
+                    f"the training loss became {loss} at step {row.get('step')} (lr {lr:g}): the run diverged; "
+                    "try a smaller --lr",
+                    DivergedWarning,
+                    stacklevel=3,
+                )
+                return
+
+
 def _read_summary(out: Path, job: Job) -> dict:
     summary = RunResult(json.loads((out / "summary.json").read_text()))
     summary["out"] = str(out)
+    _warn_if_diverged(out, job.lr)
     if job.return_weights:
         summary["weights"] = torch.load(out / "weights.pt", weights_only=False)
     return summary

@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-import pickle
 import signal
 import sys
 import threading
 import time
 import traceback
 from multiprocessing import connection
-from multiprocessing.reduction import ForkingPickler
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 GRACE_S = 2.0  # a rank that outlives SIGTERM by this long gets SIGKILL
@@ -138,18 +136,51 @@ def _one_line(e: BaseException) -> str:
     return (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0][:500]
 
 
-def _rank_main(rank: int, payload: bytes, progress, errors, parent: int) -> None:
-    """Entry of a spawned rank: :func:`become_rank`, then ``fn(rank, *args)`` with ``(fn, args)``
-    unpickled from ``payload`` here, so that an error in unpickling the job (a model that cannot be
-    rebuilt in a new process) is reported like any other. An error is reported to the launcher (one
-    line and its traceback) and the process ends at once (``os._exit``: no interpreter teardown
-    that could wait on a peer)."""
+class _Guarded:
+    """``obj`` pickled on its own inside the process-start pickle (same pickler, so shared-memory
+    tensors travel as before), so that a rank that cannot unpickle it (a class it cannot import,
+    an object whose unpickling raises) still starts and reports that error through its pipe
+    instead of dying in the interpreter's start-up with nothing reported."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __reduce__(self):
+        from multiprocessing.reduction import ForkingPickler
+
+        return _unguard, (bytes(ForkingPickler.dumps(self.obj)),)
+
+
+class _LoadFailed:
+    def __init__(self, line: str, tb: str):
+        self.line, self.tb = line, tb
+
+
+def _unguard(data: bytes):
+    from multiprocessing.reduction import ForkingPickler
+
+    try:
+        return ForkingPickler.loads(data)
+    except BaseException as e:  # noqa: BLE001 - reported by the rank (_rank_main)
+        return _LoadFailed(_one_line(e), traceback.format_exc()[-8000:])
+
+
+def _rank_main(rank: int, payload, progress, errors, parent: int) -> None:
+    """Entry of a spawned rank: :func:`become_rank`, then ``fn(rank, *args)`` (``payload``:
+    ``(fn, args)``, unpickled by :func:`_unguard`). An error, unpickling the job included, is
+    reported to the launcher (one line and its traceback) and the process ends at once
+    (``os._exit``: no interpreter teardown that could wait on a peer)."""
     global _progress
     become_rank(rank, parent)
     _progress = (progress, rank)
+    if isinstance(payload, _LoadFailed):
+        errors.send((rank, time.time(), f"could not unpickle the job in the rank: {payload.line}", payload.tb))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    fn, args = payload
     progress[rank] = SETTING_UP
     try:
-        fn, args = pickle.loads(payload)
         fn(rank, *args)
     except BaseException as e:  # noqa: BLE001 - every failure is reported, then the rank ends
         errors.send((rank, time.time(), _one_line(e), traceback.format_exc()[-8000:]))
@@ -196,12 +227,9 @@ def spawn(fn, args: tuple, world: int, *, deadline_s: float | None = None, what:
     with _StopSignals() as stop:
         try:
             for r in range(world):
-                # one payload per rank: torch's reducers share a tensor's memory through a file
-                # descriptor that can be handed over once, as spawn's own pickling does per process
-                payload = bytes(ForkingPickler.dumps((fn, args)))
                 p = ctx.Process(
                     target=_rank_main,
-                    args=(r, payload, progress, pipes[r][1], os.getpid()),
+                    args=(r, _Guarded((fn, args)), progress, pipes[r][1], os.getpid()),
                     name=f"workbench-rank{r}",
                     daemon=False,
                 )

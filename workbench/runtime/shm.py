@@ -142,18 +142,18 @@ def remove_channels(token: str) -> None:
         p.unlink(missing_ok=True)
 
 
-TENSOR_ALIGN = 16  # each tensor of a message starts on a multiple of this (any dtype's element size divides it)
-
-
 def _padded(n: int) -> int:
-    """``n`` bytes rounded up to :data:`TENSOR_ALIGN`: a tensor's place in a slot, so that the next
-    tensor starts aligned (``view(float64)`` needs an offset divisible by 8)."""
-    return -(-n // TENSOR_ALIGN) * TENSOR_ALIGN
+    """``n`` bytes rounded up to :data:`ALIGN`: each tensor of a message starts at a multiple of
+    ``ALIGN`` within its slot (slots and the data area are ``ALIGN``-aligned), so a slot's bytes
+    can be viewed as any dtype (a float64 tensor after a float32 one of odd length would
+    otherwise start at an offset not divisible by 8)."""
+    return -(-int(n) // ALIGN) * ALIGN
 
 
 def message_bytes(specs) -> int:
-    """Bytes a message of tensors ``[(shape, dtype)]`` takes in a slot, each tensor padded."""
-    return sum(_padded(spec_bytes([spec])) for spec in specs)
+    """Bytes a message of tensors ``[(shape, dtype)]`` takes in a slot: each tensor padded to
+    :data:`ALIGN` (:func:`_padded`)."""
+    return sum(_padded(spec_bytes([s])) for s in specs)
 
 
 class Channel:

@@ -60,12 +60,22 @@ def build(name: str, plan_or_stage_count, microbatches: int, recompute: bool = F
     is_plan = hasattr(plan_or_stage_count, "stages") and hasattr(plan_or_stage_count, "num_workers")
     if is_plan:
         _check_plan_shape(sp, plan_or_stage_count, options)
+    else:
+        _check_stage_count(plan_or_stage_count)
     with gc_paused():
         sched = sp.build(plan_or_stage_count, microbatches, **options)
     if is_plan and "workers" not in options and sched.num_workers != plan_or_stage_count.num_workers:
         raise ValueError(_reshape_message(sp, plan_or_stage_count, sched, options))
     recompute = Option("recompute", bool, False).check(name, recompute)  # "true"/"false" from a CLI
     return with_recompute(sched) if recompute else sched
+
+
+MAX_STAGES = 1024  # a stage count beyond this is refused (a schedule of 1024 stages already takes seconds to simulate)
+
+
+def _check_stage_count(n) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_STAGES:
+        raise ValueError(f"the stage count must be a whole number from 1 to {MAX_STAGES}, got {n!r}")
 
 
 def worker_options(name: str, workers: int, options: dict | None = None) -> dict:

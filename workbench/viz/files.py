@@ -21,6 +21,7 @@ def save_simulation(result: SimResult, directory) -> Path:
         result.timeline.to_csv(d / "timeline.csv", index=False)
         meta = result.metrics | {"label": result.label, "schedule": name}
         (d / "metrics.json").write_text(json.dumps(json_ready(meta), indent=1))
-        save_html(timeline_figure(result.timeline, title=f"{name} — {result.label}"), d / "timeline.html")
+        unit = result.metrics.get("time_unit", "ms")
+        save_html(timeline_figure(result.timeline, title=f"{name} — {result.label}", unit=unit), d / "timeline.html")
         to_chrome_trace(result.timeline, d / "trace.json", label=f"{name} (modeled): {result.label}")
     return d.final

@@ -138,8 +138,11 @@ def timeline_traces(timeline: pd.DataFrame, max_ops: int = MAX_OPS) -> tuple[lis
     return _trace_specs(tl, label), order
 
 
-def timeline_figure(timeline: pd.DataFrame, title: str | None = None, max_ops: int = MAX_OPS) -> go.Figure:
-    """Gantt chart of ``timeline`` (see module docstring); one trace per op kind."""
+def timeline_figure(
+    timeline: pd.DataFrame, title: str | None = None, max_ops: int = MAX_OPS, unit: str = "ms"
+) -> go.Figure:
+    """Gantt chart of ``timeline`` (see module docstring); one trace per op kind; ``unit``: of
+    ``start`` and ``end`` (``"ms"``, or ``"unit"`` for a simulation with unit costs), on the x axis."""
     tl = _cap(_check(timeline), max_ops)
     order, label = _rows(tl)
     fig = go.Figure(_traces(tl, label))
@@ -148,7 +151,7 @@ def timeline_figure(timeline: pd.DataFrame, title: str | None = None, max_ops: i
         barmode="overlay",
         bargap=0.15,
         title=heading,
-        xaxis_title="time",
+        xaxis_title=f"time ({unit})",
         legend_title_text="op kind",
         height=max(250, 28 * len(order) + 120),
         meta={"ops": int(len(tl))},
@@ -158,7 +161,11 @@ def timeline_figure(timeline: pd.DataFrame, title: str | None = None, max_ops: i
 
 
 def compare_figure(
-    timelines: dict[str, pd.DataFrame], title: str | None = None, max_ops: int = MAX_OPS, align: bool = True
+    timelines: dict[str, pd.DataFrame],
+    title: str | None = None,
+    max_ops: int = MAX_OPS,
+    align: bool = True,
+    unit: str = "ms",
 ) -> go.Figure:
     """Timelines side by side (stacked, one subplot each, sharing the time axis), e.g.
     ``compare_figure({"modeled": sim.timeline, "measured": run.timeline})``. With ``align`` each
@@ -188,7 +195,7 @@ def compare_figure(
         legend_title_text="op kind",
         height=max(300, 28 * total_rows + 150 * len(names)),
     )
-    fig.update_xaxes(title_text="time", row=len(names), col=1)
+    fig.update_xaxes(title_text=f"time ({unit})", row=len(names), col=1)
     return fig
 
 
