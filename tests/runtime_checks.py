@@ -45,8 +45,8 @@ def job_sgd(job, rounds: int):
         job.bounds,
         rounds,
         job.schedule.microbatches,
-        batch_size=job.batch_size,
-        lr=job.lr,
+        batch_size=job.optim.batch_size,
+        lr=job.optim.lr,
     )
 
 
@@ -58,8 +58,8 @@ def job_reference(job, rounds: int, **options):
         job.model_fn(),
         job.bounds,
         job.dataset_fn(),
-        batch_size=job.batch_size,
-        lr=job.lr,
+        batch_size=job.optim.batch_size,
+        lr=job.optim.lr,
         rounds=rounds,
         **options,
     )

@@ -293,10 +293,10 @@ def test_shared_memory_transport_gives_the_same_weights(runs, key):
     weight stashing, two epochs with momentum: the channels' slots reused across epochs), and the
     channel files are gone afterwards."""
     job, summary = runs[0][key]
-    assert job.transport == "shm"
+    assert job.run.transport == "shm"
     assert max_diff(summary["weights"], runs[0][SHM_RUNS[key]][1]["weights"]) == 0.0
     assert not list(Path("/dev/shm").glob(f"workbench-{job.shm_token}-*"))
-    tl = list(csv.DictReader(open(Path(job.out) / "timeline.csv")))
+    tl = list(csv.DictReader(open(Path(job.run.out) / "timeline.csv")))
     assert len(tl) == job.rounds_total * job.schedule.num_ops
 
 
@@ -312,7 +312,7 @@ def stream_reference(job, rounds: int, passes: int = 1):
         batch_size=rounds * BATCH,
         lr=LR,
         rounds=passes,
-        momentum=job.momentum,
+        momentum=job.optim.momentum,
     )
 
 
@@ -331,12 +331,12 @@ def test_stream_runs_an_epoch_as_one_pipeline_with_its_weight_rule(runs, key):
     else:  # a part of one epoch: one stream
         ref = stream_reference(job, job.rounds_total)
     assert max_diff(summary["weights"], ref) < 1e-12
-    per_minibatch = job_reference(job, job.rounds_total, momentum=job.momentum)
+    per_minibatch = job_reference(job, job.rounds_total, momentum=job.optim.momentum)
     assert max_diff(summary["weights"], per_minibatch) > 1e-4  # a different rule at every minibatch boundary
-    rows = list(csv.DictReader(open(Path(job.out) / "metrics.csv")))
+    rows = list(csv.DictReader(open(Path(job.run.out) / "metrics.csv")))
     assert [int(r["step"]) for r in rows] == list(range(job.rounds_total))
     assert all(float(r["wall_ms"]) > 0 and float(r["loss"]) > 0 for r in rows)
-    tl = list(csv.DictReader(open(Path(job.out) / "timeline.csv")))
+    tl = list(csv.DictReader(open(Path(job.run.out) / "timeline.csv")))
     assert len(tl) == job.rounds_total * job.schedule.num_ops  # the same ops, in another order
     r0 = sorted((r for r in tl if r["worker"] == "0"), key=lambda r: float(r["start"]))
     pos = {(r["kind"], int(r["microbatch"])): i for i, r in enumerate(r0)}
@@ -629,7 +629,7 @@ def pushes_expected(schedule):
 
 
 def check_master_run(job, summary, sgd: bool):
-    assert max_diff(summary["weights"], job_reference(job, STEPS, momentum=job.momentum)) < 1e-5
+    assert max_diff(summary["weights"], job_reference(job, STEPS, momentum=job.optim.momentum)) < 1e-5
     if sgd:  # synchronous: plain minibatch SGD on the whole model
         assert max_diff(summary["weights"], job_sgd(job, STEPS)) < 1e-5
     assert max_diff(summary["weights"], initial_weights(job)) > 1e-3
@@ -655,7 +655,7 @@ def test_fsdp_fetches_weights_and_matches_minibatch_sgd(runs):
 @pytest.mark.parametrize("key", list(MASTER4_RUNS))
 def test_master_schedules_on_four_ranks(runs4, key):
     job, summary = runs4[key]
-    check_master_run(job, summary, sgd=job.momentum == 0)
+    check_master_run(job, summary, sgd=job.optim.momentum == 0)
     if key == "placement":  # two holders per stage: their weights agree after the all-reduced steps
         assert all(len(ws) == 2 for ws in job.schedule.stage_workers)
 
@@ -852,7 +852,7 @@ def test_auto_transport_picks_shared_memory_only_where_it_runs_and_pays(tmp_path
     expect = {"pipedream": "shm", "zb-h1": "shm", "dp-bsp": "gloo", "fsdp": "gloo"}  # fsdp: weight fetches over gloo
     for name, want in expect.items():
         job = prepare("toy-mlp", name, workers=2, microbatches=4, out=tmp_path / name, **auto)
-        assert job.transport == want and bool(job.shm_token) == (want == "shm"), name
+        assert job.run.transport == want and bool(job.shm_token) == (want == "shm"), name
     Room.f_bavail = 10
     assert shm.auto_transport(2, 2, **ok) == "gloo"
     assert prepare("toy-mlp", "pipedream", workers=2, microbatches=4, out=tmp_path / "full", **auto).transport == "gloo"

@@ -286,8 +286,8 @@ def stage_costs(job, cache: dict):
         cache[key] = stage_profile(
             job.model_fn(),
             list(key),
-            job.batch_size // job.schedule.microbatches,
-            threads=job.threads,
+            job.optim.batch_size // job.schedule.microbatches,
+            threads=job.run.threads,
             iterations=5,
             warmup=2,
         )
