@@ -84,10 +84,17 @@ def assert_weights_close(got, want, label: str = "", **tolerance) -> None:
 
 #: the toy MLP (7 layers, Linear/ReLU alternating) in float64, weights returned, ranks that may share a core
 TOY_MLP = dict(
-    dtype="float64", widths=(8, 16, 16, 16, 4), progress=False, return_weights=True, allow_oversubscribe=True
+    dtype="float64", model_options={"widths": (8, 16, 16, 16, 4)}, progress=False, return_weights=True, allow_oversubscribe=True
 )
 
-SMALL_MLP = dict(workers=2, batch_size=16, threads=1, progress=False, evaluate=False, depth=2, width=16, in_features=16)
+SMALL_MLP = dict(
+    workers=2,
+    batch_size=16,
+    threads=1,
+    progress=False,
+    evaluate=False,
+    model_options={"depth": 2, "width": 16, "in_features": 16},
+)
 
 
 def small_mlp_run(schedule: str, out, **options):

@@ -238,8 +238,8 @@ def runs(tmp_path_factory):
         )
     )
     names.append("bsp-mom")
-    zoo = dict(COMMON, dtype=None, widths=None)  # the zoo's MLP on the offline digits set, float32
-    zoo.pop("widths")
+    zoo = dict(COMMON, dtype=None)  # the zoo's MLP on the offline digits set, float32
+    zoo.pop("model_options")
     jobs.append(
         prepare(
             "mlp",
@@ -248,9 +248,7 @@ def runs(tmp_path_factory):
             microbatches=4,
             epochs=2,
             out=root / "zoo",
-            depth=4,
-            width=32,
-            in_features=64,
+            model_options={"depth": 4, "width": 32, "in_features": 64},
             **zoo,
         )
     )
@@ -432,7 +430,7 @@ def test_hogwild_update_computes_its_gradient_on_the_weights_it_pulled(tmp_path,
 
     def one_update(other_write: float) -> list[dict]:
         shared, counters = _shared_weights(job)
-        ctx = SimpleNamespace(rank=0, device=torch.device("cpu"), t0=0.0, momentum=0.0, lr=LR)
+        ctx = SimpleNamespace(rank=0, device=torch.device("cpu"), t0=0.0, optim=SimpleNamespace(momentum=0.0, lr=LR))
         ex = hogwild.HogwildExecutor(ctx, job.schedule, job.model_fn(), job.bounds, shared, counters)
         real_vjp = hogwild.vjp
 
@@ -680,7 +678,7 @@ def test_epoch_outputs_are_appended_and_a_resume_drops_a_torn_line(tmp_path):
 
     from workbench.runtime.outputs import append_outputs
 
-    job = SimpleNamespace(options={}, batch_size=8)
+    job = SimpleNamespace(options={}, optim=SimpleNamespace(batch_size=8))
 
     def epoch(e):  # one rank, two steps of one F op each
         rows = [

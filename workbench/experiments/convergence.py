@@ -103,7 +103,7 @@ def job_for(setup: Setup, scheme: str, seed: int, out):
         allow_oversubscribe=True,
         stream=streams(name),
         timeout_s=setup.timeout_s,
-        **dict(setup.model_options),
+        model_options=dict(setup.model_options),
     )
 
 

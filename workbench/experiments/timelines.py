@@ -201,7 +201,7 @@ def _prepare(cfg: Config, name: str, out: Path, timed_stages: int | None = None)
         timeout_s=cfg.timeout_s,
         evaluate=False,
         schedule_options=dict(cfg.schedule_options.get(name, {})),
-        **options,
+        model_options=options,
     )
 
 
