@@ -76,3 +76,48 @@ def test_a_record_without_send_times_leaves_their_cells_empty(tmp_path):
     assert header == RECORD_COLUMNS + ["step"]
     assert [got[0][c] for c in ("send_ms", "data_ms", "send_at")] == ["", "", ""]
     assert [float(got[1][c]) for c in ("wait_ms", "send_ms", "data_ms", "send_at")] == [0.5, 0.1, 0.2, 1.5]
+
+
+def test_an_unknown_keyword_is_a_type_error_naming_the_closest_field():
+    from workbench.runtime.launch import prepare
+
+    with pytest.raises(TypeError, match=r"unexpected keyword 'batchsize'; did you mean 'batch_size'\?"):
+        JobSpec.from_keywords("toy-mlp", batchsize=16)
+    with pytest.raises(TypeError, match=r"unexpected keyword 'depth';.* \(a zoo model's options go in model_options"):
+        prepare("mlp", "gpipe", depth=3)  # a zoo option must go in model_options
+    with pytest.raises(TypeError, match=r"unexpected keyword 'zzzz'; the keywords are .*batch_size"):
+        JobSpec.from_keywords("toy-mlp", zzzz=1)
+
+
+def test_every_cli_run_option_has_one_train_flag_and_every_flag_is_a_run_option():
+    import argparse
+
+    from workbench.cli.args import flag_of
+    from workbench.cli.train import add_train_arguments
+    from workbench.runtime.jobspec import cli_fields, run_options
+
+    p = argparse.ArgumentParser()
+    add_train_arguments(p)
+    flags = {a.option_strings[0]: a.dest for a in p._actions if a.option_strings}
+    declared = {flag_of(f, meta): f.name for f, meta in cli_fields()}
+    assert {k: v for k, v in flags.items() if k not in ("-h", "--weights")} == declared
+    api_only = {f.name for f, _ in run_options()} - set(declared.values())
+    assert api_only == {"model_seed", "dataset_options", "lookahead", "return_weights"}
+    defaults = vars(p.parse_args([]))
+    for f, meta in cli_fields():
+        if not meta.get("key_value"):
+            assert defaults[f.name] == f.default, f.name  # the flag's default is the field's
+
+
+def test_a_run_option_added_to_a_group_gets_its_flag():
+    import argparse
+    from dataclasses import make_dataclass
+
+    from workbench.cli.args import add_option_argument
+    from workbench.runtime.jobspec import option
+
+    Extra = make_dataclass("Extra", [("one_tag", "bool", option(False, "one tag per pair"))])
+    f = dataclasses.fields(Extra)[0]
+    p = argparse.ArgumentParser()
+    add_option_argument(p, f, dict(f.metadata["cli"]), str)
+    assert p.parse_args(["--one-tag"]).one_tag is True and p.parse_args([]).one_tag is False

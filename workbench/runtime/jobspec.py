@@ -158,7 +158,12 @@ class JobSpec:
         """The spec of ``train(model, schedule, workers, microbatches, **keywords)``: each keyword goes
         to the group with a field of its name; any other keyword is a ``TypeError`` naming the closest."""
         keywords.update(model=model, schedule=schedule, workers=workers, microbatches=microbatches)
-        check_keywords(keywords, [f.name for f, _ in run_options()], "train")
+        check_keywords(
+            keywords,
+            [f.name for f, _ in run_options()],
+            "train",
+            note=" (a zoo model's options go in model_options={...})",
+        )
         groups: dict[str, dict[str, Any]] = {}
         for key, group in _GROUPS.items():
             names = {f.name for f in fields(group)}
