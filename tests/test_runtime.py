@@ -271,7 +271,11 @@ def runs(tmp_path_factory):
     for key, base in SHM_RUNS.items():
         twin = jobs[names.index(base)]
         jobs.append(
-            dataclasses.replace(twin, out=str(root / key), transport="shm", shm_token=f"test{os.getpid()}{key}")
+            dataclasses.replace(
+                twin,
+                run=dataclasses.replace(twin.run, out=str(root / key), transport="shm"),
+                shm_token=f"test{os.getpid()}{key}",
+            )
         )
         names.append(key)
     t = time.time()

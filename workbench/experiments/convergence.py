@@ -193,7 +193,7 @@ def runtime_runs(setup: Setup, runs: list[tuple[str, int, int]], out) -> tuple[p
     jobs = []
     for scheme, seed, epochs in runs:
         job = job_for(replace(setup, epochs=epochs), scheme, seed, Path(out) / f"{scheme}-s{seed}")
-        jobs.append(replace(job, return_weights=True))
+        jobs.append(replace(job, run=replace(job.run, return_weights=True)))
     summaries = run_jobs(jobs)
     frames = []
     for (scheme, seed, _), s in zip(runs, summaries):
