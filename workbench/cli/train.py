@@ -89,8 +89,8 @@ def _draw_timeline(summary: dict) -> None:
     if not (out / "timeline.csv").exists():
         return
     tl = pd.read_csv(out / "timeline.csv")
-    if "step" in tl and tl["step"].nunique() > 4:
-        tl = tl[tl["step"] >= tl["step"].max() - 3]
+    if tl["round"].nunique() > 4:
+        tl = tl[tl["round"] >= tl["round"].max() - 3]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fig = timeline_figure(

@@ -39,7 +39,7 @@ from workbench.runtime.job import Job
 from workbench.runtime.record import RECORD_COLUMNS, OpRecord
 from workbench.runtime.reference import updates_per_round
 
-TIMELINE_COLUMNS = RECORD_COLUMNS + ["step"]  # step: alias of round (workbench.io.timeline)
+TIMELINE_COLUMNS = RECORD_COLUMNS + ["step"]  # step: a copy of round (workbench.io.timeline)
 METRIC_COLUMNS = [
     "step",
     "epoch",
@@ -138,11 +138,7 @@ def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
     timeline.sort(key=lambda r: (r.start, r.worker))
     tl_rows = [r._asdict() | {"step": r.round} for r in timeline]
     if rewrite:
-        old_tl = [
-            r | {"round": r.get("round") or r["step"], "step": r.get("round") or r["step"]}
-            for r in _read_rows(tl_path, None)
-        ]
-        old_tl = [r for r in old_tl if int(r["round"]) < truncate_from]
+        old_tl = [r for r in _read_rows(tl_path, None) if int(r["round"]) < truncate_from]
         _write_csv(metrics_path, METRIC_COLUMNS, old + new)
         _write_csv(tl_path, TIMELINE_COLUMNS, old_tl + tl_rows)
     else:
