@@ -84,7 +84,11 @@ def assert_weights_close(got, want, label: str = "", **tolerance) -> None:
 
 #: the toy MLP (7 layers, Linear/ReLU alternating) in float64, weights returned, ranks that may share a core
 TOY_MLP = dict(
-    dtype="float64", model_options={"widths": (8, 16, 16, 16, 4)}, progress=False, return_weights=True, allow_oversubscribe=True
+    dtype="float64",
+    model_options={"widths": (8, 16, 16, 16, 4)},
+    progress=False,
+    return_weights=True,
+    allow_oversubscribe=True,
 )
 
 SMALL_MLP = dict(

@@ -234,6 +234,13 @@ def test_a_model_that_cannot_take_the_data_set_is_refused_before_the_ranks_start
     with pytest.raises(ValueError, match=r"cannot take the data set's samples \(inputs of shape \[\(2, 1, 8, 8\)\]\)"):
         prepare("mlp", "gpipe", workers=2, microbatches=2, steps=1, dataset="digits", out=tmp_path / "r")
     job = prepare(
-        "mlp", "gpipe", workers=2, microbatches=2, steps=1, dataset="digits", out=tmp_path / "ok", model_options={"in_features": 64}
+        "mlp",
+        "gpipe",
+        workers=2,
+        microbatches=2,
+        steps=1,
+        dataset="digits",
+        out=tmp_path / "ok",
+        model_options={"in_features": 64},
     )
     assert job.schedule.name == "gpipe"

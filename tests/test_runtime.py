@@ -857,4 +857,7 @@ def test_auto_transport_picks_shared_memory_only_where_it_runs_and_pays(tmp_path
         assert job.run.transport == want and bool(job.shm_token) == (want == "shm"), name
     Room.f_bavail = 10
     assert shm.auto_transport(2, 2, **ok) == "gloo"
-    assert prepare("toy-mlp", "pipedream", workers=2, microbatches=4, out=tmp_path / "full", **auto).run.transport == "gloo"
+    assert (
+        prepare("toy-mlp", "pipedream", workers=2, microbatches=4, out=tmp_path / "full", **auto).run.transport
+        == "gloo"
+    )

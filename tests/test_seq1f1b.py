@@ -384,7 +384,14 @@ def test_train_runs_the_zero_bubble_and_interleaved_variants_with_the_reference_
 
     jobs = [
         prepare(
-            "gpt", name, out=tmp_path / name, schedule_options=opts, steps=2, model_options={"num_layers": 2}, return_weights=True, **TRAIN
+            "gpt",
+            name,
+            out=tmp_path / name,
+            schedule_options=opts,
+            steps=2,
+            model_options={"num_layers": 2},
+            return_weights=True,
+            **TRAIN,
         )
         for name, opts in (("seq1f1b-zb", {"segments": 3}), ("seq1f1b-interleaved", {"segments": 2, "chunks": 2}))
     ]

@@ -18,4 +18,3 @@ AR rows the index of that update of the stage within the pass, else -1); the run
 from __future__ import annotations
 
 COMMON_COLUMNS = ("worker", "stage", "microbatch", "kind", "start", "end", "version", "round", "step")
-

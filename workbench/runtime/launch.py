@@ -452,7 +452,10 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
     cheaper than one per job); returns their summaries."""
     world = jobs[0].schedule.num_workers
     for job in jobs:
-        if job.schedule.num_workers != world or (job.run.backend, job.run.device) != (jobs[0].run.backend, jobs[0].run.device):
+        if job.schedule.num_workers != world or (job.run.backend, job.run.device) != (
+            jobs[0].run.backend,
+            jobs[0].run.device,
+        ):
             raise ValueError("jobs run together must share the worker count, backend and device")
         out = Path(job.run.out)
         out.mkdir(parents=True, exist_ok=True)

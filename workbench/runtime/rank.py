@@ -61,10 +61,14 @@ def _make_groups(dist, rank: int, job: Job) -> dict:
     groups: dict[Any, Any] = {}
     if job.schedule.num_stages > 1 and executor_of(job.schedule) == "pipeline":
         for k in ("act", "grad"):
-            groups[k] = dist.new_group(list(range(job.schedule.num_workers)), timeout=timedelta(seconds=job.run.timeout_s))
+            groups[k] = dist.new_group(
+                list(range(job.schedule.num_workers)), timeout=timedelta(seconds=job.run.timeout_s)
+            )
     if has_remote(job.schedule):  # master family: weight fetches and gradient pushes (fetch.py)
         for k in ("fetch", "push"):
-            groups[k] = dist.new_group(list(range(job.schedule.num_workers)), timeout=timedelta(seconds=job.run.timeout_s))
+            groups[k] = dist.new_group(
+                list(range(job.schedule.num_workers)), timeout=timedelta(seconds=job.run.timeout_s)
+            )
     for ws in sorted({tuple(w) for w in job.schedule.stage_workers if len(w) > 1}):
         g = dist.new_group(list(ws), timeout=timedelta(seconds=job.run.timeout_s))
         if rank in ws:
@@ -103,16 +107,18 @@ def _warm_up_compute(model, bounds, x, y) -> None:
 def worker_main(rank: int, world: int, jobs: list[Job], addr: str | None, port: int | None, shareds=None) -> None:
     """Entry of one rank: join the process group, then run the jobs one after the other."""
     job = jobs[0]
-    torch.set_num_threads(max(1, job.run.threads))
+    threads, on = job.run.threads, job.run.device
+    assert threads is not None and on is not None, "launch.build_job resolves a job's threads and device"
+    torch.set_num_threads(max(1, threads))
     # pinned to its cores, freed memory kept (no page faults per op: runtime.allocator)
     place_rank(
         int(os.environ.get("LOCAL_RANK", rank)),
         int(os.environ.get("LOCAL_WORLD_SIZE", world)),
-        job.run.threads,
-        "cuda" if job.run.device.startswith("cuda") else "cpu",
+        threads,
+        "cuda" if on.startswith("cuda") else "cpu",
     )
     device = torch.device("cpu")
-    if job.run.device.startswith("cuda"):
+    if on.startswith("cuda"):
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     dist = _init_dist(rank, world, job, addr, port)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import pandas as pd
 
-
 PARTS = ["compute_ms", "recv_wait_ms", "send_ms", "data_ms", "optimizer_ms", "allreduce_ms", "overhead_ms"]
 
 

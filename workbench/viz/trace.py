@@ -31,7 +31,6 @@ from pathlib import Path
 
 import pandas as pd
 
-
 COMPUTE, COMM = 0, 1
 WORK = ("F", "B", "BI", "BW")
 
