@@ -143,8 +143,8 @@ def run_measured(schedule: str, steps: int, skip: int, transport: str = "gloo", 
         evaluate=False,
         transport="gloo" if schedule == "dp-bsp" else transport,
         stream=stream == "stream",
+        model_options=model_options,
         **data,
-        **model_options,
     )
     tl = pd.read_csv(out / "timeline.csv")
     return measured_step_ms(tl, skip=skip), tl[tl["round"] >= skip]

@@ -45,8 +45,8 @@ def job_sgd(job, rounds: int):
         job.bounds,
         rounds,
         job.schedule.microbatches,
-        batch_size=job.batch_size,
-        lr=job.lr,
+        batch_size=job.optim.batch_size,
+        lr=job.optim.lr,
     )
 
 
@@ -58,8 +58,8 @@ def job_reference(job, rounds: int, **options):
         job.model_fn(),
         job.bounds,
         job.dataset_fn(),
-        batch_size=job.batch_size,
-        lr=job.lr,
+        batch_size=job.optim.batch_size,
+        lr=job.optim.lr,
         rounds=rounds,
         **options,
     )
@@ -84,10 +84,21 @@ def assert_weights_close(got, want, label: str = "", **tolerance) -> None:
 
 #: the toy MLP (7 layers, Linear/ReLU alternating) in float64, weights returned, ranks that may share a core
 TOY_MLP = dict(
-    dtype="float64", widths=(8, 16, 16, 16, 4), progress=False, return_weights=True, allow_oversubscribe=True
+    dtype="float64",
+    model_options={"widths": (8, 16, 16, 16, 4)},
+    progress=False,
+    return_weights=True,
+    allow_oversubscribe=True,
 )
 
-SMALL_MLP = dict(workers=2, batch_size=16, threads=1, progress=False, evaluate=False, depth=2, width=16, in_features=16)
+SMALL_MLP = dict(
+    workers=2,
+    batch_size=16,
+    threads=1,
+    progress=False,
+    evaluate=False,
+    model_options={"depth": 2, "width": 16, "in_features": 16},
+)
 
 
 def small_mlp_run(schedule: str, out, **options):

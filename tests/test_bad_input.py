@@ -97,7 +97,7 @@ def test_nn_sequential_is_traced_not_refused(tmp_path):
 def test_user_model_options_are_refused(tmp_path):
     seq = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
     with pytest.raises(ValueError, match=r"model options \['depth'\] apply to zoo models only"):
-        prepare(seq, "gpipe", workers=1, steps=1, out=tmp_path / "o", dataset="digits", depth=3)
+        prepare(seq, "gpipe", workers=1, steps=1, out=tmp_path / "o", dataset="digits", model_options={"depth": 3})
 
 
 def test_dataset_that_is_not_a_tensor_dataset(tmp_path):
@@ -239,7 +239,14 @@ def test_a_model_that_cannot_take_the_data_set_is_refused_before_the_ranks_start
     with pytest.raises(ValueError, match=r"cannot take the data set's samples \(inputs of shape \[\(2, 1, 8, 8\)\]\)"):
         prepare("mlp", "gpipe", workers=2, microbatches=2, steps=1, dataset="digits", out=tmp_path / "r")
     job = prepare(
-        "mlp", "gpipe", workers=2, microbatches=2, steps=1, dataset="digits", out=tmp_path / "ok", in_features=64
+        "mlp",
+        "gpipe",
+        workers=2,
+        microbatches=2,
+        steps=1,
+        dataset="digits",
+        out=tmp_path / "ok",
+        model_options={"in_features": 64},
     )
     assert job.schedule.name == "gpipe"
 

@@ -12,9 +12,18 @@ from workbench.runtime.jobspec import JobSpec, ModelSpec, OptimSpec, PipelineSpe
 from workbench.runtime.record import RECORD_COLUMNS, OpRecord
 
 
-def test_keywords_go_to_the_group_of_their_field_and_the_rest_are_model_options():
+def test_keywords_go_to_the_group_of_their_field_and_model_options_to_the_model():
     spec = JobSpec.from_keywords(
-        "toy-mlp", "gpipe", 3, 6, lr=0.1, steps=4, out="o", model_seed=7, dataset_options={"n": 64}, hidden=16
+        "toy-mlp",
+        "gpipe",
+        3,
+        6,
+        lr=0.1,
+        steps=4,
+        out="o",
+        model_seed=7,
+        dataset_options={"n": 64},
+        model_options={"hidden": 16},
     )
     assert spec.model == ModelSpec(
         model="toy-mlp", model_seed=7, dataset_options={"n": 64}, model_options={"hidden": 16}
@@ -45,8 +54,11 @@ def test_build_job_of_a_spec_is_prepare_of_its_keywords(tmp_path):
             RunSpec(out=tmp_path / "a", allow_oversubscribe=True, progress=False),
         )
     )
-    for f in ("bounds", "batch_size", "lr", "momentum", "seed", "rounds_total", "out", "threads", "transport"):
-        assert getattr(a, f) == getattr(b, f), f
+    assert (a.bounds, a.rounds_total) == (b.bounds, b.rounds_total)
+    for f in ("batch_size", "lr", "momentum", "seed"):
+        assert getattr(a.optim, f) == getattr(b.optim, f), f
+    for f in ("out", "threads", "transport"):
+        assert getattr(a.run, f) == getattr(b.run, f), f
     assert a.schedule.ops == b.schedule.ops and a.options == b.options
 
 
@@ -57,7 +69,7 @@ def test_a_record_without_send_times_leaves_their_cells_empty(tmp_path):
 
     rows = [dict(step=0, epoch=0, loss=1.0, n=1, correct=0, samples=8, end_ms=3.0)]
     tl = [OpRecord(0, 0, 0, "F", 0.0, 1.0, 0, 0, 0.0), OpRecord(1, 1, 0, "F", 1.0, 2.0, 0, 0, 0.5, 0.1, 0.2, 1.5)]
-    append_outputs(tmp_path, [(rows, tl)], SimpleNamespace(options={}, batch_size=8), -1)
+    append_outputs(tmp_path, [(rows, tl)], SimpleNamespace(options={}, optim=SimpleNamespace(batch_size=8)), -1)
     with open(tmp_path / "timeline.csv") as f:
         header = next(csv.reader(f))
         f.seek(0)
@@ -65,3 +77,48 @@ def test_a_record_without_send_times_leaves_their_cells_empty(tmp_path):
     assert header == RECORD_COLUMNS + ["step"]
     assert [got[0][c] for c in ("send_ms", "data_ms", "send_at")] == ["", "", ""]
     assert [float(got[1][c]) for c in ("wait_ms", "send_ms", "data_ms", "send_at")] == [0.5, 0.1, 0.2, 1.5]
+
+
+def test_an_unknown_keyword_is_a_type_error_naming_the_closest_field():
+    from workbench.runtime.launch import prepare
+
+    with pytest.raises(TypeError, match=r"unexpected keyword 'batchsize'; did you mean 'batch_size'\?"):
+        JobSpec.from_keywords("toy-mlp", batchsize=16)
+    with pytest.raises(TypeError, match=r"unexpected keyword 'depth';.* \(a zoo model's options go in model_options"):
+        prepare("mlp", "gpipe", depth=3)  # a zoo option must go in model_options
+    with pytest.raises(TypeError, match=r"unexpected keyword 'zzzz'; the keywords are .*batch_size"):
+        JobSpec.from_keywords("toy-mlp", zzzz=1)
+
+
+def test_every_cli_run_option_has_one_train_flag_and_every_flag_is_a_run_option():
+    import argparse
+
+    from workbench.cli.args import flag_of
+    from workbench.cli.train import add_train_arguments
+    from workbench.runtime.jobspec import cli_fields, run_options
+
+    p = argparse.ArgumentParser()
+    add_train_arguments(p)
+    flags = {a.option_strings[0]: a.dest for a in p._actions if a.option_strings}
+    declared = {flag_of(f, meta): f.name for f, meta in cli_fields()}
+    assert {k: v for k, v in flags.items() if k not in ("-h", "--weights")} == declared
+    api_only = {f.name for f, _ in run_options()} - set(declared.values())
+    assert api_only == {"model_seed", "dataset_options", "lookahead", "return_weights"}
+    defaults = vars(p.parse_args([]))
+    for f, meta in cli_fields():
+        if not meta.get("key_value"):
+            assert defaults[f.name] == f.default, f.name  # the flag's default is the field's
+
+
+def test_a_run_option_added_to_a_group_gets_its_flag():
+    import argparse
+    from dataclasses import make_dataclass
+
+    from workbench.cli.args import add_option_argument
+    from workbench.runtime.jobspec import option
+
+    Extra = make_dataclass("Extra", [("one_tag", "bool", option(False, "one tag per pair"))])
+    f = dataclasses.fields(Extra)[0]
+    p = argparse.ArgumentParser()
+    add_option_argument(p, f, dict(f.metadata["cli"]), str)
+    assert p.parse_args(["--one-tag"]).one_tag is True and p.parse_args([]).one_tag is False

@@ -241,8 +241,8 @@ def runs(tmp_path_factory):
         )
     )
     names.append("bsp-mom")
-    zoo = dict(COMMON, dtype=None, widths=None)  # the zoo's MLP on the offline digits set, float32
-    zoo.pop("widths")
+    zoo = dict(COMMON, dtype=None)  # the zoo's MLP on the offline digits set, float32
+    zoo.pop("model_options")
     jobs.append(
         prepare(
             "mlp",
@@ -251,9 +251,7 @@ def runs(tmp_path_factory):
             microbatches=4,
             epochs=2,
             out=root / "zoo",
-            depth=4,
-            width=32,
-            in_features=64,
+            model_options={"depth": 4, "width": 32, "in_features": 64},
             **zoo,
         )
     )
@@ -276,7 +274,11 @@ def runs(tmp_path_factory):
     for key, base in SHM_RUNS.items():
         twin = jobs[names.index(base)]
         jobs.append(
-            dataclasses.replace(twin, out=str(root / key), transport="shm", shm_token=f"test{os.getpid()}{key}")
+            dataclasses.replace(
+                twin,
+                run=dataclasses.replace(twin.run, out=str(root / key), transport="shm"),
+                shm_token=f"test{os.getpid()}{key}",
+            )
         )
         names.append(key)
     t = time.time()
@@ -296,10 +298,10 @@ def test_shared_memory_transport_gives_the_same_weights(runs, key):
     weight stashing, two epochs with momentum: the channels' slots reused across epochs), and the
     channel files are gone afterwards."""
     job, summary = runs[0][key]
-    assert job.transport == "shm"
+    assert job.run.transport == "shm"
     assert max_diff(summary["weights"], runs[0][SHM_RUNS[key]][1]["weights"]) == 0.0
     assert not list(Path("/dev/shm").glob(f"workbench-{job.shm_token}-*"))
-    tl = list(csv.DictReader(open(Path(job.out) / "timeline.csv")))
+    tl = list(csv.DictReader(open(Path(job.run.out) / "timeline.csv")))
     assert len(tl) == job.rounds_total * job.schedule.num_ops
 
 
@@ -315,7 +317,7 @@ def stream_reference(job, rounds: int, passes: int = 1):
         batch_size=rounds * BATCH,
         lr=LR,
         rounds=passes,
-        momentum=job.momentum,
+        momentum=job.optim.momentum,
     )
 
 
@@ -334,12 +336,12 @@ def test_stream_runs_an_epoch_as_one_pipeline_with_its_weight_rule(runs, key):
     else:  # a part of one epoch: one stream
         ref = stream_reference(job, job.rounds_total)
     assert max_diff(summary["weights"], ref) < 1e-12
-    per_minibatch = job_reference(job, job.rounds_total, momentum=job.momentum)
+    per_minibatch = job_reference(job, job.rounds_total, momentum=job.optim.momentum)
     assert max_diff(summary["weights"], per_minibatch) > 1e-4  # a different rule at every minibatch boundary
-    rows = list(csv.DictReader(open(Path(job.out) / "metrics.csv")))
+    rows = list(csv.DictReader(open(Path(job.run.out) / "metrics.csv")))
     assert [int(r["step"]) for r in rows] == list(range(job.rounds_total))
     assert all(float(r["wall_ms"]) > 0 and float(r["loss"]) > 0 for r in rows)
-    tl = list(csv.DictReader(open(Path(job.out) / "timeline.csv")))
+    tl = list(csv.DictReader(open(Path(job.run.out) / "timeline.csv")))
     assert len(tl) == job.rounds_total * job.schedule.num_ops  # the same ops, in another order
     r0 = sorted((r for r in tl if r["worker"] == "0"), key=lambda r: float(r["start"]))
     pos = {(r["kind"], int(r["microbatch"])): i for i, r in enumerate(r0)}
@@ -435,7 +437,7 @@ def test_hogwild_update_computes_its_gradient_on_the_weights_it_pulled(tmp_path,
 
     def one_update(other_write: float) -> list[dict]:
         shared, counters = _shared_weights(job)
-        ctx = SimpleNamespace(rank=0, device=torch.device("cpu"), t0=0.0, momentum=0.0, lr=LR)
+        ctx = SimpleNamespace(rank=0, device=torch.device("cpu"), t0=0.0, optim=SimpleNamespace(momentum=0.0, lr=LR))
         ex = hogwild.HogwildExecutor(ctx, job.schedule, job.model_fn(), job.bounds, shared, counters)
         real_vjp = hogwild.vjp
 
@@ -632,7 +634,7 @@ def pushes_expected(schedule):
 
 
 def check_master_run(job, summary, sgd: bool):
-    assert max_diff(summary["weights"], job_reference(job, STEPS, momentum=job.momentum)) < 1e-5
+    assert max_diff(summary["weights"], job_reference(job, STEPS, momentum=job.optim.momentum)) < 1e-5
     if sgd:  # synchronous: plain minibatch SGD on the whole model
         assert max_diff(summary["weights"], job_sgd(job, STEPS)) < 1e-5
     assert max_diff(summary["weights"], initial_weights(job)) > 1e-3
@@ -658,7 +660,7 @@ def test_fsdp_fetches_weights_and_matches_minibatch_sgd(runs):
 @pytest.mark.parametrize("key", list(MASTER4_RUNS))
 def test_master_schedules_on_four_ranks(runs4, key):
     job, summary = runs4[key]
-    check_master_run(job, summary, sgd=job.momentum == 0)
+    check_master_run(job, summary, sgd=job.optim.momentum == 0)
     if key == "placement":  # two holders per stage: their weights agree after the all-reduced steps
         assert all(len(ws) == 2 for ws in job.schedule.stage_workers)
 
@@ -684,7 +686,7 @@ def test_epoch_outputs_are_appended_and_a_resume_drops_a_torn_line(tmp_path):
 
     from workbench.runtime.outputs import append_outputs
 
-    job = SimpleNamespace(options={}, batch_size=8)
+    job = SimpleNamespace(options={}, optim=SimpleNamespace(batch_size=8))
 
     def epoch(e):  # one rank, two steps of one F op each
         rows = [
@@ -857,7 +859,10 @@ def test_auto_transport_picks_shared_memory_only_where_it_runs_and_pays(tmp_path
     expect = {"pipedream": "shm", "zb-h1": "shm", "dp-bsp": "gloo", "fsdp": "gloo"}  # fsdp: weight fetches over gloo
     for name, want in expect.items():
         job = prepare("toy-mlp", name, workers=2, microbatches=4, out=tmp_path / name, **auto)
-        assert job.transport == want and bool(job.shm_token) == (want == "shm"), name
+        assert job.run.transport == want and bool(job.shm_token) == (want == "shm"), name
     Room.f_bavail = 10
     assert shm.auto_transport(2, 2, **ok) == "gloo"
-    assert prepare("toy-mlp", "pipedream", workers=2, microbatches=4, out=tmp_path / "full", **auto).transport == "gloo"
+    assert (
+        prepare("toy-mlp", "pipedream", workers=2, microbatches=4, out=tmp_path / "full", **auto).run.transport
+        == "gloo"
+    )

@@ -405,7 +405,7 @@ def test_from_placement_user_function_and_priority():
         from_placement(lambda s, b, d: (0 if d == "forward" else 1, 0), S, B, W)
     with pytest.raises(ValueError, match="priority"):
         from_placement(w, S, B, W, "newest")
-    with pytest.raises(ValueError, match="renamed 'lowest-stage'"):
+    with pytest.raises(ValueError, match="priority must be one of .*'lowest-stage'"):
         from_placement(w, S, B, W, "oldest-stage")
 
 

@@ -292,7 +292,8 @@ def test_train_refuses_models_that_cannot_run_on_segments_before_spawning(tmp_pa
             out=tmp_path / "x",
             schedule_options={"segments": 2},
             steps=1,
-            **(TRAIN | options | {"num_layers": 2} if model == "gpt" else TRAIN | options),
+            model_options=options | {"num_layers": 2} if model == "gpt" else options,
+            **TRAIN,
         )
 
 
@@ -358,8 +359,7 @@ def test_workbench_train_runs_seq1f1b_with_the_layer_models_reference_weights(tm
         schedule_options={"segments": 4},
         steps=2,
         momentum=0.5,
-        num_layers=2,
-        tie_weights=True,
+        model_options={"num_layers": 2, "tie_weights": True},
         **TRAIN,
     )
     from workbench.models.segmented import flop_model, segment_layers
@@ -385,7 +385,14 @@ def test_train_runs_the_zero_bubble_and_interleaved_variants_with_the_reference_
 
     jobs = [
         prepare(
-            "gpt", name, out=tmp_path / name, schedule_options=opts, steps=2, num_layers=2, return_weights=True, **TRAIN
+            "gpt",
+            name,
+            out=tmp_path / name,
+            schedule_options=opts,
+            steps=2,
+            model_options={"num_layers": 2},
+            return_weights=True,
+            **TRAIN,
         )
         for name, opts in (("seq1f1b-zb", {"segments": 3}), ("seq1f1b-interleaved", {"segments": 2, "chunks": 2}))
     ]

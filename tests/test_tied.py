@@ -116,7 +116,7 @@ def test_v_shape_and_interleaved_runs_with_a_tied_embedding_equal_the_reference(
         evaluate=False,
     )
     jobs = [
-        prepare("gpt", name, out=tmp_path / name, num_layers=2, tie_weights=True, **common)
+        prepare("gpt", name, out=tmp_path / name, model_options={"num_layers": 2, "tie_weights": True}, **common)
         for name in ("zb-v", "interleaved-1f1b")
     ]
     for job, summary in zip(jobs, run_jobs(jobs)):

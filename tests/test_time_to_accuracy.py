@@ -135,7 +135,7 @@ def test_every_scheme_averages_the_same_number_of_samples_per_update():
     setup = cv.Setup(samples_per_update=64)
     for scheme in cv.SCHEMES:
         job = cv.job_for(setup, scheme, 0, None)
-        mb = job.batch_size // job.schedule.microbatches
+        mb = job.optim.batch_size // job.schedule.microbatches
         assert mb * job.schedule.microbatches_per_step == 64, scheme
         assert (job.stream is not None) == (cv.SCHEMES[scheme][0] in ("pipedream", "model-parallel")), scheme
     with pytest.raises(ValueError, match="not divisible"):

@@ -267,7 +267,7 @@ def cmd_simulate(args) -> int:
     plan = Plan.load(args.plan) if args.plan else None
     if plan is not None:
         _refuse_unused(args, ("stages",), "the plan gives the stages")
-    opts = dict(args.schedule_option)
+    opts = dict(args.schedule_options)
     if plan is not None and plan.in_flight and any(o.name == "warmup" for o in schedules.spec(args.schedule).options):
         opts.setdefault("warmup", list(plan.in_flight))  # the plan's communication-aware in-flight count
     kw, topology = _simulation_costs(args, plan)

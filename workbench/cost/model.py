@@ -459,8 +459,20 @@ class CostModel:
         for s, k in zip(plan.stages, in_flight):
             w, a = self.range_sum("param_bytes", s.first, s.last), self.range_sum("act_bytes", s.first, s.last)
             a_in = float(self.act_bytes[s.first - 1]) if recompute and s.first > 0 else 0.0
-            out.append(float(k * (w + a_in) + a if recompute else k * (w + a)))
+            out.append(float(stage_memory(w, a, a_in, k, recompute)))
         return out
+
+
+def stage_memory(weights, acts, act_in, in_flight, recompute: bool = False):
+    """Bytes per worker of a stage whose layers hold ``weights`` bytes of parameters and ``acts``
+    bytes of activations per minibatch, with ``in_flight`` minibatches in flight: one stashed weight
+    version and the activations of each, ``K · (weights + acts)``; with ``recompute``
+    (re-materialization) only the stage input ``act_in`` is stashed and the activations are rebuilt
+    for one minibatch at a time, ``K · (weights + act_in) + acts``. Broadcasts over numpy arrays
+    (the partitioner's dynamic program prices every candidate stage at once)."""
+    k = np.asarray(in_flight)
+    out = k * (weights + act_in) + acts if recompute else k * (weights + acts)
+    return out
 
 
 def ring_allreduce_ms(nbytes, replicas, bandwidth: float, latency_ms: float):

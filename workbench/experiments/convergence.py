@@ -103,7 +103,7 @@ def job_for(setup: Setup, scheme: str, seed: int, out):
         allow_oversubscribe=True,
         stream=streams(name),
         timeout_s=setup.timeout_s,
-        **dict(setup.model_options),
+        model_options=dict(setup.model_options),
     )
 
 
@@ -135,15 +135,15 @@ def reference_curve(job, epochs: int, keep: tuple[int, ...] = ()) -> tuple[pd.Da
 
     model, ds = job.model_fn(), job.dataset_fn()
     M = job.schedule.microbatches
-    rpe = DataOrder(len(ds), job.batch_size, M, job.seed).rounds_per_epoch
+    rpe = DataOrder(len(ds), job.optim.batch_size, M, job.optim.seed).rounds_per_epoch
     weights, rows, kept, t0 = None, [], {}, time.perf_counter()
     for e in range(epochs):
         if job.stream is not None:
-            kw = dict(schedule=job.stream(rpe * M), batch_size=rpe * job.batch_size, rounds=1, start_round=e)
+            kw = dict(schedule=job.stream(rpe * M), batch_size=rpe * job.optim.batch_size, rounds=1, start_round=e)
         else:
-            kw = dict(schedule=job.schedule, batch_size=job.batch_size, rounds=rpe, start_round=e * rpe)
+            kw = dict(schedule=job.schedule, batch_size=job.optim.batch_size, rounds=rpe, start_round=e * rpe)
         weights = reference_train(
-            model=model, bounds=job.bounds, dataset=ds, lr=job.lr, seed=job.seed, init=weights, **kw
+            model=model, bounds=job.bounds, dataset=ds, lr=job.optim.lr, seed=job.optim.seed, init=weights, **kw
         )
         loss, acc = evaluate(job, model, weights)
         rows.append(dict(epoch=e + 1, test_accuracy=acc, test_loss=loss, compute_s=time.perf_counter() - t0))
@@ -193,7 +193,7 @@ def runtime_runs(setup: Setup, runs: list[tuple[str, int, int]], out) -> tuple[p
     jobs = []
     for scheme, seed, epochs in runs:
         job = job_for(replace(setup, epochs=epochs), scheme, seed, Path(out) / f"{scheme}-s{seed}")
-        jobs.append(replace(job, return_weights=True))
+        jobs.append(replace(job, run=replace(job.run, return_weights=True)))
     summaries = run_jobs(jobs)
     frames = []
     for (scheme, seed, _), s in zip(runs, summaries):
@@ -432,14 +432,14 @@ def vertical_sync_by_hand(job, count: int, dtype: torch.dtype = torch.float64) -
 
     model, ds = job.model_fn(), job.dataset_fn()
     net = model.sequential().to(dtype)
-    n, mb = job.schedule.num_stages, job.batch_size // job.schedule.microbatches
-    perm = DataOrder(len(ds), job.batch_size, job.schedule.microbatches, job.seed).permutation(0)
+    n, mb = job.schedule.num_stages, job.optim.batch_size // job.schedule.microbatches
+    perm = DataOrder(len(ds), job.optim.batch_size, job.schedule.microbatches, job.optim.seed).permutation(0)
     history = [{k: p.detach().clone() for k, p in net.named_parameters()}]
     for t in range(count):
         x, y = microbatch(ds, perm[t * mb : (t + 1) * mb], dtype=dtype)
         read = {k: p.clone().requires_grad_(True) for k, p in history[max(0, t - n + 1)].items()}
         grads = torch.autograd.grad(model.loss(functional_call(net, read, (x,)), y), list(read.values()))
-        history.append({k: w - job.lr * g for (k, w), g in zip(history[-1].items(), grads)})
+        history.append({k: w - job.optim.lr * g for (k, w), g in zip(history[-1].items(), grads)})
     out: list[dict] = [{} for _ in job.bounds]
     for name, w in history[-1].items():
         layer, rest = name.split(".", 1)
@@ -459,7 +459,7 @@ def vertical_sync_check(setup: Setup, seed: int, count: int) -> pd.DataFrame:
     rows = []
     for scheme in ("pipedream-vertical-sync", "pipedream", "pipedream-no-stash"):
         job = job_for(setup, scheme, seed, None)
-        mb = job.batch_size // job.schedule.microbatches
+        mb = job.optim.batch_size // job.schedule.microbatches
         model = job.model_fn()
         init = [{k: v.to(torch.float64) for k, v in w.items()} for w in _stage_weights(model, job.bounds)]
         ref = reference_train(
@@ -468,8 +468,8 @@ def vertical_sync_check(setup: Setup, seed: int, count: int) -> pd.DataFrame:
             job.bounds,
             job.dataset_fn(),
             batch_size=count * mb,
-            lr=job.lr,
-            seed=job.seed,
+            lr=job.optim.lr,
+            seed=job.optim.seed,
             init=init,
             dtype=torch.float64,
         )

@@ -348,7 +348,7 @@ def _step_ms(out: Path) -> float:
     """Median per-step wall time of a finished run (from its measured ``timeline.csv``, steps after
     the first): the span from the first op to the last op of the round over all ranks."""
     tl = pd.read_csv(out / "timeline.csv")
-    span = tl.groupby("round" if "round" in tl.columns else "step").agg(start=("start", "min"), end=("end", "max"))
+    span = tl.groupby("round").agg(start=("start", "min"), end=("end", "max"))
     span = span.iloc[1:] if len(span) > 2 else span
     return float((span["end"] - span["start"]).median())
 

@@ -201,7 +201,7 @@ def _prepare(cfg: Config, name: str, out: Path, timed_stages: int | None = None)
         timeout_s=cfg.timeout_s,
         evaluate=False,
         schedule_options=dict(cfg.schedule_options.get(name, {})),
-        **options,
+        model_options=options,
     )
 
 
@@ -286,8 +286,8 @@ def stage_costs(job, cache: dict):
         cache[key] = stage_profile(
             job.model_fn(),
             list(key),
-            job.batch_size // job.schedule.microbatches,
-            threads=job.threads,
+            job.optim.batch_size // job.schedule.microbatches,
+            threads=job.run.threads,
             iterations=5,
             warmup=2,
         )

@@ -8,8 +8,8 @@ Columns both write:
   (the weight version an op read; after a STEP, the newest version);
 * ``round``: which pass over the schedule's op lists the op belongs to. The runtime repeats the
   schedule once per minibatch round ``R = 0, 1, ...``; one call of ``simulate`` is one pass, round 0;
-* ``step``: the same number as ``round`` (kept so that readers written before ``round`` existed keep
-  working; read ``round``).
+* ``step``: a copy of ``round``, written so that the committed run's timelines stay reproducible
+  bit for bit; no reader uses it (read ``round``).
 
 The simulator adds ``lane`` (compute / comm), ``src``, ``dst``, ``bytes`` and ``update`` (for STEP and
 AR rows the index of that update of the stage within the pass, else -1); the runtime adds ``wait_ms``.
@@ -18,8 +18,3 @@ AR rows the index of that update of the stage within the pass, else -1); the run
 from __future__ import annotations
 
 COMMON_COLUMNS = ("worker", "stage", "microbatch", "kind", "start", "end", "version", "round", "step")
-
-
-def round_column(timeline) -> str:
-    """``"round"`` when the timeline has it, else ``"step"`` (timelines written before the rename)."""
-    return "round" if "round" in timeline else "step"

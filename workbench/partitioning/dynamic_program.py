@@ -1,65 +1,29 @@
 """PipeDream's partitioner (Narayanan et al., SOSP 2019, §3.1) and two straight baselines.
 
-Cost model (per minibatch, per worker; ms; bytes; bandwidth B in bytes/s), exactly:
-
-* a stage of layers i..j replicated on m workers joined at bandwidth B::
-
-      T(i->j, m) = max( sum_l (fwd_l + bwd_l),  sum_l 2 (m-1)/m * w_l / B * 1000 ) / m
-
-* a cut after layer s (activations forward, gradients back): ``c(s) = 2 * a_s / B * 1000``;
-* a plan's bottleneck is the max over its stage and cut times; the DP minimises it using exactly
-  all workers (``use_fewer_workers=True``: at most all).
-
-Hierarchy (topology levels innermost first, ``(M_k, B_k)``). Level 0 is one worker:
-``A_0(i->j) = sum_{l=i..j} (fwd_l + bwd_l)``. At level k the "workers" are level-(k-1) components,
-and a stage of layers i..j on m of them costs::
-
-      T_k(i->j, m) = ( R + max(0, AR_k - (R - F - 2o)) ) / (c m),   R = c * A_{k-1}(i->j, M_{k-1})
-
-(``c`` workers per level-(k-1) component, ``R`` one round of c minibatches on it, ``F`` the
-range's forward; :meth:`CostModel.outer_round_ms`). ``AR_k`` is ONE ring all-reduce per round over
-all ``m c`` replicas at the slowest link it crosses (:meth:`CostModel.outer_allreduce_ms`), as the
-runtime and the simulator synchronize; it replaces the component's inner all-reduce. Exact for
-data parallelism inside the component (so ``data_parallel_ms`` is the flat ring formula through any
-hierarchy) and for one-worker components; a proxy for a pipeline inside the component, whose flat
-stages :meth:`CostModel.predicted_ms` then prices exactly. (PipeDream's own hierarchical formula,
-``max(A_{k-1}, 2 (m-1)/m * W / B_k) / m``, compares a per-round all-reduce with a per-minibatch
-time: on Cluster-A at 8 GPUs it rated VGG-16 BSP 221 ms/minibatch where the ring costs 126 ms.)
+The costs are the cost model's and only there (:mod:`workbench.cost.model`, explained in
+docs/cost-model.md): a stage's time per round (:meth:`CostModel.round_ms`, and for outer topology
+levels :meth:`CostModel.outer_round_ms` with :meth:`CostModel.outer_allreduce_ms`), a cut's
+transfer, and a stage's memory per worker (:func:`~workbench.cost.model.stage_memory`, with
+PipeDream's NOAM minibatches in flight; the ``memory_bytes`` limit is checked at level 1). The
+dynamic program minimises the bottleneck (the largest stage or cut time) using exactly all workers
+(``use_fewer_workers=True``: at most all), level by level over the topology, innermost first::
 
       A_k(i->j, m) = min( T_k(i->j, m),
                           min_{i <= s < j, 1 <= m' < m} max( A_k(i->s, m-m'), c_k(s), T_k(s+1->j, m') ) )
 
-with ``c_k(s) = 2 a_s / B_k * 1000``. Inner levels need ``A_k`` for every sub-range i..j; the top
-level only for the prefix 0..j. The answer is ``A_L(0->N-1, M_L)``.
+with ``T_k`` a stage of layers i..j replicated on m level-(k-1) components and ``c_k(s)`` the cut
+after layer s. Inner levels need ``A_k`` for every sub-range i..j; the top level only for the
+prefix 0..j. The answer is ``A_L(0->N-1, M_L)``.
 
 Speed. At level 1 ``T_1(s+1->j, m')`` does not grow with the split point s and does not shrink
 with j, so ``min_s max(g(s), T_1(s+1->j, m'))`` (g = prefix term) is the minimum of a valley:
 with ``G(q) = min_{q<=s<j} g(s)`` (non-decreasing in q) it is reached where ``G`` crosses
 ``T_1``, and the crossing only moves right as j grows. Each (start i, pair (m-m', m')) keeps its
-crossing pointer and ``G`` there (a new column updates it in O(1)); the pointers that move (about
-half of them per column) mostly move by one place and are advanced together, the rest by an
-exponential and a binary search over a two-level block suffix minimum (``_CrossingState``). All
-starts and pairs are flat numpy arrays per j: ``O(N^2 M^2)`` element work with ``O(N)`` numpy
-calls and no ``O(N^3)`` term. Levels k >= 2 (whose ``A_{k-1}`` need not be monotone) evaluate the
-minimum over s directly (``_direct``, also the reference the tests compare the fast path with):
-``O(N^2 M^2)`` for the top level, ``O(N^3 M^2)`` for a middle level of a 3+-level topology.
-1000 layers on 8x8 take about 1 s on 2 shared CPU cores (benchmarks/bench_partition.py).
-
-Memory (``memory_bytes`` per worker). A stage's memory is::
-
-      mem = v * ( sum_{l in stage} w_l + sum_{l in stage} a_l )
-
-one stashed weight version and the stashed outputs of every layer of the stage for each of the
-``v`` minibatches in flight, with ``v = ceil(R / m)``: R = the level-k components from this stage
-to the end of its pipeline (counting this stage's m), as PipeDream's NOAM for that position (the
-input stage of a full pipeline gets ``ceil(M / m)``; the last stage gets 1). The limit is checked
-at level 1 (GPUs), with R counted inside the level-1 component. That is exact for a one-level
-topology; for several levels it ignores the extra minibatches the outer pipeline keeps in flight,
-and with ``use_fewer_workers`` it assumes all workers are used (conservative). With
-``recompute=True`` (GPipe re-materialization) a stage stashes only its input ``a_(first-1)`` per
-minibatch in flight (0 for the first stage, whose input is the data, not counted either way) and
-rebuilds its activations for one minibatch at a time in the backward:
-``mem = v * (sum w_l + a_(first-1)) + sum a_l`` (:meth:`CostModel.stage_memory_bytes` alike).
+crossing pointer and ``G`` there (a new column updates it in O(1)); the pointers that move are
+advanced together, the rest by an exponential and a binary search over a two-level block suffix
+minimum (``_CrossingState``): ``O(N^2 M^2)`` element work with ``O(N)`` numpy calls. Levels k >= 2
+(whose ``A_{k-1}`` need not be monotone) evaluate the minimum over s directly (``_direct``, also
+the reference the tests compare the fast path with). benchmarks/bench_partition.py times it.
 """
 
 from __future__ import annotations
@@ -70,7 +34,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from workbench.cost.model import CostModel, ring_allreduce_ms
+from workbench.cost.model import CostModel, ring_allreduce_ms, stage_memory
 from workbench.cost.plan import Plan, Stage
 from workbench.cost.topology import Topology
 from workbench.partitioning.pipedream_optimizer import Settings as PipeDreamSettings
@@ -218,14 +182,15 @@ class _Level:
 
 
 def _stage_memory(L: _Layers, first, last, v, par, recompute: bool):
-    """Bytes per worker of a stage (module docstring, Memory): ``v (w + A)``, or with recompute
-    ``v (w + a_(first-1)) + A``; ``A`` the stage's activations of one minibatch."""
+    """:func:`~workbench.cost.model.stage_memory` of the candidate stages ``first..last`` with ``v``
+    minibatches in flight and ``par`` bytes of weights (arrays): their activations from the prefix
+    sums, and with ``recompute`` their input (0 for the first stage, whose input is the data)."""
     acts = L.Ap[np.asarray(last) + 1] - L.Ap[first]
     if not recompute:
-        return np.asarray(v) * (par + acts)
+        return stage_memory(par, acts, 0.0, v)
     first = np.asarray(first)
     a_in = np.where(first > 0, L.act[np.maximum(first - 1, 0)], 0.0)
-    return np.asarray(v) * (par + a_in) + acts
+    return stage_memory(par, acts, a_in, v, recompute=True)
 
 
 def _solve(lv: _Level, fast: bool) -> np.ndarray:

@@ -7,7 +7,6 @@ the partitioner that imports the simulator and the schedules: it sits above both
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from dataclasses import replace
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from workbench.cost.model import CostModel
 from workbench.cost.plan import Plan
 from workbench.cost.topology import Topology
+from workbench.io.keywords import check_keywords
 from workbench.partitioning.dynamic_program import (
     COSTS,
     PartitionOptions,
@@ -36,12 +36,7 @@ def options_from(options: PartitionOptions | None, keywords: dict[str, Any]) -> 
             f"partition's third argument is a PartitionOptions, got {options!r}; pass straight=..., "
             "memory_bytes=... as keywords"
         )
-    fields = [f.name for f in dataclasses.fields(PartitionOptions)]
-    for key in keywords:
-        if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; the options are {', '.join(fields)}"
-            raise TypeError(f"partition() got an unexpected keyword {key!r}{hint}")
+    check_keywords(keywords, [f.name for f in dataclasses.fields(PartitionOptions)], "partition")
     for key in ("straight", "use_fewer_workers", "refine", "recompute"):
         if key in keywords and not isinstance(keywords[key], bool):
             raise ValueError(f"{key} must be True or False, got {keywords[key]!r}")

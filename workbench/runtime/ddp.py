@@ -136,14 +136,14 @@ class DDPExecutor(MomentumState):
                         t.grad if t.grad is not None else torch.zeros_like(t) for t in xs
                     ]
             elif op.kind == "STEP":
-                mu = self.ctx.momentum
+                mu = self.ctx.optim.momentum
                 with torch.no_grad():
                     for nm, p in self.modules[s].named_parameters():
                         if p.grad is not None:
                             d = p.grad
                             if mu:
                                 d = self.momentum[s][nm].mul_(mu).add_(p.grad)
-                            p.add_(d, alpha=-self.ctx.lr)
+                            p.add_(d, alpha=-self.ctx.optim.lr)
                             p.grad = None
             end = time.perf_counter()
             if clock is not None:

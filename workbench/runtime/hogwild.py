@@ -86,12 +86,12 @@ class HogwildExecutor(MomentumState):
             elif op.kind == "STEP":
                 n = self.prog.count[(s, op.step)]
                 self.staleness.append(self._others(s) - self.pulled.pop(s, (0, None))[0])
-                mu = self.ctx.momentum
+                mu = self.ctx.optim.momentum
                 for name, t in self.shared[s].items():
                     d = self.buf[s][name].div_(n)
                     if mu:
                         d = self.momentum[s][name].mul_(mu).add_(d)
-                    t.data.add_(d, alpha=-self.ctx.lr)  # no lock: Hogwild
+                    t.data.add_(d, alpha=-self.ctx.optim.lr)  # no lock: Hogwild
                     self.buf[s][name].zero_()
                 self.counters[s, self.rank] += 1
                 version = int(self.counters[s].sum().item())

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from workbench.runtime.jobspec import OptimSpec, RunSpec
 from workbench.schedules.core import Schedule
 
 
@@ -150,32 +151,19 @@ def build_dataset(model_name: str, dataset: str, split: str = "train", **options
 
 @dataclass
 class Job:
-    """Everything a rank needs; picklable (recipes, not objects, for the model and data)."""
+    """Everything a rank needs; picklable (recipes, not objects, for the model and data). The run
+    options are the checked groups of the spec (:mod:`workbench.runtime.jobspec`): ``optim`` as asked,
+    ``run`` with every ``None`` resolved (out, device, backend, threads, transport)."""
 
     model_fn: Callable
     dataset_fn: Callable
     schedule: Schedule
     bounds: list
-    batch_size: int
-    lr: float
-    seed: int
     rounds_total: int
-    out: str
+    optim: OptimSpec
+    run: RunSpec
     dtype: str | None = None
-    resume: bool = False
-    fail_rank: int | None = None
-    fail_at_step: int | None = None
-    timeout_s: float = 60.0
-    device: str = "cpu"
-    backend: str = "gloo"
-    threads: int = 1
-    progress: bool = True
-    return_weights: bool = False
-    lookahead: int | None = None  # receives posted ahead; None: automatic (see comm.P2P)
-    transport: str = "gloo"  # activations/gradients: "gloo" (torch.distributed) or "shm" (runtime.shm, one machine)
     shm_token: str = ""  # names the job's shared-memory channel files (transport "shm")
-    evaluate: bool = True
-    momentum: float = 0.0
     options: dict = field(default_factory=dict)
     # stream(n) -> the schedule over n microbatches: an epoch's minibatches run as one pipeline, no
     # drain between them (schedules without a flush; launch.prepare(stream=True)); None: drain per minibatch
@@ -184,17 +172,16 @@ class Job:
 
 @dataclass
 class RankContext:
+    """One rank's view of its job while it runs: who it is, the job's option groups, and the state its
+    executors share (clock origin, first round, boundary tensor specs)."""
+
     rank: int
     world: int
     device: torch.device
-    lr: float
-    timeout_s: float
-    momentum: float = 0.0
-    lookahead: int | None = None
-    backend: str = "gloo"
+    optim: OptimSpec  # the job's (lr, momentum, ...)
+    run: RunSpec  # the job's, resolved (timeout_s, backend, transport, lookahead, ...)
     t0: float = 0.0
     start_round: int = 0  # global minibatch index this process starts at (> 0 when resuming)
-    transport: str = "gloo"
     shm_token: str = ""
     rounds_per_epoch: int = 0
     specs: list = field(default_factory=list)

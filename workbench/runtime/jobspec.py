@@ -8,18 +8,44 @@ the keywords of :func:`~workbench.runtime.launch.train` / :func:`~workbench.runt
 * :class:`RunSpec`: where and how the ranks run (output folder, device, backend, transport, threads,
   timeouts, resume, fault injection).
 
-A keyword's name is its field's name, so the keywords a caller may pass are these fields; any other
-keyword is a model option of a zoo model (``depth=3``). :func:`workbench.runtime.launch.build_job`
-turns a spec into the picklable, checked :class:`~workbench.runtime.job.Job` the ranks receive.
+These fields are the one declaration of the run options: a keyword's name is its field's name, so
+the keywords a caller may pass are these fields (any other is a ``TypeError`` naming the closest;
+a zoo model's options go in ``model_options``), and ``workbench train``'s flags are built from the
+fields' metadata (:func:`cli_fields`; a field without ``cli`` metadata is an API-only keyword). To add
+a run option, add a field with :func:`option` to its group. :func:`workbench.runtime.launch.build_job`
+turns a spec into the picklable, checked :class:`~workbench.runtime.job.Job` the ranks receive, which
+holds the checked groups.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterator, Mapping
+from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
+from workbench.io.keywords import check_keywords
+
 DEFAULT_LR = 0.05
+
+
+def _train_transports() -> tuple[str, ...]:
+    from workbench.runtime.shm import TRAIN_TRANSPORTS  # torch: imported when a parser is built, not at import
+
+    return TRAIN_TRANSPORTS
+
+
+def option(default: Any = None, help: str | None = None, *, cli: bool = True, **argparse_keywords: Any) -> Any:
+    """A run option: a dataclass field with ``default`` whose metadata declares its ``workbench train``
+    flag (``cli=False``: API only). ``help`` is the flag's help; ``argparse_keywords`` refine it:
+    ``flag`` (default ``--`` + the name with dashes), ``type`` (default: from the field's annotation),
+    ``choices`` (a tuple, or a function returning one, called when the parser is built), ``negate``
+    (a bool field defaulting to True, set False by the flag, e.g. ``--no-eval``), ``exclusive`` (a
+    group name: flags of one group exclude each other), ``key_value`` (a mapping given as repeatable
+    ``KEY=VALUE`` flags), ``metavar``."""
+    meta = {"cli": dict(help=help, **argparse_keywords)} if cli else {}
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -28,12 +54,24 @@ class ModelSpec:
     ``"package.module:function"`` or a LayerModel; ``dataset`` (a user model needs one; the zoo's
     default: its own); ``model_seed`` (default: the job's ``seed``); ``model_options`` (zoo only)."""
 
-    model: Any = "mlp"
-    dataset: Any = None
-    dtype: str | None = None
-    model_seed: int | None = None
-    dataset_options: Mapping[str, Any] | None = None
-    model_options: Mapping[str, Any] = field(default_factory=dict)
+    model: Any = option(
+        "mlp",
+        "zoo model name (or toy-mlp), or package.module:function returning "
+        "an nn.Module (traced into layers by workbench.profiling.layering.split)",
+        type=str,
+    )
+    dataset: Any = option(
+        None,
+        "built-in data set name (`workbench models`) or package.module:function "
+        "returning a TensorDataset or a (train, test) pair; default: the zoo model's own",
+        type=str,
+    )
+    dtype: str | None = option(None, "e.g. float64")
+    model_seed: int | None = option(None, cli=False)
+    dataset_options: Mapping[str, Any] | None = option(None, cli=False)
+    model_options: Mapping[str, Any] = option(
+        {}, "model override, e.g. depth=4 (repeatable)", flag="--model-option", key_value=True, metavar="KEY=VALUE"
+    )
 
 
 @dataclass(frozen=True)
@@ -42,12 +80,22 @@ class PipelineSpec:
     ``workers`` ranks, ``microbatches`` per minibatch, stages from ``plan`` (else even), and whether
     an epoch's minibatches run as one ``stream``."""
 
-    schedule: Any = "pipedream"
-    workers: int = 2
-    microbatches: int = 4
-    plan: Any = None
-    schedule_options: Mapping[str, Any] | None = None
-    stream: bool = False
+    schedule: Any = option("pipedream", "schedule name (`workbench schedules` lists them)", type=str)
+    workers: int = option(2)
+    microbatches: int = option(4, "microbatches per minibatch (one pass of the schedule)")
+    plan: Any = option(None, "plan JSON written by `workbench partition` (default: even split)", type=str)
+    schedule_options: Mapping[str, Any] | None = option(
+        None,
+        "schedule option, e.g. chunks=2 (repeatable; `workbench schedules` lists them)",
+        flag="--schedule-option",
+        key_value=True,
+        metavar="KEY=VALUE",
+    )
+    stream: bool = option(
+        False,
+        "schedules without a flush (pipedream, pipedream-2bw, model-parallel): the epoch's minibatches "
+        "flow through the pipeline as one stream, drained at the epoch end only",
+    )
 
 
 @dataclass(frozen=True)
@@ -56,32 +104,39 @@ class OptimSpec:
     for ``steps`` minibatches (else ``epochs`` epochs); ``seed`` fixes the data order (and the model's
     initial weights unless ``model_seed``); ``evaluate``: test loss/accuracy at each epoch end."""
 
-    batch_size: int = 64
-    lr: float = DEFAULT_LR
-    momentum: float = 0.0
-    steps: int | None = None
-    epochs: int = 1
-    seed: int = 0
-    evaluate: bool = True
+    batch_size: int = option(64)
+    lr: float = option(DEFAULT_LR)
+    momentum: float = option(0.0, "SGD momentum (heavy ball, no dampening)")
+    steps: int | None = option(None, "minibatches to train (overrides --epochs)", exclusive="length")
+    epochs: int = option(1, exclusive="length")
+    seed: int = option(0)
+    evaluate: bool = option(True, "skip the test-set evaluation at each epoch end", flag="--no-eval", negate=True)
 
 
 @dataclass(frozen=True)
 class RunSpec:
     """Where and how the ranks run (``None``: chosen by :func:`~workbench.runtime.launch.build_job`)."""
 
-    out: Any = None
-    device: str | None = None
-    backend: str | None = None
-    transport: str = "auto"
-    threads: int | None = None
-    lookahead: int | None = None
-    timeout_s: float = 60.0
-    allow_oversubscribe: bool = False
-    progress: bool = True
-    return_weights: bool = False
-    resume: bool = False
-    fail_rank: int | None = None
-    fail_at_step: int | None = None
+    out: Any = option(None, "run folder (default: results/train/<model>-<schedule>-w<N>-<time>)", type=str)
+    device: str | None = option(None, "cpu or cuda (default: cuda when every rank gets its own GPU)")
+    backend: str | None = option(None, "gloo or nccl (default from the device)")
+    transport: str = option(
+        "auto",
+        "activations and gradients through torch.distributed (gloo) or through shared memory "
+        "(shm: CPU ranks on this machine, pipeline schedules); auto (default): shm where it can run "
+        "with a core per rank, else gloo",
+        choices=_train_transports,
+    )
+    threads: int | None = option(None, "torch threads per worker")
+    lookahead: int | None = option(None, cli=False)
+    timeout_s: float = option(60.0, "seconds any wait may take before the job fails", flag="--timeout")
+    port: int | None = option(None, "rendezvous port of the spawned ranks (default: a free one)")
+    allow_oversubscribe: bool = option(False, "allow more workers than cores/GPUs")
+    progress: bool = option(True, flag="--no-progress", negate=True)
+    return_weights: bool = option(False, cli=False)
+    resume: bool = option(False, "continue from the last complete checkpoint in --out")
+    fail_rank: int | None = option(None, "fault injection: this rank raises ...")
+    fail_at_step: int | None = option(None, "... at the start of this step")
 
 
 _GROUPS = {"model": ModelSpec, "pipeline": PipelineSpec, "optim": OptimSpec, "run": RunSpec}
@@ -101,11 +156,30 @@ class JobSpec:
         cls, model: Any = "mlp", schedule: Any = "pipedream", workers: int = 2, microbatches: int = 4, **keywords
     ) -> JobSpec:
         """The spec of ``train(model, schedule, workers, microbatches, **keywords)``: each keyword goes
-        to the group with a field of its name; the others are the zoo model's options."""
+        to the group with a field of its name; any other keyword is a ``TypeError`` naming the closest."""
         keywords.update(model=model, schedule=schedule, workers=workers, microbatches=microbatches)
+        check_keywords(
+            keywords,
+            [f.name for f, _ in run_options()],
+            "train",
+            note=" (a zoo model's options go in model_options={...})",
+        )
         groups: dict[str, dict[str, Any]] = {}
         for key, group in _GROUPS.items():
-            names = {f.name for f in fields(group)} - {"model_options"}
+            names = {f.name for f in fields(group)}
             groups[key] = {n: keywords.pop(n) for n in names & set(keywords)}
-        groups["model"]["model_options"] = keywords
         return cls(**{key: _GROUPS[key](**values) for key, values in groups.items()})
+
+
+def run_options() -> Iterator[tuple[Field, str]]:
+    """Every run option: (its field, the name of its group in :class:`JobSpec`)."""
+    for key, group in _GROUPS.items():
+        for f in fields(group):
+            yield f, key
+
+
+def cli_fields() -> Iterator[tuple[Field, dict[str, Any]]]:
+    """The run options that ``workbench train`` takes: (field, its ``cli`` metadata)."""
+    for f, _ in run_options():
+        if "cli" in f.metadata:
+            yield f, dict(f.metadata["cli"])

@@ -13,6 +13,7 @@ import os
 import pickle
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -81,8 +82,7 @@ def schedule_for_workers(name: str, workers: int, plan, microbatches: int, optio
 
 def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, **keywords) -> Job:
     """Validate the arguments of :func:`train` and build the picklable :class:`Job`: the keywords
-    are those of :class:`~workbench.runtime.jobspec.JobSpec`'s groups (any other is a zoo model
-    option); :func:`build_job` does the work."""
+    are those of :class:`~workbench.runtime.jobspec.JobSpec`'s groups (any other is a ``TypeError``); :func:`build_job` does the work."""
     return build_job(JobSpec.from_keywords(model, schedule, workers, microbatches, **keywords))
 
 
@@ -127,30 +127,23 @@ def build_job(spec: JobSpec) -> Job:
     rounds_total = _rounds_total(o, len(train_set), sched.microbatches)
     if r.fail_rank is not None and not 0 <= r.fail_rank < workers:
         raise ValueError(f"fail_rank {r.fail_rank} is not a rank of {workers} workers")
+    run = replace(
+        r,
+        out=str(out),
+        device=device,
+        backend=backend,
+        threads=r.threads or max(1, _cores() // workers),
+        transport=transport,
+    )
     return Job(
         model_fn=model_fn,
         dataset_fn=dataset_fn,
         schedule=sched,
         bounds=bounds,
-        batch_size=o.batch_size,
-        lr=o.lr,
-        seed=o.seed,
         rounds_total=rounds_total,
-        out=str(out),
+        optim=o,
+        run=run,
         dtype=m.dtype,
-        resume=r.resume,
-        fail_rank=r.fail_rank,
-        fail_at_step=r.fail_at_step,
-        timeout_s=r.timeout_s,
-        device=device,
-        backend=backend,
-        threads=r.threads or max(1, _cores() // workers),
-        progress=r.progress,
-        return_weights=r.return_weights,
-        lookahead=r.lookahead,
-        evaluate=o.evaluate,
-        momentum=o.momentum,
-        transport=transport,
         shm_token=new_shm_token() if transport == "shm" else "",
         stream=stream_fn,
         options=dict(
@@ -453,7 +446,7 @@ def _shared_weights(job: Job):
     """Shared-memory weights per stage and per-(stage, replica) update counters for the async executor."""
     model = job.model_fn()
     ws = [stage_params(stage_module(model.layers, a, z)) for a, z in job.bounds]
-    ck = latest_checkpoint(Path(job.out)) if job.resume else None
+    ck = latest_checkpoint(Path(job.run.out)) if job.run.resume else None
     if ck is not None:
         ws = [dict(load_stage(ck, s, 0)["weights"]) for s in range(len(ws))]
     for w in ws:
@@ -473,11 +466,14 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
     cheaper than one per job); returns their summaries."""
     world = jobs[0].schedule.num_workers
     for job in jobs:
-        if job.schedule.num_workers != world or (job.backend, job.device) != (jobs[0].backend, jobs[0].device):
+        if job.schedule.num_workers != world or (job.run.backend, job.run.device) != (
+            jobs[0].run.backend,
+            jobs[0].run.device,
+        ):
             raise ValueError("jobs run together must share the worker count, backend and device")
-        out = Path(job.out)
+        out = Path(job.run.out)
         out.mkdir(parents=True, exist_ok=True)
-        if job.resume:
+        if job.run.resume:
             (out / "summary.json").unlink(missing_ok=True)
         (out / "weights.pt").unlink(missing_ok=True)
     if _under_torchrun():
@@ -485,7 +481,7 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
             raise ValueError("dp-asp (Hogwild on shared memory) needs one machine: launch it without torchrun")
         rank = int(os.environ["RANK"])  # this process is a rank of torchrun's: it stops with torchrun (lifetime.py)
         run_rank(rank, worker_main, rank, world, jobs, None, None, None)
-        return [_read_summary(Path(j.out), j) if rank == 0 else {} for j in jobs]
+        return [_read_summary(Path(j.run.out), j) if rank == 0 else {} for j in jobs]
     port = free_port(port)
     if any(j.shm_token for j in jobs):
         remove_stale_channels()  # files of earlier launchers that were killed before they could remove them
@@ -499,12 +495,12 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
         for j in jobs:
             if j.shm_token:
                 remove_channels(j.shm_token)  # the shared-memory channel files, however the job ended
-    return [_read_summary(Path(j.out), j) for j in jobs]
+    return [_read_summary(Path(j.run.out), j) for j in jobs]
 
 
 def _resume_hint(jobs: list[Job]) -> str:
     """Where a stopped job can continue: its last complete checkpoint (``--resume``), if any."""
-    done = [(j.out, latest_checkpoint(Path(j.out))) for j in jobs]
+    done = [(j.run.out, latest_checkpoint(Path(j.run.out))) for j in jobs]
     return "".join(
         f"; last complete checkpoint {ck} (--resume --out {out} continues from it)"
         for out, ck in done
@@ -544,15 +540,13 @@ def _warn_if_diverged(out: Path, lr: float) -> None:
 def _read_summary(out: Path, job: Job) -> dict:
     summary = RunResult(json.loads((out / "summary.json").read_text()))
     summary["out"] = str(out)
-    _warn_if_diverged(out, job.lr)
-    if job.return_weights:
+    _warn_if_diverged(out, job.optim.lr)
+    if job.run.return_weights:
         summary["weights"] = torch.load(out / "weights.pt", weights_only=False)
     return summary
 
 
-def train(
-    model="mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, *, port: int | None = None, **keywords
-) -> dict:
+def train(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, **keywords) -> dict:
     """Train ``model`` with ``schedule`` on ``workers`` processes; returns the run summary
     (:class:`~workbench.runtime.outputs.RunResult`, a dict with a Jupyter card).
 
@@ -572,7 +566,7 @@ def train(
     summary; words and units: :mod:`workbench.runtime.outputs`).
     ``steps`` (total minibatches) overrides ``epochs``. The keywords are the fields of
     :class:`~workbench.runtime.jobspec.JobSpec`'s groups (model, pipeline, optimizer, run); any other
-    is a zoo model option. Other options: ``allow_oversubscribe``, ``threads`` (per worker), ``progress``, ``return_weights`` (final weights per stage in the
+    is a ``TypeError`` naming the closest. Other options: ``allow_oversubscribe``, ``threads`` (per worker), ``progress``, ``return_weights`` (final weights per stage in the
     summary), ``dtype`` (e.g. ``"float64"``), ``schedule_options`` (e.g. ``{"weights": "vertical-sync"}``),
     ``dataset_options``, ``lookahead`` (receives posted ahead), ``momentum`` (SGD heavy ball, default 0),
     ``evaluate`` (test loss/accuracy at each epoch end, default True), ``transport`` (``"gloo"``, or
@@ -582,8 +576,9 @@ def train(
     ``stream`` (schedules without a flush: pipedream, pipedream-2bw,
     model-parallel; an epoch's minibatches flow through the pipeline as one stream of microbatches,
     drained at the epoch end only, instead of a fill and a drain per minibatch: the weight rule is
-    that schedule's over the epoch's microbatches, :meth:`PipelineExecutor.run_stream`), and model
-    options for the zoo.
+    that schedule's over the epoch's microbatches, :meth:`PipelineExecutor.run_stream`),
+    ``model_options`` (a zoo model's options, e.g. ``{"depth": 3}``) and ``port`` (the spawned ranks'
+    rendezvous port; default: a free one).
 
     A stop signal (SIGINT, SIGTERM, SIGHUP) or a rank's death stops every rank and raises
     :class:`~workbench.runtime.lifetime.JobStopped` / :class:`~workbench.runtime.lifetime.RankFailed`,
@@ -591,6 +586,7 @@ def train(
     continues from it): :mod:`workbench.runtime.lifetime`.
     """
     _check_not_bootstrapping()
+    port = keywords.get("port")
     if port is not None:
         free_port(port)
     job = prepare(model, schedule, workers, microbatches, **keywords)

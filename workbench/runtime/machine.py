@@ -41,7 +41,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.io.timeline import round_column
 from workbench.profiling.measure import Profile
 from workbench.runtime.ports import free_port
 from workbench.schedules.core import Op, Schedule
@@ -970,9 +969,8 @@ def modeled_step_ms(
 def measured_step_ms(timeline: pd.DataFrame, skip: int = 2) -> float:
     """Steady-state measured ms per round from a runtime ``timeline.csv`` (columns ``step``,
     ``start``...): the median spacing of the rounds' first op starts, after ``skip`` rounds."""
-    rc = round_column(timeline)
-    tl = timeline[timeline[rc] >= timeline[rc].min() + skip]
-    return _round_spacing(tl.groupby(rc).start.min().to_numpy())
+    tl = timeline[timeline["round"] >= timeline["round"].min() + skip]
+    return _round_spacing(tl.groupby("round").start.min().to_numpy())
 
 
 def solve_overhead(predict: Callable[[float], float], target_ms: float, hi: float = 10.0, tol: float = 1e-4) -> float:

@@ -39,7 +39,7 @@ from workbench.runtime.job import Job
 from workbench.runtime.record import RECORD_COLUMNS, OpRecord
 from workbench.runtime.reference import updates_per_round
 
-TIMELINE_COLUMNS = RECORD_COLUMNS + ["step"]  # step: alias of round (workbench.io.timeline)
+TIMELINE_COLUMNS = RECORD_COLUMNS + ["step"]  # step: a copy of round (workbench.io.timeline)
 METRIC_COLUMNS = [
     "step",
     "epoch",
@@ -127,8 +127,8 @@ def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
                 epoch=a["epoch"],
                 loss=a["loss"] / max(a["n"], 1),
                 accuracy=a["correct"] / max(a["samples"] * per_sample, 1),
-                samples=job.batch_size,
-                samples_per_s=job.batch_size / dt * 1e3,
+                samples=job.optim.batch_size,
+                samples_per_s=job.optim.batch_size / dt * 1e3,
                 wall_ms=a["end_ms"],
                 test_loss=a.get("test_loss", ""),
                 test_accuracy=a.get("test_accuracy", ""),
@@ -138,11 +138,7 @@ def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
     timeline.sort(key=lambda r: (r.start, r.worker))
     tl_rows = [r._asdict() | {"step": r.round} for r in timeline]
     if rewrite:
-        old_tl = [
-            r | {"round": r.get("round") or r["step"], "step": r.get("round") or r["step"]}
-            for r in _read_rows(tl_path, None)
-        ]
-        old_tl = [r for r in old_tl if int(r["round"]) < truncate_from]
+        old_tl = [r for r in _read_rows(tl_path, None) if int(r["round"]) < truncate_from]
         _write_csv(metrics_path, METRIC_COLUMNS, old + new)
         _write_csv(tl_path, TIMELINE_COLUMNS, old_tl + tl_rows)
     else:
@@ -208,7 +204,7 @@ def write_summary(out: Path, job: Job, gathered) -> None:
     k = len(walls) - 1
     while k > 0 and walls[k - 1] < walls[k]:  # this invocation's steps (wall clock restarts on resume)
         k -= 1
-    steady = (len(walls) - 1 - k) * job.batch_size / (walls[-1] - walls[k]) * 1e3 if len(walls) - k > 1 else None
+    steady = (len(walls) - 1 - k) * job.optim.batch_size / (walls[-1] - walls[k]) * 1e3 if len(walls) - k > 1 else None
     minibatch_ms = (walls[-1] - walls[k]) / (len(walls) - 1 - k) if len(walls) - k > 1 else None
     summary = dict(
         schedule=job.schedule.name,
@@ -216,22 +212,22 @@ def write_summary(out: Path, job: Job, gathered) -> None:
         workers=job.schedule.num_workers,
         stages=job.schedule.num_stages,
         microbatches=job.schedule.microbatches,
-        batch_size=job.batch_size,
-        lr=job.lr,
-        momentum=job.momentum,
-        seed=job.seed,
+        batch_size=job.optim.batch_size,
+        lr=job.optim.lr,
+        momentum=job.optim.momentum,
+        seed=job.optim.seed,
         steps=len(rows),
         bounds=[list(b) for b in job.bounds],
-        backend=job.backend,
-        transport=job.transport,
+        backend=job.run.backend,
+        transport=job.run.transport,
         stream=job.stream is not None,
-        device=job.device,
+        device=job.run.device,
         wall_s=wall_s,
         samples_per_s=samples / wall_s if wall_s > 0 else None,
         samples_per_s_steady=steady,
         minibatch_ms_steady=minibatch_ms,
         minibatch_ms=wall_s * 1e3 / max(len(rows) - k, 1) if rows else None,
-        microbatch_size=job.batch_size // max(job.schedule.microbatches, 1),
+        microbatch_size=job.optim.batch_size // max(job.schedule.microbatches, 1),
         updates_per_step=updates_per_round(job.schedule)[0],
         final_loss=float(rows[-1]["loss"]) if rows else None,
         final_accuracy=float(rows[-1]["accuracy"]) if rows else None,
@@ -246,7 +242,7 @@ def write_summary(out: Path, job: Job, gathered) -> None:
         summary["staleness_mean"] = sum(s["staleness_mean"] * s["updates"] for s in st) / max(n, 1)
         summary["staleness_max"] = max(s["staleness_max"] for s in st)
     atomic_text(json.dumps(summary, indent=2, default=str), out / "summary.json")
-    if job.return_weights:
+    if job.run.return_weights:
         weights: dict = {}
         for _, w in gathered:
             for s, ws in (w or {}).items():

@@ -46,7 +46,7 @@ def _init_dist(rank: int, world: int, job: Job, addr: str | None, port: int | No
     import torch.distributed as dist
 
     kw: dict[str, Any] = dict(
-        backend=job.backend, rank=rank, world_size=world, timeout=timedelta(seconds=job.timeout_s)
+        backend=job.run.backend, rank=rank, world_size=world, timeout=timedelta(seconds=job.run.timeout_s)
     )
     if addr is None:
         dist.init_process_group(init_method="env://", **kw)
@@ -61,12 +61,16 @@ def _make_groups(dist, rank: int, job: Job) -> dict:
     groups: dict[Any, Any] = {}
     if job.schedule.num_stages > 1 and executor_of(job.schedule) == "pipeline":
         for k in ("act", "grad"):
-            groups[k] = dist.new_group(list(range(job.schedule.num_workers)), timeout=timedelta(seconds=job.timeout_s))
+            groups[k] = dist.new_group(
+                list(range(job.schedule.num_workers)), timeout=timedelta(seconds=job.run.timeout_s)
+            )
     if has_remote(job.schedule):  # master family: weight fetches and gradient pushes (fetch.py)
         for k in ("fetch", "push"):
-            groups[k] = dist.new_group(list(range(job.schedule.num_workers)), timeout=timedelta(seconds=job.timeout_s))
+            groups[k] = dist.new_group(
+                list(range(job.schedule.num_workers)), timeout=timedelta(seconds=job.run.timeout_s)
+            )
     for ws in sorted({tuple(w) for w in job.schedule.stage_workers if len(w) > 1}):
-        g = dist.new_group(list(ws), timeout=timedelta(seconds=job.timeout_s))
+        g = dist.new_group(list(ws), timeout=timedelta(seconds=job.run.timeout_s))
         if rank in ws:
             groups[ws] = g
     return groups
@@ -103,16 +107,18 @@ def _warm_up_compute(model, bounds, x, y) -> None:
 def worker_main(rank: int, world: int, jobs: list[Job], addr: str | None, port: int | None, shareds=None) -> None:
     """Entry of one rank: join the process group, then run the jobs one after the other."""
     job = jobs[0]
-    torch.set_num_threads(max(1, job.threads))
+    threads, on = job.run.threads, job.run.device
+    assert threads is not None and on is not None, "launch.build_job resolves a job's threads and device"
+    torch.set_num_threads(max(1, threads))
     # pinned to its cores, freed memory kept (no page faults per op: runtime.allocator)
     place_rank(
         int(os.environ.get("LOCAL_RANK", rank)),
         int(os.environ.get("LOCAL_WORLD_SIZE", world)),
-        job.threads,
-        "cuda" if job.device.startswith("cuda") else "cpu",
+        threads,
+        "cuda" if on.startswith("cuda") else "cpu",
     )
     device = torch.device("cpu")
-    if job.device.startswith("cuda"):
+    if on.startswith("cuda"):
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     dist = _init_dist(rank, world, job, addr, port)
@@ -170,9 +176,9 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared) -> None:
     model = job.model_fn()
     model.to(device)
     model.train()
-    groups.update(tied_groups(dist, sched, tied_weights(model, job.bounds), rank, job.timeout_s))
+    groups.update(tied_groups(dist, sched, tied_weights(model, job.bounds), rank, job.run.timeout_s))
     dataset = job.dataset_fn()
-    order = DataOrder(len(dataset), job.batch_size, sched.microbatches, job.seed)
+    order = DataOrder(len(dataset), job.optim.batch_size, sched.microbatches, job.optim.seed)
     my_stages = sorted({op.stage for op in sched.ops[rank]})
     feed = _Feed(dataset, order, device, getattr(torch, job.dtype) if job.dtype else None, 0 in my_stages)
     init = [stage_params(stage_module(model.layers, a, z)) for a, z in job.bounds]
@@ -181,13 +187,9 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared) -> None:
         rank,
         world,
         device,
-        job.lr,
-        job.timeout_s,
-        momentum=job.momentum,
+        job.optim,
+        job.run,
         start_round=start_round,
-        lookahead=job.lookahead,
-        backend=job.backend,
-        transport=job.transport,
         shm_token=job.shm_token,
         rounds_per_epoch=order.rounds_per_epoch,
     )
@@ -195,14 +197,14 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared) -> None:
     ctx.specs, ctx.like_tuple = _boundary_specs(model, job.bounds, x0)
     _warm_up_compute(model, job.bounds, x0, y0)
     executor = _make_executor(ctx, job, model, init, groups, shared)
-    if opt_state and job.momentum:
+    if opt_state and job.optim.momentum:
         executor.load_optimizer_state(opt_state)
     if hasattr(executor, "comm"):
         executor.warm_up()
     ctx.t0 = _start_together(dist, job, executor)
     wall0 = time.time()
     bar = None
-    if rank == 0 and job.progress:
+    if rank == 0 and job.run.progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(
@@ -223,7 +225,7 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared) -> None:
 def _restore(job: Job, rank: int, my_stages: list[int], init: list[dict], device) -> tuple[int, dict]:
     """With ``resume``, this rank's stages' weights (into ``init``) and momentum buffers from the
     newest complete checkpoint: (the minibatch to start at, {stage: momentum buffers})."""
-    ckpt = latest_checkpoint(Path(job.out)) if job.resume else None
+    ckpt = latest_checkpoint(Path(job.run.out)) if job.run.resume else None
     if ckpt is None:
         return 0, {}
     sched, opt_state = job.schedule, {}
@@ -257,8 +259,8 @@ def _make_executor(ctx: RankContext, job: Job, model, init: list[dict], groups: 
 def _start_together(dist, job: Job, executor) -> float:
     """Every rank passes one barrier, then takes the timeline's origin ``t0`` (:func:`_shared_t0`)."""
     barrier = (
-        functools.partial(dist.monitored_barrier, timeout=timedelta(seconds=job.timeout_s))
-        if job.backend == "gloo"
+        functools.partial(dist.monitored_barrier, timeout=timedelta(seconds=job.run.timeout_s))
+        if job.run.backend == "gloo"
         else dist.barrier
     )
     gc.collect()  # before the barrier: its duration differs between ranks and would skew their clocks
@@ -289,10 +291,10 @@ def _train_epoch(
     elif hasattr(executor, "comm"):
         executor.comm.flush()
     R = epoch * rpe + rounds[-1] + 1
-    out = Path(job.out)
+    out = Path(job.run.out)
     ck = _write_checkpoint(out, R, epoch, executor, job, rank)
     evaluation = (
-        _evaluate(rank, ctx.world, job, dist, executor, model, feed.device, feed.dtype) if job.evaluate else None
+        _evaluate(rank, ctx.world, job, dist, executor, model, feed.device, feed.dtype) if job.optim.evaluate else None
     )
     if evaluation is not None and rank == 0:
         ep.rows[-1].update(evaluation)
@@ -325,7 +327,7 @@ def _run_rounds(ctx: RankContext, executor, job: Job, feed: _Feed, ep: _Epoch, b
         ep.rows.append(dict(step=Rg, epoch=ep.epoch, end_ms=(time.perf_counter() - ctx.t0) * 1e3, **metrics))
         if bar is not None:
             bar.update(1)
-    return job.batch_size * len(ep.rounds)
+    return job.optim.batch_size * len(ep.rounds)
 
 
 def _gather_summary(
@@ -349,11 +351,11 @@ def _gather_summary(
         samples=samples,
         **(executor.remote.stats if getattr(executor, "remote", None) else {}),
     )
-    weights = executor.weights() if job.return_weights else None
+    weights = executor.weights() if job.run.return_weights else None
     gathered = [None] * ctx.world if ctx.rank == 0 else None
     dist.gather_object((info, weights), gathered, dst=0)
     if ctx.rank == 0:
-        write_summary(Path(job.out), job, gathered)
+        write_summary(Path(job.run.out), job, gathered)
 
 
 def _run_stream(ctx: RankContext, executor, job: Job, feed: _Feed, ep: _Epoch, bar) -> int:
@@ -383,14 +385,14 @@ def _run_stream(ctx: RankContext, executor, job: Job, feed: _Feed, ep: _Epoch, b
     if bar is not None:
         bar.update(1)
     ep.rows.extend(dict(step=R0 + j, epoch=ep.epoch, end_ms=ends[j], **metrics[j]) for j in range(len(rounds)))
-    return job.batch_size * len(rounds)
+    return job.optim.batch_size * len(rounds)
 
 
 def _start_step(job: Job, rank: int, step: int) -> None:
     """This rank starts ``step``: tell the launcher (:func:`~workbench.runtime.lifetime.reached`) and
     inject the job's fault if it is this rank's and this step's."""
     reached(step)
-    if job.fail_rank == rank and job.fail_at_step == step:
+    if job.run.fail_rank == rank and job.run.fail_at_step == step:
         raise RuntimeError(f"injected fault at step {step}")
 
 
@@ -410,7 +412,7 @@ def _write_checkpoint(out: Path, R: int, epoch: int, executor, job: Job, rank: i
                 stage=s,
                 replica=rep,
                 schedule=job.schedule.name,
-                optimizer=dict(kind="sgd", lr=job.lr, momentum=job.momentum, momentum_buffer=opt[s]),
+                optimizer=dict(kind="sgd", lr=job.optim.lr, momentum=job.optim.momentum, momentum_buffer=opt[s]),
                 rng=torch.get_rng_state(),
             ),
             ck / f"stage{s}_replica{rep}.pt",
@@ -439,8 +441,8 @@ def _evaluate(rank, world, job: Job, dist, executor, model, device, dtype) -> di
     mods = [stage_module(model.layers, a, z) for a, z in job.bounds]
     total, correct, n, targets = 0.0, 0, len(test), 0
     with torch.no_grad():
-        for i in range(0, n, job.batch_size):
-            x, y = microbatch(test, torch.arange(i, min(n, i + job.batch_size)), device, dtype)
+        for i in range(0, n, job.optim.batch_size):
+            x, y = microbatch(test, torch.arange(i, min(n, i + job.optim.batch_size)), device, dtype)
             for s, m in enumerate(mods):
                 x = run_stage(m, {k: v.to(device) for k, v in weights[s].items()}, x)
             total += float(model.loss(x, y)) * int(y.shape[0])

@@ -99,9 +99,9 @@ class SegmentExecutor:
         }
         self.per_round = updates_per_round(schedule)
         self.version = {s: ctx.start_round * self.per_round[s] for s in self.stages}
-        self.box = Mailbox(schedule, self.rank, ctx.timeout_s, group=groups.get("act"))
+        self.box = Mailbox(schedule, self.rank, ctx.run.timeout_s, group=groups.get("act"))
         ties = tied_weights(model, bounds)
-        self.tied = TiedGradients(schedule, self.rank, ties, groups, ctx.timeout_s) if ties else None
+        self.tied = TiedGradients(schedule, self.rank, ties, groups, ctx.run.timeout_s) if ties else None
 
     def _like(self, s: int, j: int) -> torch.Tensor:
         """A buffer shaped like stage ``s``'s output on segment ``j``."""
@@ -201,8 +201,8 @@ class SegmentExecutor:
             st.params,
             grads[s],
             self.momentum[s],
-            self.ctx.lr,
-            self.ctx.momentum,
+            self.ctx.optim.lr,
+            self.ctx.optim.momentum,
             self.count[(s, op.step)],
             in_place=True,
         )

@@ -19,20 +19,17 @@ from __future__ import annotations
 
 import pandas as pd
 
-from workbench.io.timeline import round_column
-
 PARTS = ["compute_ms", "recv_wait_ms", "send_ms", "data_ms", "optimizer_ms", "allreduce_ms", "overhead_ms"]
 
 
 def breakdown(timeline: pd.DataFrame, first_round: int = 0) -> pd.DataFrame:
     """Per-rank ms per step (module docstring) of a measured timeline, rounds ``>= first_round``;
     index ``worker``, columns :data:`PARTS` + ``step_ms``."""
-    rc = round_column(timeline)
-    tl = timeline[timeline[rc] >= first_round]
+    tl = timeline[timeline["round"] >= first_round]
     if tl.empty:
         raise ValueError(f"no measured op at or after round {first_round}: pass a smaller first round")
     tl = tl.assign(dur=tl.end - tl.start, wait=_col(tl, "wait_ms"), send=_col(tl, "send_ms"), data=_col(tl, "data_ms"))
-    n = tl[rc].nunique()
+    n = tl["round"].nunique()
     wall_ms = float(tl.end.max() - (tl.start - tl.wait).min())
     work = tl.kind.isin(["F", "B", "BI", "BW"])
     g = tl.groupby("worker")

@@ -201,26 +201,26 @@ class PipelineExecutor:
                 self.rank,
                 {s: (st.layout, st.flat.dtype) for s, st in self.state.items()},
                 ctx.device,
-                ctx.timeout_s,
+                ctx.run.timeout_s,
                 (groups.get("fetch"), groups.get("push")),
                 self.prog.per_round,
             )
         self.split = {op.stage for op in self.prog.ops if op.kind == "BI"}  # stages whose backward is split (BI/BW)
         ties = tied_weights(model, bounds)  # weights tied across stages: gradients combined at STEP (tied.py)
-        self.tied = TiedGradients(schedule, self.rank, ties, groups, ctx.timeout_s) if ties else None
+        self.tied = TiedGradients(schedule, self.rank, ties, groups, ctx.run.timeout_s) if ties else None
         self.specs = ctx.specs  # specs[s]: [(shape, dtype)] of stage s's output
         self.like_tuple = ctx.like_tuple  # like_tuple[s]: stage s's input is a tuple
-        if ctx.transport == "shm":
+        if ctx.run.transport == "shm":
             self.comm: P2P = self._shm_comm(ctx)
         else:
             self.comm = P2P(
                 self.rank,
                 self.S,
                 ctx.device,
-                ctx.timeout_s,
-                lookahead=ctx.lookahead,
+                ctx.run.timeout_s,
+                lookahead=ctx.run.lookahead,
                 groups=(groups.get("act"), groups.get("grad")),
-                backend=ctx.backend,
+                backend=ctx.run.backend,
             )
         self.clock = opclock.for_device(ctx.device)  # None: the host's clock around each op (CPU)
         if self.clock is not None:
@@ -232,7 +232,7 @@ class PipelineExecutor:
         plans = {r: self.receive_plan(epoch, r) for r in range(self.schedule.num_workers)}
         sizes = shm.channel_sizes(plans, budget=shm.CHANNEL_BYTES if shm.ring_channels(self.schedule) else None)
         chan = {
-            (a, b): shm.Channel(shm.channel_path(ctx.shm_token, a, b), n, nb, ctx.timeout_s)
+            (a, b): shm.Channel(shm.channel_path(ctx.shm_token, a, b), n, nb, ctx.run.timeout_s)
             for (a, b), (n, nb) in sizes.items()
             if self.rank in (a, b)
         }
@@ -240,7 +240,7 @@ class PipelineExecutor:
             self.rank,
             self.S,
             ctx.device,
-            ctx.timeout_s,
+            ctx.run.timeout_s,
             inbound={a: c for (a, b), c in chan.items() if b == self.rank},
             outbound={b: c for (a, b), c in chan.items() if a == self.rank},
         )
@@ -268,7 +268,7 @@ class PipelineExecutor:
             works.append(dist.isend(torch.ones(1, device=self.ctx.device), p, tag=2**30))
             works.append(dist.irecv(torch.empty(1, device=self.ctx.device), p, tag=2**30))
         for w in works:
-            w.wait(timedelta(seconds=self.ctx.timeout_s))
+            w.wait(timedelta(seconds=self.ctx.run.timeout_s))
 
     # ---- per epoch ----------------------------------------------------------------------
     def receive_plan(self, rounds: list[int], rank: int | None = None) -> list:
@@ -441,7 +441,7 @@ class PipelineExecutor:
             if grp is not None:
                 work = dist.all_reduce(st.flat, op=dist.ReduceOp.SUM, group=grp, async_op=True)
                 assert work is not None
-                work.wait(timedelta(seconds=self.ctx.timeout_s))
+                work.wait(timedelta(seconds=self.ctx.run.timeout_s))
         elif op.kind == "STEP":
             self._step(ps, st, op, i)
         return wait
@@ -455,8 +455,8 @@ class PipelineExecutor:
             dict(st.versions[st.newest]),
             st.grad,
             st.momentum,
-            self.ctx.lr,
-            self.ctx.momentum,
+            self.ctx.optim.lr,
+            self.ctx.optim.momentum,
             n,
             in_place=i not in ps.stashing,
         )

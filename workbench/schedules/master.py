@@ -96,12 +96,6 @@ def priority_key(priority, S: int) -> Callable[[int, int, str], tuple]:
         return lambda s, b, d: (0, s, b) if d == "forward" else (1, -s, -b)
     if priority == "stage-direction-batch":
         return lambda s, b, d: (s, d != "forward", b)
-    if priority == "oldest-stage":
-        raise ValueError(
-            "priority 'oldest-stage' was renamed 'lowest-stage' (it sorts by stage, then batch; "
-            "it is not breadth first); parallelsim.py's OldestStageFirst is 'stage-direction-batch'; "
-            "for PyTorch's breadth-first order use 'breadth-first' or the schedule 'looped-bfs'"
-        )
     if callable(priority):
         return lambda s, b, d: (priority(s, b, d), b, pos(s, d))
     raise ValueError(

@@ -31,8 +31,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench.io.timeline import round_column
-
 COMPUTE, COMM = 0, 1
 WORK = ("F", "B", "BI", "BW")
 
@@ -61,11 +59,9 @@ def _rows(timeline: pd.DataFrame, lastrnds: int | None) -> pd.DataFrame:
     if timeline.empty:
         raise ValueError("the timeline has no rows: nothing to trace")
     tl = timeline.reset_index(drop=True)
-    rc = round_column(tl)
-    if rc not in tl:
+    if "round" not in tl:
         tl = tl.assign(round=0)
-        rc = "round"
-    tl = tl.assign(rnd=tl[rc].astype(int))
+    tl = tl.assign(rnd=tl["round"].astype(int))
     if lastrnds is not None:
         tl = tl[tl.rnd > tl.rnd.max() - lastrnds]
     return tl

@@ -467,7 +467,7 @@ class PartitionTuner:
             steps=steps,
             plan=out.plan,
             out=dest,
-            size="mini",
+            model_options={"size": "mini"},
             allow_oversubscribe=True,
             timeout_s=timeout_s,
             progress=False,
