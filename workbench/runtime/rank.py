@@ -205,8 +205,13 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared) -> None:
     wall0 = time.time()
     bar = None
     if rank == 0 and job.run.progress:
+        import threading
+
         from tqdm.auto import tqdm
 
+        # a thread lock, not tqdm's default multiprocessing one: that semaphore is never released by a
+        # rank that is stopped, and the resource tracker then warns of it after the stop message
+        tqdm.set_lock(threading.RLock())
         bar = tqdm(
             total=job.rounds_total, initial=start_round, desc=f"{sched.name} train", unit="step", file=sys.stderr
         )
