@@ -84,7 +84,7 @@ def test_trains_on_two_ranks_equal_to_one_process(tmp_path, key):
     _, plan = plan_for(g, ds)
     assert plan.num_stages == 2
     job = prepare(make(), "gpipe", out=tmp_path / key, plan=plan, dataset=ds, transport=transport, **COMMON)
-    assert job.transport == transport
+    assert job.run.transport == transport
     (summary,) = run_jobs([job])
     want = microbatch_sgd(make(), call, data(), ce)
     got = runtime_weights(summary)

@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # pandas is imported where it is used: `workbench --help` sta
 
 #: notebook -> (experiments module with an optional ``validate_params(quick, **params)``, quick values)
 NOTEBOOKS: dict[str, tuple[str | None, dict]] = {
-    "01_quickstart": (None, dict(servers=1, microbatches=8, schedule="gpipe")),
+    "01_quickstart": (None, dict(servers=2, microbatches=None, schedule="pipedream")),
     "02_dp_communication_overhead": ("dp_overhead", {}),
     "03_time_to_accuracy": ("time_to_accuracy", {}),
     "04_pipeline_timelines": ("timelines", {}),
