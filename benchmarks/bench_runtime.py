@@ -616,7 +616,11 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--repeat", type=int, default=3, help="rounds over all configurations; medians are reported")
-    ap.add_argument("--out", default="results/bench/runtime.csv")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="CSV to write (none by default: a run to look at the numbers leaves the checkout unchanged; the committed one is results/bench/runtime.csv)",
+    )
     a = ap.parse_args(argv)
     rows = []
     for name in a.models.split(","):
@@ -626,6 +630,9 @@ def main(argv=None) -> int:
     print_tables(rows)
     from workbench.runtime.outputs import atomic_text
 
+    if not a.out:
+        print("(no CSV written: pass --out results/bench/runtime.csv to refresh the committed one)")
+        return 0
     out = Path(a.out)  # the current result replaces the previous one (earlier runs: git history)
     out.parent.mkdir(parents=True, exist_ok=True)
     text = io.StringIO()

@@ -60,7 +60,11 @@ def make(S: int, M: int) -> tuple[Schedule, str]:
 def main(argv=None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default="results/bench/simulate.csv")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="CSV to write (none by default: a run to look at the numbers leaves the checkout unchanged; the committed one is results/bench/simulate.csv)",
+    )
     args = ap.parse_args(argv)
     rows = []
     for S, M in SIZES:
@@ -94,9 +98,9 @@ def main(argv=None) -> pd.DataFrame:
             }
         )
     df = pd.DataFrame(rows)
-    out = Path(args.out)  # the current result replaces the previous one (earlier runs: git history)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_text(df.to_csv(index=False), out)
+    if args.out:  # the current result replaces the previous one (earlier runs: git history)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        atomic_text(df.to_csv(index=False), Path(args.out))
     print(
         df[
             [
@@ -114,7 +118,7 @@ def main(argv=None) -> pd.DataFrame:
             ]
         ].to_string(index=False)
     )
-    print(f"wrote {out}")
+    print(f"wrote {args.out}" if args.out else "(no CSV written: pass --out)")
     return df
 
 

@@ -97,7 +97,11 @@ def bench_case(prof: Profile, name: str, levels, schedule: str, repeats: int) ->
 def main(argv=None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--out", default="results/bench/widgets.csv")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="CSV to write (none by default: a run to look at the numbers leaves the checkout unchanged; the committed one is results/bench/widgets.csv)",
+    )
     args = ap.parse_args(argv)
     prof = profile_50()
     load0 = os.getloadavg()[0]
@@ -113,9 +117,10 @@ def main(argv=None) -> pd.DataFrame:
     df["python"] = platform.python_version()
     from workbench.runtime.outputs import atomic_text
 
-    out = Path(args.out)  # the current result replaces the previous one (earlier runs: git history)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_text(df.to_csv(index=False), out)
+    out = Path(args.out) if args.out else "nothing (pass --out)"
+    if args.out:  # the current result replaces the previous one (earlier runs: git history)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        atomic_text(df.to_csv(index=False), Path(args.out))
     cols = [
         "case",
         "schedule",

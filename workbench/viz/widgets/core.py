@@ -25,7 +25,7 @@ from workbench.partitioning.dynamic_program import data_parallel_ms, with_predic
 from workbench.partitioning.pipedream_optimizer import profile_for
 from workbench.partitioning.search import partition
 from workbench.profiling.measure import Profile
-from workbench.simulation import SimResult, simulate
+from workbench.simulation import SimResult, simulate, steady_microbatches
 
 DEFAULT_SCHEDULE = "pipedream"  # the tuner's schedule until the user picks another
 #: schedules that take a (possibly replicated) Plan (``takes_plan``), the default first, then by name;
@@ -241,6 +241,10 @@ def build_schedule(plan: Plan, st: Settings) -> schedules.Schedule:
                 f"multiple of the per-step count"
             )
         return schedules.build(name, plan, k, steps=M // k)
+    steady = steady_microbatches(plan)
+    if M < steady:  # fewer are all warm-up and drain: the view would show no steady state (n/a)
+        warnings.warn(f"simulated {steady} microbatches: {M} reach no steady state on this plan", stacklevel=2)
+        M = steady
     if any(o.name == "microbatches_per_step" for o in schedules.spec(name).options):  # 2BW: an update every k
         return schedules.build(name, plan, M, microbatches_per_step=k)
     return schedules.build(name, plan, M)
