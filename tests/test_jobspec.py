@@ -64,7 +64,7 @@ def test_build_job_of_a_spec_is_prepare_of_its_keywords(tmp_path):
 
 def test_a_record_without_send_times_leaves_their_cells_empty(tmp_path):
     """DDP's and Hogwild's records end at wait_ms: send_ms, data_ms and send_at are empty cells;
-    the CSV's columns are the record's fields (then step, the alias of round)."""
+    the CSV's columns are the record's fields (then step, a copy of round)."""
     from workbench.runtime.outputs import append_outputs
 
     rows = [dict(step=0, epoch=0, loss=1.0, n=1, correct=0, samples=8, end_ms=3.0)]
