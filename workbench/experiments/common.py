@@ -38,6 +38,7 @@ def claim(
     paper: float,
     ours: float,
     unit: str,
+    *,
     label: str,
     explanation: str = "",
     fit: str | None = None,

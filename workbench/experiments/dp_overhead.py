@@ -109,7 +109,14 @@ FULL: dict[str, Any] = dict(
 
 
 def settings(
-    quick: bool, models=None, servers=None, gpu_counts=None, measured_models=None, ranks: int = 2, measured_steps=None
+    quick: bool,
+    models=None,
+    servers=None,
+    gpu_counts=None,
+    measured_models=None,
+    *,
+    ranks: int = 2,
+    measured_steps=None,
 ) -> dict:
     """The notebook's parameters: ``None`` takes the quick or full default; validated (one-line
     ``ValueError``)."""
@@ -141,12 +148,13 @@ def validate_params(
     servers=None,
     gpu_counts=None,
     measured_models=None,
+    *,
     ranks: int = 2,
     measured_steps=None,
     **_ignored,
 ) -> None:
     """``workbench reproduce``'s check of the notebook's parameters (one-line ``ValueError``)."""
-    settings(quick, models, servers, gpu_counts, measured_models, ranks, measured_steps)
+    settings(quick, models, servers, gpu_counts, measured_models, ranks=ranks, measured_steps=measured_steps)
 
 
 # ---- profiles ---------------------------------------------------------------------------------
@@ -359,6 +367,7 @@ def measured_share(
     steps: int = 12,
     batch_per_rank: int = 32,
     seed: int = 0,
+    *,
     repeats: int = 1,
     timeout_s: float = 120.0,
 ) -> dict:
@@ -571,8 +580,8 @@ def claims(fig1: pd.DataFrame, bytes_df: pd.DataFrame, measured: pd.DataFrame | 
                 math.nan,
                 100 * share_at(fig1, *vgg[:3]),
                 "%",
-                lab[vgg],
-                "the paper counts VGG-16 among the high-overhead models; in our model its 553 MB "
+                label=lab[vgg],
+                explanation="the paper counts VGG-16 among the high-overhead models; in our model its 553 MB "
                 "all-reduce (mostly the FC layers, reduced first) hides behind the "
                 f"{fig1.set_index(['model', 'server', 'gpus', 'source']).loc[vgg, 'compute_ms']:.0f} ms "
                 "compute of its 128-image minibatch even at 25 Gbps; on 10 Gbps (Cluster-A) it is "
@@ -597,8 +606,8 @@ def claims(fig1: pd.DataFrame, bytes_df: pd.DataFrame, measured: pd.DataFrame | 
                 85.0,
                 100 * r.reduction,
                 "%",
-                r.label,
-                "paper: 'more than 85%' less (a lower bound) for its best non-DP config, the configuration it ran "
+                label=r.label,
+                explanation="paper: 'more than 85%' less (a lower bound) for its best non-DP config, the configuration it ran "
                 f"({r.pick}); ours: simulated bytes of {r.config} ({r.stages}) vs DP's ring all-reduce. "
                 + _BYTES_NOTE.get(r.pick, "")
                 + other,
@@ -613,8 +622,8 @@ def claims(fig1: pd.DataFrame, bytes_df: pd.DataFrame, measured: pd.DataFrame | 
                     math.nan,
                     100 * r.comm_share,
                     "%",
-                    r.label,
-                    "no paper counterpart (tiny CPU models on one host, shared 2-core machine); "
+                    label=r.label,
+                    explanation="no paper counterpart (tiny CPU models on one host, shared 2-core machine); "
                     "shows the measurement path, not the GPU numbers",
                 )
             )

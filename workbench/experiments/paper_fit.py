@@ -807,8 +807,8 @@ def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.Data
                 num.paper,
                 ours,
                 unit,
-                _label(setting, num, params),
-                "; ".join(why),
+                label=_label(setting, num, params),
+                explanation="; ".join(why),
                 fit="in-sample" if num.role == "dp" else "out-of-sample",
             )
         )

@@ -397,7 +397,9 @@ def tta_claims(
         xm = tta.loc[tta["scheme"] == scheme, "x_vs_pipedream_measured"]
         ours_m = float(xm.iloc[0]) if len(xm) else math.nan
         why = f"{_CPU_NOTE}; {note}; " + _MODELED_ELSEWHERE.format(setting=cfg.setting)
-        rows.append(claim(EXPERIMENT, c + " (this machine)", paper, ours_m, "x", _measured_label(cfg), why))
+        rows.append(
+            claim(EXPERIMENT, c + " (this machine)", paper, ours_m, "x", label=_measured_label(cfg), explanation=why)
+        )
     return rows
 
 
@@ -444,9 +446,9 @@ def asp_claims(tta_asp: pd.DataFrame, asp: pd.DataFrame, cfg: Config) -> list[di
     )
     t = float(st["target"].iloc[0])
     return [
-        claim(EXPERIMENT, ASP_CLAIM, 7.4, float(ratio.max()), "x", _modeled_label(f"median epochs to {t:.0%}", cfg), modeled_why),
+        claim(EXPERIMENT, ASP_CLAIM, 7.4, float(ratio.max()), "x", label=_modeled_label(f"median epochs to {t:.0%}", cfg), explanation=modeled_why),
         claim(EXPERIMENT, ASP_CLAIM + " (this machine)", 7.4, float(a["x_vs_pipedream_measured"].iloc[0]), "x",
-              _measured_label(cfg), measured_why),
+              label=_measured_label(cfg), explanation=measured_why),
     ]  # fmt: skip
 
 

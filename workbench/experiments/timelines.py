@@ -346,7 +346,7 @@ def stretched_costs(stages, factor: pd.Series):
     return replace(stages, **{f: scaled(getattr(stages, f)) for f in STAGE_TIMINGS})
 
 
-def compare(name: str, job, summary: dict, sim, cfg: Config, costs=None) -> dict:
+def compare(name: str, job, summary: dict, sim, cfg: Config, *, costs=None) -> dict:
     """One row: the bubbles (closed form, unit-cost simulation, modeled, measured), the round time
     (modeled, measured), peak stashed microbatches / weight versions (modeled, measured max over
     ranks), the compute stretch (:func:`compute_stretch`) and, given the stage ``costs`` the model
@@ -392,7 +392,7 @@ def compare(name: str, job, summary: dict, sim, cfg: Config, costs=None) -> dict
         compute_stretch_worker_min=float(by_worker.min()),
         compute_stretch_worker_max=float(by_worker.max()),
         bubble_modeled_stretched=stretched_b,
-        explanation=_explain(*bubbles, why, cfg),
+        explanation=_explain(*bubbles, why, cfg=cfg),
     )
 
 
@@ -405,7 +405,7 @@ def _round_spacing_modeled(sim, microbatches: int) -> float:
 
 
 def _explain(
-    cf: float, unit_b: float, modeled_b: float, measured_b: float, stretch: tuple[float, ...], cfg: Config
+    cf: float, unit_b: float, modeled_b: float, measured_b: float, stretch: tuple[float, ...], *, cfg: Config
 ) -> str:
     """Why the four bubbles of a row differ (computed from the row's numbers); ``stretch``: the row's
     (``compute_stretch_measured``, its worker min, its worker max, ``bubble_modeled_stretched``)."""
@@ -659,7 +659,7 @@ def bubble_claims(table: pd.DataFrame, cfg: Config) -> list[dict]:
         )
         rows.append(
             claim(EXPERIMENT, f"{r.schedule} bubble fraction = {r.formula}", r.closed_form, r.bubble_measured_timed,
-                  "fraction", lab, why)
+                  "fraction", label=lab, explanation=why)
         )  # fmt: skip
     return rows
 
@@ -686,7 +686,7 @@ def run(cfg: Config, out_dir) -> dict:
     for name, (job, summary) in runs.real.items():
         costs = stage_costs(job, cache)
         sim = modeled(job, costs, cfg.steps)
-        row = compare(name, job, summary, sim, cfg, costs)
+        row = compare(name, job, summary, sim, cfg, costs=costs)
         timed = runs.timed.get(name)
         row.update(compare_timed(timed[0], timed[1], cfg) if timed else dict.fromkeys(TIMED_COLUMNS, math.nan))
         rows.append(row)

@@ -438,8 +438,8 @@ def claims(tab: pd.DataFrame) -> list[dict]:
                     paper,
                     ours,
                     "units",
-                    label,
-                    gap,
+                    label=label,
+                    explanation=gap,
                 )
             )
         if example:
@@ -450,8 +450,8 @@ def claims(tab: pd.DataFrame) -> list[dict]:
                     r.act_storage_doc / (r.S + 1),
                     r.rho,
                     "jobs/worker/unit",
-                    label,
-                    "the document's near-optimality example: rho within S/(S+1) of the bound M/S; paper side from "
+                    label=label,
+                    explanation="the document's near-optimality example: rho within S/(S+1) of the bound M/S; paper side from "
                     "the document's own M (its activation-storage formula), ours rho = S B / (L W) simulated",
                 )
             )

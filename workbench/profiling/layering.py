@@ -61,6 +61,7 @@ class GraphLayer(nn.Module):
         out_ints: tuple[int, ...],
         n_out: int,
         modules: tuple[str, ...],
+        *,
         own_out: tuple[int, ...] | None = None,
         reads_from: tuple[int, ...] | None = None,
     ):

@@ -157,7 +157,7 @@ def profile(
     before, load_before = torch.get_num_threads(), _load()
     torch.set_num_threads(threads)
     try:
-        rows = _measure_layers(layers, names, _to(x, dev), timing, f"profiling {name}", progress)
+        rows = _measure_layers(layers, names, _to(x, dev), timing, f"profiling {name}", progress=progress)
     finally:
         torch.set_num_threads(before)
     meta = _measurement_meta(name, batch_size, timing, threads, load_before)
@@ -182,7 +182,7 @@ class _Timing:
     flops: bool
 
 
-def _measure_layers(layers, names, x, timing: _Timing, desc: str, progress: bool) -> list[dict]:
+def _measure_layers(layers, names, x, timing: _Timing, desc: str, *, progress: bool) -> list[dict]:
     """One row per layer (the columns :func:`profile` documents, plus the private ``_fwd_range`` /
     ``_bwd_range``), each layer fed the detached output of the one before."""
     import torch
@@ -192,7 +192,9 @@ def _measure_layers(layers, names, x, timing: _Timing, desc: str, progress: bool
 
     rows, seen = [], set[int]()
     for i, layer in enumerate(tqdm(layers, desc=desc, disable=not progress, leave=False)):
-        fwd_times, bwd_times, out = _time_layer(layer, x, i, names[i], timing.warmup, timing.iterations, timing.dev)
+        fwd_times, bwd_times, out = _time_layer(
+            layer, x, i, names[i], timing.warmup, iterations=timing.iterations, dev=timing.dev
+        )
         row = dict(
             name=names[i],
             fwd_ms=_median(fwd_times),
@@ -242,7 +244,7 @@ def _measurement_meta(model: str, batch_size: int, timing: _Timing, threads: int
     )
 
 
-def _time_layer(layer, x, i: int, name: str, warmup: int, iterations: int, dev):
+def _time_layer(layer, x, i: int, name: str, warmup: int, *, iterations: int, dev):
     """``iterations`` forward and backward times (ms) of one layer after ``warmup`` untimed runs,
     and its output (no autograd graph) for the next layer."""
     import torch

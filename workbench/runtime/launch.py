@@ -104,11 +104,11 @@ def build_job(spec: JobSpec) -> Job:
     mseed = o.seed if m.model_seed is None else m.model_seed
     model_options = dict(m.model_options)
     the_model, model_fn, dataset_fn, label = _model_and_data(
-        m.model, m.dataset, m.dtype, mseed, model_options, dict(m.dataset_options or {})
+        m.model, m.dataset, m.dtype, mseed, model_options, dopts=dict(m.dataset_options or {})
     )
     out = _out_folder(r, p.schedule, label, workers)
     sched, sopts = _job_schedule(p, workers, the_model, label, torchrun)
-    transport = _transport(r.transport, sched, workers, device, backend, torchrun)
+    transport = _transport(r.transport, sched, workers, device, backend, torchrun=torchrun)
     stream_fn = _stream_builder(p.schedule, workers, p.plan, p.schedule_options, sched) if p.stream else None
     if sched.num_workers != workers:
         raise ValueError(
@@ -229,7 +229,7 @@ def _job_schedule(p: PipelineSpec, workers: int, the_model, label: str, torchrun
     return sched, sopts
 
 
-def _transport(transport: str, sched: Schedule, workers: int, device: str, backend: str, torchrun: bool) -> str:
+def _transport(transport: str, sched: Schedule, workers: int, device: str, backend: str, *, torchrun: bool) -> str:
     """The transport of activations and gradients: ``"auto"`` picks shared memory where it runs and
     pays (one rank per core, CPU, this machine, bounded ring channels: ``shm.channel_sizes``), else
     gloo; ``"shm"`` needs spawned CPU gloo ranks and a pipeline schedule (messages to carry)."""
@@ -385,7 +385,7 @@ def _check_takes_data(model, train_set, dtype: str | None, label: str) -> None:
             m.training = mode
 
 
-def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, dopts: dict):
+def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, *, dopts: dict):
     """(model, picklable model recipe, picklable data set recipe, label) for a zoo name or a user model.
 
     Zoo names rebuild the model in every rank from ``(name, seed, options)``; a user's model (an
@@ -470,14 +470,14 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
         if any(j.schedule.update == "async" for j in jobs):
             raise ValueError("dp-asp (Hogwild on shared memory) needs one machine: launch it without torchrun")
         rank = int(os.environ["RANK"])  # this process is a rank of torchrun's: it stops with torchrun (lifetime.py)
-        run_rank(rank, worker_main, rank, world, jobs, None, None, None)
+        run_rank(rank, worker_main, rank, world, jobs, None, None)
         return [_read_summary(Path(j.out), j) if rank == 0 else {} for j in jobs]
     port = free_port(port)
     if any(j.shm_token for j in jobs):
         remove_stale_channels()  # files of earlier launchers that were killed before they could remove them
     shareds = [_shared_weights(j) if j.schedule.update == "async" else None for j in jobs]
     try:
-        spawn(worker_main, (world, jobs, "127.0.0.1", port, shareds), world, what="training")
+        spawn(functools.partial(worker_main, shareds=shareds), (world, jobs, "127.0.0.1", port), world, what="training")
     except (RankFailed, JobStopped) as e:
         e.args = (f"{e.args[0]}; the job was stopped{_resume_hint(jobs)}",)
         raise

@@ -67,7 +67,7 @@ class RankFailed(RuntimeError):
     raised, "" if it was killed), ``at`` (``time.time()`` of the failure: when the rank reported its
     error, or when the launcher saw it exit)."""
 
-    def __init__(self, message: str, rank: int, exitcode: int, step: int, tb: str = "", at: float = 0.0):
+    def __init__(self, message: str, rank: int, exitcode: int, step: int, tb: str = "", *, at: float = 0.0):
         super().__init__(message)
         self.rank, self.exitcode, self.step, self.traceback = rank, exitcode, step, tb
         self.at = at or time.time()
@@ -136,7 +136,7 @@ def _one_line(e: BaseException) -> str:
     return (f"{type(e).__name__}: {e}".splitlines() or [type(e).__name__])[0][:500]
 
 
-def _rank_main(rank: int, fn, args: tuple, progress, errors, parent: int) -> None:
+def _rank_main(rank: int, fn, args: tuple, progress, errors, *, parent: int) -> None:
     """Entry of a spawned rank: :func:`become_rank`, then ``fn(rank, *args)``. An error is reported
     to the launcher (one line and its traceback) and the process ends at once (``os._exit``: no
     interpreter teardown that could wait on a peer)."""
@@ -193,14 +193,15 @@ def spawn(fn, args: tuple, world: int, *, deadline_s: float | None = None, what:
             for r in range(world):
                 p = ctx.Process(
                     target=_rank_main,
-                    args=(r, fn, args, progress, pipes[r][1], os.getpid()),
+                    args=(r, fn, args, progress, pipes[r][1]),
+                    kwargs={"parent": os.getpid()},
                     name=f"workbench-rank{r}",
                     daemon=False,
                 )
                 p.start()
                 procs.append(p)
                 pipes[r][1].close()  # the rank holds its own copy: at its end the reader sees EOF
-            _supervise(procs, [r for r, _ in pipes], progress, stop, deadline_s, what)
+            _supervise(procs, [r for r, _ in pipes], progress, stop, deadline_s, what=what)
         finally:
             stop_ranks(procs)
             for pipe in pipes:
@@ -208,7 +209,7 @@ def spawn(fn, args: tuple, world: int, *, deadline_s: float | None = None, what:
                     end.close()
 
 
-def _supervise(procs, readers, progress, stop: _StopSignals, deadline_s, what: str) -> None:
+def _supervise(procs, readers, progress, stop: _StopSignals, deadline_s, *, what: str) -> None:
     """Wait until every rank exited 0; raise on the first stop signal, failed rank or the deadline."""
     end = None if deadline_s is None else time.monotonic() + deadline_s
     reports, readers = [], list(readers)
@@ -273,7 +274,7 @@ def _failure(procs: list, dead: list, reports: list, progress) -> RankFailed:
             1,
             progress[i],
             tb,
-            at,
+            at=at,
         )
     i, p = dead[0]
     if progress[i] == NOT_STARTED:  # it never ran our code: the spawned interpreter failed to start it

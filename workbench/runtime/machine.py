@@ -31,6 +31,7 @@ op starts, the same statistic :func:`measured_step_ms` takes from a measured ``t
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -212,7 +213,7 @@ class _PingPongLink:
             ch.close()
 
 
-def _ping_pong(rank: int, port: int, t: _Timing, busy: bool, shm_token: str, q) -> None:
+def _ping_pong(rank: int, port: int, t: _Timing, busy: bool, shm_token: str, *, q) -> None:
     """One side of the ping-pong: rank 0 sends and waits for the echo; rank 1 echoes. ``busy``: a
     compute thread keeps the core busy meanwhile and sends go through the runtime's send path
     (its sender thread, where the runtime uses one). ``shm_token``: through the runtime's
@@ -304,7 +305,7 @@ def _run_ranks(fn, args: tuple, nprocs: int, timeout_s: float, what: str) -> dic
     from workbench.runtime.lifetime import spawn
 
     q = mp.get_context("spawn").SimpleQueue()
-    spawn(fn, (free_port(), *args, q), nprocs, deadline_s=timeout_s, what=what)
+    spawn(functools.partial(fn, q=q), (free_port(), *args), nprocs, deadline_s=timeout_s, what=what)
     if q.empty():
         raise RuntimeError(f"{what} finished without a result")
     return q.get()
@@ -325,6 +326,7 @@ def measure_link(
     repeats: int = 30,
     warmup: int = 5,
     timeout_s: float = 120.0,
+    *,
     threads: int = 1,
     busy: bool = False,
     transport: str = "gloo",
@@ -425,6 +427,7 @@ def measure_allreduce(
     world_size: int = 2,
     repeats: int = 20,
     warmup: int = 5,
+    *,
     timeout_s: float = 120.0,
     threads: int = 1,
 ) -> dict:
@@ -601,6 +604,7 @@ def _time_stage(
     first: bool,
     iterations: int,
     warmup: int,
+    *,
     microbatches: int = 4,
     last: tuple | None = None,
     lr: float = 1e-9,
@@ -732,7 +736,7 @@ class _StageTimer:
                 roots, grads = st.stage_roots(y, loss=loss, cot=kw.get("cot"))
                 _, cots = st.split_input_grad(layers, xl, roots, grads)
                 t1 = time.perf_counter()
-                st.split_weight_grad(layers, cots, roots, grads, self.params, into)
+                st.split_weight_grad(layers, cots, roots, grads, self.params, into=into)
             self.ms["BI"].append((t1 - t0) * 1e3)
             self.ms["BW"].append((time.perf_counter() - t1) * 1e3)
 
@@ -758,6 +762,7 @@ def stage_profile(
     microbatch_size: int,
     threads: int = 1,
     iterations: int = 20,
+    *,
     warmup: int = 5,
     device: str = "cpu",
 ) -> StageProfile:
@@ -914,6 +919,7 @@ def modeled_step_ms(
     link: dict | None = None,
     op_overhead_ms: float = 0.0,
     rounds: int = 6,
+    *,
     overlap_comm: bool = True,
     level: str = "stage",
     allreduce: dict | None = None,

@@ -92,7 +92,9 @@ class SegmentStage:
     its layers hold); ``offsets``: segment boundaries N_0 .. N_k in tokens; the last stage's loss of
     a unit is its tokens' summed cross entropy divided by ``norm``."""
 
-    def __init__(self, stage: int, layers, is_last: bool, params: dict, offsets, norm: float, recompute: bool = False):
+    def __init__(
+        self, stage: int, layers, is_last: bool, params: dict, offsets, *, norm: float, recompute: bool = False
+    ):
         self.stage, self.layers, self.is_last, self.params = stage, list(layers), is_last, params
         self.ptrs = {p.data_ptr() for p in self.params.values()}
         self.blocks = [i for i, m in enumerate(self.layers) if isinstance(m, SegBlock)]

@@ -436,6 +436,7 @@ def make_op(
     microbatch: int = -1,
     version: int = 0,
     step: int = -1,
+    *,
     weights_worker: int | None = None,
     segment: int | None = None,
 ) -> Op:

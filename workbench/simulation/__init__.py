@@ -184,7 +184,7 @@ def simulate(
     opts = SimOptions.from_keywords(options, **keywords)
     if not isinstance(schedule, Schedule):
         raise ValueError(f"simulate() needs a workbench.schedules.Schedule, got {type(schedule).__name__}")
-    costs = simulation_costs(schedule, fwd, bwd, profile, plan, topology, opts)
+    costs = simulation_costs(schedule, fwd, bwd, profile, plan, topology=topology, options=opts)
     return _run(schedule, costs, opts.overlap_comm)
 
 
