@@ -25,6 +25,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -291,7 +292,6 @@ def _cell(text) -> str:
 def code_version() -> str:
     """The git commit the package runs from (``+ uncommitted changes`` when the tree differs), or
     "unknown" outside a git checkout."""
-    import subprocess
 
     root = Path(__file__).resolve().parents[2]
     try:

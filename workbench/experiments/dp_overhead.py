@@ -52,6 +52,7 @@ from workbench.experiments.common import claim
 from workbench.partitioning.search import partition
 from workbench.profiling.measure import Profile, analyze, project
 from workbench.profiling.pipedream import SHIPPED, shipped
+from workbench.runtime import train
 from workbench.simulation import simulate
 
 #: server type -> GPU of its profile (topology presets: workbench/cost/topology.py, with their sources)
@@ -375,7 +376,6 @@ def measured_share(
     CPU ranks (same per-rank minibatch, 1 thread per rank), alternating ``repeats`` times, and
     return ``comm_share = 1 − T_1 / T_N`` with ``T_n`` the smallest median step time of the n-rank
     runs (the least disturbed by other load on the machine)."""
-    from workbench.runtime import train
 
     times: dict[int, list[float]] = {1: [], workers: []}
     load = os.getloadavg()[0]

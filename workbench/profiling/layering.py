@@ -34,9 +34,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import pandas as pd
 import torch
 from torch import fx, nn
+from torch.export import Dim, export
 
+from workbench.io.cards import card, one_line
 from workbench.models.base import LayerModel, TensorSpec
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -111,14 +114,10 @@ class GraphModel(LayerModel):
         ]
 
     def __repr__(self) -> str:
-        from workbench.io.cards import one_line
 
         return one_line("GraphModel", [("name", self.name, "")] + self._rows())
 
     def _repr_html_(self) -> str:
-        import pandas as pd
-
-        from workbench.io.cards import card
 
         seen: set = set()  # a tied weight counts at its first layer, as in a Profile
         table = pd.DataFrame(
@@ -182,7 +181,6 @@ def _check_runs(model: nn.Module, args: tuple) -> None:
 
 def _export(model: nn.Module, args: tuple) -> fx.GraphModule:
     """``torch.export`` in training mode with a dynamic batch dimension -> an unlifted GraphModule."""
-    from torch.export import Dim, export
 
     dyn = tuple({0: Dim.AUTO} if torch.is_tensor(a) and a.dim() > 0 else None for a in args)
     _check_runs(model, args)

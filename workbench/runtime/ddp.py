@@ -8,6 +8,7 @@ from collections import defaultdict
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from workbench.runtime import opclock
 from workbench.runtime.record import timed
@@ -34,7 +35,6 @@ class DDPExecutor(MomentumState):
     """
 
     def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], *, groups: dict):
-        from torch.nn.parallel import DistributedDataParallel as DDP
 
         self.ctx, self.schedule, self.model, self.rank = ctx, schedule, model, ctx.rank
         self.S, self.M = schedule.num_stages, schedule.microbatches

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import multiprocessing as mp
 import os
 import pickle
 import time
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+from torch.utils.data import TensorDataset
 
 from workbench.runtime.fetch import check_remote
 from workbench.runtime.job import (
@@ -33,6 +35,7 @@ from workbench.runtime.lifetime import JobStopped, RankFailed, run_rank, spawn
 from workbench.runtime.outputs import RunResult, latest_checkpoint, load_stage
 from workbench.runtime.ports import free_port
 from workbench.runtime.rank import worker_main
+from workbench.runtime.reference import updates_per_round
 from workbench.runtime.segment_executor import check_segments, sequence_options
 from workbench.runtime.shm import (
     TRAIN_TRANSPORTS,
@@ -54,7 +57,7 @@ from workbench.runtime.stages import (
     stage_params,
 )
 from workbench.runtime.tied import check_tied, defer_steps, tied_weights
-from workbench.schedules import executor_of, spec
+from workbench.schedules import REGISTRY, build_for_workers, executor_of, spec, worker_options
 from workbench.schedules.core import Schedule, validate
 
 
@@ -73,7 +76,6 @@ def schedule_for_workers(name: str, workers: int, plan, microbatches: int, optio
     """Schedule ``name`` on ``workers`` ranks, shaped by the registry (no special cases by name): a
     schedule taking ``workers`` (data parallel, master family) gets it; without a plan the stage count
     is ``spec.stages_for(workers, options)`` (k stages per worker; 1 for data parallel)."""
-    from workbench.schedules import build_for_workers, worker_options
 
     options.update(worker_options(name, workers, options))  # the caller keeps the typed options
     return build_for_workers(name, workers, microbatches, plan, options)
@@ -279,7 +281,6 @@ def stream_schedule(name: str, workers: int, plan, options: dict, microbatches: 
 
 
 def _schedule_option_names(name: str) -> set[str]:
-    from workbench.schedules import spec
 
     return {o.name for o in spec(name).options}
 
@@ -289,7 +290,6 @@ def _stream_builder(schedule, workers: int, plan, options: Mapping | None, sched
     minibatches. Only for pipelines whose microbatch count is a stream, not one flush (the registry's
     ``microbatches="in total"``: model-parallel, pipedream, pipedream-2bw), whose weight rule then
     reads the same over two minibatches as over one (the updates per minibatch are checked)."""
-    from workbench.schedules import REGISTRY, spec
 
     if not isinstance(schedule, str):
         raise ValueError("stream=True builds the schedule over each epoch's microbatches: give the schedule by name")
@@ -305,7 +305,6 @@ def _stream_builder(schedule, workers: int, plan, options: Mapping | None, sched
         )
         raise ValueError(f"{schedule} {why}; stream=True (--stream) is for pipeline schedules without a flush: {ok}")
     fn = functools.partial(stream_schedule, schedule, workers, plan, dict(options or {}))
-    from workbench.runtime.reference import updates_per_round
 
     two, one = updates_per_round(fn(2 * sched.microbatches)), updates_per_round(sched)
     if two != [2 * u for u in one]:
@@ -336,7 +335,6 @@ def _check_not_bootstrapping() -> None:
     """A spawned rank re-imports the parent's ``__main__`` script; a script that calls ``train`` at
     module level would start training again in every rank. Say so instead of multiprocessing's
     bootstrapping error."""
-    import multiprocessing as mp
 
     if mp.parent_process() is not None and getattr(mp.current_process(), "_inheriting", False):
         raise RuntimeError(
@@ -391,7 +389,6 @@ def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, *, d
     Zoo names rebuild the model in every rank from ``(name, seed, options)``; a user's model (an
     ``nn.Module``, a factory, ``"package.module:function"``, a LayerModel) is traced once here
     (:func:`workbench.profiling.layering.split`) and the traced copy travels to the ranks by pickling."""
-    from torch.utils.data import TensorDataset
 
     def data_recipe(default_name: str | None, model_name: str = "user"):
         if dataset is None and default_name is None:

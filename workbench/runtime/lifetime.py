@@ -43,6 +43,8 @@ import time
 import traceback
 from multiprocessing import connection
 
+import torch.multiprocessing as mp
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 GRACE_S = 2.0  # a rank that outlives SIGTERM by this long gets SIGKILL
 POLL_S = 0.1  # the launcher's and the watchdog's polling period
@@ -182,7 +184,6 @@ def spawn(fn, args: tuple, world: int, *, deadline_s: float | None = None, what:
     """Run ``fn(rank, *args)`` in ``world`` spawned processes until all return; raises
     :class:`JobStopped` / :class:`RankFailed` after stopping every rank (module docstring), or
     ``TimeoutError`` when ``deadline_s`` (an overall bound, for short measurements) passes."""
-    import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     progress = ctx.RawArray("q", [NOT_STARTED] * world)

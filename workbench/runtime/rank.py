@@ -22,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from workbench.runtime.affinity import place_rank
+from workbench.runtime.ddp import DDPExecutor
 from workbench.runtime.fetch import has_remote
+from workbench.runtime.hogwild import HogwildExecutor
 from workbench.runtime.job import Job, RankContext
 from workbench.runtime.lifetime import reached
 from workbench.runtime.outputs import (
@@ -36,14 +39,15 @@ from workbench.runtime.outputs import (
     peak_rss,
     write_summary,
 )
+from workbench.runtime.segment_executor import SegmentExecutor
 from workbench.runtime.stages import DataOrder, as_tuple, microbatch, run_stage, stage_module, stage_params
 from workbench.runtime.tied import make_groups as tied_groups
 from workbench.runtime.tied import tied_weights
+from workbench.runtime.worker import PipelineExecutor
 from workbench.schedules import executor_of
 
 
 def _init_dist(rank: int, world: int, job: Job, addr: str | None, port: int | None):
-    import torch.distributed as dist
 
     kw: dict[str, Any] = dict(
         backend=job.backend, rank=rank, world_size=world, timeout=timedelta(seconds=job.timeout_s)
@@ -239,10 +243,6 @@ def _make_executor(ctx: RankContext, job: Job, model, init: list[dict], groups: 
     """The executor the schedule's registration names (Hogwild, DDP, or the pipeline executor; the
     segment executor for a schedule with segments). The four share the step loop's duck-typed
     interface (:mod:`.worker`'s docstring)."""
-    from workbench.runtime.ddp import DDPExecutor
-    from workbench.runtime.hogwild import HogwildExecutor
-    from workbench.runtime.segment_executor import SegmentExecutor
-    from workbench.runtime.worker import PipelineExecutor
 
     sched, kind = job.schedule, executor_of(job.schedule)
     if kind == "hogwild":

@@ -20,13 +20,14 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from workbench.cost.plan import Plan
+
 Bounds = list[tuple[int, int]]
 
 
 def even_bounds(num_layers: int, num_stages: int) -> Bounds:
     """The default split without a plan, :meth:`workbench.cost.plan.Plan.even` (the simulator's too):
     contiguous stages of near-equal layer count."""
-    from workbench.cost.plan import Plan
 
     return plan_bounds(Plan.even(num_layers, num_stages))
 

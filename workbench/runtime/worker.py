@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
 
 from workbench.runtime import opclock, shm
 from workbench.runtime.comm import P2P, ShmP2P
@@ -665,6 +666,5 @@ def _stage_forward(module, params, x, recompute: bool):
     :func:`torch.utils.checkpoint.checkpoint`: only the inputs are kept, the forward is re-run in the backward."""
     if not recompute:
         return run_stage(module, params, x)
-    from torch.utils.checkpoint import checkpoint
 
     return checkpoint(run_stage, module, params, x, use_reentrant=False)

@@ -12,6 +12,7 @@ import pandas as pd
 from workbench.io.cards import card, fmt, one_line
 from workbench.schedules.core import Schedule
 from workbench.schedules.dataflow import peak_in_flight
+from workbench.schedules.stats import worker_stats
 from workbench.simulation.costs import (
     _AR,
     _B,
@@ -44,8 +45,6 @@ class SimResult:
     def worker_stats(self) -> pd.DataFrame:
         """Per-worker statistics of the "Unifying" document (indexed by worker)."""
         if "df" not in self._stats:
-            from workbench.schedules.stats import worker_stats
-
             self._stats["df"] = worker_stats(self.schedule, self.timeline)
         return self._stats["df"]
 

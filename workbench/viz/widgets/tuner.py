@@ -28,6 +28,7 @@ from workbench.partitioning.pipedream_optimizer import profile_for
 from workbench.profiling.measure import Profile
 from workbench.profiling.measure import profile as measure_profile
 from workbench.profiling.pipedream import SHIPPED, shipped
+from workbench.runtime import train
 from workbench.viz.widgets import controls, core
 from workbench.viz.widgets.figures import stage_widget, timeline_widget, update_stages, update_timeline, widget
 
@@ -441,7 +442,6 @@ class PartitionTuner:
         return self._guard(lambda: self._run_it(steps, timeout_s))
 
     def _run_it(self, steps: int, timeout_s: float) -> dict:
-        from workbench.runtime import train
 
         if self.outcome is None:
             raise ValueError("no valid plan to run: fix the settings first")
