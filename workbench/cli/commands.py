@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from workbench.cli.args import add_schedule_arguments
+from workbench.cli.reproduce import add_arguments, cmd_reproduce
+from workbench.cli.train import add_train_arguments, run_train
+from workbench.cost.topology import Topology
+from workbench.io.folders import fresh_path, run_folder, run_id
 
 if TYPE_CHECKING:
     from workbench.cost.topology import Topology
@@ -25,7 +29,6 @@ class UsageError(ValueError):
 def parse_topology(text: str):
     """``"4x10e9,4x1.25e9"`` -> Topology levels [(4, 10e9), (4, 1.25e9)] (innermost first), or a
     preset name (``Topology.presets()``), optionally with ``:SERVERS`` (e.g. ``4xV100-pcie-10g:4``)."""
-    from workbench.cost.topology import Topology
 
     name, _, servers = text.partition(":")
     if name in Topology.presets():
@@ -52,7 +55,6 @@ FLAT_WORKERS, FLAT_BANDWIDTH = 4, 10e9  # the flat topology when neither --topol
 
 
 def _topology_from_args(args):
-    from workbench.cost.topology import Topology
 
     if args.topology:
         _refuse_unused(args, ("workers", "bandwidth"), "--topology gives the workers and bandwidths")
@@ -248,8 +250,6 @@ def cmd_partition(args) -> int:
                 f"(cost model), x{base.predicted_ms / plan.predicted_ms:.2f} the plan's prediction"
             )
     if args.out:
-        from workbench.io.folders import fresh_path
-
         out = fresh_path(args.out)  # never overwrite an earlier plan
         out.parent.mkdir(parents=True, exist_ok=True)
         plan.save(out)
@@ -300,7 +300,6 @@ def cmd_simulate(args) -> int:
 def _simulation_costs(args, plan) -> tuple[dict, Topology | None]:
     """``simulate()`` keywords for the costs the flags name, and the topology (None for unit costs);
     a flag the chosen cost mode would ignore is refused."""
-    from workbench.cost.topology import Topology
     from workbench.simulation import plan_topology
 
     fixed = dict(latency_ms=args.latency_ms, op_overhead_ms=args.op_overhead_ms)
@@ -345,7 +344,6 @@ def cmd_schedules(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from workbench.cli.train import run_train
 
     return run_train(args)
 
@@ -362,8 +360,6 @@ def cmd_quickstart(args) -> int:
     paper-size model's modeled V100 profile, partition it for PipeDream's Cluster-A (4 servers x 4
     V100) and simulate PipeDream's 1F1B schedule on that plan. Everything lands in a new run folder."""
     from workbench import models
-    from workbench.cost.topology import Topology
-    from workbench.io.folders import run_folder, run_id
     from workbench.partitioning.search import partition
     from workbench.profiling.measure import profile, project
     from workbench.simulation import simulate_plan, steady_microbatches
@@ -566,8 +562,6 @@ def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="really train with a schedule (torch.distributed, one process per worker)")
     if train_arguments:
-        from workbench.cli.train import add_train_arguments
-
         add_train_arguments(p)
     p.set_defaults(fn=cmd_train)
 
@@ -582,7 +576,6 @@ def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_quickstart)
 
     p = sub.add_parser("reproduce", help="run the paper-reproduction notebooks (papermill) into a new run folder")
-    from workbench.cli.reproduce import add_arguments, cmd_reproduce
 
     add_arguments(p)
     p.set_defaults(fn=cmd_reproduce)
