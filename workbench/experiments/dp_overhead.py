@@ -43,6 +43,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
 
 from workbench import models as zoo
 from workbench import schedules
@@ -423,9 +427,6 @@ def measured_table(names, workers: int = 2, steps: int = 12, repeats: int = 1) -
 def figure1(fig1: pd.DataFrame):
     """Figure 1 as plotly: one panel per server type, comm. share (%) vs GPUs, a line per model
     (solid: projected profile; dashed: PipeDream's measured GPU profile)."""
-    import plotly.graph_objects as go
-    from plotly.colors import qualitative
-    from plotly.subplots import make_subplots
 
     servers = [s for s in SERVERS if s in set(fig1.server)]
     fig = make_subplots(
@@ -459,7 +460,6 @@ def figure1(fig1: pd.DataFrame):
 
 def bytes_figure(configs: pd.DataFrame):
     """Time per minibatch vs bytes per sample of every configuration (DP highlighted), per model."""
-    import plotly.express as px
 
     df = configs.assign(
         kind=np.where(

@@ -49,6 +49,7 @@ from functools import cache
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 
 from workbench import schedules
 from workbench.cost.model import CostModel
@@ -876,7 +877,6 @@ def settings_table() -> pd.DataFrame:
 
 def fit_figure(claims: pd.DataFrame):
     """Paper (x) vs model (y), log-log, in-sample and out-of-sample marked, with y = x and ±25%."""
-    import plotly.graph_objects as go
 
     df = claims[np.isfinite(claims["ratio"].astype(float)) & (claims["ours"].astype(float) > 0)]
     fig = go.Figure()
@@ -939,7 +939,6 @@ def scaling_table(setting: str = "arxiv-A", model: str = "vgg16", workers=(1, 2,
 
 def scaling_figure(scaling: pd.DataFrame):
     """Speedup vs GPUs, the model's lines with the paper's points overlaid."""
-    import plotly.graph_objects as go
 
     setting, model = scaling["setting"].iloc[0], scaling["model"].iloc[0]
     fig = go.Figure()

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 
 from workbench import schedules
 from workbench.cost.model import CostModel
@@ -484,7 +485,6 @@ def _reach_text(stats: pd.DataFrame) -> str:
 # ---- figures ---------------------------------------------------------------------------------
 def curve_figure(curves: pd.DataFrame, x: str, title: str, x_title: str, target: float | None = None):
     """Test accuracy vs ``x`` per scheme: the mean over seeds (line) and the min-max band."""
-    import plotly.graph_objects as go
 
     fig = go.Figure()
     for i, (scheme, g) in enumerate(curves.groupby("scheme", sort=False)):

@@ -62,6 +62,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from workbench import schedules
 from workbench.cost.plan import Plan
@@ -601,8 +603,6 @@ def timeline_pair(name: str, sim, summary: dict, cfg: Config):
 def panels_figure(table: pd.DataFrame):
     """Three panels across schedules: bubble (closed form, measured on the timed stages, modeled and
     measured on the model), peak stashed microbatches and weight versions (modeled vs measured)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
 
     fig = make_subplots(
         rows=3,
