@@ -112,7 +112,9 @@ class SegmentStage:
         mine = [layers[i] for i in range(first, last + 1)]
         params = {f"{first + i}.{n}": p for i, m in enumerate(mine) for n, p in m.named_parameters()}
         norm = job.schedule.microbatches_per_step * job.batch * job.x.shape[1]
-        return cls(stage, mine, last == len(layers) - 1, params, job.offsets(), norm=norm, recompute=job.schedule.recompute)
+        return cls(
+            stage, mine, last == len(layers) - 1, params, job.offsets(), norm=norm, recompute=job.schedule.recompute
+        )
 
     def _run(self, x, offset: int, j: int, *flat_past):
         """The stage on one segment: returns (output, K, V of each block)."""
