@@ -90,7 +90,10 @@ def test_validator_and_simulator_read_the_same_edges(make):
     validate(sched)
     df = sched.dataflow
     assert sched.dataflow is df
-    g = build_graph(sched, _unit_costs(sched, 1.0, 2.0, None, 0.0, 0.0, 0.0, 0.0, 0.0))
+    g = build_graph(
+        sched,
+        _unit_costs(sched, 1.0, 2.0, None, 0.0, weight_fetch=0.0, step_ms=0.0, latency_ms=0.0, op_overhead_ms=0.0),
+    )
     got = sorted((p, c) for p in range(g.N) for c in g.cons_idx[g.cons_ptr[p] : g.cons_ptr[p + 1]])
     assert got == sorted(zip(df.src.tolist(), df.dst.tolist()))
 

@@ -6,6 +6,9 @@ submodule imports the package back."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "workbench"
@@ -157,3 +160,102 @@ def test_no_function_shares_its_name_with_its_module():
                     if (a.asname or a.name) in subs and node.module and not node.module.endswith(a.name)
                 ]
     assert clash == []
+
+
+# Function-local imports: only heavy optional dependencies (kept out of ``workbench --help`` and out
+# of modules that must import without them), or, inside workbench/cli/, the workbench modules a
+# command needs (so that the CLI's parser stays light).
+HEAVY_OPTIONAL = {
+    "torch",
+    "plotly",
+    "ipywidgets",
+    "IPython",
+    "papermill",
+    "transformers",
+    "scipy",
+    "sklearn",
+    "mnist1d",
+    "yaml",
+    "tqdm",
+    "playwright",
+}
+# The CLI loads its commands' module (workbench.cli.actions) with one lazy import; what is left is
+# heavy optional packages (papermill, plotly, transformers, ...) kept out of `workbench --help`.
+MOST_LOCAL_IMPORTS = 40
+
+
+def local_imports() -> list[tuple[str, int, str]]:
+    """(file, line, imported module) of every import inside a function of the package."""
+    out = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = str(path.relative_to(ROOT.parent))
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    out += [(rel, node.lineno, a.name) for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    out.append((rel, node.lineno, "." * node.level + (node.module or "")))
+    return sorted(set(out))
+
+
+def test_function_local_imports_are_few_and_each_for_a_heavy_optional_dependency():
+    found = local_imports()
+    wrong = [
+        f"{f}:{line} imports {mod}"
+        for f, line, mod in found
+        if mod.split(".")[0] not in HEAVY_OPTIONAL
+        and not (f.startswith("workbench/cli/") and mod.split(".")[0] in ("workbench", "pandas"))
+    ]
+    assert not wrong, "function-local imports of light modules (hoist them):\n" + "\n".join(wrong)
+    assert len(found) <= MOST_LOCAL_IMPORTS, f"{len(found)} function-local imports (at most {MOST_LOCAL_IMPORTS})"
+
+
+def test_the_local_import_count_sees_a_nested_import(tmp_path):
+    src = "def f():\n    def g():\n        import torch\n    return g\n"
+    tree = ast.parse(src)
+    fns = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    assert any(isinstance(x, ast.Import) for f in fns for x in ast.walk(f))
+
+
+def test_the_cli_commands_import_neither_torch_nor_pandas():
+    code = "import sys, workbench.cli.commands; print(sorted({'torch', 'pandas', 'plotly'} & set(sys.modules)))"
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+MOST_POSITIONAL = 5
+
+
+def positional_heavy(tree: ast.AST) -> list[tuple[int, str, int]]:
+    """(line, name, count) of every function, method or nested function taking more than
+    MOST_POSITIONAL positional parameters (``self``/``cls`` not counted)."""
+    out = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            names = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+            if names and names[0] in ("self", "cls"):
+                names = names[1:]
+            if len(names) > MOST_POSITIONAL:
+                out.append((fn.lineno, getattr(fn, "name", "<lambda>"), len(names)))
+    return out
+
+
+def test_no_function_takes_more_than_five_positional_parameters():
+    found = [
+        f"{path.relative_to(ROOT.parent)}:{line} {name} ({n} positional)"
+        for path in sorted(ROOT.rglob("*.py"))
+        for line, name, n in positional_heavy(ast.parse(path.read_text()))
+    ]
+    assert not found, "make the options keyword-only (*) or group them:\n" + "\n".join(found)
+
+
+def test_the_positional_check_sees_methods_and_nested_functions():
+    src = (
+        "class C:\n    def m(self, a, b, c, d, e, f): pass\n"
+        "def outer():\n    def inner(a, b, c, d, e, f): pass\n"
+        "def fine(a, b, c, d, e, *, f): pass\n"
+    )
+    assert [name for _, name, _ in positional_heavy(ast.parse(src))] == ["m", "inner"]

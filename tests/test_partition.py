@@ -40,7 +40,7 @@ partition = functools.partial(_partition, refine=False)
 
 def build_levels(L, topo, straight, memory, fewer, fast=True):
     cm = CostModel(np.diff(L.Fp), np.diff(L.Bp), L.act, L.param, topology=topo)
-    return _build_levels(L, topo, straight, memory, fewer, cm, fast=fast)
+    return _build_levels(L, topo, straight, memory, fewer, cm=cm, fast=fast)
 
 
 def make_profile(fwd, bwd, act, par):

@@ -166,7 +166,7 @@ def test_layerwise_split_backward_equals_one_vjp(model, first, last):
     roots, grads = stage_roots(y, cot=cot)
     dx, cots = split_input_grad(layers, xl, roots, grads)
     buf = {n: torch.ones_like(p) for n, p in params.items()}
-    split_weight_grad(layers, cots, roots, grads, params, buf)
+    split_weight_grad(layers, cots, roots, grads, params, into=buf)
     want_dx, want_dw, _ = vjp(mod, params, as_leaves(x, True), False, cot=cot)
     assert (dx[0] - want_dx[0]).abs().max() < 1e-12
     assert max((buf[n] - 1 - want_dw[n]).abs().max().item() for n in params) < 1e-12
@@ -438,7 +438,7 @@ def test_hogwild_update_computes_its_gradient_on_the_weights_it_pulled(tmp_path,
     def one_update(other_write: float) -> list[dict]:
         shared, counters = _shared_weights(job)
         ctx = SimpleNamespace(rank=0, device=torch.device("cpu"), t0=0.0, optim=SimpleNamespace(momentum=0.0, lr=LR))
-        ex = hogwild.HogwildExecutor(ctx, job.schedule, job.model_fn(), job.bounds, shared, counters)
+        ex = hogwild.HogwildExecutor(ctx, job.schedule, job.model_fn(), job.bounds, shared, counters=counters)
         real_vjp = hogwild.vjp
 
         def late_vjp(*args, **kw):  # another replica's update, after this replica's forward

@@ -420,7 +420,10 @@ def test_simulator_edges_are_schedule_dependencies(name, stages, kw):
     from workbench.simulation.edges import build_graph
 
     sched = build(name, stages, 4, **kw)
-    g = build_graph(sched, _unit_costs(sched, 1.0, 2.0, None, 0.0, 0.0, 0.0, 0.0, 0.0))
+    g = build_graph(
+        sched,
+        _unit_costs(sched, 1.0, 2.0, None, 0.0, weight_fetch=0.0, step_ms=0.0, latency_ms=0.0, op_overhead_ms=0.0),
+    )
     key = [(op.kind, op.stage, sched.unit(op)) if op.kind in ("F", "B", "BI", "BW") else None for op in g.flat]
     got = {
         (key[p], key[c])

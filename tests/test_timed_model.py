@@ -62,7 +62,7 @@ def test_forward_and_split_backward_take_their_set_times():
         dx, cots = split_input_grad(layers, x, roots, grads)
         t1 = time.perf_counter()
         into: dict = {}
-        split_weight_grad(layers, cots, roots, grads, params, into)
+        split_weight_grad(layers, cots, roots, grads, params, into=into)
         t2 = time.perf_counter()
         assert set(into) == set(params) and dx[0].shape == x[0].shape
         return (t1 - t0) * 1e3, (t2 - t1) * 1e3

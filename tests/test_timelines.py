@@ -63,7 +63,7 @@ def test_compute_stretch_matches_the_same_ops_and_weights_by_time():
     # an op the modeled timeline lacks has no stage cost to compare with: left out
     extra = pd.concat([measured, pd.DataFrame([dict(worker=1, stage=1, microbatch=5, kind="F", start=60.0, end=99.0)])])
     assert tl.compute_stretch(extra, modeled)[0] == pytest.approx(overall)
-    why = tl._explain(0.25, 0.25, 0.3, 0.4, (3.5, 2.0, 4.0, 0.33), tl.Config())
+    why = tl._explain(0.25, 0.25, 0.3, 0.4, (3.5, 2.0, 4.0, 0.33), cfg=tl.Config())
     assert "3.50x" in why and "has bubble 0.330" in why and "accounts for +0.030" in why and "for +0.070" in why
 
 

@@ -63,3 +63,6 @@ def add_schedule_arguments(p: argparse.ArgumentParser, option_type: Callable[[st
     for f, meta in cli_fields():
         if f.name in ("schedule", "schedule_options"):
             add_option_argument(p, f, meta, option_type)
+
+
+FLAT_WORKERS, FLAT_BANDWIDTH = 4, 10e9  # the flat topology when neither --topology nor --workers is given

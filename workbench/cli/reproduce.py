@@ -25,6 +25,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -176,7 +177,7 @@ def plan_runs(only, params_file, quick: bool, nb_dir: Path) -> tuple[list[tuple[
     return runs, missing
 
 
-def run_notebook(name: str, path: Path, params: dict, run_dir: Path, quick: bool, progress: bool) -> Outcome:
+def run_notebook(name: str, path: Path, params: dict, run_dir: Path, quick: bool, *, progress: bool) -> Outcome:
     """Execute one notebook into ``run_dir/name.ipynb`` with its outputs in ``run_dir/name``."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
@@ -213,7 +214,7 @@ def run_notebook(name: str, path: Path, params: dict, run_dir: Path, quick: bool
 
 
 def run(
-    only=None, params_file=None, quick: bool = False, out="results/reproduce", nb_dir=None, progress: bool = True
+    only=None, params_file=None, quick: bool = False, out="results/reproduce", nb_dir=None, *, progress: bool = True
 ) -> tuple[Path, list[Outcome]]:
     """Check every parameter, run the notebooks, write ``summary.md``; returns (run folder, outcomes)."""
     from tqdm.auto import tqdm
@@ -226,7 +227,7 @@ def run(
         bar = tqdm(runs, desc="notebooks", unit="nb", disable=not progress)
         for name, path, params in bar:
             bar.set_postfix_str(name)
-            outcome = run_notebook(name, path, params, tmp, quick, progress)
+            outcome = run_notebook(name, path, params, tmp, quick, progress=progress)
             outcomes.append(outcome)
             if outcome.status != "ok":
                 tqdm.write(f"FAILED {name}: {outcome.error}", file=sys.stderr)
@@ -291,7 +292,6 @@ def _cell(text) -> str:
 def code_version() -> str:
     """The git commit the package runs from (``+ uncommitted changes`` when the tree differs), or
     "unknown" outside a git checkout."""
-    import subprocess
 
     root = Path(__file__).resolve().parents[2]
     try:

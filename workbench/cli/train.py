@@ -11,6 +11,8 @@ import argparse
 import json
 import os
 import sys
+import warnings
+from pathlib import Path
 
 from workbench.cli.args import add_run_option_arguments
 from workbench.runtime.jobspec import cli_fields
@@ -81,8 +83,6 @@ def run_train(args) -> int:
 
 def _draw_timeline(summary: dict) -> None:
     """timeline.html and trace.json beside the measured timeline.csv (last steps only when the run is long)."""
-    import warnings
-    from pathlib import Path
 
     import pandas as pd
 

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from workbench.io.cards import card, one_line
 
 
@@ -193,8 +195,6 @@ class Plan:
     def _repr_html_(self) -> str:
         extra = ""
         if self.meta.get("compare_costs"):
-            import pandas as pd
-
             both = pd.DataFrame(self.meta["compare_costs"]).set_index("chosen by")
             extra = "<div><b>both cost models (modeled ms/minibatch)</b></div>" + both.to_html(
                 float_format=lambda x: f"{x:.4g}", border=0
@@ -209,7 +209,6 @@ class Plan:
         )
 
     def stage_table(self):
-        import pandas as pd
 
         df = pd.DataFrame(
             {

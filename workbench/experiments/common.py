@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import csv
 import math
+from dataclasses import fields
 from functools import cache
 from pathlib import Path
 
 import pandas as pd
 
 from workbench.io.folders import fresh_path
+from workbench.models import config as model_config
+from workbench.viz.plot import save_html
 
 #: The papers' data the experiments read (package data): ``settings.csv`` and ``paper_numbers.csv``
 #: (:mod:`workbench.experiments.paper_fit`), ``paper_claims.csv`` (the other experiments' paper values).
@@ -61,6 +64,7 @@ def claim(
     paper: float,
     ours: float,
     unit: str,
+    *,
     label: str,
     explanation: str = "",
     fit: str | None = None,
@@ -119,7 +123,6 @@ def save_table(df: pd.DataFrame, out_dir, name: str) -> Path:
 
 def save_figure(fig, out_dir, name: str) -> Path:
     """A plotly figure as a standalone ``out_dir/name.html`` (:func:`workbench.viz.plot.save_html`)."""
-    from workbench.viz.plot import save_html
 
     return save_html(fig, Path(out_dir) / f"{name}.html")
 
@@ -128,9 +131,6 @@ def check_config(config_cls, quick_config, quick: bool, params: dict) -> None:
     """Build the notebook's configuration from ``params`` (``quick_config`` in quick mode, else
     ``config_cls``; lists become tuples) and check its zoo model and options: a bad parameter raises
     one-line ``ValueError`` before anything runs (``workbench reproduce``)."""
-    from dataclasses import fields
-
-    from workbench.models import config as model_config
 
     names = {f.name for f in fields(config_cls)}
     kw = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items() if k in names}

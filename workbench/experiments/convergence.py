@@ -28,12 +28,19 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
+from torch.func import functional_call
+
+from workbench.runtime import prepare, reference_train, run_jobs
+from workbench.runtime.launch import schedule_for_workers
+from workbench.runtime.stages import DataOrder, microbatch, run_stage, stage_module, stage_params
+from workbench.schedules import spec
 
 #: The experiment's arms by role (scheme labels, keys of :data:`SCHEMES`, not schedule names):
 #: every scheme is compared with PipeDream and BSP; ASP also at its own target.
@@ -54,7 +61,6 @@ SCHEMES: dict[str, tuple[str, dict]] = {
 def streams(name: str) -> bool:
     """Whether schedule ``name`` runs an epoch as one stream (``train(stream=True)``: a pipeline
     without a flush, as PipeDream runs; the registry's ``microbatches="in total"``)."""
-    from workbench.schedules import spec
 
     sp = spec(name)
     return sp.family == "pipeline" and sp.microbatches == "in total"
@@ -77,8 +83,6 @@ class Setup:
 def job_for(setup: Setup, scheme: str, seed: int, out):
     """The runtime's :class:`~workbench.runtime.Job` of ``scheme`` (not started): microbatches of
     ``samples_per_update / microbatches_per_step`` samples, ``microbatches`` per minibatch."""
-    from workbench.runtime import prepare
-    from workbench.runtime.launch import schedule_for_workers
 
     name, opts = SCHEMES[scheme]
     mps = schedule_for_workers(name, setup.workers, None, setup.microbatches, dict(opts)).microbatches_per_step
@@ -110,7 +114,6 @@ def job_for(setup: Setup, scheme: str, seed: int, out):
 def evaluate(job, model, weights: list[dict]) -> tuple[float, float]:
     """(test loss, test accuracy) of the stage ``weights`` over the test split, as the runtime's
     evaluation computes them (mean loss over samples, argmax accuracy)."""
-    from workbench.runtime.stages import microbatch, run_stage, stage_module
 
     test = job.dataset_fn(split="test")
     mods = [stage_module(model.layers, a, z) for a, z in job.bounds]
@@ -130,8 +133,6 @@ def reference_curve(job, epochs: int, keep: tuple[int, ...] = ()) -> tuple[pd.Da
     momentum: each epoch restarts the reference from the last weights). Weights that
     are no longer finite stay so: the remaining epochs repeat that row. Returns the curve and
     ``{epoch: stage weights}`` for the epochs in ``keep``."""
-    from workbench.runtime import reference_train
-    from workbench.runtime.stages import DataOrder
 
     model, ds = job.model_fn(), job.dataset_fn()
     M = job.schedule.microbatches
@@ -158,7 +159,6 @@ def reference_curve(job, epochs: int, keep: tuple[int, ...] = ()) -> tuple[pd.Da
 # ---- the sweep ---------------------------------------------------------------------------------
 def deterministic(setup: Setup, scheme: str) -> bool:
     """Whether the scheme's weight rule fixes every version (all but ASP's ``async``)."""
-    from workbench.runtime.launch import schedule_for_workers
 
     name, opts = SCHEMES[scheme]
     return schedule_for_workers(name, setup.workers, None, setup.microbatches, dict(opts)).update != "async"
@@ -186,9 +186,6 @@ def runtime_runs(setup: Setup, runs: list[tuple[str, int, int]], out) -> tuple[p
     """Real runs (:func:`workbench.runtime.run_jobs`: gloo CPU ranks, one spawn) of ``(scheme, seed,
     epochs)``: their learning curves (``engine="runtime"``, ``wall_s`` measured since the run's start
     at each epoch's end, test evaluation included) and summaries (with final weights)."""
-    from dataclasses import replace
-
-    from workbench.runtime import run_jobs
 
     jobs = []
     for scheme, seed, epochs in runs:
@@ -382,7 +379,6 @@ def _mannwhitney(x: np.ndarray, y: np.ndarray, max_splits: int = 100_000) -> flo
     split the pooled values into groups of ``len(x)`` and ``len(y)``; mid-ranks for ties; inf values
     rank last): ``P(|U - nm/2| >= |U_obs - nm/2|)``. Beyond ``max_splits`` splits: scipy's normal
     approximation."""
-    from itertools import combinations
 
     from scipy import stats
 
@@ -426,9 +422,6 @@ def vertical_sync_by_hand(job, count: int, dtype: torch.dtype = torch.float64) -
 
     Returns the weights after ``count`` updates, split into the job's stages (names as
     :func:`~workbench.runtime.stages.stage_params` gives them)."""
-    from torch.func import functional_call
-
-    from workbench.runtime.stages import DataOrder, microbatch
 
     model, ds = job.model_fn(), job.dataset_fn()
     net = model.sequential().to(dtype)
@@ -453,7 +446,6 @@ def vertical_sync_check(setup: Setup, seed: int, count: int) -> pd.DataFrame:
     equal to) on the stream schedules of PipeDream's three weight rules, all in float64 over the first
     ``count`` microbatches of epoch 0: one row per rule with ``max_abs_weight_diff`` (vertical sync
     must agree to rounding; stashing and no stashing must not: the comparison can fail)."""
-    from workbench.runtime import reference_train
 
     hand = vertical_sync_by_hand(job_for(setup, "pipedream-vertical-sync", seed, None), count)
     rows = []
@@ -487,7 +479,6 @@ def vertical_sync_check(setup: Setup, seed: int, count: int) -> pd.DataFrame:
 
 
 def _stage_weights(model, bounds) -> list[dict]:
-    from workbench.runtime.stages import stage_module, stage_params
 
     return [stage_params(stage_module(model.layers, a, z)) for a, z in bounds]
 

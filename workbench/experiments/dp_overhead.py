@@ -43,6 +43,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+from plotly.subplots import make_subplots
 
 from workbench import models as zoo
 from workbench import schedules
@@ -52,6 +56,7 @@ from workbench.experiments.common import claim, paper_value
 from workbench.partitioning.search import partition
 from workbench.profiling.measure import Profile, analyze, project
 from workbench.profiling.pipedream import SHIPPED, shipped
+from workbench.runtime import train
 from workbench.simulation import simulate
 
 #: server type -> GPU of its profile (topology presets: workbench/cost/topology.py, with their sources)
@@ -109,7 +114,14 @@ FULL: dict[str, Any] = dict(
 
 
 def settings(
-    quick: bool, models=None, servers=None, gpu_counts=None, measured_models=None, ranks: int = 2, measured_steps=None
+    quick: bool,
+    models=None,
+    servers=None,
+    gpu_counts=None,
+    measured_models=None,
+    *,
+    ranks: int = 2,
+    measured_steps=None,
 ) -> dict:
     """The notebook's parameters: ``None`` takes the quick or full default; validated (one-line
     ``ValueError``)."""
@@ -141,12 +153,13 @@ def validate_params(
     servers=None,
     gpu_counts=None,
     measured_models=None,
+    *,
     ranks: int = 2,
     measured_steps=None,
     **_ignored,
 ) -> None:
     """``workbench reproduce``'s check of the notebook's parameters (one-line ``ValueError``)."""
-    settings(quick, models, servers, gpu_counts, measured_models, ranks, measured_steps)
+    settings(quick, models, servers, gpu_counts, measured_models, ranks=ranks, measured_steps=measured_steps)
 
 
 # ---- profiles ---------------------------------------------------------------------------------
@@ -359,6 +372,7 @@ def measured_share(
     steps: int = 12,
     batch_per_rank: int = 32,
     seed: int = 0,
+    *,
     repeats: int = 1,
     timeout_s: float = 120.0,
 ) -> dict:
@@ -366,7 +380,6 @@ def measured_share(
     CPU ranks (same per-rank minibatch, 1 thread per rank), alternating ``repeats`` times, and
     return ``comm_share = 1 − T_1 / T_N`` with ``T_n`` the smallest median step time of the n-rank
     runs (the least disturbed by other load on the machine)."""
-    from workbench.runtime import train
 
     times: dict[int, list[float]] = {1: [], workers: []}
     load = os.getloadavg()[0]
@@ -414,9 +427,6 @@ def measured_table(names, workers: int = 2, steps: int = 12, repeats: int = 1) -
 def figure1(fig1: pd.DataFrame):
     """Figure 1 as plotly: one panel per server type, comm. share (%) vs GPUs, a line per model
     (solid: projected profile; dashed: PipeDream's measured GPU profile)."""
-    import plotly.graph_objects as go
-    from plotly.colors import qualitative
-    from plotly.subplots import make_subplots
 
     servers = [s for s in SERVERS if s in set(fig1.server)]
     fig = make_subplots(
@@ -450,7 +460,6 @@ def figure1(fig1: pd.DataFrame):
 
 def bytes_figure(configs: pd.DataFrame):
     """Time per minibatch vs bytes per sample of every configuration (DP highlighted), per model."""
-    import plotly.express as px
 
     df = configs.assign(
         kind=np.where(
@@ -571,8 +580,8 @@ def claims(fig1: pd.DataFrame, bytes_df: pd.DataFrame, measured: pd.DataFrame | 
                 math.nan,
                 100 * share_at(fig1, *vgg[:3]),
                 "%",
-                lab[vgg],
-                "the paper counts VGG-16 among the high-overhead models; in our model its 553 MB "
+                label=lab[vgg],
+                explanation="the paper counts VGG-16 among the high-overhead models; in our model its 553 MB "
                 "all-reduce (mostly the FC layers, reduced first) hides behind the "
                 f"{fig1.set_index(['model', 'server', 'gpus', 'source']).loc[vgg, 'compute_ms']:.0f} ms "
                 "compute of its 128-image minibatch even at 25 Gbps; on 10 Gbps (Cluster-A) it is "
@@ -597,8 +606,8 @@ def claims(fig1: pd.DataFrame, bytes_df: pd.DataFrame, measured: pd.DataFrame | 
                 paper_value("fig17_bytes_reduction_bound"),
                 100 * r.reduction,
                 "%",
-                r.label,
-                "paper: 'more than 85%' less (a lower bound) for its best non-DP config, the configuration it ran "
+                label=r.label,
+                explanation="paper: 'more than 85%' less (a lower bound) for its best non-DP config, the configuration it ran "
                 f"({r.pick}); ours: simulated bytes of {r.config} ({r.stages}) vs DP's ring all-reduce. "
                 + _BYTES_NOTE.get(r.pick, "")
                 + other,
@@ -613,8 +622,8 @@ def claims(fig1: pd.DataFrame, bytes_df: pd.DataFrame, measured: pd.DataFrame | 
                     math.nan,
                     100 * r.comm_share,
                     "%",
-                    r.label,
-                    "no paper counterpart (tiny CPU models on one host, shared 2-core machine); "
+                    label=r.label,
+                    explanation="no paper counterpart (tiny CPU models on one host, shared 2-core machine); "
                     "shows the measurement path, not the GPU numbers",
                 )
             )

@@ -49,16 +49,22 @@ from functools import cache
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 
+from workbench import schedules
 from workbench.cost.model import CostModel
 from workbench.cost.plan import Plan
 from workbench.cost.topology import GBPS, Topology
-from workbench.experiments.common import claim, fit_summary, read_data
+from workbench.experiments import dp_overhead as dpo
+from workbench.experiments.common import claim, fit_summary, read_data, save_table
+from workbench.experiments.pages import save_page
+from workbench.models import zoo
 from workbench.partitioning.dynamic_program import data_parallel_ms
 from workbench.partitioning.pipedream_optimizer import Settings as PipeDreamSettings
 from workbench.partitioning.search import partition
-from workbench.profiling.measure import Profile
+from workbench.profiling.measure import GPUS, Profile, analyze, project
 from workbench.profiling.pipedream import authors_batch, authors_config, profiled_batch, shipped
+from workbench.simulation import simulate
 
 EXPERIMENT = "02_dp_communication_overhead"
 
@@ -210,8 +216,6 @@ def model_profile(model: str, gpu: str = "V100") -> Profile:
     else the workbench's roofline projection (:mod:`workbench.experiments.dp_overhead`): AWD-LM, and
     S2VT's stand-in, an LSTM encoder-decoder of S2VT's size (2+2 LSTM layers of 1000, a 13k
     vocabulary, 80 steps)."""
-    from workbench.experiments import dp_overhead as dpo
-    from workbench.profiling.measure import GPUS
 
     target = GPU_ALIAS.get(gpu, gpu)
     if model in SHIPPED_V100:
@@ -223,9 +227,6 @@ def model_profile(model: str, gpu: str = "V100") -> Profile:
         prof = shipped(model).scaled(compute=k, samples=samples, note=how)
         return Profile(prof.layers, {**prof.meta, "model": model, "batch_size": runs or profiled})
     if model == "s2vt":
-        from workbench.models import zoo
-        from workbench.profiling.measure import analyze, project
-
         net = zoo.build("gnmt", "paper", device="meta", vocab_size=13000, hidden=1000, num_layers=2, seq_len=80)
         prof = project(analyze(net, batch_size=32), target, batch_size=32)
         return Profile(prof.layers, {**prof.meta, "model": "s2vt (LSTM encoder-decoder stand-in)"})
@@ -285,8 +286,6 @@ def intra_batch(setting: Setting, model: str, workers: int, params: dict) -> dic
       microbatches (as many inputs in flight as PipeDream's 1F1B keeps on an ``S``-stage pipeline),
       against PipeDream's 1F1B on the same plan; both simulated (``workbench.simulate`` steady
       state), so only the schedule differs."""
-    from workbench import schedules
-    from workbench.simulation import simulate
 
     key = (setting.key, model, workers, tuple(sorted(params.items())))
     if key in _INTRA:
@@ -739,8 +738,8 @@ def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.Data
                 num.paper,
                 ours,
                 unit,
-                _label(setting, num, params),
-                "; ".join(why),
+                label=_label(setting, num, params),
+                explanation="; ".join(why),
                 fit="in-sample" if num.role == "dp" else "out-of-sample",
             )
         )
@@ -810,7 +809,6 @@ def settings_table() -> pd.DataFrame:
 
 def fit_figure(claims: pd.DataFrame):
     """Paper (x) vs model (y), log-log, in-sample and out-of-sample marked, with y = x and ±25%."""
-    import plotly.graph_objects as go
 
     df = claims[np.isfinite(claims["ratio"].astype(float)) & (claims["ours"].astype(float) > 0)]
     fig = go.Figure()
@@ -873,7 +871,6 @@ def scaling_table(setting: str = "arxiv-A", model: str = "vgg16", workers=(1, 2,
 
 def scaling_figure(scaling: pd.DataFrame):
     """Speedup vs GPUs, the model's lines with the paper's points overlaid."""
-    import plotly.graph_objects as go
 
     setting, model = scaling["setting"].iloc[0], scaling["model"].iloc[0]
     fig = go.Figure()
@@ -898,8 +895,6 @@ def run(out) -> dict:
     ``configurations.csv``, ``intra_batch.csv``, ``fig1_sensitivity.csv``, ``scaling.csv``,
     ``calibration_errors.csv`` and ``calibration.html`` into ``out``; returns the
     tables and the claim rows (the notebook adds them to its ``claims.csv``)."""
-    from workbench.experiments.common import save_table
-    from workbench.experiments.pages import save_page
 
     rows, configs = claim_rows()
     claims = pd.DataFrame(rows)

@@ -39,13 +39,21 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 
+from workbench import schedules
+from workbench.cost.model import CostModel
+from workbench.cost.plan import Plan
 from workbench.experiments import convergence as cv
 from workbench.experiments.common import check_config, claim, out_folder, paper_value, save_table, write_claims
 from workbench.experiments.convergence import ASP, BSP, PIPEDREAM, SCHEMES
 from workbench.experiments.pages import save_page, slim_runs
+from workbench.experiments.paper_fit import SETTINGS, fitted_params, model_profile
+from workbench.partitioning.dynamic_program import data_parallel_ms
 from workbench.partitioning.search import partition
+from workbench.schedules import spec
 from workbench.simulation import simulate
+from workbench.viz.plot import PALETTE
 
 EXPERIMENT = "03_time_to_accuracy"
 #: modeled only: PipeDream's 1F1B on the straight (unreplicated) optimal plan, the paper's "straight pipeline"
@@ -109,7 +117,6 @@ class Config:
 
 
 def _settings() -> dict:
-    from workbench.experiments.paper_fit import SETTINGS
 
     return SETTINGS
 
@@ -185,7 +192,6 @@ def _with_speed(stats: pd.DataFrame, speed: pd.Series) -> pd.DataFrame:
 # ---- hardware efficiency: modeled on the paper's cluster -------------------------------------
 def _spec(scheme: str):
     """The registration of the schedule a hardware scheme runs (what it knows decides the plan)."""
-    from workbench.schedules import spec
 
     return spec(HARDWARE_SCHEMES[scheme][0])
 
@@ -201,7 +207,6 @@ def _plan_for(scheme: str, profile, topology, cost: dict | None = None):
     """The plan a scheme runs on ``topology``: PipeDream's optimal plan for the PipeDream variants,
     the straight (one worker per stage) optimum for GPipe and model parallelism, one stage for data
     parallelism."""
-    from workbench.cost.plan import Plan
 
     sp = _spec(scheme)
     if sp.family == "data-parallel":
@@ -214,7 +219,6 @@ def _plan_for(scheme: str, profile, topology, cost: dict | None = None):
 def _schedule_for(scheme: str, plan, workers: int):
     """The scheme's schedule, long enough for a steady state: PipeDream with the plan's
     communication-aware warm-up (``Plan.in_flight``), GPipe with ``4 S`` microbatches per flush."""
-    from workbench import schedules
 
     name, opts = HARDWARE_SCHEMES[scheme]
     sp, S = _spec(scheme), plan.num_stages
@@ -234,13 +238,11 @@ def modeled_hardware(
     cost model's ``SimResult.time_per_minibatch_ms``), speedup over one GPU, mean share of time
     waiting on communication, and the planner's own prediction (``Plan.predicted_ms``; BSP:
     ``partition.data_parallel_ms``) for the schemes it models, on ``setting``'s calibrated links."""
-    from workbench.experiments.paper_fit import SETTINGS, fitted_params
 
     if setting not in SETTINGS:
         raise ValueError(f"unknown hardware setting {setting!r}; choose one of {sorted(SETTINGS)}")
     s = SETTINGS[setting]
     params = fitted_params()[s.group]
-    from workbench.experiments.paper_fit import model_profile
 
     profile = model_profile(profile_name, s.gpu)
     rows = []
@@ -304,8 +306,6 @@ def _plan_text(plan, scheme) -> str:
 
 def _planner_speedup(scheme, plan, profile, topo, cost: dict | None = None) -> float:
     """The planner's predicted speedup over one GPU (``Plan.predicted_ms``; BSP: ``data_parallel_ms``)."""
-    from workbench.cost.model import CostModel
-    from workbench.partitioning.dynamic_program import data_parallel_ms
 
     sp = _spec(scheme)
     if sp.executor == "ddp":
@@ -398,7 +398,9 @@ def tta_claims(
         xm = tta.loc[tta["scheme"] == scheme, "x_vs_pipedream_measured"]
         ours_m = float(xm.iloc[0]) if len(xm) else math.nan
         why = f"{_CPU_NOTE}; {note}; " + _MODELED_ELSEWHERE.format(setting=cfg.setting)
-        rows.append(claim(EXPERIMENT, c + " (this machine)", paper, ours_m, "x", _measured_label(cfg), why))
+        rows.append(
+            claim(EXPERIMENT, c + " (this machine)", paper, ours_m, "x", label=_measured_label(cfg), explanation=why)
+        )
     return rows
 
 
@@ -445,9 +447,9 @@ def asp_claims(tta_asp: pd.DataFrame, asp: pd.DataFrame, cfg: Config) -> list[di
     )
     t = float(st["target"].iloc[0])
     return [
-        claim(EXPERIMENT, ASP_CLAIM, paper_value("asp_time_to_accuracy"), float(ratio.max()), "x", _modeled_label(f"median epochs to {t:.0%}", cfg), modeled_why),
+        claim(EXPERIMENT, ASP_CLAIM, paper_value("asp_time_to_accuracy"), float(ratio.max()), "x", label=_modeled_label(f"median epochs to {t:.0%}", cfg), explanation=modeled_why),
         claim(EXPERIMENT, ASP_CLAIM + " (this machine)", paper_value("asp_time_to_accuracy"), float(a["x_vs_pipedream_measured"].iloc[0]), "x",
-              _measured_label(cfg), measured_why),
+              label=_measured_label(cfg), explanation=measured_why),
     ]  # fmt: skip
 
 
@@ -484,9 +486,6 @@ def _reach_text(stats: pd.DataFrame) -> str:
 # ---- figures ---------------------------------------------------------------------------------
 def curve_figure(curves: pd.DataFrame, x: str, title: str, x_title: str, target: float | None = None):
     """Test accuracy vs ``x`` per scheme: the mean over seeds (line) and the min-max band."""
-    import plotly.graph_objects as go
-
-    from workbench.viz.plot import PALETTE
 
     fig = go.Figure()
     for i, (scheme, g) in enumerate(curves.groupby("scheme", sort=False)):

@@ -62,11 +62,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from workbench import schedules
+from workbench.cost.plan import Plan
 from workbench.experiments.common import check_config, claim, out_folder, save_figure, save_table, write_claims
 from workbench.experiments.pages import save_page, slim_runs
+from workbench.profiling.measure import Profile
+from workbench.runtime import prepare, run_job, run_jobs
+from workbench.runtime.machine import STAGE_TIMINGS, measured_step_ms, repeat_rounds, stage_profile
 from workbench.simulation import simulate
+from workbench.viz.plot import compare_figure
 
 EXPERIMENT = "04_pipeline_timelines"
 BUSY_KINDS = ("F", "B", "BI", "BW", "STEP")
@@ -182,7 +189,6 @@ def timed_options(cfg: Config, stages: int) -> dict:
 def _prepare(cfg: Config, name: str, out: Path, timed_stages: int | None = None):
     """The job of schedule ``name``: ``cfg.model`` for ``cfg.steps`` rounds, or (``timed_stages``
     given) the timed model with one block per stage for ``cfg.timed_steps`` rounds."""
-    from workbench.runtime import prepare
 
     model, steps, options = cfg.model, cfg.steps, dict(cfg.model_options)
     if timed_stages is not None:
@@ -221,7 +227,6 @@ def measured_runs(cfg: Config, out_dir) -> Runs:
     schedule with a closed form ``cfg.timed_steps`` rounds on the timed model into
     ``out_dir/runs_timed/<name>``, all in one spawn. A schedule the runtime cannot run at this
     worker count is skipped with the reason it gave."""
-    from workbench.runtime import run_job, run_jobs
 
     out = Path(out_dir)
     folders = {False: out / "runs", True: out / TIMED_RUNS}
@@ -279,7 +284,6 @@ def _measured_peaks(summary: dict) -> tuple[float, float]:
 # ---- modeled: the same op lists with the stage costs measured here ---------------------------------
 def stage_costs(job, cache: dict):
     """Stage-level fwd/bwd/step ms of the job's model at its microbatch size (measured, cached per layout)."""
-    from workbench.runtime.machine import stage_profile
 
     key = tuple(map(tuple, job.bounds))
     if key not in cache:
@@ -297,9 +301,6 @@ def stage_costs(job, cache: dict):
 def modeled(job, stages, rounds: int):
     """Simulate ``rounds`` back-to-back rounds of the job's schedule with the measured stage costs
     (microbatch_fraction 1: the costs are at the microbatch size; communication free)."""
-
-    from workbench.cost.plan import Plan
-    from workbench.runtime.machine import repeat_rounds
 
     sched = job.schedule
     plan = Plan.from_boundaries(list(range(sched.num_stages)), [len(ws) for ws in sched.stage_workers])
@@ -338,7 +339,6 @@ def compute_stretch(measured: pd.DataFrame, modeled: pd.DataFrame, by: str = "wo
 def stretched_costs(stages, factor: pd.Series):
     """The stage costs with every timing of stage ``s`` multiplied by ``factor[s]`` (1 where absent):
     what the model charges if each stage computes as slowly as it did in the run."""
-    from workbench.runtime.machine import STAGE_TIMINGS
 
     def scaled(values: tuple) -> tuple:
         return tuple(v * float(factor.get(s, 1.0)) for s, v in enumerate(values))
@@ -346,14 +346,12 @@ def stretched_costs(stages, factor: pd.Series):
     return replace(stages, **{f: scaled(getattr(stages, f)) for f in STAGE_TIMINGS})
 
 
-def compare(name: str, job, summary: dict, sim, cfg: Config, costs=None) -> dict:
+def compare(name: str, job, summary: dict, sim, cfg: Config, *, costs=None) -> dict:
     """One row: the bubbles (closed form, unit-cost simulation, modeled, measured), the round time
     (modeled, measured), peak stashed microbatches / weight versions (modeled, measured max over
     ranks), the compute stretch (:func:`compute_stretch`) and, given the stage ``costs`` the model
     used, ``bubble_modeled_stretched``: the model replayed with each stage's costs stretched as
     measured (:func:`stretched_costs`), which splits the measured-vs-modeled gap in two."""
-
-    from workbench.runtime.machine import measured_step_ms
 
     unit = simulate(job.schedule, fwd=1.0, bwd=2.0)
     unit_b = float(np.mean(unit.metrics["bubble_fraction"]))
@@ -392,7 +390,7 @@ def compare(name: str, job, summary: dict, sim, cfg: Config, costs=None) -> dict
         compute_stretch_worker_min=float(by_worker.min()),
         compute_stretch_worker_max=float(by_worker.max()),
         bubble_modeled_stretched=stretched_b,
-        explanation=_explain(*bubbles, why, cfg),
+        explanation=_explain(*bubbles, why, cfg=cfg),
     )
 
 
@@ -405,7 +403,7 @@ def _round_spacing_modeled(sim, microbatches: int) -> float:
 
 
 def _explain(
-    cf: float, unit_b: float, modeled_b: float, measured_b: float, stretch: tuple[float, ...], cfg: Config
+    cf: float, unit_b: float, modeled_b: float, measured_b: float, stretch: tuple[float, ...], *, cfg: Config
 ) -> str:
     """Why the four bubbles of a row differ (computed from the row's numbers); ``stretch``: the row's
     (``compute_stretch_measured``, its worker min, its worker max, ``bubble_modeled_stretched``)."""
@@ -489,8 +487,6 @@ def op_gap_ms(timeline: pd.DataFrame) -> float:
 def replay_costs(schedule, timeline: pd.DataFrame) -> dict:
     """``simulate`` keywords that charge every op of ``schedule`` its stage's mean measured duration in
     ``timeline`` (:func:`op_ms`: F, B or BI + BW, BI, BW, STEP; communication free)."""
-    from workbench.cost.plan import Plan
-    from workbench.profiling.measure import Profile
 
     ms = op_ms(timeline)
 
@@ -522,7 +518,6 @@ def compare_timed(job, summary: dict, cfg: Config) -> dict:
     timeline); the simulator replaying the run with the measured op durations
     (:func:`replay_costs`), then also with the measured :func:`message_latency_ms` on every message
     between ranks; the measured :func:`op_gap_ms`; and an explanation quoting them."""
-    from workbench.runtime.machine import repeat_rounds
 
     tl = measured_timeline(summary)
     t = float(cfg.timed_ms)
@@ -595,7 +590,6 @@ def _explain_timed(r: dict, cf: float, ms: pd.DataFrame, t: float) -> str:
 
 def timeline_pair(name: str, sim, summary: dict, cfg: Config):
     """Modeled and measured timelines of one schedule, stacked on one time axis (ms)."""
-    from workbench.viz.plot import compare_figure
 
     return compare_figure(
         {
@@ -609,8 +603,6 @@ def timeline_pair(name: str, sim, summary: dict, cfg: Config):
 def panels_figure(table: pd.DataFrame):
     """Three panels across schedules: bubble (closed form, measured on the timed stages, modeled and
     measured on the model), peak stashed microbatches and weight versions (modeled vs measured)."""
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
 
     fig = make_subplots(
         rows=3,
@@ -659,7 +651,7 @@ def bubble_claims(table: pd.DataFrame, cfg: Config) -> list[dict]:
         )
         rows.append(
             claim(EXPERIMENT, f"{r.schedule} bubble fraction = {r.formula}", r.closed_form, r.bubble_measured_timed,
-                  "fraction", lab, why)
+                  "fraction", label=lab, explanation=why)
         )  # fmt: skip
     return rows
 
@@ -686,7 +678,7 @@ def run(cfg: Config, out_dir) -> dict:
     for name, (job, summary) in runs.real.items():
         costs = stage_costs(job, cache)
         sim = modeled(job, costs, cfg.steps)
-        row = compare(name, job, summary, sim, cfg, costs)
+        row = compare(name, job, summary, sim, cfg, costs=costs)
         timed = runs.timed.get(name)
         row.update(compare_timed(timed[0], timed[1], cfg) if timed else dict.fromkeys(TIMED_COLUMNS, math.nan))
         rows.append(row)

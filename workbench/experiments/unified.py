@@ -37,6 +37,7 @@ import math
 from typing import Any
 
 import pandas as pd
+import plotly.graph_objects as go
 
 from workbench import schedules
 from workbench.experiments.common import claim
@@ -307,7 +308,6 @@ def check_params(sweep_S: int, sweep_B: int) -> None:
 # ---- figures and claims -------------------------------------------------------------------------
 def rho_figure(tab: pd.DataFrame, sweep: pd.DataFrame):
     """ρ vs M/S: the bound ρ = M/S (line), each scheme's point and the LPP sweep."""
-    import plotly.graph_objects as go
 
     fig = go.Figure()
     top = max(tab["bound"].max(), sweep["bound"].max(), 1.0)
@@ -343,7 +343,6 @@ def rho_figure(tab: pd.DataFrame, sweep: pd.DataFrame):
 
 def sweep_figure(sweep: pd.DataFrame):
     """LPP latency vs groups G, one line per group size R (simulated; dotted: the closed form)."""
-    import plotly.graph_objects as go
 
     fig = go.Figure()
     for R, g in sweep.groupby("R"):
@@ -371,7 +370,6 @@ def sweep_figure(sweep: pd.DataFrame):
 def rule_figure(rules: pd.DataFrame):
     """Latency vs peak activations of each configuration under both greedy rules (arrows join a
     configuration's two points)."""
-    import plotly.graph_objects as go
 
     fig = go.Figure()
     text = [f"{r.scheme.upper()} S={r.S}, B={r.B}, W={r.W}, R={r.R}" for r in rules.itertuples()]
@@ -438,8 +436,8 @@ def claims(tab: pd.DataFrame) -> list[dict]:
                     paper,
                     ours,
                     "units",
-                    label,
-                    gap,
+                    label=label,
+                    explanation=gap,
                 )
             )
         if example:
@@ -450,8 +448,8 @@ def claims(tab: pd.DataFrame) -> list[dict]:
                     r.act_storage_doc / (r.S + 1),
                     r.rho,
                     "jobs/worker/unit",
-                    label,
-                    "the document's near-optimality example: rho within S/(S+1) of the bound M/S; paper side from "
+                    label=label,
+                    explanation="the document's near-optimality example: rho within S/(S+1) of the bound M/S; paper side from "
                     "the document's own M (its activation-storage formula), ours rho = S B / (L W) simulated",
                 )
             )

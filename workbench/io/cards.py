@@ -42,6 +42,7 @@ def card(
     label: str | None = None,
     table: pd.DataFrame | None = None,
     max_rows: int = 12,
+    *,
     extra_html: str = "",
 ) -> str:
     """A compact HTML card: title, key figures with units, label, and the first rows of ``table``."""

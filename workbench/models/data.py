@@ -346,6 +346,7 @@ def _pydocs(
     seq_len: int = 64,
     level: str = "char",
     vocab_size: int | None = None,
+    *,
     test_fraction: float = 0.1,
     max_chars: int | None = None,
 ) -> TensorDataset:
@@ -370,7 +371,7 @@ BOS = 1
 
 
 def _reverse(
-    split: str, seed: int, vocab_size: int = 32, seq_len: int = 12, num_train: int = 8000, num_test: int = 1000
+    split: str, seed: int, vocab_size: int = 32, seq_len: int = 12, num_train: int = 8000, *, num_test: int = 1000
 ) -> TensorDataset:
     if vocab_size < 4:
         raise ValueError(f"reverse needs vocab_size >= 4 (pad, BOS and 2+ symbols), got {vocab_size}")
@@ -392,6 +393,7 @@ def _synthetic_classes(
     in_features: int = 512,
     num_classes: int = 10,
     num_train: int = 4096,
+    *,
     num_test: int = 1024,
     separation: float = 3.0,
 ) -> TensorDataset:

@@ -22,6 +22,7 @@ def gpt2_tiny(
     n_embd: int = 32,
     n_head: int = 2,
     context: int = 64,
+    *,
     tie_word_embeddings: bool = False,
 ) -> nn.Module:
     """``transformers.GPT2LMHeadModel`` from a small ``GPT2Config`` (dropout 0, no cache). Untied by
@@ -58,6 +59,7 @@ def llama_tiny(
     hidden: int = 32,
     n_head: int = 2,
     context: int = 64,
+    *,
     tie_word_embeddings: bool = True,
 ) -> nn.Module:
     """``transformers.LlamaForCausalLM`` from a small ``LlamaConfig`` (RMSNorm, rotary positions,

@@ -75,6 +75,7 @@ def segment_gpt(
     dim: int = 32,
     num_layers: int = 4,
     heads: int = 2,
+    *,
     seed: int = 0,
     dtype: torch.dtype = torch.float64,
 ) -> nn.ModuleList:

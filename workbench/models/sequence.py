@@ -167,6 +167,7 @@ def awd_lstm(
     hidden: int = 1150,
     num_layers: int = 3,
     dropout: float = 0.4,
+    *,
     tie_weights: bool = False,
 ):
     """AWD-LSTM-style LM (Merity et al. 2018): embedding (``emb``), ``num_layers`` LSTMs
@@ -233,6 +234,7 @@ def gpt(
     dim: int = 768,
     num_layers: int = 12,
     heads: int = 12,
+    *,
     dropout: float = 0.1,
     tie_weights: bool = False,
 ):

@@ -107,6 +107,7 @@ def timed(
     num_classes: int = 10,
     fwd_ms: float = 20.0,
     bwd_input_ms: float = 20.0,
+    *,
     bwd_weight_ms: float = 20.0,
 ):
     """``depth`` timed blocks as ``2 * depth`` layers ``scale0, sleep0, scale1, ...`` (module docstring)."""

@@ -38,6 +38,7 @@ def vgg16(
     image_size: int = 224,
     in_channels: int = 3,
     num_classes: int = 1000,
+    *,
     dropout: float = 0.5,
     batch_norm: bool = False,
 ):
@@ -87,6 +88,7 @@ def alexnet(
     image_size: int = 224,
     in_channels: int = 3,
     num_classes: int = 1000,
+    *,
     dropout: float = 0.5,
     small_input: bool = False,
 ):
@@ -159,6 +161,7 @@ def resnet50(
     in_channels: int = 3,
     num_classes: int = 1000,
     blocks: tuple[int, ...] = (3, 4, 6, 3),
+    *,
     small_input: bool = False,
     zero_init_residual: bool = False,
 ):

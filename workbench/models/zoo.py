@@ -8,6 +8,7 @@ on an offline data set from :mod:`workbench.models.data`.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -163,7 +164,6 @@ def _check_option(model: str, name: str, value, default) -> None:
 
 
 def _builder_args(fn) -> set[str]:
-    import inspect
 
     return set(inspect.signature(fn).parameters)
 

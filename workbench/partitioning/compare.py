@@ -59,6 +59,7 @@ def compare_costs(
     straight: bool = False,
     memory_bytes: float | None = None,
     use_fewer_workers: bool = False,
+    *,
     pipedream: Settings | None = None,
     refine: bool = False,
 ) -> CostComparison:

@@ -160,7 +160,7 @@ class _Level:
         if self.straight:
             t = np.where(m > 1, INF, t)
         if self.memory is not None and self.prev is None:
-            mem = _stage_memory(L, first, last, v, par, self.recompute)
+            mem = _stage_memory(L, first, last, v, par, recompute=self.recompute)
             t = np.where(mem > self.memory, INF, t)
         return t
 
@@ -181,7 +181,7 @@ class _Level:
         return -(-self.M // m)
 
 
-def _stage_memory(L: _Layers, first, last, v, par, recompute: bool):
+def _stage_memory(L: _Layers, first, last, v, par, *, recompute: bool):
     """:func:`~workbench.cost.model.stage_memory` of the candidate stages ``first..last`` with ``v``
     minibatches in flight and ``par`` bytes of weights (arrays): their activations from the prefix
     sums, and with ``recompute`` their input (0 for the first stage, whose input is the data)."""
@@ -207,7 +207,7 @@ def _solve(lv: _Level, fast: bool) -> np.ndarray:
         gstart = np.flatnonzero(np.r_[True, m_of[1:] != m_of[:-1]])
         gm = m_of[gstart]
     P = M - 1
-    state = _CrossingState(lv, P, R, pp, mp, vv) if fast and pp.size else None
+    state = _CrossingState(lv, P, R, pp, mp, vv=vv) if fast and pp.size else None
     distinct = _distinct_mv(lv, mp, vv) if state is None and pp.size else None
     # G[p, s, r] = max(A[p, s, r], c(s)): the prefix term (only the direct path keeps all of it)
     G = np.full((P + 1, N, R), INF) if state is None and pp.size else None
@@ -227,7 +227,7 @@ def _solve(lv: _Level, fast: bool) -> np.ndarray:
                     red = np.minimum.reduceat(vals, gstart, axis=1).T
                     A[gm, j, :nv] = np.minimum(A[gm, j, :nv], red)
             else:
-                red = np.minimum.reduceat(_direct(lv, G, j, nv, pp, distinct), gstart, axis=0)
+                red = np.minimum.reduceat(_direct(lv, G, j, nv, pp, distinct=distinct), gstart, axis=0)
                 A[gm, j, :nv] = np.minimum(A[gm, j, :nv], red)
         if j < N - 1 and pp.size:
             gcol = np.maximum(A[1:M, j, :nr], cut[j])
@@ -247,7 +247,7 @@ def _distinct_mv(lv: _Level, mp, vv):
     return uk[:, :1], uk[:, 1:], inv.reshape(-1)
 
 
-def _direct(lv: _Level, G, j, nv, pp, distinct) -> np.ndarray:
+def _direct(lv: _Level, G, j, nv, pp, *, distinct) -> np.ndarray:
     """``min_{s} max(G[p, s, r], T(s+1->j, m'))`` for every pair and row, evaluated in full."""
     s = np.arange(j)
     hm, hv, inv = distinct
@@ -291,7 +291,7 @@ class _CrossingState:
 
     SHIFT = 4  # blocks of 16 columns
 
-    def __init__(self, lv: _Level, P, R, pp, mp, vv):
+    def __init__(self, lv: _Level, P, R, pp, mp, *, vv):
         N = lv.L.n
         self.N, self.R, self.lv = N, R, lv
         self.b = b = 1 << self.SHIFT
@@ -429,7 +429,7 @@ class _Node:
 
 
 def _build_levels(
-    L: _Layers, topo: Topology, straight, memory, fewer, cm: CostModel, fast=True, recompute=False
+    L: _Layers, topo: Topology, straight, memory, fewer, *, cm: CostModel, fast=True, recompute=False
 ) -> list[_Level]:
     levels, prev = [], None
     nlev = topo.num_levels
@@ -462,14 +462,14 @@ def _best_m(lv: _Level, j: int, r: int, fewer: bool) -> int:
     return int(np.argmin(col)) + 1
 
 
-def _rebuild(levels, k, i, j, m, fewer) -> list[_Node]:
+def _rebuild(levels, k, i, j, m, *, fewer) -> list[_Node]:
     """The level-k pipeline on range i..j with exactly m components that attains ``A_k``."""
     lv = levels[k - 1]
     r = i if lv.rows_all else 0
     target = lv.A[m, j, r]
     single = float(lv.T(i, j, m, -(-lv.M // m)))
     if single == target:
-        return [_node(levels, k, i, j, m, single, fewer)]
+        return [_node(levels, k, i, j, m, t=single, fewer=fewer)]
     best = None
     for p in range(1, m):
         mp = m - p
@@ -486,7 +486,7 @@ def _rebuild(levels, k, i, j, m, fewer) -> list[_Node]:
     if best is None:
         raise AssertionError("partition DP: could not reconstruct the optimum (please report)")
     split, p, mp, tlast = best
-    return _rebuild(levels, k, i, split, p, fewer) + [_node(levels, k, split + 1, j, mp, tlast, fewer)]
+    return _rebuild(levels, k, i, split, p, fewer=fewer) + [_node(levels, k, split + 1, j, mp, t=tlast, fewer=fewer)]
 
 
 def _candidates(levels, m_top: int, n: int, fewer: bool) -> list[tuple[float, list[_Node]]]:
@@ -502,11 +502,11 @@ def _candidates(levels, m_top: int, n: int, fewer: bool) -> list[tuple[float, li
     for m in [m_top] + [x for x in range(1, lv.M + 1) if x != m_top] if fewer else [m_top]:
         if m != m_top:
             if math.isfinite(float(lv.A[m, j, 0])):
-                out.append((float(lv.A[m, j, 0]), _rebuild(levels, top, 0, j, m, fewer)))
+                out.append((float(lv.A[m, j, 0]), _rebuild(levels, top, 0, j, m, fewer=fewer)))
             continue
         single = float(lv.T(0, j, m, -(-lv.M // m)))
         if math.isfinite(single):
-            out.append((single, [_node(levels, top, 0, j, m, single, fewer)]))
+            out.append((single, [_node(levels, top, 0, j, m, t=single, fewer=fewer)]))
         s = np.arange(0, j)
         for p in range(1, m):
             mp = m - p
@@ -519,17 +519,18 @@ def _candidates(levels, m_top: int, n: int, fewer: bool) -> list[tuple[float, li
                 out.append(
                     (
                         float(val[b]),
-                        _rebuild(levels, top, 0, b, p, fewer) + [_node(levels, top, b + 1, j, mp, tl, fewer)],
+                        _rebuild(levels, top, 0, b, p, fewer=fewer)
+                        + [_node(levels, top, b + 1, j, mp, t=tl, fewer=fewer)],
                     )
                 )
     return out
 
 
-def _node(levels, k, i, j, m, t, fewer) -> _Node:
+def _node(levels, k, i, j, m, *, t, fewer) -> _Node:
     child = None
     if k > 1:
         below = levels[k - 2]
-        child = _rebuild(levels, k - 1, i, j, _best_m(below, j, i, fewer), fewer)
+        child = _rebuild(levels, k - 1, i, j, _best_m(below, j, i, fewer), fewer=fewer)
     return _Node(i, j, m, t, child)
 
 
@@ -628,17 +629,17 @@ def solve(profile: Profile, topology: Topology, o: PartitionOptions) -> Candidat
         allreduce_bandwidth=o.allreduce_bandwidth,
         allreduce_latency_ms=o.allreduce_latency_ms,
     )
-    levels = _build_levels(L, topo, o.straight, memory_bytes, fewer, cm, recompute=o.recompute)
+    levels = _build_levels(L, topo, o.straight, memory_bytes, fewer, cm=cm, recompute=o.recompute)
     top = levels[-1]
     m_top = _best_m(top, L.n - 1, 0, fewer)
     if not math.isfinite(float(top.A[m_top, L.n - 1, 0])):
-        raise ValueError(_infeasible_message(L, topo, o.straight, memory_bytes, fewer, cm, o.recompute))
+        raise ValueError(_infeasible_message(L, topo, o.straight, memory_bytes, fewer, cm=cm, recompute=o.recompute))
     if o.refine:
         pool = _candidates(levels, m_top, L.n, fewer)
     else:
-        pool = [(float(top.A[m_top, L.n - 1, 0]), _rebuild(levels, topo.num_levels, 0, L.n - 1, m_top, fewer))]
+        pool = [(float(top.A[m_top, L.n - 1, 0]), _rebuild(levels, topo.num_levels, 0, L.n - 1, m_top, fewer=fewer))]
     meta = _workbench_meta(profile, topo, o, memory_bytes, cm)
-    plans = _candidate_plans(pool, levels, L, topo, cm, meta, data_parallel_ms(profile, topo, cm))
+    plans = _candidate_plans(pool, levels, L, topo, cm, meta=meta, dp_ms=data_parallel_ms(profile, topo, cm))
     ranked = sorted(plans, key=lambda q: (q.predicted_ms, q.bottleneck_ms))
     optimum = min(plans, key=lambda q: q.bottleneck_ms)
     return Candidates(optimum, ranked, cm, memory_bytes)
@@ -652,7 +653,12 @@ def partition_by_pipedream(profile: Profile, topo: Topology, o: PartitionOptions
             "and the allreduce_ options"
         )
     return partition_pipedream(
-        profile, topo, o.straight, _memory(o.memory_bytes), o.use_fewer_workers, o.pipedream or PipeDreamSettings()
+        profile,
+        topo,
+        o.straight,
+        _memory(o.memory_bytes),
+        o.use_fewer_workers,
+        settings=o.pipedream or PipeDreamSettings(),
     )
 
 
@@ -677,7 +683,9 @@ def _workbench_meta(profile: Profile, topo: Topology, o: PartitionOptions, memor
     }
 
 
-def _candidate_plans(pool, levels, L: _Layers, topo: Topology, cm: CostModel, meta: dict, dp_ms: float) -> list[Plan]:
+def _candidate_plans(
+    pool, levels, L: _Layers, topo: Topology, cm: CostModel, *, meta: dict, dp_ms: float
+) -> list[Plan]:
     """One flat :class:`Plan` (with the cost model's predictions) per distinct pipeline of ``pool``
     (``(A, pipeline)`` pairs, in order; a repeated stage layout keeps its first)."""
     plans: dict[tuple, Plan] = {}
@@ -720,7 +728,7 @@ def with_predictions(plan: Plan, cm: CostModel, in_flight=None) -> Plan:
     )
 
 
-def _infeasible_message(L: _Layers, topo, straight, memory, fewer, cm, recompute=False) -> str:
+def _infeasible_message(L: _Layers, topo, straight, memory, fewer, *, cm, recompute=False) -> str:
     if memory is not None:
         alone = L.param + L.act
         worst = int(np.argmax(alone))
@@ -729,12 +737,12 @@ def _infeasible_message(L: _Layers, topo, straight, memory, fewer, cm, recompute
                 f"memory_bytes={memory:.4g} is too small: layer {worst} alone needs "
                 f"{alone[worst]:.4g} bytes (weights + stashed activations of one minibatch)"
             )
-        free = _build_levels(L, topo, straight, None, fewer, cm)[-1]
+        free = _build_levels(L, topo, straight, None, fewer, cm=cm)[-1]
         if math.isfinite(free.A[1:, -1, 0].min() if fewer else free.A[topo.counts[-1], -1, 0]):
             lo, hi = memory, float((L.Wp[-1] + L.Ap[-1]) * topo.num_workers)
             for _ in range(12):  # geometric bisection: infeasible at lo, feasible at hi
                 mid = math.sqrt(lo * hi)
-                top = _build_levels(L, topo, straight, mid, fewer, cm, recompute=recompute)[-1]
+                top = _build_levels(L, topo, straight, mid, fewer, cm=cm, recompute=recompute)[-1]
                 val = top.A[1:, -1, 0].min() if fewer else top.A[topo.counts[-1], -1, 0]
                 lo, hi = (lo, mid) if math.isfinite(val) else (mid, hi)
             return (

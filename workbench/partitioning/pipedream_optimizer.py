@@ -115,7 +115,7 @@ def _segments(states: States) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return out[0], out[1], out[2]
 
 
-def _init(C, act, par, rows, M, within, B, opt: Options, lv: _Level):
+def _init(C, act, par, rows, M, *, within, B, opt: Options, lv: _Level):
     """The one-stage entries ``T(i, j, m)`` (module docstring)."""
     n = C.shape[0]
     jge = np.arange(n)[:, None] >= np.arange(rows)[None, :]
@@ -163,7 +163,7 @@ def _solve(t: _Tables, within: int, final: bool, order) -> _Level:
         t.M,
         rows,
     )
-    _init(t.C, t.act, t.par, rows, t.M, within, t.B, t.opt, lv)
+    _init(t.C, t.act, t.par, rows, t.M, within=within, B=t.B, opt=t.opt, lv=lv)
     if t.M == 1:
         return lv
     done = _Prefixes(lv, S)
@@ -171,11 +171,12 @@ def _solve(t: _Tables, within: int, final: bool, order) -> _Level:
     for j in range(1, n):
         ks = order[j]
         R = min(rows, j)
-        best = _splits(lv, t, done, j, ks, R) if ks.size else None
+        best = _splits(lv, t, done, j, ks, R=R) if ks.size else None
         for m in range(1, t.M):
             cur = _fewer(lv, t.opt, j, m, R)
             if best is not None:
-                _take(lv, j, m, ks, cur, *(x[m - 1] for x in best))
+                least, fk, fq = (x[m - 1] for x in best)
+                _take(lv, j, m, ks, cur, least=least, fk=fk, fq=fq)
         done.add(j)
     return lv
 
@@ -211,7 +212,7 @@ class _Prefixes:
         self.ids[:, :, k] = ids.T
 
 
-def _splits(lv: _Level, t: _Tables, done: _Prefixes, j: int, ks: np.ndarray, R: int):
+def _splits(lv: _Level, t: _Tables, done: _Prefixes, j: int, ks: np.ndarray, *, R: int):
     """The best split of column j for rows ``i < R`` and every 0-based machine count ``m >= 1``:
     per (m, i) the least ``max(A(i, k, m-m'), last(k, m'))`` over (k, m') and the first (k in
     ``ks``'s order, then m' ascending) reaching it, as arrays ``least, k position, m'-1`` of
@@ -240,7 +241,7 @@ def _splits(lv: _Level, t: _Tables, done: _Prefixes, j: int, ks: np.ndarray, R: 
     fq = np.zeros((M - 1, nbj * S), dtype=np.int64)
     if bb.size:
         if S > 1 and bb.size * S > DEDUP:
-            bb, mm, kk, qq = _distinct(done, ks, pk, last, bb, mm, kk, qq)
+            bb, mm, kk, qq = _distinct(done, ks, pk, last, bb, mm=mm, kk=kk, qq=qq)
         cand = np.maximum(done.TT[pk[mm, qq], ks[kk], bb], last[mm, kk, qq][:, None])  # (survivors, S)
         key = bb * (M - 1) + mm
         starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
@@ -256,7 +257,7 @@ def _splits(lv: _Level, t: _Tables, done: _Prefixes, j: int, ks: np.ndarray, R: 
 DEDUP = 4096  # survivor entries above which equal survivors are dropped first (_distinct; S > 1)
 
 
-def _distinct(done: _Prefixes, ks, pk, last, bb, mm, kk, qq):
+def _distinct(done: _Prefixes, ks, pk, last, bb, *, mm, kk, qq):
     """The survivors less those equal to an earlier one of their (block, m) in every row: the
     same block of ``A(., k, m-m')`` (equal bytes) and the same ``last``; such a one is never the
     first least one."""
@@ -268,7 +269,7 @@ def _distinct(done: _Prefixes, ks, pk, last, bb, mm, kk, qq):
     return bb[first], mm[first], kk[first], qq[first]
 
 
-def _take(lv: _Level, j, m, ks, cur, least, fk, fq) -> None:
+def _take(lv: _Level, j, m, ks, cur, *, least, fk, fq) -> None:
     """``A(i, j, m+1)`` takes the best split where it is below ``cur`` (ties keep ``cur``)."""
     i = np.flatnonzero(least < cur)
     used = fq[i] + 1
@@ -463,6 +464,7 @@ def partition_pipedream(
     straight: bool = False,
     memory_bytes: float | None = None,
     use_fewer_workers: bool = False,
+    *,
     settings: Settings = Settings(),
 ) -> Plan:
     """A :class:`Plan` chosen and priced by PipeDream's optimizer (module docstring).

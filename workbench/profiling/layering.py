@@ -35,9 +35,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pandas as pd
 import torch
 from torch import fx, nn
+from torch.export import Dim, export
 
+from workbench.io.cards import card, one_line
 from workbench.models.base import LayerModel, TensorSpec
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -62,6 +65,7 @@ class GraphLayer(nn.Module):
         out_ints: tuple[int, ...],
         n_out: int,
         modules: tuple[str, ...],
+        *,
         own_out: tuple[int, ...] | None = None,
         reads_from: tuple[int, ...] | None = None,
     ):
@@ -194,14 +198,10 @@ class GraphModel(LayerModel):
         ]
 
     def __repr__(self) -> str:
-        from workbench.io.cards import one_line
 
         return one_line("GraphModel", [("name", self.name, "")] + self._rows())
 
     def _repr_html_(self) -> str:
-        import pandas as pd
-
-        from workbench.io.cards import card
 
         seen: set = set()  # a tied weight counts at its first layer, as in a Profile
         table = pd.DataFrame(
@@ -265,7 +265,6 @@ def _check_runs(model: nn.Module, args: tuple) -> None:
 
 def _export(model: nn.Module, args: tuple) -> fx.GraphModule:
     """``torch.export`` in training mode with a dynamic batch dimension -> an unlifted GraphModule."""
-    from torch.export import Dim, export
 
     dyn = tuple({0: Dim.AUTO} if torch.is_tensor(a) and a.dim() > 0 else None for a in args)
     _check_runs(model, args)

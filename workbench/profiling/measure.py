@@ -13,19 +13,24 @@ for one minibatch. ``meta["kind"]`` says whether the numbers were ``measured`` (
 from __future__ import annotations
 
 import os
+import resource
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from tqdm.auto import tqdm
 
+from workbench.profiling.layering import new_param_bytes, split
 from workbench.profiling.pipedream import read_graph  # noqa: F401  (registers the graph.txt reader)
 from workbench.profiling.table import Profile
 
 
 def _tensors(x):
     """Flatten a layer input/output (tensor or nested tuple/list of tensors) into a list."""
-    import torch
 
     if isinstance(x, torch.Tensor):
         return [x]
@@ -38,7 +43,6 @@ def _detach(x, requires_grad: bool = True):
     """Detach a layer input from earlier layers; floating tensors require grad (the layer's backward
     then includes its input gradient) unless ``requires_grad=False`` (the model's first layer: no
     gradient is computed for the data)."""
-    import torch
 
     if isinstance(x, torch.Tensor):
         t = x.detach()
@@ -52,7 +56,6 @@ def nbytes(x) -> int:
 
 
 def _layers_and_input(model, example_input, batch_size):
-    import torch
 
     if hasattr(model, "layers") and hasattr(model, "example_input"):  # a zoo LayerModel
         layers = list(model.layers)
@@ -66,7 +69,6 @@ def _layers_and_input(model, example_input, batch_size):
     elif isinstance(model, torch.nn.Module):  # any other module: trace it into layers (workbench.profiling.layering)
         if example_input is None:
             raise ValueError(f"profile() needs example_input to trace {type(model).__name__} into layers")
-        from workbench.profiling.layering import split
 
         return _layers_and_input(split(model, example_input), example_input, batch_size)
     else:
@@ -83,7 +85,6 @@ def _layers_and_input(model, example_input, batch_size):
 
 
 def _backward_inputs(out):
-    import torch
 
     outs = [t for t in _tensors(out) if t.requires_grad]
     grads = [torch.ones_like(t) for t in outs]
@@ -92,8 +93,6 @@ def _backward_inputs(out):
 
 def _flops(layer, x, first: bool = False) -> tuple[float, float]:
     """Forward and backward FLOPs of one layer via torch.utils.flop_counter."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
 
     x = _detach(x, not first)
     with FlopCounterMode(display=False) as fc:
@@ -140,7 +139,6 @@ def profile(
     load average before and after (``load_before``, ``load_after``) and ``spread``, the spread of
     the whole profile (:func:`_spread`); :meth:`Profile.trust_note` turns them into a warning.
     """
-    import torch
 
     if iterations < 1 or warmup < 0:
         raise ValueError(f"iterations must be >= 1 and warmup >= 0 (got {iterations}, {warmup})")
@@ -157,7 +155,7 @@ def profile(
     before, load_before = torch.get_num_threads(), _load()
     torch.set_num_threads(threads)
     try:
-        rows = _measure_layers(layers, names, _to(x, dev), timing, f"profiling {name}", progress)
+        rows = _measure_layers(layers, names, _to(x, dev), timing, f"profiling {name}", progress=progress)
     finally:
         torch.set_num_threads(before)
     meta = _measurement_meta(name, batch_size, timing, threads, load_before)
@@ -182,17 +180,15 @@ class _Timing:
     flops: bool
 
 
-def _measure_layers(layers, names, x, timing: _Timing, desc: str, progress: bool) -> list[dict]:
+def _measure_layers(layers, names, x, timing: _Timing, desc: str, *, progress: bool) -> list[dict]:
     """One row per layer (the columns :func:`profile` documents, plus the private ``_fwd_range`` /
     ``_bwd_range``), each layer fed the detached output of the one before."""
-    import torch
-    from tqdm.auto import tqdm
-
-    from workbench.profiling.layering import new_param_bytes
 
     rows, seen = [], set[int]()
     for i, layer in enumerate(tqdm(layers, desc=desc, disable=not progress, leave=False)):
-        fwd_times, bwd_times, out = _time_layer(layer, x, i, names[i], timing.warmup, timing.iterations, timing.dev)
+        fwd_times, bwd_times, out = _time_layer(
+            layer, x, i, names[i], timing.warmup, iterations=timing.iterations, dev=timing.dev
+        )
         row = dict(
             name=names[i],
             fwd_ms=_median(fwd_times),
@@ -218,9 +214,6 @@ def _measure_layers(layers, names, x, timing: _Timing, desc: str, progress: bool
 
 def _measurement_meta(model: str, batch_size: int, timing: _Timing, threads: int, load_before: float | None) -> dict:
     """Where and how a profile was measured (read right after the measurement: peak memory, load)."""
-    import resource
-
-    import torch
 
     dev = timing.dev
     cuda = dev.type == "cuda"
@@ -242,10 +235,9 @@ def _measurement_meta(model: str, batch_size: int, timing: _Timing, threads: int
     )
 
 
-def _time_layer(layer, x, i: int, name: str, warmup: int, iterations: int, dev):
+def _time_layer(layer, x, i: int, name: str, warmup: int, *, iterations: int, dev):
     """``iterations`` forward and backward times (ms) of one layer after ``warmup`` untimed runs,
     and its output (no autograd graph) for the next layer."""
-    import torch
 
     layer.train()
     fwd_times, bwd_times = [], []
@@ -267,9 +259,6 @@ def _time_layer(layer, x, i: int, name: str, warmup: int, iterations: int, dev):
 
 def _timed(fn, dev):
     """``(fn(), ms)``: CUDA events on a GPU, ``time.perf_counter`` around synchronised calls else."""
-    import time
-
-    import torch
 
     if dev.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -393,7 +382,6 @@ def _describe(x) -> str:
 
 
 def _to(x, dev):
-    import torch
 
     if isinstance(x, torch.Tensor):
         return x.to(dev)
@@ -402,7 +390,6 @@ def _to(x, dev):
 
 def _regroup(template, flat):
     """Rebuild the (nested) tuple structure of ``template`` from a flat list of tensors."""
-    import torch
 
     it = iter(flat)
 
@@ -441,7 +428,6 @@ LAUNCH_MS = 0.01
 def _winograd_flops(layer, x) -> float:
     """Forward FLOPs of the layer's 3x3, stride-1, ungrouped convolutions (direct-convolution
     count 2·N·C_out·H_out·W_out·C_in·9), captured with forward hooks."""
-    import torch
 
     total = [0.0]
 
@@ -471,7 +457,6 @@ def analyze(model, example_input=None, *, batch_size: int = 32) -> pd.DataFrame:
     models cost no memory): columns name, flops_fwd, flops_bwd, flops_conv3x3 (the forward FLOPs
     of 3x3 stride-1 convolutions, which GPU libraries run with Winograd), input_grad (False for the
     first layer: no gradient is computed for the data), act_bytes, input_bytes, param_bytes."""
-    from workbench.profiling.layering import new_param_bytes
 
     name, layers, names, x = _layers_and_input(model, example_input, batch_size)
     rows, seen = [], set[int]()

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from workbench.io.cards import card, one_line
 from workbench.io.folders import json_ready
 
 REQUIRED = ("name", "fwd_ms", "bwd_ms", "act_bytes", "param_bytes")
@@ -178,7 +179,6 @@ class Profile:
         return f"{kind}{' on ' + str(where) if where and kind == 'measured' else (', ' + str(where) if where else '')}"
 
     def __repr__(self) -> str:
-        from workbench.io.cards import one_line
 
         return one_line(
             "Profile",
@@ -186,7 +186,6 @@ class Profile:
         )
 
     def _repr_html_(self) -> str:
-        from workbench.io.cards import card
 
         cols = [c for c in ("name", "fwd_ms", "bwd_ms", "act_bytes", "param_bytes") if c in self.layers]
         note = self.trust_note()

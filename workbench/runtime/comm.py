@@ -59,6 +59,7 @@ class P2P:
         device,
         timeout_s: float,
         lookahead: int | None = None,
+        *,
         groups=(None, None),
         backend: str = "gloo",
         buffer_budget: int = 256 << 20,
@@ -244,7 +245,7 @@ class ShmP2P(P2P):
     numbers come from the receive plans: :meth:`set_plan` (this rank's, per epoch) and
     :meth:`set_send_plan` (its peers')."""
 
-    def __init__(self, rank: int, num_stages: int, device, timeout_s: float, inbound: dict, outbound: dict):
+    def __init__(self, rank: int, num_stages: int, device, timeout_s: float, inbound: dict, *, outbound: dict):
         super().__init__(rank, num_stages, device, timeout_s, send_thread=False)
         self.inbound, self.outbound = inbound, outbound  # src -> Channel, dst -> Channel
         self.recv_base = dict.fromkeys(inbound, 0)

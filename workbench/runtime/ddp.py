@@ -8,6 +8,7 @@ from collections import defaultdict
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from workbench.runtime import opclock
 from workbench.runtime.record import timed
@@ -33,8 +34,7 @@ class DDPExecutor(MomentumState):
     the ``R`` replicas yields the mean over the ``n`` microbatches of the update.
     """
 
-    def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], groups: dict):
-        from torch.nn.parallel import DistributedDataParallel as DDP
+    def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], *, groups: dict):
 
         self.ctx, self.schedule, self.model, self.rank = ctx, schedule, model, ctx.rank
         self.S, self.M = schedule.num_stages, schedule.microbatches
@@ -150,7 +150,9 @@ class DDPExecutor(MomentumState):
                 clock.add(len(timeline), pre, pre, clock.mark())
             rel = op.step + 1 if op.kind == "STEP" else (op.step if op.kind == "AR" else op.version)
             mb = R * self.M + b if b >= 0 else -1
-            timeline.append(timed(self.rank, s, mb, op.kind, start, end, t0, R * self.prog.per_round[s] + rel, R))
+            timeline.append(
+                timed(self.rank, s, mb, op.kind, start, end=end, t0=t0, version=R * self.prog.per_round[s] + rel, rnd=R)
+            )
         if clock is not None:  # the round's rows in the device's times (one synchronization)
             clock.resolve(timeline, R)
 

@@ -135,6 +135,7 @@ class RemoteWeights:
         layouts: dict[int, tuple[list[tuple[str, torch.Size]], torch.dtype]],
         device,
         timeout_s: float,
+        *,
         groups: tuple,
         updates_per_round: list[int],
     ):

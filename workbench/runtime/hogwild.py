@@ -26,7 +26,7 @@ class HogwildExecutor(MomentumState):
     a shared per-(stage, replica) counter table whose slots only their owner writes.
     """
 
-    def __init__(self, ctx, schedule: Schedule, model, bounds, shared: list[dict], counters: torch.Tensor):
+    def __init__(self, ctx, schedule: Schedule, model, bounds, shared: list[dict], *, counters: torch.Tensor):
         self.ctx, self.schedule, self.model, self.rank = ctx, schedule, model, ctx.rank
         self.S, self.M = schedule.num_stages, schedule.microbatches
         self.prog = RankProgram(schedule, self.rank)
@@ -99,7 +99,7 @@ class HogwildExecutor(MomentumState):
                 raise ValueError(f"the async rule cannot run {op.kind} ops")
             end = time.perf_counter()
             mb = R * self.M + b if b >= 0 else -1
-            timeline.append(timed(self.rank, s, mb, op.kind, start, end, t0, version, R))
+            timeline.append(timed(self.rank, s, mb, op.kind, start, end=end, t0=t0, version=version, rnd=R))
 
     def weights(self):
         return {s: {n: t.detach().clone() for n, t in sh.items()} for s, sh in enumerate(self.shared)}

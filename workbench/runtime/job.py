@@ -7,26 +7,29 @@ deterministic weights and samples without any transfer.
 
 from __future__ import annotations
 
+import copy
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch import nn
+from torch.utils.data import TensorDataset
 
+from workbench.models import build
+from workbench.models.base import LayerModel
+from workbench.models.data import load_dataset
+from workbench.profiling.layering import from_modules, split
 from workbench.runtime.jobspec import OptimSpec, RunSpec
+from workbench.runtime.toy import toy_dataset, toy_mlp
 from workbench.schedules.core import Schedule
 
 
 def build_model(name: str, dtype: str | None = None, seed: int = 0, **options):
     """A LayerModel from the zoo (``workbench.models.build``), or ``toy-mlp`` from :mod:`.toy`."""
     if name == "toy-mlp":
-        from workbench.runtime.toy import toy_mlp
-
         model = toy_mlp(seed=seed, **options)
     else:
-        try:
-            from workbench.models import build
-        except ImportError as e:
-            raise ValueError(f"model zoo unavailable ({e}); use model='toy-mlp'") from None
         model = build(name, seed=seed, **options)
     if dtype is not None:
         for layer in model.layers:
@@ -37,8 +40,6 @@ def build_model(name: str, dtype: str | None = None, seed: int = 0, **options):
 def copy_model(model, dtype: str | None = None):
     """A fresh copy of a user's model (a LayerModel shipped to the ranks by pickling): every call
     returns the same initial weights."""
-    import copy
-
     model = copy.deepcopy(model)
     if dtype is not None:
         for layer in model.layers:
@@ -57,8 +58,6 @@ def user_dataset(train, test=None, split: str = "train"):
 
 def load_object(spec: str):
     """``"package.module:function"`` -> the function (imported, not called)."""
-    import importlib
-
     mod, _, attr = spec.partition(":")
     if not mod or not attr:
         raise ValueError(f"expected package.module:function, got {spec!r}")
@@ -76,8 +75,6 @@ def load_object(spec: str):
 def as_dataset(dataset):
     """A data set argument -> ``(TensorDataset train, TensorDataset | None test)`` for a user model:
     a TensorDataset, a pair (train, test), or ``"package.module:function"`` returning either."""
-    from torch.utils.data import TensorDataset
-
     if isinstance(dataset, str):
         dataset = load_object(dataset)()
     train, test = dataset if isinstance(dataset, (tuple, list)) and len(dataset) == 2 else (dataset, None)
@@ -96,10 +93,6 @@ def as_layer_model(model, train_set, seed: int = 0, dtype: str | None = None):
     ``"package.module:function"``) is called under ``torch.manual_seed(seed)`` first. A trace records
     dtypes (``x.to(torch.float32)`` in the model's code stays float32), so with ``dtype`` the module
     is converted and traced in that dtype."""
-    from torch import nn
-
-    from workbench.models.base import LayerModel
-
     if isinstance(model, str):
         model = load_object(model)
     if isinstance(model, LayerModel):
@@ -122,8 +115,6 @@ def as_layer_model(model, train_set, seed: int = 0, dtype: str | None = None):
         )
     if train_set is None:
         raise ValueError(f"training {type(model).__name__} needs a data set: dataset=TensorDataset(inputs..., targets)")
-    from workbench.profiling.layering import from_modules, split
-
     *xs, _ = train_set.tensors
     example = tuple(x[:2] for x in xs)
     if dtype is not None:
@@ -141,11 +132,7 @@ def as_layer_model(model, train_set, seed: int = 0, dtype: str | None = None):
 def build_dataset(model_name: str, dataset: str, split: str = "train", **options):
     """The model's training (or test) set; ``options`` go to the loader (e.g. the synthetic set's sizes)."""
     if model_name == "toy-mlp" or dataset == "toy":
-        from workbench.runtime.toy import toy_dataset
-
         return toy_dataset(split=split, **options)
-    from workbench.models.data import load_dataset
-
     return load_dataset(dataset, split, **options)
 
 

@@ -28,9 +28,11 @@ from workbench.io.keywords import check_keywords
 DEFAULT_LR = 0.05
 
 
-def _train_transports() -> tuple[str, ...]:
-    from workbench.runtime.shm import TRAIN_TRANSPORTS  # torch: imported when a parser is built, not at import
+TRANSPORTS = ("gloo", "shm")  # how activations and gradients travel between ranks (workbench.runtime.shm)
+TRAIN_TRANSPORTS = ("auto",) + TRANSPORTS  # train(): "auto" picks shm where it can run, else gloo (auto_transport)
 
+
+def _train_transports() -> tuple[str, ...]:
     return TRAIN_TRANSPORTS
 
 

@@ -6,17 +6,21 @@ a folder holding a finished run is never overwritten.
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import math
+import multiprocessing as mp
 import os
 import pickle
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from torch.utils.data import TensorDataset
 
 from workbench.runtime.fetch import check_remote
 from workbench.runtime.job import (
@@ -29,14 +33,14 @@ from workbench.runtime.job import (
     load_object,
     user_dataset,
 )
-from workbench.runtime.jobspec import JobSpec, OptimSpec, PipelineSpec, RunSpec
+from workbench.runtime.jobspec import TRAIN_TRANSPORTS, JobSpec, OptimSpec, PipelineSpec, RunSpec
 from workbench.runtime.lifetime import JobStopped, RankFailed, run_rank, spawn
 from workbench.runtime.outputs import RunResult, latest_checkpoint, load_stage
 from workbench.runtime.ports import free_port
 from workbench.runtime.rank import worker_main
+from workbench.runtime.reference import updates_per_round
 from workbench.runtime.segment_executor import check_segments, sequence_options
 from workbench.runtime.shm import (
-    TRAIN_TRANSPORTS,
     auto_transport,
     check_transport,
     remove_channels,
@@ -55,7 +59,7 @@ from workbench.runtime.stages import (
     stage_params,
 )
 from workbench.runtime.tied import check_tied, defer_steps, tied_weights
-from workbench.schedules import executor_of, spec
+from workbench.schedules import REGISTRY, build_for_workers, executor_of, spec, worker_options
 from workbench.schedules.core import Schedule, validate
 
 
@@ -74,7 +78,6 @@ def schedule_for_workers(name: str, workers: int, plan, microbatches: int, optio
     """Schedule ``name`` on ``workers`` ranks, shaped by the registry (no special cases by name): a
     schedule taking ``workers`` (data parallel, master family) gets it; without a plan the stage count
     is ``spec.stages_for(workers, options)`` (k stages per worker; 1 for data parallel)."""
-    from workbench.schedules import build_for_workers, worker_options
 
     options.update(worker_options(name, workers, options))  # the caller keeps the typed options
     return build_for_workers(name, workers, microbatches, plan, options)
@@ -105,11 +108,11 @@ def build_job(spec: JobSpec) -> Job:
     mseed = o.seed if m.model_seed is None else m.model_seed
     model_options = dict(m.model_options)
     the_model, model_fn, dataset_fn, label = _model_and_data(
-        m.model, m.dataset, m.dtype, mseed, model_options, dict(m.dataset_options or {})
+        m.model, m.dataset, m.dtype, mseed, model_options, dopts=dict(m.dataset_options or {})
     )
     out = _out_folder(r, p.schedule, label, workers)
     sched, sopts = _job_schedule(p, workers, the_model, label, torchrun)
-    transport = _transport(r.transport, sched, workers, device, backend, torchrun)
+    transport = _transport(r.transport, sched, workers, device, backend, torchrun=torchrun)
     stream_fn = _stream_builder(p.schedule, workers, p.plan, p.schedule_options, sched) if p.stream else None
     if sched.num_workers != workers:
         raise ValueError(
@@ -236,7 +239,7 @@ def _job_schedule(p: PipelineSpec, workers: int, the_model, label: str, torchrun
     return sched, sopts
 
 
-def _transport(transport: str, sched: Schedule, workers: int, device: str, backend: str, torchrun: bool) -> str:
+def _transport(transport: str, sched: Schedule, workers: int, device: str, backend: str, *, torchrun: bool) -> str:
     """The transport of activations and gradients: ``"auto"`` picks shared memory where it runs and
     pays (one rank per core, CPU, this machine, bounded ring channels: ``shm.channel_sizes``), else
     gloo; ``"shm"`` needs spawned CPU gloo ranks and a pipeline schedule (messages to carry)."""
@@ -286,7 +289,6 @@ def stream_schedule(name: str, workers: int, plan, options: dict, microbatches: 
 
 
 def _schedule_option_names(name: str) -> set[str]:
-    from workbench.schedules import spec
 
     return {o.name for o in spec(name).options}
 
@@ -296,7 +298,6 @@ def _stream_builder(schedule, workers: int, plan, options: Mapping | None, sched
     minibatches. Only for pipelines whose microbatch count is a stream, not one flush (the registry's
     ``microbatches="in total"``: model-parallel, pipedream, pipedream-2bw), whose weight rule then
     reads the same over two minibatches as over one (the updates per minibatch are checked)."""
-    from workbench.schedules import REGISTRY, spec
 
     if not isinstance(schedule, str):
         raise ValueError("stream=True builds the schedule over each epoch's microbatches: give the schedule by name")
@@ -312,7 +313,6 @@ def _stream_builder(schedule, workers: int, plan, options: Mapping | None, sched
         )
         raise ValueError(f"{schedule} {why}; stream=True (--stream) is for pipeline schedules without a flush: {ok}")
     fn = functools.partial(stream_schedule, schedule, workers, plan, dict(options or {}))
-    from workbench.runtime.reference import updates_per_round
 
     two, one = updates_per_round(fn(2 * sched.microbatches)), updates_per_round(sched)
     if two != [2 * u for u in one]:
@@ -343,7 +343,6 @@ def _check_not_bootstrapping() -> None:
     """A spawned rank re-imports the parent's ``__main__`` script; a script that calls ``train`` at
     module level would start training again in every rank. Say so instead of multiprocessing's
     bootstrapping error."""
-    import multiprocessing as mp
 
     if mp.parent_process() is not None and getattr(mp.current_process(), "_inheriting", False):
         raise RuntimeError(
@@ -392,13 +391,12 @@ def _check_takes_data(model, train_set, dtype: str | None, label: str) -> None:
             m.training = mode
 
 
-def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, dopts: dict):
+def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, *, dopts: dict):
     """(model, picklable model recipe, picklable data set recipe, label) for a zoo name or a user model.
 
     Zoo names rebuild the model in every rank from ``(name, seed, options)``; a user's model (an
     ``nn.Module``, a factory, ``"package.module:function"``, a LayerModel) is traced once here
     (:func:`workbench.profiling.layering.split`) and the traced copy travels to the ranks by pickling."""
-    from torch.utils.data import TensorDataset
 
     def data_recipe(default_name: str | None, model_name: str = "user"):
         if dataset is None and default_name is None:
@@ -480,14 +478,14 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
         if any(j.schedule.update == "async" for j in jobs):
             raise ValueError("dp-asp (Hogwild on shared memory) needs one machine: launch it without torchrun")
         rank = int(os.environ["RANK"])  # this process is a rank of torchrun's: it stops with torchrun (lifetime.py)
-        run_rank(rank, worker_main, rank, world, jobs, None, None, None)
+        run_rank(rank, worker_main, rank, world, jobs, None, None)
         return [_read_summary(Path(j.run.out), j) if rank == 0 else {} for j in jobs]
     port = free_port(port)
     if any(j.shm_token for j in jobs):
         remove_stale_channels()  # files of earlier launchers that were killed before they could remove them
     shareds = [_shared_weights(j) if j.schedule.update == "async" else None for j in jobs]
     try:
-        spawn(worker_main, (world, jobs, "127.0.0.1", port, shareds), world, what="training")
+        spawn(functools.partial(worker_main, shareds=shareds), (world, jobs, "127.0.0.1", port), world, what="training")
     except (RankFailed, JobStopped) as e:
         e.args = (f"{e.args[0]}; the job was stopped{_resume_hint(jobs)}",)
         raise
@@ -517,8 +515,6 @@ def _warn_if_diverged(out: Path, lr: float) -> None:
     metrics = out / "metrics.csv"
     if not metrics.exists():
         return
-    import csv
-
     with open(metrics) as f:
         for row in csv.DictReader(f):
             try:
@@ -526,8 +522,6 @@ def _warn_if_diverged(out: Path, lr: float) -> None:
             except ValueError:
                 continue
             if not math.isfinite(loss):
-                import warnings
-
                 warnings.warn(
                     f"the training loss became {loss} at step {row.get('step')} (lr {lr:g}): the run diverged; "
                     "try a smaller --lr",

@@ -42,6 +42,9 @@ import threading
 import time
 import traceback
 from multiprocessing import connection
+from multiprocessing.reduction import ForkingPickler
+
+import torch.multiprocessing as mp
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 GRACE_S = 2.0  # a rank that outlives SIGTERM by this long gets SIGKILL
@@ -67,7 +70,7 @@ class RankFailed(RuntimeError):
     raised, "" if it was killed), ``at`` (``time.time()`` of the failure: when the rank reported its
     error, or when the launcher saw it exit)."""
 
-    def __init__(self, message: str, rank: int, exitcode: int, step: int, tb: str = "", at: float = 0.0):
+    def __init__(self, message: str, rank: int, exitcode: int, step: int, tb: str = "", *, at: float = 0.0):
         super().__init__(message)
         self.rank, self.exitcode, self.step, self.traceback = rank, exitcode, step, tb
         self.at = at or time.time()
@@ -146,8 +149,6 @@ class _Guarded:
         self.obj = obj
 
     def __reduce__(self):
-        from multiprocessing.reduction import ForkingPickler
-
         return _unguard, (bytes(ForkingPickler.dumps(self.obj)),)
 
 
@@ -157,8 +158,6 @@ class _LoadFailed:
 
 
 def _unguard(data: bytes):
-    from multiprocessing.reduction import ForkingPickler
-
     try:
         return ForkingPickler.loads(data)
     except BaseException as e:  # noqa: BLE001 - reported by the rank (_rank_main)
@@ -218,7 +217,6 @@ def spawn(fn, args: tuple, world: int, *, deadline_s: float | None = None, what:
     """Run ``fn(rank, *args)`` in ``world`` spawned processes until all return; raises
     :class:`JobStopped` / :class:`RankFailed` after stopping every rank (module docstring), or
     ``TimeoutError`` when ``deadline_s`` (an overall bound, for short measurements) passes."""
-    import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     progress = ctx.RawArray("q", [NOT_STARTED] * world)
@@ -236,7 +234,7 @@ def spawn(fn, args: tuple, world: int, *, deadline_s: float | None = None, what:
                 p.start()
                 procs.append(p)
                 pipes[r][1].close()  # the rank holds its own copy: at its end the reader sees EOF
-            _supervise(procs, [r for r, _ in pipes], progress, stop, deadline_s, what)
+            _supervise(procs, [r for r, _ in pipes], progress, stop, deadline_s, what=what)
         finally:
             stop_ranks(procs)
             for pipe in pipes:
@@ -244,7 +242,7 @@ def spawn(fn, args: tuple, world: int, *, deadline_s: float | None = None, what:
                     end.close()
 
 
-def _supervise(procs, readers, progress, stop: _StopSignals, deadline_s, what: str) -> None:
+def _supervise(procs, readers, progress, stop: _StopSignals, deadline_s, *, what: str) -> None:
     """Wait until every rank exited 0; raise on the first stop signal, failed rank or the deadline."""
     end = None if deadline_s is None else time.monotonic() + deadline_s
     reports, readers = [], list(readers)
@@ -309,7 +307,7 @@ def _failure(procs: list, dead: list, reports: list, progress) -> RankFailed:
             1,
             progress[i],
             tb,
-            at,
+            at=at,
         )
     i, p = dead[0]
     if progress[i] == NOT_STARTED:  # it never ran our code: the spawned interpreter failed to start it

@@ -31,19 +31,33 @@ op starts, the same statistic :func:`measured_step_ms` takes from a measured ``t
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from workbench.profiling.measure import Profile
+from workbench.cost.model import CostModel
+from workbench.cost.plan import Plan
+from workbench.cost.topology import Topology
+from workbench.profiling.measure import Profile, _detach, _layers_and_input, profile
+from workbench.runtime import shm, stages
+from workbench.runtime.affinity import place_rank
+from workbench.runtime.comm import _Sender, uses_send_thread
+from workbench.runtime.lifetime import spawn
 from workbench.runtime.ports import free_port
 from workbench.schedules.core import Op, Schedule
+from workbench.simulation import simulate
 
 DEFAULT_SIZES = (4, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
 ALLREDUCE_SIZES = (4, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20, 16 << 20)  # up to a stage's gradients
@@ -80,7 +94,6 @@ def fit_link(sizes: Sequence[float], times_ms: Sequence[float], relative: bool =
 def _busy_compute(stop, count: list) -> None:
     """Keep this process's core busy with matrix products until ``stop`` is set (a loaded link);
     ``count[0]``: products done so far (the compute the messages leave to it)."""
-    import torch
 
     a, w = torch.randn(32, 512), torch.randn(512, 512)
     while not stop.is_set():
@@ -104,12 +117,6 @@ class _Timing:
 def _join(rank: int, port: int, t: _Timing, world: int):
     """Set up this timed rank as the runtime sets up its ranks (threads, pinning) and join the
     process group; returns the wait bound as a ``timedelta``."""
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    from workbench.runtime.affinity import place_rank
 
     torch.set_num_threads(t.threads)
     place_rank(rank, world, t.threads)
@@ -123,7 +130,6 @@ class _BusyCore:
     products; its rate without messages is measured before the messages and again after them."""
 
     def __init__(self):
-        import threading
 
         self.stop_event, self.count, self.rates = threading.Event(), [0], []
         self.thread = threading.Thread(target=_busy_compute, args=(self.stop_event, self.count), daemon=True)
@@ -159,9 +165,6 @@ class _PingPongLink:
     thread with ``sender``."""
 
     def __init__(self, rank: int, t: _Timing, tmo, shm_token: str, sender: bool):
-        import torch.distributed as dist
-
-        from workbench.runtime.comm import _Sender
 
         self.dist, self.tmo, self.timeout_s = dist, tmo, t.timeout_s
         self.pending: list = []
@@ -171,8 +174,6 @@ class _PingPongLink:
         self.chan: dict = {}
         self.count = {"tx": 0, "rx": 0}
         if shm_token:
-            from workbench.runtime import shm
-
             peer = 1 - rank
             self.chan = {
                 "tx": shm.Channel(shm.channel_path(shm_token, rank, peer), 4, max(t.sizes), t.timeout_s),
@@ -211,15 +212,12 @@ class _PingPongLink:
             ch.close()
 
 
-def _ping_pong(rank: int, port: int, t: _Timing, busy: bool, shm_token: str, q) -> None:
+def _ping_pong(rank: int, port: int, t: _Timing, busy: bool, shm_token: str, *, q) -> None:
     """One side of the ping-pong: rank 0 sends and waits for the echo; rank 1 echoes. ``busy``: a
     compute thread keeps the core busy meanwhile and sends go through the runtime's send path
     (its sender thread, where the runtime uses one). ``shm_token``: through the runtime's
     shared-memory channels (:mod:`workbench.runtime.shm`) of that token instead of ``backend``.
     Rank 0 puts ({bytes: one-way ms}, {bytes: CPU ms per message}, empty when idle) on ``q``."""
-    import torch.distributed as dist
-
-    from workbench.runtime.comm import uses_send_thread
 
     tmo = _join(rank, port, t, 2)
     load, link = (_BusyCore() if busy else None), None
@@ -248,7 +246,6 @@ def _ping_pong(rank: int, port: int, t: _Timing, busy: bool, shm_token: str, q) 
 def _round_trips(rank: int, link: _PingPongLink, n: int, t: _Timing, load: _BusyCore | None):
     """``warmup + repeats`` round trips of a float32 message of ``n`` bytes (at least one element):
     (its bytes, the timed round trips in ms, (seconds, busy products) over the timed ones)."""
-    import torch
 
     buf = torch.zeros(max(1, int(n) // 4), dtype=torch.float32)
     rtt = []
@@ -271,8 +268,6 @@ def _round_trips(rank: int, link: _PingPongLink, n: int, t: _Timing, load: _Busy
 
 def _all_reduce_timer(rank: int, port: int, t: _Timing, world: int, q) -> None:
     """One rank of the all-reduce timing: every rank all-reduces (sum) a float32 tensor of each size."""
-    import torch
-    import torch.distributed as dist
 
     tmo = _join(rank, port, t, world)
     try:
@@ -298,12 +293,9 @@ def _all_reduce_timer(rank: int, port: int, t: _Timing, world: int, q) -> None:
 def _run_ranks(fn, args: tuple, nprocs: int, timeout_s: float, what: str) -> dict:
     """Spawn ``nprocs`` processes ``fn(rank, port, *args, q)``; rank 0's result from ``q``, or
     TimeoutError after ``timeout_s`` (processes stopped: :func:`workbench.runtime.lifetime.spawn`)."""
-    import torch.multiprocessing as mp
-
-    from workbench.runtime.lifetime import spawn
 
     q = mp.get_context("spawn").SimpleQueue()
-    spawn(fn, (free_port(), *args, q), nprocs, deadline_s=timeout_s, what=what)
+    spawn(functools.partial(fn, q=q), (free_port(), *args), nprocs, deadline_s=timeout_s, what=what)
     if q.empty():
         raise RuntimeError(f"{what} finished without a result")
     return q.get()
@@ -324,6 +316,7 @@ def measure_link(
     repeats: int = 30,
     warmup: int = 5,
     timeout_s: float = 120.0,
+    *,
     threads: int = 1,
     busy: bool = False,
     transport: str = "gloo",
@@ -349,7 +342,6 @@ def measure_link(
     (:mod:`workbench.runtime.shm`, as ``train(..., transport="shm")`` sends them; CPU, this
     machine) instead of ``backend``'s point-to-point; the process group still uses ``backend``.
     Its waiting receiver polls, so loaded, a message's CPU time includes the polling."""
-    from workbench.runtime import shm
 
     shm.check_transport(transport)
     sizes = _check_sizes(sizes, repeats, warmup)
@@ -424,6 +416,7 @@ def measure_allreduce(
     world_size: int = 2,
     repeats: int = 20,
     warmup: int = 5,
+    *,
     timeout_s: float = 120.0,
     threads: int = 1,
 ) -> dict:
@@ -498,7 +491,6 @@ class StageProfile:
         """``"layer"``: the per-layer profile; ``"stage"``: a Profile with one row per stage
         (stage-level fwd/bwd, the bytes of the stage's last layer output, the stage's parameter
         bytes), to simulate with one layer per stage."""
-        from workbench.profiling.measure import Profile
 
         if level == "layer":
             return self.profile
@@ -560,7 +552,6 @@ def on_ranks(
     interrupts timed the same stage 2-10% slower in 7 of 7 paired profiles one hour, while in the
     fidelity runs after it the mean of the two cores modeled within -2..+5% of this, mostly within
     1% (``bench_fidelity.py``'s ``core mean``). The per-layer profile stays the first process's."""
-    from dataclasses import replace
 
     if len(stage_ranks) != len(profiles[0].bounds):
         raise ValueError(f"stage_ranks names {len(stage_ranks)} stages, the profiles have {len(profiles[0].bounds)}")
@@ -600,6 +591,7 @@ def _time_stage(
     first: bool,
     iterations: int,
     warmup: int,
+    *,
     microbatches: int = 4,
     last: tuple | None = None,
     lr: float = 1e-9,
@@ -644,9 +636,6 @@ class _StageTimer:
     functions (:mod:`workbench.runtime.stages`) on a copy of the layers' parameters."""
 
     def __init__(self, layers: list, x, first: bool, last: tuple | None, lr: float):
-        import torch
-
-        from workbench.runtime import stages
 
         self.torch, self.stages = torch, stages  # looked up per call, as the runtime's ranks call them
         self.mod = torch.nn.Sequential(*layers)
@@ -731,7 +720,7 @@ class _StageTimer:
                 roots, grads = st.stage_roots(y, loss=loss, cot=kw.get("cot"))
                 _, cots = st.split_input_grad(layers, xl, roots, grads)
                 t1 = time.perf_counter()
-                st.split_weight_grad(layers, cots, roots, grads, self.params, into)
+                st.split_weight_grad(layers, cots, roots, grads, self.params, into=into)
             self.ms["BI"].append((t1 - t0) * 1e3)
             self.ms["BW"].append((time.perf_counter() - t1) * 1e3)
 
@@ -757,15 +746,13 @@ def stage_profile(
     microbatch_size: int,
     threads: int = 1,
     iterations: int = 20,
+    *,
     warmup: int = 5,
     device: str = "cpu",
 ) -> StageProfile:
     """Measure per-layer fwd/bwd at ``microbatch_size`` with ``torch.set_num_threads(threads)``
     (restored afterwards) and each stage's optimizer-step time. ``model``: a LayerModel;
     ``plan_or_bounds``: a :class:`~workbench.cost.plan.Plan` or ``[(first, last), ...]``."""
-    import torch
-
-    from workbench.profiling.measure import profile
 
     if microbatch_size < 1 or threads < 1:
         raise ValueError(f"microbatch_size and threads must be >= 1 (got {microbatch_size}, {threads})")
@@ -783,7 +770,6 @@ def stage_profile(
             progress=False,
             flops=False,
         )
-        from workbench.profiling.measure import _detach, _layers_and_input
 
         _, _, _, x = _layers_and_input(model, None, microbatch_size)
         fwd, bwd, split, acc, step, step_copy = [], [], [], [], [], []
@@ -882,8 +868,6 @@ def _round_spacing(starts: Sequence[float]) -> float:
 def _machine_model(stages: StageProfile, replicas: list[int], link: dict | None, level: str = "stage"):
     """(profile, plan, flat topology or None, latency ms) of a calibration: the stage profile at
     ``level`` as a plan with ``replicas`` per stage, on the measured link (None: free)."""
-    from workbench.cost.plan import Plan
-    from workbench.cost.topology import Topology
 
     if level == "stage":
         prof, plan = stages.as_profile("stage"), Plan.from_boundaries(list(range(len(stages.bounds))), replicas)
@@ -898,7 +882,6 @@ def in_flight(stages: StageProfile, link: dict | None, replicas: Sequence[int] |
     :class:`~workbench.cost.plan.Plan` reports) of a calibrated machine: the measured stage compute on
     the measured link (its latency and per-message CPU time). Pass it as a 1F1B schedule's
     ``warmup`` option (``pipedream``, ``pipedream-flush``)."""
-    from workbench.cost.model import CostModel
 
     prof, plan, topo, lat = _machine_model(stages, list(replicas or [1] * len(stages.bounds)), link)
     cm = CostModel.from_profile(
@@ -913,6 +896,7 @@ def modeled_step_ms(
     link: dict | None = None,
     op_overhead_ms: float = 0.0,
     rounds: int = 6,
+    *,
     overlap_comm: bool = True,
     level: str = "stage",
     allreduce: dict | None = None,
@@ -930,7 +914,6 @@ def modeled_step_ms(
     per-layer profile. ``microbatches``: per round (default the schedule's); a stream
     (``train(stream=True)``) is modeled as the schedule over several rounds' microbatches, ``rounds=1``,
     and ``microbatches`` = one round's."""
-    from workbench.simulation import simulate
 
     if len(stages.bounds) != schedule.num_stages:
         raise ValueError(f"the stage profile has {len(stages.bounds)} stages, the schedule {schedule.num_stages}")

@@ -43,6 +43,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from workbench.runtime.record import OpRecord
 
 
@@ -128,7 +130,6 @@ class EventClock:
 def for_device(device) -> EventClock | None:
     """The clock of a rank computing on ``device``: CUDA events on a GPU; on a CPU ``None`` (the
     host's clock, timed around each op), or host events with ``WORKBENCH_EVENT_CLOCK=host``."""
-    import torch
 
     dev = torch.device(device)
     if dev.type == "cuda":

@@ -28,13 +28,16 @@ earlier complete checkpoints and never a half-written file.
 from __future__ import annotations
 
 import csv
+import html
 import io
 import json
 import os
+import resource
 from pathlib import Path
 
 import torch
 
+from workbench.io.cards import card, one_line
 from workbench.runtime.job import Job
 from workbench.runtime.record import RECORD_COLUMNS, OpRecord
 from workbench.runtime.reference import updates_per_round
@@ -84,7 +87,6 @@ def jsonable(d):
 
 
 def peak_rss() -> int:
-    import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
@@ -266,14 +268,10 @@ class RunResult(dict):
         ]
 
     def __repr__(self) -> str:
-        from workbench.io.cards import one_line
 
         return one_line("RunResult", self._rows() + [("out", self.get("out"), "")])
 
     def _repr_html_(self) -> str:
-        import html
-
-        from workbench.io.cards import card
 
         out = Path(str(self.get("out", "")))
         page = next((p for p in ("timeline.html", "timeline.csv") if (out / p).exists()), None)

@@ -15,6 +15,7 @@ import gc
 import os
 import socket
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -22,9 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from workbench.runtime.affinity import place_rank
+from workbench.runtime.ddp import DDPExecutor
 from workbench.runtime.fetch import has_remote
+from workbench.runtime.hogwild import HogwildExecutor
 from workbench.runtime.job import Job, RankContext
 from workbench.runtime.lifetime import reached
 from workbench.runtime.outputs import (
@@ -36,14 +40,15 @@ from workbench.runtime.outputs import (
     peak_rss,
     write_summary,
 )
+from workbench.runtime.segment_executor import SegmentExecutor
 from workbench.runtime.stages import DataOrder, as_tuple, microbatch, run_stage, stage_module, stage_params
 from workbench.runtime.tied import make_groups as tied_groups
 from workbench.runtime.tied import tied_weights
+from workbench.runtime.worker import PipelineExecutor
 from workbench.schedules import executor_of
 
 
 def _init_dist(rank: int, world: int, job: Job, addr: str | None, port: int | None):
-    import torch.distributed as dist
 
     kw: dict[str, Any] = dict(
         backend=job.run.backend, rank=rank, world_size=world, timeout=timedelta(seconds=job.run.timeout_s)
@@ -104,7 +109,7 @@ def _warm_up_compute(model, bounds, x, y) -> None:
     torch.autograd.grad([a * 2], [a], [torch.ones(2)])
 
 
-def worker_main(rank: int, world: int, jobs: list[Job], addr: str | None, port: int | None, shareds=None) -> None:
+def worker_main(rank: int, world: int, jobs: list[Job], addr: str | None, port: int | None, *, shareds=None) -> None:
     """Entry of one rank: join the process group, then run the jobs one after the other."""
     job = jobs[0]
     threads, on = job.run.threads, job.run.device
@@ -124,7 +129,7 @@ def worker_main(rank: int, world: int, jobs: list[Job], addr: str | None, port: 
     dist = _init_dist(rank, world, job, addr, port)
     for i, job in enumerate(jobs):
         groups = _make_groups(dist, rank, job)
-        _train_rank(rank, world, job, dist, groups, device, shareds[i] if shareds else None)
+        _train_rank(rank, world, job, dist, groups, device=device, shared=shareds[i] if shareds else None)
     dist.destroy_process_group()  # a rank that failed ends at once instead (lifetime): the kernel closes its sockets
 
 
@@ -169,7 +174,7 @@ class _Epoch:
     timeline: list = field(default_factory=list)
 
 
-def _train_rank(rank, world, job: Job, dist, groups, device, shared) -> None:
+def _train_rank(rank, world, job: Job, dist, groups, *, device, shared) -> None:
     """One job on this rank: restore the newest complete checkpoint (``resume``), build the executor
     of the schedule, start the common clock, train epoch after epoch, then gather the summary."""
     sched = job.schedule
@@ -196,7 +201,7 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared) -> None:
     x0, y0 = microbatch(dataset, order.indices(order.permutation(0), 0, 0), device, feed.dtype)
     ctx.specs, ctx.like_tuple = _boundary_specs(model, job.bounds, x0)
     _warm_up_compute(model, job.bounds, x0, y0)
-    executor = _make_executor(ctx, job, model, init, groups, shared)
+    executor = _make_executor(ctx, job, model, init, groups, shared=shared)
     if opt_state and job.optim.momentum:
         executor.load_optimizer_state(opt_state)
     if hasattr(executor, "comm"):
@@ -205,8 +210,6 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared) -> None:
     wall0 = time.time()
     bar = None
     if rank == 0 and job.run.progress:
-        import threading
-
         from tqdm.auto import tqdm
 
         # a thread lock, not tqdm's default multiprocessing one: that semaphore is never released by a
@@ -217,14 +220,14 @@ def _train_rank(rank, world, job: Job, dist, groups, device, shared) -> None:
         )
     R, samples_done, truncate_from = start_round, 0, start_round
     while R < job.rounds_total:
-        R, samples = _train_epoch(ctx, job, dist, executor, model, feed, R, truncate_from, bar)
+        R, samples = _train_epoch(ctx, job, dist, executor, model, feed=feed, R=R, truncate_from=truncate_from, bar=bar)
         samples_done += samples
         truncate_from = -1  # only the first write after a resume truncates
     if bar is not None:
         bar.close()
     if hasattr(getattr(executor, "comm", None), "close"):
         executor.comm.close()
-    _gather_summary(ctx, job, dist, executor, my_stages, time.time() - wall0, samples_done)
+    _gather_summary(ctx, job, dist, executor, my_stages, wall_s=time.time() - wall0, samples=samples_done)
 
 
 def _restore(job: Job, rank: int, my_stages: list[int], init: list[dict], device) -> tuple[int, dict]:
@@ -242,23 +245,20 @@ def _restore(job: Job, rank: int, my_stages: list[int], init: list[dict], device
     return int(ckpt.name[len("round") :]), opt_state
 
 
-def _make_executor(ctx: RankContext, job: Job, model, init: list[dict], groups: dict, shared) -> Any:
+def _make_executor(ctx: RankContext, job: Job, model, init: list[dict], groups: dict, *, shared) -> Any:
     """The executor the schedule's registration names (Hogwild, DDP, or the pipeline executor; the
     segment executor for a schedule with segments). The four share the step loop's duck-typed
     interface (:mod:`.worker`'s docstring)."""
-    from workbench.runtime.ddp import DDPExecutor
-    from workbench.runtime.hogwild import HogwildExecutor
-    from workbench.runtime.segment_executor import SegmentExecutor
-    from workbench.runtime.worker import PipelineExecutor
 
     sched, kind = job.schedule, executor_of(job.schedule)
     if kind == "hogwild":
-        return HogwildExecutor(ctx, sched, model, job.bounds, *shared)
+        weights, counters = shared
+        return HogwildExecutor(ctx, sched, model, job.bounds, weights, counters=counters)
     if kind == "ddp":
-        return DDPExecutor(ctx, sched, model, job.bounds, init, groups)
+        return DDPExecutor(ctx, sched, model, job.bounds, init, groups=groups)
     if sched.num_segments > 1:  # Seq1F1B: (microbatch, segment) units
-        return SegmentExecutor(ctx, sched, model, job.bounds, init, groups)
-    return PipelineExecutor(ctx, sched, model, job.bounds, init, groups, stream=job.stream)
+        return SegmentExecutor(ctx, sched, model, job.bounds, init, groups=groups)
+    return PipelineExecutor(ctx, sched, model, job.bounds, init, groups=groups, stream=job.stream)
 
 
 def _start_together(dist, job: Job, executor) -> float:
@@ -277,7 +277,7 @@ def _start_together(dist, job: Job, executor) -> float:
 
 
 def _train_epoch(
-    ctx: RankContext, job: Job, dist, executor, model, feed: _Feed, R: int, truncate_from: int, bar
+    ctx: RankContext, job: Job, dist, executor, model, *, feed: _Feed, R: int, truncate_from: int, bar
 ) -> tuple[int, int]:
     """The rounds of the epoch of global minibatch ``R`` from ``R`` on (up to ``rounds_total``), round
     by round or as one stream; then flush the sends, write the checkpoint, evaluate, and gather the
@@ -290,16 +290,18 @@ def _train_epoch(
     if hasattr(executor, "comm"):
         executor.begin_epoch(rounds)
     run = _run_stream if job.stream is not None else _run_rounds  # a stream: drained at the epoch end only
-    samples = run(ctx, executor, job, feed, ep, bar)
+    samples = run(ctx, executor, job, feed, ep, bar=bar)
     if hasattr(executor, "flush"):
         executor.flush()
     elif hasattr(executor, "comm"):
         executor.comm.flush()
     R = epoch * rpe + rounds[-1] + 1
     out = Path(job.run.out)
-    ck = _write_checkpoint(out, R, epoch, executor, job, rank)
+    ck = _write_checkpoint(out, R, epoch, executor, job, rank=rank)
     evaluation = (
-        _evaluate(rank, ctx.world, job, dist, executor, model, feed.device, feed.dtype) if job.optim.evaluate else None
+        _evaluate(rank, ctx.world, job, dist, executor, model=model, device=feed.device, dtype=feed.dtype)
+        if job.optim.evaluate
+        else None
     )
     if evaluation is not None and rank == 0:
         ep.rows[-1].update(evaluation)
@@ -314,7 +316,7 @@ def _train_epoch(
     return R, samples
 
 
-def _run_rounds(ctx: RankContext, executor, job: Job, feed: _Feed, ep: _Epoch, bar) -> int:
+def _run_rounds(ctx: RankContext, executor, job: Job, feed: _Feed, ep: _Epoch, *, bar) -> int:
     """The rounds of one epoch, one pass of the schedule each: one metrics row per minibatch, ending
     where this rank's last op of it ended. Returns the samples trained."""
     for k in ep.rounds:
@@ -336,7 +338,7 @@ def _run_rounds(ctx: RankContext, executor, job: Job, feed: _Feed, ep: _Epoch, b
 
 
 def _gather_summary(
-    ctx: RankContext, job: Job, dist, executor, my_stages: list[int], wall_s: float, samples: int
+    ctx: RankContext, job: Job, dist, executor, my_stages: list[int], *, wall_s: float, samples: int
 ) -> None:
     """Every rank's memory, traffic and timing facts (and, with ``return_weights``, its weights)
     gathered on rank 0, which writes ``summary.json``."""
@@ -363,7 +365,7 @@ def _gather_summary(
         write_summary(Path(job.run.out), job, gathered)
 
 
-def _run_stream(ctx: RankContext, executor, job: Job, feed: _Feed, ep: _Epoch, bar) -> int:
+def _run_stream(ctx: RankContext, executor, job: Job, feed: _Feed, ep: _Epoch, *, bar) -> int:
     """The rounds of one epoch as one stream (:meth:`PipelineExecutor.run_stream`): one metrics row per
     minibatch, ending where this rank's last op of that minibatch ended. Returns the samples trained."""
     rounds = ep.rounds
@@ -386,7 +388,7 @@ def _run_stream(ctx: RankContext, executor, job: Job, feed: _Feed, ep: _Epoch, b
             bar.update(1)  # a new minibatch entered the pipeline on rank 0: count the one before
 
     metrics = [{"loss": 0.0, "n": 0, "correct": 0, "samples": 0} for _ in rounds]
-    ends = executor.run_stream(rounds, R0, data, ep.timeline, metrics, on_round)
+    ends = executor.run_stream(rounds, R0, data, ep.timeline, metrics, on_round=on_round)
     if bar is not None:
         bar.update(1)
     ep.rows.extend(dict(step=R0 + j, epoch=ep.epoch, end_ms=ends[j], **metrics[j]) for j in range(len(rounds)))
@@ -401,7 +403,7 @@ def _start_step(job: Job, rank: int, step: int) -> None:
         raise RuntimeError(f"injected fault at step {step}")
 
 
-def _write_checkpoint(out: Path, R: int, epoch: int, executor, job: Job, rank: int) -> Path:
+def _write_checkpoint(out: Path, R: int, epoch: int, executor, job: Job, *, rank: int) -> Path:
     """Every stage replica on this rank writes ``stage{s}_replica{r}.pt`` (weights, optimizer state,
     step, rng) into ``checkpoints/round{R}``; rank 0 marks it ``COMPLETE`` once all ranks are done."""
     ck = out / "checkpoints" / f"round{R:06d}"
@@ -425,7 +427,7 @@ def _write_checkpoint(out: Path, R: int, epoch: int, executor, job: Job, rank: i
     return ck
 
 
-def _evaluate(rank, world, job: Job, dist, executor, model, device, dtype) -> dict | None:
+def _evaluate(rank, world, job: Job, dist, executor, *, model, device, dtype) -> dict | None:
     """Test loss/accuracy of the newest weights: replica 0 of every stage sends its weights to rank 0,
     which runs the whole model over the test split (mean loss over samples, argmax accuracy)."""
     sched = job.schedule

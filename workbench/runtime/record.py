@@ -36,7 +36,7 @@ RECORD_COLUMNS = list(OpRecord._fields)
 
 
 def timed(
-    rank: int, stage: int, microbatch: int, kind: str, start: float, end: float, t0: float, version: int, rnd: int
+    rank: int, stage: int, microbatch: int, kind: str, start: float, *, end: float, t0: float, version: int, rnd: int
 ) -> OpRecord:
     """The record of an op timed with ``time.perf_counter()`` (seconds since ``t0``, stored in ms),
     without the pipeline executors' send/data columns (DDP, Hogwild); ``microbatch < 0``: an AR/STEP."""

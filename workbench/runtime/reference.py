@@ -83,16 +83,16 @@ def reference_train(
         raise ValueError("the 'async' rule (dp-asp) has no deterministic reference: staleness depends on timing")
     if len(bounds) != schedule.num_stages:
         raise ValueError(f"{len(bounds)} stage bounds for a schedule of {schedule.num_stages} stages")
-    ref = _Reference(schedule, model, bounds, init, lr, momentum)
+    ref = _Reference(schedule, model, bounds, init, lr, momentum=momentum)
     order = DataOrder(len(dataset), batch_size, schedule.microbatches, seed)
     for k in range(rounds):
         epoch, r = divmod(start_round + k, order.rounds_per_epoch)
         perm = order.permutation(epoch)
-        ref.run_round(k, functools.partial(_microbatch, dataset, order, perm, r, dtype))
+        ref.run_round(k, functools.partial(_microbatch, dataset, order, perm, r, dtype=dtype))
     return [next(iter(w.values())) for w in ref.weights]
 
 
-def _microbatch(dataset, order: DataOrder, perm, r: int, dtype, b: int) -> tuple:
+def _microbatch(dataset, order: DataOrder, perm, r: int, b: int, *, dtype) -> tuple:
     return microbatch(dataset, order.indices(perm, r, b), dtype=dtype)
 
 
@@ -100,7 +100,7 @@ class _Reference:
     """The state of :func:`reference_train`: every stage's weight versions ``weights[s][v]`` and
     momentum directions ``direction[s][v]``, created on demand from the microbatches' gradients."""
 
-    def __init__(self, schedule: Schedule, model, bounds, init: list[dict] | None, lr: float, momentum: float):
+    def __init__(self, schedule: Schedule, model, bounds, init: list[dict] | None, lr: float, *, momentum: float):
         S = schedule.num_stages
         self.S, self.model, self.lr, self.momentum = S, model, lr, momentum
         self.modules = [stage_module(model.layers, a, z) for a, z in bounds]

@@ -71,7 +71,7 @@ class SegmentExecutor:
     """Executes a rank's op list of a segmented schedule (module docstring); the executor interface of
     :mod:`.worker` (``run_round``, ``weights``, ``optimizer_state``, ``memory`` ...)."""
 
-    def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], groups: dict):
+    def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], *, groups: dict):
         self.ctx, self.schedule, self.model, self.rank = ctx, schedule, model, ctx.rank
         self.S, self.M, self.k = schedule.num_stages, schedule.microbatches, schedule.num_segments
         ops = schedule.ops[self.rank]
@@ -88,7 +88,7 @@ class SegmentExecutor:
                     p.copy_(init_weights[s][name])
             norm = ctx.specs[-1][0][0][0] * self.offsets[-1]  # microbatch size x tokens per sequence
             self.stages[s] = SegmentStage(
-                s, layers, z == len(model.layers) - 1, params, self.offsets, norm, schedule.recompute
+                s, layers, z == len(model.layers) - 1, params, self.offsets, norm=norm, recompute=schedule.recompute
             )
             self.momentum[s] = {n: torch.zeros_like(p) for n, p in params.items()}
             self.peak[s] = 0
@@ -203,7 +203,7 @@ class SegmentExecutor:
             self.momentum[s],
             self.ctx.optim.lr,
             self.ctx.optim.momentum,
-            self.count[(s, op.step)],
+            n=self.count[(s, op.step)],
             in_place=True,
         )
         for p in st.params.values():

@@ -49,8 +49,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from workbench.models.data import TokenDataset, load_dataset
 from workbench.models.segmented import SegBlock, SegEmbedding, segment_gpt
 from workbench.runtime.lifetime import spawn
+from workbench.runtime.ports import free_port
 from workbench.runtime.stages import even_bounds
 from workbench.schedules.core import Schedule
 
@@ -92,7 +94,9 @@ class SegmentStage:
     its layers hold); ``offsets``: segment boundaries N_0 .. N_k in tokens; the last stage's loss of
     a unit is its tokens' summed cross entropy divided by ``norm``."""
 
-    def __init__(self, stage: int, layers, is_last: bool, params: dict, offsets, norm: float, recompute: bool = False):
+    def __init__(
+        self, stage: int, layers, is_last: bool, params: dict, offsets, *, norm: float, recompute: bool = False
+    ):
         self.stage, self.layers, self.is_last, self.params = stage, list(layers), is_last, params
         self.ptrs = {p.data_ptr() for p in self.params.values()}
         self.blocks = [i for i, m in enumerate(self.layers) if isinstance(m, SegBlock)]
@@ -108,7 +112,9 @@ class SegmentStage:
         mine = [layers[i] for i in range(first, last + 1)]
         params = {f"{first + i}.{n}": p for i, m in enumerate(mine) for n, p in m.named_parameters()}
         norm = job.schedule.microbatches_per_step * job.batch * job.x.shape[1]
-        return cls(stage, mine, last == len(layers) - 1, params, job.offsets(), norm, job.schedule.recompute)
+        return cls(
+            stage, mine, last == len(layers) - 1, params, job.offsets(), norm=norm, recompute=job.schedule.recompute
+        )
 
     def _run(self, x, offset: int, j: int, *flat_past):
         """The stage on one segment: returns (output, K, V of each block)."""
@@ -300,7 +306,6 @@ def run(jobs: SegmentJob | list[SegmentJob]) -> dict | list[dict]:
     """Run a job (or several, one after another in the same processes: one start-up) on
     ``schedule.num_workers`` gloo ranks (:func:`workbench.runtime.lifetime.spawn`). Per job: ``grads[stage]`` and
     ``weights[stage]`` ({parameter name: tensor}) and ``peak_saved_bytes[rank]``."""
-    from workbench.runtime.ports import free_port
 
     many = isinstance(jobs, (list, tuple))
     jobs = list(jobs) if isinstance(jobs, (list, tuple)) else [jobs]
@@ -351,7 +356,6 @@ def reference(job: SegmentJob) -> dict:
 
 def pydocs_batch(rows: int, seq_len: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, int]:
     """``rows`` sequences of the offline ``pydocs`` corpus (char level), picked with ``seed``: (x, y, vocab)."""
-    from workbench.models.data import TokenDataset, load_dataset
 
     ds = load_dataset("pydocs", seq_len=seq_len)
     idx = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed))[:rows]

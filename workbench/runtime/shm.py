@@ -44,15 +44,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from workbench.runtime.jobspec import TRANSPORTS
 from workbench.runtime.stages import spec_bytes
 
 SHM_DIR = Path("/dev/shm")
 ALIGN = 64
 SPIN = 200  # polls before the waiting side starts sleeping
-
-
-TRANSPORTS = ("gloo", "shm")  # how activations and gradients travel between ranks
-TRAIN_TRANSPORTS = ("auto",) + TRANSPORTS  # train(): "auto" picks shm where it can run, else gloo (auto_transport)
 
 
 def check_transport(transport: str, choices: tuple = TRANSPORTS) -> None:

@@ -20,13 +20,14 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from workbench.cost.plan import Plan
+
 Bounds = list[tuple[int, int]]
 
 
 def even_bounds(num_layers: int, num_stages: int) -> Bounds:
     """The default split without a plan, :meth:`workbench.cost.plan.Plan.even` (the simulator's too):
     contiguous stages of near-equal layer count."""
-    from workbench.cost.plan import Plan
 
     return plan_bounds(Plan.even(num_layers, num_stages))
 
@@ -155,7 +156,7 @@ def sgd_update(weights: dict, direction: dict, lr: float, in_place: bool) -> dic
         return {n: torch.add(w, direction[n], alpha=-lr).requires_grad_(True) for n, w in weights.items()}
 
 
-def sgd_step(weights: dict, grad: dict, momentum: dict, lr: float, mu: float, n: int, in_place: bool) -> dict:
+def sgd_step(weights: dict, grad: dict, momentum: dict, lr: float, mu: float, *, n: int, in_place: bool) -> dict:
     """One STEP from ``grad[name]``, the sum of ``n`` microbatches' gradients (a missing name: no
     contribution, zero): ``W - lr · d`` with ``d = grad / n``, or with ``mu > 0`` the heavy-ball
     direction ``d = mu · d_prev + grad / n`` kept in ``momentum`` (updated in place). ``in_place``:
@@ -242,7 +243,7 @@ def vjp(
     xin = [v for v in xin if v.requires_grad]
     names = list(params) if want_weights else []
     if into is not None:
-        return _vjp_into(outs, grads, xin, params, names, into, retain_graph), {}, y
+        return _vjp_into(outs, grads, xin, params, names, into=into, retain_graph=retain_graph), {}, y
     targets = xin + [params[n] for n in names]
     raw: Sequence[torch.Tensor | None] = (
         torch.autograd.grad(outs, targets, grads, allow_unused=True, retain_graph=retain_graph)
@@ -255,7 +256,7 @@ def vjp(
     return dx, dw, y
 
 
-def _vjp_into(outs, grads, xin: list, params: dict, names: list, into: dict, retain_graph: bool) -> list:
+def _vjp_into(outs, grads, xin: list, params: dict, names: list, *, into: dict, retain_graph: bool) -> list:
     """``dL/dx`` for ``xin``; ``into[n] += dL/dW_n`` in place (see :func:`vjp`)."""
     if not outs or not (xin or names):
         return [torch.zeros_like(x) for x in xin]
@@ -350,7 +351,7 @@ def split_input_grad(layers: list, x_leaves: tuple, roots: list, grads, want_inp
     return dx, cots
 
 
-def split_weight_grad(layers: list, cotangents: list, roots: list, grads, params: dict, into: dict) -> None:
+def split_weight_grad(layers: list, cotangents: list, roots: list, grads, params: dict, *, into: dict) -> None:
     """The weight half (zero bubble's ``BW``): for every layer ``j`` with parameters,
     ``into[n] += d<h_j, dL/dh_j>/dW_n`` from the layer's own outputs and the cotangents
     :func:`split_input_grad` kept (the last layer's: ``roots``/``grads``), so the activation
@@ -366,7 +367,7 @@ def split_weight_grad(layers: list, cotangents: list, roots: list, grads, params
             pairs = [(outs[i], c) for i, c in zip(_grad_tensors(outs), cotangents[j]) if c is not None]
             r, g = [p[0] for p in pairs], [p[1] for p in pairs]
         if r:
-            _vjp_into(r, g, [], params, names, into, retain_graph=True)
+            _vjp_into(r, g, [], params, names, into=into, retain_graph=True)
 
 
 def stage_roots(y, loss=None, cot=None) -> tuple[list, list | None]:

@@ -48,6 +48,7 @@ def toy_dataset(
     classes: int = 4,
     seed: int = 0,
     dtype: torch.dtype = torch.float64,
+    *,
     split: str = "train",
 ) -> TensorDataset:
     """``n`` samples (``n // 4`` for ``split="test"``) of the task ``y = argmax(x @ w)``, ``w`` from ``seed``."""

@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
 
 from workbench.runtime import opclock, shm
 from workbench.runtime.comm import P2P, ShmP2P
@@ -126,6 +127,7 @@ class StageState:
         weights: dict[str, torch.Tensor],
         device,
         version: int = 0,
+        *,
         held: bool = True,
         flat: bool = True,
     ):
@@ -166,7 +168,7 @@ class StageState:
 class PipelineExecutor:
     """Executes a rank's op list with exact versioned-weight semantics (module docstring)."""
 
-    def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], groups: dict, stream=None):
+    def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], *, groups: dict, stream=None):
         self.ctx, self.schedule, self.model = ctx, schedule, model
         # stream(n) -> the schedule over n microbatches: the rounds of an epoch run as one pipeline
         # (no drain between minibatches; see run_stream); None: every round drains (run_round)
@@ -202,8 +204,8 @@ class PipelineExecutor:
                 {s: (st.layout, st.flat.dtype) for s, st in self.state.items()},
                 ctx.device,
                 ctx.run.timeout_s,
-                (groups.get("fetch"), groups.get("push")),
-                self.prog.per_round,
+                groups=(groups.get("fetch"), groups.get("push")),
+                updates_per_round=self.prog.per_round,
             )
         self.split = {op.stage for op in self.prog.ops if op.kind == "BI"}  # stages whose backward is split (BI/BW)
         ties = tied_weights(model, bounds)  # weights tied across stages: gradients combined at STEP (tied.py)
@@ -300,7 +302,7 @@ class PipelineExecutor:
         self._run(_Pass(self.prog, self.stashing, k, R, data, lambda b: metrics, lambda b: R), timeline)
 
     def run_stream(
-        self, rounds: list[int], R0: int, data, timeline: list, metrics: list[dict], on_round=None
+        self, rounds: list[int], R0: int, data, timeline: list, metrics: list[dict], *, on_round=None
     ) -> list[float]:
         """The minibatches ``rounds`` of the epoch (global minibatch ``R0`` first) as one stream: one
         pass of ``stream(len(rounds) * M)``, the schedule over all their microbatches, so the next
@@ -362,7 +364,7 @@ class PipelineExecutor:
             self.comm.op_send_start = None
             t.begin()
             if op.kind in ("F", "B", "BI", "BW"):
-                wait = self._compute(ps, st, op, i, off[s], data, t)
+                wait = self._compute(ps, st, op, i, off[s], data=data, t=t)
             else:
                 wait = self._update(ps, st, op, i, t)
             end = time.perf_counter()
@@ -392,7 +394,7 @@ class PipelineExecutor:
         if clock is not None:  # the pass's rows in the device's times (one synchronization)
             clock.resolve(timeline, ps.R, ps.ends)
 
-    def _compute(self, ps: _Pass, st: StageState, op, i: int, off: int, data, t: _OpTimer) -> float:
+    def _compute(self, ps: _Pass, st: StageState, op, i: int, off: int, *, data, t: _OpTimer) -> float:
         """F / B / BI / BW: receive the input (activation of stage s-1, gradient of stage s+1), fetch
         remote weights (master family), compute at version ``off + op.version``; the ms waited."""
         s, b = op.stage, op.microbatch
@@ -410,13 +412,13 @@ class PipelineExecutor:
                 params, fw = self.remote.fetch(s, b)
                 wait += fw
                 t.restart()
-            self._forward(ps, st, op, off + op.version, x, data, params)
+            self._forward(ps, st, op, off + op.version, x, data=data, params=params)
             return wait
         cot = None
         if op.kind != "BW" and s < self.S - 1:
             cot, wait = self.comm.recv((1, s, g))
             t.restart()
-        self._backward(ps, st, op, off + op.version, cot, data, i)
+        self._backward(ps, st, op, off + op.version, cot, data=data, i=i)
         return wait
 
     def _update(self, ps: _Pass, st: StageState, op, i: int, t: _OpTimer) -> float:
@@ -457,7 +459,7 @@ class PipelineExecutor:
             st.momentum,
             self.ctx.optim.lr,
             self.ctx.optim.momentum,
-            n,
+            n=n,
             in_place=i not in ps.stashing,
         )
         st.newest += 1
@@ -474,7 +476,7 @@ class PipelineExecutor:
             if v != st.newest and prog.last_read.get((st.stage, v - off), -1) <= i:
                 del st.versions[v]
 
-    def _forward(self, ps: _Pass, st: StageState, op, v: int, x, data, params=None) -> None:
+    def _forward(self, ps: _Pass, st: StageState, op, v: int, x, *, data, params=None) -> None:
         """F of ``op`` on input ``x`` at version ``v``; ``params``: fetched weights (remote op) or None
         for this rank's version ``v``. The last stage adds the loss to the minibatch's metrics; the
         others send the output downstream."""
@@ -520,7 +522,7 @@ class PipelineExecutor:
             self.comm.send((0, s, g), list(as_tuple(y)), prog.dst_of_activation(s, b))
         st.records[g] = rec
 
-    def _backward(self, ps: _Pass, st: StageState, op, v: int, cot, data, i: int) -> None:
+    def _backward(self, ps: _Pass, st: StageState, op, v: int, cot, *, data, i: int) -> None:
         """B / BI / BW of ``op`` at version ``v`` from the stage output's cotangent ``cot`` (None on
         the last stage: the loss's); the input gradient goes upstream."""
         s, b, prog = op.stage, op.microbatch, ps.prog
@@ -541,7 +543,7 @@ class PipelineExecutor:
             dx, cots = split_input_grad(rec["layers"], rec["x"], roots, grads)
             rec.update(cots=cots, roots=roots, grads=grads, v=v, params=params)
         elif op.kind == "BW" and rec.get("cots") is not None and rec["v"] == v:
-            split_weight_grad(rec["layers"], rec["cots"], rec["roots"], rec["grads"], params, st.grad)
+            split_weight_grad(rec["layers"], rec["cots"], rec["roots"], rec["grads"], params, into=st.grad)
             del st.records[g]
             return
         elif op.kind == "BI":
@@ -664,6 +666,5 @@ def _stage_forward(module, params, x, recompute: bool):
     :func:`torch.utils.checkpoint.checkpoint`: only the inputs are kept, the forward is re-run in the backward."""
     if not recompute:
         return run_stage(module, params, x)
-    from torch.utils.checkpoint import checkpoint
 
     return checkpoint(run_stage, module, params, x, use_reentrant=False)

@@ -59,7 +59,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
+import pandas as pd
 
+from workbench.io.cards import card, one_line
 from workbench.schedules.dataflow import (
     AR,
     COMPUTE,
@@ -384,14 +386,10 @@ class Schedule:
         ]
 
     def __repr__(self) -> str:
-        from workbench.io.cards import one_line
 
         return one_line(f"Schedule[{self.name}]", self._rows())
 
     def _repr_html_(self) -> str:
-        import pandas as pd
-
-        from workbench.io.cards import card
 
         table = pd.DataFrame(
             {
@@ -436,6 +434,7 @@ def make_op(
     microbatch: int = -1,
     version: int = 0,
     step: int = -1,
+    *,
     weights_worker: int | None = None,
     segment: int | None = None,
 ) -> Op:

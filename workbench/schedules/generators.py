@@ -211,7 +211,7 @@ def _local_versions(ops: list[tuple], stash: bool) -> list[Op]:
     return out
 
 
-def _make(name, layout, orders, M, update, mps, group, n_groups, max_in_flight, options, two_bw_batch=0) -> Schedule:
+def _make(name, layout, orders, M, update, *, mps, group, n_groups, max_in_flight, options, two_bw_batch=0) -> Schedule:
     with_updates = insert_updates(orders, layout, group, n_groups)
     ops = assign_versions(with_updates, update, two_bw_batch)
     sched = Schedule(
@@ -251,10 +251,21 @@ def _repeat_steps(orders: list[list[Key]], T: int, M: int) -> list[list[Key]]:
     return [[(k, s, b + t * M) for t in range(T) for k, s, b in o] for o in orders]
 
 
-def _flushed(name, layout, orders, M: int, T: int, cap, options) -> Schedule:
+def _flushed(name, layout, orders, M: int, T: int, *, cap, options) -> Schedule:
     """A flushing schedule: T iterations of M microbatches, every stage steps once (sync) at the
     end of each iteration, gradients accumulated over its M microbatches."""
-    return _make(name, layout, orders, M * T, "sync", M, lambda s, b: b // M, lambda s: T, cap, options)
+    return _make(
+        name,
+        layout,
+        orders,
+        M * T,
+        "sync",
+        mps=M,
+        group=lambda s, b: b // M,
+        n_groups=lambda s: T,
+        max_in_flight=cap,
+        options=options,
+    )
 
 
 def _check_m(M, what="microbatches"):
@@ -283,7 +294,18 @@ def model_parallel(plan, microbatches: int) -> Schedule:
     for b in range(M):
         for s, ws in enumerate(layout):
             orders[ws[b % len(ws)]] += [("F", s, b), ("B", s, b)]
-    return _make("model-parallel", layout, orders, M, "sync", 1, lambda s, b: b, lambda s: M, [1] * len(orders), {})
+    return _make(
+        "model-parallel",
+        layout,
+        orders,
+        M,
+        "sync",
+        mps=1,
+        group=lambda s, b: b,
+        n_groups=lambda s: M,
+        max_in_flight=[1] * len(orders),
+        options={},
+    )
 
 
 @register(
@@ -303,7 +325,7 @@ def gpipe(plan, microbatches: int, steps: int = 1) -> Schedule:
         layout, M, T, lambda s, mbs: [("F", s, b) for b in mbs] + [("B", s, b) for b in reversed(mbs)]
     )
     cap = [max(1, max(len(_share(t * M, M, r, j)) for t in range(T))) for _, j, r in _per_worker(layout)]
-    return _flushed("gpipe", layout, orders, M, T, cap, {"steps": T})
+    return _flushed("gpipe", layout, orders, M, T, cap=cap, options={"steps": T})
 
 
 @register(
@@ -338,11 +360,11 @@ def pipedream(plan, microbatches: int, weights: str = "stash", warmup: object = 
         orders,
         M,
         rules[weights],
-        1,
-        lambda s, b: b // reps[s],
-        lambda s: math.ceil(M / reps[s]),
-        cap,
-        {"weights": weights, "noam": K[0]},
+        mps=1,
+        group=lambda s, b: b // reps[s],
+        n_groups=lambda s: math.ceil(M / reps[s]),
+        max_in_flight=cap,
+        options={"weights": weights, "noam": K[0]},
     )
 
 
@@ -388,7 +410,13 @@ def pipedream_flush(plan, microbatches: int, steps: int = 1, warmup: object = No
     orders = _replica_orders(layout, M, T, lambda s, mbs: one_f_one_b(mbs, K[s], s))
     cap = [min(K[s], M) for s, _, _ in _per_worker(layout)]
     return _flushed(
-        "pipedream-flush", layout, orders, M, T, cap, {"steps": T} if warmup is None else {"steps": T, "warmup": K}
+        "pipedream-flush",
+        layout,
+        orders,
+        M,
+        T,
+        cap=cap,
+        options={"steps": T} if warmup is None else {"steps": T, "warmup": K},
     )
 
 
@@ -425,11 +453,11 @@ def pipedream_2bw(plan, microbatches: int, microbatches_per_step: int | None = N
         orders,
         M,
         "2bw",
-        m,
-        lambda s, b: b // m,
-        lambda s: math.ceil(M / m),
-        cap,
-        {"microbatches_per_step": m} | ({} if warmup is None else {"warmup": K}),
+        mps=m,
+        group=lambda s, b: b // m,
+        n_groups=lambda s: math.ceil(M / m),
+        max_in_flight=cap,
+        options={"microbatches_per_step": m} | ({} if warmup is None else {"warmup": K}),
         two_bw_batch=m,
     )
 
@@ -491,7 +519,9 @@ def interleaved_1f1b(plan, microbatches: int, chunks: int = 2, steps: int = 1) -
     layout, P, M, T, v = _looped_layout(plan, microbatches, chunks, steps, "interleaved-1f1b")
     its = [interleaved_order(rank, P, v, M) for rank in range(P)]
     cap = [in_flight_of(it) for it in its]
-    return _flushed("interleaved-1f1b", layout, _repeat_steps(its, T, M), M, T, cap, {"chunks": v, "steps": T})
+    return _flushed(
+        "interleaved-1f1b", layout, _repeat_steps(its, T, M), M, T, cap=cap, options={"chunks": v, "steps": T}
+    )
 
 
 def _looped_layout(plan, microbatches, chunks, steps, name):
@@ -542,7 +572,7 @@ def looped_bfs(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> Sche
     (stage, microbatch) activations at the turn (peak M v)."""
     layout, P, M, T, v = _looped_layout(plan, microbatches, chunks, steps, "looped-bfs")
     orders = _repeat_steps([looped_bfs_order(r, P, v, M) for r in range(P)], T, M)
-    return _flushed("looped-bfs", layout, orders, M, T, [M * v] * P, {"chunks": v, "steps": T})
+    return _flushed("looped-bfs", layout, orders, M, T, cap=[M * v] * P, options={"chunks": v, "steps": T})
 
 
 @register(
@@ -561,7 +591,7 @@ def zb_h1(plan, microbatches: int, steps: int = 1) -> Schedule:
     layout, M, T = stage_layout(plan), _check_m(microbatches), _check_m(steps, "steps")
     K = noam_warmup(layout)
     orders = _replica_orders(layout, M, T, lambda s, mbs: zb_h1_order(mbs, K[s], max(K), s))
-    return _flushed("zb-h1", layout, orders, M, T, [max(K)] * len(orders), {"steps": T})
+    return _flushed("zb-h1", layout, orders, M, T, cap=[max(K)] * len(orders), options={"steps": T})
 
 
 # ---- data parallel ----------------------------------------------------------------------

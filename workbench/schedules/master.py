@@ -229,7 +229,7 @@ def _placements(w: Placement, S: int, B: int, W: int) -> dict:
 
 
 def list_schedule(
-    w: Placement, stages: int, batches: int, workers: int, priority="oldest-batch", fwd: int = 1, bwd: int = 1
+    w: Placement, stages: int, batches: int, workers: int, priority="oldest-batch", *, fwd: int = 1, bwd: int = 1
 ) -> pd.DataFrame:
     """Run the greedy list scheduler; returns a timeline DataFrame with columns
     ``worker, stage, microbatch, kind, start, end, weights_worker`` (kind F or B), sorted by start.
@@ -283,6 +283,7 @@ def frontier_schedule(
     batches: int,
     workers: int,
     priority="oldest-batch",
+    *,
     costs: JobCosts | None = None,
     rule: str = "finish",
 ) -> pd.DataFrame:
@@ -340,6 +341,7 @@ def from_placement(
     batches: int,
     workers: int,
     priority="oldest-batch",
+    *,
     name: str = "master",
     costs=None,
     rule: str = "finish",
@@ -362,7 +364,7 @@ def from_placement(
     tl = (
         list_schedule(w, stages, batches, workers, priority)
         if costs == "unit"
-        else frontier_schedule(w, stages, batches, workers, priority, costs, rule)
+        else frontier_schedule(w, stages, batches, workers, priority, costs=costs, rule=rule)
     )
     S, B, W = int(stages), int(batches), int(workers)
     owners = [sorted({int(o) for o in tl.loc[tl["stage"] == s, "weights_worker"]}) for s in range(S)]
@@ -431,6 +433,7 @@ def build_master(
     batches: int,
     workers: int | None = None,
     group_size: int | None = None,
+    *,
     priority="oldest-batch",
     costs=None,
     rule: str = "finish",
@@ -499,12 +502,15 @@ def _master(name: str, description: str, bubble, document_row, group: bool = Fal
         workers: int | None = None,
         group_size: int | None = None,
         priority: str = "oldest-batch",
+        *,
         costs: object = None,
         rule: str = "finish",
     ) -> Schedule:
         if workers is None and hasattr(plan, "num_workers"):
             workers = plan.num_workers
-        return build_master(name, len(stage_layout(plan)), batches, workers, group_size, priority, costs, rule)
+        return build_master(
+            name, len(stage_layout(plan)), batches, workers, group_size, priority=priority, costs=costs, rule=rule
+        )
 
     def ungrouped(
         plan,
@@ -512,9 +518,10 @@ def _master(name: str, description: str, bubble, document_row, group: bool = Fal
         workers: int | None = None,
         priority: str = "oldest-batch",
         costs: object = None,
+        *,
         rule: str = "finish",
     ) -> Schedule:
-        return grouped(plan, batches, workers, None, priority, costs, rule)
+        return grouped(plan, batches, workers, None, priority, costs=costs, rule=rule)
 
     target: Callable[..., Schedule] = grouped if group else ungrouped
     helps = {**_HELP, "group_size": "R workers per group (W = G R; default 2)"} if group else _HELP

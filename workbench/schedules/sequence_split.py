@@ -195,7 +195,7 @@ def seq1f1b_warmup(num_stages: int, k: int) -> list[int]:
 
 
 # ---- schedules ------------------------------------------------------------------------------
-def _make(name, layout, orders, M, T, k, tokens, flops, cap, options) -> Schedule:
+def _make(name, layout, orders, M, T, *, k, tokens, flops, cap, options) -> Schedule:
     """Updates (one sync STEP per stage and flush of M microbatches) and versions from the unit
     orders, then Ops with ``microbatch`` and ``segment`` set; validated."""
     as_id = [[(kind, s, b * k + j) for kind, s, (b, j) in o] for o in orders]
@@ -240,7 +240,7 @@ def _stage_orders(S: int, M: int, T: int, k: int, order_of) -> list[list[tuple]]
     return orders
 
 
-def _common(plan, microbatches, segments, seq_len, steps, model, split):
+def _common(plan, microbatches, segments, seq_len, steps, *, model, split):
     layout = stage_layout(plan)
     M, T, k = _check_m(microbatches), _check_m(steps, "steps"), _check_m(segments, "segments")
     seq_len = k if seq_len is None else seq_len
@@ -262,6 +262,7 @@ def seq1f1b(
     segments: int = 2,
     seq_len: int | None = None,
     steps: int = 1,
+    *,
     model: object = None,
     split: str = "flops",
 ) -> Schedule:
@@ -269,11 +270,15 @@ def seq1f1b(
     (microbatch, segment) units with K_s warm-up units (module docstring), then a flush and one
     synchronous step. ``seq_len`` tokens (default: ``segments``) cut by FLOPs of ``model = (P, L,
     d)`` (``split="tokens"``: equal lengths)."""
-    layout, M, T, k, tokens, flops, opts = _common(plan, microbatches, segments, seq_len, steps, model, split)
+    layout, M, T, k, tokens, flops, opts = _common(
+        plan, microbatches, segments, seq_len, steps, model=model, split=split
+    )
     _straight(layout, "seq1f1b")
     K = seq1f1b_warmup(len(layout), k)
     orders = _stage_orders(len(layout), M, T, k, lambda s, fu, bu: one_f_one_b_units(fu, bu, K[s], s))
-    return _make("seq1f1b", layout, orders, M, T, k, tokens, flops, [min(x, M * k) for x in K], opts)
+    return _make(
+        "seq1f1b", layout, orders, M, T, k=k, tokens=tokens, flops=flops, cap=[min(x, M * k) for x in K], options=opts
+    )
 
 
 @register(
@@ -289,18 +294,23 @@ def seq1f1b_zb(
     segments: int = 2,
     seq_len: int | None = None,
     steps: int = 1,
+    *,
     model: object = None,
     split: str = "flops",
 ) -> Schedule:
     """Seq1F1B with ZB-H1's split backward: BI (input and key/value gradients) in Seq1F1B's order,
     BW (weight gradients) deferred to fill the cool-down; no worker holds more units than the input
     stage's ``K_0 = S + k - 1``."""
-    layout, M, T, k, tokens, flops, opts = _common(plan, microbatches, segments, seq_len, steps, model, split)
+    layout, M, T, k, tokens, flops, opts = _common(
+        plan, microbatches, segments, seq_len, steps, model=model, split=split
+    )
     _straight(layout, "seq1f1b-zb")
     K = seq1f1b_warmup(len(layout), k)
     cap = min(max(K), M * k)
     orders = _stage_orders(len(layout), M, T, k, lambda s, fu, bu: zb_h1_units(fu, bu, K[s], cap, s))
-    return _make("seq1f1b-zb", layout, orders, M, T, k, tokens, flops, [cap] * len(layout), opts)
+    return _make(
+        "seq1f1b-zb", layout, orders, M, T, k=k, tokens=tokens, flops=flops, cap=[cap] * len(layout), options=opts
+    )
 
 
 def interleaved_warmup(P: int, v: int, rank: int, fwd: list, bwd: list) -> int:
@@ -357,6 +367,7 @@ def seq1f1b_interleaved(
     segments: int = 2,
     chunks: int = 2,
     seq_len: int | None = None,
+    *,
     steps: int = 1,
     model: object = None,
     split: str = "flops",
@@ -364,7 +375,7 @@ def seq1f1b_interleaved(
     """Interleaved Seq1F1B: S = P v stages on P workers (stage s on worker s mod P), torch's
     interleaved 1F1B order over (microbatch, segment) units (:func:`interleaved_units_order`),
     a flush and one synchronous step per iteration."""
-    base, M, T, k, tokens, flops, opts = _common(plan, microbatches, segments, seq_len, steps, model, split)
+    base, M, T, k, tokens, flops, opts = _common(plan, microbatches, segments, seq_len, steps, model=model, split=split)
     _straight(base, "seq1f1b-interleaved")
     S, v = len(base), _check_m(chunks, "chunks")
     if S % v:
@@ -379,7 +390,18 @@ def seq1f1b_interleaved(
         it = interleaved_units_order(rank, P, v, forward_units(list(range(M)), k), backward_units(list(range(M)), k))
         orders.append([(kd, s, (b + t * M, j)) for t in range(T) for kd, s, (b, j) in it])
         cap.append(peak_in_flight(it))
-    return _make("seq1f1b-interleaved", layout, orders, M, T, k, tokens, flops, cap, opts | {"chunks": v})
+    return _make(
+        "seq1f1b-interleaved",
+        layout,
+        orders,
+        M,
+        T,
+        k=k,
+        tokens=tokens,
+        flops=flops,
+        cap=cap,
+        options=opts | {"chunks": v},
+    )
 
 
 __all__ = [

@@ -26,6 +26,8 @@ import csv
 import io
 from pathlib import Path
 
+from torch.distributed.pipelining.schedules import _Action
+
 from workbench.schedules.core import COMPUTE, Op, Schedule, in_flight_peak, validate
 
 TO_TORCH = {"F": "F", "B": "B", "BI": "I", "BW": "W"}
@@ -82,7 +84,6 @@ def to_torch_csv(schedule: Schedule, path=None) -> str:
 
 
 def _actions(cell: str, where: str):
-    from torch.distributed.pipelining.schedules import _Action
 
     try:
         action = _Action.from_str(cell)

@@ -59,6 +59,7 @@ def greedy_orders(
     limit: list[int],
     priority=("BI", "F", "BW"),
     w_with_b: bool = False,
+    *,
     cost: SplitCosts | None = None,
 ) -> tuple[list[list[Key]], float]:
     """Per-worker orders of F/BI/BW for stages s = 0..S-1 on ``worker_of[s]``, M microbatches,
@@ -152,7 +153,7 @@ def zb_h2(plan, microbatches: int, steps: int = 1) -> Schedule:
     _straight(layout, "zb-h2")
     P, M, T = len(layout), _check_m(microbatches), _check_m(steps, "steps")
     orders = best_orders(list(range(P)), M, [2 * P - 1] * P)
-    return _finish("zb-h2", layout, _repeat_steps(orders, T, M), M, T, {}, limit=2 * P - 1)
+    return _finish("zb-h2", layout, _repeat_steps(orders, T, M), M, T, options={}, limit=2 * P - 1)
 
 
 V_PEAK = {  # peak activations in 1F1B units (a whole worker's layers, one microbatch), Qi et al. 2024
@@ -182,7 +183,7 @@ def v_candidates(name: str, P: int, M: int, costs: SplitCosts) -> list[list[list
     out = RULE[name](P, M, costs, limit)
     for prio, wb in VARIANTS:
         try:
-            out.append(greedy_orders(worker_of, M, [limit] * P, prio, wb, costs)[0])
+            out.append(greedy_orders(worker_of, M, [limit] * P, prio, wb, cost=costs)[0])
         except ScheduleError:  # this variant stalls under the limit; the others remain
             continue
     return out
@@ -199,7 +200,7 @@ def v_schedule(name: str, plan, microbatches: int, steps: int = 1, costs=None) -
     best = min(v_candidates(name, P, M, c), key=lambda o: makespan(o, worker_of, c))
     limit = 2 * V_PEAK[name](P)
     opts = {"chunks": 2, "memory_limit_chunks": limit, "planned_costs": (c.f, c.b, c.w, c.comm)}
-    return _finish(name, v_layout(P), _repeat_steps(best, T, M), M, T, opts, limit)
+    return _finish(name, v_layout(P), _repeat_steps(best, T, M), M, T, options=opts, limit=limit)
 
 
 V_OPTIONS = {"steps": "iterations (flushes) in the schedule", "costs": COSTS_HELP}
@@ -263,4 +264,4 @@ def zb_v(plan, microbatches: int, steps: int = 1, costs: object = None, variant:
     P, _ = _pipeline_size(plan, "zb-v", 2)
     M, T = _check_m(microbatches), _check_m(steps, "steps")
     orders = _steps(lambda r, off: zbv_order(r, P, M, off), P, M, T)
-    return _finish("zb-v", v_layout(P), orders, M, T, {"chunks": 2, "variant": "torch"}, limit=2 * P)
+    return _finish("zb-v", v_layout(P), orders, M, T, options={"chunks": 2, "variant": "torch"}, limit=2 * P)

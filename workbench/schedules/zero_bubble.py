@@ -65,12 +65,12 @@ def _steps(orders_of_step, P: int, M: int, T: int) -> list[list[Key]]:
     return [[k for t in range(T) for k in orders_of_step(r, t * M)] for r in range(P)]
 
 
-def _finish(name, layout, orders, M, T, options, limit: int | None = None):
+def _finish(name, layout, orders, M, T, *, options, limit: int | None = None):
     """Updates and versions (sync: each stage steps once per T-th of the microbatches), validated;
     ``limit``: the schedule's bound on live (stage, microbatch) pairs per worker, which
     :func:`validate` then checks (default: the orders' own peak)."""
     cap = [limit if limit is not None else in_flight_of(o) for o in orders]
-    return _flushed(name, layout, orders, M, T, cap, dict(options, steps=T))
+    return _flushed(name, layout, orders, M, T, cap=cap, options=dict(options, steps=T))
 
 
 def _pipeline_size(plan, name: str, chunks: int) -> tuple[int, int]:
@@ -139,7 +139,7 @@ def interleaved_zb(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> 
         )
     layout = tuple((s % P,) for s in range(P * v))
     orders = _steps(lambda r, off: zb1p_order(r, P, v, M, off), P, M, T)
-    return _finish("interleaved-zb", layout, orders, M, T, {"chunks": v})
+    return _finish("interleaved-zb", layout, orders, M, T, options={"chunks": v})
 
 
 # ---- ZB-V (torch ScheduleZBVZeroBubble) -------------------------------------------------------
@@ -270,7 +270,7 @@ def dualpipev(plan, microbatches: int, steps: int = 1) -> Schedule:
             o += keys
             pairs += pr
         orders.append(o)
-    return _finish("dualpipev", v_layout(P), orders, M, T, {"chunks": 2, "overlap_f_b": tuple(pairs)})
+    return _finish("dualpipev", v_layout(P), orders, M, T, options={"chunks": 2, "overlap_f_b": tuple(pairs)})
 
 
 # ---- one common setting for every pipeline schedule -------------------------------------------

@@ -100,6 +100,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from workbench.cost.model import CostOptions
+from workbench.cost.topology import Topology
+from workbench.schedules import build, gc_paused
 from workbench.schedules.core import Schedule
 from workbench.simulation.costs import (
     COMM_KINDS,
@@ -184,14 +186,13 @@ def simulate(
     opts = SimOptions.from_keywords(options, **keywords)
     if not isinstance(schedule, Schedule):
         raise ValueError(f"simulate() needs a workbench.schedules.Schedule, got {type(schedule).__name__}")
-    costs = simulation_costs(schedule, fwd, bwd, profile, plan, topology, opts)
+    costs = simulation_costs(schedule, fwd, bwd, profile, plan, topology=topology, options=opts)
     return _run(schedule, costs, opts.overlap_comm)
 
 
 def _run(schedule: Schedule, costs, overlap_comm: bool) -> SimResult:
     """Build the op graph, sweep it, and assemble the timeline and metrics (with the cyclic garbage
     collector paused, as for building: the sweep allocates ~10^5 short-lived objects and no cycles)."""
-    from workbench.schedules import gc_paused
 
     with gc_paused():
         graph = build_graph(schedule, costs)
@@ -214,7 +215,6 @@ def simulate_plan(
     else NOAM) on ``topology`` (default: the topology stored in the plan), ``microbatches``
     minibatches (default: enough for a steady state); the all-reduce calibrated on its own where
     ``allreduce_bandwidth`` / ``allreduce_latency_ms`` are given (:func:`simulate`)."""
-    from workbench.schedules import build
 
     if topology is None:
         topology = plan_topology(plan)
@@ -242,7 +242,6 @@ def steady_microbatches(plan) -> int:
 
 def plan_topology(plan):
     """The :class:`~workbench.cost.topology.Topology` a plan was partitioned for (``plan.meta``), or None."""
-    from workbench.cost.topology import Topology
 
     levels = (plan.meta or {}).get("topology")
     if not levels:

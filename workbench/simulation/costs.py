@@ -84,7 +84,7 @@ def _per_stage(x, S: int, name: str) -> list[float]:
 
 
 def _unit_costs(
-    schedule: Schedule, fwd, bwd, allreduce, transfer, weight_fetch, step_ms, latency_ms, op_overhead_ms
+    schedule: Schedule, fwd, bwd, allreduce, transfer, *, weight_fetch, step_ms, latency_ms, op_overhead_ms
 ) -> _Costs:
     S = schedule.num_stages
     f = _per_stage(fwd, S, "fwd")
@@ -210,7 +210,7 @@ def _profile_costs(schedule: Schedule, profile, plan, topology, options: SimOpti
     )
 
 
-def simulation_costs(schedule: Schedule, fwd, bwd, profile, plan, topology, options: SimOptions) -> _Costs:
+def simulation_costs(schedule: Schedule, fwd, bwd, profile, plan, *, topology, options: SimOptions) -> _Costs:
     """The per-op charges of one simulation: unit costs (``fwd``, ``bwd`` and ``options``) without a
     profile, else the profile's on ``plan`` and ``topology``; then the options either source takes:
     ``step_copy_ms`` (plus the tied weights' all-reduce the STEP includes) and the in-op
@@ -225,10 +225,10 @@ def simulation_costs(schedule: Schedule, fwd, bwd, profile, plan, topology, opti
             bwd,
             o.allreduce,
             o.transfer,
-            o.weight_fetch,
-            o.step_ms,
-            o.cost.latency_ms,
-            o.cost.op_overhead_ms,
+            weight_fetch=o.weight_fetch,
+            step_ms=o.step_ms,
+            latency_ms=o.cost.latency_ms,
+            op_overhead_ms=o.cost.op_overhead_ms,
         )
     else:
         costs = _profile_costs(schedule, profile, plan, topology, options)

@@ -54,7 +54,7 @@ class OpGraph:
         return len(self.flat)
 
 
-def _edge_messages(costs: _Costs, senders, receivers, item, item_bytes, fixed_ms, W: int):
+def _edge_messages(costs: _Costs, senders, receivers, item, item_bytes, *, fixed_ms, W: int):
     """(ms, bytes) arrays of messages ``senders[i] -> receivers[i]`` of ``item_bytes[item[i]]`` bytes,
     priced by :meth:`_Costs.message` once per distinct (sender, receiver, item)."""
     if len(senders) == 0:
@@ -85,10 +85,10 @@ def build_graph(schedule: Schedule, costs: _Costs) -> OpGraph:
     order = np.argsort(df.src, kind="stable")
     src, dst = df.src[order], df.dst[order]
     etype, ems, ebytes = _edge_costs(a, src, dst, costs, W)
-    dur = _durations(schedule, costs, flat, kc, st, wbeg)
+    dur = _durations(schedule, costs, flat, kc, st, wbeg=wbeg)
     exposed = [0.0] * len(flat)
     if costs.alltoall is not None:
-        exposed = exposed_alltoall(schedule, costs, kc, st, wbeg, dur)
+        exposed = exposed_alltoall(schedule, costs, kc, st, wbeg, dur=dur)
         dur = [d + x for d, x in zip(dur, exposed)]
     ww = a.weights_worker
     return OpGraph(
@@ -131,16 +131,18 @@ def _edge_costs(a: OpArrays, src: np.ndarray, dst: np.ndarray, costs: _Costs, W:
     ebytes = np.zeros(len(src))
     xfer = etype == 1
     cut = np.minimum(a.stage[src], a.stage[dst])[xfer]
-    ems[xfer], ebytes[xfer] = _edge_messages(costs, ws_[xfer], wd_[xfer], cut, costs.cut_bytes, costs.transfer_ms, W)
+    ems[xfer], ebytes[xfer] = _edge_messages(
+        costs, ws_[xfer], wd_[xfer], cut, costs.cut_bytes, fixed_ms=costs.transfer_ms, W=W
+    )
     push = etype == 3
     ems[push], ebytes[push] = _edge_messages(
-        costs, ws_[push], wd_[push], a.stage[src][push], costs.param_bytes, costs.fetch_ms, W
+        costs, ws_[push], wd_[push], a.stage[src][push], costs.param_bytes, fixed_ms=costs.fetch_ms, W=W
     )
     etype[(etype == 1) & (ems == 0) & (ebytes == 0)] = 4
     return etype, ems, ebytes
 
 
-def _durations(schedule: Schedule, costs: _Costs, flat: list, kc: list, st: list, wbeg: list) -> list[float]:
+def _durations(schedule: Schedule, costs: _Costs, flat: list, kc: list, st: list, *, wbeg: list) -> list[float]:
     """Compute-stream ms per op: the kind's stage cost plus the per-op overhead (:func:`op_ms` with
     segments or recompute), AR 0; a STEP that keeps the replaced version costs ``step_copy``; the
     first backward of an update into an empty buffer saves ``accumulate`` (down to the overhead)."""
@@ -163,7 +165,7 @@ def _durations(schedule: Schedule, costs: _Costs, flat: list, kc: list, st: list
     return dur
 
 
-def exposed_alltoall(schedule: Schedule, costs: _Costs, kc: list, st: list, wbeg: list, dur: list) -> list[float]:
+def exposed_alltoall(schedule: Schedule, costs: _Costs, kc: list, st: list, wbeg: list, *, dur: list) -> list[float]:
     """Per op, the in-op all-to-all time (expert parallelism's dispatch and combine, ``a[s]`` for an
     F, B or BI of stage s) that its compute stream waits for. An op alone waits for all of it.
     In an overlapped pair (:meth:`Schedule.overlapped_pairs`; DeepSeek-V3's DualPipe) the

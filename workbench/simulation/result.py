@@ -12,6 +12,7 @@ import pandas as pd
 from workbench.io.cards import card, fmt, one_line
 from workbench.schedules.core import Schedule
 from workbench.schedules.dataflow import peak_in_flight
+from workbench.schedules.stats import worker_stats
 from workbench.simulation.costs import (
     _AR,
     _B,
@@ -44,8 +45,6 @@ class SimResult:
     def worker_stats(self) -> pd.DataFrame:
         """Per-worker statistics of the "Unifying" document (indexed by worker)."""
         if "df" not in self._stats:
-            from workbench.schedules.stats import worker_stats
-
             self._stats["df"] = worker_stats(self.schedule, self.timeline)
         return self._stats["df"]
 
@@ -411,7 +410,7 @@ def _memory(schedule: Schedule, costs: _Costs, graph) -> tuple[list[int], list[f
     else:
         peak_b = [float("nan")] * W
     versions = _weight_versions(
-        schedule, kc_a, st_a, np.asarray(ver, dtype=np.int64), np.asarray(wof, dtype=np.int64), wbeg, wend
+        schedule, kc_a, st_a, np.asarray(ver, dtype=np.int64), np.asarray(wof, dtype=np.int64), wbeg=wbeg, wend=wend
     )
     return peak_n, peak_b, versions
 
@@ -434,7 +433,7 @@ def _peak_per_worker(wbeg: list, wend: list, W: int, delta: np.ndarray, transien
     return out
 
 
-def _weight_versions(schedule: Schedule, kc_a, st_a, ver_a, w_a, wbeg: list, wend: list) -> list[int]:
+def _weight_versions(schedule: Schedule, kc_a, st_a, ver_a, w_a, *, wbeg: list, wend: list) -> list[int]:
     """Most versions of one stage alive at once per worker (>= 1 on a worker with ops).
 
     Version v of stage s is alive on worker w over the hull of [first op reading it, last op
@@ -458,7 +457,7 @@ def _weight_versions(schedule: Schedule, kc_a, st_a, ver_a, w_a, wbeg: list, wen
                 holds[w * S + s_] = True
     if holds[k_iv].any():
         is_step = kc_a == _STEP
-        k_iv, lo, hi = _held_versions(S, holds, (k_iv, v_iv, lo, hi), key[is_step], pos[is_step], wbeg, wend)
+        k_iv, lo, hi = _held_versions(S, holds, (k_iv, v_iv, lo, hi), key[is_step], pos[is_step], wbeg=wbeg, wend=wend)
     ev_k = np.concatenate([k_iv, k_iv])
     ev_t = np.concatenate([lo, hi])
     ev_d = np.concatenate([np.ones(len(lo)), -np.ones(len(lo))])
@@ -473,7 +472,7 @@ def _weight_versions(schedule: Schedule, kc_a, st_a, ver_a, w_a, wbeg: list, wen
     return peak_v
 
 
-def _held_versions(S: int, holds, intervals: tuple, sk, sp, wbeg: list, wend: list) -> tuple:
+def _held_versions(S: int, holds, intervals: tuple, sk, sp, *, wbeg: list, wend: list) -> tuple:
     """The read intervals ``(key, version, lo, hi)`` (key = worker · S + stage) of
     :func:`_weight_versions` widened, where the worker holds the stage, to the span in which each
     version is the newest (``sk``, ``sp``: key and program position of every STEP; the i-th STEP on

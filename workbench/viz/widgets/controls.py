@@ -24,7 +24,7 @@ def int_slider(value: int, lo: int, hi: int, description: str, width: str) -> W.
     )
 
 
-def float_box(value: float, lo: float, hi: float, step: float, description: str, width: str) -> W.BoundedFloatText:
+def float_box(value: float, lo: float, hi: float, step: float, description: str, *, width: str) -> W.BoundedFloatText:
     """A number box bounded to ``lo..hi``."""
     return W.BoundedFloatText(
         value=value, min=lo, max=hi, step=step, description=description, style=_style(), layout=W.Layout(width=width)

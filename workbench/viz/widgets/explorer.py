@@ -22,7 +22,9 @@ from workbench.viz.widgets import controls
 from workbench.viz.widgets.figures import _FONT, timeline_widget, update_timeline, widget
 
 
-def closed_form_bubble(name: str, S: int, M: int, fwd: float, bwd: float, chunks: int = 2) -> tuple[float, str] | None:
+def closed_form_bubble(
+    name: str, S: int, M: int, fwd: float, bwd: float, *, chunks: int = 2
+) -> tuple[float, str] | None:
     """Mean bubble fraction ``1 - busy / makespan`` in closed form of schedule ``name`` as
     :func:`explore` builds it (``S`` workers, ``M`` microbatches, a worker's share of the model
     costing ``fwd`` / ``bwd``), from the form its registration names
@@ -44,6 +46,7 @@ def explore(
     microbatches: int,
     fwd: float = 1.0,
     bwd: float = 2.0,
+    *,
     transfer: float = 0.0,
     chunks: int = 2,
 ) -> SimResult:
@@ -82,9 +85,10 @@ class ScheduleExplorer:
         microbatches: int = 8,
         fwd: float = 1.0,
         bwd: float = 2.0,
+        *,
         transfer: float = 0.0,
     ):
-        self._build_controls(schedule, stages, microbatches, fwd, bwd, transfer)
+        self._build_controls(schedule, stages, microbatches, fwd, bwd, transfer=transfer)
         self.stats = W.HTML(layout=W.Layout(width="500px"))
         self.timeline_fig = timeline_widget("timeline", "units")
         self.memory_fig = _memory_figure()
@@ -107,13 +111,15 @@ class ScheduleExplorer:
             ]
         )
 
-    def _build_controls(self, schedule: str, stages: int, microbatches: int, fwd: float, bwd: float, transfer: float):
+    def _build_controls(
+        self, schedule: str, stages: int, microbatches: int, fwd: float, bwd: float, *, transfer: float
+    ):
         self.schedule = controls.dropdown(schedules.NAMES, schedule, "schedule", "220px")
         self.stages = controls.int_slider(stages, 1, 16, "stages (workers)", "300px")
         self.microbatches = controls.int_slider(microbatches, 1, 64, "microbatches", "300px")
-        self.fwd = controls.float_box(fwd, 0.01, 100, 0.1, "forward (units)", "190px")
-        self.bwd = controls.float_box(bwd, 0.0, 100, 0.1, "backward incl. weight grad (units)", "290px")
-        self.transfer = controls.float_box(transfer, 0, 100, 0.1, "communication per message (units)", "290px")
+        self.fwd = controls.float_box(fwd, 0.01, 100, 0.1, "forward (units)", width="190px")
+        self.bwd = controls.float_box(bwd, 0.0, 100, 0.1, "backward incl. weight grad (units)", width="290px")
+        self.transfer = controls.float_box(transfer, 0, 100, 0.1, "communication per message (units)", width="290px")
         self.chunks = controls.int_slider(2, 1, 8, "chunks (interleaved)", "300px")
 
     def _ipython_display_(self):
@@ -132,7 +138,7 @@ class ScheduleExplorer:
         name, S, M = self.schedule.value, int(self.stages.value), int(self.microbatches.value)
         f, b, c, v = float(self.fwd.value), float(self.bwd.value), float(self.transfer.value), int(self.chunks.value)
         try:
-            res = explore(name, S, M, f, b, c, v)
+            res = explore(name, S, M, f, b, transfer=c, chunks=v)
         except Exception as e:  # noqa: BLE001 - one line, never a traceback, in a widget callback
             lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
             self.stats.value = (

@@ -28,6 +28,7 @@ from workbench.partitioning.pipedream_optimizer import profile_for
 from workbench.profiling.measure import Profile
 from workbench.profiling.measure import profile as measure_profile
 from workbench.profiling.pipedream import SHIPPED, shipped
+from workbench.runtime import train
 from workbench.viz.widgets import controls, core
 from workbench.viz.widgets.figures import stage_widget, timeline_widget, update_stages, update_timeline, widget
 
@@ -119,7 +120,7 @@ class PartitionTuner:
     def _build_controls(self, schedule, microbatches, per_step, memory_gb, straight):
         self._source_controls()
         self._topology_controls()
-        self.memory = controls.float_box(memory_gb, 0, 1e4, 1, "memory limit per worker (GB, 0 = none)", "330px")
+        self.memory = controls.float_box(memory_gb, 0, 1e4, 1, "memory limit per worker (GB, 0 = none)", width="330px")
         self.straight = W.ToggleButtons(
             options=[("replicated stages", False), ("straight pipeline", True)],
             value=straight,
@@ -151,7 +152,7 @@ class PartitionTuner:
         for k, (count, bw) in enumerate(self.topology.levels):
             name = _LEVEL_NAMES[k] if k < len(_LEVEL_NAMES) else f"level {k + 1}"
             n = controls.int_box(count, 1, 64, f"L{k + 1} count ({name})", "260px")
-            b = controls.float_box(bw / 1e9, 1e-3, 1e4, 0.25, "GB/s", "150px")
+            b = controls.float_box(bw / 1e9, 1e-3, 1e4, 0.25, "GB/s", width="150px")
             self.levels.append((n, b))
 
     def _plan_controls(self):
@@ -441,7 +442,6 @@ class PartitionTuner:
         return self._guard(lambda: self._run_it(steps, timeout_s))
 
     def _run_it(self, steps: int, timeout_s: float) -> dict:
-        from workbench.runtime import train
 
         if self.outcome is None:
             raise ValueError("no valid plan to run: fix the settings first")
