@@ -139,3 +139,25 @@ def test_bad_parameters_fail_with_one_line(tmp_path, capsys, monkeypatch, conten
     assert message in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "results").exists()
+
+
+def test_summary_starts_with_a_short_headline_of_the_furthest_misses():
+    import pandas as pd
+
+    from workbench.cli.reproduce import _headline
+
+    claims = pd.DataFrame(
+        dict(
+            claim=["close", "far below", "far above", "no number"],
+            paper=[2.0, 4.0, 1.0, None],
+            ours=[2.2, 1.0, 3.0, None],
+            ratio=[1.1, 0.25, 3.0, None],
+            fit=["out-of-sample", "out-of-sample", "none", "none"],
+        )
+    )
+    lines = _headline(claims, worst=2)
+    assert lines[0] == "## Headline"
+    assert "1 of 3 claims" in lines[2] and "out-of-sample 1/2" in lines[2] and "none 0/1" in lines[2]
+    misses = [ln for ln in lines if ln.startswith("- ")]
+    assert [m.split(":")[0] for m in misses] == ["- far below", "- far above"]  # |log ratio| 1.39, then 1.10
+    assert all(len(m) < 200 for m in misses)

@@ -338,6 +338,7 @@ def summary_markdown(
         lines.append(f"| {o.name} | {status} | {o.seconds:.0f} | {_cell(outs)} |")
     if claims is None:
         claims = collect_claims(run_dir)
+    lines[4:4] = _headline(claims)
     lines += _fit_section(claims) + _calibration_section(run_dir)
     lines += [
         "",
@@ -360,6 +361,38 @@ def summary_markdown(
                 f"{_cell(r.explanation)} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _short(text, width: int = 90) -> str:
+    text = str(text)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _headline(claims: pd.DataFrame, worst: int = 5) -> list[str]:
+    """A few lines first: how many numeric claims are within 25% (by ``fit``) and the furthest misses."""
+    if claims.empty or "ratio" not in claims.columns:
+        return []
+    ratio = claims["ratio"].map(lambda v: float(v) if isinstance(v, (int, float)) else math.nan)
+    num = claims[ratio > 0].copy()
+    if num.empty:
+        return []
+    num["gap"] = ratio[ratio > 0].map(lambda r: abs(math.log(r)))
+    within = (ratio[ratio > 0] - 1).abs() <= 0.25  # the fit section's "within 25%"
+    fits = num["fit"] if "fit" in num.columns else within.map(lambda _: "")
+    by_fit = ", ".join(f"{fit} {int(w.sum())}/{len(w)}" for fit, w in within.groupby(fits))
+    lines = [
+        "## Headline",
+        "",
+        f"{int(within.sum())} of {len(num)} claims with a number on both sides are within 25% of the paper "
+        f"(by `fit`: {by_fit}). Furthest from the paper (ours / paper):",
+        "",
+    ]
+    for r in num.nlargest(worst, "gap").itertuples(index=False):
+        lines.append(
+            f"- {_short(r.claim)}: paper {_num(r.paper)}, ours {_num(r.ours)} (×{float(r.ratio):.2f}, "
+            f"{getattr(r, 'fit', '')})"
+        )
+    return lines + [""]
 
 
 def _table(df: pd.DataFrame) -> list[str]:

@@ -429,10 +429,11 @@ def figure1(fig1: pd.DataFrame):
     (solid: projected profile; dashed: PipeDream's measured GPU profile)."""
 
     servers = [s for s in SERVERS if s in set(fig1.server)]
-    fig = make_subplots(
-        rows=1, cols=len(servers), shared_yaxes=True, subplot_titles=[SERVER_LABELS[s] for s in servers]
-    )
+    titles = [SERVER_LABELS[s].replace(", ", "<br>", 1) for s in servers]  # two short lines: no overlap
+    fig = make_subplots(rows=1, cols=len(servers), shared_yaxes=True, subplot_titles=titles, horizontal_spacing=0.06)
+    fig.update_annotations(font_size=12)
     colors = {m: qualitative.Plotly[i % 10] for i, m in enumerate(MODELS)}
+    shown: set[tuple[str, str]] = set()  # a legend entry per line style, wherever it first appears
     for col, server in enumerate(servers, start=1):
         for (model, source), g in fig1[fig1.server == server].groupby(["model", "source"], sort=False):
             fig.add_trace(
@@ -442,18 +443,22 @@ def figure1(fig1: pd.DataFrame):
                     mode="lines+markers",
                     name=f"{model} ({source})",
                     legendgroup=f"{model}{source}",
-                    showlegend=col == 1,
+                    showlegend=(model, source) not in shown,
                     line=dict(color=colors[model], dash="dash" if source == "pipedream" else "solid"),
                 ),
                 row=1,
                 col=col,
             )
+            shown.add((model, source))
         fig.update_xaxes(type="log", title_text="GPUs", tickvals=sorted(set(fig1.gpus)), row=1, col=col)
     fig.update_yaxes(title_text="% of DP iteration stalled on communication (modeled)", row=1, col=1)
     fig.update_layout(
         title="PipeDream Fig. 1 reproduced: data-parallel communication overhead, weak scaling "
         "(modeled: simulator, ring all-reduce of DDP buckets)",
-        height=450,
+        title_font_size=14,
+        height=520,
+        margin=dict(t=120),
+        legend=dict(title_text="solid: projected profile; dashed: PipeDream's GPU profile"),
     )
     return fig
 
