@@ -223,7 +223,23 @@ def test_a_stop_signal_ends_the_whole_job(tmp_path, sig, target):
     _, err = signal_job(job, sig, target)
     assert job.proc.returncode == 128 + sig
     line = one_line(err)
-    assert f"stopped by {signal.Signals(sig).name} sent to the launcher" in line and "last complete checkpoint" in line
+    assert (
+        f"stopped by {signal.Signals(sig).name} received by the launcher" in line and "last complete checkpoint" in line
+    )
+
+
+def test_ctrl_c_while_the_ranks_start_prints_no_traceback(tmp_path):
+    """Ctrl-C reaches the terminal's whole process group; ranks still importing must not each print
+    a KeyboardInterrupt traceback: the launcher says one line and stops them."""
+    job = Job([sys.executable, *train_args(tmp_path / "run", free_port())], tmp_path / "run", 0)
+    end = time.monotonic() + 60 * slack()
+    while not [c for c in job.launcher.children() if "resource_tracker" not in " ".join(c.cmdline())]:
+        assert time.monotonic() < end and job.proc.poll() is None, "no rank was started"
+        time.sleep(0.005)
+    os.killpg(job.proc.pid, signal.SIGINT)  # the first rank is still starting (importing torch)
+    _, err = job.proc.communicate(timeout=60 * slack())
+    assert "KeyboardInterrupt" not in err and "Traceback" not in err, err[-3000:]
+    assert job.proc.returncode in (130, 2), err[-2000:]
 
 
 def test_sigterm_with_sigint_ignored_leaves_no_orphan(tmp_path):
@@ -351,7 +367,7 @@ def test_spawn_stops_on_a_signal_and_restores_the_handlers():
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
     t = time.monotonic()
-    with pytest.raises(JobStopped, match=r"^stopped by SIGTERM sent to the launcher \(pid \d+\); rank 0 ") as e:
+    with pytest.raises(JobStopped, match=r"^stopped by SIGTERM received by the launcher \(pid \d+\); rank 0 ") as e:
         spawn(_fail_on, (-1, 0), 2)
     assert e.value.signum == signal.SIGTERM and time.monotonic() - t < 2.0 + STOP_S * slack()
     assert not _children() and {s: signal.getsignal(s) for s in before} == before
@@ -456,5 +472,5 @@ def test_the_stop_message_has_a_line_of_its_own_after_the_progress_bar(tmp_path)
     _, err = job.proc.communicate(timeout=60 * slack())
     assert "train:" in err and "step" in err  # the bar was drawn
     last = err.rstrip("\n").split("\n")[-1]
-    assert last.startswith("workbench train: stopped by SIGTERM sent to the launcher"), err[-2000:]
+    assert last.startswith("workbench train: stopped by SIGTERM received by the launcher"), err[-2000:]
     assert "\r" not in last and "Traceback" not in err and "leaked semaphore" not in err

@@ -60,10 +60,10 @@ def run_train(args) -> int:
         print(f"workbench train: error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:
-        print(f"{_END_BAR if not args.no_progress else ''}workbench train: failed: {e}", file=sys.stderr)
+        print(f"{_END_BAR if args.progress else ''}workbench train: failed: {e}", file=sys.stderr)
         return 1
     except JobStopped as e:  # the ranks are stopped and the job's files removed: nothing is left to tear down
-        print(f"{_END_BAR if not args.no_progress else ''}workbench train: {e}", file=sys.stderr)
+        print(f"{_END_BAR if args.progress else ''}workbench train: {e}", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(128 + e.signum)  # not the interpreter's teardown, which took 2.5 s with torch loaded at load 15

@@ -164,13 +164,15 @@ def _unguard(data: bytes):
         return _LoadFailed(_one_line(e), traceback.format_exc()[-8000:])
 
 
-def _rank_main(rank: int, payload, progress, errors, parent: int) -> None:
+def _rank_main(rank: int, payload, progress, errors, parent: int, *, unblock_sigint: bool = False) -> None:
     """Entry of a spawned rank: :func:`become_rank`, then ``fn(rank, *args)`` (``payload``:
     ``(fn, args)``, unpickled by :func:`_unguard`). An error, unpickling the job included, is
     reported to the launcher (one line and its traceback) and the process ends at once
     (``os._exit``: no interpreter teardown that could wait on a peer)."""
     global _progress
     become_rank(rank, parent)
+    if unblock_sigint:  # blocked by the launcher while the ranks started (spawn); now at its default action
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _progress = (progress, rank)
     if isinstance(payload, _LoadFailed):
         errors.send((rank, time.time(), f"could not unpickle the job in the rank: {payload.line}", payload.tb))
@@ -224,16 +226,26 @@ def spawn(fn, args: tuple, world: int, *, deadline_s: float | None = None, what:
     procs = []
     with _StopSignals() as stop:
         try:
-            for r in range(world):
-                p = ctx.Process(
-                    target=_rank_main,
-                    args=(r, _Guarded((fn, args)), progress, pipes[r][1], os.getpid()),
-                    name=f"workbench-rank{r}",
-                    daemon=False,
-                )
-                p.start()
-                procs.append(p)
-                pipes[r][1].close()  # the rank holds its own copy: at its end the reader sees EOF
+            # SIGINT blocked while the ranks start (a new process inherits the mask): a Ctrl-C to the
+            # terminal's process group then waits in a starting rank until become_rank gave it the
+            # default action, instead of raising KeyboardInterrupt in its imports (a traceback per
+            # rank); the launcher's own handler gets it once the mask is restored
+            before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            unblock = signal.SIGINT not in before
+            try:
+                for r in range(world):
+                    p = ctx.Process(
+                        target=_rank_main,
+                        args=(r, _Guarded((fn, args)), progress, pipes[r][1], os.getpid()),
+                        kwargs={"unblock_sigint": unblock},
+                        name=f"workbench-rank{r}",
+                        daemon=False,
+                    )
+                    p.start()
+                    procs.append(p)
+                    pipes[r][1].close()  # the rank holds its own copy: at its end the reader sees EOF
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
             _supervise(procs, [r for r, _ in pipes], progress, stop, deadline_s, what=what)
         finally:
             stop_ranks(procs)
@@ -278,7 +290,7 @@ def _supervise(procs, readers, progress, stop: _StopSignals, deadline_s, *, what
 
 def _stopped_message(signum: int, progress) -> str:
     where = ", ".join(f"rank {r} {_where(progress[r])}" for r in range(len(progress)))
-    return f"stopped by {signal_name(signum)} sent to the launcher (pid {os.getpid()}); {where}"
+    return f"stopped by {signal_name(signum)} received by the launcher (pid {os.getpid()}); {where}"
 
 
 def _where(step: int) -> str:
