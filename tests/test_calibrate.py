@@ -247,8 +247,8 @@ def test_in_flight_of_a_calibration_counts_the_link():
 def test_measured_step_is_the_median_spacing():
     rows = []
     for r, t in enumerate([0.0, 50.0, 60.0, 70.0, 81.0, 90.0]):
-        rows.append(dict(worker=0, stage=0, microbatch=r, kind="F", start=t, end=t + 1, step=r))
-        rows.append(dict(worker=1, stage=1, microbatch=r, kind="F", start=t + 2, end=t + 3, step=r))
+        rows.append(dict(worker=0, stage=0, microbatch=r, kind="F", start=t, end=t + 1, round=r))
+        rows.append(dict(worker=1, stage=1, microbatch=r, kind="F", start=t + 2, end=t + 3, round=r))
     tl = pd.DataFrame(rows)
     # after skipping 1 round: spacings 10, 10, 11, 9 -> median 10
     assert measured_step_ms(tl, skip=1) == pytest.approx(10.0)

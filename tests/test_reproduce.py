@@ -69,7 +69,7 @@ def tiny_notebooks(tmp_path):
         'quick = False\nout_dir = "x"\nsweep_S = 8\nsweep_B = 16',
         "from workbench.experiments import common\n"
         "out = common.out_folder(out_dir)\n"
-        "common.write_claims([common.claim('toy', 'two', 2.0, 3.0, 'units', 'modeled (toy)')], out)",
+        "common.write_claims([common.claim('toy', 'two', 2.0, 3.0, 'units', label='modeled (toy)')], out)",
     )
     return d
 
