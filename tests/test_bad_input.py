@@ -258,9 +258,9 @@ def test_a_model_that_cannot_take_the_data_set_is_refused_before_the_ranks_start
         (["partition", "--workers", "100000"], "the topology has 100000 workers; the partitioner takes at most 1024"),
         (
             ["simulate", "--schedule", "gpipe", "--stages", "100000", "--microbatches", "4"],
-            "the stage count must be a whole number from 1 to 1024, got 100000",
+            "the stage count must be a positive whole number (at most 1024), got 100000",
         ),
-        (["simulate", "--stages", "0"], "the stage count must be a whole number from 1 to 1024, got 0"),
+        (["simulate", "--stages", "0"], "the stage count must be a positive whole number (at most 1024), got 0"),
     ],
 )
 def test_sizes_out_of_range_are_refused_at_once(capsys, vgg16_csv, tmp_path, argv, words):

@@ -75,7 +75,7 @@ MAX_STAGES = 1024  # a stage count beyond this is refused (a schedule of 1024 st
 
 def _check_stage_count(n) -> None:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_STAGES:
-        raise ValueError(f"the stage count must be a whole number from 1 to {MAX_STAGES}, got {n!r}")
+        raise ValueError(f"the stage count must be a positive whole number (at most {MAX_STAGES}), got {n!r}")
 
 
 def worker_options(name: str, workers: int, options: dict | None = None) -> dict:
