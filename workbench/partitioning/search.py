@@ -44,7 +44,7 @@ def options_from(options: PartitionOptions | None, keywords: dict[str, Any]) -> 
 
 
 def partition(profile: Profile, topology: Topology, options: PartitionOptions | None = None, **keywords: Any) -> Plan:
-    """PipeDream's optimal partition of ``profile`` onto ``topology`` (see the module docstring),
+    """PipeDream's optimal partition of ``profile`` onto ``topology`` (:mod:`~workbench.partitioning.dynamic_program`),
     checked and refined by simulation, with the options of :class:`PartitionOptions`: ``options``,
     or its fields as keywords (``partition(p, topo, straight=True)``), which override ``options``.
 
