@@ -567,6 +567,23 @@ def test_bad_inputs_raise_one_line_value_errors(tmp_path):
             train("toy-mlp", "gpipe", workers=2, microbatches=4, steps=1, port=port, **kw)
 
 
+def test_port_is_not_checked_under_torchrun(tmp_path, monkeypatch):
+    """Under torchrun the ranks join torchrun's rendezvous: a ``port`` given beside it is not theirs
+    to bind, and a busy one (torchrun's own store may hold it) is no error."""
+    from workbench.runtime import launch
+
+    ran = []
+    monkeypatch.setattr(launch, "run_job", lambda job, port=None: ran.append(port) or {})
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1")):
+        monkeypatch.setenv(k, v)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        launch.train("toy-mlp", "gpipe", workers=2, microbatches=4, steps=1, port=port, out=str(tmp_path / "o"))
+    assert ran == [port]
+
+
 def test_cli_bad_input_exits_2(tmp_path, capsys):
     import argparse
 

@@ -572,7 +572,7 @@ def train(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int
     drained at the epoch end only, instead of a fill and a drain per minibatch: the weight rule is
     that schedule's over the epoch's microbatches, :meth:`PipelineExecutor.run_stream`),
     ``model_options`` (a zoo model's options, e.g. ``{"depth": 3}``) and ``port`` (the spawned ranks'
-    rendezvous port; default: a free one).
+    rendezvous port; default: a free one; unused under torchrun, whose rendezvous the ranks join).
 
     A stop signal (SIGINT, SIGTERM, SIGHUP) or a rank's death stops every rank and raises
     :class:`~workbench.runtime.lifetime.JobStopped` / :class:`~workbench.runtime.lifetime.RankFailed`,
@@ -581,7 +581,7 @@ def train(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int
     """
     _check_not_bootstrapping()
     port = keywords.get("port")
-    if port is not None:
+    if port is not None and not _under_torchrun():  # under torchrun, torchrun's rendezvous is used
         free_port(port)
     job = prepare(model, schedule, workers, microbatches, **keywords)
     return run_job(job, port)
