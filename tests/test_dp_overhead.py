@@ -6,9 +6,10 @@ import math
 import pandas as pd
 import pytest
 
-from workbench import Topology
+from workbench import Topology, schedules
 from workbench.experiments import dp_overhead as dpo
 from workbench.profiling.measure import Profile
+from workbench.simulation import simulate
 
 NB = "02_dp_communication_overhead"
 HEAVY = ["alexnet", "vgg16", "gnmt8", "gnmt16"]  # large fully connected or recurrent layers
@@ -152,3 +153,51 @@ def test_settings_reject_bad_values():
         dpo.settings(True, servers=["16xA100"])
     with pytest.raises(ValueError, match="ranks must be an integer >= 2"):
         dpo.settings(True, ranks=1)
+
+
+@pytest.mark.parametrize("ready", ["backward-start", "backward-end"])
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize(
+    ("server", "gpus"), [("8xV100-nvlink-25g", 16), ("4xV100-pcie-10g", 4), ("4xV100-pcie-10g", 32)]
+)
+def test_bucketed_round_closed_form_equals_the_simulator(ready, overlap, server, gpus):
+    """One model of data parallelism: CostModel.bucketed_round_ms (what the papers' BSP rows read)
+    is the simulated dp-bsp round over DDP's buckets (what Fig. 1 reads), to float precision."""
+    from workbench.cost.model import CostModel
+    from workbench.profiling.pipedream import shipped
+
+    prof = shipped("alexnet")
+    topo = dpo.server_topology(server, gpus)
+    plan = dpo.bucket_plan(prof)
+    kw = dict(allreduce_ready=ready, overlap_allreduce=overlap, op_overhead_ms=0.1, allreduce_latency_ms=0.02)
+    closed = CostModel.from_profile(prof, topo, **kw).bucketed_round_ms(
+        [(s.first, s.last) for s in plan.stages], range(gpus)
+    )
+    res = simulate(
+        schedules.build("dp-bsp", plan, gpus * 3, workers=gpus), profile=prof, plan=plan, topology=topo, **kw
+    )
+    assert closed["round_ms"] == pytest.approx(gpus * float(res.metrics["time_per_minibatch_ms"]), rel=1e-9)
+    assert closed["exposed_ms"] / closed["round_ms"] == pytest.approx(
+        sum(res.metrics["comm_wait_share"]) / gpus, abs=1e-9
+    )
+
+
+def test_a_ddp_bucket_waits_for_its_own_backward():
+    """allreduce_ready='backward-end': a bucket's all-reduce starts once its backward has ended, so
+    the last bucket's (the input layers') is never hidden; 'backward-start' may hide it."""
+    from workbench.cost.model import CostModel
+    from workbench.profiling.pipedream import shipped
+
+    prof = shipped("resnet50")
+    topo = dpo.server_topology("4xV100-pcie-10g", 16)
+    buckets = [(s.first, s.last) for s in dpo.bucket_plan(prof).stages]
+    start, end = (
+        CostModel.from_profile(prof, topo, allreduce_ready=r).bucketed_round_ms(buckets, range(16))
+        for r in ("backward-start", "backward-end")
+    )
+    first = CostModel.from_profile(prof, topo).allreduce_ms(
+        prof.layers["param_bytes"].iloc[: buckets[0][1] + 1].sum(), range(16)
+    )
+    assert end["exposed_ms"] >= first - 1e-9 and end["exposed_ms"] > start["exposed_ms"]
+    with pytest.raises(ValueError, match="allreduce_ready must be one of"):
+        CostModel.from_profile(prof, topo, allreduce_ready="whenever")

@@ -26,7 +26,9 @@ Model
   (the slowest link and latency in the ring). With ``overlap_allreduce`` (DDP buckets, wait-free
   backprop) it may start when the backward that produces the gradients starts and cannot end before
   that backward ends, so it costs ``max(0, AR - B)`` of exposed time per update; without overlap
-  all of ``AR``.
+  all of ``AR``. With ``allreduce_ready="backward-end"`` (DistributedDataParallel's buckets, one
+  stage per bucket) it starts only once that backward has ended, when the bucket's last gradient
+  exists: :meth:`CostModel.bucketed_round_ms` is the closed form of one such data-parallel round.
   A library whose all-reduce is slower than its links is calibrated on its own
   (``allreduce_bandwidth``, ``allreduce_latency_ms``: the ring's bus bandwidth and per-step latency).
 * Per-message CPU time ``message_cpu_ms`` (LogP's overhead *o*; default 0): where communication
@@ -97,7 +99,10 @@ class CostOptions:
       size (gloo's time is not a line: 1 MiB took 0.6 to 3.8 ms here, 256 KiB 0.26 ms);
     * ``allreduce_buckets`` ``(first, cap)``: the gradients are all-reduced in buckets of ``first``
       bytes, then ``cap`` bytes each, as DistributedDataParallel does
-      (``workbench.runtime.ddp.DDP_BUCKETS``).
+      (``workbench.runtime.ddp.DDP_BUCKETS``);
+    * ``allreduce_ready``: when an overlapped all-reduce may start: ``"backward-start"`` (with the
+      backward before it: wait-free backprop inside a stage) or ``"backward-end"`` (after it: a DDP
+      bucket, whose gradients exist only when its backward has ended).
     """
 
     latency_ms: float | Sequence[float] = 0.0
@@ -108,6 +113,10 @@ class CostOptions:
     message_cpu_ms: float = 0.0
     allreduce_curve: Mapping | None = None
     allreduce_buckets: Sequence[float] | None = None
+    allreduce_ready: str = "backward-start"
+
+
+ALLREDUCE_READY = ("backward-start", "backward-end")
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,6 +134,7 @@ class CostModel:
     latency_ms: tuple[float, ...] = ()  # alpha per topology level, innermost first
     op_overhead_ms: float = 0.0
     overlap_allreduce: bool = True
+    allreduce_ready: str = "backward-start"  # CostOptions.allreduce_ready
     allreduce: str = "ring"
     batch_size: int | None = None
     allreduce_bandwidth: tuple[float, ...] | None = None  # ring bus bandwidth per level; None: the link's
@@ -163,6 +173,7 @@ class CostModel:
             latency_ms=lat,
             op_overhead_ms=check_ms("op_overhead_ms", opts.op_overhead_ms),
             overlap_allreduce=bool(opts.overlap_allreduce),
+            allreduce_ready=_check_ready(opts.allreduce_ready),
             batch_size=int(bs) if bs else None,
             label=_label(profile, topology, lat, opts.op_overhead_ms),
             message_cpu_ms=check_ms("message_cpu_ms", opts.message_cpu_ms),
@@ -317,6 +328,32 @@ class CostModel:
         """All-reduce time the compute stream waits for: ``max(0, AR - B)`` with overlap, else AR
         (numpy broadcasting)."""
         return np.maximum(0.0, allreduce_ms - backward_op_ms) if self.overlap_allreduce else allreduce_ms
+
+    def bucketed_round_ms(self, buckets: Sequence[tuple[int, int]], workers) -> dict:
+        """One data-parallel round on ``workers`` with gradient ``buckets`` (``(first, last)`` layer
+        ranges in layer order, each all-reduced on its own as DDP does): the forward of every layer,
+        then the backward bucket by bucket from the last, each bucket's all-reduce queued on the one
+        collective channel as soon as its gradients exist (``allreduce_ready``; overlapped as
+        ``overlap_allreduce`` says); the round ends when both the backward and the last all-reduce
+        have. Returns ``round_ms`` (with the three ops' overheads of each bucket), ``compute_ms`` (forward
+        and backward) and ``exposed_ms`` (what the all-reduces add)."""
+        o = self.op_overhead_ms
+        ws = list(workers)
+        t = sum(self.stage_fwd_ms(a, b) + o for a, b in buckets)
+        channel, done = 0.0, []
+        for a, b in reversed(list(buckets)):
+            start = t
+            t += self.stage_bwd_ms(a, b) + o
+            ready = start if self.overlap_allreduce and self.allreduce_ready == "backward-start" else t
+            channel = max(max(channel, ready) + self.allreduce_ms(self.range_sum("param_bytes", a, b), ws), t)
+            done.append(channel)
+            if not self.overlap_allreduce:  # the compute stream waits for each all-reduce
+                t = channel
+        end = t
+        for ar_end in done:  # then one STEP per bucket, each once its all-reduce has ended
+            end = max(end, ar_end) + o
+        pure = sum(self.stage_fwd_ms(a, b) + self.stage_bwd_ms(a, b) + 3 * o for a, b in buckets)
+        return dict(round_ms=float(end), compute_ms=float(pure), exposed_ms=float(end - pure))
 
     def level_latency_ms(self, k: int) -> float:
         """``α_k`` of topology level k (1 = innermost)."""
@@ -473,6 +510,12 @@ def stage_memory(weights, acts, act_in, in_flight, recompute: bool = False):
     k = np.asarray(in_flight)
     out = k * (weights + act_in) + acts if recompute else k * (weights + acts)
     return out
+
+
+def _check_ready(value) -> str:
+    if value not in ALLREDUCE_READY:
+        raise ValueError(f"allreduce_ready must be one of {ALLREDUCE_READY}, got {value!r}")
+    return str(value)
 
 
 def ring_allreduce_ms(nbytes, replicas, bandwidth: float, latency_ms: float):

@@ -83,6 +83,9 @@ class _Sweeper:
 
     def __init__(self, graph: OpGraph, costs: _Costs, overlap_comm: bool):
         self.graph, self.costs, self.overlap_comm = graph, costs, overlap_comm
+        # an overlapped all-reduce may start with the backward before it, or (DDP buckets) after it
+        model = costs.model
+        self.ready_at_start = overlap_comm and (model is None or model.allreduce_ready == "backward-start")
         N, W = graph.N, len(graph.wbeg)
         self.W = W
         self.pending = list(graph.pending)
@@ -199,7 +202,7 @@ class _Sweeper:
         key = (self.graph.st[g], self.graph.stp[g])
         self.arrived[g] = True
         self.ar_reach_t[key] = max(self.ar_reach_t.get(key, 0.0), fw)
-        self.ar_ready_t[key] = max(self.ar_ready_t.get(key, 0.0), ps if self.overlap_comm else fw)
+        self.ar_ready_t[key] = max(self.ar_ready_t.get(key, 0.0), ps if self.ready_at_start else fw)
         n = self.ar_reached[key] = self.ar_reached.get(key, 0) + 1
         return n == self.graph.ar_size[key]
 
