@@ -44,8 +44,27 @@ def paper_value(key: str) -> float:
     return float(rows[key]["paper"])
 
 
-CLAIM_COLUMNS = ("experiment", "claim", "paper", "ours", "ratio", "unit", "label", "explanation", "fit")
+CLAIM_COLUMNS = (
+    "experiment",
+    "claim",
+    "paper",
+    "ours",
+    "ratio",
+    "unit",
+    "comparison",
+    "met",
+    "label",
+    "explanation",
+    "fit",
+    "protocol",
+)
 FITS = ("in-sample", "out-of-sample", "none")
+#: How a paper's words compare with ours (the protocol's ``[comparisons]``): ``point`` (a stated
+#: number: met within ±25%), ``up to`` (the maximum of ours over the set the paper takes it over, as
+#: a point), ``at least`` ("more than X": met when ours >= X), ``holds`` (a qualitative statement:
+#: met when ours, the number of cases it holds in, reaches the paper's, the cases it is taken over).
+COMPARISONS = ("point", "up to", "at least", "holds")
+WITHIN = 0.25
 
 
 def out_folder(out_dir) -> Path:
@@ -68,9 +87,15 @@ def claim(
     label: str,
     explanation: str = "",
     fit: str | None = None,
+    comparison: str = "point",
+    protocol: str = "",
 ) -> dict:
     """One row of ``claims.csv``; ``ratio = ours / paper`` (NaN when the paper's value is 0 or missing).
-    ``fit`` defaults to ``out-of-sample`` for a modeled value and ``none`` for a measured or missing one."""
+    ``fit`` defaults to ``out-of-sample`` for a modeled value and ``none`` for a measured or missing one.
+    ``comparison`` (:data:`COMPARISONS`) decides ``met``: ``yes``/``no``, empty without both numbers;
+    ``protocol``: the protocol entries the row used (:func:`workbench.experiments.protocol.used`)."""
+    if comparison not in COMPARISONS:
+        raise ValueError(f"claim {claim!r}: comparison must be one of {COMPARISONS}, got {comparison!r}")
     if not str(label).startswith(("measured", "modeled")):
         raise ValueError(f"claim {claim!r}: label must start with 'measured' or 'modeled', got {label!r}")
     paper_f, ours_f = float(paper), float(ours)
@@ -79,6 +104,12 @@ def claim(
     if fit not in FITS:
         raise ValueError(f"claim {claim!r}: fit must be one of {FITS}, got {fit!r}")
     ratio = ours_f / paper_f if paper_f and math.isfinite(paper_f) else math.nan
+    if not (math.isfinite(paper_f) and math.isfinite(ours_f)):
+        met = ""
+    elif comparison in ("at least", "holds"):
+        met = "yes" if ours_f >= paper_f else "no"
+    else:
+        met = "yes" if math.isfinite(ratio) and abs(ratio - 1) <= WITHIN else "no"
     return dict(
         experiment=experiment,
         claim=claim,
@@ -86,20 +117,32 @@ def claim(
         ours=ours_f,
         ratio=ratio,
         unit=unit,
+        comparison=comparison,
+        met=met,
         label=label,
         explanation=explanation,
         fit=fit,
+        protocol=protocol,
     )
 
 
 def fit_summary(claims: pd.DataFrame, by=("fit",)) -> pd.DataFrame:
-    """Per ``by`` group of the rows with a number on both sides: rows, how many within ±25% of the
-    paper, the share within, the median ``|ours / paper − 1|``."""
+    """Per ``by`` group of the rows compared as numbers (``point`` and ``up to``) with a number on
+    both sides: rows, how many within ±25% of the paper, the share within, the median
+    ``|ours / paper − 1|``. Bounds and qualitative rows are counted by :func:`met_summary`."""
     ratio = pd.to_numeric(claims["ratio"], errors="coerce")
-    df = claims[ratio.notna() & ratio.map(math.isfinite)].assign(abs_error=(ratio - 1).abs())
+    numeric = claims["comparison"].isin(("point", "up to")) if "comparison" in claims.columns else True
+    df = claims[numeric & ratio.notna() & ratio.map(math.isfinite)].assign(abs_error=(ratio - 1).abs())
     out = df.groupby(list(by)).agg(rows=("claim", "size"), within_25=("abs_error", lambda e: int((e <= 0.25).sum())),
                                    median_abs_error=("abs_error", "median"))  # fmt: skip
     out.insert(2, "share_within_25", out["within_25"] / out["rows"])
+    return out.reset_index()
+
+
+def met_summary(claims: pd.DataFrame, by=("comparison",)) -> pd.DataFrame:
+    """Per ``by`` group of the rows with a verdict (``met`` yes or no): rows and how many are met."""
+    df = claims[claims["met"].isin(("yes", "no"))] if "met" in claims.columns else claims.iloc[:0]
+    out = df.groupby(list(by)).agg(rows=("claim", "size"), met=("met", lambda m: int((m == "yes").sum())))
     return out.reset_index()
 
 

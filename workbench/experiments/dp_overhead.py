@@ -52,6 +52,7 @@ from workbench import models as zoo
 from workbench import schedules
 from workbench.cost.plan import Plan, Stage
 from workbench.cost.topology import Topology
+from workbench.experiments import protocol
 from workbench.experiments.common import claim, paper_value
 from workbench.partitioning.search import partition
 from workbench.profiling.measure import Profile, analyze, project
@@ -67,7 +68,7 @@ SERVER_LABELS = {
     "8xV100-nvlink-25g": "8xV100/server, NVLink, 25 Gbps (Cluster-B)",
 }
 GPU_COUNTS = (1, 2, 4, 8, 16, 32)
-DDP_BUCKET_BYTES = 25 * 2**20  # torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=25)
+DDP_BUCKET_BYTES = float(protocol.value("ddp.bucket_bytes"))  # DistributedDataParallel(bucket_cap_mb=25)
 
 
 @dataclass(frozen=True)
@@ -79,14 +80,14 @@ class ModelSpec:
     batch_size: int = 64
 
 
-#: per-GPU minibatches: PipeDream's shipped profiles were taken at 256 (AlexNet) and 128 (VGG-16,
-#: ResNet-50) images; GNMT at 64 sentences of 50 tokens (the paper's per-GPU batch for GNMT).
+#: per-GPU minibatches from the protocol (``fig1.batch_*``, with their sources); AWD-LM's 80 is
+#: the bytes-per-sample experiment's (PipeDream's AWD-LM runs), not a Fig. 1 model.
 MODELS = {
-    "alexnet": ModelSpec("alexnet", (), 256),
-    "vgg16": ModelSpec("vgg16", (), 128),
-    "resnet50": ModelSpec("resnet50", (), 128),
-    "gnmt8": ModelSpec("gnmt", (("num_layers", 4),), 64),
-    "gnmt16": ModelSpec("gnmt", (), 64),
+    "alexnet": ModelSpec("alexnet", (), int(protocol.value("fig1.batch_alexnet"))),
+    "vgg16": ModelSpec("vgg16", (), int(protocol.value("fig1.batch_vgg16"))),
+    "resnet50": ModelSpec("resnet50", (), int(protocol.value("fig1.batch_resnet50"))),
+    "gnmt8": ModelSpec("gnmt", (("num_layers", 4),), int(protocol.value("fig1.batch_gnmt"))),
+    "gnmt16": ModelSpec("gnmt", (), int(protocol.value("fig1.batch_gnmt"))),
     "awd-lstm": ModelSpec("awd-lstm", (), 80),
 }
 FIGURE1_MODELS = ("alexnet", "vgg16", "resnet50", "gnmt8", "gnmt16")
@@ -216,7 +217,13 @@ def server_topology(server: str, gpus: int) -> Topology:
 
 
 def dp_comm_share(
-    profile: Profile, topology: Topology, gpus: int, rounds: int = 3, bucket_bytes: float = DDP_BUCKET_BYTES
+    profile: Profile,
+    topology: Topology,
+    gpus: int,
+    rounds: int = 3,
+    bucket_bytes: float = DDP_BUCKET_BYTES,
+    *,
+    collective: dict | None = None,
 ) -> dict:
     """Simulated data-parallel training on ``gpus`` workers of ``topology`` (``rounds`` iterations):
     ``comm_share`` = the cost model's ``comm_wait_share`` (time a GPU waits on communication /
@@ -225,7 +232,7 @@ def dp_comm_share(
     ``compute_ms`` = fwd + bwd of one minibatch; ``comm_share = 1 − compute_ms / iteration_ms``."""
     plan = bucket_plan(profile, bucket_bytes)
     sched = schedules.build("dp-bsp", plan, gpus * rounds, workers=gpus)
-    res = simulate(sched, profile=profile, plan=plan, topology=topology)
+    res = simulate(sched, profile=profile, plan=plan, topology=topology, **(collective or {}))
     return dict(
         iteration_ms=gpus * float(res.metrics["time_per_minibatch_ms"]),
         compute_ms=float(profile.total_ms),
@@ -233,6 +240,12 @@ def dp_comm_share(
         buckets=plan.num_stages,
         label=res.label,
     )
+
+
+def server_collective(server: str, topology: Topology) -> dict:
+    """Data parallelism's all-reduce on ``server``'s links (:func:`workbench.experiments.protocol.collective`:
+    the protocol's efficiency and step latency per link class, DDP's bucket readiness)."""
+    return protocol.collective(server, topology.bandwidths)
 
 
 def figure1_table(profs: dict, servers, gpu_counts) -> pd.DataFrame:
@@ -245,7 +258,7 @@ def figure1_table(profs: dict, servers, gpu_counts) -> pd.DataFrame:
             per = Topology.preset(server).counts[0]
             for g in gpu_counts:
                 topo = server_topology(server, g)
-                r = dp_comm_share(prof, topo, g)
+                r = dp_comm_share(prof, topo, g, collective=server_collective(server, topo))
                 r.pop("label")
                 rows.append(
                     dict(

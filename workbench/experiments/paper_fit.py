@@ -11,39 +11,44 @@ Two versions of the paper report numbers on different machines (:data:`SETTINGS`
   8 V100 with NVLink and 25 Gbps (Cluster-B), one Titan X per server at 40 Gbps (Cluster-C);
   PyTorch with NCCL/Gloo data parallelism.
 
-**The calibrated model is the workbench's one cost model** (:class:`~workbench.cost.model.CostModel`),
-not a new formula: a data-parallel round of ``m`` replicas costs ``F + B + max(0, AR − B)`` with
-the ring all-reduce ``AR = 2 (m−1)/m · |w| / B_AR + 2 (m−1) α_AR`` (wait-free backprop: the
-all-reduce overlaps the backward that produces its gradients); ``data_parallel_ms`` gives
-it per minibatch. Compute comes from PipeDream's published V100 profiles at the per-GPU minibatch
-PipeDream's runtime trains each model with (VGG-16: 64, its graph.txt profiled at 128; recorded in
-``data/pipedream/runtime_configs.json``), on a Titan X scaled by the peak FLOP/s ratio
-(:data:`GPU_ALIAS`), both applied with :meth:`Profile.scaled` so that the node DAG PipeDream's
-optimizer plans on is scaled alike; or from roofline projections. Point-to-point links (a pipeline's
-activations and gradients) run at the setting's nominal rates. A setting's free parameters (at most
-two) are those of its **data-parallel collective** only (the cost model's ``allreduce_bandwidth`` and
-``allreduce_latency_ms``):
+**One model of data parallelism, the workbench's one cost model** (:class:`~workbench.cost.model.CostModel`):
+a round of ``m`` replicas runs the forward, then the backward bucket by bucket (DDP's gradient
+buckets of the protocol's size, :func:`workbench.experiments.dp_overhead.bucket_plan`), each
+bucket's ring all-reduce ``2 (m−1)/m · w_b / B_AR + 2 (m−1) α_AR`` queued once its backward has
+ended (:meth:`CostModel.bucketed_round_ms`, :func:`ddp_round`: the closed form of the simulated
+``dp-bsp`` round that Fig. 1 reads, tested equal). Compute comes from PipeDream's published V100
+profiles at the per-GPU minibatch PipeDream's runtime trains each model with (VGG-16: 64, its
+graph.txt profiled at 128; recorded in ``data/pipedream/runtime_configs.json``), on a Titan X scaled
+by the peak FLOP/s ratio (:data:`GPU_ALIAS`), both applied with :meth:`Profile.scaled` so that the
+node DAG PipeDream's optimizer plans on is scaled alike; or from roofline projections.
+Point-to-point links (a pipeline's activations and gradients) run at the setting's nominal rates.
+The all-reduce's own parameters (the cost model's ``allreduce_bandwidth`` and
+``allreduce_latency_ms``) come from:
 
-* arXiv settings: the parameter server's effective bandwidth ``B_AR`` and per-step latency ``α_AR``;
-* SOSP settings: one efficiency ``η`` shared by all of them: the all-reduce runs at ``η`` times the
-  links' nominal rates (the topology presets of :mod:`workbench.cost.topology`), ``α_AR = 0``.
+* SOSP settings (PyTorch DDP over NCCL): the protocol (``data/protocol.toml``), fixed from
+  published sources before any claim: each link class's efficiency (at most 1) and step latency;
+  **nothing is fitted**, every SOSP number is a prediction;
+* arXiv settings (Caffe workers, a sharded parameter server): the exchange's effective bandwidth
+  ``B_AR`` and per-step latency ``α_AR``, fitted to the arXiv paper's data-parallel numbers only,
+  inside their physical range (:func:`physical_bounds`: no faster than TCP on the machines' link).
 
-Fitting (:func:`calibrate`) minimises the squared log errors of the in-sample numbers: BSP speedups
-(``speedup = single / data_parallel_ms``) and communication shares (as ``1 − share``, the compute
-share, so that a share and a speedup weigh alike). The PipeDream-side numbers are then predicted with
-no further fitting: the workbench partitioner's plan on the calibrated topology
-(``Plan.predicted_ms``, PipeDream 1F1B in the same cost model), its speedup over one GPU and over
-BSP, straight pipelines, and the bytes each configuration sends. Every row of ``claims.csv`` says
-``fit``: ``in-sample``, ``out-of-sample`` or ``none``. A row more than 25% off names its cause in its
-own numbers (:func:`_cause`): BSP's round (all-reduce against the backward it overlaps), the plan's
-bottleneck, and on the SOSP settings the efficiency ``η`` at which the model would give the paper's
-number (:func:`eta_needed`, by bisection), beside the fitted one.
+Fitting (:func:`fit_group`) minimises the squared log errors of the in-sample numbers: BSP speedups
+and communication shares (as ``1 − share``, the compute share, so that a share and a speedup weigh
+alike). The PipeDream-side numbers are then predicted with no further fitting: the workbench
+partitioner's plan on the setting's topology (``Plan.predicted_ms``, PipeDream 1F1B in the same cost
+model), its speedup over one GPU and over BSP, straight pipelines, and the bytes each configuration
+sends. Table 1's speedups are time to target accuracy: the modeled throughput ratio times the ratio
+of epochs the protocol takes from the paper (``time_to_target``), each factor in the row's
+explanation. Every row of ``claims.csv`` says ``fit`` (``in-sample``, ``out-of-sample``, ``none``),
+its ``comparison`` and the ``protocol`` entries it used. A row more than 25% off names its cause in
+its own numbers (:func:`_cause`): BSP's round (all-reduce against the backward it overlaps), the
+plan's bottleneck, and on the SOSP settings the scale of the protocol's all-reduce bandwidth at
+which the model would give the paper's number (:func:`eta_needed`, a diagnostic).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from functools import cache
 
@@ -56,10 +61,10 @@ from workbench.cost.model import CostModel
 from workbench.cost.plan import Plan
 from workbench.cost.topology import GBPS, Topology
 from workbench.experiments import dp_overhead as dpo
+from workbench.experiments import protocol
 from workbench.experiments.common import claim, fit_summary, read_data, save_table
 from workbench.experiments.pages import save_page
 from workbench.models import zoo
-from workbench.partitioning.dynamic_program import data_parallel_ms
 from workbench.partitioning.pipedream_optimizer import Settings as PipeDreamSettings
 from workbench.partitioning.search import partition
 from workbench.profiling.measure import GPUS, Profile, analyze, project
@@ -82,7 +87,7 @@ class Setting:
     inter_bytes_s: float
     intra_bytes_s: float | None
     dp_system: str
-    free: str  # "bandwidth+latency" (its own two) or "efficiency" (one, shared by the group)
+    free: str  # "bandwidth+latency" (its own two, fitted) or "none" (the protocol's links, nothing fitted)
     group: str
     source: str
 
@@ -97,13 +102,23 @@ class Setting:
         return Topology(tuple(levels), name=f"{self.key}x{workers}")
 
     def collective(self, topology: Topology, params: dict) -> dict:
-        """The data-parallel all-reduce under the calibrated ``params``: the cost model's
-        ``allreduce_bandwidth`` / ``allreduce_latency_ms`` (every level), the links untouched."""
+        """The data-parallel all-reduce: the cost model's ``allreduce_bandwidth`` /
+        ``allreduce_latency_ms`` (every level), the links untouched. Calibrated ``params`` for the
+        arXiv parameter server; on the SOSP settings the protocol's efficiency and step latency of
+        each link class (:func:`workbench.experiments.protocol.collective`; ``params["efficiency"]``,
+        1 in every modeled row, scales the efficiencies for :func:`eta_needed`'s diagnostic)."""
         if self.free == "bandwidth+latency":
             return dict(allreduce_bandwidth=params["bandwidth"], allreduce_latency_ms=params["latency_ms"])
-        return dict(
-            allreduce_bandwidth=[b * params["efficiency"] for b in topology.bandwidths], allreduce_latency_ms=0.0
-        )
+        c = protocol.collective(self.key, topology.bandwidths, efficiency_scale=params.get("efficiency", 1.0))
+        return dict(allreduce_bandwidth=c["allreduce_bandwidth"], allreduce_latency_ms=c["allreduce_latency_ms"])
+
+    def protocol_keys(self, topology: Topology) -> tuple[str, ...]:
+        """The protocol entries this setting's data-parallel model reads on ``topology``."""
+        keys = ("ddp.bucket_bytes", "ddp.allreduce_ready")
+        if self.free == "bandwidth+latency":
+            return keys
+        classes = protocol.link_classes(self.key)[: len(topology.bandwidths)]
+        return keys + tuple(f"links.{c}.{x}" for c in classes for x in ("efficiency", "step_latency_ms"))
 
 
 def load_settings(name: str = "settings.csv") -> dict[str, Setting]:
@@ -183,9 +198,8 @@ PAPER = load_paper_numbers()
 QUANTITY_TEXT = {
     "bsp_speedup": ("BSP speedup over 1 GPU", "x"),
     "comm_share": ("BSP share of time communicating", "%"),
-    "fig1_max_share": ("highest data-parallel communication share (Fig. 1 models)", "%"),
     "pipedream_speedup": ("PipeDream speedup over 1 GPU", "x"),
-    "pipedream_over_bsp": ("PipeDream speedup over data parallelism", "x"),
+    "pipedream_over_bsp": ("PipeDream speedup over data parallelism to target accuracy", "x"),
     "straight_speedup": ("straight pipeline speedup over 1 GPU", "x"),
     "pipedream_over_hybrid": ("PipeDream speedup over hybrid parallelism (its configuration, not pipelined)", "x"),
     "comm_reduction": ("PipeDream's communication below data parallelism's", "%"),
@@ -194,7 +208,7 @@ QUANTITY_TEXT = {
     "pipedream_over_gpipe": ("PipeDream speedup over GPipe on PipeDream's straight configuration", "x"),
 }
 #: Quantities over several models (a range or a maximum the paper states), not one model's number.
-AGGREGATE_QUANTITIES = ("fig1_max_share", "pipedream_over_mp_min", "pipedream_over_mp_max", "pipedream_over_gpipe")
+AGGREGATE_QUANTITIES = ("pipedream_over_mp_min", "pipedream_over_mp_max", "pipedream_over_gpipe")
 #: Fig. 1's models, all with PipeDream's published V100 profiles; its V100 panels (Cluster-A and -B)
 #: calibrate (its 1080 Ti panel would need roofline profiles of every model).
 FIG1_MODELS = ("alexnet", "vgg16", "resnet50", "gnmt", "gnmt_large")
@@ -244,11 +258,23 @@ def bsp(setting: Setting, model: str, workers: int, params: dict, profile: Profi
     a round the GPU waits on communication, ``1 − (F + B) / round`` (``profile``: another profile of
     ``model`` than the setting's, :func:`fig1_token_sensitivity`)."""
     prof = profile if profile is not None else _profile_for(setting, model)
-    topo = setting.topology(workers)
-    cm = CostModel.from_profile(prof, topo, **setting.collective(topo, params))
-    per_minibatch = data_parallel_ms(prof, topo, cm)
+    r = ddp_round(setting, prof, workers, params)
+    per_minibatch = r["round_ms"] / workers
     single = float(prof.total_ms)
-    return dict(speedup=single / per_minibatch, share=100.0 * (1.0 - single / (workers * per_minibatch)))
+    return dict(speedup=single / per_minibatch, share=100.0 * r["exposed_ms"] / r["round_ms"], round=r)
+
+
+def ddp_round(setting: Setting, prof: Profile, workers: int, params: dict) -> dict:
+    """One data-parallel round on ``workers`` GPUs of ``setting``: DDP's gradient buckets
+    (:func:`workbench.experiments.dp_overhead.bucket_plan`, the protocol's bucket size), each
+    all-reduced once its backward has ended (the protocol's ``ddp.allreduce_ready``), one at a time
+    (:meth:`CostModel.bucketed_round_ms`, equal to Fig. 1's simulated ``dp-bsp`` round)."""
+    topo = setting.topology(workers)
+    cm = CostModel.from_profile(
+        prof, topo, **setting.collective(topo, params), allreduce_ready=protocol.value("ddp.allreduce_ready")
+    )
+    buckets = [(s.first, s.last) for s in dpo.bucket_plan(prof).stages]
+    return cm.bucketed_round_ms(buckets, range(workers))
 
 
 _PLANS: dict[tuple, Plan] = {}
@@ -282,10 +308,10 @@ def intra_batch(setting: Setting, model: str, workers: int, params: dict) -> dic
     * ``over_mp``: model parallelism, the best straight plan run one minibatch at a time (its stages'
       and cuts' times add up, :meth:`CostModel.plan_times`), against PipeDream's plan
       (:func:`pipedream_plan`, ``Plan.predicted_ms``).
-    * ``over_gpipe``: GPipe with PipeDream's partition, the best straight plan, flushing every ``S``
-      microbatches (as many inputs in flight as PipeDream's 1F1B keeps on an ``S``-stage pipeline),
-      against PipeDream's 1F1B on the same plan; both simulated (``workbench.simulate`` steady
-      state), so only the schedule differs."""
+    * ``over_gpipe``: GPipe with PipeDream's partition, the best straight plan, flushing every
+      ``M = k S`` microbatches (the protocol's ``baselines.gpipe_microbatches_per_stage`` k: GPipe's
+      own rule, the PipeDream papers do not state their M), against PipeDream's 1F1B on the same
+      plan; both simulated (``workbench.simulate`` steady state), so only the schedule differs."""
 
     key = (setting.key, model, workers, tuple(sorted(params.items())))
     if key in _INTRA:
@@ -298,7 +324,8 @@ def intra_batch(setting: Setting, model: str, workers: int, params: dict) -> dic
     stage_ms, cut_ms = CostModel.from_profile(prof, topo, **cost).plan_times(straight)
     mp_ms = sum(stage_ms) + sum(cut_ms)
     S = straight.num_stages
-    gpipe = simulate(schedules.build("gpipe", straight, S, steps=4), profile=prof, plan=straight, topology=topo, **cost)
+    m = int(protocol.value("baselines.gpipe_microbatches_per_stage")) * S
+    gpipe = simulate(schedules.build("gpipe", straight, m, steps=4), profile=prof, plan=straight, topology=topo, **cost)
     pd_straight = simulate(
         schedules.build("pipedream", straight, 16 * S, weights="stash"),
         profile=prof,
@@ -336,27 +363,10 @@ def bytes_per_minibatch(plan: Plan, profile: Profile) -> float:
     return float(total)
 
 
-def fig1_shares(num: PaperNumber, params: dict, profiles: dict | None = None) -> dict[tuple[str, str], float]:
-    """BSP's share of time communicating for each of Fig. 1's models on each multi-GPU server of
-    ``num``'s group at ``num.workers`` GPUs, keyed ``(model, setting)`` (``profiles``: model ->
-    another profile to use)."""
-    profiles = profiles or {}
-    setting = SETTINGS[num.setting]
-    return {
-        (mo, s.key): bsp(s, mo, num.workers, params, profiles.get(mo))["share"]
-        for s in SETTINGS.values()
-        if s.group == setting.group and s.gpus_per_machine > 1
-        for mo in FIG1_MODELS
-    }
-
-
 def predict(num: PaperNumber, params: dict) -> tuple[float, str]:
     """Our value of ``num`` under the calibrated ``params`` and the configuration behind it."""
     setting = SETTINGS[num.setting]
     q, m = num.quantity, num.workers
-    if q == "fig1_max_share":
-        (mo, key), v = max(fig1_shares(num, params).items(), key=lambda kv: kv[1])
-        return v, f"{mo} on {key}"
     if q in ("bsp_speedup", "comm_share"):
         r = bsp(setting, num.model, m, params)
         return (r["speedup"] if q == "bsp_speedup" else r["share"]), f"1 stage x {m}"
@@ -398,7 +408,7 @@ def _params(free: str, x) -> dict:
 
 def _residual(num: PaperNumber, value: float) -> float:
     """Log error; a share compares as the compute share ``100 − share`` (weighs like a speedup)."""
-    if num.quantity in ("comm_share", "fig1_max_share"):
+    if num.quantity == "comm_share":
         value, paper = 100.0 - value, 100.0 - num.paper
     else:
         paper = num.paper
@@ -412,34 +422,45 @@ def in_sample(group: str) -> list[PaperNumber]:
 
 def fit_group(group: str) -> dict:
     """Fit ``group``'s free parameters to its in-sample numbers (module docstring): least squares of
-    the log errors, from the best point of a coarse grid. Returns the parameters and the fit's RMS
-    log error."""
-    from scipy.optimize import least_squares, minimize_scalar
+    the log errors, from the best point of a coarse grid, inside the physical range
+    (:func:`physical_bounds`). A group whose settings are modeled from the protocol alone
+    (``free == "none"``) fits nothing: ``efficiency`` 1 (the protocol's efficiencies as they are).
+    Returns the parameters and the fit's RMS log error."""
+    from scipy.optimize import least_squares
 
+    settings = [s for s in SETTINGS.values() if s.group == group]
+    if not settings:
+        raise ValueError(f"unknown group {group!r}; groups: {sorted({s.group for s in SETTINGS.values()})}")
+    free = settings[0].free
     nums = in_sample(group)
+    if free == "none":
+        return dict(group=group, free=free, efficiency=1.0, rms_log_error=math.nan, points=0)
     if not nums:
-        raise ValueError(
-            f"no data-parallel numbers calibrate {group!r}; groups: {sorted({s.group for s in SETTINGS.values()})}"
-        )
-    free = SETTINGS[nums[0].setting].free
+        raise ValueError(f"no data-parallel numbers calibrate {group!r}")
 
     def residuals(x):
         p = _params(free, x)
         return np.array([_residual(n, predict(n, p)[0]) for n in nums])
 
-    if free == "bandwidth+latency":
-        grid = [(b, a) for b in np.log(np.geomspace(1e7, 1e11, 9)) for a in np.log(np.geomspace(1e-3, 1e2, 6))]
-        start = min(grid, key=lambda x: float(np.sum(residuals(x) ** 2)))
-        x = least_squares(residuals, start, x_scale=1.0).x
-    else:
-        res = minimize_scalar(
-            lambda t: float(np.sum(residuals([t]) ** 2)), bounds=(np.log(1e-3), np.log(10.0)), method="bounded"
-        )
-        x = np.array([res.x])
+    lo, hi = (np.log(b) for b in physical_bounds(group))
+    grid = [(b, a) for b in np.linspace(lo[0], hi[0], 9) for a in np.linspace(lo[1], hi[1], 6)]
+    start = min(grid, key=lambda x: float(np.sum(residuals(x) ** 2)))
+    x = least_squares(residuals, start, bounds=(lo, hi), x_scale=1.0).x
     r = residuals(x)
     return dict(
         group=group, free=free, **_params(free, x), rms_log_error=float(np.sqrt(np.mean(r**2))), points=len(nums)
     )
+
+
+def physical_bounds(group: str) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The physical range of a parameter-server group's (bandwidth B/s, step latency ms):
+    ``(lower, upper)`` per parameter. The bandwidth is at most what TCP carries on the slowest
+    machine link of the group (the protocol's Ethernet efficiency x its nominal rate); the
+    latency is bounded by the protocol's ``parameter_server.max_step_latency_ms``."""
+    link = min(s.inter_bytes_s for s in SETTINGS.values() if s.group == group)
+    top_bw = float(protocol.value("links.ethernet.efficiency")) * link
+    top_lat = float(protocol.value("parameter_server.max_step_latency_ms"))
+    return (1e6, 1e-4), (top_bw, top_lat)
 
 
 @cache
@@ -448,106 +469,14 @@ def fitted_params() -> dict[str, dict]:
     return {g: fit_group(g) for g in sorted({s.group for s in SETTINGS.values()})}
 
 
-# ---- Fig. 1's maximum and the sentence length of the GNMT profiles ------------------------------
-def profiled_tokens(model: str) -> float | None:
-    """Tokens per sample (sentence length) a translation profile was measured at: its first
-    embedding's output bytes over (minibatch x embedding width x 4 B); ``None`` without an embedding."""
-    prof = model_profile(model)
-    for module, act in zip(prof.layers["module"], prof.layers["act_bytes"]):
-        found = re.match(r"Embedding\((\d+), (\d+)", str(module))
-        if found:
-            return float(act) / (float(prof.meta["batch_size"]) * int(found.group(2)) * 4.0)
-    return None
-
-
-@cache
-def fig1_token_sensitivity() -> pd.DataFrame:
-    """The SOSP calibration again with GNMT-8's profile at GNMT-16's sentence length.
-
-    PipeDream's two GNMT profiles were taken at different sentence lengths (:func:`profiled_tokens`:
-    GNMT-8 at 24 tokens, GNMT-16 at 50), and Fig. 1's highest share, which fits ``η``, is GNMT-8's
-    in the model: its compute per minibatch is that of short sentences while its parameters are not.
-    Here GNMT-8's compute and activations are scaled to GNMT-16's length (compute taken as
-    proportional to tokens, :meth:`Profile.scaled`), ``η`` is fitted to Fig. 1 again, and every SOSP
-    number is predicted with it: how much of each SOSP gap the short sentences explain. **Modeled**;
-    a sensitivity, not the calibration the claims use. Empty where no Fig. 1 number calibrates."""
-    from scipy.optimize import minimize_scalar
-
-    fig1 = [n for n in in_sample("sosp") if n.quantity == "fig1_max_share"]
-    t8, t16 = profiled_tokens("gnmt"), profiled_tokens("gnmt_large")
-    if not fig1 or not t8 or not t16:
-        return pd.DataFrame()
-    aligned = {"gnmt": model_profile("gnmt").scaled(samples=t16 / t8, note=f", at {t16:.0f}-token sentences")}
-
-    def max_share(eta: float) -> float:
-        return max(fig1_shares(fig1[0], dict(efficiency=eta), aligned).values())
-
-    res = minimize_scalar(
-        lambda t: _residual(fig1[0], max_share(float(np.exp(t)))) ** 2,
-        bounds=(np.log(ETA_RANGE[0]), np.log(ETA_RANGE[1])),
-        method="bounded",
-    )
-    fitted, eta = fitted_params()["sosp"], dict(efficiency=float(np.exp(res.x)))
-    rows = []
-    for n in PAPER:
-        if SETTINGS[n.setting].group != "sosp" or n.role != "predict":
-            continue
-        ours, again = predict(n, fitted)[0], predict(n, eta)[0]
-        rows.append(
-            dict(
-                setting=n.setting,
-                model=n.model,
-                quantity=n.quantity,
-                workers=n.workers,
-                paper=n.paper,
-                gnmt8_tokens=t8,
-                gnmt16_tokens=t16,
-                eta_fitted=fitted["efficiency"],
-                ours=ours,
-                ratio=ours / n.paper,
-                eta_gnmt8_at_gnmt16_tokens=eta["efficiency"],
-                ours_gnmt8_at_gnmt16_tokens=again,
-                ratio_gnmt8_at_gnmt16_tokens=again / n.paper,
-                label="modeled (sensitivity: the SOSP calibration with GNMT-8's profile scaled to GNMT-16's "
-                "sentence length; the claims use the profiles as published)",
-            )
-        )
-    return pd.DataFrame(rows)
-
-
-@cache
-def _fig1_fitted_on() -> str:
-    """``"<model> on <setting>"``: whose Fig. 1 share the fitted SOSP ``η`` rests on."""
-    fig1 = next(n for n in in_sample("sosp") if n.quantity == "fig1_max_share")
-    return predict(fig1, fitted_params()["sosp"])[1]
-
-
-def _tokens_text(num: PaperNumber) -> str:
-    """For a SOSP number: what GNMT-8's short profiled sentences explain of its gap
-    (:func:`fig1_token_sensitivity`), where Fig. 1's fitted maximum is GNMT-8's; else ``""``."""
-    df = fig1_token_sensitivity()
-    if df.empty or not _fig1_fitted_on().startswith("gnmt on"):
-        return ""
-    row = df[(df["setting"] == num.setting) & (df["model"] == num.model) & (df["quantity"] == num.quantity)]
-    if row.empty:
-        return ""
-    r = row.iloc[0]
-    return (
-        f"Fig. 1's fitted maximum is GNMT-8's, whose profile has {r.gnmt8_tokens:.0f}-token sentences "
-        f"(GNMT-16's {r.gnmt16_tokens:.0f}); with GNMT-8 at {r.gnmt16_tokens:.0f} tokens eta fits to "
-        f"{r.eta_gnmt8_at_gnmt16_tokens:.2f} and this row gives {r.ours_gnmt8_at_gnmt16_tokens:.2f} "
-        f"({r.ratio_gnmt8_at_gnmt16_tokens:.2f} of the paper's; fig1_sensitivity.csv)"
-    )
-
-
 # ---- claims, configurations, figures ----------------------------------------------------------
 # ---- why a row is off: causes computed from the row's own numbers ------------------------------
 ETA_RANGE = (0.01, 10.0)
 
 
 def eta_needed(num: PaperNumber, fitted_eta: float = 1.0, rel: float = 0.03) -> float | None:
-    """The all-reduce efficiency ``η`` (SOSP's free parameter) at which the model gives the paper's
-    number for ``num``: the roots of ``log(ours(η) / paper)`` over :data:`ETA_RANGE` (a log grid of
+    """The scale ``η`` of the protocol's all-reduce bandwidth (every link's efficiency times ``η``;
+    a diagnostic, nothing is fitted to it) at which the model gives the paper's number for ``num``: the roots of ``log(ours(η) / paper)`` over :data:`ETA_RANGE` (a log grid of
     13 points, then bisection in ``log η`` to 0.1% on each bracket with a sign change); of those
     within ``rel`` of the paper (a plan change can make ``ours`` jump past the paper's number), the
     one nearest ``fitted_eta``. ``None`` where no ``η`` in the range gives it."""
@@ -571,19 +500,18 @@ def _eta_gap(num: PaperNumber):
 
 
 def _eta_text(num: PaperNumber, params: dict) -> str:
-    fitted = params.get("efficiency", math.nan)
-    eta = eta_needed(num, fitted)
+    eta = eta_needed(num, 1.0)
     unit = QUANTITY_TEXT[num.quantity][1]
     if eta is not None:
         return (
-            f"paper's {num.paper:g}{unit} needs eta={eta:.3g} (the all-reduce at {eta:.0%} of the nominal links), "
-            f"fitted eta={fitted:.2f} from Fig. 1"
+            f"a diagnostic, not a fit: the paper's {num.paper:g}{unit} needs the all-reduce at {eta:.3g}x the "
+            f"protocol's bus bandwidth on every link ({eta:.3g} x its efficiency{' > 1: faster than the links' if eta * 0.8 > 1 else ''})"
         )
     ends = [predict(num, dict(efficiency=e))[0] for e in ETA_RANGE]
     return (
-        f"paper's {num.paper:g}{unit}: none in [{ETA_RANGE[0]:g}, {ETA_RANGE[1]:g}] (the model gives "
-        f"{ends[0]:.2f}{unit} at eta={ETA_RANGE[0]:g} and {ends[1]:.2f}{unit} at eta={ETA_RANGE[1]:g}; fitted "
-        f"eta={fitted:.2f} from Fig. 1)"
+        f"a diagnostic: no scale of the protocol's all-reduce bandwidth in [{ETA_RANGE[0]:g}, {ETA_RANGE[1]:g}] gives "
+        f"the paper's {num.paper:g}{unit} (the model gives {ends[0]:.2f}{unit} at {ETA_RANGE[0]:g}x and "
+        f"{ends[1]:.2f}{unit} at {ETA_RANGE[1]:g}x)"
     )
 
 
@@ -633,15 +561,13 @@ def _cause(num: PaperNumber, ours: float, params: dict) -> str:
     ``η`` the paper's number needs (:func:`eta_needed`); elsewhere BSP's round or the plan's
     bottleneck, and for the bytes the split between cuts and all-reduces."""
     setting = SETTINGS[num.setting]
-    if num.quantity == "fig1_max_share":
-        return f"Fig. 1's highest share is {ours:.0f}% against the paper's {num.paper:.0f}%"
     direction = "above" if ours > num.paper else "below"
     if num.quantity in ("pipedream_over_mp_min", "pipedream_over_mp_max", "pipedream_over_gpipe"):
         return _intra_batch_cause(num, ours, params)
     if num.quantity in ("bsp_speedup", "comm_share"):
         return f"ours {direction} the paper: {_bsp_text(setting, num.model, num.workers, params)}"
     plan = pipedream_plan(setting, num.model, num.workers, params, straight=num.quantity == "straight_speedup")
-    parts = [] if setting.group != "sosp" else [_eta_text(num, params), _tokens_text(num)]
+    parts = [] if setting.group != "sosp" else [_eta_text(num, params)]
     parts = [p for p in parts if p]
     parts.append(f"ours {direction} the paper: {_plan_text(setting, num.model, plan, params)}")
     if num.quantity in ("pipedream_speedup", "straight_speedup") and ours > num.paper:
@@ -698,8 +624,12 @@ def _label(setting: Setting, num: PaperNumber, params: dict) -> str:
     topo = setting.topology(num.workers)
     models = straight_models(num.workers) if num.quantity == "pipedream_over_gpipe" else FIG1_MODELS
     src = prof.meta.get("source", "?") if prof is not None else f"PipeDream's GPU profiles of {', '.join(models)}"
-    fitted = ", ".join(f"{k}={v:.4g}" for k, v in params.items() if k in ("bandwidth", "latency_ms", "efficiency"))
-    return f"modeled (profile: {src}; topology {topo.describe()} at nominal rates; data-parallel all-reduce calibrated: {fitted})"
+    if setting.free == "none":
+        dp = "data-parallel all-reduce from the protocol's link efficiencies and step latencies, nothing fitted"
+    else:
+        fitted = ", ".join(f"{k}={v:.4g}" for k, v in params.items() if k in ("bandwidth", "latency_ms"))
+        dp = f"data-parallel exchange calibrated on the paper's data-parallel numbers: {fitted}"
+    return f"modeled (profile: {src}; topology {topo.describe()} at nominal rates; {dp})"
 
 
 def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.DataFrame]:
@@ -729,8 +659,24 @@ def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.Data
                 f"PipeDream's own optimizer on the nominal links: {conf['pipedream_optimizer']}, "
                 f"{conf['pipedream_optimizer_speedup_over_dp']:.2f}x over its data-parallel estimate"
             )
+        if num.quantity == "pipedream_over_bsp":
+            key = epochs_key(setting)
+            ratio_e = float(protocol.value(key))
+            why.insert(
+                1,
+                f"time to target = time per epoch x epochs: the modeled steady-state throughput ratio "
+                f"{ours:.3g} x the epochs ratio {ratio_e:g} ({key}: {protocol.source(key)})",
+            )
+            ours *= ratio_e
+            err = ours / num.paper - 1
         if abs(err) > 0.25:
             why.append(_cause(num, ours, params))
+        topo = setting.topology(num.workers)
+        keys = setting.protocol_keys(topo)
+        if num.quantity == "pipedream_over_bsp":
+            keys += (epochs_key(setting),)
+        if num.quantity == "pipedream_over_gpipe":
+            keys += ("baselines.gpipe_microbatches_per_stage",)
         rows.append(
             claim(
                 EXPERIMENT,
@@ -741,9 +687,26 @@ def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.Data
                 label=_label(setting, num, params),
                 explanation="; ".join(why),
                 fit="in-sample" if num.role == "dp" else "out-of-sample",
+                comparison=COMPARISON.get(num.quantity, "point"),
+                protocol=protocol.used(*keys),
             )
         )
     return rows, pd.DataFrame(list(configs.values()))
+
+
+#: How a quantity's paper words compare (``common.COMPARISONS``): the arXiv abstract's "up to 95%"
+#: less communication is a maximum (over the one model, VGG-16, it is stated for); SOSP §5's "up to
+#: 15x" over model parallelism and GPipe's 1.7x are maxima over the models.
+COMPARISON = {
+    "comm_reduction": "up to",
+    "pipedream_over_mp_max": "up to",
+    "pipedream_over_gpipe": "up to",
+}
+
+
+def epochs_key(setting: Setting) -> str:
+    """The protocol entry of the epochs ratio PipeDream vs data parallelism in ``setting``'s paper."""
+    return "time_to_target.sosp_epochs_ratio" if setting.group == "sosp" else "time_to_target.arxiv_epochs_ratio"
 
 
 def configuration(num: PaperNumber, params: dict, ours: str) -> dict:
@@ -892,7 +855,7 @@ def scaling_figure(scaling: pd.DataFrame):
 
 def run(out) -> dict:
     """Calibrate, predict, and write ``settings.csv``, ``calibration_parameters.csv``,
-    ``configurations.csv``, ``intra_batch.csv``, ``fig1_sensitivity.csv``, ``scaling.csv``,
+    ``configurations.csv``, ``intra_batch.csv``, ``scaling.csv``,
     ``calibration_errors.csv`` and ``calibration.html`` into ``out``; returns the
     tables and the claim rows (the notebook adds them to its ``claims.csv``)."""
 
@@ -904,7 +867,6 @@ def run(out) -> dict:
         calibration_parameters=parameters_table(),
         configurations=configs,
         intra_batch=intra_batch_table(),
-        fig1_sensitivity=fig1_token_sensitivity(),
         scaling=scaling,
         calibration_errors=fit_summary(claims),
     )
