@@ -351,13 +351,14 @@ def summary_markdown(
         lines.append("(no claims.csv was written)")
     else:
         lines += [
-            "| notebook | claim | paper | ours | ratio | unit | fit | label | explanation |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| notebook | claim | paper | ours | ratio | unit | comparison | met | fit | label | explanation |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in claims.itertuples(index=False):
             lines.append(
                 f"| {r.notebook} | {_cell(r.claim)} | {_num(r.paper)} | {_num(r.ours)} | "
-                f"{_num(r.ratio)} | {_cell(r.unit)} | {_cell(getattr(r, 'fit', ''))} | {_cell(r.label)} | "
+                f"{_num(r.ratio)} | {_cell(r.unit)} | {_cell(getattr(r, 'comparison', ''))} | "
+                f"{_cell(getattr(r, 'met', ''))} | {_cell(getattr(r, 'fit', ''))} | {_cell(r.label)} | "
                 f"{_cell(r.explanation)} |"
             )
     return "\n".join(lines) + "\n"
@@ -368,31 +369,47 @@ def _short(text, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+#: Two kinds of evidence, reported apart: the papers' measurements (PipeDream's arXiv and SOSP
+#: versions, and the papers the schedules come from) and the unifying document's table of counts.
+DOCUMENT_COUNTS = ("05_unified_schedules",)
+
+
+def evidence(notebook: str) -> str:
+    return "the unifying document's counts" if notebook in DOCUMENT_COUNTS else "the papers' measurements"
+
+
 def _headline(claims: pd.DataFrame, worst: int = 5) -> list[str]:
-    """A few lines first: how many numeric claims are within 25% (by ``fit``) and the furthest misses."""
+    """A few lines first, for each kind of evidence apart (:func:`evidence`): how many claims
+    compared as numbers are within 25% (by ``fit``), how many bounds and qualitative statements are
+    met, and the furthest misses of the papers' measurements."""
     if claims.empty or "ratio" not in claims.columns:
         return []
-    ratio = claims["ratio"].map(lambda v: float(v) if isinstance(v, (int, float)) else math.nan)
-    num = claims[ratio > 0].copy()
-    if num.empty:
-        return []
-    num["gap"] = ratio[ratio > 0].map(lambda r: abs(math.log(r)))
-    within = (ratio[ratio > 0] - 1).abs() <= 0.25  # the fit section's "within 25%"
-    fits = num["fit"] if "fit" in num.columns else within.map(lambda _: "")
-    by_fit = ", ".join(f"{fit} {int(w.sum())}/{len(w)}" for fit, w in within.groupby(fits))
-    lines = [
-        "## Headline",
-        "",
-        f"{int(within.sum())} of {len(num)} claims with a number on both sides are within 25% of the paper "
-        f"(by `fit`: {by_fit}). Furthest from the paper (ours / paper):",
-        "",
-    ]
-    for r in num.nlargest(worst, "gap").itertuples(index=False):
-        lines.append(
-            f"- {_short(r.claim)}: paper {_num(r.paper)}, ours {_num(r.ours)} (×{float(r.ratio):.2f}, "
-            f"{getattr(r, 'fit', '')})"
-        )
-    return lines + [""]
+    claims = claims.assign(evidence=claims["notebook"].map(evidence))
+    comparison = claims["comparison"] if "comparison" in claims.columns else claims["claim"].map(lambda _: "point")
+    lines = ["## Headline", ""]
+    for kind, part in claims.groupby("evidence", sort=False):
+        ratio = part["ratio"].map(lambda v: float(v) if isinstance(v, (int, float)) else math.nan)
+        numeric = comparison[part.index].isin(["point", "up to"]) & (ratio > 0)
+        num = part[numeric].copy()
+        within = (ratio[numeric] - 1).abs() <= 0.25  # the fit section's "within 25%"
+        fits = num["fit"] if "fit" in num.columns else within.map(lambda _: "")
+        by_fit = ", ".join(f"{fit} {int(w.sum())}/{len(w)}" for fit, w in within.groupby(fits))
+        text = f"**{kind[0].upper() + kind[1:]}**: {int(within.sum())} of {len(num)} claims compared as numbers are within 25% (by `fit`: {by_fit})"
+        for label, cmp in (("bounds met", "at least"), ("qualitative statements that hold", "holds")):
+            rows = part[comparison[part.index] == cmp]
+            if len(rows):
+                text += f"; {label}: {int((rows['met'] == 'yes').sum())} of {len(rows)}"
+        lines += [text + ".", ""]
+        if kind == "the papers' measurements" and len(num):
+            num["gap"] = ratio[numeric].map(lambda r: abs(math.log(r)))
+            lines += ["Furthest from the paper (ours / paper):", ""]
+            for r in num.nlargest(worst, "gap").itertuples(index=False):
+                lines.append(
+                    f"- {_short(r.claim)}: paper {_num(r.paper)}, ours {_num(r.ours)} (×{float(r.ratio):.2f}, "
+                    f"{getattr(r, 'fit', '')})"
+                )
+            lines.append("")
+    return lines
 
 
 def _table(df: pd.DataFrame) -> list[str]:
@@ -420,9 +437,15 @@ def _fit_section(claims: pd.DataFrame) -> list[str]:
         f"Every claim is in `claims.csv` of this folder ({len(claims)} rows).",
         "",
     ]
-    lines += _table(fit_summary(claims))
+    claims = claims.assign(evidence=claims["notebook"].map(evidence))
+    lines += _table(fit_summary(claims, by=["evidence", "fit"]))
     lines += ["", "Per notebook:", ""]
     lines += _table(fit_summary(claims, by=["notebook", "fit"]))
+    if "met" in claims.columns:
+        from workbench.experiments.common import met_summary
+
+        lines += ["", "Bounds (`at least`) and qualitative statements (`holds`): met or not, per kind of evidence:", ""]
+        lines += _table(met_summary(claims, by=["evidence", "comparison"]))
     return lines
 
 

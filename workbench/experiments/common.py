@@ -172,10 +172,10 @@ def save_figure(fig, out_dir, name: str) -> Path:
 
 def check_config(config_cls, quick_config, quick: bool, params: dict) -> None:
     """Build the notebook's configuration from ``params`` (``quick_config`` in quick mode, else
-    ``config_cls``; lists become tuples) and check its zoo model and options: a bad parameter raises
+    ``config_cls``; lists become tuples, ``None`` takes the default) and check its zoo model and options: a bad parameter raises
     one-line ``ValueError`` before anything runs (``workbench reproduce``)."""
 
     names = {f.name for f in fields(config_cls)}
-    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items() if k in names}
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items() if k in names and v is not None}
     cfg = quick_config(**kw) if quick else config_cls(**kw)
     model_config(cfg.model, "mini", **dict(cfg.model_options))

@@ -506,3 +506,31 @@ def staleness(
                 )
             )
     return pd.DataFrame(rows)
+
+
+def select_lr(setup: Setup, grid, seeds, scratch, *, budget_share: float = 0.8) -> tuple[pd.DataFrame, float, float]:
+    """The protocol's rule for the statistical-efficiency task's learning rate and target, from BSP
+    alone (no other scheme is run): for each ``lr`` of ``grid``, BSP's learning curves over
+    ``seeds`` (the semantic reference); the chosen ``lr`` is the one whose worst seed reaches the
+    highest accuracy within the first ``budget_share`` of the epochs, and the target is that
+    accuracy rounded down to 0.01 (every seed of BSP reaches it within that share of the budget).
+    Returns the table (one row per ``lr``), the ``lr`` and the target."""
+    horizon = max(1, int(budget_share * setup.epochs))
+    rows = []
+    for lr in grid:
+        ref, _ = reference_sweep(replace(setup, lr=float(lr)), [BSP], seeds, Path(scratch) / f"lr-{lr:g}")
+        early = ref[ref["epoch"] <= horizon].groupby("seed")["test_accuracy"].max()
+        rows.append(
+            dict(
+                lr=float(lr),
+                worst_seed_best_accuracy=float(early.min()),
+                best_accuracy_per_seed=", ".join(f"{v:.3f}" for v in early),
+                within_epochs=horizon,
+                label=f"measured (this machine: BSP on {setup.model}, the semantic reference, {len(seeds)} seeds)",
+            )
+        )
+    table = pd.DataFrame(rows)
+    best = table.loc[table["worst_seed_best_accuracy"].idxmax()]
+    target = math.floor(100 * float(best["worst_seed_best_accuracy"]) + 1e-9) / 100
+    table["chosen"] = table["lr"] == best["lr"]
+    return table, float(best["lr"]), target

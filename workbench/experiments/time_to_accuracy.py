@@ -33,8 +33,9 @@
 from __future__ import annotations
 
 import math
+import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -43,13 +44,13 @@ import plotly.graph_objects as go
 
 from workbench import schedules
 from workbench.cost.model import CostModel
-from workbench.cost.plan import Plan
 from workbench.experiments import convergence as cv
+from workbench.experiments import dp_overhead as dpo
+from workbench.experiments import protocol
 from workbench.experiments.common import check_config, claim, out_folder, paper_value, save_table, write_claims
 from workbench.experiments.convergence import ASP, BSP, PIPEDREAM, SCHEMES
 from workbench.experiments.pages import save_page, slim_runs
 from workbench.experiments.paper_fit import SETTINGS, fitted_params, model_profile
-from workbench.partitioning.dynamic_program import data_parallel_ms
 from workbench.partitioning.search import partition
 from workbench.schedules import spec
 from workbench.simulation import simulate
@@ -62,19 +63,24 @@ HARDWARE_SCHEMES: dict[str, tuple[str, dict]] = {**SCHEMES, STRAIGHT: ("pipedrea
 SETTING = "arxiv-A"  # the arXiv version's Cluster-A, calibrated (experiments.calibration)
 
 
+def _P(name: str):
+    """The protocol's value of ``statistical_efficiency.<name>`` (``data/protocol.toml``)."""
+    return protocol.value(f"statistical_efficiency.{name}")
+
+
 @dataclass(frozen=True)
 class Config:
     """One experiment's parameters (the notebook's ``parameters`` cell fills it)."""
 
-    model: str = "cnn1d"
+    model: str = _P("model")
     model_options: dict = field(default_factory=dict)
-    workers: int = 4  # pipeline stages / data-parallel replicas
-    microbatches: int = 4
-    samples_per_update: int = 64  # every scheme's optimizer step averages this many samples
-    lr: float = 0.3
-    epochs: int = 25
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
-    target: float = 0.88
+    workers: int = _P("workers")  # pipeline stages / data-parallel replicas
+    microbatches: int = _P("microbatches")
+    samples_per_update: int = _P("samples_per_update")  # every scheme's optimizer step averages this many samples
+    lr: float = _P("lr")
+    epochs: int = _P("epochs")
+    seeds: tuple[int, ...] = tuple(_P("seeds"))
+    target: float = _P("target")
     schemes: tuple[str, ...] = tuple(SCHEMES)
     check_epochs: int = 2  # seed 0 of every deterministic scheme through the real runtime (0: none)
     profile: str = "vgg16"
@@ -119,6 +125,18 @@ class Config:
 def _settings() -> dict:
 
     return SETTINGS
+
+
+def apply_lr_rule(cfg: Config) -> tuple[Config, pd.DataFrame]:
+    """The protocol's rule for the learning rate and the target (:func:`convergence.select_lr`: BSP
+    alone on ``statistical_efficiency.lr_grid``) run on ``cfg``'s task; returns ``cfg`` with the
+    rule's ``lr`` and ``target`` and the rule's table (``lr_selection.csv``). The claim rows record
+    the values used; ``tests/test_protocol.py`` checks the committed ones against the protocol."""
+    with tempfile.TemporaryDirectory(prefix="wb-lr-rule-") as scratch:
+        table, lr, target = cv.select_lr(
+            cfg.setup, protocol.value("statistical_efficiency.lr_grid"), cfg.seeds, scratch
+        )
+    return replace(cfg, lr=lr, target=target), table
 
 
 # ---- statistical efficiency ----------------------------------------------------------------------
@@ -209,8 +227,8 @@ def _plan_for(scheme: str, profile, topology, cost: dict | None = None):
     parallelism."""
 
     sp = _spec(scheme)
-    if sp.family == "data-parallel":
-        return Plan.from_boundaries([len(profile.layers) - 1])
+    if sp.family == "data-parallel":  # one stage per DDP gradient bucket, every bucket on every GPU
+        return dpo.bucket_plan(profile)
     if scheme == STRAIGHT or not sp.data_parallel_plan:  # stages cannot be replicated
         return partition(profile, topology, straight=True, **(cost or {}))
     return partition(profile, topology, **(cost or {}))
@@ -218,14 +236,15 @@ def _plan_for(scheme: str, profile, topology, cost: dict | None = None):
 
 def _schedule_for(scheme: str, plan, workers: int):
     """The scheme's schedule, long enough for a steady state: PipeDream with the plan's
-    communication-aware warm-up (``Plan.in_flight``), GPipe with ``4 S`` microbatches per flush."""
+    communication-aware warm-up (``Plan.in_flight``), GPipe with ``k S`` microbatches per flush (the
+    protocol's ``baselines.gpipe_microbatches_per_stage`` k)."""
 
     name, opts = HARDWARE_SCHEMES[scheme]
     sp, S = _spec(scheme), plan.num_stages
     if sp.flushes:
-        return schedules.build(name, plan, 4 * S, steps=4)
+        return schedules.build(name, plan, int(protocol.value("baselines.gpipe_microbatches_per_stage")) * S, steps=4)
     if sp.family == "data-parallel":
-        return schedules.build(name, plan, 8 * workers, workers=workers)
+        return schedules.build(name, plan, 3 * workers, workers=workers)
     if plan.in_flight and any(o.name == "warmup" for o in sp.options):
         opts = dict(opts, warmup=list(plan.in_flight))
     return schedules.build(name, plan, 16 * workers, **opts)
@@ -253,28 +272,43 @@ def modeled_hardware(
         cost = s.collective(topo, params)
         what = f"{profile_name}; {s.title} calibrated"
         row = {sc: _hardware_row(sc, profile, topo, cost, what) for sc in schemes if sc != ASP}
-        if ASP in schemes:  # BSP's exchange without the barrier: BSP's row, simulated once
-            row[ASP] = _asp_row(row[BSP] if BSP in row else _hardware_row(BSP, profile, topo, cost, what))
+        if ASP in schemes:  # no communication overhead (the protocol): compute alone
+            row[ASP] = _asp_row(profile, topo, what)
         rows += [row[sc] for sc in schemes]
     return pd.DataFrame(rows)
 
 
-ASP_HARDWARE = (
-    "ASP: each worker pushes its gradients and pulls weights through the same calibrated exchange as BSP, the same "
-    "bytes per minibatch overlapped with the backward the same way; without the barrier the model gives it BSP's "
-    "time per minibatch (stragglers, the barrier's cost, are modeled for neither)"
-)
-
-
-def _asp_row(bsp_row: dict) -> dict:
-    """ASP's hardware row from BSP's (:data:`ASP_HARDWARE`): its time per minibatch is BSP's."""
-    return dict(bsp_row, scheme=ASP, planner_speedup=math.nan, label=f"{bsp_row['label']}; {ASP_HARDWARE}")
+def _asp_row(profile, topo, what) -> dict:
+    """ASP's hardware row: as the protocol says (``baselines.asp_communication``, the arXiv text:
+    "ASP has no communication overhead"), each worker's minibatch costs its compute alone, so ``W``
+    workers run ``W`` times one GPU's rate."""
+    if protocol.value("baselines.asp_communication") != "none":
+        raise ValueError("baselines.asp_communication: only 'none' (the arXiv text) is modeled")
+    n = topo.num_workers
+    ms = _single_gpu_ms(profile) / n
+    return dict(
+        scheme=ASP,
+        gpus=n,
+        stages=1,
+        plan="1 stage on every GPU",
+        ms_per_minibatch_modeled=ms,
+        speedup_modeled=float(n),
+        comm_share_modeled=0.0,
+        steady_state=True,
+        planner_speedup=math.nan,
+        label=f"modeled (profile {what}: compute alone, no communication overhead, protocol "
+        f"baselines.asp_communication: {protocol.source('baselines.asp_communication')})",
+    )
 
 
 def _hardware_row(scheme, profile, topo, cost: dict, what) -> dict:
-    """``cost``: the calibrated all-reduce (``allreduce_bandwidth``, ``allreduce_latency_ms``)."""
+    """``cost``: the calibrated all-reduce (``allreduce_bandwidth``, ``allreduce_latency_ms``); data
+    parallelism runs DDP's buckets, each all-reduced once its backward has ended (the protocol)."""
     plan = _plan_for(scheme, profile, topo, cost)
-    res = simulate(_schedule_for(scheme, plan, topo.num_workers), profile=profile, plan=plan, topology=topo, **cost)
+    sim_cost = dict(cost)
+    if _spec(scheme).family == "data-parallel":
+        sim_cost["allreduce_ready"] = protocol.value("ddp.allreduce_ready")
+    res = simulate(_schedule_for(scheme, plan, topo.num_workers), profile=profile, plan=plan, topology=topo, **sim_cost)
     single = _single_gpu_ms(profile)
     ms = res.time_per_minibatch_ms
     return dict(
@@ -305,12 +339,18 @@ def _plan_text(plan, scheme) -> str:
 
 
 def _planner_speedup(scheme, plan, profile, topo, cost: dict | None = None) -> float:
-    """The planner's predicted speedup over one GPU (``Plan.predicted_ms``; BSP: ``data_parallel_ms``)."""
+    """The planner's predicted speedup over one GPU (``Plan.predicted_ms``; BSP: the closed form of
+    DDP's bucketed round, :meth:`CostModel.bucketed_round_ms`)."""
 
     sp = _spec(scheme)
     if sp.executor == "ddp":
-        cm = CostModel.from_profile(profile, topo, **(cost or {}))
-        return _single_gpu_ms(profile) / data_parallel_ms(profile, topo, cm)
+        cm = CostModel.from_profile(
+            profile, topo, **(cost or {}), allreduce_ready=protocol.value("ddp.allreduce_ready")
+        )
+        buckets = [(s.first, s.last) for s in plan.stages]
+        return _single_gpu_ms(profile) / (
+            cm.bucketed_round_ms(buckets, range(topo.num_workers))["round_ms"] / topo.num_workers
+        )
     if sp.data_parallel_plan:  # the partitioner's plan and its closed-form prediction
         return _single_gpu_ms(profile) / plan.predicted_ms
     return math.nan
@@ -399,9 +439,28 @@ def tta_claims(
         ours_m = float(xm.iloc[0]) if len(xm) else math.nan
         why = f"{_CPU_NOTE}; {note}; " + _MODELED_ELSEWHERE.format(setting=cfg.setting)
         rows.append(
-            claim(EXPERIMENT, c + " (this machine)", paper, ours_m, "x", label=_measured_label(cfg), explanation=why)
+            claim(
+                EXPERIMENT,
+                c + " (this machine)",
+                paper,
+                ours_m,
+                "x",
+                label=_measured_label(cfg),
+                explanation=why,
+                protocol=_protocol(cfg),
+            )
         )
     return rows
+
+
+def _protocol(cfg: Config, *keys: str) -> str:
+    """The ``protocol`` cell of a row: the statistical-efficiency choices this run used (a notebook
+    parameter may differ from the protocol's; tests/test_protocol.py flags a committed one that does)."""
+    used = {
+        f"statistical_efficiency__{k}": getattr(cfg, k)
+        for k in ("model", "lr", "target", "epochs", "seeds", "workers", "samples_per_update", "microbatches")
+    }
+    return protocol.used(*keys, **used)
 
 
 def _modeled_label(epochs: str, cfg: Config) -> str:
@@ -436,7 +495,7 @@ def asp_claims(tta_asp: pd.DataFrame, asp: pd.DataFrame, cfg: Config) -> list[di
     modeled_why = (
         f"at {g} GPUs (the max over {list(cfg.gpus)}): {e_x:.2f}x from median epochs x {hw_x:.2f}x from the modeled time "
         f"per epoch (PipeDream's simulated speedup {pd_.loc[g, 'speedup_modeled']:.2f} / ASP's "
-        f"{a.loc[g, 'speedup_modeled']:.2f}; {ASP_HARDWARE}); "
+        f"{a.loc[g, 'speedup_modeled']:.2f}: no communication overhead, protocol baselines.asp_communication); "
         f"{common}; statistical efficiency from a small {cfg.model}, not {cfg.profile} on ImageNet"
     )
     s_a, s_p = st.loc[ASP, "s_per_epoch_measured"], st.loc[PIPEDREAM, "s_per_epoch_measured"]
@@ -447,9 +506,10 @@ def asp_claims(tta_asp: pd.DataFrame, asp: pd.DataFrame, cfg: Config) -> list[di
     )
     t = float(st["target"].iloc[0])
     return [
-        claim(EXPERIMENT, ASP_CLAIM, paper_value("asp_time_to_accuracy"), float(ratio.max()), "x", label=_modeled_label(f"median epochs to {t:.0%}", cfg), explanation=modeled_why),
+        claim(EXPERIMENT, ASP_CLAIM, paper_value("asp_time_to_accuracy"), float(ratio.max()), "x", label=_modeled_label(f"median epochs to {t:.0%}", cfg), explanation=modeled_why,
+              protocol=_protocol(cfg, "baselines.asp_communication", "baselines.gpipe_microbatches_per_stage")),
         claim(EXPERIMENT, ASP_CLAIM + " (this machine)", paper_value("asp_time_to_accuracy"), float(a["x_vs_pipedream_measured"].iloc[0]), "x",
-              label=_measured_label(cfg), explanation=measured_why),
+              label=_measured_label(cfg), explanation=measured_why, protocol=_protocol(cfg)),
     ]  # fmt: skip
 
 
@@ -565,12 +625,15 @@ def quick_config(**params) -> Config:
     return Config(**(params | QUICK))
 
 
-def run(cfg: Config, out_dir) -> dict:
+def run(cfg: Config, out_dir, *, lr_selection: pd.DataFrame | None = None) -> dict:
     """Everything the notebook shows: runs, tables, claims and figures written into ``out_dir``
-    (a fresh folder, see :func:`~workbench.experiments.common.out_folder`). Returns the tables."""
+    (a fresh folder, see :func:`~workbench.experiments.common.out_folder`), with the protocol's
+    learning-rate rule's table where it ran (:func:`apply_lr_rule`). Returns the tables."""
     out = out_folder(out_dir)
     t0 = time.perf_counter()
     tables = statistical_efficiency(cfg, out)
+    if lr_selection is not None:
+        tables["lr_selection"] = lr_selection
     tables["vertical_sync_check"] = cv.vertical_sync_check(cfg.setup, cfg.seeds[0], 4 * cfg.workers)
     tables["staleness"] = cv.staleness(cfg.setup)
     stats, asp = tables["statistical"], tables.get("asp_target")

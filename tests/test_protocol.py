@@ -1,0 +1,83 @@
+"""The reproduction's protocol (workbench/experiments/data/protocol.toml): every entry has a source
+and lies in its physical range, the experiments read their choices from it, and every claim row of
+the committed run used only values it holds."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from workbench.experiments import dp_overhead as dpo
+from workbench.experiments import protocol
+from workbench.experiments import time_to_accuracy as tta
+
+
+def test_every_entry_has_a_source_and_a_physical_value():
+    table = protocol.entries()
+    assert len(table) >= 30
+    assert all(str(e["source"]).strip() for e in table.values())
+    assert protocol.check_physical() == []
+    assert all(0 < protocol.value(f"links.{c}.efficiency") <= 1 for c in ("nvlink", "pcie", "ethernet"))
+
+
+def test_a_bad_entry_is_caught(monkeypatch):
+    """The physical check can fail: an all-reduce faster than its links is flagged."""
+    bad = dict(protocol.entries())
+    bad["links.pcie.efficiency"] = dict(value=1.4, source="fitted")
+    monkeypatch.setattr(protocol, "entries", lambda: bad)
+    assert any("links.pcie.efficiency" in line for line in protocol.check_physical())
+    with pytest.raises(KeyError, match="no protocol entry"):
+        protocol.value("links.pcie.speed")
+
+
+def test_the_experiments_read_their_choices_from_the_protocol():
+    assert dpo.DDP_BUCKET_BYTES == protocol.value("ddp.bucket_bytes")
+    assert dpo.MODELS["vgg16"].batch_size == protocol.value("fig1.batch_vgg16")
+    assert dpo.MODELS["gnmt8"].batch_size == protocol.value("fig1.batch_gnmt")
+    cfg = tta.Config()
+    for k in ("model", "lr", "target", "epochs", "workers", "samples_per_update", "microbatches"):
+        assert getattr(cfg, k) == protocol.value(f"statistical_efficiency.{k}"), k
+    assert list(cfg.seeds) == protocol.value("statistical_efficiency.seeds")
+    c = protocol.collective("8xV100-nvlink-25g", [25e9, 3.125e9])
+    assert c["allreduce_bandwidth"] == pytest.approx(
+        [25e9 * protocol.value("links.nvlink.efficiency"), 3.125e9 * protocol.value("links.ethernet.efficiency")]
+    )
+    assert c["allreduce_ready"] == protocol.value("ddp.allreduce_ready")
+
+
+def _mismatches(claims: pd.DataFrame) -> list[str]:
+    out = []
+    for r in claims.itertuples(index=False):
+        for key, val in protocol.parse_used(getattr(r, "protocol", "")).items():
+            if key not in protocol.entries():
+                out.append(f"{r.claim}: {key} is not in the protocol")
+            elif val != protocol.text_of(key):
+                out.append(f"{r.claim}: {key}={val}, the protocol holds {protocol.text_of(key)}")
+    return out
+
+
+def test_the_check_of_claim_rows_can_fail():
+    rows = pd.DataFrame(
+        [
+            dict(claim="a", protocol=protocol.used("ddp.bucket_bytes")),
+            dict(claim="b", protocol=protocol.used(statistical_efficiency__lr=0.05)),
+            dict(claim="c", protocol="links.pcie.speed=3"),
+        ]
+    )
+    bad = _mismatches(rows)
+    assert len(bad) == 2 and "statistical_efficiency.lr=0.05" in bad[0] and "not in the protocol" in bad[1]
+
+
+def test_committed_claim_rows_use_only_the_protocols_values(committed_run):
+    """Every modeled row of notebooks 02 and 03 names the protocol entries it used, and each value
+    it used is the protocol's."""
+    from workbench.cli.reproduce import collect_claims
+
+    claims = collect_claims(committed_run)
+    assert "protocol" in claims.columns, "the committed run predates the protocol column"
+    modeled = claims[
+        claims["notebook"].isin(["02_dp_communication_overhead", "03_time_to_accuracy"])
+        & claims["label"].str.startswith("modeled")
+    ]
+    assert len(modeled) >= 20 and modeled["protocol"].fillna("").str.len().gt(0).all()
+    assert _mismatches(claims.fillna({"protocol": ""})) == []
