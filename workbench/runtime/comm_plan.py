@@ -333,7 +333,9 @@ def simulate(programs: Sequence[Sequence[Event]]) -> list[str]:
                     continue
                 labels = {h.label for h in heads if h is not None}
                 if len(labels) > 1:
-                    problems.append(f"collective on {ch}: ranks {group} issue different ones: {sorted(map(str, labels))}")
+                    problems.append(
+                        f"collective on {ch}: ranks {group} issue different ones: {sorted(map(str, labels))}"
+                    )
                 for m, h in zip(group, heads):
                     assert h is not None
                     done[(m, h.id)] = True
@@ -343,9 +345,7 @@ def simulate(programs: Sequence[Sequence[Event]]) -> list[str]:
     for r, cs in enumerate(compute):
         pending = [q[head[k]] for k, q in streams.items() if k[0] == r and head[k] < len(q)]
         if done_compute[r] < len(cs) or pending:
-            what = (
-                f"op {cs[done_compute[r]].op}" if done_compute[r] < len(cs) else "the end of the epoch (its sends)"
-            )
+            what = f"op {cs[done_compute[r]].op}" if done_compute[r] < len(cs) else "the end of the epoch (its sends)"
             first = [
                 f"{e.what} {e.label} {'with rank ' + str(e.peer) if e.peer >= 0 else 'on ' + str(e.channel)}"
                 for e in pending[:2]
@@ -370,9 +370,7 @@ def check_nccl(
     :func:`rank_program`; a test passes altered ones)."""
     if programs is None:
         msgs = messages(schedule)
-        programs = [
-            rank_program(schedule, r, msgs=msgs, specs=specs, ties=ties) for r in range(schedule.num_workers)
-        ]
+        programs = [rank_program(schedule, r, msgs=msgs, specs=specs, ties=ties) for r in range(schedule.num_workers)]
     return simulate(programs)
 
 
