@@ -206,6 +206,7 @@ def rank_program(
         nonlocal next_fetch
         assert remote is not None
         s, b, _, owner = remote.fetches[next_fetch]
+        assert owner is not None, "a remote op names its weights' owner"
         fetch_recv[(s, b)] = add(
             Event("recv", rank, remote_channel("fetch", s, owner, rank), owner, ("weights", s, b), weights_bytes(s))
         )
@@ -256,6 +257,7 @@ def rank_program(
         computes += 1
         if i in push_at:
             s, t, owner = push_at[i]
+            assert owner is not None, "a remote op names its weights' owner"
             add(Event("send", rank, remote_channel("push", s, rank, owner), owner, ("push", s, t), weights_bytes(s)))
         for m in comm.sends.get(i, ()):
             p2p(m, True)
@@ -274,12 +276,12 @@ def simulate(programs: Sequence[Sequence[Event]]) -> list[str]:
     streams: dict[tuple, list[Event]] = defaultdict(list)  # (rank, channel[, pair]) -> its operations
     compute: list[list[Event]] = []
     for r, prog in enumerate(programs):
-        compute.append([e for e in prog if e.what == "compute"])
-        for e in prog:
-            if e.what in ("send", "recv"):
-                streams[(r, e.channel, min(r, e.peer), max(r, e.peer))].append(e)
-            elif e.what == "coll":
-                streams[(r, e.channel)].append(e)
+        compute.append([x for x in prog if x.what == "compute"])
+        for x in prog:
+            if x.what in ("send", "recv"):
+                streams[(r, x.channel, min(r, x.peer), max(r, x.peer))].append(x)
+            elif x.what == "coll":
+                streams[(r, x.channel)].append(x)
     members: dict[Hashable, list[int]] = {}
     for key in streams:
         if len(key) == 2:

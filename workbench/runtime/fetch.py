@@ -232,6 +232,7 @@ class RemoteWeights:
 
     def _post_one(self) -> None:
         s, b, _, owner = self.plan.fetches[self.next_fetch]
+        assert owner is not None, "a remote op names its weights' owner"
         buf = torch.empty(self.numel[s], dtype=self.dtypes[s], device=self.device)
         group = self._group("fetch", s, owner, self.rank)
         self.posted[(s, b)] = (dist.irecv(buf, owner, tag=self._fetch_tag(s, b), group=group), buf, owner)
@@ -270,6 +271,7 @@ class RemoteWeights:
         if self.plan.push_last[key] == i:
             buf = self.push_bufs.pop(key)
             self.sends = [(w, x) for w, x in self.sends if not w.is_completed()]
+            assert owner is not None, "a remote op names its weights' owner"
             group = self._group("push", s, self.rank, owner)
             self.sends.append((dist.isend(buf, owner, tag=self._push_tag(s, t), group=group), buf))
             self.stats["gradient_pushes"] += 1

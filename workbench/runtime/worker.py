@@ -50,7 +50,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -58,7 +57,7 @@ from torch.utils.checkpoint import checkpoint
 
 from workbench.runtime import opclock, shm
 from workbench.runtime.comm import P2P, ShmP2P
-from workbench.runtime.comm_plan import ACT, GRAD, RankComm
+from workbench.runtime.comm_plan import ACT, GRAD, RankComm, p2p_channel
 from workbench.runtime.fetch import RemoteWeights, has_remote, is_remote
 from workbench.runtime.record import OpRecord
 from workbench.runtime.reference import updates_per_round
@@ -262,19 +261,19 @@ class PipelineExecutor:
             self.comm.set_send_plan({dst: self.receive_plan(rounds, dst) for dst in self.comm.outbound})
 
     def warm_up(self) -> None:
-        """Exchange one small tensor with every peer this rank talks to, so that the transport's
-        connection set-up (about a second with gloo) is not charged to the first step."""
-        comm = self.prog.comm
-        peers = {m.src for m in comm.recvs} | {m.dst for ms in comm.sends.values() for m in ms}
-        peers.discard(self.rank)
-        works: list[Any] = []  # isend / irecv works
-        for p in sorted(peers):  # the lower rank of a pair sends first: each send meets a posted receive
-            one, buf = torch.ones(1, device=self.ctx.device), torch.empty(1, device=self.ctx.device)
-            pair = [dist.isend, dist.irecv] if self.rank < p else [dist.irecv, dist.isend]
-            for f in pair:
-                works.append(f(one if f is dist.isend else buf, p, tag=2**30))
+        """Send one small tensor on every communicator and to every peer this rank sends to (and
+        receive one wherever it receives), so that the transport's connection set-up (about a second
+        with gloo; NCCL creates a pair's communicator at its first message) is not charged to the
+        first step. Each goes the way the plan's messages go, so no pair sends both ways on one."""
+        comm, works = self.prog.comm, []  # isend / irecv works (None only off their group)
+        sends = {(p2p_channel(m.kind, m.src, m.dst), m.dst) for ms in comm.sends.values() for m in ms}
+        recvs = {(p2p_channel(m.kind, m.src, m.dst), m.src) for m in comm.recvs}
+        for (ch, p), f in sorted([(k, dist.isend) for k in sends] + [(k, dist.irecv) for k in recvs], key=str):
+            buf = torch.ones(1, device=self.ctx.device)
+            works.append(f(buf, p, tag=0, group=self.groups.get(ch)))
         for w in works:
-            w.wait(timedelta(seconds=self.ctx.run.timeout_s))
+            if w is not None:
+                w.wait(timedelta(seconds=self.ctx.run.timeout_s))
 
     # ---- per epoch ----------------------------------------------------------------------
     def receive_plan(self, rounds: list[int], rank: int | None = None) -> list:
