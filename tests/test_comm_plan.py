@@ -14,7 +14,9 @@ from workbench.runtime import comm_plan
 from workbench.runtime.comm_plan import RankComm, check_nccl, ddp_order_problems, messages, rank_program
 from workbench.runtime.tied import TiedWeight, check_tied, combine_ranks, defer_steps
 from workbench.schedules import REGISTRY, build, build_for_workers
+from workbench.schedules.master import PRIORITIES, RULES
 
+NAMED = {"priority": sorted(PRIORITIES), "rule": sorted(RULES)}
 GRID = [(2, 4), (3, 6), (4, 8), (2, 8)]  # (workers, microbatches)
 REPLICATED = [Plan.from_boundaries([1, 3], [2, 1]), Plan.from_boundaries([1, 3, 5], [1, 2, 1])]
 
@@ -27,6 +29,8 @@ def _variants(name: str) -> list[dict]:
     for o in sp.options:
         if o.choices:
             out += [{o.name: c} for c in o.choices if c != o.default]
+        elif o.name in NAMED:  # the master family's named priorities and rules
+            out += [{o.name: c} for c in NAMED[o.name] if c != o.default]
         elif o.name in ("chunks", "segments"):
             out.append({o.name: 3})
         elif o.name == "steps":
@@ -65,14 +69,17 @@ def _one_way(programs) -> list[str]:
 
 @pytest.mark.parametrize("name", PIPELINE)
 def test_every_schedule_is_deadlock_free_and_matched_under_nccl(name):
-    """Every receive is matched with the message it expects (label and bytes), collectives agree,
-    no rank waits forever; each communicator carries a pair's messages one way only."""
+    """Over an epoch of two minibatches, every receive is matched with the message it expects
+    (label and bytes), collectives agree, no rank waits forever, whether a communicator's
+    operations with each peer have a stream of their own or share one; each communicator carries
+    a pair's messages one way only."""
     count = 0
     for label, sched in _schedules(name):
         count += 1
+        assert check_nccl(sched) == [], f"{name} {label}"
+        assert check_nccl(sched, per_pair=False) == [], f"{name} {label} (one stream per communicator)"
         msgs = messages(sched)
         programs = [rank_program(sched, r, msgs=msgs) for r in range(sched.num_workers)]
-        assert check_nccl(sched, programs=programs) == [], f"{name} {label}"
         assert _one_way(programs) == [], f"{name} {label}"
     assert count >= 3, f"{name}: only {count} shapes built"
 

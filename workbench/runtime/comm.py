@@ -6,8 +6,8 @@ Message ``(kind, boundary, g)``: ``kind`` 0 = activation leaving stage ``boundar
 tag ``((g * S + boundary) * 2 + kind) * 8 + i`` so receives can be posted in any order, well before
 the op that consumes them (see :class:`P2P` for how many), so communication overlaps compute. Transfers between two ops of the same rank use a local mailbox.
 Every wait has a timeout. Each message travels on the communicator
-:func:`~workbench.runtime.comm_plan.p2p_channel` names (one per kind and direction), so on each of
-them a pair of ranks exchanges messages one way only. ``one_tag``: every message carries tag 0, so
+:func:`~workbench.runtime.comm_plan.p2p_channel` names (a process group per kind and ordered pair
+of ranks), so on each of them messages go one way only. ``one_tag``: every message carries tag 0, so
 gloo matches by order alone, as NCCL does (which ignores tags); the order is the plan's
 (:mod:`workbench.runtime.comm_plan`, whose check proves it consistent for every schedule).
 """
@@ -24,7 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from workbench.runtime.comm_plan import p2p_channel
+from workbench.runtime.comm_plan import group_of, p2p_channel
 from workbench.runtime.stages import spec_bytes
 
 MAX_TENSORS = 8
@@ -75,7 +75,7 @@ class P2P:
         one_tag: bool = False,
     ):
         self.rank, self.S, self.device = rank, num_stages, device
-        # one communicator per kind and direction (comm_plan.p2p_channel): with NCCL, where a send
+        # one communicator per kind and ordered pair (comm_plan.p2p_channel): with NCCL, where a send
         # blocks its stream until the peer receives, a pair of ranks sending both ways on one
         # communicator would deadlock (each one's send waiting for the other's receive)
         self.groups = groups or {}
@@ -129,7 +129,7 @@ class P2P:
         if self.backend != "gloo":
             self.sends = [(w, t) for w, t in self.sends if not w.is_completed()]
         kind, boundary, g = key
-        group = self.groups.get(p2p_channel(kind, self.rank, dst))
+        group = group_of(self.groups, p2p_channel(kind, self.rank, dst))
         for i, t in enumerate(tensors):
             self.sends.append((dist.isend(t, dst, tag=self._tag(kind, boundary, g, i), group=group), t))
 
@@ -169,7 +169,7 @@ class P2P:
         key, src, specs = self.plan[self.next_post]
         bufs = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in specs]
         kind, boundary, g = key
-        group = self.groups.get(p2p_channel(kind, src, self.rank))
+        group = group_of(self.groups, p2p_channel(kind, src, self.rank))
         works = [dist.irecv(b, src, tag=self._tag(kind, boundary, g, i), group=group) for i, b in enumerate(bufs)]
         self.posted[key] = (works, bufs, src)
         self.next_post += 1

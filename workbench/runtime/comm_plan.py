@@ -24,6 +24,7 @@ every collective whose members disagree on what it is, and every rank that would
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -75,21 +76,37 @@ def messages(schedule: Schedule) -> list[Message]:
 
 
 def p2p_channel(kind: int, src: int, dst: int) -> str:
-    """The communicator of a message: one per kind (activation, gradient) and direction between the
-    two ranks (towards the higher or the lower rank). On one of them, a pair of ranks carries
-    messages one way only, so neither rank's stream can hold a send while its peer's holds a send
-    the other way (interleaved, V-shaped and bidirectional schedules send both ways between a pair)."""
-    return ("act" if kind == ACT else "grad") + ("-up" if dst > src else "-down")
+    """The communicator of a message: one per kind (activation, gradient) and ordered pair of ranks,
+    a process group of the two (``"act:0>1"``). On each, messages go one way, in the sender's op
+    order, whatever stream layout NCCL gives a communicator's peers: interleaved, V-shaped and
+    bidirectional schedules send both ways between a pair, and a rank in the middle of a pipeline
+    receives from one neighbour what it sends to the other."""
+    return f"{'act' if kind == ACT else 'grad'}:{src}>{dst}"
 
 
-CHANNELS = ("act-up", "act-down", "grad-up", "grad-down")
+def channels(schedules: Sequence[Schedule]) -> list[tuple[str, tuple[int, ...]]]:
+    """The communicators of a run of ``schedules`` (the job's, and its stream's) as ``(name, ranks)``,
+    in one order for all ranks (each creates every group): :func:`p2p_channel` of every pair that
+    exchanges a message, and with remote weights two per stage and direction over all ranks
+    (:func:`~workbench.runtime.fetch.remote_channel`)."""
+    pairs = sorted({(m.kind, m.src, m.dst) for sched in schedules for m in messages(sched)})
+    out: list[tuple[str, tuple[int, ...]]] = [(p2p_channel(k, a, b), (min(a, b), max(a, b))) for k, a, b in pairs]
+    for sched in schedules[:1]:
+        if has_remote(sched):
+            out += [(name, tuple(range(sched.num_workers))) for name in remote_channels(sched)]
+    return out
 
 
-def channels(schedule: Schedule) -> list[str]:
-    """The point-to-point communicators a schedule's run uses (every rank creates them, in this
-    order): :data:`CHANNELS`, and with remote weights two per stage and direction."""
-    out = list(CHANNELS) if schedule.num_stages > 1 else []
-    return out + (remote_channels(schedule) if has_remote(schedule) else [])
+def group_of(groups: dict, name: str):
+    """The process group of communicator ``name``; None (the default group) when ``groups`` is
+    empty (a transport used without the runtime's groups, as in unit tests). A missing name is an
+    error: its messages would share the default group with others."""
+    if not groups:
+        return None
+    try:
+        return groups[name]
+    except KeyError:
+        raise RuntimeError(f"no process group for communicator {name!r} (comm_plan.channels did not list it)") from None
 
 
 class RankComm:
@@ -149,6 +166,7 @@ def rank_program(
     msgs: Sequence[Message] | None = None,
     specs: Sequence[Sequence[int]] | None = None,
     ties: Sequence[tuple[Sequence[int], Sequence[tuple[int, ...]]]] = (),
+    epoch_end: bool = True,
 ) -> list[Event]:
     """The operations ``rank`` issues in one pass of ``schedule``, in the runtime's order (receives
     posted when their op needs them, as the runtime does with NCCL; sends after the op's
@@ -157,7 +175,7 @@ def rank_program(
     owning stages and the combine's rank sets, :func:`workbench.runtime.tied.combine_ranks`), the master family's fetches
     and pushes (:class:`~workbench.runtime.fetch.RemotePlan`), and the epoch end's gather.
     ``specs[s]``: the byte sizes of stage ``s``'s output tensors (the gradient a backward sends has
-    its input's)."""
+    its input's). ``epoch_end``: the pass ends the epoch (its gather follows)."""
     comm = RankComm(schedule, rank, msgs)
     specs = default_specs(schedule) if specs is None else specs
     ops = schedule.ops[rank]
@@ -263,15 +281,41 @@ def rank_program(
             p2p(m, True)
         if op.kind == "STEP" and remote is not None and op.step + 1 < per_round[op.stage]:
             fetch_sends(op.stage, op.step + 1)
-    add(Event("coll", rank, ("world",), label=("gather",)))
+    if epoch_end:
+        add(Event("coll", rank, ("world",), label=("gather",)))
     return ev
 
 
+def _passes(schedule: Schedule, rank: int, rounds: int, **kw) -> list[Event]:
+    """``rounds`` passes of ``rank``'s program one after the other (an epoch of ``rounds``
+    minibatches); labels carry the pass."""
+    out: list[Event] = []
+    computes = 0
+    for k in range(rounds):
+        prog = rank_program(schedule, rank, epoch_end=k == rounds - 1, **kw)
+        base = len(out)
+        for e in prog:
+            out.append(
+                dataclasses.replace(
+                    e,
+                    label=(k, e.label),
+                    id=e.id + base,
+                    after=e.after + computes,
+                    waits=[w + base for w in e.waits],
+                )
+            )
+        computes += sum(1 for e in prog if e.what == "compute")
+    return out
+
+
 # ---- NCCL's semantics ---------------------------------------------------------------------------
-def simulate(programs: Sequence[Sequence[Event]]) -> list[str]:
+def simulate(programs: Sequence[Sequence[Event]], *, per_pair: bool = True) -> list[str]:
     """Run the ranks' programs under NCCL's rules (module docstring); the problems found, each one
     line: a receive matched with a different message, a collective whose members disagree, ranks
-    waiting forever (then the first operation each stuck rank waits on)."""
+    waiting forever (then the first operation each stuck rank waits on). ``per_pair``: a
+    communicator's point-to-point operations with each peer run on their own stream (torch creates
+    a communicator per pair of ranks for them); ``False``: on one stream per communicator, all
+    peers together (stricter: also the order across peers must agree)."""
     problems: list[str] = []
     streams: dict[tuple, list[Event]] = defaultdict(list)  # (rank, channel[, pair]) -> its operations
     compute: list[list[Event]] = []
@@ -279,7 +323,8 @@ def simulate(programs: Sequence[Sequence[Event]]) -> list[str]:
         compute.append([x for x in prog if x.what == "compute"])
         for x in prog:
             if x.what in ("send", "recv"):
-                streams[(r, x.channel, min(r, x.peer), max(r, x.peer))].append(x)
+                pair = (min(r, x.peer), max(r, x.peer)) if per_pair else (-1, -1)
+                streams[(r, x.channel, *pair)].append(x)
             elif x.what == "coll":
                 streams[(r, x.channel)].append(x)
     members: dict[Hashable, list[int]] = {}
@@ -315,7 +360,7 @@ def simulate(programs: Sequence[Sequence[Event]]) -> list[str]:
                 r, ch, _, _ = key
                 peer_key = (e.peer, ch, key[2], key[3])
                 f = ready(peer_key) if peer_key in streams else None
-                if f is None or {e.what, f.what} != {"send", "recv"}:
+                if f is None or f.peer != r or {e.what, f.what} != {"send", "recv"}:
                     continue
                 if e.label != f.label or e.nbytes != f.nbytes:
                     snd, rcv = (e, f) if e.what == "send" else (f, e)
@@ -364,6 +409,8 @@ def check_nccl(
     specs: Sequence[Sequence[int]] | None = None,
     ties: Sequence[tuple[tuple[int, ...], list[tuple[int, ...]]]] = (),
     programs: Sequence[Sequence[Event]] | None = None,
+    per_pair: bool = True,
+    rounds: int = 2,
 ) -> list[str]:
     """The problems NCCL would meet in one pass of ``schedule`` on the runtime (module docstring):
     ``[]`` when every receive matches the message it expects, every collective is issued in one
@@ -373,7 +420,7 @@ def check_nccl(
     if programs is None:
         msgs = messages(schedule)
         programs = [rank_program(schedule, r, msgs=msgs, specs=specs, ties=ties) for r in range(schedule.num_workers)]
-    return simulate(programs)
+    return simulate(programs, per_pair=per_pair)
 
 
 def ddp_order_problems(schedule: Schedule) -> list[str]:
@@ -393,7 +440,6 @@ def ddp_order_problems(schedule: Schedule) -> list[str]:
 
 __all__ = [
     "ACT",
-    "CHANNELS",
     "GRAD",
     "Event",
     "Message",
@@ -401,6 +447,7 @@ __all__ = [
     "check_nccl",
     "ddp_order_problems",
     "default_specs",
+    "group_of",
     "messages",
     "channels",
     "p2p_channel",

@@ -191,7 +191,11 @@ class RemoteWeights:
         return 0 if self.one_tag else (self.k * self.S + s) * self.T + t
 
     def _group(self, what: str, s: int, src: int, dst: int):
-        return self.groups.get(remote_channel(what, s, src, dst))
+        """The process group of the channel (None: the default group, where none were made)."""
+        name = remote_channel(what, s, src, dst)
+        if self.groups and name not in self.groups:
+            raise RuntimeError(f"no process group for communicator {name!r}")
+        return self.groups.get(name)
 
     # ---- per round ----------------------------------------------------------------------
     def begin_round(self, k: int, versions: dict[int, dict]) -> None:

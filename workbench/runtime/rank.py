@@ -63,14 +63,15 @@ def _init_dist(rank: int, world: int, job: Job, addr: str | None, port: int | No
 def _make_groups(dist, rank: int, job: Job) -> dict:
     """One process group per distinct replica set of a stage, plus one per point-to-point
     communicator of :func:`~workbench.runtime.comm_plan.channels` (activations and gradients per
-    direction, the master family's fetches and pushes per stage and direction), all ranks each,
+    kind and ordered pair of ranks, the master family's fetches and pushes per stage and direction),
     created in the same order on all ranks."""
     groups: dict[Any, Any] = {}
     if executor_of(job.schedule) == "pipeline":
-        for k in channels(job.schedule):
-            groups[k] = dist.new_group(
-                list(range(job.schedule.num_workers)), timeout=timedelta(seconds=job.run.timeout_s)
-            )
+        scheds = [job.schedule] + ([job.stream(2 * job.schedule.microbatches)] if job.stream is not None else [])
+        for name, ranks in channels(scheds):
+            g = dist.new_group(list(ranks), timeout=timedelta(seconds=job.run.timeout_s))
+            if rank in ranks:
+                groups[name] = g
     for ws in sorted({tuple(w) for w in job.schedule.stage_workers if len(w) > 1}):
         g = dist.new_group(list(ws), timeout=timedelta(seconds=job.run.timeout_s))
         if rank in ws:

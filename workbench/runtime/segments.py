@@ -51,7 +51,7 @@ from torch.utils.checkpoint import checkpoint
 
 from workbench.models.data import TokenDataset, load_dataset
 from workbench.models.segmented import SegBlock, SegEmbedding, segment_gpt
-from workbench.runtime.comm_plan import p2p_channel
+from workbench.runtime.comm_plan import group_of, p2p_channel
 from workbench.runtime.lifetime import spawn
 from workbench.runtime.ports import free_port
 from workbench.runtime.stages import even_bounds
@@ -225,7 +225,7 @@ class Mailbox:
         return (int(grad) * self.S + stage) * self.U + unit
 
     def _group(self, tag: int, src: int, dst: int):
-        return self.groups.get(p2p_channel(int(tag >= self.S * self.U), src, dst))
+        return group_of(self.groups, p2p_channel(int(tag >= self.S * self.U), src, dst))
 
     def send(self, t: torch.Tensor, dst: int, tag: int) -> None:
         if dst == self.rank:

@@ -57,7 +57,7 @@ from torch.utils.checkpoint import checkpoint
 
 from workbench.runtime import opclock, shm
 from workbench.runtime.comm import P2P, ShmP2P
-from workbench.runtime.comm_plan import ACT, GRAD, RankComm, p2p_channel
+from workbench.runtime.comm_plan import ACT, GRAD, RankComm, group_of, p2p_channel
 from workbench.runtime.fetch import RemoteWeights, has_remote, is_remote
 from workbench.runtime.record import OpRecord
 from workbench.runtime.reference import updates_per_round
@@ -270,7 +270,7 @@ class PipelineExecutor:
         recvs = {(p2p_channel(m.kind, m.src, m.dst), m.src) for m in comm.recvs}
         for (ch, p), f in sorted([(k, dist.isend) for k in sends] + [(k, dist.irecv) for k in recvs], key=str):
             buf = torch.ones(1, device=self.ctx.device)
-            works.append(f(buf, p, tag=0, group=self.groups.get(ch)))
+            works.append(f(buf, p, tag=0, group=group_of(self.groups, ch)))
         for w in works:
             if w is not None:
                 w.wait(timedelta(seconds=self.ctx.run.timeout_s))
