@@ -150,6 +150,50 @@ def test_one_communicator_for_both_directions_deadlocks_interleaved_and_v_shapes
     assert check_nccl(build_for_workers("pipedream-flush", 2, 4)) == []  # one way per pair: fine
 
 
+def _direction(kind, src, dst):
+    return ("act" if kind == 0 else "grad") + ("-up" if dst > src else "-down")
+
+
+COARSER = {  # layout -> (p2p channel, fetch/push channel, schedule, options, W, M, per_pair, problem)
+    "one group for both kinds": (lambda k, a, b: "p2p", None, "seq1f1b", {"seq_len": 24}, 2, 4, True, "deadlock"),
+    "one per direction, peers on one stream": (
+        _direction,
+        None,
+        "pp",
+        {"rule": "parallelsim"},
+        4,
+        8,
+        False,
+        "deadlock",
+    ),
+    "one for all fetches, one for all pushes": (None, lambda w, s, a, b: w, "fsdp", {}, 2, 4, True, "deadlock"),
+    "fetches per direction, not per stage": (
+        None,
+        lambda w, s, a, b: w + ("-up" if b > a else "-down"),
+        "fslpp",
+        {},
+        4,
+        8,
+        True,
+        "is matched with",
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", list(COARSER))
+def test_coarser_communicator_layouts_fail_the_check(monkeypatch, layout):
+    """docs/runtime.md's reasons for the runtime's layout: each coarser one fails somewhere."""
+    p2p, remote, name, opts, W, M, per_pair, problem = COARSER[layout]
+    if p2p is not None:
+        monkeypatch.setattr(comm_plan, "p2p_channel", p2p)
+    if remote is not None:
+        monkeypatch.setattr(comm_plan, "remote_channel", remote)
+    sched = build_for_workers(name, W, M, options=opts)
+    assert any(problem in p for p in check_nccl(sched, per_pair=per_pair)), layout
+    monkeypatch.undo()
+    assert check_nccl(sched, per_pair=per_pair) == []
+
+
 def test_collectives_in_different_orders_are_reported():
     sched = build("gpipe", Plan.from_boundaries([1, 3], [2, 2]), 4, steps=2)  # stages on workers {0, 1}, {2, 3}
     programs = [rank_program(sched, r) for r in range(sched.num_workers)]

@@ -412,14 +412,19 @@ def check_nccl(
     per_pair: bool = True,
     rounds: int = 2,
 ) -> list[str]:
-    """The problems NCCL would meet in one pass of ``schedule`` on the runtime (module docstring):
-    ``[]`` when every receive matches the message it expects, every collective is issued in one
-    order by its group, and no rank waits forever. ``ties``: weights tied across stages as
-    ``(owning stages, combine rank sets)``; ``programs``: the ranks' programs (default: from
-    :func:`rank_program`; a test passes altered ones)."""
+    """The problems NCCL would meet in an epoch of ``rounds`` passes of ``schedule`` on the runtime
+    (module docstring): ``[]`` when every receive matches the message it expects, every collective
+    is issued in one order by its group, and no rank waits forever. ``ties``: weights tied across
+    stages as ``(owning stages, combine rank sets)``; ``programs``: the ranks' programs (default:
+    :func:`rank_program`, ``rounds`` times over; a test passes altered ones); ``per_pair``: see
+    :func:`simulate`."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
     if programs is None:
         msgs = messages(schedule)
-        programs = [rank_program(schedule, r, msgs=msgs, specs=specs, ties=ties) for r in range(schedule.num_workers)]
+        programs = [
+            _passes(schedule, r, rounds, msgs=msgs, specs=specs, ties=ties) for r in range(schedule.num_workers)
+        ]
     return simulate(programs, per_pair=per_pair)
 
 
