@@ -171,12 +171,16 @@ def rank_program(
     """The operations ``rank`` issues in one pass of ``schedule``, in the runtime's order (receives
     posted when their op needs them, as the runtime does with NCCL; sends after the op's
     computation): point-to-point messages of :class:`RankComm`, the AR ops' all-reduce among the
-    stage's replicas, the tied weights' all-reduce at the first local owner's STEP (``ties[i]``: the
-    owning stages and the combine's rank sets, :func:`workbench.runtime.tied.combine_ranks`), the master family's fetches
-    and pushes (:class:`~workbench.runtime.fetch.RemotePlan`), and the epoch end's gather.
+    stage's replicas, the tied weights' all-reduce at the first local owner's STEP (``ties[i]``:
+    the owning stages and the combine's rank sets, :func:`workbench.runtime.tied.combine_ranks`),
+    the master family's fetches and pushes (:class:`~workbench.runtime.fetch.RemotePlan`), and
+    the epoch end's gather.
     ``specs[s]``: the byte sizes of stage ``s``'s output tensors (the gradient a backward sends has
     its input's). ``epoch_end``: the pass ends the epoch (its gather follows)."""
     comm = RankComm(schedule, rank, msgs)
+    recvs_at: dict[int, list[Message]] = defaultdict(list)
+    for m in comm.recvs:
+        recvs_at[m.recv_op].append(m)
     specs = default_specs(schedule) if specs is None else specs
     ops = schedule.ops[rank]
     ev: list[Event] = []
@@ -251,7 +255,7 @@ def rank_program(
     for i, op in enumerate(ops):
         waits: list[int] = []
         if op.kind in _COMPUTE:
-            waits += [p2p(m, False) for m in comm.recvs if m.recv_op == i]
+            waits += [p2p(m, False) for m in recvs_at.get(i, ())]
             if remote is not None and op.kind == "F" and is_remote(op, rank):  # RemoteWeights.fetch
                 while (op.stage, op.microbatch) not in fetch_recv and next_fetch < len(remote.fetches):
                     post_fetch()
