@@ -5,7 +5,11 @@ Message ``(kind, boundary, g)``: ``kind`` 0 = activation leaving stage ``boundar
 ``boundary + 1``); ``g`` the microbatch id within the epoch. Each tensor ``i`` of a message has the
 tag ``((g * S + boundary) * 2 + kind) * 8 + i`` so receives can be posted in any order, well before
 the op that consumes them (see :class:`P2P` for how many), so communication overlaps compute. Transfers between two ops of the same rank use a local mailbox.
-Every wait has a timeout. Activations and gradients use separate process groups (see ``P2P``).
+Every wait has a timeout. Each message travels on the communicator
+:func:`~workbench.runtime.comm_plan.p2p_channel` names (a process group per kind and ordered pair
+of ranks), so on each of them messages go one way only. ``one_tag``: every message carries tag 0, so
+gloo matches by order alone, as NCCL does (which ignores tags); the order is the plan's
+(:mod:`workbench.runtime.comm_plan`, whose check proves it consistent for every schedule).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from workbench.runtime.comm_plan import group_of, p2p_channel
 from workbench.runtime.stages import spec_bytes
 
 MAX_TENSORS = 8
@@ -46,6 +51,9 @@ class P2P:
     ``0``: each receive is posted only when its op needs it, which keeps the in-order semantics
     deadlock free.
 
+    ``groups``: communicator name (:func:`~workbench.runtime.comm_plan.p2p_channel`) -> process group
+    (a missing name: the default group). ``one_tag``: every message with tag 0 (module docstring).
+
     ``send_thread``: hand the ``isend``s to a sender thread (:class:`_Sender`) instead of posting
     them on the op's thread. ``None`` (default) = on with gloo, off with NCCL (its sends are already
     asynchronous on a stream); the environment variable ``WORKBENCH_SEND_THREAD=0`` turns the default
@@ -60,16 +68,18 @@ class P2P:
         timeout_s: float,
         lookahead: int | None = None,
         *,
-        groups=(None, None),
+        groups: dict | None = None,
         backend: str = "gloo",
         buffer_budget: int = 256 << 20,
         send_thread: bool | None = None,
+        one_tag: bool = False,
     ):
         self.rank, self.S, self.device = rank, num_stages, device
-        # one communicator per direction (activations, gradients): with NCCL, where a send blocks its
-        # stream until the peer receives, a pair of ranks exchanging in both directions would
-        # otherwise deadlock (send act | recv grad on one rank, send grad | recv act on the other)
-        self.groups = groups
+        # one communicator per kind and ordered pair (comm_plan.p2p_channel): with NCCL, where a send
+        # blocks its stream until the peer receives, a pair of ranks sending both ways on one
+        # communicator would deadlock (each one's send waiting for the other's receive)
+        self.groups = groups or {}
+        self.one_tag = one_tag
         self.timeout = timedelta(seconds=timeout_s)
         self.requested = lookahead
         self.lookahead = 4
@@ -119,8 +129,12 @@ class P2P:
         if self.backend != "gloo":
             self.sends = [(w, t) for w, t in self.sends if not w.is_completed()]
         kind, boundary, g = key
+        group = group_of(self.groups, p2p_channel(kind, self.rank, dst))
         for i, t in enumerate(tensors):
-            self.sends.append((dist.isend(t, dst, tag=tag(kind, boundary, g, i, self.S), group=self.groups[kind]), t))
+            self.sends.append((dist.isend(t, dst, tag=self._tag(kind, boundary, g, i), group=group), t))
+
+    def _tag(self, kind: int, boundary: int, g: int, i: int) -> int:
+        return 0 if self.one_tag else tag(kind, boundary, g, i, self.S)
 
     def flush(self) -> None:
         if self.sender is not None:
@@ -155,10 +169,8 @@ class P2P:
         key, src, specs = self.plan[self.next_post]
         bufs = [torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in specs]
         kind, boundary, g = key
-        works = [
-            dist.irecv(b, src, tag=tag(kind, boundary, g, i, self.S), group=self.groups[kind])
-            for i, b in enumerate(bufs)
-        ]
+        group = group_of(self.groups, p2p_channel(kind, src, self.rank))
+        works = [dist.irecv(b, src, tag=self._tag(kind, boundary, g, i), group=group) for i, b in enumerate(bufs)]
         self.posted[key] = (works, bufs, src)
         self.next_post += 1
 

@@ -18,8 +18,9 @@ follow, both derived once from the schedule, so both ends know every message in 
   ``n = |step_microbatches(s, t)|`` (which lists these microbatches too), so
   ``W_s^(t+1) = W_s^(t) - lr * mean_{b in step t} g_s(b)``, exactly the rule of the schedule.
 
-Fetches and pushes travel in their own process groups (``fetch``, ``push``), apart from the
-activation and gradient traffic, with tags unique within an epoch:
+Fetches and pushes travel in their own process groups (:func:`remote_channel`: one per stage and
+direction), apart from the activation and gradient traffic, with tags unique within an epoch (or
+all 0 with ``one_tag``: matched by order, as NCCL does):
 ``fetch: (g * S + s)`` with ``g = k * M + b`` and ``push: ((k * S + s) * T + t)`` (``k`` the round
 within the epoch, ``T`` the most updates a stage makes per round). Every wait has the job's timeout.
 """
@@ -35,6 +36,22 @@ import torch.distributed as dist
 from workbench.schedules.core import COMPUTE, Schedule
 
 FETCH_AHEAD = 2  # fetch receives kept posted ahead of the op that needs them
+
+
+def remote_channel(what: str, stage: int, src: int, dst: int) -> str:
+    """The communicator of the weight fetches (``what`` = ``"fetch"``) and gradient pushes
+    (``"push"``) of ``stage`` from ``src`` to ``dst``: one per stage and direction. An owner of
+    several stages sends each stage's versions as it makes them while its consumers read them in
+    their op order: per stage these orders agree, across stages they need not (fslpp), and NCCL
+    matches a pair's messages on one communicator by order
+    (:func:`workbench.runtime.comm_plan.check_nccl`)."""
+    return f"{what}{stage}" + ("-up" if dst > src else "-down")
+
+
+def remote_channels(schedule: Schedule) -> list[str]:
+    """Every :func:`remote_channel` name of ``schedule``'s run, in one order for all ranks."""
+    S = schedule.num_stages
+    return [f"{w}{s}{d}" for s in range(S) for w in ("fetch", "push") for d in ("-up", "-down")]
 
 
 def is_remote(op, worker: int) -> bool:
@@ -136,8 +153,9 @@ class RemoteWeights:
         device,
         timeout_s: float,
         *,
-        groups: tuple,
+        groups: dict,
         updates_per_round: list[int],
+        one_tag: bool = False,
     ):
         self.plan = RemotePlan(schedule, rank)
         self.rank, self.S, self.M = rank, schedule.num_stages, schedule.microbatches
@@ -147,7 +165,7 @@ class RemoteWeights:
         self.numel = {s: sum(sh.numel() for _, sh in lay) for s, lay in self.layouts.items()}
         self.device = device
         self.timeout = timedelta(seconds=timeout_s)
-        self.fetch_group, self.push_group = groups
+        self.groups, self.one_tag = groups, one_tag  # remote_channel(...) -> process group
         self.T = max(updates_per_round) + 1
         self.sends: list = []  # (work, tensor) in flight
         self.posted: dict = {}  # (s, b) -> (work, buffer, owner)
@@ -167,10 +185,17 @@ class RemoteWeights:
 
     # ---- tags ---------------------------------------------------------------------------
     def _fetch_tag(self, s: int, b: int) -> int:
-        return (self.k * self.M + b) * self.S + s
+        return 0 if self.one_tag else (self.k * self.M + b) * self.S + s
 
     def _push_tag(self, s: int, t: int) -> int:
-        return (self.k * self.S + s) * self.T + t
+        return 0 if self.one_tag else (self.k * self.S + s) * self.T + t
+
+    def _group(self, what: str, s: int, src: int, dst: int):
+        """The process group of the channel (None: the default group, where none were made)."""
+        name = remote_channel(what, s, src, dst)
+        if self.groups and name not in self.groups:
+            raise RuntimeError(f"no process group for communicator {name!r}")
+        return self.groups.get(name)
 
     # ---- per round ----------------------------------------------------------------------
     def begin_round(self, k: int, versions: dict[int, dict]) -> None:
@@ -184,7 +209,9 @@ class RemoteWeights:
             recvs = []
             for c in consumers:
                 buf = torch.empty(self.numel[s], dtype=self.dtypes[s], device=self.device)
-                recvs.append((dist.irecv(buf, c, tag=self._push_tag(s, t), group=self.push_group), buf, c))
+                recvs.append(
+                    (dist.irecv(buf, c, tag=self._push_tag(s, t), group=self._group("push", s, c, self.rank)), buf, c)
+                )
             self.push_recvs[(s, t)] = recvs
         for s, params in versions.items():
             self.post_sends(s, 0, params)
@@ -199,7 +226,8 @@ class RemoteWeights:
         flat = torch.cat([params[n].detach().reshape(-1) for n, _ in self.layouts[s]])
         self.sends = [(w, t) for w, t in self.sends if not w.is_completed()]
         for c, b in targets:
-            self.sends.append((dist.isend(flat, c, tag=self._fetch_tag(s, b), group=self.fetch_group), flat))
+            group = self._group("fetch", s, self.rank, c)
+            self.sends.append((dist.isend(flat, c, tag=self._fetch_tag(s, b), group=group), flat))
             self.stats["weight_sends"] += 1
 
     def _prefetch(self) -> None:
@@ -208,8 +236,10 @@ class RemoteWeights:
 
     def _post_one(self) -> None:
         s, b, _, owner = self.plan.fetches[self.next_fetch]
+        assert owner is not None, "a remote op names its weights' owner"
         buf = torch.empty(self.numel[s], dtype=self.dtypes[s], device=self.device)
-        self.posted[(s, b)] = (dist.irecv(buf, owner, tag=self._fetch_tag(s, b), group=self.fetch_group), buf, owner)
+        group = self._group("fetch", s, owner, self.rank)
+        self.posted[(s, b)] = (dist.irecv(buf, owner, tag=self._fetch_tag(s, b), group=group), buf, owner)
         self.next_fetch += 1
 
     def fetch(self, s: int, b: int) -> tuple[dict[str, torch.Tensor], float]:
@@ -245,7 +275,9 @@ class RemoteWeights:
         if self.plan.push_last[key] == i:
             buf = self.push_bufs.pop(key)
             self.sends = [(w, x) for w, x in self.sends if not w.is_completed()]
-            self.sends.append((dist.isend(buf, owner, tag=self._push_tag(s, t), group=self.push_group), buf))
+            assert owner is not None, "a remote op names its weights' owner"
+            group = self._group("push", s, self.rank, owner)
+            self.sends.append((dist.isend(buf, owner, tag=self._push_tag(s, t), group=group), buf))
             self.stats["gradient_pushes"] += 1
             self.stats["gradient_push_bytes"] += buf.numel() * buf.element_size()
 

@@ -131,6 +131,12 @@ class RunSpec:
     )
     threads: int | None = option(None, "torch threads per worker")
     lookahead: int | None = option(None, cli=False)
+    one_tag: bool = option(
+        False,
+        "send every message with tag 0, so gloo matches messages by their order alone, as NCCL does "
+        "(a check that the runtime's send and receive orders agree; the shm transport numbers its "
+        "messages by order anyway)",
+    )
     timeout_s: float = option(60.0, "seconds any wait may take before the job fails", flag="--timeout")
     port: int | None = option(None, "rendezvous port of the spawned ranks (default: a free one)")
     allow_oversubscribe: bool = option(False, "allow more workers than cores/GPUs")

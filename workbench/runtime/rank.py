@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 from workbench.runtime.affinity import place_rank
+from workbench.runtime.comm_plan import channels
 from workbench.runtime.ddp import DDPExecutor
-from workbench.runtime.fetch import has_remote
 from workbench.runtime.hogwild import HogwildExecutor
 from workbench.runtime.job import Job, RankContext
 from workbench.runtime.lifetime import reached
@@ -61,19 +61,17 @@ def _init_dist(rank: int, world: int, job: Job, addr: str | None, port: int | No
 
 
 def _make_groups(dist, rank: int, job: Job) -> dict:
-    """One process group per distinct replica set of a stage, plus ``act``/``grad``: all ranks, one
-    communicator per transfer direction (created in the same order on all ranks)."""
+    """One process group per distinct replica set of a stage, plus one per point-to-point
+    communicator of :func:`~workbench.runtime.comm_plan.channels` (activations and gradients per
+    kind and ordered pair of ranks, the master family's fetches and pushes per stage and direction),
+    created in the same order on all ranks."""
     groups: dict[Any, Any] = {}
-    if job.schedule.num_stages > 1 and executor_of(job.schedule) == "pipeline":
-        for k in ("act", "grad"):
-            groups[k] = dist.new_group(
-                list(range(job.schedule.num_workers)), timeout=timedelta(seconds=job.run.timeout_s)
-            )
-    if has_remote(job.schedule):  # master family: weight fetches and gradient pushes (fetch.py)
-        for k in ("fetch", "push"):
-            groups[k] = dist.new_group(
-                list(range(job.schedule.num_workers)), timeout=timedelta(seconds=job.run.timeout_s)
-            )
+    if executor_of(job.schedule) == "pipeline":
+        scheds = [job.schedule] + ([job.stream(2 * job.schedule.microbatches)] if job.stream is not None else [])
+        for name, ranks in channels(scheds):
+            g = dist.new_group(list(ranks), timeout=timedelta(seconds=job.run.timeout_s))
+            if rank in ranks:
+                groups[name] = g
     for ws in sorted({tuple(w) for w in job.schedule.stage_workers if len(w) > 1}):
         g = dist.new_group(list(ws), timeout=timedelta(seconds=job.run.timeout_s))
         if rank in ws:

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from workbench.models.segmented import flop_model, segment_layers
+from workbench.runtime.comm_plan import ACT, GRAD, RankComm
 from workbench.runtime.record import OpRecord
 from workbench.runtime.reference import updates_per_round
 from workbench.runtime.segments import Mailbox, SegmentStage
@@ -99,7 +100,10 @@ class SegmentExecutor:
         }
         self.per_round = updates_per_round(schedule)
         self.version = {s: ctx.start_round * self.per_round[s] for s in self.stages}
-        self.box = Mailbox(schedule, self.rank, ctx.run.timeout_s, group=groups.get("act"))
+        self.box = Mailbox(schedule, self.rank, ctx.run.timeout_s, groups=groups, one_tag=ctx.run.one_tag)
+        # the plan comm_plan.check_nccl proves: who sends each received message, where each send goes
+        self.plan = RankComm(schedule, self.rank)
+        self.src = {(m.recv_op, m.kind): m.src for m in self.plan.recvs}
         ties = tied_weights(model, bounds)
         self.tied = TiedGradients(schedule, self.rank, ties, groups, ctx.run.timeout_s) if ties else None
 
@@ -114,14 +118,14 @@ class SegmentExecutor:
         """Round ``k`` of the epoch (global minibatch ``R``): one pass of the op list; ``data(b)`` ->
         (input ids, next-token ids) of microbatch ``b``."""
         t0 = self.ctx.t0
-        for op in self.schedule.ops[self.rank]:
+        for i, op in enumerate(self.schedule.ops[self.rank]):
             start, wait = time.perf_counter(), 0.0
             if op.kind == "STEP":
                 wait = self._step(op)
             elif op.kind == "F":
-                wait = self._forward(op, data, metrics)
+                wait = self._forward(op, i, data, metrics)
             elif op.kind in ("B", "BI", "BW"):
-                wait = self._backward(op)
+                wait = self._backward(op, i)
             end = time.perf_counter()
             b = op.microbatch
             v = self.version[op.stage] if op.kind == "STEP" else R * self.per_round[op.stage] + op.version
@@ -142,27 +146,21 @@ class SegmentExecutor:
                 )
             )
 
-    def _recv(self, s_from: int, s: int, j: int, op, grad: bool) -> tuple[torch.Tensor, float]:
+    def _recv(self, s_from: int, s: int, j: int, op, *, i: int, grad: bool) -> tuple[torch.Tensor, float]:
         u = self.schedule.unit(op)
-        key = (
-            ("F", s_from, u)
-            if not grad
-            else ("BI", s_from, u)
-            if ("BI", s_from, u) in self.box.where
-            else ("B", s_from, u)
-        )
+        src = self.src.get((i, GRAD if grad else ACT), self.rank)
         t = time.perf_counter()
-        x = self.box.recv(self._like(min(s_from, s), j), self.box.where[key], self.box.tag(grad, s, u))
+        x = self.box.recv(self._like(min(s_from, s), j), src, self.box.tag(grad, s, u))
         return x, (time.perf_counter() - t) * 1e3
 
-    def _forward(self, op, data, metrics: dict) -> float:
+    def _forward(self, op, i: int, data, metrics: dict) -> float:
         s, b, j = op.stage, op.microbatch, op.segment
         st, lo, hi = self.stages[s], self.offsets[op.segment], self.offsets[op.segment + 1]
         wait = 0.0
         if s == 0:
             x = data(b)[0][:, lo:hi]
         else:
-            x, wait = self._recv(s - 1, s, j, op, grad=False)
+            x, wait = self._recv(s - 1, s, j, op, i=i, grad=False)
         target = data(b)[1][:, lo:hi] if st.is_last else None
         out, loss = st.forward(b, j, x, target)
         if target is not None:  # the last stage
@@ -173,19 +171,19 @@ class SegmentExecutor:
                 metrics["samples"] += int(target.shape[0])
         else:
             u = self.schedule.unit(op)
-            self.box.send(out, self.box.where[("F", s + 1, u)], self.box.tag(False, s + 1, u))
+            self.box.send(out, self.plan.dst(i, ACT), self.box.tag(False, s + 1, u))
         self.peak[s] = max(self.peak[s], st.saved_bytes)
         return wait
 
-    def _backward(self, op) -> float:
+    def _backward(self, op, i: int) -> float:
         s, b, j = op.stage, op.microbatch, op.segment
         g, wait = None, 0.0
         if op.kind != "BW" and s < self.S - 1:
-            g, wait = self._recv(s + 1, s, j, op, grad=True)
+            g, wait = self._recv(s + 1, s, j, op, i=i, grad=True)
         dx = self.stages[s].backward(op.kind, b, j, g)
         if dx is not None and s > 0:
             u = self.schedule.unit(op)
-            self.box.send(dx, self.box.where[("F", s - 1, u)], self.box.tag(True, s - 1, u))
+            self.box.send(dx, self.plan.dst(i, GRAD), self.box.tag(True, s - 1, u))
         return wait
 
     def _step(self, op) -> float:

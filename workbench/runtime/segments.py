@@ -51,6 +51,7 @@ from torch.utils.checkpoint import checkpoint
 
 from workbench.models.data import TokenDataset, load_dataset
 from workbench.models.segmented import SegBlock, SegEmbedding, segment_gpt
+from workbench.runtime.comm_plan import group_of, p2p_channel
 from workbench.runtime.lifetime import spawn
 from workbench.runtime.ports import free_port
 from workbench.runtime.stages import even_bounds
@@ -209,11 +210,13 @@ class SegmentStage:
 
 # ---- one rank ----------------------------------------------------------------------------------
 class Mailbox:
-    """Tagged point-to-point transfers between ranks (local hand-over on the same rank)."""
+    """Tagged point-to-point transfers between ranks (local hand-over on the same rank). ``groups``:
+    communicator name (:func:`~workbench.runtime.comm_plan.p2p_channel`) -> process group (None or a
+    missing name: the default group); ``one_tag``: every message with tag 0 (matched by order)."""
 
-    def __init__(self, schedule: Schedule, rank: int, timeout_s: float, group=None):
+    def __init__(self, schedule: Schedule, rank: int, timeout_s: float, groups=None, one_tag: bool = False):
         self.where, self.rank, self.timeout = schedule.where(), rank, timedelta(seconds=timeout_s)
-        self.group = group  # None: the default process group
+        self.groups, self.one_tag = groups or {}, one_tag
         self.S, self.U = schedule.num_stages, schedule.microbatches * schedule.num_segments
         self.local: dict[int, torch.Tensor] = {}
         self.pending: list[tuple[Any, torch.Tensor]] = []
@@ -221,18 +224,22 @@ class Mailbox:
     def tag(self, grad: bool, stage: int, unit: int) -> int:
         return (int(grad) * self.S + stage) * self.U + unit
 
+    def _group(self, tag: int, src: int, dst: int):
+        return group_of(self.groups, p2p_channel(int(tag >= self.S * self.U), src, dst))
+
     def send(self, t: torch.Tensor, dst: int, tag: int) -> None:
         if dst == self.rank:
             self.local[tag] = t
         else:
             t = t.contiguous()
-            self.pending.append((dist.isend(t, dst, group=self.group, tag=tag), t))  # keep t alive until sent
+            group, wire = self._group(tag, self.rank, dst), 0 if self.one_tag else tag
+            self.pending.append((dist.isend(t, dst, group=group, tag=wire), t))  # keep t alive until sent
 
     def recv(self, like: torch.Tensor, src: int, tag: int) -> torch.Tensor:
         if src == self.rank:
             return self.local.pop(tag)
         buf = torch.empty_like(like)
-        work = dist.irecv(buf, src, group=self.group, tag=tag)
+        work = dist.irecv(buf, src, group=self._group(tag, src, self.rank), tag=0 if self.one_tag else tag)
         if work is None or not work.wait(timeout=self.timeout):
             raise TimeoutError(f"rank {self.rank}: no message with tag {tag} from rank {src} within {self.timeout}")
         return buf

@@ -50,7 +50,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -58,6 +57,7 @@ from torch.utils.checkpoint import checkpoint
 
 from workbench.runtime import opclock, shm
 from workbench.runtime.comm import P2P, ShmP2P
+from workbench.runtime.comm_plan import ACT, GRAD, RankComm, group_of, p2p_channel
 from workbench.runtime.fetch import RemoteWeights, has_remote, is_remote
 from workbench.runtime.record import OpRecord
 from workbench.runtime.reference import updates_per_round
@@ -106,13 +106,17 @@ class RankProgram:
         self.version = {
             (op.kind, op.stage, op.microbatch): op.version for _, op in schedule if op.kind in ("F", "B", "BI", "BW")
         }
+        # the messages this rank receives (in consumption order) and sends (per op): the plan that
+        # comm_plan.check_nccl proves deadlock free under NCCL's rules
+        self.comm = RankComm(schedule, rank)
 
     def backward_version(self, s: int, b: int) -> int:
         v = self.version
         return v[("B", s, b)] if ("B", s, b) in v else v[("BI", s, b)]
 
-    def dst_of_activation(self, s: int, b: int) -> int:
-        return self.where[("F", s + 1, b)]
+    def dst(self, i: int, kind: int) -> int:
+        """Where op ``i``'s activation (``kind`` 0) or input gradient (1) goes (this rank: locally)."""
+        return self.comm.dst(i, kind)
 
 
 class StageState:
@@ -204,8 +208,9 @@ class PipelineExecutor:
                 {s: (st.layout, st.flat.dtype) for s, st in self.state.items()},
                 ctx.device,
                 ctx.run.timeout_s,
-                groups=(groups.get("fetch"), groups.get("push")),
+                groups=groups,
                 updates_per_round=self.prog.per_round,
+                one_tag=ctx.run.one_tag,
             )
         self.split = {op.stage for op in self.prog.ops if op.kind == "BI"}  # stages whose backward is split (BI/BW)
         ties = tied_weights(model, bounds)  # weights tied across stages: gradients combined at STEP (tied.py)
@@ -221,8 +226,9 @@ class PipelineExecutor:
                 ctx.device,
                 ctx.run.timeout_s,
                 lookahead=ctx.run.lookahead,
-                groups=(groups.get("act"), groups.get("grad")),
+                groups=groups,
                 backend=ctx.run.backend,
+                one_tag=ctx.run.one_tag,
             )
         self.clock = opclock.for_device(ctx.device)  # None: the host's clock around each op (CPU)
         if self.clock is not None:
@@ -255,28 +261,25 @@ class PipelineExecutor:
             self.comm.set_send_plan({dst: self.receive_plan(rounds, dst) for dst in self.comm.outbound})
 
     def warm_up(self) -> None:
-        """Exchange one small tensor with every peer this rank talks to, so that the transport's
-        connection set-up (about a second with gloo) is not charged to the first step."""
-        peers = set()
-        for op in self.prog.ops:
-            s, b = op.stage, op.microbatch
-            if op.kind == "F" and s > 0:
-                peers.add(self.prog.where[("F", s - 1, b)])
-            if op.kind == "F" and s < self.S - 1:
-                peers.add(self.prog.where[("F", s + 1, b)])
-        peers.discard(self.rank)
-        works: list[Any] = []  # isend / irecv works (None only off their group)
-        for p in sorted(peers):
-            works.append(dist.isend(torch.ones(1, device=self.ctx.device), p, tag=2**30))
-            works.append(dist.irecv(torch.empty(1, device=self.ctx.device), p, tag=2**30))
+        """Send one small tensor on every communicator and to every peer this rank sends to (and
+        receive one wherever it receives), so that the transport's connection set-up (about a second
+        with gloo; NCCL creates a pair's communicator at its first message) is not charged to the
+        first step. Each goes the way the plan's messages go, so no pair sends both ways on one."""
+        comm, works = self.prog.comm, []  # isend / irecv works (None only off their group)
+        sends = {(p2p_channel(m.kind, m.src, m.dst), m.dst) for ms in comm.sends.values() for m in ms}
+        recvs = {(p2p_channel(m.kind, m.src, m.dst), m.src) for m in comm.recvs}
+        for (ch, p), f in sorted([(k, dist.isend) for k in sends] + [(k, dist.irecv) for k in recvs], key=str):
+            buf = torch.ones(1, device=self.ctx.device)
+            works.append(f(buf, p, tag=0, group=group_of(self.groups, ch)))
         for w in works:
-            w.wait(timedelta(seconds=self.ctx.run.timeout_s))
+            if w is not None:
+                w.wait(timedelta(seconds=self.ctx.run.timeout_s))
 
     # ---- per epoch ----------------------------------------------------------------------
     def receive_plan(self, rounds: list[int], rank: int | None = None) -> list:
         """Receives of ``rank`` (default this one) to post, in op order, from the schedule's one
-        derivation of dataflow edges (:meth:`Schedule.remote_inputs`): an activation of stage s-1
-        for F(s, b), the gradient of stage s+1 for B/BI(s, b)."""
+        derivation of dataflow edges (:class:`~workbench.runtime.comm_plan.RankComm`): an activation
+        of stage s-1 for F(s, b), the gradient of stage s+1 for B/BI(s, b)."""
         plan = []
         rank = self.rank if rank is None else rank
         # a stream is one pass of its schedule over the rounds' microbatches, numbered from the first round's
@@ -286,14 +289,14 @@ class PipelineExecutor:
             else [(k, self.schedule) for k in rounds]
         )
         for k, sched in passes:
-            inputs, ops = sched.remote_inputs(rank), sched.ops[rank]
-            for i, (_, s_from, b), src in inputs:
-                s, g = ops[i].stage, k * self.M + b
-                if s_from < s:  # activation from the previous stage
-                    plan.append(((0, s_from, g), src, self.specs[s_from]))
+            ops = sched.ops[rank]
+            for m in RankComm(sched, rank).recvs:
+                s, g = ops[m.recv_op].stage, k * self.M + m.unit
+                if m.kind == ACT:  # activation from the previous stage
+                    plan.append(((ACT, m.boundary, g), m.src, self.specs[m.boundary]))
                 else:  # gradient from the next stage
                     spec = self.specs[s]
-                    plan.append(((1, s, g), src, [spec[j] for j in _float_spec(spec)]))
+                    plan.append(((GRAD, s, g), m.src, [spec[j] for j in _float_spec(spec)]))
         return plan
 
     def run_round(self, k: int, R: int, data, timeline: list, metrics: dict) -> None:
@@ -412,7 +415,7 @@ class PipelineExecutor:
                 params, fw = self.remote.fetch(s, b)
                 wait += fw
                 t.restart()
-            self._forward(ps, st, op, off + op.version, x, data=data, params=params)
+            self._forward(ps, st, op, off + op.version, x, data=data, params=params, i=i)
             return wait
         cot = None
         if op.kind != "BW" and s < self.S - 1:
@@ -476,7 +479,7 @@ class PipelineExecutor:
             if v != st.newest and prog.last_read.get((st.stage, v - off), -1) <= i:
                 del st.versions[v]
 
-    def _forward(self, ps: _Pass, st: StageState, op, v: int, x, *, data, params=None) -> None:
+    def _forward(self, ps: _Pass, st: StageState, op, v: int, x, *, data, params=None, i: int) -> None:
         """F of ``op`` on input ``x`` at version ``v``; ``params``: fetched weights (remote op) or None
         for this rank's version ``v``. The last stage adds the loss to the minibatch's metrics; the
         others send the output downstream."""
@@ -519,7 +522,7 @@ class PipelineExecutor:
             rec["target"] = target
             rec["loss"] = loss if keep_graph else None
         else:
-            self.comm.send((0, s, g), list(as_tuple(y)), prog.dst_of_activation(s, b))
+            self.comm.send((ACT, s, g), list(as_tuple(y)), prog.dst(i, ACT))
         st.records[g] = rec
 
     def _backward(self, ps: _Pass, st: StageState, op, v: int, cot, *, data, i: int) -> None:
@@ -565,7 +568,7 @@ class PipelineExecutor:
             )
             del st.records[g]
         if op.kind != "BW" and s > 0:
-            self.comm.send((1, s - 1, g), dx, prog.where[("F", s - 1, b)])
+            self.comm.send((GRAD, s - 1, g), dx, prog.dst(i, GRAD))
 
     def weights(self) -> dict[int, dict]:
         """Newest weights of the stages this rank holds (not of those it only computes with)."""

@@ -1,0 +1,43 @@
+"""benchmarks/gpu_check.py: one line and exit 0 without a GPU; its naming helpers."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_without_a_gpu_it_says_so_in_one_line_and_exits_0(tmp_path):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu_check: no CUDA device"), p.stdout
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_device_names_become_file_names_and_pick_the_nearest_listed_spec():
+    from workbench.profiling.measure import GPUS
+
+    m = _module()
+    assert m.slug("NVIDIA H200") == "nvidia-h200"
+    assert m.slug("Tesla V100-SXM2-32GB") == "tesla-v100-sxm2-32gb"
+    assert m.nearest_spec("NVIDIA A100-SXM4-40GB", GPUS) == "A100"
+    assert m.nearest_spec("NVIDIA H200", GPUS) == "H100"
+    assert m.nearest_spec("Tesla V100-SXM2-16GB", GPUS) == "V100"
+    assert m.nearest_spec("Some Future GPU", GPUS) in GPUS
