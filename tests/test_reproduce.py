@@ -161,3 +161,37 @@ def test_summary_starts_with_a_short_headline_of_the_furthest_misses():
     misses = [ln for ln in lines if ln.startswith("- ")]
     assert [m.split(":")[0] for m in misses] == ["- far below", "- far above"]  # |log ratio| 1.39, then 1.10
     assert all(len(m) < 200 for m in misses)
+
+
+def test_lean_strips_figure_data_and_keeps_tables(tmp_path, monkeypatch):
+    """--lean: a figure output becomes one line naming its page; a table output stays; pages load
+    plotly.js from the CDN (no 4.8 MB copy in the run folder)."""
+    import nbformat
+    import plotly.graph_objects as go
+
+    from workbench.cli.reproduce import _shared_plotlyjs, strip_figures
+    from workbench.viz.plot import save_html
+
+    fig = go.Figure(go.Bar(x=[1, 2], y=[3, 4]))
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("fig")
+    cell.outputs = [
+        nbformat.v4.new_output(
+            "display_data",
+            data={"application/vnd.plotly.v1+json": fig.to_plotly_json(), "text/html": "<div>plotly</div>"},
+        ),
+        nbformat.v4.new_output("execute_result", data={"text/plain": "   a  b\n0  1  2"}, execution_count=1),
+    ]
+    nb.cells.append(cell)
+    path = tmp_path / "09_x.ipynb"
+    nbformat.write(nb, str(path))
+    before = path.stat().st_size
+    assert strip_figures(path) == 1
+    again = nbformat.read(str(path), as_version=4).cells[0].outputs
+    assert "09_x/" in again[0]["data"]["text/plain"] and again[1]["data"]["text/plain"].startswith("   a")
+    assert path.stat().st_size < before
+    with _shared_plotlyjs(tmp_path, lean=True):
+        page = save_html(fig, tmp_path / "09_x" / "fig.html")
+    assert not (tmp_path / "plotly.min.js").exists()
+    html = page.read_text()
+    assert "cdn.plot.ly" in html and len(html) < 100_000

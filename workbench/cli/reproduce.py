@@ -214,21 +214,36 @@ def run_notebook(name: str, path: Path, params: dict, run_dir: Path, quick: bool
 
 
 def run(
-    only=None, params_file=None, quick: bool = False, out="results/reproduce", nb_dir=None, *, progress: bool = True
+    only=None,
+    params_file=None,
+    quick: bool = False,
+    out="results/reproduce",
+    nb_dir=None,
+    *,
+    progress: bool = True,
+    lean: bool = False,
 ) -> tuple[Path, list[Outcome]]:
-    """Check every parameter, run the notebooks, write ``summary.md``; returns (run folder, outcomes)."""
+    """Check every parameter, run the notebooks, write ``summary.md``; returns (run folder, outcomes).
+    ``lean``: a run folder to commit: pages load plotly.js from its CDN instead of a 4.8 MB copy,
+    and the executed notebooks keep their tables and text but not their figures' data (each
+    figure is a page in the notebook's folder; :func:`strip_figures`)."""
     from tqdm.auto import tqdm
 
     nb_dir = Path(nb_dir) if nb_dir else notebooks_dir()
     runs, missing = plan_runs(only, params_file, quick, nb_dir)
     outcomes = [Outcome(n, "missing", error=f"{n}.ipynb is not in {nb_dir}") for n in missing]
     load_start = os.getloadavg()
-    with run_folder(Path(out) / run_id("reproduce-" + ("quick" if quick else "full"))) as tmp, _shared_plotlyjs(tmp):
+    with (
+        run_folder(Path(out) / run_id("reproduce-" + ("quick" if quick else "full"))) as tmp,
+        _shared_plotlyjs(tmp, lean),
+    ):
         bar = tqdm(runs, desc="notebooks", unit="nb", disable=not progress)
         for name, path, params in bar:
             bar.set_postfix_str(name)
             outcome = run_notebook(name, path, params, tmp, quick, progress=progress)
             outcomes.append(outcome)
+            if lean and (tmp / f"{name}.ipynb").exists():
+                strip_figures(tmp / f"{name}.ipynb")
             if outcome.status != "ok":
                 tqdm.write(f"FAILED {name}: {outcome.error}", file=sys.stderr)
         order = list(NOTEBOOKS)
@@ -239,14 +254,36 @@ def run(
     return tmp.final, outcomes
 
 
+def strip_figures(path: Path) -> int:
+    """Replace every plotly figure output of the executed notebook ``path`` by one line of text
+    naming where its page is (the notebook's folder of the run); tables, text and errors stay.
+    Returns how many outputs were replaced."""
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    note = f"[figure: its data is left out of this copy; the page is in {path.stem}/ beside this notebook]"
+    n = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            html = str(data.get("text/html", ""))
+            if "application/vnd.plotly.v1+json" in data or "plotly" in html.lower():
+                out["data"] = {"text/plain": note}
+                out["metadata"] = {}
+                n += 1
+    nbformat.write(nb, str(path))
+    return n
+
+
 @contextlib.contextmanager
-def _shared_plotlyjs(run_dir: Path):
+def _shared_plotlyjs(run_dir: Path, lean: bool = False):
     """While the notebooks run, their HTML figures load one ``plotly.min.js`` at the run folder's
-    root by relative path (the kernels inherit the environment), instead of embedding 4.8 MB each."""
+    root by relative path (the kernels inherit the environment), instead of embedding 4.8 MB each;
+    ``lean``: from plotly's CDN (a page to commit; viewing it needs the network)."""
     from workbench.viz.plot import SHARED_PLOTLYJS_ENV, write_shared_plotlyjs
 
     before = os.environ.get(SHARED_PLOTLYJS_ENV)
-    os.environ[SHARED_PLOTLYJS_ENV] = str(write_shared_plotlyjs(run_dir).resolve())
+    os.environ[SHARED_PLOTLYJS_ENV] = "cdn" if lean else str(write_shared_plotlyjs(run_dir).resolve())
     try:
         yield
     finally:
@@ -485,11 +522,16 @@ def add_arguments(p) -> None:
     p.add_argument("--only", nargs="+", metavar="NAME", help="notebooks to run (names or numbers, e.g. 02 05)")
     p.add_argument("--params", metavar="FILE", help="YAML or JSON {notebook: {parameter: value}}")
     p.add_argument("--out", default="results/reproduce", help="parent of the new run folder")
+    p.add_argument(
+        "--lean",
+        action="store_true",
+        help="a run folder to commit: pages load plotly.js from its CDN, notebooks keep no figure data",
+    )
     p.add_argument("--notebooks", metavar="DIR", help=argparse.SUPPRESS)  # another notebooks/ folder (tests)
 
 
 def cmd_reproduce(args) -> int:
-    run_dir, outcomes = run(args.only, args.params, args.quick, args.out, args.notebooks)
+    run_dir, outcomes = run(args.only, args.params, args.quick, args.out, args.notebooks, lean=args.lean)
     width = max(len(o.name) for o in outcomes) if outcomes else 10
     for o in outcomes:
         print(f"{o.name:<{width}}  {o.status:<7}  {o.seconds:6.0f} s  {o.error}")

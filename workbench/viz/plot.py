@@ -219,8 +219,11 @@ def save_html(fig: go.Figure, path) -> Path:
 
 def plotlyjs_source(path) -> str | bool:
     """How an HTML page written to ``path`` gets plotly.js: the relative path of the shared
-    ``plotly.min.js`` that ``WORKBENCH_PLOTLYJS`` names, else ``True`` (embed it, 4.8 MB)."""
+    ``plotly.min.js`` that ``WORKBENCH_PLOTLYJS`` names, ``"cdn"`` where it says ``cdn`` (plotly's
+    CDN, pinned to the installed version: a page to commit), else ``True`` (embed it, 4.8 MB)."""
     shared = os.environ.get(SHARED_PLOTLYJS_ENV)
+    if shared == "cdn":
+        return "cdn"
     return os.path.relpath(shared, Path(path).resolve().parent) if shared else True
 
 
