@@ -311,7 +311,9 @@ def intra_batch(setting: Setting, model: str, workers: int, params: dict) -> dic
     * ``over_gpipe``: GPipe with PipeDream's partition, the best straight plan, flushing every
       ``M = k S`` microbatches (the protocol's ``baselines.gpipe_microbatches_per_stage`` k: GPipe's
       own rule, the PipeDream papers do not state their M), against PipeDream's 1F1B on the same
-      plan; both simulated (``workbench.simulate`` steady state), so only the schedule differs."""
+      plan (with the plan's communication-aware in-flight count, ``Plan.in_flight``, as notebook 03
+      runs PipeDream); both simulated (``workbench.simulate`` steady state), so only the schedule
+      differs."""
 
     key = (setting.key, model, workers, tuple(sorted(params.items())))
     if key in _INTRA:
@@ -326,8 +328,9 @@ def intra_batch(setting: Setting, model: str, workers: int, params: dict) -> dic
     S = straight.num_stages
     m = int(protocol.value("baselines.gpipe_microbatches_per_stage")) * S
     gpipe = simulate(schedules.build("gpipe", straight, m, steps=4), profile=prof, plan=straight, topology=topo, **cost)
+    warmup = dict(warmup=list(straight.in_flight)) if straight.in_flight else {}  # the plan's in-flight count
     pd_straight = simulate(
-        schedules.build("pipedream", straight, 16 * S, weights="stash"),
+        schedules.build("pipedream", straight, 16 * S, weights="stash", **warmup),
         profile=prof,
         plan=straight,
         topology=topo,
@@ -691,7 +694,56 @@ def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.Data
                 protocol=protocol.used(*keys),
             )
         )
+    rows += qualitative_rows(fitted["sosp"])
     return rows, pd.DataFrame(list(configs.values()))
+
+
+def qualitative_rows(params: dict, setting: str = "sosp-A", workers: int = 4) -> list[dict]:
+    """SOSP's qualitative statements on its own setting (4 GPUs of Cluster-A), as ``holds`` rows over
+    Fig. 1's models (:func:`intra_batch`): naive model parallelism (one minibatch at a time) is no
+    faster than one GPU; PipeDream's 1F1B has no pipeline flush in steady state, so its simulated
+    time per minibatch on the straight plan is the plan's slowest stage or cut (within 1%)."""
+    s = SETTINGS[setting]
+    per = {m: intra_batch(s, m, workers, params) for m in FIG1_MODELS}
+    topo = s.topology(workers)
+    label = f"modeled (PipeDream's GPU profiles of {', '.join(FIG1_MODELS)}; topology {topo.describe()}; the one cost model)"
+    keys = s.protocol_keys(topo)
+    slow = {m: v["mp_speedup"] <= 1.0 + 1e-9 for m, v in per.items()}
+    no_flush = {}
+    for m in FIG1_MODELS:
+        plan = pipedream_plan(s, m, workers, params, straight=True)
+        stage_ms, cut_ms = CostModel.from_profile(_profile_for(s, m), topo, **s.collective(topo, params)).plan_times(
+            plan
+        )
+        bottleneck = max(list(stage_ms) + list(cut_ms))
+        no_flush[m] = (per[m]["pipedream_straight_ms"], bottleneck)
+    flushless = {m: abs(a / b - 1) <= 0.01 for m, (a, b) in no_flush.items()}
+    return [
+        claim(
+            EXPERIMENT,
+            f"naive model parallelism is no faster than one GPU ({s.title}, {workers} GPUs)",
+            len(per),
+            sum(slow.values()),
+            "models",
+            label=label,
+            comparison="holds",
+            explanation="SOSP §2 (model parallelism keeps one worker busy at a time); its speed over one GPU: "
+            + ", ".join(f"{m} {v['mp_speedup']:.2f}x" for m, v in per.items()),
+            protocol=protocol.used(*keys),
+        ),
+        claim(
+            EXPERIMENT,
+            f"PipeDream's 1F1B has no pipeline flush in steady state ({s.title}, {workers} GPUs, straight plans)",
+            len(no_flush),
+            sum(flushless.values()),
+            "models",
+            label=label,
+            comparison="holds",
+            explanation="SOSP §3.2; simulated 1F1B time per minibatch against the plan's slowest stage or cut: "
+            + ", ".join(f"{m} {a:.1f} vs {b:.1f} ms" for m, (a, b) in no_flush.items()),
+            protocol=protocol.used(*keys),
+        ),
+    ]
 
 
 #: How a quantity's paper words compare (``common.COMPARISONS``): the arXiv abstract's "up to 95%"
