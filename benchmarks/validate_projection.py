@@ -6,11 +6,13 @@ its input tensor), build the paper-size model on the meta device, count FLOPs/by
 total forward, backward and fwd+bwd time with the measured profile. The efficiency factors are the
 library defaults, fixed a priori: this script does not fit them.
 
-Writes results/bench/projection.csv and prints a table. Needs ../shared/pipedream-profiles.
+Prints a table; writes a CSV only with ``--out`` (the committed results/bench/projection.csv is
+refreshed on purpose with ``--out results/bench/projection.csv``). Needs ../shared/pipedream-profiles.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -45,14 +47,17 @@ def compare(name: str, gpu: str = "V100", winograd: bool = True) -> dict:
     return row
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None, help="CSV to write (none by default)")
+    a = ap.parse_args(argv)
     if not SHARED.exists():
         print(f"needs {SHARED}", file=sys.stderr)
         return 2
     df = pd.DataFrame([compare(n, winograd=w) for w in (False, True) for n in ("alexnet", "vgg16", "resnet50")])
-    out = ROOT / "results" / "bench"
-    out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / "projection.csv", index=False)
+    if a.out is not None:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        df.to_csv(a.out, index=False)
     cols = [
         "model",
         "winograd",
