@@ -108,6 +108,8 @@ def claim(
         met = ""
     elif comparison in ("at least", "holds"):
         met = "yes" if ours_f >= paper_f else "no"
+    elif paper_f == 0:  # a count of zero is met only by zero
+        met = "yes" if ours_f == 0 else "no"
     else:
         met = "yes" if math.isfinite(ratio) and abs(ratio - 1) <= WITHIN else "no"
     return dict(

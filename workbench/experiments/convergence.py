@@ -534,3 +534,29 @@ def select_lr(setup: Setup, grid, seeds, scratch, *, budget_share: float = 0.8) 
     target = math.floor(100 * float(best["worst_seed_best_accuracy"]) + 1e-9) / 100
     table["chosen"] = table["lr"] == best["lr"]
     return table, float(best["lr"]), target
+
+
+def weight_rule_sensitivity(setup: Setup, schemes, lrs, seeds, scratch) -> pd.DataFrame:
+    """The weight rules' final and best test accuracy (mean over ``seeds``) at each learning rate of
+    ``lrs`` (the semantic reference): a measurement of how a rule's gap to stashing or to BSP moves
+    with the step size, where a rule's staleness multiplies it. One row per (scheme, lr)."""
+    rows = []
+    for lr in lrs:
+        ref, _ = reference_sweep(replace(setup, lr=float(lr)), list(schemes), seeds, Path(scratch) / f"lr-{lr:g}")
+        last = ref[ref["epoch"] == ref["epoch"].max()]
+        for scheme, g in ref.groupby("scheme", sort=False):
+            fin = last[last["scheme"] == scheme]["test_accuracy"]
+            best = g.groupby("seed")["test_accuracy"].max()
+            rows.append(
+                dict(
+                    scheme=scheme,
+                    lr=float(lr),
+                    final_accuracy_mean=float(fin.mean()),
+                    final_accuracy_min=float(fin.min()),
+                    best_accuracy_mean=float(best.mean()),
+                    seeds=len(best),
+                    epochs=int(ref["epoch"].max()),
+                    label=f"measured (this machine: the semantic reference on {setup.model}, {len(best)} seeds)",
+                )
+            )
+    return pd.DataFrame(rows)
