@@ -453,6 +453,85 @@ def tta_claims(
     return rows
 
 
+VSYNC, NO_STASH = "pipedream-vertical-sync", "pipedream-no-stash"
+
+
+def qualitative_claims(
+    stats: pd.DataFrame, significance: pd.DataFrame, cfg: Config, sensitivity: pd.DataFrame | None = None
+) -> list[dict]:
+    """The weight rules' qualitative statements, as ``holds`` rows on this run's seeds:
+
+    * vertical sync's effect is negligible: every seed of it reaches the target and its mean epochs
+      are within 25% of weight stashing's;
+    * naive pipelining (no stashing) does not reach data parallelism's accuracy: its final test
+      accuracy is below BSP's, with a two-sided Mann-Whitney p < 0.05 over seeds.
+
+    ``sensitivity`` (:func:`convergence.weight_rule_sensitivity`, where the run measured it): the
+    rules' accuracy at smaller learning rates, quoted where a statement does not hold."""
+    st = stats.set_index("scheme")
+    rows = []
+    label = _measured_label(cfg).replace("measured (this machine:", "measured (this machine, the semantic reference:")
+
+    def sens_text(scheme: str) -> str:
+        if sensitivity is None or sensitivity.empty:
+            return ""
+        t = sensitivity.set_index(["scheme", "lr"])
+        parts = [
+            f"lr {lr:g}: {t.loc[(scheme, lr), 'final_accuracy_mean']:.3f} vs stashing "
+            f"{t.loc[(PIPEDREAM, lr), 'final_accuracy_mean']:.3f}"
+            for lr in sorted({lr for sc, lr in t.index if sc == scheme})
+            if (PIPEDREAM, lr) in t.index
+        ]
+        return (
+            "; measured at smaller learning rates (weight_rule_sensitivity.csv, final accuracy, mean of seeds): "
+            + ", ".join(parts)
+        )
+
+    if {VSYNC, PIPEDREAM} <= set(st.index):
+        v, p = st.loc[VSYNC], st.loc[PIPEDREAM]
+        ratio = v["epochs_mean"] / p["epochs_mean"] if math.isfinite(v["epochs_mean"]) else math.inf
+        holds = int(v["reached"] == v["seeds"] and abs(ratio - 1) <= 0.25)
+        rows.append(
+            claim(
+                EXPERIMENT,
+                "vertical sync's effect on statistical efficiency is negligible",
+                paper_value("vertical_sync_negligible"),
+                holds,
+                "statement",
+                label=label,
+                comparison="holds",
+                explanation=f"at lr {cfg.lr:g}, target {cfg.target:.2f}: vertical sync reached it in {v['reached']}/{v['seeds']} "
+                f"seeds (mean epochs {v['epochs_mean']:g}), stashing in {p['reached']}/{p['seeds']} ({p['epochs_mean']:g}); "
+                f"final accuracy {v['final_accuracy']:.3f} vs {p['final_accuracy']:.3f}; vertical sync computes every "
+                "stage on weights S-1 updates old where stashing leaves the last stage fresh (staleness.csv)"
+                + sens_text(VSYNC),
+                protocol=_protocol(cfg),
+            )
+        )
+    if {NO_STASH, BSP} <= set(st.index):
+        n, b = st.loc[NO_STASH], st.loc[BSP]
+        sig = significance[(significance["scheme"] == NO_STASH) & (significance["baseline"] == BSP)]
+        p_final = float(sig["p_final_accuracy"].iloc[0]) if len(sig) else math.nan
+        holds = int(n["final_accuracy"] < b["final_accuracy"] and p_final < 0.05)
+        rows.append(
+            claim(
+                EXPERIMENT,
+                "naive pipelining (no weight stashing) does not reach data parallelism's accuracy",
+                paper_value("no_stash_below_dp"),
+                holds,
+                "statement",
+                label=label,
+                comparison="holds",
+                explanation=f"final test accuracy after {cfg.epochs} epochs at lr {cfg.lr:g}: no stashing "
+                f"{n['final_accuracy']:.3f} (min {n['final_accuracy_min']:.3f}), BSP {b['final_accuracy']:.3f} "
+                f"(min {b['final_accuracy_min']:.3f}); two-sided Mann-Whitney over seeds p = {p_final:.3g}; no stashing "
+                f"reached {cfg.target:.2f} in {n['reached']}/{n['seeds']} seeds at some epoch" + sens_text(NO_STASH),
+                protocol=_protocol(cfg),
+            )
+        )
+    return rows
+
+
 def _protocol(cfg: Config, *keys: str) -> str:
     """The ``protocol`` cell of a row: the statistical-efficiency choices this run used (a notebook
     parameter may differ from the protocol's; tests/test_protocol.py flags a committed one that does)."""
@@ -625,10 +704,12 @@ def quick_config(**params) -> Config:
     return Config(**(params | QUICK))
 
 
-def run(cfg: Config, out_dir, *, lr_selection: pd.DataFrame | None = None) -> dict:
+def run(cfg: Config, out_dir, *, lr_selection: pd.DataFrame | None = None, sensitivity: bool = False) -> dict:
     """Everything the notebook shows: runs, tables, claims and figures written into ``out_dir``
     (a fresh folder, see :func:`~workbench.experiments.common.out_folder`), with the protocol's
-    learning-rate rule's table where it ran (:func:`apply_lr_rule`). Returns the tables."""
+    learning-rate rule's table where it ran (:func:`apply_lr_rule`); ``sensitivity``: also the weight
+    rules at the protocol's smaller learning rates (:func:`convergence.weight_rule_sensitivity`).
+    Returns the tables."""
     out = out_folder(out_dir)
     t0 = time.perf_counter()
     tables = statistical_efficiency(cfg, out)
@@ -640,7 +721,18 @@ def run(cfg: Config, out_dir, *, lr_selection: pd.DataFrame | None = None) -> di
     hardware = modeled_hardware(cfg.profile, cfg.setting, cfg.gpus)
     tta = time_to_target(stats, hardware)
     tta_asp = time_to_target(asp, hardware, "epochs_median") if asp is not None else None
-    claims = pd.DataFrame(tta_claims(tta, tta_asp, stats, asp, cfg))
+    if sensitivity:
+        tables["weight_rule_sensitivity"] = cv.weight_rule_sensitivity(
+            cfg.setup,
+            [PIPEDREAM, VSYNC, NO_STASH],
+            protocol.value("statistical_efficiency.sensitivity_lrs"),
+            cfg.seeds,
+            out / "scratch-sensitivity",
+        )
+    claims = pd.DataFrame(
+        tta_claims(tta, tta_asp, stats, asp, cfg)
+        + qualitative_claims(stats, tables["significance"], cfg, tables.get("weight_rule_sensitivity"))
+    )
     big = max(cfg.gpus)
     tables.update(hardware=hardware, time_to_target=tta, time_to_asp_target=tta_asp, claims=claims)
     for name, df in tables.items():
