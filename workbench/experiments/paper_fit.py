@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -328,7 +329,9 @@ def intra_batch(setting: Setting, model: str, workers: int, params: dict) -> dic
     S = straight.num_stages
     m = int(protocol.value("baselines.gpipe_microbatches_per_stage")) * S
     gpipe = simulate(schedules.build("gpipe", straight, m, steps=4), profile=prof, plan=straight, topology=topo, **cost)
-    warmup = dict(warmup=list(straight.in_flight)) if straight.in_flight else {}  # the plan's in-flight count
+    warmup: dict[str, Any] = (
+        dict(warmup=list(straight.in_flight)) if straight.in_flight else {}
+    )  # the plan's in-flight count
     pd_straight = simulate(
         schedules.build("pipedream", straight, 16 * S, weights="stash", **warmup),
         profile=prof,
