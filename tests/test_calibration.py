@@ -227,3 +227,16 @@ def test_the_table1_rows_are_time_to_target():
     for r in t1:
         assert "time to target = time per epoch x epochs" in r["explanation"]
         assert "time_to_target." in r["protocol"] and "ddp.bucket_bytes" in r["protocol"]
+
+
+def test_a_published_limit_is_named_where_it_bears_on_a_miss():
+    """On AWS (Cluster-B) the SOSP rows' diagnostic compares the inter-server rate the paper's number
+    needs with the single-flow cap the EC2 docs publish; the rows elsewhere do not mention it."""
+    rows, _ = cal.claim_rows()
+    sosp = [
+        (r, n) for r, n in zip(rows, cal.PAPER) if n.setting.startswith("sosp") and n.quantity == "pipedream_over_bsp"
+    ]
+    named = {n.setting for r, n in sosp if "AWS caps one TCP flow" in r["explanation"]}
+    assert named == {"sosp-B"}
+    for r, n in sosp:
+        assert ("known_limits.aws_single_flow_gbps" in r["protocol"]) == (n.setting in named)

@@ -509,15 +509,33 @@ def _eta_text(num: PaperNumber, params: dict) -> str:
     eta = eta_needed(num, 1.0)
     unit = QUANTITY_TEXT[num.quantity][1]
     if eta is not None:
-        return (
+        text = (
             f"a diagnostic, not a fit: the paper's {num.paper:g}{unit} needs the all-reduce at {eta:.3g}x the "
             f"protocol's bus bandwidth on every link ({eta:.3g} x its efficiency{' > 1: faster than the links' if eta * 0.8 > 1 else ''})"
         )
+        return text + _known_limit_text(SETTINGS[num.setting], eta)
     ends = [predict(num, dict(efficiency=e))[0] for e in ETA_RANGE]
     return (
         f"a diagnostic: no scale of the protocol's all-reduce bandwidth in [{ETA_RANGE[0]:g}, {ETA_RANGE[1]:g}] gives "
         f"the paper's {num.paper:g}{unit} (the model gives {ends[0]:.2f}{unit} at {ETA_RANGE[0]:g}x and "
         f"{ends[1]:.2f}{unit} at {ETA_RANGE[1]:g}x)"
+    )
+
+
+def _known_limit_text(setting: Setting, eta: float) -> str:
+    """Where a published limit of the setting's provider bears on the rate the paper's number needs
+    (the protocol's ``known_limits``): on AWS, one TCP flow's cap against the needed inter-server
+    all-reduce rate. Text only; nothing modeled changes."""
+    if setting.key not in protocol.value("known_limits.aws_settings") or setting.gpus_per_machine < 1:
+        return ""
+    needed = eta * float(protocol.value("links.ethernet.efficiency")) * setting.inter_bytes_s / GBPS
+    cap = float(protocol.value("known_limits.aws_single_flow_gbps"))
+    return (
+        f"; that is {needed:.1f} Gbps between servers where the protocol gives "
+        f"{float(protocol.value('links.ethernet.efficiency')) * setting.inter_bytes_s / GBPS:.1f}: AWS caps one TCP "
+        f"flow at {cap:g} Gbps outside a cluster placement group (2x inside; "
+        f"{protocol.source('known_limits.aws_single_flow_gbps').split(':')[0]}), so an all-reduce over one or two "
+        "flows per server pair runs at about the rate the paper's number needs"
     )
 
 
@@ -683,6 +701,8 @@ def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.Data
             keys += (epochs_key(setting),)
         if num.quantity == "pipedream_over_gpipe":
             keys += ("baselines.gpipe_microbatches_per_stage",)
+        if "AWS caps one TCP flow" in " ".join(why):
+            keys += ("known_limits.aws_single_flow_gbps",)
         rows.append(
             claim(
                 EXPERIMENT,
