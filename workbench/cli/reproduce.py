@@ -495,11 +495,12 @@ def _calibration_section(run_dir: Path) -> list[str]:
         return []
     lines = [
         "",
-        "## Hardware settings and their calibration (notebook 02, `workbench/experiments/paper_fit.py`)",
+        "## Hardware settings and their data-parallel all-reduce (notebook 02, `workbench/experiments/paper_fit.py`)",
         "",
-        "Each group's data-parallel all-reduce has at most two free parameters, fitted to the papers' "
-        "data-parallel numbers only (the `in-sample` rows): its bus bandwidth (GB/s) and per-step latency "
-        "(arXiv), or its efficiency relative to the links' nominal rates (SOSP); pipeline links stay nominal.",
+        "Data parallelism's all-reduce: on the arXiv settings (a parameter server) its bus bandwidth (GB/s) and "
+        "per-step latency, fitted to that paper's data-parallel numbers only (the `in-sample` rows) inside their "
+        "physical range; on the SOSP settings nothing is fitted (`free` = none): each link class's efficiency and "
+        "step latency come from the protocol (`workbench/experiments/data/protocol.toml`). Pipeline links stay nominal.",
         "",
     ]
     lines += _table(pd.read_csv(folder / "calibration_parameters.csv"))
@@ -508,7 +509,7 @@ def _calibration_section(run_dir: Path) -> list[str]:
     if (folder / "configurations.csv").exists():
         lines += [
             "",
-            "Configurations (replicas per stage) on the calibrated links: the calibrated model's, PipeDream's own "
+            "Configurations (replicas per stage) on each setting's links: the model's, PipeDream's own "
             "optimizer's (`cost=\"pipedream\"` on the nominal links, with its predicted gain over its data-parallel estimate), the paper's:",
             "",
         ]

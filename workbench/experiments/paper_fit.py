@@ -807,18 +807,23 @@ def configuration(num: PaperNumber, params: dict, ours: str) -> dict:
 
 
 def parameters_table(params_by_group: dict | None = None) -> pd.DataFrame:
-    """The fitted parameters per group, with the in-sample numbers they saw."""
+    """Each group's data-parallel all-reduce: the fitted parameters (arXiv; with their physical
+    bounds and the in-sample numbers they saw) or the protocol's entries (SOSP, nothing fitted)."""
     fitted = params_by_group or fitted_params()
     rows = []
     for g, p in fitted.items():
+        fit = p["free"] != "none"
+        bounds = physical_bounds(g) if fit else None
         rows.append(
             dict(
                 group=g,
                 settings=", ".join(s.key for s in SETTINGS.values() if s.group == g),
                 free=p["free"],
                 bandwidth_GBps=p.get("bandwidth", math.nan) / 1e9,
+                bandwidth_max_GBps=bounds[1][0] / 1e9 if bounds else math.nan,
                 latency_ms=p.get("latency_ms", math.nan),
-                efficiency=p.get("efficiency", math.nan),
+                latency_max_ms=bounds[1][1] if bounds else math.nan,
+                from_protocol="" if fit else "links.*.efficiency, links.*.step_latency_ms",
                 points=p["points"],
                 rms_log_error=p["rms_log_error"],
             )
