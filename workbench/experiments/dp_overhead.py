@@ -12,13 +12,16 @@ How we model it (one cost model: the workbench simulator, nothing re-derived her
   of AlexNet, VGG-16 and ResNet-50 (``pipedream_graph.shipped``) as a second source. GNMT-16 is the
   zoo's ``gnmt`` (8 encoder + 8 decoder LSTM layers of 1024, vocabulary 32k, 50 tokens); GNMT-8 is
   the same with ``num_layers=4`` (4 + 4);
-* the layers are grouped into DDP gradient buckets of ``bucket_bytes`` (PyTorch's default 25 MiB),
-  contiguous from the output side; the ``dp-bsp`` schedule all-reduces bucket ``s`` right after its
-  backward (overlapping the rest of the backward, as DDP does) and steps when all are done;
+* the layers are grouped into DDP gradient buckets of ``bucket_bytes`` (the protocol's 25 MiB,
+  PyTorch's default), contiguous from the output side; the ``dp-bsp`` schedule all-reduces bucket
+  ``s`` once its backward has ended (the protocol's ``ddp.allreduce_ready``), overlapping the rest
+  of the backward, as DDP does, and steps when all are done;
 * the simulator (``workbench.cost.model.CostModel``) charges each bucket's ring all-reduce
-  ``2 (r-1)/r · P_s / B_min`` (slowest link of the ring: the inter-server link once training spans
-  servers) on one collective channel per GPU, one bucket at a time; a bucket's all-reduce may start
-  with its own backward (the cost model's DDP overlap, optimistic by at most one bucket's backward);
+  ``2 (r-1)/r · P_s / B_min + 2 (r-1) α`` (slowest link of the ring: the inter-server link once
+  training spans servers) on one collective channel per GPU, one bucket at a time, with each link
+  class's bus bandwidth = the protocol's efficiency (at most 1) x the preset's nominal rate and its
+  step latency ``α`` (:func:`server_collective`); :meth:`CostModel.bucketed_round_ms` is the same
+  round in closed form (the papers' BSP rows, :mod:`workbench.experiments.paper_fit`);
 * ``comm_share`` = the cost model's ``comm_wait_share``: the fraction of the run in which the GPU
   waits for communication, ``1 − C / T`` with ``C`` the compute (forward + backward) of one
   minibatch and ``T`` the time per iteration (data parallelism has no warm-up).
@@ -26,6 +29,9 @@ How we model it (one cost model: the workbench simulator, nothing re-derived her
 Measured here: the same share for small zoo models trained for real with ``workbench.runtime.train``
 (``dp-bsp`` through DistributedDataParallel on gloo CPU ranks), from the measured timelines of a
 1-rank and an N-rank run with the same per-rank minibatch: ``1 − T_1 / T_N``.
+
+The text's four takeaways are checked on the modeled table by the protocol's rules
+(:func:`observations`, :func:`takeaway_claims`).
 
 Bytes per sample (PipeDream §5.5, Figure 17: PipeDream's plan sends far less than data
 parallelism for VGG-16 and AWD-LM): simulated bytes on all links divided by workers and samples,
