@@ -34,13 +34,20 @@ def test_figure1_covers_the_three_servers_and_1_to_32_gpus(fig1):
     assert (one.comm_share.abs() < 1e-9).all()  # one GPU: no all-reduce, no stall
 
 
-def test_resnet50_scales_best_on_every_server(fig1):
+def test_resnet50_scales_well_and_its_row_reads_the_figure(any_run, fig1):
     """SOSP §2.1: data parallelism scales well for ResNet-50 (compact convolutional weights), less
-    well for models with fully connected or recurrent layers."""
+    well for models with fully connected or recurrent layers: on every server the heaviest of those
+    stalls ten times longer than ResNet-50; the claim row counts the servers where ResNet-50 has the
+    lowest share of all (VGG-16, whose all-reduce hides behind its long backward, can be lower)."""
+    lowest = 0
     for server in dpo.SERVERS:
         at32 = _shares(fig1, server).loc[32]
         heavy = at32[[m for m in HEAVY if m in at32.index]]
-        assert at32["resnet50"] <= at32.min() + 1e-12 and heavy.max() > 10 * at32["resnet50"], (server, at32.to_dict())
+        assert heavy.max() > 10 * at32["resnet50"], (server, at32.to_dict())
+        lowest += int(at32["resnet50"] <= at32.min() + 1e-12)
+    claims = pd.read_csv(any_run / NB / "claims.csv")
+    row = claims[claims["claim"].str.startswith("data parallelism scales well for ResNet-50")]
+    assert len(row) == 1 and row["ours"].iloc[0] == lowest and row["paper"].iloc[0] == len(dpo.SERVERS)
 
 
 def test_the_takeaways_rows_read_the_figure(any_run, fig1):
@@ -54,7 +61,7 @@ def test_the_takeaways_rows_read_the_figure(any_run, fig1):
         o = obs[obs.takeaway == k]
         assert row["paper"].iloc[0] == len(o) and row["ours"].iloc[0] == int(o.holds.sum()), (k, o)
         assert (row["met"].iloc[0] == "yes") == bool(o.holds.all())
-    upto = claims[claims["comparison"] == "up to"]
+    upto = claims[(claims["comparison"] == "up to") & claims["claim"].str.contains("max over Fig. 1", regex=False)]
     assert len(upto) == 1 and upto["ours"].iloc[0] == pytest.approx(100 * fig1["comm_share"].max())
 
 
