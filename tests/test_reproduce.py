@@ -89,7 +89,7 @@ def test_failure_is_reported_others_run_and_runs_never_overwrite(tiny_notebooks,
         "ZeroDivisionError" in summary
     )  # cell 0: parameters, 1: papermill's injected parameters
     assert "| 05_unified_schedules | ok |" in summary
-    assert "| two | 2 | 3 | 1.5 | units | out-of-sample | modeled (toy) |" in summary
+    assert "| two | 2 | 3 | 1.5 | units | point | no | out-of-sample | modeled (toy) |" in summary
     assert "**missing**" in summary  # 02-04 are absent from the tiny folder: listed, not run
     before = {p: p.read_bytes() for p in first[0].rglob("*") if p.is_file()}
 
@@ -148,6 +148,7 @@ def test_summary_starts_with_a_short_headline_of_the_furthest_misses():
 
     claims = pd.DataFrame(
         dict(
+            notebook=["02_dp_communication_overhead"] * 4,
             claim=["close", "far below", "far above", "no number"],
             paper=[2.0, 4.0, 1.0, None],
             ours=[2.2, 1.0, 3.0, None],
@@ -157,6 +158,7 @@ def test_summary_starts_with_a_short_headline_of_the_furthest_misses():
     )
     lines = _headline(claims, worst=2)
     assert lines[0] == "## Headline"
+    assert "The papers' measurements" in lines[2]
     assert "1 of 3 claims" in lines[2] and "out-of-sample 1/2" in lines[2] and "none 0/1" in lines[2]
     misses = [ln for ln in lines if ln.startswith("- ")]
     assert [m.split(":")[0] for m in misses] == ["- far below", "- far above"]  # |log ratio| 1.39, then 1.10

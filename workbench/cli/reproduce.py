@@ -258,20 +258,18 @@ def strip_figures(path: Path) -> int:
     """Replace every plotly figure output of the executed notebook ``path`` by one line of text
     naming where its page is (the notebook's folder of the run); tables, text and errors stay.
     Returns how many outputs were replaced."""
-    import nbformat
-
-    nb = nbformat.read(str(path), as_version=4)
+    nb = json.loads(Path(path).read_text(encoding="utf-8"))  # the .ipynb format is JSON (nbformat 4)
     note = f"[figure: its data is left out of this copy; the page is in {path.stem}/ beside this notebook]"
     n = 0
-    for cell in nb.cells:
+    for cell in nb.get("cells", []):
         for out in cell.get("outputs", []):
             data = out.get("data", {})
-            html = str(data.get("text/html", ""))
+            html = "".join(data.get("text/html", ""))
             if "application/vnd.plotly.v1+json" in data or "plotly" in html.lower():
                 out["data"] = {"text/plain": note}
                 out["metadata"] = {}
                 n += 1
-    nbformat.write(nb, str(path))
+    Path(path).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return n
 
 
