@@ -335,8 +335,8 @@ class CostModel:
         then the backward bucket by bucket from the last, each bucket's all-reduce queued on the one
         collective channel as soon as its gradients exist (``allreduce_ready``; overlapped as
         ``overlap_allreduce`` says); the round ends when both the backward and the last all-reduce
-        have. Returns ``round_ms`` (with the three ops' overheads of each bucket), ``compute_ms`` (forward
-        and backward) and ``exposed_ms`` (what the all-reduces add)."""
+        have. Returns ``round_ms``, ``compute_ms`` (forward, backward and step of every bucket, with
+        their per-op overheads) and ``exposed_ms = round_ms − compute_ms`` (what the all-reduces add)."""
         o = self.op_overhead_ms
         ws = list(workers)
         t = sum(self.stage_fwd_ms(a, b) + o for a, b in buckets)

@@ -56,6 +56,7 @@ from plotly.subplots import make_subplots
 
 from workbench import models as zoo
 from workbench import schedules
+from workbench.cost.model import CostModel
 from workbench.cost.plan import Plan, Stage
 from workbench.cost.topology import Topology
 from workbench.experiments import protocol
@@ -246,6 +247,16 @@ def dp_comm_share(
         buckets=plan.num_stages,
         label=res.label,
     )
+
+
+def ddp_round(profile: Profile, topology: Topology, workers: int, collective: dict) -> dict:
+    """One data-parallel round in closed form (:meth:`CostModel.bucketed_round_ms`, equal to the
+    simulated ``dp-bsp`` round of :func:`dp_comm_share`): DDP's buckets (:func:`bucket_plan`), each
+    all-reduced once its backward has ended (the protocol's ``ddp.allreduce_ready``), over the
+    all-reduce ``collective`` (the cost model's ``allreduce_bandwidth`` / ``allreduce_latency_ms``)."""
+    options = {**collective, "allreduce_ready": protocol.value("ddp.allreduce_ready")}
+    cm = CostModel.from_profile(profile, topology, **options)
+    return cm.bucketed_round_ms([(s.first, s.last) for s in bucket_plan(profile).stages], range(workers))
 
 
 def server_collective(server: str, topology: Topology) -> dict:

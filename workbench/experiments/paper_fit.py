@@ -266,16 +266,10 @@ def bsp(setting: Setting, model: str, workers: int, params: dict, profile: Profi
 
 
 def ddp_round(setting: Setting, prof: Profile, workers: int, params: dict) -> dict:
-    """One data-parallel round on ``workers`` GPUs of ``setting``: DDP's gradient buckets
-    (:func:`workbench.experiments.dp_overhead.bucket_plan`, the protocol's bucket size), each
-    all-reduced once its backward has ended (the protocol's ``ddp.allreduce_ready``), one at a time
-    (:meth:`CostModel.bucketed_round_ms`, equal to Fig. 1's simulated ``dp-bsp`` round)."""
+    """One data-parallel round on ``workers`` GPUs of ``setting`` (:func:`dp_overhead.ddp_round`, the
+    one model of data parallelism) over the setting's all-reduce (:meth:`Setting.collective`)."""
     topo = setting.topology(workers)
-    cm = CostModel.from_profile(
-        prof, topo, **setting.collective(topo, params), allreduce_ready=protocol.value("ddp.allreduce_ready")
-    )
-    buckets = [(s.first, s.last) for s in dpo.bucket_plan(prof).stages]
-    return cm.bucketed_round_ms(buckets, range(workers))
+    return dpo.ddp_round(prof, topo, workers, setting.collective(topo, params))
 
 
 _PLANS: dict[tuple, Plan] = {}

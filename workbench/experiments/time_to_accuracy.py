@@ -43,7 +43,6 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench import schedules
-from workbench.cost.model import CostModel
 from workbench.experiments import convergence as cv
 from workbench.experiments import dp_overhead as dpo
 from workbench.experiments import protocol
@@ -340,17 +339,12 @@ def _plan_text(plan, scheme) -> str:
 
 def _planner_speedup(scheme, plan, profile, topo, cost: dict | None = None) -> float:
     """The planner's predicted speedup over one GPU (``Plan.predicted_ms``; BSP: the closed form of
-    DDP's bucketed round, :meth:`CostModel.bucketed_round_ms`)."""
+    DDP's bucketed round, :func:`dp_overhead.ddp_round`)."""
 
     sp = _spec(scheme)
     if sp.executor == "ddp":
-        cm = CostModel.from_profile(
-            profile, topo, **(cost or {}), allreduce_ready=protocol.value("ddp.allreduce_ready")
-        )
-        buckets = [(s.first, s.last) for s in plan.stages]
-        return _single_gpu_ms(profile) / (
-            cm.bucketed_round_ms(buckets, range(topo.num_workers))["round_ms"] / topo.num_workers
-        )
+        r = dpo.ddp_round(profile, topo, topo.num_workers, cost or {})
+        return _single_gpu_ms(profile) / (r["round_ms"] / topo.num_workers)
     if sp.data_parallel_plan:  # the partitioner's plan and its closed-form prediction
         return _single_gpu_ms(profile) / plan.predicted_ms
     return math.nan
