@@ -321,8 +321,13 @@ def intra_batch(setting: Setting, model: str, workers: int, params: dict) -> dic
     stage_ms, cut_ms = CostModel.from_profile(prof, topo, **cost).plan_times(straight)
     mp_ms = sum(stage_ms) + sum(cut_ms)
     S = straight.num_stages
-    m = int(protocol.value("baselines.gpipe_microbatches_per_stage")) * S
-    gpipe = simulate(schedules.build("gpipe", straight, m, steps=4), profile=prof, plan=straight, topology=topo, **cost)
+    gpipe = simulate(
+        schedules.build("gpipe", straight, protocol.gpipe_microbatches(S), steps=4),
+        profile=prof,
+        plan=straight,
+        topology=topo,
+        **cost,
+    )
     warmup: dict[str, Any] = (
         dict(warmup=list(straight.in_flight)) if straight.in_flight else {}
     )  # the plan's in-flight count

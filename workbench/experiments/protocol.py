@@ -117,6 +117,12 @@ def collective(server: str, bandwidths, *, efficiency_scale: float = 1.0) -> dic
     )
 
 
+def gpipe_microbatches(stages: int) -> int:
+    """GPipe's microbatches per flush on ``stages`` stages: the protocol's
+    ``baselines.gpipe_microbatches_per_stage`` times ``stages``."""
+    return int(value("baselines.gpipe_microbatches_per_stage")) * int(stages)
+
+
 def check_physical() -> list[str]:
     """Every entry outside its physical range (an efficiency outside (0, 1], a negative latency or
     size): one line each, empty when all hold."""

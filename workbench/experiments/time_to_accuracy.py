@@ -241,7 +241,7 @@ def _schedule_for(scheme: str, plan, workers: int):
     name, opts = HARDWARE_SCHEMES[scheme]
     sp, S = _spec(scheme), plan.num_stages
     if sp.flushes:
-        return schedules.build(name, plan, int(protocol.value("baselines.gpipe_microbatches_per_stage")) * S, steps=4)
+        return schedules.build(name, plan, protocol.gpipe_microbatches(S), steps=4)
     if sp.family == "data-parallel":
         return schedules.build(name, plan, 3 * workers, workers=workers)
     if plan.in_flight and any(o.name == "warmup" for o in sp.options):
