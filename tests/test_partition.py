@@ -487,3 +487,29 @@ def test_options_object_and_keywords_give_the_same_plan():
     assert replicated.stages == _partition(p, topo, refine=False).stages
     with pytest.raises(TypeError, match="PartitionOptions"):
         _partition(p, topo, True)
+
+
+def test_the_dynamic_program_prices_replicas_with_the_calibrated_all_reduce():
+    """With ``allreduce_bandwidth`` far below the link (a slow collective on fast links), the DP's
+    own price of every stage equals the cost model's (its level 1 once priced replicas' all-reduce at
+    the link's rate): replication loses, the plan is a straight pipeline, and the DP's bottleneck is
+    the plan's predicted time. At the link's own rate the same layers are best fully replicated."""
+    p = Profile(
+        pd.DataFrame(
+            dict(
+                name=list("abcd"),
+                fwd_ms=[10.0, 15.0, 4.0, 19.0],
+                bwd_ms=[20.0, 30.0, 7.0, 38.0],
+                act_bytes=[2.5e7, 2.5e7, 9e6, 7e8],
+                param_bytes=[8e7, 4e7, 1e7, 5e7],
+            )
+        )
+    )
+    topo = Topology(((4, 12e9),))
+    fast = partition(p, topo)
+    assert [s.replicas for s in fast.stages] == [4]
+    slow = partition(p, topo, allreduce_bandwidth=1e8)
+    assert [s.replicas for s in slow.stages] == [1, 1, 1, 1]
+    cm = CostModel.from_profile(p, topo, allreduce_bandwidth=1e8)
+    assert slow.bottleneck_ms == pytest.approx(cm.predicted_ms(slow))
+    assert max(s.time_ms for s in slow.stages) == pytest.approx(cm.predicted_ms(slow))

@@ -116,8 +116,8 @@ class Setting:
     def protocol_keys(self, topology: Topology) -> tuple[str, ...]:
         """The protocol entries this setting's data-parallel model reads on ``topology``."""
         keys = ("ddp.bucket_bytes", "ddp.allreduce_ready")
-        if self.free == "bandwidth+latency":
-            return keys
+        if self.free == "bandwidth+latency":  # fitted, inside physical_bounds
+            return keys + ("links.ethernet.payload_efficiency", "parameter_server.max_step_latency_ms")
         classes = protocol.link_classes(self.key)[: len(topology.bandwidths)]
         return keys + tuple(f"links.{c}.{x}" for c in classes for x in ("efficiency", "step_latency_ms"))
 
@@ -460,10 +460,10 @@ def fit_group(group: str) -> dict:
 def physical_bounds(group: str) -> tuple[tuple[float, float], tuple[float, float]]:
     """The physical range of a parameter-server group's (bandwidth B/s, step latency ms):
     ``(lower, upper)`` per parameter. The bandwidth is at most what TCP carries on the slowest
-    machine link of the group (the protocol's Ethernet efficiency x its nominal rate); the
+    machine link of the group (the protocol's TCP payload efficiency x its nominal rate); the
     latency is bounded by the protocol's ``parameter_server.max_step_latency_ms``."""
     link = min(s.inter_bytes_s for s in SETTINGS.values() if s.group == group)
-    top_bw = float(protocol.value("links.ethernet.efficiency")) * link
+    top_bw = float(protocol.value("links.ethernet.payload_efficiency")) * link
     top_lat = float(protocol.value("parameter_server.max_step_latency_ms"))
     return (1e6, 1e-4), (top_bw, top_lat)
 
