@@ -23,6 +23,12 @@ sub-range); see workbench/partitioning/dynamic_program.py for how it is vectoris
 
     python benchmarks/bench_partition.py [--sizes 100 250 500 1000] [--repeat 3]
 
+How far the worker count goes (``--flat W ...``: flat topologies of W workers on 25 Gbps instead of
+the three above; the measurement behind the partitioner's ``MAX_WORKERS``, committed as
+results/bench/partition_workers.csv):
+
+    python benchmarks/bench_partition.py --flat 64 256 1024 --sizes 100 --repeat 1 --out results/bench/partition_workers.csv
+
 Side by side with PipeDream's own optimizer (``--vs-pipedream``): for every recording in
 tests/data/pipedream_optimizer (scripts/record_pipedream_optimizer.py: its wall time measured here
 when recorded, or ``--live`` to run it again now from ``--pipedream-repo``), time
@@ -87,6 +93,7 @@ def main(argv=None) -> pd.DataFrame:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[100, 250, 500, 1000])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--flat", type=int, nargs="+", metavar="W", help="flat W-worker topologies instead of the three")
     ap.add_argument(
         "--out",
         default=None,
@@ -101,7 +108,8 @@ def main(argv=None) -> pd.DataFrame:
     if a.vs_pipedream:
         return vs_pipedream(a)
     rows = []
-    for name, topo in TOPOLOGIES.items():
+    topologies = {f"flat{w}": Topology.flat(w, 3.125e9) for w in a.flat} if a.flat else TOPOLOGIES
+    for name, topo in topologies.items():
         for n in a.sizes:
             p = synthetic(n)
             best, best_cpu, best_dp, best_dp_cpu, plan = (float("inf"),) * 4 + (None,)

@@ -242,6 +242,39 @@ def test_ctrl_c_while_the_ranks_start_prints_no_traceback(tmp_path):
     assert job.proc.returncode in (130, 2), err[-2000:]
 
 
+MASK_PROBE = """
+import json, operator, signal, sys
+import multiprocessing.util as util
+from workbench.runtime import lifetime
+
+seen = []
+spawnv = util.spawnv_passfds
+
+def record(path, args, passfds):
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    seen.append(dict(rank="spawn_main" in " ".join(map(str, args)), sigint_blocked=signal.SIGINT in blocked))
+    return spawnv(path, args, passfds)
+
+util.spawnv_passfds = record
+lifetime.spawn(operator.truth, (), 2)
+print(json.dumps(seen))
+"""
+
+
+def test_every_rank_starts_with_sigint_blocked():
+    """The Ctrl-C race behind the test above, made deterministic: in a fresh launcher (no resource
+    tracker yet), every rank is exec'd with SIGINT blocked. Starting the resource tracker unblocks
+    SIGINT in the launcher (CPython's ensure_running), so the launcher starts it before it blocks."""
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-c", MASK_PROBE], capture_output=True, text=True, timeout=120 * slack(), check=True
+    ).stdout
+    seen = json.loads(out.strip().splitlines()[-1])
+    ranks = [s for s in seen if s["rank"]]
+    assert len(ranks) == 2 and all(s["sigint_blocked"] for s in ranks), seen
+
+
 def test_sigterm_with_sigint_ignored_leaves_no_orphan(tmp_path):
     """A job started with `&` from a script ignores SIGINT: SIGINT is ignored, SIGTERM stops it."""
     job = start(tmp_path, "--transport", "shm", ignore_sigint=True)

@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 import traceback
-from multiprocessing import connection
+from multiprocessing import connection, resource_tracker
 from multiprocessing.reduction import ForkingPickler
 
 import torch.multiprocessing as mp
@@ -229,7 +229,9 @@ def spawn(fn, args: tuple, world: int, *, deadline_s: float | None = None, what:
             # SIGINT blocked while the ranks start (a new process inherits the mask): a Ctrl-C to the
             # terminal's process group then waits in a starting rank until become_rank gave it the
             # default action, instead of raising KeyboardInterrupt in its imports (a traceback per
-            # rank); the launcher's own handler gets it once the mask is restored
+            # rank); the launcher's own handler gets it once the mask is restored. The resource tracker
+            # is started first: starting it unblocks SIGINT in the caller (CPython's ensure_running)
+            resource_tracker.ensure_running()
             before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             unblock = signal.SIGINT not in before
             try:
