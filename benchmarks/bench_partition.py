@@ -27,7 +27,8 @@ How far the worker count goes (``--flat W ...``: flat topologies of W workers on
 the three above; the measurement behind the partitioner's ``MAX_WORKERS``, committed as
 results/bench/partition_workers.csv):
 
-    python benchmarks/bench_partition.py --flat 64 256 1024 --sizes 100 --repeat 1 --out results/bench/partition_workers.csv
+    python benchmarks/bench_partition.py --flat 64 128 256 512 1024 --refine-max 512 --sizes 100 --repeat 1 \
+        --out results/bench/partition_workers.csv
 
 Side by side with PipeDream's own optimizer (``--vs-pipedream``): for every recording in
 tests/data/pipedream_optimizer (scripts/record_pipedream_optimizer.py: its wall time measured here
@@ -95,6 +96,9 @@ def main(argv=None) -> pd.DataFrame:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--flat", type=int, nargs="+", metavar="W", help="flat W-worker topologies instead of the three")
     ap.add_argument(
+        "--refine-max", type=int, default=None, metavar="W", help="time the DP alone above W workers (refined: NaN)"
+    )
+    ap.add_argument(
         "--out",
         default=None,
         help="CSV to write (none by default; the committed ones: results/bench/partition.csv, with "
@@ -113,11 +117,15 @@ def main(argv=None) -> pd.DataFrame:
         for n in a.sizes:
             p = synthetic(n)
             best, best_cpu, best_dp, best_dp_cpu, plan = (float("inf"),) * 4 + (None,)
+            refine = a.refine_max is None or topo.num_workers <= a.refine_max
             for _ in range(a.repeat):
                 t0, c0 = time.perf_counter(), time.process_time()
-                partition(p, topo, refine=False)
+                plan = partition(p, topo, refine=False)
                 best_dp = min(best_dp, time.perf_counter() - t0)
                 best_dp_cpu = min(best_dp_cpu, time.process_time() - c0)
+                if not refine:
+                    best = best_cpu = math.nan
+                    continue
                 t0, c0 = time.perf_counter(), time.process_time()
                 plan = partition(p, topo)
                 best = min(best, time.perf_counter() - t0)

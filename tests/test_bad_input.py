@@ -323,3 +323,35 @@ def test_the_cli_prints_a_warning_on_one_line():
         _one_line_warning("the loss became nan", RuntimeWarning, "x.py", 3)
         == "workbench: warning: the loss became nan\n"
     )
+
+
+def test_a_long_refinement_is_announced_and_no_refine_skips_it(capsys, monkeypatch, vgg16_csv, tmp_path):
+    """Above ``REFINE_NOTE_WORKERS`` workers refinement takes minutes (measured,
+    results/bench/partition_workers.csv): the CLI says so on one line before it starts and names
+    --no-refine; with --no-refine (or few workers) nothing is said."""
+    from workbench.cli import actions
+
+    seen = []
+
+    def stop_here(*_, refine, **__):  # the plan itself is not needed: the note comes before it
+        seen.append(refine)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(actions, "partition", stop_here)
+    for workers, extra, noted in ((512, [], True), (512, ["--no-refine"], False), (8, [], False)):
+        with pytest.raises(SystemExit):
+            main(
+                [
+                    "partition",
+                    "--profile",
+                    str(vgg16_csv),
+                    "--workers",
+                    str(workers),
+                    "--out",
+                    str(tmp_path / "p"),
+                    *extra,
+                ]
+            )
+        err = capsys.readouterr().err
+        assert ("note: refining a plan on 512 workers" in err and "--no-refine" in err) == noted, err
+    assert seen == [True, False, True]

@@ -3,6 +3,7 @@ imports this module only when a command runs, so that ``workbench --help`` stays
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -187,9 +188,22 @@ def _fresh_file(path: Path) -> Path:
     return path
 
 
+#: Above this many workers refinement (the plan simulated) takes minutes: 0.5 s on 64 flat workers,
+#: 6.6 s on 256 and 189 s on 512 for a 100-layer profile (results/bench/partition_workers.csv,
+#: ``benchmarks/bench_partition.py --flat``); the dynamic program alone stays under a second.
+REFINE_NOTE_WORKERS = 256
+
+
 def _plan_for(args, prof, topo, mem):
     """The plan of the chosen cost model, and with ``--compare-costs`` both models' comparison."""
 
+    if not args.no_refine and args.cost != "pipedream" and topo.num_workers > REFINE_NOTE_WORKERS:
+        print(
+            f"note: refining a plan on {topo.num_workers} workers simulates it and can take minutes "
+            f"(512 flat workers: about 3 min here); --no-refine gives the dynamic program's plan in seconds",
+            file=sys.stderr,
+            flush=True,
+        )
     common = dict(straight=args.straight, memory_bytes=mem, use_fewer_workers=args.fewer_workers)
     if args.cost == "pipedream" or args.compare_costs:
         ratio = None if args.activation_compression_ratio == 0 else args.activation_compression_ratio
