@@ -17,7 +17,7 @@ from workbench.io.folders import fresh_path, run_folder, run_id
 from workbench.models import list_models
 from workbench.models.data import dataset_info, load_dataset
 from workbench.partitioning.compare import compare_costs
-from workbench.partitioning.dynamic_program import partition_balanced_time, partition_equal_layers
+from workbench.partitioning.dynamic_program import MAX_WORKERS, partition_balanced_time, partition_equal_layers
 from workbench.partitioning.pipedream_optimizer import Settings
 from workbench.partitioning.search import partition
 from workbench.profiling.measure import Profile, profile, project, threads_per_rank
@@ -197,7 +197,7 @@ REFINE_NOTE_WORKERS = 256
 def _plan_for(args, prof, topo, mem):
     """The plan of the chosen cost model, and with ``--compare-costs`` both models' comparison."""
 
-    if not args.no_refine and args.cost != "pipedream" and topo.num_workers > REFINE_NOTE_WORKERS:
+    if not args.no_refine and args.cost != "pipedream" and REFINE_NOTE_WORKERS < topo.num_workers <= MAX_WORKERS:
         print(
             f"note: refining a plan on {topo.num_workers} workers simulates it and can take minutes "
             f"(512 flat workers: about 3 min here); --no-refine gives the dynamic program's plan in seconds",
