@@ -189,8 +189,8 @@ def _fresh_file(path: Path) -> Path:
 
 
 #: Above this many workers refinement (the plan simulated) takes minutes: 0.5 s on 64 flat workers,
-#: 6.6 s on 256 and 189 s on 512 for a 100-layer profile (results/bench/partition_workers.csv,
-#: ``benchmarks/bench_partition.py --flat``); the dynamic program alone stays under a second.
+#: 9 s on 256 and 161 s on 512 for a 100-layer profile (results/bench/partition_workers.csv,
+#: ``benchmarks/bench_partition.py --flat``); the dynamic program alone takes 4 s on 1024.
 REFINE_NOTE_WORKERS = 256
 
 
