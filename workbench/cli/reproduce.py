@@ -460,11 +460,13 @@ def _headline_speedups(num: pd.DataFrame, ratio: pd.Series) -> list[str]:
     pick = num["claim"].astype(str).str.contains(HEADLINE, regex=False) & ~label.str.startswith("measured")
     if not pick.any():
         return []
-    each = "; ".join(
-        f"{(c.split(' PipeDream ')[0] if not c.startswith('PipeDream') else c.split(' to ')[0])} ×{r:.2f}"
-        for c, r in zip(num.loc[pick, "claim"], ratio[pick.index[pick]])
-    )
-    within = int(((ratio[pick.index[pick]] - 1).abs() <= 0.25).sum())
+    picked = ratio[pick]
+    # a short name: the model and setting before "PipeDream ...", or the claim up to " to target"
+    names = [
+        c.split(" to ")[0] if c.startswith("PipeDream") else c.split(" PipeDream ")[0] for c in num.loc[pick, "claim"]
+    ]
+    each = "; ".join(f"{n} ×{r:.2f}" for n, r in zip(names, picked))
+    within = int(((picked - 1).abs() <= 0.25).sum())
     return [
         f"The headline speedups (time to target accuracy, modeled): {within} of {int(pick.sum())} within 25% ({each}).",
         "",

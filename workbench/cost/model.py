@@ -313,16 +313,25 @@ class CostModel:
         slope = (t[-1] - t[-2]) / (n[-1] - n[-2]) if n[-1] > n[-2] else 0.0
         return float(t[-1] + max(0.0, slope) * (nbytes - n[-1]))
 
-    def collective_link(self, a: int, b: int) -> tuple[float, float]:
-        """``(latency_ms, bandwidth)`` of one ring step of an all-reduce from a to b: the link's,
-        unless the all-reduce was calibrated on its own (``allreduce_latency_ms``/``_bandwidth``)."""
-        lat, bw = self.link(a, b)
-        k = self.level(a, b)
-        if k and self.allreduce_latency_ms is not None:
+    def level_collective(self, k: int, link: tuple[float, float] | None = None) -> tuple[float, float]:
+        """``(latency_ms, bandwidth)`` of one all-reduce ring step across topology level k >= 1: the
+        all-reduce's own calibration where it has one (``allreduce_latency_ms``/``_bandwidth``), else
+        the level's link (``link``, or the level's latency and nominal bandwidth)."""
+        if link is None:
+            bw = float(self.topology.levels[k - 1][1]) if self.topology is not None else math.inf
+            link = (self.level_latency_ms(k), bw)
+        lat, bw = link
+        if self.allreduce_latency_ms is not None:
             lat = self.allreduce_latency_ms[min(k, len(self.allreduce_latency_ms)) - 1]
-        if k and self.allreduce_bandwidth is not None:
+        if self.allreduce_bandwidth is not None:
             bw = self.allreduce_bandwidth[min(k, len(self.allreduce_bandwidth)) - 1]
         return lat, bw
+
+    def collective_link(self, a: int, b: int) -> tuple[float, float]:
+        """``(latency_ms, bandwidth)`` of one ring step of an all-reduce from a to b
+        (:meth:`level_collective` of their level; the link itself within one worker)."""
+        k = self.level(a, b)
+        return self.level_collective(k, self.link(a, b)) if k else self.link(a, b)
 
     def exposed_allreduce_ms(self, allreduce_ms, backward_op_ms):
         """All-reduce time the compute stream waits for: ``max(0, AR - B)`` with overlap, else AR
@@ -395,9 +404,9 @@ class CostModel:
         all-reduce stays). Numpy broadcasting over ``nbytes`` and ``m``."""
         levels = self.topology.levels[:k] if self.topology is not None else ()
         crossed = [j for j in range(1, k + 1) if j == k or int(levels[j - 1][0]) > 1] if levels else []
-        arb, arl = self.allreduce_bandwidth, self.allreduce_latency_ms
-        bw = min((arb[min(j, len(arb)) - 1] if arb else float(levels[j - 1][1]) for j in crossed), default=math.inf)
-        lat = max((arl[min(j, len(arl)) - 1] if arl else self.level_latency_ms(j) for j in crossed), default=0.0)
+        steps = [self.level_collective(j) for j in crossed]
+        bw = min((b for _, b in steps), default=math.inf)
+        lat = max((a for a, _ in steps), default=0.0)
         m = np.asarray(m, dtype=float)
         ar = ring_allreduce_ms(nbytes, m * inner_workers, bw, lat)
         return np.where(m > 1, ar, 0.0) if np.ndim(ar) or np.ndim(m) else (ar if m > 1 else 0.0)

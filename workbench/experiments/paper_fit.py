@@ -328,9 +328,8 @@ def intra_batch(setting: Setting, model: str, workers: int, params: dict) -> dic
         topology=topo,
         **cost,
     )
-    warmup: dict[str, Any] = (
-        dict(warmup=list(straight.in_flight)) if straight.in_flight else {}
-    )  # the plan's in-flight count
+    # the plan's in-flight count as 1F1B's warm-up
+    warmup: dict[str, Any] = dict(warmup=list(straight.in_flight)) if straight.in_flight else {}
     pd_straight = simulate(
         schedules.build("pipedream", straight, 16 * S, weights="stash", **warmup),
         profile=prof,
@@ -527,11 +526,11 @@ def _known_limit_text(setting: Setting, eta: float) -> str:
     all-reduce rate. Text only; nothing modeled changes."""
     if setting.key not in protocol.value("known_limits.aws_settings") or setting.gpus_per_machine < 1:
         return ""
-    needed = eta * float(protocol.value("links.ethernet.efficiency")) * setting.inter_bytes_s / GBPS
+    modeled = float(protocol.value("links.ethernet.efficiency")) * setting.inter_bytes_s / GBPS
     cap = float(protocol.value("known_limits.aws_single_flow_gbps"))
     return (
-        f"; that is {needed:.1f} Gbps between servers where the protocol gives "
-        f"{float(protocol.value('links.ethernet.efficiency')) * setting.inter_bytes_s / GBPS:.1f}: AWS caps one TCP "
+        f"; that is {eta * modeled:.1f} Gbps between servers where the protocol gives "
+        f"{modeled:.1f}: AWS caps one TCP "
         f"flow at {cap:g} Gbps outside a cluster placement group (2x inside; "
         f"{protocol.source('known_limits.aws_single_flow_gbps').split(':')[0]}), so an all-reduce over one or two "
         "flows per server pair runs at about the rate the paper's number needs"

@@ -135,18 +135,11 @@ class _Level:
     recompute: bool = False  # activation re-materialization (module docstring, Memory)
 
     @property
-    def ar_bandwidth(self) -> float:
-        """The ring all-reduce's bus bandwidth among level-k components: the cost model's own
-        calibration where it has one (``allreduce_bandwidth``), else the level's link ``B``
-        (as :meth:`CostModel.collective_link` and :meth:`CostModel.outer_allreduce_ms` price it)."""
-        arb = self.cm.allreduce_bandwidth
-        return float(arb[min(self.k, len(arb)) - 1]) if arb else self.B
-
-    @property
-    def ar_latency_ms(self) -> float:
-        """The ring all-reduce's per-step latency among level-k components (as :attr:`ar_bandwidth`)."""
-        arl = self.cm.allreduce_latency_ms
-        return float(arl[min(self.k, len(arl)) - 1]) if arl else self.cm.level_latency_ms(self.k)
+    def collective(self) -> tuple[float, float]:
+        """``(latency_ms, bandwidth)`` of the ring all-reduce among level-k components
+        (:meth:`CostModel.level_collective`: the calibrated all-reduce where there is one, else the
+        level's link ``B``), as the cost model and the simulator price it."""
+        return self.cm.level_collective(self.k)
 
     @property
     def cut(self) -> np.ndarray:
@@ -157,16 +150,17 @@ class _Level:
 
     def T(self, first, last, m, v, alpha=None):
         """``T_k(first->last, m)`` (numpy broadcasting), ``inf`` where not allowed; ``alpha`` is
-        ``_allreduce_ms_per_byte(m, ar_bandwidth)`` when the caller has it already. Level 1: the 1F1B round
+        ``_allreduce_ms_per_byte(m, collective bandwidth)`` when the caller has it already. Level 1: the 1F1B round
         of a replica over m (:meth:`CostModel.round_ms`); outer levels: the inner pipeline's time
         ``A_{k-1}`` plus the exposed all-reduce, over m (:meth:`CostModel.outer_round_ms`)."""
         L = self.L
         par = L.Wp[last + 1] - L.Wp[first]
         m = np.asarray(m)
         if self.prev is None:
+            lat, bw = self.collective
             if alpha is None:
-                alpha = _allreduce_ms_per_byte(m, self.ar_bandwidth)
-            ar = alpha * par + 2.0 * (m - 1.0) * self.ar_latency_ms
+                alpha = _allreduce_ms_per_byte(m, bw)
+            ar = alpha * par + 2.0 * (m - 1.0) * lat
             t = self.cm.round_ms(L.Fp[last + 1] - L.Fp[first], L.Bp[last + 1] - L.Bp[first], ar) / m
         else:
             ar = self.cm.outer_allreduce_ms(par, self.k, m, self.inner_workers)
@@ -319,7 +313,7 @@ class _CrossingState:
         self.row = np.repeat(np.arange(R, dtype=np.int64), npairs)
         self.tbase = (pp[e_pair] - 1) * ((N + 2 + nblk) * R) + self.row  # flat index of (p, 0, r)
         self.hm, self.hv, inv = _distinct_mv(lv, mp, vv)
-        self.halpha = _allreduce_ms_per_byte(self.hm, lv.ar_bandwidth)
+        self.halpha = _allreduce_ms_per_byte(self.hm, lv.collective[1])
         self.H = np.full((len(self.hm), N), INF)
         self.hoff = inv[e_pair] * N  # flat H index of (pair's row, q=0)
         # per element (m', v, alpha), for steps where a table of h would cost more than probes
