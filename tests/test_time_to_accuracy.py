@@ -129,6 +129,76 @@ def test_asp_is_compared_at_its_median_curves_best_with_median_epochs_and_a_fini
         tta.time_to_target(asp, hw, "epochs_max")
 
 
+def test_asp_against_pipedream_at_each_gpu_count_from_the_delay_model():
+    """asp_delay_table: at each GPU count, ASP's own level from its median curve there, median epochs
+    of ASP and PipeDream to it, times the hardware factor; the modeled claim takes the largest and
+    names the Hogwild ratio beside it."""
+    n = 12
+    ramp = lambda k, top: [min(top, 0.1 + (top - 0.1) * (e + 1) / k) for e in range(n)]  # noqa: E731 (top at epoch k)
+    curves = pd.concat(
+        [
+            curves_of("pipedream", [ramp(k, 0.9) for k in (3, 3, 4)]),
+            curves_of("dp-bsp", [ramp(k, 0.9) for k in (3, 4, 4)]),
+            curves_of("dp-asp", [ramp(k, 0.6) for k in (6, 6, 7)], engine="runtime"),
+        ],
+        ignore_index=True,
+    )
+    delay = pd.concat(
+        [
+            curves_of("dp-asp", [ramp(k, 0.8) for k in (4, 5, 5)], engine="delay model").assign(gpus=4, delay=3),
+            curves_of("dp-asp", [ramp(k, 0.5) for k in (10, 10, 11)], engine="delay model").assign(gpus=16, delay=15),
+        ],
+        ignore_index=True,
+    )
+    hw = pd.DataFrame(dict(scheme=["pipedream", "dp-asp"] * 2, gpus=[4, 4, 16, 16], stages=[2, 1, 2, 1],
+                           speedup_modeled=[3.0, 4.0, 15.0, 16.0]))  # fmt: skip
+    d = tta.asp_delay_table(delay, curves, hw).set_index("gpus")
+    assert d.loc[4, "target"] == pytest.approx(0.8) and d.loc[16, "target"] == pytest.approx(0.5)
+    assert d.loc[16, "asp_epochs_median"] == 10 and d.loc[16, "pipedream_epochs_median"] == 2  # 0.5 at epoch 2
+    assert d.loc[16, "x_vs_pipedream_modeled"] == pytest.approx(10 / 2 * 15 / 16)
+    assert d.loc[4, "x_vs_pipedream_modeled"] == pytest.approx(
+        d.loc[4, "asp_epochs_median"] / d.loc[4, "pipedream_epochs_median"] * 3 / 4
+    )
+    asp = tta.asp_target_table(curves, pd.Series({"pipedream": 1.0, "dp-bsp": 2.0, "dp-asp": 0.5}))
+    t = tta.time_to_target(asp, hw, "epochs_median")
+    cfg = tta.Config(seeds=(0, 1, 2), gpus=(4, 16))
+    rows = {r["claim"]: r for r in tta.asp_claims(t, asp, cfg, d.reset_index())}
+    modeled = rows[tta.ASP_CLAIM]
+    assert modeled["ours"] == pytest.approx(d["x_vs_pipedream_modeled"].max())
+    assert "at 16 GPUs" in modeled["explanation"] and "15 updates old" in modeled["explanation"]
+    assert "Hogwild ranks measured here instead" in modeled["explanation"]
+    assert "baselines.asp_delay=workers - 1" in modeled["protocol"]
+
+
+@pytest.mark.slow
+def test_the_delay_model_is_sgd_at_delay_zero_and_reads_old_weights_otherwise():
+    """delayed_sgd at delay 0 equals BSP's reference on the same 64-sample updates (one ASP epoch:
+    60 updates); at delay 2 it equals the rule written by hand for the first updates."""
+    torch.set_num_threads(1)
+    setup = cv.Setup(samples_per_update=64, lr=0.3)
+    asp, bsp = cv.job_for(setup, "dp-asp", 0, None), cv.job_for(setup, "dp-bsp", 0, None)
+    _, w0 = cv.delayed_sgd(asp, 0, 1, curve=False)
+    ref = cv.reference_train(schedule=bsp.schedule, model=bsp.model_fn(), bounds=bsp.bounds, dataset=bsp.dataset_fn(),
+                             batch_size=bsp.optim.batch_size, lr=bsp.optim.lr, seed=0, rounds=60)  # fmt: skip
+    assert max(float((w0[0][k] - ref[0][k]).abs().max()) for k in ref[0]) < 1e-5
+    # by hand: w(t+1) = w(t) - lr grad f_t(w(t-2)), over the first ASP round (4 updates)
+    model, ds = asp.model_fn(), asp.dataset_fn()
+    mod = cv.stage_module(model.layers, *asp.bounds[0])
+    order = cv.DataOrder(len(ds), asp.optim.batch_size, asp.schedule.microbatches, 0)
+    perm, ws = order.permutation(0), [cv.stage_params(mod)]
+    for t in range(4):
+        x, y = cv.microbatch(ds, order.indices(perm, 0, t))
+        read = {k: v.detach().requires_grad_(True) for k, v in ws[max(0, t - 2)].items()}
+        g = torch.autograd.grad(model.loss(cv.run_stage(mod, read, x), y), list(read.values()))
+        ws.append({k: v - 0.3 * gk for (k, v), gk in zip(ws[-1].items(), g)})
+    _, (got,) = cv.delayed_sgd(asp, 2, 1, curve=False, updates=4)
+    assert max(float((got[k] - ws[-1][k]).abs().max()) for k in got) < 1e-6
+    _, (got0,) = cv.delayed_sgd(asp, 0, 1, curve=False, updates=4)
+    assert max(float((got0[k] - ws[-1][k]).abs().max()) for k in got0) > 1e-4  # the delay matters
+    with pytest.raises(ValueError, match="delay must be"):
+        cv.delayed_sgd(asp, -1, 1)
+
+
 # ---- the schemes' runs ----------------------------------------------------------------------------
 @pytest.mark.slow
 def test_every_scheme_averages_the_same_number_of_samples_per_update():

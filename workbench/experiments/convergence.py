@@ -156,6 +156,64 @@ def reference_curve(job, epochs: int, keep: tuple[int, ...] = ()) -> tuple[pd.Da
     return pd.DataFrame(rows), kept
 
 
+# ---- ASP at a given delay (the protocol's bounded-delay model) ----------------------------------
+def delayed_sgd(
+    job, delay: int, epochs: int, *, curve: bool = True, updates: int | None = None
+) -> tuple[pd.DataFrame, list[dict]]:
+    """ASP on ``W = delay + 1`` equal replicas, deterministically (protocol ``baselines.asp_delay``):
+    update ``t`` applies to the newest weights the gradient of its microbatch computed on the weights
+    ``delay`` updates older, ``w(t+1) = w(t) - lr grad f(w(t - delay))`` (``w(<0) = w(0)``); plain SGD,
+    the microbatches in the order the runtime's replicas take them (``DataOrder`` of ``job``, a
+    one-stage ``dp-asp`` job: microbatch ``b`` of round ``r`` is update ``t = r M + b``). ``delay=0``
+    is minibatch SGD on those microbatches. Returns the learning curve (one row per epoch, as
+    :func:`reference_curve`'s; empty when ``curve`` is false) and the final weights (one stage), after
+    ``updates`` updates where given.
+    Weights that stop being finite stay so: the remaining epochs repeat that row."""
+    if delay < 0:
+        raise ValueError(f"delay must be >= 0 updates, got {delay}")
+    if len(job.bounds) != 1:
+        raise ValueError(f"delayed_sgd trains one stage on every replica; the job has {len(job.bounds)} stages")
+    model, ds = job.model_fn(), job.dataset_fn()
+    mod = stage_module(model.layers, *job.bounds[0])
+    order = DataOrder(len(ds), job.optim.batch_size, job.schedule.microbatches, job.optim.seed)
+    kept = [stage_params(mod)]  # kept[0] = w(t - delay) once delay + 1 versions exist; kept[-1] = w(t)
+    rows: list[dict] = []
+    t0, lr, done = time.perf_counter(), job.optim.lr, 0
+    for e in range(epochs):
+        perm = order.permutation(e)
+        for r in range(order.rounds_per_epoch):
+            for b in range(order.microbatches):
+                x, y = microbatch(ds, order.indices(perm, r, b))
+                read = {n: p.detach().requires_grad_(True) for n, p in kept[0].items()}
+                grads = torch.autograd.grad(model.loss(run_stage(mod, read, x), y), list(read.values()))
+                kept.append({n: p - lr * g for (n, p), g in zip(kept[-1].items(), grads)})
+                if len(kept) > delay + 1:
+                    kept.pop(0)
+                done += 1
+                if done == updates:
+                    return pd.DataFrame(rows), [kept[-1]]
+        if curve:
+            loss, acc = evaluate(job, model, [kept[-1]])
+            rows.append(dict(epoch=e + 1, test_accuracy=acc, test_loss=loss, compute_s=time.perf_counter() - t0))
+            if not all(torch.isfinite(w).all() for w in kept[-1].values()):  # diverged: stays so
+                rows += [dict(rows[-1], epoch=k + 1) for k in range(e + 1, epochs)]
+                break
+    return pd.DataFrame(rows), [kept[-1]]
+
+
+def asp_delay_sweep(setup: Setup, gpus, seeds, scratch) -> pd.DataFrame:
+    """ASP's learning curves at every GPU count of ``gpus`` (:func:`delayed_sgd`, delay ``g - 1``),
+    every seed: one row per (gpus, seed, epoch), ``scheme="dp-asp"``, ``engine="delay model"``."""
+    torch.set_num_threads(1)
+    frames = []
+    for g in gpus:
+        for seed in seeds:
+            job = job_for(setup, ASP, seed, Path(scratch) / f"asp-delay-{g}-s{seed}")
+            curve, _ = delayed_sgd(job, g - 1, setup.epochs)
+            frames.append(curve.assign(scheme=ASP, seed=seed, gpus=g, delay=g - 1, engine="delay model"))
+    return pd.concat(frames, ignore_index=True)
+
+
 # ---- the sweep ---------------------------------------------------------------------------------
 def deterministic(setup: Setup, scheme: str) -> bool:
     """Whether the scheme's weight rule fixes every version (all but ASP's ``async``)."""
