@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from workbench.models import build, config, dataset_info, list_models, load_dataset, synthetic
+from workbench.models import build, config, dataset_info, list_models, load_dataset, sequence, synthetic
 from workbench.models.data import BOS, corpus_text
 
 NAMES = ["vgg16", "resnet50", "alexnet", "mlp", "timed", "cnn1d", "gnmt", "awd-lstm", "gpt"]
@@ -120,6 +120,21 @@ def test_gnmt_paper_count_matches_lstm_formula():
     m = build("gnmt", "paper", device="meta")
     assert m.num_parameters() == expected
     assert len(m) == 2 * 8 + 3
+
+
+def test_s2vt_count_matches_its_layers_and_runs_forward():
+    """S2VT (Venugopalan et al. 2015): fc7 (4096) -> 500 embedding, LSTM(500 -> 1000), a 500-d word
+    embedding, LSTM(1000 + 500 -> 1000), softmax over the vocabulary; logits for every step."""
+    v = 13000
+    expected = (4096 * 500 + 500) + _lstm_params(500, 1000) + v * 500 + _lstm_params(1500, 1000) + (1000 * v + v)
+    with torch.device("meta"):
+        layers, names = sequence.s2vt(vocab_size=v)
+    assert sum(p.numel() for layer in layers for p in layer.parameters()) == expected and len(names) == 4
+    small, _ = sequence.s2vt(vocab_size=11, features=6, dim=5, hidden=7)
+    x = (torch.randn(2, 3, 6), torch.randint(0, 11, (2, 3)))
+    for layer in small:
+        x = layer(x)
+    assert x.shape == (2, 3, 11)
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Sequence models as layer lists: a GNMT-style encoder-decoder, an AWD-LSTM-style LM, a GPT LM.
+"""Sequence models as layer lists: a GNMT-style encoder-decoder, S2VT, an AWD-LSTM-style LM, a GPT LM.
 
 Every builder returns ``(layers, names)``. All tensors are batch-first. LSTM layers start from a
 zero state for every batch (no hidden state carried between batches), so a layer's output depends
@@ -122,6 +122,61 @@ def gnmt(vocab_size: int = 32000, hidden: int = 1024, num_layers: int = 8):
         + ["classifier"]
     )
     return layers, names
+
+
+# --------------------------------------------------------------------------------------- S2VT
+class FrameEmbedding(nn.Module):
+    """(frame features [B,T,F], word ids [B,T]) -> (features W + b [B,T,E], ids)."""
+
+    def __init__(self, features: int, dim: int):
+        super().__init__()
+        self.proj = nn.Linear(features, dim)
+
+    def forward(self, x):
+        feats, ids = x
+        return self.proj(feats), ids
+
+
+class FrameLSTM(nn.Module):
+    """(v [B,T,E], ids) -> (LSTM(v) [B,T,H], ids): the first layer, over the frames."""
+
+    def __init__(self, d_in: int, hidden: int):
+        super().__init__()
+        self.lstm = nn.LSTM(d_in, hidden, batch_first=True)
+
+    def forward(self, x):
+        v, ids = x
+        return self.lstm(v)[0], ids
+
+
+class WordLSTM(nn.Module):
+    """(h [B,T,H], ids) -> LSTM([h; E[ids]]) [B,T,H]: the second layer, fed with the first layer's
+    output and the word embedding."""
+
+    def __init__(self, vocab: int, dim: int, hidden: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.lstm = nn.LSTM(hidden + dim, hidden, batch_first=True)
+
+    def forward(self, x):
+        h, ids = x
+        return self.lstm(torch.cat([h, self.embed(ids)], dim=-1))[0]
+
+
+def s2vt(vocab_size: int = 13000, features: int = 4096, dim: int = 500, hidden: int = 1000):
+    """S2VT (Venugopalan et al., "Sequence to Sequence -- Video to Text", ICCV 2015): a stack of two
+    LSTMs of ``hidden`` units unrolled over every time step (frames, then words); the first reads
+    the frames' CNN features (VGG-16 fc7, ``features``) through a linear embedding to ``dim``, the
+    second the first's output concatenated with a ``dim`` word embedding; a softmax over the
+    vocabulary. The CNN is not trained (precomputed features, as S2VT trains). Inputs: (features
+    [B,T,F], word ids [B,T]); 4 layers."""
+    layers = [
+        FrameEmbedding(features, dim),
+        FrameLSTM(dim, hidden),
+        WordLSTM(vocab_size, dim, hidden),
+        Decoder(hidden, vocab_size),
+    ]
+    return layers, ["frame_embed", "lstm1", "lstm2", "classifier"]
 
 
 # ----------------------------------------------------------------------------------- AWD-LSTM
