@@ -240,3 +240,16 @@ def test_a_published_limit_is_named_where_it_bears_on_a_miss():
     assert named == {"sosp-B"}
     for r, _ in sosp:  # the rows that name the cap list it among the protocol entries they read
         assert ("known_limits.aws_single_flow_gbps" in r["protocol"]) == ("AWS caps one TCP flow" in r["explanation"])
+
+
+def test_a_straight_pipelines_miss_says_what_it_asks_of_data_parallelism():
+    """Where the paper ran a straight pipeline and ours is below its speedup over data parallelism
+    (AWD-LM on Cluster-A), the row says how fast the paper's data parallelism must have been, in
+    time to target over one GPU, from the straight pipeline's modeled speed: below one GPU's."""
+    rows, _ = cal.claim_rows()
+    hits = [(r, n) for r, n in zip(rows, cal.PAPER) if "straight pipeline runs at" in r["explanation"]]
+    assert [n.model for _, n in hits] == ["awd-lstm"]
+    r, n = hits[0]
+    plan = cal.pipedream_plan(cal.SETTINGS[n.setting], n.model, n.workers, cal.fitted_params()["sosp"], straight=True)
+    need = plan.single_worker_ms / plan.predicted_ms / n.paper  # the protocol's SOSP epochs ratio is 1
+    assert f"at {need:.2f}x one GPU's speed" in r["explanation"] and need < 1

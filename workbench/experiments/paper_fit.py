@@ -248,7 +248,11 @@ def model_profile(model: str, gpu: str = "V100") -> Profile:
             net = nn.Sequential(*sequence.s2vt()[0])
         x = (torch.empty(32, 80, 4096, device="meta"), torch.zeros(32, 80, dtype=torch.long, device="meta"))
         prof = project(analyze(net, x, batch_size=32), target, batch_size=32)
-        return Profile(prof.layers, {**prof.meta, "model": "s2vt (published architecture, roofline stand-in)"})
+        meta = {
+            "model": "s2vt (published architecture, roofline stand-in)",
+            "source": f"workbench.project(s2vt, {gpu})",
+        }
+        return Profile(prof.layers, {**prof.meta, **meta})
     name = {"gnmt": "gnmt8", "gnmt_large": "gnmt16"}.get(model, model)
     return dpo.projected_profile(name, dpo.analyses([name])[name], target)
 
@@ -604,10 +608,29 @@ def _cause(num: PaperNumber, ours: float, params: dict) -> str:
         )
     if num.quantity == "pipedream_over_bsp":
         parts.append(_bsp_text(setting, num.model, num.workers, params))
+        if num.paper_config == "straight" and ours < num.paper:
+            parts.append(_straight_bound_text(setting, num, params))
     if num.quantity == "comm_reduction":
         dp = 2.0 * (num.workers - 1) / num.workers * _profile_for(setting, num.model).total_param_bytes
         parts.append(f"the paper's {num.paper:g}% needs under {(1 - num.paper / 100) * dp / 1e6:.0f} MB per minibatch")
     return "; ".join(parts)
+
+
+def _straight_bound_text(setting: Setting, num: PaperNumber, params: dict) -> str:
+    """What the paper's speedup over data parallelism asks of data parallelism when the paper ran a
+    straight pipeline: that pipeline's modeled speed over one GPU (at most the GPU count) times the
+    epochs ratio, divided by the paper's number, is the speed over one GPU, in time to target, its
+    data parallelism had."""
+    plan = pipedream_plan(setting, num.model, num.workers, params, straight=True)
+    s = plan.single_worker_ms / plan.predicted_ms
+    e = float(protocol.value(epochs_key(setting)))
+    return (
+        f"the paper's straight pipeline runs at {s:.2f}x one GPU in this model (at most {num.workers}x at any balance), "
+        f"so its {num.paper:g}x needs data parallelism to reach the target at {s * e / num.paper:.2f}x one GPU's speed "
+        f"(at most {num.workers * e / num.paper:.2f}x) at the epochs ratio {e:g}, where this model's runs at "
+        f"{bsp(setting, num.model, num.workers, params)['speedup']:.2f}x: data parallelism on {num.workers} GPUs "
+        "slower to the target than one GPU"
+    )
 
 
 def _intra_batch_cause(num: PaperNumber, ours: float, params: dict) -> str:
