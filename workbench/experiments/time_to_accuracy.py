@@ -462,6 +462,7 @@ def tta_claims(
     stats: pd.DataFrame,
     asp: pd.DataFrame | None,
     cfg: Config,
+    *,
     delay: pd.DataFrame | None = None,
 ) -> list[dict]:
     """Time-to-target ratios (other scheme / PipeDream) measured here, at ``cfg.target`` with mean
@@ -824,7 +825,7 @@ def run(cfg: Config, out_dir, *, lr_selection: pd.DataFrame | None = None, sensi
             out / "scratch-sensitivity",
         )
     claims = pd.DataFrame(
-        tta_claims(tta, tta_asp, stats, asp, cfg, tables.get("asp_delay"))
+        tta_claims(tta, tta_asp, stats, asp, cfg, delay=tables.get("asp_delay"))
         + qualitative_claims(stats, tables["significance"], cfg, tables.get("weight_rule_sensitivity"))
     )
     big = max(cfg.gpus)
