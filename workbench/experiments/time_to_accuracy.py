@@ -608,54 +608,66 @@ def asp_claims(tta_asp: pd.DataFrame, asp: pd.DataFrame, cfg: Config, delay: pd.
     if not {ASP, PIPEDREAM} <= set(st.index):
         return []
     a = tta_asp[tta_asp["scheme"] == ASP].set_index("gpus")
-    pd_ = tta_asp[tta_asp["scheme"] == PIPEDREAM].set_index("gpus")
-    ratio = a["x_vs_pipedream_modeled"]
-    g = ratio.idxmax() if ratio.notna().any() else a.index.max()
-    e_x = a.loc[g, "epochs_to_target"] / pd_.loc[g, "epochs_to_target"]
-    hw_x = pd_.loc[g, "speedup_modeled"] / a.loc[g, "speedup_modeled"]
     common = _asp_statistics_text(st)
-    modeled_why = (
-        f"at {g} GPUs (the max over {list(cfg.gpus)}): {e_x:.2f}x from median epochs x {hw_x:.2f}x from the modeled time "
-        f"per epoch (PipeDream's simulated speedup {pd_.loc[g, 'speedup_modeled']:.2f} / ASP's "
-        f"{a.loc[g, 'speedup_modeled']:.2f}: no communication overhead, protocol baselines.asp_communication); "
-        f"{common}; statistical efficiency from a small {cfg.model}, not {cfg.profile} on ImageNet"
-    )
     s_a, s_p = st.loc[ASP, "s_per_epoch_measured"], st.loc[PIPEDREAM, "s_per_epoch_measured"]
     e_xm = st.loc[ASP, "epochs_median"] / st.loc[PIPEDREAM, "epochs_median"]
     measured_why = (
         f"{e_xm:.2f}x from median epochs x {s_a / s_p:.2f}x from measured seconds per epoch (ASP {s_a:.3f} s, "
         f"PipeDream {s_p:.3f} s); {_CPU_NOTE}; {common}"
     )
-    t = float(st["target"].iloc[0])
-    ours, label = float(ratio.max()), _modeled_label(f"median epochs to {t:.0%}", cfg)
     keys: tuple[str, ...] = ()
     if delay is not None and delay["x_vs_pipedream_modeled"].notna().any():
-        d = delay.set_index("gpus")
-        g = d["x_vs_pipedream_modeled"].idxmax()
-        ours, keys = float(d.loc[g, "x_vs_pipedream_modeled"]), ("baselines.asp_delay",)
-        label = _modeled_label("median epochs to ASP's level at each GPU count (ASP: the bounded-delay model)", cfg)
-        modeled_why = (
-            f"at {g} GPUs (the max over {list(cfg.gpus)}): {_delay_text(d, g)}; per GPU count: "
-            + ", ".join(
-                f"{k}: {r.x_vs_pipedream_modeled:.3g}x (ASP's level {r.target:.2f}, its median best accuracy "
-                f"{r.asp_best_accuracy_median:.3g}, {int(r.asp_diverged)}/{int(r.seeds)} seeds diverged)"
-                for k, r in d.iterrows()
-            )
-            + _degenerate_text(d)
-            + (
-                f"; with the epochs of the {cfg.workers} Hogwild ranks measured here instead: "
-                f"{float(a.loc[g, 'x_vs_pipedream_modeled']):.3g}x (time_to_asp_target.csv; {common})"
-                if g in a.index
-                else ""
-            )
-            + f"; statistical efficiency from a small {cfg.model}, not {cfg.profile} on ImageNet"
-        )
+        ours, label, modeled_why = _delay_claim(delay.set_index("gpus"), a, common, cfg)
+        keys = ("baselines.asp_delay",)
+    else:
+        ours, label, modeled_why = _hogwild_claim(tta_asp, a, st, common, cfg)
     return [
         claim(EXPERIMENT, ASP_CLAIM, paper_value("asp_time_to_accuracy"), ours, "x", label=label, explanation=modeled_why,
               protocol=_protocol(cfg, "baselines.asp_communication", "baselines.gpipe_microbatches_per_stage", *keys)),
         claim(EXPERIMENT, ASP_CLAIM + " (this machine)", paper_value("asp_time_to_accuracy"), float(a["x_vs_pipedream_measured"].iloc[0]), "x",
               label=_measured_label(cfg), explanation=measured_why, protocol=_protocol(cfg)),
     ]  # fmt: skip
+
+
+def _hogwild_claim(tta_asp: pd.DataFrame, a: pd.DataFrame, st: pd.DataFrame, common: str, cfg: Config):
+    """The modeled ASP row from this machine's Hogwild epochs at every GPU count: (ours, label, why)."""
+    pd_ = tta_asp[tta_asp["scheme"] == PIPEDREAM].set_index("gpus")
+    ratio = a["x_vs_pipedream_modeled"]
+    g = ratio.idxmax() if ratio.notna().any() else a.index.max()
+    e_x = a.loc[g, "epochs_to_target"] / pd_.loc[g, "epochs_to_target"]
+    hw_x = pd_.loc[g, "speedup_modeled"] / a.loc[g, "speedup_modeled"]
+    why = (
+        f"at {g} GPUs (the max over {list(cfg.gpus)}): {e_x:.2f}x from median epochs x {hw_x:.2f}x from the modeled time "
+        f"per epoch (PipeDream's simulated speedup {pd_.loc[g, 'speedup_modeled']:.2f} / ASP's "
+        f"{a.loc[g, 'speedup_modeled']:.2f}: no communication overhead, protocol baselines.asp_communication); "
+        f"{common}; statistical efficiency from a small {cfg.model}, not {cfg.profile} on ImageNet"
+    )
+    t = float(st["target"].iloc[0])
+    return float(ratio.max()), _modeled_label(f"median epochs to {t:.0%}", cfg), why
+
+
+def _delay_claim(d: pd.DataFrame, a: pd.DataFrame, common: str, cfg: Config):
+    """The modeled ASP row from the delay model (``d``: :func:`asp_delay_table` by GPU count), the
+    Hogwild ratio (``a``) beside it: (ours, label, why)."""
+    g = d["x_vs_pipedream_modeled"].idxmax()
+    why = (
+        f"at {g} GPUs (the max over {list(cfg.gpus)}): {_delay_text(d, g)}; per GPU count: "
+        + ", ".join(
+            f"{k}: {r.x_vs_pipedream_modeled:.3g}x (ASP's level {r.target:.2f}, its median best accuracy "
+            f"{r.asp_best_accuracy_median:.3g}, {int(r.asp_diverged)}/{int(r.seeds)} seeds diverged)"
+            for k, r in d.iterrows()
+        )
+        + _degenerate_text(d)
+        + (
+            f"; with the epochs of the {cfg.workers} Hogwild ranks measured here instead: "
+            f"{float(a.loc[g, 'x_vs_pipedream_modeled']):.3g}x (time_to_asp_target.csv; {common})"
+            if g in a.index
+            else ""
+        )
+        + f"; statistical efficiency from a small {cfg.model}, not {cfg.profile} on ImageNet"
+    )
+    label = _modeled_label("median epochs to ASP's level at each GPU count (ASP: the bounded-delay model)", cfg)
+    return float(d.loc[g, "x_vs_pipedream_modeled"]), label, why
 
 
 def _degenerate_text(d: pd.DataFrame) -> str:

@@ -137,18 +137,6 @@ class FrameEmbedding(nn.Module):
         return self.proj(feats), ids
 
 
-class FrameLSTM(nn.Module):
-    """(v [B,T,E], ids) -> (LSTM(v) [B,T,H], ids): the first layer, over the frames."""
-
-    def __init__(self, d_in: int, hidden: int):
-        super().__init__()
-        self.lstm = nn.LSTM(d_in, hidden, batch_first=True)
-
-    def forward(self, x):
-        v, ids = x
-        return self.lstm(v)[0], ids
-
-
 class WordLSTM(nn.Module):
     """(h [B,T,H], ids) -> LSTM([h; E[ids]]) [B,T,H]: the second layer, fed with the first layer's
     output and the word embedding."""
@@ -172,7 +160,7 @@ def s2vt(vocab_size: int = 13000, features: int = 4096, dim: int = 500, hidden: 
     [B,T,F], word ids [B,T]); 4 layers."""
     layers = [
         FrameEmbedding(features, dim),
-        FrameLSTM(dim, hidden),
+        EncoderLSTM(dim, hidden),  # (v, ids) -> (LSTM(v), ids): the first layer, over the frames
         WordLSTM(vocab_size, dim, hidden),
         Decoder(hidden, vocab_size),
     ]
