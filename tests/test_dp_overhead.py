@@ -209,3 +209,22 @@ def test_a_ddp_bucket_waits_for_its_own_backward():
     assert end["exposed_ms"] >= first - 1e-9 and end["exposed_ms"] > start["exposed_ms"]
     with pytest.raises(ValueError, match="allreduce_ready must be one of"):
         CostModel.from_profile(prof, topo, allreduce_ready="whenever")
+
+
+def test_the_measured_epochs_ratio_is_the_one_awd_lms_row_uses(any_run):
+    """notebook 02's ``dp_global_batch.csv`` (data parallelism at the paper's global batch against the
+    straight pipeline, the stand-in task) gives the epochs ratio AWD-LM's Table 1 row multiplies its
+    modeled throughput ratio by: the same number, in the row's explanation and value."""
+    from workbench.experiments import paper_fit
+    from workbench.experiments import time_to_accuracy as tta
+
+    table = pd.read_csv(any_run / NB / "dp_global_batch.csv")
+    assert set(table["samples_per_update"]) == {tta.Config().samples_per_update, 4 * tta.Config().samples_per_update}
+    seeds = tuple(sorted(set(table["seed"])))
+    got = tta.dp_global_batch_ratio(table, tta.Config(seeds=seeds))
+    claims = pd.read_csv(any_run / NB / "claims.csv")
+    row = claims[claims["claim"].str.startswith("awd-lstm SOSP Cluster-A PipeDream speedup over data parallelism")]
+    assert len(row) == 1 and got["text"] in row["explanation"].iloc[0]
+    base, _ = paper_fit.claim_rows()  # without the measurement: the throughput ratio x 1
+    plain = next(r for r, n in zip(base, paper_fit.PAPER) if paper_fit.epochs_measured(n))
+    assert row["ours"].iloc[0] == pytest.approx(plain["ours"] * got["ratio"], rel=1e-3)

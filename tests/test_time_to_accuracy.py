@@ -393,3 +393,54 @@ def test_a_data_parallel_pipedream_plan_takes_bsp_epochs():
         == out.loc[("dp-bsp", 4), "tta_single_gpu_epochs_modeled"]
     )
     assert out.loc[("pipedream", 8), "epochs_to_target"] == 9.0  # a pipeline keeps its own
+
+
+# ---- data parallelism at the papers' global batch (protocol baselines.dp_global_batch) ----------
+def test_data_parallelisms_lr_rule_favours_it_most_seeds_then_fewest_epochs_then_the_smaller_lr():
+    rows = pd.DataFrame(
+        [dict(lr=0.3, seed=s, epochs_to_target=e) for s, e in enumerate([10.0, math.nan])]
+        + [dict(lr=0.6, seed=s, epochs_to_target=e) for s, e in enumerate([30.0, 40.0])]
+        + [dict(lr=1.2, seed=s, epochs_to_target=e) for s, e in enumerate([20.0, 30.0])]
+        + [dict(lr=2.4, seed=s, epochs_to_target=e) for s, e in enumerate([25.0, 25.0])]
+    )
+    assert tta.choose_dp_lr(rows) == 1.2  # 2/2 seeds beat 1/2 however fast; then 25 = 25 -> the smaller lr
+    assert tta.choose_dp_lr(rows[rows["lr"] != 1.2]) == 2.4
+    assert tta.choose_dp_lr(rows[rows["lr"] == 0.3]) == 0.3
+
+
+def test_the_candidates_are_the_protocols_multiples_of_the_lr():
+    cfg = tta.Config(lr=0.25, workers=4)
+    assert tta.dp_lr_candidates(cfg) == [("1", 0.25), ("sqrt(workers)", 0.5), ("workers", 1.0)]
+
+
+def test_dp_at_the_global_batch_runs_workers_x_the_samples_per_step_in_as_many_steps():
+    cfg = tta.Config(epochs=1, seeds=(0,), target=0.01, check_epochs=0)
+    tab = tta.dp_global_batch(cfg)
+    pd_row = tab[tab["scheme"] == cv.PIPEDREAM].iloc[0]
+    dp = tab[tab["scheme"] == cv.BSP]
+    assert (pd_row["samples_per_update"], pd_row["budget"], pd_row["lr"]) == (cfg.samples_per_update, 1, cfg.lr)
+    assert (dp["samples_per_update"] == cfg.workers * cfg.samples_per_update).all() and (dp["budget"] == 4).all()
+    assert list(dp["lr"]) == pytest.approx([cfg.lr, 2 * cfg.lr, 4 * cfg.lr])
+    assert (tab["epochs_to_target"] == 1).all()  # every curve reaches 1% and stops there
+    assert dp["chosen"].sum() == 1 and dp.loc[dp["chosen"], "lr"].iloc[0] == pytest.approx(cfg.lr)
+    assert tab["label"].str.startswith("measured").all()
+
+
+def test_the_epochs_ratio_is_data_parallelisms_mean_over_pipedreams_and_inf_when_a_seed_misses():
+    cfg = tta.Config(seeds=(0, 1))
+    rows = [dict(scheme=cv.PIPEDREAM, lr_multiple="pipeline lr", lr=0.3, seed=s, epochs_to_target=e, budget=25,
+                 final_accuracy=0.9, chosen=True) for s, e in enumerate([10.0, 14.0])]  # fmt: skip
+    rows += [dict(scheme=cv.BSP, lr_multiple="sqrt(workers)", lr=0.6, seed=s, epochs_to_target=e, budget=100,
+                  final_accuracy=0.9, chosen=True) for s, e in enumerate([30.0, 42.0])]  # fmt: skip
+    rows += [dict(scheme=cv.BSP, lr_multiple="1", lr=0.3, seed=s, epochs_to_target=math.nan, budget=100,
+                  final_accuracy=0.8, chosen=False) for s in (0, 1)]  # fmt: skip
+    got = tta.dp_global_batch_ratio(pd.DataFrame(rows), cfg)
+    assert got["ratio"] == pytest.approx(36 / 12) and got["dp_lr"] == 0.6
+    assert got["p"] == pytest.approx(1 / 3)  # 2 seeds a side, fully separated: 2 of the 6 splits as extreme
+    assert (
+        "epochs ratio 3.00" in got["text"]
+        and "2/2 seeds" in got["text"]
+        and "most favourable of sqrt(workers), 1" in got["text"]
+    )
+    rows[2]["epochs_to_target"] = math.nan
+    assert tta.dp_global_batch_ratio(pd.DataFrame(rows), cfg)["ratio"] == math.inf

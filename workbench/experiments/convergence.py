@@ -125,14 +125,17 @@ def evaluate(job, model, weights: list[dict]) -> tuple[float, float]:
         return float(model.loss(x, y)), model.correct(x, y) / y.numel()
 
 
-def reference_curve(job, epochs: int, keep: tuple[int, ...] = ()) -> tuple[pd.DataFrame, dict]:
+def reference_curve(
+    job, epochs: int, keep: tuple[int, ...] = (), *, stop_at: float | None = None
+) -> tuple[pd.DataFrame, dict]:
     """Test accuracy after every epoch of ``job`` under its schedule's weight rule, computed by the
     semantic reference: drained runs apply the schedule once per minibatch; stream runs
     (``job.stream``) apply the schedule over all the epoch's microbatches as one pass, which reads
     the epoch's samples in the runtime's order (``DataOrder`` slices are contiguous). Plain SGD (no
     momentum: each epoch restarts the reference from the last weights). Weights that
-    are no longer finite stay so: the remaining epochs repeat that row. Returns the curve and
-    ``{epoch: stage weights}`` for the epochs in ``keep``."""
+    are no longer finite stay so: the remaining epochs repeat that row. With ``stop_at``, the curve
+    ends at the first epoch whose test accuracy reaches it (the epochs to that target are all a
+    caller needs). Returns the curve and ``{epoch: stage weights}`` for the epochs in ``keep``."""
 
     model, ds = job.model_fn(), job.dataset_fn()
     M = job.schedule.microbatches
@@ -150,6 +153,8 @@ def reference_curve(job, epochs: int, keep: tuple[int, ...] = ()) -> tuple[pd.Da
         rows.append(dict(epoch=e + 1, test_accuracy=acc, test_loss=loss, compute_s=time.perf_counter() - t0))
         if e + 1 in keep:
             kept[e + 1] = weights
+        if stop_at is not None and acc >= stop_at:
+            break
         if not all(torch.isfinite(w).all() for ws in weights for w in ws.values()):  # diverged: stays so
             rows += [dict(rows[-1], epoch=k + 1) for k in range(e + 1, epochs)]
             break
@@ -222,10 +227,13 @@ def deterministic(setup: Setup, scheme: str) -> bool:
     return schedule_for_workers(name, setup.workers, None, setup.microbatches, dict(opts)).update != "async"
 
 
-def reference_sweep(setup: Setup, schemes, seeds, scratch, keep: dict | None = None) -> tuple[pd.DataFrame, dict]:
+def reference_sweep(
+    setup: Setup, schemes, seeds, scratch, keep: dict | None = None, *, stop_at: float | None = None
+) -> tuple[pd.DataFrame, dict]:
     """Learning curves of every (scheme, seed) from the semantic reference: one row per (scheme,
     seed, epoch) with ``test_accuracy``, ``test_loss``, ``engine="reference"``; and the weights
-    ``{(scheme, seed): stage weights}`` after ``keep[(scheme, seed)]`` epochs."""
+    ``{(scheme, seed): stage weights}`` after ``keep[(scheme, seed)]`` epochs. ``stop_at``: each
+    curve ends once it reaches that test accuracy (:func:`reference_curve`)."""
     torch.set_num_threads(1)
     keep = keep or {}
     frames, weights = [], {}
@@ -233,7 +241,7 @@ def reference_sweep(setup: Setup, schemes, seeds, scratch, keep: dict | None = N
         for seed in seeds:
             job = job_for(setup, scheme, seed, Path(scratch) / f"{scheme}-s{seed}")
             at = keep.get((scheme, seed))
-            curve, kept = reference_curve(job, setup.epochs, () if at is None else (at,))
+            curve, kept = reference_curve(job, setup.epochs, () if at is None else (at,), stop_at=stop_at)
             frames.append(curve.assign(scheme=scheme, seed=seed, engine="reference"))
             if at is not None:
                 weights[(scheme, seed)] = kept[at]

@@ -486,13 +486,14 @@ def fitted_params() -> dict[str, dict]:
 ETA_RANGE = (0.01, 10.0)
 
 
-def eta_needed(num: PaperNumber, fitted_eta: float = 1.0, rel: float = 0.03) -> float | None:
+def eta_needed(num: PaperNumber, fitted_eta: float = 1.0, rel: float = 0.03, *, epochs: float = 1.0) -> float | None:
     """The scale ``η`` of the protocol's all-reduce bandwidth (every link's efficiency times ``η``;
     a diagnostic, nothing is fitted to it) at which the model gives the paper's number for ``num``: the roots of ``log(ours(η) / paper)`` over :data:`ETA_RANGE` (a log grid of
     13 points, then bisection in ``log η`` to 0.1% on each bracket with a sign change); of those
     within ``rel`` of the paper (a plan change can make ``ours`` jump past the paper's number), the
-    one nearest ``fitted_eta``. ``None`` where no ``η`` in the range gives it."""
-    f = _eta_gap(num)
+    one nearest ``fitted_eta``. ``None`` where no ``η`` in the range gives it. ``epochs``: the row's
+    epochs ratio, which multiplies a Table 1 row's modeled throughput ratio."""
+    f = _eta_gap(num, epochs)
     grid = np.geomspace(*ETA_RANGE, 13)
     vals = [f(e) for e in grid]
     roots = []
@@ -507,12 +508,12 @@ def eta_needed(num: PaperNumber, fitted_eta: float = 1.0, rel: float = 0.03) -> 
     return min(good, key=lambda r: abs(math.log(r / fitted_eta))) if good else None
 
 
-def _eta_gap(num: PaperNumber):
-    return lambda eta: math.log(max(predict(num, dict(efficiency=float(eta)))[0], 1e-12) / num.paper)
+def _eta_gap(num: PaperNumber, epochs: float = 1.0):
+    return lambda eta: math.log(max(epochs * predict(num, dict(efficiency=float(eta)))[0], 1e-12) / num.paper)
 
 
-def _eta_text(num: PaperNumber, params: dict) -> str:
-    eta = eta_needed(num, 1.0)
+def _eta_text(num: PaperNumber, params: dict, epochs: float = 1.0) -> str:
+    eta = eta_needed(num, 1.0, epochs=epochs)
     unit = QUANTITY_TEXT[num.quantity][1]
     if eta is not None:
         text = (
@@ -520,7 +521,7 @@ def _eta_text(num: PaperNumber, params: dict) -> str:
             f"protocol's bus bandwidth on every link ({eta:.3g} x its efficiency{' > 1: faster than the links' if eta * 0.8 > 1 else ''})"
         )
         return text + _known_limit_text(SETTINGS[num.setting], eta)
-    ends = [predict(num, dict(efficiency=e))[0] for e in ETA_RANGE]
+    ends = [epochs * predict(num, dict(efficiency=e))[0] for e in ETA_RANGE]
     return (
         f"a diagnostic: no scale of the protocol's all-reduce bandwidth in [{ETA_RANGE[0]:g}, {ETA_RANGE[1]:g}] gives "
         f"the paper's {num.paper:g}{unit} (the model gives {ends[0]:.2f}{unit} at {ETA_RANGE[0]:g}x and "
@@ -586,7 +587,7 @@ def _plan_text(setting: Setting, model: str, plan: Plan, params: dict) -> str:
     return text
 
 
-def _cause(num: PaperNumber, ours: float, params: dict) -> str:
+def _cause(num: PaperNumber, ours: float, params: dict, *, epochs_ratio: float = 1.0) -> str:
     """Why a row is more than 25% off, in the row's own numbers: on SOSP's settings the efficiency
     ``η`` the paper's number needs (:func:`eta_needed`); elsewhere BSP's round or the plan's
     bottleneck, and for the bytes the split between cuts and all-reduces."""
@@ -597,7 +598,7 @@ def _cause(num: PaperNumber, ours: float, params: dict) -> str:
     if num.quantity in ("bsp_speedup", "comm_share"):
         return f"ours {direction} the paper: {_bsp_text(setting, num.model, num.workers, params)}"
     plan = pipedream_plan(setting, num.model, num.workers, params, straight=num.quantity == "straight_speedup")
-    parts = [] if setting.group != "sosp" else [_eta_text(num, params)]
+    parts = [] if setting.group != "sosp" else [_eta_text(num, params, epochs_ratio)]
     parts = [p for p in parts if p]
     parts.append(f"ours {direction} the paper: {_plan_text(setting, num.model, plan, params)}")
     if num.quantity in ("pipedream_speedup", "straight_speedup") and ours > num.paper:
@@ -609,28 +610,30 @@ def _cause(num: PaperNumber, ours: float, params: dict) -> str:
     if num.quantity == "pipedream_over_bsp":
         parts.append(_bsp_text(setting, num.model, num.workers, params))
         if num.paper_config == "straight" and ours < num.paper:
-            parts.append(_straight_bound_text(setting, num, params))
+            parts.append(_straight_bound_text(setting, num, params, epochs_ratio))
     if num.quantity == "comm_reduction":
         dp = 2.0 * (num.workers - 1) / num.workers * _profile_for(setting, num.model).total_param_bytes
         parts.append(f"the paper's {num.paper:g}% needs under {(1 - num.paper / 100) * dp / 1e6:.0f} MB per minibatch")
     return "; ".join(parts)
 
 
-def _straight_bound_text(setting: Setting, num: PaperNumber, params: dict) -> str:
+def _straight_bound_text(setting: Setting, num: PaperNumber, params: dict, e: float) -> str:
     """What the paper's speedup over data parallelism asks of data parallelism when the paper ran a
-    straight pipeline: that pipeline's modeled speed over one GPU (at most the GPU count) times the
-    epochs ratio, divided by the paper's number, is the speed over one GPU, in time to target, its
-    data parallelism had."""
+    straight pipeline: that pipeline's modeled speed over one GPU ``s`` (at most the GPU count) times
+    the epochs ratio ``e``, divided by the paper's number, is the throughput over one GPU its data
+    parallelism had; ``s / paper`` is its speed to the target over one GPU (one GPU steps on the
+    per-GPU minibatch, as the straight pipeline does)."""
     plan = pipedream_plan(setting, num.model, num.workers, params, straight=True)
     s = plan.single_worker_ms / plan.predicted_ms
-    e = float(protocol.value(epochs_key(setting)))
-    return (
+    need, most = s * e / num.paper, num.workers * e / num.paper
+    text = (
         f"the paper's straight pipeline runs at {s:.2f}x one GPU in this model (at most {num.workers}x at any balance), "
-        f"so its {num.paper:g}x needs data parallelism to reach the target at {s * e / num.paper:.2f}x one GPU's speed "
-        f"(at most {num.workers * e / num.paper:.2f}x) at the epochs ratio {e:g}, where this model's runs at "
-        f"{bsp(setting, num.model, num.workers, params)['speedup']:.2f}x: data parallelism on {num.workers} GPUs "
-        "slower to the target than one GPU"
+        f"so at the epochs ratio {e:.3g} its {num.paper:g}x needs data parallelism's throughput at {need:.2f}x one GPU's "
+        f"(at most {most:.2f}x), where this model's runs at {bsp(setting, num.model, num.workers, params)['speedup']:.2f}x"
     )
+    if most < 1:
+        return text + f": data parallelism on {num.workers} GPUs slower than one GPU"
+    return text + f", and at {s / num.paper:.2f}x one GPU's speed to the target"
 
 
 def _intra_batch_cause(num: PaperNumber, ours: float, params: dict) -> str:
@@ -682,11 +685,15 @@ def _label(setting: Setting, num: PaperNumber, params: dict) -> str:
     return f"modeled (profile: {src}; topology {topo.describe()} at nominal rates; {dp})"
 
 
-def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.DataFrame]:
+def claim_rows(
+    params_by_group: dict | None = None, *, measured_epochs: dict | None = None
+) -> tuple[list[dict], pd.DataFrame]:
     """Every :data:`PAPER` number as a ``claims.csv`` row (``fit`` in-sample / out-of-sample), and
     the configurations table: the calibrated model's choice, PipeDream's optimizer's
     (``cost="pipedream"`` on the links at their nominal rates: its formulas have no separate all-reduce
-    rate to calibrate) and the paper's where it names one."""
+    rate to calibrate) and the paper's where it names one. ``measured_epochs``: the epochs ratios
+    measured for the rows :func:`epochs_measured` names, ``{(setting, model): {"ratio", "text"}}``
+    (``time_to_accuracy.dp_global_batch_ratio``); a row without one takes the protocol's ratio and says so."""
     fitted = params_by_group or fitted_params()
     rows: list[dict] = []
     configs: dict[tuple, dict] = {}
@@ -710,21 +717,20 @@ def claim_rows(params_by_group: dict | None = None) -> tuple[list[dict], pd.Data
                 f"{conf['pipedream_optimizer_speedup_over_dp']:.2f}x over its data-parallel estimate"
             )
         if num.quantity == "pipedream_over_bsp":
-            key = epochs_key(setting)
-            ratio_e = float(protocol.value(key))
+            ratio_e, source_e, epochs_keys = epochs_ratio(num, measured_epochs)
             why.insert(
                 1,
                 f"time to target = time per epoch x epochs: the modeled steady-state throughput ratio "
-                f"{ours:.3g} x the epochs ratio {ratio_e:g} ({key}: {protocol.source(key)})",
+                f"{ours:.3g} x the epochs ratio {ratio_e:.3g} ({source_e})",
             )
             ours *= ratio_e
             err = ours / num.paper - 1
         if abs(err) > 0.25:
-            why.append(_cause(num, ours, params))
+            why.append(_cause(num, ours, params, epochs_ratio=ratio_e if num.quantity == "pipedream_over_bsp" else 1.0))
         topo = setting.topology(num.workers)
         keys = setting.protocol_keys(topo)
         if num.quantity == "pipedream_over_bsp":
-            keys += (epochs_key(setting),)
+            keys += epochs_keys
         if num.quantity == "pipedream_over_gpipe":
             keys += ("baselines.gpipe_microbatches_per_stage",)
         if "AWS caps one TCP flow" in " ".join(why):
@@ -808,6 +814,66 @@ COMPARISON = {
 def epochs_key(setting: Setting) -> str:
     """The protocol entry of the epochs ratio PipeDream vs data parallelism in ``setting``'s paper."""
     return "time_to_target.sosp_epochs_ratio" if setting.group == "sosp" else "time_to_target.arxiv_epochs_ratio"
+
+
+#: The protocol entries a measured epochs ratio (``time_to_target.sosp_unstated``) reads.
+MEASURED_EPOCHS_KEYS = (
+    "time_to_target.sosp_unstated",
+    "baselines.dp_global_batch",
+    "statistical_efficiency.model",
+    "statistical_efficiency.workers",
+    "statistical_efficiency.samples_per_update",
+    "statistical_efficiency.lr",
+    "statistical_efficiency.target",
+    "statistical_efficiency.dp_lr_multipliers",
+    "statistical_efficiency.dp_lr_rule",
+    "statistical_efficiency.dp_epochs",
+)
+
+
+def epochs_measured(num: PaperNumber) -> bool:
+    """Whether a Table 1 row's epochs ratio is measured by the statistical-efficiency experiment
+    (``time_to_target.sosp_unstated``): a SOSP speedup over data parallelism for a model its
+    accuracy-vs-epoch figure does not show, run as a straight pipeline on as many GPUs as the
+    experiment has stages (``statistical_efficiency.workers``)."""
+    return (
+        num.quantity == "pipedream_over_bsp"
+        and SETTINGS[num.setting].group == "sosp"
+        and num.model not in protocol.value("time_to_target.sosp_epochs_figure_models")
+        and num.paper_config == "straight"
+        and num.workers == protocol.value("statistical_efficiency.workers")
+    )
+
+
+def epochs_ratio(num: PaperNumber, measured: dict | None = None) -> tuple[float, str, tuple[str, ...]]:
+    """A Table 1 row's ratio of epochs to target (data parallelism's over PipeDream's), where it comes
+    from, and the protocol entries it read: the paper's figure (arXiv; SOSP's VGG-16 and GNMT-16), the
+    measurement in ``measured`` (:func:`epochs_measured`), or, for a configuration the experiment has no
+    arm for, the SOSP figure's ratio, said so."""
+    setting = SETTINGS[num.setting]
+    key = epochs_key(setting)
+    ratio, src = float(protocol.value(key)), f"{key}: {protocol.source(key)}"
+    if setting.group != "sosp":
+        return ratio, src, (key,)
+    if num.model in protocol.value("time_to_target.sosp_epochs_figure_models"):
+        return ratio, src, (key, "time_to_target.sosp_epochs_figure_models")
+    if epochs_measured(num):
+        m = (measured or {}).get((num.setting, num.model))
+        if m is not None:
+            return float(m["ratio"]), str(m["text"]), MEASURED_EPOCHS_KEYS
+        return (
+            ratio,
+            f"{key}, not measured in this call (notebook 02 measures it: time_to_target.sosp_unstated)",
+            (key,),
+        )
+    return (
+        ratio,
+        (
+            f"{key}: SOSP states no epochs for {num.model} and the statistical-efficiency experiment has no arm for its "
+            f"configuration ({num.paper_config or 'not named'}), so the figure's ratio stands in"
+        ),
+        (key, "time_to_target.sosp_unstated"),
+    )
 
 
 def configuration(num: PaperNumber, params: dict, ours: str) -> dict:
@@ -959,13 +1025,13 @@ def scaling_figure(scaling: pd.DataFrame):
     return fig
 
 
-def run(out) -> dict:
+def run(out, *, measured_epochs: dict | None = None) -> dict:
     """Calibrate, predict, and write ``settings.csv``, ``calibration_parameters.csv``,
     ``configurations.csv``, ``intra_batch.csv``, ``scaling.csv``,
     ``calibration_errors.csv`` and ``calibration.html`` into ``out``; returns the
     tables and the claim rows (the notebook adds them to its ``claims.csv``)."""
 
-    rows, configs = claim_rows()
+    rows, configs = claim_rows(measured_epochs=measured_epochs)
     claims = pd.DataFrame(rows)
     scaling = scaling_table()
     tables = dict(

@@ -234,6 +234,93 @@ def asp_delay_table(delay_curves: pd.DataFrame, curves: pd.DataFrame, hardware: 
     return pd.DataFrame(rows)
 
 
+# ---- data parallelism at the papers' global batch (protocol baselines.dp_global_batch) ----------
+def dp_lr_candidates(cfg: Config) -> list[tuple[str, float]]:
+    """Data parallelism's candidate learning rates at the papers' global batch: each multiple of
+    ``cfg.lr`` that ``statistical_efficiency.dp_lr_multipliers`` names, as (name, lr)."""
+    named = {"1": 1.0, "sqrt(workers)": math.sqrt(cfg.workers), "workers": float(cfg.workers)}
+    out = []
+    for tok in (t.strip() for t in str(protocol.value("statistical_efficiency.dp_lr_multipliers")).split(",")):
+        if tok not in named:
+            raise ValueError(f"statistical_efficiency.dp_lr_multipliers: unknown multiple {tok!r}; use {sorted(named)}")
+        out.append((tok, named[tok] * cfg.lr))
+    return out
+
+
+def dp_global_batch(cfg: Config) -> pd.DataFrame:
+    """Epochs to ``cfg.target``, per seed, of data parallelism as the papers ran it
+    (``baselines.dp_global_batch``: each of ``cfg.workers`` replicas takes the per-GPU minibatch, so a
+    step averages ``workers x samples_per_update`` samples, within ``workers x epochs`` epochs: as
+    many steps as the budget gives at ``samples_per_update``) at each candidate learning rate
+    (:func:`dp_lr_candidates`), and of PipeDream's straight ``cfg.workers``-stage pipeline at
+    ``samples_per_update`` per step and ``cfg.lr``. The semantic reference, each curve stopped at the
+    target; one row per (scheme, lr, seed), ``chosen`` marking the learning rate each side's ratio
+    uses (data parallelism's by :func:`choose_dp_lr`)."""
+    W, u = cfg.workers, cfg.samples_per_update
+    dp = replace(cfg.setup, samples_per_update=W * u, epochs=W * cfg.epochs)
+    arms = [(PIPEDREAM, cfg.setup, "pipeline lr", cfg.lr)] + [(BSP, dp, m, lr) for m, lr in dp_lr_candidates(cfg)]
+    frames = []
+    with tempfile.TemporaryDirectory(prefix="wb-dp-batch-") as scratch:
+        for scheme, setup, multiple, lr in arms:
+            curves, _ = cv.reference_sweep(
+                replace(setup, lr=lr), [scheme], cfg.seeds, Path(scratch) / f"{scheme}-{lr:g}", stop_at=cfg.target
+            )
+            per = cv.epochs_to_target(curves, cfg.target).assign(
+                lr=lr, lr_multiple=multiple, samples_per_update=setup.samples_per_update, budget=setup.epochs
+            )
+            frames.append(per)
+    table = pd.concat(frames, ignore_index=True)
+    table["chosen"] = (table["scheme"] == PIPEDREAM) | (table["lr"] == choose_dp_lr(table[table["scheme"] == BSP]))
+    table["label"] = (
+        f"measured (this machine: the semantic reference on {cfg.model}, the stand-in task; each curve stopped at "
+        f"the target {cfg.target:g})"
+    )
+    return table[
+        ["scheme", "lr_multiple", "lr", "samples_per_update", "seed", "target", "epochs_to_target", "budget"]
+        + ["best_accuracy", "final_accuracy", "diverged", "chosen", "label"]
+    ]
+
+
+def choose_dp_lr(per_seed: pd.DataFrame) -> float:
+    """The protocol's rule for data parallelism's learning rate (``statistical_efficiency.dp_lr_rule``)
+    over rows of (``lr``, ``seed``, ``epochs_to_target``; NaN: not reached): the most seeds at the
+    target, then the fewest mean epochs over them, then the smaller lr."""
+    g = per_seed.groupby("lr")["epochs_to_target"]
+    score = pd.DataFrame(dict(reached=g.count(), mean=g.mean().fillna(math.inf)))
+    score = score.reset_index().sort_values(["reached", "mean", "lr"], ascending=[False, True, True])
+    return float(score["lr"].iloc[0])
+
+
+def dp_global_batch_ratio(table: pd.DataFrame, cfg: Config) -> dict:
+    """Data parallelism's mean epochs to the target at its chosen lr over PipeDream's
+    (:func:`convergence.compare`: inf where a seed of data parallelism does not reach it, NaN where
+    one of PipeDream's does not; its two-sided Mann-Whitney U p-value), with the text a claim row
+    quotes: ``ratio``, ``p``, ``dp_epochs``, ``pipedream_epochs``, ``dp_lr``, ``text``."""
+    pick = table[table["chosen"]]
+    c = cv.compare(pick, PIPEDREAM).iloc[0]
+    e = {k: pick[pick["scheme"] == k]["epochs_to_target"] for k in (BSP, PIPEDREAM)}
+    mean = {k: float(v.mean()) if v.notna().all() else math.inf for k, v in e.items()}
+    dp = pick[pick["scheme"] == BSP].iloc[0]
+    W, u, n = cfg.workers, cfg.samples_per_update, len(e[BSP])
+    others = ", ".join(dict.fromkeys(str(x) for x in table.loc[table["scheme"] == BSP, "lr_multiple"]))
+    text = (
+        f"measured here on {cfg.model} (the stand-in task, the semantic reference, {n} seed(s), target {cfg.target:g}): "
+        f"data parallelism as the paper ran it ({W} x {u} samples per step, lr {dp['lr']:g} = {dp['lr_multiple']} x "
+        f"{cfg.lr:g}, the most favourable of {others}) reaches it in {mean[BSP]:.1f} epochs (mean, "
+        f"{int(e[BSP].notna().sum())}/{n} seeds within {int(dp['budget'])}), PipeDream's straight {W}-stage pipeline "
+        f"({u} per step, lr {cfg.lr:g}) in {mean[PIPEDREAM]:.1f}: epochs ratio {c['ratio']:.2f} (Mann-Whitney "
+        f"p = {c['p_mannwhitney']:.3g})"
+    )
+    return dict(
+        ratio=float(c["ratio"]),
+        p=float(c["p_mannwhitney"]),
+        dp_epochs=mean[BSP],
+        pipedream_epochs=mean[PIPEDREAM],
+        dp_lr=float(dp["lr"]),
+        text=text,
+    )
+
+
 def _seconds_per_epoch(real: pd.DataFrame) -> pd.Series:
     """Measured seconds per epoch per scheme on this machine: the real runs' wall clock at their last
     epoch / epochs, mean over the scheme's runs."""
