@@ -245,8 +245,8 @@ def test_a_published_limit_is_named_where_it_bears_on_a_miss():
 def test_a_straight_pipelines_miss_says_what_it_asks_of_data_parallelism():
     """Where the paper ran a straight pipeline and ours is below its speedup over data parallelism
     (AWD-LM on Cluster-A), the row says how fast the paper's data parallelism must have been, in
-    throughput over one GPU at the row's epochs ratio, from the straight pipeline's modeled speed:
-    below one GPU's at the ratio 1, not at a measured ratio of 2."""
+    throughput over one GPU at the straight configuration's epochs ratio, from the straight pipeline's
+    modeled speed: below one GPU's at the ratio 1, not at a measured ratio of 2."""
     rows, _ = cal.claim_rows()
     hits = [(r, n) for r, n in zip(rows, cal.PAPER) if "straight pipeline runs at" in r["explanation"]]
     assert [n.model for _, n in hits] == ["awd-lstm"]
@@ -255,7 +255,8 @@ def test_a_straight_pipelines_miss_says_what_it_asks_of_data_parallelism():
     need = plan.single_worker_ms / plan.predicted_ms / n.paper  # without a measurement the epochs ratio is 1
     assert f"throughput at {need:.2f}x one GPU's" in r["explanation"] and need < 1
     assert "slower than one GPU" in r["explanation"]  # even at a perfectly balanced pipeline (4 / 4.25 < 1)
-    got, _ = cal.claim_rows(measured_epochs={(n.setting, n.model): dict(ratio=2.0, text="m")})
+    measured = {(n.setting, n.model): dict(ratio=1.0, text="m", paper=dict(ratio=2.0, text="p"))}
+    got, _ = cal.claim_rows(measured_epochs=measured)  # the bound reasons with the paper's configuration's ratio
     r2 = next(x for x, m in zip(got, cal.PAPER) if m is n)
     assert (
         f"throughput at {2 * need:.2f}x one GPU's" in r2["explanation"]
@@ -264,18 +265,23 @@ def test_a_straight_pipelines_miss_says_what_it_asks_of_data_parallelism():
 
 
 def test_a_measured_epochs_ratio_multiplies_exactly_the_rows_the_protocol_measures():
-    """SOSP states epochs for VGG-16 and GNMT-16 only; AWD-LM's straight 1x4 is the statistical-
-    efficiency experiment's own configuration, so its row takes the measured ratio (and lists the
-    entries that measurement read); S2VT's replicated configuration has no arm and says so."""
-    assert [(n.setting, n.model) for n in cal.PAPER if cal.epochs_measured(n)] == [("sosp-A", "awd-lstm")]
+    """SOSP states epochs for VGG-16 and GNMT-16 only; AWD-LM and S2VT run on 4 GPUs, the statistical-
+    efficiency experiment's workers, so their rows take the ratio measured at their own configuration
+    (and list the entries that measurement read), the paper's configuration quoted beside it."""
+    arms = cal.epochs_arms()
+    assert sorted(arms) == [("sosp-A", "awd-lstm"), ("sosp-C", "s2vt")]
+    assert arms[("sosp-A", "awd-lstm")]["paper"] == (1, 1, 1, 1) and arms[("sosp-C", "s2vt")]["paper"] == (2, 1, 1)
+    for (setting, model), a in arms.items():  # the configuration of the row's time per epoch
+        plan = cal.pipedream_plan(cal.SETTINGS[setting], model, 4, cal.fitted_params()["sosp"])
+        assert a["plan"] == tuple(s.replicas for s in plan.stages)
     base, _ = cal.claim_rows()
-    got, _ = cal.claim_rows(measured_epochs={("sosp-A", "awd-lstm"): dict(ratio=2.5, text="MEASURED-HERE")})
+    m = {k: dict(ratio=2.5, text="MEASURED-HERE", paper=dict(ratio=3.0, text="AT-PAPERS")) for k in arms}
+    got, _ = cal.claim_rows(measured_epochs=m)
     for a, b, n in zip(base, got, cal.PAPER):
         if cal.epochs_measured(n):
             assert b["ours"] == pytest.approx(2.5 * a["ours"]) and "MEASURED-HERE" in b["explanation"]
+            assert f"at the paper's configuration ({n.paper_config}), AT-PAPERS" in b["explanation"]
             assert "time_to_target.sosp_unstated" in b["protocol"] and "baselines.dp_global_batch" in b["protocol"]
             assert "not measured in this call" in a["explanation"]
         else:
             assert b["ours"] == a["ours"]
-        if n.quantity == "pipedream_over_bsp" and n.model == "s2vt" and n.setting.startswith("sosp"):
-            assert "no arm for its configuration (2-1-1)" in b["explanation"]

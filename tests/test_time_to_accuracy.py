@@ -415,24 +415,41 @@ def test_the_candidates_are_the_protocols_multiples_of_the_lr():
 
 def test_dp_at_the_global_batch_runs_workers_x_the_samples_per_step_in_as_many_steps():
     cfg = tta.Config(epochs=1, seeds=(0,), target=0.01, check_epochs=0)
-    tab = tta.dp_global_batch(cfg)
-    pd_row = tab[tab["scheme"] == cv.PIPEDREAM].iloc[0]
+    tab = tta.dp_global_batch(cfg, [(), (1, 1, 2), (4,)])  # (4,) is data parallelism itself: not run
+    pd_rows = tab[tab["scheme"] == cv.PIPEDREAM].set_index("config")
     dp = tab[tab["scheme"] == cv.BSP]
-    assert (pd_row["samples_per_update"], pd_row["budget"], pd_row["lr"]) == (cfg.samples_per_update, 1, cfg.lr)
+    assert sorted(pd_rows.index) == ["1-1-1-1", "1-1-2"]
+    assert (pd_rows["samples_per_update"] == cfg.samples_per_update).all() and (pd_rows["lr"] == cfg.lr).all()
     assert (dp["samples_per_update"] == cfg.workers * cfg.samples_per_update).all() and (dp["budget"] == 4).all()
-    assert list(dp["lr"]) == pytest.approx([cfg.lr, 2 * cfg.lr, 4 * cfg.lr])
+    assert list(dp["lr"]) == pytest.approx([cfg.lr, 2 * cfg.lr, 4 * cfg.lr]) and set(dp["config"]) == {"data parallel"}
     assert (tab["epochs_to_target"] == 1).all()  # every curve reaches 1% and stops there
     assert dp["chosen"].sum() == 1 and dp.loc[dp["chosen"], "lr"].iloc[0] == pytest.approx(cfg.lr)
     assert tab["label"].str.startswith("measured").all()
+    one = tta.dp_global_batch_ratio(tab, cfg, (4,))
+    assert one["ratio"] == 1.0 and "data parallelism's own update rule" in one["text"]
+    assert tta.dp_global_batch_ratio(tab, cfg, (1, 1, 2))["ratio"] == 1.0  # 1 epoch each side
+    with pytest.raises(ValueError, match="no PipeDream arm at 2-1-1"):
+        tta.dp_global_batch_ratio(tab, cfg, (2, 1, 1))
+
+
+def test_a_replicated_stage_averages_its_replicas_microbatches_in_one_step(tmp_path):
+    """Setup.replicas: the model's layers split evenly over the stages, the replicated stage on two
+    workers, every microbatch the setup's samples per update (PipeDream's per-GPU minibatch)."""
+    setup = cv.Setup(workers=4, samples_per_update=64, replicas=(1, 1, 2))
+    job = cv.job_for(setup, cv.PIPEDREAM, 0, tmp_path / "a")
+    assert job.bounds == [(0, 1), (2, 2), (3, 3)] and job.schedule.stage_workers == ((0,), (1,), (2, 3))
+    assert job.optim.batch_size == setup.microbatches * 64
+    with pytest.raises(ValueError, match="summing to 4"):
+        cv.job_for(cv.Setup(workers=4, replicas=(1, 1, 1)), cv.PIPEDREAM, 0, tmp_path / "b")
 
 
 def test_the_epochs_ratio_is_data_parallelisms_mean_over_pipedreams_and_inf_when_a_seed_misses():
     cfg = tta.Config(seeds=(0, 1))
-    rows = [dict(scheme=cv.PIPEDREAM, lr_multiple="pipeline lr", lr=0.3, seed=s, epochs_to_target=e, budget=25,
+    rows = [dict(scheme=cv.PIPEDREAM, config="1-1-1-1", lr_multiple="pipeline lr", lr=0.3, seed=s, epochs_to_target=e, budget=25,
                  final_accuracy=0.9, chosen=True) for s, e in enumerate([10.0, 14.0])]  # fmt: skip
-    rows += [dict(scheme=cv.BSP, lr_multiple="sqrt(workers)", lr=0.6, seed=s, epochs_to_target=e, budget=100,
+    rows += [dict(scheme=cv.BSP, config="data parallel", lr_multiple="sqrt(workers)", lr=0.6, seed=s, epochs_to_target=e, budget=100,
                   final_accuracy=0.9, chosen=True) for s, e in enumerate([30.0, 42.0])]  # fmt: skip
-    rows += [dict(scheme=cv.BSP, lr_multiple="1", lr=0.3, seed=s, epochs_to_target=math.nan, budget=100,
+    rows += [dict(scheme=cv.BSP, config="data parallel", lr_multiple="1", lr=0.3, seed=s, epochs_to_target=math.nan, budget=100,
                   final_accuracy=0.8, chosen=False) for s in (0, 1)]  # fmt: skip
     got = tta.dp_global_batch_ratio(pd.DataFrame(rows), cfg)
     assert got["ratio"] == pytest.approx(36 / 12) and got["dp_lr"] == 0.6

@@ -37,7 +37,9 @@ import pandas as pd
 import torch
 from torch.func import functional_call
 
+from workbench.cost.plan import Plan
 from workbench.runtime import prepare, reference_train, run_jobs
+from workbench.runtime.job import build_model
 from workbench.runtime.launch import schedule_for_workers
 from workbench.runtime.stages import DataOrder, microbatch, run_stage, stage_module, stage_params
 from workbench.schedules import spec
@@ -78,6 +80,7 @@ class Setup:
     epochs: int = 20
     model_options: tuple = ()  # (name, value) pairs for the zoo builder
     timeout_s: float = 600.0  # of a real run's collectives
+    replicas: tuple[int, ...] = ()  # a pipeline's replicas per stage (layers split evenly); () = one per worker
 
 
 def job_for(setup: Setup, scheme: str, seed: int, out):
@@ -85,7 +88,8 @@ def job_for(setup: Setup, scheme: str, seed: int, out):
     ``samples_per_update / microbatches_per_step`` samples, ``microbatches`` per minibatch."""
 
     name, opts = SCHEMES[scheme]
-    mps = schedule_for_workers(name, setup.workers, None, setup.microbatches, dict(opts)).microbatches_per_step
+    plan = _plan(setup, name)
+    mps = schedule_for_workers(name, setup.workers, plan, setup.microbatches, dict(opts)).microbatches_per_step
     if setup.samples_per_update % mps:
         raise ValueError(
             f"samples_per_update {setup.samples_per_update} is not divisible by {scheme}'s "
@@ -108,7 +112,24 @@ def job_for(setup: Setup, scheme: str, seed: int, out):
         stream=streams(name),
         timeout_s=setup.timeout_s,
         model_options=dict(setup.model_options),
+        plan=plan,
     )
+
+
+def _plan(setup: Setup, schedule: str) -> Plan | None:
+    """The plan of ``setup.replicas`` (the model's layers split evenly over its stages, stage ``s`` on
+    ``replicas[s]`` workers) for a pipeline schedule; None without replicas."""
+    if not setup.replicas:
+        return None
+    if sum(setup.replicas) != setup.workers or min(setup.replicas) < 1:
+        raise ValueError(
+            f"replicas {setup.replicas} must be positive and use the {setup.workers} workers; give counts summing to {setup.workers}"
+        )
+    if spec(schedule).family != "pipeline":
+        raise ValueError(f"replicas shape a pipeline; {schedule!r} is not one")
+    layers = len(build_model(setup.model, **dict(setup.model_options)).layers)
+    even = Plan.even(layers, len(setup.replicas))
+    return Plan.from_boundaries([st.last for st in even.stages], setup.replicas)
 
 
 def evaluate(job, model, weights: list[dict]) -> tuple[float, float]:

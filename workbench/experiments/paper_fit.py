@@ -587,7 +587,17 @@ def _plan_text(setting: Setting, model: str, plan: Plan, params: dict) -> str:
     return text
 
 
-def _cause(num: PaperNumber, ours: float, params: dict, *, epochs_ratio: float = 1.0) -> str:
+def _cause_epochs(num: PaperNumber, measured: dict | None) -> tuple[float, float]:
+    """The epochs ratios a row's cause reasons with: the row's own and the paper's configuration's
+    (the measured one where notebook 02 measured it, else the row's)."""
+    if num.quantity != "pipedream_over_bsp":
+        return 1.0, 1.0
+    e = epochs_ratio(num, measured)[0]
+    m = (measured or {}).get((num.setting, num.model)) or {}
+    return e, float(m["paper"]["ratio"]) if "paper" in m else e
+
+
+def _cause(num: PaperNumber, ours: float, params: dict, *, epochs: tuple[float, float] = (1.0, 1.0)) -> str:
     """Why a row is more than 25% off, in the row's own numbers: on SOSP's settings the efficiency
     ``η`` the paper's number needs (:func:`eta_needed`); elsewhere BSP's round or the plan's
     bottleneck, and for the bytes the split between cuts and all-reduces."""
@@ -598,7 +608,7 @@ def _cause(num: PaperNumber, ours: float, params: dict, *, epochs_ratio: float =
     if num.quantity in ("bsp_speedup", "comm_share"):
         return f"ours {direction} the paper: {_bsp_text(setting, num.model, num.workers, params)}"
     plan = pipedream_plan(setting, num.model, num.workers, params, straight=num.quantity == "straight_speedup")
-    parts = [] if setting.group != "sosp" else [_eta_text(num, params, epochs_ratio)]
+    parts = [] if setting.group != "sosp" else [_eta_text(num, params, epochs[0])]
     parts = [p for p in parts if p]
     parts.append(f"ours {direction} the paper: {_plan_text(setting, num.model, plan, params)}")
     if num.quantity in ("pipedream_speedup", "straight_speedup") and ours > num.paper:
@@ -610,7 +620,7 @@ def _cause(num: PaperNumber, ours: float, params: dict, *, epochs_ratio: float =
     if num.quantity == "pipedream_over_bsp":
         parts.append(_bsp_text(setting, num.model, num.workers, params))
         if num.paper_config == "straight" and ours < num.paper:
-            parts.append(_straight_bound_text(setting, num, params, epochs_ratio))
+            parts.append(_straight_bound_text(setting, num, params, epochs[1]))
     if num.quantity == "comm_reduction":
         dp = 2.0 * (num.workers - 1) / num.workers * _profile_for(setting, num.model).total_param_bytes
         parts.append(f"the paper's {num.paper:g}% needs under {(1 - num.paper / 100) * dp / 1e6:.0f} MB per minibatch")
@@ -726,7 +736,7 @@ def claim_rows(
             ours *= ratio_e
             err = ours / num.paper - 1
         if abs(err) > 0.25:
-            why.append(_cause(num, ours, params, epochs_ratio=ratio_e if num.quantity == "pipedream_over_bsp" else 1.0))
+            why.append(_cause(num, ours, params, epochs=_cause_epochs(num, measured_epochs)))
         topo = setting.topology(num.workers)
         keys = setting.protocol_keys(topo)
         if num.quantity == "pipedream_over_bsp":
@@ -834,22 +844,49 @@ MEASURED_EPOCHS_KEYS = (
 def epochs_measured(num: PaperNumber) -> bool:
     """Whether a Table 1 row's epochs ratio is measured by the statistical-efficiency experiment
     (``time_to_target.sosp_unstated``): a SOSP speedup over data parallelism for a model its
-    accuracy-vs-epoch figure does not show, run as a straight pipeline on as many GPUs as the
-    experiment has stages (``statistical_efficiency.workers``)."""
+    accuracy-vs-epoch figure does not show, on as many GPUs as the experiment has workers
+    (``statistical_efficiency.workers``)."""
     return (
         num.quantity == "pipedream_over_bsp"
         and SETTINGS[num.setting].group == "sosp"
         and num.model not in protocol.value("time_to_target.sosp_epochs_figure_models")
-        and num.paper_config == "straight"
         and num.workers == protocol.value("statistical_efficiency.workers")
     )
 
 
+def _paper_replicas(num: PaperNumber) -> tuple[int, ...] | None:
+    """The paper's configuration as replicas per stage (``straight``: one per GPU), None where it
+    names none or it does not use the row's GPUs."""
+    if not num.paper_config:
+        return None
+    if num.paper_config == "straight":
+        return (1,) * num.workers
+    shape = tuple(int(x) for x in num.paper_config.split("-"))
+    return shape if sum(shape) == num.workers else None
+
+
+def epochs_arms(params_by_group: dict | None = None) -> dict[tuple[str, str], dict]:
+    """For every row whose epochs ratio is measured (:func:`epochs_measured`): the configuration of
+    its time per epoch (``plan``: the calibrated model's replicas per stage) and the paper's
+    (``paper``, or None), keyed by ``(setting, model)``: what the statistical-efficiency experiment
+    runs (``time_to_accuracy.measured_epochs``)."""
+    fitted = params_by_group or fitted_params()
+    out = {}
+    for num in PAPER:
+        if epochs_measured(num):
+            s = SETTINGS[num.setting]
+            plan = pipedream_plan(s, num.model, num.workers, fitted[s.group])
+            out[(num.setting, num.model)] = dict(
+                plan=tuple(st.replicas for st in plan.stages), paper=_paper_replicas(num)
+            )
+    return out
+
+
 def epochs_ratio(num: PaperNumber, measured: dict | None = None) -> tuple[float, str, tuple[str, ...]]:
     """A Table 1 row's ratio of epochs to target (data parallelism's over PipeDream's), where it comes
-    from, and the protocol entries it read: the paper's figure (arXiv; SOSP's VGG-16 and GNMT-16), the
-    measurement in ``measured`` (:func:`epochs_measured`), or, for a configuration the experiment has no
-    arm for, the SOSP figure's ratio, said so."""
+    from, and the protocol entries it read: the paper's figure (arXiv; SOSP's VGG-16 and GNMT-16) or
+    the measurement in ``measured`` at the row's configuration (:func:`epochs_measured`; the paper's
+    configuration's quoted beside it); a row with no measurement keeps the figure's ratio, said so."""
     setting = SETTINGS[num.setting]
     key = epochs_key(setting)
     ratio, src = float(protocol.value(key)), f"{key}: {protocol.source(key)}"
@@ -857,23 +894,20 @@ def epochs_ratio(num: PaperNumber, measured: dict | None = None) -> tuple[float,
         return ratio, src, (key,)
     if num.model in protocol.value("time_to_target.sosp_epochs_figure_models"):
         return ratio, src, (key, "time_to_target.sosp_epochs_figure_models")
-    if epochs_measured(num):
-        m = (measured or {}).get((num.setting, num.model))
-        if m is not None:
-            return float(m["ratio"]), str(m["text"]), MEASURED_EPOCHS_KEYS
+    if not epochs_measured(num):
+        why = f"SOSP states no epochs for {num.model} and the experiment has {protocol.value('statistical_efficiency.workers')} workers"
+        return ratio, f"{key}: {why}, so the figure's ratio stands in", (key, "time_to_target.sosp_unstated")
+    m = (measured or {}).get((num.setting, num.model))
+    if m is None:
         return (
             ratio,
             f"{key}, not measured in this call (notebook 02 measures it: time_to_target.sosp_unstated)",
             (key,),
         )
-    return (
-        ratio,
-        (
-            f"{key}: SOSP states no epochs for {num.model} and the statistical-efficiency experiment has no arm for its "
-            f"configuration ({num.paper_config or 'not named'}), so the figure's ratio stands in"
-        ),
-        (key, "time_to_target.sosp_unstated"),
-    )
+    text = f"at this row's configuration, {m['text']}"
+    if "paper" in m:
+        text += f"; at the paper's configuration ({num.paper_config}), {m['paper']['text']}"
+    return float(m["ratio"]), text, MEASURED_EPOCHS_KEYS
 
 
 def configuration(num: PaperNumber, params: dict, ours: str) -> dict:

@@ -247,26 +247,38 @@ def dp_lr_candidates(cfg: Config) -> list[tuple[str, float]]:
     return out
 
 
-def dp_global_batch(cfg: Config) -> pd.DataFrame:
+def config_text(replicas) -> str:
+    """Replicas per stage as the papers write a configuration: ``(1, 1, 2)`` -> ``"1-1-2"``."""
+    return "-".join(str(int(r)) for r in replicas)
+
+
+def dp_global_batch(cfg: Config, configs=((),)) -> pd.DataFrame:
     """Epochs to ``cfg.target``, per seed, of data parallelism as the papers ran it
     (``baselines.dp_global_batch``: each of ``cfg.workers`` replicas takes the per-GPU minibatch, so a
     step averages ``workers x samples_per_update`` samples, within ``workers x epochs`` epochs: as
     many steps as the budget gives at ``samples_per_update``) at each candidate learning rate
-    (:func:`dp_lr_candidates`), and of PipeDream's straight ``cfg.workers``-stage pipeline at
-    ``samples_per_update`` per step and ``cfg.lr``. The semantic reference, each curve stopped at the
-    target; one row per (scheme, lr, seed), ``chosen`` marking the learning rate each side's ratio
-    uses (data parallelism's by :func:`choose_dp_lr`)."""
+    (:func:`dp_lr_candidates`), and of PipeDream at each configuration of ``configs`` (replicas per
+    stage, ``()``: a straight pipeline of ``cfg.workers`` stages; every microbatch
+    ``samples_per_update`` samples, at ``cfg.lr``; one stage on every GPU is data parallelism and is
+    not run). The semantic reference, each curve stopped at the target; one row per (scheme,
+    configuration, lr, seed), ``chosen`` marking the learning rate each side's ratio uses (data
+    parallelism's by :func:`choose_dp_lr`)."""
     W, u = cfg.workers, cfg.samples_per_update
     dp = replace(cfg.setup, samples_per_update=W * u, epochs=W * cfg.epochs)
-    arms = [(PIPEDREAM, cfg.setup, "pipeline lr", cfg.lr)] + [(BSP, dp, m, lr) for m, lr in dp_lr_candidates(cfg)]
+    shapes = dict.fromkeys(tuple(c) or (1,) * W for c in configs if len(tuple(c)) != 1)
+    arms = [(PIPEDREAM, replace(cfg.setup, replicas=c), config_text(c), "pipeline lr", cfg.lr) for c in shapes]
+    arms += [(BSP, dp, "data parallel", m, lr) for m, lr in dp_lr_candidates(cfg)]
     frames = []
     with tempfile.TemporaryDirectory(prefix="wb-dp-batch-") as scratch:
-        for scheme, setup, multiple, lr in arms:
-            curves, _ = cv.reference_sweep(
-                replace(setup, lr=lr), [scheme], cfg.seeds, Path(scratch) / f"{scheme}-{lr:g}", stop_at=cfg.target
-            )
+        for scheme, setup, config, multiple, lr in arms:
+            where = Path(scratch) / f"{scheme}-{config}-{lr:g}"
+            curves, _ = cv.reference_sweep(replace(setup, lr=lr), [scheme], cfg.seeds, where, stop_at=cfg.target)
             per = cv.epochs_to_target(curves, cfg.target).assign(
-                lr=lr, lr_multiple=multiple, samples_per_update=setup.samples_per_update, budget=setup.epochs
+                config=config,
+                lr=lr,
+                lr_multiple=multiple,
+                samples_per_update=setup.samples_per_update,
+                budget=setup.epochs,
             )
             frames.append(per)
     table = pd.concat(frames, ignore_index=True)
@@ -276,7 +288,7 @@ def dp_global_batch(cfg: Config) -> pd.DataFrame:
         f"the target {cfg.target:g})"
     )
     return table[
-        ["scheme", "lr_multiple", "lr", "samples_per_update", "seed", "target", "epochs_to_target", "budget"]
+        ["scheme", "config", "lr_multiple", "lr", "samples_per_update", "seed", "target", "epochs_to_target", "budget"]
         + ["best_accuracy", "final_accuracy", "diverged", "chosen", "label"]
     ]
 
@@ -291,25 +303,35 @@ def choose_dp_lr(per_seed: pd.DataFrame) -> float:
     return float(score["lr"].iloc[0])
 
 
-def dp_global_batch_ratio(table: pd.DataFrame, cfg: Config) -> dict:
-    """Data parallelism's mean epochs to the target at its chosen lr over PipeDream's
-    (:func:`convergence.compare`: inf where a seed of data parallelism does not reach it, NaN where
-    one of PipeDream's does not; its two-sided Mann-Whitney U p-value), with the text a claim row
-    quotes: ``ratio``, ``p``, ``dp_epochs``, ``pipedream_epochs``, ``dp_lr``, ``text``."""
-    pick = table[table["chosen"]]
+def dp_global_batch_ratio(table: pd.DataFrame, cfg: Config, config=()) -> dict:
+    """Data parallelism's mean epochs to the target at its chosen lr over PipeDream's at ``config``
+    (replicas per stage, ``()`` straight; :func:`convergence.compare`: inf where a seed of data
+    parallelism does not reach it, NaN where one of PipeDream's does not; its two-sided Mann-Whitney
+    U p-value), with the text a claim row quotes: ``ratio``, ``p``, ``dp_epochs``,
+    ``pipedream_epochs``, ``dp_lr``, ``config``, ``text``. One stage on every GPU is data
+    parallelism's own update rule: ratio 1, nothing measured."""
+    W, u = cfg.workers, cfg.samples_per_update
+    shape = tuple(config) or (1,) * W
+    name = config_text(shape)
+    if len(shape) == 1:
+        text = f"the configuration {name} is one stage on every GPU: data parallelism's own update rule, epochs ratio 1"
+        return dict(ratio=1.0, p=math.nan, dp_epochs=math.nan, pipedream_epochs=math.nan, dp_lr=math.nan,
+                    config=name, text=text)  # fmt: skip
+    pick = table[table["chosen"] & ((table["scheme"] == BSP) | (table["config"] == name))]
+    if not (pick["scheme"] == PIPEDREAM).any():
+        raise ValueError(f"no PipeDream arm at {name} in the table; run dp_global_batch with that configuration")
     c = cv.compare(pick, PIPEDREAM).iloc[0]
     e = {k: pick[pick["scheme"] == k]["epochs_to_target"] for k in (BSP, PIPEDREAM)}
     mean = {k: float(v.mean()) if v.notna().all() else math.inf for k, v in e.items()}
     dp = pick[pick["scheme"] == BSP].iloc[0]
-    W, u, n = cfg.workers, cfg.samples_per_update, len(e[BSP])
+    n = len(e[BSP])
     others = ", ".join(dict.fromkeys(str(x) for x in table.loc[table["scheme"] == BSP, "lr_multiple"]))
     text = (
         f"measured here on {cfg.model} (the stand-in task, the semantic reference, {n} seed(s), target {cfg.target:g}): "
         f"data parallelism as the paper ran it ({W} x {u} samples per step, lr {dp['lr']:g} = {dp['lr_multiple']} x "
         f"{cfg.lr:g}, the most favourable of {others}) reaches it in {mean[BSP]:.1f} epochs (mean, "
-        f"{int(e[BSP].notna().sum())}/{n} seeds within {int(dp['budget'])}), PipeDream's straight {W}-stage pipeline "
-        f"({u} per step, lr {cfg.lr:g}) in {mean[PIPEDREAM]:.1f}: epochs ratio {c['ratio']:.2f} (Mann-Whitney "
-        f"p = {c['p_mannwhitney']:.3g})"
+        f"{int(e[BSP].notna().sum())}/{n} seeds within {int(dp['budget'])}), PipeDream at {name} ({u} per microbatch, "
+        f"lr {cfg.lr:g}) in {mean[PIPEDREAM]:.1f}: epochs ratio {c['ratio']:.2f} (Mann-Whitney p = {c['p_mannwhitney']:.3g})"
     )
     return dict(
         ratio=float(c["ratio"]),
@@ -317,8 +339,26 @@ def dp_global_batch_ratio(table: pd.DataFrame, cfg: Config) -> dict:
         dp_epochs=mean[BSP],
         pipedream_epochs=mean[PIPEDREAM],
         dp_lr=float(dp["lr"]),
+        config=name,
         text=text,
     )
+
+
+def measured_epochs(cfg: Config, arms: dict) -> tuple[pd.DataFrame, dict]:
+    """The epochs ratios the SOSP rows without stated epochs take (protocol
+    ``time_to_target.sosp_unstated``): ``arms`` maps a row's key to ``{"plan": replicas per stage of
+    its time per epoch, "paper": the paper's configuration or None}``
+    (``paper_fit.epochs_arms``); returns :func:`dp_global_batch`'s table over every configuration
+    and, per key, :func:`dp_global_batch_ratio` at the plan's configuration, with the paper's under
+    ``"paper"`` where it differs."""
+    configs = [c for a in arms.values() for c in (a["plan"], a["paper"]) if c]
+    table = dp_global_batch(cfg, configs)
+    out = {}
+    for key, a in arms.items():
+        out[key] = dp_global_batch_ratio(table, cfg, a["plan"])
+        if a["paper"] and tuple(a["paper"]) != tuple(a["plan"]):
+            out[key]["paper"] = dp_global_batch_ratio(table, cfg, a["paper"])
+    return table, out
 
 
 def _seconds_per_epoch(real: pd.DataFrame) -> pd.Series:
