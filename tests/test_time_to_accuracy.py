@@ -420,6 +420,7 @@ def test_dp_at_the_global_batch_runs_workers_x_the_samples_per_step_in_as_many_s
     dp = tab[tab["scheme"] == cv.BSP]
     assert sorted(pd_rows.index) == ["1-1-1-1", "1-1-2"]
     assert (pd_rows["samples_per_update"] == cfg.samples_per_update).all() and (pd_rows["lr"] == cfg.lr).all()
+    assert (pd_rows["budget"] == 4).all()  # one budget for every arm
     assert (dp["samples_per_update"] == cfg.workers * cfg.samples_per_update).all() and (dp["budget"] == 4).all()
     assert list(dp["lr"]) == pytest.approx([cfg.lr, 2 * cfg.lr, 4 * cfg.lr]) and set(dp["config"]) == {"data parallel"}
     assert (tab["epochs_to_target"] == 1).all()  # every curve reaches 1% and stops there

@@ -255,18 +255,21 @@ def config_text(replicas) -> str:
 def dp_global_batch(cfg: Config, configs=((),)) -> pd.DataFrame:
     """Epochs to ``cfg.target``, per seed, of data parallelism as the papers ran it
     (``baselines.dp_global_batch``: each of ``cfg.workers`` replicas takes the per-GPU minibatch, so a
-    step averages ``workers x samples_per_update`` samples, within ``workers x epochs`` epochs: as
-    many steps as the budget gives at ``samples_per_update``) at each candidate learning rate
+    step averages ``workers x samples_per_update`` samples) at each candidate learning rate
     (:func:`dp_lr_candidates`), and of PipeDream at each configuration of ``configs`` (replicas per
     stage, ``()``: a straight pipeline of ``cfg.workers`` stages; every microbatch
     ``samples_per_update`` samples, at ``cfg.lr``; one stage on every GPU is data parallelism and is
-    not run). The semantic reference, each curve stopped at the target; one row per (scheme,
+    not run), every arm within ``workers x epochs`` epochs (``statistical_efficiency.dp_epochs``: as
+    many steps as the budget gives at ``samples_per_update``, counted at data parallelism's batch).
+    The semantic reference, each curve stopped at the target; one row per (scheme,
     configuration, lr, seed), ``chosen`` marking the learning rate each side's ratio uses (data
     parallelism's by :func:`choose_dp_lr`)."""
     W, u = cfg.workers, cfg.samples_per_update
-    dp = replace(cfg.setup, samples_per_update=W * u, epochs=W * cfg.epochs)
+    budget = W * cfg.epochs  # statistical_efficiency.dp_epochs, every arm's
+    dp = replace(cfg.setup, samples_per_update=W * u, epochs=budget)
     shapes = dict.fromkeys(tuple(c) or (1,) * W for c in configs if len(tuple(c)) != 1)
-    arms = [(PIPEDREAM, replace(cfg.setup, replicas=c), config_text(c), "pipeline lr", cfg.lr) for c in shapes]
+    pipe = replace(cfg.setup, epochs=budget)
+    arms = [(PIPEDREAM, replace(pipe, replicas=c), config_text(c), "pipeline lr", cfg.lr) for c in shapes]
     arms += [(BSP, dp, "data parallel", m, lr) for m, lr in dp_lr_candidates(cfg)]
     frames = []
     with tempfile.TemporaryDirectory(prefix="wb-dp-batch-") as scratch:
@@ -331,7 +334,7 @@ def dp_global_batch_ratio(table: pd.DataFrame, cfg: Config, config=()) -> dict:
         f"data parallelism as the paper ran it ({W} x {u} samples per step, lr {dp['lr']:g} = {dp['lr_multiple']} x "
         f"{cfg.lr:g}, the most favourable of {others}) reaches it in {mean[BSP]:.1f} epochs (mean, "
         f"{int(e[BSP].notna().sum())}/{n} seeds within {int(dp['budget'])}), PipeDream at {name} ({u} per microbatch, "
-        f"lr {cfg.lr:g}) in {mean[PIPEDREAM]:.1f}: epochs ratio {c['ratio']:.2f} (Mann-Whitney p = {c['p_mannwhitney']:.3g})"
+        f"lr {cfg.lr:g}) in {mean[PIPEDREAM]:.1f} ({int(e[PIPEDREAM].notna().sum())}/{n} seeds): epochs ratio {c['ratio']:.2f} (Mann-Whitney p = {c['p_mannwhitney']:.3g})"
     )
     return dict(
         ratio=float(c["ratio"]),
