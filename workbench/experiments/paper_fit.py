@@ -702,8 +702,9 @@ def claim_rows(
     the configurations table: the calibrated model's choice, PipeDream's optimizer's
     (``cost="pipedream"`` on the links at their nominal rates: its formulas have no separate all-reduce
     rate to calibrate) and the paper's where it names one. ``measured_epochs``: the epochs ratios
-    measured for the rows :func:`epochs_measured` names, ``{(setting, model): {"ratio", "text"}}``
-    (``time_to_accuracy.dp_global_batch_ratio``); a row without one takes the protocol's ratio and says so."""
+    measured for the rows :func:`epochs_measured` names, ``{(setting, model): {"ratio", "text"[,
+    "paper": the same at the paper's configuration]}}`` (``time_to_accuracy.measured_epochs``); a row
+    without one takes the protocol's ratio and says so."""
     fitted = params_by_group or fitted_params()
     rows: list[dict] = []
     configs: dict[tuple, dict] = {}
