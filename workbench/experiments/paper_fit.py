@@ -587,20 +587,11 @@ def _plan_text(setting: Setting, model: str, plan: Plan, params: dict) -> str:
     return text
 
 
-def _cause_epochs(num: PaperNumber, measured: dict | None) -> tuple[float, float]:
-    """The epochs ratios a row's cause reasons with: the row's own and the paper's configuration's
-    (the measured one where notebook 02 measured it, else the row's)."""
-    if num.quantity != "pipedream_over_bsp":
-        return 1.0, 1.0
-    e = epochs_ratio(num, measured)[0]
-    m = (measured or {}).get((num.setting, num.model)) or {}
-    return e, float(m["paper"]["ratio"]) if "paper" in m else e
-
-
 def _cause(num: PaperNumber, ours: float, params: dict, *, epochs: tuple[float, float] = (1.0, 1.0)) -> str:
     """Why a row is more than 25% off, in the row's own numbers: on SOSP's settings the efficiency
     ``η`` the paper's number needs (:func:`eta_needed`); elsewhere BSP's round or the plan's
-    bottleneck, and for the bytes the split between cuts and all-reduces."""
+    bottleneck, and for the bytes the split between cuts and all-reduces. ``epochs``: a Table 1 row's
+    epochs ratio and the paper's configuration's (its straight-pipeline bound reasons with the latter)."""
     setting = SETTINGS[num.setting]
     direction = "above" if ours > num.paper else "below"
     if num.quantity in ("pipedream_over_mp_min", "pipedream_over_mp_max", "pipedream_over_gpipe"):
@@ -727,8 +718,11 @@ def claim_rows(
                 f"PipeDream's own optimizer on the nominal links: {conf['pipedream_optimizer']}, "
                 f"{conf['pipedream_optimizer_speedup_over_dp']:.2f}x over its data-parallel estimate"
             )
+        epochs = (1.0, 1.0)  # the row's epochs ratio and the paper's configuration's, for its cause
         if num.quantity == "pipedream_over_bsp":
             ratio_e, source_e, epochs_keys = epochs_ratio(num, measured_epochs)
+            at_paper = ((measured_epochs or {}).get((num.setting, num.model)) or {}).get("paper", {})
+            epochs = (ratio_e, float(at_paper.get("ratio", ratio_e)))
             why.insert(
                 1,
                 f"time to target = time per epoch x epochs: the modeled steady-state throughput ratio "
@@ -737,7 +731,7 @@ def claim_rows(
             ours *= ratio_e
             err = ours / num.paper - 1
         if abs(err) > 0.25:
-            why.append(_cause(num, ours, params, epochs=_cause_epochs(num, measured_epochs)))
+            why.append(_cause(num, ours, params, epochs=epochs))
         topo = setting.topology(num.workers)
         keys = setting.protocol_keys(topo)
         if num.quantity == "pipedream_over_bsp":
