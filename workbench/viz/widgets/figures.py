@@ -8,14 +8,24 @@ Figures are first built and drawn as plain ``go.Figure`` s and then wrapped by :
 whose comm opens with the complete figure: plotly's ``FigureWidget`` otherwise opens its comm
 empty and sends the figure in a second message, which a loaded browser can apply after the view
 rendered (its ``do_data`` is a no-op), leaving an empty plot.
+
+Their browser side is ``figure_loader.js``, a small module in front of plotly's 5 MB widget bundle:
+anywidget drops every kernel message to a model whose module took more than 2 s to load and
+initialize, which the bundle itself often does in a busy browser (a figure that rendered and then
+never updated); the loader initializes at once, imports the bundle once per page and replays the
+messages that arrived before it.
 """
 
 from __future__ import annotations
 
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import plotly
 import plotly.graph_objects as go
+import traitlets
 from plotly.subplots import make_subplots
 
 from workbench.viz.plot import timeline_traces
@@ -41,12 +51,24 @@ _STAGE_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#444444", "#72B7B2", "#E45756
 _FONT = dict(family="Inter, Helvetica, Arial, sans-serif", size=12)
 
 
+@cache
+def _plotly_bundle() -> str:
+    """plotly's widget bundle (the module plotly's own ``FigureWidget`` sends as its ``_esm``)."""
+    return (Path(plotly.__file__).parent / "package_data" / "widgetbundle.js").read_text(encoding="utf-8")
+
+
 class _FullStateFigureWidget(go.FigureWidget):
-    """A ``FigureWidget`` whose comm opens after the figure is set (see the module docstring)."""
+    """A ``FigureWidget`` whose comm opens after the figure is set and whose browser module is
+    ``figure_loader.js`` (see the module docstring)."""
+
+    _esm = Path(__file__).with_name("figure_loader.js")
+    _bundle = traitlets.Unicode("").tag(sync=True)
+    _bundle_version = traitlets.Unicode(plotly.__version__).tag(sync=True)
 
     def __init__(self, *args, **kwargs):
         self._defer_open = True
         super().__init__(*args, **kwargs)
+        self._bundle = _plotly_bundle()
         self._defer_open = False
         self.open()
 
