@@ -700,9 +700,8 @@ def claim_rows(
     fitted = params_by_group or fitted_params()
     rows: list[dict] = []
     configs: dict[tuple, dict] = {}
-    by_quantity: dict[
-        str, list[tuple]
-    ] = {}  # rows an abstract takes a maximum over: (setting, model, GPUs, ours, keys)
+    # the rows an abstract's "up to" takes its maximum over: (setting, model, GPUs, ours, protocol keys)
+    by_quantity: dict[str, list[tuple]] = {}
     for num in PAPER:
         setting = SETTINGS[num.setting]
         params = fitted[setting.group]
@@ -815,7 +814,7 @@ def abstract_rows(by_quantity: dict[str, list[tuple]]) -> list[dict]:
                 paper_value(key),
                 top[3],
                 unit,
-                label=f"modeled (the maximum of the {len(mine)} {paper} rows above it is taken over, each labeled there)",
+                label=f"modeled (the maximum over {len(mine)} {paper} rows of this table, each labeled in its row)",
                 explanation=f"{_claim_source(key)}; the maximum is {top[1]} on {top[0].title} ({top[2]} GPUs); "
                 + ", ".join(f"{m} {s.title} {g} GPUs {v:.3g}{unit}" for s, m, g, v, _ in mine),
                 fit="out-of-sample",
