@@ -81,3 +81,25 @@ def test_committed_claim_rows_use_only_the_protocols_values(committed_run):
     ]
     assert len(modeled) >= 20 and modeled["protocol"].fillna("").str.len().gt(0).all()
     assert _mismatches(claims.fillna({"protocol": ""})) == []
+
+
+def test_the_stand_ins_sizes_come_from_the_protocol_and_their_rows_name_them():
+    """AWD-LM's and S2VT's stand-in profiles (roofline projections) are built at the protocol's
+    ``stand_ins.*`` sizes, and every claim row that reads one of those profiles lists the entries."""
+    from workbench.experiments import dp_overhead as dpo
+    from workbench.experiments import paper_fit
+
+    awd = dpo.MODELS["awd-lstm"]
+    assert awd.batch_size == protocol.value("stand_ins.awd_lstm_batch")
+    assert dict(awd.options) == {
+        "vocab_size": protocol.value("stand_ins.awd_lstm_vocab"),
+        "seq_len": protocol.value("stand_ins.awd_lstm_seq_len"),
+    }
+    s2vt = paper_fit.model_profile("s2vt", "Titan X")
+    assert s2vt.meta["batch_size"] == protocol.value("stand_ins.s2vt_batch")
+    rows, _ = paper_fit.claim_rows()
+    for row, num in zip(rows, paper_fit.PAPER):
+        if num.model in dpo.STAND_IN_KEYS:
+            assert all(k in row["protocol"] for k in dpo.STAND_IN_KEYS[num.model]), row["claim"]
+        else:
+            assert "stand_ins." not in row["protocol"], row["claim"]

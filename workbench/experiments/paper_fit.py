@@ -245,10 +245,11 @@ def model_profile(model: str, gpu: str = "V100") -> Profile:
         prof = shipped(model).scaled(compute=k, samples=samples, note=how)
         return Profile(prof.layers, {**prof.meta, "model": model, "batch_size": runs or profiled})
     if model == "s2vt":
+        vocab, steps, b = (int(protocol.value(k)) for k in dpo.STAND_IN_KEYS["s2vt"])
         with torch.device("meta"):
-            net = nn.Sequential(*sequence.s2vt()[0])
-        x = (torch.empty(32, 80, 4096, device="meta"), torch.zeros(32, 80, dtype=torch.long, device="meta"))
-        prof = project(analyze(net, x, batch_size=32), target, batch_size=32)
+            net = nn.Sequential(*sequence.s2vt(vocab_size=vocab)[0])
+        x = (torch.empty(b, steps, 4096, device="meta"), torch.zeros(b, steps, dtype=torch.long, device="meta"))
+        prof = project(analyze(net, x, batch_size=b), target, batch_size=b)
         meta = {
             "model": "s2vt (published architecture, roofline stand-in)",
             "source": f"workbench.project(s2vt, {gpu})",
@@ -743,6 +744,7 @@ def claim_rows(
             keys += ("baselines.gpipe_microbatches_per_stage",)
         if "AWS caps one TCP flow" in " ".join(why):
             keys += ("known_limits.aws_single_flow_gbps",)
+        keys += dpo.STAND_IN_KEYS.get(num.model, ())
         if num.quantity in ("pipedream_over_bsp", "comm_reduction", "comm_reduction_bound"):
             by_quantity.setdefault(num.quantity.removesuffix("_bound"), []).append(
                 (setting, model, num.workers, ours, keys)
