@@ -86,7 +86,6 @@ def test_committed_claim_rows_use_only_the_protocols_values(committed_run):
 def test_the_stand_ins_sizes_come_from_the_protocol_and_their_rows_name_them():
     """AWD-LM's and S2VT's stand-in profiles (roofline projections) are built at the protocol's
     ``stand_ins.*`` sizes, and every claim row that reads one of those profiles lists the entries."""
-    from workbench.experiments import dp_overhead as dpo
     from workbench.experiments import paper_fit
 
     awd = dpo.MODELS["awd-lstm"]

@@ -35,13 +35,22 @@ def read_data(name: str) -> list[dict[str, str]]:
 
 
 @cache
-def paper_value(key: str) -> float:
-    """A paper's number from ``data/paper_claims.csv`` by its ``key`` (each row names the paper's
-    version and its source: table, figure or section)."""
+def _paper_claim(key: str) -> dict[str, str]:
     rows = {r["key"]: r for r in read_data("paper_claims.csv")}
     if key not in rows:
         raise ValueError(f"no paper number {key!r} in paper_claims.csv; keys: {sorted(rows)}")
-    return float(rows[key]["paper"])
+    return rows[key]
+
+
+def paper_value(key: str) -> float:
+    """A paper's number from ``data/paper_claims.csv`` by its ``key`` (each row names the paper's
+    version and its source: table, figure or section)."""
+    return float(_paper_claim(key)["paper"])
+
+
+def paper_source(key: str) -> str:
+    """The source of :func:`paper_value`'s number: paper, version and the words it is read from."""
+    return _paper_claim(key)["source"]
 
 
 CLAIM_COLUMNS = (

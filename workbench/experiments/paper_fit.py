@@ -65,7 +65,7 @@ from workbench.cost.plan import Plan
 from workbench.cost.topology import GBPS, Topology
 from workbench.experiments import dp_overhead as dpo
 from workbench.experiments import protocol
-from workbench.experiments.common import claim, fit_summary, paper_value, read_data, save_table
+from workbench.experiments.common import claim, fit_summary, paper_source, paper_value, read_data, save_table
 from workbench.experiments.pages import save_page
 from workbench.models import sequence
 from workbench.partitioning.pipedream_optimizer import Settings as PipeDreamSettings
@@ -245,7 +245,7 @@ def model_profile(model: str, gpu: str = "V100") -> Profile:
         prof = shipped(model).scaled(compute=k, samples=samples, note=how)
         return Profile(prof.layers, {**prof.meta, "model": model, "batch_size": runs or profiled})
     if model == "s2vt":
-        vocab, steps, b = (int(protocol.value(k)) for k in dpo.STAND_IN_KEYS["s2vt"])
+        vocab, steps, b = (int(protocol.value(f"stand_ins.s2vt_{k}")) for k in ("vocab", "steps", "batch"))
         with torch.device("meta"):
             net = nn.Sequential(*sequence.s2vt(vocab_size=vocab)[0])
         x = (torch.empty(b, steps, 4096, device="meta"), torch.zeros(b, steps, dtype=torch.long, device="meta"))
@@ -768,11 +768,6 @@ def claim_rows(
     return rows, pd.DataFrame(list(configs.values()))
 
 
-def _claim_source(key: str) -> str:
-    """The source column of ``paper_claims.csv``'s row ``key`` (paper, version, words)."""
-    return next(r["source"] for r in read_data("paper_claims.csv") if r["key"] == key)
-
-
 #: Each abstract's "up to" claim (``paper_claims.csv`` key): the prefix of its paper's settings'
 #: keys, the quantity of the rows it is the maximum of, and the claim's words.
 ABSTRACT_CLAIMS = {
@@ -817,7 +812,7 @@ def abstract_rows(by_quantity: dict[str, list[tuple]]) -> list[dict]:
                 top[3],
                 unit,
                 label=f"modeled (the maximum over {len(mine)} {paper} rows of this table, each labeled in its row)",
-                explanation=f"{_claim_source(key)}; the maximum is {top[1]} on {top[0].title} ({top[2]} GPUs); "
+                explanation=f"{paper_source(key)}; the maximum is {top[1]} on {top[0].title} ({top[2]} GPUs); "
                 + ", ".join(f"{m} {s.title} {g} GPUs {v:.3g}{unit}" for s, m, g, v, _ in mine),
                 fit="out-of-sample",
                 comparison="up to",
