@@ -81,6 +81,7 @@ class Setup:
     model_options: tuple = ()  # (name, value) pairs for the zoo builder
     timeout_s: float = 600.0  # of a real run's collectives
     replicas: tuple[int, ...] = ()  # a pipeline's replicas per stage (layers split evenly); () = one per worker
+    stage_lr: str = "same"  # a replicated stage's learning rate (workbench.runtime.stages.stage_lrs)
 
 
 def job_for(setup: Setup, scheme: str, seed: int, out):
@@ -104,6 +105,7 @@ def job_for(setup: Setup, scheme: str, seed: int, out):
         epochs=setup.epochs,
         batch_size=batch,
         lr=setup.lr,
+        stage_lr=setup.stage_lr,
         seed=seed,
         out=out,
         progress=False,
@@ -168,7 +170,14 @@ def reference_curve(
         else:
             kw = dict(schedule=job.schedule, batch_size=job.optim.batch_size, rounds=rpe, start_round=e * rpe)
         weights = reference_train(
-            model=model, bounds=job.bounds, dataset=ds, lr=job.optim.lr, seed=job.optim.seed, init=weights, **kw
+            model=model,
+            bounds=job.bounds,
+            dataset=ds,
+            lr=job.optim.lr,
+            stage_lr=job.optim.stage_lr,
+            seed=job.optim.seed,
+            init=weights,
+            **kw,
         )
         loss, acc = evaluate(job, model, weights)
         rows.append(dict(epoch=e + 1, test_accuracy=acc, test_loss=loss, compute_s=time.perf_counter() - t0))

@@ -893,6 +893,7 @@ MEASURED_EPOCHS_KEYS = (
     "statistical_efficiency.workers",
     "statistical_efficiency.samples_per_update",
     "statistical_efficiency.lr",
+    "statistical_efficiency.stage_lr",
     "statistical_efficiency.target",
     "statistical_efficiency.dp_lr_multipliers",
     "statistical_efficiency.dp_lr_rule",

@@ -51,6 +51,7 @@ from workbench.experiments.convergence import ASP, BSP, PIPEDREAM, SCHEMES
 from workbench.experiments.pages import save_page, slim_runs
 from workbench.experiments.paper_fit import SETTINGS, fitted_params, model_profile
 from workbench.partitioning.search import partition
+from workbench.runtime.stages import stage_lrs
 from workbench.schedules import spec
 from workbench.simulation import simulate
 from workbench.viz.plot import PALETTE
@@ -77,6 +78,7 @@ class Config:
     microbatches: int = _P("microbatches")
     samples_per_update: int = _P("samples_per_update")  # every scheme's optimizer step averages this many samples
     lr: float = _P("lr")
+    stage_lr: str = _P("stage_lr")  # a replicated stage's learning rate in the PipeDream arms
     epochs: int = _P("epochs")
     seeds: tuple[int, ...] = tuple(_P("seeds"))
     target: float = _P("target")
@@ -115,6 +117,7 @@ class Config:
             microbatches=self.microbatches,
             samples_per_update=self.samples_per_update,
             lr=self.lr,
+            stage_lr=self.stage_lr,
             epochs=self.epochs,
             model_options=tuple(sorted(self.model_options.items())),
             timeout_s=self.timeout_s,
@@ -258,7 +261,7 @@ def dp_global_batch(cfg: Config, configs=((),)) -> pd.DataFrame:
     step averages ``workers x samples_per_update`` samples) at each candidate learning rate
     (:func:`dp_lr_candidates`), and of PipeDream at each configuration of ``configs`` (replicas per
     stage, ``()``: a straight pipeline of ``cfg.workers`` stages; every microbatch
-    ``samples_per_update`` samples, at ``cfg.lr``; one stage on every GPU is data parallelism and is
+    ``samples_per_update`` samples, at ``cfg.lr``, a replicated stage's by ``cfg.stage_lr``; one stage on every GPU is data parallelism and is
     not run), every arm within ``workers x epochs`` epochs (``statistical_efficiency.dp_epochs``: as
     many steps as the budget gives at ``samples_per_update``, counted at data parallelism's batch).
     The semantic reference, each curve stopped at the target; one row per (scheme,
@@ -279,6 +282,7 @@ def dp_global_batch(cfg: Config, configs=((),)) -> pd.DataFrame:
             per = cv.epochs_to_target(curves, cfg.target).assign(
                 config=config,
                 lr=lr,
+                stage_lr=setup.stage_lr if scheme == PIPEDREAM else "",
                 lr_multiple=multiple,
                 samples_per_update=setup.samples_per_update,
                 budget=setup.epochs,
@@ -291,9 +295,20 @@ def dp_global_batch(cfg: Config, configs=((),)) -> pd.DataFrame:
         f"the target {cfg.target:g})"
     )
     return table[
-        ["scheme", "config", "lr_multiple", "lr", "samples_per_update", "seed", "target", "epochs_to_target", "budget"]
+        ["scheme", "config", "lr_multiple", "lr", "stage_lr", "samples_per_update", "seed", "target", "epochs_to_target", "budget"]
         + ["best_accuracy", "final_accuracy", "diverged", "chosen", "label"]
     ]
+
+
+def _pipeline_lr_text(cfg: Config, shape: tuple[int, ...]) -> str:
+    """The learning rates of PipeDream's arm at ``shape`` (replicas per stage) as a row quotes them."""
+    lrs = stage_lrs([range(r) for r in shape], cfg.lr, cfg.stage_lr)
+    if len(set(lrs)) == 1:
+        return f"lr {lrs[0]:g}"
+    return (
+        f"lr {'-'.join(f'{x:g}' for x in lrs)} by stage: {cfg.lr:g} x its replicas / the first stage's, "
+        f"as the authors' runtime sets it"
+    )
 
 
 def choose_dp_lr(per_seed: pd.DataFrame) -> float:
@@ -334,7 +349,7 @@ def dp_global_batch_ratio(table: pd.DataFrame, cfg: Config, config=()) -> dict:
         f"data parallelism as the paper ran it ({W} x {u} samples per step, lr {dp['lr']:g} = {dp['lr_multiple']} x "
         f"{cfg.lr:g}, the most favourable of {others}) reaches it in {mean[BSP]:.1f} epochs (mean, "
         f"{int(e[BSP].notna().sum())}/{n} seeds within {int(dp['budget'])}), PipeDream at {name} ({u} per microbatch, "
-        f"lr {cfg.lr:g}) in {mean[PIPEDREAM]:.1f} ({int(e[PIPEDREAM].notna().sum())}/{n} seeds): epochs ratio {c['ratio']:.2f} (Mann-Whitney p = {c['p_mannwhitney']:.3g})"
+        f"{_pipeline_lr_text(cfg, shape)}) in {mean[PIPEDREAM]:.1f} ({int(e[PIPEDREAM].notna().sum())}/{n} seeds): epochs ratio {c['ratio']:.2f} (Mann-Whitney p = {c['p_mannwhitney']:.3g})"
     )
     return dict(
         ratio=float(c["ratio"]),

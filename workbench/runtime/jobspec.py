@@ -30,6 +30,7 @@ DEFAULT_LR = 0.05
 
 TRANSPORTS = ("gloo", "shm")  # how activations and gradients travel between ranks (workbench.runtime.shm)
 TRAIN_TRANSPORTS = ("auto",) + TRANSPORTS  # train(): "auto" picks shm where it can run, else gloo (auto_transport)
+STAGE_LR_RULES = ("same", "replicas")  # a replicated stage's learning rate (workbench.runtime.stages.stage_lrs)
 
 
 def _train_transports() -> tuple[str, ...]:
@@ -102,13 +103,21 @@ class PipelineSpec:
 
 @dataclass(frozen=True)
 class OptimSpec:
-    """SGD ``W <- W - lr * d``, ``d <- momentum * d + g`` over minibatches of ``batch_size`` samples,
+    """SGD ``W <- W - lr * d``, ``d <- momentum * d + g`` over minibatches of ``batch_size`` samples
+    (a replicated stage's ``lr`` by ``stage_lr``: :func:`~workbench.runtime.stages.stage_lrs`),
     for ``steps`` minibatches (else ``epochs`` epochs); ``seed`` fixes the data order (and the model's
     initial weights unless ``model_seed``); ``evaluate``: test loss/accuracy at each epoch end."""
 
     batch_size: int = option(64)
     lr: float = option(DEFAULT_LR)
     momentum: float = option(0.0, "SGD momentum (heavy ball, no dampening)")
+    stage_lr: str = option(
+        "same",
+        "a replicated stage's learning rate: same (every stage at --lr; a replicated stage averages its "
+        "replicas' microbatches) or replicas (stage s at lr x its replicas / the first stage's, as "
+        "PipeDream's runtime sets it: the same step per sample on every stage)",
+        choices=STAGE_LR_RULES,
+    )
     steps: int | None = option(None, "minibatches to train (overrides --epochs)", exclusive="length")
     epochs: int = option(1, exclusive="length")
     seed: int = option(0)

@@ -55,6 +55,7 @@ from workbench.runtime.stages import (
     even_bounds,
     microbatch,
     plan_bounds,
+    stage_lrs,
     stage_module,
     stage_params,
 )
@@ -123,6 +124,7 @@ def build_job(spec: JobSpec) -> Job:
     ties = tied_weights(the_model, bounds)  # weights shared by stages: combined at each update (tied.py)
     sched = defer_steps(sched, ties)
     check_tied(sched, ties)
+    _check_tied_lrs(sched, ties, o)
     if ties and stream_fn is not None:  # the stream's schedule combines them too
         check_tied(stream_fn(2 * sched.microbatches), ties)
     train_set = dataset_fn()
@@ -272,6 +274,18 @@ def _stage_bounds(plan, sched: Schedule, num_layers: int) -> Bounds:
     if plan is not None:
         raise ValueError(f"the plan has {plan.num_stages} stages but schedule {sched.name!r} has {sched.num_stages}")
     return even_bounds(num_layers, sched.num_stages)
+
+
+def _check_tied_lrs(sched: Schedule, ties, o: OptimSpec) -> None:
+    """A weight tied across stages is one parameter: its owners must step at one learning rate."""
+    lrs = stage_lrs(sched.stage_workers, o.lr, o.stage_lr)
+    for tie in ties:
+        owners = sorted(set(tie.stages))
+        if len({lrs[s] for s in owners}) > 1:
+            raise ValueError(
+                f"stage_lr={o.stage_lr!r} gives the stages {owners} sharing a tied weight different learning rates "
+                f"({', '.join(f'{lrs[s]:g}' for s in owners)}); use stage_lr='same' or replicate them alike"
+            )
 
 
 def _rounds_total(o: OptimSpec, samples: int, microbatches: int) -> int:

@@ -216,6 +216,7 @@ def write_summary(out: Path, job: Job, gathered) -> None:
         microbatches=job.schedule.microbatches,
         batch_size=job.optim.batch_size,
         lr=job.optim.lr,
+        stage_lr=job.optim.stage_lr,
         momentum=job.optim.momentum,
         seed=job.optim.seed,
         steps=len(rows),

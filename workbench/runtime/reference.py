@@ -13,9 +13,10 @@ Microbatch ``b``'s gradient contribution to stage ``s`` is the vector-Jacobian p
 Update ``t`` of stage ``s`` applies the mean of the contributions of the microbatches
 ``schedule.step_microbatches(s, t)`` (all replicas of the stage: the all-reduce averages them):
 
-    W_s^(t+1) = W_s^(t) - lr * d_s^(t),   d_s^(t) = mean_{b in step t} g_s(b) + mu * d_s^(t-1)
+    W_s^(t+1) = W_s^(t) - lr_s * d_s^(t),   d_s^(t) = mean_{b in step t} g_s(b) + mu * d_s^(t-1)
 
-(``mu = 0``: plain SGD; ``d^(-1) = 0``). A weight tied across stages (:mod:`.tied`) is one
+(``mu = 0``: plain SGD; ``d^(-1) = 0``; ``lr_s`` of :func:`~workbench.runtime.stages.stage_lrs`: ``lr``,
+or with ``stage_lr="replicas"`` ``lr`` times the stage's replicas over the first stage's). A weight tied across stages (:mod:`.tied`) is one
 parameter: its ``g`` is the sum over its owning stages of their mean contributions to update ``t``.
 
 With the versions of the sync rules this is minibatch SGD; with PipeDream's stash versions it is
@@ -32,7 +33,16 @@ from collections.abc import Callable
 
 import torch
 
-from workbench.runtime.stages import DataOrder, as_leaves, microbatch, run_stage, stage_module, stage_params, vjp
+from workbench.runtime.stages import (
+    DataOrder,
+    as_leaves,
+    microbatch,
+    run_stage,
+    stage_lrs,
+    stage_module,
+    stage_params,
+    vjp,
+)
 from workbench.runtime.tied import check_tied, tied_weights
 from workbench.schedules.core import Schedule
 
@@ -72,18 +82,20 @@ def reference_train(
     init: list[dict] | None = None,
     dtype: torch.dtype | None = None,
     momentum: float = 0.0,
+    stage_lr: str = "same",
 ) -> list[dict[str, torch.Tensor]]:
     """Final weights of every stage after ``rounds`` minibatches starting at global minibatch ``start_round``.
 
     ``bounds[s] = (first, last)`` layers of stage ``s``; ``init`` optional starting weights per stage;
-    SGD with learning rate ``lr`` and heavy-ball ``momentum``; the data order is
+    SGD with learning rate ``lr`` (a replicated stage's by ``stage_lr``) and heavy-ball ``momentum``; the data order is
     :class:`~workbench.runtime.stages.DataOrder`'s (``batch_size``, ``seed``); ``dtype`` of the inputs.
     """
     if schedule.update == "async":
         raise ValueError("the 'async' rule (dp-asp) has no deterministic reference: staleness depends on timing")
     if len(bounds) != schedule.num_stages:
         raise ValueError(f"{len(bounds)} stage bounds for a schedule of {schedule.num_stages} stages")
-    ref = _Reference(schedule, model, bounds, init, lr, momentum=momentum)
+    lrs = stage_lrs(schedule.stage_workers, lr, stage_lr)
+    ref = _Reference(schedule, model, bounds, init, lrs, momentum=momentum)
     order = DataOrder(len(dataset), batch_size, schedule.microbatches, seed)
     for k in range(rounds):
         epoch, r = divmod(start_round + k, order.rounds_per_epoch)
@@ -100,9 +112,9 @@ class _Reference:
     """The state of :func:`reference_train`: every stage's weight versions ``weights[s][v]`` and
     momentum directions ``direction[s][v]``, created on demand from the microbatches' gradients."""
 
-    def __init__(self, schedule: Schedule, model, bounds, init: list[dict] | None, lr: float, *, momentum: float):
+    def __init__(self, schedule: Schedule, model, bounds, init: list[dict] | None, lrs: list[float], *, momentum: float):
         S = schedule.num_stages
-        self.S, self.model, self.lr, self.momentum = S, model, lr, momentum
+        self.S, self.model, self.lrs, self.momentum = S, model, lrs, momentum
         self.modules = [stage_module(model.layers, a, z) for a, z in bounds]
         self.weights = [{0: (dict(init[s]) if init else stage_params(self.modules[s]))} for s in range(S)]
         self.direction = [{0: {n: torch.zeros_like(p) for n, p in self.weights[s][0].items()}} for s in range(S)]
@@ -130,7 +142,7 @@ class _Reference:
             self.direction[s] = {newest: self.direction[s][newest]}
 
     def version(self, s: int, v: int) -> dict:
-        """``W_s^(v)``: ``W_s^(v-1) - lr * d``, ``d`` the mean contribution of update ``t = v - 1`` in
+        """``W_s^(v)``: ``W_s^(v-1) - lr_s * d``, ``d`` the mean contribution of update ``t = v - 1`` in
         this round (summed over a tied weight's owners) plus ``momentum`` times the last direction."""
         if v not in self.weights[s]:
             t = v - 1 - self.off[s]
@@ -146,7 +158,7 @@ class _Reference:
                 for n in prev
             }
             self.direction[s][v] = d
-            self.weights[s][v] = {n: prev[n] - self.lr * d[n] for n in prev}
+            self.weights[s][v] = {n: prev[n] - self.lrs[s] * d[n] for n in prev}
         return self.weights[s][v]
 
     def grads(self, b: int) -> list[dict]:

@@ -31,7 +31,7 @@ from workbench.runtime.comm_plan import ACT, GRAD, RankComm
 from workbench.runtime.record import OpRecord
 from workbench.runtime.reference import updates_per_round
 from workbench.runtime.segments import Mailbox, SegmentStage
-from workbench.runtime.stages import sgd_step, stage_module
+from workbench.runtime.stages import sgd_step, stage_lrs, stage_module
 from workbench.runtime.tied import TiedGradients, tied_weights
 from workbench.schedules.core import Schedule
 
@@ -99,6 +99,7 @@ class SegmentExecutor:
             if op.kind == "STEP"
         }
         self.per_round = updates_per_round(schedule)
+        self.lrs = stage_lrs(schedule.stage_workers, ctx.optim.lr, ctx.optim.stage_lr)
         self.version = {s: ctx.start_round * self.per_round[s] for s in self.stages}
         self.box = Mailbox(schedule, self.rank, ctx.run.timeout_s, groups=groups, one_tag=ctx.run.one_tag)
         # the plan comm_plan.check_nccl proves: who sends each received message, where each send goes
@@ -199,7 +200,7 @@ class SegmentExecutor:
             st.params,
             grads[s],
             self.momentum[s],
-            self.ctx.optim.lr,
+            self.lrs[s],
             self.ctx.optim.momentum,
             n=self.count[(s, op.step)],
             in_place=True,

@@ -143,6 +143,20 @@ def microbatch(dataset, idx: torch.Tensor, device="cpu", dtype: torch.dtype | No
     return (xs[0] if len(xs) == 1 else tuple(xs)), y.to(device)
 
 
+def stage_lrs(stage_workers: Sequence[Sequence[int]], lr: float, rule: str = "same") -> list[float]:
+    """Each stage's learning rate, stage ``s`` held by the workers ``stage_workers[s]`` (``R_s`` of
+    them, whose gradients its update averages): ``same``, ``lr`` on every stage; ``replicas``,
+    ``lr * R_s / R_0``, as PipeDream's runtime sets it (``get_adjusted_learning_rate`` of
+    msr-fiddle/pipedream), so that every stage takes the same step per sample it trains on. A
+    pipeline without replicated stages, and data parallelism (one stage), are the same under both."""
+    if rule == "same":
+        return [float(lr)] * len(stage_workers)
+    if rule == "replicas":
+        first = len(stage_workers[0])
+        return [float(lr) * len(w) / first for w in stage_workers]
+    raise ValueError(f"stage_lr must be 'same' or 'replicas', got {rule!r}")
+
+
 def sgd_update(weights: dict, direction: dict, lr: float, in_place: bool) -> dict:
     """``W - lr · d`` for every tensor of ``weights`` (the runtime's STEP, and what
     :func:`workbench.runtime.machine.stage_profile` times). ``in_place``: overwrite ``weights`` and return

@@ -71,6 +71,7 @@ from workbench.runtime.stages import (
     sgd_step,
     split_input_grad,
     split_weight_grad,
+    stage_lrs,
     stage_module,
     stage_roots,
     vjp,
@@ -186,6 +187,7 @@ class PipelineExecutor:
         self.rank, self.S, self.M = ctx.rank, schedule.num_stages, schedule.microbatches
         self.prog = RankProgram(schedule, self.rank)
         self.stashing = schedule.stashing_steps(self.rank)  # STEPs that keep the old version (else in place)
+        self.lrs = stage_lrs(schedule.stage_workers, ctx.optim.lr, ctx.optim.stage_lr)
         flat = schedule.flat_buffers(self.rank)  # all-reduced or pushed-to stages: one flat buffer
         self.state = {
             s: StageState(
@@ -452,7 +454,7 @@ class PipelineExecutor:
         return wait
 
     def _step(self, ps: _Pass, st: StageState, op, i: int) -> None:
-        """``W^(t+1) = W^(t) - lr * d_t`` from the buffer's mean over the update's microbatches (module
+        """``W^(t+1) = W^(t) - lr_s * d_t`` (the stage's learning rate) from the buffer's mean over the update's microbatches (module
         docstring); a stashing STEP keeps the old version, the others update in place."""
         s = op.stage
         n = ps.prog.count[(s, op.step)]
@@ -460,7 +462,7 @@ class PipelineExecutor:
             dict(st.versions[st.newest]),
             st.grad,
             st.momentum,
-            self.ctx.optim.lr,
+            self.lrs[s],
             self.ctx.optim.momentum,
             n=n,
             in_place=i not in ps.stashing,
