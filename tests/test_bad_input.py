@@ -57,6 +57,7 @@ def test_unknown_shipped_pipedream_profile(capsys, tmp_path):
         (["--lr", "-1"], "lr must be a finite number > 0"),
         (["--microbatches", "0"], "microbatches must be an integer >= 1"),
         (["--momentum", "1.5"], "momentum must be in [0, 1)"),
+        (["--stage-lr", "linear"], "invalid choice: 'linear'"),
         (["--model", "nosuch"], "unknown model 'nosuch'; choose one of"),
         (["--model", "workbench.models.examples:nosuch", "--dataset", "digits"], "has no 'nosuch'"),
         (["--model", "nosuch_pkg.mod:fn", "--dataset", "digits"], "cannot import 'nosuch_pkg.mod'"),

@@ -24,7 +24,7 @@ from workbench.cost.plan import Plan
 from workbench.runtime import prepare, reference_train, run_job, run_jobs, train
 from workbench.runtime.lifetime import RankFailed
 from workbench.runtime.outputs import latest_checkpoint
-from workbench.runtime.stages import DataOrder, microbatch, run_stage, stage_module, stage_params
+from workbench.runtime.stages import DataOrder, microbatch, run_stage, stage_lrs, stage_module, stage_params
 from workbench.schedules import build, from_placement, worker_stats
 
 BATCH, LR = 16, 0.1
@@ -500,11 +500,25 @@ def test_fault_stops_job_then_resume_matches_uninterrupted(runs):
 
 
 @pytest.mark.distributed
-def test_replicated_stage_round_robin_matches_reference(tmp_path):
+@pytest.mark.parametrize("stage_lr", ["same", "replicas"])
+def test_replicated_stage_round_robin_matches_reference(tmp_path, stage_lr):
     plan = Plan.from_boundaries([2, 6], [2, 1])  # stage 0 on workers 0,1; stage 1 on worker 2
-    job = prepare("toy-mlp", "pipedream", workers=3, microbatches=4, steps=2, out=tmp_path / "r", plan=plan, **COMMON)
+    job = prepare(
+        "toy-mlp",
+        "pipedream",
+        workers=3,
+        microbatches=4,
+        steps=2,
+        out=tmp_path / "r",
+        plan=plan,
+        stage_lr=stage_lr,
+        **COMMON,
+    )
     (summary,) = run_jobs([job])
-    assert max_diff(summary["weights"], job_reference(job, 2)) < 1e-5
+    assert max_diff(summary["weights"], job_reference(job, 2, stage_lr=stage_lr)) < 1e-5
+    other = job_reference(job, 2, stage_lr="replicas" if stage_lr == "same" else "same")
+    assert max_diff(summary["weights"], other) > 1e-3  # stage 1 steps at lr x 1/2 under "replicas"
+    assert summary["stage_lr"] == stage_lr
 
 
 @pytest.mark.distributed
@@ -534,6 +548,17 @@ def test_zoo_model_learns_digits(runs):
     assert len(evaluated) == 2  # one evaluation per epoch
     assert float(evaluated[-1]["test_accuracy"]) > 0.5  # 10 classes: chance is 0.1
     assert summary["final_test_accuracy"] == pytest.approx(float(evaluated[-1]["test_accuracy"]))
+
+
+def test_stage_lrs_scale_a_stage_by_its_replicas_over_the_first_stages():
+    """PipeDream's runtime (get_adjusted_learning_rate): lr x R_s / R_0, the same step per sample."""
+    assert stage_lrs(((0,), (1,), (2, 3)), 0.3, "replicas") == pytest.approx([0.3, 0.3, 0.6])
+    assert stage_lrs(((0, 1), (2,), (3,)), 0.3, "replicas") == pytest.approx([0.3, 0.15, 0.15])
+    assert stage_lrs(((0, 1), (2,), (3,)), 0.3, "same") == [0.3, 0.3, 0.3]
+    assert stage_lrs(((0, 1, 2, 3),), 0.3, "replicas") == [0.3]  # data parallelism: unchanged
+    assert stage_lrs(((0,), (1,)), 0.3, "replicas") == [0.3, 0.3]  # a straight pipeline: unchanged
+    with pytest.raises(ValueError, match="stage_lr must be 'same' or 'replicas', got 'linear'"):
+        stage_lrs(((0,),), 0.3, "linear")
 
 
 # ---- bad input ---------------------------------------------------------------------------

@@ -421,6 +421,7 @@ def test_dp_at_the_global_batch_runs_workers_x_the_samples_per_step_in_as_many_s
     assert sorted(pd_rows.index) == ["1-1-1-1", "1-1-2"]
     assert (pd_rows["samples_per_update"] == cfg.samples_per_update).all() and (pd_rows["lr"] == cfg.lr).all()
     assert (pd_rows["budget"] == 4).all()  # one budget for every arm
+    assert cfg.stage_lr == "replicas" and (pd_rows["stage_lr"] == "replicas").all() and (dp["stage_lr"] == "").all()
     assert (dp["samples_per_update"] == cfg.workers * cfg.samples_per_update).all() and (dp["budget"] == 4).all()
     assert list(dp["lr"]) == pytest.approx([cfg.lr, 2 * cfg.lr, 4 * cfg.lr]) and set(dp["config"]) == {"data parallel"}
     assert (tab["epochs_to_target"] == 1).all()  # every curve reaches 1% and stops there
@@ -436,9 +437,14 @@ def test_dp_at_the_global_batch_runs_workers_x_the_samples_per_step_in_as_many_s
 def test_a_replicated_stage_averages_its_replicas_microbatches_in_one_step(tmp_path):
     """Setup.replicas: the model's layers split evenly over the stages, the replicated stage on two
     workers, every microbatch the setup's samples per update (PipeDream's per-GPU minibatch)."""
-    setup = cv.Setup(workers=4, samples_per_update=64, replicas=(1, 1, 2))
+    setup = cv.Setup(workers=4, samples_per_update=64, replicas=(1, 1, 2), stage_lr="replicas")
     job = cv.job_for(setup, cv.PIPEDREAM, 0, tmp_path / "a")
     assert job.bounds == [(0, 1), (2, 2), (3, 3)] and job.schedule.stage_workers == ((0,), (1,), (2, 3))
+    assert job.optim.stage_lr == "replicas"  # the replicated stage at lr x 2 / 1 (stages.stage_lrs)
+    cfg = tta.Config(lr=0.3)
+    assert "lr 0.3-0.3-0.6 by stage" in tta._pipeline_lr_text(cfg, (1, 1, 2))
+    assert "lr 0.3-0.15-0.15 by stage" in tta._pipeline_lr_text(cfg, (2, 1, 1))
+    assert tta._pipeline_lr_text(cfg, (1, 1, 1, 1)) == "lr 0.3"
     assert job.optim.batch_size == setup.microbatches * 64
     with pytest.raises(ValueError, match="summing to 4"):
         cv.job_for(cv.Setup(workers=4, replicas=(1, 1, 1)), cv.PIPEDREAM, 0, tmp_path / "b")

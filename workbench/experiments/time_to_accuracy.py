@@ -295,7 +295,18 @@ def dp_global_batch(cfg: Config, configs=((),)) -> pd.DataFrame:
         f"the target {cfg.target:g})"
     )
     return table[
-        ["scheme", "config", "lr_multiple", "lr", "stage_lr", "samples_per_update", "seed", "target", "epochs_to_target", "budget"]
+        [
+            "scheme",
+            "config",
+            "lr_multiple",
+            "lr",
+            "stage_lr",
+            "samples_per_update",
+            "seed",
+            "target",
+            "epochs_to_target",
+            "budget",
+        ]
         + ["best_accuracy", "final_accuracy", "diverged", "chosen", "label"]
     ]
 

@@ -33,7 +33,7 @@ from workbench.runtime.job import (
     load_object,
     user_dataset,
 )
-from workbench.runtime.jobspec import TRAIN_TRANSPORTS, JobSpec, OptimSpec, PipelineSpec, RunSpec
+from workbench.runtime.jobspec import STAGE_LR_RULES, TRAIN_TRANSPORTS, JobSpec, OptimSpec, PipelineSpec, RunSpec
 from workbench.runtime.lifetime import JobStopped, RankFailed, run_rank, spawn
 from workbench.runtime.outputs import RunResult, latest_checkpoint, load_stage
 from workbench.runtime.ports import free_port
@@ -55,7 +55,6 @@ from workbench.runtime.stages import (
     even_bounds,
     microbatch,
     plan_bounds,
-    stage_lrs,
     stage_module,
     stage_params,
 )
@@ -104,6 +103,8 @@ def build_job(spec: JobSpec) -> Job:
         momentum=o.momentum,
         timeout_s=r.timeout_s,
     )
+    if o.stage_lr not in STAGE_LR_RULES:
+        raise ValueError(f"stage_lr must be one of {', '.join(map(repr, STAGE_LR_RULES))}, got {o.stage_lr!r}")
     workers, device, backend = _placement(p, r, torchrun)
     _check_dtype(m.dtype)
     mseed = o.seed if m.model_seed is None else m.model_seed
@@ -124,7 +125,6 @@ def build_job(spec: JobSpec) -> Job:
     ties = tied_weights(the_model, bounds)  # weights shared by stages: combined at each update (tied.py)
     sched = defer_steps(sched, ties)
     check_tied(sched, ties)
-    _check_tied_lrs(sched, ties, o)
     if ties and stream_fn is not None:  # the stream's schedule combines them too
         check_tied(stream_fn(2 * sched.microbatches), ties)
     train_set = dataset_fn()
@@ -274,18 +274,6 @@ def _stage_bounds(plan, sched: Schedule, num_layers: int) -> Bounds:
     if plan is not None:
         raise ValueError(f"the plan has {plan.num_stages} stages but schedule {sched.name!r} has {sched.num_stages}")
     return even_bounds(num_layers, sched.num_stages)
-
-
-def _check_tied_lrs(sched: Schedule, ties, o: OptimSpec) -> None:
-    """A weight tied across stages is one parameter: its owners must step at one learning rate."""
-    lrs = stage_lrs(sched.stage_workers, o.lr, o.stage_lr)
-    for tie in ties:
-        owners = sorted(set(tie.stages))
-        if len({lrs[s] for s in owners}) > 1:
-            raise ValueError(
-                f"stage_lr={o.stage_lr!r} gives the stages {owners} sharing a tied weight different learning rates "
-                f"({', '.join(f'{lrs[s]:g}' for s in owners)}); use stage_lr='same' or replicate them alike"
-            )
 
 
 def _rounds_total(o: OptimSpec, samples: int, microbatches: int) -> int:

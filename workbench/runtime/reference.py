@@ -112,7 +112,9 @@ class _Reference:
     """The state of :func:`reference_train`: every stage's weight versions ``weights[s][v]`` and
     momentum directions ``direction[s][v]``, created on demand from the microbatches' gradients."""
 
-    def __init__(self, schedule: Schedule, model, bounds, init: list[dict] | None, lrs: list[float], *, momentum: float):
+    def __init__(
+        self, schedule: Schedule, model, bounds, init: list[dict] | None, lrs: list[float], *, momentum: float
+    ):
         S = schedule.num_stages
         self.S, self.model, self.lrs, self.momentum = S, model, lrs, momentum
         self.modules = [stage_module(model.layers, a, z) for a, z in bounds]
