@@ -57,7 +57,6 @@ def test_unknown_shipped_pipedream_profile(capsys, tmp_path):
         (["--lr", "-1"], "lr must be a finite number > 0"),
         (["--microbatches", "0"], "microbatches must be an integer >= 1"),
         (["--momentum", "1.5"], "momentum must be in [0, 1)"),
-        (["--stage-lr", "linear"], "invalid choice: 'linear'"),
         (["--model", "nosuch"], "unknown model 'nosuch'; choose one of"),
         (["--model", "workbench.models.examples:nosuch", "--dataset", "digits"], "has no 'nosuch'"),
         (["--model", "nosuch_pkg.mod:fn", "--dataset", "digits"], "cannot import 'nosuch_pkg.mod'"),
@@ -67,6 +66,17 @@ def test_unknown_shipped_pipedream_profile(capsys, tmp_path):
 def test_train_bad_numbers_and_models(capsys, tmp_path, argv, words):
     line = one_line_error(capsys, ["train", *argv, "--steps", "1", "--no-progress", "--out", str(tmp_path / "o")])
     assert words in line
+
+
+def test_train_unknown_stage_lr_rule(capsys, tmp_path):
+    """argparse refuses it (its usage line, then the error; status 2); the API gives one ValueError line."""
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--stage-lr", "linear", "--steps", "1", "--no-progress", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "invalid choice: 'linear' (choose from 'same', 'replicas')" in err
+    assert "Traceback" not in err
+    with pytest.raises(ValueError, match=r"^stage_lr must be one of 'same', 'replicas', got 'linear'$"):
+        prepare("toy-mlp", "pipedream", workers=2, microbatches=4, stage_lr="linear", out=tmp_path / "p")
 
 
 @pytest.mark.slow
