@@ -261,8 +261,8 @@ def dp_global_batch(cfg: Config, configs=((),)) -> pd.DataFrame:
     step averages ``workers x samples_per_update`` samples) at each candidate learning rate
     (:func:`dp_lr_candidates`), and of PipeDream at each configuration of ``configs`` (replicas per
     stage, ``()``: a straight pipeline of ``cfg.workers`` stages; every microbatch
-    ``samples_per_update`` samples, at ``cfg.lr``, a replicated stage's by ``cfg.stage_lr``; one stage on every GPU is data parallelism and is
-    not run), every arm within ``workers x epochs`` epochs (``statistical_efficiency.dp_epochs``: as
+    ``samples_per_update`` samples, at ``cfg.lr``, a replicated stage's by ``cfg.stage_lr``; one
+    stage on every GPU is data parallelism and is not run), every arm within ``workers x epochs`` epochs (``statistical_efficiency.dp_epochs``: as
     many steps as the budget gives at ``samples_per_update``, counted at data parallelism's batch).
     The semantic reference, each curve stopped at the target; one row per (scheme,
     configuration, lr, seed), ``chosen`` marking the learning rate each side's ratio uses (data

@@ -15,9 +15,9 @@ Update ``t`` of stage ``s`` applies the mean of the contributions of the microba
 
     W_s^(t+1) = W_s^(t) - lr_s * d_s^(t),   d_s^(t) = mean_{b in step t} g_s(b) + mu * d_s^(t-1)
 
-(``mu = 0``: plain SGD; ``d^(-1) = 0``; ``lr_s`` of :func:`~workbench.runtime.stages.stage_lrs`: ``lr``,
-or with ``stage_lr="replicas"`` ``lr`` times the stage's replicas over the first stage's). A weight tied across stages (:mod:`.tied`) is one
-parameter: its ``g`` is the sum over its owning stages of their mean contributions to update ``t``.
+(``mu = 0``: plain SGD; ``d^(-1) = 0``; ``lr_s`` of :func:`~workbench.runtime.stages.stage_lrs`:
+``lr``, or with ``stage_lr="replicas"`` ``lr`` times the stage's replicas over the first stage's).
+A weight tied across stages (:mod:`.tied`) is one parameter: its ``g`` is the sum over its owning stages of their mean contributions to update ``t``.
 
 With the versions of the sync rules this is minibatch SGD; with PipeDream's stash versions it is
 ``W(t+1) = W(t) - lr grad f(w_1^(t-n+1), ..., w_n^(t))``; 2BW and vertical sync follow from theirs.
@@ -87,8 +87,8 @@ def reference_train(
     """Final weights of every stage after ``rounds`` minibatches starting at global minibatch ``start_round``.
 
     ``bounds[s] = (first, last)`` layers of stage ``s``; ``init`` optional starting weights per stage;
-    SGD with learning rate ``lr`` (a replicated stage's by ``stage_lr``) and heavy-ball ``momentum``; the data order is
-    :class:`~workbench.runtime.stages.DataOrder`'s (``batch_size``, ``seed``); ``dtype`` of the inputs.
+    SGD with learning rate ``lr`` (a replicated stage's by ``stage_lr``) and heavy-ball
+    ``momentum``; the data order is :class:`~workbench.runtime.stages.DataOrder`'s (``batch_size``, ``seed``); ``dtype`` of the inputs.
     """
     if schedule.update == "async":
         raise ValueError("the 'async' rule (dp-asp) has no deterministic reference: staleness depends on timing")

@@ -454,8 +454,9 @@ class PipelineExecutor:
         return wait
 
     def _step(self, ps: _Pass, st: StageState, op, i: int) -> None:
-        """``W^(t+1) = W^(t) - lr_s * d_t`` (the stage's learning rate) from the buffer's mean over the update's microbatches (module
-        docstring); a stashing STEP keeps the old version, the others update in place."""
+        """``W^(t+1) = W^(t) - lr_s * d_t`` (the stage's learning rate) from the buffer's mean over the
+        update's microbatches (module docstring); a stashing STEP keeps the old version, the others
+        update in place."""
         s = op.stage
         n = ps.prog.count[(s, op.step)]
         new = sgd_step(
