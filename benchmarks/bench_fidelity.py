@@ -5,28 +5,28 @@ ranks with one torch thread each, split 4 + 4 layers (``dp-bsp``: both ranks hol
 
 Nothing the prediction uses comes from the run it predicts. Per repetition, interleaved with the runs:
 
-1. link: :func:`workbench.runtime.machine.measure_link` (2-process gloo ping-pong, fit ``α + n / β``),
+1. link: :func:`workbench.runtime.calibration.machine.measure_link` (2-process gloo ping-pong, fit ``α + n / β``),
    idle (median one-way time) and loaded (``busy=True``: each process keeps its core busy computing
    and sends through the runtime's send path, mean one-way time, and the compute time each message
-   takes from its core); the predictions charge :func:`workbench.runtime.machine.runtime_link`: the idle
+   takes from its core); the predictions charge :func:`workbench.runtime.calibration.machine.runtime_link`: the idle
    transit and the loaded CPU per message (the ``loaded transit`` column charges the loaded transit
    too, for comparison); the overhead calibration of step 3 (whose cores stay idle) the idle link;
    ``--idle-link`` predicts with the idle link alone; ``--transport shm``: the ping-pong, the overhead
    calibration's run and the measured pipeline runs send through the runtime's shared-memory
    transport instead of gloo (``dp-bsp`` all-reduces over gloo either way);
-   all-reduce: :func:`workbench.runtime.machine.measure_allreduce` (2-process gloo ``all_reduce``, the
+   all-reduce: :func:`workbench.runtime.calibration.machine.measure_allreduce` (2-process gloo ``all_reduce``, the
    ring's bus bandwidth and per-step latency: gloo's all-reduce runs far below its ping-pong rate);
-2. compute: :func:`workbench.runtime.machine.stage_profile` at microbatch 32, 1 thread, in 2 fresh
+2. compute: :func:`workbench.runtime.calibration.machine.stage_profile` at microbatch 32, 1 thread, in 2 fresh
    processes at once (as many busy processes as the run has ranks), process ``r`` pinned to rank
    ``r``'s core; each stage's timings from its rank's process (``dp-bsp``, whose one stage runs
-   on both ranks: the slower; :func:`workbench.runtime.machine.on_ranks`; the mean of the two processes
+   on both ranks: the slower; :func:`workbench.runtime.calibration.machine.on_ranks`; the mean of the two processes
    is the ``core mean`` column): stage-level
    fwd/bwd through the runtime's own stage functions, per-layer profile, optimizer step per stage
    (in place, and into new tensors for the steps that keep a stashed version);
 3. per-op overhead ``o`` of each of the runtime's two executors: a runtime run of a *different*
    model (``mlp`` of width 16, compute almost nil) with ``gpipe`` (the schedule interpreter, used
    by every pipeline schedule) and with ``dp-bsp`` (DistributedDataParallel); ``o`` is the per-op
-   cost that makes its simulation match its measured step (:func:`workbench.runtime.machine.solve_overhead`),
+   cost that makes its simulation match its measured step (:func:`workbench.runtime.calibration.machine.solve_overhead`),
    with its own stage profile and the link above; the run takes ``--overhead-steps`` (64) steps,
    as its 5-10 ms steps are the noisiest of the benchmark;
 4. the five measured runs (``workbench.runtime.train``, same options as ``bench_runtime.py``):
@@ -34,7 +34,7 @@ Nothing the prediction uses comes from the run it predicts. Per repetition, inte
    order rotates from one repetition to the next (the run right after the calibration was slower
    more often), and the page cache is written back (``os.sync``) before each.
 
-Modeled = :func:`workbench.runtime.machine.modeled_step_ms` (the schedule repeated over 6 rounds, the
+Modeled = :func:`workbench.runtime.calibration.machine.modeled_step_ms` (the schedule repeated over 6 rounds, the
 same statistic). The all-reduce runs after the backward (``--overlap-allreduce`` to overlap them):
 with one core per rank, gloo's all-reduce needs the cores the backward computes on (measured: DDP's
 backward takes about the sum of the backward and the all-reduce timed apart). Reported: medians over ``--repeat`` repetitions; error = modeled / measured - 1.
@@ -65,7 +65,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench.runtime.ddp import DDP_BUCKETS  # the DDP executor's gradient buckets
+from workbench.runtime.executors.ddp import DDP_BUCKETS  # the DDP executor's gradient buckets
 
 M, P, BATCH, LR = 8, 2, 256, 0.01
 MB = BATCH // M
@@ -82,8 +82,8 @@ def _profile_in_child(model_options: dict, bounds: list, threads: int, index: in
     import torch
 
     from workbench.models import build
-    from workbench.runtime.affinity import place_rank
-    from workbench.runtime.machine import stage_profile
+    from workbench.runtime.calibration.machine import stage_profile
+    from workbench.runtime.launch.affinity import place_rank
 
     place_rank(index, of, threads)
     torch.manual_seed(0)
@@ -97,8 +97,8 @@ def profile_separately(
     where rank ``r`` runs (so the compute sees the same number of busy processes sharing cores, caches
     and memory bandwidth); each stage's timings from the process of the rank that runs it
     (``stage_ranks[s]``, default: stage ``s`` on rank ``s``; a replicated stage: its slowest replica,
-    :func:`workbench.runtime.machine.on_ranks`)."""
-    from workbench.runtime.machine import on_ranks
+    :func:`workbench.runtime.calibration.machine.on_ranks`)."""
+    from workbench.runtime.calibration.machine import on_ranks
 
     with ProcessPoolExecutor(max_workers=concurrent, mp_context=get_context("spawn")) as ex:
         futs = [ex.submit(_profile_in_child, model_options, bounds, threads, i, concurrent) for i in range(concurrent)]
@@ -112,7 +112,7 @@ def profile_separately(
 def core_mean(sps: list):
     """The profiles' mean over the processes (every stage at the mean of the cores), a column beside
     the per-rank profile."""
-    from workbench.runtime.machine import on_ranks
+    from workbench.runtime.calibration.machine import on_ranks
 
     return on_ranks(sps, [list(range(len(sps)))] * len(sps[0].bounds), combine=statistics.fmean)
 
@@ -123,7 +123,7 @@ def run_measured(schedule: str, steps: int, skip: int, transport: str = "gloo", 
     has no point-to-point messages: always gloo). More than 16 steps: a synthetic set of 64 steps
     per epoch, so no epoch end falls among them."""
     from workbench.runtime import train
-    from workbench.runtime.machine import measured_step_ms
+    from workbench.runtime.calibration.machine import measured_step_ms
 
     out = Path(tempfile.mkdtemp(prefix="bench_fid_")) / schedule
     data = dict(dataset_options={"num_train": 64 * BATCH}) if steps > 16 else {}
@@ -176,8 +176,14 @@ def schedule_of(name: str):
 
 
 def main(argv=None) -> int:
-    from workbench.runtime.machine import measure_allreduce, measure_link, modeled_step_ms, runtime_link, solve_overhead
-    from workbench.runtime.shm import TRANSPORTS
+    from workbench.runtime.calibration.machine import (
+        measure_allreduce,
+        measure_link,
+        modeled_step_ms,
+        runtime_link,
+        solve_overhead,
+    )
+    from workbench.runtime.transport.shm import TRANSPORTS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=14, help="steps per measured run (at most 64)")
@@ -311,7 +317,7 @@ def main(argv=None) -> int:
         )
     med = lambda xs: statistics.median(xs)  # noqa: E731
     c = {k: med([x[k] for x in cal]) for k in cal[0]}
-    from workbench.runtime.outputs import atomic_text
+    from workbench.runtime.launch.outputs import atomic_text
 
     if a.out:  # the current result replaces the previous one
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,7 @@ import pandas as pd
 from workbench.cost.topology import Topology
 from workbench.partitioning.search import partition
 from workbench.profiling.measure import Profile
-from workbench.runtime.outputs import atomic_text
+from workbench.runtime.launch.outputs import atomic_text
 
 TOPOLOGIES = {
     "flat8": Topology.flat(8, 12e9),

@@ -51,20 +51,20 @@ Rows per model:
   the ``options`` column says which ran), with the per-epoch test-set evaluation off (``evaluate=False``: the torch rows evaluate nothing either). Its per-epoch
   checkpoints stay on, but no epoch ends within the timed steps (the mlp's synthetic set holds 64
   steps per epoch here; an epoch end costs 15-25 ms on this machine; the torch rows have none). Its measured timeline gives the breakdown columns (ms per step, mean over the
-  ranks, :func:`workbench.runtime.wall_time.breakdown`): compute, recv wait, send, data copy,
+  ranks, :func:`workbench.runtime.calibration.wall_time.breakdown`): compute, recv wait, send, data copy,
   optimizer, all-reduce, overhead (between ops). ``workbench-pipedream-flush+warmup``: the same
   schedule with the warm-up the workbench's planner gives this split on this machine
   (:func:`plan_warmup`: ``Plan.in_flight``, which counts the messages' latency; NOAM, torch's
   order, counts none), ``options`` column. ``workbench-<schedule>+gloo``: activations and gradients
   through torch.distributed's gloo (``transport="gloo"``) instead of
-  the runtime's shared-memory transport (:mod:`workbench.runtime.shm`); the torch rows use gloo
+  the runtime's shared-memory transport (:mod:`workbench.runtime.transport.shm`); the torch rows use gloo
   (torch.distributed has no shared-memory point-to-point).
   ``workbench-<schedule>+stream``: the epoch's minibatches flow through the pipeline as one stream
   (``train(stream=True)``, schedules without a flush: PipeDream 1F1B, PipeDream-2BW), drained once at
   the epoch end instead of a fill and a drain per minibatch; ``pipedream-2bw`` rows accumulate over
   the whole minibatch (``microbatches_per_step`` = 8: one update per minibatch, as the torch rows).
   ``workbench-<schedule>+default-malloc``: the ranks keep glibc's malloc defaults instead of the
-  runtime's (:mod:`workbench.runtime.allocator`: freed memory kept, no page faults per op); every
+  runtime's (:mod:`workbench.runtime.launch.allocator`: freed memory kept, no page faults per op); every
   other row, the single and torch processes included, runs with the runtime's settings.
 
 The single / torch rows feed random inputs of the model's shape (``mlp``: N(0, 1) features; ``gpt``:
@@ -150,12 +150,12 @@ CONFIGS = {  # model -> batch, default timed steps, workbench schedules, torch s
 
 def plan_warmup(name: str) -> list[int]:
     """The 1F1B warm-up the workbench's planner gives this split on this machine
-    (:func:`workbench.runtime.machine.in_flight`, :meth:`CostModel.in_flight`, the figure ``Plan.in_flight``
+    (:func:`workbench.runtime.calibration.machine.in_flight`, :meth:`CostModel.in_flight`, the figure ``Plan.in_flight``
     reports): the stage compute measured at the microbatch size, one thread, and the link the cost
-    model charges a runtime message (:func:`workbench.runtime.machine.runtime_link`: the idle gloo
+    model charges a runtime message (:func:`workbench.runtime.calibration.machine.runtime_link`: the idle gloo
     ping-pong's latency and bandwidth, the CPU per message of the loaded one)."""
-    from workbench.runtime.machine import in_flight, measure_link, runtime_link, stage_profile
-    from workbench.runtime.stages import even_bounds
+    from workbench.runtime.calibration.machine import in_flight, measure_link, runtime_link, stage_profile
+    from workbench.runtime.semantics.stages import even_bounds
 
     model = _model(name)
     bounds = even_bounds(len(model.layers), P)
@@ -195,9 +195,9 @@ def _data(name: str, steps: int, device="cpu"):
 
 
 def sgd_step(params: list) -> None:
-    """The single and torch rows' SGD step: the runtime's STEP (:func:`workbench.runtime.stages.sgd_update`
+    """The single and torch rows' SGD step: the runtime's STEP (:func:`workbench.runtime.semantics.stages.sgd_update`
     in place, ``W - LR * grad``), then the gradients dropped (the next backward's become them)."""
-    from workbench.runtime.stages import sgd_update
+    from workbench.runtime.semantics.stages import sgd_update
 
     sgd_update(dict(enumerate(params)), {i: p.grad for i, p in enumerate(params)}, LR, in_place=True)
     for p in params:
@@ -215,7 +215,7 @@ class _SingleLoop:
     microbatches, SGD with the runtime's update (:func:`sgd_step`)."""
 
     def __init__(self, name: str, n: int, device="cpu"):
-        from workbench.runtime.allocator import retain_freed_memory
+        from workbench.runtime.launch.allocator import retain_freed_memory
 
         torch.set_num_threads(1)
         retain_freed_memory()  # every process of the benchmark uses the runtime ranks' malloc settings
@@ -271,7 +271,7 @@ class _SingleLoop:
 
 
 def _single_worker(rank, world, name, steps, warmup, device, q):
-    from workbench.runtime.affinity import pin_rank
+    from workbench.runtime.launch.affinity import pin_rank
 
     pin_rank(rank, world, 1, device)
     q.put(bench_single(name, steps, warmup, device))
@@ -291,8 +291,8 @@ def _torch_pp_worker(rank, world, port, name, kind, steps, warmup, device, q):
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-    from workbench.runtime.affinity import place_rank
-    from workbench.runtime.stages import even_bounds, stage_module
+    from workbench.runtime.launch.affinity import place_rank
+    from workbench.runtime.semantics.stages import even_bounds, stage_module
 
     torch.set_num_threads(1)
     place_rank(rank, world, 1, device)  # set up as the workbench's runtime sets up its ranks
@@ -334,7 +334,7 @@ def _torch_pp_worker(rank, world, port, name, kind, steps, warmup, device, q):
 def bench_torch_pipelining(name: str, kind: str, steps: int, warmup: int, device="cpu") -> float:
     import torch.multiprocessing as mp
 
-    from workbench.runtime.launch import free_port
+    from workbench.runtime.launch.driver import free_port
 
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
@@ -389,10 +389,10 @@ def bench_workbench(
 
 
 def where_time_goes(out: Path, warmup: int) -> dict:
-    """Mean over the ranks of the measured breakdown, ms per step (see workbench.runtime.wall_time)."""
+    """Mean over the ranks of the measured breakdown, ms per step (see workbench.runtime.calibration.wall_time)."""
     import pandas as pd
 
-    from workbench.runtime.wall_time import breakdown
+    from workbench.runtime.calibration.wall_time import breakdown
 
     return breakdown(pd.read_csv(out / "timeline.csv"), warmup).mean().to_dict()
 
@@ -403,7 +403,7 @@ def fidelity(out: Path, schedule: str, warmup: int, options: dict | None = None,
     simulated as the schedule over the timed steps' microbatches (one fill and one drain), per step."""
     import pandas as pd
 
-    from workbench.runtime.launch import schedule_for_workers
+    from workbench.runtime.launch.driver import schedule_for_workers
     from workbench.simulation import simulate
 
     tl = pd.read_csv(out / "timeline.csv")
@@ -628,7 +628,7 @@ def main(argv=None) -> int:
             ap.error(f"unknown model {name!r}; choose from {', '.join(CONFIGS)}")
         rows += run_model(name, a.steps or CONFIGS[name]["steps"], a.warmup, a.repeat, a.device)
     print_tables(rows)
-    from workbench.runtime.outputs import atomic_text
+    from workbench.runtime.launch.outputs import atomic_text
 
     if not a.out:
         print("(no CSV written: pass --out results/bench/runtime.csv to refresh the committed one)")

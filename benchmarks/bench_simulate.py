@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from workbench.runtime.outputs import atomic_text
+from workbench.runtime.launch.outputs import atomic_text
 from workbench.schedules.core import Op, Schedule
 from workbench.simulation import simulate
 

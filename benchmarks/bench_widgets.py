@@ -115,7 +115,7 @@ def main(argv=None) -> pd.DataFrame:
     df["load_1min"] = f"{load0:.1f}-{load1:.1f}"
     df["cpus"] = os.cpu_count()
     df["python"] = platform.python_version()
-    from workbench.runtime.outputs import atomic_text
+    from workbench.runtime.launch.outputs import atomic_text
 
     out = Path(args.out) if args.out else "nothing (pass --out)"
     if args.out:  # the current result replaces the previous one (earlier runs: git history)

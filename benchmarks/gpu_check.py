@@ -11,7 +11,7 @@ Without a CUDA device it prints one line and exits 0. With one, in about 8 minut
    device (``--spec`` overrides). Writes ``gpu-check-<device>-profile.csv``.
 2. **A pipeline on the GPUs.** Trains the float64 toy MLP for 3 steps with several schedules
    (``gpipe``, ``interleaved-1f1b``, ``zb-v``, ``dualpipev``, ``fsdp``: the orders whose NCCL
-   matching :mod:`workbench.runtime.comm_plan` proves on CPU) on 2 ranks, once on the CPUs (gloo)
+   matching :mod:`workbench.runtime.transport.comm_plan` proves on CPU) on 2 ranks, once on the CPUs (gloo)
    and once on the GPUs: NCCL with one GPU per rank where 2 are present. With one GPU it tries
    NCCL with both ranks on the one GPU (NCCL may refuse two ranks of one communicator on one
    device) and otherwise one rank (no pipeline: the executor's CUDA path only), and says which ran;

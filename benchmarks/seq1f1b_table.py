@@ -69,9 +69,9 @@ def recompute_bytes(microbatches: int = 8) -> pd.DataFrame:
 
 def measured_memory(seq_len: int = 64, microbatches: int = 4, batch: int = 2) -> pd.DataFrame:
     """Measured (2 gloo ranks on this CPU, float64, pydocs text, a 2-block d=32 segment transformer):
-    peak bytes autograd keeps for the backward plus stage inputs, per rank (runtime.segments)."""
+    peak bytes autograd keeps for the backward plus stage inputs, per rank (runtime.executors.segments)."""
     from workbench.models.segmented import flop_model, segment_gpt
-    from workbench.runtime import segments as R
+    from workbench.runtime.executors import segments as R
 
     x, y, vocab = R.pydocs_batch(microbatches * batch, seq_len, seed=0)
     model = dict(vocab=vocab, context=seq_len, dim=32, num_layers=2, heads=2, seed=0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from workbench.runtime import reference_train
-from workbench.runtime.stages import DataOrder, microbatch, stage_module, stage_params
+from workbench.runtime.semantics.stages import DataOrder, microbatch, stage_module, stage_params
 
 
 def minibatch_sgd(model_fn, ds, bounds, rounds, microbatches, *, batch_size, lr):

@@ -1,16 +1,16 @@
-"""runtime.allocator: a rank keeps freed memory, so re-allocating the same sizes does not page-fault."""
+"""runtime.launch.allocator: a rank keeps freed memory, so re-allocating the same sizes does not page-fault."""
 
 import subprocess
 import sys
 
 import pytest
 
-from workbench.runtime.allocator import retain_freed_memory
+from workbench.runtime.launch.allocator import retain_freed_memory
 
 # allocate and free 8 x 1 MiB twenty times; print the minor page faults of the last 20 rounds
 PROBE = """
 import resource, sys, torch
-from workbench.runtime.allocator import retain_freed_memory
+from workbench.runtime.launch.allocator import retain_freed_memory
 print(retain_freed_memory())
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 def rounds():

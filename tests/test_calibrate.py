@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from workbench import Profile
-from workbench.runtime.machine import (
+from workbench.runtime.calibration.machine import (
     StageProfile,
     fit_link,
     measured_step_ms,
@@ -231,7 +231,7 @@ def test_in_flight_of_a_calibration_counts_the_link():
     gradient of its oldest microbatch back within K_0 slots of P = 3 ms (the bottleneck): F0 + B0 +
     2 messages + the last stage's slot: ceil((3 + 2 (L + n / beta) + 3) / 3); without a link NOAM
     (2, 1); L = 0.5 ms, 64 KiB at 1.6 GB/s: ceil(2.35) = 3."""
-    from workbench.runtime.machine import in_flight
+    from workbench.runtime.calibration.machine import in_flight
 
     sp = _stage_profile([1.0, 1.0], [2.0, 2.0], [0.0, 0.0], cut=64 << 10)
     assert in_flight(sp, None) == [2, 1]
@@ -293,7 +293,7 @@ def test_simulator_charges_the_copying_step_only_where_a_version_is_stashed():
 def test_sgd_update_in_place_and_into_new_tensors():
     import torch
 
-    from workbench.runtime.stages import sgd_update
+    from workbench.runtime.semantics.stages import sgd_update
 
     w = {"a": torch.tensor([1.0, 2.0], requires_grad=True)}
     d = {"a": torch.tensor([2.0, -2.0])}
@@ -310,7 +310,7 @@ def test_measure_allreduce_expresses_gloo_in_the_ring_model():
     (bus bandwidth, per-step latency) give back, through the ring formula (r = 2:
     t = n / B_bus + 2 α), exactly the straight line fitted to its measured times."""
     from workbench.cost.model import ring_allreduce_ms
-    from workbench.runtime.machine import fit_link, measure_allreduce
+    from workbench.runtime.calibration.machine import fit_link, measure_allreduce
 
     m = measure_allreduce("gloo", sizes=(4, 256 << 10, 8 << 20), repeats=5, warmup=2, timeout_s=120)
     assert m["world_size"] == 2 and m["bandwidth_bytes_per_s"] > 0
@@ -326,7 +326,7 @@ def test_measure_allreduce_expresses_gloo_in_the_ring_model():
 def test_pin_rank_gives_each_rank_its_own_cores(monkeypatch):
     import os
 
-    from workbench.runtime.affinity import pin_rank
+    from workbench.runtime.launch.affinity import pin_rank
 
     cpus = sorted(os.sched_getaffinity(0))
     calls = []
@@ -343,7 +343,7 @@ def test_pin_rank_gives_each_rank_its_own_cores(monkeypatch):
 
 @pytest.mark.slow
 def test_loaded_link_reports_message_cpu_time():
-    from workbench.runtime.machine import measure_link
+    from workbench.runtime.calibration.machine import measure_link
 
     m = measure_link("gloo", sizes=(4, 16 << 20), repeats=10, warmup=2, busy=True, timeout_s=120)
     assert m["busy"] and len(m["cpu_ms_per_message"]) == 2 and m["message_cpu_ms"] >= 0
@@ -355,8 +355,8 @@ def test_loaded_link_reports_message_cpu_time():
 def test_link_through_the_shared_memory_transport():
     """measure_link(transport="shm") times the runtime's shm channels: a 16 MiB message takes longer
     than 4 bytes, the result says which transport, and the channel files are gone afterwards."""
-    from workbench.runtime import shm
-    from workbench.runtime.machine import measure_link
+    from workbench.runtime.calibration.machine import measure_link
+    from workbench.runtime.transport import shm
 
     m = measure_link("gloo", sizes=(4, 16 << 20), repeats=10, warmup=2, timeout_s=120, transport="shm")
     assert m["transport"] == "shm" and m["one_way_ms"][1] > m["one_way_ms"][0] > 0
@@ -371,7 +371,7 @@ def test_stage_profile_measures_every_column():
     """A real (small) stage profile: one value per stage for every measured column, finite and
     >= 0, carried into the stage-level profile the simulator reads."""
     from workbench.models import build
-    from workbench.runtime.machine import stage_profile
+    from workbench.runtime.calibration.machine import stage_profile
     from workbench.schedules import build as build_schedule
 
     sp = stage_profile(
@@ -390,7 +390,7 @@ def test_on_ranks_takes_each_stage_from_its_rank_and_a_replicated_stage_at_its_s
     """Two cores profiled the same 2 stages; core 1 is slower. Stage s on rank s: stage 0 from core
     0, stage 1 from core 1 (the mean would put the bottleneck stage 1.5 ms below what its rank runs);
     a stage on both ranks (data parallel): the slower core, as its synchronous step waits for it."""
-    from workbench.runtime.machine import on_ranks
+    from workbench.runtime.calibration.machine import on_ranks
 
     fast = _stage_profile([1.0, 2.0], [2.0, 4.0], [0.5, 0.5])
     slow = _stage_profile([1.5, 3.0], [3.0, 6.0], [0.75, 0.75])
@@ -409,7 +409,7 @@ def test_on_ranks_takes_each_stage_from_its_rank_and_a_replicated_stage_at_its_s
 
 
 def test_runtime_link_takes_the_idle_transit_and_the_loaded_cpu_per_message():
-    from workbench.runtime.machine import runtime_link
+    from workbench.runtime.calibration.machine import runtime_link
 
     idle = dict(latency_ms=0.03, bandwidth_bytes_per_s=5e9, busy=False)
     loaded = dict(latency_ms=0.87, bandwidth_bytes_per_s=1.3e9, busy=True, message_cpu_ms=0.22)
@@ -433,8 +433,8 @@ def test_stage_timing_runs_the_ops_in_1f1b_order(monkeypatch):
     new tensors. Checked on the call sequence of the runtime's stage functions it times."""
     import torch
 
-    import workbench.runtime.stages as stages
-    from workbench.runtime.machine import _time_stage
+    import workbench.runtime.semantics.stages as stages
+    from workbench.runtime.calibration.machine import _time_stage
 
     calls = []
     for name in ("run_stage", "run_stage_layers", "vjp", "split_input_grad", "split_weight_grad", "sgd_update"):

@@ -1,4 +1,4 @@
-"""The sender thread of workbench.runtime.comm (no processes: a stand-in for ``isend``)."""
+"""The sender thread of workbench.runtime.transport.comm (no processes: a stand-in for ``isend``)."""
 
 import threading
 import time
@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from workbench.runtime.comm import _Sender
+from workbench.runtime.transport.comm import _Sender
 
 
 def test_sender_posts_in_order_and_drain_waits_for_all():
@@ -48,7 +48,7 @@ def test_gloo_sends_are_not_polled_per_send(monkeypatch):
     """gloo's send works report completion only once waited on: polling every listed send on each new
     send found none and cost O(n^2) per epoch. With gloo the list is only appended (flush waits it);
     with other backends completed sends are dropped."""
-    from workbench.runtime import comm
+    from workbench.runtime.transport import comm
 
     class Work:
         def __init__(self, done):

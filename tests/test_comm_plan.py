@@ -1,5 +1,5 @@
 """NCCL's matching and blocking rules checked on the runtime's communication plan
-(workbench.runtime.comm_plan) for every registered schedule, and the check's own power to fail."""
+(workbench.runtime.transport.comm_plan) for every registered schedule, and the check's own power to fail."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from collections import defaultdict
 import pytest
 
 from workbench.cost.plan import Plan
-from workbench.runtime import comm_plan
-from workbench.runtime.comm_plan import RankComm, check_nccl, ddp_order_problems, messages, rank_program
-from workbench.runtime.tied import TiedWeight, check_tied, combine_ranks, defer_steps
+from workbench.runtime.executors.tied import TiedWeight, check_tied, combine_ranks, defer_steps
+from workbench.runtime.transport import comm_plan
+from workbench.runtime.transport.comm_plan import RankComm, check_nccl, ddp_order_problems, messages, rank_program
 from workbench.schedules import REGISTRY, build, build_for_workers
 from workbench.schedules.master import PRIORITIES, RULES
 

@@ -11,7 +11,7 @@ from torch import nn
 from workbench.models.resnet import resnet18
 from workbench.profiling.layering import split
 from workbench.profiling.measure import profile
-from workbench.runtime.tied import tied_weights
+from workbench.runtime.executors.tied import tied_weights
 
 
 def chain(model, x):

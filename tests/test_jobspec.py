@@ -1,4 +1,4 @@
-"""The run as asked for (workbench.runtime.jobspec) and one timeline row per op (workbench.runtime.record)."""
+"""The run as asked for (workbench.runtime.launch.jobspec) and one timeline row per op (workbench.runtime.executors.record)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from workbench.runtime.jobspec import JobSpec, ModelSpec, OptimSpec, PipelineSpec, RunSpec
-from workbench.runtime.record import RECORD_COLUMNS, OpRecord
+from workbench.runtime.executors.record import RECORD_COLUMNS, OpRecord
+from workbench.runtime.launch.jobspec import JobSpec, ModelSpec, OptimSpec, PipelineSpec, RunSpec
 
 
 def test_keywords_go_to_the_group_of_their_field_and_model_options_to_the_model():
@@ -42,7 +42,7 @@ def test_no_keyword_names_two_fields():
 
 @pytest.mark.slow
 def test_build_job_of_a_spec_is_prepare_of_its_keywords(tmp_path):
-    from workbench.runtime.launch import build_job, prepare
+    from workbench.runtime.launch.driver import build_job, prepare
 
     kw = dict(steps=2, batch_size=16, lr=0.2, momentum=0.5, seed=3, allow_oversubscribe=True, progress=False)
     a = prepare("toy-mlp", "pipedream", 2, 4, out=tmp_path / "a", **kw)
@@ -65,7 +65,7 @@ def test_build_job_of_a_spec_is_prepare_of_its_keywords(tmp_path):
 def test_a_record_without_send_times_leaves_their_cells_empty(tmp_path):
     """DDP's and Hogwild's records end at wait_ms: send_ms, data_ms and send_at are empty cells;
     the CSV's columns are the record's fields (then step, a copy of round)."""
-    from workbench.runtime.outputs import append_outputs
+    from workbench.runtime.launch.outputs import append_outputs
 
     rows = [dict(step=0, epoch=0, loss=1.0, n=1, correct=0, samples=8, end_ms=3.0)]
     tl = [OpRecord(0, 0, 0, "F", 0.0, 1.0, 0, 0, 0.0), OpRecord(1, 1, 0, "F", 1.0, 2.0, 0, 0, 0.5, 0.1, 0.2, 1.5)]
@@ -80,7 +80,7 @@ def test_a_record_without_send_times_leaves_their_cells_empty(tmp_path):
 
 
 def test_an_unknown_keyword_is_a_type_error_naming_the_closest_field():
-    from workbench.runtime.launch import prepare
+    from workbench.runtime.launch.driver import prepare
 
     with pytest.raises(TypeError, match=r"unexpected keyword 'batchsize'; did you mean 'batch_size'\?"):
         JobSpec.from_keywords("toy-mlp", batchsize=16)
@@ -95,7 +95,7 @@ def test_every_cli_run_option_has_one_train_flag_and_every_flag_is_a_run_option(
 
     from workbench.cli.args import flag_of
     from workbench.cli.train import add_train_arguments
-    from workbench.runtime.jobspec import cli_fields, run_options
+    from workbench.runtime.launch.jobspec import cli_fields, run_options
 
     p = argparse.ArgumentParser()
     add_train_arguments(p)
@@ -115,7 +115,7 @@ def test_a_run_option_added_to_a_group_gets_its_flag():
     from dataclasses import make_dataclass
 
     from workbench.cli.args import add_option_argument
-    from workbench.runtime.jobspec import option
+    from workbench.runtime.launch.jobspec import option
 
     Extra = make_dataclass("Extra", [("one_tag", "bool", option(False, "one tag per pair"))])
     f = dataclasses.fields(Extra)[0]

@@ -1,4 +1,4 @@
-"""The stop path of a job (workbench.runtime.lifetime): every signal case and a rank's death end the
+"""The stop path of a job (workbench.runtime.launch.lifetime): every signal case and a rank's death end the
 whole job, with nothing of THAT job left: no process (its launcher's descendants, found by pid), no
 channel file (its token names the launcher's pid), no port (its rendezvous port binds again), the
 last complete checkpoint loadable, one line naming the cause.
@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.runtime.launch import free_port
-from workbench.runtime.outputs import latest_checkpoint
-from workbench.runtime.shm import SHM_DIR, _pid_namespace
+from workbench.runtime.launch.driver import free_port
+from workbench.runtime.launch.outputs import latest_checkpoint
+from workbench.runtime.transport.shm import SHM_DIR, _pid_namespace
 
 psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.distributed
@@ -245,7 +245,7 @@ def test_ctrl_c_while_the_ranks_start_prints_no_traceback(tmp_path):
 MASK_PROBE = """
 import json, operator, signal, sys
 import multiprocessing.util as util
-from workbench.runtime import lifetime
+from workbench.runtime.launch import lifetime
 
 seen = []
 spawnv = util.spawnv_passfds
@@ -338,7 +338,7 @@ def _name(p) -> str:
 # ---- lifetime.spawn on its own (no training) ------------------------------------------------------
 def _fail_on(rank: int, bad: int, step: int) -> None:
     """Rank ``bad`` raises in ``step``; the others would sleep for a minute."""
-    from workbench.runtime.lifetime import reached
+    from workbench.runtime.launch.lifetime import reached
 
     reached(step)
     if rank == bad:
@@ -356,7 +356,7 @@ class _Unpicklable:
 
 
 def test_spawn_names_the_failing_rank_and_stops_the_others():
-    from workbench.runtime.lifetime import RankFailed, spawn
+    from workbench.runtime.launch.lifetime import RankFailed, spawn
 
     t = time.time()
     with pytest.raises(
@@ -371,7 +371,7 @@ def test_spawn_names_the_failing_rank_and_stops_the_others():
 def test_a_rank_that_cannot_unpickle_its_job_reports_the_real_error():
     """An argument the rank cannot unpickle (a traced graph that did not rebuild, a class it cannot
     import): the launcher names that error, not a guess about the script's main guard."""
-    from workbench.runtime.lifetime import RankFailed, spawn
+    from workbench.runtime.launch.lifetime import RankFailed, spawn
 
     with pytest.raises(
         RankFailed,
@@ -383,7 +383,7 @@ def test_a_rank_that_cannot_unpickle_its_job_reports_the_real_error():
 
 
 def test_spawn_deadline_stops_the_ranks():
-    from workbench.runtime.lifetime import spawn
+    from workbench.runtime.launch.lifetime import spawn
 
     with pytest.raises(TimeoutError, match="the nap did not finish within 1 s"):
         spawn(_fail_on, (-1, 0), 1, deadline_s=1, what="the nap")
@@ -395,7 +395,7 @@ def test_spawn_stops_on_a_signal_and_restores_the_handlers():
     naming the signal, stops the ranks and gives the process its own handlers back."""
     import threading
 
-    from workbench.runtime.lifetime import JobStopped, spawn
+    from workbench.runtime.launch.lifetime import JobStopped, spawn
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGTERM)).start()

@@ -15,7 +15,7 @@ from torch.utils.data import TensorDataset
 
 from workbench.profiling.layering import split
 from workbench.runtime import prepare, run_jobs
-from workbench.runtime.shm import available
+from workbench.runtime.transport.shm import available
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

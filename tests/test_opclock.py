@@ -1,4 +1,4 @@
-"""The measured timeline's device clock (workbench.runtime.opclock): the mapping of event times onto
+"""The measured timeline's device clock (workbench.runtime.executors.opclock): the mapping of event times onto
 a rank's time axis, and the executor's bookkeeping run end to end with host events on CPU ranks
 (CUDA events need a GPU; the code path between the events and the timeline is the same)."""
 
@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from runtime_checks import small_mlp_run
 
-from workbench.runtime.opclock import EventClock, for_device
-from workbench.runtime.wall_time import PARTS, breakdown
+from workbench.runtime.calibration.wall_time import PARTS, breakdown
+from workbench.runtime.executors.opclock import EventClock, for_device
 
 
 class _Gpu:

@@ -92,7 +92,7 @@ def test_runtime_gradients_exact_and_memory_measured():
     plain runs give the single-process reference gradients and weights after a step; the measured
     bytes autograd keeps for the backward drop."""
     from workbench.models.segmented import flop_model, segment_gpt
-    from workbench.runtime import segments as R
+    from workbench.runtime.executors import segments as R
 
     n = 16
     x, y, vocab = R.pydocs_batch(4, n, seed=1)

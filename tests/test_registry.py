@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workbench.cli.commands import main
-from workbench.runtime.launch import schedule_for_workers
+from workbench.runtime.launch.driver import schedule_for_workers
 from workbench.schedules import NAMES, REGISTRY, Op, OpKind, build, markdown_table, register, spec, validate
 from workbench.schedules.registry import parse_option
 

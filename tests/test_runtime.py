@@ -22,9 +22,9 @@ from runtime_checks import TOY_MLP, initial_weights, job_reference, job_sgd, max
 
 from workbench.cost.plan import Plan
 from workbench.runtime import prepare, reference_train, run_job, run_jobs, train
-from workbench.runtime.lifetime import RankFailed
-from workbench.runtime.outputs import latest_checkpoint
-from workbench.runtime.stages import DataOrder, microbatch, run_stage, stage_lrs, stage_module, stage_params
+from workbench.runtime.launch.lifetime import RankFailed
+from workbench.runtime.launch.outputs import latest_checkpoint
+from workbench.runtime.semantics.stages import DataOrder, microbatch, run_stage, stage_lrs, stage_module, stage_params
 from workbench.schedules import build, from_placement, worker_stats
 
 BATCH, LR = 16, 0.1
@@ -76,7 +76,7 @@ def versioned_sgd(model_fn, ds, bounds, versions, groups):
 
 
 def bounds_of(n_stages, layers=7):
-    from workbench.runtime.stages import even_bounds
+    from workbench.runtime.semantics.stages import even_bounds
 
     return even_bounds(layers, n_stages)
 
@@ -142,7 +142,7 @@ def test_layerwise_split_backward_equals_one_vjp(model, first, last):
     single-op layers (MLP) and blocks of many ops with residual paths (mini GPT). A stage with a weight
     tied across two of its layers is not split (its gradient would be counted twice)."""
     from workbench.models import build as build_model
-    from workbench.runtime.stages import (
+    from workbench.runtime.semantics.stages import (
         as_leaves,
         run_stage_layers,
         split_input_grad,
@@ -428,8 +428,8 @@ def test_hogwild_update_computes_its_gradient_on_the_weights_it_pulled(tmp_path,
     shared weights by exactly what it moves them without that write (the same gradient)."""
     from types import SimpleNamespace
 
-    from workbench.runtime import hogwild
-    from workbench.runtime.launch import _shared_weights
+    from workbench.runtime.executors import hogwild
+    from workbench.runtime.launch.driver import _shared_weights
 
     job = prepare("toy-mlp", "dp-asp", workers=2, microbatches=2, steps=1, out=tmp_path / "asp", **COMMON)
     x, y = job.dataset_fn().tensors
@@ -595,7 +595,7 @@ def test_bad_inputs_raise_one_line_value_errors(tmp_path):
 def test_port_is_not_checked_under_torchrun(tmp_path, monkeypatch):
     """Under torchrun the ranks join torchrun's rendezvous: a ``port`` given beside it is not theirs
     to bind, and a busy one (torchrun's own store may hold it) is no error."""
-    from workbench.runtime import launch
+    from workbench.runtime.launch import driver as launch
 
     ran = []
     monkeypatch.setattr(launch, "run_job", lambda job, port=None: ran.append(port) or {})
@@ -726,7 +726,7 @@ def test_epoch_outputs_are_appended_and_a_resume_drops_a_torn_line(tmp_path):
     line a crash cut short."""
     from types import SimpleNamespace
 
-    from workbench.runtime.outputs import append_outputs
+    from workbench.runtime.launch.outputs import append_outputs
 
     job = SimpleNamespace(options={}, optim=SimpleNamespace(batch_size=8))
 
@@ -789,7 +789,7 @@ def test_shm_stale_channel_files_of_dead_launchers_are_removed(tmp_path, monkeyp
     import subprocess
     import sys
 
-    from workbench.runtime import shm
+    from workbench.runtime.transport import shm
 
     monkeypatch.setattr(shm, "SHM_DIR", tmp_path)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -812,7 +812,7 @@ def test_shm_channel_numbers_messages_and_times_out(tmp_path, monkeypatch):
     """One channel, both ends in this process: messages land in slot q mod slots and come out in any
     order; a slot is reused only after its message was read; waiting for a message that never
     comes raises a TimeoutError naming it."""
-    from workbench.runtime import shm
+    from workbench.runtime.transport import shm
 
     monkeypatch.setattr(shm, "SHM_DIR", tmp_path)
     path = shm.channel_path("t", 0, 1)
@@ -841,8 +841,8 @@ def test_shm_sender_holds_messages_back_instead_of_waiting(tmp_path, monkeypatch
     flush), and the receiver gets all of them, in its order, with their contents."""
     import threading
 
-    from workbench.runtime import shm
-    from workbench.runtime.comm import ShmP2P
+    from workbench.runtime.transport import shm
+    from workbench.runtime.transport.comm import ShmP2P
 
     monkeypatch.setattr(shm, "SHM_DIR", tmp_path)
     spec = [((3,), torch.float64)]
@@ -881,7 +881,8 @@ def test_auto_transport_picks_shared_memory_only_where_it_runs_and_pays(tmp_path
     """transport="auto" (the default): shm for CPU ranks spawned here with a core each and pipeline
     messages only, gloo otherwise (torchrun, GPUs, more ranks than cores, no point-to-point messages,
     all-reduces or weight fetches within an epoch, a /dev/shm too small for the channels)."""
-    from workbench.runtime import launch, shm
+    from workbench.runtime.launch import driver as launch
+    from workbench.runtime.transport import shm
 
     if shm.available():
         pytest.skip(shm.available())

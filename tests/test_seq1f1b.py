@@ -200,7 +200,7 @@ def test_runtime_gradients_equal_whole_sequence_reference():
     ranks) variants give the single-process whole-sequence gradients and weights after one step
     (two steps for the first);
     the measured activation bytes of the input rank are below 1F1B's (same microbatches)."""
-    from workbench.runtime import segments as R
+    from workbench.runtime.executors import segments as R
 
     n = 18
     x, y, vocab = R.pydocs_batch(4, n, seed=0)
@@ -313,7 +313,7 @@ def test_workbench_train_runs_seq1f1b_with_the_layer_models_reference_weights(tm
 
     from workbench.cli.commands import main
     from workbench.runtime import latest_checkpoint, prepare
-    from workbench.runtime.outputs import load_stage
+    from workbench.runtime.launch.outputs import load_stage
 
     out = tmp_path / "cli"
     argv = [

@@ -379,7 +379,7 @@ def test_result_schema_metrics_and_save(tmp_path):
 def test_simulator_and_runtime_split_the_same_way_by_default():
     """Mini VGG-16 has 16 layers; on 4 stages both cut after layers 3, 7, 11 (Plan.even)."""
     from workbench.cost.plan import Plan
-    from workbench.runtime.stages import even_bounds
+    from workbench.runtime.semantics.stages import even_bounds
     from workbench.simulation import _stage_ranges
 
     prof = profile([1.0] * 15 + [30.0], [2.0] * 16, [0.0] * 16, [0.0] * 16)  # a heavy last layer
@@ -390,7 +390,7 @@ def test_simulator_and_runtime_split_the_same_way_by_default():
 
 def test_timeline_schema_is_shared_with_the_runtime():
     from workbench.io.timeline import COMMON_COLUMNS
-    from workbench.runtime.outputs import TIMELINE_COLUMNS as MEASURED
+    from workbench.runtime.launch.outputs import TIMELINE_COLUMNS as MEASURED
 
     tl = simulate(one_f_one_b(2, 3), transfer=0.5).timeline
     assert set(COMMON_COLUMNS) <= set(tl.columns) and set(COMMON_COLUMNS) <= set(MEASURED)

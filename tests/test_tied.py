@@ -1,4 +1,4 @@
-"""Weights tied across stages (workbench.runtime.tied): which owning stages share a parameter, and
+"""Weights tied across stages (workbench.runtime.executors.tied): which owning stages share a parameter, and
 which schedules can combine their gradients before every update (the rest refused in one line).
 The real runs (tied GPT-2 and Llama over two gloo ranks against the original module's gradient and
 the semantic reference) are in tests/test_user_models.py."""
@@ -10,14 +10,14 @@ import torch
 from runtime_checks import assert_weights_close, job_reference
 
 from workbench.models import build as build_model
-from workbench.runtime.stages import even_bounds
-from workbench.runtime.tied import (
+from workbench.runtime.executors.tied import (
     TiedWeight,
     check_tied,
     combine_ranks,
     defer_steps,
     tied_weights,
 )
+from workbench.runtime.semantics.stages import even_bounds
 from workbench.schedules import REGISTRY, build, validate
 
 REMOTE_OR_ASYNC = {"dp-asp", "fsdp", "fslpp"}  # no common update / fetched weights: refused

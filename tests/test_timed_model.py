@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from workbench.models import build
-from workbench.runtime.stages import (
+from workbench.runtime.semantics.stages import (
     run_stage,
     run_stage_layers,
     split_input_grad,

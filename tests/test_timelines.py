@@ -72,7 +72,7 @@ def test_a_uniform_stretch_leaves_the_modeled_bubble_unchanged_an_uneven_one_doe
     from types import SimpleNamespace
 
     from workbench.profiling.measure import Profile
-    from workbench.runtime.machine import StageProfile
+    from workbench.runtime.calibration.machine import StageProfile
 
     layers = pd.DataFrame(dict(name=["a", "b"], fwd_ms=[1.0, 1.5], bwd_ms=[2.0, 2.5], act_bytes=[8.0, 8.0],
                                param_bytes=[4.0, 4.0]))  # fmt: skip
@@ -104,7 +104,7 @@ def test_back_to_back_rounds_of_equal_costs_keep_each_closed_form(workers):
     """Why a timed run's bubble over R rounds compares with a one-round closed form: with F = t,
     B = 2t (BI = BW = t), STEP and communication free, R rounds back to back have exactly one round's
     bubble for every schedule with a claim (:func:`tl.compare_timed`'s ``bubble_unit_sim_timed``)."""
-    from workbench.runtime.machine import repeat_rounds
+    from workbench.runtime.calibration.machine import repeat_rounds
 
     claimed = 0
     for name in tl.schedule_names():
@@ -127,7 +127,7 @@ def test_replaying_a_timeline_with_its_own_op_times_gives_its_bubble():
     whose ops are uneven by stage and split (ZB-H1: stage 0's BI 0, its BW the whole backward, as the
     runtime runs the timed model) reproduces that timeline's bubble, not the closed form's."""
     from workbench.profiling.measure import Profile
-    from workbench.runtime.machine import repeat_rounds
+    from workbench.runtime.calibration.machine import repeat_rounds
 
     sched = tl.build_for("zb-h1", 4, 8)
     rows = [dict(name=f"s{s}", fwd_ms=20.0 + s, bwd_ms=40.0, bwd_input_ms=0.0 if s == 0 else 20.0,

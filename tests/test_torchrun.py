@@ -14,7 +14,7 @@ import torch
 from workbench.cost.plan import Plan
 from workbench.cost.topology import Topology
 from workbench.runtime import train
-from workbench.runtime.launch import free_port
+from workbench.runtime.launch.driver import free_port
 
 TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent))
 

@@ -1,5 +1,5 @@
 """Chrome / Perfetto traces of modeled and measured timelines (workbench.viz.trace), and the
-measured breakdown (workbench.runtime.wall_time)."""
+measured breakdown (workbench.runtime.calibration.wall_time)."""
 
 import json
 from collections import Counter
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from runtime_checks import small_mlp_run
 
-from workbench.runtime.wall_time import PARTS, breakdown
+from workbench.runtime.calibration.wall_time import PARTS, breakdown
 from workbench.schedules import build
 from workbench.simulation import simulate
 from workbench.viz.trace import to_chrome_trace, version_counts

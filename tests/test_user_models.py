@@ -22,8 +22,8 @@ from workbench import Topology, partition, profile, simulate
 from workbench.models.examples import resnet18_digits
 from workbench.profiling.layering import split
 from workbench.runtime import prepare, run_jobs
-from workbench.runtime.stages import DataOrder, microbatch
-from workbench.runtime.tied import tied_weights
+from workbench.runtime.executors.tied import tied_weights
+from workbench.runtime.semantics.stages import DataOrder, microbatch
 from workbench.schedules import build
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

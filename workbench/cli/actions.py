@@ -22,7 +22,7 @@ from workbench.partitioning.pipedream_optimizer import Settings
 from workbench.partitioning.search import partition
 from workbench.profiling.measure import Profile, profile, project, threads_per_rank
 from workbench.profiling.pipedream import SHIPPED, shipped
-from workbench.runtime.job import as_dataset, as_layer_model
+from workbench.runtime.launch.job import as_dataset, as_layer_model
 from workbench.simulation import plan_topology, simulate, simulate_plan, steady_microbatches
 from workbench.simulation.costed_build import build_for_simulation
 from workbench.viz.files import save_simulation

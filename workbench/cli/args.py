@@ -1,5 +1,5 @@
 """Command-line arguments built from the run options' one declaration (the fields of
-:mod:`workbench.runtime.jobspec`): ``workbench train`` takes every option with ``cli`` metadata,
+:mod:`workbench.runtime.launch.jobspec`): ``workbench train`` takes every option with ``cli`` metadata,
 ``workbench simulate`` the schedule's two. Only argparse calls: building a parser imports neither
 torch nor pandas."""
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import Field
 from typing import Any
 
-from workbench.runtime.jobspec import cli_fields
+from workbench.runtime.launch.jobspec import cli_fields
 
 _TYPES = {"int": int, "float": float, "str": str}
 

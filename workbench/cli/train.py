@@ -2,7 +2,7 @@
 
 Exit status 0 on success, 2 on bad input (one line on stderr), 1 when a rank fails at run time,
 128 + the signal's number when a stop signal ends the job (SIGINT 130, SIGTERM 143, SIGHUP 129; one
-line naming it: :mod:`workbench.runtime.lifetime`).
+line naming it: :mod:`workbench.runtime.launch.lifetime`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 from workbench.cli.args import add_run_option_arguments
-from workbench.runtime.jobspec import cli_fields
+from workbench.runtime.launch.jobspec import cli_fields
 
 
 def _kv(text: str) -> tuple[str, object]:
@@ -45,8 +45,8 @@ _END_BAR = "\n"  # rank 0's progress bar leaves its line open (it redraws with \
 
 def run_train(args) -> int:
     from workbench.cost.plan import Plan
-    from workbench.runtime.launch import train
-    from workbench.runtime.lifetime import JobStopped
+    from workbench.runtime.launch.driver import train
+    from workbench.runtime.launch.lifetime import JobStopped
 
     try:
         options = {f.name: getattr(args, f.name) for f, _ in cli_fields()}

@@ -89,17 +89,17 @@ class CostOptions:
       (exposed ``max(0, AR - B)``) or follows it (exposed ``AR``);
     * ``allreduce_bandwidth`` / ``allreduce_latency_ms`` (one number or one per level): the ring
       all-reduce's own bus bandwidth and per-step latency where the library's collective is slower
-      than its links (:func:`workbench.runtime.machine.measure_allreduce`); None: the links';
+      than its links (:func:`workbench.runtime.calibration.machine.measure_allreduce`); None: the links';
     * ``message_cpu_ms`` (LogP's ``o``): CPU time each activation/gradient message takes from the
       compute of the op that sends it and of the op that receives it
-      (:func:`workbench.runtime.machine.measure_link` with ``busy=True``; where communication runs on the
+      (:func:`workbench.runtime.calibration.machine.measure_link` with ``busy=True``; where communication runs on the
       compute cores);
-    * ``allreduce_curve``: a :func:`~workbench.runtime.machine.measure_allreduce` result (``sizes``, ``ms``,
+    * ``allreduce_curve``: a :func:`~workbench.runtime.calibration.machine.measure_allreduce` result (``sizes``, ``ms``,
       ``world_size``): all-reduces over that many replicas cost the measured time, interpolated in the
       size (gloo's time is not a line: 1 MiB took 0.6 to 3.8 ms here, 256 KiB 0.26 ms);
     * ``allreduce_buckets`` ``(first, cap)``: the gradients are all-reduced in buckets of ``first``
       bytes, then ``cap`` bytes each, as DistributedDataParallel does
-      (``workbench.runtime.ddp.DDP_BUCKETS``);
+      (``workbench.runtime.executors.ddp.DDP_BUCKETS``);
     * ``allreduce_ready``: when an overlapped all-reduce may start: ``"backward-start"`` (with the
       backward before it: wait-free backprop inside a stage) or ``"backward-end"`` (after it: a DDP
       bucket, whose gradients exist only when its backward has ended).

@@ -39,9 +39,9 @@ from torch.func import functional_call
 
 from workbench.cost.plan import Plan
 from workbench.runtime import prepare, reference_train, run_jobs
-from workbench.runtime.job import build_model
-from workbench.runtime.launch import schedule_for_workers
-from workbench.runtime.stages import DataOrder, microbatch, run_stage, stage_module, stage_params
+from workbench.runtime.launch.driver import schedule_for_workers
+from workbench.runtime.launch.job import build_model
+from workbench.runtime.semantics.stages import DataOrder, microbatch, run_stage, stage_module, stage_params
 from workbench.schedules import spec
 
 #: The experiment's arms by role (scheme labels, keys of :data:`SCHEMES`, not schedule names):
@@ -81,7 +81,7 @@ class Setup:
     model_options: tuple = ()  # (name, value) pairs for the zoo builder
     timeout_s: float = 600.0  # of a real run's collectives
     replicas: tuple[int, ...] = ()  # a pipeline's replicas per stage (layers split evenly); () = one per worker
-    stage_lr: str = "same"  # a replicated stage's learning rate (workbench.runtime.stages.stage_lrs)
+    stage_lr: str = "same"  # a replicated stage's learning rate (workbench.runtime.semantics.stages.stage_lrs)
 
 
 def job_for(setup: Setup, scheme: str, seed: int, out):
@@ -517,7 +517,7 @@ def vertical_sync_by_hand(job, count: int, dtype: torch.dtype = torch.float64) -
         w^(t+1) = w^(t) - lr * grad f(w_1^(t-n+1), ..., w_n^(t-n+1); x_t, y_t)
 
     Returns the weights after ``count`` updates, split into the job's stages (names as
-    :func:`~workbench.runtime.stages.stage_params` gives them)."""
+    :func:`~workbench.runtime.semantics.stages.stage_params` gives them)."""
 
     model, ds = job.model_fn(), job.dataset_fn()
     net = model.sequential().to(dtype)

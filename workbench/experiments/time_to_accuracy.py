@@ -51,7 +51,7 @@ from workbench.experiments.convergence import ASP, BSP, PIPEDREAM, SCHEMES
 from workbench.experiments.pages import save_page, slim_runs
 from workbench.experiments.paper_fit import SETTINGS, fitted_params, model_profile
 from workbench.partitioning.search import partition
-from workbench.runtime.stages import stage_lrs
+from workbench.runtime.semantics.stages import stage_lrs
 from workbench.schedules import spec
 from workbench.simulation import simulate
 from workbench.viz.plot import PALETTE

@@ -5,9 +5,9 @@ For each schedule name the package exposes (:func:`schedule_names`):
 
 * **measured**: a short real run (:func:`workbench.runtime.train` machinery, CPU ranks) of a
   mini model (``cfg.model``); its ``timeline.csv`` and per-rank peak stash depth / weight versions;
-* **modeled**: the same op lists (``R`` rounds back to back, :func:`workbench.runtime.machine.repeat_rounds`)
+* **modeled**: the same op lists (``R`` rounds back to back, :func:`workbench.runtime.calibration.machine.repeat_rounds`)
   simulated with the stage costs measured here at the microbatch size
-  (:func:`workbench.runtime.machine.stage_profile`, one profile per stage layout) and communication free;
+  (:func:`workbench.runtime.calibration.machine.stage_profile`, one profile per stage layout) and communication free;
 * **unit**: one round simulated with unit costs ``F = 1, B = 2`` (``BI = BW = 1``) — the setting
   of the closed forms:
 
@@ -71,7 +71,7 @@ from workbench.experiments.common import check_config, claim, out_folder, save_f
 from workbench.experiments.pages import save_page, slim_runs
 from workbench.profiling.measure import Profile
 from workbench.runtime import prepare, run_job, run_jobs
-from workbench.runtime.machine import STAGE_TIMINGS, measured_step_ms, repeat_rounds, stage_profile
+from workbench.runtime.calibration.machine import STAGE_TIMINGS, measured_step_ms, repeat_rounds, stage_profile
 from workbench.simulation import simulate
 from workbench.viz.plot import compare_figure
 
@@ -396,7 +396,7 @@ def compare(name: str, job, summary: dict, sim, cfg: Config, *, costs=None) -> d
 
 def _round_spacing_modeled(sim, microbatches: int) -> float:
     """Median spacing of the rounds' first compute-op starts in a simulated timeline: the statistic
-    :func:`workbench.runtime.machine.measured_step_ms` takes from a measured one."""
+    :func:`workbench.runtime.calibration.machine.measured_step_ms` takes from a measured one."""
     comp = sim.compute[sim.compute["kind"] != "STEP"]
     firsts = np.sort(comp.groupby(comp["microbatch"] // microbatches)["start"].min().to_numpy())
     return float(np.median(np.diff(firsts))) if len(firsts) > 1 else math.nan

@@ -28,7 +28,7 @@ def gpt2_tiny(
     """``transformers.GPT2LMHeadModel`` from a small ``GPT2Config`` (dropout 0, no cache). Untied by
     default; a tied input/output embedding lives in the first and the last layer, which a pipeline
     puts in different stages: the runtime combines the two stages' gradients of it at every update
-    (:mod:`workbench.runtime.tied`), profiles count it once."""
+    (:mod:`workbench.runtime.executors.tied`), profiles count it once."""
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
     except ImportError:
@@ -65,7 +65,7 @@ def llama_tiny(
     """``transformers.LlamaForCausalLM`` from a small ``LlamaConfig`` (RMSNorm, rotary positions,
     SwiGLU; no cache). Tied input/output embedding by default, as in Llama-3.2-1B: the first and the
     last stage of a pipeline both own it, and the runtime combines their gradients
-    (:mod:`workbench.runtime.tied`)."""
+    (:mod:`workbench.runtime.executors.tied`)."""
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:

@@ -18,7 +18,7 @@ block two zoo layers:
   backward ``g (1 - y^2)`` sleeps ``bwd_input_ms``.
 
 The gradients are exact and the model trains (cross-entropy on the ``synthetic`` Gaussian mixture,
-``in_features = num_classes``). The runtime (:mod:`workbench.runtime.worker`) charges per block:
+``in_features = num_classes``). The runtime (:mod:`workbench.runtime.executors.pipeline`) charges per block:
 
 * ``F`` = ``fwd_ms``; a full backward ``B`` = ``bwd_input_ms + bwd_weight_ms`` (the tanh's backward
   lies on the way to ``w``, ``b``);
@@ -29,7 +29,7 @@ The gradients are exact and the model trains (cross-entropy on the ``synthetic``
   its ``BW`` runs the whole backward: ``BI ~ 0``, ``BW = bwd_input_ms + bwd_weight_ms``.
 
 Without a plan the runtime splits the layers into stages of equal layer count
-(:func:`workbench.runtime.stages.even_bounds`), so ``depth`` = the schedule's number of stages
+(:func:`workbench.runtime.semantics.stages.even_bounds`), so ``depth`` = the schedule's number of stages
 (``2 x workers`` for the interleaved and V schedules) gives every stage one block.
 """
 

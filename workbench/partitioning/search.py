@@ -64,7 +64,7 @@ def partition(profile: Profile, topology: Topology, options: PartitionOptions | 
     :func:`refine_candidates`); the fastest that fits ``memory_bytes`` is kept, its steady state is
     ``simulated_ms``, its own DP value ``bottleneck_ms``, and ``meta["candidates"]`` lists them all.
     ``latency_ms`` (per message, one number or one per level) and ``op_overhead_ms`` (per op) are
-    the calibrated fixed costs of :mod:`workbench.runtime.machine`. ``recompute``: the memory limit and
+    the calibrated fixed costs of :mod:`workbench.runtime.calibration.machine`. ``recompute``: the memory limit and
     ``stage_memory_bytes`` assume activation re-materialization (module docstring, Memory).
 
     ``cost="pipedream"``: PipeDream's own optimizer and formulas instead

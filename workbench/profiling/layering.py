@@ -176,7 +176,7 @@ def _graph_from_state(state: tuple) -> fx.GraphModule:
 class GraphModel(LayerModel):
     """A traced user model (see the module docstring). ``tied`` lists the parameters held by more
     than one layer: ``(names in the original model, layer indices)``; where they fall into several
-    stages the runtime combines their gradients at every update (:mod:`workbench.runtime.tied`). ``loss_fn(output, target)``,
+    stages the runtime combines their gradients at every update (:mod:`workbench.runtime.executors.tied`). ``loss_fn(output, target)``,
     when given, replaces the task's cross-entropy."""
 
     tied: list = field(default_factory=list)

@@ -50,7 +50,7 @@ the one :class:`~workbench.cost.model.CostModel` (which the partitioner's plans 
   ``m`` ops of ``1/m`` the size; override with ``microbatch_fraction=``. Without a plan the
   stages are :meth:`Plan.even <workbench.cost.plan.Plan.even>` (the runtime's default split too);
 * split backward: ``BI``/``BW`` from the profile's ``bwd_input_ms``/``bwd_weight_ms`` columns when
-  it has them (measured: :func:`workbench.runtime.machine.stage_profile`), else ``bwd_ms / 2`` each;
+  it has them (measured: :func:`workbench.runtime.calibration.machine.stage_profile`), else ``bwd_ms / 2`` each;
 * transfer across the cut after stage ``s`` between workers ``a != b``:
   ``f · act_bytes[last layer of s] / bandwidth_between(a, b)``;
 * all-reduce of stage ``s`` over its ``r`` replicas (ring): ``2 (r - 1) / r · P_s / B_min``
@@ -78,7 +78,7 @@ Time per minibatch (``SimResult.time_per_minibatch_ms``): the steady-state compl
 microbatches (:func:`steady_state`, warm-up and drain excluded) divided by ``f``, so that every
 schedule reports ms per *profile minibatch* (:mod:`workbench.cost.model` defines it once).
 
-Fixed costs (both default 0, calibrated by :mod:`workbench.runtime.machine`; ``latency_ms`` may be one
+Fixed costs (both default 0, calibrated by :mod:`workbench.runtime.calibration.machine`; ``latency_ms`` may be one
 number per topology level):
 
 * ``latency_ms`` (``α``) is added to every point-to-point message between different workers

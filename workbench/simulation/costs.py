@@ -264,7 +264,7 @@ def tied_allreduce_ms(cm: CostModel, tied, ranges, schedule: Schedule) -> list[f
     """Per stage, the ms its STEP spends combining the gradients of weights tied across stages
     (``tied``: ``[(layer indices, bytes)]``, a Profile's ``meta["tied"]``): every owning stage's STEP
     is charged :meth:`CostModel.allreduce_ms` of the weight's bytes over the owners' workers (first
-    replica of each; 0 when they share one worker), as :mod:`workbench.runtime.tied` runs it. The
+    replica of each; 0 when they share one worker), as :mod:`workbench.runtime.executors.tied` runs it. The
     owners' STEPs are charged, not synchronised with each other."""
     out = [0.0] * len(ranges)
     for layers, nbytes in tied:

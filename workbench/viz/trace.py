@@ -13,7 +13,7 @@ Layout (Trace Event Format, times in µs = the timeline's ms x 1000):
   dataflow edge that crosses workers: the activation of ``F(s, b)`` into ``F(s + 1, b)`` and the
   gradient of ``B/BI(s + 1, b)`` into ``B/BI(s, b)``; it leaves where the send starts (measured: at
   ``send_at``; modeled: at the op's end) and lands at the consumer's start. Measured ranks on
-  one host share one clock (:func:`workbench.runtime.rank._shared_t0`), so no arrow runs backwards;
+  one host share one clock (:func:`workbench.runtime.launch.rank._shared_t0`), so no arrow runs backwards;
 * two counters per worker (``ph: "C"``), each by the same rule for both timelines, so a modeled and
   a measured trace of a schedule can be compared: ``stashed microbatches``, ``+1`` when a forward
   ends, ``-1`` when the op that releases its stash ends (``B``, or ``BW`` when the backward is

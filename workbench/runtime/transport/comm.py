@@ -6,10 +6,10 @@ Message ``(kind, boundary, g)``: ``kind`` 0 = activation leaving stage ``boundar
 tag ``((g * S + boundary) * 2 + kind) * 8 + i`` so receives can be posted in any order, well before
 the op that consumes them (see :class:`P2P` for how many), so communication overlaps compute. Transfers between two ops of the same rank use a local mailbox.
 Every wait has a timeout. Each message travels on the communicator
-:func:`~workbench.runtime.comm_plan.p2p_channel` names (a process group per kind and ordered pair
+:func:`~workbench.runtime.transport.comm_plan.p2p_channel` names (a process group per kind and ordered pair
 of ranks), so on each of them messages go one way only. ``one_tag``: every message carries tag 0, so
 gloo matches by order alone, as NCCL does (which ignores tags); the order is the plan's
-(:mod:`workbench.runtime.comm_plan`, whose check proves it consistent for every schedule).
+(:mod:`workbench.runtime.transport.comm_plan`, whose check proves it consistent for every schedule).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from workbench.runtime.comm_plan import group_of, p2p_channel
-from workbench.runtime.stages import spec_bytes
+from workbench.runtime.semantics.stages import spec_bytes
+from workbench.runtime.transport.comm_plan import group_of, p2p_channel
 
 MAX_TENSORS = 8
 
@@ -51,7 +51,7 @@ class P2P:
     ``0``: each receive is posted only when its op needs it, which keeps the in-order semantics
     deadlock free.
 
-    ``groups``: communicator name (:func:`~workbench.runtime.comm_plan.p2p_channel`) -> process group
+    ``groups``: communicator name (:func:`~workbench.runtime.transport.comm_plan.p2p_channel`) -> process group
     (a missing name: the default group). ``one_tag``: every message with tag 0 (module docstring).
 
     ``send_thread``: hand the ``isend``s to a sender thread (:class:`_Sender`) instead of posting
@@ -250,7 +250,7 @@ class _Sender:
 
 
 class ShmP2P(P2P):
-    """:class:`P2P` over :mod:`workbench.runtime.shm` channels instead of gloo (same interface; the
+    """:class:`P2P` over :mod:`workbench.runtime.transport.shm` channels instead of gloo (same interface; the
     local mailbox is P2P's; no sender thread: a send copies into the peer's slot, or, while that
     slot still holds an unread message, is held back and written at this rank's next send, while it
     waits for a receive, or at the epoch end's :meth:`flush`); a receive polls its slot. Message
@@ -337,7 +337,7 @@ class ShmP2P(P2P):
 
     def unlink(self) -> None:
         """Remove the files of this rank's inbound channels; call once every peer has mapped them
-        (the mappings stay valid: :mod:`workbench.runtime.shm`)."""
+        (the mappings stay valid: :mod:`workbench.runtime.transport.shm`)."""
         for ch in self.inbound.values():
             ch.path.unlink(missing_ok=True)
 

@@ -13,7 +13,7 @@ gradient of ``B(s, b)`` is the VJP at ``(x_s^(F version), W_s^(newest))``, weigh
 ``b`` never used, so the update is not the gradient of any single set of weights (the tests show
 the trajectory departs from the stashed one). ``BI``/``BW`` (zero bubble) split the VJP: input gradient
 first with ``retain_graph``, weight gradient later from the same graph; where the stage can be split
-into its layers (:func:`~workbench.runtime.stages.run_stage_layers`), ``BI`` keeps the cotangent of
+into its layers (:func:`~workbench.runtime.semantics.stages.run_stage_layers`), ``BI`` keeps the cotangent of
 every layer's output and ``BW`` differentiates each layer from its own outputs, so the activation
 gradients are not computed twice.
 
@@ -27,18 +27,18 @@ stage's replicas in their own process group; ``STEP`` creates ``W^(t+1) = W^(t) 
 ``g_t = buffer / n`` (``n`` the number of microbatches the update covers: a mean over the minibatch)
 and ``d_t = g_t``, or with momentum ``mu`` the heavy-ball direction ``d_t = mu * d_(t-1) + g_t``
 (``d_(-1) = 0``, as :class:`torch.optim.SGD` without dampening). A weight tied across stages
-(:mod:`.tied`) has one copy per owning stage; before ``STEP`` the owners' buffers of it are summed
+(:mod:`~workbench.runtime.executors.tied`) has one copy per owning stage; before ``STEP`` the owners' buffers of it are summed
 (an all-reduce among the owners' ranks), so every copy takes the same update.
 
 Remote weights (master family: FSDP, FSLPP, any ``from_placement`` placement). An op whose
 ``weights_worker`` is another rank evaluates the stage with a copy of the owner's version fetched for
 that (stage, microbatch); its weight gradient, if this rank holds no replica of the stage, is summed
-and pushed to the owner, which adds it to the update buffer before the AR/STEP (see :mod:`.fetch`).
+and pushed to the owner, which adds it to the update buffer before the AR/STEP (see :mod:`~workbench.runtime.executors.fetch`).
 Such a rank keeps no weights of the stage (``StageState.held`` is False) and checkpoints none.
 
 Executors: :class:`PipelineExecutor` here (every pipeline schedule, replicated stages included);
-:class:`~workbench.runtime.ddp.DDPExecutor` (``dp-bsp`` through DistributedDataParallel) and
-:class:`~workbench.runtime.hogwild.HogwildExecutor` (``async`` rule, lock-free shared memory).
+:class:`~workbench.runtime.executors.ddp.DDPExecutor` (``dp-bsp`` through DistributedDataParallel) and
+:class:`~workbench.runtime.executors.hogwild.HogwildExecutor` (``async`` rule, lock-free shared memory).
 An executor offers ``receive_plan(rounds)``, ``run_round(k, R, data, timeline, metrics)`` (one with a
 ``comm`` transport also ``begin_epoch(rounds)``),
 ``weights()``, ``optimizer_state()``, ``load_optimizer_state(state)`` and ``memory()``.
@@ -55,13 +55,12 @@ import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
-from workbench.runtime import opclock, shm
-from workbench.runtime.comm import P2P, ShmP2P
-from workbench.runtime.comm_plan import ACT, GRAD, RankComm, group_of, p2p_channel
-from workbench.runtime.fetch import RemoteWeights, has_remote, is_remote
-from workbench.runtime.record import OpRecord
-from workbench.runtime.reference import updates_per_round
-from workbench.runtime.stages import (
+from workbench.runtime.executors import opclock
+from workbench.runtime.executors.fetch import RemoteWeights, has_remote, is_remote
+from workbench.runtime.executors.record import OpRecord
+from workbench.runtime.executors.tied import TiedGradients, tied_weights
+from workbench.runtime.semantics.reference import updates_per_round
+from workbench.runtime.semantics.stages import (
     as_leaves,
     as_tuple,
     from_tuple,
@@ -76,7 +75,9 @@ from workbench.runtime.stages import (
     stage_roots,
     vjp,
 )
-from workbench.runtime.tied import TiedGradients, tied_weights
+from workbench.runtime.transport import shm
+from workbench.runtime.transport.comm import P2P, ShmP2P
+from workbench.runtime.transport.comm_plan import ACT, GRAD, RankComm, group_of, p2p_channel
 from workbench.schedules.core import Schedule
 
 
@@ -182,7 +183,7 @@ class PipelineExecutor:
         if schedule.num_segments > 1:
             raise ValueError(
                 f"{schedule.name} cuts sequences into segments; this executor runs whole microbatches: "
-                f"use workbench.runtime.segment_executor.SegmentExecutor (train() picks it)"
+                f"use workbench.runtime.executors.segment_executor.SegmentExecutor (train() picks it)"
             )
         self.rank, self.S, self.M = ctx.rank, schedule.num_stages, schedule.microbatches
         self.prog = RankProgram(schedule, self.rank)
@@ -280,7 +281,7 @@ class PipelineExecutor:
     # ---- per epoch ----------------------------------------------------------------------
     def receive_plan(self, rounds: list[int], rank: int | None = None) -> list:
         """Receives of ``rank`` (default this one) to post, in op order, from the schedule's one
-        derivation of dataflow edges (:class:`~workbench.runtime.comm_plan.RankComm`): an activation
+        derivation of dataflow edges (:class:`~workbench.runtime.transport.comm_plan.RankComm`): an activation
         of stage s-1 for F(s, b), the gradient of stage s+1 for B/BI(s, b)."""
         plan = []
         rank = self.rank if rank is None else rank
@@ -346,7 +347,7 @@ class PipelineExecutor:
 
     def _run(self, ps: _Pass, timeline: list) -> None:
         """One pass of ``ps.prog``'s op list (:class:`_Pass`): each op receives what it needs,
-        computes or updates, and leaves one :class:`~workbench.runtime.record.OpRecord`."""
+        computes or updates, and leaves one :class:`~workbench.runtime.executors.record.OpRecord`."""
         off = {s: ps.R * self.prog.per_round[s] for s in self.state}
         t0, clock = self.ctx.t0, self.clock
         if clock is not None:

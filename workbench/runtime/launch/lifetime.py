@@ -28,8 +28,8 @@ group teardown can keep it waiting on a peer that is gone.
 
 Nothing a stopped rank leaves behind is needed: checkpoints are written to temporary names and
 renamed, and a checkpoint counts only once rank 0 marked it ``COMPLETE``
-(:func:`~workbench.runtime.outputs.latest_checkpoint`); channel files are unlinked by the ranks as
-soon as all of them have mapped them (:meth:`~workbench.runtime.comm.ShmP2P.unlink`).
+(:func:`~workbench.runtime.launch.outputs.latest_checkpoint`); channel files are unlinked by the ranks as
+soon as all of them have mapped them (:meth:`~workbench.runtime.transport.comm.ShmP2P.unlink`).
 """
 
 from __future__ import annotations

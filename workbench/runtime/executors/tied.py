@@ -36,7 +36,7 @@ from typing import cast
 
 import torch
 
-from workbench.runtime.stages import stage_module
+from workbench.runtime.semantics.stages import stage_module
 from workbench.schedules.core import Schedule
 
 

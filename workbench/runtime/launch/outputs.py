@@ -38,9 +38,9 @@ from pathlib import Path
 import torch
 
 from workbench.io.cards import card, one_line
-from workbench.runtime.job import Job
-from workbench.runtime.record import RECORD_COLUMNS, OpRecord
-from workbench.runtime.reference import updates_per_round
+from workbench.runtime.executors.record import RECORD_COLUMNS, OpRecord
+from workbench.runtime.launch.job import Job
+from workbench.runtime.semantics.reference import updates_per_round
 
 TIMELINE_COLUMNS = RECORD_COLUMNS + ["step"]  # step: a copy of round (workbench.io.timeline)
 METRIC_COLUMNS = [

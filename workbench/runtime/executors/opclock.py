@@ -27,7 +27,7 @@ microbatch's host-to-device copy is one of the op's kernels, so it is in its com
 has passed it, so a receive never completes before it). One synchronization per
 pass, where a flush schedule drains anyway; a stream synchronizes at the epoch end only.
 
-The pipeline executor (:mod:`.worker`) and DDP's (:mod:`.ddp`: an op there receives nothing, and
+The pipeline executor (:mod:`~workbench.runtime.executors.pipeline`) and DDP's (:mod:`~workbench.runtime.executors.ddp`: an op there receives nothing, and
 DistributedDataParallel's all-reduces run on NCCL's stream beside the backward) time their ops this
 way on a GPU; the Hogwild executor runs on CPU processes only.
 
@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from workbench.runtime.record import OpRecord
+from workbench.runtime.executors.record import OpRecord
 
 
 class HostEvent:

@@ -4,13 +4,13 @@ A schedule with ``segment_tokens = (n_1, ..., n_k)`` (the ``seq1f1b`` family) ru
 units (microbatch b, segment j): tokens ``N_(j-1) .. N_j - 1`` of the microbatch's sequences. The
 model is the zoo's causal transformer, whose layers :func:`~workbench.models.segmented.segment_layers`
 run on segments (earlier segments' keys and values as leaves; the gradient algebra is
-:mod:`workbench.runtime.segments`'). Each stage holds its own copy of its layers (a weight tied
-across stages is one copy per owner, combined at every update as in :mod:`.tied`).
+:mod:`workbench.runtime.executors.segments`'). Each stage holds its own copy of its layers (a weight tied
+across stages is one copy per owner, combined at every update as in :mod:`~workbench.runtime.executors.tied`).
 
-Loss and update, the same as the layer runtime's (:mod:`.worker`): a unit's loss is its tokens'
+Loss and update, the same as the layer runtime's (:mod:`~workbench.runtime.executors.pipeline`): a unit's loss is its tokens'
 summed cross entropy over the microbatch's tokens (``batch · seq_len``), so the units of a
 microbatch add up to ``model.loss`` of the whole microbatch; ``STEP`` applies
-:func:`~workbench.runtime.stages.sgd_step` to the sum over the update's ``n`` microbatches
+:func:`~workbench.runtime.semantics.stages.sgd_step` to the sum over the update's ``n`` microbatches
 (``W - lr · sum / n``, or heavy ball). The seq1f1b family is synchronous (a flush per update), so
 every op of update t reads version t and a stage keeps one version, updated in place.
 
@@ -27,12 +27,12 @@ import torch
 from torch import nn
 
 from workbench.models.segmented import flop_model, segment_layers
-from workbench.runtime.comm_plan import ACT, GRAD, RankComm
-from workbench.runtime.record import OpRecord
-from workbench.runtime.reference import updates_per_round
-from workbench.runtime.segments import Mailbox, SegmentStage
-from workbench.runtime.stages import sgd_step, stage_lrs, stage_module
-from workbench.runtime.tied import TiedGradients, tied_weights
+from workbench.runtime.executors.record import OpRecord
+from workbench.runtime.executors.segments import Mailbox, SegmentStage
+from workbench.runtime.executors.tied import TiedGradients, tied_weights
+from workbench.runtime.semantics.reference import updates_per_round
+from workbench.runtime.semantics.stages import sgd_step, stage_lrs, stage_module
+from workbench.runtime.transport.comm_plan import ACT, GRAD, RankComm
 from workbench.schedules.core import Schedule
 
 
@@ -70,7 +70,7 @@ def sequence_options(options: dict, known, model) -> dict:
 
 class SegmentExecutor:
     """Executes a rank's op list of a segmented schedule (module docstring); the executor interface of
-    :mod:`.worker` (``run_round``, ``weights``, ``optimizer_state``, ``memory`` ...)."""
+    :mod:`~workbench.runtime.executors.pipeline` (``run_round``, ``weights``, ``optimizer_state``, ``memory`` ...)."""
 
     def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], *, groups: dict):
         self.ctx, self.schedule, self.model, self.rank = ctx, schedule, model, ctx.rank

@@ -1,6 +1,6 @@
 """Launch real training: one process per worker (``torch.multiprocessing.spawn``) or join a
 ``torchrun`` rendezvous (``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` set), then every rank runs
-:func:`workbench.runtime.rank.worker_main`. Outputs are described in :mod:`workbench.runtime.outputs`;
+:func:`workbench.runtime.launch.rank.worker_main`. Outputs are described in :mod:`workbench.runtime.launch.outputs`;
 a folder holding a finished run is never overwritten.
 """
 
@@ -22,8 +22,10 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 
-from workbench.runtime.fetch import check_remote
-from workbench.runtime.job import (
+from workbench.runtime.executors.fetch import check_remote
+from workbench.runtime.executors.segment_executor import check_segments, sequence_options
+from workbench.runtime.executors.tied import check_tied, defer_steps, tied_weights
+from workbench.runtime.launch.job import (
     Job,
     as_dataset,
     as_layer_model,
@@ -33,22 +35,13 @@ from workbench.runtime.job import (
     load_object,
     user_dataset,
 )
-from workbench.runtime.jobspec import STAGE_LR_RULES, TRAIN_TRANSPORTS, JobSpec, OptimSpec, PipelineSpec, RunSpec
-from workbench.runtime.lifetime import JobStopped, RankFailed, run_rank, spawn
-from workbench.runtime.outputs import RunResult, latest_checkpoint, load_stage
-from workbench.runtime.ports import free_port
-from workbench.runtime.rank import worker_main
-from workbench.runtime.reference import updates_per_round
-from workbench.runtime.segment_executor import check_segments, sequence_options
-from workbench.runtime.shm import (
-    auto_transport,
-    check_transport,
-    remove_channels,
-    remove_stale_channels,
-    ring_channels,
-)
-from workbench.runtime.shm import new_token as new_shm_token
-from workbench.runtime.stages import (
+from workbench.runtime.launch.jobspec import STAGE_LR_RULES, TRAIN_TRANSPORTS, JobSpec, OptimSpec, PipelineSpec, RunSpec
+from workbench.runtime.launch.lifetime import JobStopped, RankFailed, run_rank, spawn
+from workbench.runtime.launch.outputs import RunResult, latest_checkpoint, load_stage
+from workbench.runtime.launch.ports import free_port
+from workbench.runtime.launch.rank import worker_main
+from workbench.runtime.semantics.reference import updates_per_round
+from workbench.runtime.semantics.stages import (
     Bounds,
     DataOrder,
     as_tuple,
@@ -58,7 +51,14 @@ from workbench.runtime.stages import (
     stage_module,
     stage_params,
 )
-from workbench.runtime.tied import check_tied, defer_steps, tied_weights
+from workbench.runtime.transport.shm import (
+    auto_transport,
+    check_transport,
+    remove_channels,
+    remove_stale_channels,
+    ring_channels,
+)
+from workbench.runtime.transport.shm import new_token as new_shm_token
 from workbench.schedules import REGISTRY, build_for_workers, executor_of, spec, worker_options
 from workbench.schedules.core import Schedule, validate
 
@@ -85,7 +85,7 @@ def schedule_for_workers(name: str, workers: int, plan, microbatches: int, optio
 
 def prepare(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, **keywords) -> Job:
     """Validate the arguments of :func:`train` and build the picklable :class:`Job`: the keywords
-    are those of :class:`~workbench.runtime.jobspec.JobSpec`'s groups (any other is a ``TypeError``); :func:`build_job` does the work."""
+    are those of :class:`~workbench.runtime.launch.jobspec.JobSpec`'s groups (any other is a ``TypeError``); :func:`build_job` does the work."""
     return build_job(JobSpec.from_keywords(model, schedule, workers, microbatches, **keywords))
 
 
@@ -544,7 +544,7 @@ def _read_summary(out: Path, job: Job) -> dict:
 
 def train(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int = 4, **keywords) -> dict:
     """Train ``model`` with ``schedule`` on ``workers`` processes; returns the run summary
-    (:class:`~workbench.runtime.outputs.RunResult`, a dict with a Jupyter card).
+    (:class:`~workbench.runtime.launch.outputs.RunResult`, a dict with a Jupyter card).
 
     ``model``: a zoo name; or your own model: an ``nn.Module``, a factory returning one (called under
     ``torch.manual_seed(seed)``), ``"package.module:function"``, or a LayerModel such as
@@ -559,16 +559,16 @@ def train(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int
     one minibatch of ``batch_size`` samples split into ``microbatches`` microbatches of
     ``batch_size / microbatches`` samples: one pass of the schedule, whatever the schedule (the
     number of optimizer updates in a pass is the schedule's rule: ``updates_per_step`` in the
-    summary; words and units: :mod:`workbench.runtime.outputs`).
+    summary; words and units: :mod:`workbench.runtime.launch.outputs`).
     ``steps`` (total minibatches) overrides ``epochs``. The keywords are the fields of
-    :class:`~workbench.runtime.jobspec.JobSpec`'s groups (model, pipeline, optimizer, run); any other
+    :class:`~workbench.runtime.launch.jobspec.JobSpec`'s groups (model, pipeline, optimizer, run); any other
     is a ``TypeError`` naming the closest. Other options: ``allow_oversubscribe``, ``threads`` (per worker), ``progress``, ``return_weights`` (final weights per stage in the
     summary), ``dtype`` (e.g. ``"float64"``), ``schedule_options`` (e.g. ``{"weights": "vertical-sync"}``),
     ``dataset_options``, ``lookahead`` (receives posted ahead), ``momentum`` (SGD heavy ball, default 0),
     ``evaluate`` (test loss/accuracy at each epoch end, default True), ``transport`` (``"gloo"``, or
     ``"shm"``: activations and gradients through shared memory between CPU ranks of this machine,
-    :mod:`workbench.runtime.shm`; default ``"auto"``: shm where it runs and pays, CPU ranks spawned
-    here with a core each and a pipeline schedule, else gloo: :func:`~workbench.runtime.shm.auto_transport`),
+    :mod:`workbench.runtime.transport.shm`; default ``"auto"``: shm where it runs and pays, CPU ranks spawned
+    here with a core each and a pipeline schedule, else gloo: :func:`~workbench.runtime.transport.shm.auto_transport`),
     ``stream`` (schedules without a flush: pipedream, pipedream-2bw,
     model-parallel; an epoch's minibatches flow through the pipeline as one stream of microbatches,
     drained at the epoch end only, instead of a fill and a drain per minibatch: the weight rule is
@@ -577,9 +577,9 @@ def train(model="mlp", schedule="pipedream", workers: int = 2, microbatches: int
     rendezvous port; default: a free one; unused under torchrun, whose rendezvous the ranks join).
 
     A stop signal (SIGINT, SIGTERM, SIGHUP) or a rank's death stops every rank and raises
-    :class:`~workbench.runtime.lifetime.JobStopped` / :class:`~workbench.runtime.lifetime.RankFailed`,
+    :class:`~workbench.runtime.launch.lifetime.JobStopped` / :class:`~workbench.runtime.launch.lifetime.RankFailed`,
     whose one-line message names the cause and the last complete checkpoint (``resume=True``
-    continues from it): :mod:`workbench.runtime.lifetime`.
+    continues from it): :mod:`workbench.runtime.launch.lifetime`.
     """
     _check_not_bootstrapping()
     port = keywords.get("port")

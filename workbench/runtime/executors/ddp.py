@@ -10,11 +10,19 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from workbench.runtime import opclock
-from workbench.runtime.record import timed
-from workbench.runtime.stages import MomentumState, as_leaves, as_tuple, float_indices, from_tuple, nbytes, stage_module
-from workbench.runtime.tied import tied_weights
-from workbench.runtime.worker import RankProgram
+from workbench.runtime.executors import opclock
+from workbench.runtime.executors.pipeline import RankProgram
+from workbench.runtime.executors.record import timed
+from workbench.runtime.executors.tied import tied_weights
+from workbench.runtime.semantics.stages import (
+    MomentumState,
+    as_leaves,
+    as_tuple,
+    float_indices,
+    from_tuple,
+    nbytes,
+    stage_module,
+)
 from workbench.schedules.core import Schedule
 
 # DDP all-reduces the gradients in buckets: the first (the last layers' gradients, ready first) of

@@ -1,7 +1,7 @@
 """One row of the measured timeline: :class:`OpRecord`, what an executor records about each op it ran.
 
 A ``NamedTuple``: a tuple (cheap to build per op and to gather to rank 0 by pickling; positional
-readers keep working) whose fields are the columns of ``timeline.csv`` (:mod:`.outputs`).
+readers keep working) whose fields are the columns of ``timeline.csv`` (:mod:`~workbench.runtime.launch.outputs`).
 """
 
 from __future__ import annotations

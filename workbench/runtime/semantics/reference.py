@@ -15,9 +15,9 @@ Update ``t`` of stage ``s`` applies the mean of the contributions of the microba
 
     W_s^(t+1) = W_s^(t) - lr_s * d_s^(t),   d_s^(t) = mean_{b in step t} g_s(b) + mu * d_s^(t-1)
 
-(``mu = 0``: plain SGD; ``d^(-1) = 0``; ``lr_s`` of :func:`~workbench.runtime.stages.stage_lrs`:
+(``mu = 0``: plain SGD; ``d^(-1) = 0``; ``lr_s`` of :func:`~workbench.runtime.semantics.stages.stage_lrs`:
 ``lr``, or with ``stage_lr="replicas"`` ``lr`` times the stage's replicas over the first stage's).
-A weight tied across stages (:mod:`.tied`) is one parameter: its ``g`` is the sum over its owning stages of their mean contributions to update ``t``.
+A weight tied across stages (:mod:`~workbench.runtime.executors.tied`) is one parameter: its ``g`` is the sum over its owning stages of their mean contributions to update ``t``.
 
 With the versions of the sync rules this is minibatch SGD; with PipeDream's stash versions it is
 ``W(t+1) = W(t) - lr grad f(w_1^(t-n+1), ..., w_n^(t))``; 2BW and vertical sync follow from theirs.
@@ -33,7 +33,8 @@ from collections.abc import Callable
 
 import torch
 
-from workbench.runtime.stages import (
+from workbench.runtime.executors.tied import check_tied, tied_weights
+from workbench.runtime.semantics.stages import (
     DataOrder,
     as_leaves,
     microbatch,
@@ -43,17 +44,12 @@ from workbench.runtime.stages import (
     stage_params,
     vjp,
 )
-from workbench.runtime.tied import check_tied, tied_weights
 from workbench.schedules.core import Schedule
 
 
 def updates_per_round(schedule: Schedule) -> list[int]:
-    """Number of optimizer steps of each stage in one pass of the schedule (first replica's count)."""
-    out = []
-    for s in range(schedule.num_stages):
-        w = schedule.stage_workers[s][0]
-        out.append(sum(1 for op in schedule.ops[w] if op.kind == "STEP" and op.stage == s))
-    return out
+    """:attr:`Schedule.updates_per_round <workbench.schedules.core.Schedule.updates_per_round>` as a list."""
+    return list(schedule.updates_per_round)
 
 
 def versions_of(schedule: Schedule) -> dict[tuple[str, int, int], int]:
@@ -88,7 +84,7 @@ def reference_train(
 
     ``bounds[s] = (first, last)`` layers of stage ``s``; ``init`` optional starting weights per stage;
     SGD with learning rate ``lr`` (a replicated stage's by ``stage_lr``) and heavy-ball
-    ``momentum``; the data order is :class:`~workbench.runtime.stages.DataOrder`'s (``batch_size``, ``seed``); ``dtype`` of the inputs.
+    ``momentum``; the data order is :class:`~workbench.runtime.semantics.stages.DataOrder`'s (``batch_size``, ``seed``); ``dtype`` of the inputs.
     """
     if schedule.update == "async":
         raise ValueError("the 'async' rule (dp-asp) has no deterministic reference: staleness depends on timing")

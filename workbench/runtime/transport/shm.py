@@ -4,7 +4,7 @@
 Why: with gloo, every activation and gradient crosses the kernel's TCP loopback (a copy into the
 socket, another out of it, gloo's I/O thread and the runtime's sender thread on the rank's own core);
 on the 2-core benchmark machine a message took 0.04 to 0.17 ms of the receiving and the sending core
-and 0.3 to 0.7 ms one way while both cores compute (``workbench.runtime.machine.measure_link(busy=True)``).
+and 0.3 to 0.7 ms one way while both cores compute (``workbench.runtime.calibration.machine.measure_link(busy=True)``).
 Here a message is one ``memcpy`` into a slot of a file in ``/dev/shm`` that both ranks map, and a
 flag store; the receiver polls the flag and copies the slot out.
 
@@ -15,7 +15,7 @@ derive from the schedule) goes to slot ``q mod slots``, which is free once messa
 has been consumed (``acks[slot] >= q - slots + 1``); the sender writes the payload, then
 ``flags[slot] = q + 1``; the receiver waits for ``flags[slot] == q + 1``, copies the payload out
 and sets ``acks[slot] = q + 1``. A sender never waits for a slot:
-:class:`~workbench.runtime.comm.ShmP2P` holds a message back until its slot is free and writes it
+:class:`~workbench.runtime.transport.comm.ShmP2P` holds a message back until its slot is free and writes it
 at its next send, or while it waits for a receive, or at the epoch end. That cannot deadlock:
 a rank waiting for message ``q`` has consumed every earlier message of that channel, so ``q``'s
 slot is free and its sender, waiting or computing, writes it at its next chance; its sender only
@@ -44,8 +44,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from workbench.runtime.jobspec import TRANSPORTS
-from workbench.runtime.stages import spec_bytes
+from workbench.runtime.launch.jobspec import TRANSPORTS
+from workbench.runtime.semantics.stages import spec_bytes
 
 SHM_DIR = Path("/dev/shm")
 ALIGN = 64
@@ -241,7 +241,7 @@ def channel_sizes(plans: dict[int, list], budget: int | None = CHANNEL_BYTES) ->
     channel ``(src, dst)``: (slots, largest message in bytes). Slots: one per message of the epoch,
     at most ``max(MIN_SLOTS, budget // largest message)`` (or the environment's ``WORKBENCH_SHM_SLOTS``):
     a ring, reused within the epoch (a sender never waits for a slot:
-    :class:`~workbench.runtime.comm.ShmP2P` holds the message back). ``budget=None``: one slot per
+    :class:`~workbench.runtime.transport.comm.ShmP2P` holds the message back). ``budget=None``: one slot per
     message, nothing is ever held back (for schedules whose ranks also block in gloo within an
     epoch, all-reduces or weight fetches, where no held message would be written meanwhile)."""
     out: dict[tuple[int, int], tuple[int, int]] = {}

@@ -1,5 +1,5 @@
 """What the user asks of a training run, before it is checked: :class:`JobSpec`, four frozen groups of
-the keywords of :func:`~workbench.runtime.launch.train` / :func:`~workbench.runtime.launch.prepare`.
+the keywords of :func:`~workbench.runtime.launch.driver.train` / :func:`~workbench.runtime.launch.driver.prepare`.
 
 * :class:`ModelSpec`: what is trained, on which data (a zoo name or a user's model, data set, dtype);
 * :class:`PipelineSpec`: how it is parallelised (schedule, workers, microbatches, plan, stream);
@@ -12,8 +12,8 @@ These fields are the one declaration of the run options: a keyword's name is its
 the keywords a caller may pass are these fields (any other is a ``TypeError`` naming the closest;
 a zoo model's options go in ``model_options``), and ``workbench train``'s flags are built from the
 fields' metadata (:func:`cli_fields`; a field without ``cli`` metadata is an API-only keyword). To add
-a run option, add a field with :func:`option` to its group. :func:`workbench.runtime.launch.build_job`
-turns a spec into the picklable, checked :class:`~workbench.runtime.job.Job` the ranks receive, which
+a run option, add a field with :func:`option` to its group. :func:`workbench.runtime.launch.driver.build_job`
+turns a spec into the picklable, checked :class:`~workbench.runtime.launch.job.Job` the ranks receive, which
 holds the checked groups.
 """
 
@@ -28,9 +28,12 @@ from workbench.io.keywords import check_keywords
 DEFAULT_LR = 0.05
 
 
-TRANSPORTS = ("gloo", "shm")  # how activations and gradients travel between ranks (workbench.runtime.shm)
+TRANSPORTS = ("gloo", "shm")  # how activations and gradients travel between ranks (workbench.runtime.transport.shm)
 TRAIN_TRANSPORTS = ("auto",) + TRANSPORTS  # train(): "auto" picks shm where it can run, else gloo (auto_transport)
-STAGE_LR_RULES = ("same", "replicas")  # a replicated stage's learning rate (workbench.runtime.stages.stage_lrs)
+STAGE_LR_RULES = (
+    "same",
+    "replicas",
+)  # a replicated stage's learning rate (workbench.runtime.semantics.stages.stage_lrs)
 
 
 def _train_transports() -> tuple[str, ...]:
@@ -104,7 +107,7 @@ class PipelineSpec:
 @dataclass(frozen=True)
 class OptimSpec:
     """SGD ``W <- W - lr * d``, ``d <- momentum * d + g`` over minibatches of ``batch_size`` samples
-    (a replicated stage's ``lr`` by ``stage_lr``: :func:`~workbench.runtime.stages.stage_lrs`),
+    (a replicated stage's ``lr`` by ``stage_lr``: :func:`~workbench.runtime.semantics.stages.stage_lrs`),
     for ``steps`` minibatches (else ``epochs`` epochs); ``seed`` fixes the data order (and the model's
     initial weights unless ``model_seed``); ``evaluate``: test loss/accuracy at each epoch end."""
 
@@ -126,7 +129,7 @@ class OptimSpec:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """Where and how the ranks run (``None``: chosen by :func:`~workbench.runtime.launch.build_job`)."""
+    """Where and how the ranks run (``None``: chosen by :func:`~workbench.runtime.launch.driver.build_job`)."""
 
     out: Any = option(None, "run folder (default: results/train/<model>-<schedule>-w<N>-<time>)", type=str)
     device: str | None = option(None, "cpu or cuda (default: cuda when every rank gets its own GPU)")

@@ -51,11 +51,12 @@ from workbench.cost.model import CostModel
 from workbench.cost.plan import Plan
 from workbench.cost.topology import Topology
 from workbench.profiling.measure import Profile, _detach, _layers_and_input, profile
-from workbench.runtime import shm, stages
-from workbench.runtime.affinity import place_rank
-from workbench.runtime.comm import _Sender, uses_send_thread
-from workbench.runtime.lifetime import spawn
-from workbench.runtime.ports import free_port
+from workbench.runtime.launch.affinity import place_rank
+from workbench.runtime.launch.lifetime import spawn
+from workbench.runtime.launch.ports import free_port
+from workbench.runtime.semantics import stages
+from workbench.runtime.transport import shm
+from workbench.runtime.transport.comm import _Sender, uses_send_thread
 from workbench.schedules.core import Op, Schedule
 from workbench.simulation import simulate
 
@@ -216,7 +217,7 @@ def _ping_pong(rank: int, port: int, t: _Timing, busy: bool, shm_token: str, *, 
     """One side of the ping-pong: rank 0 sends and waits for the echo; rank 1 echoes. ``busy``: a
     compute thread keeps the core busy meanwhile and sends go through the runtime's send path
     (its sender thread, where the runtime uses one). ``shm_token``: through the runtime's
-    shared-memory channels (:mod:`workbench.runtime.shm`) of that token instead of ``backend``.
+    shared-memory channels (:mod:`workbench.runtime.transport.shm`) of that token instead of ``backend``.
     Rank 0 puts ({bytes: one-way ms}, {bytes: CPU ms per message}, empty when idle) on ``q``."""
 
     tmo = _join(rank, port, t, 2)
@@ -292,7 +293,7 @@ def _all_reduce_timer(rank: int, port: int, t: _Timing, world: int, q) -> None:
 
 def _run_ranks(fn, args: tuple, nprocs: int, timeout_s: float, what: str) -> dict:
     """Spawn ``nprocs`` processes ``fn(rank, port, *args, q)``; rank 0's result from ``q``, or
-    TimeoutError after ``timeout_s`` (processes stopped: :func:`workbench.runtime.lifetime.spawn`)."""
+    TimeoutError after ``timeout_s`` (processes stopped: :func:`workbench.runtime.launch.lifetime.spawn`)."""
 
     q = mp.get_context("spawn").SimpleQueue()
     spawn(functools.partial(fn, q=q), (free_port(), *args), nprocs, deadline_s=timeout_s, what=what)
@@ -339,7 +340,7 @@ def measure_link(
     ``message_cpu_ms``, LogP's overhead *o*).
 
     ``transport="shm"``: the messages go through the runtime's shared-memory channels
-    (:mod:`workbench.runtime.shm`, as ``train(..., transport="shm")`` sends them; CPU, this
+    (:mod:`workbench.runtime.transport.shm`, as ``train(..., transport="shm")`` sends them; CPU, this
     machine) instead of ``backend``'s point-to-point; the process group still uses ``backend``.
     Its waiting receiver polls, so loaded, a message's CPU time includes the polling."""
 
@@ -600,14 +601,14 @@ def _time_stage(
     weight-gradient half BW, as zero-bubble schedules run it), and what the first backward of an
     update saves (its gradients become the empty buffer; the later ones add into it: B is theirs)
     as a rank of the runtime runs them: the layers as one stage module evaluated with its own
-    parameter tensors (:func:`~workbench.runtime.stages.run_stage`), ``microbatches`` forwards and
-    backwards (:func:`~workbench.runtime.stages.vjp`, cotangent of ones, the input gradient unless
+    parameter tensors (:func:`~workbench.runtime.semantics.stages.run_stage`), ``microbatches`` forwards and
+    backwards (:func:`~workbench.runtime.semantics.stages.vjp`, cotangent of ones, the input gradient unless
     ``first``) in one-forward-one-backward order (F0 F1 B0 F2 B1 ... B(m-1), two microbatches
     alive, as the 1F1B schedules' steady state), adding the weight gradients into one update
     buffer, as the runtime's B ops of one update do (F is timed there); then ``microbatches``
     forwards and their split backwards. The last stage (``last = (model, target)``) also
     computes the loss and the metrics in its forward and starts its backward from the loss, as the
-    runtime's last stage does. And the runtime's STEP (:func:`~workbench.runtime.stages.sgd_update`,
+    runtime's last stage does. And the runtime's STEP (:func:`~workbench.runtime.semantics.stages.sgd_update`,
     ``lr`` so small the weights stay as they are) right after the last backward of each update, as
     the runtime runs it, in place and into new tensors (a step that keeps the replaced version for
     stashed microbatches) in turn. Returns (F, B, BI, BW, accumulation, STEP in place, STEP copy).
@@ -633,7 +634,7 @@ def _time_stage(
 
 class _StageTimer:
     """One stage's ops timed as the runtime runs them (:func:`_time_stage`), with the runtime's stage
-    functions (:mod:`workbench.runtime.stages`) on a copy of the layers' parameters."""
+    functions (:mod:`workbench.runtime.semantics.stages`) on a copy of the layers' parameters."""
 
     def __init__(self, layers: list, x, first: bool, last: tuple | None, lr: float):
 

@@ -5,9 +5,9 @@ gradient that crosses ranks is one :class:`Message`, derived once from the sched
 (:meth:`~workbench.schedules.core.Schedule.remote_inputs`: the receiver's op, the producer's op and
 worker): the receiver posts it for its op ``recv_op``, the sender sends it after its op ``send_op``,
 on the communicator :func:`p2p_channel` names. The executors read their receive plans and the
-destination of every send from :class:`RankComm` (:mod:`.worker`, :mod:`.segment_executor`), and
+destination of every send from :class:`RankComm` (:mod:`~workbench.runtime.executors.pipeline`, :mod:`~workbench.runtime.executors.segment_executor`), and
 :func:`rank_program` lays out the same plan, plus the collectives (replicas' all-reduce, tied
-weights' all-reduce, the master family's weight fetches and gradient pushes of :mod:`.fetch`,
+weights' all-reduce, the master family's weight fetches and gradient pushes of :mod:`~workbench.runtime.executors.fetch`,
 the epoch-end gather), in the order a rank issues them.
 
 **NCCL's rules** (:func:`check_nccl`). On GPUs, point-to-point operations between two ranks on one
@@ -29,8 +29,15 @@ from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from workbench.runtime.fetch import FETCH_AHEAD, RemotePlan, has_remote, is_remote, remote_channel, remote_channels
-from workbench.runtime.reference import updates_per_round
+from workbench.runtime.executors.fetch import (
+    FETCH_AHEAD,
+    RemotePlan,
+    has_remote,
+    is_remote,
+    remote_channel,
+    remote_channels,
+)
+from workbench.runtime.semantics.reference import updates_per_round
 from workbench.schedules.core import Schedule
 
 ACT, GRAD = 0, 1
@@ -88,7 +95,7 @@ def channels(schedules: Sequence[Schedule]) -> list[tuple[str, tuple[int, ...]]]
     """The communicators of a run of ``schedules`` (the job's, and its stream's) as ``(name, ranks)``,
     in one order for all ranks (each creates every group): :func:`p2p_channel` of every pair that
     exchanges a message, and with remote weights two per stage and direction over all ranks
-    (:func:`~workbench.runtime.fetch.remote_channel`)."""
+    (:func:`~workbench.runtime.executors.fetch.remote_channel`)."""
     pairs = sorted({(m.kind, m.src, m.dst) for sched in schedules for m in messages(sched)})
     out: list[tuple[str, tuple[int, ...]]] = [(p2p_channel(k, a, b), (min(a, b), max(a, b))) for k, a, b in pairs]
     for sched in schedules[:1]:
@@ -172,8 +179,8 @@ def rank_program(
     posted when their op needs them, as the runtime does with NCCL; sends after the op's
     computation): point-to-point messages of :class:`RankComm`, the AR ops' all-reduce among the
     stage's replicas, the tied weights' all-reduce at the first local owner's STEP (``ties[i]``:
-    the owning stages and the combine's rank sets, :func:`workbench.runtime.tied.combine_ranks`),
-    the master family's fetches and pushes (:class:`~workbench.runtime.fetch.RemotePlan`), and
+    the owning stages and the combine's rank sets, :func:`workbench.runtime.executors.tied.combine_ranks`),
+    the master family's fetches and pushes (:class:`~workbench.runtime.executors.fetch.RemotePlan`), and
     the epoch end's gather.
     ``specs[s]``: the byte sizes of stage ``s``'s output tensors (the gradient a backward sends has
     its input's). ``epoch_end``: the pass ends the epoch (its gather follows)."""
@@ -435,7 +442,7 @@ def check_nccl(
 def ddp_order_problems(schedule: Schedule) -> list[str]:
     """DistributedDataParallel all-reduces a stage's gradient inside the backward of the update's last
     microbatch of the stage: every rank must run those backwards in the same order (the ``dp-bsp``
-    executor, :mod:`.ddp`)."""
+    executor, :mod:`~workbench.runtime.executors.ddp`)."""
     orders = []
     for ops in schedule.ops:
         seq = [(op.kind, op.stage) for op in ops if op.kind in ("B", "STEP")]

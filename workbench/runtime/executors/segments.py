@@ -51,10 +51,10 @@ from torch.utils.checkpoint import checkpoint
 
 from workbench.models.data import TokenDataset, load_dataset
 from workbench.models.segmented import SegBlock, SegEmbedding, segment_gpt
-from workbench.runtime.comm_plan import group_of, p2p_channel
-from workbench.runtime.lifetime import spawn
-from workbench.runtime.ports import free_port
-from workbench.runtime.stages import even_bounds
+from workbench.runtime.launch.lifetime import spawn
+from workbench.runtime.launch.ports import free_port
+from workbench.runtime.semantics.stages import even_bounds
+from workbench.runtime.transport.comm_plan import group_of, p2p_channel
 from workbench.schedules.core import Schedule
 
 
@@ -211,7 +211,7 @@ class SegmentStage:
 # ---- one rank ----------------------------------------------------------------------------------
 class Mailbox:
     """Tagged point-to-point transfers between ranks (local hand-over on the same rank). ``groups``:
-    communicator name (:func:`~workbench.runtime.comm_plan.p2p_channel`) -> process group (None or a
+    communicator name (:func:`~workbench.runtime.transport.comm_plan.p2p_channel`) -> process group (None or a
     missing name: the default group); ``one_tag``: every message with tag 0 (matched by order)."""
 
     def __init__(self, schedule: Schedule, rank: int, timeout_s: float, groups=None, one_tag: bool = False):
@@ -311,7 +311,7 @@ def _entry(rank: int, world: int, jobs: list[SegmentJob], port: int, out: str) -
 
 def run(jobs: SegmentJob | list[SegmentJob]) -> dict | list[dict]:
     """Run a job (or several, one after another in the same processes: one start-up) on
-    ``schedule.num_workers`` gloo ranks (:func:`workbench.runtime.lifetime.spawn`). Per job: ``grads[stage]`` and
+    ``schedule.num_workers`` gloo ranks (:func:`workbench.runtime.launch.lifetime.spawn`). Per job: ``grads[stage]`` and
     ``weights[stage]`` ({parameter name: tensor}) and ``peak_saved_bytes[rank]``."""
 
     many = isinstance(jobs, (list, tuple))

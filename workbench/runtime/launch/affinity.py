@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import os
 
-from workbench.runtime.allocator import retain_freed_memory
+from workbench.runtime.launch.allocator import retain_freed_memory
 
 
 def place_rank(local_rank: int, local_world: int, threads: int = 1, device_type: str = "cpu") -> list[int] | None:
     """Set up this process as the runtime sets up each rank: :func:`pin_rank` and the allocator
-    settings of :func:`workbench.runtime.allocator.retain_freed_memory`. Returns the pinned cores."""
+    settings of :func:`workbench.runtime.launch.allocator.retain_freed_memory`. Returns the pinned cores."""
 
     cores = pin_rank(local_rank, local_world, threads, device_type)
     retain_freed_memory()

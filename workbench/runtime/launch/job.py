@@ -20,13 +20,13 @@ from workbench.models import build
 from workbench.models.base import LayerModel
 from workbench.models.data import load_dataset
 from workbench.profiling.layering import from_modules, split
-from workbench.runtime.jobspec import OptimSpec, RunSpec
-from workbench.runtime.toy import toy_dataset, toy_mlp
+from workbench.runtime.calibration.toy import toy_dataset, toy_mlp
+from workbench.runtime.launch.jobspec import OptimSpec, RunSpec
 from workbench.schedules.core import Schedule
 
 
 def build_model(name: str, dtype: str | None = None, seed: int = 0, **options):
-    """A LayerModel from the zoo (``workbench.models.build``), or ``toy-mlp`` from :mod:`.toy`."""
+    """A LayerModel from the zoo (``workbench.models.build``), or ``toy-mlp`` from :mod:`~workbench.runtime.calibration.toy`."""
     if name == "toy-mlp":
         model = toy_mlp(seed=seed, **options)
     else:
@@ -139,7 +139,7 @@ def build_dataset(model_name: str, dataset: str, split: str = "train", **options
 @dataclass
 class Job:
     """Everything a rank needs; picklable (recipes, not objects, for the model and data). The run
-    options are the checked groups of the spec (:mod:`workbench.runtime.jobspec`): ``optim`` as asked,
+    options are the checked groups of the spec (:mod:`workbench.runtime.launch.jobspec`): ``optim`` as asked,
     ``run`` with every ``None`` resolved (out, device, backend, threads, transport)."""
 
     model_fn: Callable

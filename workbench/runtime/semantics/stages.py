@@ -159,7 +159,7 @@ def stage_lrs(stage_workers: Sequence[Sequence[int]], lr: float, rule: str = "sa
 
 def sgd_update(weights: dict, direction: dict, lr: float, in_place: bool) -> dict:
     """``W - lr · d`` for every tensor of ``weights`` (the runtime's STEP, and what
-    :func:`workbench.runtime.machine.stage_profile` times). ``in_place``: overwrite ``weights`` and return
+    :func:`workbench.runtime.calibration.machine.stage_profile` times). ``in_place``: overwrite ``weights`` and return
     it (no other op reads the old version); else new tensors that require grad (the old version
     stays for the stashed microbatches that still read it)."""
     with torch.no_grad():

@@ -5,7 +5,7 @@ start of a round), flush the sends, let every stage replica write its checkpoint
 test split (rank 0), gather metrics and timeline rows on rank 0, which appends them to the CSVs and
 marks the checkpoint complete (the gather is the only synchronization: the other ranks go on). How
 a rank starts, reports a failure and stops (signals, its launcher's death) is
-:mod:`workbench.runtime.lifetime`'s; each round tells it the step the rank reached.
+:mod:`workbench.runtime.launch.lifetime`'s; each round tells it the step the rank reached.
 """
 
 from __future__ import annotations
@@ -25,13 +25,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from workbench.runtime.affinity import place_rank
-from workbench.runtime.comm_plan import channels
-from workbench.runtime.ddp import DDPExecutor
-from workbench.runtime.hogwild import HogwildExecutor
-from workbench.runtime.job import Job, RankContext
-from workbench.runtime.lifetime import reached
-from workbench.runtime.outputs import (
+from workbench.runtime.executors.ddp import DDPExecutor
+from workbench.runtime.executors.hogwild import HogwildExecutor
+from workbench.runtime.executors.pipeline import PipelineExecutor
+from workbench.runtime.executors.segment_executor import SegmentExecutor
+from workbench.runtime.executors.tied import make_groups as tied_groups
+from workbench.runtime.executors.tied import tied_weights
+from workbench.runtime.launch.affinity import place_rank
+from workbench.runtime.launch.job import Job, RankContext
+from workbench.runtime.launch.lifetime import reached
+from workbench.runtime.launch.outputs import (
     append_outputs,
     atomic_save,
     jsonable,
@@ -40,11 +43,8 @@ from workbench.runtime.outputs import (
     peak_rss,
     write_summary,
 )
-from workbench.runtime.segment_executor import SegmentExecutor
-from workbench.runtime.stages import DataOrder, as_tuple, microbatch, run_stage, stage_module, stage_params
-from workbench.runtime.tied import make_groups as tied_groups
-from workbench.runtime.tied import tied_weights
-from workbench.runtime.worker import PipelineExecutor
+from workbench.runtime.semantics.stages import DataOrder, as_tuple, microbatch, run_stage, stage_module, stage_params
+from workbench.runtime.transport.comm_plan import channels
 from workbench.schedules import executor_of
 
 
@@ -62,7 +62,7 @@ def _init_dist(rank: int, world: int, job: Job, addr: str | None, port: int | No
 
 def _make_groups(dist, rank: int, job: Job) -> dict:
     """One process group per distinct replica set of a stage, plus one per point-to-point
-    communicator of :func:`~workbench.runtime.comm_plan.channels` (activations and gradients per
+    communicator of :func:`~workbench.runtime.transport.comm_plan.channels` (activations and gradients per
     kind and ordered pair of ranks, the master family's fetches and pushes per stage and direction),
     created in the same order on all ranks."""
     groups: dict[Any, Any] = {}
@@ -113,7 +113,7 @@ def worker_main(rank: int, world: int, jobs: list[Job], addr: str | None, port: 
     threads, on = job.run.threads, job.run.device
     assert threads is not None and on is not None, "launch.build_job resolves a job's threads and device"
     torch.set_num_threads(max(1, threads))
-    # pinned to its cores, freed memory kept (no page faults per op: runtime.allocator)
+    # pinned to its cores, freed memory kept (no page faults per op: runtime.launch.allocator)
     place_rank(
         int(os.environ.get("LOCAL_RANK", rank)),
         int(os.environ.get("LOCAL_WORLD_SIZE", world)),
@@ -246,7 +246,7 @@ def _restore(job: Job, rank: int, my_stages: list[int], init: list[dict], device
 def _make_executor(ctx: RankContext, job: Job, model, init: list[dict], groups: dict, *, shared) -> Any:
     """The executor the schedule's registration names (Hogwild, DDP, or the pipeline executor; the
     segment executor for a schedule with segments). The four share the step loop's duck-typed
-    interface (:mod:`.worker`'s docstring)."""
+    interface (:mod:`~workbench.runtime.executors.pipeline`'s docstring)."""
 
     sched, kind = job.schedule, executor_of(job.schedule)
     if kind == "hogwild":
@@ -394,7 +394,7 @@ def _run_stream(ctx: RankContext, executor, job: Job, feed: _Feed, ep: _Epoch, *
 
 
 def _start_step(job: Job, rank: int, step: int) -> None:
-    """This rank starts ``step``: tell the launcher (:func:`~workbench.runtime.lifetime.reached`) and
+    """This rank starts ``step``: tell the launcher (:func:`~workbench.runtime.launch.lifetime.reached`) and
     inject the job's fault if it is this rank's and this step's."""
     reached(step)
     if job.run.fail_rank == rank and job.run.fail_at_step == step:

@@ -6,9 +6,9 @@ import time
 
 import torch
 
-from workbench.runtime.record import timed
-from workbench.runtime.stages import MomentumState, as_leaves, from_tuple, run_stage, stage_module, vjp
-from workbench.runtime.worker import RankProgram
+from workbench.runtime.executors.pipeline import RankProgram
+from workbench.runtime.executors.record import timed
+from workbench.runtime.semantics.stages import MomentumState, as_leaves, from_tuple, run_stage, stage_module, vjp
 from workbench.schedules.core import Schedule
 
 

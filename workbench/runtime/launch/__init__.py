@@ -1,0 +1,5 @@
+"""The parent side and the ranks' lifetime: the run as asked for (``jobspec``) and as described
+(``job``), validation, spawn or torchrun and collection (``driver``), one rank's program (``rank``),
+starting, watching and stopping the ranks (``lifetime``), ports, core pinning and the allocator
+(``ports``, ``affinity``, ``allocator``), checkpoints, CSVs and the summary (``outputs``).
+"""
