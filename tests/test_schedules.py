@@ -547,3 +547,27 @@ def _steps_before_their_all_reduce(sched) -> bool:
         if any(k == "STEP" and at.get(("AR", s, t), -1) > i for (k, s, t), i in at.items()):
             return True
     return False
+
+
+def test_updates_per_round_counts_each_stages_steps_on_its_first_replica():
+    """``Schedule.updates_per_round``: the STEPs of each stage in one pass (the runtime's rounds
+    offset versions by it); a replicated stage updates once per round of its replicas."""
+    assert build("gpipe", 3, 4, steps=2).updates_per_round == (2, 2, 2)
+    assert build("pipedream", 4, 8).updates_per_round == (8, 8, 8, 8)
+    replicated = build("pipedream", Plan.from_boundaries([0, 1], [2, 1]), 8)
+    assert replicated.updates_per_round == (4, 8)
+    for sched in (replicated, build("interleaved-1f1b", 4, 4, chunks=2, steps=3)):
+        counted = tuple(
+            sum(op.kind == "STEP" and op.stage == s for op in sched.ops[sched.stage_workers[s][0]])
+            for s in range(sched.num_stages)
+        )
+        assert sched.updates_per_round == counted
+
+
+@pytest.mark.parametrize("name", ["interleaved-1f1b", "interleaved-zb"])
+def test_interleaved_schedules_refuse_microbatches_that_do_not_split_into_rounds_alike(name):
+    with pytest.raises(
+        ValueError, match=rf"^{name}: 9 microbatches on 4 workers .* multiple of the 2 rounds; use one of"
+    ):
+        build(name, 8, 9, chunks=2)
+    assert build(name, 8, 10, chunks=2).microbatches == 10

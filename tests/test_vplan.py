@@ -29,7 +29,7 @@ from workbench.schedules.vshape_order import (
     v_worker,
     zbv_orders,
 )
-from workbench.schedules.zero_bubble import _finish, v_layout
+from workbench.schedules.zero_bubble import schedule_of_orders, v_layout
 from workbench.simulation import simulate
 from workbench.simulation.costed_build import build_for_simulation
 
@@ -85,7 +85,7 @@ def test_reference_order_replays_to_its_makespan(ref, i):
     """The simulator times the authors' order as their scheduler does, and so does order_times."""
     c = cases(ref)[i]
     P, M = c["P"], c["M"]
-    sched = _finish("reference", v_layout(P), keys(c["orders"]), M, 1, options={}, limit=2 * P)
+    sched = schedule_of_orders("reference", v_layout(P), keys(c["orders"]), M, 1, options={}, limit=2 * P)
     assert simulate(sched, **sim_kwargs(c)).makespan == c["makespan"]
     costs = SplitCosts.of((c["F"], c["B"], c["W"], c["C"]), 2 * P)
     assert makespan(keys(c["orders"]), [v_worker(P, s) for s in range(2 * P)], costs) == c["makespan"]
@@ -100,7 +100,7 @@ def test_span_bubble_is_the_bubble_rate_the_authors_report(ref, i):
     c = cases(ref)[i]
     P, M = c["P"], c["M"]
     work = 2 * M * (c["F"] + c["B"] + c["W"])
-    sched = _finish("reference", v_layout(P), keys(c["orders"]), M, 1, options={}, limit=2 * P)
+    sched = schedule_of_orders("reference", v_layout(P), keys(c["orders"]), M, 1, options={}, limit=2 * P)
     rate = max(simulate(sched, **sim_kwargs(c)).metrics["span_bubble_fraction"])
     x = c["reference_metric"]
     assert rate == pytest.approx(x / (work + x) if ref == "zbv" else (x - work) / x, abs=1e-12)

@@ -67,6 +67,7 @@ from workbench.schedules.dataflow import (
     COMPUTE,
     KINDS,
     Dataflow,
+    KindCode,
     OpArrays,
     OpKind,
     dataflow_edges,
@@ -236,7 +237,7 @@ class Schedule:
             w, op = self._op_at(int(bad[0]))
             raise ScheduleError(f"worker {w}: {op} is outside {a.S} stages x {a.U} microbatch units")
         key = a.keys()
-        loc, again = locate(key, 4 * a.S * a.U)
+        loc, again = locate(key, len(COMPUTE) * a.S * a.U)
         if again >= 0:
             (w0, op), (w, _) = self._op_at(int(loc[key[again]])), self._op_at(again)
             raise ScheduleError(f"{op} appears twice (workers {w0} and {w})")
@@ -339,6 +340,16 @@ class Schedule:
     @property
     def split_backward(self) -> bool:
         return any(op.kind == "BI" for _, op in self)
+
+    @cached_property
+    def updates_per_round(self) -> tuple[int, ...]:
+        """Per stage, the optimizer steps one pass of the op lists applies (the STEPs of the stage on
+        its first replica; cached). A run repeats the schedule in rounds, so version ``v`` of stage
+        ``s`` in round ``R`` is ``R * updates_per_round[s] + v``."""
+        return tuple(
+            sum(1 for op in self.ops[self.stage_workers[s][0]] if op.kind == "STEP" and op.stage == s)
+            for s in range(self.num_stages)
+        )
 
     def step_microbatches(self, stage: int, step: int, worker: int | None = None) -> list[int]:
         """Microbatches whose gradients the ``step``-th update of ``stage`` applies: those whose
@@ -491,7 +502,7 @@ def validate(schedule: Schedule) -> None:
     worker_of = np.full(len(df.loc), -1, dtype=np.int64)
     version_of = np.zeros(len(df.loc), dtype=np.int64)
     worker_of[df.key[g]], version_of[df.key[g]] = df.ops.worker[g], df.ops.version[g]
-    _check_backwards(schedule, worker_of.reshape(4, -1), version_of.reshape(4, -1))
+    _check_backwards(schedule, worker_of.reshape(len(COMPUTE), -1), version_of.reshape(len(COMPUTE), -1))
     check_dataflow(schedule, df)
     if df.unreadable:
         w, op = schedule._op_at(df.unreadable[0])
@@ -561,49 +572,52 @@ def check_dataflow(schedule: Schedule, df: Dataflow) -> None:
 
 
 def _check_backwards(schedule: Schedule, wk: np.ndarray, ver: np.ndarray) -> None:
-    """Row k of ``wk``/``ver`` (k = F, B, BI, BW) holds worker and version per (stage, unit)."""
+    """Row k of ``wk``/``ver`` (k a compute :class:`~workbench.schedules.dataflow.KindCode`) holds
+    worker and version per (stage, unit), -1 for the worker where no op of that kind runs."""
     U = schedule.microbatches * schedule.num_segments
     has = wk >= 0
+    f, b, bi, bw = has[KindCode.F], has[KindCode.B], has[KindCode.BI], has[KindCode.BW]
     where = lambda i: divmod(int(i), U)  # noqa: E731  (stage, unit) of flat index i
-    orphan = np.flatnonzero(has[1:].any(axis=0) & ~has[0])
+    orphan = np.flatnonzero((b | bi | bw) & ~f)
     if orphan.size:
-        s, b = where(orphan[0])
-        orphan_kind = next(n for n, row in zip(("B", "BI", "BW"), has[1:]) if row[orphan[0]])
-        raise ScheduleError(f"{orphan_kind}{s}.{b} has no forward")
-    split = has[2] & has[3]
-    bad = np.flatnonzero(has[0] & (has[1] == split))
+        s, u = where(orphan[0])
+        orphan_kind = next(n for n, row in zip(("B", "BI", "BW"), (b, bi, bw)) if row[orphan[0]])
+        raise ScheduleError(f"{orphan_kind}{s}.{u} has no forward")
+    split = bi & bw
+    bad = np.flatnonzero(f & (b == split))
     if bad.size:
-        s, b = where(bad[0])
+        s, u = where(bad[0])
         raise ScheduleError(
-            f"F{s}.{b} needs exactly one backward (B, or BI+BW); found {'both' if has[1][bad[0]] else 'none'}"
+            f"F{s}.{u} needs exactly one backward (B, or BI+BW); found {'both' if b[bad[0]] else 'none'}"
         )
-    half = np.flatnonzero(has[0] & ~has[1] & (has[2] != has[3]))
+    half = np.flatnonzero(f & ~b & (bi != bw))
     if half.size:
-        s, b = where(half[0])
+        s, u = where(half[0])
         raise ScheduleError(
-            f"F{s}.{b} needs exactly one backward (B, or BI+BW); found only {'BI' if has[2][half[0]] else 'BW'}"
+            f"F{s}.{u} needs exactly one backward (B, or BI+BW); found only {'BI' if bi[half[0]] else 'BW'}"
         )
     same_version = schedule.update in ("stash", "vertical-sync", "sync")
-    for k, kind in ((1, "B"), (2, "BI"), (3, "BW")):
+    fw, fv = wk[KindCode.F], ver[KindCode.F]
+    for k in (KindCode.B, KindCode.BI, KindCode.BW):
         rows = has[k]
-        off = np.flatnonzero(rows & (wk[k] != wk[0]))
+        off = np.flatnonzero(rows & (wk[k] != fw))
         if off.size:
-            s, b = where(off[0])
+            s, u = where(off[0])
             raise ScheduleError(
-                f"{kind}{s}.{b} runs on worker {wk[k][off[0]]} but its forward (and "
-                f"stashed activations) is on worker {wk[0][off[0]]}"
+                f"{k.name}{s}.{u} runs on worker {wk[k][off[0]]} but its forward (and "
+                f"stashed activations) is on worker {fw[off[0]]}"
             )
-        off = np.flatnonzero(rows & (ver[k] != ver[0])) if same_version else np.zeros(0, dtype=int)
+        off = np.flatnonzero(rows & (ver[k] != fv)) if same_version else np.zeros(0, dtype=int)
         if len(off):
-            s, b = where(off[0])
+            s, u = where(off[0])
             raise ScheduleError(
-                f"{kind}{s}.{b} reads weight version {ver[k][off[0]]} but its "
-                f"forward read {ver[0][off[0]]} (rule {schedule.update!r})"
+                f"{k.name}{s}.{u} reads weight version {ver[k][off[0]]} but its "
+                f"forward read {fv[off[0]]} (rule {schedule.update!r})"
             )
-    missing = np.flatnonzero(~has[0])
+    missing = np.flatnonzero(~f)
     if missing.size:  # every microbatch goes through every stage
-        s, b = where(missing[0])
-        raise ScheduleError(f"microbatch {b} never runs the forward of stage {s}")
+        s, u = where(missing[0])
+        raise ScheduleError(f"microbatch {u} never runs the forward of stage {s}")
 
 
 def _check_ar_before_step(schedule: Schedule, df: Dataflow) -> None:

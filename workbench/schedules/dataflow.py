@@ -2,7 +2,8 @@
 dependency edges and the in-flight count. The validator (its deadlock check), the simulator's op
 graph and the generators all read them from here; this module imports nothing of the workbench.
 
-Kind codes: F 0, B 1, BI 2, BW 3 (the compute kinds), STEP 4, AR 5 (:data:`KIND_CODES`).
+Kind codes (:class:`KindCode`, an ``IntEnum``): F 0, B 1, BI 2, BW 3 (the compute kinds), STEP 4,
+AR 5; :data:`KIND_CODES` maps each :class:`OpKind` to its code's integer.
 
 Op key. A compute op (kind k, stage s, unit u) of a schedule with S stages and U units
 (microbatches x segments; a unit is ``microbatch * k_seg + segment``) is the integer
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from typing import Any
 
 import numpy as np
@@ -43,10 +44,23 @@ class OpKind(StrEnum):
     STEP = "STEP"
 
 
+class KindCode(IntEnum):
+    """The integer code of an op kind in the flat arrays (:attr:`OpArrays.kind`): the compute kinds
+    first, so ``code < STEP`` is a compute op and ``code < AR`` an op of the compute stream. An
+    ``int`` enum: arrays hold the plain integers, which compare equal to the members."""
+
+    F = 0
+    B = 1
+    BI = 2
+    BW = 3
+    STEP = 4
+    AR = 5
+
+
 COMPUTE = (OpKind.F, OpKind.B, OpKind.BI, OpKind.BW)
 KINDS = COMPUTE + (OpKind.AR, OpKind.STEP)
-F, B, BI, BW, STEP, AR = range(6)
-KIND_CODES: dict[str, int] = {OpKind.F: F, OpKind.B: B, OpKind.BI: BI, OpKind.BW: BW, OpKind.STEP: STEP, OpKind.AR: AR}
+F, B, BI, BW, STEP, AR = KindCode
+KIND_CODES: dict[str, int] = {OpKind(k.name): int(k) for k in KindCode}  # plain ints: cheap to put in arrays
 
 
 def op_key(kind, stage, unit, S: int, U: int):
@@ -144,9 +158,9 @@ def producer_keys(key: np.ndarray, S: int, U: int, k: int, present: np.ndarray) 
     is_f, is_bw = kind == F, kind == BW
     is_b = (kind == B) | (kind == BI)
     out = np.full((len(key), 3), -1, dtype=np.int64)
-    out[:, 0] = np.where(is_f, np.where(s > 0, key - U, -1), np.where(is_bw, key - SU, rest))
+    out[:, 0] = np.where(is_f, np.where(s > 0, key - U, -1), np.where(is_bw, key - SU, rest))  # BW - SU: BI; rest: F
     has_next = is_b & (s < S - 1)
-    nxt = np.where(has_next, 2 * SU + rest + U, 0)  # BI(s+1, u)
+    nxt = np.where(has_next, BI * SU + rest + U, 0)  # BI(s+1, u); minus SU: B(s+1, u)
     out[:, 1] = np.where(has_next, np.where(present[nxt], nxt, nxt - SU), -1)
     if k > 1:
         out[:, 1] = np.where(is_f & (u % k > 0), key - 1, out[:, 1])
@@ -309,6 +323,7 @@ __all__ = [
     "KINDS",
     "KIND_CODES",
     "STEP",
+    "KindCode",
     "Dataflow",
     "OpArrays",
     "OpKind",

@@ -245,13 +245,13 @@ def _replica_orders(layout, M: int, T: int, order_of: Callable[[int, list[int]],
     return [[k for t in range(T) for k in order_of(s, _share(t * M, M, r, j))] for s, j, r in _per_worker(layout)]
 
 
-def _repeat_steps(orders: list[list[Key]], T: int, M: int) -> list[list[Key]]:
+def repeat_steps(orders: list[list[Key]], T: int, M: int) -> list[list[Key]]:
     """Per-worker orders of one iteration of M microbatches repeated for T iterations, iteration t
     on microbatches t M .. t M + M - 1."""
     return [[(k, s, b + t * M) for t in range(T) for k, s, b in o] for o in orders]
 
 
-def _flushed(name, layout, orders, M: int, T: int, *, cap, options) -> Schedule:
+def flushing_schedule(name, layout, orders, M: int, T: int, *, cap, options) -> Schedule:
     """A flushing schedule: T iterations of M microbatches, every stage steps once (sync) at the
     end of each iteration, gradients accumulated over its M microbatches."""
     return _make(
@@ -268,7 +268,9 @@ def _flushed(name, layout, orders, M: int, T: int, *, cap, options) -> Schedule:
     )
 
 
-def _check_m(M, what="microbatches"):
+def positive_int(M, what="microbatches") -> int:
+    """``M`` as an int when it is a positive whole number (not a bool), else a ValueError naming
+    ``what``: the generators' check of counts (microbatches, steps, chunks, segments)."""
     try:
         ok = not isinstance(M, bool) and int(M) == M and M >= 1
     except (TypeError, ValueError):
@@ -289,7 +291,7 @@ def _check_m(M, what="microbatches"):
 )
 def model_parallel(plan, microbatches: int) -> Schedule:
     """One microbatch in flight: F0..F(S-1), B(S-1)..B0, then every stage updates (version b)."""
-    layout, M = stage_layout(plan), _check_m(microbatches)
+    layout, M = stage_layout(plan), positive_int(microbatches)
     orders: list[list[Key]] = [[] for _ in range(sum(map(len, layout)))]
     for b in range(M):
         for s, ws in enumerate(layout):
@@ -320,12 +322,12 @@ def model_parallel(plan, microbatches: int) -> Schedule:
 def gpipe(plan, microbatches: int, steps: int = 1) -> Schedule:
     """Fill-drain: per iteration every worker runs all its forwards, then its backwards in reverse
     order; the gradients of the M microbatches accumulate and each stage steps once at the flush."""
-    layout, M, T = stage_layout(plan), _check_m(microbatches), _check_m(steps, "steps")
+    layout, M, T = stage_layout(plan), positive_int(microbatches), positive_int(steps, "steps")
     orders = _replica_orders(
         layout, M, T, lambda s, mbs: [("F", s, b) for b in mbs] + [("B", s, b) for b in reversed(mbs)]
     )
     cap = [max(1, max(len(_share(t * M, M, r, j)) for t in range(T))) for _, j, r in _per_worker(layout)]
-    return _flushed("gpipe", layout, orders, M, T, cap=cap, options={"steps": T})
+    return flushing_schedule("gpipe", layout, orders, M, T, cap=cap, options={"steps": T})
 
 
 @register(
@@ -350,7 +352,7 @@ def pipedream(plan, microbatches: int, weights: str = "stash", warmup: object = 
     rules = {"stash": "stash", "vertical-sync": "vertical-sync", "no-stash": "no-stash"}
     if weights not in rules:
         raise ValueError(f"weights must be one of {sorted(rules)}, got {weights!r}")
-    layout, M = stage_layout(plan), _check_m(microbatches)
+    layout, M = stage_layout(plan), positive_int(microbatches)
     K = _warmup(layout, warmup)
     orders, cap = _one_f_one_b_orders(layout, M, K)
     reps = [len(ws) for ws in layout]
@@ -380,7 +382,7 @@ def _warmup(layout, warmup) -> list[int]:
         return noam_warmup(layout)
     if isinstance(warmup, (int, str)):
         raise ValueError(f"warmup must be one count per stage (e.g. Plan.in_flight), got {warmup!r}")
-    K = [_check_m(k, "warmup") for k in warmup]
+    K = [positive_int(k, "warmup") for k in warmup]
     if len(K) != len(layout):
         raise ValueError(f"warmup has {len(K)} values for {len(layout)} stages; give one per stage")
     return K
@@ -405,11 +407,11 @@ def pipedream_flush(plan, microbatches: int, steps: int = 1, warmup: object = No
     M); default :func:`noam_warmup`. A larger first-stage count (``Plan.in_flight``, which counts the
     messages' latency) keeps the next activation on its way while the last stage computes, at the
     cost of that many microbatches' activations in memory."""
-    layout, M, T = stage_layout(plan), _check_m(microbatches), _check_m(steps, "steps")
+    layout, M, T = stage_layout(plan), positive_int(microbatches), positive_int(steps, "steps")
     K = _warmup(layout, warmup)
     orders = _replica_orders(layout, M, T, lambda s, mbs: one_f_one_b(mbs, K[s], s))
     cap = [min(K[s], M) for s, _, _ in _per_worker(layout)]
-    return _flushed(
+    return flushing_schedule(
         "pipedream-flush",
         layout,
         orders,
@@ -437,10 +439,10 @@ def pipedream_2bw(plan, microbatches: int, microbatches_per_step: int | None = N
     max_s K_s r_s, = S when straight with NOAM's warm-up K_s: enough for two buffers); two weight buffers and a delay of one update: W(t+1) = W(t) - nu * grad f(W(t-1)), so batch t reads version
     max(t-1, 0) for its forward and its backward. ``warmup``: K_s, one count per stage (as for
     ``pipedream``; e.g. ``Plan.in_flight``); default :func:`noam_warmup`."""
-    layout, M = stage_layout(plan), _check_m(microbatches)
+    layout, M = stage_layout(plan), positive_int(microbatches)
     K = _warmup(layout, warmup)
     m_min = max(k * len(ws) for k, ws in zip(K, layout))  # = S for a straight pipeline
-    m = _check_m(microbatches_per_step if microbatches_per_step is not None else m_min, "microbatches_per_step")
+    m = positive_int(microbatches_per_step if microbatches_per_step is not None else m_min, "microbatches_per_step")
     if m < m_min:
         raise ValueError(
             f"pipedream-2bw needs microbatches_per_step >= {m_min} (max_s K_s r_s; the number "
@@ -462,22 +464,24 @@ def pipedream_2bw(plan, microbatches: int, microbatches_per_step: int | None = N
     )
 
 
-def _straight(layout, name):
+def require_straight(layout, name: str) -> None:
+    """A ValueError unless every stage of ``layout`` has one worker (schedule ``name`` needs it)."""
     if any(len(ws) > 1 for ws in layout):
         raise ValueError(f"{name} needs a straight pipeline (one worker per stage); the plan has replicas")
 
 
-def interleaved_rounds(P: int, M: int) -> int:
-    """Microbatches per round m of interleaved 1F1B (torch's ``microbatches_per_round``): the M
-    microbatches run in rounds = max(1, floor(M / P)) rounds of m = M / rounds each; M must split
-    evenly into those rounds (any M <= 2P - 1 does; M = 9 on P = 4 does not)."""
+def interleaved_rounds(P: int, M: int, name: str = "interleaved-1f1b") -> int:
+    """Microbatches per round m of an interleaved schedule (torch's ``microbatches_per_round``, for
+    interleaved 1F1B and interleaved zero bubble alike): the M microbatches run in rounds =
+    max(1, floor(M / P)) rounds of m = M / rounds each; M must split evenly into those rounds (any
+    M <= 2P - 1 does; M = 9 on P = 4 does not: a ValueError of schedule ``name`` says which do)."""
     rounds = max(1, M // P)
     if M % rounds:
         ok = [m for m in range(max(1, M - P), M + P + 1) if m % max(1, m // P) == 0]
         raise ValueError(
-            f"interleaved-1f1b: {M} microbatches on {P} workers run in {rounds} rounds of "
-            f"M / rounds microbatches, which needs M to be a multiple of {rounds}; "
-            f"use e.g. {[m for m in ok if m != M][:4]} microbatches"
+            f"{name}: {M} microbatches on {P} workers run in max(1, M // P) = {rounds} rounds of "
+            f"M / rounds microbatches, which needs M to be a multiple of the {rounds} rounds; "
+            f"use one of {ok[:6]} microbatches"
         )
     return M // rounds
 
@@ -519,16 +523,16 @@ def interleaved_1f1b(plan, microbatches: int, chunks: int = 2, steps: int = 1) -
     layout, P, M, T, v = _looped_layout(plan, microbatches, chunks, steps, "interleaved-1f1b")
     its = [interleaved_order(rank, P, v, M) for rank in range(P)]
     cap = [in_flight_of(it) for it in its]
-    return _flushed(
-        "interleaved-1f1b", layout, _repeat_steps(its, T, M), M, T, cap=cap, options={"chunks": v, "steps": T}
+    return flushing_schedule(
+        "interleaved-1f1b", layout, repeat_steps(its, T, M), M, T, cap=cap, options={"chunks": v, "steps": T}
     )
 
 
 def _looped_layout(plan, microbatches, chunks, steps, name):
     """(layout, P, M, T, v) of a looped schedule: S = P v stages, stage s on worker s mod P."""
     base = stage_layout(plan)
-    _straight(base, name)
-    S, M, T, v = len(base), _check_m(microbatches), _check_m(steps, "steps"), _check_m(chunks, "chunks")
+    require_straight(base, name)
+    S, M, T, v = len(base), positive_int(microbatches), positive_int(steps, "steps"), positive_int(chunks, "chunks")
     if S % v:
         raise ValueError(
             f"{name}: {S} stages do not split into chunks={v} per worker; "
@@ -571,8 +575,8 @@ def looped_bfs(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> Sche
     the M microbatches and one synchronous update per iteration. Every rank holds all M v of its
     (stage, microbatch) activations at the turn (peak M v)."""
     layout, P, M, T, v = _looped_layout(plan, microbatches, chunks, steps, "looped-bfs")
-    orders = _repeat_steps([looped_bfs_order(r, P, v, M) for r in range(P)], T, M)
-    return _flushed("looped-bfs", layout, orders, M, T, cap=[M * v] * P, options={"chunks": v, "steps": T})
+    orders = repeat_steps([looped_bfs_order(r, P, v, M) for r in range(P)], T, M)
+    return flushing_schedule("looped-bfs", layout, orders, M, T, cap=[M * v] * P, options={"chunks": v, "steps": T})
 
 
 @register(
@@ -588,16 +592,16 @@ def zb_h1(plan, microbatches: int, steps: int = 1) -> Schedule:
     """Zero-bubble H1: 1F1B with the backward split into BI (input gradient) and BW (weight
     gradient); BW of later stages is deferred to fill the cool-down bubble while no worker holds
     more microbatches than 1F1B's fullest worker (max_s K_s; K_0 = S for a straight pipeline)."""
-    layout, M, T = stage_layout(plan), _check_m(microbatches), _check_m(steps, "steps")
+    layout, M, T = stage_layout(plan), positive_int(microbatches), positive_int(steps, "steps")
     K = noam_warmup(layout)
     orders = _replica_orders(layout, M, T, lambda s, mbs: zb_h1_order(mbs, K[s], max(K), s))
-    return _flushed("zb-h1", layout, orders, M, T, cap=[max(K)] * len(orders), options={"steps": T})
+    return flushing_schedule("zb-h1", layout, orders, M, T, cap=[max(K)] * len(orders), options={"steps": T})
 
 
 # ---- data parallel ----------------------------------------------------------------------
 def _dp_shape(plan, workers):
     S = len(stage_layout(plan))
-    W = _check_m(workers if workers is not None else getattr(plan, "num_workers", S), "workers")
+    W = positive_int(workers if workers is not None else getattr(plan, "num_workers", S), "workers")
     return S, W
 
 
@@ -617,7 +621,7 @@ def dp_bsp(plan, microbatches: int, workers: int | None = None) -> Schedule:
     w runs microbatches b = w mod W; each round, the AR of stage s follows B of s right away (it
     overlaps the remaining backward, like DDP buckets); then every stage steps."""
     S, W = _dp_shape(plan, workers)
-    M = _check_m(microbatches)
+    M = positive_int(microbatches)
     rounds = math.ceil(M / W)
     orders = []
     for w in range(W):
@@ -655,7 +659,7 @@ def dp_asp(plan, microbatches: int, workers: int | None = None) -> Schedule:
     and after B of stage s pushes its gradient and pulls the current weights (STEP, no AR).
     Versions are the local update counts; the real staleness is decided at run time."""
     S, W = _dp_shape(plan, workers)
-    M = _check_m(microbatches)
+    M = positive_int(microbatches)
     orders = []
     for w in range(W):
         o, t = [], 0

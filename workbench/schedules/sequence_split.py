@@ -40,10 +40,10 @@ import pandas as pd
 from workbench.schedules.core import Schedule, validate
 from workbench.schedules.dataflow import peak_in_flight
 from workbench.schedules.generators import (
-    _check_m,
-    _straight,
     assign_versions,
     insert_updates,
+    positive_int,
+    require_straight,
     stage_layout,
     zb_h1_order,
 )
@@ -75,7 +75,7 @@ def balanced_tokens(seq_len: int, k: int, params: float, layers: int, dim: int) 
     ``seq_len``; each cumulative boundary N_i is then rounded down or up so that the largest
     segment's FLOPs are smallest (:func:`_round_bounds`; rounding every N_i to the nearest integer
     on its own can give lengths like 16, 17, 15, 16, less even than equal ones)."""
-    seq_len, k = _check_m(seq_len, "seq_len"), _check_m(k, "segments")
+    seq_len, k = positive_int(seq_len, "seq_len"), positive_int(k, "segments")
     if k > seq_len:
         raise ValueError(f"cannot cut {seq_len} tokens into {k} segments; use segments <= seq_len")
     a, c = 2.0 * layers * dim, 2.0 * params
@@ -118,7 +118,7 @@ def _round_bounds(cont, params: float, layers: int, dim: int) -> np.ndarray:
 
 def equal_tokens(seq_len: int, k: int) -> tuple[int, ...]:
     """``seq_len`` tokens in k segments of equal length (the first ``seq_len mod k`` one longer)."""
-    q, r = divmod(_check_m(seq_len, "seq_len"), _check_m(k, "segments"))
+    q, r = divmod(positive_int(seq_len, "seq_len"), positive_int(k, "segments"))
     if q == 0:
         raise ValueError(f"cannot cut {seq_len} tokens into {k} segments; use segments <= seq_len")
     return tuple(q + (i < r) for i in range(k))
@@ -242,7 +242,7 @@ def _stage_orders(S: int, M: int, T: int, k: int, order_of) -> list[list[tuple]]
 
 def _common(plan, microbatches, segments, seq_len, steps, *, model, split):
     layout = stage_layout(plan)
-    M, T, k = _check_m(microbatches), _check_m(steps, "steps"), _check_m(segments, "segments")
+    M, T, k = positive_int(microbatches), positive_int(steps, "steps"), positive_int(segments, "segments")
     seq_len = k if seq_len is None else seq_len
     tokens, flops = _segments(seq_len, k, model, split)
     opts = {"segments": k, "seq_len": seq_len, "steps": T, "split": split}
@@ -273,7 +273,7 @@ def seq1f1b(
     layout, M, T, k, tokens, flops, opts = _common(
         plan, microbatches, segments, seq_len, steps, model=model, split=split
     )
-    _straight(layout, "seq1f1b")
+    require_straight(layout, "seq1f1b")
     K = seq1f1b_warmup(len(layout), k)
     orders = _stage_orders(len(layout), M, T, k, lambda s, fu, bu: one_f_one_b_units(fu, bu, K[s], s))
     return _make(
@@ -304,7 +304,7 @@ def seq1f1b_zb(
     layout, M, T, k, tokens, flops, opts = _common(
         plan, microbatches, segments, seq_len, steps, model=model, split=split
     )
-    _straight(layout, "seq1f1b-zb")
+    require_straight(layout, "seq1f1b-zb")
     K = seq1f1b_warmup(len(layout), k)
     cap = min(max(K), M * k)
     orders = _stage_orders(len(layout), M, T, k, lambda s, fu, bu: zb_h1_units(fu, bu, K[s], cap, s))
@@ -376,8 +376,8 @@ def seq1f1b_interleaved(
     interleaved 1F1B order over (microbatch, segment) units (:func:`interleaved_units_order`),
     a flush and one synchronous step per iteration."""
     base, M, T, k, tokens, flops, opts = _common(plan, microbatches, segments, seq_len, steps, model=model, split=split)
-    _straight(base, "seq1f1b-interleaved")
-    S, v = len(base), _check_m(chunks, "chunks")
+    require_straight(base, "seq1f1b-interleaved")
+    S, v = len(base), positive_int(chunks, "chunks")
     if S % v:
         raise ValueError(
             f"seq1f1b-interleaved: {S} stages do not split into chunks={v} per worker; "

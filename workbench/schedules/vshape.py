@@ -40,10 +40,10 @@ from collections.abc import Callable
 
 from workbench.schedules import closed_forms as cf
 from workbench.schedules.core import Schedule, ScheduleError
-from workbench.schedules.generators import Key, _check_m, _repeat_steps, _straight, stage_layout
+from workbench.schedules.generators import Key, positive_int, repeat_steps, require_straight, stage_layout
 from workbench.schedules.registry import register
 from workbench.schedules.vshape_order import SplitCosts, block_orders, makespan, v_worker, zbv_orders
-from workbench.schedules.zero_bubble import _finish, _pipeline_size, _steps, v_layout, zbv_order
+from workbench.schedules.zero_bubble import concat_steps, pipeline_size, schedule_of_orders, v_layout, zbv_order
 
 VARIANTS = [
     (("BI", "F", "BW"), False),
@@ -150,10 +150,10 @@ def zb_h2(plan, microbatches: int, steps: int = 1) -> Schedule:
     """ZB-H2: worker i admits 2(P - 1 - i) + 1 microbatches (peak 2P - 1 on worker 0, about twice
     1F1B's P); greedy order of the module docstring; per-step idle (P-1)(T_F + T_B - 2 T_W)."""
     layout = stage_layout(plan)
-    _straight(layout, "zb-h2")
-    P, M, T = len(layout), _check_m(microbatches), _check_m(steps, "steps")
+    require_straight(layout, "zb-h2")
+    P, M, T = len(layout), positive_int(microbatches), positive_int(steps, "steps")
     orders = best_orders(list(range(P)), M, [2 * P - 1] * P)
-    return _finish("zb-h2", layout, _repeat_steps(orders, T, M), M, T, options={}, limit=2 * P - 1)
+    return schedule_of_orders("zb-h2", layout, repeat_steps(orders, T, M), M, T, options={}, limit=2 * P - 1)
 
 
 V_PEAK = {  # peak activations in 1F1B units (a whole worker's layers, one microbatch), Qi et al. 2024
@@ -193,14 +193,14 @@ def v_schedule(name: str, plan, microbatches: int, steps: int = 1, costs=None) -
     """``name`` in :data:`V_PEAK`: V placement of 2P stages; of :func:`v_candidates` the order with
     the shortest makespan at ``costs`` (:func:`workbench.schedules.vshape_order.makespan`), repeated for
     ``steps`` steps."""
-    P, _ = _pipeline_size(plan, name, 2)
-    M, T = _check_m(microbatches), _check_m(steps, "steps")
+    P, _ = pipeline_size(plan, name, 2)
+    M, T = positive_int(microbatches), positive_int(steps, "steps")
     c = SplitCosts.of(costs, 2 * P)
     worker_of = [v_worker(P, s) for s in range(2 * P)]
     best = min(v_candidates(name, P, M, c), key=lambda o: makespan(o, worker_of, c))
     limit = 2 * V_PEAK[name](P)
     opts = {"chunks": 2, "memory_limit_chunks": limit, "planned_costs": (c.f, c.b, c.w, c.comm)}
-    return _finish(name, v_layout(P), _repeat_steps(best, T, M), M, T, options=opts, limit=limit)
+    return schedule_of_orders(name, v_layout(P), repeat_steps(best, T, M), M, T, options=opts, limit=limit)
 
 
 V_OPTIONS = {"steps": "iterations (flushes) in the schedule", "costs": COSTS_HELP}
@@ -261,7 +261,7 @@ def zb_v(plan, microbatches: int, steps: int = 1, costs: object = None, variant:
     (:func:`workbench.schedules.zero_bubble.zbv_order`; costs do not change it)."""
     if variant == "paper":
         return v_schedule("zb-v", plan, microbatches, steps, costs)
-    P, _ = _pipeline_size(plan, "zb-v", 2)
-    M, T = _check_m(microbatches), _check_m(steps, "steps")
-    orders = _steps(lambda r, off: zbv_order(r, P, M, off), P, M, T)
-    return _finish("zb-v", v_layout(P), orders, M, T, options={"chunks": 2, "variant": "torch"}, limit=2 * P)
+    P, _ = pipeline_size(plan, "zb-v", 2)
+    M, T = positive_int(microbatches), positive_int(steps, "steps")
+    orders = concat_steps(lambda r, off: zbv_order(r, P, M, off), P, M, T)
+    return schedule_of_orders("zb-v", v_layout(P), orders, M, T, options={"chunks": 2, "variant": "torch"}, limit=2 * P)

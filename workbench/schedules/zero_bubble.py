@@ -38,7 +38,15 @@ from __future__ import annotations
 from collections import Counter
 
 from workbench.schedules.core import Schedule
-from workbench.schedules.generators import Key, _check_m, _flushed, _straight, in_flight_of, stage_layout
+from workbench.schedules.generators import (
+    Key,
+    flushing_schedule,
+    in_flight_of,
+    interleaved_rounds,
+    positive_int,
+    require_straight,
+    stage_layout,
+)
 from workbench.schedules.registry import register
 
 
@@ -60,24 +68,26 @@ def v_layout(P: int) -> tuple[tuple[int, ...], ...]:
     return tuple((s if s < P else 2 * P - 1 - s,) for s in range(2 * P))
 
 
-def _steps(orders_of_step, P: int, M: int, T: int) -> list[list[Key]]:
-    """Concatenate T steps of per-rank orders; step t's microbatches are t M .. t M + M - 1."""
+def concat_steps(orders_of_step, P: int, M: int, T: int) -> list[list[Key]]:
+    """Per-rank orders of T steps, concatenated: ``orders_of_step(rank, t M)`` is rank's order of
+    step t, whose microbatches are t M .. t M + M - 1."""
     return [[k for t in range(T) for k in orders_of_step(r, t * M)] for r in range(P)]
 
 
-def _finish(name, layout, orders, M, T, *, options, limit: int | None = None):
-    """Updates and versions (sync: each stage steps once per T-th of the microbatches), validated;
-    ``limit``: the schedule's bound on live (stage, microbatch) pairs per worker, which
+def schedule_of_orders(name, layout, orders, M, T, *, options, limit: int | None = None) -> Schedule:
+    """The flushing :class:`Schedule` of per-worker compute orders over T steps of M microbatches
+    (:func:`~workbench.schedules.generators.flushing_schedule`: updates and versions, sync, each
+    stage stepping once per step), validated, with ``options`` plus ``steps``; ``limit``: the schedule's bound on live (stage, microbatch) pairs per worker, which
     :func:`validate` then checks (default: the orders' own peak)."""
     cap = [limit if limit is not None else in_flight_of(o) for o in orders]
-    return _flushed(name, layout, orders, M, T, cap=cap, options=dict(options, steps=T))
+    return flushing_schedule(name, layout, orders, M, T, cap=cap, options=dict(options, steps=T))
 
 
-def _pipeline_size(plan, name: str, chunks: int) -> tuple[int, int]:
+def pipeline_size(plan, name: str, chunks: int) -> tuple[int, int]:
     """(P, v) from a stage count (or straight Plan) that must be a multiple of ``chunks``."""
     base = stage_layout(plan)
-    _straight(base, name)
-    S, v = len(base), _check_m(chunks, "chunks")
+    require_straight(base, name)
+    S, v = len(base), positive_int(chunks, "chunks")
     if S % v:
         raise ValueError(
             f"{name}: {S} stages do not split into {v} stages per worker; pass a stage count that "
@@ -89,8 +99,7 @@ def _pipeline_size(plan, name: str, chunks: int) -> tuple[int, int]:
 # ---- interleaved zero bubble (torch ScheduleInterleavedZeroBubble) ----------------------------
 def zb1p_order(rank: int, P: int, v: int, M: int, offset: int = 0) -> list[Key]:
     """Rank ``rank``'s order of torch's ScheduleInterleavedZeroBubble (see module docstring)."""
-    rounds = max(1, M // P)
-    per_round = M // rounds
+    per_round = interleaved_rounds(P, M, "interleaved-zb")
     warm = min((v - 1) * per_round + P - 1 - rank, M * v)
     total = M * v
     c = _Counters(offset)
@@ -128,18 +137,11 @@ def zb1p_order(rank: int, P: int, v: int, M: int, offset: int = 0) -> list[Key]:
 def interleaved_zb(plan, microbatches: int, chunks: int = 2, steps: int = 1) -> Schedule:
     """Interleaved zero bubble (ZB1P with v = ``chunks`` stages per worker, stage s on worker
     s mod P), torch's ScheduleInterleavedZeroBubble. M must be a multiple of max(1, M // P)."""
-    P, v = _pipeline_size(plan, "interleaved-zb", chunks)
-    M, T = _check_m(microbatches), _check_m(steps, "steps")
-    rounds = max(1, M // P)
-    if M % rounds:
-        ok = [m for m in range(max(1, M - P), M + P + 1) if m % max(1, m // P) == 0]
-        raise ValueError(
-            f"interleaved-zb: {M} microbatches are not a multiple of the {rounds} rounds "
-            f"(max(1, M // P) with P = {P} workers); use one of {ok}"
-        )
+    P, v = pipeline_size(plan, "interleaved-zb", chunks)
+    M, T = positive_int(microbatches), positive_int(steps, "steps")
     layout = tuple((s % P,) for s in range(P * v))
-    orders = _steps(lambda r, off: zb1p_order(r, P, v, M, off), P, M, T)
-    return _finish("interleaved-zb", layout, orders, M, T, options={"chunks": v})
+    orders = concat_steps(lambda r, off: zb1p_order(r, P, v, M, off), P, M, T)
+    return schedule_of_orders("interleaved-zb", layout, orders, M, T, options={"chunks": v})
 
 
 # ---- ZB-V (torch ScheduleZBVZeroBubble) -------------------------------------------------------
@@ -186,9 +188,9 @@ def dualpipev_order(rank: int, P: int, M: int, offset: int = 0) -> tuple[list[Ke
     pending: list[tuple[int, int]] = []  # (stage, microbatch) of split B's whose W has not run
 
     def full_b(s):  # a full backward consumes the BI and BW counters alike (torch)
-        key = c.take("BI", s)
+        _, _, b = c.take("BI", s)
         c.next[("BW", s)] += 1
-        return ("B", s, key[2])
+        return ("B", s, b)
 
     def add(kind, s):
         if kind == "B":
@@ -197,7 +199,8 @@ def dualpipev_order(rank: int, P: int, M: int, offset: int = 0) -> tuple[list[Ke
             key = c.take(kind, s)
             out.append(key)
             if kind == "BI":
-                pending.append((s, key[2]))
+                _, _, b = key
+                pending.append((s, b))
 
     def add_w():
         if pending:
@@ -208,7 +211,8 @@ def dualpipev_order(rank: int, P: int, M: int, offset: int = 0) -> tuple[list[Ke
     def overlap(sf, sb):
         f, b = c.take("F", sf), full_b(sb)
         out.extend([f, b])
-        pairs.append((rank, (f[1], f[2]), (b[1], b[2])))
+        (_, fs, fb), (_, bs, bb) = f, b
+        pairs.append((rank, (fs, fb), (bs, bb)))
 
     for _ in range(2 * (P - rank - 1)):
         add("F", s0)
@@ -255,8 +259,8 @@ def dualpipev_order(rank: int, P: int, M: int, offset: int = 0) -> tuple[list[Ke
 def dualpipev(plan, microbatches: int, steps: int = 1) -> Schedule:
     """DualPipeV (DeepSeek-V3 report; torch ScheduleDualPipeV): V placement, overlapped F/B pairs.
     Needs M >= 2P microbatches (the number of stages)."""
-    P, _ = _pipeline_size(plan, "dualpipev", 2)
-    M, T = _check_m(microbatches), _check_m(steps, "steps")
+    P, _ = pipeline_size(plan, "dualpipev", 2)
+    M, T = positive_int(microbatches), positive_int(steps, "steps")
     if M < 2 * P:
         raise ValueError(
             f"dualpipev needs at least as many microbatches as stages (2P = {2 * P} for {P} "
@@ -270,7 +274,9 @@ def dualpipev(plan, microbatches: int, steps: int = 1) -> Schedule:
             o += keys
             pairs += pr
         orders.append(o)
-    return _finish("dualpipev", v_layout(P), orders, M, T, options={"chunks": 2, "overlap_f_b": tuple(pairs)})
+    return schedule_of_orders(
+        "dualpipev", v_layout(P), orders, M, T, options={"chunks": 2, "overlap_f_b": tuple(pairs)}
+    )
 
 
 # ---- one common setting for every pipeline schedule -------------------------------------------
