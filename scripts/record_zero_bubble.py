@@ -22,6 +22,16 @@ grid point (P workers, M microbatches, per-op costs F, B, W and communication C)
 
 Memory accounting given to ``zbv.py``: one unit per F, released by the W (f_mem = 1, b_mem = 0,
 w_mem = -1) and ``max_mem = 2P``, its default (1F1B's memory, P microbatches of a worker).
+
+``zb.json``: the automatic scheduler of the zero-bubble paper (``zb.py``, its heuristic; the ILP of
+older versions of the file is disabled there) on a straight pipeline of P stages, on a grid of P, M,
+costs and memory limits (``limit`` microbatches per stage, the same accounting: f_mem = 1, b_mem = 0,
+w_mem = -1, ``max_mem = limit``). Its eight heuristic settings are run as its ``initial_solution``
+runs them, the least longest per-stage span kept (the first on a tie); a setting that raises
+"Cannot fit memory" is skipped (``initial_solution`` would raise; ``failed_settings`` counts them) and
+a point where all do is recorded with ``orders: null``. Per point: ``orders`` (per stage, by
+completion time), ``makespan``, ``reference_metric`` (its ``best_time``: the longest per-stage span,
+first F start to last W end) and ``peak_chunks`` (live microbatches per stage, F to W).
 """
 
 from __future__ import annotations
@@ -37,6 +47,9 @@ SCHED = "megatron/core/pipeline_parallel/zerobubble/scheduler"
 PKG = "megatron.core.pipeline_parallel.zerobubble.scheduler"
 GRID_P, GRID_M = (4, 8), (8, 16, 24)
 GRID_COSTS = ((1, 1, 1, 0), (1, 2, 1, 0), (2, 2, 1, 0), (1, 1, 1, 1), (2, 3, 1, 1))
+# zb.py: the V grid's costs and two of the zero-bubble paper's Table 9 rows (1.5B and 6.2B at m = 24, ms)
+ZB_COSTS = GRID_COSTS + ((18.522, 18.086, 9.337, 0.601), (29.718, 29.444, 19.927, 0.527))
+ZB_LIMITS = (lambda P: P // 2, lambda P: P, lambda P: P + P // 2, lambda P: 2 * P)
 
 
 def read_source(root: Path, name: str) -> str:
@@ -50,10 +63,16 @@ def read_source(root: Path, name: str) -> str:
 
 
 def load(root: Path, name: str) -> types.ModuleType:
-    """Import ``scheduler/<name>`` with stub parent packages (no Megatron, no torch)."""
+    """Import ``scheduler/<name>`` with stub parent packages (no Megatron, no torch: ``zb.py``'s
+    ``import torch`` and ``import pulp`` get empty stand-ins; its heuristic uses neither)."""
     parts = PKG.split(".")
     for i in range(1, len(parts) + 1):
         sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+    if name == "zb":
+        torch_stub = sys.modules.setdefault("torch", types.ModuleType("torch"))
+        if not hasattr(torch_stub, "Tensor"):
+            torch_stub.Tensor = object  # a dataclass annotation of zb.Graph
+        sys.modules.setdefault("pulp", types.ModuleType("pulp"))
     for dep in ("graph", name):
         full = f"{PKG}.{dep}"
         if full not in sys.modules:
@@ -109,6 +128,82 @@ def run_zbv_greedy(mod, P, M, f, b, w, c, mem: str):
     return orders, float(end), float(span)
 
 
+def run_zb(mod, P, M, f, b, w, c, limit):
+    """zb.py's heuristic as ``initial_solution`` runs it (module docstring). Returns (orders,
+    makespan, best_time, failed settings); orders None when no setting fits the memory."""
+    config = mod.GraphConfig(
+        cost_f=[float(f)] * P,
+        cost_b=[float(b)] * P,
+        cost_w=[float(w)] * P,
+        cost_comm=float(c),
+        mem_f=[1] * P,
+        mem_b=[0] * P,
+        mem_w=[-1] * P,
+        max_mem=[limit] * P,
+        n_stages=P,
+        n_micro=M,
+    )
+    graph = mod.Graph.build_graph(P, M, config)
+    best, failed = None, 0
+    for late in (True, False):
+        for prio in (True, False):
+            for greedy in (True, False):
+                try:
+                    _, times, span = graph.manual_order(
+                        allow_bubble_before_first_b=late, prioritize_b=prio, no_bubble_greedy=greedy
+                    )
+                except ValueError:  # "Cannot fit memory"
+                    failed += 1
+                    continue
+                if best is None or span < best[1]:
+                    best = (times, span)
+    if best is None:
+        return None, None, None, failed
+    times, span = best
+    kinds = ["F", "BI", "BW"]
+    orders = []
+    for s in range(P):
+        ops = [(times[graph.get_id(k, s, mb)], k, mb) for k in range(3) for mb in range(M)]
+        orders.append([[kinds[k], s, mb] for _, k, mb in sorted(ops)])
+    return orders, float(max(times)), float(span), failed
+
+
+def record_zb(root: Path, out: Path, commit: str) -> None:
+    """``zb.json`` (module docstring)."""
+    zb = load(root, "zb")
+    cases = []
+    for P in GRID_P:
+        for M in GRID_M:
+            for f, b, w, c in ZB_COSTS:
+                for lim in ZB_LIMITS:
+                    orders, makespan, metric, failed = run_zb(zb, P, M, f, b, w, c, lim(P))
+                    cases.append(
+                        {
+                            "P": P,
+                            "M": M,
+                            "F": f,
+                            "B": b,
+                            "W": w,
+                            "C": c,
+                            "limit": lim(P),
+                            "makespan": makespan,
+                            "reference_metric": metric,
+                            "failed_settings": failed,
+                            "peak_chunks": None if orders is None else [peak_chunks(o) for o in orders],
+                            "orders": orders,
+                        }
+                    )
+                    print(
+                        f"zb P={P} M={M} F,B,W,C={f},{b},{w},{c} limit={lim(P)}: makespan {makespan}", file=sys.stderr
+                    )
+    doc = {
+        "source": "github.com/sail-sg/zero-bubble-pipeline-parallelism",
+        "commit": commit,
+        "scheduler": f"{SCHED}/zb.py",
+    }
+    (out / "zb.json").write_text(json.dumps(dict(doc, cases=cases), separators=(",", ":")) + "\n")
+
+
 def record(root: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     zbv, greedy = load(root, "zbv"), load(root, "zbv_greedy")
@@ -151,6 +246,7 @@ def record(root: Path, out: Path) -> None:
             "cases": cases,
         }
         (out / f"{name}.json").write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+    record_zb(root, out, commit)
 
 
 def main(argv=None) -> int:
