@@ -19,7 +19,7 @@ schedules of the DP's best candidates at NOAM's and at the communication-aware w
 process, time.process_time, which other load disturbs less); the 1-minute load average of the
 machine is recorded beside it (the benchmark is not a test: it does not fail when slow).
 The paper's DP is O(N^2 M^2) per level (O(N^3 M_1^2) for an inner level that needs every
-sub-range); see workbench/partitioning/dynamic_program.py for how it is vectorised.
+sub-range); see workbench/partitioning/crossing.py for how level 1 is vectorised.
 
     python benchmarks/bench_partition.py [--sizes 100 250 500 1000] [--repeat 3]
 

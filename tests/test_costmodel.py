@@ -12,7 +12,7 @@ import pytest
 from workbench.cost.model import CostModel, ring_allreduce_ms
 from workbench.cost.plan import Plan, Stage
 from workbench.cost.topology import Topology
-from workbench.partitioning.dynamic_program import data_parallel_ms, with_predictions
+from workbench.partitioning.pricing import data_parallel_ms, with_predictions
 from workbench.partitioning.search import partition
 from workbench.profiling.measure import Profile
 from workbench.profiling.pipedream import shipped

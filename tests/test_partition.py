@@ -24,13 +24,10 @@ from hypothesis import strategies as st
 
 from workbench.cost.model import CostModel
 from workbench.cost.topology import Topology
-from workbench.partitioning.dynamic_program import (
-    _build_levels,
-    _layers,
-    data_parallel_ms,
-    partition_balanced_time,
-    partition_equal_layers,
-)
+from workbench.partitioning.baselines import partition_balanced_time, partition_equal_layers
+from workbench.partitioning.dynamic_program import build_levels as solve_levels
+from workbench.partitioning.inputs import layer_costs
+from workbench.partitioning.pricing import data_parallel_ms
 from workbench.partitioning.search import partition as _partition
 from workbench.profiling.measure import Profile
 
@@ -39,8 +36,8 @@ partition = functools.partial(_partition, refine=False)
 
 
 def build_levels(L, topo, straight, memory, fewer, fast=True):
-    cm = CostModel(np.diff(L.Fp), np.diff(L.Bp), L.act, L.param, topology=topo)
-    return _build_levels(L, topo, straight, memory, fewer, cm=cm, fast=fast)
+    cm = CostModel(np.diff(L.fwd_prefix), np.diff(L.bwd_prefix), L.act_bytes, L.param_bytes, topology=topo)
+    return solve_levels(L, topo, straight, memory, fewer, cost_model=cm, fast=fast)
 
 
 def make_profile(fwd, bwd, act, par):
@@ -247,12 +244,12 @@ def test_vectorised_crossing_search_equals_direct_minimum(M, rows_all):
         if n == 17:  # zero-cost layers and huge activations stress ties and infinities
             p.layers.loc[3:6, ["fwd_ms", "bwd_ms", "param_bytes"]] = 0.0
             p.layers.loc[8, "act_bytes"] = 1e12
-        L = _layers(p)
+        L = layer_costs(p)
         topo = Topology([(M, 1e10), (2, 1e9)]) if rows_all else Topology.flat(M, 1e10)
-        for kw in ({}, {"straight": True}, {"memory": float(L.Ap[-1] + L.Wp[-1]) / 3}):
+        for kw in ({}, {"straight": True}, {"memory": float(L.act_prefix[-1] + L.param_prefix[-1]) / 3}):
             a = build_levels(L, topo, kw.get("straight", False), kw.get("memory"), False, fast=True)
             b = build_levels(L, topo, kw.get("straight", False), kw.get("memory"), False, fast=False)
-            np.testing.assert_array_equal(a[0].A, b[0].A)
+            np.testing.assert_array_equal(a[0].best_ms, b[0].best_ms)
 
 
 def heavy_tailed_profile(rng, n):
@@ -276,16 +273,16 @@ def test_crossing_search_equals_direct_on_larger_inputs(M, rows_all, seed):
     bit for bit, and so do the plans."""
     rng = np.random.default_rng(seed)
     p = heavy_tailed_profile(rng, 130)
-    L = _layers(p)
+    L = layer_costs(p)
     topo = Topology([(M, 2e10), (3, 1e9)]) if rows_all else Topology.flat(M, 2e9)
-    for kw in ({}, {"straight": True}, {"memory": float(L.Ap[-1] + L.Wp[-1]) / 4}):
+    for kw in ({}, {"straight": True}, {"memory": float(L.act_prefix[-1] + L.param_prefix[-1]) / 4}):
         a = build_levels(L, topo, kw.get("straight", False), kw.get("memory"), False, fast=True)
         b = build_levels(L, topo, kw.get("straight", False), kw.get("memory"), False, fast=False)
         if "memory" not in kw:  # a range of at least m layers always fits on exactly m workers
-            m, j, r = np.ogrid[: M + 1, :130, : a[0].A.shape[2]]
-            assert np.isfinite(a[0].A[(m >= 1) & (j - r + 1 >= m)]).all()
+            m, j, r = np.ogrid[: M + 1, :130, : a[0].best_ms.shape[2]]
+            assert np.isfinite(a[0].best_ms[(m >= 1) & (j - r + 1 >= m)]).all()
         for la, lb in zip(a, b):
-            np.testing.assert_array_equal(la.A, lb.A)
+            np.testing.assert_array_equal(la.best_ms, lb.best_ms)
 
 
 def test_larger_instance_is_consistent_and_beats_baselines():
@@ -475,7 +472,7 @@ def test_balanced_time_runs_in_o_n_s_memory():
 def test_options_object_and_keywords_give_the_same_plan():
     """``PartitionOptions`` and the keywords name the same search; a keyword overrides the object;
     a bare positional value where the options go is refused."""
-    from workbench.partitioning.dynamic_program import PartitionOptions
+    from workbench.partitioning import PartitionOptions
 
     p = make_profile([5, 7, 3, 9], [10, 12, 6, 20], [1e6, 2e6, 1e6, 1e6], [1e7, 1e6, 5e6, 1e6])
     topo = Topology.flat(4, 1e9)
@@ -513,3 +510,76 @@ def test_the_dynamic_program_prices_replicas_with_the_calibrated_all_reduce():
     cm = CostModel.from_profile(p, topo, allreduce_bandwidth=1e8)
     assert slow.bottleneck_ms == pytest.approx(cm.predicted_ms(slow))
     assert max(s.time_ms for s in slow.stages) == pytest.approx(cm.predicted_ms(slow))
+
+
+# ---- the partitioner's room: short functions, public names, lazy package exports --------------
+REPO = Path(__file__).resolve().parents[1]
+PARTITIONING = REPO / "workbench" / "partitioning"
+
+
+def test_no_function_in_the_partitioner_is_longer_than_80_lines():
+    import ast
+
+    long = [
+        f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted(PARTITIONING.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80
+    ]
+    assert long == []
+
+
+def private_partitioning_imports(source: str, where: str) -> list[str]:
+    """``from workbench.partitioning[.x] import _name`` in ``source`` (dunder names are not private)."""
+    import ast
+
+    return [
+        f"{where}: from {node.module} import {alias.name}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("workbench.partitioning")
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+
+
+def test_the_private_import_check_finds_one():
+    assert private_partitioning_imports("from workbench.partitioning.level import _x, y\n", "s") == [
+        "s: from workbench.partitioning.level import _x"
+    ]
+
+
+def test_no_private_partitioning_name_is_imported_anywhere():
+    import json
+
+    found = []
+    for folder in ("workbench", "tests", "benchmarks", "scripts", "notebooks"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            found += private_partitioning_imports(path.read_text(), str(path.relative_to(REPO)))
+        for path in sorted((REPO / folder).rglob("*.ipynb")):
+            for cell in json.loads(path.read_text())["cells"]:
+                code = "".join(cell["source"]) if cell["cell_type"] == "code" else ""
+                code = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
+                found += private_partitioning_imports(code, str(path.relative_to(REPO)))
+    assert found == []
+
+
+def test_the_package_exports_its_public_names_lazily():
+    """``import workbench.partitioning`` imports none of its modules; each export is the object its
+    module defines, and an unknown name is an AttributeError."""
+    import subprocess
+    import sys
+
+    import workbench
+    import workbench.partitioning as pkg
+    from workbench.partitioning import baselines, options, search
+
+    code = "import sys, workbench.partitioning; print(sorted(m for m in sys.modules if m.startswith('workbench.')))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['workbench.partitioning']"
+    assert pkg.partition is search.partition and pkg.PartitionOptions is options.PartitionOptions
+    assert workbench.PartitionOptions is options.PartitionOptions
+    assert pkg.partition_equal_layers is baselines.partition_equal_layers
+    assert pkg.partition_balanced_time is baselines.partition_balanced_time
+    assert set(pkg.__all__) <= set(dir(pkg))
+    with pytest.raises(AttributeError, match="no attribute 'solve'"):
+        pkg.solve  # noqa: B018

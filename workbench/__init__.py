@@ -40,7 +40,7 @@ _EXPORTS = {
     "profile": "workbench.profiling.measure",
     "project": "workbench.profiling.measure",
     "partition": "workbench.partitioning.search",
-    "PartitionOptions": "workbench.partitioning.dynamic_program",
+    "PartitionOptions": "workbench.partitioning.options",
     "simulate": "workbench.simulation",
     "SimOptions": "workbench.simulation",
     "SimResult": "workbench.simulation",

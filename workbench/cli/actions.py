@@ -16,8 +16,9 @@ from workbench.cost.topology import Topology
 from workbench.io.folders import fresh_path, run_folder, run_id
 from workbench.models import list_models
 from workbench.models.data import dataset_info, load_dataset
+from workbench.partitioning.baselines import partition_balanced_time, partition_equal_layers
 from workbench.partitioning.compare import compare_costs
-from workbench.partitioning.dynamic_program import MAX_WORKERS, partition_balanced_time, partition_equal_layers
+from workbench.partitioning.inputs import MAX_WORKERS
 from workbench.partitioning.pipedream_optimizer import Settings
 from workbench.partitioning.search import partition
 from workbench.profiling.measure import Profile, profile, project, threads_per_rank

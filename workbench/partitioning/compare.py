@@ -22,8 +22,8 @@ from workbench.cost.model import CostModel
 from workbench.cost.plan import Plan
 from workbench.cost.topology import Topology
 from workbench.io.cards import card
-from workbench.partitioning.dynamic_program import with_predictions
 from workbench.partitioning.pipedream_optimizer import Settings, price_plan, profile_for
+from workbench.partitioning.pricing import with_predictions
 from workbench.partitioning.search import partition
 from workbench.profiling.measure import Profile
 

@@ -1,4 +1,4 @@
-"""The partitioner's search: PipeDream's dynamic program (:mod:`workbench.partitioning.dynamic_program`,
+"""The partitioner's search: PipeDream's dynamic program (:mod:`workbench.partitioning.candidates`,
 pure) or PipeDream's own optimizer (:mod:`workbench.partitioning.pipedream_optimizer`), then the
 best candidates refined by simulation (:mod:`workbench.simulation`). This is the only module of
 the partitioner that imports the simulator and the schedules: it sits above both.
@@ -6,7 +6,6 @@ the partitioner that imports the simulator and the schedules: it sits above both
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import replace
 from typing import Any
@@ -14,33 +13,15 @@ from typing import Any
 from workbench.cost.model import CostModel
 from workbench.cost.plan import Plan
 from workbench.cost.topology import Topology
-from workbench.io.keywords import check_keywords
-from workbench.partitioning.dynamic_program import (
-    COSTS,
-    PartitionOptions,
-    _check_topology,
-    partition_by_pipedream,
-    solve,
-    with_predictions,
-)
+from workbench.partitioning.candidates import solve
+from workbench.partitioning.inputs import check_memory, check_topology
+from workbench.partitioning.options import PartitionOptions, options_from
+from workbench.partitioning.pipedream_optimizer import Settings as PipeDreamSettings
+from workbench.partitioning.pipedream_optimizer import partition_pipedream
+from workbench.partitioning.pricing import with_predictions
 from workbench.profiling.table import Profile
 from workbench.schedules import noam_warmup
 from workbench.simulation import simulate_plan, steady_microbatches
-
-
-def options_from(options: PartitionOptions | None, keywords: dict[str, Any]) -> PartitionOptions:
-    """``options`` (default :class:`PartitionOptions`) with ``keywords`` overriding its fields; an
-    unknown keyword is a ``TypeError`` naming the closest field."""
-    if options is not None and not isinstance(options, PartitionOptions):
-        raise TypeError(
-            f"partition's third argument is a PartitionOptions, got {options!r}; pass straight=..., "
-            "memory_bytes=... as keywords"
-        )
-    check_keywords(keywords, [f.name for f in dataclasses.fields(PartitionOptions)], "partition")
-    for key in ("straight", "use_fewer_workers", "refine", "recompute"):
-        if key in keywords and not isinstance(keywords[key], bool):
-            raise ValueError(f"{key} must be True or False, got {keywords[key]!r}")
-    return dataclasses.replace(options or PartitionOptions(), **keywords)
 
 
 def partition(profile: Profile, topology: Topology, options: PartitionOptions | None = None, **keywords: Any) -> Plan:
@@ -57,24 +38,23 @@ def partition(profile: Profile, topology: Topology, options: PartitionOptions | 
     The plan also carries the :class:`~workbench.cost.model.CostModel` figures of its flat stages:
     ``predicted_ms`` (closed form), ``in_flight`` (warm-up per stage, communication included) and
     ``stage_memory_bytes``. With ``refine`` (default) the dynamic program's candidates
-    (:func:`_candidates`: the all-replicated stage, the best split per replica count of the last
-    top-level stage, and with ``use_fewer_workers`` the best plan per worker count) are ranked by
-    ``predicted_ms``; the DP optimum and the ``CANDIDATES`` best are simulated in 1F1B at
+    (:func:`~workbench.partitioning.reconstruction.top_candidates`: the all-replicated stage, the
+    best split per replica count of the last top-level stage, and with ``use_fewer_workers`` the
+    best plan per worker count) are ranked by ``predicted_ms``; the DP optimum and the ``CANDIDATES`` best are simulated in 1F1B at
     PipeDream's NOAM warm-up and at the communication-aware ``in_flight`` (:func:`refine_plan`,
     :func:`refine_candidates`); the fastest that fits ``memory_bytes`` is kept, its steady state is
     ``simulated_ms``, its own DP value ``bottleneck_ms``, and ``meta["candidates"]`` lists them all.
     ``latency_ms`` (per message, one number or one per level) and ``op_overhead_ms`` (per op) are
-    the calibrated fixed costs of :mod:`workbench.runtime.calibration.machine`. ``recompute``: the memory limit and
-    ``stage_memory_bytes`` assume activation re-materialization (module docstring, Memory).
+    the calibrated fixed costs of :mod:`workbench.runtime.calibration.machine`. ``recompute``: the
+    memory limit and ``stage_memory_bytes`` assume activation re-materialization
+    (:func:`~workbench.cost.model.stage_memory`).
 
     ``cost="pipedream"``: PipeDream's own optimizer and formulas instead
     (:func:`workbench.partitioning.pipedream_optimizer.partition_pipedream`, options in ``pipedream``; over the
     antichain DAG of a graph.txt profile); the cost model named in ``meta["cost"]``.
     """
     o = options_from(options, keywords)
-    if o.cost not in COSTS:
-        raise ValueError(f"cost must be one of {', '.join(COSTS)}, got {o.cost!r}")
-    topo = _check_topology(topology)
+    topo = check_topology(topology)
     if o.cost == "pipedream":
         return partition_by_pipedream(profile, topo, o)
     found = solve(profile, topo, o)
@@ -82,6 +62,23 @@ def partition(profile: Profile, topology: Topology, options: PartitionOptions | 
         return found.optimum
     shortlist = list({id(q): q for q in [found.optimum] + found.ranked[:CANDIDATES]}.values())
     return refine_candidates(shortlist, profile, topo, found.cost_model, found.memory_bytes)
+
+
+def partition_by_pipedream(profile: Profile, topo: Topology, o: PartitionOptions) -> Plan:
+    """``cost="pipedream"``: PipeDream's optimizer, which has no fixed costs or recompute to price."""
+    if o.recompute or o.latency_ms or o.op_overhead_ms or o.allreduce_bandwidth or o.allreduce_latency_ms:
+        raise ValueError(
+            "cost='pipedream' prices PipeDream's formulas only: drop recompute, latency_ms, op_overhead_ms "
+            "and the allreduce_ options"
+        )
+    return partition_pipedream(
+        profile,
+        topo,
+        o.straight,
+        check_memory(o.memory_bytes),
+        o.use_fewer_workers,
+        settings=o.pipedream or PipeDreamSettings(),
+    )
 
 
 CANDIDATES = 3  # the dynamic program's plans with the best closed-form prediction that refinement simulates

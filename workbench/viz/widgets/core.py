@@ -21,8 +21,8 @@ from workbench import schedules
 from workbench.cost.model import CostModel
 from workbench.cost.plan import Plan
 from workbench.cost.topology import Topology
-from workbench.partitioning.dynamic_program import data_parallel_ms, with_predictions
 from workbench.partitioning.pipedream_optimizer import profile_for
+from workbench.partitioning.pricing import data_parallel_ms, with_predictions
 from workbench.partitioning.search import partition
 from workbench.profiling.measure import Profile
 from workbench.simulation import SimResult, simulate, steady_microbatches
