@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from workbench.runtime.transport.comm import _Sender
+from workbench.runtime.transport.comm import Sender
 
 
 def test_sender_posts_in_order_and_drain_waits_for_all():
@@ -16,7 +16,7 @@ def test_sender_posts_in_order_and_drain_waits_for_all():
         time.sleep(0.001)  # a slow post: drain must still see every one
         posted.append((key, dst, threading.get_ident() != main))
 
-    s = _Sender(isend)
+    s = Sender(isend)
     for g in range(20):
         s.put((0, 0, g), [], 1)
     s.drain(timeout_s=10)
@@ -27,7 +27,7 @@ def test_a_failed_send_is_reported_on_the_rank_thread():
     def isend(key, tensors, dst):
         raise OSError("connection reset by peer")
 
-    s = _Sender(isend)
+    s = Sender(isend)
     s.put((1, 0, 3), [], 0)
     with pytest.raises(RuntimeError, match="a send failed: connection reset"):
         s.drain(timeout_s=10)
@@ -37,7 +37,7 @@ def test_a_failed_send_is_reported_on_the_rank_thread():
 
 def test_drain_times_out_instead_of_hanging():
     release = threading.Event()
-    s = _Sender(lambda *a: release.wait(5))
+    s = Sender(lambda *a: release.wait(5))
     s.put((0, 0, 0), [], 1)
     with pytest.raises(TimeoutError, match="not posted within"):
         s.drain(timeout_s=0.05)

@@ -39,7 +39,7 @@ def _tensors(x):
     raise TypeError(f"layer inputs/outputs must be tensors or tuples of tensors, got {type(x).__name__}")
 
 
-def _detach(x, requires_grad: bool = True):
+def detach_input(x, requires_grad: bool = True):
     """Detach a layer input from earlier layers; floating tensors require grad (the layer's backward
     then includes its input gradient) unless ``requires_grad=False`` (the model's first layer: no
     gradient is computed for the data)."""
@@ -47,7 +47,7 @@ def _detach(x, requires_grad: bool = True):
     if isinstance(x, torch.Tensor):
         t = x.detach()
         return t.requires_grad_(True) if requires_grad and t.is_floating_point() else t
-    return type(x)(_detach(i, requires_grad) for i in x)
+    return type(x)(detach_input(i, requires_grad) for i in x)
 
 
 def nbytes(x) -> int:
@@ -55,8 +55,10 @@ def nbytes(x) -> int:
     return sum(t.numel() * t.element_size() for t in _tensors(x))
 
 
-def _layers_and_input(model, example_input, batch_size):
-
+def layers_and_input(model, example_input, batch_size):
+    """``(name, layers, layer names, example input)`` of what :func:`profile` accepts: a zoo
+    model (its input built for ``batch_size`` when ``example_input`` is None), a list or Sequential of
+    layers, or any module (traced into layers on ``example_input``)."""
     if hasattr(model, "layers") and hasattr(model, "example_input"):  # a zoo LayerModel
         layers = list(model.layers)
         if example_input is None:
@@ -70,7 +72,7 @@ def _layers_and_input(model, example_input, batch_size):
         if example_input is None:
             raise ValueError(f"profile() needs example_input to trace {type(model).__name__} into layers")
 
-        return _layers_and_input(split(model, example_input), example_input, batch_size)
+        return layers_and_input(split(model, example_input), example_input, batch_size)
     else:
         raise ValueError(
             f"profile() needs an nn.Module, a workbench.models LayerModel or a list of modules, "
@@ -94,7 +96,7 @@ def _backward_inputs(out):
 def _flops(layer, x, first: bool = False) -> tuple[float, float]:
     """Forward and backward FLOPs of one layer via torch.utils.flop_counter."""
 
-    x = _detach(x, not first)
+    x = detach_input(x, not first)
     with FlopCounterMode(display=False) as fc:
         out = layer(x)
     fwd = fc.get_total_flops()
@@ -145,7 +147,7 @@ def profile(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1 (got {batch_size})")
     threads = threads_per_rank(1) if threads is None else _check_threads(threads)
-    name, layers, names, x = _layers_and_input(model, example_input, batch_size)
+    name, layers, names, x = layers_and_input(model, example_input, batch_size)
     batch_size = _batch_of(x, batch_size)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     timing = _Timing(warmup, iterations, dev, flops)
@@ -206,7 +208,7 @@ def _measure_layers(layers, names, x, timing: _Timing, desc: str, *, progress: b
         if getattr(layer, "reads_from", None) is not None:
             row["own_act_bytes"] = float(_own_bytes(out, layer.own_out))
         rows.append(row)
-        x = _detach(out).detach() if isinstance(out, torch.Tensor) else tuple(t.detach() for t in _tensors(out))
+        x = detach_input(out).detach() if isinstance(out, torch.Tensor) else tuple(t.detach() for t in _tensors(out))
         if not isinstance(out, torch.Tensor):
             x = _regroup(out, x)
     return rows
@@ -242,7 +244,7 @@ def _time_layer(layer, x, i: int, name: str, warmup: int, *, iterations: int, de
     layer.train()
     fwd_times, bwd_times = [], []
     for it in range(warmup + iterations):
-        inp = _detach(x, i > 0)
+        inp = detach_input(x, i > 0)
         out, tf = _timed(lambda: _call(layer, inp, i, name), dev)
         outs, grads = _backward_inputs(out)
         tb = 0.0
@@ -253,7 +255,7 @@ def _time_layer(layer, x, i: int, name: str, warmup: int, *, iterations: int, de
             bwd_times.append(tb)
         layer.zero_grad(set_to_none=True)
     with torch.no_grad():
-        out = layer(_detach(x))
+        out = layer(detach_input(x))
     return fwd_times, bwd_times, out
 
 
@@ -458,11 +460,11 @@ def analyze(model, example_input=None, *, batch_size: int = 32) -> pd.DataFrame:
     of 3x3 stride-1 convolutions, which GPU libraries run with Winograd), input_grad (False for the
     first layer: no gradient is computed for the data), act_bytes, input_bytes, param_bytes."""
 
-    name, layers, names, x = _layers_and_input(model, example_input, batch_size)
+    name, layers, names, x = layers_and_input(model, example_input, batch_size)
     rows, seen = [], set[int]()
     for i, layer in enumerate(layers):
         fwd, bwd = _flops(layer, x, first=i == 0)
-        out = layer(_detach(x, i > 0))
+        out = layer(detach_input(x, i > 0))
         rows.append(
             dict(
                 name=names[i],

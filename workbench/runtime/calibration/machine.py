@@ -50,13 +50,13 @@ import torch.multiprocessing as mp
 from workbench.cost.model import CostModel
 from workbench.cost.plan import Plan
 from workbench.cost.topology import Topology
-from workbench.profiling.measure import Profile, _detach, _layers_and_input, profile
+from workbench.profiling.measure import Profile, detach_input, layers_and_input, profile
 from workbench.runtime.launch.affinity import place_rank
 from workbench.runtime.launch.lifetime import spawn
 from workbench.runtime.launch.ports import free_port
 from workbench.runtime.semantics import stages
 from workbench.runtime.transport import shm
-from workbench.runtime.transport.comm import _Sender, uses_send_thread
+from workbench.runtime.transport.comm import Sender, uses_send_thread
 from workbench.schedules.core import Op, Schedule
 from workbench.simulation import simulate
 
@@ -170,7 +170,7 @@ class _PingPongLink:
         self.dist, self.tmo, self.timeout_s = dist, tmo, t.timeout_s
         self.pending: list = []
         self.sender = (
-            _Sender(lambda key, tensors, dst: self.pending.append(dist.isend(tensors[0], dst))) if sender else None
+            Sender(lambda key, tensors, dst: self.pending.append(dist.isend(tensors[0], dst))) if sender else None
         )
         self.chan: dict = {}
         self.count = {"tx": 0, "rx": 0}
@@ -772,7 +772,7 @@ def stage_profile(
             flops=False,
         )
 
-        _, _, _, x = _layers_and_input(model, None, microbatch_size)
+        _, _, _, x = layers_and_input(model, None, microbatch_size)
         fwd, bwd, split, acc, step, step_copy = [], [], [], [], [], []
         for a, z in bounds:
             last = z == len(layers) - 1 and hasattr(model, "loss") and hasattr(model, "example_target")
@@ -792,7 +792,7 @@ def stage_profile(
             acc.append(ac)
             with torch.no_grad():
                 for layer in layers[a : z + 1]:
-                    x = layer(_detach(x, False))
+                    x = layer(detach_input(x, False))
     finally:
         torch.set_num_threads(before)
     return StageProfile(

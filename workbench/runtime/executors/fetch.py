@@ -154,7 +154,6 @@ class RemoteWeights:
         timeout_s: float,
         *,
         groups: dict,
-        updates_per_round: list[int],
         one_tag: bool = False,
     ):
         self.plan = RemotePlan(schedule, rank)
@@ -166,7 +165,7 @@ class RemoteWeights:
         self.device = device
         self.timeout = timedelta(seconds=timeout_s)
         self.groups, self.one_tag = groups, one_tag  # remote_channel(...) -> process group
-        self.T = max(updates_per_round) + 1
+        self.T = max(schedule.updates_per_round) + 1
         self.sends: list = []  # (work, tensor) in flight
         self.posted: dict = {}  # (s, b) -> (work, buffer, owner)
         self.next_fetch = 0

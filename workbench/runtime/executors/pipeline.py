@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -59,7 +60,6 @@ from workbench.runtime.executors import opclock
 from workbench.runtime.executors.fetch import RemoteWeights, has_remote, is_remote
 from workbench.runtime.executors.record import OpRecord
 from workbench.runtime.executors.tied import TiedGradients, tied_weights
-from workbench.runtime.semantics.reference import updates_per_round
 from workbench.runtime.semantics.stages import (
     as_leaves,
     as_tuple,
@@ -77,7 +77,8 @@ from workbench.runtime.semantics.stages import (
 )
 from workbench.runtime.transport import shm
 from workbench.runtime.transport.comm import P2P, ShmP2P
-from workbench.runtime.transport.comm_plan import ACT, GRAD, RankComm, group_of, p2p_channel
+from workbench.runtime.transport.comm_plan import RankComm, group_of, p2p_channel
+from workbench.runtime.transport.messages import MessageKind
 from workbench.schedules.core import Schedule
 
 
@@ -89,7 +90,7 @@ class RankProgram:
         self.ops = schedule.ops[rank]
         self.where = schedule.where()
         self.stages = sorted({op.stage for op in self.ops})
-        self.per_round = updates_per_round(schedule)
+        self.per_round = schedule.updates_per_round
         # microbatches averaged by update t of stage s (all replicas when the update is all-reduced)
         has_ar = {(op.stage, op.step) for op in self.ops if op.kind == "AR"}
         self.count = {}
@@ -116,9 +117,38 @@ class RankProgram:
         v = self.version
         return v[("B", s, b)] if ("B", s, b) in v else v[("BI", s, b)]
 
-    def dst(self, i: int, kind: int) -> int:
-        """Where op ``i``'s activation (``kind`` 0) or input gradient (1) goes (this rank: locally)."""
+    def dst(self, i: int, kind: MessageKind) -> int:
+        """Where op ``i``'s activation (``ACT``) or input gradient (``GRAD``) goes (this rank: locally)."""
         return self.comm.dst(i, kind)
+
+
+@dataclass(slots=True)
+class MicrobatchState:
+    """What a stage keeps of one microbatch between its forward and its (last) backward op.
+
+    ``x``: the input's leaves; ``y``: the output with its autograd graph (None: the forward kept no
+    graph, the backward recomputes it); ``version``: the weight version ``y``'s graph holds (the
+    forward's, or the version a BI recomputed at); ``act_bytes``: the bytes of ``x`` and ``y``
+    (the activation peak of :meth:`StageState.note_memory`); ``layers``: per-layer outputs for a
+    split backward (:func:`~workbench.runtime.semantics.stages.run_stage_layers`), else None;
+    ``params``: the weights the backward differentiates at when this rank's table may no longer hold
+    them (fetched remote weights; after a BI its version's tensors); ``target`` / ``loss``: the last
+    stage's target and loss (the loss only of a forward that kept its graph); ``cot``: the output's
+    cotangent a BI received (its BW reuses it); ``cots`` / ``roots`` / ``grads``: a layer-split BI's
+    kept cotangents for the BW (:func:`~workbench.runtime.semantics.stages.split_weight_grad`)."""
+
+    x: tuple
+    y: Any
+    version: int
+    act_bytes: int
+    layers: Any = None
+    params: dict | None = None
+    target: Any = None
+    loss: Any = None
+    cot: Any = None
+    cots: Any = None
+    roots: Any = None
+    grads: Any = None
 
 
 class StageState:
@@ -156,7 +186,7 @@ class StageState:
             self.grad[n] = self.flat[k : k + w.numel()].view_as(w)
             k += w.numel()
         self.momentum = {n: torch.zeros_like(w, device=device) for n, w in weights.items()} if held else {}
-        self.records: dict[int, dict] = {}
+        self.records: dict[int, MicrobatchState] = {}
         self.peak_versions = 1 if held else 0
         self.peak_live = 0
         self.peak_act_bytes = 0
@@ -165,10 +195,10 @@ class StageState:
         return {n: t.detach().clone() for n, t in self.versions[self.newest].items()}
 
     def note_memory(self) -> None:
-        live = set(self.versions) | {r["v"] for r in self.records.values() if r["y"] is not None}
+        live = set(self.versions) | {r.version for r in self.records.values() if r.y is not None}
         self.peak_versions = max(self.peak_versions, len(live))
         self.peak_live = max(self.peak_live, len(self.records))
-        self.peak_act_bytes = max(self.peak_act_bytes, sum(r["bytes"] for r in self.records.values()))
+        self.peak_act_bytes = max(self.peak_act_bytes, sum(r.act_bytes for r in self.records.values()))
 
 
 class PipelineExecutor:
@@ -212,7 +242,6 @@ class PipelineExecutor:
                 ctx.device,
                 ctx.run.timeout_s,
                 groups=groups,
-                updates_per_round=self.prog.per_round,
                 one_tag=ctx.run.one_tag,
             )
         self.split = {op.stage for op in self.prog.ops if op.kind == "BI"}  # stages whose backward is split (BI/BW)
@@ -295,11 +324,11 @@ class PipelineExecutor:
             ops = sched.ops[rank]
             for m in RankComm(sched, rank).recvs:
                 s, g = ops[m.recv_op].stage, k * self.M + m.unit
-                if m.kind == ACT:  # activation from the previous stage
-                    plan.append(((ACT, m.boundary, g), m.src, self.specs[m.boundary]))
+                if m.kind == MessageKind.ACT:  # activation from the previous stage
+                    plan.append(((MessageKind.ACT, m.boundary, g), m.src, self.specs[m.boundary]))
                 else:  # gradient from the next stage
                     spec = self.specs[s]
-                    plan.append(((GRAD, s, g), m.src, [spec[j] for j in _float_spec(spec)]))
+                    plan.append(((MessageKind.GRAD, s, g), m.src, [spec[j] for j in _float_spec(spec)]))
         return plan
 
     def run_round(self, k: int, R: int, data, timeline: list, metrics: dict) -> None:
@@ -378,18 +407,18 @@ class PipelineExecutor:
                 clock.add(len(timeline), t.pre, t.ev, clock.mark())
             timeline.append(
                 OpRecord(
-                    self.rank,
-                    s,
-                    ps.R * self.M + b if b >= 0 else -1,
-                    op.kind,
-                    (t.start - t0) * 1e3,
-                    (end - t0) * 1e3,
-                    off[s] + op.version if op.kind in ("F", "B", "BI", "BW") else st.newest,
-                    mine,
-                    wait,
-                    self.comm.send_ms - send0,
-                    data.ms - data0,
-                    _since(self.comm.op_send_start, t0),
+                    worker=self.rank,
+                    stage=s,
+                    microbatch=ps.R * self.M + b if b >= 0 else -1,
+                    kind=op.kind,
+                    start=(t.start - t0) * 1e3,
+                    end=(end - t0) * 1e3,
+                    version=off[s] + op.version if op.kind in ("F", "B", "BI", "BW") else st.newest,
+                    round=mine,
+                    wait_ms=wait,
+                    send_ms=self.comm.send_ms - send0,
+                    data_ms=data.ms - data0,
+                    send_at=_since(self.comm.op_send_start, t0),
                 )
             )
             if ps.ends is not None:
@@ -409,7 +438,7 @@ class PipelineExecutor:
             if s == 0:
                 x, _ = data(b)
             else:
-                bufs, wait = self.comm.recv((0, s - 1, g))
+                bufs, wait = self.comm.recv((MessageKind.ACT, s - 1, g))
                 x = from_tuple(tuple(bufs), self.like_tuple[s])
                 t.restart()
             params = None
@@ -422,7 +451,7 @@ class PipelineExecutor:
             return wait
         cot = None
         if op.kind != "BW" and s < self.S - 1:
-            cot, wait = self.comm.recv((1, s, g))
+            cot, wait = self.comm.recv((MessageKind.GRAD, s, g))
             t.restart()
         self._backward(ps, st, op, off + op.version, cot, data=data, i=i)
         return wait
@@ -504,15 +533,15 @@ class PipelineExecutor:
                 y = _stage_forward(
                     st.module, params, from_tuple(xl, self.like_tuple[s]), self.schedule.recompute and keep_graph
                 )
-        rec = {
-            "x": xl,
-            "y": y if keep_graph else None,
-            "v": v,
-            "bytes": nbytes(xl) + nbytes(as_tuple(y)),
-            "layers": layers,
-        }
-        if remote:  # the backward reuses the fetched weights (check_remote: same owner and version)
-            rec["params"] = params
+        rec = MicrobatchState(
+            x=xl,
+            y=y if keep_graph else None,
+            version=v,
+            act_bytes=nbytes(xl) + nbytes(as_tuple(y)),
+            layers=layers,
+            # the backward reuses fetched weights (check_remote: same owner and version)
+            params=params if remote else None,
+        )
         if last:
             _, target = data(b)
             # the loss of a stashed forward is built once, with its graph: the backward starts from it
@@ -523,10 +552,10 @@ class PipelineExecutor:
                 metrics["n"] += 1
                 metrics["correct"] += self.model.correct(y.detach() if torch.is_tensor(y) else y, target)
                 metrics["samples"] += int(target.shape[0])
-            rec["target"] = target
-            rec["loss"] = loss if keep_graph else None
+            rec.target = target
+            rec.loss = loss if keep_graph else None
         else:
-            self.comm.send((ACT, s, g), list(as_tuple(y)), prog.dst(i, ACT))
+            self.comm.send((MessageKind.ACT, s, g), list(as_tuple(y)), prog.dst(i, MessageKind.ACT))
         st.records[g] = rec
 
     def _backward(self, ps: _Pass, st: StageState, op, v: int, cot, *, data, i: int) -> None:
@@ -536,43 +565,42 @@ class PipelineExecutor:
         g = ps.k * self.M + b
         rec = st.records[g]
         last = s == self.S - 1
-        y = rec["y"] if rec["v"] == v else None
+        y = rec.y if rec.version == v else None
         kw = (
-            dict(loss_fn=self.model.loss, target=rec["target"], loss=rec["loss"] if y is not None else None)
+            dict(loss_fn=self.model.loss, target=rec.target, loss=rec.loss if y is not None else None)
             if last
-            else dict(cot=cot if cot is not None else rec.get("cot"))
+            else dict(cot=cot if cot is not None else rec.cot)
         )
         remote = is_remote(op, self.rank)
-        params = rec["params"] if remote or v not in st.versions else st.versions[v]
-        if op.kind == "BI" and rec["layers"] is not None and y is not None:
+        params = rec.params if remote or v not in st.versions else st.versions[v]
+        assert params is not None, f"{op}: version {v} is neither held nor kept with the microbatch"
+        if op.kind == "BI" and rec.layers is not None and y is not None:
             # only the activation-gradient chain now; the weight gradients later from the kept cotangents
             roots, grads = stage_roots(y, loss=kw.get("loss"), cot=kw.get("cot"))
-            dx, cots = split_input_grad(rec["layers"], rec["x"], roots, grads)
-            rec.update(cots=cots, roots=roots, grads=grads, v=v, params=params)
-        elif op.kind == "BW" and rec.get("cots") is not None and rec["v"] == v:
-            split_weight_grad(rec["layers"], rec["cots"], rec["roots"], rec["grads"], params, into=st.grad)
+            dx, cots = split_input_grad(rec.layers, rec.x, roots, grads)
+            rec.cots, rec.roots, rec.grads, rec.version, rec.params = cots, roots, grads, v, params
+        elif op.kind == "BW" and rec.cots is not None and rec.version == v:
+            split_weight_grad(rec.layers, rec.cots, rec.roots, rec.grads, params, into=st.grad)
             del st.records[g]
             return
         elif op.kind == "BI":
             recomputed = y is None
-            dx, _, y = vjp(
-                st.module, params, rec["x"], self.like_tuple[s], y, **kw, want_weights=False, retain_graph=True
-            )
-            rec.update(y=y, v=v, params=params, cot=cot)
+            dx, _, y = vjp(st.module, params, rec.x, self.like_tuple[s], y, **kw, want_weights=False, retain_graph=True)
+            rec.y, rec.version, rec.params, rec.cot = y, v, params, cot
             if recomputed and last:
-                rec["loss"] = None  # the stored loss belongs to the forward's evaluation, not to this one
+                rec.loss = None  # the stored loss belongs to the forward's evaluation, not to this one
         elif remote and not st.held:  # summed and pushed to the owner of the weights
-            dx, dw, _ = vjp(st.module, params, rec["x"], self.like_tuple[s], y, **kw, want_input=op.kind == "B")
+            dx, dw, _ = vjp(st.module, params, rec.x, self.like_tuple[s], y, **kw, want_input=op.kind == "B")
             assert self.remote is not None
             self.remote.add_gradient(i, dw)
             del st.records[g]
         else:  # the weight gradient is added to the update buffer by the backward pass itself
             dx, _, _ = vjp(
-                st.module, params, rec["x"], self.like_tuple[s], y, **kw, want_input=op.kind == "B", into=st.grad
+                st.module, params, rec.x, self.like_tuple[s], y, **kw, want_input=op.kind == "B", into=st.grad
             )
             del st.records[g]
         if op.kind != "BW" and s > 0:
-            self.comm.send((GRAD, s - 1, g), dx, prog.dst(i, GRAD))
+            self.comm.send((MessageKind.GRAD, s - 1, g), dx, prog.dst(i, MessageKind.GRAD))
 
     def weights(self) -> dict[int, dict]:
         """Newest weights of the stages this rank holds (not of those it only computes with)."""

@@ -40,4 +40,14 @@ def timed(
 ) -> OpRecord:
     """The record of an op timed with ``time.perf_counter()`` (seconds since ``t0``, stored in ms),
     without the pipeline executors' send/data columns (DDP, Hogwild); ``microbatch < 0``: an AR/STEP."""
-    return OpRecord(rank, stage, microbatch, kind, (start - t0) * 1e3, (end - t0) * 1e3, version, rnd, 0.0)
+    return OpRecord(
+        worker=rank,
+        stage=stage,
+        microbatch=microbatch,
+        kind=kind,
+        start=(start - t0) * 1e3,
+        end=(end - t0) * 1e3,
+        version=version,
+        round=rnd,
+        wait_ms=0.0,
+    )

@@ -30,9 +30,9 @@ from workbench.models.segmented import flop_model, segment_layers
 from workbench.runtime.executors.record import OpRecord
 from workbench.runtime.executors.segments import Mailbox, SegmentStage
 from workbench.runtime.executors.tied import TiedGradients, tied_weights
-from workbench.runtime.semantics.reference import updates_per_round
 from workbench.runtime.semantics.stages import sgd_step, stage_lrs, stage_module
-from workbench.runtime.transport.comm_plan import ACT, GRAD, RankComm
+from workbench.runtime.transport.comm_plan import RankComm
+from workbench.runtime.transport.messages import MessageKind
 from workbench.schedules.core import Schedule
 
 
@@ -98,7 +98,7 @@ class SegmentExecutor:
             for op in ops
             if op.kind == "STEP"
         }
-        self.per_round = updates_per_round(schedule)
+        self.per_round = schedule.updates_per_round
         self.lrs = stage_lrs(schedule.stage_workers, ctx.optim.lr, ctx.optim.stage_lr)
         self.version = {s: ctx.start_round * self.per_round[s] for s in self.stages}
         self.box = Mailbox(schedule, self.rank, ctx.run.timeout_s, groups=groups, one_tag=ctx.run.one_tag)
@@ -132,24 +132,24 @@ class SegmentExecutor:
             v = self.version[op.stage] if op.kind == "STEP" else R * self.per_round[op.stage] + op.version
             timeline.append(
                 OpRecord(
-                    self.rank,
-                    op.stage,
-                    R * self.M + b if b >= 0 else -1,
-                    op.kind,
-                    (start - t0) * 1e3,
-                    (end - t0) * 1e3,
-                    v,
-                    R,
-                    wait,
-                    0.0,
-                    0.0,
-                    float("nan"),
+                    worker=self.rank,
+                    stage=op.stage,
+                    microbatch=R * self.M + b if b >= 0 else -1,
+                    kind=op.kind,
+                    start=(start - t0) * 1e3,
+                    end=(end - t0) * 1e3,
+                    version=v,
+                    round=R,
+                    wait_ms=wait,
+                    send_ms=0.0,
+                    data_ms=0.0,
+                    send_at=float("nan"),
                 )
             )
 
     def _recv(self, s_from: int, s: int, j: int, op, *, i: int, grad: bool) -> tuple[torch.Tensor, float]:
         u = self.schedule.unit(op)
-        src = self.src.get((i, GRAD if grad else ACT), self.rank)
+        src = self.src.get((i, MessageKind.GRAD if grad else MessageKind.ACT), self.rank)
         t = time.perf_counter()
         x = self.box.recv(self._like(min(s_from, s), j), src, self.box.tag(grad, s, u))
         return x, (time.perf_counter() - t) * 1e3
@@ -172,7 +172,7 @@ class SegmentExecutor:
                 metrics["samples"] += int(target.shape[0])
         else:
             u = self.schedule.unit(op)
-            self.box.send(out, self.plan.dst(i, ACT), self.box.tag(False, s + 1, u))
+            self.box.send(out, self.plan.dst(i, MessageKind.ACT), self.box.tag(False, s + 1, u))
         self.peak[s] = max(self.peak[s], st.saved_bytes)
         return wait
 
@@ -184,7 +184,7 @@ class SegmentExecutor:
         dx = self.stages[s].backward(op.kind, b, j, g)
         if dx is not None and s > 0:
             u = self.schedule.unit(op)
-            self.box.send(dx, self.plan.dst(i, GRAD), self.box.tag(True, s - 1, u))
+            self.box.send(dx, self.plan.dst(i, MessageKind.GRAD), self.box.tag(True, s - 1, u))
         return wait
 
     def _step(self, op) -> float:

@@ -40,7 +40,6 @@ import torch
 from workbench.io.cards import card, one_line
 from workbench.runtime.executors.record import RECORD_COLUMNS, OpRecord
 from workbench.runtime.launch.job import Job
-from workbench.runtime.semantics.reference import updates_per_round
 
 TIMELINE_COLUMNS = RECORD_COLUMNS + ["step"]  # step: a copy of round (workbench.io.timeline)
 METRIC_COLUMNS = [
@@ -231,7 +230,7 @@ def write_summary(out: Path, job: Job, gathered) -> None:
         minibatch_ms_steady=minibatch_ms,
         minibatch_ms=wall_s * 1e3 / max(len(rows) - k, 1) if rows else None,
         microbatch_size=job.optim.batch_size // max(job.schedule.microbatches, 1),
-        updates_per_step=updates_per_round(job.schedule)[0],
+        updates_per_step=job.schedule.updates_per_round[0],
         final_loss=float(rows[-1]["loss"]) if rows else None,
         final_accuracy=float(rows[-1]["accuracy"]) if rows else None,
         final_test_accuracy=float(rows[-1]["test_accuracy"]) if rows and rows[-1].get("test_accuracy") else None,

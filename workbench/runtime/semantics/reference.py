@@ -116,7 +116,7 @@ class _Reference:
         self.modules = [stage_module(model.layers, a, z) for a, z in bounds]
         self.weights = [{0: (dict(init[s]) if init else stage_params(self.modules[s]))} for s in range(S)]
         self.direction = [{0: {n: torch.zeros_like(p) for n, p in self.weights[s][0].items()}} for s in range(S)]
-        self.per_round = updates_per_round(schedule)
+        self.per_round = schedule.updates_per_round
         self.steps = [[schedule.step_microbatches(s, t) for t in range(self.per_round[s])] for s in range(S)]
         self.ver = versions_of(schedule)
         ties = tied_weights(model, bounds)

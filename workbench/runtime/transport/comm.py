@@ -1,9 +1,10 @@
 """Point-to-point transfers of activations and gradients with pre-posted non-blocking receives.
 
-Message ``(kind, boundary, g)``: ``kind`` 0 = activation leaving stage ``boundary`` (input of stage
-``boundary + 1``), 1 = gradient arriving at stage ``boundary`` (sent by the backward of stage
-``boundary + 1``); ``g`` the microbatch id within the epoch. Each tensor ``i`` of a message has the
-tag ``((g * S + boundary) * 2 + kind) * 8 + i`` so receives can be posted in any order, well before
+Message ``(kind, boundary, g)``: ``kind`` a :class:`~workbench.runtime.transport.messages.MessageKind`,
+``ACT`` (0) = activation leaving stage ``boundary`` (input of stage ``boundary + 1``), ``GRAD`` (1) =
+gradient arriving at stage ``boundary`` (sent by the backward of stage ``boundary + 1``); ``g`` the
+microbatch id within the epoch. Each tensor ``i`` of a message has the tag
+``((g * S + boundary) * 2 + kind) * 8 + i`` so receives can be posted in any order, well before
 the op that consumes them (see :class:`P2P` for how many), so communication overlaps compute. Transfers between two ops of the same rank use a local mailbox.
 Every wait has a timeout. Each message travels on the communicator
 :func:`~workbench.runtime.transport.comm_plan.p2p_channel` names (a process group per kind and ordered pair
@@ -26,6 +27,7 @@ import torch.distributed as dist
 
 from workbench.runtime.semantics.stages import spec_bytes
 from workbench.runtime.transport.comm_plan import group_of, p2p_channel
+from workbench.runtime.transport.messages import MessageKind
 
 MAX_TENSORS = 8
 
@@ -54,7 +56,7 @@ class P2P:
     ``groups``: communicator name (:func:`~workbench.runtime.transport.comm_plan.p2p_channel`) -> process group
     (a missing name: the default group). ``one_tag``: every message with tag 0 (module docstring).
 
-    ``send_thread``: hand the ``isend``s to a sender thread (:class:`_Sender`) instead of posting
+    ``send_thread``: hand the ``isend``s to a sender thread (:class:`Sender`) instead of posting
     them on the op's thread. ``None`` (default) = on with gloo, off with NCCL (its sends are already
     asynchronous on a stream); the environment variable ``WORKBENCH_SEND_THREAD=0`` turns the default
     off (the switch of the A/B measurement in docs/readme-speed.md).
@@ -99,10 +101,10 @@ class P2P:
         )
         if send_thread is None:
             send_thread = uses_send_thread(backend)
-        self.sender = _Sender(self._isend) if send_thread else None
+        self.sender = Sender(self._isend) if send_thread else None
 
     # ---- sends ------------------------------------------------------------------------
-    def send(self, key: tuple[int, int, int], tensors: list[torch.Tensor], dst: int) -> None:
+    def send(self, key: tuple[MessageKind, int, int], tensors: list[torch.Tensor], dst: int) -> None:
         if dst == self.rank:
             self.local[key] = [t.detach() for t in tensors]
             return
@@ -174,7 +176,7 @@ class P2P:
         self.posted[key] = (works, bufs, src)
         self.next_post += 1
 
-    def recv(self, key: tuple[int, int, int]) -> tuple[list[torch.Tensor], float]:
+    def recv(self, key: tuple[MessageKind, int, int]) -> tuple[list[torch.Tensor], float]:
         """The tensors of message ``key`` and the ms spent waiting for them."""
         if key in self.local:
             return self.local.pop(key), 0.0
@@ -204,7 +206,7 @@ class P2P:
         return bufs, waited
 
 
-class _Sender:
+class Sender:
     """A thread that posts this rank's ``isend``s in the order the ops hand them over.
 
     Posting a gloo send takes the pair's lock, which gloo's I/O thread holds while it reads the
@@ -323,7 +325,7 @@ class ShmP2P(P2P):
             time.sleep(20e-6)
         super().flush()
 
-    def recv(self, key: tuple[int, int, int]) -> tuple[list[torch.Tensor], float]:
+    def recv(self, key: tuple[MessageKind, int, int]) -> tuple[list[torch.Tensor], float]:
         if key in self.local:
             return self.local.pop(key), 0.0
         try:
