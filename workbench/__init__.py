@@ -21,12 +21,14 @@ The package's folders are the steps of that flow, and imports run down this list
 
 Folders are nouns and the public functions verbs (``profile``, ``partition``, ``simulate``), so no
 function shares its name with a module. ``import workbench`` imports nothing heavy (no torch, no
-pandas): each name below is imported on first use (PEP 562), so that ``workbench --help`` starts fast.
+pandas): each name below, and each floor (``workbench.runtime``), is imported on first use (PEP 562), so
+that ``workbench --help`` starts fast.
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 
 __version__ = "0.1.0"
 
@@ -50,10 +52,15 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
+def _floors() -> list[str]:
+    """The package's floors (its sub-packages), each an attribute too: ``workbench.runtime.train``."""
+    return [m.name for m in pkgutil.iter_modules(__path__) if m.ispkg]
+
+
 def __getattr__(name: str):
-    if name not in _EXPORTS:
+    if name not in _EXPORTS and name not in _floors():
         raise AttributeError(f"module 'workbench' has no attribute {name!r}")
-    module = _EXPORTS[name]
+    module = _EXPORTS.get(name)
     value = importlib.import_module(f"workbench.{name}" if module is None else module)
     if module is not None:
         value = getattr(value, name)
@@ -62,4 +69,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+    return sorted(set(globals()) | set(_EXPORTS) | set(_floors()))

@@ -25,7 +25,6 @@ from torch.utils.flop_counter import FlopCounterMode
 from tqdm.auto import tqdm
 
 from workbench.profiling.layering import new_param_bytes, split
-from workbench.profiling.pipedream import read_graph  # noqa: F401  (registers the graph.txt reader)
 from workbench.profiling.table import Profile
 
 

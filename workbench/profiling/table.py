@@ -3,7 +3,8 @@
 A :class:`Profile` wraps a DataFrame with one row per layer in execution order and at least the
 columns ``name, fwd_ms, bwd_ms, act_bytes, param_bytes`` (see :mod:`workbench.profiling.measure`, which
 measures them). This module imports nothing of the workbench but the ground floor: readers of other
-formats (PipeDream's ``graph.txt``) register themselves here (:func:`register_reader`).
+formats (PipeDream's ``graph.txt``) register themselves here (:func:`register_reader`) when the
+profiling package is imported.
 """
 
 from __future__ import annotations
@@ -254,6 +255,6 @@ def register_reader(kind: str, fn: Callable[..., Profile]) -> None:
 
 
 def _reader(kind: str) -> Callable[..., Profile]:
-    if kind not in _READERS:  # its module registers it when imported; workbench.profiling.measure imports them all
-        raise ValueError(f"no reader for {kind} profiles; import workbench.profiling.measure (or workbench) first")
+    if kind not in _READERS:  # workbench/profiling/__init__.py imports every reader's module, so this is a bug
+        raise ValueError(f"no reader for {kind} profiles is registered; known: {sorted(_READERS)}")
     return _READERS[kind]
