@@ -31,54 +31,54 @@ class Candidates:
     memory_bytes: float | None
 
 
-def solve(profile: Profile, topology: Topology, o: PartitionOptions) -> Candidates:
+def solve(profile: Profile, topology: Topology, opts: PartitionOptions) -> Candidates:
     """PipeDream's dynamic program (:mod:`workbench.partitioning.dynamic_program`) with the workbench
-    cost model: the optimum and, when ``o.refine``, the candidates refinement ranks
+    cost model: the optimum and, when ``opts.refine``, the candidates refinement ranks
     (:func:`~workbench.partitioning.reconstruction.top_candidates`: the all-replicated stage, the
     best split per replica count of the last top-level stage, and with ``use_fewer_workers`` the
     best plan per worker count)."""
     costs = layer_costs(profile)
     topo = check_topology(topology)
-    memory_bytes = check_memory(o.memory_bytes)
-    fewer = o.use_fewer_workers
+    memory_bytes = check_memory(opts.memory_bytes)
+    fewer = opts.use_fewer_workers
     cm = CostModel.from_profile(
         profile,
         topo,
-        latency_ms=o.latency_ms,
-        op_overhead_ms=o.op_overhead_ms,
-        allreduce_bandwidth=o.allreduce_bandwidth,
-        allreduce_latency_ms=o.allreduce_latency_ms,
+        latency_ms=opts.latency_ms,
+        op_overhead_ms=opts.op_overhead_ms,
+        allreduce_bandwidth=opts.allreduce_bandwidth,
+        allreduce_latency_ms=opts.allreduce_latency_ms,
     )
-    levels = build_levels(costs, topo, o.straight, memory_bytes, fewer, cost_model=cm, recompute=o.recompute)
+    levels = build_levels(costs, topo, opts.straight, memory_bytes, fewer, cost_model=cm, recompute=opts.recompute)
     top = levels[-1]
     n = costs.num_layers
     m_top = best_components(top, n - 1, 0, fewer)
     if not math.isfinite(float(top.best_ms[m_top, n - 1, 0])):
         raise ValueError(
-            infeasible_message(costs, topo, o.straight, memory_bytes, fewer, cost_model=cm, recompute=o.recompute)
+            infeasible_message(costs, topo, opts.straight, memory_bytes, fewer, cost_model=cm, recompute=opts.recompute)
         )
-    if o.refine:
+    if opts.refine:
         pool = top_candidates(levels, m_top, n, fewer)
     else:
         optimum = rebuild(levels, topo.num_levels, (0, n - 1), m_top, fewer=fewer)
         pool = [(float(top.best_ms[m_top, n - 1, 0]), optimum)]
-    meta = _workbench_meta(profile, topo, o, memory_bytes, cm)
+    meta = _workbench_meta(profile, topo, opts, memory_bytes, cm)
     plans = _candidate_plans(pool, levels, topo, cm, meta=meta, dp_ms=data_parallel_ms(profile, topo, cm))
     ranked = sorted(plans, key=lambda q: (q.predicted_ms, q.bottleneck_ms))
     best = min(plans, key=lambda q: q.bottleneck_ms)
     return Candidates(best, ranked, cm, memory_bytes)
 
 
-def _workbench_meta(profile: Profile, topo: Topology, o: PartitionOptions, memory_bytes, cm: CostModel) -> dict:
+def _workbench_meta(profile: Profile, topo: Topology, opts: PartitionOptions, memory_bytes, cm: CostModel) -> dict:
     """``Plan.meta`` of a workbench-priced plan: the search's options and the cost model's calibration."""
     return {
         "topology": topo.to_list(),
         "topology_name": topo.name,
-        "straight": o.straight,
+        "straight": opts.straight,
         "memory_bytes": memory_bytes,
         "device_memory_bytes": device_memory(topo, profile),
-        "use_fewer_workers": o.use_fewer_workers,
-        "recompute": o.recompute,
+        "use_fewer_workers": opts.use_fewer_workers,
+        "recompute": opts.recompute,
         "latency_ms": list(cm.latency_ms),
         "op_overhead_ms": cm.op_overhead_ms,
         "allreduce_bandwidth": None if cm.allreduce_bandwidth is None else list(cm.allreduce_bandwidth),

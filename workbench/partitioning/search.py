@@ -53,20 +53,26 @@ def partition(profile: Profile, topology: Topology, options: PartitionOptions | 
     (:func:`workbench.partitioning.pipedream_optimizer.partition_pipedream`, options in ``pipedream``; over the
     antichain DAG of a graph.txt profile); the cost model named in ``meta["cost"]``.
     """
-    o = options_from(options, keywords)
+    opts = options_from(options, keywords)
     topo = check_topology(topology)
-    if o.cost == "pipedream":
-        return partition_by_pipedream(profile, topo, o)
-    found = solve(profile, topo, o)
-    if not o.refine:
+    if opts.cost == "pipedream":
+        return partition_by_pipedream(profile, topo, opts)
+    found = solve(profile, topo, opts)
+    if not opts.refine:
         return found.optimum
     shortlist = list({id(q): q for q in [found.optimum] + found.ranked[:CANDIDATES]}.values())
     return refine_candidates(shortlist, profile, topo, found.cost_model, found.memory_bytes)
 
 
-def partition_by_pipedream(profile: Profile, topo: Topology, o: PartitionOptions) -> Plan:
+def partition_by_pipedream(profile: Profile, topo: Topology, opts: PartitionOptions) -> Plan:
     """``cost="pipedream"``: PipeDream's optimizer, which has no fixed costs or recompute to price."""
-    if o.recompute or o.latency_ms or o.op_overhead_ms or o.allreduce_bandwidth or o.allreduce_latency_ms:
+    if (
+        opts.recompute
+        or opts.latency_ms
+        or opts.op_overhead_ms
+        or opts.allreduce_bandwidth
+        or opts.allreduce_latency_ms
+    ):
         raise ValueError(
             "cost='pipedream' prices PipeDream's formulas only: drop recompute, latency_ms, op_overhead_ms "
             "and the allreduce_ options"
@@ -74,10 +80,10 @@ def partition_by_pipedream(profile: Profile, topo: Topology, o: PartitionOptions
     return partition_pipedream(
         profile,
         topo,
-        o.straight,
-        check_memory(o.memory_bytes),
-        o.use_fewer_workers,
-        settings=o.pipedream or PipeDreamSettings(),
+        opts.straight,
+        check_memory(opts.memory_bytes),
+        opts.use_fewer_workers,
+        settings=opts.pipedream or PipeDreamSettings(),
     )
 
 
