@@ -14,6 +14,7 @@ from workbench.runtime.executors import opclock
 from workbench.runtime.executors.pipeline import RankProgram
 from workbench.runtime.executors.record import timed
 from workbench.runtime.executors.tied import tied_weights
+from workbench.runtime.semantics.randomness import microbatch_rng
 from workbench.runtime.semantics.stages import (
     MomentumState,
     as_leaves,
@@ -114,7 +115,8 @@ class DDPExecutor(MomentumState):
                 x = data(b)[0] if s == 0 else self.records[(s - 1, b)]["y"].detach()
                 xl = as_leaves(x, requires_grad=s > 0)
                 sync = (s, b) in self.sync
-                with contextlib.nullcontext() if sync else self.ddp[s].no_sync():
+                rng = microbatch_rng(self.ctx.optim.seed, R * self.M + b)  # the same draws as one process
+                with rng, contextlib.nullcontext() if sync else self.ddp[s].no_sync():
                     y = self.ddp[s](from_tuple(xl, isinstance(x, tuple)))
                 rec = {"x": xl, "y": y, "bytes": nbytes(xl) + nbytes(as_tuple(y))}
                 if s == self.S - 1:

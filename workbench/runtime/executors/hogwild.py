@@ -8,6 +8,7 @@ import torch
 
 from workbench.runtime.executors.pipeline import RankProgram
 from workbench.runtime.executors.record import timed
+from workbench.runtime.semantics.randomness import microbatch_rng
 from workbench.runtime.semantics.stages import MomentumState, as_leaves, from_tuple, run_stage, stage_module, vjp
 from workbench.schedules.core import Schedule
 
@@ -59,7 +60,8 @@ class HogwildExecutor(MomentumState):
                 version = int(self.counters[s].sum().item())
                 params = self.pulled[s][1]
                 xl = as_leaves(x, requires_grad=s > 0)
-                y = run_stage(self.modules[s], params, from_tuple(xl, isinstance(x, tuple)))
+                with microbatch_rng(self.ctx.optim.seed, R * self.M + b):
+                    y = run_stage(self.modules[s], params, from_tuple(xl, isinstance(x, tuple)))
                 rec = {"x": xl, "y": y, "params": params, "like": isinstance(x, tuple)}
                 if s == self.S - 1:
                     _, target = data(b)

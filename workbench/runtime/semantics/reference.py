@@ -34,6 +34,7 @@ from collections.abc import Callable
 import torch
 
 from workbench.runtime.executors.tied import check_tied, tied_weights
+from workbench.runtime.semantics.randomness import microbatch_rng
 from workbench.runtime.semantics.stages import (
     DataOrder,
     as_leaves,
@@ -92,10 +93,12 @@ def reference_train(
         raise ValueError(f"{len(bounds)} stage bounds for a schedule of {schedule.num_stages} stages")
     lrs = stage_lrs(schedule.stage_workers, lr, stage_lr)
     ref = _Reference(schedule, model, bounds, init, lrs, momentum=momentum)
+    ref.seed = seed
     order = DataOrder(len(dataset), batch_size, schedule.microbatches, seed)
     for k in range(rounds):
         epoch, r = divmod(start_round + k, order.rounds_per_epoch)
         perm = order.permutation(epoch)
+        ref.minibatch = start_round + k  # global: the microbatches' random draws (randomness.py)
         ref.run_round(k, functools.partial(_microbatch, dataset, order, perm, r, dtype=dtype))
     return [next(iter(w.values())) for w in ref.weights]
 
@@ -125,6 +128,7 @@ class _Reference:
         self.off = [0] * S
         self.data: Callable[[int], tuple] | None = None  # the round's microbatches (run_round)
         self.memo: dict[int, list[dict]] = {}
+        self.seed, self.minibatch, self.M = 0, 0, schedule.microbatches
 
     def run_round(self, k: int, data: Callable[[int], tuple]) -> None:
         """Round ``k`` of the run (``data(b)``: microbatch b's (input, target)): every update of every
@@ -166,6 +170,12 @@ class _Reference:
         if b in self.memo:
             return self.memo[b]
         assert self.data is not None, "grads are read within run_round"
+        with microbatch_rng(self.seed, self.minibatch * self.M + b):
+            self.memo[b] = self._grads(b)
+        return self.memo[b]
+
+    def _grads(self, b: int) -> list[dict]:
+        assert self.data is not None
         x, y = self.data(b)
         xs = []
         with torch.no_grad():
@@ -177,7 +187,6 @@ class _Reference:
         cot = None
         for s in reversed(range(self.S)):
             out[s], cot = self._stage_grads(s, b, xs[s], y, cot)
-        self.memo[b] = out
         return out
 
     def _stage_grads(self, s: int, b: int, x, y, cot) -> tuple[dict, list]:

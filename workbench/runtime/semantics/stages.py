@@ -21,6 +21,7 @@ from torch import nn
 from torch.func import functional_call
 
 from workbench.cost.plan import Plan
+from workbench.runtime.semantics.randomness import number_layers
 
 Bounds = list[tuple[int, int]]
 
@@ -37,7 +38,9 @@ def plan_bounds(plan) -> Bounds:
 
 
 def stage_module(layers: list[nn.Module], first: int, last: int) -> nn.Sequential:
-    """The layers of one stage as a module (shares the layer objects)."""
+    """The layers of one stage as a module (shares the layer objects), each numbered by its index in
+    the model so that its random draws are the same in any stage (:mod:`~workbench.runtime.semantics.randomness`)."""
+    number_layers(layers[first : last + 1], first)
     return nn.Sequential(*layers[first : last + 1])
 
 
