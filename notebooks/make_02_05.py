@@ -2,7 +2,7 @@
 
     python notebooks/make_02_05.py      # rewrites the two .ipynb files next to this script
 
-Every code cell calls ``workbench.experiments``; the cell tagged ``parameters`` holds what
+Every code cell calls ``repro``; the cell tagged ``parameters`` holds what
 ``workbench reproduce`` (papermill) overrides.
 """
 
@@ -35,10 +35,10 @@ scaling) for AlexNet, VGG-16, ResNet-50, GNMT-8 and GNMT-16 on the paper's three
 the zoo's `gnmt`, GNMT-8 the same with 4+4 LSTM layers) and PipeDream's own measured GPU profiles of
 the CNNs; the workbench simulator runs `dp-bsp` (ring all-reduce of 25 MiB DDP buckets, each once
 its backward has ended, overlapped with the rest of the backward) with every link class's all-reduce
-efficiency (at most 1) and step latency from the protocol (`workbench/experiments/data/protocol.toml`,
+efficiency (at most 1) and step latency from the protocol (`notebooks/repro/data/protocol.toml`,
 each with its source; nothing fitted). **Measured**: the same share for small zoo models trained here
 with real gloo ranks. Also bytes sent per sample by PipeDream's configurations vs data parallelism (Figure 17).
-Logic: `workbench/experiments/dp_overhead.py`.
+Logic: `notebooks/repro/dp_overhead.py`.
 """),
     code(
         """
@@ -55,7 +55,7 @@ measured_steps = None
     ),
     code("""
 import pandas as pd
-from workbench.experiments import common, dp_overhead as dpo
+from repro import common, dp_overhead as dpo
 
 cfg = dpo.settings(quick, models, servers, gpu_counts, measured_models, ranks=ranks, measured_steps=measured_steps)
 out = common.out_folder(out_dir)
@@ -114,12 +114,12 @@ The papers' settings (arXiv v1: one GPU per machine, a parameter server; SOSP: m
 PyTorch DDP). One model of data parallelism, Figure 1's: on the SOSP settings its all-reduce comes
 from the protocol, nothing fitted; the arXiv parameter server's two parameters are fitted only to
 that paper's data-parallel numbers, inside their physical range. Every PipeDream-side number is then
-predicted by the same cost model (`workbench/experiments/paper_fit.py`); Table 1's speedups are time
+predicted by the same cost model (`notebooks/repro/paper_fit.py`); Table 1's speedups are time
 to target (the modeled throughput ratio times the paper's ratio of epochs). **Modeled**; `fit` says
 in-sample or out-of-sample, `protocol` the entries each row used.
 """),
     code("""
-from workbench.experiments import paper_fit
+from repro import paper_fit
 cal = paper_fit.run(out)
 cal["settings"]
 """),
@@ -168,7 +168,7 @@ greedy list scheduler, simulated by the workbench simulator with unit costs (a s
 backward = 1 unit, communication hidden as the document assumes), next to the document's closed
 forms. Then the bound ρ ≤ M/S with each scheme's point, LPP over group count G and group size R,
 and the two readings of the greedy rule (the workbench's default and the document's simulator).
-**Modeled** (unit costs, no profile). Logic: `workbench/experiments/unified.py`.
+**Modeled** (unit costs, no profile). Logic: `notebooks/repro/unified.py`.
 """),
     code(
         """
@@ -181,7 +181,7 @@ sweep_B = 16  # LPP sweep: microbatches
     ),
     code("""
 import pandas as pd
-from workbench.experiments import common, unified
+from repro import common, unified
 
 unified.check_params(sweep_S, sweep_B)
 out = common.out_folder(out_dir)

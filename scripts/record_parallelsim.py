@@ -43,7 +43,7 @@ def doc_placement(scheme: str, W: int, R: int):
     }[scheme]
 
 
-TABLE_SIZES = [(4, 8), (8, 16), (6, 12)]  # (S, B) of notebook 05's table (workbench.experiments.unified)
+TABLE_SIZES = [(4, 8), (8, 16), (6, 12)]  # (S, B) of notebook 05's table (repro.unified)
 
 
 def table_cases() -> list[dict]:

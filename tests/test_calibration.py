@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from workbench.experiments import paper_fit as cal
-from workbench.experiments import protocol
+from repro import paper_fit as cal
+from repro import protocol
 
 
 def test_every_paper_number_names_a_known_setting_and_quantity():

@@ -8,8 +8,8 @@ import math
 
 import pandas as pd
 
-from workbench.experiments import paper_fit as cal
-from workbench.experiments.common import CLAIM_COLUMNS, FITS
+from repro import paper_fit as cal
+from repro.common import CLAIM_COLUMNS, FITS
 
 #: Claims the reproduction must carry, as substrings of ``claims.csv``'s claim column.
 REQUIRED = (

@@ -5,7 +5,8 @@ Paths (``workbench/...``, ``tests/...``, ``scripts/...``, ``benchmarks/...``, ``
 folders (``results/...`` named outside a link is what a command writes, so it is not checked), and
 so must a path inside the package (``runtime/comm.py``); a dotted name ``workbench.a.b[.attr]`` (or ``a.b[.attr]`` where ``a`` is a folder of the package)
 must resolve to a module (``workbench/a/b.py`` or a package) and, where a name follows the module,
-to a top-level definition or import of that module (read with ``ast``; nothing is imported)."""
+to a top-level definition or import of that module (read with ``ast``; nothing is imported); so must
+``repro.a[.attr]``, a module of the reproduction beside the notebooks (``notebooks/repro/a.py``)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")  # a markdown link's target, w
 MODULE = re.compile(r"(?<![\w./-])(workbench(?:\.\w+)+)")
 #: the package's floors (workbench/__init__.py), and former names of floors that a stale doc may still use
 FLOORS = (
-    "io|models|profiling|cost|schedules|simulation|partitioning|runtime|viz|experiments|cli"
-    "|simulate|partition|calibrate|calibration|costmodel|profiler"
+    "io|models|profiling|cost|schedules|simulation|partitioning|runtime|viz|cli"
+    "|experiments|simulate|partition|calibrate|calibration|costmodel|profiler"
 )
+#: ``repro.paper_fit`` (a module of the reproduction beside the notebooks, notebooks/repro/)
+REPRO_MODULE = re.compile(r"(?<![\w./-])(repro(?:\.\w+)+)")
 #: ``runtime/comm.py`` (a path inside the package) and ``simulation.sweep.x`` (a module without ``workbench.``)
 SHORT_PATH = re.compile(rf"(?<![\w./-])((?:{FLOORS})/[\w/]+\.py)\b")
 FILE = re.compile(r"\.(?:csv|html|json|md|py|txt|ipynb)$")  # ``partition.csv`` is a file, not a module
@@ -39,6 +42,7 @@ def _names(path: Path) -> list[tuple[str, str]]:
     out += [("module", m.group(1)) for m in MODULE.finditer(text)]
     out += [("path", "workbench/" + m.group(1)) for m in SHORT_PATH.finditer(text)]
     out += [("module", "workbench." + m.group(1)) for m in SHORT_MODULE.finditer(text) if not FILE.search(m.group(1))]
+    out += [("module", m.group(1)) for m in REPRO_MODULE.finditer(text) if not FILE.search(m.group(1))]
     out += [("link", m.group(1)) for m in LINK.finditer(text) if "://" not in m.group(1)]
     return out
 
@@ -69,7 +73,7 @@ def _resolve_module(dotted: str) -> str | None:
     """``None`` if ``dotted`` names an existing module (and attribute), else why not."""
     parts = dotted.split(".")
     for k in range(len(parts), 0, -1):
-        base = ROOT.joinpath(*parts[:k])
+        base = (ROOT / "notebooks" if parts[0] == "repro" else ROOT).joinpath(*parts[:k])
         module_file = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
         if not module_file.exists():
             continue
@@ -112,3 +116,6 @@ def test_checker_rejects_what_does_not_exist():
     assert _resolve_module("workbench.cost.model.CostModel") is None
     assert _resolve_module("workbench.simulate.planning") is not None
     assert _resolve_module("workbench.cost.model.NoSuchThing") is not None
+    assert _resolve_module("repro.paper_fit.model_profile") is None
+    assert _resolve_module("repro.paper_fit.no_such_thing") is not None
+    assert _resolve_module("workbench.experiments.paper_fit") is not None  # the reproduction left the package

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from workbench import Topology, schedules
-from workbench.experiments import dp_overhead as dpo
+from repro import dp_overhead as dpo
 from workbench.profiling.measure import Profile
 from workbench.simulation import simulate
 
@@ -216,8 +216,8 @@ def test_the_measured_epochs_ratios_are_the_ones_the_rows_use(any_run):
     PipeDream at each configuration, the stand-in task) gives the epochs ratio each SOSP row without
     stated epochs multiplies its modeled throughput ratio by: the same number, in the row's value
     and explanation."""
-    from workbench.experiments import paper_fit
-    from workbench.experiments import time_to_accuracy as tta
+    from repro import paper_fit
+    from repro import time_to_accuracy as tta
 
     table = pd.read_csv(any_run / NB / "dp_global_batch.csv")
     u = tta.Config().samples_per_update

@@ -103,7 +103,6 @@ LAYERS = (
     "partitioning",
     "runtime",
     "viz",
-    "experiments",
     "cli",
 )
 

@@ -213,13 +213,13 @@ def test_rule_errors():
 def test_parallelsim_counters_match_the_documents_simulator_on_its_grid():
     """Every recorded case: the reference's per-worker "Activation transmissions", "Weight
     transmissions" and "Weight storage" equal ours counted in its convention
-    (:func:`workbench.experiments.unified.parallelsim_counters`): activation transfers in both
+    (:func:`repro.unified.parallelsim_counters`): activation transfers in both
     directions (a forward's activation and a backward's gradient received, plus F0's input from the
     compute worker of the virtual job (-1, b)), a weight fetch per job (forward and backward each),
     weight storage = stages computed with own weights. In our own convention (worker_stats) these are
     ``activation_transfers + input_recv`` and ``2 * weight_transfers`` (one fetch per (stage,
     microbatch))."""
-    from workbench.experiments.unified import parallelsim_counters
+    from repro.unified import parallelsim_counters
     from workbench.schedules import worker_stats
 
     cases = parallelsim_cases()

@@ -1,4 +1,4 @@
-"""The papers' data files (workbench/experiments/data/*.csv): every row says where it comes from,
+"""The papers' data files (notebooks/repro/data/*.csv): every row says where it comes from,
 the experiments read them, and they ship with the package."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.experiments import common, paper_fit
+from repro import common, paper_fit
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ("settings.csv", "paper_numbers.csv", "paper_claims.csv")
@@ -58,7 +58,7 @@ def test_unknown_paper_value_is_one_clear_error():
 
 def test_data_files_are_package_data():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["workbench"]
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["repro"]
     for name in FILES:
-        rel = f"experiments/data/{name}"
+        rel = f"data/{name}"
         assert any(fnmatch(rel, g) for g in globs), f"{rel} is not in pyproject's package-data"

@@ -114,7 +114,7 @@ def test_multi_figure_pages_load_plotlyjs_once_from_the_shared_file(tmp_path, mo
     page references it (once) instead of embedding 4.8 MB, so a committed run stays small."""
     import plotly.graph_objects as go
 
-    from workbench.experiments.pages import save_page
+    from repro.pages import save_page
     from workbench.viz.plot import SHARED_PLOTLYJS_ENV, write_shared_plotlyjs
 
     figs = {"a": go.Figure(go.Scatter(y=[1, 2])), "b": go.Figure(go.Bar(y=[3]))}

@@ -1,4 +1,4 @@
-"""The reproduction's protocol (workbench/experiments/data/protocol.toml): every entry has a source
+"""The reproduction's protocol (notebooks/repro/data/protocol.toml): every entry has a source
 and lies in its physical range, the experiments read their choices from it, and every claim row of
 the committed run used only values it holds."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from workbench.experiments import dp_overhead as dpo
-from workbench.experiments import protocol
-from workbench.experiments import time_to_accuracy as tta
+from repro import dp_overhead as dpo
+from repro import protocol
+from repro import time_to_accuracy as tta
 
 
 def test_every_entry_has_a_source_and_a_physical_value():
@@ -71,7 +71,7 @@ def test_the_check_of_claim_rows_can_fail():
 def test_committed_claim_rows_use_only_the_protocols_values(committed_run):
     """Every modeled row of notebooks 02 and 03 names the protocol entries it used, and each value
     it used is the protocol's."""
-    from workbench.cli.reproduce import collect_claims
+    from repro.reproduce import collect_claims
 
     claims = collect_claims(committed_run)
     assert "protocol" in claims.columns, "the committed run predates the protocol column"
@@ -86,7 +86,7 @@ def test_committed_claim_rows_use_only_the_protocols_values(committed_run):
 def test_the_stand_ins_sizes_come_from_the_protocol_and_their_rows_name_them():
     """AWD-LM's and S2VT's stand-in profiles (roofline projections) are built at the protocol's
     ``stand_ins.*`` sizes, and every claim row that reads one of those profiles lists the entries."""
-    from workbench.experiments import paper_fit
+    from repro import paper_fit
 
     awd = dpo.MODELS["awd-lstm"]
     assert awd.batch_size == protocol.value("stand_ins.awd_lstm_batch")

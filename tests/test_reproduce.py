@@ -9,8 +9,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
 from workbench.cli.commands import main
-from workbench.cli.reproduce import NOTEBOOKS, notebooks_dir
-from workbench.experiments.common import CLAIM_COLUMNS
+from repro.reproduce import NOTEBOOKS, notebooks_dir
+from repro.common import CLAIM_COLUMNS
 
 
 # ---- the session's quick run -------------------------------------------------------------------
@@ -67,7 +67,7 @@ def tiny_notebooks(tmp_path):
     _notebook(
         d / "05_unified_schedules.ipynb",
         'quick = False\nout_dir = "x"\nsweep_S = 8\nsweep_B = 16',
-        "from workbench.experiments import common\n"
+        "from repro import common\n"
         "out = common.out_folder(out_dir)\n"
         "common.write_claims([common.claim('toy', 'two', 2.0, 3.0, 'units', label='modeled (toy)')], out)",
     )
@@ -144,7 +144,7 @@ def test_bad_parameters_fail_with_one_line(tmp_path, capsys, monkeypatch, conten
 def test_summary_starts_with_a_short_headline_of_the_furthest_misses():
     import pandas as pd
 
-    from workbench.cli.reproduce import _headline
+    from repro.reproduce import _headline
 
     claims = pd.DataFrame(
         dict(
@@ -171,7 +171,7 @@ def test_headline_counts_the_modeled_speedups_to_target_apart():
     only, each with ours / paper, counted within 25%."""
     import pandas as pd
 
-    from workbench.cli.reproduce import _headline
+    from repro.reproduce import _headline
 
     claims = pd.DataFrame(
         dict(
@@ -201,7 +201,7 @@ def test_lean_strips_figure_data_and_keeps_tables(tmp_path, monkeypatch):
     import nbformat
     import plotly.graph_objects as go
 
-    from workbench.cli.reproduce import _shared_plotlyjs, strip_figures
+    from repro.reproduce import _shared_plotlyjs, strip_figures
     from workbench.viz.plot import save_html
 
     fig = go.Figure(go.Bar(x=[1, 2], y=[3, 4]))

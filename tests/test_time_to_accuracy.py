@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench.experiments import CLAIM_COLUMNS, paper_fit
-from workbench.experiments import convergence as cv
-from workbench.experiments import time_to_accuracy as tta
+from repro import CLAIM_COLUMNS, paper_fit
+from repro import convergence as cv
+from repro import time_to_accuracy as tta
 
 
 def curves_of(scheme, accs_by_seed, engine="reference"):
@@ -257,7 +257,7 @@ def test_modeled_hardware_on_the_calibrated_cluster_a_vgg16():
 def test_asp_has_no_communication_overhead_as_the_protocol_says():
     """ASP's modeled time per minibatch is its compute alone (the arXiv text, the protocol's
     baselines.asp_communication): W workers run W times one GPU's rate; BSP pays its exchange."""
-    from workbench.experiments import protocol
+    from repro import protocol
 
     assert protocol.value("baselines.asp_communication") == "none"
     hw = tta.modeled_hardware("vgg16", tta.SETTING, (4, 8), ("dp-bsp", "dp-asp")).set_index(["scheme", "gpus"])

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 import workbench as wb
-from workbench.experiments import CLAIM_COLUMNS
-from workbench.experiments import timelines as tl
+from repro import CLAIM_COLUMNS
+from repro import timelines as tl
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@
 import pandas as pd
 import pytest
 
-from workbench.experiments import unified
+from repro import unified
 
 NB = "05_unified_schedules"
 

@@ -16,8 +16,11 @@ The package's folders are the steps of that flow, and imports run down this list
     partitioning/  PipeDream's dynamic program and optimizer (pure), refinement by simulation above them
     runtime/       launch, execution, transport, executors; this machine's calibration
     viz/           plotly timelines, Perfetto traces, ipywidgets tools
-    experiments/   what the notebooks call, one module per paper experiment
     cli/           the ``workbench`` command
+
+The PipeDream reproduction is not part of the library: it lives beside the notebooks
+(``notebooks/repro/``, import name ``repro``), imports only public names of this package and adds
+``workbench reproduce`` as a plugin of the command.
 
 Folders are nouns and the public functions verbs (``profile``, ``partition``, ``simulate``), so no
 function shares its name with a module. ``import workbench`` imports nothing heavy (no torch, no

@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from workbench.io.folders import fresh_path
+from workbench.io import fresh_path
 from workbench.models import config as model_config
-from workbench.viz.plot import save_html
+from workbench.viz import save_html
 
 #: The papers' data the experiments read (package data): ``settings.csv`` and ``paper_numbers.csv``
-#: (:mod:`workbench.experiments.paper_fit`), ``paper_claims.csv`` (the other experiments' paper values).
+#: (:mod:`repro.paper_fit`), ``paper_claims.csv`` (the other experiments' paper values).
 DATA = Path(__file__).resolve().parent / "data"
 
 
@@ -32,6 +34,42 @@ def read_data(name: str) -> list[dict[str, str]]:
     """The rows of ``data/<name>`` (a CSV with a header), as strings in file order."""
     with (DATA / name).open(newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
+
+
+class LazyTable(Mapping):
+    """A read-only mapping that ``load()`` builds on first use (a data file read when a value is
+    needed, not when its module is imported)."""
+
+    def __init__(self, load: Callable[[], Mapping]):
+        self.load = cache(load)
+
+    def __getitem__(self, key):
+        return self.load()[key]
+
+    def __iter__(self) -> Iterator:
+        return iter(self.load())
+
+    def __len__(self) -> int:
+        return len(self.load())
+
+    def __repr__(self) -> str:
+        return f"LazyTable({dict(self.load())!r})"
+
+
+class LazyRows(Sequence):
+    """A read-only sequence that ``load()`` builds on first use (see :class:`LazyTable`)."""
+
+    def __init__(self, load: Callable[[], Sequence]):
+        self.load = cache(load)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.load()[index]
+
+    def __len__(self) -> int:
+        return len(self.load())
+
+    def __repr__(self) -> str:
+        return f"LazyRows({tuple(self.load())!r})"
 
 
 @cache
@@ -102,7 +140,7 @@ def claim(
     """One row of ``claims.csv``; ``ratio = ours / paper`` (NaN when the paper's value is 0 or missing).
     ``fit`` defaults to ``out-of-sample`` for a modeled value and ``none`` for a measured or missing one.
     ``comparison`` (:data:`COMPARISONS`) decides ``met``: ``yes``/``no``, empty without both numbers;
-    ``protocol``: the protocol entries the row used (:func:`workbench.experiments.protocol.used`)."""
+    ``protocol``: the protocol entries the row used (:func:`repro.protocol.used`)."""
     if comparison not in COMPARISONS:
         raise ValueError(f"claim {claim!r}: comparison must be one of {COMPARISONS}, got {comparison!r}")
     if not str(label).startswith(("measured", "modeled")):
@@ -162,7 +200,7 @@ def write_claims(rows, out_dir) -> Path:
     df = pd.DataFrame(rows)
     missing = [c for c in CLAIM_COLUMNS if c not in df.columns]
     if missing:
-        raise ValueError(f"claims lack columns {missing}; build rows with experiments.common.claim(...)")
+        raise ValueError(f"claims lack columns {missing}; build rows with repro.common.claim(...)")
     path = Path(out_dir) / "claims.csv"
     df[list(CLAIM_COLUMNS)].to_csv(path, index=False)
     return path

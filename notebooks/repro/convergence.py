@@ -37,11 +37,19 @@ import pandas as pd
 import torch
 from torch.func import functional_call
 
-from workbench.cost.plan import Plan
-from workbench.runtime import prepare, reference_train, run_jobs
-from workbench.runtime.launch.driver import schedule_for_workers
-from workbench.runtime.launch.job import build_model
-from workbench.runtime.semantics.stages import DataOrder, microbatch, run_stage, stage_module, stage_params
+from workbench import Plan
+from workbench.runtime import (
+    DataOrder,
+    build_model,
+    microbatch,
+    prepare,
+    reference_train,
+    run_jobs,
+    run_stage,
+    schedule_for_workers,
+    stage_module,
+    stage_params,
+)
 from workbench.schedules import spec
 
 #: The experiment's arms by role (scheme labels, keys of :data:`SCHEMES`, not schedule names):

@@ -21,7 +21,7 @@ How we model it (one cost model: the workbench simulator, nothing re-derived her
   training spans servers) on one collective channel per GPU, one bucket at a time, with each link
   class's bus bandwidth = the protocol's efficiency (at most 1) x the preset's nominal rate and its
   step latency ``α`` (:func:`server_collective`); :meth:`CostModel.bucketed_round_ms` is the same
-  round in closed form (the papers' BSP rows, :mod:`workbench.experiments.paper_fit`);
+  round in closed form (the papers' BSP rows, :mod:`repro.paper_fit`);
 * ``comm_share`` = the cost model's ``comm_wait_share``: the fraction of the run in which the GPU
   waits for communication, ``1 − C / T`` with ``C`` the compute (forward + backward) of one
   minibatch and ``T`` the time per iteration (data parallelism has no warm-up).
@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,16 +55,13 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from repro import protocol
+from repro.common import LazyTable, claim, paper_value
 from workbench import models as zoo
 from workbench import schedules
-from workbench.cost.model import CostModel
-from workbench.cost.plan import Plan, Stage
-from workbench.cost.topology import Topology
-from workbench.experiments import protocol
-from workbench.experiments.common import claim, paper_value
-from workbench.partitioning.search import partition
-from workbench.profiling.measure import Profile, analyze, project
-from workbench.profiling.pipedream import SHIPPED, shipped
+from workbench.cost import CostModel, Plan, Stage, Topology
+from workbench.partitioning import partition
+from workbench.profiling import SHIPPED, Profile, analyze, project, shipped
 from workbench.runtime import train
 from workbench.simulation import simulate
 
@@ -75,7 +73,12 @@ SERVER_LABELS = {
     "8xV100-nvlink-25g": "8xV100/server, NVLink, 25 Gbps (Cluster-B)",
 }
 GPU_COUNTS = (1, 2, 4, 8, 16, 32)
-DDP_BUCKET_BYTES = float(protocol.value("ddp.bucket_bytes"))  # DistributedDataParallel(bucket_cap_mb=25)
+
+
+def ddp_bucket_bytes() -> float:
+    """DDP's gradient bucket in bytes, the protocol's ``ddp.bucket_bytes`` (``DistributedDataParallel(bucket_cap_mb=25)``);
+    also the module attribute ``DDP_BUCKET_BYTES`` (read on first use)."""
+    return float(protocol.value("ddp.bucket_bytes"))
 
 
 @dataclass(frozen=True)
@@ -94,23 +97,38 @@ STAND_IN_KEYS = {
     "s2vt": ("stand_ins.s2vt_vocab", "stand_ins.s2vt_steps", "stand_ins.s2vt_batch"),
 }
 
+
 #: per-GPU minibatches from the protocol (``fig1.batch_*``, with their sources); AWD-LM, not a Fig. 1
 #: model (the bytes-per-sample experiment's and SOSP Table 1's), at the protocol's ``stand_ins.awd_lstm_*``.
-MODELS = {
-    "alexnet": ModelSpec("alexnet", (), int(protocol.value("fig1.batch_alexnet"))),
-    "vgg16": ModelSpec("vgg16", (), int(protocol.value("fig1.batch_vgg16"))),
-    "resnet50": ModelSpec("resnet50", (), int(protocol.value("fig1.batch_resnet50"))),
-    "gnmt8": ModelSpec("gnmt", (("num_layers", 4),), int(protocol.value("fig1.batch_gnmt"))),
-    "gnmt16": ModelSpec("gnmt", (), int(protocol.value("fig1.batch_gnmt"))),
-    "awd-lstm": ModelSpec(
-        "awd-lstm",
-        (
-            ("vocab_size", int(protocol.value("stand_ins.awd_lstm_vocab"))),
-            ("seq_len", int(protocol.value("stand_ins.awd_lstm_seq_len"))),
+def load_models() -> dict[str, ModelSpec]:
+    """:data:`MODELS` from the protocol."""
+    return {
+        "alexnet": ModelSpec("alexnet", (), int(protocol.value("fig1.batch_alexnet"))),
+        "vgg16": ModelSpec("vgg16", (), int(protocol.value("fig1.batch_vgg16"))),
+        "resnet50": ModelSpec("resnet50", (), int(protocol.value("fig1.batch_resnet50"))),
+        "gnmt8": ModelSpec("gnmt", (("num_layers", 4),), int(protocol.value("fig1.batch_gnmt"))),
+        "gnmt16": ModelSpec("gnmt", (), int(protocol.value("fig1.batch_gnmt"))),
+        "awd-lstm": ModelSpec(
+            "awd-lstm",
+            (
+                ("vocab_size", int(protocol.value("stand_ins.awd_lstm_vocab"))),
+                ("seq_len", int(protocol.value("stand_ins.awd_lstm_seq_len"))),
+            ),
+            int(protocol.value("stand_ins.awd_lstm_batch")),
         ),
-        int(protocol.value("stand_ins.awd_lstm_batch")),
-    ),
-}
+    }
+
+
+#: model name -> its :class:`ModelSpec` (read from the protocol on first use)
+MODELS: Mapping[str, ModelSpec] = LazyTable(load_models)
+
+
+def __getattr__(name: str) -> float:
+    if name == "DDP_BUCKET_BYTES":
+        return ddp_bucket_bytes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 FIGURE1_MODELS = ("alexnet", "vgg16", "resnet50", "gnmt8", "gnmt16")
 
 
@@ -215,9 +233,11 @@ def profiles(names, gpus, frames: dict, with_shipped: bool = True) -> dict[tuple
 
 
 # ---- the data-parallel communication share ----------------------------------------------------
-def bucket_plan(profile: Profile, bucket_bytes: float = DDP_BUCKET_BYTES) -> Plan:
+def bucket_plan(profile: Profile, bucket_bytes: float | None = None) -> Plan:
     """Contiguous layer groups (DDP gradient buckets) filled from the last layer backwards: a bucket
-    closes once its parameter bytes reach ``bucket_bytes`` (a larger layer is a bucket alone)."""
+    closes once its parameter bytes reach ``bucket_bytes`` (a larger layer is a bucket alone;
+    default :func:`ddp_bucket_bytes`)."""
+    bucket_bytes = ddp_bucket_bytes() if bucket_bytes is None else bucket_bytes
     par = profile.layers["param_bytes"].to_numpy(float)
     firsts, size = [], 0.0
     for i in range(len(par) - 1, -1, -1):
@@ -242,7 +262,7 @@ def dp_comm_share(
     topology: Topology,
     gpus: int,
     rounds: int = 3,
-    bucket_bytes: float = DDP_BUCKET_BYTES,
+    bucket_bytes: float | None = None,
     *,
     collective: dict | None = None,
 ) -> dict:
@@ -274,7 +294,7 @@ def ddp_round(profile: Profile, topology: Topology, workers: int, collective: di
 
 
 def server_collective(server: str, topology: Topology) -> dict:
-    """Data parallelism's all-reduce on ``server``'s links (:func:`workbench.experiments.protocol.collective`:
+    """Data parallelism's all-reduce on ``server``'s links (:func:`repro.protocol.collective`:
     the protocol's efficiency and step latency per link class, DDP's bucket readiness)."""
     return protocol.collective(server, topology.bandwidths)
 

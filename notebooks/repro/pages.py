@@ -6,7 +6,7 @@ import html
 import shutil
 from pathlib import Path
 
-from workbench.viz.plot import plotlyjs_source
+from workbench.viz import plotlyjs_source
 
 
 def save_page(figs: dict, path, title: str) -> Path:

@@ -13,7 +13,7 @@ Two versions of the paper report numbers on different machines (:data:`SETTINGS`
 
 **One model of data parallelism, the workbench's one cost model** (:class:`~workbench.cost.model.CostModel`):
 a round of ``m`` replicas runs the forward, then the backward bucket by bucket (DDP's gradient
-buckets of the protocol's size, :func:`workbench.experiments.dp_overhead.bucket_plan`), each
+buckets of the protocol's size, :func:`repro.dp_overhead.bucket_plan`), each
 bucket's ring all-reduce ``2 (m−1)/m · w_b / B_AR + 2 (m−1) α_AR`` queued once its backward has
 ended (:meth:`CostModel.bucketed_round_ms`, :func:`ddp_round`: the closed form of the simulated
 ``dp-bsp`` round that Fig. 1 reads, tested equal). Compute comes from PipeDream's published V100
@@ -49,6 +49,7 @@ which the model would give the paper's number (:func:`eta_needed`, a diagnostic)
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -59,19 +60,15 @@ import plotly.graph_objects as go
 import torch
 from torch import nn
 
+from repro import dp_overhead as dpo
+from repro import protocol
+from repro.common import LazyRows, LazyTable, claim, fit_summary, paper_source, paper_value, read_data, save_table
+from repro.pages import save_page
 from workbench import schedules
-from workbench.cost.model import CostModel
-from workbench.cost.plan import Plan
-from workbench.cost.topology import GBPS, Topology
-from workbench.experiments import dp_overhead as dpo
-from workbench.experiments import protocol
-from workbench.experiments.common import claim, fit_summary, paper_source, paper_value, read_data, save_table
-from workbench.experiments.pages import save_page
+from workbench.cost import GBPS, CostModel, Plan, Topology
 from workbench.models import sequence
-from workbench.partitioning.pipedream_optimizer import Settings as PipeDreamSettings
-from workbench.partitioning.search import partition
-from workbench.profiling.measure import GPUS, Profile, analyze, project
-from workbench.profiling.pipedream import authors_batch, authors_config, profiled_batch, shipped
+from workbench.partitioning import partition, pipedream_optimizer
+from workbench.profiling import GPUS, Profile, analyze, authors_batch, authors_config, profiled_batch, project, shipped
 from workbench.simulation import simulate
 
 EXPERIMENT = "02_dp_communication_overhead"
@@ -108,7 +105,7 @@ class Setting:
         """The data-parallel all-reduce: the cost model's ``allreduce_bandwidth`` /
         ``allreduce_latency_ms`` (every level), the links untouched. Calibrated ``params`` for the
         arXiv parameter server; on the SOSP settings the protocol's efficiency and step latency of
-        each link class (:func:`workbench.experiments.protocol.collective`; ``params["efficiency"]``,
+        each link class (:func:`repro.protocol.collective`; ``params["efficiency"]``,
         1 in every modeled row, scales the efficiencies for :func:`eta_needed`'s diagnostic)."""
         if self.free == "bandwidth+latency":
             return dict(allreduce_bandwidth=params["bandwidth"], allreduce_latency_ms=params["latency_ms"])
@@ -146,9 +143,16 @@ def load_settings(name: str = "settings.csv") -> dict[str, Setting]:
     return out
 
 
-SETTINGS = load_settings()
-#: The two versions of the paper, as the settings name them.
-ARXIV, SOSP = SETTINGS["arxiv-A"].paper, SETTINGS["sosp-A"].paper
+#: The papers' settings by key (``data/settings.csv``, read on first use).
+SETTINGS: Mapping[str, Setting] = LazyTable(load_settings)
+#: The setting whose ``paper`` names each version of the paper (``ARXIV``, ``SOSP``: module attributes read on first use).
+VERSION_SETTINGS = {"ARXIV": "arxiv-A", "SOSP": "sosp-A"}
+
+
+def __getattr__(name: str) -> str:
+    if name in VERSION_SETTINGS:
+        return SETTINGS[VERSION_SETTINGS[name]].paper
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---- the paper's numbers --------------------------------------------------------------------
@@ -196,7 +200,8 @@ def load_paper_numbers(name: str = "paper_numbers.csv") -> tuple[PaperNumber, ..
     )
 
 
-PAPER = load_paper_numbers()
+#: The papers' numbers in file order (``data/paper_numbers.csv``, read on first use).
+PAPER: Sequence[PaperNumber] = LazyRows(load_paper_numbers)
 
 QUANTITY_TEXT = {
     "bsp_speedup": ("BSP speedup over 1 GPU", "x"),
@@ -231,7 +236,7 @@ def model_profile(model: str, gpu: str = "V100") -> Profile:
     graph.txt was profiled at 128, :func:`workbench.profiling.pipedream.authors_batch`; on another GPU its
     compute scaled by the peak FLOP/s ratio of :data:`workbench.profiling.measure.GPUS`; both through
     :meth:`Profile.scaled`, so the node DAG PipeDream's optimizer reads is scaled alike),
-    else the workbench's roofline projection (:mod:`workbench.experiments.dp_overhead`): AWD-LM, and
+    else the workbench's roofline projection (:mod:`repro.dp_overhead`): AWD-LM, and
     S2VT's stand-in, its published architecture (:func:`workbench.models.sequence.s2vt`: two LSTMs of
     1000 over 80 steps, VGG-16 fc7 features embedded to 500, 500-d words, a 13k vocabulary)."""
 
@@ -978,7 +983,7 @@ def configuration(num: PaperNumber, params: dict, ours: str) -> dict:
     prof = _profile_for(setting, num.model)
     topo = setting.topology(num.workers)
     over = "antichains" if len(prof.layers) < 200 else "layers"  # Inception-v3's DAG has > 20,000 antichains
-    pd_plan = partition(prof, topo, cost="pipedream", pipedream=PipeDreamSettings(over=over))
+    pd_plan = partition(prof, topo, cost="pipedream", pipedream=pipedream_optimizer.Settings(over=over))
     return dict(
         setting=num.setting,
         model=num.model,

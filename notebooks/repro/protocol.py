@@ -102,7 +102,7 @@ def collective(server: str, bandwidths, *, efficiency_scale: float = 1.0) -> dic
     links at nominal ``bandwidths`` (bytes/s per level, innermost first; a topology spanning fewer
     levels than the server type has takes its innermost ones): bus bandwidth ``efficiency x nominal``
     and step latency per level, and when DDP's buckets are ready (the buckets themselves are the
-    stages of :func:`workbench.experiments.dp_overhead.bucket_plan`). ``efficiency_scale``
+    stages of :func:`repro.dp_overhead.bucket_plan`). ``efficiency_scale``
     multiplies every efficiency (a diagnostic: what the claim would need; 1 in every modeled row)."""
     classes = link_classes(server)
     bws = list(bandwidths)

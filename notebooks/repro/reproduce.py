@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workbench.io.folders import run_folder, run_id
+from workbench.io import run_folder, run_id
 
 if TYPE_CHECKING:  # pandas is imported where it is used: `workbench --help` starts without it
     import pandas as pd
 
-#: notebook -> (experiments module with an optional ``validate_params(quick, **params)``, quick values)
+#: notebook -> (the :mod:`repro` module with an optional ``validate_params(quick, **params)``, quick values)
 NOTEBOOKS: dict[str, tuple[str | None, dict]] = {
     "01_quickstart": (None, dict(servers=2, microbatches=None, schedule="pipedream")),
     "02_dp_communication_overhead": ("dp_overhead", {}),
@@ -49,8 +49,8 @@ COUNT_PARAMS = ("gpus", "gpu_counts", "workers", "servers", "ranks", "microbatch
 
 
 def notebooks_dir() -> Path:
-    """``notebooks/`` of the checkout this package lives in."""
-    return Path(__file__).resolve().parents[2] / "notebooks"
+    """``notebooks/``, the folder this package lives in."""
+    return Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -145,7 +145,7 @@ def validate(name: str, path: Path, quick: bool, params: dict) -> None:
     fn = None
     if module:
         try:
-            fn = getattr(importlib.import_module(f"workbench.experiments.{module}"), "validate_params", None)
+            fn = getattr(importlib.import_module(f"repro.{module}"), "validate_params", None)
         except ImportError:
             fn = None
     if fn is None:
@@ -278,7 +278,7 @@ def _shared_plotlyjs(run_dir: Path, lean: bool = False):
     """While the notebooks run, their HTML figures load one ``plotly.min.js`` at the run folder's
     root by relative path (the kernels inherit the environment), instead of embedding 4.8 MB each;
     ``lean``: from plotly's CDN (a page to commit; viewing it needs the network)."""
-    from workbench.viz.plot import SHARED_PLOTLYJS_ENV, write_shared_plotlyjs
+    from workbench.viz import SHARED_PLOTLYJS_ENV, write_shared_plotlyjs
 
     before = os.environ.get(SHARED_PLOTLYJS_ENV)
     os.environ[SHARED_PLOTLYJS_ENV] = "cdn" if lean else str(write_shared_plotlyjs(run_dir).resolve())
@@ -296,7 +296,7 @@ def collect_claims(run_dir: Path) -> pd.DataFrame:
     """Every ``<run>/<notebook>/claims.csv`` (and below), concatenated with a ``notebook`` column."""
     import pandas as pd
 
-    from workbench.experiments.common import CLAIM_COLUMNS
+    from repro.common import CLAIM_COLUMNS
 
     frames = []
     for path in sorted(Path(run_dir).glob("*/**/claims.csv")):
@@ -485,7 +485,7 @@ def _table(df: pd.DataFrame) -> list[str]:
 
 def _fit_section(claims: pd.DataFrame) -> list[str]:
     """Errors of the numeric claims by ``fit`` (in-sample, out-of-sample, none), overall and per notebook."""
-    from workbench.experiments.common import fit_summary
+    from repro.common import fit_summary
 
     if claims.empty or "fit" not in claims.columns:
         return []
@@ -503,7 +503,7 @@ def _fit_section(claims: pd.DataFrame) -> list[str]:
     lines += ["", "Per notebook:", ""]
     lines += _table(fit_summary(claims, by=["notebook", "fit"]))
     if "met" in claims.columns:
-        from workbench.experiments.common import met_summary
+        from repro.common import met_summary
 
         lines += ["", "Bounds (`at least`) and qualitative statements (`holds`): met or not, per kind of evidence:", ""]
         lines += _table(met_summary(claims, by=["evidence", "comparison"]))
@@ -519,12 +519,12 @@ def _calibration_section(run_dir: Path) -> list[str]:
         return []
     lines = [
         "",
-        "## Hardware settings and their data-parallel all-reduce (notebook 02, `workbench/experiments/paper_fit.py`)",
+        "## Hardware settings and their data-parallel all-reduce (notebook 02, `notebooks/repro/paper_fit.py`)",
         "",
         "Data parallelism's all-reduce: on the arXiv settings (a parameter server) its bus bandwidth (GB/s) and "
         "per-step latency, fitted to that paper's data-parallel numbers only (the `in-sample` rows) inside their "
         "physical range; on the SOSP settings nothing is fitted (`free` = none): each link class's efficiency and "
-        "step latency come from the protocol (`workbench/experiments/data/protocol.toml`). Pipeline links stay nominal.",
+        "step latency come from the protocol (`notebooks/repro/data/protocol.toml`). Pipeline links stay nominal.",
         "",
     ]
     lines += _table(pd.read_csv(folder / "calibration_parameters.csv"))
@@ -562,3 +562,14 @@ def cmd_reproduce(args) -> int:
         print(f"{o.name:<{width}}  {o.status:<7}  {o.seconds:6.0f} s  {o.error}")
     print(f"wrote {run_dir} (summary.md, executed notebooks, CSVs, HTML figures)")
     return 0 if all(o.status in ("ok", "missing") for o in outcomes) else 1
+
+
+def register(subcommands) -> None:
+    """Add ``reproduce`` to the ``workbench`` command's sub-commands: the entry point of group
+    ``workbench.commands`` in pyproject.toml names this function, and the CLI calls it with its
+    ``add_subparsers()`` object (this module imports nothing heavy, so ``workbench --help`` stays fast)."""
+    p = subcommands.add_parser(
+        "reproduce", help="run the paper-reproduction notebooks (papermill) into a new run folder"
+    )
+    add_arguments(p)
+    p.set_defaults(fn=cmd_reproduce)

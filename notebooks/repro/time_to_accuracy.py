@@ -2,7 +2,7 @@
 
     TTA(scheme) = E(scheme) · T_epoch(scheme)
 
-* ``E`` (statistical efficiency): a small 1-D CNN on MNIST-1D (:mod:`workbench.experiments.convergence`:
+* ``E`` (statistical efficiency): a small 1-D CNN on MNIST-1D (:mod:`repro.convergence`:
   every scheme at the same learning rate, every optimizer step averaging the same number of samples,
   several seeds). The deterministic weight rules (PipeDream with stashing, without it, with
   vertical sync, as one stream per epoch as PipeDream runs; GPipe; model parallelism; BSP) come from
@@ -21,8 +21,8 @@
 * ``T_epoch`` (hardware efficiency) two ways:
   - measured: the real runs' wall clock per epoch on this machine (CPU gloo ranks);
   - modeled: the paper's setting calibrated on its data-parallel numbers
-    (:mod:`workbench.experiments.paper_fit`; default the arXiv version's Cluster-A, one GPU per
-    machine) and PipeDream's published GPU profile (``calibration.model_profile``: on a Titan X scaled by
+    (:mod:`repro.paper_fit`; default the arXiv version's Cluster-A, one GPU per
+    machine) and PipeDream's published GPU profile (``paper_fit.model_profile``: on a Titan X scaled by
     the peak FLOP/s ratio), each scheme's
     schedule simulated (:func:`workbench.simulate`, the one ``CostModel``) on its plan: its steady-state ``time_per_minibatch_ms`` (warm-up and
     drain excluded; a minibatch is the profile's batch), ``speedup = single-GPU ms / that``, and the
@@ -42,46 +42,55 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from repro import convergence as cv
+from repro import dp_overhead as dpo
+from repro import protocol
+from repro.common import check_config, claim, out_folder, paper_value, save_table, write_claims
+from repro.convergence import ASP, BSP, PIPEDREAM, SCHEMES
+from repro.pages import save_page, slim_runs
+from repro.paper_fit import SETTINGS, fitted_params, model_profile
 from workbench import schedules
-from workbench.experiments import convergence as cv
-from workbench.experiments import dp_overhead as dpo
-from workbench.experiments import protocol
-from workbench.experiments.common import check_config, claim, out_folder, paper_value, save_table, write_claims
-from workbench.experiments.convergence import ASP, BSP, PIPEDREAM, SCHEMES
-from workbench.experiments.pages import save_page, slim_runs
-from workbench.experiments.paper_fit import SETTINGS, fitted_params, model_profile
-from workbench.partitioning.search import partition
-from workbench.runtime.semantics.stages import stage_lrs
+from workbench.partitioning import partition
+from workbench.runtime import stage_lrs
 from workbench.schedules import spec
 from workbench.simulation import simulate
-from workbench.viz.plot import PALETTE
+from workbench.viz import PALETTE
 
 EXPERIMENT = "03_time_to_accuracy"
 #: modeled only: PipeDream's 1F1B on the straight (unreplicated) optimal plan, the paper's "straight pipeline"
 STRAIGHT = "pipedream-straight"
 HARDWARE_SCHEMES: dict[str, tuple[str, dict]] = {**SCHEMES, STRAIGHT: ("pipedream", {"weights": "stash"})}
-SETTING = "arxiv-A"  # the arXiv version's Cluster-A, calibrated (experiments.calibration)
+SETTING = "arxiv-A"  # the arXiv version's Cluster-A, calibrated (repro.paper_fit)
 
 
-def _P(name: str):
-    """The protocol's value of ``statistical_efficiency.<name>`` (``data/protocol.toml``)."""
-    return protocol.value(f"statistical_efficiency.{name}")
+def _from_protocol(name: str, convert=None):
+    """A dataclass field whose default is the protocol's value of ``statistical_efficiency.<name>``
+    (``data/protocol.toml``, read when a :class:`Config` is built, not when this module is imported),
+    passed through ``convert`` when given."""
+
+    def default():
+        value = protocol.value(f"statistical_efficiency.{name}")
+        return value if convert is None else convert(value)
+
+    return field(default_factory=default)
 
 
 @dataclass(frozen=True)
 class Config:
     """One experiment's parameters (the notebook's ``parameters`` cell fills it)."""
 
-    model: str = _P("model")
+    model: str = _from_protocol("model")
     model_options: dict = field(default_factory=dict)
-    workers: int = _P("workers")  # pipeline stages / data-parallel replicas
-    microbatches: int = _P("microbatches")
-    samples_per_update: int = _P("samples_per_update")  # every scheme's optimizer step averages this many samples
-    lr: float = _P("lr")
-    stage_lr: str = _P("stage_lr")  # a replicated stage's learning rate in the PipeDream arms
-    epochs: int = _P("epochs")
-    seeds: tuple[int, ...] = tuple(_P("seeds"))
-    target: float = _P("target")
+    workers: int = _from_protocol("workers")  # pipeline stages / data-parallel replicas
+    microbatches: int = _from_protocol("microbatches")
+    samples_per_update: int = _from_protocol(
+        "samples_per_update"
+    )  # every scheme's optimizer step averages this many samples
+    lr: float = _from_protocol("lr")
+    stage_lr: str = _from_protocol("stage_lr")  # a replicated stage's learning rate in the PipeDream arms
+    epochs: int = _from_protocol("epochs")
+    seeds: tuple[int, ...] = _from_protocol("seeds", tuple)
+    target: float = _from_protocol("target")
     schemes: tuple[str, ...] = tuple(SCHEMES)
     check_epochs: int = 2  # seed 0 of every deterministic scheme through the real runtime (0: none)
     profile: str = "vgg16"
@@ -186,9 +195,9 @@ def asp_runs(per_seed: pd.DataFrame, summaries: list[dict]) -> pd.DataFrame:
 
 
 def asp_target_table(curves: pd.DataFrame, speed: pd.Series) -> pd.DataFrame:
-    """Every scheme's statistics (:func:`~workbench.experiments.convergence.scheme_summary`, with the
+    """Every scheme's statistics (:func:`~repro.convergence.scheme_summary`, with the
     measured seconds per epoch ``speed``) at ASP's own target
-    (:func:`~workbench.experiments.convergence.slow_scheme_target`: the best accuracy of ASP's median
+    (:func:`~repro.convergence.slow_scheme_target`: the best accuracy of ASP's median
     curve), with its ratio to ASP (``ratio``: means, ``ratio_median``: medians) and the two-sided
     Mann-Whitney p-value against ASP."""
     at_asp = cv.epochs_to_target(curves, cv.slow_scheme_target(curves, ASP))
@@ -524,7 +533,7 @@ def _hardware_row(scheme, profile, topo, cost: dict, what) -> dict:
 
 def _single_gpu_ms(profile) -> float:
     """One minibatch on one GPU: all layers, forward + backward (the profile's total, as the
-    calibration's BSP speedup counts it; no partition needed for one worker)."""
+    notebook 02's BSP speedup, :func:`repro.paper_fit.bsp`, counts it; no partition needed for one worker)."""
     return float(profile.total_ms)
 
 
@@ -608,7 +617,7 @@ _CPU_NOTE = (
 )
 _MODELED_ELSEWHERE = (
     "the paper's number is a throughput ratio on 4 GPUs of SOSP's Cluster-A, modeled in notebook 02 "
-    "(experiments.calibration.intra_batch); time_to_target.csv has this run's modeled time-to-target ratios on {setting}"
+    "(repro.paper_fit.intra_batch); time_to_target.csv has this run's modeled time-to-target ratios on {setting}"
 )
 
 
@@ -966,7 +975,7 @@ def quick_config(**params) -> Config:
 
 def run(cfg: Config, out_dir, *, lr_selection: pd.DataFrame | None = None, sensitivity: bool = False) -> dict:
     """Everything the notebook shows: runs, tables, claims and figures written into ``out_dir``
-    (a fresh folder, see :func:`~workbench.experiments.common.out_folder`), with the protocol's
+    (a fresh folder, see :func:`~repro.common.out_folder`), with the protocol's
     learning-rate rule's table where it ran (:func:`apply_lr_rule`); ``sensitivity``: also the weight
     rules at the protocol's smaller learning rates (:func:`convergence.weight_rule_sensitivity`).
     Returns the tables."""

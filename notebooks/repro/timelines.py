@@ -65,15 +65,21 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench import schedules
-from workbench.cost.plan import Plan
-from workbench.experiments.common import check_config, claim, out_folder, save_figure, save_table, write_claims
-from workbench.experiments.pages import save_page, slim_runs
-from workbench.profiling.measure import Profile
-from workbench.runtime import prepare, run_job, run_jobs
-from workbench.runtime.calibration.machine import STAGE_TIMINGS, measured_step_ms, repeat_rounds, stage_profile
+from repro.common import check_config, claim, out_folder, save_figure, save_table, write_claims
+from repro.pages import save_page, slim_runs
+from workbench import Plan, schedules
+from workbench.profiling import Profile
+from workbench.runtime import (
+    STAGE_TIMINGS,
+    measured_step_ms,
+    prepare,
+    repeat_rounds,
+    run_job,
+    run_jobs,
+    stage_profile,
+)
 from workbench.simulation import simulate
-from workbench.viz.plot import compare_figure
+from workbench.viz import compare_figure
 
 EXPERIMENT = "04_pipeline_timelines"
 BUSY_KINDS = ("F", "B", "BI", "BW", "STEP")

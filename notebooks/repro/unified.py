@@ -39,9 +39,9 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from repro.common import claim
 from workbench import schedules
-from workbench.experiments.common import claim
-from workbench.schedules.master import RULES, placement
+from workbench.schedules import RULES, placement
 from workbench.simulation import simulate
 
 #: the schemes of the document's table: the registered schedules that carry its row (``document_row``)

@@ -89,13 +89,14 @@ def split_profile(layers: int, f: float, b: float, w: float) -> Profile:
     return Profile(df, {"name": "zero-bubble Table 9"})
 
 
-def setup(schedule: str, row) -> tuple[str, int, dict, Profile]:
-    """(registered name, stage count, options, profile) of ``schedule`` at Table 9 ``row``."""
+def setup(schedule: str, row, chunks: int = CHUNKS) -> tuple[str, int, dict, Profile]:
+    """(registered name, stage count, options, profile) of ``schedule`` at Table 9 ``row``
+    (``chunks``: 1F1B-I's chunks per GPU; the predictions use :data:`CHUNKS`)."""
     p, f, b, w, c = int(row.p), row.t_f_ms, row.t_b_ms, row.t_w_ms, row.t_comm_ms
     if schedule == "1F1B":
         return "pipedream-flush", p, {}, split_profile(p, f, b, w)
     if schedule == "1F1B-I":
-        v = CHUNKS
+        v = chunks
         return "interleaved-1f1b", v * p, {"chunks": v}, split_profile(v * p, f / v, b / v, w / v)
     if schedule in ("ZB-1p", "ZB-2p"):
         opts = {"costs": (f, b, w, c), "objective": "span"}
@@ -103,9 +104,9 @@ def setup(schedule: str, row) -> tuple[str, int, dict, Profile]:
     raise ValueError(f"unknown schedule {schedule!r}; expected one of {list(SCHEDULES)}")
 
 
-def iteration_ms(schedule: str, row) -> float:
+def iteration_ms(schedule: str, row, chunks: int = CHUNKS) -> float:
     """The modeled iteration time (ms) of ``schedule`` at Table 9 ``row`` (module docstring)."""
-    name, stages, opts, profile = setup(schedule, row)
+    name, stages, opts, profile = setup(schedule, row, chunks)
     m = int(row.m)
     sched = build(name, stages, m, steps=2, **opts)
     tl = simulate(sched, profile=profile, microbatch_fraction=1.0, latency_ms=float(row.t_comm_ms)).timeline
@@ -134,6 +135,121 @@ def write_predictions(path: Path = PREDICTED) -> pd.DataFrame:
         path, index=False
     )
     return df
+
+
+# ---- after the predictions were committed: the paper's Tables 4 and 5 and the comparison ----------
+TABLE3, TABLE4, TABLE5 = DATA / "zb_table3.csv", DATA / "zb_table4.csv", DATA / "zb_table5.csv"
+TOLERANCE = 0.05  # the issue's bound on a ratio's relative error
+BUBBLE_SCHEDULES = ("1F1B", "1F1B-I", "ZB-H1", "ZB-H2", "ZB-1p", "ZB-2p")
+
+
+def read_paper_table(path: Path, need: set[str]) -> pd.DataFrame:
+    """A table of the paper (``data/zb_table*.csv``) with at least the columns ``need`` and a source."""
+    df = pd.read_csv(path)
+    if not (need | {"source"}) <= set(df.columns):
+        raise ValueError(f"{path} lacks columns {sorted((need | {'source'}) - set(df.columns))}")
+    return df
+
+
+def paper_chunks(model: str) -> int:
+    """1F1B-I's chunks per GPU in the paper's experiments (section 5.1: one transformer layer per
+    chunk, the first and last stages one layer fewer): (layers + 2) / GPUs, from Table 3."""
+    t3 = read_paper_table(TABLE3, {"model", "layers", "gpus"}).set_index("model")
+    layers, gpus = int(t3.loc[model, "layers"]), int(t3.loc[model, "gpus"])
+    if (layers + 2) % gpus:
+        raise ValueError(f"{model}: {layers} layers + 2 do not split evenly over {gpus} GPUs")
+    return (layers + 2) // gpus
+
+
+def compare(predicted: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Every (setting, schedule) of Table 4 beside the prediction (default: the committed
+    ``zb_table4_predicted.csv``): throughputs, ratios to 1F1B, their relative errors, and each
+    schedule's measured iteration time in excess of the modeled one, per microbatch (ms)."""
+    pred = pd.read_csv(PREDICTED) if predicted is None else predicted
+    meas = read_paper_table(TABLE4, {"model", "m", "schedule", "samples_per_gpu_s"})
+    base = meas[meas["schedule"] == "1F1B"].set_index(["model", "m"])["samples_per_gpu_s"]
+    meas = meas.assign(ratio_to_1f1b=[r.samples_per_gpu_s / base[(r.model, r.m)] for r in meas.itertuples()])
+    df = pred.merge(
+        meas[["model", "m", "schedule", "samples_per_gpu_s", "ratio_to_1f1b"]], on=["model", "m", "schedule"]
+    )
+    measured_ms = df["m"] * df["b"] / (df["p"] * df["samples_per_gpu_s"]) * 1000.0
+    return df.assign(
+        samples_error=df["samples_per_gpu_s_modeled"] / df["samples_per_gpu_s"] - 1.0,
+        ratio_error=df["ratio_to_1f1b_modeled"] / df["ratio_to_1f1b"] - 1.0,
+        excess_ms_per_microbatch=(measured_ms - df["iteration_ms_modeled"]) / df["m"],
+    )
+
+
+def summary(cmp: pd.DataFrame) -> dict:
+    """Counts and errors of :func:`compare`: the 36 ratios (1F1B's own are 1 by definition) and the
+    48 absolute throughputs."""
+    r = cmp[cmp["schedule"] != "1F1B"]
+    worst = r.loc[r["ratio_error"].abs().idxmax()]
+    return {
+        "ratios": len(r),
+        "ratios_within_5pct": int((r["ratio_error"].abs() <= TOLERANCE).sum()),
+        "ratio_error_mean_abs": float(r["ratio_error"].abs().mean()),
+        "ratio_error_worst": float(worst["ratio_error"]),
+        "ratio_worst_row": f"{worst['model']} m={worst['m']} {worst['schedule']}",
+        "samples_error_mean": float(cmp["samples_error"].mean()),
+        "samples_error_min": float(cmp["samples_error"].min()),
+        "samples_error_max": float(cmp["samples_error"].max()),
+    }
+
+
+def bubble_rate(schedule: str, row, chunks: int = CHUNKS) -> float:
+    """The paper's bubble rate (section 5.3) of one iteration in the workbench simulator:
+    (cost - m (T_F + T_B + T_W)) / cost, cost = the longest per-GPU span (first op start to last end)."""
+    if schedule in ("ZB-H1", "ZB-H2"):
+        name, stages, opts, profile = (
+            schedule.lower(),
+            int(row.p),
+            {},
+            split_profile(int(row.p), row.t_f_ms, row.t_b_ms, row.t_w_ms),
+        )
+    else:
+        name, stages, opts, profile = setup(schedule, row, chunks)
+    tl = simulate(
+        build(name, stages, int(row.m), **opts),
+        profile=profile,
+        microbatch_fraction=1.0,
+        latency_ms=float(row.t_comm_ms),
+    ).timeline
+    ops = tl[tl["kind"].isin(["F", "B", "BI", "BW"])]
+    cost = float((ops.groupby("worker")["end"].max() - ops.groupby("worker")["start"].min()).max())
+    return (cost - row.m * (row.t_f_ms + row.t_b_ms + row.t_w_ms)) / cost
+
+
+def bubble_table(rows: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Table 5 beside the workbench simulator's bubble rates at Table 9's times (1F1B-I at the
+    paper's chunks, :func:`paper_chunks`; ZB-1p and ZB-2p planned as in the predictions)."""
+    rows = read_table9() if rows is None else rows
+    paper = read_paper_table(TABLE5, {"model", "m", "schedule", "bubble_rate"}).set_index(["model", "m", "schedule"])
+    out = []
+    for row in rows.itertuples(index=False):
+        for s in BUBBLE_SCHEDULES:
+            ours = bubble_rate(s, row, paper_chunks(row.model))
+            theirs = float(paper.loc[(row.model, row.m, s), "bubble_rate"])
+            out.append([row.model, int(row.p), int(row.m), s, ours, theirs, ours - theirs])
+    cols = ["model", "p", "m", "schedule", "bubble_rate_modeled", "bubble_rate_paper", "difference"]
+    return pd.DataFrame(out, columns=cols)
+
+
+def interleaved_at_paper_chunks(rows: pd.DataFrame | None = None) -> pd.DataFrame:
+    """1F1B-I at the paper's chunk count (section 5.1, read with Table 4, after the predictions were
+    committed): modeled ratio to 1F1B beside the committed 2-chunk one and the measured one. Not a
+    prediction: it shows what the setup the paper states changes."""
+    rows = read_table9() if rows is None else rows
+    cmp = compare().set_index(["model", "m", "schedule"])
+    out = []
+    for row in rows.itertuples(index=False):
+        v = paper_chunks(row.model)
+        ratio = iteration_ms("1F1B", row) / iteration_ms("1F1B-I", row, v)
+        c = cmp.loc[(row.model, row.m, "1F1B-I")]
+        out.append([row.model, int(row.m), v, ratio, c["ratio_to_1f1b_modeled"], c["ratio_to_1f1b"]])
+    cols = ["model", "m", "chunks", "ratio_modeled_paper_chunks", "ratio_modeled_2_chunks", "ratio_measured"]
+    df = pd.DataFrame(out, columns=cols)
+    return df.assign(error_paper_chunks=df["ratio_modeled_paper_chunks"] / df["ratio_measured"] - 1.0)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """The ``workbench`` command: models, profile, partition, simulate, schedules, train, quickstart, reproduce.
 
+``reproduce`` comes from the reproduction beside the notebooks (``repro``), like any sub-command that
+an installed package adds: an entry point of group ``workbench.commands`` (:func:`add_plugin_commands`).
+
 Every subcommand writes files (CSV/JSON/HTML) and prints a readable table. Bad input prints one
 line on stderr and exits with status 2, without a traceback.
 """
@@ -7,13 +10,13 @@ line on stderr and exits with status 2, without a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 import warnings
 from typing import TYPE_CHECKING
 
 from workbench.cli.args import FLAT_BANDWIDTH, FLAT_WORKERS, add_schedule_arguments
-from workbench.cli.reproduce import add_arguments, cmd_reproduce
 from workbench.cli.train import add_train_arguments
 
 if TYPE_CHECKING:
@@ -195,11 +198,23 @@ def build_parser(train_arguments: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--out", default="results/quickstart")
     p.set_defaults(fn="cmd_quickstart")
 
-    p = sub.add_parser("reproduce", help="run the paper-reproduction notebooks (papermill) into a new run folder")
-
-    add_arguments(p)
-    p.set_defaults(fn=cmd_reproduce)
+    add_plugin_commands(sub)
     return ap
+
+
+#: the entry-point group of sub-commands that other packages add (pyproject.toml)
+PLUGIN_GROUP = "workbench.commands"
+
+
+def add_plugin_commands(sub) -> None:
+    """Each entry point of :data:`PLUGIN_GROUP` names a function that adds its sub-command to ``sub``
+    (and sets ``fn`` to a callable taking the parsed arguments); one that cannot be loaded is left out
+    with a one-line warning on stderr."""
+    for ep in sorted(importlib.metadata.entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        try:
+            ep.load()(sub)
+        except ImportError as e:
+            print(f"workbench: warning: command {ep.name!r} ({ep.value}) not loaded: {e}", file=sys.stderr)
 
 
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:

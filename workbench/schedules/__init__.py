@@ -41,7 +41,7 @@ for _m in pkgutil.iter_modules(__path__):  # registers every schedule of the pac
 
 from workbench.schedules.closed_forms import closed_form_bubble  # noqa: E402
 from workbench.schedules.generators import noam_warmup, stage_layout  # noqa: E402
-from workbench.schedules.master import JobCosts, from_placement, list_schedule, placement  # noqa: E402
+from workbench.schedules.master import RULES, JobCosts, from_placement, list_schedule, placement  # noqa: E402
 from workbench.schedules.stats import worker_stats  # noqa: E402
 from workbench.schedules.torch_csv import from_torch_csv, to_torch_csv  # noqa: E402
 
@@ -174,6 +174,7 @@ __all__ = [
     "from_placement",
     "list_schedule",
     "placement",
+    "RULES",
     "JobCosts",
     "worker_stats",
     "noam_warmup",
