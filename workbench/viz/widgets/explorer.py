@@ -19,7 +19,7 @@ from workbench import schedules
 from workbench.io.cards import card
 from workbench.simulation import SimResult, simulate
 from workbench.viz.widgets import controls
-from workbench.viz.widgets.figures import _FONT, timeline_widget, update_timeline, widget
+from workbench.viz.widgets.figures import FONT, timeline_widget, update_timeline, widget
 
 
 def closed_form_bubble(
@@ -67,7 +67,7 @@ def _memory_figure() -> go.Figure:
         height=240,
         width=320,
         margin=dict(l=50, r=10, t=45, b=40),
-        font=_FONT,
+        font=FONT,
         template="plotly_white",
         xaxis=dict(title="worker", type="category"),
         yaxis=dict(title="microbatches"),

@@ -48,7 +48,8 @@ TIMELINE_KINDS = (
 )
 _COPY = ("x", "base", "y", "marker", "text", "customdata", "hovertemplate", "textposition", "insidetextanchor")
 _STAGE_COLORS = ("#4C78A8", "#F58518", "#54A24B", "#444444", "#72B7B2", "#E45756")  # traces of stage_widget
-_FONT = dict(family="Inter, Helvetica, Arial, sans-serif", size=12)
+#: the widgets' figure font (the explorer's figures share it)
+FONT = dict(family="Inter, Helvetica, Arial, sans-serif", size=12)
 
 
 @cache
@@ -117,7 +118,7 @@ def timeline_widget(title: str, time_unit: str = "ms", width: int = 820) -> go.F
         height=300,
         width=width,
         margin=dict(l=70, r=20, t=50, b=45),
-        font=_FONT,
+        font=FONT,
         template="plotly_white",
         legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1.0, xanchor="right"),
     )
@@ -184,7 +185,7 @@ def stage_widget(memory_title: str = "peak memory per worker (GB, simulated)") -
         height=330,
         width=820,
         margin=dict(l=55, r=15, t=40, b=40),
-        font=_FONT,
+        font=FONT,
         template="plotly_white",
         legend=dict(orientation="h", x=0, y=-0.22, font=dict(size=11)),
     )
