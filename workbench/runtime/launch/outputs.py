@@ -33,6 +33,7 @@ import io
 import json
 import os
 import resource
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -98,20 +99,12 @@ def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
     20 ms at the fourth of the 2-rank mlp benchmark, all of it on the pipeline's critical path).
     ``truncate_from >= 0`` (the first write after a resume) rewrites them instead, without the rows
     of step ``truncate_from`` and later, to a temporary file moved into place."""
-    steps: dict[int, dict] = {}
+    steps: dict[int, StepTotals] = {}
     timeline: list[OpRecord] = []
     for rows, tl in gathered:
         timeline.extend(OpRecord(*r) for r in tl)
         for r in rows:
-            acc = steps.setdefault(
-                r["step"], dict(step=r["step"], epoch=r["epoch"], loss=0.0, n=0, correct=0, samples=0, end_ms=0.0)
-            )
-            for k in ("loss", "n", "correct", "samples"):
-                acc[k] += r[k]
-            for k in ("test_loss", "test_accuracy"):
-                if k in r:
-                    acc[k] = r[k]
-            acc["end_ms"] = max(acc["end_ms"], r["end_ms"])
+            steps.setdefault(r["step"], StepTotals(r["step"], r["epoch"])).add(r)
     metrics_path, tl_path = out / "metrics.csv", out / "timeline.csv"
     rewrite = truncate_from >= 0
     old = _read_rows(metrics_path, truncate_from) if rewrite else []
@@ -120,22 +113,8 @@ def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
     new = []
     per_sample = job.options.get("targets_per_sample", 1)  # tokens per sequence for a language model
     for st in sorted(steps):
-        a = steps[st]
-        dt = max(a["end_ms"] - prev_end, 1e-9)
-        new.append(
-            dict(
-                step=st,
-                epoch=a["epoch"],
-                loss=a["loss"] / max(a["n"], 1),
-                accuracy=a["correct"] / max(a["samples"] * per_sample, 1),
-                samples=job.optim.batch_size,
-                samples_per_s=job.optim.batch_size / dt * 1e3,
-                wall_ms=a["end_ms"],
-                test_loss=a.get("test_loss", ""),
-                test_accuracy=a.get("test_accuracy", ""),
-            )
-        )
-        prev_end = a["end_ms"]
+        new.append(steps[st].metrics_row(job.optim.batch_size, per_sample, since_ms=prev_end))
+        prev_end = steps[st].end_ms
     timeline.sort(key=lambda r: (r.start, r.worker))
     tl_rows = [r._asdict() | {"step": r.round} for r in timeline]
     if rewrite:
@@ -145,6 +124,52 @@ def append_outputs(out: Path, gathered, job: Job, truncate_from: int) -> None:
     else:
         _append_csv(metrics_path, METRIC_COLUMNS, new)
         _append_csv(tl_path, TIMELINE_COLUMNS, tl_rows)
+
+
+@dataclass(slots=True)
+class StepTotals:
+    """One minibatch's training metrics summed over the ranks' rows (rank 0 merges them): the last
+    stage's summed ``loss`` over ``n`` microbatches, ``correct`` hits over ``samples``, the latest
+    ``end_ms`` of a rank's last op of it, and the epoch end's test metrics ("" where none)."""
+
+    step: int
+    epoch: int
+    loss: float = 0.0
+    n: int = 0
+    correct: int = 0
+    samples: int = 0
+    end_ms: float = 0.0
+    test_loss: float | str = ""
+    test_accuracy: float | str = ""
+
+    def add(self, row: dict) -> None:
+        """Add one rank's row of this minibatch (``loss``, ``n``, ``correct``, ``samples``, ``end_ms``,
+        and on rank 0 at an epoch end ``test_loss`` / ``test_accuracy``)."""
+        self.loss += row["loss"]
+        self.n += row["n"]
+        self.correct += row["correct"]
+        self.samples += row["samples"]
+        if "test_loss" in row:
+            self.test_loss = row["test_loss"]
+        if "test_accuracy" in row:
+            self.test_accuracy = row["test_accuracy"]
+        self.end_ms = max(self.end_ms, row["end_ms"])
+
+    def metrics_row(self, batch_size: int, per_sample: int, *, since_ms: float) -> dict:
+        """The ``metrics.csv`` row (:data:`METRIC_COLUMNS`): mean loss, accuracy over the targets
+        (``per_sample`` per sample), and samples/s since the previous minibatch ended at ``since_ms``."""
+        dt = max(self.end_ms - since_ms, 1e-9)
+        return dict(
+            step=self.step,
+            epoch=self.epoch,
+            loss=self.loss / max(self.n, 1),
+            accuracy=self.correct / max(self.samples * per_sample, 1),
+            samples=batch_size,
+            samples_per_s=batch_size / dt * 1e3,
+            wall_ms=self.end_ms,
+            test_loss=self.test_loss,
+            test_accuracy=self.test_accuracy,
+        )
 
 
 def _read_rows(path: Path, truncate_from: int | None) -> list[dict]:
