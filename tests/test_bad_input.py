@@ -366,3 +366,32 @@ def test_a_long_refinement_is_announced_and_no_refine_skips_it(capsys, monkeypat
         err = capsys.readouterr().err
         assert ("note: refining a plan on 512 workers" in err and "--no-refine" in err) == noted, err
     assert seen == [True, False, True]
+
+
+# ---- outputs the default metric scores, or refuses in one line -------------------------------------
+
+
+def test_the_accuracy_metric_scores_per_position_outputs_on_the_class_axis():
+    from workbench.profiling.layering import from_modules
+
+    x = torch.randn(2, 1, 4, 4)
+    model = from_modules([nn.Conv2d(1, 3, 1)], x)  # N x C x H x W: class axis 1, as cross_entropy reads it
+    out = torch.zeros(2, 3, 4, 4)
+    out[:, 2] = 1.0  # class 2 everywhere
+    target = torch.full((2, 4, 4), 2)
+    target[0, 0, 0] = 0
+    assert model.correct(out, target) == 2 * 4 * 4 - 1
+    soft = torch.nn.functional.one_hot(target, 3).permute(0, 3, 1, 2).float()  # class probabilities
+    assert model.correct(out, soft) == 2 * 4 * 4 - 1
+    with pytest.raises(ValueError, match=r"output has shape \(2, 3, 4, 4\) \(class axis 1\) and the targets \(2, 5\)"):
+        model.correct(out, torch.zeros(2, 5, dtype=torch.int64))
+
+
+def test_an_output_the_targets_do_not_fit_is_refused_before_the_ranks_start(tmp_path):
+    """A per-pixel model given one label per sample: one line naming both shapes, before any rank."""
+    ds = torch.utils.data.TensorDataset(torch.randn(8, 1, 4, 4), torch.randint(0, 3, (8,)))
+    model = nn.Sequential(nn.Conv2d(1, 3, 1))
+    with pytest.raises(ValueError) as e:
+        prepare(model, "gpipe", workers=1, steps=1, out=tmp_path / "o", dataset=ds, allow_oversubscribe=True)
+    msg = str(e.value)
+    assert "\n" not in msg and "output (shape (2, 3, 4, 4)) does not fit its targets (shape (2,))" in msg

@@ -126,4 +126,18 @@ class LayerModel:
         return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
 
     def correct(self, output: torch.Tensor, target: torch.Tensor) -> int:
-        return int((output.argmax(dim=-1) == target).sum().item())
+        """Argmax hits over the class axis the loss reads: axis 1 for ``classification`` (``N x C x
+        ...``, as ``F.cross_entropy`` takes it: per-position outputs score every position), the last
+        axis for ``lm``/``seq2seq``. Class-probability targets (the output's shape) score by their
+        own argmax. An output the targets do not fit is one ValueError naming both shapes."""
+        axis = 1 if self.task == "classification" and output.dim() > 1 else -1
+        if target.is_floating_point() and target.shape == output.shape:
+            target = target.argmax(dim=axis)
+        predicted = output.argmax(dim=axis)
+        if predicted.shape != target.shape and predicted.numel() != target.numel():
+            raise ValueError(
+                f"the accuracy metric cannot score model {self.name!r}: its output has shape {tuple(output.shape)} "
+                f"(class axis {axis}) and the targets {tuple(target.shape)}; targets must be the output's shape "
+                "without its class axis"
+            )
+        return int((predicted.reshape(-1) == target.reshape(-1)).sum().item())

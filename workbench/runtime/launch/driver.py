@@ -373,13 +373,13 @@ def _check_takes_data(model, train_set, dtype: str | None, label: str) -> None:
     every rank fails on its first microbatch with the layer's own error). The model runs once in
     eval mode on two samples, without gradients, and goes back to its mode: no buffer (BatchNorm's
     running statistics) and no random state changes."""
-    x, _ = microbatch(train_set, torch.arange(min(2, len(train_set))), "cpu", getattr(torch, dtype) if dtype else None)
+    x, y = microbatch(train_set, torch.arange(min(2, len(train_set))), "cpu", getattr(torch, dtype) if dtype else None)
     module = stage_module(model.layers, 0, len(model.layers) - 1)
     modes = [(m, m.training) for m in module.modules()]
     try:
         module.eval()
         with torch.no_grad():
-            module(x)
+            out = module(x)
     except (RuntimeError, TypeError, ValueError, IndexError) as e:
         shapes = [tuple(t.shape) for t in as_tuple(x)]
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
@@ -391,6 +391,20 @@ def _check_takes_data(model, train_set, dtype: str | None, label: str) -> None:
     finally:
         for m, mode in modes:
             m.training = mode
+    _check_scores(model, out, y, label)
+
+
+def _check_scores(model, out, y, label: str) -> None:
+    """One line when the loss or the accuracy metric cannot score the model's output against the targets."""
+    try:
+        model.loss(out, y)
+        model.correct(out, y)
+    except (RuntimeError, ValueError, IndexError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        shape = tuple(out.shape) if torch.is_tensor(out) else type(out).__name__
+        raise ValueError(
+            f"model {label!r}'s output (shape {shape}) does not fit its targets (shape {tuple(y.shape)}): {first}"
+        ) from None
 
 
 def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, *, dopts: dict):

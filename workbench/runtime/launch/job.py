@@ -95,8 +95,8 @@ def as_layer_model(model, train_set, seed: int = 0, dtype: str | None = None):
     is converted and traced in that dtype."""
     if isinstance(model, str):
         model = load_object(model)
-    if isinstance(model, LayerModel):
-        return model
+    if isinstance(model, LayerModel):  # a hand-built one (from_modules) is converted too, on a copy
+        return model if dtype is None else copy_model(model, dtype)
     if not isinstance(model, nn.Module) and callable(model):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -108,7 +108,7 @@ def as_layer_model(model, train_set, seed: int = 0, dtype: str | None = None):
             )
         model = built
         if isinstance(model, LayerModel):
-            return model
+            return model if dtype is None else copy_model(model, dtype)
     if not isinstance(model, nn.Module):
         raise ValueError(
             f"model must be a zoo name, an nn.Module, a LayerModel or a factory, got {type(model).__name__}"
