@@ -252,5 +252,43 @@ def interleaved_at_paper_chunks(rows: pd.DataFrame | None = None) -> pd.DataFram
     return df.assign(error_paper_chunks=df["ratio_modeled_paper_chunks"] / df["ratio_measured"] - 1.0)
 
 
+def quick_rows() -> pd.DataFrame:
+    """The first (smallest m) setting of each model: the notebook's quick mode."""
+    t9 = read_table9()
+    return t9.groupby("model", sort=False).head(1).reset_index(drop=True)
+
+
+def off_rows(cmp: pd.DataFrame, bubbles: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The ratios off by more than 5%, each with its cause as measured here: how much longer than
+    its op-time model the schedule's measured iteration is, per microbatch, against 1F1B's at the
+    same setting (``excess_ms_per_microbatch``), and, from :func:`bubble_table` where it covers the
+    setting, how far the simulator's bubble rate is from the authors' own calculation (Table 5)."""
+    base = cmp[cmp["schedule"] == "1F1B"].set_index(["model", "m"])["excess_ms_per_microbatch"]
+    bub = None if bubbles is None else bubbles.set_index(["model", "m", "schedule"])["difference"]
+    out = []
+    for r in cmp[(cmp["schedule"] != "1F1B") & (cmp["ratio_error"].abs() > TOLERANCE)].itertuples(index=False):
+        extra = r.excess_ms_per_microbatch - base[(r.model, r.m)]
+        text = (
+            f"measured {r.schedule} runs {r.excess_ms_per_microbatch:.2f} ms per microbatch longer than its op-time "
+            f"model, 1F1B {base[(r.model, r.m)]:.2f}: {extra:.2f} ms per microbatch that Table 9's op times leave out"
+        )
+        if bub is not None and (r.model, r.m, r.schedule) in bub.index:
+            text += (
+                f"; the simulator's {r.schedule} bubble rate (at the paper's chunks) is within {abs(bub[(r.model, r.m, r.schedule)]):.4f} "
+                "of the authors' own calculation from the same times (Table 5), so the gap is not the schedule's model"
+            )
+        out.append([r.model, r.m, r.schedule, r.ratio_to_1f1b_modeled, r.ratio_to_1f1b, r.ratio_error, extra, text])
+    cols = ["model", "m", "schedule", "ratio_modeled", "ratio_measured", "ratio_error", "extra_ms_per_microbatch"]
+    return pd.DataFrame(out, columns=cols + ["cause"])
+
+
+def save(df: pd.DataFrame, out_dir: str | Path, name: str) -> Path:
+    """``df`` as ``out_dir/name.csv`` (the folder made if needed)."""
+    path = Path(out_dir) / f"{name}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(path, index=False)
+    return path
+
+
 if __name__ == "__main__":
     print(write_predictions().to_string(index=False))
