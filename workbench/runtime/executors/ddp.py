@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,6 +32,18 @@ from workbench.schedules.core import Schedule
 # torch's default first-bucket size, then buckets of bucket_cap_mb (its default, 25 MiB). The cost
 # model charges one all-reduce per bucket (CostModel.allreduce_buckets).
 DDP_BUCKETS = (float(getattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES", 2**20)), 25.0 * 2**20)
+
+
+@dataclass(slots=True)
+class Forwarded:
+    """A forward of stage ``s`` on microbatch ``b`` until its backward: the input's leaves ``x``, the
+    output ``y`` (its graph runs through the stage's DDP module), their ``act_bytes``, and on the last
+    stage the ``loss``."""
+
+    x: tuple
+    y: Any
+    act_bytes: int
+    loss: Any = None
 
 
 class DDPExecutor(MomentumState):
@@ -95,7 +109,8 @@ class DDPExecutor(MomentumState):
                     "DDP needs each update's last forward of a stage to be followed by its own backward "
                     "before any other backward of that stage"
                 )
-        self.records: dict = {}
+        self.records: dict[tuple[int, int], Forwarded] = {}  # (stage, microbatch) -> its forward
+        self.cots: dict[tuple[int, int], list[torch.Tensor]] = {}  # (s, b) -> the gradient of s's output
         self.peak_live = 0
         self.peak_act_bytes = 0
         self.momentum = [{n: torch.zeros_like(p) for n, p in m.named_parameters()} for m in self.modules]
@@ -112,13 +127,13 @@ class DDPExecutor(MomentumState):
             start = time.perf_counter()
             pre = clock.mark() if clock is not None else None
             if op.kind == "F":
-                x = data(b)[0] if s == 0 else self.records[(s - 1, b)]["y"].detach()
+                x = data(b)[0] if s == 0 else self.records[(s - 1, b)].y.detach()
                 xl = as_leaves(x, requires_grad=s > 0)
                 sync = (s, b) in self.sync
                 rng = microbatch_rng(self.ctx.optim.seed, R * self.M + b)  # the same draws as one process
                 with rng, contextlib.nullcontext() if sync else self.ddp[s].no_sync():
                     y = self.ddp[s](from_tuple(xl, isinstance(x, tuple)))
-                rec = {"x": xl, "y": y, "bytes": nbytes(xl) + nbytes(as_tuple(y))}
+                rec = Forwarded(xl, y, act_bytes=nbytes(xl) + nbytes(as_tuple(y)))
                 if s == self.S - 1:
                     _, target = data(b)
                     loss = self.model.loss(y, target)
@@ -126,25 +141,23 @@ class DDPExecutor(MomentumState):
                     metrics["n"] += 1
                     metrics["correct"] += self.model.correct(y.detach(), target)
                     metrics["samples"] += int(target.shape[0])
-                    rec["loss"] = loss
+                    rec.loss = loss
                 self.records[(s, b)] = rec
                 self.peak_live = max(self.peak_live, len({bb for _, bb in self.records}))
-                self.peak_act_bytes = max(self.peak_act_bytes, sum(r["bytes"] for r in self.records.values()))
+                self.peak_act_bytes = max(self.peak_act_bytes, sum(r.act_bytes for r in self.records.values()))
             elif op.kind == "B":
                 rec = self.records.pop((s, b))
                 if s == self.S - 1:
                     n = self.prog.count[(s, self.step_of[(s, b)])]
-                    (rec["loss"] * (self.R / n)).backward()
+                    (rec.loss * (self.R / n)).backward()
                 else:
-                    yt = as_tuple(rec["y"])
-                    cot = self.records.pop(("cot", s, b))
+                    yt = as_tuple(rec.y)
+                    cot = self.cots.pop((s, b))
                     pairs = [(yt[i], c) for i, c in zip(float_indices(yt), cot) if yt[i].requires_grad]
                     torch.autograd.backward([p[0] for p in pairs], [p[1] for p in pairs])
                 if s > 0:
-                    xs = [rec["x"][i] for i in float_indices(rec["x"])]
-                    self.records[("cot", s - 1, b)] = [
-                        t.grad if t.grad is not None else torch.zeros_like(t) for t in xs
-                    ]
+                    xs = [rec.x[i] for i in float_indices(rec.x)]
+                    self.cots[(s - 1, b)] = [t.grad if t.grad is not None else torch.zeros_like(t) for t in xs]
             elif op.kind == "STEP":
                 mu = self.ctx.optim.momentum
                 with torch.no_grad():

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -11,6 +13,21 @@ from workbench.runtime.executors.record import timed
 from workbench.runtime.semantics.randomness import microbatch_rng
 from workbench.runtime.semantics.stages import MomentumState, as_leaves, from_tuple, run_stage, stage_module, vjp
 from workbench.schedules.core import Schedule
+
+
+@dataclass(slots=True)
+class Pulled:
+    """A forward of stage ``s`` on microbatch ``b`` until its backward: the input's leaves ``x``
+    (``like_tuple``: the stage takes a tuple), the output ``y``, the weights pulled for the update
+    (``params``: the backward differentiates at them, whatever the shared weights are by then), and
+    on the last stage the ``loss`` and its ``target``."""
+
+    x: tuple
+    y: Any
+    params: dict
+    like_tuple: bool
+    loss: Any = None
+    target: Any = None
 
 
 class HogwildExecutor(MomentumState):
@@ -35,7 +52,8 @@ class HogwildExecutor(MomentumState):
         self.shared, self.counters = shared, counters  # counters[s, w]
         self.buf = [{n: torch.zeros_like(t) for n, t in sh.items()} for sh in shared]
         self.momentum = [{n: torch.zeros_like(t) for n, t in sh.items()} for sh in shared]  # local to the replica
-        self.records: dict = {}
+        self.records: dict[tuple[int, int], Pulled] = {}  # (stage, microbatch) -> its forward
+        self.cots: dict[tuple[int, int], Any] = {}  # (s, b) -> the gradient of s's output
         # stage -> (the other replicas' updates at the pull, the weights pulled) of the current update
         self.pulled: dict[int, tuple[int, dict]] = {}
         self.staleness: list[int] = []
@@ -53,7 +71,7 @@ class HogwildExecutor(MomentumState):
             start = time.perf_counter()
             version = -1
             if op.kind == "F":
-                x = data(b)[0] if s == 0 else self.records[(s - 1, b)]["y"].detach()
+                x = data(b)[0] if s == 0 else self.records[(s - 1, b)].y.detach()
                 if s not in self.pulled:  # the update's pull: one weight version for all its passes
                     copy = {n: t.detach().clone().requires_grad_(True) for n, t in self.shared[s].items()}
                     self.pulled[s] = (self._others(s), copy)
@@ -62,12 +80,12 @@ class HogwildExecutor(MomentumState):
                 xl = as_leaves(x, requires_grad=s > 0)
                 with microbatch_rng(self.ctx.optim.seed, R * self.M + b):
                     y = run_stage(self.modules[s], params, from_tuple(xl, isinstance(x, tuple)))
-                rec = {"x": xl, "y": y, "params": params, "like": isinstance(x, tuple)}
+                rec = Pulled(xl, y, params, like_tuple=isinstance(x, tuple))
                 if s == self.S - 1:
                     _, target = data(b)
-                    rec["loss"] = self.model.loss(y, target)
-                    rec["target"] = target
-                    metrics["loss"] += float(rec["loss"].detach())
+                    rec.loss = self.model.loss(y, target)
+                    rec.target = target
+                    metrics["loss"] += float(rec.loss.detach())
                     metrics["n"] += 1
                     metrics["correct"] += self.model.correct(y.detach(), target)
                     metrics["samples"] += int(target.shape[0])
@@ -75,16 +93,12 @@ class HogwildExecutor(MomentumState):
             elif op.kind in ("B", "BW"):
                 rec = self.records.pop((s, b))
                 last = s == self.S - 1
-                kw = (
-                    dict(loss_fn=self.model.loss, target=rec["target"])
-                    if last
-                    else dict(cot=self.records.pop(("cot", s, b)))
-                )
-                dx, dw, _ = vjp(self.modules[s], rec["params"], rec["x"], rec["like"], rec["y"], **kw)
+                kw = dict(loss_fn=self.model.loss, target=rec.target) if last else dict(cot=self.cots.pop((s, b)))
+                dx, dw, _ = vjp(self.modules[s], rec.params, rec.x, rec.like_tuple, rec.y, **kw)
                 for n, g in dw.items():
                     self.buf[s][n].add_(g)
                 if s > 0:
-                    self.records[("cot", s - 1, b)] = dx
+                    self.cots[(s - 1, b)] = dx
             elif op.kind == "STEP":
                 n = self.prog.count[(s, op.step)]
                 self.staleness.append(self._others(s) - self.pulled.pop(s, (0, None))[0])
