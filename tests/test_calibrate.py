@@ -434,7 +434,7 @@ def test_stage_timing_runs_the_ops_in_1f1b_order(monkeypatch):
     import torch
 
     import workbench.runtime.semantics.stages as stages
-    from workbench.runtime.calibration.machine import _time_stage
+    from workbench.runtime.calibration.machine import time_stage
 
     calls = []
     for name in ("run_stage", "run_stage_layers", "vjp", "split_input_grad", "split_weight_grad", "sgd_update"):
@@ -447,7 +447,7 @@ def test_stage_timing_runs_the_ops_in_1f1b_order(monkeypatch):
         monkeypatch.setattr(stages, name, spy)
     layers = [torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)]
     before = [p.detach().clone() for p in layers[0].parameters()]
-    f, b, bi, bw, acc, step, step_copy = _time_stage(
+    f, b, bi, bw, acc, step, step_copy = time_stage(
         layers, torch.randn(4, 8), first=False, iterations=2, warmup=0, microbatches=4
     )
     short = {

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -586,7 +586,21 @@ def _bounds(plan_or_bounds, num_layers: int) -> tuple[tuple[int, int], ...]:
     return tuple(b)
 
 
-def _time_stage(
+class StageOpTimes(NamedTuple):
+    """Mean ms of one stage's ops as a rank of the runtime runs them (:func:`time_stage`): forward,
+    backward, the split backward's halves (BI, BW), what a backward adding into the update buffer
+    costs more than the update's first (``accumulate``), and STEP in place / into new tensors."""
+
+    fwd: float
+    bwd: float
+    bwd_input: float
+    bwd_weight: float
+    accumulate: float
+    step_in_place: float
+    step_copy: float
+
+
+def time_stage(
     layers: list,
     x,
     first: bool,
@@ -596,7 +610,7 @@ def _time_stage(
     microbatches: int = 4,
     last: tuple | None = None,
     lr: float = 1e-9,
-) -> tuple[float, ...]:
+) -> StageOpTimes:
     """Mean ms of the stage forward, backward, split backward (input-gradient half BI, then
     weight-gradient half BW, as zero-bubble schedules run it), and what the first backward of an
     update saves (its gradients become the empty buffer; the later ones add into it: B is theirs)
@@ -611,7 +625,8 @@ def _time_stage(
     runtime's last stage does. And the runtime's STEP (:func:`~workbench.runtime.semantics.stages.sgd_update`,
     ``lr`` so small the weights stay as they are) right after the last backward of each update, as
     the runtime runs it, in place and into new tensors (a step that keeps the replaced version for
-    stashed microbatches) in turn. Returns (F, B, BI, BW, accumulation, STEP in place, STEP copy).
+    stashed microbatches) in turn. Returns (F, B, BI, BW, accumulation, STEP in place, STEP copy)
+    as a :class:`StageOpTimes`.
 
     Cache and allocator effects of the real op sequence are in the figure: in a paired check on the
     2-vCPU benchmark host a forward of the MLP's last stage right after a backward took 7-16% longer
@@ -633,7 +648,7 @@ def _time_stage(
 
 
 class _StageTimer:
-    """One stage's ops timed as the runtime runs them (:func:`_time_stage`), with the runtime's stage
+    """One stage's ops timed as the runtime runs them (:func:`time_stage`), with the runtime's stage
     functions (:mod:`workbench.runtime.semantics.stages`) on a copy of the layers' parameters."""
 
     def __init__(self, layers: list, x, first: bool, last: tuple | None, lr: float):
@@ -725,19 +740,19 @@ class _StageTimer:
             self.ms["BI"].append((t1 - t0) * 1e3)
             self.ms["BW"].append((time.perf_counter() - t1) * 1e3)
 
-    def result(self) -> tuple[float, ...]:
+    def result(self) -> StageOpTimes:
         """(F, B, BI, BW, accumulation, STEP in place, STEP copy): means in ms."""
         mean, ms = statistics.fmean, self.ms
         b = mean(ms["B"]) if ms["B"] else mean(ms["Bf"])  # one microbatch per update: every backward is the first
         s_in = mean(ms["S_in"]) if ms["S_in"] else 0.0
-        return (
-            mean(ms["F"]),
-            b,
-            mean(ms["BI"]),
-            mean(ms["BW"]),
-            max(0.0, b - mean(ms["Bf"])),
-            s_in,
-            mean(ms["S_copy"]) if ms["S_copy"] else s_in,
+        return StageOpTimes(
+            fwd=mean(ms["F"]),
+            bwd=b,
+            bwd_input=mean(ms["BI"]),
+            bwd_weight=mean(ms["BW"]),
+            accumulate=max(0.0, b - mean(ms["Bf"])),
+            step_in_place=s_in,
+            step_copy=mean(ms["S_copy"]) if ms["S_copy"] else s_in,
         )
 
 
@@ -773,41 +788,37 @@ def stage_profile(
         )
 
         _, _, _, x = layers_and_input(model, None, microbatch_size)
-        fwd, bwd, split, acc, step, step_copy = [], [], [], [], [], []
+        times: list[StageOpTimes] = []
         for a, z in bounds:
             last = z == len(layers) - 1 and hasattr(model, "loss") and hasattr(model, "example_target")
-            f, b, bi, bw, ac, st_in, st_copy = _time_stage(
-                layers[a : z + 1],
-                x,
-                a == 0,
-                iterations,
-                warmup,
-                last=(model, model.example_target(microbatch_size)) if last else None,
+            times.append(
+                time_stage(
+                    layers[a : z + 1],
+                    x,
+                    a == 0,
+                    iterations,
+                    warmup,
+                    last=(model, model.example_target(microbatch_size)) if last else None,
+                )
             )
-            step.append(st_in)
-            step_copy.append(st_copy)
-            fwd.append(f)
-            bwd.append(b)
-            split.append((bi, bw))
-            acc.append(ac)
             with torch.no_grad():
                 for layer in layers[a : z + 1]:
                     x = layer(detach_input(x, False))
     finally:
         torch.set_num_threads(before)
     return StageProfile(
-        prof,
-        bounds,
-        tuple(step),
-        int(microbatch_size),
-        int(threads),
-        tuple(fwd),
-        tuple(bwd),
-        dict(iterations=iterations, warmup=warmup, device=device),
-        tuple(step_copy),
-        tuple(x for x, _ in split),
-        tuple(y for _, y in split),
-        tuple(acc),
+        profile=prof,
+        bounds=bounds,
+        step_ms=tuple(t.step_in_place for t in times),
+        microbatch_size=int(microbatch_size),
+        threads=int(threads),
+        fwd_ms=tuple(t.fwd for t in times),
+        bwd_ms=tuple(t.bwd for t in times),
+        meta=dict(iterations=iterations, warmup=warmup, device=device),
+        step_copy_ms=tuple(t.step_copy for t in times),
+        bwd_input_ms=tuple(t.bwd_input for t in times),
+        bwd_weight_ms=tuple(t.bwd_weight for t in times),
+        grad_accumulate_ms=tuple(t.accumulate for t in times),
     )
 
 
