@@ -18,7 +18,15 @@ def test_kind_codes_have_one_home():
 
     assert costs.KIND_CODES is KIND_CODES
     assert [KIND_CODES[k] for k in ("F", "B", "BI", "BW", "STEP", "AR")] == list(range(6))
-    assert (costs._F, costs._B, costs._BI, costs._BW, costs._STEP, costs._AR) == tuple(range(6))
+    assert costs.KindCode is dfm.KindCode  # the simulator charges by the dataflow's codes
+    assert (
+        costs.KindCode.F,
+        costs.KindCode.B,
+        costs.KindCode.BI,
+        costs.KindCode.BW,
+        costs.KindCode.STEP,
+        costs.KindCode.AR,
+    ) == tuple(range(6))
 
 
 def test_op_key_round_trips():
@@ -83,7 +91,7 @@ def _remote_pair() -> Schedule:
 @pytest.mark.parametrize("make", [_remote_pair, lambda: build("fsdp", 3, 4), lambda: build("dp-bsp", 2, 3, workers=2)])
 def test_validator_and_simulator_read_the_same_edges(make):
     """Schedule.dataflow is derived once and cached: the op graph's edges are exactly its edges."""
-    from workbench.simulation.costs import _unit_costs
+    from workbench.simulation.costs import unit_costs
     from workbench.simulation.edges import build_graph
 
     sched = make()
@@ -92,7 +100,7 @@ def test_validator_and_simulator_read_the_same_edges(make):
     assert sched.dataflow is df
     g = build_graph(
         sched,
-        _unit_costs(sched, 1.0, 2.0, None, 0.0, weight_fetch=0.0, step_ms=0.0, latency_ms=0.0, op_overhead_ms=0.0),
+        unit_costs(sched, 1.0, 2.0, None, 0.0, weight_fetch=0.0, step_ms=0.0, latency_ms=0.0, op_overhead_ms=0.0),
     )
     got = sorted((p, c) for p in range(g.N) for c in g.cons_idx[g.cons_ptr[p] : g.cons_ptr[p + 1]])
     assert got == sorted(zip(df.src.tolist(), df.dst.tolist()))

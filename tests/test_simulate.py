@@ -380,11 +380,11 @@ def test_simulator_and_runtime_split_the_same_way_by_default():
     """Mini VGG-16 has 16 layers; on 4 stages both cut after layers 3, 7, 11 (Plan.even)."""
     from workbench.cost.plan import Plan
     from workbench.runtime.semantics.stages import even_bounds
-    from workbench.simulation import _stage_ranges
+    from workbench.simulation.costs import stage_ranges
 
     prof = profile([1.0] * 15 + [30.0], [2.0] * 16, [0.0] * 16, [0.0] * 16)  # a heavy last layer
     sched = gpipe(4, 2)
-    assert _stage_ranges(sched, prof, None) == even_bounds(16, 4) == [(0, 3), (4, 7), (8, 11), (12, 15)]
+    assert stage_ranges(sched, prof, None) == even_bounds(16, 4) == [(0, 3), (4, 7), (8, 11), (12, 15)]
     assert [s.last for s in Plan.even(10, 4).stages] == [2, 5, 7, 9]
 
 
@@ -416,13 +416,13 @@ def test_simulator_edges_are_schedule_dependencies(name, stages, kw):
     """The simulator evaluates the dataflow on integer arrays; its compute-op edges must be exactly
     Schedule.dependencies() (the derivation the validator and the runtime read)."""
     from workbench.schedules import build
-    from workbench.simulation.costs import _unit_costs
+    from workbench.simulation.costs import unit_costs
     from workbench.simulation.edges import build_graph
 
     sched = build(name, stages, 4, **kw)
     g = build_graph(
         sched,
-        _unit_costs(sched, 1.0, 2.0, None, 0.0, weight_fetch=0.0, step_ms=0.0, latency_ms=0.0, op_overhead_ms=0.0),
+        unit_costs(sched, 1.0, 2.0, None, 0.0, weight_fetch=0.0, step_ms=0.0, latency_ms=0.0, op_overhead_ms=0.0),
     )
     key = [(op.kind, op.stage, sched.unit(op)) if op.kind in ("F", "B", "BI", "BW") else None for op in g.flat]
     got = {
@@ -572,3 +572,63 @@ def test_one_flush_is_not_a_steady_state_but_several_are():
 
     assert sim(sch.build("gpipe", 4, 8), fwd=1, bwd=2).time_per_minibatch_ms is None
     assert sim(sch.build("gpipe", 4, 32, steps=4), fwd=1, bwd=2).time_per_minibatch_ms is not None
+
+
+# ---- typed records: edge kinds and communication rows ----------------------------------------------
+def _edge_kinds(sched: Schedule, transfer: float) -> dict[tuple[int, int], int]:
+    """(producer, consumer) op ids -> the op graph's edge kind, at unit costs with ``transfer``."""
+    from workbench.simulation.costs import unit_costs
+    from workbench.simulation.edges import build_graph
+
+    costs = unit_costs(
+        sched, 1.0, 2.0, None, transfer, weight_fetch=0.0, step_ms=0.0, latency_ms=0.0, op_overhead_ms=0.0
+    )
+    g = build_graph(sched, costs)
+    return {(p, g.cons_idx[j]): g.etype[j] for p in range(g.N) for j in range(g.cons_ptr[p], g.cons_ptr[p + 1])}
+
+
+def test_edge_kinds_name_what_each_edge_carries():
+    from workbench.schedules import build
+    from workbench.simulation import EdgeKind
+
+    sched = build("pipedream", 3, 4)
+    worker = [w for w, ops in enumerate(sched.ops) for _ in ops]
+    paid, free = _edge_kinds(sched, 0.5), _edge_kinds(sched, 0.0)
+    assert paid.keys() == free.keys()
+    for (p, c), kind in paid.items():
+        crosses = worker[p] != worker[c]
+        assert kind == (EdgeKind.ACT if crosses else EdgeKind.LOCAL)
+        assert free[(p, c)] == (EdgeKind.FREE if crosses else EdgeKind.LOCAL)
+    # worker 1 computes microbatch 1 of stage 0 with version 1 of worker 0's weights (master family)
+    w0 = [Op("F", 0, 0), Op("B", 0, 0), Op("STEP", 0, step=0), Op("STEP", 0, step=1)]
+    w1 = [Op("F", 0, 1, version=1, weights_worker=0), Op("B", 0, 1, version=1, weights_worker=0)]
+    remote = Schedule("remote", 1, 2, 2, (w0, w1), ((0,),))
+    validate(remote)
+    kinds = _edge_kinds(remote, 0.0)
+    assert {e for e, k in kinds.items() if k == EdgeKind.VERSION} == {(2, 4), (2, 5)}  # STEP 0 -> the reads of v1
+    assert {e for e, k in kinds.items() if k == EdgeKind.WGRAD} == {(5, 3)}  # B's gradient -> the owner's STEP 1
+
+
+def test_comm_rows_are_named_records_and_become_the_comm_lane():
+    from workbench.cost.plan import Plan
+    from workbench.schedules import build
+    from workbench.simulation import CommKind, CommRow
+    from workbench.simulation.costs import simulation_costs
+    from workbench.simulation.edges import build_graph
+    from workbench.simulation.engine import sweep
+    from workbench.simulation.options import SimOptions
+
+    sched = build("pipedream", Plan.from_boundaries([0, 1], [2, 1]), 6)
+    opts = SimOptions(transfer=0.3, allreduce=0.5)
+    costs = simulation_costs(sched, 1.0, 2.0, None, None, topology=None, options=opts)
+    rows = sweep(build_graph(sched, costs), costs, opts.overlap_comm).comm_rows
+    assert rows and all(type(r) is CommRow for r in rows)
+    assert {r.kind for r in rows} == {CommKind.SEND_ACT, CommKind.SEND_GRAD, CommKind.ALLREDUCE}
+    sends = [r for r in rows if r.kind != CommKind.ALLREDUCE]
+    assert [r.end - r.start for r in sends] == pytest.approx([0.3] * len(sends))
+    assert all(r.src == r.worker != r.dst and r.update == -1 for r in sends)
+    assert all(r.end - r.start >= 0.5 - 1e-12 and r.microbatch == -1 for r in rows if r.kind == CommKind.ALLREDUCE)
+    comm = simulate(sched, **{"transfer": 0.3, "allreduce": 0.5}).timeline.query("lane == 'comm'")
+    got = sorted(comm[list(CommRow._fields)].itertuples(index=False, name=None))
+    assert got == sorted(tuple(r) for r in rows)
+    assert all(type(k) is str for k in comm["kind"])  # the column holds the strings, not enum members

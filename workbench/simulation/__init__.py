@@ -109,14 +109,12 @@ from workbench.simulation.costs import (
     KIND_NAMES,
     STAT_COLUMNS,
     TIMELINE_COLUMNS,
+    CommKind,
     default_microbatch_fraction,
     simulation_costs,
 )
-from workbench.simulation.costs import (
-    _stage_ranges as _stage_ranges,  # tests reach it here
-)
-from workbench.simulation.edges import OpGraph, build_graph
-from workbench.simulation.engine import sweep
+from workbench.simulation.edges import EdgeKind, OpGraph, build_graph
+from workbench.simulation.engine import CommRow, sweep
 from workbench.simulation.options import SimOptions
 from workbench.simulation.result import SimResult, assemble, steady_state
 
@@ -262,6 +260,9 @@ __all__ = [
     "KIND_CODES",
     "KIND_NAMES",
     "COMM_KINDS",
+    "CommKind",
+    "CommRow",
+    "EdgeKind",
     "TIMELINE_COLUMNS",
     "STAT_COLUMNS",
     "OpGraph",

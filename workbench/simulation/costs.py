@@ -5,21 +5,32 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 import numpy as np
 
 from workbench.cost.model import CostModel, check_ms, ring_allreduce_ms
 from workbench.cost.plan import Plan
 from workbench.io.timeline import COMMON_COLUMNS
-from workbench.schedules import dataflow
 from workbench.schedules.core import Schedule
-from workbench.schedules.dataflow import KIND_CODES
+from workbench.schedules.dataflow import KIND_CODES, KindCode
 from workbench.simulation.options import SimOptions
 
-_F, _B, _BI, _BW, _STEP, _AR = dataflow.F, dataflow.B, dataflow.BI, dataflow.BW, dataflow.STEP, dataflow.AR
 
-KIND_NAMES = ("F", "B", "BI", "BW", "STEP", "allreduce")
-COMM_KINDS = ("send_act", "send_grad", "allreduce", "fetch_weights", "send_wgrad", "alltoall")
+class CommKind(StrEnum):
+    """The ``kind`` of a communication-lane row of a timeline (a ``str`` enum: the column holds its
+    values, the strings of :data:`COMM_KINDS`)."""
+
+    SEND_ACT = "send_act"  # an activation to the next stage's worker
+    SEND_GRAD = "send_grad"  # a gradient to the previous stage's worker
+    ALLREDUCE = "allreduce"  # a replicated stage's all-reduce
+    FETCH_WEIGHTS = "fetch_weights"  # a weight version from its owner (master family)
+    SEND_WGRAD = "send_wgrad"  # a weight gradient pushed to the owner's STEP (master family)
+    ALLTOALL = "alltoall"  # the exposed part of an op's in-op all-to-all
+
+
+KIND_NAMES = ("F", "B", "BI", "BW", "STEP", CommKind.ALLREDUCE.value)  # timeline kind of each KindCode
+COMM_KINDS = tuple(k.value for k in CommKind)
 TIMELINE_COLUMNS = COMMON_COLUMNS + ("lane", "src", "dst", "update", "bytes")  # see workbench.io.timeline
 STAT_COLUMNS = ("peak_activations", "activation_transfers", "weight_transfers", "weight_storage", "busy")
 
@@ -28,7 +39,7 @@ STAT_COLUMNS = ("peak_activations", "activation_transfers", "weight_transfers", 
 # costs
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class _Costs:
+class SimCosts:
     """Per-op durations (ms) of one simulation, all drawn from one :class:`CostModel`
     (profile costs) or from the unit constants (``model is None``)."""
 
@@ -83,9 +94,12 @@ def _per_stage(x, S: int, name: str) -> list[float]:
     return vals
 
 
-def _unit_costs(
+def unit_costs(
     schedule: Schedule, fwd, bwd, allreduce, transfer, *, weight_fetch, step_ms, latency_ms, op_overhead_ms
-) -> _Costs:
+) -> SimCosts:
+    """Unit costs (package docstring, "Costs"): ``fwd``/``bwd``/``allreduce``/``step_ms`` per stage or
+    one number, a split backward ``bwd / 2`` per half, a ring all-reduce's ``2 (r - 1)`` latencies,
+    ``transfer`` and ``weight_fetch`` per message between different workers; no bytes."""
     S = schedule.num_stages
     f = _per_stage(fwd, S, "fwd")
     b = _per_stage(bwd, S, "bwd")
@@ -95,13 +109,19 @@ def _unit_costs(
         for s, a in enumerate(_per_stage(0.0 if allreduce is None else allreduce, S, "allreduce"))
     ]
     half = [x / 2 for x in b]
-    compute = {_F: f, _B: b, _BI: half, _BW: half, _STEP: _per_stage(step_ms, S, "step_ms")}
+    compute = {
+        KindCode.F: f,
+        KindCode.B: b,
+        KindCode.BI: half,
+        KindCode.BW: half,
+        KindCode.STEP: _per_stage(step_ms, S, "step_ms"),
+    }
     zeros = [0.0] * S
     over = check_ms("op_overhead_ms", op_overhead_ms)
     label = "modeled (unit costs)"
     if lat or over:
         label += f", latency {lat:g} ms/message, overhead {over:g} ms/op"
-    return _Costs(
+    return SimCosts(
         compute,
         zeros,
         zeros,
@@ -122,9 +142,9 @@ def op_ms(schedule: Schedule, op, comp: dict) -> float:
     starts the backward) also re-runs the forward: ``+ F_s`` times the share (GPipe)."""
     k, s = KIND_CODES[op.kind], op.stage
     ms = comp[k][s]
-    if schedule.recompute and k in (_B, _BI):
-        ms += comp[_F][s]
-    return ms * schedule.segment_share(op) if k < _STEP else ms
+    if schedule.recompute and k in (KindCode.B, KindCode.BI):
+        ms += comp[KindCode.F][s]
+    return ms * schedule.segment_share(op) if k < KindCode.STEP else ms
 
 
 def default_microbatch_fraction(schedule: Schedule, input_workers: int | None = None) -> float:
@@ -141,7 +161,10 @@ def default_microbatch_fraction(schedule: Schedule, input_workers: int | None = 
     return min(1.0, inputs / max(1, schedule.microbatches_per_step))
 
 
-def _stage_ranges(schedule: Schedule, profile, plan) -> list[tuple[int, int]]:
+def stage_ranges(schedule: Schedule, profile, plan) -> list[tuple[int, int]]:
+    """The (first, last) profile layers of each stage: ``plan``'s stages, or without a plan
+    :meth:`Plan.even <workbench.cost.plan.Plan.even>` (the runtime's default split too); a
+    ValueError when the plan, the profile and the schedule disagree on stages or layers."""
     S, L = schedule.num_stages, len(profile.layers)
     if plan is not None:
         if plan.num_stages != S:
@@ -157,12 +180,12 @@ def _stage_ranges(schedule: Schedule, profile, plan) -> list[tuple[int, int]]:
     return [(st.first, st.last) for st in Plan.even(L, S).stages]  # the runtime's default too
 
 
-def _profile_costs(schedule: Schedule, profile, plan, topology, options: SimOptions) -> _Costs:
+def profile_costs(schedule: Schedule, profile, plan, topology, options: SimOptions) -> SimCosts:
     """Per-stage charges of ``schedule`` from :meth:`CostModel.from_profile` calibrated by
     ``options.cost`` (package docstring, "Costs")."""
     fraction = options.microbatch_fraction
     S = schedule.num_stages
-    ranges = _stage_ranges(schedule, profile, plan)
+    ranges = stage_ranges(schedule, profile, plan)
     if fraction is None:
         fraction = default_microbatch_fraction(schedule)
     elif not 0 < fraction <= 1:
@@ -184,14 +207,14 @@ def _profile_costs(schedule: Schedule, profile, plan, topology, options: SimOpti
         ar = [cm.allreduce_ms(params[s], schedule.stage_workers[s]) for s in range(S)]
     tied = tied_allreduce_ms(cm, profile.meta.get("tied", ()), ranges, schedule)
     compute = {
-        _F: f,
-        _B: b,
-        _BI: [x for x, _ in split],
-        _BW: [y for _, y in split],
-        _STEP: [x + t for x, t in zip(_per_stage(options.step_ms, S, "step_ms"), tied)],
+        KindCode.F: f,
+        KindCode.B: b,
+        KindCode.BI: [x for x, _ in split],
+        KindCode.BW: [y for _, y in split],
+        KindCode.STEP: [x + t for x, t in zip(_per_stage(options.step_ms, S, "step_ms"), tied)],
     }
     acc = [cm.stage_accumulate_ms(a, b_) for a, b_ in ranges]
-    return _Costs(
+    return SimCosts(
         compute,
         cut,
         params,
@@ -210,7 +233,7 @@ def _profile_costs(schedule: Schedule, profile, plan, topology, options: SimOpti
     )
 
 
-def simulation_costs(schedule: Schedule, fwd, bwd, profile, plan, *, topology, options: SimOptions) -> _Costs:
+def simulation_costs(schedule: Schedule, fwd, bwd, profile, plan, *, topology, options: SimOptions) -> SimCosts:
     """The per-op charges of one simulation: unit costs (``fwd``, ``bwd`` and ``options``) without a
     profile, else the profile's on ``plan`` and ``topology``; then the options either source takes:
     ``step_copy_ms`` (plus the tied weights' all-reduce the STEP includes) and the in-op
@@ -219,7 +242,7 @@ def simulation_costs(schedule: Schedule, fwd, bwd, profile, plan, *, topology, o
     if profile is None:
         _check_unit_options(plan, topology, options)
         o = options
-        costs = _unit_costs(
+        costs = unit_costs(
             schedule,
             fwd,
             bwd,
@@ -231,7 +254,7 @@ def simulation_costs(schedule: Schedule, fwd, bwd, profile, plan, *, topology, o
             op_overhead_ms=o.cost.op_overhead_ms,
         )
     else:
-        costs = _profile_costs(schedule, profile, plan, topology, options)
+        costs = profile_costs(schedule, profile, plan, topology, options)
     if options.step_copy_ms is not None:
         copy = _per_stage(options.step_copy_ms, S, "step_copy_ms")
         costs = replace(costs, step_copy=[c + t for c, t in zip(copy, costs.tied_ms or [0.0] * len(copy))])

@@ -11,22 +11,45 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
+from typing import NamedTuple
 
 from workbench.cost.model import link_level
-from workbench.simulation.costs import _AR, _F, _Costs
-from workbench.simulation.edges import OpGraph
+from workbench.schedules.dataflow import KindCode
+from workbench.simulation.costs import CommKind, SimCosts
+from workbench.simulation.edges import EdgeKind, OpGraph
+
+
+class CommRow(NamedTuple):
+    """One communication-lane row of the timeline (:mod:`workbench.io.timeline` columns): what
+    ``kind`` of transfer (a :class:`~workbench.simulation.costs.CommKind` value) ran on a channel of
+    ``worker`` from ``start`` to ``end``, sending ``bytes`` from worker ``src`` to ``dst``, for
+    ``stage``, ``microbatch`` (-1: none) and weight ``version`` (-1: none); ``update``: the step of
+    an all-reduce (-1 otherwise)."""
+
+    worker: int
+    stage: int
+    microbatch: int
+    kind: str
+    start: float
+    end: float
+    version: int
+    src: int
+    dst: int
+    update: int
+    bytes: float
 
 
 @dataclass
 class Sweep:
     """Times of every op and what the channels carried."""
 
-    start: list
-    end: list
-    stall: list  # per worker: time waiting although the producers had ended (communication)
-    comm_rows: list  # (worker, stage, mb, kind, start, end, version, src, dst, update, bytes)
-    level_bytes: dict  # topology level -> bytes sent
-    fetch_count: list  # weight fetches per worker
+    start: list[float]
+    end: list[float]
+    stall: list[float]  # per worker: time waiting although the producers had ended (communication)
+    comm_rows: list[CommRow]
+    level_bytes: dict[int, float]  # topology level -> bytes sent
+    fetch_count: list[int]  # weight fetches per worker
 
 
 def _left_over(items: list, idle_from: float, t: float) -> float:
@@ -45,30 +68,43 @@ def _left_over(items: list, idle_from: float, t: float) -> float:
     return left
 
 
-def sweep(graph: OpGraph, costs: _Costs, overlap_comm: bool, name: str = "schedule") -> Sweep:
+def sweep(graph: OpGraph, costs: SimCosts, overlap_comm: bool, name: str = "schedule") -> Sweep:
     """Run the sweep; a :class:`ValueError` names the stuck ops if the schedule deadlocks."""
     run = _Sweeper(graph, costs, overlap_comm)
     run.run()
     _check_progress(graph, run.ptr, name)
-    return Sweep(run.start, run.end, run.stall, run.channels.rows, run.channels.level_bytes, run.fetch_count)
+    return Sweep(
+        start=run.start,
+        end=run.end,
+        stall=run.stall,
+        comm_rows=run.channels.rows,
+        level_bytes=run.channels.level_bytes,
+        fetch_count=run.fetch_count,
+    )
+
+
+_comm_row = partial(tuple.__new__, CommRow)  # a CommRow from one tuple of its fields (no keyword parsing: hot path)
+# the kind column's strings (plain str: the timeline holds the values of CommKind)
+_SEND_ACT, _SEND_GRAD, _SEND_WGRAD = CommKind.SEND_ACT.value, CommKind.SEND_GRAD.value, CommKind.SEND_WGRAD.value
+_ALLREDUCE, _FETCH_WEIGHTS = CommKind.ALLREDUCE.value, CommKind.FETCH_WEIGHTS.value
 
 
 class _Channels:
     """What the channels carried: the comm-lane rows and the bytes sent over each topology level."""
 
     def __init__(self, topology, W: int):
-        self.rows: list[tuple] = []  # (worker, stage, mb, kind, start, end, version, src, dst, update, bytes)
+        self.rows: list[CommRow] = []
         self.level_bytes: dict[int, float] = {}
         self._topology = topology
         self._W = W
         self._levels: dict[int, int] = {}  # src * W + dst -> level of the link
 
-    def record(self, row: tuple) -> None:
+    def record(self, row: CommRow) -> None:
         """One comm-lane row; its bytes count for the level of its link ``src -> dst``."""
         self.rows.append(row)
-        nbytes = row[10]
+        nbytes = row.bytes
         if nbytes and self._topology is not None:
-            src, dst = row[7], row[8]
+            src, dst = row.src, row.dst
             key = src * self._W + dst
             lv = self._levels.get(key)
             if lv is None:
@@ -81,7 +117,7 @@ class _Sweeper:
     arrival if communication were free, for the stall), per worker its next op (``ptr``), clock
     (``free``) and last start, per channel when it is free, per all-reduce its replicas' arrivals."""
 
-    def __init__(self, graph: OpGraph, costs: _Costs, overlap_comm: bool):
+    def __init__(self, graph: OpGraph, costs: SimCosts, overlap_comm: bool):
         self.graph, self.costs, self.overlap_comm = graph, costs, overlap_comm
         # an overlapped all-reduce may start with the backward before it, or (DDP buckets) after it
         model = costs.model
@@ -125,15 +161,16 @@ class _Sweeper:
         link_free, is_fetch, arrived, msg_cpu = self.link_free, gr.is_fetch, self.arrived, self.msg_cpu
         send_work, recv_work, record = self.send_work, self.recv_work, self.channels.record
         overlap_comm, W, ver_ready = self.overlap_comm, self.W, self.ver_ready
+        AR, F = int(KindCode.AR), int(KindCode.F)  # exact ints: the interpreter's fast int compare
+        LOCAL, ACT, VERSION, WGRAD = map(int, (EdgeKind.LOCAL, EdgeKind.ACT, EdgeKind.VERSION, EdgeKind.WGRAD))
         while stack:
             w = stack.pop()
             i, stop, fw, ps, stl = ptr[w], wend[w], free[w], prev_start[w], 0.0
             while i < stop:
                 k = kc[i]
-                if k == _AR:
-                    if not arrived[i] and self._reach_allreduce(i, fw, ps):
-                        ptr[w], free[w] = i, fw
-                        self._finish_allreduce((st[i], gr.stp[i]))
+                if k == AR:
+                    if not arrived[i]:
+                        self._reach_allreduce(w, i, fw, ps)
                     if not overlap_comm:  # the worker waits for the all-reduce to end
                         if end[i] == math.inf:
                             break
@@ -166,7 +203,7 @@ class _Sweeper:
                     c = cons_idx[j]
                     typ = etype[j]
                     a = e
-                    if typ == 1 or typ == 3:  # activation / gradient, weight gradient to the owner
+                    if typ == ACT or typ == WGRAD:  # activation / gradient, weight gradient to the owner
                         wc = wof[c]
                         ms = ems[j]
                         lk = w * W + wc
@@ -178,17 +215,16 @@ class _Sweeper:
                             sent += 1
                             recv_work.setdefault(c, []).append((a, msg_cpu))
                         if ms > 0 or ebytes[j]:
-                            name = "send_wgrad" if typ == 3 else "send_act" if k == _F else "send_grad"
-                            record((w, st[i], mb[i], name, t0, a, ver[i], w, wc, -1, ebytes[j]))
-                    elif typ == 2:  # a weight version now exists for a remote reader to fetch
+                            name = _SEND_WGRAD if typ == WGRAD else _SEND_ACT if k == F else _SEND_GRAD
+                            record(_comm_row((w, st[i], mb[i], name, t0, a, ver[i], w, wc, -1, ebytes[j])))
+                    elif typ == VERSION:  # a weight version now exists for a remote reader to fetch
                         ver_ready[c] = e
                     if a > arrive[c]:
                         arrive[c] = a
                     if e > nodep[c]:
                         nodep[c] = e
-                    pc = pending[c] - 1
-                    pending[c] = pc
-                    if pc == 0 and typ and ptr[wof[c]] == c:
+                    pending[c] = pc = pending[c] - 1
+                    if pc == 0 and typ != LOCAL and ptr[wof[c]] == c:
                         stack.append(wof[c])
                 if sent:
                     send_work[w].append((e, msg_cpu * sent))
@@ -196,15 +232,17 @@ class _Sweeper:
             ptr[w], free[w], prev_start[w] = i, fw, ps
             stall[w] += stl
 
-    def _reach_allreduce(self, g: int, fw: float, ps: float) -> bool:
-        """A worker reaches all-reduce op ``g`` at ``fw`` (its backward before started at ``ps``);
-        True when it is the last replica of the stage to arrive."""
+    def _reach_allreduce(self, w: int, g: int, fw: float, ps: float) -> None:
+        """Worker ``w`` reaches all-reduce op ``g`` at ``fw`` (its backward before started at ``ps``);
+        the last replica of the stage to arrive times the all-reduce (:meth:`_finish_allreduce`)."""
         key = (self.graph.st[g], self.graph.stp[g])
         self.arrived[g] = True
         self.ar_reach_t[key] = max(self.ar_reach_t.get(key, 0.0), fw)
         self.ar_ready_t[key] = max(self.ar_ready_t.get(key, 0.0), ps if self.ready_at_start else fw)
         n = self.ar_reached[key] = self.ar_reached.get(key, 0) + 1
-        return n == self.graph.ar_size[key]
+        if n == self.graph.ar_size[key]:
+            self.ptr[w], self.free[w] = g, fw
+            self._finish_allreduce(key)
 
     def _finish_allreduce(self, key: tuple[int, int]) -> None:
         """Time the all-reduce ``key = (stage, step)`` over its replicas and release its consumers.
@@ -213,7 +251,7 @@ class _Sweeper:
         every replica finished that backward (:meth:`CostModel.exposed_allreduce_ms`)."""
         gr, coll_free, wof = self.graph, self.coll_free, self.graph.wof
         members = gr.ar_group[key]
-        s = key[0]
+        s, step = key
         t0 = max(self.ar_ready_t[key], max(coll_free[wof[g]] for g in members))
         t1 = max(t0 + self.costs.allreduce_ms[s], self.ar_reach_t[key])
         sync = self.ar_reach_t[key]
@@ -226,7 +264,7 @@ class _Sweeper:
             coll_free[w] = t1
             self.start[g], self.end[g] = t0, t1
             if t1 > t0 or pbytes:
-                self.channels.record((w, s, -1, "allreduce", t0, t1, -1, w, ws[(i + 1) % r], key[1], pbytes))
+                self.channels.record(CommRow(w, s, -1, _ALLREDUCE, t0, t1, -1, w, ws[(i + 1) % r], step, pbytes))
             for c in gr.cons_idx[gr.cons_ptr[g] : gr.cons_ptr[g + 1]]:
                 if t1 > arrive[c]:
                     arrive[c] = t1
@@ -251,13 +289,13 @@ class _Sweeper:
         self.fetch_free[lk] = t1
         self.fetch_count[w] += 1
         if t1 > t0 or nbytes:
-            self.channels.record((w, s, gr.mb[g], "fetch_weights", t0, t1, gr.ver[g], src_w, w, -1, nbytes))
+            self.channels.record(CommRow(w, s, gr.mb[g], _FETCH_WEIGHTS, t0, t1, gr.ver[g], src_w, w, -1, nbytes))
         return t1
 
 
 def _check_progress(graph: OpGraph, ptr: list, name: str) -> None:
     """Raise a ValueError naming the first stuck op of each worker when some op never ran."""
-    flat, kc, st, stp, wbeg, wend = graph.flat, graph.kc, graph.st, graph.stp, graph.wbeg, graph.wend
+    flat, kc, st, wbeg, wend = graph.flat, graph.kc, graph.st, graph.wbeg, graph.wend
     N, W = graph.N, len(wbeg)
     stuck = [w for w in range(W) if ptr[w] < wend[w]]
     if stuck:
@@ -265,9 +303,8 @@ def _check_progress(graph: OpGraph, ptr: list, name: str) -> None:
         for w in stuck[:6]:
             g = ptr[w]
             op = flat[g]
-            if kc[g] == _AR:
-                key = (st[g], stp[g])
-                waits = f"waits for the other replicas of stage {key[0]} to reach the all-reduce"
+            if kc[g] == KindCode.AR:
+                waits = f"waits for the other replicas of stage {st[g]} to reach the all-reduce"
             else:
                 waits = "waits for inputs that never arrive"
             desc.append(f"worker {w}: {op} ({waits})")

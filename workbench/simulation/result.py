@@ -11,20 +11,11 @@ import pandas as pd
 
 from workbench.io.cards import card, fmt, one_line
 from workbench.schedules.core import Schedule
-from workbench.schedules.dataflow import peak_in_flight
+from workbench.schedules.dataflow import KindCode, peak_in_flight
 from workbench.schedules.stats import worker_stats
-from workbench.simulation.costs import (
-    _AR,
-    _B,
-    _BI,
-    _BW,
-    _F,
-    _STEP,
-    KIND_NAMES,
-    TIMELINE_COLUMNS,
-    _Costs,
-    default_microbatch_fraction,
-)
+from workbench.simulation.costs import KIND_NAMES, TIMELINE_COLUMNS, CommKind, SimCosts, default_microbatch_fraction
+from workbench.simulation.edges import OpGraph
+from workbench.simulation.engine import CommRow, Sweep
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,21 +150,21 @@ class _Ops:
     exposed: np.ndarray  # all-to-all ms the op's compute stream waited for (inside [start, end])
 
     @classmethod
-    def of(cls, graph, swept) -> _Ops:
-        kc, st, mb, _, _, wof = graph.arrays
-        n = len(kc)
+    def of(cls, graph: OpGraph, swept: Sweep) -> _Ops:
+        a = graph.arrays
+        n = len(a.kind)
         return cls(
-            kc=np.asarray(kc, dtype=np.int8),
-            st=np.asarray(st, dtype=np.int64),
-            mb=np.asarray(mb, dtype=np.int64),
-            w=np.asarray(wof, dtype=np.int64),
+            kc=np.asarray(a.kind, dtype=np.int8),
+            st=np.asarray(a.stage, dtype=np.int64),
+            mb=np.asarray(a.microbatch, dtype=np.int64),
+            w=np.asarray(a.worker, dtype=np.int64),
             start=np.fromiter(swept.start, float, len(swept.start)),
             end=np.fromiter(swept.end, float, len(swept.end)),
             exposed=np.asarray(graph.exposed if graph.exposed else [0.0] * n, dtype=float),
         )
 
 
-def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
+def assemble(schedule: Schedule, costs: SimCosts, graph: OpGraph, swept: Sweep) -> SimResult:
     """The :class:`SimResult` of a swept op graph: the timeline (compute and communication lanes,
     :mod:`workbench.io.timeline` schema, :func:`_timeline`) and the metrics of
     :func:`workbench.simulation.simulate` (:func:`_metrics`)."""
@@ -184,12 +175,11 @@ def assemble(schedule: Schedule, costs: _Costs, graph, swept) -> SimResult:
     return SimResult(schedule, timeline, metrics["makespan"], metrics, costs.label)
 
 
-def _timeline(schedule: Schedule, graph, ops: _Ops, comm_rows: list) -> pd.DataFrame:
+def _timeline(schedule: Schedule, graph: OpGraph, ops: _Ops, comm_rows: list[CommRow]) -> pd.DataFrame:
     """Compute-lane rows (one per op but the all-reduces, which are comm-lane rows) and the
     comm-lane rows, in :data:`TIMELINE_COLUMNS` (plus ``segment`` for Seq1F1B);
     ``round = step = 0``: one pass over the op lists."""
-    _, _, _, ver, stp, _ = graph.arrays
-    keep = ops.kc != _AR
+    keep = ops.kc != KindCode.AR
     w = ops.w[keep]
     comp = pd.DataFrame(
         {
@@ -199,11 +189,11 @@ def _timeline(schedule: Schedule, graph, ops: _Ops, comm_rows: list) -> pd.DataF
             "kind": np.array(KIND_NAMES, dtype=object)[ops.kc[keep]],
             "start": ops.start[keep],
             "end": (ops.end - ops.exposed)[keep],  # compute only; the exposed all-to-all follows on the comm lane
-            "version": np.asarray(ver, dtype=np.int64)[keep],
+            "version": np.asarray(graph.arrays.version, dtype=np.int64)[keep],
             "lane": "compute",
             "src": w,
             "dst": w,
-            "update": np.asarray(stp, dtype=np.int64)[keep],
+            "update": np.asarray(graph.arrays.step, dtype=np.int64)[keep],
             "bytes": 0.0,
             "round": 0,
             "step": 0,
@@ -214,8 +204,7 @@ def _timeline(schedule: Schedule, graph, ops: _Ops, comm_rows: list) -> pd.DataF
         comp["segment"] = np.asarray(segments)[keep]
     timeline = comp
     if comm_rows:
-        columns = ["worker", "stage", "microbatch", "kind", "start", "end", "version", "src", "dst", "update", "bytes"]
-        comm = pd.DataFrame(comm_rows, columns=columns)
+        comm = pd.DataFrame(comm_rows, columns=list(CommRow._fields))
         comm["lane"] = "comm"
         comm["round"] = comm["step"] = 0
         timeline = pd.concat([comp, comm[list(TIMELINE_COLUMNS)]], ignore_index=True)
@@ -223,7 +212,7 @@ def _timeline(schedule: Schedule, graph, ops: _Ops, comm_rows: list) -> pd.DataF
     return timeline[list(TIMELINE_COLUMNS) + extra]
 
 
-def _metrics(schedule: Schedule, costs: _Costs, graph, swept, ops: _Ops) -> dict:
+def _metrics(schedule: Schedule, costs: SimCosts, graph: OpGraph, swept: Sweep, ops: _Ops) -> dict:
     """The metrics of :func:`workbench.simulation.simulate` (its docstring gives each formula)."""
     W = schedule.num_workers
     makespan = float(ops.end.max()) if len(ops.end) else 0.0
@@ -233,7 +222,7 @@ def _metrics(schedule: Schedule, costs: _Costs, graph, swept, ops: _Ops) -> dict
     steps, steady = _steps(schedule, ops)
     peak_n, peak_b, versions = _memory(schedule, costs, graph)
     L = makespan if makespan > 0 else float("nan")
-    inputs = np.unique(ops.w[(ops.kc == _F) & (ops.st == 0)]).size
+    inputs = np.unique(ops.w[(ops.kc == KindCode.F) & (ops.st == 0)]).size
     fraction = costs.fraction if costs.model is not None else default_microbatch_fraction(schedule, inputs)
     steady_mb, why_not = steady_state(schedule, ops.kc, ops.mb, ops.st, ops.end)
     per_mb = steady_mb / fraction if steady_mb is not None else None
@@ -275,12 +264,12 @@ def _utilisation(ops: _Ops, stall: list, W: int) -> tuple:
     """Per worker the compute-lane busy time (the exposed all-to-all is communication, not
     compute), the stall including that all-to-all, the all-to-all alone; the total F/B/BI/BW work
     and the bubble within each worker's span (:func:`_span_bubble`)."""
-    keep = ops.kc != _AR
+    keep = ops.kc != KindCode.AR
     dur = ops.end - ops.start
     waited = np.bincount(ops.w, weights=ops.exposed, minlength=W)
     busy = np.bincount(ops.w[keep], weights=dur[keep], minlength=W) - waited
     stall = [s + x for s, x in zip(stall, waited.tolist())]
-    work_mask = ops.kc < _STEP
+    work_mask = ops.kc < KindCode.STEP
     work = float(dur[work_mask].sum() - ops.exposed.sum())
     span_bubble = _span_bubble(
         ops.w[work_mask], ops.start[work_mask], ops.end[work_mask], (dur - ops.exposed)[work_mask], W
@@ -292,7 +281,7 @@ def _steps(schedule: Schedule, ops: _Ops) -> tuple[int, float]:
     """The most STEP ops of one stage on one worker (>= 1), and the mean spacing of worker 0's
     STEPs of its first stage (NaN with fewer than two)."""
     steps = 1
-    is_step = ops.kc == _STEP
+    is_step = ops.kc == KindCode.STEP
     if is_step.any():
         steps = int(np.bincount((ops.w * schedule.num_stages + ops.st)[is_step]).max())
     steady = float("nan")
@@ -316,13 +305,16 @@ def _span_bubble(worker, start, end, work, W: int) -> list[float]:
     return out
 
 
-def _alltoall_rows(graph, exposed: np.ndarray, end: list) -> list[tuple]:
+def _alltoall_rows(graph: OpGraph, exposed: np.ndarray, end: list) -> list[CommRow]:
     """Comm-lane rows ``alltoall`` for the exposed all-to-all at the end of each op that has one
     (:func:`~workbench.simulation.edges.exposed_alltoall`)."""
     rows = []
+    kind = CommKind.ALLTOALL.value
     for g in np.flatnonzero(exposed > 0).tolist():
         w = graph.wof[g]
-        rows.append((w, graph.st[g], graph.mb[g], "alltoall", end[g] - exposed[g], end[g], graph.ver[g], w, w, -1, 0.0))
+        rows.append(
+            CommRow(w, graph.st[g], graph.mb[g], kind, end[g] - exposed[g], end[g], graph.ver[g], w, w, -1, 0.0)
+        )
     return rows
 
 
@@ -353,7 +345,7 @@ def steady_state(schedule: Schedule, kc, mb, st, end) -> tuple[float | None, str
     fewer than two such boundaries has no steady state: its completions near the ends come faster
     (drain) or slower (fill) than the bottleneck allows."""
     n = int(schedule.microbatches)
-    back = ((kc == _B) | (kc == _BI) | (kc == _BW)) & (st == 0)
+    back = ((kc == KindCode.B) | (kc == KindCode.BI) | (kc == KindCode.BW)) & (st == 0)
     if not back.any():
         return None, "no backward op of the input stage completes a microbatch"
     done = pd.Series(end[back]).groupby(mb[back]).max().sort_values().to_numpy()
@@ -393,24 +385,30 @@ def _input_in_flight(schedule: Schedule) -> int:
     )
 
 
-def _memory(schedule: Schedule, costs: _Costs, graph) -> tuple[list[int], list[float], list[int]]:
+def _memory(schedule: Schedule, costs: SimCosts, graph: OpGraph) -> tuple[list[int], list[float], list[int]]:
     """Peak stashed activations (count, bytes) and weight versions alive per worker.
 
     Ops on one worker run one after another, so program order is time order. Activations: +1 at
     F, -1 at its B (or BW); the peak of the running sum per worker (bytes: :func:`_stash_bytes`).
     Versions: :func:`_weight_versions`."""
-    kc, st, _, ver, _, wof = graph.arrays
-    kc_a = np.asarray(kc, dtype=np.int64)
-    st_a = np.asarray(st, dtype=np.int64)
+    a = graph.arrays
+    kc_a = np.asarray(a.kind, dtype=np.int64)
+    st_a = np.asarray(a.stage, dtype=np.int64)
     W, wbeg, wend = schedule.num_workers, graph.wbeg, graph.wend
-    sign = np.where(kc_a == _F, 1.0, np.where((kc_a == _B) | (kc_a == _BW), -1.0, 0.0))
+    sign = np.where(kc_a == KindCode.F, 1.0, np.where((kc_a == KindCode.B) | (kc_a == KindCode.BW), -1.0, 0.0))
     peak_n = [int(round(x)) for x in _peak_per_worker(wbeg, wend, W, sign)]
     if np.asarray(costs.act_stash_bytes, dtype=float).any():
         peak_b = _peak_per_worker(wbeg, wend, W, *_stash_bytes(schedule, costs, kc_a, st_a))
     else:
         peak_b = [float("nan")] * W
     versions = _weight_versions(
-        schedule, kc_a, st_a, np.asarray(ver, dtype=np.int64), np.asarray(wof, dtype=np.int64), wbeg=wbeg, wend=wend
+        schedule,
+        kc_a,
+        st_a,
+        np.asarray(a.version, dtype=np.int64),
+        np.asarray(a.worker, dtype=np.int64),
+        wbeg=wbeg,
+        wend=wend,
     )
     return peak_n, peak_b, versions
 
@@ -442,7 +440,7 @@ def _weight_versions(schedule: Schedule, kc_a, st_a, ver_a, w_a, *, wbeg: list, 
     alone, :func:`_held_versions`); the result is the most intervals of one stage overlapping at once."""
     W, S = schedule.num_workers, schedule.num_stages
     pos = np.arange(len(kc_a), dtype=np.int64)
-    comp = kc_a < 4
+    comp = kc_a < KindCode.STEP
     key = w_a * S + st_a
     reads = pd.DataFrame({"k": key[comp], "v": ver_a[comp], "pos": pos[comp]})
     iv = reads.groupby(["k", "v"], sort=False)["pos"].agg(["min", "max"])
@@ -456,7 +454,7 @@ def _weight_versions(schedule: Schedule, kc_a, st_a, ver_a, w_a, *, wbeg: list, 
             if 0 <= w < W:
                 holds[w * S + s_] = True
     if holds[k_iv].any():
-        is_step = kc_a == _STEP
+        is_step = kc_a == KindCode.STEP
         k_iv, lo, hi = _held_versions(S, holds, (k_iv, v_iv, lo, hi), key[is_step], pos[is_step], wbeg=wbeg, wend=wend)
     ev_k = np.concatenate([k_iv, k_iv])
     ev_t = np.concatenate([lo, hi])
@@ -511,7 +509,7 @@ def _held_versions(S: int, holds, intervals: tuple, sk, sp, *, wbeg: list, wend:
     return k_iv, lo, hi
 
 
-def _stash_bytes(schedule: Schedule, costs: _Costs, kc_a, st_a):
+def _stash_bytes(schedule: Schedule, costs: SimCosts, kc_a, st_a):
     """Per-op change of a worker's stashed activation bytes, and bytes held only while the op runs.
 
     Without recompute F adds the stage's activations ``A_s`` (times the op's token share with
@@ -521,17 +519,21 @@ def _stash_bytes(schedule: Schedule, costs: _Costs, kc_a, st_a):
     ``A_s`` and holds it until BW frees it with the input."""
     share = np.asarray(
         [
-            schedule.segment_share(op, "tokens") if k < _STEP else 0.0
+            schedule.segment_share(op, "tokens") if k < KindCode.STEP else 0.0
             for op, k in zip((op for ops in schedule.ops for op in ops), kc_a)
         ]
     )
     full = np.asarray(costs.act_stash_bytes, dtype=float)[st_a] * share
     if not schedule.recompute:
-        sign = np.where(kc_a == _F, 1.0, np.where((kc_a == _B) | (kc_a == _BW), -1.0, 0.0))
+        sign = np.where(kc_a == KindCode.F, 1.0, np.where((kc_a == KindCode.B) | (kc_a == KindCode.BW), -1.0, 0.0))
         return sign * full, None
     cut = np.concatenate([[0.0], np.asarray(costs.cut_bytes, dtype=float)])[st_a] * share  # input of s
-    delta = np.select([kc_a == _F, kc_a == _B, kc_a == _BI, kc_a == _BW], [cut, -cut, full, -(cut + full)], 0.0)
-    return delta, np.where(kc_a == _B, full, 0.0)
+    delta = np.select(
+        [kc_a == KindCode.F, kc_a == KindCode.B, kc_a == KindCode.BI, kc_a == KindCode.BW],
+        [cut, -cut, full, -(cut + full)],
+        0.0,
+    )
+    return delta, np.where(kc_a == KindCode.B, full, 0.0)
 
 
 def _peak_activation_share(schedule: Schedule) -> list[float]:
