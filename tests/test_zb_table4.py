@@ -27,7 +27,7 @@ def test_the_committed_prediction_is_what_the_code_gives_now():
     that makes a prediction changed after the predictions were written."""
     row = zb.read_table9().head(1)
     now = zb.predict(row).set_index("schedule")
-    committed = pd.read_csv(zb.PREDICTED).set_index(["model", "m", "schedule"]).loc[("1.5B", 24)]
+    committed = pd.read_csv(zb.PREDICTED).set_index(["model", "m", "schedule"]).sort_index().loc[("1.5B", 24)]
     for s in zb.SCHEDULES:
         assert now.loc[s, "iteration_ms_modeled"] == pytest.approx(committed.loc[s, "iteration_ms_modeled"], abs=1e-3)
         assert now.loc[s, "ratio_to_1f1b_modeled"] == pytest.approx(committed.loc[s, "ratio_to_1f1b_modeled"], abs=1e-4)
@@ -90,3 +90,21 @@ def test_bad_input_says_what_is_wrong(tmp_path):
         zb.read_table9(bad)
     with pytest.raises(ValueError, match="unknown schedule"):
         zb.setup("GPipe", setting("1.5B", 24))
+
+
+@pytest.mark.slow
+def test_notebook_runs_quick_under_papermill(tmp_path):
+    papermill = pytest.importorskip("papermill")
+    nb = PATH.parents[1] / "07_zero_bubble_table4.ipynb"
+    out = tmp_path / "out"
+    executed = papermill.execute_notebook(
+        str(nb),
+        str(tmp_path / nb.name),
+        parameters={"quick": True, "out_dir": str(out)},
+        cwd=str(nb.parent),
+        kernel_name="python3",
+        progress_bar=False,
+    )
+    assert not [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    cmp = pd.read_csv(out / "table4_comparison.csv")
+    assert len(cmp) == 48 and (out / "table5_comparison.csv").exists() and (out / "off_rows.csv").exists()
