@@ -259,7 +259,8 @@ class Schedule:
                 continue
             for dep in deps[(op.kind, op.stage, self.unit(op))]:
                 src = where.get(dep, worker)
-                if dep[1] != op.stage and src != worker:
+                _, dep_stage, _ = dep
+                if dep_stage != op.stage and src != worker:
                     out.append((i, dep, src))
         return out
 

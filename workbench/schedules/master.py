@@ -46,6 +46,7 @@ import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -204,8 +205,17 @@ def job_costs(costs, stages: int) -> JobCosts:
     raise ValueError(f"costs must be 'unit', None (forward 1, backward 2), (fwd, bwd) or a JobCosts, got {costs!r}")
 
 
-def _placements(w: Placement, S: int, B: int, W: int) -> dict:
-    place = {}
+class Placed(NamedTuple):
+    """Where one job runs: the worker that computes it and the worker that holds its weights."""
+
+    compute: int
+    weights: int
+
+
+def _placements(w: Placement, S: int, B: int, W: int) -> dict[tuple[int, int, str], Placed]:
+    """Every job's :class:`Placed` from ``w``, checked: two workers in 0..W-1, the backward on the
+    forward's worker."""
+    place: dict[tuple[int, int, str], Placed] = {}
     for b in range(B):
         for s in range(S):
             for d in DIRECTIONS:
@@ -218,12 +228,12 @@ def _placements(w: Placement, S: int, B: int, W: int) -> dict:
                     ) from None
                 if not (0 <= c < W and 0 <= o < W):
                     raise ValueError(f"w({s}, {b}, {d!r}) = {got!r} names a worker outside 0..{W - 1}")
-                place[(s, b, d)] = (c, o)
-            if place[(s, b, "forward")][0] != place[(s, b, "backward")][0]:
+                place[(s, b, d)] = Placed(c, o)
+            fwd_on, bwd_on = place[(s, b, "forward")].compute, place[(s, b, "backward")].compute
+            if fwd_on != bwd_on:
                 raise ValueError(
-                    f"w({s}, {b}, ·) puts the forward on worker {place[(s, b, 'forward')][0]} "
-                    f"and the backward on {place[(s, b, 'backward')][0]}; the backward must "
-                    f"run where the forward's activations are stored"
+                    f"w({s}, {b}, ·) puts the forward on worker {fwd_on} and the backward on {bwd_on}; "
+                    f"the backward must run where the forward's activations are stored"
                 )
     return place
 
@@ -249,20 +259,20 @@ def list_schedule(
     rows = []
     t = 0
     while events:
-        t = events[0][0]
+        t = events[0][0]  # the heap's earliest (time, batch)
         while events and events[0][0] == t:  # release every job that becomes ready at t
             _, b = heapq.heappop(events)
             if b < 0:
                 continue  # a worker-free event
             if nxt[b] < 2 * S:
                 job = chains[b][nxt[b]]
-                heapq.heappush(ready[place[job][0]], (key(*job), job))
+                heapq.heappush(ready[place[job].compute], (key(*job), job))
         for wk in range(W):
             if free_at[wk] <= t and ready[wk]:
                 _, job = heapq.heappop(ready[wk])
                 s, b, d = job
                 end = t + (fwd if d == "forward" else bwd)
-                rows.append((wk, s, b, "F" if d == "forward" else "B", t, end, place[job][1]))
+                rows.append((wk, s, b, "F" if d == "forward" else "B", t, end, place[job].weights))
                 free_at[wk] = end
                 nxt[b] += 1
                 heapq.heappush(events, (end, b))
@@ -306,7 +316,7 @@ def frontier_schedule(
     link_free: dict[tuple[int, int], float] = {}  # weight fetches: one at a time per (owner, worker) link
     rows = []
     for _ in range(2 * S * B):
-        best = None
+        best, best_order = None, None
         for b in range(B):
             if nxt[b] > 2 * S:
                 continue
@@ -320,10 +330,10 @@ def frontier_schedule(
             start = max(free[cw], ready, fetched)
             end = start + c.duration(s, d)
             order = (end, key(*job)) if rule == "finish" else (start, key(*chains[b][nxt[b] - 1]))
-            if best is None or order < best[0]:
-                best = (order, start, end, job, fetched)
+            if best is None or order < best_order:
+                best, best_order = (start, end, job, fetched), order
         assert best is not None, "every round has a runnable job (chains are never all finished early)"
-        _, start, end, (s, b, d), fetched = best
+        start, end, (s, b, d), fetched = best
         cw, ow = place[(s, b, d)]
         rows.append((cw, s, b, "F" if d == "forward" else "B", start, end, ow))
         free[cw], last_start[cw] = end, start

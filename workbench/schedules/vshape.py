@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from typing import NamedTuple
 
 from workbench.schedules import closed_forms as cf
 from workbench.schedules.core import Schedule, ScheduleError
@@ -53,6 +54,13 @@ VARIANTS = [
 ]  # (priority of ready kinds, W right after its B)
 
 
+class GreedyRun(NamedTuple):
+    """What :func:`greedy_orders` returns: the per-worker orders and their makespan at its costs."""
+
+    orders: list[list[Key]]
+    makespan: float
+
+
 def greedy_orders(
     worker_of: list[int],
     M: int,
@@ -61,7 +69,7 @@ def greedy_orders(
     w_with_b: bool = False,
     *,
     cost: SplitCosts | None = None,
-) -> tuple[list[list[Key]], float]:
+) -> GreedyRun:
     """Per-worker orders of F/BI/BW for stages s = 0..S-1 on ``worker_of[s]``, M microbatches,
     at most ``limit[w]`` live (stage, microbatch) activation chunks on worker w, and the makespan
     of those orders at ``cost`` (default: F = B = W = 1, no communication; module docstring). A
@@ -83,7 +91,8 @@ def greedy_orders(
     events: list = []
 
     def arrived(key, w):
-        lag = cost.comm if worker_of[key[1]] != w else 0.0
+        _, s, _ = key
+        lag = cost.comm if worker_of[s] != w else 0.0
         return key in end and end[key] + lag <= t
 
     def ready(kind, s, b):
@@ -129,14 +138,14 @@ def greedy_orders(
         if not events:
             raise ScheduleError(f"memory limit {limit} admits no further op at time {t}; raise the limit")
         t = heapq.heappop(events)
-    return orders, max(free_at)
+    return GreedyRun(orders, max(free_at))
 
 
 def best_orders(worker_of: list[int], M: int, limit: list[int]) -> list[list[Key]]:
     """The orders of the :data:`VARIANTS` of :func:`greedy_orders` with the smallest makespan at unit
     costs (the zero-bubble paper's scheduler also tries several settings and keeps the best)."""
     runs = [greedy_orders(worker_of, M, limit, prio, wb) for prio, wb in VARIANTS]
-    return min(runs, key=lambda r: r[1])[0]
+    return min(runs, key=lambda r: r.makespan).orders
 
 
 @register(
@@ -183,7 +192,7 @@ def v_candidates(name: str, P: int, M: int, costs: SplitCosts) -> list[list[list
     out = RULE[name](P, M, costs, limit)
     for prio, wb in VARIANTS:
         try:
-            out.append(greedy_orders(worker_of, M, [limit] * P, prio, wb, cost=costs)[0])
+            out.append(greedy_orders(worker_of, M, [limit] * P, prio, wb, cost=costs).orders)
         except ScheduleError:  # this variant stalls under the limit; the others remain
             continue
     return out

@@ -154,7 +154,8 @@ def order_times(orders: Sequence[Sequence[Key]], worker_of: Sequence[int], costs
                 deps = inputs_of(kind, s, b, S)
                 if any(d not in end for d in deps):
                     break
-                ready = max([free[w]] + [end[d] + (costs.comm if worker_of[d[1]] != w else 0.0) for d in deps])
+                arrivals = [end[(k, d, u)] + (costs.comm if worker_of[d] != w else 0.0) for k, d, u in deps]
+                ready = max([free[w]] + arrivals)
                 end[(kind, s, b)] = free[w] = ready + costs.duration(kind, s)
                 pos[w] += 1
                 left -= 1
