@@ -28,6 +28,7 @@ within the epoch, ``T`` the most updates a stage makes per round). Every wait ha
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -142,6 +143,20 @@ class RemotePlan:
         return bool(self.fetches or self.sends)
 
 
+@dataclass(slots=True)
+class RemoteStats:
+    """One rank's remote-weight traffic over a run (its ``summary.json`` entry, in this order): the
+    fetches it received and their bytes, the summed gradients it pushed and their bytes, the weight
+    versions it sent as an owner, and the ms it waited for fetches."""
+
+    weight_fetches: int = 0
+    weight_fetch_bytes: int = 0
+    gradient_pushes: int = 0
+    gradient_push_bytes: int = 0
+    weight_sends: int = 0
+    weight_fetch_wait_ms: float = 0.0
+
+
 class RemoteWeights:
     """Executes a :class:`RemotePlan`: posts and waits the fetches and pushes of one rank."""
 
@@ -173,14 +188,7 @@ class RemoteWeights:
         self.push_bufs: dict = {}  # consumer: (s, t, owner) -> flat sum
         self.push_recvs: dict = {}  # owner: (s, t) -> [(work, buffer, consumer)]
         self.collected: set = set()
-        self.stats = dict(
-            weight_fetches=0,
-            weight_fetch_bytes=0,
-            gradient_pushes=0,
-            gradient_push_bytes=0,
-            weight_sends=0,
-            weight_fetch_wait_ms=0.0,
-        )
+        self.stats = RemoteStats()
 
     # ---- tags ---------------------------------------------------------------------------
     def _fetch_tag(self, s: int, b: int) -> int:
@@ -227,7 +235,7 @@ class RemoteWeights:
         for c, b in targets:
             group = self._group("fetch", s, self.rank, c)
             self.sends.append((dist.isend(flat, c, tag=self._fetch_tag(s, b), group=group), flat))
-            self.stats["weight_sends"] += 1
+            self.stats.weight_sends += 1
 
     def _prefetch(self) -> None:
         while self.next_fetch < len(self.plan.fetches) and len(self.posted) < FETCH_AHEAD:
@@ -251,9 +259,9 @@ class RemoteWeights:
         t = time.perf_counter()
         self._wait(work, f"weights of stage {s} (microbatch {b}) from rank {owner}")
         waited = (time.perf_counter() - t) * 1e3
-        self.stats["weight_fetches"] += 1
-        self.stats["weight_fetch_bytes"] += buf.numel() * buf.element_size()
-        self.stats["weight_fetch_wait_ms"] += waited
+        self.stats.weight_fetches += 1
+        self.stats.weight_fetch_bytes += buf.numel() * buf.element_size()
+        self.stats.weight_fetch_wait_ms += waited
         self._prefetch()
         out, k = {}, 0
         for n, sh in self.layouts[s]:
@@ -277,8 +285,8 @@ class RemoteWeights:
             assert owner is not None, "a remote op names its weights' owner"
             group = self._group("push", s, self.rank, owner)
             self.sends.append((dist.isend(buf, owner, tag=self._push_tag(s, t), group=group), buf))
-            self.stats["gradient_pushes"] += 1
-            self.stats["gradient_push_bytes"] += buf.numel() * buf.element_size()
+            self.stats.gradient_pushes += 1
+            self.stats.gradient_push_bytes += buf.numel() * buf.element_size()
 
     def collect(self, s: int, t: int, flat: torch.Tensor) -> float:
         """Owner: add every pushed gradient sum of update ``t`` of stage ``s`` to ``flat`` (the update

@@ -17,10 +17,10 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -302,7 +302,7 @@ def _train_epoch(
         else None
     )
     if evaluation is not None and rank == 0:
-        ep.rows[-1].update(evaluation)
+        ep.rows[-1].update(evaluation._asdict())
     gathered = [None] * ctx.world if rank == 0 else None
     # every rank writes its checkpoint before it joins the gather, so once rank 0 has the
     # gathered rows every part of the checkpoint is on disk: rank 0 marks it complete after the
@@ -354,7 +354,7 @@ def _gather_summary(
         receive_post_ms=getattr(comm, "post_ms", 0.0),
         wall_s=wall_s,
         samples=samples,
-        **(executor.remote.stats if getattr(executor, "remote", None) else {}),
+        **(asdict(executor.remote.stats) if getattr(executor, "remote", None) else {}),
     )
     weights = executor.weights() if job.run.return_weights else None
     gathered = [None] * ctx.world if ctx.rank == 0 else None
@@ -425,7 +425,15 @@ def _write_checkpoint(out: Path, R: int, epoch: int, executor, job: Job, *, rank
     return ck
 
 
-def _evaluate(rank, world, job: Job, dist, executor, *, model, device, dtype) -> dict | None:
+class Evaluation(NamedTuple):
+    """The test split's mean loss per sample and accuracy (hits / targets), the epoch end's
+    ``test_loss`` / ``test_accuracy`` of ``metrics.csv``."""
+
+    test_loss: float
+    test_accuracy: float
+
+
+def _evaluate(rank, world, job: Job, dist, executor, *, model, device, dtype) -> Evaluation | None:
     """Test loss/accuracy of the newest weights: replica 0 of every stage sends its weights to rank 0,
     which runs the whole model over the test split (mean loss over samples, argmax accuracy)."""
     sched = job.schedule
@@ -453,4 +461,4 @@ def _evaluate(rank, world, job: Job, dist, executor, *, model, device, dtype) ->
             total += float(model.loss(x, y)) * int(y.shape[0])
             correct += model.correct(x, y)
             targets += y.numel()  # a language model scores every token: accuracy = hits / tokens
-    return dict(test_loss=total / n, test_accuracy=correct / max(targets, 1))
+    return Evaluation(test_loss=total / n, test_accuracy=correct / max(targets, 1))
