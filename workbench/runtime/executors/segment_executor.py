@@ -147,11 +147,11 @@ class SegmentExecutor:
                 )
             )
 
-    def _recv(self, s_from: int, s: int, j: int, op, *, i: int, grad: bool) -> tuple[torch.Tensor, float]:
+    def _recv(self, s_from: int, s: int, j: int, op, *, i: int, kind: MessageKind) -> tuple[torch.Tensor, float]:
         u = self.schedule.unit(op)
-        src = self.src.get((i, MessageKind.GRAD if grad else MessageKind.ACT), self.rank)
+        src = self.src.get((i, kind), self.rank)
         t = time.perf_counter()
-        x = self.box.recv(self._like(min(s_from, s), j), src, self.box.tag(grad, s, u))
+        x = self.box.recv(self._like(min(s_from, s), j), src, self.box.tag(kind, s, u))
         return x, (time.perf_counter() - t) * 1e3
 
     def _forward(self, op, i: int, data, metrics: dict) -> float:
@@ -161,7 +161,7 @@ class SegmentExecutor:
         if s == 0:
             x = data(b)[0][:, lo:hi]
         else:
-            x, wait = self._recv(s - 1, s, j, op, i=i, grad=False)
+            x, wait = self._recv(s - 1, s, j, op, i=i, kind=MessageKind.ACT)
         target = data(b)[1][:, lo:hi] if st.is_last else None
         out, loss = st.forward(b, j, x, target)
         if target is not None:  # the last stage
@@ -172,7 +172,7 @@ class SegmentExecutor:
                 metrics["samples"] += int(target.shape[0])
         else:
             u = self.schedule.unit(op)
-            self.box.send(out, self.plan.dst(i, MessageKind.ACT), self.box.tag(False, s + 1, u))
+            self.box.send(out, self.plan.dst(i, MessageKind.ACT), self.box.tag(MessageKind.ACT, s + 1, u))
         self.peak[s] = max(self.peak[s], st.saved_bytes)
         return wait
 
@@ -180,11 +180,11 @@ class SegmentExecutor:
         s, b, j = op.stage, op.microbatch, op.segment
         g, wait = None, 0.0
         if op.kind != "BW" and s < self.S - 1:
-            g, wait = self._recv(s + 1, s, j, op, i=i, grad=True)
+            g, wait = self._recv(s + 1, s, j, op, i=i, kind=MessageKind.GRAD)
         dx = self.stages[s].backward(op.kind, b, j, g)
         if dx is not None and s > 0:
             u = self.schedule.unit(op)
-            self.box.send(dx, self.plan.dst(i, MessageKind.GRAD), self.box.tag(True, s - 1, u))
+            self.box.send(dx, self.plan.dst(i, MessageKind.GRAD), self.box.tag(MessageKind.GRAD, s - 1, u))
         return wait
 
     def _step(self, op) -> float:

@@ -55,6 +55,7 @@ from workbench.runtime.launch.lifetime import spawn
 from workbench.runtime.launch.ports import free_port
 from workbench.runtime.semantics.stages import even_bounds
 from workbench.runtime.transport.comm_plan import group_of, p2p_channel
+from workbench.runtime.transport.messages import MessageKind
 from workbench.schedules.core import Schedule
 
 
@@ -221,11 +222,13 @@ class Mailbox:
         self.local: dict[int, torch.Tensor] = {}
         self.pending: list[tuple[Any, torch.Tensor]] = []
 
-    def tag(self, grad: bool, stage: int, unit: int) -> int:
-        return (int(grad) * self.S + stage) * self.U + unit
+    def tag(self, kind: MessageKind, stage: int, unit: int) -> int:
+        """The tag of ``unit``'s message to ``stage``: its input (``ACT``) or its output's gradient (``GRAD``)."""
+        return (kind * self.S + stage) * self.U + unit
 
     def _group(self, tag: int, src: int, dst: int):
-        return group_of(self.groups, p2p_channel(int(tag >= self.S * self.U), src, dst))
+        kind = MessageKind.GRAD if tag >= self.S * self.U else MessageKind.ACT
+        return group_of(self.groups, p2p_channel(kind, src, dst))
 
     def send(self, t: torch.Tensor, dst: int, tag: int) -> None:
         if dst == self.rank:
@@ -274,22 +277,22 @@ def run_rank(rank: int, job: SegmentJob) -> dict:
             x = (
                 job.x[b * B : (b + 1) * B, off[j] : off[j + 1]]
                 if op.stage == 0
-                else box.recv(like, box.where[("F", op.stage - 1, u)], box.tag(False, op.stage, u))
+                else box.recv(like, box.where[("F", op.stage - 1, u)], box.tag(MessageKind.ACT, op.stage, u))
             )
             target = job.y[b * B : (b + 1) * B, off[j] : off[j + 1]] if st.is_last else None
             y, _ = st.forward(b, j, x, target)
             if not st.is_last:
-                box.send(y, box.where[("F", op.stage + 1, u)], box.tag(False, op.stage + 1, u))
+                box.send(y, box.where[("F", op.stage + 1, u)], box.tag(MessageKind.ACT, op.stage + 1, u))
             peak = max(peak, sum(s.saved_bytes for s in stages.values()))
             continue
         g = None
         if op.kind in ("B", "BI") and op.stage < sched.num_stages - 1:
             split = ("BI", op.stage + 1, u) in box.where  # zero bubble: the input half sends it
             src = box.where[("BI" if split else "B", op.stage + 1, u)]
-            g = box.recv(like, src, box.tag(True, op.stage, u))
+            g = box.recv(like, src, box.tag(MessageKind.GRAD, op.stage, u))
         dx = st.backward(op.kind, b, j, g)
         if dx is not None and op.stage > 0:
-            box.send(dx, box.where[("F", op.stage - 1, u)], box.tag(True, op.stage - 1, u))
+            box.send(dx, box.where[("F", op.stage - 1, u)], box.tag(MessageKind.GRAD, op.stage - 1, u))
     box.flush()
     weights = {s: {n: p.detach().clone() for n, p in st.params.items()} for s, st in stages.items()}
     return {"grads": grads, "weights": weights, "peak_saved_bytes": peak}
