@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from workbench.schedules.core import Schedule
+from workbench.schedules.dataflow import OpKind
 from workbench.schedules.registry import REGISTRY
 
 
@@ -59,7 +60,7 @@ def pipeline_depth(schedule: Schedule) -> int:
     """Pipeline workers a microbatch crosses: the most distinct workers running one microbatch's forwards."""
     by_mb: dict[int, set] = {}
     for w, op in schedule:
-        if op.kind == "F":
+        if op.kind == OpKind.F:
             by_mb.setdefault(op.microbatch, set()).add(w)
     return max((len(ws) for ws in by_mb.values()), default=1)
 

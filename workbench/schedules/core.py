@@ -279,7 +279,7 @@ class Schedule:
         writes new tensors. Read by the runtime (which update it runs) and the simulator (which
         step cost it charges); versions count the worker's STEPs of the stage, as both do."""
         ops = self.ops[worker]
-        steps = [i for i, op in enumerate(ops) if op.kind == "STEP"]
+        steps = [i for i, op in enumerate(ops) if op.kind == OpKind.STEP]
         if self.remote_weights:
             return frozenset(steps)
         last = {(op.stage, op.version): i for i, op in enumerate(ops) if op.kind in _COMPUTE_SET}
@@ -300,7 +300,7 @@ class Schedule:
         :meth:`fresh_backwards`."""
         if self.remote_weights:
             return frozenset(op.stage for op in self.ops[worker])
-        return frozenset(op.stage for op in self.ops[worker] if op.kind == "AR")
+        return frozenset(op.stage for op in self.ops[worker] if op.kind == OpKind.AR)
 
     def fresh_backwards(self, worker: int) -> frozenset[int]:
         """Indices of ``worker``'s B/BW ops that write the first weight gradient of their update
@@ -312,9 +312,9 @@ class Schedule:
         for i, op in enumerate(self.ops[worker]):
             if op.stage in flat:
                 continue
-            if op.kind == "STEP":
+            if op.kind == OpKind.STEP:
                 fresh.discard(op.stage)
-            elif op.kind in ("B", "BW") and op.stage not in fresh:
+            elif op.kind in (OpKind.B, OpKind.BW) and op.stage not in fresh:
                 fresh.add(op.stage)
                 out.add(i)
         return frozenset(out)
@@ -340,7 +340,7 @@ class Schedule:
 
     @property
     def split_backward(self) -> bool:
-        return any(op.kind == "BI" for _, op in self)
+        return any(op.kind == OpKind.BI for _, op in self)
 
     @cached_property
     def updates_per_round(self) -> tuple[int, ...]:
@@ -348,7 +348,7 @@ class Schedule:
         its first replica; cached). A run repeats the schedule in rounds, so version ``v`` of stage
         ``s`` in round ``R`` is ``R * updates_per_round[s] + v``."""
         return tuple(
-            sum(1 for op in self.ops[self.stage_workers[s][0]] if op.kind == "STEP" and op.stage == s)
+            sum(1 for op in self.ops[self.stage_workers[s][0]] if op.kind == OpKind.STEP and op.stage == s)
             for s in range(self.num_stages)
         )
 
@@ -363,11 +363,11 @@ class Schedule:
             for op in self.ops[w]:
                 if op.stage != stage:
                     continue
-                if op.kind == "STEP":
+                if op.kind == OpKind.STEP:
                     if k == step:
                         break
                     k += 1
-                elif op.kind in ("B", "BW") and k == step and not op.segment:  # a sequence once
+                elif op.kind in (OpKind.B, OpKind.BW) and k == step and not op.segment:  # a sequence once
                     out.append(op.microbatch)
         holders = set(self.stage_workers[stage])
         for w, ops in enumerate(self.ops):  # gradients pushed to the owners (master family)
@@ -376,7 +376,7 @@ class Schedule:
             for op in ops:
                 if (
                     op.stage == stage
-                    and op.kind in ("B", "BW")
+                    and op.kind in (OpKind.B, OpKind.BW)
                     and op.version == step
                     and op.weights_worker in workers
                     and not op.segment
@@ -386,7 +386,7 @@ class Schedule:
 
     # ---- display ----------------------------------------------------------------------
     def _rows(self) -> list[tuple[str, object, str]]:
-        steps = max((op.step + 1 for _, op in self if op.kind == "STEP"), default=0)
+        steps = max((op.step + 1 for _, op in self if op.kind == OpKind.STEP), default=0)
         return [
             ("workers", self.num_workers, ""),
             ("stages", self.num_stages, ""),

@@ -311,12 +311,14 @@ def frontier_schedule(
     key = priority_key(priority, S)
     c = job_costs(costs, S)
     chains = [[(-1, b, "forward")] + chain(S, b) for b in range(B)]  # index 0: the virtual job before F0
-    nxt, pred_end, pred_worker = [1] * B, [0.0] * B, [None] * B
+    nxt, pred_end = [1] * B, [0.0] * B
+    pred_worker: list[int | None] = [None] * B  # where each batch's last job ran
     free, last_start = [0.0] * W, [0.0] * W
     link_free: dict[tuple[int, int], float] = {}  # weight fetches: one at a time per (owner, worker) link
     rows = []
     for _ in range(2 * S * B):
-        best, best_order = None, None
+        best: tuple[float, float, tuple, float] | None = None  # (start, end, job, fetched) of the chosen job
+        best_order: tuple = ()
         for b in range(B):
             if nxt[b] > 2 * S:
                 continue

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.schedules.core import Schedule, validate
-from workbench.schedules.dataflow import peak_in_flight
+from workbench.schedules.dataflow import OpKind, peak_in_flight
 from workbench.schedules.generators import (
     assign_versions,
     insert_updates,
@@ -203,7 +203,7 @@ def _make(name, layout, orders, M, T, *, k, tokens, flops, cap, options) -> Sche
     ops = [
         [
             op
-            if op.kind in ("AR", "STEP")
+            if op.kind in (OpKind.AR, OpKind.STEP)
             else dataclasses.replace(op, microbatch=op.microbatch // k, segment=op.microbatch % k)
             for op in o
         ]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import pandas as pd
 
 from workbench.schedules.core import COMPUTE, Schedule, in_flight_peak, producers
+from workbench.schedules.dataflow import OpKind
 
 UNIT_COST = {"F": 1, "B": 2, "BI": 1, "BW": 1}
 
@@ -29,7 +30,7 @@ UNIT_COST = {"F": 1, "B": 2, "BI": 1, "BW": 1}
 def unit_cost(schedule: Schedule, op) -> float:
     """:data:`UNIT_COST` of a compute op, times its Seq1F1B segment's FLOP share; with recompute a
     B / BI also re-runs the forward (+ F), as the simulator charges it."""
-    c = UNIT_COST[op.kind] + (UNIT_COST["F"] if schedule.recompute and op.kind in ("B", "BI") else 0)
+    c = UNIT_COST[op.kind] + (UNIT_COST["F"] if schedule.recompute and op.kind in (OpKind.B, OpKind.BI) else 0)
     return c * schedule.segment_share(op)
 
 

@@ -13,7 +13,7 @@ from workbench.cost.model import CostModel, check_ms, ring_allreduce_ms
 from workbench.cost.plan import Plan
 from workbench.io.timeline import COMMON_COLUMNS
 from workbench.schedules.core import Schedule
-from workbench.schedules.dataflow import KIND_CODES, KindCode
+from workbench.schedules.dataflow import KIND_CODES, KindCode, OpKind
 from workbench.simulation.options import SimOptions
 
 
@@ -156,7 +156,7 @@ def default_microbatch_fraction(schedule: Schedule, input_workers: int | None = 
     worker (GPipe, PipeDream-Flush, 2BW, interleaved, ZB-H1, PP/LPP: ``k = microbatches_per_step
     / #input workers``) splits the minibatch into ``k`` pieces: fraction ``min(1, 1 / k)``."""
     if input_workers is None:  # workers that run a forward of stage 0
-        input_workers = sum(any(op.kind == "F" and op.stage == 0 for op in ops) for ops in schedule.ops)
+        input_workers = sum(any(op.kind == OpKind.F and op.stage == 0 for op in ops) for ops in schedule.ops)
     inputs = max(1, int(input_workers))
     return min(1.0, inputs / max(1, schedule.microbatches_per_step))
 

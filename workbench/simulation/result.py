@@ -11,7 +11,7 @@ import pandas as pd
 
 from workbench.io.cards import card, fmt, one_line
 from workbench.schedules.core import Schedule
-from workbench.schedules.dataflow import KindCode, peak_in_flight
+from workbench.schedules.dataflow import KindCode, OpKind, peak_in_flight
 from workbench.schedules.stats import worker_stats
 from workbench.simulation.costs import KIND_NAMES, TIMELINE_COLUMNS, CommKind, SimCosts, default_microbatch_fraction
 from workbench.simulation.edges import OpGraph
@@ -544,10 +544,10 @@ def _peak_activation_share(schedule: Schedule) -> list[float]:
     for ops in schedule.ops:
         held, peak = 0.0, 0.0
         for op in ops:
-            if op.kind == "F":
+            if op.kind == OpKind.F:
                 held += schedule.segment_share(op, "tokens")
                 peak = max(peak, held)
-            elif op.kind in ("B", "BW"):
+            elif op.kind in (OpKind.B, OpKind.BW):
                 held -= schedule.segment_share(op, "tokens")
         out.append(peak)
     return out
