@@ -4,6 +4,7 @@ All of them fail before any process is spawned, so the file runs in seconds."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -395,3 +396,76 @@ def test_an_output_the_targets_do_not_fit_is_refused_before_the_ranks_start(tmp_
         prepare(model, "gpipe", workers=1, steps=1, out=tmp_path / "o", dataset=ds, allow_oversubscribe=True)
     msg = str(e.value)
     assert "\n" not in msg and "output (shape (2, 3, 4, 4)) does not fit its targets (shape (2,))" in msg
+
+
+# ---- rough edges a newcomer hit: each one line, exit 2 -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--threads", "0"], "threads must be an integer >= 1 (torch threads per worker"),
+        (["--model-option", "in_features=-5"], "mlp option in_features must be >= 1 (default 512), got -5"),
+        (["--model", "mpl"], "unknown model 'mpl' (did you mean 'mlp'?); choose one of"),
+        (["--schedule", "pipedram"], "unknown schedule 'pipedram' (did you mean 'pipedream'?); expected one of"),
+    ],
+)
+def test_train_rough_edges(capsys, tmp_path, argv, words):
+    line = one_line_error(capsys, ["train", "--steps", "1", "--out", str(tmp_path / "r"), *argv])
+    assert words in line, line
+
+
+def test_a_very_long_model_name_is_not_echoed_whole(capsys, tmp_path):
+    name = "x" * 5000
+    line = one_line_error(capsys, ["train", "--model", name, "--steps", "1", "--out", str(tmp_path / "r")])
+    assert "unknown model 'xxx" in line and "(5000 characters)" in line and len(line) < 400, len(line)
+
+
+def test_a_model_option_its_builder_refuses_is_named():
+    from workbench.models import build
+
+    with pytest.raises(ValueError, match=r"^gpt cannot be built with dim=16, heads=3: "):
+        build("gpt", dim=16, heads=3)
+
+
+def test_a_nan_in_a_profile_reads_plainly(capsys, tmp_path):
+    path = tmp_path / "nan.csv"
+    path.write_text("name,fwd_ms,bwd_ms,act_bytes,param_bytes\na,nan,1,1,1\n")
+    line = one_line_error(capsys, ["partition", "--profile", str(path), "--workers", "2"])
+    assert line.endswith("layer 0 ('a') has nan") and "np." not in line, line
+
+
+def test_an_empty_profile_csv_names_the_file(capsys, tmp_path):
+    path = tmp_path / "empty.csv"
+    path.write_text("")
+    line = one_line_error(capsys, ["partition", "--profile", str(path), "--workers", "2"])
+    assert f"{path} is not a profile" in line, line
+
+
+def test_simulate_into_a_read_only_folder_fails_before_printing(capsys, tmp_path, monkeypatch):
+    """Root may write anywhere, so the folder's mode alone cannot show it here: os.access is told it is read-only."""
+    import os
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: real(p, mode) and Path(p) != ro)
+    rc = main(["simulate", "--schedule", "gpipe", "--out", str(ro / "sim")])
+    out, err = capsys.readouterr()
+    assert (
+        rc == 2
+        and out == ""
+        and err.strip().splitlines()
+        == [
+            f"workbench simulate: error: cannot write {ro / 'sim'}: the folder {ro} is read-only; give --out a folder "
+            "you can write"
+        ]
+    )
+
+
+def test_profile_of_a_wrong_input_shape_names_the_layer():
+    from workbench import profile
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 10), nn.ReLU())
+    with pytest.raises(ValueError, match=r"^layer 1 \(1:Linear\) cannot take its input of shape \(2, 32\): mat1"):
+        profile(model, torch.randn(2, 32), progress=False, iterations=1, warmup=0)

@@ -13,7 +13,7 @@ from workbench.cli.args import FLAT_BANDWIDTH, FLAT_WORKERS
 from workbench.cli.train import run_train
 from workbench.cost.plan import Plan
 from workbench.cost.topology import Topology
-from workbench.io.folders import fresh_path, run_folder, run_id
+from workbench.io.folders import check_writable, fresh_path, run_folder, run_id
 from workbench.models import list_models
 from workbench.models.data import dataset_info, load_dataset
 from workbench.partitioning.baselines import partition_balanced_time, partition_equal_layers
@@ -259,6 +259,7 @@ def cmd_partition(args) -> int:
 
 def cmd_simulate(args) -> int:
 
+    check_writable(args.out)  # a folder it cannot write fails now, not after the result is printed
     plan = Plan.load(args.plan) if args.plan else None
     if plan is not None:
         _refuse_unused(args, ("stages",), "the plan gives the stages")

@@ -40,7 +40,7 @@ def run_folder(dest):
     """Yield a temporary folder; on success move it to ``fresh_path(dest)``. The final path is
     available as ``tmp.final`` after the block (``tmp`` is a :class:`RunFolder`)."""
     dest = Path(dest)
-    _check_folder_parent(dest)
+    check_writable(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     box = RunFolder(tmp)
@@ -54,13 +54,19 @@ def run_folder(dest):
     box.final = final
 
 
-def _check_folder_parent(dest: Path) -> None:
-    """ValueError when a folder above ``dest`` exists as a file (an output folder cannot go there)."""
-    for up in dest.parents:
+def check_writable(dest) -> None:
+    """One ValueError line when the output ``dest`` cannot be written: a folder above it exists as a
+    file, or the nearest existing folder above it is read-only. Commands call it before their work,
+    so a bad ``--out`` fails before anything is computed or printed."""
+    for up in Path(dest).parents:
         if up.exists():
             if not up.is_dir():
                 raise ValueError(
                     f"{up} is a file, not a folder; give an output folder (--out) that is not inside a file"
+                )
+            if not os.access(up, os.W_OK | os.X_OK):
+                raise ValueError(
+                    f"cannot write {dest}: the folder {up} is read-only; give --out a folder you can write"
                 )
             return
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from workbench.io.keywords import did_you_mean, shown
 from workbench.models import sequence, sleep_stages, vision
 from workbench.models.base import LayerModel, TensorSpec
 
@@ -128,10 +129,9 @@ def _resolve(name: str) -> str:
     key = str(name).lower().strip()
     key = ALIASES.get(key, key)
     if key not in ZOO:
-        shown = name if isinstance(name, str) else type(name).__name__
         raise ValueError(
-            f"unknown model {shown!r}; choose one of {sorted(ZOO)}, or give your own as an nn.Module "
-            "(Python) or package.module:function (command line)"
+            f"unknown model {shown(name)}{did_you_mean(key, [*ZOO, *ALIASES])}; choose one of {sorted(ZOO)}, or give "
+            "your own as an nn.Module (Python) or package.module:function (command line)"
         )
     return key
 
@@ -159,6 +159,9 @@ def _check_option(model: str, name: str, value, default) -> None:
         return
     if isinstance(default, int) and (isinstance(value, bool) or not isinstance(value, int)):
         raise ValueError(f"{model} option {name} must be an int (default {default}), got {value!r}")
+    least = 1 if isinstance(default, int) and default >= 1 else 0  # a size or count of at least one
+    if default >= 0 and value < least:
+        raise ValueError(f"{model} option {name} must be >= {least} (default {default}), got {value!r}")
     if isinstance(default, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise ValueError(f"{model} option {name} must be a number (default {default}), got {value!r}")
 
@@ -180,7 +183,12 @@ def build(name: str, size: str = "mini", seed: int = 0, device=None, **overrides
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         with torch.device(device if device is not None else "cpu"):
-            layers, names = entry.builder(**kwargs)
+            try:
+                layers, names = entry.builder(**kwargs)
+            except (RuntimeError, ValueError, ZeroDivisionError) as e:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                given = ", ".join(f"{k}={v!r}" for k, v in overrides.items()) or "its defaults"
+                raise ValueError(f"{key} cannot be built with {given}: {first}") from None
     inputs, target = _specs(key, entry.task, cfg)
     dataset = entry.datasets[size]
     if key == "mlp":

@@ -187,9 +187,14 @@ def _measure_layers(layers, names, x, timing: _Timing, desc: str, *, progress: b
 
     rows, seen = [], set[int]()
     for i, layer in enumerate(tqdm(layers, desc=desc, disable=not progress, leave=False)):
-        fwd_times, bwd_times, out = _time_layer(
-            layer, x, i, names[i], timing.warmup, iterations=timing.iterations, dev=timing.dev
-        )
+        try:
+            fwd_times, bwd_times, out = _time_layer(
+                layer, x, i, names[i], timing.warmup, iterations=timing.iterations, dev=timing.dev
+            )
+        except (RuntimeError, TypeError, IndexError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            shape = tuple(x.shape) if torch.is_tensor(x) else [tuple(t.shape) for t in x if torch.is_tensor(t)]
+            raise ValueError(f"layer {i} ({names[i]}) cannot take its input of shape {shape}: {first}") from None
         row = dict(
             name=names[i],
             fwd_ms=_median(fwd_times),

@@ -48,7 +48,7 @@ class Profile:
                 i = int(bad[0])
                 raise ValueError(
                     f"profile column {c!r} must be finite and >= 0; layer {i} "
-                    f"({df['name'].iloc[i]!r}) has {df[c].iloc[i]!r}"
+                    f"({df['name'].iloc[i]!r}) has {_plain(df[c].iloc[i])}"
                 )
         df = df.reset_index(drop=True).copy()
         for c in REQUIRED[1:]:
@@ -240,10 +240,21 @@ class Profile:
             meta_path = Path(str(path) + ".meta.json")
             meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
             return cls(pd.read_csv(path), meta)
-        except (KeyError, json.JSONDecodeError, pd.errors.ParserError, UnicodeDecodeError) as e:
+        except (
+            KeyError,
+            json.JSONDecodeError,
+            pd.errors.ParserError,
+            pd.errors.EmptyDataError,
+            UnicodeDecodeError,
+        ) as e:
             raise ValueError(
                 f"{path} is not a profile (CSV/JSON from Profile.save or a PipeDream graph.txt): {e}"
             ) from None
+
+
+def _plain(value) -> str:
+    """A cell as a message shows it: ``nan``, ``-1.0``, ``'abc'`` (not ``np.float64(nan)``)."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
 
 
 _READERS: dict[str, Callable[..., Profile]] = {}

@@ -31,6 +31,8 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from workbench.io.keywords import did_you_mean, shown
+
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool, "object": object}
 
 
@@ -190,7 +192,9 @@ def register(
 def spec(name: str) -> ScheduleSpec:
     """The registered schedule ``name``; ValueError listing the names otherwise."""
     if name not in REGISTRY:
-        raise ValueError(f"unknown schedule {name!r}; expected one of {sorted(REGISTRY)}")
+        raise ValueError(
+            f"unknown schedule {shown(name)}{did_you_mean(name, REGISTRY)}; expected one of {sorted(REGISTRY)}"
+        )
     return REGISTRY[name]
 
 

@@ -158,6 +158,13 @@ class RunSpec:
     fail_rank: int | None = option(None, "fault injection: this rank raises ...")
     fail_at_step: int | None = option(None, "... at the start of this step")
 
+    def __post_init__(self):
+        t = self.threads
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
+            raise ValueError(
+                f"threads must be an integer >= 1 (torch threads per worker; omit it for the default), got {t!r}"
+            )
+
 
 _GROUPS = {"model": ModelSpec, "pipeline": PipelineSpec, "optim": OptimSpec, "run": RunSpec}
 
