@@ -126,6 +126,9 @@ def test_names_and_descriptions():
         "seq1f1b",
         "seq1f1b-interleaved",
         "seq1f1b-zb",
+        "zb-auto",
+        "zb-1p",
+        "zb-2p",
     }
     assert all(DESCRIPTIONS[n] and "\n" not in DESCRIPTIONS[n] for n in NAMES)
 
