@@ -828,13 +828,11 @@ def stage_profile(
 def repeat_rounds(schedule: Schedule, rounds: int) -> Schedule:
     """``rounds`` copies of ``schedule`` run back to back on every worker (as the runtime runs the
     rounds of an epoch): round ``r`` shifts microbatch ids by ``r · M`` and weight versions and
-    update indices of stage ``s`` by ``r · u_s`` (``u_s`` = STEPs of s per round on one worker)."""
+    update indices of stage ``s`` by ``r · u_s`` (``u_s`` = ``schedule.updates_per_round[s]``)."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     M = schedule.microbatches
-    per = {}
-    for s, ws in enumerate(schedule.stage_workers):
-        per[s] = sum(1 for op in schedule.ops[ws[0]] if op.kind == "STEP" and op.stage == s) if ws else 0
+    per = schedule.updates_per_round
     ops = []
     for wops in schedule.ops:
         lst = []
