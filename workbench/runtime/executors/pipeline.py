@@ -75,9 +75,9 @@ from workbench.runtime.semantics.stages import (
     stage_roots,
     vjp,
 )
-from workbench.runtime.transport import shm
-from workbench.runtime.transport.comm import P2P, ShmP2P
-from workbench.runtime.transport.comm_plan import RankComm, group_of, p2p_channel
+from workbench.runtime.transport import shm, trace
+from workbench.runtime.transport.comm import P2P, ShmP2P, warm_up
+from workbench.runtime.transport.comm_plan import RankComm, communicators
 from workbench.runtime.transport.messages import MessageKind
 from workbench.schedules.core import Schedule
 
@@ -110,7 +110,7 @@ class RankProgram:
             (op.kind, op.stage, op.microbatch): op.version for _, op in schedule if op.kind in ("F", "B", "BI", "BW")
         }
         # the messages this rank receives (in consumption order) and sends (per op): the plan that
-        # comm_plan.check_nccl proves deadlock free under NCCL's rules
+        # transport.nccl_model checks on the calls the executors really issue (transport.dry_run)
         self.comm = RankComm(schedule, rank)
 
     def backward_version(self, s: int, b: int) -> int:
@@ -206,6 +206,7 @@ class PipelineExecutor:
 
     def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], *, groups: dict, stream=None):
         self.ctx, self.schedule, self.model = ctx, schedule, model
+        trace.from_env(ctx.rank, ctx.world, groups, ctx.run.out)  # records the calls when asked ($WORKBENCH_COMM_TRACE)
         # stream(n) -> the schedule over n microbatches: the rounds of an epoch run as one pipeline
         # (no drain between minibatches; see run_stream); None: every round drains (run_round)
         self.stream = stream
@@ -293,19 +294,11 @@ class PipelineExecutor:
             self.comm.set_send_plan({dst: self.receive_plan(rounds, dst) for dst in self.comm.outbound})
 
     def warm_up(self) -> None:
-        """Send one small tensor on every communicator and to every peer this rank sends to (and
-        receive one wherever it receives), so that the transport's connection set-up (about a second
-        with gloo; NCCL creates a pair's communicator at its first message) is not charged to the
-        first step. Each goes the way the plan's messages go, so no pair sends both ways on one."""
-        comm, works = self.prog.comm, []  # isend / irecv works (None only off their group)
-        sends = {(p2p_channel(m.kind, m.src, m.dst), m.dst) for ms in comm.sends.values() for m in ms}
-        recvs = {(p2p_channel(m.kind, m.src, m.dst), m.src) for m in comm.recvs}
-        for (ch, p), f in sorted([(k, dist.isend) for k in sends] + [(k, dist.irecv) for k in recvs], key=str):
-            buf = torch.ones(1, device=self.ctx.device)
-            works.append(f(buf, p, tag=0, group=group_of(self.groups, ch)))
-        for w in works:
-            if w is not None:
-                w.wait(timedelta(seconds=self.ctx.run.timeout_s))
+        """Create (NCCL) or connect (gloo) every communicator of the job before the first step, in one
+        order for all ranks (:func:`~workbench.runtime.transport.comm.warm_up`): NCCL creates each
+        lazily at its first operation, blocking, and ranks that meet them in different orders deadlock."""
+        scheds = [self.schedule] + ([self.stream(2 * self.M)] if self.stream else [])
+        warm_up(self.rank, communicators(scheds), self.groups, device=self.ctx.device, timeout_s=self.ctx.run.timeout_s)
 
     # ---- per epoch ----------------------------------------------------------------------
     def receive_plan(self, rounds: list[int], rank: int | None = None) -> list:

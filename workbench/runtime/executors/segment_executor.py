@@ -31,7 +31,9 @@ from workbench.runtime.executors.record import OpRecord
 from workbench.runtime.executors.segments import Mailbox, SegmentStage
 from workbench.runtime.executors.tied import TiedGradients, tied_weights
 from workbench.runtime.semantics.stages import sgd_step, stage_lrs, stage_module
-from workbench.runtime.transport.comm_plan import RankComm
+from workbench.runtime.transport import trace
+from workbench.runtime.transport.comm import warm_up
+from workbench.runtime.transport.comm_plan import RankComm, communicators
 from workbench.runtime.transport.messages import MessageKind
 from workbench.schedules.core import Schedule
 
@@ -74,6 +76,7 @@ class SegmentExecutor:
 
     def __init__(self, ctx, schedule: Schedule, model, bounds, init_weights: list[dict], *, groups: dict):
         self.ctx, self.schedule, self.model, self.rank = ctx, schedule, model, ctx.rank
+        trace.from_env(ctx.rank, ctx.world, groups, ctx.run.out)  # records the calls when asked ($WORKBENCH_COMM_TRACE)
         self.S, self.M, self.k = schedule.num_stages, schedule.microbatches, schedule.num_segments
         ops = schedule.ops[self.rank]
         self.offsets = [0]
@@ -102,11 +105,14 @@ class SegmentExecutor:
         self.lrs = stage_lrs(schedule.stage_workers, ctx.optim.lr, ctx.optim.stage_lr)
         self.version = {s: ctx.start_round * self.per_round[s] for s in self.stages}
         self.box = Mailbox(schedule, self.rank, ctx.run.timeout_s, groups=groups, one_tag=ctx.run.one_tag)
-        # the plan comm_plan.check_nccl proves: who sends each received message, where each send goes
+        # the plan (transport.nccl_model checks the calls it leads to): who sends each message, where each goes
         self.plan = RankComm(schedule, self.rank)
         self.src = {(m.recv_op, m.kind): m.src for m in self.plan.recvs}
         ties = tied_weights(model, bounds)
         self.tied = TiedGradients(schedule, self.rank, ties, groups, ctx.run.timeout_s) if ties else None
+        # every communicator created before the first step, in one order for all ranks (comm.warm_up):
+        # NCCL creates each lazily at its first operation, blocking, and two orders deadlock
+        warm_up(self.rank, communicators([schedule]), groups, device=ctx.device, timeout_s=ctx.run.timeout_s)
 
     def _like(self, s: int, j: int) -> torch.Tensor:
         """A buffer shaped like stage ``s``'s output on segment ``j``."""

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from workbench.runtime.semantics.stages import spec_bytes
-from workbench.runtime.transport.comm_plan import group_of, p2p_channel
+from workbench.runtime.transport.comm_plan import Communicator, group_of, p2p_channel
 from workbench.runtime.transport.messages import MessageKind
 
 MAX_TENSORS = 8
@@ -39,6 +39,27 @@ def tag(kind: int, boundary: int, g: int, i: int, num_stages: int) -> int:
 def uses_send_thread(backend: str) -> bool:
     """The default of :class:`P2P`'s ``send_thread``: on with gloo unless ``WORKBENCH_SEND_THREAD=0``."""
     return backend == "gloo" and os.environ.get("WORKBENCH_SEND_THREAD", "1") == "1"
+
+
+def warm_up(rank: int, order: list[Communicator], groups: dict, *, device, timeout_s: float) -> None:
+    """One small operation on every communicator of ``order`` that ``rank`` uses, in that order (one
+    order for all ranks: :func:`~workbench.runtime.transport.comm_plan.communicators`), then a wait
+    for all of them. With NCCL this creates every communicator before the first step, in an order no
+    two ranks can disagree on; with gloo it opens the connections (about a second) outside the first
+    step. A point-to-point pair sends the way its messages go; a collective group (``key`` in
+    ``groups``: this rank is a member) all-reduces one element."""
+    works = []
+    for c in order:
+        buf = torch.ones(1, device=device)
+        if c.p2p and rank in c.ranks:
+            src, dst = c.ranks
+            f, peer = (dist.isend, dst) if rank == src else (dist.irecv, src)
+            works.append(f(buf, peer, tag=0, group=group_of(groups, c.key)))
+        elif not c.p2p and c.key in groups:
+            works.append(dist.all_reduce(buf, group=groups[c.key], async_op=True))
+    for w in works:
+        if w is not None:
+            w.wait(timedelta(seconds=timeout_s))
 
 
 class P2P:
