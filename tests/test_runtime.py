@@ -909,3 +909,22 @@ def test_auto_transport_picks_shared_memory_only_where_it_runs_and_pays(tmp_path
         prepare("toy-mlp", "pipedream", workers=2, microbatches=4, out=tmp_path / "full", **auto).run.transport
         == "gloo"
     )
+
+
+@pytest.mark.distributed
+def test_a_resume_refuses_a_changed_option_states_a_changed_length_and_reports_its_own_steps(tmp_path):
+    """One epoch, then --resume with two: the length change is stated, the summary counts the steps this
+    invocation trained (resumed at the first epoch's checkpoint); a changed lr is refused before any rank."""
+    out = tmp_path / "r"
+    one = train("toy-mlp", "pipedream", workers=2, microbatches=4, epochs=1, out=out, **COMMON)
+    rpe = one["steps"]
+    assert one["steps_trained"] == rpe and one["resumed_at"] is None
+    assert json.loads((out / "options.json").read_text())["minibatches"] == rpe
+    with pytest.raises(ValueError, match=r"^resume: lr changed since the run in .* \(0\.1, now 0\.2\)"):
+        train(
+            "toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=out, resume=True, **(COMMON | {"lr": 0.2})
+        )
+    assert (out / "summary.json").exists()  # the refusal left the run as it was
+    with pytest.warns(UserWarning, match=rf"resume: the run now trains {2 * rpe} minibatches in all, not the {rpe}"):
+        two = train("toy-mlp", "pipedream", workers=2, microbatches=4, epochs=2, out=out, resume=True, **COMMON)
+    assert (two["steps"], two["steps_trained"], two["resumed_at"]) == (2 * rpe, rpe, rpe)

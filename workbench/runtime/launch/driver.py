@@ -37,7 +37,7 @@ from workbench.runtime.launch.job import (
 )
 from workbench.runtime.launch.jobspec import STAGE_LR_RULES, TRAIN_TRANSPORTS, JobSpec, OptimSpec, PipelineSpec, RunSpec
 from workbench.runtime.launch.lifetime import JobStopped, RankFailed, run_rank, spawn
-from workbench.runtime.launch.outputs import RunResult, latest_checkpoint, load_stage
+from workbench.runtime.launch.outputs import RunResult, latest_checkpoint, load_stage, record_options, resume_notes
 from workbench.runtime.launch.ports import free_port
 from workbench.runtime.launch.rank import worker_main
 from workbench.runtime.semantics.reference import updates_per_round
@@ -488,7 +488,10 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
         out = Path(job.run.out)
         out.mkdir(parents=True, exist_ok=True)
         if job.run.resume:
+            for line in resume_notes(out, job):  # a changed option is refused here, a changed length stated
+                warnings.warn(line, stacklevel=2)
             (out / "summary.json").unlink(missing_ok=True)
+        record_options(out, job)
         (out / "weights.pt").unlink(missing_ok=True)
     if _under_torchrun():
         if any(j.schedule.update == "async" for j in jobs):

@@ -7,7 +7,11 @@
   number, see :mod:`workbench.io.timeline`), merged from all ranks on rank 0
 * ``checkpoints/round{R}/stage{s}_replica{r}.pt`` written by each stage replica itself (weights,
   optimizer state, step, rng); ``COMPLETE`` marks a checkpoint all ranks finished
-* ``summary.json`` throughput, wall time, final loss/accuracy, per-rank peak memory and stash depth
+* ``summary.json`` throughput, wall time, final loss/accuracy, per-rank peak memory and stash depth;
+  ``steps`` counts every minibatch of the run, ``steps_trained`` those of this invocation (a resumed
+  run starts at ``resumed_at``)
+* ``options.json`` the run as asked for (model, schedule, sizes, optimizer, length): ``--resume``
+  refuses a changed option (:data:`KEPT_ON_RESUME`) and states a changed length
 
 Units and words (the same for every schedule): a *minibatch* (one ``step``, one row of metrics.csv)
 is one pass of the schedule over ``batch_size`` samples, split into ``microbatches`` equal
@@ -54,6 +58,74 @@ METRIC_COLUMNS = [
     "test_loss",
     "test_accuracy",
 ]
+
+
+#: what a resumed run must keep from the run it continues (each changes what a step computes); its
+#: length (``--epochs`` / ``--steps``) may change, and the resume says so
+KEPT_ON_RESUME = (
+    "model",
+    "model_options",
+    "dtype",
+    "schedule",
+    "schedule_options",
+    "workers",
+    "bounds",
+    "microbatches",
+    "batch_size",
+    "lr",
+    "stage_lr",
+    "momentum",
+    "seed",
+)
+OPTIONS_FILE = "options.json"
+
+
+def run_options(job: Job) -> dict:
+    """The options a run folder records (:data:`OPTIONS_FILE`), as JSON values."""
+    o = job.optim
+    return jsonable(
+        dict(
+            model=job.options.get("model"),
+            model_options=job.options.get("model_options", {}),
+            dtype=job.dtype,
+            schedule=job.schedule.name,
+            schedule_options=job.options.get("schedule_options", {}),
+            workers=job.schedule.num_workers,
+            bounds=[list(b) for b in job.bounds],
+            microbatches=job.schedule.microbatches,
+            batch_size=o.batch_size,
+            lr=o.lr,
+            stage_lr=o.stage_lr,
+            momentum=o.momentum,
+            seed=o.seed,
+            minibatches=job.rounds_total,
+        )
+    )
+
+
+def resume_notes(out: Path, job: Job) -> list[str]:
+    """Before a resumed run starts: a ValueError line for the first option of :data:`KEPT_ON_RESUME`
+    that differs from the run in ``out``; else the lines to state (a changed length, or no record)."""
+    path = Path(out) / OPTIONS_FILE
+    if not path.exists():
+        return [f"resume: {out} records no options ({OPTIONS_FILE}), so changed options cannot be checked"]
+    old, new = json.loads(path.read_text()), run_options(job)
+    for key in KEPT_ON_RESUME:
+        if old.get(key) != new[key]:
+            raise ValueError(
+                f"resume: {key} changed since the run in {out} was started ({old.get(key)!r}, now {new[key]!r}); "
+                "resume with the run's options, or start afresh in a new --out folder"
+            )
+    if old.get("minibatches") != new["minibatches"]:
+        return [
+            f"resume: the run now trains {new['minibatches']} minibatches in all, not the "
+            f"{old.get('minibatches')} it was started with (--epochs/--steps changed)"
+        ]
+    return []
+
+
+def record_options(out: Path, job: Job) -> None:
+    atomic_text(json.dumps(run_options(job), indent=1), Path(out) / OPTIONS_FILE)
 
 
 def atomic_save(obj, path: Path) -> None:
@@ -230,6 +302,7 @@ def write_summary(out: Path, job: Job, gathered) -> None:
     k = len(walls) - 1
     while k > 0 and walls[k - 1] < walls[k]:  # this invocation's steps (wall clock restarts on resume)
         k -= 1
+    start = min(int(infos[0].get("start_round", 0)), len(rows))  # a resumed run's first minibatch
     steady = (len(walls) - 1 - k) * job.optim.batch_size / (walls[-1] - walls[k]) * 1e3 if len(walls) - k > 1 else None
     minibatch_ms = (walls[-1] - walls[k]) / (len(walls) - 1 - k) if len(walls) - k > 1 else None
     summary = dict(
@@ -244,6 +317,8 @@ def write_summary(out: Path, job: Job, gathered) -> None:
         momentum=job.optim.momentum,
         seed=job.optim.seed,
         steps=len(rows),
+        steps_trained=len(rows) - start,
+        resumed_at=start if start else None,
         bounds=[list(b) for b in job.bounds],
         backend=job.run.backend,
         transport=job.run.transport,

@@ -354,6 +354,7 @@ def _gather_summary(
         receive_post_ms=getattr(comm, "post_ms", 0.0),
         wall_s=wall_s,
         samples=samples,
+        start_round=ctx.start_round,
         **(asdict(executor.remote.stats) if getattr(executor, "remote", None) else {}),
     )
     weights = executor.weights() if job.run.return_weights else None
