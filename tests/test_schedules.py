@@ -620,3 +620,14 @@ def test_the_room_checks_see_a_private_import_and_a_long_function():
     assert private_imports("from numpy import _private\nfrom workbench.io import cards\n") == []
     assert long_functions("def f():\n" + "    x = 1\n" * 80) == ["f (81 lines)"]
     assert long_functions("def f():\n" + "    x = 1\n" * 79) == []
+
+
+def test_remote_inputs_are_named_records_of_the_producers_on_other_workers():
+    from workbench.schedules.core import RemoteInput
+
+    sched = build("pipedream", 3, 2)
+    got = sched.remote_inputs(1)
+    assert len(got) == 4 and all(type(r) is RemoteInput for r in got)  # 2 activations from 0, 2 gradients from 2
+    for r in got:
+        _, stage, _ = r.producer
+        assert stage != sched.ops[1][r.op].stage and sched.where()[r.producer] == r.src != 1

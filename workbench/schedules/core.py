@@ -57,6 +57,7 @@ from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -82,6 +83,16 @@ _COMPUTE_SET = frozenset(COMPUTE)
 _F, _B, _BI, _BW = COMPUTE  # keys built from the members hit dict entries by identity (no str compare)
 Key = tuple  # (kind, stage, microbatch) of a compute op
 UPDATE_RULES = ("sync", "stash", "vertical-sync", "no-stash", "2bw", "async")
+
+
+class RemoteInput(NamedTuple):
+    """An activation or gradient a worker receives (:meth:`Schedule.remote_inputs`): ``op``, the
+    index in the worker's op list of the op that consumes it; ``producer``, the (kind, stage,
+    unit) key of the op that made it; ``src``, the worker that ran the producer."""
+
+    op: int
+    producer: Key
+    src: int
 
 
 _KIND_OF: dict[str, OpKind] = {**{str(k): k for k in OpKind}, **{k: k for k in OpKind}}
@@ -248,11 +259,11 @@ class Schedule:
         w = int(np.searchsorted(self.arrays.begin, g, side="right")) - 1
         return w, self.ops[w][g - int(self.arrays.begin[w])]
 
-    def remote_inputs(self, worker: int) -> list[tuple[int, Key, int]]:
-        """``(op index on worker, producer key, producer worker)`` for every activation or
-        gradient that ``worker`` receives from another worker, in its op order (the runtime's
-        receive plan). From :meth:`dependencies`; a producer of the op's own stage (its forward,
-        BI before BW) never crosses workers in a valid schedule."""
+    def remote_inputs(self, worker: int) -> list[RemoteInput]:
+        """A :class:`RemoteInput` ``(op index on worker, producer key, producer worker)`` for every
+        activation or gradient that ``worker`` receives from another worker, in its op order (the
+        runtime's receive plan). From :meth:`dependencies`; a producer of the op's own stage (its
+        forward, BI before BW) never crosses workers in a valid schedule."""
         where, deps, out = self._where, self._dependencies, []
         for i, op in enumerate(self.ops[worker]):
             if op.kind not in _COMPUTE_SET:
@@ -261,7 +272,7 @@ class Schedule:
                 src = where.get(dep, worker)
                 _, dep_stage, _ = dep
                 if dep_stage != op.stage and src != worker:
-                    out.append((i, dep, src))
+                    out.append(RemoteInput(i, dep, src))
         return out
 
     @cached_property
