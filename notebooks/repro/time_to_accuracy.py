@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -133,8 +134,7 @@ class Config:
         )
 
 
-def _settings() -> dict:
-
+def _settings() -> Mapping:
     return SETTINGS
 
 

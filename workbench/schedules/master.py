@@ -475,7 +475,7 @@ _HELP = {
 # ---- the document's table, one row per placement ---------------------------------------------
 # (S stages, B microbatches, G groups of R workers) -> the document's constraint on W and its row:
 # latency, activation transmit, weight transmit, activation storage, weight storage (module docstring
-# of workbench.experiments.unified).
+# of notebooks/repro/unified.py, the reproduction beside the notebooks).
 def _ddp_row(S, B, G, R):
     return dict(W=B, R=1, latency=S, act_xmit=0, weight_xmit=0, act_storage=S, weight_storage=S)
 
