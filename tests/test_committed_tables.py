@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
 from repro import dp_overhead as dpo
 from repro import paper_fit, unified
 from repro.common import CLAIM_COLUMNS

@@ -6,8 +6,8 @@ import math
 import pandas as pd
 import pytest
 
-from workbench import Topology, schedules
 from repro import dp_overhead as dpo
+from workbench import Topology, schedules
 from workbench.profiling.measure import Profile
 from workbench.simulation import simulate
 

@@ -174,7 +174,6 @@ def test_reproduce_is_a_plugin_of_the_command():
     import importlib.metadata
 
     from repro.reproduce import cmd_reproduce
-
     from workbench.cli.commands import PLUGIN_GROUP, build_parser
 
     names = [ep.name for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP)]

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from workbench.cli.commands import main
-from repro.reproduce import NOTEBOOKS, notebooks_dir
 from repro.common import CLAIM_COLUMNS
+from repro.reproduce import NOTEBOOKS, notebooks_dir
+from workbench.cli.commands import main
 
 
 # ---- the session's quick run -------------------------------------------------------------------
