@@ -66,11 +66,13 @@ def test_the_rooms_import_no_underscore_name():
     assert found == []
 
 
-def test_no_module_of_the_package_imports_an_underscore_name_of_the_rooms():
-    rooms = tuple(module_name(p) for p in ROOMS)
+def test_nothing_imports_an_underscore_name_of_the_rooms():
+    """Neither the package nor its tests, benchmarks, scripts and notebooks' modules."""
+    rooms, repo = tuple(module_name(p) for p in ROOMS), PACKAGE.parent
     found = [
         f
-        for p in sorted(PACKAGE.rglob("*.py"))
-        for f in private_imports(p.read_text(), str(p.relative_to(PACKAGE)), only_from=rooms)
+        for folder in ("workbench", "tests", "benchmarks", "scripts", "notebooks")
+        for p in sorted((repo / folder).rglob("*.py"))
+        for f in private_imports(p.read_text(), str(p.relative_to(repo)), only_from=rooms)
     ]
     assert found == []
