@@ -1,6 +1,12 @@
 """Shared fixtures. ``quick_run``: one ``workbench reproduce --quick`` per test session; the
 notebook tests (test_dp_overhead, test_unified, and the 03/04 tests) read their CSVs from it, so
-CI executes every reproduction notebook exactly once."""
+CI executes every reproduction notebook exactly once.
+
+Warm ranks: every test that trains in this process forks its ranks from one warm server
+(:mod:`workbench.runtime.launch.warm`), started by the first such test and serving the whole
+session, as multiprocessing's resource tracker does. The test files of :data:`COUNTS_CHILDREN`
+count this process's child processes, so the server is stopped before their tests (a later
+warm job starts a new one)."""
 
 from pathlib import Path
 
@@ -11,6 +17,17 @@ QUICK_RUN_TIMEOUT_S = 1500  # the whole quick reproduction, run inside the first
 
 #: fixtures that (may) start the quick run: their tests get the longer timeout
 NEEDS_QUICK_RUN = {"quick_run", "reproduce_quick", "out03", "out04", "any_run"}
+
+
+#: test files that assert this process has no child left but the resource tracker
+COUNTS_CHILDREN = {"test_lifetime.py"}
+
+
+def pytest_runtest_setup(item):
+    if item.path.name in COUNTS_CHILDREN:
+        from workbench.runtime.launch import warm
+
+        warm.stop()
 
 
 def pytest_collection_modifyitems(config, items):

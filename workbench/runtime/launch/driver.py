@@ -25,6 +25,7 @@ from torch.utils.data import TensorDataset
 from workbench.runtime.executors.fetch import check_remote
 from workbench.runtime.executors.segment_executor import check_segments, sequence_options
 from workbench.runtime.executors.tied import check_tied, defer_steps, tied_weights
+from workbench.runtime.launch import warm as warm_start
 from workbench.runtime.launch.job import (
     Job,
     as_dataset,
@@ -38,7 +39,7 @@ from workbench.runtime.launch.job import (
 from workbench.runtime.launch.jobspec import STAGE_LR_RULES, TRAIN_TRANSPORTS, JobSpec, OptimSpec, PipelineSpec, RunSpec
 from workbench.runtime.launch.lifetime import JobStopped, RankFailed, run_rank, spawn
 from workbench.runtime.launch.outputs import RunResult, latest_checkpoint, load_stage, record_options, resume_notes
-from workbench.runtime.launch.ports import free_port
+from workbench.runtime.launch.ports import JOIN_HOSTED_STORE, free_port, host_store
 from workbench.runtime.launch.rank import worker_main
 from workbench.runtime.semantics.reference import updates_per_round
 from workbench.runtime.semantics.stages import (
@@ -499,16 +500,26 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
         rank = int(os.environ["RANK"])  # this process is a rank of torchrun's: it stops with torchrun (lifetime.py)
         run_rank(rank, worker_main, rank, world, jobs, None, None)
         return [_read_summary(Path(j.run.out), j) if rank == 0 else {} for j in jobs]
-    port = free_port(port)
+    port, warm, store = free_port(port), warm_start.enabled(), None
     if any(j.shm_token for j in jobs):
         remove_stale_channels()  # files of earlier launchers that were killed before they could remove them
     shareds = [_shared_weights(j) if j.schedule.update == "async" else None for j in jobs]
     try:
-        spawn(functools.partial(worker_main, shareds=shareds), (world, jobs, "127.0.0.1", port), world, what="training")
+        # warm ranks join a store the launcher serves (none waits for rank 0's), dropped when the job ends
+        store = host_store(port, world, max(j.run.timeout_s for j in jobs)) if warm else None
+        spawn(
+            functools.partial(worker_main, shareds=shareds),
+            (world, jobs, "127.0.0.1", port),
+            world,
+            what="training",
+            warm=warm,
+            env=JOIN_HOSTED_STORE if warm else None,
+        )
     except (RankFailed, JobStopped) as e:
         e.args = (f"{e.args[0]}; the job was stopped{_resume_hint(jobs)}",)
         raise
     finally:
+        del store  # its port is free again
         for j in jobs:
             if j.shm_token:
                 remove_channels(j.shm_token)  # the shared-memory channel files, however the job ended

@@ -1,6 +1,7 @@
 """Process lifetime of a job: the one place that starts ranks, watches them and stops them.
 
-**Launcher** (:func:`spawn`): starts one process per rank (``spawn`` start method), then waits on
+**Launcher** (:func:`spawn`): starts one process per rank (``spawn`` start method, or with
+``warm=True`` forked by the warm server of :mod:`workbench.runtime.launch.warm`), then waits on
 three things at once: the ranks' exits, the errors they report, and the signals SIGINT, SIGTERM,
 SIGHUP sent to the launcher (or to its whole process group). The first of
 
@@ -22,7 +23,8 @@ interpreter, which a gloo wait can delay by the whole timeout. ``torchrun`` forw
 receives to its workers, so its ranks must die on all three. The rank asks the kernel for SIGKILL
 when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``) and runs a watchdog thread that exits
 when its parent pid changes (any POSIX system), so a rank never outlives its launcher, even one
-killed with SIGKILL. A rank that raises reports its error (to the launcher through a pipe; under
+killed with SIGKILL. A warm rank's parent is the warm server, so its watchdog waits on its
+launcher instead (multiprocessing's parent sentinel, a pipe that only the launcher holds open). A rank that raises reports its error (to the launcher through a pipe; under
 torchrun, as one line on stderr) and ends at once with ``os._exit(1)``: no interpreter or process
 group teardown can keep it waiting on a peer that is gone.
 
@@ -41,10 +43,10 @@ import sys
 import threading
 import time
 import traceback
-from multiprocessing import connection, resource_tracker
+from multiprocessing import connection, parent_process, resource_tracker
 from multiprocessing.reduction import ForkingPickler
 
-import torch.multiprocessing as mp
+from workbench.runtime.launch import warm as warm_start
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 GRACE_S = 2.0  # a rank that outlives SIGTERM by this long gets SIGKILL
@@ -84,11 +86,13 @@ def signal_name(signum: int) -> str:
 
 
 # ---- rank side -------------------------------------------------------------------------------
-def become_rank(rank: int, parent: int | None = None) -> None:
+def become_rank(rank: int, parent: int | None = None, launcher=None) -> None:
     """Set this process up as rank ``rank`` (module docstring): default action for the stop signals
-    not ignored, SIGKILL on the parent's death, a watchdog thread on the parent pid, and the process
-    name ``wb-rank<rank>`` (what ``ps`` / ``top`` show on Linux). ``parent``: the launcher's pid
-    (default: the current parent); exits at once if the parent is already gone."""
+    not ignored, SIGKILL on the parent's death, a watchdog thread on the launcher, and the process
+    name ``wb-rank<rank>`` (what ``ps`` / ``top`` show on Linux). ``parent``: the parent's pid
+    (default: the current parent); exits at once if the parent is already gone. ``launcher``: a
+    warm rank's sentinel of its launcher (multiprocessing's ``parent_process().sentinel``, ready once
+    the launcher is gone), watched instead of the parent pid (the parent is the warm server)."""
     parent = os.getppid() if parent is None else parent
     for sig in STOP_SIGNALS:
         if signal.getsignal(sig) is not signal.SIG_IGN:
@@ -100,15 +104,21 @@ def become_rank(rank: int, parent: int | None = None) -> None:
             libc.prctl(_PR_SET_NAME, f"wb-rank{rank}".encode()[:15], 0, 0, 0)
         except (OSError, AttributeError):  # pragma: no cover - no prctl: the watchdog alone
             pass
-    if os.getppid() != parent:  # the launcher died before the request could take effect
-        os._exit(1)
-    threading.Thread(target=_watch_parent, args=(parent,), name="workbench-parent-watchdog", daemon=True).start()
+    if os.getppid() != parent or (launcher is not None and connection.wait([launcher], 0)):
+        os._exit(1)  # the launcher died before the request could take effect
+    watch, on = (_watch_launcher, launcher) if launcher is not None else (_watch_parent, parent)
+    threading.Thread(target=watch, args=(on,), name="workbench-parent-watchdog", daemon=True).start()
 
 
 def _watch_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(POLL_S * 5)
     os._exit(1)  # re-parented: the launcher is gone
+
+
+def _watch_launcher(sentinel) -> None:
+    connection.wait([sentinel])
+    os._exit(1)  # the launcher is gone (its end of the sentinel's pipe closed)
 
 
 def reached(step: int) -> None:
@@ -164,13 +174,21 @@ def _unguard(data: bytes):
         return _LoadFailed(_one_line(e), traceback.format_exc()[-8000:])
 
 
-def _rank_main(rank: int, payload, progress, errors, parent: int, *, unblock_sigint: bool = False) -> None:
+def _rank_main(
+    rank: int, payload, progress, errors, parent: int, *, unblock_sigint: bool = False, inherit=None
+) -> None:
     """Entry of a spawned rank: :func:`become_rank`, then ``fn(rank, *args)`` (``payload``:
     ``(fn, args)``, unpickled by :func:`_unguard`). An error, unpickling the job included, is
     reported to the launcher (one line and its traceback) and the process ends at once
-    (``os._exit``: no interpreter teardown that could wait on a peer)."""
+    (``os._exit``: no interpreter teardown that could wait on a peer). ``inherit``: a warm rank's
+    :class:`~workbench.runtime.launch.warm.Inherit`, applied first; its parent is the warm server
+    and it watches its launcher through multiprocessing's parent sentinel."""
     global _progress
-    become_rank(rank, parent)
+    if inherit is None:
+        become_rank(rank, parent)
+    else:
+        inherit.apply()
+        become_rank(rank, os.getppid(), launcher=parent_process().sentinel)
     if unblock_sigint:  # blocked by the launcher while the ranks started (spawn); now at its default action
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _progress = (progress, rank)
@@ -215,31 +233,50 @@ class _StopSignals:
             signal.signal(sig, old)
 
 
-def spawn(fn, args: tuple, world: int, *, deadline_s: float | None = None, what: str = "the job") -> None:
-    """Run ``fn(rank, *args)`` in ``world`` spawned processes until all return; raises
+def spawn(
+    fn,
+    args: tuple,
+    world: int,
+    *,
+    deadline_s: float | None = None,
+    what: str = "the job",
+    warm: bool = False,
+    env: dict | None = None,
+) -> None:
+    """Run ``fn(rank, *args)`` in ``world`` new processes until all return; raises
     :class:`JobStopped` / :class:`RankFailed` after stopping every rank (module docstring), or
-    ``TimeoutError`` when ``deadline_s`` (an overall bound, for short measurements) passes."""
+    ``TimeoutError`` when ``deadline_s`` (an overall bound, for short measurements) passes.
+    ``warm``: fork the ranks from the warm server (:mod:`workbench.runtime.launch.warm`), with
+    ``env`` added to the launcher's environment in theirs; else start each with ``spawn`` (a new
+    interpreter)."""
+    if env and not warm:
+        raise ValueError("spawn(env=...) sets the environment of warm ranks; pass warm=True or set os.environ")
 
-    ctx = mp.get_context("spawn")
-    progress = ctx.RawArray("q", [NOT_STARTED] * world)
-    pipes = [ctx.Pipe(duplex=False) for _ in range(world)]  # (reader, writer): a rank reports its error (no lock)
-    procs = []
+    procs, pipes = [], []
     with _StopSignals() as stop:
         try:
-            # SIGINT blocked while the ranks start (a new process inherits the mask): a Ctrl-C to the
-            # terminal's process group then waits in a starting rank until become_rank gave it the
-            # default action, instead of raising KeyboardInterrupt in its imports (a traceback per
-            # rank); the launcher's own handler gets it once the mask is restored. The resource tracker
-            # is started first: starting it unblocks SIGINT in the caller (CPython's ensure_running)
+            # SIGINT blocked while the ranks start (a new process inherits the mask; the warm server
+            # is exec'd with it and forks its ranks with it): a Ctrl-C to the terminal's process group
+            # then waits in a starting rank until become_rank gave it the default action, instead of
+            # raising KeyboardInterrupt in its imports (a traceback per rank); the launcher's own
+            # handler gets it once the mask is restored. The resource tracker is started first:
+            # starting it unblocks SIGINT in the caller (CPython's ensure_running)
             resource_tracker.ensure_running()
             before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             unblock = signal.SIGINT not in before
             try:
+                ctx = warm_start.context(warm)
+                progress = ctx.RawArray("q", [NOT_STARTED] * world)
+                pipes += [ctx.Pipe(duplex=False) for _ in range(world)]  # (reader, writer): a rank reports its error
+                kwargs = {
+                    "unblock_sigint": unblock,
+                    "inherit": warm_start.Inherit.capture(stdio=True, env=env) if warm else None,
+                }
                 for r in range(world):
                     p = ctx.Process(
                         target=_rank_main,
                         args=(r, _Guarded((fn, args)), progress, pipes[r][1], os.getpid()),
-                        kwargs={"unblock_sigint": unblock},
+                        kwargs=kwargs,
                         name=f"workbench-rank{r}",
                         daemon=False,
                     )

@@ -1,8 +1,12 @@
-"""The rendezvous port of a job: one the caller names, checked, or a free one."""
+"""The rendezvous of a job: its port (one the caller names, checked, or a free one) and, for warm
+ranks, the store the launcher serves on it."""
 
 from __future__ import annotations
 
 import socket
+from datetime import timedelta
+
+import torch.distributed as dist
 
 
 def free_port(port: int | None = None, host: str = "127.0.0.1") -> int:
@@ -16,3 +20,16 @@ def free_port(port: int | None = None, host: str = "127.0.0.1") -> int:
                 f"port {port} is in use; pick another --port or leave it out to choose a free one"
             ) from None
         return s.getsockname()[1]
+
+
+#: in a rank's environment: torch's rendezvous joins the store at the address as a client, on every rank
+JOIN_HOSTED_STORE = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
+
+
+def host_store(port: int, world: int, timeout_s: float, host: str = "127.0.0.1"):
+    """The rendezvous store of a job's ranks, served by the launcher on ``host:port`` until the
+    returned ``TCPStore`` is dropped. Ranks with :data:`JOIN_HOSTED_STORE` in their environment join
+    it as clients (torch's ``tcp://`` rendezvous, as under torchrun's agent) instead of rank 0
+    serving it. It listens before any rank starts: a rank that connects before rank 0's store
+    listens is refused and retries about half a second later."""
+    return dist.TCPStore(host, port, world, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
