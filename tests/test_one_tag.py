@@ -1,23 +1,28 @@
 """The runtime with ``one_tag``: every message carries tag 0, so gloo matches a pair's messages on a
-communicator by their order alone, as NCCL does. Every registered schedule trains 2 gloo ranks to
-the single-process reference's weights in this mode (test_comm_plan proves the orders on paper;
-this runs them)."""
+communicator by their order alone, as NCCL does. Every registered schedule trains 2, 3 and 4 gloo
+ranks to the single-process reference's weights in this mode, and the calls each rank really issued
+(recorded live, ``$WORKBENCH_COMM_TRACE``) equal, communicator by communicator, the calls the dry run
+records from the same job, which are what the NCCL check reads (test_comm_plan)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 from runtime_checks import TOY_MLP, initial_weights, job_reference, max_diff
 
 from workbench.runtime import prepare, run_jobs
+from workbench.runtime.transport import dry_run, trace
 from workbench.schedules import REGISTRY
 
 STEPS = 2
-COMMON = TOY_MLP | dict(batch_size=16, lr=0.1, timeout_s=60, transport="gloo", one_tag=True)
+WORKERS = (2, 3, 4)
+# the toy MLP with 9 layers: enough for two stages per rank at 4 ranks (interleaved, V shapes)
+MLP = TOY_MLP | dict(model_options={"widths": (8, 16, 16, 16, 16, 4)})
+COMMON = MLP | dict(lr=0.1, timeout_s=60, transport="gloo", one_tag=True)
 SEGMENTED = dict(  # the seq1f1b family runs on the zoo's causal transformer
     dtype="float64",
-    model_options={"num_layers": 2},
-    batch_size=8,
     lr=0.05,
     progress=False,
     return_weights=True,
@@ -31,28 +36,79 @@ SEGMENTED = dict(  # the seq1f1b family runs on the zoo's causal transformer
 NAMES = sorted(n for n, sp in REGISTRY.items() if sp.executor != "hogwild")
 
 
-def _job(name, root):
+def _job(name, W, root):
     sp = REGISTRY[name]
-    if "segments" in {o.name for o in sp.options}:
-        return prepare("gpt", name, workers=2, microbatches=2, steps=STEPS, out=root / name, **SEGMENTED)
-    m = 2 if name == "dp-bsp" else 4  # dp-bsp: one microbatch per replica
-    return prepare("toy-mlp", name, workers=2, microbatches=m, steps=STEPS, out=root / name, **COMMON)
+    out = root / f"{name}-w{W}"
+    if "segments" in {o.name for o in sp.options}:  # 2 stages per rank at most: 2W - 2 blocks + embedding + head
+        opts = {"num_layers": 2 * W - 2, "dim": 16, "heads": 2}
+        return prepare(
+            "gpt",
+            name,
+            workers=W,
+            microbatches=W,
+            batch_size=2 * W,
+            steps=STEPS,
+            out=out,
+            model_options=opts,
+            **SEGMENTED,
+        )
+    m = W if name == "dp-bsp" else 2 * W  # dp-bsp: one microbatch per replica
+    return prepare("toy-mlp", name, workers=W, microbatches=m, batch_size=4 * m, steps=STEPS, out=out, **COMMON)
 
 
 @pytest.fixture(scope="module")
 def one_tag_runs(tmp_path_factory):
+    """{(name, W): (job, summary, live traces)} of every schedule that builds at W ranks."""
     root = tmp_path_factory.mktemp("one-tag")
-    jobs = [_job(n, root) for n in NAMES]
-    assert all(job.run.one_tag for job in jobs)
-    return dict(zip(NAMES, zip(jobs, run_jobs(jobs))))
+    traces = root / "traces"
+    runs = {}
+    os.environ[trace.ENV] = str(traces)
+    try:
+        for W in WORKERS:
+            jobs = {}
+            for n in NAMES:
+                try:
+                    jobs[n] = _job(n, W, root)
+                except ValueError:
+                    continue  # a shape the schedule refuses (e.g. odd workers for a V shape)
+            assert all(job.run.one_tag for job in jobs.values())
+            for (n, job), summary in zip(jobs.items(), run_jobs(list(jobs.values()))):
+                live = trace.load(traces, job.run.out, W) if REGISTRY[n].executor == "pipeline" else None
+                runs[(n, W)] = (job, summary, live)
+    finally:
+        del os.environ[trace.ENV]
+    return runs
+
+
+CASES = [(n, W) for W in WORKERS for n in NAMES]
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", NAMES)
-def test_every_schedule_matches_the_reference_with_one_tag(one_tag_runs, name):
-    job, summary = one_tag_runs[name]
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize(("name", "W"), CASES)
+def test_every_schedule_matches_the_reference_with_one_tag(one_tag_runs, name, W):
+    if (name, W) not in one_tag_runs:
+        pytest.skip(f"{name} does not build at {W} workers")
+    job, summary, _ = one_tag_runs[(name, W)]
     ref = job_reference(job, STEPS, dtype=torch.float64)
     assert max_diff(summary["weights"], ref) < 1e-9, name
     assert max_diff(summary["weights"], initial_weights(job)) > 1e-4, name  # it did train
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize(("name", "W"), [c for c in CASES if REGISTRY[c[0]].executor == "pipeline"])
+def test_the_live_calls_equal_the_dry_run_per_communicator(one_tag_runs, name, W):
+    """Per communicator (group and pair), each rank's live gloo calls (sends, receives, all-reduces;
+    tags are all 0 here, so compared without them) are the dry run's, in the same order."""
+    if (name, W) not in one_tag_runs:
+        pytest.skip(f"{name} does not build at {W} workers")
+    job, _, live = one_tag_runs[(name, W)]
+    dry = dry_run.record_job(job, rounds=STEPS)
+    assert dry.errors == []
+    for r in range(W):
+        got = trace.per_communicator(live[r], r, tags=False)
+        assert got == trace.per_communicator(dry.traces[r], r, tags=False), f"{name} W={W} rank {r}"
+    assert any(live), f"{name} W={W}: nothing recorded"

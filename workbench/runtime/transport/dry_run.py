@@ -18,6 +18,7 @@ timing, so each rank's list of calls is the order its code issues them in on a r
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -97,6 +98,10 @@ def _specs(model, bounds, x) -> tuple[list, list]:
     return specs, like
 
 
+def _dtype(job: Job) -> torch.dtype | None:
+    return getattr(torch, job.dtype) if job.dtype else None
+
+
 def _groups(rec: Recorder, job: Job, model, rank: int) -> dict:
     """The runtime's process groups, created in its order on the dry world."""
     sched, groups = job.schedule, {}
@@ -119,7 +124,7 @@ def _executor(job: Job, rank: int, model, groups: dict, order: DataOrder, datase
     sched = job.schedule
     ctx = RankContext(rank, sched.num_workers, torch.device("cpu"), job.optim, job.run)
     ctx.rounds_per_epoch = order.rounds_per_epoch
-    x0, _ = microbatch(dataset, order.indices(order.permutation(0), 0, 0), "cpu", torch.float64)
+    x0, _ = microbatch(dataset, order.indices(order.permutation(0), 0, 0), "cpu", _dtype(job))
     ctx.specs, ctx.like_tuple = _specs(model, job.bounds, x0)
     ctx.t0 = time.perf_counter()
     init = [stage_params(stage_module(model.layers, a, z)) for a, z in job.bounds]
@@ -145,7 +150,7 @@ def _run_rank(rec: Recorder, job: Job, rank: int, rounds: int, dataset) -> None:
     metrics = {"loss": 0.0, "n": 0, "correct": 0, "samples": 0}
 
     def data_of(k):
-        return lambda b: microbatch(dataset, order.indices(perm, k, b), "cpu", torch.float64)
+        return lambda b: microbatch(dataset, order.indices(perm, k, b), "cpu", _dtype(job))
 
     if job.stream is not None:
         executor.run_stream(ks, 0, lambda j, b: data_of(j)(b), timeline, [dict(metrics) for _ in ks])
@@ -162,20 +167,26 @@ def record(schedule: Schedule, *, rounds: int = 2, tied: bool = False) -> Record
     ``tied``: on a model whose first and last stage share a weight (:func:`dry_job`)."""
     if rounds < 1:
         raise ValueError(f"rounds must be a positive int, got {rounds!r}")
+    with tempfile.TemporaryDirectory() as tmp:
+        return record_job(dry_job(schedule, tmp, rounds=rounds, tied=tied), rounds=rounds)
+
+
+def record_job(job: Job, *, rounds: int = 2) -> Recording:
+    """Every rank's calls in the first epoch (``rounds`` minibatches) of a prepared ``job``, run as
+    on NCCL (backend ``"nccl"``, tags on) whatever the job's own backend."""
+    job = dataclasses.replace(job, run=dataclasses.replace(job.run, backend="nccl", one_tag=False, transport="gloo"))
     out, threads = Recording([]), torch.get_num_threads()
     torch.set_num_threads(1)  # tiny ops: more threads only contend (several times slower on a busy machine)
-    with tempfile.TemporaryDirectory() as tmp:
-        job = dry_job(schedule, tmp, rounds=rounds, tied=tied)
-        dataset = job.dataset_fn()
-        for rank in range(schedule.num_workers):
-            rec = Recorder(rank, schedule.num_workers, {}, dry=True).install()
-            try:
-                _run_rank(rec, job, rank, rounds, dataset)
-            except (RuntimeError, ValueError, KeyError) as e:
-                out.errors.append(f"rank {rank} failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-            finally:
-                rec.uninstall()
-            out.traces.append(rec.calls)
+    dataset = job.dataset_fn()
+    for rank in range(job.schedule.num_workers):
+        rec = Recorder(rank, job.schedule.num_workers, {}, dry=True).install()
+        try:
+            _run_rank(rec, job, rank, rounds, dataset)
+        except (RuntimeError, ValueError, KeyError) as e:
+            out.errors.append(f"rank {rank} failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        finally:
+            rec.uninstall()
+        out.traces.append(rec.calls)
     torch.set_num_threads(threads)
     return out
 
@@ -187,4 +198,4 @@ def problems(schedule: Schedule, *, rounds: int = 2, per_pair: bool = True) -> l
     return rec.errors + check_nccl(rec.traces, per_pair=per_pair)
 
 
-__all__ = ["Recording", "dry_job", "problems", "record"]
+__all__ = ["Recording", "dry_job", "problems", "record", "record_job"]

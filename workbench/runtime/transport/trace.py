@@ -200,7 +200,7 @@ def from_env(rank: int, world: int, groups: dict, run_out: str | None) -> Record
     """Start recording this rank's live calls when ``$WORKBENCH_COMM_TRACE`` names a folder (an
     executor calls this when it is built, so each job of a process has its own file); else None."""
     folder = os.environ.get(ENV)
-    if not folder:
+    if not folder or not dist.is_initialized():  # a dry run's executors (no process group) record dry
         return None
     if _live["recorder"] is not None:
         _live["recorder"].uninstall()
