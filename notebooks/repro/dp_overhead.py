@@ -288,9 +288,15 @@ def ddp_round(profile: Profile, topology: Topology, workers: int, collective: di
     simulated ``dp-bsp`` round of :func:`dp_comm_share`): DDP's buckets (:func:`bucket_plan`), each
     all-reduced once its backward has ended (the protocol's ``ddp.allreduce_ready``), over the
     all-reduce ``collective`` (the cost model's ``allreduce_bandwidth`` / ``allreduce_latency_ms``)."""
-    options = {**collective, "allreduce_ready": protocol.value("ddp.allreduce_ready")}
+    options = {
+        **collective,
+        "allreduce_ready": protocol.value("ddp.allreduce_ready"),
+        "bucket_cap_bytes": ddp_bucket_bytes(),
+    }
     cm = CostModel.from_profile(profile, topology, **options)
-    return cm.bucketed_round_ms([(s.first, s.last) for s in bucket_plan(profile).stages], range(workers))
+    ws = range(workers)
+    buckets = cm.layer_buckets(0, cm.num_layers - 1) if workers > 1 else [(0, cm.num_layers - 1)]
+    return cm.bucketed_round_ms(buckets, ws)
 
 
 def server_collective(server: str, topology: Topology) -> dict:

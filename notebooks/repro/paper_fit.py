@@ -112,6 +112,18 @@ class Setting:
         c = protocol.collective(self.key, topology.bandwidths, efficiency_scale=params.get("efficiency", 1.0))
         return dict(allreduce_bandwidth=c["allreduce_bandwidth"], allreduce_latency_ms=c["allreduce_latency_ms"])
 
+    def pricing(self, topology: Topology, params: dict) -> dict:
+        """The cost model's keywords of the one price of a replicated stage on ``topology``
+        (:meth:`CostModel.replicated_stage_ms`): :meth:`collective` with DDP's buckets
+        (``ddp.bucket_bytes``) each all-reduced once its backward has ended (``ddp.allreduce_ready``).
+        The partitioner's candidates, the plan's prediction and data parallelism's round
+        (:func:`ddp_round`) all take it, so a plan of one stage on every GPU is data parallelism."""
+        return dict(
+            self.collective(topology, params),
+            allreduce_ready=str(protocol.value("ddp.allreduce_ready")),
+            bucket_cap_bytes=float(dpo.ddp_bucket_bytes()),
+        )
+
     def protocol_keys(self, topology: Topology) -> tuple[str, ...]:
         """The protocol entries this setting's data-parallel model reads on ``topology``."""
         keys = ("ddp.bucket_bytes", "ddp.allreduce_ready")
@@ -297,7 +309,7 @@ def pipedream_plan(setting: Setting, model: str, workers: int, params: dict, str
     if key not in _PLANS:
         prof = _profile_for(setting, model)
         topo = setting.topology(workers)
-        _PLANS[key] = partition(prof, topo, straight=straight, **setting.collective(topo, params))
+        _PLANS[key] = partition(prof, topo, straight=straight, **setting.pricing(topo, params))
     return _PLANS[key]
 
 
@@ -333,7 +345,7 @@ def intra_batch(setting: Setting, model: str, workers: int, params: dict) -> dic
     cost = setting.collective(topo, params)
     plan = pipedream_plan(setting, model, workers, params)
     straight = pipedream_plan(setting, model, workers, params, straight=True)
-    stage_ms, cut_ms = CostModel.from_profile(prof, topo, **cost).plan_times(straight)
+    stage_ms, cut_ms = CostModel.from_profile(prof, topo, **setting.pricing(topo, params)).plan_times(straight)
     mp_ms = sum(stage_ms) + sum(cut_ms)
     S = straight.num_stages
     gpipe = simulate(
@@ -406,7 +418,7 @@ def predict(num: PaperNumber, params: dict) -> tuple[float, str]:
     if q == "pipedream_over_hybrid":  # the same stages one minibatch at a time: their times add up
         prof = _profile_for(setting, num.model)
         topo = setting.topology(m)
-        stage_ms, cut_ms = CostModel.from_profile(prof, topo, **setting.collective(topo, params)).plan_times(plan)
+        stage_ms, cut_ms = CostModel.from_profile(prof, topo, **setting.pricing(topo, params)).plan_times(plan)
         return (sum(stage_ms) + sum(cut_ms)) / max(stage_ms + cut_ms), shape
     if q in ("comm_reduction", "comm_reduction_bound"):
         prof = _profile_for(setting, num.model)

@@ -102,7 +102,11 @@ class CostOptions:
       (``workbench.runtime.executors.ddp.DDP_BUCKETS``);
     * ``allreduce_ready``: when an overlapped all-reduce may start: ``"backward-start"`` (with the
       backward before it: wait-free backprop inside a stage) or ``"backward-end"`` (after it: a DDP
-      bucket, whose gradients exist only when its backward has ended).
+      bucket, whose gradients exist only when its backward has ended);
+    * ``bucket_cap_bytes``: a replicated stage's gradients are all-reduced in buckets of whole layers
+      (DistributedDataParallel's ``bucket_cap_mb``): filled from the stage's last layer backwards, a
+      bucket closes once its parameters reach this many bytes (:meth:`CostModel.layer_buckets`);
+      None: one bucket per stage.
     """
 
     latency_ms: float | Sequence[float] = 0.0
@@ -114,6 +118,7 @@ class CostOptions:
     allreduce_curve: Mapping | None = None
     allreduce_buckets: Sequence[float] | None = None
     allreduce_ready: str = "backward-start"
+    bucket_cap_bytes: float | None = None
 
 
 ALLREDUCE_READY = ("backward-start", "backward-end")
@@ -148,6 +153,7 @@ class CostModel:
     bwd_input_ms: np.ndarray | None = None  # measured split of the backward (zero-bubble BI / BW); None: half each
     bwd_weight_ms: np.ndarray | None = None
     grad_accumulate_ms: np.ndarray | None = None  # measured extra of a backward adding into a non-empty buffer
+    bucket_cap_bytes: float | None = None  # CostOptions.bucket_cap_bytes: layer buckets of a replicated stage
     label: str = ""
     _prefix: dict = field(default_factory=dict, repr=False)
 
@@ -177,6 +183,7 @@ class CostModel:
             batch_size=int(bs) if bs else None,
             label=_label(profile, topology, lat, opts.op_overhead_ms),
             message_cpu_ms=check_ms("message_cpu_ms", opts.message_cpu_ms),
+            bucket_cap_bytes=_check_bucket_bytes(opts.bucket_cap_bytes),
             **calibration,
         )
 
@@ -364,6 +371,34 @@ class CostModel:
         pure = sum(self.stage_fwd_ms(a, b) + self.stage_bwd_ms(a, b) + 3 * o for a, b in buckets)
         return dict(round_ms=float(end), compute_ms=float(pure), exposed_ms=float(end - pure))
 
+    def layer_buckets(self, first: int, last: int) -> list[tuple[int, int]]:
+        """The gradient buckets of layers ``first..last`` as ``(first, last)`` ranges in layer order:
+        filled from ``last`` backwards, a bucket closes once its parameter bytes reach
+        ``bucket_cap_bytes`` (a larger layer is a bucket alone; DistributedDataParallel's rule); one
+        bucket of the whole range when ``bucket_cap_bytes`` is None."""
+        if self.bucket_cap_bytes is None:
+            return [(int(first), int(last))]
+        starts, size = [], 0.0
+        for i in range(int(last), int(first) - 1, -1):
+            size += float(self.param_bytes[i])
+            if size >= self.bucket_cap_bytes and i > first:
+                starts.append(i)
+                size = 0.0
+        bounds = [int(first)] + sorted(starts) + [int(last) + 1]
+        return [(a, b - 1) for a, b in zip(bounds, bounds[1:])]
+
+    def replicated_stage_ms(self, first: int, last: int, workers) -> float:
+        """The one price of a stage of layers ``first..last`` on ``workers`` (its replicas), per
+        minibatch: one round of every replica (:meth:`bucketed_round_ms` over :meth:`layer_buckets`,
+        each bucket's all-reduce ready as ``allreduce_ready`` says) divided by the replicas. Every
+        reader prices a replicated stage with it: :meth:`stage_ms` (the plan's prediction), data
+        parallelism (one stage of every layer on every worker) and the partitioner's ranking of its
+        candidates. With one bucket and ``allreduce_ready="backward-start"`` it is
+        ``(F + B + 3o + exposed AR) / r`` (:meth:`round_ms`)."""
+        ws = tuple(workers)
+        buckets = self.layer_buckets(first, last) if len(ws) > 1 else [(int(first), int(last))]
+        return self.bucketed_round_ms(buckets, ws)["round_ms"] / len(ws)
+
     def level_latency_ms(self, k: int) -> float:
         """``α_k`` of topology level k (1 = innermost)."""
         return self.latency_ms[min(k, len(self.latency_ms)) - 1]
@@ -424,10 +459,9 @@ class CostModel:
 
     # ---- a flat plan in closed form ---------------------------------------------------------
     def stage_ms(self, first: int, last: int, workers) -> float:
-        """Time per minibatch of a PipeDream stage: ``(F + B + 3o + exposed AR) / r`` (module docstring)."""
-        ws = tuple(workers)
-        ar = self.allreduce_ms(float(self.range_sum("param_bytes", first, last)), ws)
-        return float(self.round_ms(self.stage_fwd_ms(first, last), self.stage_bwd_ms(first, last), ar)) / len(ws)
+        """Time per minibatch of a PipeDream stage: :meth:`replicated_stage_ms`, which is
+        ``(F + B + 3o + exposed AR) / r`` with one bucket ready at the backward's start (module docstring)."""
+        return self.replicated_stage_ms(first, last, workers)
 
     def cut_ms(self, last_layer: int, senders, receivers) -> float:
         """Time per minibatch of the cut after ``last_layer`` between two stages' replicas (round
@@ -525,6 +559,16 @@ def _check_ready(value) -> str:
     if value not in ALLREDUCE_READY:
         raise ValueError(f"allreduce_ready must be one of {ALLREDUCE_READY}, got {value!r}")
     return str(value)
+
+
+def _check_bucket_bytes(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"bucket_cap_bytes must be a number of bytes > 0 (or None: one bucket per stage), got {value!r}"
+        )
+    return float(value)
 
 
 def ring_allreduce_ms(nbytes, replicas, bandwidth: float, latency_ms: float):

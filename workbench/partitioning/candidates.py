@@ -48,6 +48,8 @@ def solve(profile: Profile, topology: Topology, opts: PartitionOptions) -> Candi
         op_overhead_ms=opts.op_overhead_ms,
         allreduce_bandwidth=opts.allreduce_bandwidth,
         allreduce_latency_ms=opts.allreduce_latency_ms,
+        allreduce_ready=opts.allreduce_ready,
+        bucket_cap_bytes=opts.bucket_cap_bytes,
     )
     levels = build_levels(costs, topo, opts.straight, memory_bytes, fewer, cost_model=cm, recompute=opts.recompute)
     top = levels[-1]
@@ -83,6 +85,8 @@ def _workbench_meta(profile: Profile, topo: Topology, opts: PartitionOptions, me
         "op_overhead_ms": cm.op_overhead_ms,
         "allreduce_bandwidth": None if cm.allreduce_bandwidth is None else list(cm.allreduce_bandwidth),
         "allreduce_latency_ms": None if cm.allreduce_latency_ms is None else list(cm.allreduce_latency_ms),
+        "allreduce_ready": cm.allreduce_ready,
+        "bucket_cap_bytes": cm.bucket_cap_bytes,
         "batch_size": cm.batch_size,
         "cost": "workbench",
         "cost_model": "workbench.cost.model: 1F1B round (F + B + 3o + exposed ring AR) / m, "

@@ -25,7 +25,10 @@ class PartitionOptions:
       the calibrated fixed costs of :mod:`workbench.runtime.calibration.machine`; ``allreduce_bandwidth`` and
       ``allreduce_latency_ms`` (one number or one per level): the ring all-reduce's own bus bandwidth
       and per-step latency where data parallelism's collective is slower than the links (None: the
-      links'; :class:`~workbench.cost.model.CostModel`);
+      links'; :class:`~workbench.cost.model.CostModel`); ``allreduce_ready`` and ``bucket_cap_bytes``:
+      when a replicated stage's all-reduce may start and its gradient buckets
+      (:meth:`~workbench.cost.model.CostModel.replicated_stage_ms`, the one price of a replicated
+      stage, which data parallelism's round also is);
     * ``refine``: simulate the best candidates (:func:`~workbench.partitioning.search.refine_candidates`);
       ``recompute``: activation re-materialization in the memory figures
       (:func:`~workbench.cost.model.stage_memory`);
@@ -40,6 +43,8 @@ class PartitionOptions:
     op_overhead_ms: float = 0.0
     allreduce_bandwidth: float | Sequence[float] | None = None
     allreduce_latency_ms: float | Sequence[float] | None = None
+    allreduce_ready: str = "backward-start"
+    bucket_cap_bytes: float | None = None
     refine: bool = True
     recompute: bool = False
     cost: str = "workbench"

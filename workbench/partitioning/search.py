@@ -60,6 +60,8 @@ def partition(profile: Profile, topology: Topology, options: PartitionOptions | 
     found = solve(profile, topo, opts)
     if not opts.refine:
         return found.optimum
+    if opts.bucket_cap_bytes is not None or opts.allreduce_ready != "backward-start":
+        return ranked_by_price(found.ranked)
     shortlist = list({id(q): q for q in [found.optimum] + found.ranked[:CANDIDATES]}.values())
     return refine_candidates(shortlist, profile, topo, found.cost_model, found.memory_bytes)
 
@@ -72,10 +74,12 @@ def partition_by_pipedream(profile: Profile, topo: Topology, opts: PartitionOpti
         or opts.op_overhead_ms
         or opts.allreduce_bandwidth
         or opts.allreduce_latency_ms
+        or opts.bucket_cap_bytes is not None
+        or opts.allreduce_ready != "backward-start"
     ):
         raise ValueError(
             "cost='pipedream' prices PipeDream's formulas only: drop recompute, latency_ms, op_overhead_ms "
-            "and the allreduce_ options"
+            "and the allreduce_ / bucket_cap_bytes options"
         )
     return partition_pipedream(
         profile,
@@ -85,6 +89,28 @@ def partition_by_pipedream(profile: Profile, topo: Topology, opts: PartitionOpti
         opts.use_fewer_workers,
         settings=opts.pipedream or PipeDreamSettings(),
     )
+
+
+def ranked_by_price(ranked: list[Plan]) -> Plan:
+    """The candidate with the lowest closed-form price (``ranked`` is sorted by ``predicted_ms``),
+    kept unsimulated: with DDP's layer buckets or all-reduces ready only at a backward's end the
+    price is :meth:`CostModel.replicated_stage_ms`'s bucketed round, which the simulator (one
+    all-reduce per stage) does not reproduce. ``meta["candidates"]`` lists every candidate."""
+    if not ranked:
+        raise ValueError("ranked_by_price needs at least one plan")
+    rows = [
+        {
+            "replicas": "-".join(str(st.replicas) for st in q.stages),
+            "last_layers": [int(st.last) for st in q.stages],
+            "dp_estimate_ms": q.bottleneck_ms,
+            "predicted_ms": q.predicted_ms,
+            "simulated_ms": None,
+        }
+        for q in ranked
+    ]
+    best = ranked[0]
+    why = "priced by the bucketed round (bucket_cap_bytes / allreduce_ready), which the simulator does not model"
+    return replace(best, meta=best.meta | {"candidates": rows, "not_simulated": why})
 
 
 CANDIDATES = 3  # the dynamic program's plans with the best closed-form prediction that refinement simulates
