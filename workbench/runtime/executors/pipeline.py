@@ -60,6 +60,7 @@ from workbench.runtime.executors import opclock
 from workbench.runtime.executors.fetch import RemoteWeights, has_remote, is_remote
 from workbench.runtime.executors.record import OpRecord
 from workbench.runtime.executors.tied import TiedGradients, tied_weights
+from workbench.runtime.semantics.randomness import microbatch_rng
 from workbench.runtime.semantics.stages import (
     as_leaves,
     as_tuple,
@@ -392,7 +393,8 @@ class PipelineExecutor:
             self.comm.op_send_start = None
             t.begin()
             if op.kind in ("F", "B", "BI", "BW"):
-                wait = self._compute(ps, st, op, i, off[s], data=data, t=t)
+                with microbatch_rng(self.ctx.optim.seed, ps.R * self.M + b):  # the same draws as one process
+                    wait = self._compute(ps, st, op, i, off[s], data=data, t=t)
             else:
                 wait = self._update(ps, st, op, i, t)
             end = time.perf_counter()
