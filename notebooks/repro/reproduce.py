@@ -44,6 +44,7 @@ NOTEBOOKS: dict[str, tuple[str | None, dict]] = {
     "03_time_to_accuracy": ("time_to_accuracy", {}),
     "04_pipeline_timelines": ("timelines", {}),
     "05_unified_schedules": ("unified", {}),
+    "07_zero_bubble_table4": ("zb_table4", {}),
 }
 COUNT_PARAMS = ("gpus", "gpu_counts", "workers", "servers", "ranks", "microbatches", "steps", "epochs", "batch_size")
 
