@@ -102,3 +102,34 @@ def test_the_stand_ins_sizes_come_from_the_protocol_and_their_rows_name_them():
             assert all(k in row["protocol"] for k in dpo.STAND_IN_KEYS[num.model]), row["claim"]
         else:
             assert "stand_ins." not in row["protocol"], row["claim"]
+
+
+def test_open_entries_carry_an_interval_with_a_source_for_each_end():
+    keys = protocol.intervals()
+    assert "links.ethernet.efficiency" in keys
+    for key in keys:
+        low, point, high = protocol.interval(key)
+        assert low <= point <= high and low < high, key
+        e = protocol.entries()[key]
+        assert str(e["low_source"]).strip() and str(e["high_source"]).strip(), key
+    assert protocol.interval("links.ethernet.efficiency")[::2] == (0.49, 0.94)
+    assert protocol.interval("ddp.bucket_bytes")[0] == protocol.interval("ddp.bucket_bytes")[2]
+
+
+def test_overridden_puts_a_value_in_place_and_back():
+    key = "links.ethernet.efficiency"
+    before = protocol.value(key)
+    with protocol.overridden({key: 0.94}):
+        assert protocol.value(key) == 0.94
+    assert protocol.value(key) == before
+    with pytest.raises(KeyError, match="no protocol entry"):
+        with protocol.overridden({"links.ethernet.nonsense": 1}):
+            pass
+
+
+def test_an_interval_without_a_source_is_refused(monkeypatch):
+    table = dict(protocol.entries())
+    table["links.ethernet.efficiency"] = dict(table["links.ethernet.efficiency"], high_source="")
+    monkeypatch.setattr(protocol, "entries", lambda: table)
+    with pytest.raises(ValueError, match="high_source"):
+        protocol.interval("links.ethernet.efficiency")

@@ -6,6 +6,8 @@ each with its source, read here and nowhere else.
   with the values the run actually used (a notebook parameter may override an entry; the row then
   shows it, and ``tests/test_protocol.py`` flags a committed row whose value the protocol does not
   hold);
+* :func:`interval` / :data:`intervals`: an entry its sources leave open, ``(low, point, high)``
+  with a source for each end; :func:`overridden` evaluates the model at another value;
 * :func:`collective`: data parallelism's all-reduce on a topology (bus bandwidth and step latency
   per level from the link classes of ``[servers]`` and ``[links]``, and when a DDP bucket is
   ready), the cost model's keywords.
@@ -13,6 +15,7 @@ each with its source, read here and nowhere else.
 
 from __future__ import annotations
 
+import contextlib
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -45,13 +48,53 @@ def entries() -> dict[str, dict]:
     return out
 
 
+#: Values :func:`overridden` puts in place of the file's while a row is evaluated at an interval's end.
+OVERRIDES: dict[str, Any] = {}
+
+
 def value(key: str) -> Any:
-    """The protocol's value of ``key``; a KeyError names the closest keys."""
+    """The protocol's value of ``key`` (or the one :func:`overridden` set); a KeyError names the closest keys."""
     table = entries()
     if key not in table:
         near = sorted(k for k in table if k.split(".")[0] == key.split(".")[0]) or sorted(table)
         raise KeyError(f"no protocol entry {key!r}; entries: {near}")
-    return table[key]["value"]
+    return OVERRIDES.get(key, table[key]["value"])
+
+
+def interval(key: str) -> tuple[Any, Any, Any]:
+    """``(low, point, high)`` of ``key``: the entry's ``low`` and ``high`` (each with its own
+    ``low_source`` / ``high_source``) where its sources leave it open, else the point three times."""
+    v = value(key)
+    e = entries()[key]
+    if "low" not in e and "high" not in e:
+        return v, v, v
+    for end in ("low", "high"):
+        if end not in e or not str(e.get(f"{end}_source", "")).strip():
+            raise ValueError(
+                f"protocol entry {key!r} has an interval end without {end} and {end}_source; give both ends"
+            )
+    return e["low"], e["value"], e["high"]
+
+
+def intervals() -> list[str]:
+    """The entries with a range (:func:`interval`), in file order."""
+    return [k for k, e in entries().items() if "low" in e or "high" in e]
+
+
+@contextlib.contextmanager
+def overridden(values: dict[str, Any]):
+    """Inside the block :func:`value` returns ``values[key]`` for each of ``values``' keys (an
+    interval's end; the file stays as it is). Modules that cache what they computed from the
+    protocol must drop it before and after (:func:`repro.paper_fit.evaluate_at`)."""
+    for key in values:
+        value(key)
+    before = dict(OVERRIDES)
+    OVERRIDES.update(values)
+    try:
+        yield
+    finally:
+        OVERRIDES.clear()
+        OVERRIDES.update(before)
 
 
 def source(key: str) -> str:
@@ -128,9 +171,11 @@ def check_physical() -> list[str]:
     size): one line each, empty when all hold."""
     bad = []
     for key, e in entries().items():
-        v = e["value"]
-        if key.endswith("efficiency") and not (isinstance(v, (int, float)) and 0 < v <= 1):
-            bad.append(f"{key}={v}: no transport beats its link (an efficiency must be in (0, 1])")
-        if key.endswith(("_latency_ms", "_bytes")) and not (isinstance(v, (int, float)) and v >= 0):
-            bad.append(f"{key}={v}: must be >= 0")
+        for v in [e[k] for k in ("value", "low", "high") if k in e]:
+            if key.endswith("efficiency") and not (isinstance(v, (int, float)) and 0 < v <= 1):
+                bad.append(f"{key}={v}: no transport beats its link (an efficiency must be in (0, 1])")
+            if key.endswith(("_latency_ms", "_bytes")) and not (isinstance(v, (int, float)) and v >= 0):
+                bad.append(f"{key}={v}: must be >= 0")
+        if "low" in e and "high" in e and not e["low"] <= e["value"] <= e["high"]:
+            bad.append(f"{key}: low {e['low']} <= value {e['value']} <= high {e['high']} does not hold")
     return bad
