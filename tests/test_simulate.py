@@ -112,6 +112,20 @@ def test_span_bubble_counts_only_idle_inside_each_workers_span():
     assert "span_bubble_fraction" in res.summary()
 
 
+def test_unit_costs_leave_activation_bytes_out_of_the_summary_and_say_why():
+    """Unit costs know no activation sizes: the summary's table has no column of NaN (one line says so);
+    with a profile the column is there, with numbers."""
+    text = simulate(gpipe(2, 4), fwd=1.0, bwd=2.0).summary()
+    assert "NaN" not in text and "peak_activation_bytes: not modeled (no activation sizes without a profile" in text
+    prof = Profile.from_frame(
+        pd.DataFrame(
+            dict(name=["a", "b"], fwd_ms=[1.0, 1.0], bwd_ms=[2.0, 2.0], act_bytes=[1e3, 1e3], param_bytes=[0.0, 0.0])
+        )
+    )
+    sized = simulate(gpipe(2, 4), profile=prof).summary()
+    assert "NaN" not in sized and "peak_activation_bytes  " in sized and "not modeled" not in sized
+
+
 # ---- 1F1B -------------------------------------------------------------------------------------
 def _idle_in_window(tl: pd.DataFrame, worker: int, lo: float, hi: float) -> float:
     ops = compute_rows(tl)

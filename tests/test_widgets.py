@@ -276,15 +276,28 @@ def test_tuner_warns_when_its_measured_profile_was_taken_on_a_busy_cpu(tmp_path)
     )
 
 
-def test_notebook_06s_default_view_shows_a_pipeline_and_its_steady_state():
+def test_notebook_06s_default_view_fits_a_v100_and_shows_its_steady_state():
     """VGG-16 on PipeDream's Cluster-A (4 servers of 4 GPUs, notebook 06's defaults) with the default
-    16 microbatches: a pipeline of several stages and a finite simulated time (the microbatches are
-    raised to what the plan's steady state needs, and the note says so)."""
+    16 microbatches and the V100's memory per worker (the notebook's default limit): every worker's
+    simulated peak fits in 16 GiB, and the simulated time is finite (the microbatches are raised to
+    what the plan's steady state needs where it pipelines). Without the limit the optimizer's plan
+    needs more than a V100 holds on some worker."""
     import math
 
     from workbench.profiling.pipedream import shipped
-    from workbench.viz.widgets.core import Settings, run_settings, simulated_ms_per_minibatch
+    from workbench.viz.widgets.core import Settings, run_settings, simulated_ms_per_minibatch, worker_memory_bytes
 
-    o = run_settings(shipped("vgg16"), Settings(levels=((4, 12e9), (4, 1.25e9))))
-    assert o.plan.num_stages >= 2
-    assert math.isfinite(simulated_ms_per_minibatch(o.sim)) and "reach no steady state" in o.note
+    v100 = Topology.preset("4xV100-pcie-10g").memory_bytes
+    prof = shipped("vgg16")
+    o = run_settings(prof, Settings(levels=((4, 12e9), (4, 1.25e9)), memory_bytes=v100))
+    assert math.isfinite(simulated_ms_per_minibatch(o.sim))
+    assert max(worker_memory_bytes(o.sim, prof, o.plan)) <= v100
+    free = run_settings(prof, Settings(levels=((4, 12e9), (4, 1.25e9))))
+    assert free.plan.num_stages >= 2 and max(worker_memory_bytes(free.sim, prof, free.plan)) > v100
+
+
+def test_the_tuner_limits_memory_to_the_topologys_device_by_default(tmp_path):
+    v100 = Topology.preset("4xV100-pcie-10g", servers=2)
+    assert PartitionTuner(synthetic(), v100, out_dir=tmp_path).memory.value == pytest.approx(v100.memory_bytes / 1e9)
+    assert PartitionTuner(synthetic(), Topology.flat(8, 10e9), out_dir=tmp_path).memory.value == 0  # no device named
+    assert PartitionTuner(synthetic(), v100, memory_gb=0, out_dir=tmp_path).memory.value == 0  # asked: no limit

@@ -128,8 +128,15 @@ class SimResult:
             }
         )
         table.index.name = "worker"
+        unsized = bool(table["peak_activation_bytes"].isna().all())
+        if unsized:  # unit costs know no activation sizes: the column would read NaN on every worker
+            table = table.drop(columns="peak_activation_bytes")
         with pd.option_context("display.max_rows", 40, "display.width", 120):
             lines.append(table.to_string(float_format=lambda x: f"{x:.4g}"))
+        if unsized:
+            lines.append(
+                "peak_activation_bytes: not modeled (no activation sizes without a profile: --profile, --plan)"
+            )
         if m["bytes_per_level"]:
             lines.append(
                 "bytes per link level: " + ", ".join(f"L{k}: {v:.4g}" for k, v in m["bytes_per_level"].items())

@@ -48,6 +48,8 @@ class PartitionTuner:
     ``profile_or_model``: a :class:`Profile`, a zoo model name in :data:`MEASURABLE` (measured here,
     mini size), a model object (profiled with :func:`workbench.profile`), or None (PipeDream's
     published VGG-16 GPU profile). ``topology``: a :class:`Topology` (default: 8 workers at 12 GB/s).
+    ``memory_gb``: the memory limit per worker (GB; 0: none); by default the topology's device memory
+    (``Topology.preset`` names it: a V100's 16 GiB), else none.
     ``cost``: the cost model the optimizer prices with (a toggle: ``"workbench"`` or PipeDream's
     own, ``"pipedream"``); ``compare=True`` adds both models' choices side by side to the cards
     (:func:`workbench.partitioning.compare.compare_costs`).
@@ -61,7 +63,7 @@ class PartitionTuner:
         schedule: str = core.DEFAULT_SCHEDULE,
         microbatches: int = 16,
         per_step: int = 4,
-        memory_gb: float = 0.0,
+        memory_gb: float | None = None,
         straight: bool = False,
         out_dir="results/widgets",
         cost: str = "workbench",
@@ -77,6 +79,8 @@ class PartitionTuner:
         self._busy = False
         self.compare = bool(compare)
         self.comparison: CostComparison | None = None  # the last one shown (compare=True)
+        if memory_gb is None:  # the device's memory where the topology names it (a preset), else no limit
+            memory_gb = (self.topology.memory_bytes or 0.0) / 1e9
         self._build_controls(schedule, microbatches, per_step, memory_gb, straight)
         self.cost = W.ToggleButtons(
             options=[("workbench cost model", "workbench"), ("PipeDream's optimizer", "pipedream")],
