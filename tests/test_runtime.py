@@ -437,7 +437,9 @@ def test_hogwild_update_computes_its_gradient_on_the_weights_it_pulled(tmp_path,
 
     def one_update(other_write: float) -> list[dict]:
         shared, counters = _shared_weights(job)
-        ctx = SimpleNamespace(rank=0, device=torch.device("cpu"), t0=0.0, optim=SimpleNamespace(momentum=0.0, lr=LR))
+        ctx = SimpleNamespace(
+            rank=0, device=torch.device("cpu"), t0=0.0, optim=SimpleNamespace(momentum=0.0, lr=LR, seed=0)
+        )
         ex = hogwild.HogwildExecutor(ctx, job.schedule, job.model_fn(), job.bounds, shared, counters=counters)
         real_vjp = hogwild.vjp
 
