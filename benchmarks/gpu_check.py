@@ -1,34 +1,39 @@
-"""One command for a lent GPU: profile, train a pipeline, benchmark, and write CSVs named after the device.
+"""One command for a lent GPU: what the device can show of the runtime, each part saying what it did not exercise.
 
     python benchmarks/gpu_check.py [--out results/bench] [--budget-s 460]
 
 Without a CUDA device it prints one line and exits 0. With one, in about 8 minutes at most:
 
 1. **Profile vs projection.** Profiles two zoo models (paper-size ``resnet50`` at batch 32 and ``gpt``
-   at batch 8) layer by layer on ``cuda:0`` with CUDA events
+   at batch 8) layer by layer on the GPU with CUDA events
    (:func:`workbench.profiling.measure.profile`) and compares every layer and the totals with the
    roofline projection (:func:`workbench.profiling.measure.project`) for the listed GPU nearest to the
    device (``--spec`` overrides). Writes ``gpu-check-<device>-profile.csv``.
-2. **A pipeline on the GPUs.** Trains the float64 toy MLP for 3 steps with several schedules
-   (``gpipe``, ``interleaved-1f1b``, ``zb-v``, ``dualpipev``, ``fsdp``: the orders whose NCCL
-   matching :mod:`workbench.runtime.transport.comm_plan` proves on CPU) on 2 ranks, once on the CPUs (gloo)
-   and once on the GPUs: NCCL with one GPU per rank where 2 are present. With one GPU it tries
-   NCCL with both ranks on the one GPU (NCCL may refuse two ranks of one communicator on one
-   device) and otherwise one rank (no pipeline: the executor's CUDA path only), and says which ran;
-   gloo is not tried, as it cannot send CUDA tensors (torch.distributed's table of backends).
-   Compares the losses of every step and the final weights with the CPU run's. Writes
-   ``gpu-check-<device>-train.csv``.
-3. **The runtime benchmark** (``benchmarks/bench_runtime.py --device cuda``, one repetition) where
+2. **NCCL on the ranks the device allows**, in this script's own processes (each picks its GPU by
+   ``LOCAL_RANK``): with 2 GPUs, 2 ranks, one GPU each; with one GPU, 1 rank (an all-reduce and a
+   send to itself), then 2 ranks sharing the GPU with distinct NCCL host identities
+   (``NCCL_HOSTID``; NCCL refuses two ranks of one communicator on one GPU of one host): an
+   all-reduce and a message each way. Writes ``gpu-check-<device>-nccl.csv``.
+3. **Each schedule in its own run.** Trains the float64 toy MLP for 3 steps with each of
+   ``gpipe``, ``interleaved-1f1b``, ``zb-v``, ``dualpipev``, ``fsdp`` on the ranks step 2 found
+   working (NCCL, one GPU each; or 2 ranks on the one GPU with distinct host ids; else 1 rank with
+   ``gpipe``, ``interleaved-1f1b``, ``zb-v``), one run per schedule so one failure loses only its
+   own result, and compares the final weights with the single-process CPU reference in float64
+   (:func:`workbench.runtime.reference_train`); reports the timeline's clock (``cuda-events`` where
+   the executor timed its ops with CUDA events). Writes ``gpu-check-<device>-train.csv``.
+4. **The runtime benchmark** (``benchmarks/bench_runtime.py --device cuda``, one repetition) where
    there are 2 GPUs (its rows put rank r on ``cuda:r``), into ``gpu-check-<device>-runtime.csv``,
    with what is left of the budget as its timeout.
 
-Every part reports its failure as one line and the script goes on; the exit status is 1 if a part
-failed or a GPU result disagrees with the CPU's, else 0.
+Each part prints a ``not exercised:`` line. Every part reports its failure as one line and the
+script goes on; the exit status is 1 if a part failed or a GPU result disagrees with the CPU's, else 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import subprocess
 import sys
@@ -39,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROFILE_MODELS = (("resnet50", 32), ("gpt", 8))
 PROFILE_SIZE = "paper"
 DEVICE = "cuda"  # the device of the GPU runs (a dry run of the script's logic on a CPU sets "cpu")
-SCHEDULES = ("gpipe", "interleaved-1f1b", "zb-v", "dualpipev", "fsdp")
+SCHEDULES = ("gpipe", "interleaved-1f1b", "zb-v", "dualpipev", "fsdp")  # each in its own run
 ONE_RANK = ("gpipe", "interleaved-1f1b", "zb-v")  # one rank: its stages in one process
 STEPS = 3
 TRAIN = dict(  # the float64 toy MLP of the runtime's tests: the CPU and GPU runs agree to rounding
@@ -147,83 +152,217 @@ def profile_rows(spec: str) -> list[dict]:
     return rows
 
 
-# ---- 2. a pipeline on the GPUs -----------------------------------------------------------------
-def _losses(out: Path) -> list[float]:
-    import pandas as pd
+# ---- processes of this script (devices by LOCAL_RANK) --------------------------------------------
+def _spawn(fn, args: tuple, nprocs: int, timeout_s: float) -> str:
+    """Run ``fn(i, *args)`` in ``nprocs`` spawned processes; '' when all ended well, else one line."""
+    import torch.multiprocessing as mp
 
-    return [float(x) for x in pd.read_csv(out / "metrics.csv")["loss"]]
+    ctx = mp.start_processes(fn, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    deadline = time.perf_counter() + timeout_s
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.perf_counter() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                return f"did not finish within {timeout_s:.0f} s"
+    except Exception as e:  # noqa: BLE001 - a rank's error, as one line
+        return _line(e)
+    return ""
 
 
-def _jobs(root: Path, tag: str, workers: int, **run):
-    from workbench.runtime import prepare
+def _as_rank(index: int, world: int, port: int, hostids: bool) -> None:
+    """This process is rank ``index`` of ``world`` on this machine: the environment torchrun would
+    give it (``LOCAL_RANK`` picks its device), and with ``hostids`` an NCCL host identity of its own
+    (``NCCL_HOSTID``: NCCL then treats the ranks as on different hosts and lets them share a GPU)."""
+    env = dict(RANK=index, LOCAL_RANK=index, WORLD_SIZE=world, LOCAL_WORLD_SIZE=world, MASTER_PORT=port)
+    os.environ.update({k: str(v) for k, v in env.items()}, MASTER_ADDR="127.0.0.1")
+    if hostids:
+        os.environ["NCCL_HOSTID"] = f"gpu-check-rank{index}"
 
-    names = SCHEDULES if workers > 1 else ONE_RANK
-    return [
-        prepare(
+
+def local_device():
+    import torch
+
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+
+
+# ---- 2. NCCL on the ranks the device allows ------------------------------------------------------
+def _nccl_probe(index: int, world: int, port: int, hostids: bool, out: str) -> None:
+    """Rank ``index``: NCCL initialised on its device; an all-reduce; point-to-point messages (to the
+    other rank both ways, or to itself when alone). Writes what ran to ``out/rank<i>.json``."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    _as_rank(index, world, port, hostids)
+    dev = local_device()
+    torch.cuda.set_device(dev)
+    done: dict = dict(device=str(dev))
+    dist.init_process_group("nccl", rank=index, world_size=world, timeout=timedelta(seconds=60), device_id=dev)
+    x = torch.full((4,), float(index + 1), device=dev, dtype=torch.float64)
+    dist.all_reduce(x)
+    done["all_reduce"] = float(x[0]) == world * (world + 1) / 2
+    peer = index if world == 1 else 1 - index
+    for way in ("first", "second"):  # rank 0 sends first, then rank 1 (to itself: one batch)
+        buf = torch.zeros(4, device=dev, dtype=torch.float64)
+        src = torch.full((4,), 10.0 + index, device=dev, dtype=torch.float64)
+        sending = world == 1 or (index == 0) == (way == "first")
+        try:
+            ops = [dist.P2POp(dist.isend, src, peer), dist.P2POp(dist.irecv, buf, peer)] if world == 1 else []
+            ops = ops or [dist.P2POp(dist.isend if sending else dist.irecv, src if sending else buf, peer)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+            torch.cuda.synchronize(dev)
+            done[f"p2p_{way}"] = bool(sending and world > 1) or float(buf[0]) == 10.0 + peer
+        except Exception as e:  # noqa: BLE001 - reported
+            done[f"p2p_{way}"] = f"refused: {_line(e)}"
+        if world == 1:
+            break
+    Path(out, f"rank{index}.json").write_text(json.dumps(done))
+    dist.destroy_process_group()
+
+
+def nccl_rows(gpus: int, root: Path, timeout_s: float = 120.0) -> list[dict]:
+    """NCCL with 2 ranks, one GPU each (2+ GPUs), or on one GPU: 1 rank (a send to itself), then
+    2 ranks sharing it with distinct host identities. One row per attempt."""
+    from workbench.runtime.launch.ports import free_port
+
+    attempts = [("2 ranks, one GPU each", 2, False)] if gpus >= 2 else []
+    attempts += [] if gpus >= 2 else [("1 rank", 1, False), ("2 ranks on one GPU, distinct NCCL host ids", 2, True)]
+    rows = []
+    for what, world, hostids in attempts:
+        out = root / f"nccl-{world}-{int(hostids)}"
+        out.mkdir(parents=True, exist_ok=True)
+        err = _spawn(_nccl_probe, (world, free_port(), hostids, str(out)), world, timeout_s)
+        got = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+        ok = not err and len(got) == world and all(v is True for g in got for k, v in g.items() if k != "device")
+        rows.append(
+            dict(part="nccl", attempt=what, workers=world, status="ok" if ok else "failed", note=err or str(got))
+        )
+        print(f"nccl {what}: {'ok' if ok else 'failed'}: {err or got}")
+    print(f"nccl: not exercised: {unexercised_nccl(gpus, rows)}")
+    return rows
+
+
+def unexercised_nccl(gpus: int, rows: list[dict]) -> str:
+    """What the NCCL step's rows leave unshown."""
+    shared = any(r["workers"] == 2 and r["status"] == "ok" for r in rows)
+    if gpus >= 2:
+        return "more than 2 GPUs, several machines (only 2 ranks on this one)"
+    if shared:
+        return "NCCL between two GPUs (the ranks shared one: NCCL's network transport, not P2P/NVLink)"
+    return "any NCCL message between two ranks (NCCL refused two ranks on the one GPU)"
+
+
+# ---- 3. each schedule on its own ------------------------------------------------------------------
+def _train_as_rank(index: int, world: int, jobs, port: int, hostids: bool) -> None:
+    from workbench.runtime.launch.rank import worker_main
+
+    _as_rank(index, world, port, hostids)
+    worker_main(index, world, jobs, "127.0.0.1", port)
+
+
+def _run_one(job, hostids: bool, timeout_s: float) -> dict:
+    """The summary of one job: through the runtime's launcher, or (``hostids``) on this script's
+    processes, each rank with an NCCL host identity of its own."""
+    from workbench.runtime import run_jobs
+    from workbench.runtime.launch.ports import free_port
+
+    if not hostids:
+        return run_jobs([job])[0]
+    out = Path(job.run.out)
+    out.mkdir(parents=True, exist_ok=True)
+    err = _spawn(_train_as_rank, ([job], free_port(), True), job.schedule.num_workers, timeout_s)
+    if err:
+        raise RuntimeError(err)
+    summary = json.loads((out / "summary.json").read_text())
+    summary["weights"] = torch_load(out / "weights.pt")
+    return summary
+
+
+def torch_load(path: Path):
+    import torch
+
+    return torch.load(path, weights_only=False)
+
+
+def train_one(name: str, root: Path, mode: dict) -> dict:
+    """One schedule in its own run (``mode``: workers, device, backend, hostids) against the
+    single-process CPU float64 reference; one row."""
+    import torch
+
+    from workbench.runtime import prepare, reference_train
+
+    t = time.perf_counter()
+    row = dict(part="train", attempt=mode["what"], workers=mode["workers"], schedule=name)
+    try:
+        job = prepare(
             "toy-mlp",
             name,
-            workers=workers,
+            workers=mode["workers"],
             microbatches=4,
-            out=root / f"{tag}-{name}",
+            out=root / f"{mode['tag']}-{name}",
             allow_oversubscribe=True,
+            device=mode["device"],
+            backend=mode["backend"],
+            transport="gloo",
             **TRAIN,
-            **run,
         )
-        for name in names
-    ]
-
-
-def train_rows(gpus: int, root: Path) -> list[dict]:
-    from workbench.runtime import run_jobs
-
-    cpu = _jobs(root, "cpu", 2, device="cpu", backend="gloo", transport="gloo")
-    cpu_res = run_jobs(cpu)
-    attempts = (
-        [("nccl", 2, "NCCL, one GPU per rank")]
-        if gpus >= 2
-        else [
-            ("nccl", 2, "NCCL, both ranks on the one GPU"),
-            ("nccl", 1, "one rank on the GPU (no pipeline: the executor's CUDA path only)"),
-        ]
+        summary = _run_one(job, mode.get("hostids", False), timeout_s=180.0)
+        ref = reference_train(
+            job.schedule,
+            job.model_fn(),
+            job.bounds,
+            job.dataset_fn(),
+            batch_size=job.optim.batch_size,
+            lr=job.optim.lr,
+            rounds=STEPS,
+            dtype=torch.float64,
+        )
+    except Exception as e:  # noqa: BLE001 - this schedule's failure, the next one runs
+        row.update(status="failed", note=_line(e), seconds=time.perf_counter() - t)
+        print(f"train {mode['what']}: {name}: failed: {_line(e)}")
+        return row
+    dw = max_diff(summary["weights"], ref)
+    clocks = sorted({r.get("timeline_clock", "?") for r in summary.get("ranks", [])})
+    row.update(status="equal" if dw <= TOLERANCE else "DIFFERENT", max_weight_diff=dw, clock=",".join(clocks))
+    row.update(steps=summary.get("steps"), seconds=time.perf_counter() - t)
+    print(
+        f"train {mode['what']}: {name}: {summary.get('steps')} steps, weights vs CPU float64 reference "
+        f"max |diff| {dw:.2e}, timeline clock {row['clock']}" + ("" if dw <= TOLERANCE else "  <-- DIFFERENT")
     )
+    return row
+
+
+def train_modes(gpus: int, nccl: list[dict]) -> list[dict]:
+    """The ranks the training runs on: 2 NCCL ranks where step 2 ran them (one GPU each, or sharing
+    the one GPU with distinct host ids), else 1 rank."""
+    base = dict(device=DEVICE, backend="nccl")
+    if gpus >= 2:
+        return [dict(base, what="NCCL, one GPU per rank", workers=2, tag="gpu2")]
+    if any(r["workers"] == 2 and r["status"] == "ok" for r in nccl):
+        return [dict(base, what="NCCL, 2 ranks on one GPU (distinct host ids)", workers=2, tag="gpu1x2", hostids=True)]
+    return [dict(base, what="1 rank on the GPU", workers=1, tag="gpu1")]
+
+
+def train_rows(modes: list[dict], root: Path, names=None) -> list[dict]:
+    """Every schedule of ``names`` (default :data:`SCHEDULES`; one rank: :data:`ONE_RANK`) in its own
+    run under each mode, then what the runs left unexercised."""
     rows = []
-    for backend, workers, what in attempts:
-        t = time.perf_counter()
-        try:
-            gpu = _jobs(root, f"gpu-{backend}-{workers}", workers, device=DEVICE, backend=backend, transport="gloo")
-            res = run_jobs(gpu)
-        except Exception as e:  # noqa: BLE001 - reported, the next attempt follows
-            first = _line(e)
-            print(f"train {what}: failed: {first}")
-            rows.append(dict(attempt=what, backend=backend, workers=workers, status="failed", note=first))
-            continue
-        by_name = {c.schedule.name: (c, r) for c, r in zip(cpu, cpu_res)}
-        for job, r in zip(gpu, res):
-            cjob, cr = by_name[job.schedule.name]
-            gl, cl = _losses(Path(job.run.out)), _losses(Path(cjob.run.out))
-            dl = max(abs(a - b) for a, b in zip(gl, cl)) if len(gl) == len(cl) else float("inf")
-            dw = max_diff(r["weights"], cr["weights"]) if workers == 2 else float("nan")
-            ok = dl <= TOLERANCE and (workers != 2 or dw <= TOLERANCE)
-            rows.append(
-                dict(
-                    attempt=what,
-                    backend=backend,
-                    workers=workers,
-                    schedule=job.schedule.name,
-                    status="equal" if ok else "DIFFERENT",
-                    steps=len(gl),
-                    max_loss_diff=dl,
-                    max_weight_diff=dw,
-                    seconds=time.perf_counter() - t,
-                )
-            )
-            print(
-                f"train {what}: {job.schedule.name}: {len(gl)} steps, losses vs CPU max |diff| {dl:.2e}"
-                + (f", weights {dw:.2e}" if workers == 2 else " (1 rank: losses only)")
-                + ("" if ok else "  <-- DIFFERENT")
-            )
-        break  # the first attempt that runs is what the device allows
+    for mode in modes:
+        for name in names or (SCHEDULES if mode["workers"] > 1 else ONE_RANK):
+            rows.append(train_one(name, root, mode))
+        print(f"train {mode['what']}: not exercised: {unexercised_train(mode)}")
     return rows
+
+
+def unexercised_train(mode: dict) -> str:
+    if mode["workers"] == 1:
+        return "messages between ranks (one rank holds every stage: the executor's CUDA path only)"
+    if mode.get("hostids"):
+        return "NCCL between two GPUs (both ranks on one GPU), more than 2 ranks"
+    return "more than 2 ranks, several machines"
 
 
 # ---- 3. the runtime benchmark ------------------------------------------------------------------
@@ -283,6 +422,7 @@ def main(argv=None) -> int:
     failed = False
     try:
         _write(profile_rows(spec), out / f"gpu-check-{name}-profile.csv", device)
+        print("profile: not exercised: NCCL and any other GPU (one process, the first GPU)")
     except Exception as e:  # noqa: BLE001 - one line, the other parts still run
         print(f"profile: failed: {_line(e)}")
         failed = True
@@ -290,9 +430,16 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            rows = train_rows(gpus, Path(tmp))
+            nccl = nccl_rows(gpus, Path(tmp))
+            _write(nccl, out / f"gpu-check-{name}-nccl.csv", device)
+            failed |= not any(r["status"] == "ok" for r in nccl)
+        except Exception as e:  # noqa: BLE001
+            print(f"nccl: failed: {_line(e)}")
+            nccl, failed = [], True
+        try:
+            rows = train_rows(train_modes(gpus, nccl), Path(tmp))
             _write(rows, out / f"gpu-check-{name}-train.csv", device)
-            failed |= not any(r["status"] == "equal" for r in rows) or any(r["status"] == "DIFFERENT" for r in rows)
+            failed |= any(r["status"] != "equal" for r in rows)
         except Exception as e:  # noqa: BLE001
             print(f"train: failed: {_line(e)}")
             failed = True

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
@@ -41,3 +43,32 @@ def test_device_names_become_file_names_and_pick_the_nearest_listed_spec():
     assert m.nearest_spec("NVIDIA H200", GPUS) == "H100"
     assert m.nearest_spec("Tesla V100-SXM2-16GB", GPUS) == "V100"
     assert m.nearest_spec("Some Future GPU", GPUS) in GPUS
+
+
+def test_the_training_runs_on_the_ranks_the_nccl_step_found_working():
+    m = _module()
+    two = m.train_modes(2, [])
+    assert [(x["workers"], x.get("hostids", False)) for x in two] == [(2, False)]
+    shared = [dict(part="nccl", workers=1, status="ok"), dict(part="nccl", workers=2, status="ok")]
+    assert [(x["workers"], x.get("hostids", False)) for x in m.train_modes(1, shared)] == [(2, True)]
+    refused = [dict(part="nccl", workers=1, status="ok"), dict(part="nccl", workers=2, status="failed")]
+    assert [x["workers"] for x in m.train_modes(1, refused)] == [1]
+    assert "NCCL refused" in m.unexercised_nccl(1, refused) and "shared one" in m.unexercised_nccl(1, shared)
+    assert "messages between ranks" in m.unexercised_train(m.train_modes(1, refused)[0])
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_each_schedule_runs_on_its_own_and_is_compared_with_the_cpu_reference(tmp_path, capsys):
+    """The training part on CPU ranks (gloo): one run per schedule, each compared with the
+    single-process float64 reference; a schedule that fails loses only its own row."""
+    m = _module()
+    mode = dict(what="gloo on CPU", workers=2, device="cpu", backend="gloo", tag="cpu")
+    rows = m.train_rows([mode], tmp_path, names=("gpipe", "no-such-schedule", "fsdp"))
+    assert [(r["schedule"], r["status"]) for r in rows] == [
+        ("gpipe", "equal"),
+        ("no-such-schedule", "failed"),
+        ("fsdp", "equal"),
+    ]
+    assert all(r["max_weight_diff"] <= m.TOLERANCE for r in rows if r["status"] == "equal")
+    assert "train gloo on CPU: not exercised:" in capsys.readouterr().out
