@@ -45,7 +45,7 @@ def remote_channel(what: str, stage: int, src: int, dst: int) -> str:
     several stages sends each stage's versions as it makes them while its consumers read them in
     their op order: per stage these orders agree, across stages they need not (fslpp), and NCCL
     matches a pair's messages on one communicator by order
-    (:func:`workbench.runtime.transport.comm_plan.check_nccl`)."""
+    (:func:`workbench.runtime.transport.nccl_model.check_nccl`)."""
     return f"{what}{stage}" + ("-up" if dst > src else "-down")
 
 

@@ -1,4 +1,6 @@
-"""How tensors move between ranks: pre-posted point-to-point transfers (``comm``), the check of a
-schedule's messages against NCCL's matching and blocking (``comm_plan``), shared memory between the
-ranks of one machine (``shm``), and the kinds of the messages (``messages``).
+"""How tensors move between ranks: pre-posted point-to-point transfers and the warm-up (``comm``), the
+messages and communicators of a schedule (``comm_plan``), shared memory between the ranks of one
+machine (``shm``), the kinds of the messages (``messages``); and the NCCL check: the runtime's
+``torch.distributed`` calls recorded (``trace``), every rank's executor run on a dry world
+(``dry_run``), NCCL's and torch's rules run on the record (``nccl_model``).
 """

@@ -120,7 +120,7 @@ def _groups(rec: Recorder, job: Job, model, rank: int) -> dict:
     return groups
 
 
-def _executor(job: Job, rank: int, model, groups: dict, order: DataOrder, dataset):
+def _executor(job: Job, rank: int, model, groups: dict, *, order: DataOrder, dataset):
     sched = job.schedule
     ctx = RankContext(rank, sched.num_workers, torch.device("cpu"), job.optim, job.run)
     ctx.rounds_per_epoch = order.rounds_per_epoch
@@ -138,7 +138,7 @@ def _run_rank(rec: Recorder, job: Job, rank: int, rounds: int, dataset) -> None:
     model = job.model_fn()
     groups = _groups(rec, job, model, rank)
     order = DataOrder(len(dataset), job.optim.batch_size, job.schedule.microbatches, job.optim.seed)
-    executor = _executor(job, rank, model, groups, order, dataset)
+    executor = _executor(job, rank, model, groups, order=order, dataset=dataset)
     if hasattr(executor, "comm"):
         executor.warm_up()
     rec.collective("barrier")  # rank.py's start: barrier, then the clock's broadcast
