@@ -4,9 +4,9 @@ CI executes every reproduction notebook exactly once.
 
 Warm ranks: every test that trains in this process forks its ranks from one warm server
 (:mod:`workbench.runtime.launch.warm`), started by the first such test and serving the whole
-session, as multiprocessing's resource tracker does. The test files of :data:`COUNTS_CHILDREN`
-count this process's child processes, so the server is stopped before their tests (a later
-warm job starts a new one)."""
+session, as multiprocessing's resource tracker does. The tests of :data:`COUNTS_CHILDREN` look at
+this process's child processes, so the server is stopped before them (a later warm job starts a
+new one)."""
 
 from pathlib import Path
 
@@ -19,15 +19,29 @@ QUICK_RUN_TIMEOUT_S = 1500  # the whole quick reproduction, run inside the first
 NEEDS_QUICK_RUN = {"quick_run", "reproduce_quick", "out03", "out04", "any_run"}
 
 
-#: test files that assert this process has no child left but the resource tracker
-COUNTS_CHILDREN = {"test_lifetime.py"}
+#: tests that look at this process's child processes (every test of a file, or file::test): the
+#: warm server is stopped before them
+COUNTS_CHILDREN = {
+    "test_lifetime.py",
+    "test_browser.py",
+    "test_runtime.py::test_fault_stops_job_then_resume_matches_uninterrupted",
+}
+#: of those, the ones that train in this process and then count its children: their ranks are spawned
+SPAWNS_HERE = {"test_runtime.py::test_fault_stops_job_then_resume_matches_uninterrupted"}
 
 
-def pytest_runtest_setup(item):
-    if item.path.name in COUNTS_CHILDREN:
+@pytest.fixture(autouse=True)
+def no_warm_server_where_children_are_counted(request, monkeypatch):
+    """Stops the warm server before a test of :data:`COUNTS_CHILDREN` (and spawns the ranks of
+    :data:`SPAWNS_HERE`, ``WORKBENCH_WARM=0``)."""
+    file = request.node.path.name
+    test = f"{file}::{getattr(request.node, 'originalname', request.node.name)}"
+    if file in COUNTS_CHILDREN or test in COUNTS_CHILDREN:
         from workbench.runtime.launch import warm
 
         warm.stop()
+    if test in SPAWNS_HERE:
+        monkeypatch.setenv("WORKBENCH_WARM", "0")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,12 +12,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from workbench.runtime.launch import warm
-from workbench.runtime.launch.lifetime import spawn
+from workbench.runtime.launch.lifetime import RankFailed, spawn
 
 pytestmark = pytest.mark.distributed
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,3 +144,22 @@ def test_a_model_defined_in_main_reaches_warm_ranks(tmp_path):
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["steps", "2", "steps", "2"], r.stdout
+
+
+def fail(rank: int, bad: int) -> None:
+    if rank == bad:
+        raise ValueError("bad rank")
+    time.sleep(60)
+
+
+def test_a_failing_warm_rank_stops_the_job_and_only_the_server_is_left(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    server = run_report(tmp_path, "s")[0]["ppid"]
+    t = time.monotonic()
+    with pytest.raises(
+        RankFailed, match=r"^rank 1 \(pid \d+\) failed while setting up \(exit code 1\): ValueError: bad"
+    ):
+        spawn(fail, (1,), 2, warm=True)
+    assert time.monotonic() - t < 30  # rank 0's sleep was cut short
+    left = [p for p in psutil.Process().children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
+    assert [p.pid for p in left if p.status() != psutil.STATUS_ZOMBIE] == [server]  # the ranks were joined
