@@ -165,8 +165,9 @@ def _spawn(fn, args: tuple, nprocs: int, timeout_s: float) -> str:
                 for p in ctx.processes:
                     p.kill()
                 return f"did not finish within {timeout_s:.0f} s"
-    except Exception as e:  # noqa: BLE001 - a rank's error, as one line
-        return _line(e)
+    except Exception as e:  # noqa: BLE001 - a rank's error, as one line: the traceback's last
+        lines = [x for x in str(e).splitlines() if x.strip()]
+        return lines[-1][:300] if lines else type(e).__name__
     return ""
 
 
@@ -187,43 +188,64 @@ def local_device():
 
 
 # ---- 2. NCCL on the ranks the device allows ------------------------------------------------------
-def _nccl_probe(index: int, world: int, port: int, hostids: bool, out: str) -> None:
-    """Rank ``index``: NCCL initialised on its device; an all-reduce; point-to-point messages (to the
-    other rank both ways, or to itself when alone). Writes what ran to ``out/rank<i>.json``."""
+def _nccl_probe(index: int, world: int, port: int, spec: dict) -> None:
+    """Rank ``index``: the process group initialised on its device (``spec``: ``backend``, default
+    NCCL; ``hostids``; ``out``), an all-reduce, point-to-point messages (to the other rank each way,
+    or to itself when alone). Writes what ran to ``out/rank<i>.json``: True, False (wrong data) or
+    the one-line refusal."""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
-    _as_rank(index, world, port, hostids)
-    dev = local_device()
-    torch.cuda.set_device(dev)
-    done: dict = dict(device=str(dev))
-    dist.init_process_group("nccl", rank=index, world_size=world, timeout=timedelta(seconds=60), device_id=dev)
+    _as_rank(index, world, port, spec["hostids"])
+    backend = spec.get("backend", "nccl")
+    dev = local_device() if backend == "nccl" else torch.device("cpu")
+    kw = dict(device_id=dev) if backend == "nccl" else {}
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dist.init_process_group(backend, rank=index, world_size=world, timeout=timedelta(seconds=60), **kw)
     x = torch.full((4,), float(index + 1), device=dev, dtype=torch.float64)
     dist.all_reduce(x)
-    done["all_reduce"] = float(x[0]) == world * (world + 1) / 2
-    peer = index if world == 1 else 1 - index
-    for way in ("first", "second"):  # rank 0 sends first, then rank 1 (to itself: one batch)
-        buf = torch.zeros(4, device=dev, dtype=torch.float64)
-        src = torch.full((4,), 10.0 + index, device=dev, dtype=torch.float64)
-        sending = world == 1 or (index == 0) == (way == "first")
-        try:
-            ops = [dist.P2POp(dist.isend, src, peer), dist.P2POp(dist.irecv, buf, peer)] if world == 1 else []
-            ops = ops or [dist.P2POp(dist.isend if sending else dist.irecv, src if sending else buf, peer)]
-            for w in dist.batch_isend_irecv(ops):
-                w.wait()
-            torch.cuda.synchronize(dev)
-            done[f"p2p_{way}"] = bool(sending and world > 1) or float(buf[0]) == 10.0 + peer
-        except Exception as e:  # noqa: BLE001 - reported
-            done[f"p2p_{way}"] = f"refused: {_line(e)}"
-        if world == 1:
-            break
-    Path(out, f"rank{index}.json").write_text(json.dumps(done))
+    done: dict = dict(all_reduce=float(x[0]) == world * (world + 1) / 2)
+    for way in ("first", "second")[: 1 if world == 1 else 2]:  # rank 0 sends first, then rank 1
+        done[f"p2p_{way}"] = _message(index, world, dev, sending=world == 1 or (index == 0) == (way == "first"))
+    Path(spec["out"], f"rank{index}.json").write_text(json.dumps(done))
     dist.destroy_process_group()
 
 
-def nccl_rows(gpus: int, root: Path, timeout_s: float = 120.0) -> list[dict]:
+def _message(index: int, world: int, dev, *, sending: bool):
+    """One message to the other rank (or, alone, to itself: a send and a receive in one batch)."""
+    import torch
+    import torch.distributed as dist
+
+    peer = index if world == 1 else 1 - index
+    buf = torch.zeros(4, device=dev, dtype=torch.float64)
+    src = torch.full((4,), 10.0 + index, device=dev, dtype=torch.float64)
+    try:
+        if world == 1:
+            ops = [dist.P2POp(dist.isend, src, peer), dist.P2POp(dist.irecv, buf, peer)]
+        else:
+            ops = [dist.P2POp(dist.isend, src, peer) if sending else dist.P2POp(dist.irecv, buf, peer)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+    except Exception as e:  # noqa: BLE001 - reported
+        return f"refused: {_line(e)}"
+    return (sending and world > 1) or float(buf[0]) == 10.0 + peer
+
+
+def probe_status(err: str, got: list[dict], world: int) -> str:
+    """``ok`` (everything ran and carried the right data), ``partial`` (something was refused, nothing
+    was wrong) or ``failed`` (a rank failed, or a value was wrong)."""
+    values = [v for g in got for v in g.values()]
+    if err or len(got) != world or any(v is False for v in values):
+        return "failed"
+    return "ok" if all(v is True for v in values) else "partial"
+
+
+def nccl_rows(gpus: int, root: Path, *, timeout_s: float = 120.0, backend: str = "nccl") -> list[dict]:
     """NCCL with 2 ranks, one GPU each (2+ GPUs), or on one GPU: 1 rank (a send to itself), then
     2 ranks sharing it with distinct host identities. One row per attempt."""
     from workbench.runtime.launch.ports import free_port
@@ -234,13 +256,12 @@ def nccl_rows(gpus: int, root: Path, timeout_s: float = 120.0) -> list[dict]:
     for what, world, hostids in attempts:
         out = root / f"nccl-{world}-{int(hostids)}"
         out.mkdir(parents=True, exist_ok=True)
-        err = _spawn(_nccl_probe, (world, free_port(), hostids, str(out)), world, timeout_s)
+        spec = dict(hostids=hostids, out=str(out), backend=backend)
+        err = _spawn(_nccl_probe, (world, free_port(), spec), world, timeout_s)
         got = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
-        ok = not err and len(got) == world and all(v is True for g in got for k, v in g.items() if k != "device")
-        rows.append(
-            dict(part="nccl", attempt=what, workers=world, status="ok" if ok else "failed", note=err or str(got))
-        )
-        print(f"nccl {what}: {'ok' if ok else 'failed'}: {err or got}")
+        status = probe_status(err, got, world)
+        rows.append(dict(part="nccl", attempt=what, workers=world, status=status, note=err or str(got)))
+        print(f"nccl {what}: {status}: {err or got}")
     print(f"nccl: not exercised: {unexercised_nccl(gpus, rows)}")
     return rows
 
@@ -248,11 +269,13 @@ def nccl_rows(gpus: int, root: Path, timeout_s: float = 120.0) -> list[dict]:
 def unexercised_nccl(gpus: int, rows: list[dict]) -> str:
     """What the NCCL step's rows leave unshown."""
     shared = any(r["workers"] == 2 and r["status"] == "ok" for r in rows)
+    alone = [r for r in rows if r["workers"] == 1 and r["status"] == "partial"]
+    refused = " and a send to itself (refused)" if alone else ""
     if gpus >= 2:
         return "more than 2 GPUs, several machines (only 2 ranks on this one)"
     if shared:
-        return "NCCL between two GPUs (the ranks shared one: NCCL's network transport, not P2P/NVLink)"
-    return "any NCCL message between two ranks (NCCL refused two ranks on the one GPU)"
+        return f"NCCL between two GPUs (the ranks shared one: NCCL's network transport, not P2P/NVLink){refused}"
+    return f"any NCCL message between two ranks (two ranks on the one GPU did not run){refused}"
 
 
 # ---- 3. each schedule on its own ------------------------------------------------------------------
@@ -273,7 +296,8 @@ def _run_one(job, hostids: bool, timeout_s: float) -> dict:
         return run_jobs([job])[0]
     out = Path(job.run.out)
     out.mkdir(parents=True, exist_ok=True)
-    err = _spawn(_train_as_rank, ([job], free_port(), True), job.schedule.num_workers, timeout_s)
+    world = job.schedule.num_workers
+    err = _spawn(_train_as_rank, (world, [job], free_port(), True), world, timeout_s)
     if err:
         raise RuntimeError(err)
     summary = json.loads((out / "summary.json").read_text())
@@ -432,7 +456,7 @@ def main(argv=None) -> int:
         try:
             nccl = nccl_rows(gpus, Path(tmp))
             _write(nccl, out / f"gpu-check-{name}-nccl.csv", device)
-            failed |= not any(r["status"] == "ok" for r in nccl)
+            failed |= not any(r["status"] in ("ok", "partial") for r in nccl)
         except Exception as e:  # noqa: BLE001
             print(f"nccl: failed: {_line(e)}")
             nccl, failed = [], True
