@@ -10,7 +10,8 @@ start barrier, and runs ``rounds`` minibatches of one epoch, flush and epoch-end
 The executor runs unchanged, configured as on NCCL (backend ``"nccl"``: receives posted when their
 op needs them, no sender thread), with tags on (every message its own tag). The
 :class:`~workbench.runtime.transport.trace.Recorder` is installed in dry mode: nothing is sent,
-receives read zeros, every work is complete at once; the issue order does not depend on values or
+receives read zeros, a wait returns at once (a work not waited on reports itself incomplete, so
+every send is waited on at the flush); the issue order does not depend on values or
 timing, so each rank's list of calls is the order its code issues them in on a real backend.
 
 :func:`problems` is that recording checked by :func:`~workbench.runtime.transport.nccl_model.check_nccl`.

@@ -8,8 +8,8 @@ with wrappers that append one :class:`Call` per call, and wraps every returned w
 * **live** (:func:`from_env`): the calls go on to the real backend (a gloo run); the calls are
   appended to a JSON-lines file per rank, ``$WORKBENCH_COMM_TRACE/<run folder>.rank<r>.jsonl``.
 * **dry** (:mod:`~workbench.runtime.transport.dry_run`): nothing is sent; a receive leaves zeros in
-  its buffer and every work is complete at once, so one process can run every rank's executor in
-  turn and record the order its own code issues the calls in.
+  its buffer and a wait returns at once (a work not waited on reports itself incomplete), so one
+  process can run every rank's executor in turn and record the order its own code issues the calls in.
 
 Either way the list of a rank's calls is what :func:`~workbench.runtime.transport.nccl_model.check_nccl`
 reads. A call names its communicator by the process group's name in the runtime's groups
@@ -79,13 +79,19 @@ class DryGroup:
 
 
 class _DoneWork:
-    """The work of a dry call: complete at once."""
+    """The work of a dry call: complete once waited on. Until then it reports itself incomplete, so
+    code that drops completed works keeps it and waits on it later, as the slowest peer would make
+    it do (and as gloo, whose works report completion only once waited on, always does)."""
+
+    def __init__(self):
+        self.waited = False
 
     def wait(self, timeout=None) -> bool:
+        self.waited = True
         return True
 
     def is_completed(self) -> bool:
-        return True
+        return self.waited
 
 
 class _TracedWork:
@@ -234,3 +240,15 @@ def per_communicator(calls: list[Call], rank: int, *, tags: bool = True) -> dict
             continue
         out.setdefault(key, []).append((c.what, c.peer, c.tag if tags else 0, c.nbytes))
     return out
+
+
+def sequence(calls: list[Call], *, tags: bool = True) -> list[tuple]:
+    """A rank's point-to-point operations, collectives and waits in issue order, without the default
+    group's (the driver's barrier and gathers, recorded in a dry run only) and without group
+    creation: ``(what, group, peer, tag, nbytes)`` (a wait: of the call it waits on; ``tags=False``:
+    the tag left out)."""
+    return [
+        (c.what, c.group, c.peer, c.tag if tags else 0, c.nbytes)
+        for c in calls
+        if c.what in ("send", "recv", "coll", "wait") and c.group != WORLD
+    ]
