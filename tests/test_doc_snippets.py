@@ -66,6 +66,10 @@ TABLE: dict[tuple[str, str], Check] = {
     ("README.md", "# 1. set up and run the main job: the paper reproduction, quick parameters"): Check(
         skip="the two commands are .ci/run itself (setup, the whole suite, the quick reproduction): CI runs them"
     ),
+    ("README.md", ".venv/bin/workbench quickstart"): Check(
+        expect=(r"plan predicted [\d.]+ ms/minibatch; simulated steady state", r"wrote results/quickstart/quickstart-"),
+        absent=NO_NAN,
+    ),
     ("README.md", ".venv/bin/jupyter lab notebooks/"): Check(
         skip="starts a server that waits for a browser; tests/test_browser.py drives JupyterLab headless"
     ),
