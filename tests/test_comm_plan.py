@@ -10,6 +10,7 @@ import itertools
 import pytest
 
 from workbench.cost.plan import Plan
+from workbench.runtime import prepare
 from workbench.runtime.executors import fetch, pipeline, segment_executor, segments
 from workbench.runtime.transport import comm, comm_plan, dry_run
 from workbench.runtime.transport.comm_plan import RankComm, communicators, ddp_order_problems
@@ -129,6 +130,20 @@ def test_a_tied_first_and_last_stage_all_reduces_in_one_order():
         assert rec.errors == [], name
         assert any(c.what == "coll" and c.group.startswith("tied0:") for c in rec.traces[0]), name
         assert check_nccl(rec.traces) == [], name
+
+
+@pytest.mark.parametrize("name", ["pipedream", "pipedream-2bw", "model-parallel"])
+def test_streamed_epochs_are_matched_and_deadlock_free(name, tmp_path):
+    """``stream=True``: the epoch's minibatches as one pass of the schedule over all their
+    microbatches (the executor's run_stream), at 2 and 4 workers."""
+    for W in (2, 4):
+        job = prepare(
+            "toy-mlp", name, workers=W, microbatches=2 * W, batch_size=2 * W, steps=3, stream=True,
+            dtype="float64", allow_oversubscribe=True, progress=False, evaluate=False, out=tmp_path / f"w{W}",
+        )  # fmt: skip
+        rec = dry_run.record_job(job, rounds=3)
+        assert rec.errors == [] and check_nccl(rec.traces) == [], (name, W)
+        assert any(c.what == "send" for c in rec.traces[0]), (name, W)
 
 
 def test_data_parallel_backwards_run_in_one_order_on_every_rank():
