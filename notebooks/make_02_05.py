@@ -152,9 +152,22 @@ cal["calibration_errors"]
 """),
     md("## Paper vs reproduction"),
     code("""
-claims = dpo.claims(fig1, picked, measured) + cal["rows"]
+# every row with its interval: Fig. 1 and its takeaways again at each end of the protocol's ranges
+claims = dpo.claims_over_intervals(fig1_profs, cfg["servers"], cfg["gpu_counts"], picked, measured) + cal["rows"]
 common.write_claims(claims, out)
 pd.DataFrame(claims)
+"""),
+    md("## The protocol's ledger (from git history)"),
+    code("""
+from repro import ledger
+
+try:
+    book = ledger.table(ledger.ledger())
+    common.save_table(book, out, "ledger")
+except ledger.NoHistory as e:
+    book = pd.DataFrame()
+    print(f"no ledger: {e}")
+book[book.get("seen_before_set", pd.Series(dtype=str)) == "yes"] if len(book) else book
 """),
 ]
 

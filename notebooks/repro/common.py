@@ -104,13 +104,28 @@ CLAIM_COLUMNS = (
     "explanation",
     "fit",
     "protocol",
+    "low",
+    "high",
+    "width",
+    "verdict",
+    "kind",
+    "paper_high",
 )
 FITS = ("in-sample", "out-of-sample", "none")
+#: What a row is evidence of, counted apart in ``summary.md`` (:func:`claim_kind`): ``measured``
+#: (a number the papers measured, compared out of sample, each paper number once), ``repeat``
+#: (another row of a paper number already counted: an abstract's "up to" over Table 1's rows, a
+#: this-machine row of a number modeled elsewhere), ``in-sample`` (a fit), ``formula`` (a closed
+#: form or a document's count, not a measurement) and ``qualitative`` (a statement in words).
+KINDS = ("measured", "repeat", "in-sample", "formula", "qualitative")
+#: ``verdict`` of a row over its interval (:func:`verdict`).
+VERDICTS = ("consistent", "contradicted", "untestable")
 #: How a paper's words compare with ours (the protocol's ``[comparisons]``): ``point`` (a stated
 #: number: met within ±25%), ``up to`` (the maximum of ours over the set the paper takes it over, as
 #: a point), ``at least`` ("more than X": met when ours >= X), ``holds`` (a qualitative statement:
-#: met when ours, the number of cases it holds in, reaches the paper's, the cases it is taken over).
-COMPARISONS = ("point", "up to", "at least", "holds")
+#: met when ours, the number of cases it holds in, reaches the paper's, the cases it is taken over),
+#: ``range`` ("from X to Y": met when ours lies inside [``paper``, ``paper_high``]).
+COMPARISONS = ("point", "up to", "at least", "holds", "range")
 WITHIN = 0.25
 
 
@@ -136,11 +151,18 @@ def claim(
     fit: str | None = None,
     comparison: str = "point",
     protocol: str = "",
+    low: float | None = None,
+    high: float | None = None,
+    kind: str = "",
+    paper_high: float | None = None,
 ) -> dict:
     """One row of ``claims.csv``; ``ratio = ours / paper`` (NaN when the paper's value is 0 or missing).
     ``fit`` defaults to ``out-of-sample`` for a modeled value and ``none`` for a measured or missing one.
     ``comparison`` (:data:`COMPARISONS`) decides ``met``: ``yes``/``no``, empty without both numbers;
-    ``protocol``: the protocol entries the row used (:func:`repro.protocol.used`)."""
+    ``protocol``: the protocol entries the row used (:func:`repro.protocol.used`); ``low`` / ``high``:
+    ours at the ends of the protocol's intervals (default ``ours``: nothing open), which decide
+    ``verdict`` (:func:`verdict`); ``kind`` (:data:`KINDS`; empty: :func:`claim_kind` decides when the
+    run is collected); ``paper_high``: the upper end of a ``range`` claim (``paper`` its lower end)."""
     if comparison not in COMPARISONS:
         raise ValueError(f"claim {claim!r}: comparison must be one of {COMPARISONS}, got {comparison!r}")
     if not str(label).startswith(("measured", "modeled")):
@@ -150,9 +172,19 @@ def claim(
         fit = "out-of-sample" if str(label).startswith("modeled") and math.isfinite(ours_f) else "none"
     if fit not in FITS:
         raise ValueError(f"claim {claim!r}: fit must be one of {FITS}, got {fit!r}")
+    if kind and kind not in KINDS:
+        raise ValueError(f"claim {claim!r}: kind must be one of {KINDS} or empty, got {kind!r}")
+    top = math.nan if paper_high is None else float(paper_high)
+    if comparison == "range" and not (math.isfinite(top) and top >= paper_f):
+        raise ValueError(f"claim {claim!r}: a range claim needs paper_high >= paper, got {paper_high!r}")
+    lo = ours_f if low is None else float(low)
+    hi = ours_f if high is None else float(high)
+    lo, hi = min(lo, hi, ours_f), max(lo, hi, ours_f)
     ratio = ours_f / paper_f if paper_f and math.isfinite(paper_f) else math.nan
     if not (math.isfinite(paper_f) and math.isfinite(ours_f)):
         met = ""
+    elif comparison == "range":  # ours is a range too (low..high): it must lie inside the paper's
+        met = "yes" if paper_f <= lo and hi <= top else "no"
     elif comparison in ("at least", "holds"):
         met = "yes" if ours_f >= paper_f else "no"
     elif paper_f == 0:  # a count of zero is met only by zero
@@ -172,7 +204,73 @@ def claim(
         explanation=explanation,
         fit=fit,
         protocol=protocol,
+        low=lo,
+        high=hi,
+        width=(hi - lo) / abs(ours_f) if ours_f and math.isfinite(ours_f) else math.nan,
+        verdict=verdict(comparison, paper_f, lo, hi, top),
+        kind=kind,
+        paper_high=top,
     )
+
+
+def verdict(comparison: str, paper: float, low: float, high: float, paper_high: float = math.nan) -> str:
+    """``consistent`` when the paper's value lies inside our interval ``[low, high]`` as the claim's
+    words compare (a number within 25%: ``paper`` in ``[low / 1.25, high / 0.75]``, so a zero-width
+    interval is the point rule; ``at least`` / ``holds``: ``high >= paper``; ``range``: ours, a
+    range itself, lies inside ``[paper, paper_high]``), ``contradicted`` when it lies outside, ``untestable`` without
+    a number on both sides."""
+    if not all(math.isfinite(x) for x in (paper, low, high)):
+        return "untestable"
+    if comparison == "range":
+        inside = paper <= low and high <= paper_high
+    elif comparison in ("at least", "holds"):
+        inside = high >= paper
+    elif paper == 0:
+        inside = low <= 0 <= high
+    else:
+        a, b = sorted((low / (1 + WITHIN), high / (1 - WITHIN)))
+        inside = a <= paper <= b
+    return "consistent" if inside else "contradicted"
+
+
+def with_interval(row: dict, values) -> dict:
+    """``row`` (from :func:`claim`) with ``low`` / ``high`` the hull of its ``ours`` and ``values``
+    (ours at the ends of the protocol's intervals; NaNs ignored), and its ``width`` and ``verdict``
+    recomputed from them."""
+    ours = float(row["ours"])
+    vals = [ours] + [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    lo, hi = min(vals), max(vals)
+    return dict(
+        row,
+        low=lo,
+        high=hi,
+        width=(hi - lo) / abs(ours) if ours and math.isfinite(ours) else math.nan,
+        verdict=verdict(row["comparison"], float(row["paper"]), lo, hi, float(row.get("paper_high", math.nan))),
+    )
+
+
+#: Notebooks whose rows are formula checks (the unifying document's counts by its own formulas).
+FORMULA_NOTEBOOKS = ("05_unified_schedules",)
+
+
+def claim_kind(notebook: str, row: Mapping) -> str:
+    """The :data:`KINDS` of a ``claims.csv`` row: its own ``kind`` where set, else from its words:
+    a qualitative statement (``holds``), an in-sample fit, a formula check (the unifying document's
+    counts, a closed-form bubble), a repeat (an abstract's "up to" over rows counted already, a
+    row on this machine of a number modeled in another row), else a measured number."""
+    own = str(row.get("kind") or "")
+    if own in KINDS:
+        return own
+    text = str(row.get("claim", ""))
+    if row.get("comparison") == "holds":
+        return "qualitative"
+    if row.get("fit") == "in-sample":
+        return "in-sample"
+    if notebook in FORMULA_NOTEBOOKS or "bubble fraction =" in text:
+        return "formula"
+    if " abstract: " in text or "(this machine)" in text:
+        return "repeat"
+    return "measured"
 
 
 def fit_summary(claims: pd.DataFrame, by=("fit",)) -> pd.DataFrame:
@@ -198,6 +296,10 @@ def met_summary(claims: pd.DataFrame, by=("comparison",)) -> pd.DataFrame:
 def write_claims(rows, out_dir) -> Path:
     """Write ``rows`` (dicts from :func:`claim`, or a DataFrame) to ``out_dir/claims.csv``."""
     df = pd.DataFrame(rows)
+    for c, default in (("low", df.get("ours")), ("high", df.get("ours")), ("width", math.nan), ("verdict", ""),
+                       ("kind", ""), ("paper_high", math.nan)):  # fmt: skip
+        if c not in df.columns and default is not None:
+            df[c] = default
     missing = [c for c in CLAIM_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"claims lack columns {missing}; build rows with repro.common.claim(...)")

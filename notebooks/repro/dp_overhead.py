@@ -759,3 +759,28 @@ def claims(fig1: pd.DataFrame, bytes_df: pd.DataFrame, measured: pd.DataFrame | 
                 )
             )
     return rows
+
+
+def claims_over_intervals(fig1_profs: dict, servers, gpu_counts, bytes_df: pd.DataFrame, measured=None) -> list[dict]:
+    """:func:`claims` with each row's interval: Fig. 1 recomputed (:func:`figure1_table`) at each end
+    of every protocol interval its rows read (:func:`repro.protocol.interval`, one entry moved at a
+    time), so that its takeaways are evaluated at both ends; the other rows keep ``low = high = ours``."""
+    from repro.common import with_interval
+
+    fig1 = figure1_table(fig1_profs, servers, gpu_counts)
+    rows = claims(fig1, bytes_df, measured)
+    read = {k for r in rows for k in protocol.parse_used(r["protocol"])}
+    ends: dict[str, list[float]] = {}
+    for key in protocol.intervals():
+        if key not in read:
+            continue
+        low, point, high = protocol.interval(key)
+        for end in (low, high):
+            if end == point:
+                continue
+            with protocol.overridden({key: end}):
+                moved = claims(figure1_table(fig1_profs, servers, gpu_counts), bytes_df, measured)
+            for r in moved:
+                if key in protocol.parse_used(r["protocol"]):
+                    ends.setdefault(r["claim"], []).append(float(r["ours"]))
+    return [with_interval(r, ends.get(r["claim"], ())) for r in rows]

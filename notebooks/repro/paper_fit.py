@@ -62,7 +62,17 @@ from torch import nn
 
 from repro import dp_overhead as dpo
 from repro import protocol
-from repro.common import LazyRows, LazyTable, claim, fit_summary, paper_source, paper_value, read_data, save_table
+from repro.common import (
+    LazyRows,
+    LazyTable,
+    claim,
+    fit_summary,
+    paper_source,
+    paper_value,
+    read_data,
+    save_table,
+    with_interval,
+)
 from repro.pages import save_page
 from workbench import schedules
 from workbench.cost import GBPS, CostModel, Plan, Topology
@@ -224,6 +234,7 @@ QUANTITY_TEXT = {
     "pipedream_over_hybrid": ("PipeDream speedup over hybrid parallelism (its configuration, not pipelined)", "x"),
     "comm_reduction": ("PipeDream's communication below data parallelism's", "%"),
     "comm_reduction_bound": ("PipeDream's communication below data parallelism's, more than", "%"),
+    "stall_reduction": ("PipeDream's communication stall time below data parallelism's", "%"),
     "pipedream_over_mp_min": ("PipeDream speedup over model parallelism, lowest over the models", "x"),
     "pipedream_over_mp_max": ("PipeDream speedup over model parallelism, highest over the models", "x"),
     "pipedream_over_gpipe": ("PipeDream speedup over GPipe on PipeDream's straight configuration", "x"),
@@ -420,6 +431,8 @@ def predict(num: PaperNumber, params: dict) -> tuple[float, str]:
         topo = setting.topology(m)
         stage_ms, cut_ms = CostModel.from_profile(prof, topo, **setting.pricing(topo, params)).plan_times(plan)
         return (sum(stage_ms) + sum(cut_ms)) / max(stage_ms + cut_ms), shape
+    if q == "stall_reduction":
+        return stall_reduction(setting, num.model, plan, params)
     if q in ("comm_reduction", "comm_reduction_bound"):
         prof = _profile_for(setting, num.model)
         dp_bytes = 2.0 * (m - 1) / m * float(prof.layers["param_bytes"].sum())
@@ -428,6 +441,25 @@ def predict(num: PaperNumber, params: dict) -> tuple[float, str]:
         detail = f"{shape}: {total / 1e6:.0f} MB per minibatch ({cuts / 1e6:.0f} MB across cuts) vs BSP's {dp_bytes / 1e6:.0f} MB"
         return 100.0 * (1.0 - total / dp_bytes), detail
     raise ValueError(f"unknown quantity {q!r}; choose one of {sorted(QUANTITY_TEXT)}")
+
+
+def stall_reduction(setting: Setting, model: str, plan: Plan, params: dict) -> tuple[float, str]:
+    """PipeDream's GPU time stalled on communication per minibatch below data parallelism's, %.
+    Data parallelism: every GPU waits ``exposed_ms`` per round of one minibatch each, so
+    ``exposed_ms`` of GPU time per minibatch (:func:`bsp`). PipeDream: a replica of stage s waits
+    ``r_s · stage_ms_s − (F_s + B_s)`` per minibatch (its exposed all-reduce, the one price), plus, where
+    a cut is the bottleneck, every GPU the cut's excess over the slowest stage."""
+    prof = _profile_for(setting, model)
+    workers = sum(s.replicas for s in plan.stages)
+    topo = setting.topology(workers)
+    cm = CostModel.from_profile(prof, topo, **setting.pricing(topo, params))
+    stage_ms, cut_ms = cm.plan_times(plan)
+    compute = [cm.stage_fwd_ms(s.first, s.last) + cm.stage_bwd_ms(s.first, s.last) for s in plan.stages]
+    ours = sum(max(0.0, s.replicas * t - c) for s, t, c in zip(plan.stages, stage_ms, compute))
+    ours += workers * max(0.0, max(cut_ms, default=0.0) - max(stage_ms))
+    dp = bsp(setting, model, workers, params)["round"]["exposed_ms"]
+    shape = "-".join(str(s.replicas) for s in plan.stages)
+    return 100.0 * (1.0 - ours / dp), f"{shape}: {ours:.1f} ms of GPU time stalled per minibatch vs BSP's {dp:.1f} ms"
 
 
 # ---- calibration ------------------------------------------------------------------------------
@@ -706,7 +738,7 @@ def _label(setting: Setting, num: PaperNumber, params: dict) -> str:
 
 
 def claim_rows(
-    params_by_group: dict | None = None, *, measured_epochs: dict | None = None
+    params_by_group: dict | None = None, *, measured_epochs: dict | None = None, explain: bool = True
 ) -> tuple[list[dict], pd.DataFrame]:
     """Every :data:`PAPER` number as a ``claims.csv`` row (``fit`` in-sample / out-of-sample), and
     the configurations table: the calibrated model's choice, PipeDream's optimizer's
@@ -732,7 +764,7 @@ def claim_rows(
             why.append(f"paper's configuration {num.paper_config}")
         if num.stand_in:
             why.append(_STAND_IN)
-        if num.quantity in ("pipedream_speedup", "pipedream_over_bsp"):
+        if explain and num.quantity in ("pipedream_speedup", "pipedream_over_bsp"):
             where = (num.setting, num.model, num.workers)
             conf = configs[where] = configs.get(where) or configuration(num, params, config)
             why.append(
@@ -751,7 +783,7 @@ def claim_rows(
             )
             ours *= ratio_e
             err = ours / num.paper - 1
-        if abs(err) > 0.25 or (COMPARISON.get(num.quantity) == "at least" and ours < num.paper):
+        if explain and (abs(err) > 0.25 or (COMPARISON.get(num.quantity) == "at least" and ours < num.paper)):
             why.append(_cause(num, ours, params, epochs=epochs))
         topo = setting.topology(num.workers)
         keys = setting.protocol_keys(topo)
@@ -762,8 +794,8 @@ def claim_rows(
         if "AWS caps one TCP flow" in " ".join(why):
             keys += ("known_limits.aws_single_flow_gbps",)
         keys += dpo.STAND_IN_KEYS.get(num.model, ())
-        if num.quantity in ("pipedream_over_bsp", "comm_reduction", "comm_reduction_bound"):
-            by_quantity.setdefault(num.quantity.removesuffix("_bound"), []).append(
+        if num.quantity in ("pipedream_over_bsp", "comm_reduction", "comm_reduction_bound", "stall_reduction"):
+            by_quantity.setdefault(num.quantity.removesuffix("_bound").replace("stall", "comm"), []).append(
                 (setting, model, num.workers, ours, keys)
             )
         rows.append(
@@ -782,7 +814,39 @@ def claim_rows(
         )
     rows += abstract_rows(by_quantity)
     rows += qualitative_rows(fitted["sosp"])
+    rows += arxiv_statement_rows(fitted) + untestable_rows()
     return rows, pd.DataFrame(list(configs.values()))
+
+
+def range_rows(rows: list[dict]) -> list[dict]:
+    """Each claim the paper states as a range (:data:`RANGES`: SOSP's "2.6-15x" over model
+    parallelism) as one ``range`` row in place of its two ends' rows: ours is the range over the
+    models (``low`` the lowest, ``high`` the highest), consistent when it lies inside the paper's."""
+    out = list(rows)
+    for lo_q, hi_q in RANGES.items():
+        lo_text, hi_text = QUANTITY_TEXT[lo_q][0], QUANTITY_TEXT[hi_q][0]
+        lows = [r for r in out if lo_text in r["claim"]]
+        for lo in lows:
+            hi = next((r for r in out if r["claim"] == lo["claim"].replace(lo_text, hi_text)), None)
+            if hi is None:
+                continue
+            row = claim(
+                EXPERIMENT,
+                lo["claim"].replace(lo_text, "PipeDream speedup over model parallelism, the range over the models"),
+                lo["paper"],
+                lo["ours"],
+                lo["unit"],
+                label=lo["label"],
+                explanation=f"paper {lo['paper']:g}-{hi['paper']:g}x; ours {lo['ours']:.3g}-{hi['ours']:.3g}x; "
+                + lo["explanation"],
+                comparison="range",
+                paper_high=hi["paper"],
+                low=min(lo["low"], hi["low"]),
+                high=max(lo["high"], hi["high"]),
+                protocol=lo["protocol"],
+            )
+            out = [row if r is lo else r for r in out if r is not hi]
+    return out
 
 
 #: Each abstract's "up to" claim (``paper_claims.csv`` key): the prefix of its paper's settings'
@@ -839,6 +903,77 @@ def abstract_rows(by_quantity: dict[str, list[tuple]]) -> list[dict]:
     return rows
 
 
+A_NOTES = "seeds/001_2dbdb84593cb38a0.txt"
+S_TEXT = "seeds/000_54f0ebaf14fd21aa.txt"
+#: Claims the source documents make that nothing here can model: (claim, paper value, unit, where,
+#: why untestable). Each is a row with no number of ours (``verdict`` untestable).
+UNTESTABLE = (
+    ("arXiv v1 notes: PipeDream 1.21x faster than BSP (the third of four speedups)", 1.21, "x",
+     f"{A_NOTES}:22", "the notes list 1.45x, 5.12x, 1.21x and 6.76x without naming the model and cluster of the last two"),
+    ("arXiv v1 notes: PipeDream 6.76x faster than BSP (the fourth of four speedups)", 6.76, "x",
+     f"{A_NOTES}:22", "the notes list 1.45x, 5.12x, 1.21x and 6.76x without naming the model and cluster of the last two"),
+    ("PipeDream's data parallelism at least as fast as GeePS", 1.0, "cases", f"{A_NOTES}:224",
+     "GeePS is not modeled here, and the comparison's numbers are not in the source documents"),
+    ("model parallelism with pipelining outperforms the fastest LARS data-parallel option", 1.0, "cases",
+     f"{S_TEXT}:290-294", "LARS's large-minibatch statistical efficiency is not measured here"),
+    ("FlexFlow (no pipelining) leaves up to 90% of performance on the table", 90.0, "%", f"{S_TEXT}:339-341",
+     "FlexFlow's plans are not modeled here and SOSP §5.3, the experiment, is not in the source documents"),
+)  # fmt: skip
+
+
+def untestable_rows() -> list[dict]:
+    """:data:`UNTESTABLE` as rows: the paper's value, no number of ours, the reason."""
+    return [
+        claim(
+            EXPERIMENT,
+            text,
+            paper,
+            math.nan,
+            unit,
+            label="modeled (not modeled: see the explanation)",
+            explanation=f"{where}; untestable here: {why}",
+            fit="none",
+            kind="qualitative" if unit == "cases" else "measured",
+        )
+        for text, paper, unit, where, why in UNTESTABLE
+    ]
+
+
+def arxiv_statement_rows(fitted: dict) -> list[dict]:
+    """The arXiv notes' statements on its own settings, as ``holds`` rows: the best configuration is
+    neither data nor model parallelism (each arXiv row's plan; :data:`A_NOTES` line 230), and a lower
+    ratio of compute to communication (Cluster-B: faster GPUs, slower network) gives PipeDream a
+    larger gain over BSP (lines 219 and 236; VGG-16 and Inception-v3 on 8 machines)."""
+    plans = {}
+    for n in PAPER:
+        if n.setting.startswith("arxiv") and n.quantity in ("pipedream_speedup", "pipedream_over_bsp"):
+            s = SETTINGS[n.setting]
+            plans[(n.setting, n.model, n.workers)] = pipedream_plan(s, n.model, n.workers, fitted[s.group])
+    shape = {k: "-".join(str(st.replicas) for st in p.stages) for k, p in plans.items()}
+    neither = {k: p.num_stages > 1 and any(st.replicas > 1 for st in p.stages) for k, p in plans.items()}
+    gain = {}
+    for model in ("vgg16", "inception_v3"):
+        a, b = (
+            predict(PaperNumber(k, model, 8, "pipedream_over_bsp", 1.0, "predict", ""), fitted[SETTINGS[k].group])[0]
+            for k in ("arxiv-A", "arxiv-B")
+        )
+        gain[model] = (a, b)
+    keys = SETTINGS["arxiv-A"].protocol_keys(SETTINGS["arxiv-A"].topology(8))
+    label = "modeled (the arXiv settings' plans and throughput ratios, the one cost model)"
+    return [
+        claim(EXPERIMENT, "the best configuration is neither data nor model parallelism (arXiv settings' rows)",
+              len(plans), sum(neither.values()), "configurations", label=label, comparison="holds",
+              explanation=f"{A_NOTES}:230; our plans: " + ", ".join(f"{m} {k} {g} GPUs {shape[(k, m, g)]}"
+                                                                      for (k, m, g) in plans),
+              protocol=protocol.used(*keys)),
+        claim(EXPERIMENT, "a lower compute-to-communication ratio (Cluster-B) gives PipeDream a larger gain over BSP",
+              len(gain), sum(b > a for a, b in gain.values()), "models", label=label, comparison="holds",
+              explanation=f"{A_NOTES}:219 and :236; throughput over BSP on Cluster-A -> -B, 8 machines: "
+              + ", ".join(f"{m} {a:.2f}x -> {b:.2f}x" for m, (a, b) in gain.items()),
+              protocol=protocol.used(*keys)),
+    ]  # fmt: skip
+
+
 def qualitative_rows(params: dict, setting: str = "sosp-A", workers: int = 4) -> list[dict]:
     """SOSP's qualitative statements on its own setting (4 GPUs of Cluster-A), as ``holds`` rows over
     Fig. 1's models (:func:`intra_batch`): naive model parallelism (one minibatch at a time) is no
@@ -892,9 +1027,10 @@ def qualitative_rows(params: dict, setting: str = "sosp-A", workers: int = 4) ->
 #: (the abstracts' "up to" claims are :func:`abstract_rows`).
 COMPARISON = {
     "comm_reduction_bound": "at least",
-    "pipedream_over_mp_max": "up to",
-    "pipedream_over_gpipe": "up to",
+    "pipedream_over_hybrid": "up to",  # SOSP: "up to 1.9x" over hybrid parallelism
 }
+#: A claim stated as a range of two numbers (low quantity, high quantity): one ``range`` row.
+RANGES = {"pipedream_over_mp_min": "pipedream_over_mp_max"}
 
 
 def epochs_key(setting: Setting) -> str:
@@ -1136,6 +1272,48 @@ def scaling_figure(scaling: pd.DataFrame):
     return fig
 
 
+def drop_caches() -> None:
+    """Forget every profile, fit and plan computed from the protocol (before and after
+    :func:`evaluate_at` moves an entry)."""
+    model_profile.cache_clear()
+    fitted_params.cache_clear()
+    _PLANS.clear()
+    _INTRA.clear()
+    dpo.MODELS.load.cache_clear()
+
+
+def evaluate_at(values: dict, fn, *args, **keywords):
+    """``fn(*args, **keywords)`` with the protocol's entries ``values`` in place
+    (:func:`repro.protocol.overridden`), from fresh caches."""
+    drop_caches()
+    try:
+        with protocol.overridden(values):
+            return fn(*args, **keywords)
+    finally:
+        drop_caches()
+
+
+def interval_ends() -> list[dict]:
+    """Each end of each protocol interval other than the point (:func:`repro.protocol.interval`),
+    one entry moved at a time: ``[{key: value}, ...]``."""
+    out = []
+    for key in protocol.intervals():
+        low, point, high = protocol.interval(key)
+        out += [{key: end} for end in (low, high) if end != point]
+    return out
+
+
+def ours_at_ends(fn, *args, **keywords) -> dict[str, list[float]]:
+    """``{claim: [ours at each end of :func:`interval_ends`]}`` of the rows ``fn`` returns (a list of
+    claim rows, or a tuple whose first item is one)."""
+    out: dict[str, list[float]] = {}
+    for values in interval_ends():
+        rows = evaluate_at(values, fn, *args, **keywords)
+        for r in rows[0] if isinstance(rows, tuple) else rows:
+            out.setdefault(r["claim"], []).append(float(r["ours"]))
+    return out
+
+
 def run(out, *, measured_epochs: dict | None = None) -> dict:
     """Calibrate, predict, and write ``settings.csv``, ``calibration_parameters.csv``,
     ``configurations.csv``, ``intra_batch.csv``, ``scaling.csv``,
@@ -1143,6 +1321,8 @@ def run(out, *, measured_epochs: dict | None = None) -> dict:
     tables and the claim rows (the notebook adds them to its ``claims.csv``)."""
 
     rows, configs = claim_rows(measured_epochs=measured_epochs)
+    ends = ours_at_ends(claim_rows, measured_epochs=measured_epochs, explain=False)
+    rows = range_rows([with_interval(r, ends.get(r["claim"], ())) for r in rows])
     claims = pd.DataFrame(rows)
     scaling = scaling_table()
     tables = dict(

@@ -297,7 +297,7 @@ def collect_claims(run_dir: Path) -> pd.DataFrame:
     """Every ``<run>/<notebook>/claims.csv`` (and below), concatenated with a ``notebook`` column."""
     import pandas as pd
 
-    from repro.common import CLAIM_COLUMNS
+    from repro.common import CLAIM_COLUMNS, claim_kind
 
     frames = []
     for path in sorted(Path(run_dir).glob("*/**/claims.csv")):
@@ -306,7 +306,9 @@ def collect_claims(run_dir: Path) -> pd.DataFrame:
         frames.append(df)
     if not frames:
         return pd.DataFrame(columns=["notebook", *CLAIM_COLUMNS])
-    return pd.concat(frames, ignore_index=True)
+    out = pd.concat(frames, ignore_index=True)
+    out["kind"] = [claim_kind(r["notebook"], r) for r in out.to_dict("records")]
+    return out
 
 
 def _num(x) -> str:
@@ -374,8 +376,9 @@ def summary_markdown(
         lines.append(f"| {o.name} | {status} | {o.seconds:.0f} | {_cell(outs)} |")
     if claims is None:
         claims = collect_claims(run_dir)
-    lines[4:4] = _headline(claims)
-    lines += _fit_section(claims) + _calibration_section(run_dir)
+    counted = claims[claims["kind"] != "repeat"] if "kind" in claims.columns else claims
+    lines[4:4] = _opening(claims) + _kinds_section(claims) + _headline(counted)
+    lines += _fit_section(counted) + _calibration_section(run_dir) + _ledger_section(run_dir)
     lines += [
         "",
         "## Paper vs reproduction",
@@ -398,6 +401,175 @@ def summary_markdown(
                 f"{_cell(r.explanation)} |"
             )
     return "\n".join(lines) + "\n"
+
+
+#: What each kind of row is (:data:`repro.common.KINDS`), as ``summary.md`` names it.
+KIND_TEXT = {
+    "measured": "(a) the papers' measured numbers, out of sample, each counted once",
+    "in-sample": "(b) in-sample fits (a calibrated parameter was fitted to the number)",
+    "formula": "(c) formula checks (closed-form bubbles, the unifying document's counts)",
+    "qualitative": "(d) qualitative statements",
+    "repeat": "repeats of a number counted in (a) (an abstract's maximum, a run on this machine); not counted",
+}
+
+
+def kind_counts(claims: pd.DataFrame) -> pd.DataFrame:
+    """Per kind (:data:`KIND_TEXT`'s order): rows, how many are ``consistent`` / ``contradicted`` /
+    ``untestable`` (the ``verdict`` over each row's interval) and how many meet the paper at our
+    point value (``met``). One test recounts these from ``claims.csv``."""
+    import pandas as pd
+
+    rows = []
+    for kind in KIND_TEXT:
+        part = claims[claims["kind"] == kind]
+        if part.empty:
+            continue
+        v = part["verdict"].fillna("").astype(str) if "verdict" in part.columns else part["claim"].map(lambda _: "")
+        rows.append(
+            dict(
+                kind=kind,
+                rows=len(part),
+                consistent=int((v == "consistent").sum()),
+                contradicted=int((v == "contradicted").sum()),
+                untestable=int((~v.isin(["consistent", "contradicted"])).sum()),
+                met_at_point=int((part["met"] == "yes").sum()),
+            )
+        )
+    return pd.DataFrame(rows, columns=["kind", "rows", "consistent", "contradicted", "untestable", "met_at_point"])
+
+
+def _opening(claims: pd.DataFrame) -> list[str]:
+    """summary.md's first lines: what the reproduction can and cannot say, from the verdicts."""
+    if claims.empty or "kind" not in claims.columns:
+        return []
+    counts = {r.kind: r for r in kind_counts(claims).itertuples(index=False)}
+    m = counts.get("measured")
+    lines = ["## What this reproduction can and cannot say", ""]
+    if m is not None:
+        lines.append(
+            f"Of the papers' {m.rows} measured numbers (each once, compared out of sample), {m.consistent} are "
+            f"consistent with our interval, {m.contradicted} contradicted and {m.untestable} untestable here. "
+            "A row is consistent when the paper's value lies inside the interval our model spans over the "
+            "protocol's open entries (within 25% at its ends), contradicted when outside; `width` in "
+            "`claims.csv` shows how wide each interval is."
+        )
+    for kind in ("in-sample", "formula", "qualitative"):
+        if kind in counts:
+            c = counts[kind]
+            lines.append(f"- {KIND_TEXT[kind]}: {c.consistent} of {c.rows} consistent, {c.contradicted} contradicted.")
+    lines += [
+        "",
+        "What it cannot say: this machine has no GPU, so every GPU number is modeled (published GPU profiles or "
+        "roofline projections, the setting's links, the protocol's all-reduce), and a consistent row says the "
+        "model can give the paper's number, not that the paper's hardware did; AWD-LM and S2VT are stand-ins "
+        "of their published architectures; statistical efficiency is measured on stand-in tasks (notebook 03); "
+        "numbers that no source document holds (SOSP Table 1, the arXiv Cluster-B BSP values) say so in their rows.",
+        "",
+    ]
+    contradicted = claims[(claims["kind"] == "measured") & (claims["verdict"] == "contradicted")]
+    if len(contradicted):
+        lines += ["Contradicted (the paper's measured number lies outside our interval):", ""]
+        for r in contradicted.itertuples(index=False):
+            lines.append(
+                f"- {_short(r.claim)}: paper {_num(r.paper)}, ours {_num(r.ours)} [{_num(r.low)}, {_num(r.high)}]"
+            )
+        lines.append("")
+    return lines + _open_ends(claims) + _own_errors(claims)
+
+
+def _open_ends(claims: pd.DataFrame) -> list[str]:
+    """The counted rows whose verdict at the interval's low end differs from the one at its high
+    end: consistent over the interval, but only at one end of an entry the sources leave open."""
+    from repro.common import verdict
+
+    def at(r, x):
+        return verdict(r.comparison, float(r.paper), float(x), float(x), float(getattr(r, "paper_high", math.nan)))
+
+    if "low" not in claims.columns:
+        return []
+    rows = [r for r in claims[claims["kind"] != "repeat"].itertuples(index=False) if at(r, r.low) != at(r, r.high)]
+    if not rows:
+        return []
+    out = ["Verdicts that rest on an open protocol entry (consistent at one end of the interval only):", ""]
+    for r in rows:
+        out.append(
+            f"- {_short(r.claim)}: paper {_num(r.paper)}; ours {_num(r.low)} ({at(r, r.low)}) to "
+            f"{_num(r.high)} ({at(r, r.high)})"
+        )
+    return out + [""]
+
+
+#: PipeDream's own numbers (its speedup over one GPU, a straight pipeline's) and data parallelism's
+#: own (BSP's speedup and communication share), by the words of their rows.
+OWN = {"PipeDream": ("PipeDream speedup over 1 GPU", "straight pipeline speedup over 1 GPU"),
+       "data parallelism": ("BSP speedup over 1 GPU", "BSP share of time communicating")}  # fmt: skip
+
+
+def own_errors(claims: pd.DataFrame) -> pd.DataFrame:
+    """Per side (:data:`OWN`) and ``fit``: the rows the papers measured of that side alone, the median
+    ``|ours / paper − 1|`` and how many are consistent."""
+    import pandas as pd
+
+    rows = []
+    for side, words in OWN.items():
+        pick = claims["claim"].astype(str).map(lambda c: any(w in c for w in words)) & (claims["kind"] != "repeat")
+        for fit, part in claims[pick].groupby("fit"):
+            err = (pd.to_numeric(part["ratio"], errors="coerce") - 1).abs()
+            rows.append(
+                dict(
+                    side=side,
+                    fit=fit,
+                    rows=len(part),
+                    median_abs_error=float(err.median()),
+                    consistent=int((part["verdict"] == "consistent").sum()),
+                )  # fmt: skip
+            )
+    return pd.DataFrame(rows, columns=["side", "fit", "rows", "median_abs_error", "consistent"])
+
+
+def _own_errors(claims: pd.DataFrame) -> list[str]:
+    df = own_errors(claims) if "verdict" in claims.columns else None
+    if df is None or df.empty:
+        return []
+    return [
+        "PipeDream's own numbers (its speedup over one GPU where the papers measured it) beside data "
+        "parallelism's (BSP's speedup and share):",
+        "",
+        *_table(df),
+        "",
+    ]
+
+
+def _kinds_section(claims: pd.DataFrame) -> list[str]:
+    if claims.empty or "kind" not in claims.columns:
+        return []
+    df = kind_counts(claims)
+    df.insert(1, "what", df["kind"].map(KIND_TEXT))
+    return ["## Counts by kind (recounted from `claims.csv` by tests/test_counts.py)", "", *_table(df), ""]
+
+
+def _ledger_section(run_dir: Path) -> list[str]:
+    """The protocol entries changed after a committed run had shown their rows (notebook 02's ledger.csv)."""
+    import pandas as pd
+
+    path = Path(run_dir) / "02_dp_communication_overhead" / "ledger.csv"
+    if not path.exists():
+        return []
+    df = pd.read_csv(path, dtype=str).fillna("")
+    changed = df[df["changed_after_seen"] == "yes"]
+    lines = [
+        "",
+        "## The protocol's ledger (from git history, `02_dp_communication_overhead/ledger.csv`)",
+        "",
+        f"{len(df)} entries; {int((df['seen_before_set'] == 'yes').sum())} were written down after a committed run "
+        f"had shown rows they move; {len(changed)} *changed* value after that. A changed entry decides no "
+        "verdict by its later value: its rows are judged over its whole interval (`interval` yes) and the "
+        "later value is the point only.",
+        "",
+    ]
+    if len(changed):
+        lines += _table(changed[["key", "previous", "value", "set_commit", "shown_by", "rows_moved", "interval"]])
+    return lines
 
 
 def _short(text, width: int = 90) -> str:
