@@ -434,9 +434,17 @@ def _plan_for(scheme: str, profile, topology, cost: dict | None = None):
     sp = _spec(scheme)
     if sp.family == "data-parallel":  # one stage per DDP gradient bucket, every bucket on every GPU
         return dpo.bucket_plan(profile)
+    price = {**(cost or {}), **one_price()}  # the partitioner prices a replicated stage as DDP's round
     if scheme == STRAIGHT or not sp.data_parallel_plan:  # stages cannot be replicated
-        return partition(profile, topology, straight=True, **(cost or {}))
-    return partition(profile, topology, **(cost or {}))
+        return partition(profile, topology, straight=True, **price)
+    return partition(profile, topology, **price)
+
+
+def one_price() -> dict:
+    """The cost model's keywords that make a replicated stage cost what data parallelism's round
+    costs (:meth:`workbench.cost.CostModel.replicated_stage_ms`): DDP's buckets of the protocol's
+    ``ddp.bucket_bytes``, each all-reduced once its backward has ended (``ddp.allreduce_ready``)."""
+    return dict(allreduce_ready=str(protocol.value("ddp.allreduce_ready")), bucket_cap_bytes=dpo.ddp_bucket_bytes())
 
 
 def _schedule_for(scheme: str, plan, workers: int):
@@ -511,9 +519,15 @@ def _hardware_row(scheme, profile, topo, cost: dict, what) -> dict:
     parallelism runs DDP's buckets, each all-reduced once its backward has ended (the protocol)."""
     plan = _plan_for(scheme, profile, topo, cost)
     sim_cost = dict(cost)
-    if _spec(scheme).family == "data-parallel":
+    sim_plan, sched = plan, None
+    if _spec(scheme).family != "data-parallel" and plan.num_stages == 1 and topo.num_workers > 1:
+        # the partitioner's plan is one stage on every GPU: data parallelism, simulated as BSP is
+        sim_plan = dpo.bucket_plan(profile)
+        sched = schedules.build("dp-bsp", sim_plan, 3 * topo.num_workers, workers=topo.num_workers)
+    if _spec(scheme).family == "data-parallel" or sched is not None:
         sim_cost["allreduce_ready"] = protocol.value("ddp.allreduce_ready")
-    res = simulate(_schedule_for(scheme, plan, topo.num_workers), profile=profile, plan=plan, topology=topo, **sim_cost)
+    sched = sched or _schedule_for(scheme, plan, topo.num_workers)
+    res = simulate(sched, profile=profile, plan=sim_plan, topology=topo, **sim_cost)
     single = _single_gpu_ms(profile)
     ms = res.time_per_minibatch_ms
     return dict(
