@@ -51,6 +51,7 @@ from workbench.cost.model import CostModel
 from workbench.cost.plan import Plan
 from workbench.cost.topology import Topology
 from workbench.profiling.measure import Profile, detach_input, layers_and_input, profile
+from workbench.runtime.launch import warm
 from workbench.runtime.launch.affinity import place_rank
 from workbench.runtime.launch.lifetime import spawn
 from workbench.runtime.launch.ports import free_port
@@ -292,11 +293,14 @@ def _all_reduce_timer(rank: int, port: int, t: _Timing, world: int, q) -> None:
 
 
 def _run_ranks(fn, args: tuple, nprocs: int, timeout_s: float, what: str) -> dict:
-    """Spawn ``nprocs`` processes ``fn(rank, port, *args, q)``; rank 0's result from ``q``, or
+    """Start ``nprocs`` processes ``fn(rank, port, *args, q)`` (warm ranks unless ``WORKBENCH_WARM=0``:
+    :mod:`workbench.runtime.launch.warm`); rank 0's result from ``q``, or
     TimeoutError after ``timeout_s`` (processes stopped: :func:`workbench.runtime.launch.lifetime.spawn`)."""
 
     q = mp.get_context("spawn").SimpleQueue()
-    spawn(functools.partial(fn, q=q), (free_port(), *args), nprocs, deadline_s=timeout_s, what=what)
+    spawn(
+        functools.partial(fn, q=q), (free_port(), *args), nprocs, deadline_s=timeout_s, what=what, warm=warm.enabled()
+    )
     if q.empty():
         raise RuntimeError(f"{what} finished without a result")
     return q.get()
