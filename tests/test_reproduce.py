@@ -157,9 +157,9 @@ def test_summary_starts_with_a_short_headline_of_the_furthest_misses():
         )
     )
     lines = _headline(claims, worst=2)
-    assert lines[0] == "## Headline"
-    assert "The papers' measurements" in lines[2]
-    assert "1 of 3 claims" in lines[2] and "out-of-sample 1/2" in lines[2] and "none 0/1" in lines[2]
+    assert lines[0] == "## At the protocol's point values"
+    line = next(ln for ln in lines if "The papers' measurements" in ln)
+    assert "1 of 3 claims" in line and "out-of-sample 1/2" in line and "none 0/1" in line
     misses = [ln for ln in lines if ln.startswith("- ")]
     assert [m.split(":")[0] for m in misses] == ["- far below", "- far above"]  # |log ratio| 1.39, then 1.10
     assert all(len(m) < 200 for m in misses)

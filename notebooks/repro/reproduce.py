@@ -594,7 +594,14 @@ def _headline(claims: pd.DataFrame, worst: int = 5) -> list[str]:
         return []
     claims = claims.assign(evidence=claims["notebook"].map(evidence))
     comparison = claims["comparison"] if "comparison" in claims.columns else claims["claim"].map(lambda _: "point")
-    lines = ["## Headline", ""]
+    lines = [
+        "## At the protocol's point values",
+        "",
+        "The verdicts above read each row's interval; the counts here read our point value alone (the "
+        "protocol's present values, including any entry the ledger below lists as changed after its rows "
+        "were seen), so they decide nothing on their own.",
+        "",
+    ]
     for kind, part in claims.groupby("evidence", sort=False):
         ratio = part["ratio"].map(lambda v: float(v) if isinstance(v, (int, float)) else math.nan)
         numeric = comparison[part.index].isin(["point", "up to"]) & (ratio > 0)
