@@ -117,7 +117,7 @@ def test_relative_out_folder_keeps_each_notebooks_outputs_in_the_run(tiny_notebo
 @pytest.mark.parametrize(
     "content,args,message",
     [
-        (None, ["--only", "07"], "unknown notebook '07'"),
+        (None, ["--only", "09"], "unknown notebook '09'"),
         (None, ["--params", "does-not-exist.yaml"], "does-not-exist.yaml does not exist"),
         ("02:\n  models: [vgg17]\n", [], "unknown model 'vgg17'"),
         ("02:\n  measured_models: [nosuchnet]\n", [], "unknown model 'nosuchnet'"),
