@@ -329,10 +329,10 @@ def test_a_diverged_run_warns_with_the_step(tmp_path):
 
 
 def test_the_cli_prints_a_warning_on_one_line():
-    from workbench.cli.commands import _one_line_warning
+    from workbench.cli.commands import one_line_warning
 
     assert (
-        _one_line_warning("the loss became nan", RuntimeWarning, "x.py", 3)
+        one_line_warning("the loss became nan", RuntimeWarning, "x.py", 3)
         == "workbench: warning: the loss became nan\n"
     )
 
@@ -406,6 +406,10 @@ def test_an_output_the_targets_do_not_fit_is_refused_before_the_ranks_start(tmp_
     [
         (["--threads", "0"], "threads must be an integer >= 1 (torch threads per worker"),
         (["--model-option", "in_features=-5"], "mlp option in_features must be >= 1 (default 512), got -5"),
+        (
+            ["--model", "gpt", "--model-option", "dropout=-0.1"],
+            "gpt option dropout must be >= 0 (default 0.0), got -0.1",
+        ),
         (["--model", "mpl"], "unknown model 'mpl' (did you mean 'mlp'?); choose one of"),
         (["--schedule", "pipedram"], "unknown schedule 'pipedram' (did you mean 'pipedream'?); expected one of"),
     ],

@@ -361,7 +361,7 @@ def test_link_through_the_shared_memory_transport():
     m = measure_link("gloo", sizes=(4, 16 << 20), repeats=10, warmup=2, timeout_s=120, transport="shm")
     assert m["transport"] == "shm" and m["one_way_ms"][1] > m["one_way_ms"][0] > 0
     # this process's channel files only (the token names the launcher's pid): other jobs may run meanwhile
-    assert not list(shm.SHM_DIR.glob(f"workbench-{shm._pid_namespace()}.{os.getpid()}.*"))
+    assert not list(shm.SHM_DIR.glob(f"workbench-{shm.pid_namespace()}.{os.getpid()}.*"))
     with pytest.raises(ValueError, match="transport must be"):
         measure_link("gloo", transport="tcp")
 

@@ -27,7 +27,7 @@ import torch
 
 from workbench.runtime.launch.driver import free_port
 from workbench.runtime.launch.outputs import latest_checkpoint
-from workbench.runtime.transport.shm import SHM_DIR, _pid_namespace
+from workbench.runtime.transport.shm import SHM_DIR, pid_namespace
 
 psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.distributed
@@ -114,11 +114,11 @@ class Job:
 
     def files(self, pids) -> list[Path]:
         """This job's channel files: their token names one of the job's pids (the spawning launcher)."""
-        return [p for pid in pids for p in SHM_DIR.glob(f"workbench-{_pid_namespace()}.{pid}.*")]
+        return [p for pid in pids for p in SHM_DIR.glob(f"workbench-{pid_namespace()}.{pid}.*")]
 
     def mapped_channels(self, procs: list) -> list[str]:
         """Channel files of this job that its ranks map: unlinked once every rank mapped them, so that no file outlives the ranks."""
-        prefix = str(SHM_DIR / f"workbench-{_pid_namespace()}.{self.proc.pid}.")
+        prefix = str(SHM_DIR / f"workbench-{pid_namespace()}.{self.proc.pid}.")
         maps = [m.path for p in procs[1:] for m in p.memory_maps(grouped=True) if m.path.startswith(prefix)]
         assert maps and not any(Path(m.removesuffix(" (deleted)")).exists() for m in maps), maps
         return maps

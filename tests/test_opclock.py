@@ -104,7 +104,7 @@ def test_event_clock_run_gives_a_consistent_timeline_and_the_same_weights(tmp_pa
     the host-clock run; every row was rewritten (no send / data time); per rank the ops follow one
     another without overlap; receive waits are recorded; the breakdown adds up; the trace's flows run
     forwards; a stream's per-minibatch ends (metrics) increase."""
-    from workbench.cli.train import _draw_timeline
+    from workbench.cli.train import draw_timeline
 
     schedule = "pipedream" if stream else "pipedream-flush"
     host, events = host_and_event_clock_runs(
@@ -124,7 +124,7 @@ def test_event_clock_run_gives_a_consistent_timeline_and_the_same_weights(tmp_pa
     assert len(sent) > 0 and ((sent.send_at >= sent.start) & (sent.send_at <= sent.end)).all()
     bd = breakdown(tl)
     assert bd[PARTS].sum(axis=1).to_numpy() == pytest.approx(bd.step_ms.to_numpy())
-    _draw_timeline(events)
+    draw_timeline(events)
     trace = json.loads((tmp_path / "events" / "trace.json").read_text())
     flows = {}
     for e in trace["traceEvents"]:

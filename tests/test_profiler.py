@@ -236,11 +236,11 @@ def test_profile_records_threads_spread_and_load_and_restores_threads():
 
 
 def test_spread_is_p90_minus_p10_over_the_median():
-    from workbench.profiling.measure import _spread
+    from workbench.profiling.measure import relative_spread
 
     times = [1.0] * 8 + [11.0, 21.0]  # p10 = 1, p90 = 12, median = 1
-    assert _spread(times) == pytest.approx((np.percentile(times, 90) - np.percentile(times, 10)) / 1.0)
-    assert _spread([2.0]) == 0.0
+    assert relative_spread(times) == pytest.approx((np.percentile(times, 90) - np.percentile(times, 10)) / 1.0)
+    assert relative_spread([2.0]) == 0.0
 
 
 @pytest.mark.parametrize("threads", [0, -1, 1.5, True])

@@ -797,7 +797,7 @@ def test_shm_stale_channel_files_of_dead_launchers_are_removed(tmp_path, monkeyp
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     live = shm.new_token()
-    ns = shm._pid_namespace()
+    ns = shm.pid_namespace()
     assert live.startswith(f"{ns}.{os.getpid()}.")
     stale = f"{ns}.{dead.pid}.abc"
     elsewhere = f"{ns}1.{dead.pid}.abc"  # the same pid in another namespace: maybe a live process there

@@ -219,10 +219,10 @@ def test_empty_timeline_is_a_clear_error():
 def test_train_writes_a_measured_trace(tmp_path):
     """A real 2-rank run: the CLI's drawing step writes trace.json beside timeline.html; its compute
     slices are the measured timeline's ops, the recv-wait slices its wait_ms."""
-    from workbench.cli.train import _draw_timeline
+    from workbench.cli.train import draw_timeline
 
     summary = small_mlp_run("pipedream-flush", tmp_path / "run", microbatches=2, steps=2)
-    _draw_timeline(summary)
+    draw_timeline(summary)
     tl = pd.read_csv(tmp_path / "run" / "timeline.csv")
     trace = json.loads((tmp_path / "run" / "trace.json").read_text())
     assert trace["otherData"]["timeline"] == "measured"

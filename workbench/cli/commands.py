@@ -217,7 +217,7 @@ def add_plugin_commands(sub) -> None:
             print(f"workbench: warning: command {ep.name!r} ({ep.value}) not loaded: {e}", file=sys.stderr)
 
 
-def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+def one_line_warning(message, category, filename, lineno, line=None) -> str:
     """A warning on the command line: one line, no source location."""
     return f"workbench: warning: {message}\n"
 
@@ -225,7 +225,7 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(train_arguments=argv[:1] == ["train"]).parse_args(argv)
-    warnings.formatwarning = _one_line_warning
+    warnings.formatwarning = one_line_warning
     try:
         if isinstance(args.fn, str):  # a command of workbench.cli.actions: its imports load only now
             from workbench.cli import actions

@@ -69,7 +69,7 @@ def run_train(args) -> int:
         os._exit(128 + e.signum)  # not the interpreter's teardown, which took 2.5 s with torch loaded at load 15
     if "schedule" not in summary:  # a non-zero rank under torchrun: rank 0 reports the run
         return 0
-    _draw_timeline(summary)
+    draw_timeline(summary)
     test = summary.get("final_test_accuracy")
     print(
         f"{summary['schedule']}: {_steps_line(summary)}, "
@@ -89,7 +89,7 @@ def _steps_line(summary: dict) -> str:
     return line
 
 
-def _draw_timeline(summary: dict) -> None:
+def draw_timeline(summary: dict) -> None:
     """timeline.html and trace.json beside the measured timeline.csv (last steps only when the run is long)."""
 
     import pandas as pd

@@ -138,7 +138,7 @@ def profile(
     of a one-worker CPU job gets; pass ``threads_per_rank(W)`` to measure as each rank of a
     W-worker job on this machine will run. ``meta`` records ``threads``, ``cores``, the 1-minute
     load average before and after (``load_before``, ``load_after``) and ``spread``, the spread of
-    the whole profile (:func:`_spread`); :meth:`Profile.trust_note` turns them into a warning.
+    the whole profile (:func:`relative_spread`); :meth:`Profile.trust_note` turns them into a warning.
     """
 
     if iterations < 1 or warmup < 0:
@@ -202,8 +202,8 @@ def _measure_layers(layers, names, x, timing: _Timing, desc: str, *, progress: b
             act_bytes=float(nbytes(out)),
             param_bytes=float(new_param_bytes(layer, seen)),
             input_bytes=float(nbytes(x)),
-            fwd_spread=_spread(fwd_times),
-            bwd_spread=_spread(bwd_times),
+            fwd_spread=relative_spread(fwd_times),
+            bwd_spread=relative_spread(bwd_times),
             _fwd_range=_range(fwd_times),
             _bwd_range=_range(bwd_times),
         )
@@ -287,7 +287,7 @@ def _range(times) -> float:
     return float(np.percentile(times, 90) - np.percentile(times, 10)) if len(times) > 1 else 0.0
 
 
-def _spread(times) -> float:
+def relative_spread(times) -> float:
     """Relative spread ``(p90 - p10) / median`` of repeated times (0 for one run or a zero median)."""
     med = _median(times)
     return _range(times) / med if med > 0 else 0.0

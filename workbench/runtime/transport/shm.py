@@ -94,7 +94,7 @@ def available() -> str | None:
     return None
 
 
-def _pid_namespace() -> str:
+def pid_namespace() -> str:
     """This process's pid namespace (the number in ``/proc/self/ns/pid``), "0" if unknown: a pid
     means a process only within its namespace (containers may share ``/dev/shm``)."""
     try:
@@ -106,7 +106,7 @@ def _pid_namespace() -> str:
 def new_token() -> str:
     """A job's channel-file token: the launcher's pid namespace and pid, then a random part
     (``<namespace>.<pid>.<hex>``)."""
-    return f"{_pid_namespace()}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
+    return f"{pid_namespace()}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
 
 
 def channel_path(token: str, src: int, dst: int) -> Path:
@@ -119,7 +119,7 @@ def remove_stale_channels() -> list[Path]:
     no live process. Files of live processes, of other namespaces (another container sharing
     ``/dev/shm``: its pids mean other processes) or of other names stay. Returns what was removed."""
     gone = []
-    for p in SHM_DIR.glob(f"workbench-{_pid_namespace()}.*.*-*-*"):
+    for p in SHM_DIR.glob(f"workbench-{pid_namespace()}.*.*-*-*"):
         pid = p.name.split("-")[1].split(".")[1]
         if not pid.isdigit():
             continue
