@@ -154,16 +154,18 @@ def config(name: str, size: str = "mini", **overrides) -> dict:
 
 
 def _check_option(model: str, name: str, value, default) -> None:
-    """An override of a number must be a number of the default's kind (an int for an int)."""
+    """An override of a number must be a number of the default's kind (an int for an int), at least 1
+    where the default is an int of at least 1 (a size or a count), at least 0 where it is >= 0."""
     if default is None or isinstance(default, bool):
         return
     if isinstance(default, int) and (isinstance(value, bool) or not isinstance(value, int)):
         raise ValueError(f"{model} option {name} must be an int (default {default}), got {value!r}")
-    least = 1 if isinstance(default, int) and default >= 1 else 0  # a size or count of at least one
-    if default >= 0 and value < least:
-        raise ValueError(f"{model} option {name} must be >= {least} (default {default}), got {value!r}")
     if isinstance(default, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise ValueError(f"{model} option {name} must be a number (default {default}), got {value!r}")
+    if isinstance(default, (int, float)) and default >= 0:
+        least = 1 if isinstance(default, int) and default >= 1 else 0  # a size or count of at least one
+        if value < least:
+            raise ValueError(f"{model} option {name} must be >= {least} (default {default}), got {value!r}")
 
 
 def _builder_args(fn) -> set[str]:
