@@ -29,7 +29,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
-from itertools import combinations
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +86,7 @@ class Setup:
     lr: float = 0.1
     epochs: int = 20
     model_options: tuple = ()  # (name, value) pairs for the zoo builder
+    dataset_options: tuple = ()  # (name, value) pairs for the zoo's data set loader
     timeout_s: float = 600.0  # of a real run's collectives
     replicas: tuple[int, ...] = ()  # a pipeline's replicas per stage (layers split evenly); () = one per worker
     stage_lr: str = "same"  # a replicated stage's learning rate (workbench.runtime.semantics.stages.stage_lrs)
@@ -122,6 +122,7 @@ def job_for(setup: Setup, scheme: str, seed: int, out):
         stream=streams(name),
         timeout_s=setup.timeout_s,
         model_options=dict(setup.model_options),
+        dataset_options=dict(setup.dataset_options) or None,
         plan=plan,
     )
 
@@ -478,24 +479,69 @@ def _welch(x: np.ndarray, y: np.ndarray) -> float:
     return float(stats.ttest_ind(x, y, equal_var=False).pvalue)
 
 
-def _mannwhitney(x: np.ndarray, y: np.ndarray, max_splits: int = 100_000) -> float:
+def _mannwhitney(x: np.ndarray, y: np.ndarray) -> float:
     """Two-sided Mann-Whitney U p-value from the exact permutation distribution of U (every way to
     split the pooled values into groups of ``len(x)`` and ``len(y)``; mid-ranks for ties; inf values
-    rank last): ``P(|U - nm/2| >= |U_obs - nm/2|)``. Beyond ``max_splits`` splits: scipy's normal
-    approximation."""
+    rank last): ``P(|U - nm/2| >= |U_obs - nm/2|)``, counted by a dynamic program over the doubled
+    ranks (integers), so ten seeds a side (184,756 splits) cost no more than five."""
 
     from scipy import stats
 
     big = max(np.nanmax(np.where(np.isfinite(x), x, 0)), np.nanmax(np.where(np.isfinite(y), y, 0))) + 1
     a, b = np.where(np.isfinite(x), x, big), np.where(np.isfinite(y), y, big)
     n, m = len(a), len(b)
-    if math.comb(n + m, n) > max_splits:
-        return float(stats.mannwhitneyu(a, b, alternative="two-sided").pvalue)
-    ranks = stats.rankdata(np.concatenate([a, b]))
-    centre = n * (n + 1) / 2 + n * m / 2  # U = rank sum - n(n+1)/2, centred at nm/2
-    dev = abs(ranks[:n].sum() - centre)
-    hits = [abs(ranks[list(c)].sum() - centre) >= dev - 1e-9 for c in combinations(range(n + m), n)]
-    return float(np.mean(hits))
+    if n == 0 or m == 0:
+        return math.nan
+    twice = np.rint(2 * stats.rankdata(np.concatenate([a, b]))).astype(int)
+    top = int(twice.sum())
+    ways = np.zeros((n + 1, top + 1))  # ways[k, s]: subsets of k values whose doubled ranks sum to s
+    ways[0, 0] = 1.0
+    for w in twice:
+        ways[1:, w:] += ways[:-1, : top + 1 - w].copy()
+    centre = n * (n + m + 1)  # twice the mean rank sum of the first group
+    dev = abs(int(twice[:n].sum()) - centre)
+    return float(ways[n][np.abs(np.arange(top + 1) - centre) >= dev].sum() / ways[n].sum())
+
+
+def cliffs_delta(x, y) -> float:
+    """Cliff's delta ``P(x > y) - P(x < y)`` over all pairs (inf counts as larger than any finite
+    value, two infs tie): the Mann-Whitney effect size, in [-1, 1]."""
+    a, b = np.asarray(x, float)[:, None], np.asarray(y, float)[None, :]
+    return float(np.mean(np.sign(np.where(a == b, 0.0, a - b)))) if a.size and b.size else math.nan
+
+
+def hodges_lehmann(x, y, alpha: float = 0.05) -> tuple[float, float, float]:
+    """(shift, low, high): the Hodges-Lehmann estimate of ``x - y`` (the median of the pairwise
+    differences) and its ``1 - alpha`` interval (Moses: the ``k``-th smallest and largest pairwise
+    difference, ``k = floor(nm/2 - z_{1-alpha/2} sqrt(nm(n+m+1)/12))``); NaN bounds where ``k < 1``."""
+    from scipy import stats
+
+    a, b = np.asarray(x, float), np.asarray(y, float)
+    d = np.sort((a[:, None] - b[None, :]).ravel())
+    n, m = len(a), len(b)
+    if not len(d):
+        return math.nan, math.nan, math.nan
+    k = math.floor(n * m / 2 - stats.norm.ppf(1 - alpha / 2) * math.sqrt(n * m * (n + m + 1) / 12))
+    shift = float(np.median(d))
+    if k < 1:
+        return shift, math.nan, math.nan
+    return shift, float(d[k - 1]), float(d[len(d) - k])
+
+
+def verdict(low: float, high: float, p: float, margin: float, alpha: float) -> str:
+    """The protocol's reading of a shift's interval (``statistical_efficiency.equivalence_margin``):
+    ``equivalent`` when ``[low, high]`` lies within ``+-margin``; ``lower`` / ``higher`` when the
+    Mann-Whitney ``p < alpha`` and the whole interval lies beyond ``-margin`` / ``+margin``;
+    ``inconclusive`` otherwise (also when a bound is NaN)."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "inconclusive"
+    if -margin <= low and high <= margin:
+        return "equivalent"
+    if p < alpha and high < -margin:
+        return "lower"
+    if p < alpha and low > margin:
+        return "higher"
+    return "inconclusive"
 
 
 def slow_scheme_target(per_seed_curves: pd.DataFrame, scheme: str, step: float = 0.01) -> float:
@@ -614,23 +660,35 @@ def staleness(
 
 def select_lr(setup: Setup, grid, seeds, scratch, *, budget_share: float = 0.8) -> tuple[pd.DataFrame, float, float]:
     """The protocol's rule for the statistical-efficiency task's learning rate and target, from BSP
-    alone (no other scheme is run): for each ``lr`` of ``grid``, BSP's learning curves over
-    ``seeds`` (the semantic reference); the chosen ``lr`` is the one whose worst seed reaches the
-    highest accuracy within the first ``budget_share`` of the epochs, and the target is that
-    accuracy rounded down to 0.01 (every seed of BSP reaches it within that share of the budget).
-    Returns the table (one row per ``lr``), the ``lr`` and the target."""
-    horizon = max(1, int(budget_share * setup.epochs))
-    rows = []
+    alone (no other scheme is run): BSP's learning curves at every ``lr`` of ``grid`` over ``seeds``
+    (the semantic reference), read by :func:`lr_rule`. Returns the table (one row per ``lr``), the
+    ``lr`` and the target."""
+    frames = []
     for lr in grid:
         ref, _ = reference_sweep(replace(setup, lr=float(lr)), [BSP], seeds, Path(scratch) / f"lr-{lr:g}")
-        early = ref[ref["epoch"] <= horizon].groupby("seed")["test_accuracy"].max()
+        frames.append(ref.assign(lr=float(lr)))
+    return lr_rule(pd.concat(frames, ignore_index=True), setup.epochs, setup.model, budget_share=budget_share)
+
+
+def lr_rule(
+    bsp: pd.DataFrame, epochs: int, model: str, *, budget_share: float = 0.8
+) -> tuple[pd.DataFrame, float, float]:
+    """The rule on BSP's curves ``bsp`` (rows of (lr, seed, epoch, test_accuracy)): the chosen ``lr``
+    is the one whose worst seed reaches the highest accuracy within the first ``budget_share`` of
+    the ``epochs``, and the target is that accuracy rounded down to 0.01 (every seed of BSP reaches
+    it within that share of the budget). Returns the table (one row per ``lr``), the ``lr`` and the
+    target."""
+    horizon = max(1, int(budget_share * epochs))
+    rows = []
+    for lr, g in bsp.groupby("lr", sort=True):
+        early = g[g["epoch"] <= horizon].groupby("seed")["test_accuracy"].max().fillna(0.0)
         rows.append(
             dict(
                 lr=float(lr),
                 worst_seed_best_accuracy=float(early.min()),
                 best_accuracy_per_seed=", ".join(f"{v:.3f}" for v in early),
                 within_epochs=horizon,
-                label=f"measured (this machine: BSP on {setup.model}, the semantic reference, {len(seeds)} seeds)",
+                label=f"measured (this machine: BSP on {model}, the semantic reference, {len(early)} seeds)",
             )
         )
     table = pd.DataFrame(rows)
@@ -664,3 +722,166 @@ def weight_rule_sensitivity(setup: Setup, schemes, lrs, seeds, scratch) -> pd.Da
                 )
             )
     return pd.DataFrame(rows)
+
+
+# ---- every weight rule over the whole learning-rate grid ----------------------------------------
+@dataclass(frozen=True)
+class Arm:
+    """One arm of the grid: a scheme of :data:`SCHEMES` at ``samples_per_update`` samples per step
+    (None: the setup's); ``label`` names it in the tables."""
+
+    label: str
+    scheme: str
+    samples_per_update: int | None = None
+
+
+def _grid_curve(task: tuple) -> pd.DataFrame:
+    """One reference curve of the grid (a process pool's unit of work): ``task`` is (setup, arm,
+    seed, scratch); the curve's rows carry the arm, lr, seed and the CPU seconds this curve took."""
+    setup, arm, seed, scratch = task
+    torch.set_num_threads(1)
+    if arm.samples_per_update:
+        setup = replace(setup, samples_per_update=arm.samples_per_update)
+    cpu = time.process_time()
+    job = job_for(setup, arm.scheme, seed, Path(scratch) / f"{arm.label}-lr{setup.lr:g}-s{seed}")
+    curve, _ = reference_curve(job, setup.epochs)
+    return curve.assign(
+        arm=arm.label, scheme=arm.scheme, lr=setup.lr, seed=seed, engine="reference", cpu_s=time.process_time() - cpu
+    )
+
+
+def grid_sweep(setup: Setup, arms, lrs, seeds, scratch, *, processes: int = 1) -> pd.DataFrame:
+    """Learning curves of every deterministic ``arms`` x ``lrs`` x ``seeds`` from the semantic
+    reference, ``processes`` at a time (each curve is deterministic and independent: the count
+    changes the wall clock, not a number). One row per (arm, lr, seed, epoch) with ``cpu_s``, the
+    CPU seconds of that whole curve (the per-run cost, independent of other load on the machine)."""
+    tasks = [(replace(setup, lr=float(lr)), arm, seed, scratch) for arm in arms for lr in lrs for seed in seeds]
+    if processes > 1 and len(tasks) > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("spawn").Pool(processes) as pool:
+            frames = pool.map(_grid_curve, tasks, chunksize=1)
+    else:
+        frames = [_grid_curve(t) for t in tasks]
+    return pd.concat(frames, ignore_index=True)
+
+
+def grid_runtime(setup: Setup, arms, lrs, seeds, out) -> tuple[pd.DataFrame, dict]:
+    """The non-deterministic ``arms`` (ASP: Hogwild, its staleness decided by timing) over ``lrs`` x
+    ``seeds`` on the real runtime (:func:`runtime_runs`, one spawn per lr); rows as
+    :func:`grid_sweep`'s, ``engine="runtime"``, ``cpu_s`` NaN and ``wall_s`` the run's clock; and the
+    runs' summaries by lr."""
+    frames, summaries = [], {}
+    for lr in lrs:
+        for arm in arms:
+            s = replace(setup, lr=float(lr), samples_per_update=arm.samples_per_update or setup.samples_per_update)
+            runs = [(arm.scheme, seed, setup.epochs) for seed in seeds]
+            curves, summaries[float(lr)] = runtime_runs(s, runs, Path(out) / f"{arm.label}-lr{lr:g}")
+            frames.append(curves.assign(arm=arm.label, lr=float(lr), cpu_s=math.nan))
+    return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), summaries
+
+
+def majority_accuracy(setup: Setup) -> float:
+    """Test accuracy of predicting the training split's most frequent label (or token) everywhere:
+    the level below which a curve has not learned."""
+    job = job_for(setup, BSP, 0, None)
+    train, test = job.dataset_fn(), job.dataset_fn(split="test")
+    y = train.tensors[-1].flatten()
+    return float((test.tensors[-1].flatten() == torch.mode(y).values).double().mean())
+
+
+def grid_summary(curves: pd.DataFrame, target: float, majority: float) -> pd.DataFrame:
+    """Per (arm, lr): seeds, best test accuracy over the budget (median, min, max over seeds), final
+    accuracy (median), epochs to ``target`` (median: :func:`lower_median`; min, max; how many seeds
+    reached), diverged seeds, ``learns`` (median best accuracy at least halfway from ``majority`` to
+    ``target``: protocol ``statistical_efficiency.claim_rule``) and the mean CPU seconds per curve."""
+    rows = []
+    for (arm, lr), g in curves.groupby(["arm", "lr"], sort=False):
+        per = epochs_to_target(g, target)
+        best, e = per["best_accuracy"], per["epochs_to_target"].fillna(math.inf)
+        rows.append(
+            dict(
+                arm=arm,
+                scheme=g["scheme"].iloc[0],
+                lr=lr,
+                engine=g["engine"].iloc[0],
+                seeds=len(per),
+                best_accuracy_median=float(best.median()),
+                best_accuracy_min=float(best.min()),
+                best_accuracy_max=float(best.max()),
+                final_accuracy_median=float(per["final_accuracy"].median()),
+                target=target,
+                reached=int(np.isfinite(e).sum()),
+                epochs_median=lower_median(e),
+                epochs_min=float(e.min()),
+                epochs_max=float(e.max()),
+                diverged=int(per["diverged"].sum()),
+                learns=bool(best.median() >= majority + (target - majority) / 2),
+                cpu_s_per_curve=float(g.groupby("seed")["cpu_s"].first().mean()),
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How the grid's comparisons are read (protocol ``statistical_efficiency``): the level, the
+    equivalence margin's (low, point, high) and the fewest seeds a side a statistic needs."""
+
+    alpha: float = 0.05
+    margins: tuple[float, float, float] = (0.01, 0.02, 0.03)
+    min_seeds: int = 5
+
+
+def grid_comparisons(curves: pd.DataFrame, pairs, target: float, reading: Reading) -> pd.DataFrame:
+    """Per (arm, baseline) of ``pairs`` and per lr both ran: each seed's best test accuracy over the
+    budget, arm against baseline: the Hodges-Lehmann shift with its ``1 - alpha`` interval, the
+    two-sided exact Mann-Whitney p, Cliff's delta, and the verdict at the margin's low, point and
+    high (:func:`verdict`); the epochs to ``target`` beside it (p, Cliff's delta, a seed that never
+    reached ranking last). With fewer than ``min_seeds`` seeds a side every statistic is NaN and the
+    verdicts read ``not computed``."""
+    per = {
+        key: epochs_to_target(g, target).assign(arm=key[0], lr=key[1])
+        for key, g in curves.groupby(["arm", "lr"], sort=False)
+    }
+    rows = []
+    for arm, base in pairs:
+        for lr in sorted({lr for a, lr in per if a == arm} & {lr for a, lr in per if a == base}):
+            x, y = per[(arm, lr)], per[(base, lr)]
+            row = dict(arm=arm, baseline=base, lr=lr, seeds=len(x), baseline_seeds=len(y),
+                       best_accuracy_median=float(x["best_accuracy"].median()),
+                       baseline_best_accuracy_median=float(y["best_accuracy"].median()))  # fmt: skip
+            rows.append(row | _pair_statistics(x, y, reading))
+    return pd.DataFrame(rows)
+
+
+def _pair_statistics(x: pd.DataFrame, y: pd.DataFrame, reading: Reading) -> dict:
+    """The statistics of one comparison of :func:`grid_comparisons` (or ``not computed``)."""
+    names = ("shift", "shift_low", "shift_high", "p_best_accuracy", "cliffs_delta_best_accuracy",
+             "p_epochs", "cliffs_delta_epochs")  # fmt: skip
+    verdicts = [f"verdict_margin_{end}" for end in ("low", "point", "high")]
+    if min(len(x), len(y)) < reading.min_seeds:
+        return dict.fromkeys(names, math.nan) | dict.fromkeys(verdicts, "not computed")
+    bx, by = x["best_accuracy"].to_numpy(float), y["best_accuracy"].to_numpy(float)
+    ex, ey = (d["epochs_to_target"].fillna(math.inf).to_numpy(float) for d in (x, y))
+    shift, lo, hi = hodges_lehmann(bx, by, reading.alpha)
+    p = _mannwhitney(bx, by)
+    out = dict(zip(names, (shift, lo, hi, p, cliffs_delta(bx, by), _mannwhitney(ex, ey), cliffs_delta(ex, ey))))
+    return out | {v: verdict(lo, hi, p, m, reading.alpha) for v, m in zip(verdicts, reading.margins)}
+
+
+def claim_verdict(comparisons: pd.DataFrame, learns: dict, holds: set, opposite: set, column: str) -> str:
+    """The protocol's ``claim_rule`` on one (arm, baseline)'s rows of :func:`grid_comparisons`:
+    ``holds`` when the verdict in ``column`` is in ``holds`` at every lr where the baseline learns
+    (``learns``: lr -> bool), ``contradicted`` when it is in ``opposite`` at one of them,
+    ``inconclusive`` otherwise; ``not computed`` when a statistic was not, ``untestable`` when the
+    baseline learns at no lr of the grid."""
+    rows = comparisons[comparisons["lr"].map(lambda lr: bool(learns.get(lr, False)))]
+    if rows.empty:
+        return "untestable"
+    v = set(rows[column])
+    if "not computed" in v:
+        return "not computed"
+    if v & opposite:
+        return "contradicted"
+    return "holds" if v <= holds else "inconclusive"

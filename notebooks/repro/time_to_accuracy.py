@@ -45,6 +45,7 @@ import plotly.graph_objects as go
 
 from repro import convergence as cv
 from repro import dp_overhead as dpo
+from repro import lr_grid as lg
 from repro import protocol
 from repro.common import check_config, claim, out_folder, paper_value, save_table, write_claims
 from repro.convergence import ASP, BSP, PIPEDREAM, SCHEMES
@@ -94,6 +95,9 @@ class Config:
     target: float = _from_protocol("target")
     schemes: tuple[str, ...] = tuple(SCHEMES)
     check_epochs: int = 2  # seed 0 of every deterministic scheme through the real runtime (0: none)
+    grid: bool = True  # every weight rule over the whole lr grid, on both stand-in tasks (repro.lr_grid)
+    lm_epochs: int = _from_protocol("lm_epochs")  # the second task's budget
+    processes: int = _from_protocol("processes")  # the grid's reference curves run this many at a time
     profile: str = "vgg16"
     setting: str = SETTING
     gpus: tuple[int, ...] = (4, 8, 16)
@@ -114,6 +118,8 @@ class Config:
             raise ValueError("give at least one seed")
         if not 0 <= self.check_epochs <= self.epochs:
             raise ValueError(f"check_epochs must be in 0..epochs ({self.epochs}), got {self.check_epochs}")
+        if self.lm_epochs < 1 or self.processes < 1:
+            raise ValueError(f"lm_epochs and processes must be >= 1, got {self.lm_epochs} and {self.processes}")
         if any(g < 1 for g in self.gpus):
             raise ValueError(f"gpus must be positive GPU counts, got {self.gpus}")
         if self.setting not in _settings():
@@ -151,17 +157,35 @@ def apply_lr_rule(cfg: Config) -> tuple[Config, pd.DataFrame]:
 
 
 # ---- statistical efficiency ----------------------------------------------------------------------
-def statistical_efficiency(cfg: Config, out) -> dict[str, pd.DataFrame]:
+def statistical_efficiency(cfg: Config, out, grid: dict | None = None) -> dict[str, pd.DataFrame]:
     """Learning curves of every (scheme, seed) (reference for the deterministic rules, runtime for
-    ASP), the real-runtime check runs, and the statistics at ``cfg.target`` and at ASP's own target."""
+    ASP), the real-runtime check runs, and the statistics at ``cfg.target`` and at ASP's own target.
+    ``grid`` (:func:`repro.lr_grid.run_grid` of the first task, which ran ``cfg.lr`` over
+    ``cfg.seeds``): its curves at ``cfg.lr`` are these, not run again (the check runs' reference
+    weights are: ``check_epochs`` epochs of seed 0)."""
     setup = cfg.setup
     det = [sc for sc in cfg.schemes if cv.deterministic(setup, sc)]
     checks = [(sc, cfg.seeds[0], cfg.check_epochs) for sc in det] if cfg.check_epochs else []
-    ref, kept = cv.reference_sweep(
-        setup, det, cfg.seeds, Path(out) / "scratch", keep={(sc, seed): e for sc, seed, e in checks}
+    keep = {(sc, seed): e for sc, seed, e in checks}
+    if grid is None:
+        ref, kept = cv.reference_sweep(setup, det, cfg.seeds, Path(out) / "scratch", keep=keep)
+        asp_runs_ = [(sc, seed, cfg.epochs) for sc in cfg.schemes if sc not in det for seed in cfg.seeds]
+    else:
+        g = grid["curves"]
+        ref = g[(g["lr"] == cfg.lr) & g["arm"].isin(det)][
+            ["epoch", "test_accuracy", "test_loss", "scheme", "seed", "engine"]
+        ]
+        short = replace(setup, epochs=max(cfg.check_epochs, 1))
+        kept = cv.reference_sweep(short, det, cfg.seeds[:1], Path(out) / "scratch", keep=keep)[1] if checks else {}
+        asp_runs_ = []
+    real, summaries = (
+        cv.runtime_runs(setup, checks + asp_runs_, Path(out) / "runs") if checks + asp_runs_ else (pd.DataFrame(), [])
     )
-    real_runs = checks + [(sc, seed, cfg.epochs) for sc in cfg.schemes if sc not in det for seed in cfg.seeds]
-    real, summaries = cv.runtime_runs(setup, real_runs, Path(out) / "runs") if real_runs else (pd.DataFrame(), [])
+    if grid is not None and grid["asp_summaries"]:
+        g = grid["curves"]
+        cols = ["epoch", "test_accuracy", "test_loss", "wall_s", "scheme", "seed", "engine"]
+        real = pd.concat([real, g[(g["lr"] == cfg.lr) & (g["arm"] == ASP)][cols]], ignore_index=True)
+        summaries = summaries + grid["asp_summaries"].get(cfg.lr, [])
     slim_runs(summaries, drop=("checkpoints", "timeline.csv", "weights.pt"))
     asp = real[~real["scheme"].isin(det)] if len(real) else real
     curves = pd.concat([ref, asp.drop(columns="wall_s", errors="ignore")], ignore_index=True)
@@ -673,85 +697,6 @@ def tta_claims(
     return rows
 
 
-VSYNC, NO_STASH = "pipedream-vertical-sync", "pipedream-no-stash"
-
-
-def qualitative_claims(
-    stats: pd.DataFrame, significance: pd.DataFrame, cfg: Config, sensitivity: pd.DataFrame | None = None
-) -> list[dict]:
-    """The weight rules' qualitative statements, as ``holds`` rows on this run's seeds:
-
-    * vertical sync's effect is negligible: every seed of it reaches the target and its mean epochs
-      are within 25% of weight stashing's;
-    * naive pipelining (no stashing) does not reach data parallelism's accuracy: its final test
-      accuracy is below BSP's, with a two-sided Mann-Whitney p < 0.05 over seeds.
-
-    ``sensitivity`` (:func:`convergence.weight_rule_sensitivity`, where the run measured it): the
-    rules' accuracy at smaller learning rates, quoted where a statement does not hold."""
-    st = stats.set_index("scheme")
-    rows = []
-    label = _measured_label(cfg).replace("measured (this machine:", "measured (this machine, the semantic reference:")
-
-    def sens_text(scheme: str) -> str:
-        if sensitivity is None or sensitivity.empty:
-            return ""
-        t = sensitivity.set_index(["scheme", "lr"])
-        parts = [
-            f"lr {lr:g}: {t.loc[(scheme, lr), 'final_accuracy_mean']:.3f} vs stashing "
-            f"{t.loc[(PIPEDREAM, lr), 'final_accuracy_mean']:.3f}"
-            for lr in sorted({lr for sc, lr in t.index if sc == scheme})
-            if (PIPEDREAM, lr) in t.index
-        ]
-        return (
-            "; measured at smaller learning rates (weight_rule_sensitivity.csv, final accuracy, mean of seeds): "
-            + ", ".join(parts)
-        )
-
-    if {VSYNC, PIPEDREAM} <= set(st.index):
-        v, p = st.loc[VSYNC], st.loc[PIPEDREAM]
-        ratio = v["epochs_mean"] / p["epochs_mean"] if math.isfinite(v["epochs_mean"]) else math.inf
-        holds = int(v["reached"] == v["seeds"] and abs(ratio - 1) <= 0.25)
-        rows.append(
-            claim(
-                EXPERIMENT,
-                "vertical sync's effect on statistical efficiency is negligible",
-                paper_value("vertical_sync_negligible"),
-                holds,
-                "statement",
-                label=label,
-                comparison="holds",
-                explanation=f"at lr {cfg.lr:g}, target {cfg.target:.2f}: vertical sync reached it in {v['reached']}/{v['seeds']} "
-                f"seeds (mean epochs {v['epochs_mean']:g}), stashing in {p['reached']}/{p['seeds']} ({p['epochs_mean']:g}); "
-                f"final accuracy {v['final_accuracy']:.3f} vs {p['final_accuracy']:.3f}; vertical sync computes every "
-                "stage on weights S-1 updates old where stashing leaves the last stage fresh (staleness.csv)"
-                + sens_text(VSYNC),
-                protocol=_protocol(cfg),
-            )
-        )
-    if {NO_STASH, BSP} <= set(st.index):
-        n, b = st.loc[NO_STASH], st.loc[BSP]
-        sig = significance[(significance["scheme"] == NO_STASH) & (significance["baseline"] == BSP)]
-        p_final = float(sig["p_final_accuracy"].iloc[0]) if len(sig) else math.nan
-        holds = int(n["final_accuracy"] < b["final_accuracy"] and p_final < 0.05)
-        rows.append(
-            claim(
-                EXPERIMENT,
-                "naive pipelining (no weight stashing) does not reach data parallelism's accuracy",
-                paper_value("no_stash_below_dp"),
-                holds,
-                "statement",
-                label=label,
-                comparison="holds",
-                explanation=f"final test accuracy after {cfg.epochs} epochs at lr {cfg.lr:g}: no stashing "
-                f"{n['final_accuracy']:.3f} (min {n['final_accuracy_min']:.3f}), BSP {b['final_accuracy']:.3f} "
-                f"(min {b['final_accuracy_min']:.3f}); two-sided Mann-Whitney over seeds p = {p_final:.3g}; no stashing "
-                f"reached {cfg.target:.2f} in {n['reached']}/{n['seeds']} seeds at some epoch" + sens_text(NO_STASH),
-                protocol=_protocol(cfg),
-            )
-        )
-    return rows
-
-
 def _protocol(cfg: Config, *keys: str) -> str:
     """The ``protocol`` cell of a row: the statistical-efficiency choices this run used (a notebook
     parameter may differ from the protocol's; tests/test_protocol.py flags a committed one that does)."""
@@ -978,7 +923,7 @@ def figures(curves: pd.DataFrame, modeled_curves: pd.DataFrame, speed: pd.Series
 
 
 # ---- the notebook's entry point ----------------------------------------------------------------
-QUICK = dict(epochs=3, seeds=(0, 1), target=0.3, check_epochs=1)
+QUICK = dict(epochs=3, seeds=(0, 1), target=0.3, check_epochs=1, lm_epochs=3)
 
 
 def quick_config(**params) -> Config:
@@ -987,17 +932,27 @@ def quick_config(**params) -> Config:
     return Config(**(params | QUICK))
 
 
-def run(cfg: Config, out_dir, *, lr_selection: pd.DataFrame | None = None, sensitivity: bool = False) -> dict:
+def run(cfg: Config, out_dir, *, lr_selection: pd.DataFrame | None = None, lr_rule: bool = False) -> dict:
     """Everything the notebook shows: runs, tables, claims and figures written into ``out_dir``
-    (a fresh folder, see :func:`~repro.common.out_folder`), with the protocol's
-    learning-rate rule's table where it ran (:func:`apply_lr_rule`); ``sensitivity``: also the weight
-    rules at the protocol's smaller learning rates (:func:`convergence.weight_rule_sensitivity`).
-    Returns the tables."""
+    (a fresh folder, see :func:`~repro.common.out_folder`). With ``cfg.grid``: first every weight
+    rule over the whole lr grid on both stand-in tasks (:func:`repro.lr_grid.run_grid`), whose
+    first task's curves at ``cfg.lr`` are the time-to-target rows' (not run again); ``lr_rule``:
+    ``cfg.lr`` and ``cfg.target`` from the protocol's rule on that grid's BSP curves
+    (``lr_selection.csv``). ``lr_selection``: the rule's table where it ran before
+    (:func:`apply_lr_rule`). Returns the tables."""
     out = out_folder(out_dir)
     t0 = time.perf_counter()
-    tables = statistical_efficiency(cfg, out)
+    grids = _grids(cfg, out, lr_rule) if cfg.grid else {}
+    first = grids.get(cfg.model)
+    if first is not None:
+        if lr_rule:
+            cfg = replace(cfg, lr=first["lr"], target=first["target"])
+        lr_selection = pd.concat([g["lr_selection"] for g in grids.values()], ignore_index=True)
+    reuse = first if first is not None and cfg.lr in set(first["curves"]["lr"]) else None
+    tables = statistical_efficiency(cfg, out, reuse)
     if lr_selection is not None:
         tables["lr_selection"] = lr_selection
+    tables.update(_grid_tables(grids))
     tables["vertical_sync_check"] = cv.vertical_sync_check(cfg.setup, cfg.seeds[0], 4 * cfg.workers)
     tables["staleness"] = cv.staleness(cfg.setup)
     stats, asp = tables["statistical"], tables.get("asp_target")
@@ -1007,30 +962,77 @@ def run(cfg: Config, out_dir, *, lr_selection: pd.DataFrame | None = None, sensi
     if ASP in cfg.schemes:  # ASP at each GPU count of the modeled rows (protocol baselines.asp_delay)
         tables["asp_delay_curves"] = cv.asp_delay_sweep(cfg.setup, cfg.gpus, cfg.seeds, out / "scratch-asp-delay")
         tables["asp_delay"] = asp_delay_table(tables["asp_delay_curves"], tables["curves"], hardware)
-    if sensitivity:
-        tables["weight_rule_sensitivity"] = cv.weight_rule_sensitivity(
-            cfg.setup,
-            [PIPEDREAM, VSYNC, NO_STASH],
-            protocol.value("statistical_efficiency.sensitivity_lrs"),
-            cfg.seeds,
-            out / "scratch-sensitivity",
-        )
     claims = pd.DataFrame(
         tta_claims(tta, tta_asp, stats, asp, cfg, delay=tables.get("asp_delay"))
-        + qualitative_claims(stats, tables["significance"], cfg, tables.get("weight_rule_sensitivity"))
+        + [row for t in grids.values() for row in t["claims"]]
     )
     big = max(cfg.gpus)
     tables.update(hardware=hardware, time_to_target=tta, time_to_asp_target=tta_asp, claims=claims)
+    numeric = dict(tables)
+    if len(cfg.seeds) < lg.reading().min_seeds:  # no spread worth a number: say so (protocol min_seeds)
+        tables.update({k: not_computed(v, SPREAD_COLUMNS) for k, v in tables.items() if k in SPREAD_TABLES})
     for name, df in tables.items():
         if name != "claims" and df is not None:
             save_table(df, out, name)
     write_claims(claims, out)
     speed = stats.set_index("scheme")["s_per_epoch_measured"]
-    figs = figures(tables["curves"], learning_curves_modeled(tables["curves"], hardware, big), speed, cfg, big)
+    figs = figures(numeric["curves"], learning_curves_modeled(numeric["curves"], hardware, big), speed, cfg, big)
+    for t in grids.values():
+        figs[f"grid_{t['task'].name}"] = lg.grid_figure(
+            t["summary"], f"Every weight rule over the lr grid: {t['task'].title}"
+        )
     save_page(figs, out / "figures.html", "Time to accuracy: learning curves, measured and modeled time")
     (out / "config.json").write_text(pd.Series(asdict(cfg)).to_json(indent=1))
     (out / "seconds.txt").write_text(f"{time.perf_counter() - t0:.1f}\n")
-    return dict(out=out, figures=figs, **tables)
+    return dict(out=out, figures=figs, cfg=cfg, **tables)
+
+
+#: Statistics that need a spread over seeds, and the tables that hold them: ``not computed`` with
+#: fewer seeds than the protocol's ``statistical_efficiency.min_seeds``.
+SPREAD_COLUMNS = ("ci_low", "ci_high", "p_mannwhitney", "p_welch", "p_final_accuracy")
+SPREAD_TABLES = ("statistical", "significance", "asp_target", "asp_delay")
+
+
+def not_computed(df: pd.DataFrame | None, columns=SPREAD_COLUMNS) -> pd.DataFrame | None:
+    """``df`` with the ``columns`` it has replaced by the words ``not computed``."""
+    if df is None:
+        return None
+    return df.assign(**{c: "not computed" for c in columns if c in df.columns})
+
+
+def _grids(cfg: Config, out: Path, lr_rule: bool) -> dict:
+    """:func:`repro.lr_grid.run_grid` of both stand-in tasks, with their claim rows (``claims``) and
+    the task (``task``); the first task at ``cfg``'s lr and target unless ``lr_rule``."""
+    grids = {}
+    for i, task in enumerate(lg.tasks(cfg.setup, cfg.seeds, cfg.lm_epochs)):
+        fixed = (cfg.lr, cfg.target) if i == 0 and not lr_rule else None
+        g = lg.run_grid(task, cfg.schemes, out, processes=cfg.processes, lr_target=fixed)
+        slim_runs(
+            [s for runs in g["asp_summaries"].values() for s in runs],
+            drop=("checkpoints", "timeline.csv", "weights.pt"),
+        )
+        used = _protocol(cfg, "statistical_efficiency.lr_grid", "statistical_efficiency.equivalence_margin",
+                         "statistical_efficiency.claim_rule", "statistical_efficiency.alpha")  # fmt: skip
+        if i == 1:
+            used = protocol.used(*[f"statistical_efficiency.{k}" for k in LM_KEYS])
+        grids[task.name] = g | dict(task=task, claims=lg.claim_rows(task, g, used))
+    return grids
+
+
+#: The second task's protocol entries (its claim rows' protocol cell).
+LM_KEYS = ("lm_model", "lm_model_options", "lm_dataset_options", "lm_lr_grid", "lm_epochs", "lm_samples_per_update",
+           "seeds", "equivalence_margin", "claim_rule", "alpha", "min_seeds")  # fmt: skip
+
+
+def _grid_tables(grids: dict) -> dict:
+    """The grids' tables over both tasks: ``grid`` (per task, arm and lr: the seeds' spread) and
+    ``grid_comparisons`` (each arm against its baseline at every lr); ``grid_curves`` only the
+    per-epoch accuracy (the curves behind them)."""
+    if not grids:
+        return {}
+    cat = lambda k: pd.concat([g[k] for g in grids.values()], ignore_index=True)  # noqa: E731
+    curves = cat("curves")[["task", "arm", "scheme", "lr", "seed", "epoch", "test_accuracy", "engine", "cpu_s"]]
+    return dict(grid=cat("summary"), grid_comparisons=cat("comparisons"), grid_curves=curves)
 
 
 def validate_params(quick: bool, **params) -> None:
