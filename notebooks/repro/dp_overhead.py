@@ -130,6 +130,9 @@ def __getattr__(name: str) -> float:
 
 
 FIGURE1_MODELS = ("alexnet", "vgg16", "resnet50", "gnmt8", "gnmt16")
+#: Fig. 1's models with fully-connected (AlexNet, VGG-16) or LSTM (GNMT) layers.
+DENSE_MODELS = ("alexnet", "vgg16", "gnmt8", "gnmt16")
+SOSP_TEXT = "seeds/000_54f0ebaf14fd21aa.txt"
 
 
 def check_params(models_: list[str], servers: list[str], gpu_counts: list[int]) -> None:
@@ -676,6 +679,24 @@ def takeaway_claims(fig1: pd.DataFrame, source: str = "projected") -> list[dict]
                     f"{srv} {100 * at.loc[srv, 'resnet50']:.1f}% (lowest other {100 * at.loc[srv].drop('resnet50').min():.1f}%)"
                     for srv in at.index
                 ),
+                protocol=protocol.used(*common),
+            )
+        )
+        dense = [m for m in DENSE_MODELS if m in at.columns]
+        pairs = [(srv, m) for srv in at.index for m in dense]
+        worse = [(srv, m) for srv, m in pairs if at.loc[srv, m] > at.loc[srv, "resnet50"]]
+        rows.append(
+            claim(
+                "PipeDream Fig. 1 (DP communication overhead)",
+                "models with LSTM or fully-connected layers scale less well than ResNet-50 (a higher overhead)",
+                len(pairs),
+                len(worse),
+                "(server, model) pairs",
+                label=label,
+                comparison="holds",
+                explanation=f"SOSP §2.1 ({SOSP_TEXT}:246-249, dense weights of LSTM and fully-connected layers); "
+                f"on {gmax} GPUs, models {', '.join(dense)}; not above ResNet-50: "
+                + (", ".join(f"{m} on {srv}" for srv, m in pairs if (srv, m) not in worse) or "none"),
                 protocol=protocol.used(*common),
             )
         )
