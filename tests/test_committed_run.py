@@ -64,12 +64,16 @@ def test_every_claim_has_a_row_with_its_fit(committed_run):
         assert claims["claim"].str.contains(text, regex=False).any(), text
     # every paper number of the calibration has its row, in-sample exactly where it calibrates
     cal_rows = claims[claims["experiment"] == cal.EXPERIMENT].reset_index(drop=True)
-    # then the abstracts' "up to" claims (maxima of the rows above) and the two qualitative rows
-    n_up = len(cal.ABSTRACT_CLAIMS)
-    assert len(cal_rows) == len(cal.PAPER) + n_up + 2
-    assert list(cal_rows["comparison"].iloc[len(cal.PAPER) :]) == ["up to"] * n_up + ["holds"] * 2
-    for row, num in zip(cal_rows.itertuples(), cal.PAPER):
+    # a range claim's two numbers are one row (its low end's), then the abstracts' "up to" claims
+    # (maxima of the rows above), the qualitative rows (three of SOSP, two of the arXiv notes) and
+    # the untestable ones
+    nums = [n for n in cal.PAPER if n.quantity not in cal.RANGES.values()]
+    n_up, tail = len(cal.ABSTRACT_CLAIMS), ["holds"] * 5 + ["point"] * len(cal.UNTESTABLE)
+    assert len(cal_rows) == len(nums) + n_up + len(tail)
+    assert list(cal_rows["comparison"].iloc[len(nums) :]) == ["up to"] * n_up + tail
+    for row, num in zip(cal_rows.itertuples(), nums):
         assert row.fit == ("in-sample" if num.role == "dp" else "out-of-sample") and row.paper == num.paper
+    assert (cal_rows["comparison"] == "range").sum() == len(cal.RANGES)
     # a measured number is never a fitted one
     assert (claims.loc[claims["label"].str.startswith("measured"), "fit"] == "none").all()
 

@@ -99,12 +99,14 @@ def test_notebook_02_modeled_tables_are_recomputed_bit_for_bit(committed_run):
     assert_same_csv(paper_fit.parameters_table(), out / "calibration_parameters.csv")
     assert_same_csv(paper_fit.intra_batch_table(), out / "intra_batch.csv")
     assert_same_csv(paper_fit.scaling_table(), out / "scaling.csv")
-    rows, configurations = paper_fit.claim_rows(measured_epochs=None)
+    rows, configurations = paper_fit.rows_with_intervals(measured_epochs=None)
     assert_same_csv(configurations, out / "configurations.csv")
 
     skip = measured_claims(rows)
     assert len(skip) == 3, skip  # AWD-LM's and S2VT's Table 1 rows, and the SOSP abstract's maximum
-    ours = as_read(pd.DataFrame(dpo.claims(fig1, picked, None) + rows)[list(CLAIM_COLUMNS)])
+    fig1_profs = {k: p for k, p in profs.items() if k[0] in cfg["models"]}
+    takeaways = dpo.claims_over_intervals(fig1_profs, cfg["servers"], cfg["gpu_counts"], picked, None)
+    ours = as_read(pd.DataFrame(takeaways + rows)[list(CLAIM_COLUMNS)])
     ours = ours[~ours["claim"].isin(skip)].reset_index(drop=True)
     committed = pd.read_csv(out / "claims.csv")
     committed = committed[committed["claim"].isin(set(ours["claim"]))].reset_index(drop=True)

@@ -1350,15 +1350,21 @@ def ours_at_ends(fn, *args, **keywords) -> dict[str, list[float]]:
     return out
 
 
+def rows_with_intervals(*, measured_epochs: dict | None = None) -> tuple[list[dict], pd.DataFrame]:
+    """:func:`claim_rows` with each row's interval (ours at every end of :func:`interval_ends`) and
+    the range claims as one row each (:func:`range_rows`): the rows notebook 02 writes."""
+    rows, configs = claim_rows(measured_epochs=measured_epochs)
+    ends = ours_at_ends(claim_rows, measured_epochs=measured_epochs, explain=False)
+    return range_rows([with_interval(r, ends.get(r["claim"], ())) for r in rows]), configs
+
+
 def run(out, *, measured_epochs: dict | None = None) -> dict:
     """Calibrate, predict, and write ``settings.csv``, ``calibration_parameters.csv``,
     ``configurations.csv``, ``intra_batch.csv``, ``scaling.csv``,
     ``calibration_errors.csv`` and ``calibration.html`` into ``out``; returns the
     tables and the claim rows (the notebook adds them to its ``claims.csv``)."""
 
-    rows, configs = claim_rows(measured_epochs=measured_epochs)
-    ends = ours_at_ends(claim_rows, measured_epochs=measured_epochs, explain=False)
-    rows = range_rows([with_interval(r, ends.get(r["claim"], ())) for r in rows])
+    rows, configs = rows_with_intervals(measured_epochs=measured_epochs)
     claims = pd.DataFrame(rows)
     scaling = scaling_table()
     tables = dict(
