@@ -661,6 +661,30 @@ def takeaway_claims(fig1: pd.DataFrame, source: str = "projected") -> list[dict]
                 protocol=protocol.used(*keys[k], *common),
             )
         )
+    rows += resnet_rows(f, label, common)
+    top = f.loc[f["comm_share"].idxmax()]
+    rows.append(
+        claim(
+            "PipeDream Fig. 1 (DP communication overhead)",
+            "data-parallel communication stalls up to this share of training time (max over Fig. 1)",
+            paper_value("fig1_up_to_share"),
+            100 * float(top["comm_share"]),
+            "%",
+            label=label,
+            comparison="up to",
+            explanation=f"the maximum over Fig. 1's {f.model.nunique()} models, {f.server.nunique()} server types "
+            f"and GPU counts: {top['model']} on {int(top['gpus'])} GPUs of {top['server']}",
+            protocol=protocol.used(*common),
+        )
+    )
+    return rows
+
+
+def resnet_rows(f: pd.DataFrame, label: str, common: tuple) -> list[dict]:
+    """SOSP §2.1's ResNet-50 statements on Fig. 1's table ``f`` at its largest GPU count: ResNet-50
+    has the lowest overhead of the models, and the models with LSTM or fully-connected layers
+    (:data:`DENSE_MODELS`) a higher one than ResNet-50, as ``holds`` rows."""
+    rows: list[dict] = []
     gmax = int(f.gpus.max())
     at = f[f.gpus == gmax].pivot_table(index="server", columns="model", values="comm_share")
     if "resnet50" in at.columns:
@@ -700,21 +724,6 @@ def takeaway_claims(fig1: pd.DataFrame, source: str = "projected") -> list[dict]
                 protocol=protocol.used(*common),
             )
         )
-    top = f.loc[f["comm_share"].idxmax()]
-    rows.append(
-        claim(
-            "PipeDream Fig. 1 (DP communication overhead)",
-            "data-parallel communication stalls up to this share of training time (max over Fig. 1)",
-            paper_value("fig1_up_to_share"),
-            100 * float(top["comm_share"]),
-            "%",
-            label=label,
-            comparison="up to",
-            explanation=f"the maximum over Fig. 1's {f.model.nunique()} models, {f.server.nunique()} server types "
-            f"and GPU counts: {top['model']} on {int(top['gpus'])} GPUs of {top['server']}",
-            protocol=protocol.used(*common),
-        )
-    )
     return rows
 
 
