@@ -8,7 +8,9 @@ import math
 
 import pandas as pd
 
+from repro import lr_grid as lg
 from repro import paper_fit as cal
+from repro import protocol
 from repro.common import CLAIM_COLUMNS, FITS
 
 #: Claims the reproduction must carry, as substrings of ``claims.csv``'s claim column.
@@ -46,6 +48,8 @@ REQUIRED = (
     "PipeDream's 1F1B has no pipeline flush in steady state",
     "vertical sync's effect on statistical efficiency is negligible",
     "naive pipelining (no weight stashing) does not reach data parallelism's accuracy",
+    "PipeDream's statistical efficiency is comparable to data parallelism's",
+    "model parallelism beats data parallelism through smaller minibatches",
     "bytes/sample saved vs DP",
     "PipeDream speedup over hybrid parallelism",
 )
@@ -104,3 +108,19 @@ def test_statistical_efficiency_separates_asp_from_bsp(committed_run):
     assert row["p_mannwhitney"] < 0.05
     stats = pd.read_csv(out / "statistical.csv").set_index("scheme")
     assert stats.loc["dp-bsp", "epochs_mean"] >= 10  # the task needs >= 10 epochs of BSP to its target
+
+
+def test_every_statistical_claim_stands_on_ten_seeds_and_two_tasks_over_the_whole_grid(committed_run):
+    out = committed_run / "03_time_to_accuracy"
+    grid = pd.read_csv(out / "grid.csv")
+    assert set(grid["task"]) == {"cnn1d", "awd-lstm"} and (grid["seeds"] >= 10).all()
+    for task, key in (("cnn1d", "lr_grid"), ("awd-lstm", "lm_lr_grid")):
+        g = grid[grid["task"] == task]
+        lrs = sorted(protocol.value(f"statistical_efficiency.{key}"))
+        assert all(sorted(a["lr"]) == lrs for _, a in g.groupby("arm")), task  # every arm over the whole grid
+    comp = pd.read_csv(out / "grid_comparisons.csv")
+    assert comp["p_best_accuracy"].between(0, 1).all() and (comp["seeds"] >= 10).all()
+    claims = pd.read_csv(committed_run / "claims.csv")
+    for c in lg.CLAIMS:
+        rows = claims[claims["claim"].str.startswith(c.words)]
+        assert len(rows) == 2 and rows["explanation"].str.contains("10 seeds per arm").all(), c.words

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 
-from repro import CLAIM_COLUMNS, paper_fit
+from repro import CLAIM_COLUMNS, paper_fit, protocol
 from repro import convergence as cv
 from repro import time_to_accuracy as tta
 
@@ -312,11 +312,16 @@ def test_every_scheme_has_every_seed_and_says_which_engine_trained_it(out03):
     stats = pd.read_csv(out03 / "statistical.csv").set_index("scheme")
     assert set(stats.index) == set(cv.SCHEMES) and (stats["seeds"] == len(cfg["seeds"])).all()
     assert stats.loc["dp-asp", "engine"] == "runtime" and (stats.drop("dp-asp")["engine"] == "reference").all()
-    done = stats[np.isfinite(stats["epochs_mean"]) & (stats["reached"] > 1)]
-    assert ((done["ci_low"] <= done["epochs_mean"]) & (done["epochs_mean"] <= done["ci_high"])).all()
     assert (stats["s_per_epoch_measured"] > 0).all()  # every scheme has real runs on this machine
     sig = pd.read_csv(out03 / "significance.csv")
-    assert set(sig["baseline"]) == {"pipedream", "dp-bsp"} and sig["p_mannwhitney"].between(0, 1).all()
+    assert set(sig["baseline"]) == {"pipedream", "dp-bsp"}
+    if len(cfg["seeds"]) < protocol.value("statistical_efficiency.min_seeds"):  # quick: no spread, no numbers
+        assert (stats[["ci_low", "ci_high"]] == "not computed").all().all()
+        assert (sig[["p_mannwhitney", "p_welch", "p_final_accuracy"]] == "not computed").all().all()
+    else:
+        done = stats[np.isfinite(stats["epochs_mean"]) & (stats["reached"] > 1)]
+        assert ((done["ci_low"] <= done["epochs_mean"]) & (done["epochs_mean"] <= done["ci_high"])).all()
+        assert sig["p_mannwhitney"].between(0, 1).all()
     asp = pd.read_csv(out03 / "asp_target.csv").set_index("scheme")
     # ASP's own target is its median curve's best: at least half its seeds reach it, a finite median
     assert 2 * asp.loc["dp-asp", "reached"] >= asp.loc["dp-asp", "seeds"] and np.isfinite(asp["epochs_median"]).any()

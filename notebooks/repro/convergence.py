@@ -455,9 +455,9 @@ def compare(per_seed: pd.DataFrame, baseline: str) -> pd.DataFrame:
                 baseline=baseline,
                 ratio=float(x.mean() / base.mean()) if finite else (math.inf if np.isfinite(base).all() else math.nan),
                 ratio_median=_ratio(lower_median(x), lower_median(base)),
-                p_mannwhitney=_mannwhitney(x, base),
+                p_mannwhitney=mannwhitney_p(x, base),
                 p_welch=_welch(x, base) if finite else math.nan,
-                p_final_accuracy=_mannwhitney(
+                p_final_accuracy=mannwhitney_p(
                     g["final_accuracy"].to_numpy(float), mine["final_accuracy"].to_numpy(float)
                 ),
             )
@@ -479,7 +479,7 @@ def _welch(x: np.ndarray, y: np.ndarray) -> float:
     return float(stats.ttest_ind(x, y, equal_var=False).pvalue)
 
 
-def _mannwhitney(x: np.ndarray, y: np.ndarray) -> float:
+def mannwhitney_p(x: np.ndarray, y: np.ndarray) -> float:
     """Two-sided Mann-Whitney U p-value from the exact permutation distribution of U (every way to
     split the pooled values into groups of ``len(x)`` and ``len(y)``; mid-ranks for ties; inf values
     rank last): ``P(|U - nm/2| >= |U_obs - nm/2|)``, counted by a dynamic program over the doubled
@@ -698,32 +698,6 @@ def lr_rule(
     return table, float(best["lr"]), target
 
 
-def weight_rule_sensitivity(setup: Setup, schemes, lrs, seeds, scratch) -> pd.DataFrame:
-    """The weight rules' final and best test accuracy (mean over ``seeds``) at each learning rate of
-    ``lrs`` (the semantic reference): a measurement of how a rule's gap to stashing or to BSP moves
-    with the step size, where a rule's staleness multiplies it. One row per (scheme, lr)."""
-    rows = []
-    for lr in lrs:
-        ref, _ = reference_sweep(replace(setup, lr=float(lr)), list(schemes), seeds, Path(scratch) / f"lr-{lr:g}")
-        last = ref[ref["epoch"] == ref["epoch"].max()]
-        for scheme, g in ref.groupby("scheme", sort=False):
-            fin = last[last["scheme"] == scheme]["test_accuracy"]
-            best = g.groupby("seed")["test_accuracy"].max()
-            rows.append(
-                dict(
-                    scheme=scheme,
-                    lr=float(lr),
-                    final_accuracy_mean=float(fin.mean()),
-                    final_accuracy_min=float(fin.min()),
-                    best_accuracy_mean=float(best.mean()),
-                    seeds=len(best),
-                    epochs=int(ref["epoch"].max()),
-                    label=f"measured (this machine: the semantic reference on {setup.model}, {len(best)} seeds)",
-                )
-            )
-    return pd.DataFrame(rows)
-
-
 # ---- every weight rule over the whole learning-rate grid ----------------------------------------
 @dataclass(frozen=True)
 class Arm:
@@ -865,8 +839,8 @@ def _pair_statistics(x: pd.DataFrame, y: pd.DataFrame, reading: Reading) -> dict
     bx, by = x["best_accuracy"].to_numpy(float), y["best_accuracy"].to_numpy(float)
     ex, ey = (d["epochs_to_target"].fillna(math.inf).to_numpy(float) for d in (x, y))
     shift, lo, hi = hodges_lehmann(bx, by, reading.alpha)
-    p = _mannwhitney(bx, by)
-    out = dict(zip(names, (shift, lo, hi, p, cliffs_delta(bx, by), _mannwhitney(ex, ey), cliffs_delta(ex, ey))))
+    p = mannwhitney_p(bx, by)
+    out = dict(zip(names, (shift, lo, hi, p, cliffs_delta(bx, by), mannwhitney_p(ex, ey), cliffs_delta(ex, ey))))
     return out | {v: verdict(lo, hi, p, m, reading.alpha) for v, m in zip(verdicts, reading.margins)}
 
 
