@@ -188,7 +188,9 @@ def _rank_main(
         become_rank(rank, parent)
     else:
         inherit.apply()
-        become_rank(rank, os.getppid(), launcher=parent_process().sentinel)
+        launcher = parent_process()  # multiprocessing's record of the launcher, in every process it started
+        assert launcher is not None
+        become_rank(rank, os.getppid(), launcher=launcher.sentinel)
     if unblock_sigint:  # blocked by the launcher while the ranks started (spawn); now at its default action
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _progress = (progress, rank)
