@@ -390,13 +390,15 @@ def summary_markdown(
         lines.append("(no claims.csv was written)")
     else:
         lines += [
-            "| notebook | claim | paper | ours | ratio | unit | comparison | met | fit | label | explanation |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| notebook | claim | paper | ours | low | high | verdict | kind | ratio | unit | comparison | met | fit "
+            "| label | explanation |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in claims.itertuples(index=False):
             lines.append(
                 f"| {r.notebook} | {_cell(r.claim)} | {_num(r.paper)} | {_num(r.ours)} | "
-                f"{_num(r.ratio)} | {_cell(r.unit)} | {_cell(getattr(r, 'comparison', ''))} | "
+                f"{_num(getattr(r, 'low', ''))} | {_num(getattr(r, 'high', ''))} | {_cell(getattr(r, 'verdict', ''))} | "
+                f"{_cell(getattr(r, 'kind', ''))} | {_num(r.ratio)} | {_cell(r.unit)} | {_cell(getattr(r, 'comparison', ''))} | "
                 f"{_cell(getattr(r, 'met', ''))} | {_cell(getattr(r, 'fit', ''))} | {_cell(r.label)} | "
                 f"{_cell(r.explanation)} |"
             )
@@ -562,9 +564,10 @@ def _ledger_section(run_dir: Path) -> list[str]:
         "## The protocol's ledger (from git history, `02_dp_communication_overhead/ledger.csv`)",
         "",
         f"{len(df)} entries; {int((df['seen_before_set'] == 'yes').sum())} were written down after a committed run "
-        f"had shown rows they move; {len(changed)} *changed* value after that. A changed entry decides no "
-        "verdict by its later value: its rows are judged over its whole interval (`interval` yes) and the "
-        "later value is the point only.",
+        f"had shown rows they move; {len(changed)} *changed* value after that. A changed entry with an interval "
+        "(`interval` yes) decides no verdict by its later value: its rows are judged over the whole interval "
+        "and the later value is the point only; a changed entry without one (`interval` no) still decides "
+        "its rows' verdicts, and is listed here so that a reader can discount them.",
         "",
     ]
     if len(changed):
