@@ -127,6 +127,10 @@ def test_the_quick_run_has_every_arm_at_every_lr_of_both_tasks(out03):
         arms = set(cv.SCHEMES) | {lg.GLOBAL}
         assert set(g["arm"]) == arms and len(g) == len(arms) * g["lr"].nunique(), task
         assert (g["seeds"] == len(cfg["seeds"])).all() and (g["cpu_s_per_curve"].dropna() > 0).all()
+    seeds = pd.read_csv(out03 / "grid_seeds.csv")  # what the comparisons read, one row per seed
+    assert len(seeds) == grid["seeds"].sum() and not seeds.duplicated(["task", "arm", "lr", "seed"]).any()
+    again = seeds.groupby(["task", "arm", "lr"])["best_accuracy"].median()
+    assert np.allclose(again.loc[list(zip(grid["task"], grid["arm"], grid["lr"]))], grid["best_accuracy_median"])
     comp = pd.read_csv(out03 / "grid_comparisons.csv")
     assert (comp["verdict_margin_point"] == "not computed").all()  # two seeds: no statistic
     claims = pd.read_csv(out03 / "claims.csv")

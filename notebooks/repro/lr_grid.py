@@ -18,6 +18,7 @@ grid's BSP curves). Deterministic rules run on the semantic reference, ASP on th
 from __future__ import annotations
 
 import math
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -121,10 +122,9 @@ def run_grid(task: Task, schemes, out, *, processes: int = 1, lr_target=None) ->
     det.append(cv.Arm(GLOBAL, BSP, s.workers * s.samples_per_update))
     curves = cv.grid_sweep(s, det, task.lrs, task.seeds, Path(out) / f"scratch-grid-{task.name}", processes=processes)
     asp_summaries: dict = {}
-    if ASP in schemes:
-        asp, asp_summaries = cv.grid_runtime(
-            s, [cv.Arm(ASP, ASP)], task.lrs, task.seeds, Path(out) / "runs-grid" / task.name
-        )
+    if ASP in schemes:  # the runs' folders are scratch: their curves and per-seed results are in the tables
+        with tempfile.TemporaryDirectory(prefix=f"wb-grid-{task.name}-") as runs:
+            asp, asp_summaries = cv.grid_runtime(s, [cv.Arm(ASP, ASP)], task.lrs, task.seeds, runs)
         curves = pd.concat([curves, asp], ignore_index=True)
     table, lr, target = cv.lr_rule(curves[curves["arm"] == BSP], s.epochs, s.model)
     if lr_target is not None:
@@ -142,6 +142,21 @@ def run_grid(task: Task, schemes, out, *, processes: int = 1, lr_target=None) ->
         comparisons=cv.grid_comparisons(curves, pairs(arms), target, reading()).assign(task=task.name),
         asp_summaries=asp_summaries,
     )
+
+
+def per_seed(curves: pd.DataFrame, target: float) -> pd.DataFrame:
+    """Per (arm, lr, seed) of a grid: best and final test accuracy, epochs to ``target``, diverged and
+    the curve's CPU seconds: everything :func:`repro.convergence.grid_comparisons` reads, so a
+    reader can recompute every statistic of ``grid_comparisons.csv`` from it."""
+    frames = [
+        cv.epochs_to_target(g, target).assign(
+            arm=arm, lr=lr, cpu_s=g.groupby("seed", sort=False)["cpu_s"].first().to_numpy()
+        )
+        for (arm, lr), g in curves.groupby(["arm", "lr"], sort=False)
+    ]
+    cols = ["arm", "scheme", "lr", "seed", "engine", "target", "best_accuracy", "final_accuracy", "epochs_to_target",
+            "budget", "diverged", "cpu_s"]  # fmt: skip
+    return pd.concat(frames, ignore_index=True)[cols]
 
 
 def claim_rows(task: Task, grid: dict, used: str) -> list[dict]:

@@ -1025,14 +1025,16 @@ LM_KEYS = ("lm_model", "lm_model_options", "lm_dataset_options", "lm_lr_grid", "
 
 
 def _grid_tables(grids: dict) -> dict:
-    """The grids' tables over both tasks: ``grid`` (per task, arm and lr: the seeds' spread) and
-    ``grid_comparisons`` (each arm against its baseline at every lr); ``grid_curves`` only the
-    per-epoch accuracy (the curves behind them)."""
+    """The grids' tables over both tasks: ``grid`` (per task, arm and lr: the seeds' spread),
+    ``grid_comparisons`` (each arm against its baseline at every lr) and ``grid_seeds`` (per seed:
+    what the comparisons read; the per-epoch curves stay in memory, the run's size bounded)."""
     if not grids:
         return {}
     cat = lambda k: pd.concat([g[k] for g in grids.values()], ignore_index=True)  # noqa: E731
-    curves = cat("curves")[["task", "arm", "scheme", "lr", "seed", "epoch", "test_accuracy", "engine", "cpu_s"]]
-    return dict(grid=cat("summary"), grid_comparisons=cat("comparisons"), grid_curves=curves)
+    seeds = pd.concat(
+        [lg.per_seed(g["curves"], g["target"]).assign(task=k) for k, g in grids.items()], ignore_index=True
+    )
+    return dict(grid=cat("summary"), grid_comparisons=cat("comparisons"), grid_seeds=seeds)
 
 
 def validate_params(quick: bool, **params) -> None:
