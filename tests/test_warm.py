@@ -163,3 +163,26 @@ def test_a_failing_warm_rank_stops_the_job_and_only_the_server_is_left(tmp_path)
     assert time.monotonic() - t < 30  # rank 0's sleep was cut short
     left = [p for p in psutil.Process().children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
     assert [p.pid for p in left if p.status() != psutil.STATUS_ZOMBIE] == [server]  # the ranks were joined
+
+
+def receive(rank: int, tensors: list) -> None:
+    assert all(float(t.sum()) == 0 for t in tensors)
+
+
+def test_hogwild_weights_past_the_servers_descriptor_limit_are_spawned(tmp_path, monkeypatch):
+    """Shared-memory tensors travel to a rank as file descriptors, at most MAXFDS_TO_SEND through the
+    warm server: past :data:`warm.MAX_SHARED_TENSORS` a Hogwild job's ranks are spawned."""
+    import torch
+
+    from workbench.runtime import train
+
+    many = [torch.zeros(2).share_memory_() for _ in range(2 * warm.MAX_SHARED_TENSORS)]
+    with pytest.raises(ValueError, match="too many fds"):
+        spawn(receive, (many,), 1, warm=True)
+    spawn(receive, (many,), 1)  # spawned: no such limit
+    asked, context = [], warm.context
+    monkeypatch.setattr(warm, "context", lambda is_warm: asked.append(is_warm) or context(is_warm))
+    train("toy-mlp", "dp-asp", workers=2, microbatches=1, steps=1, out=tmp_path / "a", progress=False)
+    monkeypatch.setattr(warm, "MAX_SHARED_TENSORS", 0)
+    s = train("toy-mlp", "dp-asp", workers=2, microbatches=1, steps=2, out=tmp_path / "b", progress=False)
+    assert s["steps"] == 2 and asked == [True, False]

@@ -500,10 +500,13 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
         rank = int(os.environ["RANK"])  # this process is a rank of torchrun's: it stops with torchrun (lifetime.py)
         run_rank(rank, worker_main, rank, world, jobs, None, None)
         return [_read_summary(Path(j.run.out), j) if rank == 0 else {} for j in jobs]
-    port, warm, store = free_port(port), warm_start.enabled(), None
+    port, store = free_port(port), None
     if any(j.shm_token for j in jobs):
         remove_stale_channels()  # files of earlier launchers that were killed before they could remove them
     shareds = [_shared_weights(j) if j.schedule.update == "async" else None for j in jobs]
+    # Hogwild's shared weights reach each rank as one file descriptor per tensor: spawned past the server's limit
+    shared = sum(sum(len(w) for w in s[0]) + 1 for s in shareds if s is not None)  # weights and counters
+    warm = warm_start.enabled() and shared <= warm_start.MAX_SHARED_TENSORS
     try:
         # warm ranks join a store the launcher serves (none waits for rank 0's), dropped when the job ends
         store = host_store(port, world, max(j.run.timeout_s for j in jobs)) if warm else None

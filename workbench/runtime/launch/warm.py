@@ -43,6 +43,9 @@ PRELOAD = (
     "workbench.runtime.calibration.machine",
     "workbench.runtime.launch.preloaded",  # last: freezes what the imports above created (its docstring)
 )
+#: shared-memory tensors a warm rank can receive: each travels as a file descriptor, and the server
+#: takes at most ``forkserver.MAXFDS_TO_SEND`` per process, its own and the rank's pipes included
+MAX_SHARED_TENSORS = forkserver.MAXFDS_TO_SEND // 2
 PACKAGE = Path(__file__).resolve().parents[2]  # the workbench package: its sources are the server's code
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
