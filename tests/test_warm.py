@@ -186,3 +186,33 @@ def test_hogwild_weights_past_the_servers_descriptor_limit_are_spawned(tmp_path,
     monkeypatch.setattr(warm, "MAX_SHARED_TENSORS", 0)
     s = train("toy-mlp", "dp-asp", workers=2, microbatches=1, steps=2, out=tmp_path / "b", progress=False)
     assert s["steps"] == 2 and asked == [True, False]
+
+
+SERVER_MASK_PROBE = """
+import json, operator, signal
+import multiprocessing.util as util
+from workbench.runtime.launch import lifetime
+
+seen = []
+spawnv = util.spawnv_passfds
+
+def record(path, args, passfds):
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    seen.append(dict(server="forkserver" in " ".join(map(str, args)), sigint_blocked=signal.SIGINT in blocked))
+    return spawnv(path, args, passfds)
+
+util.spawnv_passfds = record
+lifetime.spawn(operator.truth, (), 2, warm=True)
+print(json.dumps(seen))
+"""
+
+
+def test_the_server_is_started_with_sigint_blocked():
+    """Its ranks are forked with its signal mask: SIGINT blocked until become_rank gave it the default
+    action, as for spawned ranks (test_lifetime's Ctrl-C cases); the server itself ignores SIGINT."""
+    r = subprocess.run(
+        [sys.executable, "-c", SERVER_MASK_PROBE], capture_output=True, text=True, timeout=300, check=True, cwd=ROOT
+    )
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    servers = [s for s in seen if s["server"]]
+    assert len(servers) == 1 and servers[0]["sigint_blocked"], seen
