@@ -108,6 +108,7 @@ def _remote_pairs(schedule: Schedule) -> set[tuple[str, int, int]]:
             if not is_remote(op, w):
                 continue
             owner = op.weights_worker
+            assert owner is not None  # is_remote: the op reads another worker's weights
             out.add((remote_channel("fetch", op.stage, owner, w), owner, w))
             if op.kind in ("B", "BW") and w not in holders[op.stage]:
                 out.add((remote_channel("push", op.stage, w, owner), w, owner))
@@ -134,7 +135,7 @@ def communicators(schedules: Sequence[Schedule]) -> list[Communicator]:
     return out
 
 
-def group_of(groups: dict, name: str):
+def group_of(groups: dict, name: Hashable):
     """The process group of communicator ``name``; None (the default group) when ``groups`` is
     empty (a transport used without the runtime's groups, as in unit tests). A missing name is an
     error: its messages would share the default group with others."""

@@ -22,7 +22,9 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -56,7 +58,7 @@ def dry_job(schedule: Schedule, out: str, *, rounds: int = 2, tied: bool = False
     microbatch. ``tied``: the zoo's GPT with its output projection tied to the token embedding (a
     weight of the first and the last stage, combined at every update)."""
     S, M = schedule.num_stages, schedule.microbatches
-    common = dict(
+    common: dict[str, Any] = dict(
         workers=schedule.num_workers,
         microbatches=M,
         steps=rounds,
@@ -105,7 +107,8 @@ def _dtype(job: Job) -> torch.dtype | None:
 
 def _groups(rec: Recorder, job: Job, model, rank: int) -> dict:
     """The runtime's process groups, created in its order on the dry world."""
-    sched, groups = job.schedule, {}
+    sched = job.schedule
+    groups: dict[Hashable, Any] = {}
     scheds = [sched] + ([job.stream(2 * sched.microbatches)] if job.stream is not None else [])
     for name, ranks in channels(scheds):
         g = rec.new_group(list(ranks))
