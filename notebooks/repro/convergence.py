@@ -658,18 +658,6 @@ def staleness(
     return pd.DataFrame(rows)
 
 
-def select_lr(setup: Setup, grid, seeds, scratch, *, budget_share: float = 0.8) -> tuple[pd.DataFrame, float, float]:
-    """The protocol's rule for the statistical-efficiency task's learning rate and target, from BSP
-    alone (no other scheme is run): BSP's learning curves at every ``lr`` of ``grid`` over ``seeds``
-    (the semantic reference), read by :func:`lr_rule`. Returns the table (one row per ``lr``), the
-    ``lr`` and the target."""
-    frames = []
-    for lr in grid:
-        ref, _ = reference_sweep(replace(setup, lr=float(lr)), [BSP], seeds, Path(scratch) / f"lr-{lr:g}")
-        frames.append(ref.assign(lr=float(lr)))
-    return lr_rule(pd.concat(frames, ignore_index=True), setup.epochs, setup.model, budget_share=budget_share)
-
-
 def lr_rule(
     bsp: pd.DataFrame, epochs: int, model: str, *, budget_share: float = 0.8
 ) -> tuple[pd.DataFrame, float, float]:

@@ -144,18 +144,6 @@ def _settings() -> Mapping:
     return SETTINGS
 
 
-def apply_lr_rule(cfg: Config) -> tuple[Config, pd.DataFrame]:
-    """The protocol's rule for the learning rate and the target (:func:`convergence.select_lr`: BSP
-    alone on ``statistical_efficiency.lr_grid``) run on ``cfg``'s task; returns ``cfg`` with the
-    rule's ``lr`` and ``target`` and the rule's table (``lr_selection.csv``). The claim rows record
-    the values used; ``tests/test_protocol.py`` checks the committed ones against the protocol."""
-    with tempfile.TemporaryDirectory(prefix="wb-lr-rule-") as scratch:
-        table, lr, target = cv.select_lr(
-            cfg.setup, protocol.value("statistical_efficiency.lr_grid"), cfg.seeds, scratch
-        )
-    return replace(cfg, lr=lr, target=target), table
-
-
 # ---- statistical efficiency ----------------------------------------------------------------------
 def statistical_efficiency(cfg: Config, out, grid: dict | None = None) -> dict[str, pd.DataFrame]:
     """Learning curves of every (scheme, seed) (reference for the deterministic rules, runtime for
@@ -938,8 +926,8 @@ def run(cfg: Config, out_dir, *, lr_selection: pd.DataFrame | None = None, lr_ru
     rule over the whole lr grid on both stand-in tasks (:func:`repro.lr_grid.run_grid`), whose
     first task's curves at ``cfg.lr`` are the time-to-target rows' (not run again); ``lr_rule``:
     ``cfg.lr`` and ``cfg.target`` from the protocol's rule on that grid's BSP curves
-    (``lr_selection.csv``). ``lr_selection``: the rule's table where it ran before
-    (:func:`apply_lr_rule`). Returns the tables."""
+    (``lr_selection.csv``). ``lr_selection``: a table to write as ``lr_selection.csv`` where no
+    grid ran. Returns the tables."""
     out = out_folder(out_dir)
     t0 = time.perf_counter()
     grids = _grids(cfg, out, lr_rule) if cfg.grid else {}
