@@ -1,4 +1,5 @@
-"""Launch real training: one process per worker (``torch.multiprocessing.spawn``) or join a
+"""Launch real training: one process per worker (forked by the warm server of
+:mod:`workbench.runtime.launch.warm`; started by ``spawn`` with ``WORKBENCH_WARM=0``) or join a
 ``torchrun`` rendezvous (``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` set), then every rank runs
 :func:`workbench.runtime.launch.rank.worker_main`. Outputs are described in :mod:`workbench.runtime.launch.outputs`;
 a folder holding a finished run is never overwritten.
