@@ -315,17 +315,17 @@ def test_partition_flags_must_be_booleans(vgg16_csv):
 
 
 def test_a_diverged_run_warns_with_the_step(tmp_path):
-    from workbench.runtime.launch.driver import DivergedWarning, _warn_if_diverged
+    from workbench.runtime.launch.driver import DivergedWarning, warn_if_diverged
 
     (tmp_path / "metrics.csv").write_text("step,loss\n0,2.3\n1,inf\n2,nan\n")
     with pytest.warns(DivergedWarning, match=r"^the training loss became inf at step 1 \(lr 1e\+06\)"):
-        _warn_if_diverged(tmp_path, 1e6)
+        warn_if_diverged(tmp_path, 1e6)
     (tmp_path / "metrics.csv").write_text("step,loss\n0,2.3\n1,2.1\n")
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _warn_if_diverged(tmp_path, 0.05)
+        warn_if_diverged(tmp_path, 0.05)
 
 
 def test_the_cli_prints_a_warning_on_one_line():

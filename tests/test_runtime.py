@@ -429,14 +429,14 @@ def test_hogwild_update_computes_its_gradient_on_the_weights_it_pulled(tmp_path,
     from types import SimpleNamespace
 
     from workbench.runtime.executors import hogwild
-    from workbench.runtime.launch.driver import _shared_weights
+    from workbench.runtime.launch.driver import shared_weights
 
     job = prepare("toy-mlp", "dp-asp", workers=2, microbatches=2, steps=1, out=tmp_path / "asp", **COMMON)
     x, y = job.dataset_fn().tensors
     mb = BATCH // 2
 
     def one_update(other_write: float) -> list[dict]:
-        shared, counters = _shared_weights(job)
+        shared, counters = shared_weights(job)
         ctx = SimpleNamespace(
             rank=0, device=torch.device("cpu"), t0=0.0, optim=SimpleNamespace(momentum=0.0, lr=LR, seed=0)
         )

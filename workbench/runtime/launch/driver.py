@@ -42,6 +42,7 @@ from workbench.runtime.launch.lifetime import JobStopped, RankFailed, run_rank, 
 from workbench.runtime.launch.outputs import RunResult, latest_checkpoint, load_stage, record_options, resume_notes
 from workbench.runtime.launch.ports import JOIN_HOSTED_STORE, free_port, host_store
 from workbench.runtime.launch.rank import worker_main
+from workbench.runtime.semantics.randomness import unseeded_random_layers
 from workbench.runtime.semantics.reference import updates_per_round
 from workbench.runtime.semantics.stages import (
     Bounds,
@@ -131,6 +132,10 @@ def build_job(spec: JobSpec) -> Job:
         check_tied(stream_fn(2 * sched.microbatches), ties)
     train_set = dataset_fn()
     _check_takes_data(the_model, train_set, m.dtype, label)
+    for line in unseeded_random_layers(the_model.layers):  # one line each, before any rank starts
+        warnings.warn(
+            f"{line}: its random draws are not seeded per microbatch, so ranks differ from one process", stacklevel=3
+        )
     rounds_total = _rounds_total(o, len(train_set), sched.microbatches)
     if r.fail_rank is not None and not 0 <= r.fail_rank < workers:
         raise ValueError(f"fail_rank {r.fail_rank} is not a rank of {workers} workers")
@@ -458,7 +463,7 @@ def _model_and_data(model, dataset, dtype, mseed: int, model_options: dict, *, d
     return the_model, model_fn, dataset_fn, the_model.name
 
 
-def _shared_weights(job: Job):
+def shared_weights(job: Job):
     """Shared-memory weights per stage and per-(stage, replica) update counters for the async executor."""
     model = job.model_fn()
     ws = [stage_params(stage_module(model.layers, a, z)) for a, z in job.bounds]
@@ -504,7 +509,7 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
     port, store = free_port(port), None
     if any(j.shm_token for j in jobs):
         remove_stale_channels()  # files of earlier launchers that were killed before they could remove them
-    shareds = [_shared_weights(j) if j.schedule.update == "async" else None for j in jobs]
+    shareds = [shared_weights(j) if j.schedule.update == "async" else None for j in jobs]
     # Hogwild's shared weights reach each rank as one file descriptor per tensor: spawned past the server's limit
     shared = sum(sum(len(w) for w in s[0]) + 1 for s in shareds if s is not None)  # weights and counters
     warm = warm_start.enabled() and shared <= warm_start.MAX_SHARED_TENSORS
@@ -544,7 +549,7 @@ class DivergedWarning(RuntimeWarning):
     """The training loss became non-finite (nan or inf): the run's weights are garbage from there on."""
 
 
-def _warn_if_diverged(out: Path, lr: float) -> None:
+def warn_if_diverged(out: Path, lr: float) -> None:
     """A :class:`DivergedWarning` naming the first step whose logged loss is not finite, if any."""
     metrics = out / "metrics.csv"
     if not metrics.exists():
@@ -568,7 +573,7 @@ def _warn_if_diverged(out: Path, lr: float) -> None:
 def _read_summary(out: Path, job: Job) -> dict:
     summary = RunResult(json.loads((out / "summary.json").read_text()))
     summary["out"] = str(out)
-    _warn_if_diverged(out, job.optim.lr)
+    warn_if_diverged(out, job.optim.lr)
     if job.run.return_weights:
         summary["weights"] = torch.load(out / "weights.pt", weights_only=False)
     return summary
