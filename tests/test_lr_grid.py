@@ -138,3 +138,18 @@ def test_the_quick_run_has_every_arm_at_every_lr_of_both_tasks(out03):
         rows = claims[claims["claim"].str.startswith(c.words)]
         assert len(rows) == 2 and rows["ours"].isna().all(), c.words  # both tasks; not computed on two seeds
         assert rows["explanation"].str.contains("not computed").all()
+
+
+def test_claim_rows_say_holds_or_contradicted_with_every_lr_in_words():
+    same = _grid_curves({"dp-bsp": lambda lr: 0.8, "pipedream": lambda lr: 0.8, lg.VSYNC: lambda lr: 0.8})
+    worse = _grid_curves({"dp-bsp": lambda lr: 0.8, "pipedream": lambda lr: 0.8, lg.VSYNC: lambda lr: 0.5})
+    task = lg.Task("t", "toy task", cv.Setup(epochs=4), (0.1, 1.0), tuple(range(10)))
+    for curves, value in ((same, 1.0), (worse, 0.0)):
+        arms = list(dict.fromkeys(curves["arm"]))
+        g = dict(summary=cv.grid_summary(curves, 0.7, 0.1),
+                 comparisons=cv.grid_comparisons(curves, lg.pairs(arms), 0.7, lg.reading()))  # fmt: skip
+        rows = {r["claim"]: r for r in lg.claim_rows(task, g, "")}
+        row = rows["vertical sync's effect on statistical efficiency is negligible (toy task)"]
+        assert row["ours"] == value and row["comparison"] == "holds"
+        assert "lr 0.1 (baseline learns)" in row["explanation"] and "lr 1 (baseline learns)" in row["explanation"]
+        assert "10 seeds per arm" in row["explanation"] and "own best lr" in row["explanation"]

@@ -181,7 +181,10 @@ def claim_rows(task: Task, grid: dict, used: str) -> list[dict]:
             f"{c.arm} against {c.baseline} on each seed's best test accuracy within {task.setup.epochs} epochs: "
             f"{ends['point']} at the margin {reading().margins[1]:g} ({ends['low']} at {reading().margins[0]:g}, "
             f"{ends['high']} at {reading().margins[2]:g}; protocol statistical_efficiency.claim_rule, "
-            "equivalence_margin); per lr: " + "; ".join(_lr_text(r, learns) for r in mine.itertuples())
+            "equivalence_margin); per lr: "
+            + "; ".join(_lr_text(r, learns) for r in mine.itertuples())
+            + "; each at its own best lr of the grid: "
+            + ", ".join(_best_text(summ, a) for a in (c.arm, c.baseline))
         )
         rows.append(
             claim(
@@ -198,6 +201,13 @@ def claim_rows(task: Task, grid: dict, used: str) -> list[dict]:
             )  # fmt: skip
         )
     return rows
+
+
+def _best_text(summary: pd.DataFrame, arm: str) -> str:
+    """An arm's highest median best accuracy over the grid and the lr it is at."""
+    g = summary[summary["arm"] == arm]
+    r = g.loc[g["best_accuracy_median"].idxmax()]
+    return f"{arm} {r['best_accuracy_median']:.3f} at lr {r['lr']:g}"
 
 
 def _lr_text(r, learns: dict) -> str:
