@@ -512,55 +512,9 @@ def test_the_dynamic_program_prices_replicas_with_the_calibrated_all_reduce():
     assert max(s.time_ms for s in slow.stages) == pytest.approx(cm.predicted_ms(slow))
 
 
-# ---- the partitioner's room: short functions, public names, lazy package exports --------------
+# ---- the partitioner's package: lazy exports (short functions and public names: tests/test_house_rules.py)
 REPO = Path(__file__).resolve().parents[1]
 PARTITIONING = REPO / "workbench" / "partitioning"
-
-
-def test_no_function_in_the_partitioner_is_longer_than_80_lines():
-    import ast
-
-    long = [
-        f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
-        for path in sorted(PARTITIONING.glob("*.py"))
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 80
-    ]
-    assert long == []
-
-
-def private_partitioning_imports(source: str, where: str) -> list[str]:
-    """``from workbench.partitioning[.x] import _name`` in ``source`` (dunder names are not private)."""
-    import ast
-
-    return [
-        f"{where}: from {node.module} import {alias.name}"
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("workbench.partitioning")
-        for alias in node.names
-        if alias.name.startswith("_") and not alias.name.startswith("__")
-    ]
-
-
-def test_the_private_import_check_finds_one():
-    assert private_partitioning_imports("from workbench.partitioning.level import _x, y\n", "s") == [
-        "s: from workbench.partitioning.level import _x"
-    ]
-
-
-def test_no_private_partitioning_name_is_imported_anywhere():
-    import json
-
-    found = []
-    for folder in ("workbench", "tests", "benchmarks", "scripts", "notebooks"):
-        for path in sorted((REPO / folder).rglob("*.py")):
-            found += private_partitioning_imports(path.read_text(), str(path.relative_to(REPO)))
-        for path in sorted((REPO / folder).rglob("*.ipynb")):
-            for cell in json.loads(path.read_text())["cells"]:
-                code = "".join(cell["source"]) if cell["cell_type"] == "code" else ""
-                code = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
-                found += private_partitioning_imports(code, str(path.relative_to(REPO)))
-    assert found == []
 
 
 def test_the_package_exports_its_public_names_lazily():

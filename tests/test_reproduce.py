@@ -144,7 +144,7 @@ def test_bad_parameters_fail_with_one_line(tmp_path, capsys, monkeypatch, conten
 def test_summary_starts_with_a_short_headline_of_the_furthest_misses():
     import pandas as pd
 
-    from repro.reproduce import _headline
+    from repro.reproduce import headline
 
     claims = pd.DataFrame(
         dict(
@@ -156,7 +156,7 @@ def test_summary_starts_with_a_short_headline_of_the_furthest_misses():
             fit=["out-of-sample", "out-of-sample", "none", "none"],
         )
     )
-    lines = _headline(claims, worst=2)
+    lines = headline(claims, worst=2)
     assert lines[0] == "## At the protocol's point values"
     line = next(ln for ln in lines if "The papers' measurements" in ln)
     assert "1 of 3 claims" in line and "out-of-sample 1/2" in line and "none 0/1" in line
@@ -171,7 +171,7 @@ def test_headline_counts_the_modeled_speedups_to_target_apart():
     only, each with ours / paper, counted within 25%."""
     import pandas as pd
 
-    from repro.reproduce import _headline
+    from repro.reproduce import headline
 
     claims = pd.DataFrame(
         dict(
@@ -189,7 +189,7 @@ def test_headline_counts_the_modeled_speedups_to_target_apart():
             label=["modeled", "modeled", "modeled", "measured (this machine)"],
         )
     )
-    line = next(ln for ln in _headline(claims) if "headline speedups" in ln)
+    line = next(ln for ln in headline(claims) if "headline speedups" in ln)
     assert "1 of 3 within 25%" in line
     assert "vgg16 SOSP Cluster-A ×0.83" in line and "PipeDream faster than ASP ×0.27" in line
     assert "this machine" not in line
@@ -201,7 +201,7 @@ def test_lean_strips_figure_data_and_keeps_tables(tmp_path, monkeypatch):
     import nbformat
     import plotly.graph_objects as go
 
-    from repro.reproduce import _shared_plotlyjs, strip_figures
+    from repro.reproduce import shared_plotlyjs, strip_figures
     from workbench.viz.plot import save_html
 
     fig = go.Figure(go.Bar(x=[1, 2], y=[3, 4]))
@@ -222,7 +222,7 @@ def test_lean_strips_figure_data_and_keeps_tables(tmp_path, monkeypatch):
     again = nbformat.read(str(path), as_version=4).cells[0].outputs
     assert "09_x/" in again[0]["data"]["text/plain"] and again[1]["data"]["text/plain"].startswith("   a")
     assert path.stat().st_size < before
-    with _shared_plotlyjs(tmp_path, lean=True):
+    with shared_plotlyjs(tmp_path, lean=True):
         page = save_html(fig, tmp_path / "09_x" / "fig.html")
     assert not (tmp_path / "plotly.min.js").exists()
     html = page.read_text()

@@ -3,10 +3,8 @@ the papers (NOAM, PipeDream Figure 8, version rules, the unifying document's tab
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import warnings
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -576,50 +574,6 @@ def test_interleaved_schedules_refuse_microbatches_that_do_not_split_into_rounds
     ):
         build(name, 8, 9, chunks=2)
     assert build(name, 8, 10, chunks=2).microbatches == 10
-
-
-ROOMS = ("schedules", "simulation")  # the two rooms these rules are kept in (tests/test_import_graph.py: the floors)
-
-
-def _room_files():
-    root = Path(__file__).resolve().parents[1] / "workbench"
-    return [p for room in ROOMS for p in sorted((root / room).glob("*.py"))]
-
-
-def private_imports(source: str) -> list[str]:
-    """``module.name`` of every underscore name that ``from workbench... import`` brings in."""
-    return [
-        f"{node.module}.{alias.name}"
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("workbench")
-        for alias in node.names
-        if alias.name.startswith("_")
-    ]
-
-
-def long_functions(source: str, most: int = 80) -> list[str]:
-    """Functions (methods and nested ones too) longer than ``most`` lines, their def and docstring counted."""
-    return [
-        f"{fn.name} ({fn.end_lineno - fn.lineno + 1} lines)"
-        for fn in ast.walk(ast.parse(source))
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.end_lineno - fn.lineno + 1 > most
-    ]
-
-
-def test_the_schedule_and_simulation_rooms_import_no_private_name_and_keep_functions_short():
-    found = [f"{p.name}: {x}" for p in _room_files() for x in private_imports(p.read_text())]
-    assert not found, "make the shared helper public (or move it to its module):\n" + "\n".join(found)
-    found = [f"{p.name}: {x}" for p in _room_files() for x in long_functions(p.read_text())]
-    assert not found, "split into named steps:\n" + "\n".join(found)
-
-
-def test_the_room_checks_see_a_private_import_and_a_long_function():
-    assert private_imports("from workbench.schedules.generators import Key, _helper\n") == [
-        "workbench.schedules.generators._helper"
-    ]
-    assert private_imports("from numpy import _private\nfrom workbench.io import cards\n") == []
-    assert long_functions("def f():\n" + "    x = 1\n" * 80) == ["f (81 lines)"]
-    assert long_functions("def f():\n" + "    x = 1\n" * 79) == []
 
 
 def test_remote_inputs_are_named_records_of_the_producers_on_other_workers():

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from multiprocessing import forkserver
 from pathlib import Path
 
 import pytest
@@ -169,21 +170,31 @@ def receive(rank: int, tensors: list) -> None:
     assert all(float(t.sum()) == 0 for t in tensors)
 
 
-def test_hogwild_weights_past_the_servers_descriptor_limit_are_spawned(tmp_path, monkeypatch):
-    """Shared-memory tensors travel to a rank as file descriptors, at most MAXFDS_TO_SEND through the
-    warm server: past :data:`warm.MAX_SHARED_TENSORS` a Hogwild job's ranks are spawned."""
+def test_the_descriptors_a_rank_receives_are_counted_per_storage():
+    import torch
+
+    base = torch.zeros(8)
+    args = ([base, base[2:], torch.ones(3)], {"w": torch.nn.Linear(2, 2)})  # a view shares its storage
+    assert warm.fds_needed(args) == 2 + 2 + 2 + 4  # 2 storages, the layer's 2, stdio, the server's pipes
+    assert warm.fits(args) and not warm.fits([torch.zeros(1) for _ in range(forkserver.MAXFDS_TO_SEND)])
+
+
+def test_arguments_past_the_servers_descriptor_limit_are_spawned(tmp_path, monkeypatch):
+    """Tensors travel to a rank as file descriptors, at most MAXFDS_TO_SEND through the warm server:
+    past it (:func:`warm.fits`: Hogwild's shared weights, a user's model or data set sent by value) a
+    job's ranks are spawned."""
     import torch
 
     from workbench.runtime import train
 
-    many = [torch.zeros(2).share_memory_() for _ in range(2 * warm.MAX_SHARED_TENSORS)]
+    many = [torch.zeros(2).share_memory_() for _ in range(forkserver.MAXFDS_TO_SEND)]
     with pytest.raises(ValueError, match="too many fds"):
         spawn(receive, (many,), 1, warm=True)
     spawn(receive, (many,), 1)  # spawned: no such limit
     asked, context = [], warm.context
     monkeypatch.setattr(warm, "context", lambda is_warm: asked.append(is_warm) or context(is_warm))
     train("toy-mlp", "dp-asp", workers=2, microbatches=1, steps=1, out=tmp_path / "a", progress=False)
-    monkeypatch.setattr(warm, "MAX_SHARED_TENSORS", 0)
+    monkeypatch.setattr(warm, "fits", lambda args: False)
     s = train("toy-mlp", "dp-asp", workers=2, microbatches=1, steps=2, out=tmp_path / "b", progress=False)
     assert s["steps"] == 2 and asked == [True, False]
 

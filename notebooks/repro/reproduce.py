@@ -236,7 +236,7 @@ def run(
     load_start = os.getloadavg()
     with (
         run_folder(Path(out) / run_id("reproduce-" + ("quick" if quick else "full"))) as tmp,
-        _shared_plotlyjs(tmp, lean),
+        shared_plotlyjs(tmp, lean),
     ):
         bar = tqdm(runs, desc="notebooks", unit="nb", disable=not progress)
         for name, path, params in bar:
@@ -275,7 +275,7 @@ def strip_figures(path: Path) -> int:
 
 
 @contextlib.contextmanager
-def _shared_plotlyjs(run_dir: Path, lean: bool = False):
+def shared_plotlyjs(run_dir: Path, lean: bool = False):
     """While the notebooks run, their HTML figures load one ``plotly.min.js`` at the run folder's
     root by relative path (the kernels inherit the environment), instead of embedding 4.8 MB each;
     ``lean``: from plotly's CDN (a page to commit; viewing it needs the network)."""
@@ -377,7 +377,7 @@ def summary_markdown(
     if claims is None:
         claims = collect_claims(run_dir)
     counted = claims[claims["kind"] != "repeat"] if "kind" in claims.columns else claims
-    lines[4:4] = _opening(claims) + _kinds_section(claims) + _headline(counted)
+    lines[4:4] = _opening(claims) + _kinds_section(claims) + headline(counted)
     lines += _fit_section(counted) + _calibration_section(run_dir) + _ledger_section(run_dir)
     lines += [
         "",
@@ -589,7 +589,7 @@ def evidence(notebook: str) -> str:
     return "the unifying document's counts" if notebook in DOCUMENT_COUNTS else "the papers' measurements"
 
 
-def _headline(claims: pd.DataFrame, worst: int = 5) -> list[str]:
+def headline(claims: pd.DataFrame, worst: int = 5) -> list[str]:
     """A few lines first, for each kind of evidence apart (:func:`evidence`): how many claims
     compared as numbers are within 25% (by ``fit``), how many bounds and qualitative statements are
     met, and the furthest misses of the papers' measurements."""

@@ -510,9 +510,9 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
     if any(j.shm_token for j in jobs):
         remove_stale_channels()  # files of earlier launchers that were killed before they could remove them
     shareds = [shared_weights(j) if j.schedule.update == "async" else None for j in jobs]
-    # Hogwild's shared weights reach each rank as one file descriptor per tensor: spawned past the server's limit
-    shared = sum(sum(len(w) for w in s[0]) + 1 for s in shareds if s is not None)  # weights and counters
-    warm = warm_start.enabled() and shared <= warm_start.MAX_SHARED_TENSORS
+    # every tensor storage of the ranks' arguments (Hogwild's shared weights, a user's model and data set
+    # sent by value) reaches a rank as one file descriptor: past the server's limit the ranks are spawned
+    warm = warm_start.enabled() and warm_start.fits((world, jobs, shareds))
     try:
         # warm ranks join a store the launcher serves (none waits for rank 0's), dropped when the job ends
         store = host_store(port, world, max(j.run.timeout_s for j in jobs)) if warm else None

@@ -24,14 +24,17 @@ so edited code reaches the next job.
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 from dataclasses import dataclass
 from multiprocessing import forkserver, reduction
 from pathlib import Path
 
+import torch
 import torch.multiprocessing as mp
 
 #: what the server imports: torch, and the modules whose functions the workbench's ranks run
@@ -43,13 +46,38 @@ PRELOAD = (
     "workbench.runtime.calibration.machine",
     "workbench.runtime.launch.preloaded",  # last: freezes what the imports above created (its docstring)
 )
-#: shared-memory tensors a warm rank can receive: each travels as a file descriptor, and the server
-#: takes at most ``forkserver.MAXFDS_TO_SEND`` per process, its own and the rank's pipes included
-MAX_SHARED_TENSORS = forkserver.MAXFDS_TO_SEND // 2
 PACKAGE = Path(__file__).resolve().parents[2]  # the workbench package: its sources are the server's code
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _server: dict = {"code": None, "starts": 0}  # the running server's code fingerprint; servers started
+
+
+class _StorageCounter(reduction.ForkingPickler):
+    """Pickles like the rank's own pickling, but counts each tensor's storage once instead of
+    sharing it (multiprocessing sends every shared storage as one file descriptor)."""
+
+    def __init__(self, buf):
+        super().__init__(buf, pickle.HIGHEST_PROTOCOL)
+        self.storages: set = set()
+
+    def persistent_id(self, obj):
+        if isinstance(obj, torch.Tensor):
+            self.storages.add((obj.device.type, obj.untyped_storage().data_ptr()))
+            return len(self.storages)
+        return None
+
+
+def fds_needed(args) -> int:
+    """File descriptors one rank receives with ``args``: one per tensor storage, plus its stdout and
+    stderr and the server's pipes; more than ``forkserver.MAXFDS_TO_SEND`` cannot start warm."""
+    counter = _StorageCounter(io.BytesIO())
+    counter.dump(args)
+    return len(counter.storages) + 2 + 4
+
+
+def fits(args) -> bool:
+    """Whether a rank with ``args`` can start from the warm server (:func:`fds_needed`)."""
+    return fds_needed(args) < forkserver.MAXFDS_TO_SEND
 
 
 def enabled() -> bool:
