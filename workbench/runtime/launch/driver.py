@@ -40,7 +40,7 @@ from workbench.runtime.launch.job import (
 from workbench.runtime.launch.jobspec import STAGE_LR_RULES, TRAIN_TRANSPORTS, JobSpec, OptimSpec, PipelineSpec, RunSpec
 from workbench.runtime.launch.lifetime import JobStopped, RankFailed, run_rank, spawn
 from workbench.runtime.launch.outputs import RunResult, latest_checkpoint, load_stage, record_options, resume_notes
-from workbench.runtime.launch.ports import JOIN_HOSTED_STORE, free_port, host_store
+from workbench.runtime.launch.ports import JOIN_HOSTED_STORE, free_port, hosted_store
 from workbench.runtime.launch.rank import worker_main
 from workbench.runtime.semantics.randomness import unseeded_random_layers
 from workbench.runtime.semantics.reference import updates_per_round
@@ -506,7 +506,7 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
         rank = int(os.environ["RANK"])  # this process is a rank of torchrun's: it stops with torchrun (lifetime.py)
         run_rank(rank, worker_main, rank, world, jobs, None, None)
         return [_read_summary(Path(j.run.out), j) if rank == 0 else {} for j in jobs]
-    port, store = free_port(port), None
+    store = None
     if any(j.shm_token for j in jobs):
         remove_stale_channels()  # files of earlier launchers that were killed before they could remove them
     shareds = [shared_weights(j) if j.schedule.update == "async" else None for j in jobs]
@@ -515,7 +515,10 @@ def run_jobs(jobs: list[Job], port: int | None = None) -> list[dict]:
     warm = warm_start.enabled() and warm_start.fits((world, jobs, shareds))
     try:
         # warm ranks join a store the launcher serves (none waits for rank 0's), dropped when the job ends
-        store = host_store(port, world, max(j.run.timeout_s for j in jobs)) if warm else None
+        if warm:  # bound here and held: no other process can take the port before the ranks join
+            port, store = hosted_store(port, world, max(j.run.timeout_s for j in jobs))
+        else:
+            port = free_port(port)
         spawn(
             functools.partial(worker_main, shareds=shareds),
             (world, jobs, "127.0.0.1", port),

@@ -33,3 +33,22 @@ def host_store(port: int, world: int, timeout_s: float, host: str = "127.0.0.1")
     serving it. It listens before any rank starts: a rank that connects before rank 0's store
     listens is refused and retries about half a second later."""
     return dist.TCPStore(host, port, world, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+def hosted_store(port: int | None, world: int, timeout_s: float, tries: int = 5, host: str = "127.0.0.1"):
+    """``(port, store)``: :func:`host_store` on ``port``, or, when the caller named none, on a free
+    port, chosen again when another process took it between the choice and the bind (``EADDRINUSE``),
+    up to ``tries`` times. Once bound, the store holds the port for the whole job."""
+    for attempt in range(tries):
+        chosen = free_port(port, host)
+        try:
+            return chosen, host_store(chosen, world, timeout_s, host)
+        except RuntimeError as e:  # torch's DistNetworkError / DistStoreError are RuntimeErrors
+            taken = "address already in use" in str(e).lower()
+            if port is not None or not taken or attempt == tries - 1:
+                if taken:
+                    raise ValueError(
+                        f"port {chosen} was taken before the job could bind it; run the job again"
+                    ) from None
+                raise
+    raise AssertionError("unreachable")
