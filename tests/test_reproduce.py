@@ -227,3 +227,42 @@ def test_lean_strips_figure_data_and_keeps_tables(tmp_path, monkeypatch):
     assert not (tmp_path / "plotly.min.js").exists()
     html = page.read_text()
     assert "cdn.plot.ly" in html and len(html) < 100_000
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_run_is_one_line_and_leaves_no_partial_run(tmp_path):
+    """SIGINT to the whole foreground group (what a terminal's Ctrl-C sends: the command, its notebook's
+    kernel and the kernel's ranks) while notebook 04 trains its ranks: exit 130, one line on stderr
+    naming what happened, no traceback, no run folder left, no process of the run left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    cmd = [
+        str(Path(sys.executable).parent / "workbench"),
+        "reproduce",
+        "--quick",
+        "--only",
+        "04",
+        "--out",
+        str(tmp_path),
+    ]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not list(tmp_path.glob(".reproduce-quick-*/04_pipeline_timelines/runs/*")):
+        time.sleep(0.5)  # until the notebook's ranks have started training
+    assert p.poll() is None, p.communicate()
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.lstrip().startswith(("Executing", "notebooks:"))]
+    assert p.returncode == 130 and "Traceback" not in err
+    assert lines == [
+        f"workbench reproduce: interrupted; the unfinished run was removed (nothing in {tmp_path} changed)"
+    ]
+    assert list(tmp_path.iterdir()) == []
+    time.sleep(2)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(p.pid, 0)  # no process of the run's group is left

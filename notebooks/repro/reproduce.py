@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import logging
 import math
 import os
 import platform
@@ -178,6 +179,27 @@ def plan_runs(only, params_file, quick: bool, nb_dir: Path) -> tuple[list[tuple[
     return runs, missing
 
 
+@contextlib.contextmanager
+def children_stderr_to(path: Path):
+    """While inside, the processes started here (a notebook's kernel, the ranks it starts) write their
+    stderr into ``path``, while this process's own messages and progress bars still reach its stderr:
+    a kernel's warnings and its exit on Ctrl-C do not interleave with the command's lines."""
+    sys.stderr.flush()
+    terminal, log = os.dup(2), os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    own = sys.stderr
+    sys.stderr = os.fdopen(os.dup(terminal), "w", buffering=1)
+    os.dup2(log, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(terminal, 2)
+        sys.stderr.close()
+        sys.stderr = own
+        os.close(terminal)
+        os.close(log)
+
+
 def run_notebook(name: str, path: Path, params: dict, run_dir: Path, quick: bool, *, progress: bool) -> Outcome:
     """Execute one notebook into ``run_dir/name.ipynb`` with its outputs in ``run_dir/name``."""
     import papermill
@@ -189,17 +211,18 @@ def run_notebook(name: str, path: Path, params: dict, run_dir: Path, quick: bool
     base = {"quick": quick, "out_dir": str(out_dir)} if "out_dir" in declared else {"out": str(out_dir)}
     if "quick" not in declared:
         base.pop("quick", None)
-    t0 = time.perf_counter()
+    t0, log = time.perf_counter(), run_dir / f"{name}.stderr.txt"
     try:
-        papermill.execute_notebook(
-            str(path),
-            str(run_dir / f"{name}.ipynb"),
-            parameters=base | params,
-            cwd=str(run_dir),
-            kernel_name="python3",
-            progress_bar=progress,
-            log_output=False,
-        )
+        with children_stderr_to(log):
+            papermill.execute_notebook(
+                str(path),
+                str(run_dir / f"{name}.ipynb"),
+                parameters=base | params,
+                cwd=str(run_dir),
+                kernel_name="python3",
+                progress_bar=progress,
+                log_output=False,
+            )
         status, error = "ok", ""
     except PapermillExecutionError as e:
         status = "failed"
@@ -210,6 +233,10 @@ def run_notebook(name: str, path: Path, params: dict, run_dir: Path, quick: bool
         )
     except Exception as e:  # noqa: BLE001  (kernel death, missing kernel: report and go on)
         status, error = "failed", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if status == "ok" or not log.stat().st_size:
+        log.unlink()  # the kernel's own messages (its ranks' too) are kept only where a notebook failed
+    else:
+        error += f" (the kernel's stderr: {log.name})"
     files = sorted(str(p.relative_to(run_dir)) for p in out_dir.rglob("*") if p.is_file()) if out_dir.exists() else []
     return Outcome(name, status, time.perf_counter() - t0, error, files)
 
@@ -739,7 +766,15 @@ def add_arguments(p) -> None:
 
 
 def cmd_reproduce(args) -> int:
-    run_dir, outcomes = run(args.only, args.params, args.quick, args.out, args.notebooks, lean=args.lean)
+    try:
+        run_dir, outcomes = run(args.only, args.params, args.quick, args.out, args.notebooks, lean=args.lean)
+    except KeyboardInterrupt:  # Ctrl-C: the run folder was removed unfinished (io.folders.run_folder)
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # the interrupted cell's task: no traceback at exit
+        print(
+            f"workbench reproduce: interrupted; the unfinished run was removed (nothing in {args.out} changed)",
+            file=sys.stderr,
+        )
+        return 130
     width = max(len(o.name) for o in outcomes) if outcomes else 10
     for o in outcomes:
         print(f"{o.name:<{width}}  {o.status:<7}  {o.seconds:6.0f} s  {o.error}")
