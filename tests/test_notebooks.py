@@ -38,3 +38,17 @@ def test_notebook_runs_under_papermill(path, tmp_path):
         # a first look shows a pipeline (more than one stage) and its steady state, never "no steady state"
         assert "time per minibatch" in text and "no steady state" not in text
         assert "\n    1 " in text  # the plan's table has a stage 1
+
+
+def test_notebooks_02_and_05_are_what_their_generator_writes(tmp_path, monkeypatch):
+    """notebooks/make_02_05.py writes notebooks 02 and 05: an edit made in a notebook alone would be
+    lost the next time the generator runs (a measured section was once dropped that way)."""
+    import runpy
+
+    folder = Path(__file__).resolve().parents[1] / "notebooks"
+    made = runpy.run_path(str(folder / "make_02_05.py"), run_name="make_02_05")
+    monkeypatch.setitem(made["write"].__globals__, "HERE", tmp_path)
+    for name, cells in (("02_dp_communication_overhead", made["NB02"]), ("05_unified_schedules", made["NB05"])):
+        written = nbformat.read(made["write"](name, cells), as_version=4)
+        committed = nbformat.read(folder / f"{name}.ipynb", as_version=4)
+        assert [(c.cell_type, c.source) for c in written.cells] == [(c.cell_type, c.source) for c in committed.cells]
