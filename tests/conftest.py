@@ -91,6 +91,12 @@ def any_run(request) -> Path:
 
 
 @pytest.fixture(scope="session")
+def out03(quick_run) -> Path:
+    """The 03_time_to_accuracy folder of the session's quick run (test_time_to_accuracy, test_lr_grid)."""
+    return Path(quick_run) / "03_time_to_accuracy"
+
+
+@pytest.fixture(scope="session")
 def reproduce_quick(quick_run) -> Path:
     """The same run under the name the 03/04 tests look up."""
     return quick_run

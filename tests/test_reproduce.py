@@ -89,7 +89,11 @@ def test_failure_is_reported_others_run_and_runs_never_overwrite(tiny_notebooks,
         "ZeroDivisionError" in summary
     )  # cell 0: parameters, 1: papermill's injected parameters
     assert "| 05_unified_schedules | ok |" in summary
-    assert "| two | 2 | 3 | 1.5 | units | point | no | out-of-sample | modeled (toy) |" in summary
+    # paper, ours, ours at each end of the protocol's intervals, verdict, kind, ratio, unit, comparison, met, fit, label
+    assert (
+        "| two | 2 | 3 | 3 | 3 | contradicted | formula | 1.5 | units | point | no | out-of-sample | modeled (toy) |"
+        in summary
+    )
     assert "**missing**" in summary  # 02-04 are absent from the tiny folder: listed, not run
     before = {p: p.read_bytes() for p in first[0].rglob("*") if p.is_file()}
 

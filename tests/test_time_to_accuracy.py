@@ -2,7 +2,6 @@
 hand-written ones, and the quick run's CSVs."""
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -284,12 +283,6 @@ def test_bad_parameters_fail_with_one_clear_line():
 
 
 # ---- the quick run's outputs ----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def out03(quick_run):
-    """The 03_time_to_accuracy folder of the session's ``workbench reproduce --quick`` (tests/conftest.py)."""
-    return Path(quick_run) / "03_time_to_accuracy"
-
-
 def test_claims_csv_has_the_contract_columns_and_labels(out03):
     claims = pd.read_csv(out03 / "claims.csv")
     assert tuple(claims.columns) == CLAIM_COLUMNS
