@@ -22,7 +22,7 @@ One job per module, in import order:
 
 from __future__ import annotations
 
-import importlib
+from workbench.io.lazy import lazy_exports
 
 #: public name -> the module that defines it
 _EXPORTS = {
@@ -40,14 +40,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'workbench.partitioning' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

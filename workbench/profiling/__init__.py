@@ -4,9 +4,8 @@ works whichever module was imported first. The names below are imported on first
 
 from __future__ import annotations
 
-import importlib
-
 import workbench.profiling.pipedream  # noqa: F401  (registers the graph.txt reader with the Profile type)
+from workbench.io.lazy import lazy_exports
 
 #: public name -> the module that defines it
 _EXPORTS = {
@@ -24,14 +23,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

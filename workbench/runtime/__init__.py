@@ -19,7 +19,7 @@ Everything a caller outside the runtime needs is named here (imported on first u
 ``workbench train --help`` builds its parser without importing torch).
 """
 
-import importlib
+from workbench.io.lazy import lazy_exports
 
 #: public name -> the module that defines it
 _EXPORTS = {
@@ -54,14 +54,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'workbench.runtime' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

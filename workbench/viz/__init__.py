@@ -3,7 +3,7 @@ else (no plotly): each name below is imported on first use (PEP 562)."""
 
 from __future__ import annotations
 
-import importlib
+from workbench.io.lazy import lazy_exports
 
 #: public name -> the module that defines it
 _EXPORTS = {
@@ -18,14 +18,4 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
