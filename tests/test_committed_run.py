@@ -26,7 +26,7 @@ REQUIRED = (
     "S2VT stand-in) arXiv Cluster-A BSP speedup",
     "S2VT stand-in) arXiv Cluster-A PipeDream speedup over data parallelism",
     "vgg16 arXiv Cluster-A PipeDream's communication below data parallelism's, more than",
-    "S2VT stand-in) arXiv Cluster-A PipeDream's communication below data parallelism's",
+    "S2VT stand-in) arXiv Cluster-A PipeDream's communication stall time below data parallelism's",
     "arXiv v1 abstract: PipeDream up to this much faster in time-to-accuracy",
     "arXiv v1 abstract: PipeDream's communication up to this much below",
     "SOSP abstract: PipeDream up to this much faster in time-to-accuracy",
@@ -35,8 +35,7 @@ REQUIRED = (
     "gnmt_large SOSP Cluster-B",
     "awd-lstm SOSP Cluster-A",
     "S2VT stand-in) SOSP Cluster-C",
-    "PipeDream speedup over model parallelism, lowest over the models",
-    "PipeDream speedup over model parallelism, highest over the models",
+    "PipeDream speedup over model parallelism, the range over the models",  # SOSP's '2.6-15x': one range row
     "PipeDream speedup over GPipe",
     "up to this share of training time (max over Fig. 1)",
     "takeaway 1: the overhead is high for many models",
