@@ -256,8 +256,9 @@ def test_ctrl_c_during_a_run_is_one_line_and_leaves_no_partial_run(tmp_path):
     ]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, text=True)
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not list(tmp_path.glob(".reproduce-quick-*/04_pipeline_timelines/runs/*")):
-        time.sleep(0.5)  # until the notebook's ranks have started training
+    trained = ".reproduce-quick-*/04_pipeline_timelines/runs/*/checkpoints/*"  # ranks past their start, training
+    while time.monotonic() < deadline and not list(tmp_path.glob(trained)):
+        time.sleep(0.2)
     assert p.poll() is None, p.communicate()
     os.killpg(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=120)
