@@ -108,8 +108,8 @@ def number_layers(layers: Sequence[nn.Module], first: int = 0) -> None:
 
 
 def unseeded_random_layers(layers: Sequence[nn.Module]) -> list[str]:
-    """Layers whose randomness the hooks cannot seed: those of a model that was not numbered (none
-    here), and modules holding a ``torch.Generator`` of their own (their draws ignore the seed)."""
+    """Layers whose randomness the hooks cannot seed: those holding a ``torch.Generator`` of their
+    own, whose draws ignore the seeded default generators."""
     out = []
     for i, layer in enumerate(layers):
         for name, m in layer.named_modules():
