@@ -51,6 +51,11 @@ stage costs timed alone (the costs the modeled timeline charges), with its sprea
 bubble unchanged; ``bubble_modeled_stretched`` replays the model with each stage's costs stretched as
 measured, so ``bubble_modeled_stretched - bubble_modeled`` is what the stretch's unevenness moves and
 ``bubble_measured - bubble_modeled_stretched`` what the time between ops (Python, gloo, waits) adds.
+
+Every number is computed from the full-precision timelines; what the run folders then keep
+(``timeline.csv``, ``timeline_modeled.csv``) and the figures draw has its times to 0.1 µs
+(:func:`repro.pages.rounded_times`), so a number recomputed from the files moves by at most what
+that rounding allows.
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from repro.common import check_config, claim, out_folder, save_figure, save_table, write_claims
-from repro.pages import save_page, slim_runs
+from repro.pages import round_run_timelines, rounded_times, save_page, slim_runs
 from workbench import Plan, schedules
 from workbench.profiling import Profile
 from workbench.runtime import (
@@ -595,12 +600,13 @@ def _explain_timed(r: dict, cf: float, ms: pd.DataFrame, t: float) -> str:
 
 
 def timeline_pair(name: str, sim, summary: dict, cfg: Config):
-    """Modeled and measured timelines of one schedule, stacked on one time axis (ms)."""
+    """Modeled and measured timelines of one schedule, stacked on one time axis (ms); the figure
+    carries copies with times to 0.1 µs (:func:`repro.pages.rounded_times`), as the CSVs keep them."""
 
     return compare_figure(
         {
-            "modeled (stage costs measured here, comm free)": sim.timeline,
-            f"measured ({cfg.workers} CPU gloo ranks, {cfg.model})": measured_timeline(summary),
+            "modeled (stage costs measured here, comm free)": rounded_times(sim.timeline),
+            f"measured ({cfg.workers} CPU gloo ranks, {cfg.model})": rounded_times(measured_timeline(summary)),
         },
         title=f"{name}: {cfg.steps} rounds of {cfg.microbatches} microbatches (ms)",
     )
@@ -689,7 +695,9 @@ def run(cfg: Config, out_dir) -> dict:
         row.update(compare_timed(timed[0], timed[1], cfg) if timed else dict.fromkeys(TIMED_COLUMNS, math.nan))
         rows.append(row)
         figs[f"timeline_{name}"] = timeline_pair(name, sim, summary, cfg)
-        sim.timeline.to_csv(Path(summary["out"]) / "timeline_modeled.csv", index=False)
+        rounded_times(sim.timeline).to_csv(Path(summary["out"]) / "timeline_modeled.csv", index=False)
+    # every number above is computed from the full-precision timelines; the run folders keep them to 0.1 µs
+    round_run_timelines([s for _, s in (*runs.real.values(), *runs.timed.values())], names=("timeline.csv",))
     table = pd.DataFrame(rows)
     save_table(table, out, "bubbles")
     save_table(runs.skipped, out, "skipped")
