@@ -333,3 +333,35 @@ def test_a_measured_epochs_ratio_multiplies_exactly_the_rows_the_protocol_measur
             assert "not measured in this call" in a["explanation"]
         else:
             assert b["ours"] == a["ours"]
+
+
+def test_the_sosp_unstated_rule_before_it_changed_reads_the_papers_arm_or_the_figure():
+    """``time_to_target.sosp_unstated`` changed after its rows were seen (repro.ledger), so its rows
+    are read under both rules: the one held before measured the epochs ratio only where the paper's
+    configuration was an arm of the experiment (AWD-LM's straight pipeline) and kept the figure's
+    ratio elsewhere (S2VT's 2-1-1); the present one measures it at the row's own configuration.
+    Each variant of the target and seeds is looked up at the protocol's values of the moment."""
+    from repro import protocol
+
+    arms = cal.epochs_arms()
+    base, _ = cal.claim_rows()
+    at = {(0.88, (0, 1, 2, 3, 4)): dict(ratio=9.0, text="LOW-END", paper=dict(ratio=11.0, text="LOW-PAPER"))}
+    m = {k: dict(ratio=2.5, text="MEASURED-HERE", paper=dict(ratio=3.0, text="AT-PAPERS"), at=at) for k in arms}
+    rows = {
+        rule: cal.evaluate_at({"time_to_target.sosp_unstated": rule}, cal.claim_rows, measured_epochs=m)[0]
+        for rule in cal.SOSP_UNSTATED_RULES
+    }
+    figure = float(protocol.value("time_to_target.sosp_epochs_ratio"))
+    for i, n in enumerate(cal.PAPER):
+        if not cal.epochs_measured(n):
+            assert all(r[i]["ours"] == pytest.approx(base[i]["ours"]) for r in rows.values())
+            continue
+        now, before = rows[cal.AT_ROWS_CONFIG][i], rows[cal.AT_PAPERS_ARM][i]
+        assert now["ours"] == pytest.approx(2.5 * base[i]["ours"])
+        expect = 3.0 if n.paper_config == "straight" else figure
+        assert before["ours"] == pytest.approx(expect * base[i]["ours"]), n.model
+    with protocol.overridden({"statistical_efficiency.target": 0.88, "statistical_efficiency.seeds": [0, 1, 2, 3, 4]}):
+        n = next(n for n in cal.PAPER if cal.epochs_measured(n))
+        assert cal.measured_for(n, m)["text"] == "LOW-END"
+    with pytest.raises(ValueError, match="sosp_unstated must be one of"):
+        cal.evaluate_at({"time_to_target.sosp_unstated": "whatever"}, cal.claim_rows, measured_epochs=m)

@@ -112,6 +112,10 @@ CLAIM_COLUMNS = (
     "paper_high",
 )
 FITS = ("in-sample", "out-of-sample", "none")
+#: How a row's number of ours was made, the first word of its ``label``: ``measured`` (where, how),
+#: ``modeled`` (from which profile and topology) or ``untestable`` (no number of ours; the
+#: explanation says why nothing here can give one).
+LABELS = ("measured", "modeled", "untestable")
 #: What a row is evidence of, counted apart in ``summary.md`` (:func:`claim_kind`): ``measured``
 #: (a number the papers measured, compared out of sample, each paper number once), ``repeat``
 #: (another row of a paper number already counted: an abstract's "up to" over Table 1's rows, a
@@ -165,8 +169,8 @@ def claim(
     run is collected); ``paper_high``: the upper end of a ``range`` claim (``paper`` its lower end)."""
     if comparison not in COMPARISONS:
         raise ValueError(f"claim {claim!r}: comparison must be one of {COMPARISONS}, got {comparison!r}")
-    if not str(label).startswith(("measured", "modeled")):
-        raise ValueError(f"claim {claim!r}: label must start with 'measured' or 'modeled', got {label!r}")
+    if not str(label).startswith(LABELS):
+        raise ValueError(f"claim {claim!r}: label must start with one of {LABELS}, got {label!r}")
     paper_f, ours_f = float(paper), float(ours)
     if fit is None:
         fit = "out-of-sample" if str(label).startswith("modeled") and math.isfinite(ours_f) else "none"

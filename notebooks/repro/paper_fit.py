@@ -774,7 +774,7 @@ def claim_rows(
         epochs = (1.0, 1.0)  # the row's epochs ratio and the paper's configuration's, for its cause
         if num.quantity == "pipedream_over_bsp":
             ratio_e, source_e, epochs_keys = epochs_ratio(num, measured_epochs)
-            at_paper = ((measured_epochs or {}).get((num.setting, num.model)) or {}).get("paper", {})
+            at_paper = (measured_for(num, measured_epochs) or {}).get("paper", {})
             epochs = (ratio_e, float(at_paper.get("ratio", ratio_e)))
             why.insert(
                 1,
@@ -930,7 +930,7 @@ def untestable_rows() -> list[dict]:
             paper,
             math.nan,
             unit,
-            label="modeled (not modeled: see the explanation)",
+            label="untestable (no number of ours: the explanation says why)",
             explanation=f"{where}; untestable here: {why}",
             fit="none",
             kind="qualitative" if unit == "cases" else "measured",
@@ -1074,9 +1074,16 @@ def epochs_key(setting: Setting) -> str:
     return "time_to_target.sosp_epochs_ratio" if setting.group == "sosp" else "time_to_target.arxiv_epochs_ratio"
 
 
+#: The values of ``time_to_target.sosp_unstated``: its present rule (the epochs ratio measured at the
+#: configuration of the row's time per epoch) and the one it held before (measured only where the
+#: paper's configuration was an arm of the experiment, a straight pipeline; else the figure's ratio).
+AT_ROWS_CONFIG = "measured at the row's configuration"
+AT_PAPERS_ARM = "measured where the experiment has the configuration"
+SOSP_UNSTATED_RULES = (AT_ROWS_CONFIG, AT_PAPERS_ARM)
 #: The protocol entries a measured epochs ratio (``time_to_target.sosp_unstated``) reads.
 MEASURED_EPOCHS_KEYS = (
     "time_to_target.sosp_unstated",
+    "statistical_efficiency.seeds",
     "baselines.dp_global_batch",
     "statistical_efficiency.model",
     "statistical_efficiency.workers",
@@ -1146,17 +1153,40 @@ def epochs_ratio(num: PaperNumber, measured: dict | None = None) -> tuple[float,
     if not epochs_measured(num):
         why = f"SOSP states no epochs for {num.model} and the experiment has {protocol.value('statistical_efficiency.workers')} workers"
         return ratio, f"{key}: {why}, so the figure's ratio stands in", (key, "time_to_target.sosp_unstated")
-    m = (measured or {}).get((num.setting, num.model))
+    m = measured_for(num, measured)
     if m is None:
         return (
             ratio,
             f"{key}, not measured in this call (notebook 02 measures it: time_to_target.sosp_unstated)",
             (key,),
         )
+    rule = protocol.value("time_to_target.sosp_unstated")
+    if rule not in SOSP_UNSTATED_RULES:
+        raise ValueError(f"time_to_target.sosp_unstated must be one of {SOSP_UNSTATED_RULES}, got {rule!r}")
+    if rule == AT_PAPERS_ARM:  # the entry's value before it was changed (repro.ledger)
+        if num.paper_config != "straight":
+            why = f"the paper's configuration {num.paper_config} is no arm of the experiment ({AT_PAPERS_ARM})"
+            return ratio, f"{key}: {why}, so the figure's ratio stands in", (key, *MEASURED_EPOCHS_KEYS)
+        at = m.get("paper", m)
+        return float(at["ratio"]), f"at the paper's configuration ({AT_PAPERS_ARM}), {at['text']}", MEASURED_EPOCHS_KEYS
     text = f"at this row's configuration, {m['text']}"
     if "paper" in m:
         text += f"; at the paper's configuration ({num.paper_config}), {m['paper']['text']}"
     return float(m["ratio"]), text, MEASURED_EPOCHS_KEYS
+
+
+def measured_for(num: PaperNumber, measured: dict | None) -> dict | None:
+    """The measured epochs entry of ``num``'s row (``time_to_accuracy.measured_epochs``) at the
+    protocol's present target and seeds (an interval's end while :func:`evaluate_at` moves one),
+    None where none was measured."""
+    m = (measured or {}).get((num.setting, num.model))
+    if m is None:
+        return None
+    from repro.time_to_accuracy import measured_at
+
+    return measured_at(
+        m, protocol.value("statistical_efficiency.target"), protocol.value("statistical_efficiency.seeds")
+    )
 
 
 def configuration(num: PaperNumber, params: dict, ours: str) -> dict:
@@ -1329,21 +1359,23 @@ def evaluate_at(values: dict, fn, *args, **keywords):
         drop_caches()
 
 
-def interval_ends() -> list[dict]:
+def interval_ends(keys=None) -> list[dict]:
     """Each end of each protocol interval other than the point (:func:`repro.protocol.interval`),
-    one entry moved at a time: ``[{key: value}, ...]``."""
+    one entry moved at a time: ``[{key: value}, ...]``; ``keys``: only those entries' (None: all)."""
     out = []
     for key in protocol.intervals():
+        if keys is not None and key not in keys:
+            continue
         low, point, high = protocol.interval(key)
         out += [{key: end} for end in (low, high) if end != point]
     return out
 
 
-def ours_at_ends(fn, *args, **keywords) -> dict[str, list[float]]:
-    """``{claim: [ours at each end of :func:`interval_ends`]}`` of the rows ``fn`` returns (a list of
-    claim rows, or a tuple whose first item is one)."""
+def ours_at_ends(fn, *args, keys=None, **keywords) -> dict[str, list[float]]:
+    """``{claim: [ours at each end of :func:`interval_ends` of ``keys``]}`` of the rows ``fn``
+    returns (a list of claim rows, or a tuple whose first item is one)."""
     out: dict[str, list[float]] = {}
-    for values in interval_ends():
+    for values in interval_ends(keys):
         rows = evaluate_at(values, fn, *args, **keywords)
         for r in rows[0] if isinstance(rows, tuple) else rows:
             out.setdefault(r["claim"], []).append(float(r["ours"]))
@@ -1351,10 +1383,12 @@ def ours_at_ends(fn, *args, **keywords) -> dict[str, list[float]]:
 
 
 def rows_with_intervals(*, measured_epochs: dict | None = None) -> tuple[list[dict], pd.DataFrame]:
-    """:func:`claim_rows` with each row's interval (ours at every end of :func:`interval_ends`) and
-    the range claims as one row each (:func:`range_rows`): the rows notebook 02 writes."""
+    """:func:`claim_rows` with each row's interval (ours at every end of :func:`interval_ends` of the
+    entries its rows name) and the range claims as one row each (:func:`range_rows`): the rows
+    notebook 02 writes."""
     rows, configs = claim_rows(measured_epochs=measured_epochs)
-    ends = ours_at_ends(claim_rows, measured_epochs=measured_epochs, explain=False)
+    read = {k for r in rows for k in protocol.parse_used(r.get("protocol", ""))}
+    ends = ours_at_ends(claim_rows, measured_epochs=measured_epochs, explain=False, keys=read)
     return range_rows([with_interval(r, ends.get(r["claim"], ())) for r in rows]), configs
 
 

@@ -176,6 +176,8 @@ def check_physical() -> list[str]:
                 bad.append(f"{key}={v}: no transport beats its link (an efficiency must be in (0, 1])")
             if key.endswith(("_latency_ms", "_bytes")) and not (isinstance(v, (int, float)) and v >= 0):
                 bad.append(f"{key}={v}: must be >= 0")
-        if "low" in e and "high" in e and not e["low"] <= e["value"] <= e["high"]:
+        ends = [e[k] for k in ("low", "value", "high") if k in e]
+        numeric = len(ends) == 3 and all(isinstance(v, (int, float)) for v in ends)
+        if numeric and not e["low"] <= e["value"] <= e["high"]:  # a rule's two values have no order
             bad.append(f"{key}: low {e['low']} <= value {e['value']} <= high {e['high']} does not hold")
     return bad

@@ -410,7 +410,7 @@ def summary_markdown(
         "",
         "## Paper vs reproduction",
         "",
-        "`ratio` = ours / paper. `label` says where a number was measured or what it was modeled from.",
+        "`ratio` = ours / paper. `label` says where a number was measured or what it was modeled from (`untestable`: no number of ours, and why).",
         "",
     ]
     if claims.empty:

@@ -295,25 +295,30 @@ def dp_global_batch(cfg: Config, configs=((),)) -> pd.DataFrame:
     pipe = replace(cfg.setup, epochs=budget)
     arms = [(PIPEDREAM, replace(pipe, replicas=c), config_text(c), "pipeline lr", cfg.lr) for c in shapes]
     arms += [(BSP, dp, "data parallel", m, lr) for m, lr in dp_lr_candidates(cfg)]
+    targets = target_ends(cfg)
     frames = []
     with tempfile.TemporaryDirectory(prefix="wb-dp-batch-") as scratch:
         for scheme, setup, config, multiple, lr in arms:
             where = Path(scratch) / f"{scheme}-{config}-{lr:g}"
-            curves, _ = cv.reference_sweep(replace(setup, lr=lr), [scheme], cfg.seeds, where, stop_at=cfg.target)
-            per = cv.epochs_to_target(curves, cfg.target).assign(
-                config=config,
-                lr=lr,
-                stage_lr=setup.stage_lr if scheme == PIPEDREAM else "",
-                lr_multiple=multiple,
-                samples_per_update=setup.samples_per_update,
-                budget=setup.epochs,
-            )
-            frames.append(per)
+            curves, _ = cv.reference_sweep(replace(setup, lr=lr), [scheme], cfg.seeds, where, stop_at=max(targets))
+            for t in targets:  # a curve stopped at the highest target holds the first epoch at every lower one
+                per = cv.epochs_to_target(curves, t).assign(
+                    config=config,
+                    lr=lr,
+                    stage_lr=setup.stage_lr if scheme == PIPEDREAM else "",
+                    lr_multiple=multiple,
+                    samples_per_update=setup.samples_per_update,
+                    budget=setup.epochs,
+                )
+                frames.append(per)
     table = pd.concat(frames, ignore_index=True)
-    table["chosen"] = (table["scheme"] == PIPEDREAM) | (table["lr"] == choose_dp_lr(table[table["scheme"] == BSP]))
+    at = table["target"] == cfg.target
+    dp_lr = choose_dp_lr(table[at & (table["scheme"] == BSP)])
+    table["chosen"] = at & ((table["scheme"] == PIPEDREAM) | (table["lr"] == dp_lr))
     table["label"] = (
         f"measured (this machine: the semantic reference on {cfg.model}, the stand-in task; each curve stopped at "
-        f"the target {cfg.target:g})"
+        f"the target {max(targets):g}; rows at each target of {list(targets)}, the protocol's "
+        "statistical_efficiency.target and its interval's ends)"
     )
     return table[
         [
@@ -353,13 +358,45 @@ def choose_dp_lr(per_seed: pd.DataFrame) -> float:
     return float(score["lr"].iloc[0])
 
 
-def dp_global_batch_ratio(table: pd.DataFrame, cfg: Config, config=()) -> dict:
+def target_ends(cfg: Config) -> tuple[float, ...]:
+    """The targets :func:`dp_global_batch` reads epochs at: ``cfg.target`` and, where it is the
+    protocol's ``statistical_efficiency.target``, that entry's interval ends (:func:`repro.protocol.interval`)."""
+    key = "statistical_efficiency.target"
+    if cfg.target != float(protocol.value(key)):
+        return (float(cfg.target),)
+    return tuple(sorted({float(cfg.target), *(float(x) for x in protocol.interval(key))}))
+
+
+def seeds_ends(cfg: Config) -> tuple[tuple[int, ...], ...]:
+    """The seed sets :func:`measured_epochs` reads ratios over: ``cfg.seeds`` and each end of the
+    protocol's ``statistical_efficiency.seeds`` interval that is a subset of them."""
+    ends = {tuple(cfg.seeds)}
+    ends |= {tuple(e) for e in protocol.interval("statistical_efficiency.seeds") if set(e) <= set(cfg.seeds)}
+    return tuple(sorted(ends, key=len))
+
+
+def dp_global_batch_ratio(
+    table: pd.DataFrame, cfg: Config, config=(), *, target: float | None = None, seeds=None
+) -> dict:
     """Data parallelism's mean epochs to the target at its chosen lr over PipeDream's at ``config``
     (replicas per stage, ``()`` straight; :func:`convergence.compare`: inf where a seed of data
     parallelism does not reach it, NaN where one of PipeDream's does not; its two-sided Mann-Whitney
     U p-value), with the text a claim row quotes: ``ratio``, ``p``, ``dp_epochs``,
     ``pipedream_epochs``, ``dp_lr``, ``config``, ``text``. One stage on every GPU is data
-    parallelism's own update rule: ratio 1, nothing measured."""
+    parallelism's own update rule: ratio 1, nothing measured. ``target`` (default ``cfg.target``)
+    and ``seeds`` (default every seed of the table) select the table's rows; data parallelism's lr is
+    chosen again over them (:func:`choose_dp_lr`)."""
+    t = float(cfg.target if target is None else target)
+    if "target" in table.columns:
+        if not (table["target"] == t).any():
+            raise ValueError(f"no rows at the target {t:g} in the table (it has {sorted(set(table['target']))})")
+        table = table[table["target"] == t]
+    if seeds is not None:
+        table = table[table["seed"].isin(list(seeds))]
+    dp_rows = table[table["scheme"] == BSP]
+    dp_lr = choose_dp_lr(dp_rows) if len(dp_rows) else math.nan
+    table = table.assign(chosen=(table["scheme"] == PIPEDREAM) | (table["lr"] == dp_lr))
+    cfg = replace(cfg, target=t)
     W, u = cfg.workers, cfg.samples_per_update
     shape = tuple(config) or (1,) * W
     name = config_text(shape)
@@ -400,15 +437,29 @@ def measured_epochs(cfg: Config, arms: dict) -> tuple[pd.DataFrame, dict]:
     its time per epoch, "paper": the paper's configuration or None}``
     (``paper_fit.epochs_arms``); returns :func:`dp_global_batch`'s table over every configuration
     and, per key, :func:`dp_global_batch_ratio` at the plan's configuration, with the paper's under
-    ``"paper"`` where it differs."""
+    ``"paper"`` where it differs, and under ``"at"`` the same at each end of the protocol's target
+    and seeds intervals, ``{(target, seeds): ...}`` (:func:`measured_at`)."""
     configs = [c for a in arms.values() for c in (a["plan"], a["paper"]) if c]
     table = dp_global_batch(cfg, configs)
+    variants = [(t, tuple(cfg.seeds)) for t in target_ends(cfg)]
+    variants += [(float(cfg.target), s) for s in seeds_ends(cfg) if s != tuple(cfg.seeds)]
     out = {}
     for key, a in arms.items():
-        out[key] = dp_global_batch_ratio(table, cfg, a["plan"])
-        if a["paper"] and tuple(a["paper"]) != tuple(a["plan"]):
-            out[key]["paper"] = dp_global_batch_ratio(table, cfg, a["paper"])
+        at = {}
+        for t, seeds in variants:
+            m = dp_global_batch_ratio(table, cfg, a["plan"], target=t, seeds=seeds)
+            if a["paper"] and tuple(a["paper"]) != tuple(a["plan"]):
+                m["paper"] = dp_global_batch_ratio(table, cfg, a["paper"], target=t, seeds=seeds)
+            at[(t, seeds)] = m
+        out[key] = dict(at[(float(cfg.target), tuple(cfg.seeds))], at=at)
     return table, out
+
+
+def measured_at(m: dict, target: float, seeds) -> dict:
+    """The variant of a :func:`measured_epochs` entry at ``target`` over ``seeds`` (the protocol's
+    values while a row is evaluated at an interval's end); the entry itself where that variant was
+    not measured (a run at fewer seeds than the interval's end, or at a target of its own)."""
+    return (m.get("at") or {}).get((float(target), tuple(seeds)), m)
 
 
 def _seconds_per_epoch(real: pd.DataFrame) -> pd.Series:
