@@ -592,9 +592,12 @@ def _ledger_section(run_dir: Path) -> list[str]:
         "",
         f"{len(df)} entries; {int((df['seen_before_set'] == 'yes').sum())} were written down after a committed run "
         f"had shown rows they move; {len(changed)} *changed* value after that. A changed entry with an interval "
-        "(`interval` yes) decides no verdict by its later value: its rows are judged over the whole interval "
-        "and the later value is the point only; a changed entry without one (`interval` no) still decides "
-        "its rows' verdicts, and is listed here so that a reader can discount them.",
+        "(`interval` yes; tests/test_ledger.py requires one, with the value held before at one end) decides no "
+        "verdict by its later value: its rows are judged at the value before and the value now, and the later "
+        "value is the point only; a changed entry without one (`interval` no) would still decide its rows' "
+        "verdicts. An entry written down after its rows were seen but never changed records a choice with its "
+        "source; whether the code made the same choice before the entry existed is not derivable from the "
+        "protocol file, so the ledger lists it (`seen_before_set`) without judging it.",
         "",
     ]
     if len(changed):
