@@ -153,3 +153,21 @@ def test_claim_rows_say_holds_or_contradicted_with_every_lr_in_words():
         assert row["ours"] == value and row["comparison"] == "holds"
         assert "lr 0.1 (baseline learns)" in row["explanation"] and "lr 1 (baseline learns)" in row["explanation"]
         assert "10 seeds per arm" in row["explanation"] and "own best lr" in row["explanation"]
+
+
+def test_a_grid_read_again_at_fewer_seeds_or_another_target_is_recomputed_from_its_curves():
+    """read_at (a protocol interval's end, nothing run): the summary and comparisons of the grid's
+    curves restricted to the seeds, or at the target (which decides where the baseline learns)."""
+    curves = _grid_curves({"dp-bsp": lambda lr: 0.8 if lr < 0.5 else 0.489, "same": lambda lr: 0.8})
+    task = lg.Task("t", "toy task", cv.Setup(epochs=4), (0.1, 1.0), tuple(range(10)))
+    g = dict(curves=curves, target=0.89, majority=0.1, **lg.grid_tables(task, curves, 0.89, 0.1))
+    five = lg.read_at(task, g, seeds=range(5))
+    want = lg.grid_tables(task, curves[curves["seed"] < 5], 0.89, 0.1)
+    assert (five["summary"]["seeds"] == 5).all() and set(five["curves"]["seed"]) == set(range(5))
+    pd.testing.assert_frame_equal(five["summary"], want["summary"])
+    pd.testing.assert_frame_equal(five["comparisons"], want["comparisons"])
+    assert g["summary"].set_index(["arm", "lr"]).loc[("dp-bsp", 1.0), "learns"] == False  # noqa: E712
+    low = lg.read_at(task, g, target=0.88)
+    assert low["target"] == 0.88 and (low["summary"]["target"] == 0.88).all()
+    assert low["summary"].set_index(["arm", "lr"]).loc[("dp-bsp", 1.0), "learns"] == True  # noqa: E712
+    assert g["target"] == 0.89 and len(g["curves"]) == len(curves)  # the grid itself is left as it was

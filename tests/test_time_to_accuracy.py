@@ -466,3 +466,137 @@ def test_the_epochs_ratio_is_data_parallelisms_mean_over_pipedreams_and_inf_when
     )
     rows[2]["epochs_to_target"] = math.nan
     assert tta.dp_global_batch_ratio(pd.DataFrame(rows), cfg)["ratio"] == math.inf
+
+
+# ---- the rows at the ends of the protocol's seeds and target intervals (no training) -------------
+def _toy_grid(task, n_seeds, levels, target, used):
+    """A grid dict as run() holds it (:func:`repro.lr_grid.run_grid`'s, with ``task`` and ``used``)
+    whose arm a at lr reaches ``levels[a](lr) + seed/1000`` at its last of 4 epochs."""
+    from repro import lr_grid as lg
+
+    rows = [dict(arm=a, scheme=a, lr=lr, seed=s, epoch=e, test_accuracy=f(lr) * e / 4 + s / 1000, test_loss=1.0,
+                 engine="reference", cpu_s=1.0)
+            for a, f in levels.items() for lr in task.lrs for s in range(n_seeds) for e in range(1, 5)]  # fmt: skip
+    curves = pd.DataFrame(rows).assign(task=task.name)
+    return dict(task=task, used=used, curves=curves, target=target, majority=0.1,
+                **lg.grid_tables(task, curves, target, 0.1))  # fmt: skip
+
+
+def _interval_inputs(n_seeds=10):
+    """What run() computes claim rows from, for the first ``n_seeds`` seeds, made so that seeds 5-9
+    and the target 0.88 move rows: model parallelism's seeds 5-9 reach 0.9 at epoch 8 (0-4 at 4);
+    GPipe reaches 0.88 at epoch 3, 0.89 at 5; the first grid's baseline learns at lr 1 only at
+    0.88 (median best 0.4935 or 0.491 against 0.49 at 0.88, 0.495 at 0.89), where vertical sync is
+    lower. Returns (curves, speed, hardware, grids, delay_curves)."""
+    from repro import lr_grid as lg
+
+    seeds, n = range(n_seeds), 12
+    ramp = lambda k, top: [min(top, 0.1 + (top - 0.1) * (e + 1) / k) for e in range(n)]  # noqa: E731
+    step = lambda k: [0.5] * (k - 1) + [0.9] * (n - k + 1)  # noqa: E731 (0.9 from epoch k)
+    curves = pd.concat([
+        curves_of("pipedream", [step(3) for _ in seeds]),
+        curves_of("dp-bsp", [step(3 + s % 2) for s in seeds]),
+        curves_of("model-parallel", [step(4 if s < 5 else 8) for s in seeds]),
+        curves_of("gpipe", [[0.5, 0.7, 0.885, 0.885, 0.895] + [0.9] * 7 for _ in seeds]),
+        curves_of("dp-asp", [ramp(8 + s % 3, 0.5) for s in seeds], engine="runtime"),
+    ], ignore_index=True)  # fmt: skip
+    delay = pd.concat([
+        curves_of("dp-asp", [ramp(4 + s % 2, 0.8) for s in seeds], engine="delay model").assign(gpus=4, delay=3),
+        curves_of("dp-asp", [ramp(9 + s % 3 if s < 5 else 12, 0.5) for s in seeds],
+                  engine="delay model").assign(gpus=16, delay=15),
+    ], ignore_index=True)  # fmt: skip
+    schemes = ["pipedream", "dp-bsp", "model-parallel", "gpipe", "dp-asp"]
+    hw = pd.DataFrame(dict(scheme=schemes * 2, gpus=[4] * 5 + [16] * 5, stages=[2, 1, 4, 4, 1] * 2,
+                           speedup_modeled=[3.0, 2.0, 0.9, 2.5, 4.0, 12.0, 6.0, 0.9, 8.0, 16.0]))  # fmt: skip
+    speed = pd.Series({"pipedream": 1.0, "dp-bsp": 2.0, "model-parallel": 1.5, "gpipe": 1.2, "dp-asp": 0.5})
+    setup = cv.Setup(epochs=4)
+    first = lg.Task("cnn1d", "toy task", setup, (0.1, 1.0), tuple(seeds))
+    lm = lg.Task("toy-lm", "toy LM", setup, (0.1, 1.0), tuple(seeds))
+    both = protocol.used("statistical_efficiency.seeds", "statistical_efficiency.target")
+    grids = {
+        "cnn1d": _toy_grid(first, n_seeds, {"dp-bsp": lambda lr: 0.8 if lr < 0.5 else 0.489,
+                                            "pipedream": lambda lr: 0.8 if lr < 0.5 else 0.489,
+                                            lg.VSYNC: lambda lr: 0.8 if lr < 0.5 else 0.3}, 0.89, both),
+        "toy-lm": _toy_grid(lm, n_seeds, {"dp-bsp": lambda lr: 0.6, "pipedream": lambda lr: 0.6,
+                                          lg.VSYNC: lambda lr: 0.6 if lr < 0.5 else 0.3}, 0.5,
+                            protocol.used("statistical_efficiency.seeds")),
+    }  # fmt: skip
+    return curves, speed, hw, grids, delay
+
+
+def _by_claim(rows):
+    return {r["claim"]: r for r in rows}
+
+
+def test_the_protocol_intervals_these_tests_are_built_on():
+    assert protocol.interval("statistical_efficiency.target") == (0.88, 0.89, 0.89)
+    low, point, high = protocol.interval("statistical_efficiency.seeds")
+    assert list(low) == list(range(5)) and list(point) == list(high) == list(range(10))
+    assert tta.Config().seeds == tuple(range(10)) and tta.Config().target == 0.89
+
+
+def test_the_rows_at_seeds_0_to_4_are_the_rows_of_curves_that_only_have_seeds_0_to_4():
+    """claim_ends' seeds end restricts every curve (the time-to-target and ASP rows', the delay
+    model's, both grids') to seeds 0-4: each row equals the one claims_at computes from inputs made
+    with five seeds only, number and words, and some differ from the ten seeds' rows."""
+    from dataclasses import replace
+
+    cfg = tta.Config(gpus=(4, 16))
+    ends = tta.claim_ends(cfg, *_interval_inputs(10)[:4], _interval_inputs(10)[4])
+    assert set(ends) == {"seeds 0-4", "target 0.88"}
+    curves, speed, hw, grids, delay = _interval_inputs(5)
+    five, _ = tta.claims_at(replace(cfg, seeds=tuple(range(5))), curves, speed, hw, grids, delay)
+    got = _by_claim(ends["seeds 0-4"])
+    assert set(got) == set(_by_claim(five)) and len(got) == len(five)
+    for c, want in _by_claim(five).items():
+        assert got[c]["ours"] == pytest.approx(want["ours"], nan_ok=True), c
+        assert got[c]["explanation"] == want["explanation"], c
+    point = _by_claim(tta.claims_at(cfg, *_interval_inputs(10)[:4], _interval_inputs(10)[4])[0])
+    moved = [c for c in point if not point[c]["ours"] == pytest.approx(got[c]["ours"], nan_ok=True)]
+    assert "PipeDream faster than model parallelism (low end) (this machine)" in moved
+    assert tta.ASP_CLAIM in moved  # the delay model's seeds 5-9 at 16 GPUs are slower
+    assert any("10 seeds per arm" in point[c]["explanation"] for c in point)
+    assert not any("10 seeds per arm" in got[c]["explanation"] for c in got)
+
+
+def test_each_row_takes_its_interval_over_the_ends_and_says_ours_there():
+    cfg = tta.Config(gpus=(4, 16))
+    inputs = _interval_inputs(10)
+    rows, read = tta.interval_claims(cfg, *inputs)
+    ends = {k: _by_claim(v) for k, v in tta.claim_ends(cfg, *inputs).items()}
+    point = _by_claim(tta.claims_at(cfg, *inputs)[0])
+    rows = _by_claim(rows)
+    assert set(rows) == set(point) and set(read) >= {"statistical", "time_to_target", "asp_target", "asp_delay"}
+    mp = "PipeDream faster than model parallelism (low end) (this machine)"
+    vals = [point[mp]["ours"], ends["seeds 0-4"][mp]["ours"], ends["target 0.88"][mp]["ours"]]
+    assert rows[mp]["low"] == pytest.approx(min(vals)) and rows[mp]["high"] == pytest.approx(max(vals))
+    assert rows[mp]["low"] < rows[mp]["high"] and rows[mp]["ours"] == point[mp]["ours"]
+    gp = "PipeDream faster than GPipe (this machine)"  # 5 epochs to 0.89, 3 to 0.88
+    assert ends["target 0.88"][gp]["ours"] == pytest.approx(point[gp]["ours"] * 3 / 5)
+    assert rows[gp]["low"] == pytest.approx(point[gp]["ours"] * 3 / 5) and rows[gp]["high"] == point[gp]["ours"]
+    assert "seeds 0-4: " in rows[gp]["explanation"] and "target 0.88: " in rows[gp]["explanation"]
+    vs = "vertical sync's effect on statistical efficiency is negligible (toy task)"
+    assert point[vs]["ours"] == 1 and ends["target 0.88"][vs]["ours"] == 0  # lr 1 is read at 0.88: lower there
+    assert (rows[vs]["low"], rows[vs]["high"], rows[vs]["verdict"]) == (0, 1, "consistent")
+    lm = "vertical sync's effect on statistical efficiency is negligible (toy LM)"  # its own target
+    assert lm not in ends["target 0.88"] and lm in ends["seeds 0-4"]
+    assert "target 0.88" not in rows[lm]["explanation"] and "seeds 0-4: " in rows[lm]["explanation"]
+    for c, r in rows.items():  # the interval is the hull of ours at the point and at every end that has the row
+        at = [e[c]["ours"] for e in ends.values() if c in e] + [point[c]["ours"]]
+        at = [v for v in at if math.isfinite(v)]
+        if math.isfinite(r["ours"]):
+            assert (r["low"], r["high"]) == pytest.approx((min(at), max(at))), c
+
+
+def test_quick_mode_and_a_runs_own_seeds_or_target_have_no_end():
+    inputs = _interval_inputs(10)
+    quick = tta.quick_config(gpus=(4, 16))
+    assert tta.interval_seeds(quick) == () and tta.claim_ends(quick, *inputs) == {}
+    rows, _ = tta.interval_claims(quick, *inputs)
+    assert rows and all(r["low"] == r["high"] or math.isnan(r["ours"]) for r in rows)
+    assert not any("interval ends" in r["explanation"] for r in rows)
+    assert tta.interval_seeds(tta.Config(seeds=tuple(range(12)))) == ()  # a superset is the user's seeds
+    assert tta.interval_seeds(tta.Config(seeds=tuple(range(5)))) == ()
+    assert set(tta.claim_ends(tta.Config(seeds=tuple(range(12)), gpus=(4, 16)), *inputs)) == {"target 0.88"}
+    assert set(tta.claim_ends(tta.Config(target=0.85, gpus=(4, 16)), *inputs)) == {"seeds 0-4"}
+    assert tta.seeds_text((0, 1, 2, 3, 4)) == "0-4" and tta.seeds_text((0, 2, 5)) == "0, 2, 5"

@@ -131,17 +131,38 @@ def run_grid(task: Task, schemes, out, *, processes: int = 1, lr_target=None) ->
         lr, target = lr_target
         table["chosen"] = table["lr"] == lr
     majority = cv.majority_accuracy(s)
-    arms = list(dict.fromkeys(curves["arm"]))
     return dict(
         curves=curves.assign(task=task.name),
         lr_selection=table.assign(task=task.name),
         lr=lr,
         target=target,
         majority=majority,
-        summary=cv.grid_summary(curves, target, majority).assign(task=task.name),
-        comparisons=cv.grid_comparisons(curves, pairs(arms), target, reading()).assign(task=task.name),
+        **grid_tables(task, curves, target, majority),
         asp_summaries=asp_summaries,
     )
+
+
+def grid_tables(task: Task, curves: pd.DataFrame, target: float, majority: float) -> dict:
+    """What :func:`claim_rows` reads from a grid's ``curves`` at ``target``: ``summary``
+    (:func:`repro.convergence.grid_summary`) and ``comparisons``
+    (:func:`repro.convergence.grid_comparisons` of :func:`pairs` of the curves' arms), each with
+    ``task``'s name."""
+    arms = list(dict.fromkeys(curves["arm"]))
+    return dict(
+        summary=cv.grid_summary(curves, target, majority).assign(task=task.name),
+        comparisons=cv.grid_comparisons(curves, pairs(arms), target, reading()).assign(task=task.name),
+    )
+
+
+def read_at(task: Task, grid: dict, *, seeds=None, target: float | None = None) -> dict:
+    """``grid`` (:func:`run_grid`'s) read again from its own curves, nothing run: restricted to
+    ``seeds`` (default all of them) and at ``target`` (default the grid's), its ``summary`` and
+    ``comparisons`` recomputed (:func:`grid_tables`): the grid at an end of a protocol interval."""
+    curves = grid["curves"]
+    if seeds is not None:
+        curves = curves[curves["seed"].isin(list(seeds))]
+    t = float(grid["target"] if target is None else target)
+    return grid | dict(curves=curves, target=t, **grid_tables(task, curves, t, grid["majority"]))
 
 
 def per_seed(curves: pd.DataFrame, target: float) -> pd.DataFrame:

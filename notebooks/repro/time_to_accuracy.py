@@ -47,7 +47,7 @@ from repro import convergence as cv
 from repro import dp_overhead as dpo
 from repro import lr_grid as lg
 from repro import protocol
-from repro.common import check_config, claim, out_folder, paper_value, save_table, write_claims
+from repro.common import check_config, claim, out_folder, paper_value, save_table, with_interval, write_claims
 from repro.convergence import ASP, BSP, PIPEDREAM, SCHEMES
 from repro.pages import save_page, slim_runs
 from repro.paper_fit import SETTINGS, fitted_params, model_profile
@@ -961,6 +961,105 @@ def figures(curves: pd.DataFrame, modeled_curves: pd.DataFrame, speed: pd.Series
     }
 
 
+# ---- every claim row, at the protocol's values and at its intervals' ends -----------------------
+def target_tables(cfg: Config, curves: pd.DataFrame, speed: pd.Series, hardware: pd.DataFrame,
+                  delay_curves: pd.DataFrame | None = None) -> dict:  # fmt: skip
+    """The tables the time-to-target and ASP rows read, from learning curves the run has (nothing
+    run): ``statistical`` (per scheme at ``cfg.target``, with the measured seconds per epoch
+    ``speed``) and its ``time_to_target`` on ``hardware``; with ASP, ``asp_target`` (at ASP's own
+    target) and ``time_to_asp_target`` (else None); with ``delay_curves``
+    (:func:`repro.convergence.asp_delay_sweep`), ``asp_delay``."""
+    stats = _with_speed(cv.scheme_summary(cv.epochs_to_target(curves, cfg.target)), speed)
+    out = dict(statistical=stats, time_to_target=time_to_target(stats, hardware), time_to_asp_target=None)
+    if ASP in cfg.schemes:
+        out["asp_target"] = asp_target_table(curves, speed)
+        out["time_to_asp_target"] = time_to_target(out["asp_target"], hardware, "epochs_median")
+    if delay_curves is not None:
+        out["asp_delay"] = asp_delay_table(delay_curves, curves, hardware)
+    return out
+
+
+def claims_at(cfg: Config, curves: pd.DataFrame, speed: pd.Series, hardware: pd.DataFrame, grids: Mapping,
+              delay_curves: pd.DataFrame | None = None) -> tuple[list[dict], dict]:  # fmt: skip
+    """Every claim row notebook 03 writes, from learning curves the run has: the time-to-target and
+    ASP rows (:func:`tta_claims` on :func:`target_tables`) and each grid's
+    (:func:`repro.lr_grid.claim_rows`; ``grids``: name -> :func:`repro.lr_grid.run_grid`'s dict with
+    its ``task`` and ``used``, its rows' protocol cell). Returns the rows and the tables they read."""
+    t = target_tables(cfg, curves, speed, hardware, delay_curves)
+    rows = tta_claims(t["time_to_target"], t["time_to_asp_target"], t["statistical"], t.get("asp_target"), cfg,
+                      delay=t.get("asp_delay"))  # fmt: skip
+    rows += [r for g in grids.values() for r in lg.claim_rows(g["task"], g, g["used"])]
+    return rows, t
+
+
+def interval_seeds(cfg: Config) -> tuple[tuple[int, ...], ...]:
+    """The seed sets notebook 03's rows are read over besides ``cfg.seeds``: each end of the
+    protocol's ``statistical_efficiency.seeds`` interval that is a strict subset of ``cfg.seeds``,
+    where ``cfg.seeds`` is that entry's present value (a run at seeds of its own, quick mode's among
+    them, has no end)."""
+    key = "statistical_efficiency.seeds"
+    if tuple(cfg.seeds) != tuple(protocol.value(key)):
+        return ()
+    return tuple(dict.fromkeys(tuple(e) for e in protocol.interval(key) if set(e) < set(cfg.seeds)))
+
+
+def seeds_text(seeds) -> str:
+    """Seeds as a row writes them: ``0-4`` for a run of consecutive ones, else ``0, 2, 5``."""
+    s = sorted(int(x) for x in seeds)
+    return f"{s[0]}-{s[-1]}" if len(s) > 1 and s == list(range(s[0], s[-1] + 1)) else ", ".join(map(str, s))
+
+
+def claim_ends(cfg: Config, curves: pd.DataFrame, speed: pd.Series, hardware: pd.DataFrame, grids: Mapping,
+               delay_curves: pd.DataFrame | None = None) -> dict[str, list[dict]]:  # fmt: skip
+    """:func:`claims_at` at each end of the protocol's ``statistical_efficiency.seeds`` and
+    ``statistical_efficiency.target`` intervals, from the same curves (nothing run): ``{"seeds 0-4":
+    rows, "target 0.88": rows}``. At a seeds end (:func:`interval_seeds`) every curve (the grids',
+    ASP's delay model's) is restricted to those seeds, the lr and target as the run chose them and
+    the seconds per epoch as measured; at a target end (:func:`target_ends` but ``cfg.target``) the
+    rows are read at that target, the grids' only where their rows name the entry and the grid's
+    target is ``cfg.target`` (the other task's target is its own: its rows are left out there)."""
+    names = lambda g, key: key in protocol.parse_used(g["used"])  # noqa: E731
+    ends = {}
+    for seeds in interval_seeds(cfg):
+        keep = lambda df: None if df is None else df[df["seed"].isin(seeds)]  # noqa: E731
+        sub = {k: lg.read_at(g["task"], g, seeds=seeds) for k, g in grids.items()
+               if names(g, "statistical_efficiency.seeds")}  # fmt: skip
+        at = replace(cfg, seeds=seeds)
+        ends[f"seeds {seeds_text(seeds)}"] = claims_at(at, keep(curves), speed, hardware, sub, keep(delay_curves))[0]
+    for t in target_ends(cfg):
+        if t == float(cfg.target):
+            continue
+        sub = {k: lg.read_at(g["task"], g, target=t) for k, g in grids.items()
+               if names(g, "statistical_efficiency.target") and float(g["target"]) == float(cfg.target)}  # fmt: skip
+        ends[f"target {t:g}"] = claims_at(replace(cfg, target=t), curves, speed, hardware, sub, delay_curves)[0]
+    return ends
+
+
+def with_ends(rows: list[dict], ends: Mapping[str, list[dict]]) -> list[dict]:
+    """Each of ``rows`` with its interval over ``ends`` (:func:`claim_ends`: ours at each end, the
+    row matched by its ``claim``; an end without the row, or with NaN there, adds nothing:
+    :func:`repro.common.with_interval`), its explanation naming ours at each end that has it."""
+    at = {name: {r["claim"]: float(r["ours"]) for r in end} for name, end in ends.items()}
+    out = []
+    for r in rows:
+        vals = {name: a[r["claim"]] for name, a in at.items() if r["claim"] in a}
+        if not vals:
+            out.append(r)
+            continue
+        words = ", ".join(f"{name}: {v:.3g}" if math.isfinite(v) else f"{name}: none" for name, v in vals.items())
+        why = f"{r['explanation']}; ours at the protocol's interval ends (repro.ledger): {words}"
+        out.append(with_interval(dict(r, explanation=why), vals.values()))
+    return out
+
+
+def interval_claims(cfg: Config, curves: pd.DataFrame, speed: pd.Series, hardware: pd.DataFrame, grids: Mapping,
+                    delay_curves: pd.DataFrame | None = None) -> tuple[list[dict], dict]:  # fmt: skip
+    """:func:`claims_at` at the run's values, each row with its interval over :func:`claim_ends`
+    (:func:`with_ends`); the rows and the tables they read at the run's values."""
+    rows, tables = claims_at(cfg, curves, speed, hardware, grids, delay_curves)
+    return with_ends(rows, claim_ends(cfg, curves, speed, hardware, grids, delay_curves)), tables
+
+
 # ---- the notebook's entry point ----------------------------------------------------------------
 QUICK = dict(epochs=3, seeds=(0, 1), target=0.3, check_epochs=1, lm_epochs=3)
 
@@ -994,19 +1093,14 @@ def run(cfg: Config, out_dir, *, lr_selection: pd.DataFrame | None = None, lr_ru
     tables.update(_grid_tables(grids))
     tables["vertical_sync_check"] = cv.vertical_sync_check(cfg.setup, cfg.seeds[0], 4 * cfg.workers)
     tables["staleness"] = cv.staleness(cfg.setup)
-    stats, asp = tables["statistical"], tables.get("asp_target")
     hardware = modeled_hardware(cfg.profile, cfg.setting, cfg.gpus)
-    tta = time_to_target(stats, hardware)
-    tta_asp = time_to_target(asp, hardware, "epochs_median") if asp is not None else None
     if ASP in cfg.schemes:  # ASP at each GPU count of the modeled rows (protocol baselines.asp_delay)
         tables["asp_delay_curves"] = cv.asp_delay_sweep(cfg.setup, cfg.gpus, cfg.seeds, out / "scratch-asp-delay")
-        tables["asp_delay"] = asp_delay_table(tables["asp_delay_curves"], tables["curves"], hardware)
-    claims = pd.DataFrame(
-        tta_claims(tta, tta_asp, stats, asp, cfg, delay=tables.get("asp_delay"))
-        + [row for t in grids.values() for row in t["claims"]]
-    )
+    speed = tables["statistical"].set_index("scheme")["s_per_epoch_measured"]
+    rows, read = interval_claims(cfg, tables["curves"], speed, hardware, grids, tables.get("asp_delay_curves"))
+    claims = pd.DataFrame(rows)
     big = max(cfg.gpus)
-    tables.update(hardware=hardware, time_to_target=tta, time_to_asp_target=tta_asp, claims=claims)
+    tables.update(read, hardware=hardware, claims=claims)
     numeric = dict(tables)
     if len(cfg.seeds) < lg.reading().min_seeds:  # no spread worth a number: say so (protocol min_seeds)
         tables.update({k: not_computed(v, SPREAD_COLUMNS) for k, v in tables.items() if k in SPREAD_TABLES})
@@ -1014,7 +1108,6 @@ def run(cfg: Config, out_dir, *, lr_selection: pd.DataFrame | None = None, lr_ru
         if name != "claims" and df is not None:
             save_table(df, out, name)
     write_claims(claims, out)
-    speed = stats.set_index("scheme")["s_per_epoch_measured"]
     figs = figures(numeric["curves"], learning_curves_modeled(numeric["curves"], hardware, big), speed, cfg, big)
     for t in grids.values():
         figs[f"grid_{t['task'].name}"] = lg.grid_figure(
@@ -1040,8 +1133,9 @@ def not_computed(df: pd.DataFrame | None, columns=SPREAD_COLUMNS) -> pd.DataFram
 
 
 def _grids(cfg: Config, out: Path, lr_rule: bool) -> dict:
-    """:func:`repro.lr_grid.run_grid` of both stand-in tasks, with their claim rows (``claims``) and
-    the task (``task``); the first task at ``cfg``'s lr and target unless ``lr_rule``."""
+    """:func:`repro.lr_grid.run_grid` of both stand-in tasks, with the task (``task``) and its claim
+    rows' protocol cell (``used``; the rows: :func:`claims_at`); the first task at ``cfg``'s lr and
+    target unless ``lr_rule``."""
     grids = {}
     for i, task in enumerate(lg.tasks(cfg.setup, cfg.seeds, cfg.lm_epochs)):
         fixed = (cfg.lr, cfg.target) if i == 0 and not lr_rule else None
@@ -1054,7 +1148,7 @@ def _grids(cfg: Config, out: Path, lr_rule: bool) -> dict:
                          "statistical_efficiency.claim_rule", "statistical_efficiency.alpha")  # fmt: skip
         if i == 1:
             used = protocol.used(*[f"statistical_efficiency.{k}" for k in LM_KEYS])
-        grids[task.name] = g | dict(task=task, claims=lg.claim_rows(task, g, used))
+        grids[task.name] = g | dict(task=task, used=used)
     return grids
 
 
