@@ -478,7 +478,7 @@ def _toy_grid(task, n_seeds, levels, target, used):
                  engine="reference", cpu_s=1.0)
             for a, f in levels.items() for lr in task.lrs for s in range(n_seeds) for e in range(1, 5)]  # fmt: skip
     curves = pd.DataFrame(rows).assign(task=task.name)
-    return dict(task=task, used=used, curves=curves, target=target, majority=0.1,
+    return dict(task=task, used=used, curves=curves, lr=task.lrs[0], target=target, majority=0.1,
                 **lg.grid_tables(task, curves, target, 0.1))  # fmt: skip
 
 
@@ -600,3 +600,69 @@ def test_quick_mode_and_a_runs_own_seeds_or_target_have_no_end():
     assert set(tta.claim_ends(tta.Config(seeds=tuple(range(12)), gpus=(4, 16)), *inputs)) == {"target 0.88"}
     assert set(tta.claim_ends(tta.Config(target=0.85, gpus=(4, 16)), *inputs)) == {"seeds 0-4"}
     assert tta.seeds_text((0, 1, 2, 3, 4)) == "0-4" and tta.seeds_text((0, 2, 5)) == "0, 2, 5"
+
+
+# ---- the modeled ASP row on the second stand-in task too (no training) ---------------------------
+def _with_lm_asp(grids, asp_accs, pipedream_accs, lr=0.1):
+    """``grids`` with the second task's grid at ``lr`` holding ASP and PipeDream curves (each seed's
+    accuracies), other arms and another lr beside them that the row must not read."""
+    lm = grids["toy-lm"]
+    at = lambda scheme, accs, lr_, arm=None, **kw: curves_of(scheme, accs, **kw).assign(  # noqa: E731
+        arm=arm or scheme, lr=lr_, cpu_s=1.0, task="toy-lm"
+    )
+    fast = [[0.9] * 6 for _ in range(10)]
+    curves = pd.concat(
+        [lm["curves"], at("dp-asp", asp_accs, lr, engine="runtime"), at("pipedream", pipedream_accs, lr),
+         at("dp-asp", fast, 1.0, engine="runtime"), at("pipedream", [[0.0] * 6] * 10, 1.0),
+         at("dp-bsp", fast, lr, arm="dp-bsp-global")],
+        ignore_index=True,
+    )  # fmt: skip
+    return dict(grids, **{"toy-lm": dict(lm, curves=curves, lr=lr)})
+
+
+def test_the_modeled_asp_row_also_spans_the_second_task():
+    """ASP's level on the LM grid at its lr: the best accuracy of ASP's median curve, 0.40, reached
+    by ASP at epoch 5 and PipeDream at 2; times PipeDream's speedup / ASP's at the row's GPU count."""
+    cfg = tta.Config(gpus=(4, 16), seeds=tuple(range(12)), target=0.85)  # a run's own seeds and target: no end
+    curves, speed, hw, grids, delay = _interval_inputs(10)
+    assert tta.claim_ends(cfg, curves, speed, hw, grids, delay) == {}
+    asp = [[0.1, 0.2, 0.3, 0.35, 0.4, 0.4] if s % 2 else [0.1, 0.2, 0.3, 0.35, 0.405, 0.41] for s in range(10)]
+    two = _with_lm_asp(grids, asp, [[0.3, 0.45, 0.5, 0.5, 0.5, 0.5]] * 10)
+    point, read = tta.claims_at(cfg, curves, speed, hw, two, delay)
+    g = tta.asp_row_gpus(read["time_to_asp_target"], read["asp_delay"])
+    assert f"at {g} GPUs (the max over [4, 16])" in _by_claim(point)[tta.ASP_CLAIM]["explanation"]
+    s = hw.set_index(["scheme", "gpus"])["speedup_modeled"]
+    want = 5 / 2 * s[("pipedream", g)] / s[("dp-asp", g)]
+    ours, words = tta.task_asp_ratio(two["toy-lm"], hw, g)
+    assert ours == pytest.approx(want) and "level (the best test accuracy of its median curve" in words
+    assert "ASP 5 (10/10 seeds reached), PipeDream 2 (10/10)" in words and " 0.40;" in words
+    rows = _by_claim(tta.interval_claims(cfg, curves, speed, hw, two, delay)[0])
+    r, first = rows[tta.ASP_CLAIM], _by_claim(point)[tta.ASP_CLAIM]
+    assert first["low"] == first["high"] == first["ours"] != pytest.approx(want)
+    assert r["ours"] == first["ours"] and (r["low"], r["high"]) == pytest.approx(tuple(sorted([first["ours"], want])))
+    assert r["low"] < r["high"]
+    assert f"(task: toy LM), at {g} GPUs as above: {want:.3g}x" in r["explanation"]
+    cell = protocol.parse_used(r["protocol"])
+    assert len(cell) == len(r["protocol"].split("; "))  # no entry named twice
+    assert cell["statistical_efficiency.lm_epochs"] == str(cfg.lm_epochs)
+    assert set(cell) - set(protocol.parse_used(first["protocol"])) == {
+        f"statistical_efficiency.{k}" for k in tta.LM_KEYS if k.startswith("lm_")
+    }
+    repeat = tta.ASP_CLAIM + " (this machine)"
+    assert rows[repeat] == _by_claim(point)[repeat]  # the measured repeat row has no such end
+
+
+def test_no_second_task_end_without_its_asp_curves_or_where_asp_does_not_learn_there():
+    cfg = tta.Config(gpus=(4, 16))
+    inputs = list(_interval_inputs(10))
+    bare = _by_claim(tta.with_ends(tta.claims_at(cfg, *inputs)[0], tta.claim_ends(cfg, *inputs)))
+    rows = _by_claim(tta.interval_claims(cfg, *inputs)[0])  # the toy LM grid has no ASP arm
+    r = rows[tta.ASP_CLAIM]
+    assert (r["low"], r["high"], r["ours"]) == (bare[tta.ASP_CLAIM]["low"], bare[tta.ASP_CLAIM]["high"], r["ours"])
+    assert (
+        "(task: toy LM)" in r["explanation"] and "none (its grid has no dp-asp and pipedream curves" in r["explanation"]
+    )
+    inputs[3] = _with_lm_asp(inputs[3], [[0.4] * 6] * 10, [[0.5] * 6] * 10)  # both at ASP's level after one epoch
+    r = _by_claim(tta.interval_claims(cfg, *inputs)[0])[tta.ASP_CLAIM]
+    assert (r["low"], r["high"]) == (bare[tta.ASP_CLAIM]["low"], bare[tta.ASP_CLAIM]["high"])
+    assert "ASP does not learn there" in r["explanation"]

@@ -796,7 +796,7 @@ def _hogwild_claim(tta_asp: pd.DataFrame, a: pd.DataFrame, st: pd.DataFrame, com
     """The modeled ASP row from this machine's Hogwild epochs at every GPU count: (ours, label, why)."""
     pd_ = tta_asp[tta_asp["scheme"] == PIPEDREAM].set_index("gpus")
     ratio = a["x_vs_pipedream_modeled"]
-    g = ratio.idxmax() if ratio.notna().any() else a.index.max()
+    g = asp_row_gpus(tta_asp)
     e_x = a.loc[g, "epochs_to_target"] / pd_.loc[g, "epochs_to_target"]
     hw_x = pd_.loc[g, "speedup_modeled"] / a.loc[g, "speedup_modeled"]
     why = (
@@ -812,7 +812,7 @@ def _hogwild_claim(tta_asp: pd.DataFrame, a: pd.DataFrame, st: pd.DataFrame, com
 def _delay_claim(d: pd.DataFrame, a: pd.DataFrame, common: str, cfg: Config):
     """The modeled ASP row from the delay model (``d``: :func:`asp_delay_table` by GPU count), the
     Hogwild ratio (``a``) beside it: (ours, label, why)."""
-    g = d["x_vs_pipedream_modeled"].idxmax()
+    g = asp_row_gpus(a.reset_index(), d.reset_index())
     why = (
         f"at {g} GPUs (the max over {list(cfg.gpus)}): {_delay_text(d, g)}; per GPU count: "
         + ", ".join(
@@ -831,6 +831,16 @@ def _delay_claim(d: pd.DataFrame, a: pd.DataFrame, common: str, cfg: Config):
     )
     label = _modeled_label("median epochs to ASP's level at each GPU count (ASP: the bounded-delay model)", cfg)
     return float(d.loc[g, "x_vs_pipedream_modeled"]), label, why
+
+
+def asp_row_gpus(tta_asp: pd.DataFrame, delay: pd.DataFrame | None = None) -> int:
+    """The GPU count the modeled ASP row is read at: where its ratio is largest over the run's GPU
+    counts, the delay model's (``delay``: :func:`asp_delay_table`) where it has a finite one, else
+    the Hogwild ranks' (``tta_asp``'s ASP rows; the largest GPU count where none is finite)."""
+    if delay is not None and delay["x_vs_pipedream_modeled"].notna().any():
+        return int(delay.set_index("gpus")["x_vs_pipedream_modeled"].idxmax())
+    ratio = tta_asp[tta_asp["scheme"] == ASP].set_index("gpus")["x_vs_pipedream_modeled"]
+    return int(ratio.idxmax() if ratio.notna().any() else ratio.index.max())
 
 
 def _degenerate_text(d: pd.DataFrame) -> str:
@@ -1052,12 +1062,74 @@ def with_ends(rows: list[dict], ends: Mapping[str, list[dict]]) -> list[dict]:
     return out
 
 
+def task_asp_ratio(grid: Mapping, hardware: pd.DataFrame, gpus: int) -> tuple[float, str]:
+    """Ours of the modeled ASP row on another task's grid (:func:`repro.lr_grid.run_grid`'s dict) at
+    its chosen ``lr``, the Hogwild row's way (:func:`_hogwild_claim`): ASP's level there (the best
+    test accuracy of ASP's median curve), median epochs of ASP and PipeDream to it
+    (:func:`time_to_target` of :func:`asp_target_table`), times the modeled time per epoch at
+    ``gpus`` (``hardware``: PipeDream's simulated speedup / ASP's). NaN where the grid has no ASP
+    or PipeDream curves at that lr or both reach the level after one epoch. Returns (ours, words)."""
+    c = grid["curves"]
+    c = c[(c["lr"] == grid["lr"]) & (c["arm"] == c["scheme"])]  # each rule's own arm (not dp-bsp-global)
+    if not {ASP, PIPEDREAM} <= set(c["scheme"]):
+        return math.nan, f"none (its grid has no {ASP} and {PIPEDREAM} curves at lr {grid['lr']:g})"
+    st = asp_target_table(c, pd.Series(dtype=float))
+    t = time_to_target(st, hardware[hardware["gpus"] == gpus], "epochs_median").set_index("scheme")
+    st = st.set_index("scheme")
+    e_a, e_p = t.loc[ASP, "epochs_to_target"], t.loc[PIPEDREAM, "epochs_to_target"]
+    hw_x = t.loc[PIPEDREAM, "speedup_modeled"] / t.loc[ASP, "speedup_modeled"]
+    head = (
+        f"at lr {grid['lr']:g}, ASP's level (the best test accuracy of its median curve; next-character accuracy "
+        f"on the LM) {float(st['target'].iloc[0]):.2f}; median epochs to it: ASP {e_a:g} "
+        f"({st.loc[ASP, 'reached']}/{st.loc[ASP, 'seeds']} seeds reached), PipeDream {e_p:g} "
+        f"({st.loc[PIPEDREAM, 'reached']}/{st.loc[PIPEDREAM, 'seeds']})"
+    )
+    if e_a == 1 and e_p == 1:
+        return math.nan, f"none ({head}: ASP does not learn there, so a ratio of one epoch to one is not the paper's)"
+    ours = float(t.loc[ASP, "x_vs_pipedream_modeled"])
+    if not math.isfinite(ours):
+        return math.nan, f"none ({head}: no finite ratio)"
+    return ours, f"{ours:.3g}x ({head}: {e_a / e_p:.2f}x from epochs x {hw_x:.2f}x from the modeled time per epoch)"
+
+
+def with_task_end(rows: list[dict], cfg: Config, tables: Mapping, hardware: pd.DataFrame, grids: Mapping) -> list[dict]:
+    """``rows`` with the modeled ASP row's interval also over ours on the second stand-in task
+    (:func:`task_asp_ratio` on the second of ``grids`` at the GPU count of the row,
+    :func:`asp_row_gpus` of ``tables``: :func:`claims_at`'s), one clause naming it, and its protocol
+    cell naming the second task's ``lm_*`` entries (:data:`LM_KEYS`; ``lm_epochs`` as the run has
+    it). Without a second grid or ASP rows, ``rows`` as they are."""
+    if len(grids) < 2 or tables.get("time_to_asp_target") is None:
+        return rows
+    second = list(grids.values())[1]
+    gpus = asp_row_gpus(tables["time_to_asp_target"], tables.get("asp_delay"))
+    ours, words = task_asp_ratio(second, hardware, gpus)
+    out = []
+    for r in rows:
+        if r["claim"] != ASP_CLAIM:
+            out.append(r)
+            continue
+        have = protocol.parse_used(r["protocol"])
+        # the LM's own entries (its seeds are the row's; the margin, alpha and claim rule do not enter)
+        keys = [f"statistical_efficiency.{k}" for k in LM_KEYS if k.startswith("lm_") and k != "lm_epochs"]
+        lm = protocol.used(*[k for k in keys if k not in have], statistical_efficiency__lm_epochs=cfg.lm_epochs)
+        cell = "; ".join([r["protocol"], lm])
+        why = (
+            f"{r['explanation']}; ours on the second stand-in task (task: {second['task'].title}), at {gpus} GPUs as "
+            f"above: {words}"
+        )
+        low, high = r.get("low", r["ours"]), r.get("high", r["ours"])
+        out.append(with_interval(dict(r, explanation=why, protocol=cell), [low, high, ours]))
+    return out
+
+
 def interval_claims(cfg: Config, curves: pd.DataFrame, speed: pd.Series, hardware: pd.DataFrame, grids: Mapping,
                     delay_curves: pd.DataFrame | None = None) -> tuple[list[dict], dict]:  # fmt: skip
     """:func:`claims_at` at the run's values, each row with its interval over :func:`claim_ends`
-    (:func:`with_ends`); the rows and the tables they read at the run's values."""
+    (:func:`with_ends`), the modeled ASP row's also over the second task (:func:`with_task_end`);
+    the rows and the tables they read at the run's values."""
     rows, tables = claims_at(cfg, curves, speed, hardware, grids, delay_curves)
-    return with_ends(rows, claim_ends(cfg, curves, speed, hardware, grids, delay_curves)), tables
+    rows = with_ends(rows, claim_ends(cfg, curves, speed, hardware, grids, delay_curves))
+    return with_task_end(rows, cfg, tables, hardware, grids), tables
 
 
 # ---- the notebook's entry point ----------------------------------------------------------------
