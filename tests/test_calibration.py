@@ -335,6 +335,7 @@ def test_a_measured_epochs_ratio_multiplies_exactly_the_rows_the_protocol_measur
             assert b["ours"] == a["ours"]
 
 
+@pytest.mark.slow  # four evaluations of every claim row (about 40 s)
 def test_the_sosp_unstated_rule_before_it_changed_reads_the_papers_arm_or_the_figure():
     """``time_to_target.sosp_unstated`` changed after its rows were seen (repro.ledger), so its rows
     are read under both rules: the one held before measured the epochs ratio only where the paper's
