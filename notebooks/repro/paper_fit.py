@@ -1177,16 +1177,17 @@ def epochs_ratio(num: PaperNumber, measured: dict | None = None) -> tuple[float,
 
 def measured_for(num: PaperNumber, measured: dict | None) -> dict | None:
     """The measured epochs entry of ``num``'s row (``time_to_accuracy.measured_epochs``) at the
-    protocol's present target and seeds (an interval's end while :func:`evaluate_at` moves one),
-    None where none was measured."""
+    protocol's present target and seeds (its ``"at"`` variant while :func:`evaluate_at` moves one
+    of them to an interval's end); the entry itself where that variant was not measured (a run at
+    fewer seeds than the interval's end, or at a target of its own); None where none was measured."""
     m = (measured or {}).get((num.setting, num.model))
     if m is None:
         return None
-    from repro.time_to_accuracy import measured_at
-
-    return measured_at(
-        m, protocol.value("statistical_efficiency.target"), protocol.value("statistical_efficiency.seeds")
+    key = (
+        float(protocol.value("statistical_efficiency.target")),
+        tuple(protocol.value("statistical_efficiency.seeds")),
     )
+    return (m.get("at") or {}).get(key, m)
 
 
 def configuration(num: PaperNumber, params: dict, ours: str) -> dict:

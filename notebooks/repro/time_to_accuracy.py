@@ -368,11 +368,9 @@ def target_ends(cfg: Config) -> tuple[float, ...]:
 
 
 def seeds_ends(cfg: Config) -> tuple[tuple[int, ...], ...]:
-    """The seed sets :func:`measured_epochs` reads ratios over: ``cfg.seeds`` and each end of the
-    protocol's ``statistical_efficiency.seeds`` interval that is a subset of them."""
-    ends = {tuple(cfg.seeds)}
-    ends |= {tuple(e) for e in protocol.interval("statistical_efficiency.seeds") if set(e) <= set(cfg.seeds)}
-    return tuple(sorted(ends, key=len))
+    """The seed sets :func:`measured_epochs` reads ratios over: ``cfg.seeds`` and the ends of
+    :func:`interval_seeds`, fewest seeds first."""
+    return tuple(sorted({tuple(cfg.seeds), *interval_seeds(cfg)}, key=len))
 
 
 def dp_global_batch_ratio(
@@ -438,7 +436,7 @@ def measured_epochs(cfg: Config, arms: dict) -> tuple[pd.DataFrame, dict]:
     (``paper_fit.epochs_arms``); returns :func:`dp_global_batch`'s table over every configuration
     and, per key, :func:`dp_global_batch_ratio` at the plan's configuration, with the paper's under
     ``"paper"`` where it differs, and under ``"at"`` the same at each end of the protocol's target
-    and seeds intervals, ``{(target, seeds): ...}`` (:func:`measured_at`)."""
+    and seeds intervals, ``{(target, seeds): ...}`` (``paper_fit.measured_for`` picks one)."""
     configs = [c for a in arms.values() for c in (a["plan"], a["paper"]) if c]
     table = dp_global_batch(cfg, configs)
     variants = [(t, tuple(cfg.seeds)) for t in target_ends(cfg)]
@@ -453,13 +451,6 @@ def measured_epochs(cfg: Config, arms: dict) -> tuple[pd.DataFrame, dict]:
             at[(t, seeds)] = m
         out[key] = dict(at[(float(cfg.target), tuple(cfg.seeds))], at=at)
     return table, out
-
-
-def measured_at(m: dict, target: float, seeds) -> dict:
-    """The variant of a :func:`measured_epochs` entry at ``target`` over ``seeds`` (the protocol's
-    values while a row is evaluated at an interval's end); the entry itself where that variant was
-    not measured (a run at fewer seeds than the interval's end, or at a target of its own)."""
-    return (m.get("at") or {}).get((float(target), tuple(seeds)), m)
 
 
 def _seconds_per_epoch(real: pd.DataFrame) -> pd.Series:
