@@ -134,18 +134,29 @@ time per epoch (the model's plan; the paper's configuration beside it): PipeDrea
 configuration against data parallelism at that batch, at the most favourable of the protocol's
 learning rates (`statistical_efficiency.dp_lr_*`); a plan of one stage on every GPU is data
 parallelism itself (ratio 1). Measured on this machine with the semantic reference; the stand-in
-task's ratio, not AWD-LM's or S2VT's.
+task's ratio, not AWD-LM's or S2VT's. In full mode the same is measured on the second stand-in task
+(notebook 03's character-level LSTM language model, the protocol's `lm_*` entries), at the learning
+rate and target the protocol's rule picks on its BSP curves (`second_task_lr_rule.csv`); each row's
+interval also spans ours there (`dp_global_batch.csv`, column `task`). The quick run measures the
+first task only.
 """),
     code("""
 from repro import paper_fit, time_to_accuracy as tta
 
 ecfg = tta.Config(seeds=tuple(epochs_seeds) if epochs_seeds else ((0,) if quick else tta.Config().seeds))
 arms = paper_fit.epochs_arms()  # each row's configuration and the paper's, replicas per stage
-dp_batch, measured_epochs = tta.measured_epochs(ecfg, arms)
+tasks = ()
+if not quick:  # the second stand-in task at the lr and target of the protocol's rule (its BSP curves)
+    lm, lm_rule = tta.second_task(ecfg)
+    common.save_table(lm_rule, out, "second_task_lr_rule")
+    tasks = (lm,)
+dp_batch, measured_epochs = tta.measured_epochs(ecfg, arms, tasks=tasks)
 common.save_table(dp_batch, out, "dp_global_batch")
 for (setting, model), m in measured_epochs.items():
     print(f"{model} on {setting}: {m['text']}" + (f"\\n  paper's configuration: {m['paper']['text']}" if "paper" in m else ""))
-dp_batch.groupby(["scheme", "config", "lr_multiple", "lr", "samples_per_update", "chosen"], sort=False).agg(
+    for task, mt in m["tasks"].items():
+        print(f"  second task ({task}): {mt['text']}")
+dp_batch.groupby(["task", "scheme", "config", "lr_multiple", "lr", "samples_per_update", "chosen"], sort=False).agg(
     seeds=("seed", "size"), reached=("epochs_to_target", "count"), epochs_mean=("epochs_to_target", "mean"),
     best_accuracy_min=("best_accuracy", "min"))
 """),

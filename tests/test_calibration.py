@@ -366,3 +366,44 @@ def test_the_sosp_unstated_rule_before_it_changed_reads_the_papers_arm_or_the_fi
         assert cal.measured_for(n, m)["text"] == "LOW-END"
     with pytest.raises(ValueError, match="sosp_unstated must be one of"):
         cal.evaluate_at({"time_to_target.sosp_unstated": "whatever"}, cal.claim_rows, measured_epochs=m)
+
+
+@pytest.mark.slow  # three evaluations of every claim row (about 30 s)
+def test_a_second_tasks_epochs_ratio_widens_exactly_the_rows_that_read_a_measured_one(monkeypatch):
+    """Where the epochs ratio is also measured on the second stand-in task (``"tasks"`` of
+    ``time_to_accuracy.measured_epochs``), every row that reads a measured ratio is computed again
+    with it, under both rules of ``time_to_target.sosp_unstated``, and its interval spans those
+    values; the rows that read none are untouched."""
+    from repro.common import with_interval
+
+    arms = cal.epochs_arms()
+    first = dict(ratio=2.5, text="FIRST", paper=dict(ratio=3.0, text="FIRST-PAPER"))
+    second = dict(ratio=5.0, text="SECOND", paper=dict(ratio=6.0, text="SECOND-PAPER"))
+    assert cal.task_ends({k: dict(first, tasks={}) for k in arms}) == {}
+    m = {k: dict(first, tasks={"awd-lstm": second}) for k in arms}
+    ends = cal.task_ends(m)
+    base, _ = cal.claim_rows(measured_epochs={k: first for k in arms}, explain=False)
+    figure = float(protocol.value("time_to_target.sosp_epochs_ratio"))
+    measured = []
+    for r, n in zip(base, cal.PAPER):
+        if not cal.epochs_measured(n):
+            assert r["claim"] not in ends, r["claim"]
+            continue
+        measured.append(r)
+        got = {rule: v for task, rule, v in ends[r["claim"]] if task == "awd-lstm"}
+        assert got[cal.AT_ROWS_CONFIG] == pytest.approx(r["ours"] / 2.5 * 5.0)
+        before = 6.0 if n.paper_config == "straight" else figure
+        assert got[cal.AT_PAPERS_ARM] == pytest.approx(r["ours"] / 2.5 * before)
+    assert len(measured) == 2
+    row = with_interval(measured[0], ())
+    widened = cal.with_task_ends(row, ends[row["claim"]])
+    assert widened["high"] == pytest.approx(max(v for _, _, v in ends[row["claim"]]))
+    assert widened["low"] == pytest.approx(row["ours"]) and widened["high"] > row["ours"]
+    assert "second stand-in task (awd-lstm" in widened["explanation"]
+    assert all(k in widened["protocol"] for k in cal.TASK_KEYS)
+    assert cal.with_task_ends(row, ()) is row
+    # notebook 02's rows carry it (the other ends left out here: they cost an evaluation each)
+    monkeypatch.setattr(cal, "ours_at_ends", lambda *a, **k: {})
+    rows, _ = cal.rows_with_intervals(measured_epochs=m)
+    got = next(r for r in rows if r["claim"] == row["claim"])
+    assert got["high"] == pytest.approx(widened["high"]) and got["explanation"].count("second stand-in task") == 1

@@ -666,3 +666,28 @@ def test_no_second_task_end_without_its_asp_curves_or_where_asp_does_not_learn_t
     r = _by_claim(tta.interval_claims(cfg, *inputs)[0])[tta.ASP_CLAIM]
     assert (r["low"], r["high"]) == (bare[tta.ASP_CLAIM]["low"], bare[tta.ASP_CLAIM]["high"])
     assert "ASP does not learn there" in r["explanation"]
+
+
+@pytest.mark.slow  # the LM's four rule curves and both tasks' arms within a budget of a few epochs
+def test_the_second_task_is_measured_at_the_lr_and_target_its_rule_picks():
+    """notebook 02 measures the epochs ratio on the second stand-in task too: the LM of the protocol's
+    ``lm_*`` entries at the lr and target the protocol's rule picks on its BSP curves (notebook 03's
+    rule), every arm as on the first task; the ratio is kept per task beside the first task's."""
+    cfg = tta.Config(epochs=1, lm_epochs=1, seeds=(0,), target=0.01, check_epochs=0, processes=1)
+    lm, rule = tta.second_task(cfg)
+    v = protocol.value
+    assert lm.model == v("statistical_efficiency.lm_model") and lm.epochs == 1 and lm.seeds == cfg.seeds
+    assert lm.dataset_options == v("statistical_efficiency.lm_dataset_options")
+    assert lm.samples_per_update == v("statistical_efficiency.lm_samples_per_update")
+    assert sorted(rule["lr"]) == sorted(v("statistical_efficiency.lm_lr_grid")) and rule["chosen"].sum() == 1
+    assert lm.lr == rule.loc[rule["chosen"], "lr"].iloc[0]
+    assert lm.target == math.floor(100 * rule["worst_seed_best_accuracy"].max() + 1e-9) / 100
+    arms = {("sosp-X", "m"): dict(plan=(1, 1, 2), paper=None)}
+    table, out = tta.measured_epochs(cfg, arms, tasks=(lm,))
+    assert set(table["task"]) == {cfg.model, lm.model}
+    on_lm = table[table["task"] == lm.model]
+    assert (on_lm["target"] == lm.target).all() and set(on_lm["config"]) == {"1-1-2", "data parallel"}
+    assert sorted(set(on_lm["lr"])) == pytest.approx([lm.lr, 2 * lm.lr, 4 * lm.lr])
+    second = out[("sosp-X", "m")]["tasks"][lm.model]
+    assert second == tta.dp_global_batch_ratio(on_lm, lm, (1, 1, 2))
+    assert "second stand-in task" in second["text"] and "second stand-in task" not in out[("sosp-X", "m")]["text"]

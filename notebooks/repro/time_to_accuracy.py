@@ -83,6 +83,7 @@ class Config:
 
     model: str = _from_protocol("model")
     model_options: dict = field(default_factory=dict)
+    dataset_options: dict = field(default_factory=dict)  # the zoo's data set loader's (the second task's)
     workers: int = _from_protocol("workers")  # pipeline stages / data-parallel replicas
     microbatches: int = _from_protocol("microbatches")
     samples_per_update: int = _from_protocol(
@@ -136,6 +137,7 @@ class Config:
             stage_lr=self.stage_lr,
             epochs=self.epochs,
             model_options=tuple(sorted(self.model_options.items())),
+            dataset_options=tuple(sorted(self.dataset_options.items())),
             timeout_s=self.timeout_s,
         )
 
@@ -276,6 +278,14 @@ def config_text(replicas) -> str:
     return "-".join(str(int(r)) for r in replicas)
 
 
+def task_words(cfg: Config) -> str:
+    """How a row names the stand-in task ``cfg`` trains: the first (the protocol's
+    ``statistical_efficiency.model``) or the second (:func:`second_task`'s LM)."""
+    if cfg.model == protocol.value("statistical_efficiency.lm_model"):
+        return f"{cfg.model}, the second stand-in task (char-level LSTM LM on pydocs, lr {cfg.lr:g} by the protocol's rule)"
+    return f"{cfg.model}, the stand-in task"
+
+
 def dp_global_batch(cfg: Config, configs=((),)) -> pd.DataFrame:
     """Epochs to ``cfg.target``, per seed, of data parallelism as the papers ran it
     (``baselines.dp_global_batch``: each of ``cfg.workers`` replicas takes the per-GPU minibatch, so a
@@ -316,7 +326,7 @@ def dp_global_batch(cfg: Config, configs=((),)) -> pd.DataFrame:
     dp_lr = choose_dp_lr(table[at & (table["scheme"] == BSP)])
     table["chosen"] = at & ((table["scheme"] == PIPEDREAM) | (table["lr"] == dp_lr))
     table["label"] = (
-        f"measured (this machine: the semantic reference on {cfg.model}, the stand-in task; each curve stopped at "
+        f"measured (this machine: the semantic reference on {task_words(cfg)}; each curve stopped at "
         f"the target {max(targets):g}; rows at each target of {list(targets)}, the protocol's "
         "statistical_efficiency.target and its interval's ends)"
     )
@@ -412,7 +422,7 @@ def dp_global_batch_ratio(
     n = len(e[BSP])
     others = ", ".join(dict.fromkeys(str(x) for x in table.loc[table["scheme"] == BSP, "lr_multiple"]))
     text = (
-        f"measured here on {cfg.model} (the stand-in task, the semantic reference, {n} seed(s), target {cfg.target:g}): "
+        f"measured here on {task_words(cfg)} (the semantic reference, {n} seed(s), target {cfg.target:g}): "
         f"data parallelism as the paper ran it ({W} x {u} samples per step, lr {dp['lr']:g} = {dp['lr_multiple']} x "
         f"{cfg.lr:g}, the most favourable of {others}) reaches it in {mean[BSP]:.1f} epochs (mean, "
         f"{int(e[BSP].notna().sum())}/{n} seeds within {int(dp['budget'])}), PipeDream at {name} ({u} per microbatch, "
@@ -429,18 +439,36 @@ def dp_global_batch_ratio(
     )
 
 
-def measured_epochs(cfg: Config, arms: dict) -> tuple[pd.DataFrame, dict]:
+def measured_epochs(cfg: Config, arms: dict, *, tasks=()) -> tuple[pd.DataFrame, dict]:
     """The epochs ratios the SOSP rows without stated epochs take (protocol
     ``time_to_target.sosp_unstated``): ``arms`` maps a row's key to ``{"plan": replicas per stage of
     its time per epoch, "paper": the paper's configuration or None}``
     (``paper_fit.epochs_arms``); returns :func:`dp_global_batch`'s table over every configuration
-    and, per key, :func:`dp_global_batch_ratio` at the plan's configuration, with the paper's under
-    ``"paper"`` where it differs, and under ``"at"`` the same at each end of the protocol's target
-    and seeds intervals, ``{(target, seeds): ...}`` (``paper_fit.measured_for`` picks one)."""
+    (``task``: the model it trained) and, per key, :func:`dp_global_batch_ratio` at the plan's
+    configuration, with the paper's under ``"paper"`` where it differs, and under ``"at"`` the same
+    at each end of the protocol's target and seeds intervals, ``{(target, seeds): ...}``
+    (``paper_fit.measured_for`` picks one). ``tasks``: further stand-in tasks as :class:`Config`
+    (:func:`second_task`), each measured the same way at its own lr and target (no interval ends)
+    under ``"tasks"``, ``{model: ...}``."""
     configs = [c for a in arms.values() for c in (a["plan"], a["paper"]) if c]
-    table = dp_global_batch(cfg, configs)
+    table = dp_global_batch(cfg, configs).assign(task=cfg.model)
     variants = [(t, tuple(cfg.seeds)) for t in target_ends(cfg)]
     variants += [(float(cfg.target), s) for s in seeds_ends(cfg) if s != tuple(cfg.seeds)]
+    out = {}
+    for key, at in _ratios(table, cfg, arms, variants).items():
+        out[key] = dict(at[(float(cfg.target), tuple(cfg.seeds))], at=at, tasks={})
+    frames = [table]
+    for other in tasks:
+        t2 = dp_global_batch(other, configs).assign(task=other.model)
+        frames.append(t2)
+        for key, at in _ratios(t2, other, arms, [(float(other.target), tuple(other.seeds))]).items():
+            out[key]["tasks"][other.model] = next(iter(at.values()))
+    return pd.concat(frames, ignore_index=True), out
+
+
+def _ratios(table: pd.DataFrame, cfg: Config, arms: dict, variants) -> dict:
+    """Per key of ``arms``, ``{(target, seeds): dp_global_batch_ratio at the plan's configuration}``
+    for each of ``variants``, the paper's configuration's under ``"paper"`` where it differs."""
     out = {}
     for key, a in arms.items():
         at = {}
@@ -449,8 +477,32 @@ def measured_epochs(cfg: Config, arms: dict) -> tuple[pd.DataFrame, dict]:
             if a["paper"] and tuple(a["paper"]) != tuple(a["plan"]):
                 m["paper"] = dp_global_batch_ratio(table, cfg, a["paper"], target=t, seeds=seeds)
             at[(t, seeds)] = m
-        out[key] = dict(at[(float(cfg.target), tuple(cfg.seeds))], at=at)
-    return table, out
+        out[key] = at
+    return out
+
+
+def second_task(cfg: Config) -> tuple[Config, pd.DataFrame]:
+    """The second stand-in task (:func:`repro.lr_grid.tasks`' LM, the protocol's ``lm_*`` entries,
+    on ``cfg``'s workers, microbatches, stage lr and seeds) as a :class:`Config` at the lr and target
+    the protocol's rule picks on its BSP curves over ``lm_lr_grid`` within ``lm_epochs``
+    (:func:`repro.convergence.lr_rule`: notebook 03's rule on the same deterministic curves, so the
+    same lr and target), and the rule's table (``task``: the model)."""
+    task = lg.tasks(cfg.setup, cfg.seeds, cfg.lm_epochs)[1]
+    s = task.setup
+    with tempfile.TemporaryDirectory(prefix="wb-lm-rule-") as scratch:
+        curves = cv.grid_sweep(s, [cv.Arm(BSP, BSP)], task.lrs, task.seeds, scratch, processes=cfg.processes)
+    table, lr, target = cv.lr_rule(curves, s.epochs, s.model)
+    lm = replace(
+        cfg,
+        model=s.model,
+        model_options=dict(s.model_options),
+        dataset_options=dict(s.dataset_options),
+        samples_per_update=s.samples_per_update,
+        epochs=s.epochs,
+        lr=lr,
+        target=target,
+    )
+    return lm, table.assign(task=s.model)
 
 
 def _seconds_per_epoch(real: pd.DataFrame) -> pd.Series:
