@@ -234,12 +234,14 @@ def test_the_measured_epochs_ratios_are_the_ones_the_rows_use(any_run):
         got = tta.dp_global_batch_ratio(table, cfg, arms[(n.setting, n.model)]["plan"])
         row = claims[claims["claim"] == plain["claim"]]
         assert len(row) == 1 and got["text"] in row["explanation"].iloc[0]
-        assert row["ours"].iloc[0] == pytest.approx(plain["ours"] * got["ratio"], rel=1e-3)
+        assert row["ours"].iloc[0] == pytest.approx(plain["ours"] * got["ratio"], rel=1e-3, nan_ok=True)
         for task, g in every[every["task"] != cfg.model].groupby("task"):  # the second task's, in the interval
             pick = g[g["chosen"] & (g["scheme"] == tta.PIPEDREAM)].iloc[0]
             lm = dataclasses.replace(cfg, model=task, lr=float(pick["lr"]), target=float(pick["target"]),
                                      samples_per_update=int(pick["samples_per_update"]))  # fmt: skip
             other = tta.dp_global_batch_ratio(g, lm, arms[(n.setting, n.model)]["plan"])
             ours = plain["ours"] * other["ratio"]
-            assert row["low"].iloc[0] <= ours * (1 + 1e-3) and ours <= row["high"].iloc[0] * (1 + 1e-3), task
+            if math.isfinite(row["ours"].iloc[0]):  # a NaN point (a seed short of the target) stays NaN
+                assert row["low"].iloc[0] <= ours * (1 + 1e-3) and ours <= row["high"].iloc[0] * (1 + 1e-3), task
+            assert f'{ours:.3g} ("{paper_fit.AT_ROWS_CONFIG}")' in row["explanation"].iloc[0], task
             assert f"second stand-in task ({task}" in row["explanation"].iloc[0]
