@@ -76,6 +76,14 @@ class Task:
     seeds: tuple[int, ...]
 
 
+#: The protocol entries of the second task's model, data, grid, budget and batch (:func:`tasks`' LM):
+#: what a row measured on it names.
+LM_ENTRIES = tuple(
+    f"statistical_efficiency.{k}"
+    for k in ("lm_model", "lm_model_options", "lm_dataset_options", "lm_lr_grid", "lm_epochs", "lm_samples_per_update")
+)
+
+
 def tasks(setup: cv.Setup, seeds, lm_epochs: int) -> list[Task]:
     """The two stand-in tasks on ``setup``'s workers, microbatches and stage lr: the first task as
     ``setup`` has it (the protocol's ``model``), the LSTM LM from the protocol's ``lm_*`` entries."""

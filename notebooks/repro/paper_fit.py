@@ -61,6 +61,7 @@ import torch
 from torch import nn
 
 from repro import dp_overhead as dpo
+from repro import lr_grid as lg
 from repro import protocol
 from repro.common import (
     LazyRows,
@@ -1397,10 +1398,7 @@ def rows_with_intervals(*, measured_epochs: dict | None = None) -> tuple[list[di
 
 #: The second stand-in task's entries a row names when its epochs ratio is also measured there
 #: (``time_to_accuracy.second_task``).
-TASK_KEYS = tuple(
-    f"statistical_efficiency.{k}"
-    for k in ("lm_model", "lm_model_options", "lm_dataset_options", "lm_lr_grid", "lm_epochs", "lm_samples_per_update")
-)
+TASK_KEYS = lg.LM_ENTRIES
 
 
 def task_ends(measured_epochs: dict | None) -> dict[str, list[tuple[str, str, float]]]:

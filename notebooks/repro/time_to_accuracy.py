@@ -1153,7 +1153,7 @@ def with_task_end(rows: list[dict], cfg: Config, tables: Mapping, hardware: pd.D
             continue
         have = protocol.parse_used(r["protocol"])
         # the LM's own entries (its seeds are the row's; the margin, alpha and claim rule do not enter)
-        keys = [f"statistical_efficiency.{k}" for k in LM_KEYS if k.startswith("lm_") and k != "lm_epochs"]
+        keys = [k for k in lg.LM_ENTRIES if k != "statistical_efficiency.lm_epochs"]
         lm = protocol.used(*[k for k in keys if k not in have], statistical_efficiency__lm_epochs=cfg.lm_epochs)
         cell = "; ".join([r["protocol"], lm])
         why = (
