@@ -2,6 +2,7 @@
 bad parameters rejected with one line and exit status 2 before anything runs."""
 
 import math
+from pathlib import Path
 
 import nbformat
 import pandas as pd
@@ -143,6 +144,20 @@ def test_bad_parameters_fail_with_one_line(tmp_path, capsys, monkeypatch, conten
     assert message in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "results").exists()
+
+
+def test_the_summary_names_the_cpu_model(quick_run, monkeypatch):
+    """The machine line names the processor (floating-point kernels may round differently on
+    another CPU): read from /proc/cpuinfo, and a plain fallback where it cannot be read."""
+    from repro import reproduce
+
+    summary = (quick_run / "summary.md").read_text()
+    assert f"CPU cores ({reproduce.cpu_model()})" in summary
+    if Path("/proc/cpuinfo").exists():
+        assert reproduce.cpu_model() != "model unknown"
+    monkeypatch.setattr(reproduce, "Path", lambda *_: Path("/nonexistent/cpuinfo"))
+    monkeypatch.setattr(reproduce.platform, "processor", lambda: "")
+    assert reproduce.cpu_model() == "model unknown"
 
 
 def test_summary_starts_with_a_short_headline_of_the_furthest_misses():

@@ -320,6 +320,18 @@ def shared_plotlyjs(run_dir: Path, lean: bool = False):
 
 
 # ---- summary ----------------------------------------------------------------------------------
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo`` on Linux, else :func:`platform.processor`):
+    floating-point kernels can round differently on another CPU, so a run says which one it had."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "model unknown"
+
+
 def collect_claims(run_dir: Path) -> pd.DataFrame:
     """Every ``<run>/<notebook>/claims.csv`` (and below), concatenated with a ``notebook`` column."""
     import pandas as pd
@@ -388,7 +400,7 @@ def summary_markdown(
         f"# Reproduction run ({'quick' if quick else 'full'}, finished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
         "",
         f"Mode: **{'quick' if quick else 'full'}**. Code: commit {code_version()}. Machine: {platform.node()}, "
-        f"{os.cpu_count()} CPU cores, {platform.platform()}, Python {platform.python_version()}, torch "
+        f"{os.cpu_count()} CPU cores ({cpu_model()}), {platform.platform()}, Python {platform.python_version()}, torch "
         f"{torch.__version__}; load average (1/5/15 min) {start}"
         f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end.",
         "",
