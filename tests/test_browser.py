@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from workbench.runtime.launch.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "06_partition_tuning.ipynb"
@@ -55,12 +56,6 @@ if not Path(CHROMIUM).exists():
     pytestmark.append(pytest.mark.skip(reason=f"{CHROMIUM} missing: apt-get install -y chromium (.ci/run does)"))
 playwright_api = pytest.importorskip("playwright.sync_api")
 pytest.importorskip("jupyterlab")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 120) -> None:
@@ -126,7 +121,7 @@ def lab(tmp_path):
     work = tmp_path / "lab"
     work.mkdir()
     shutil.copy(NOTEBOOK, work / NOTEBOOK.name)
-    port, token = _free_port(), uuid.uuid4().hex
+    port, token = free_port(), uuid.uuid4().hex
     settings = tmp_path / "lab-settings"
     for plugin, value in (
         ("notebook-extension/tracker", {"windowingMode": "none"}),  # render every cell

@@ -43,3 +43,20 @@ def test_a_port_always_taken_is_one_line_after_the_tries(monkeypatch, taken):
 def test_a_named_port_in_use_is_refused_in_one_line(taken):
     with pytest.raises(ValueError, match=rf"^port {taken} is in use; pick another --port"):
         ports.hosted_store(taken, 1, 5.0)
+
+
+def test_a_chosen_port_is_one_the_kernel_never_hands_out():
+    """Chosen ports lie below the ephemeral range, so no process's bind(0) or outgoing connection
+    takes one between the choice and the job's bind (the EADDRINUSE torchrun once reported)."""
+    low, _ = ports.ephemeral_range()
+    chosen = {ports.free_port() for _ in range(20)}
+    assert all(1024 <= p < low for p in chosen) and len(chosen) > 1
+    for p in chosen:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))  # free when chosen
+
+
+def test_the_ephemeral_range_falls_back_to_linuxs_default(tmp_path):
+    assert ports.ephemeral_range(str(tmp_path / "none")) == (32768, 60999)
+    (tmp_path / "range").write_text("40000\t50000\n")
+    assert ports.ephemeral_range(str(tmp_path / "range")) == (40000, 50000)

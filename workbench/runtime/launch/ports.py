@@ -3,23 +3,54 @@ ranks, the store the launcher serves on it."""
 
 from __future__ import annotations
 
+import random
 import socket
 from datetime import timedelta
 
 import torch.distributed as dist
 
 
-def free_port(port: int | None = None, host: str = "127.0.0.1") -> int:
-    """``port`` if it can be bound (ValueError if in use), else a free ephemeral port."""
+def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The kernel's ephemeral ports ``(low, high)``, which it hands to every ``bind(0)`` and outgoing
+    connection (Linux's default 32768-60999 where the file cannot be read)."""
+    try:
+        low, high = (int(x) for x in open(path).read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port(port: int | None = None, host: str = "127.0.0.1", tries: int = 64) -> int:
+    """``port`` if it can be bound (ValueError if in use), else a free port below the kernel's
+    ephemeral range. A port is chosen, released, then bound again by the job's store or launcher;
+    an ephemeral one can be handed meanwhile to any process's ``bind(0)`` or outgoing connection
+    (gloo's, another job's), which torchrun reports as EADDRINUSE. The kernel never hands out a port
+    below that range, so only a process naming the same number can take it. Where none of ``tries``
+    random ones is free, an ephemeral one."""
+    if port is not None:
+        if not bindable(port, host):
+            raise ValueError(f"port {port} is in use; pick another --port or leave it out to choose a free one")
+        return port
+    low = ephemeral_range()[0]
+    rng = random.SystemRandom()
+    for _ in range(tries):
+        chosen = rng.randrange(max(1024, low - 12000), low)
+        if bindable(chosen, host):
+            return chosen
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the rendezvous store binds: TIME_WAIT is free
-        try:
-            s.bind((host, port or 0))
-        except OSError:
-            raise ValueError(
-                f"port {port} is in use; pick another --port or leave it out to choose a free one"
-            ) from None
+        s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def bindable(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether ``host:port`` can be bound now (as the rendezvous store binds: TIME_WAIT is free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 #: in a rank's environment: torch's rendezvous joins the store at the address as a client, on every rank
