@@ -118,12 +118,16 @@ def test_the_protocol_gives_ten_seeds_and_two_tasks_of_different_families():
     assert 0 < cv.majority_accuracy(lm.setup) < 0.5  # the most frequent character (a space) is not the task
 
 
-def test_the_quick_run_has_every_arm_at_every_lr_of_both_tasks(out03):
+def test_the_quick_run_has_every_arm_at_every_lr_of_both_tasks_quick_grids(out03):
+    """The quick run's grids: every other learning rate of the protocol's (tta.QUICK), the first
+    task's holding the protocol's lr; every arm at each."""
     grid = pd.read_csv(out03 / "grid.csv")
     cfg = pd.read_json(out03 / "config.json", typ="series")
+    assert cfg["lr_grid_every"] == tta.QUICK["lr_grid_every"] == 2
     for task, key in (("cnn1d", "lr_grid"), ("awd-lstm", "lm_lr_grid")):
         g = grid[grid["task"] == task]
-        assert sorted(set(g["lr"])) == sorted(protocol.value(f"statistical_efficiency.{key}")), task
+        whole = protocol.value(f"statistical_efficiency.{key}")
+        assert sorted(set(g["lr"])) == sorted(whole[::2]) and len(whole[::2]) == 2, task
         arms = set(cv.SCHEMES) | {lg.GLOBAL}
         assert set(g["arm"]) == arms and len(g) == len(arms) * g["lr"].nunique(), task
         assert (g["seeds"] == len(cfg["seeds"])).all() and (g["cpu_s_per_curve"].dropna() > 0).all()
@@ -171,3 +175,8 @@ def test_a_grid_read_again_at_fewer_seeds_or_another_target_is_recomputed_from_i
     assert low["target"] == 0.88 and (low["summary"]["target"] == 0.88).all()
     assert low["summary"].set_index(["arm", "lr"]).loc[("dp-bsp", 1.0), "learns"] == True  # noqa: E712
     assert g["target"] == 0.89 and len(g["curves"]) == len(curves)  # the grid itself is left as it was
+
+
+def test_a_grid_step_below_one_is_one_line():
+    with pytest.raises(ValueError, match=r"^lm_epochs, processes and lr_grid_every must be >= 1, got 3, 1 and 0$"):
+        tta.Config(lm_epochs=3, processes=1, lr_grid_every=0)

@@ -84,12 +84,13 @@ LM_ENTRIES = tuple(
 )
 
 
-def tasks(setup: cv.Setup, seeds, lm_epochs: int) -> list[Task]:
+def tasks(setup: cv.Setup, seeds, lm_epochs: int, every: int = 1) -> list[Task]:
     """The two stand-in tasks on ``setup``'s workers, microbatches and stage lr: the first task as
-    ``setup`` has it (the protocol's ``model``), the LSTM LM from the protocol's ``lm_*`` entries."""
+    ``setup`` has it (the protocol's ``model``), the LSTM LM from the protocol's ``lm_*`` entries;
+    each at every ``every``-th learning rate of its protocol grid (the quick run's: 2)."""
     v = protocol.value
     first = Task(setup.model, f"{setup.model} on MNIST-1D" if setup.model == "cnn1d" else setup.model, setup,
-                 tuple(v("statistical_efficiency.lr_grid")), tuple(seeds))  # fmt: skip
+                 tuple(v("statistical_efficiency.lr_grid"))[::every], tuple(seeds))  # fmt: skip
     lm_setup = replace(
         setup,
         model=v("statistical_efficiency.lm_model"),
@@ -99,7 +100,7 @@ def tasks(setup: cv.Setup, seeds, lm_epochs: int) -> list[Task]:
         epochs=int(lm_epochs),
     )
     lm = Task(lm_setup.model, "char-level LSTM LM on pydocs", lm_setup,
-              tuple(v("statistical_efficiency.lm_lr_grid")), tuple(seeds))  # fmt: skip
+              tuple(v("statistical_efficiency.lm_lr_grid"))[::every], tuple(seeds))  # fmt: skip
     return [first, lm]
 
 
