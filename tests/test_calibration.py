@@ -349,7 +349,9 @@ def test_the_sosp_unstated_rule_before_it_changed_reads_the_papers_arm_or_the_fi
     at = {(0.88, (0, 1, 2, 3, 4)): dict(ratio=9.0, text="LOW-END", paper=dict(ratio=11.0, text="LOW-PAPER"))}
     m = {k: dict(ratio=2.5, text="MEASURED-HERE", paper=dict(ratio=3.0, text="AT-PAPERS"), at=at) for k in arms}
     rows = {
-        rule: cal.evaluate_at({"time_to_target.sosp_unstated": rule}, cal.claim_rows, measured_epochs=m)[0]
+        rule: cal.evaluate_at({"time_to_target.sosp_unstated": rule}, cal.claim_rows, measured_epochs=m, explain=False)[
+            0
+        ]
         for rule in cal.SOSP_UNSTATED_RULES
     }
     figure = float(protocol.value("time_to_target.sosp_epochs_ratio"))
@@ -407,3 +409,14 @@ def test_a_second_tasks_epochs_ratio_widens_exactly_the_rows_that_read_a_measure
     rows, _ = cal.rows_with_intervals(measured_epochs=m)
     got = next(r for r in rows if r["claim"] == row["claim"])
     assert got["high"] == pytest.approx(widened["high"]) and got["explanation"].count("second stand-in task") == 1
+
+
+def test_pipedream_optimizers_plans_are_planned_once_until_the_protocol_moves():
+    """Every claim row evaluation reads the same PipeDream optimizer plans: planned once, and again
+    after :func:`drop_caches` (which :func:`evaluate_at` calls around a moved protocol entry)."""
+    num = next(n for n in cal.PAPER if n.model == "vgg16" and n.setting == "sosp-A")
+    first = cal.optimizer_plan(num.setting, num.model, num.workers)
+    assert cal.optimizer_plan(num.setting, num.model, num.workers) is first
+    cal.drop_caches()
+    again = cal.optimizer_plan(num.setting, num.model, num.workers)
+    assert again is not first and [s.replicas for s in again.stages] == [s.replicas for s in first.stages]
