@@ -420,3 +420,15 @@ def test_pipedream_optimizers_plans_are_planned_once_until_the_protocol_moves():
     cal.drop_caches()
     again = cal.optimizer_plan(num.setting, num.model, num.workers)
     assert again is not first and [s.replicas for s in again.stages] == [s.replicas for s in first.stages]
+
+
+def test_a_moved_stand_in_size_recounts_its_model_and_only_its_model():
+    """The FLOP and byte counts are kept across dropped caches per model spec (all they read): a
+    stand-in size moved by evaluate_at gives that model a new profile; the others' stay the same."""
+    vocab = int(protocol.value("stand_ins.awd_lstm_vocab"))
+    base, gnmt = cal.model_profile("awd-lstm"), cal.model_profile("gnmt").layers.copy()
+    moved = cal.evaluate_at({"stand_ins.awd_lstm_vocab": 2 * vocab}, cal.model_profile, "awd-lstm")
+    assert moved.layers["param_bytes"].sum() > base.layers["param_bytes"].sum()
+    again = cal.evaluate_at({"stand_ins.awd_lstm_vocab": 2 * vocab}, cal.model_profile, "gnmt")
+    assert again.layers.equals(gnmt)
+    assert cal.model_profile("awd-lstm").layers.equals(base.layers)  # back at the protocol's value

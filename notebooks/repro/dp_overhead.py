@@ -208,12 +208,20 @@ def validate_params(
 # ---- profiles ---------------------------------------------------------------------------------
 def analyses(names) -> dict[str, pd.DataFrame]:
     """FLOPs and bytes per layer (``workbench.profiling.measure.analyze``) of each paper-size model."""
-    out = {}
-    for name in names:
-        spec = MODELS[name]
+    return {name: spec_analysis(MODELS[name]) for name in names}
+
+
+_ANALYSES: dict[ModelSpec, pd.DataFrame] = {}
+
+
+def spec_analysis(spec: ModelSpec) -> pd.DataFrame:
+    """``analyze`` of the paper-size model ``spec`` describes, on the meta device: counted once per
+    spec (zoo name, options, per-GPU minibatch: all it reads), so a protocol entry moved to an
+    interval's end recounts only the models whose spec it changes; a copy each call."""
+    if spec not in _ANALYSES:
         model = zoo.build(spec.zoo, "paper", device="meta", **dict(spec.options))
-        out[name] = analyze(model, batch_size=spec.batch_size)
-    return out
+        _ANALYSES[spec] = analyze(model, batch_size=spec.batch_size)
+    return _ANALYSES[spec].copy()
 
 
 def projected_profile(name: str, frame: pd.DataFrame, gpu: str) -> Profile:
