@@ -14,7 +14,8 @@ def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tup
     """The kernel's ephemeral ports ``(low, high)``, which it hands to every ``bind(0)`` and outgoing
     connection (Linux's default 32768-60999 where the file cannot be read)."""
     try:
-        low, high = (int(x) for x in open(path).read().split())
+        with open(path) as f:
+            low, high = (int(x) for x in f.read().split())
         return low, high
     except (OSError, ValueError):
         return 32768, 60999
