@@ -1206,7 +1206,7 @@ def optimizer_plan(setting_key: str, model: str, workers: int) -> Plan:
     """PipeDream's own optimizer's plan of ``model`` on ``workers`` GPUs of the setting's nominal
     links (``cost="pipedream"``); planned once per setting, model and GPU count until the caches
     are dropped (:func:`drop_caches`: the profile reads protocol entries), as every claim row
-    evaluation reads the same eleven."""
+    evaluation reads the same plans."""
     key = (setting_key, model, workers)
     if key not in _OPTIMIZER_PLANS:
         setting = SETTINGS[setting_key]

@@ -1180,8 +1180,8 @@ def interval_claims(cfg: Config, curves: pd.DataFrame, speed: pd.Series, hardwar
 
 
 # ---- the notebook's entry point ----------------------------------------------------------------
-#: The quick run's budget: each grid at every other learning rate (the first task's keeps the
-#: protocol's lr, 0.3, so its time-to-target rows read the grid's curves).
+#: The quick run's budget: each grid at every other learning rate of the protocol's (where the
+#: protocol's lr is among them, the time-to-target rows read the grid's curves; else they run their own).
 QUICK = dict(epochs=3, seeds=(0, 1), target=0.3, check_epochs=1, lm_epochs=3, lr_grid_every=2)
 
 
